@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package loom uses. Idempotent; run as root on Debian 12.
+#   scripts/setup.sh            build + test dependencies
+#   scripts/setup.sh --oracle   also python3-torch (regenerates fixtures, benchmark peer)
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build ccache pkg-config
+  libopenblas-openmp-dev            # GEMM (OpenMP build of OpenBLAS)
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin        # collectives (later issues)
+  coinor-libcbc-dev                 # planner ILP (later issues)
+  fortunes                          # default training corpus
+)
+if [[ "${1:-}" == "--oracle" ]]; then
+  pkgs+=(python3-torch python3-numpy google-perftools libgoogle-perftools4)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all ${#pkgs[@]} packages present"

@@ -1,0 +1,375 @@
+#include "loom/core/config.h"
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+namespace {
+
+// A config value as it arrives: from TOML (typed) or from --set (text).
+struct RawValue {
+  std::string text;           // for messages
+  const toml::node* node = nullptr;
+};
+
+using Setter = std::function<void(Config&, const RawValue&, const std::string& key)>;
+using Getter = std::function<std::string(const Config&)>;
+
+struct KeyDef {
+  std::string name;  // "section.key"
+  std::string help;
+  Setter set;
+  Getter get;
+};
+
+[[noreturn]] void bad_value(const std::string& key, const std::string& text, const char* expected) {
+  throw ConfigError("config key '" + key + "' = '" + text + "': expected " + expected);
+}
+
+int64_t parse_int(const std::string& key, const RawValue& v) {
+  if (v.node) {
+    if (auto i = v.node->value<int64_t>(); i && v.node->is_integer()) return *i;
+    bad_value(key, v.text, "an integer");
+  }
+  try {
+    size_t pos = 0;
+    long long x = std::stoll(v.text, &pos);
+    if (pos == v.text.size()) return x;
+  } catch (...) {
+  }
+  bad_value(key, v.text, "an integer");
+}
+
+double parse_float(const std::string& key, const RawValue& v) {
+  if (v.node) {
+    if (v.node->is_floating_point() || v.node->is_integer()) return *v.node->value<double>();
+    bad_value(key, v.text, "a number");
+  }
+  try {
+    size_t pos = 0;
+    double x = std::stod(v.text, &pos);
+    if (pos == v.text.size() && std::isfinite(x)) return x;
+  } catch (...) {
+  }
+  bad_value(key, v.text, "a finite number");
+}
+
+std::string parse_string(const std::string& key, const RawValue& v) {
+  if (v.node) {
+    if (auto s = v.node->value<std::string>(); s && v.node->is_string()) return *s;
+    bad_value(key, v.text, "a string");
+  }
+  return v.text;
+}
+
+std::string quote(const std::string& s) {
+  std::ostringstream os;
+  os << toml::value<std::string>(s);
+  return os.str();
+}
+
+std::string fmt_double(double x) {
+  std::ostringstream os;
+  os.precision(17);
+  os << x;
+  std::string s = os.str();
+  if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
+  return s;
+}
+
+#define LOOM_INT_KEY(sec, field, helptext)                                                      \
+  KeyDef{#sec "." #field, helptext,                                                             \
+         [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_int(k, v); }, \
+         [](const Config& c) { return std::to_string(c.sec.field); }}
+#define LOOM_FLOAT_KEY(sec, field, helptext)                                                       \
+  KeyDef{#sec "." #field, helptext,                                                                \
+         [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_float(k, v); }, \
+         [](const Config& c) { return fmt_double(c.sec.field); }}
+#define LOOM_STRING_KEY(sec, field, helptext)                                                       \
+  KeyDef{#sec "." #field, helptext,                                                                 \
+         [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_string(k, v); }, \
+         [](const Config& c) { return quote(c.sec.field); }}
+
+const std::vector<KeyDef>& schema() {
+  static const std::vector<KeyDef> keys = {
+      LOOM_STRING_KEY(model, preset, "tiny | gpt2 | gpt2-medium | llama; sets every model key"),
+      KeyDef{"model.arch", "gpt | llama",
+             [](Config& c, const RawValue& v, const std::string& k) {
+               std::string s = parse_string(k, v);
+               if (s == "gpt") c.model.arch = Arch::kGpt;
+               else if (s == "llama") c.model.arch = Arch::kLlama;
+               else bad_value(k, s, "'gpt' or 'llama'");
+             },
+             [](const Config& c) { return quote(c.model.arch == Arch::kGpt ? "gpt" : "llama"); }},
+      LOOM_INT_KEY(model, layers, "transformer blocks"),
+      LOOM_INT_KEY(model, d_model, "residual width"),
+      LOOM_INT_KEY(model, heads, "query heads; must divide d_model"),
+      LOOM_INT_KEY(model, kv_heads, "key/value heads (GQA); must divide heads; GPT needs = heads"),
+      LOOM_INT_KEY(model, ffn, "MLP hidden width"),
+      LOOM_INT_KEY(model, vocab, "vocabulary size (>= 256 for the byte tokenizer)"),
+      LOOM_INT_KEY(model, ctx, "maximum sequence length"),
+      LOOM_FLOAT_KEY(model, norm_eps, "LayerNorm/RMSNorm epsilon"),
+      LOOM_FLOAT_KEY(model, rope_theta, "RoPE base (Llama)"),
+      LOOM_FLOAT_KEY(model, init_std, "std of the normal weight init"),
+      LOOM_STRING_KEY(data, path, "UTF-8 text file or directory; empty = Debian fortunes"),
+      LOOM_FLOAT_KEY(data, val_fraction, "fraction of 4 KiB blocks held out for validation"),
+      LOOM_INT_KEY(train, steps, "optimizer steps"),
+      LOOM_INT_KEY(train, batch, "global batch in sequences per optimizer step"),
+      LOOM_INT_KEY(train, grad_accum, "micro-batches per step (must divide batch)"),
+      LOOM_INT_KEY(train, seq, "sequence length; 0 = model.ctx"),
+      LOOM_INT_KEY(train, seed, "seed for init and data order"),
+      LOOM_INT_KEY(train, val_every, "steps between validations; 0 = only at the end"),
+      LOOM_INT_KEY(train, val_batches, "batches per validation"),
+      LOOM_INT_KEY(train, log_every, "steps between log lines"),
+      LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
+      LOOM_FLOAT_KEY(optim, lr, "peak learning rate"),
+      LOOM_FLOAT_KEY(optim, min_lr_ratio, "final lr as a fraction of the peak (cosine)"),
+      LOOM_INT_KEY(optim, warmup_steps, "linear warmup steps"),
+      LOOM_FLOAT_KEY(optim, weight_decay, "AdamW decoupled weight decay (matrices only)"),
+      LOOM_FLOAT_KEY(optim, beta1, "AdamW beta1"),
+      LOOM_FLOAT_KEY(optim, beta2, "AdamW beta2"),
+      LOOM_FLOAT_KEY(optim, eps, "AdamW epsilon"),
+      LOOM_FLOAT_KEY(optim, grad_clip, "global grad-norm clip; 0 disables"),
+      LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
+  };
+  return keys;
+}
+
+const KeyDef* find_key(const std::string& name) {
+  for (const auto& k : schema())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string known_keys_in(const std::string& section) {
+  std::string out;
+  for (const auto& k : schema()) {
+    if (k.name.rfind(section + ".", 0) != 0) continue;
+    if (!out.empty()) out += ", ";
+    out += k.name.substr(section.size() + 1);
+  }
+  return out;
+}
+
+const KeyDef& require_key(const std::string& name) {
+  if (const KeyDef* k = find_key(name)) return *k;
+  auto dot = name.find('.');
+  std::string section = dot == std::string::npos ? name : name.substr(0, dot);
+  std::string known = known_keys_in(section);
+  if (known.empty())
+    throw ConfigError("unknown config section '" + section + "' in '" + name +
+                      "'; expected one of: model, data, train, optim, checkpoint");
+  throw ConfigError("unknown config key '" + name + "'; keys in [" + section + "]: " + known);
+}
+
+struct Assignment {
+  std::string key;
+  RawValue value;
+};
+
+// Flattens a parsed TOML table into (section.key, value) pairs, rejecting nesting.
+std::vector<Assignment> flatten(const toml::table& tbl) {
+  std::vector<Assignment> out;
+  for (const auto& [sec, node] : tbl) {
+    std::string section(sec.str());
+    const toml::table* inner = node.as_table();
+    if (!inner)
+      throw ConfigError("config entry '" + section + "' must be a [section] table; sections: model, data, "
+                        "train, optim, checkpoint");
+    for (const auto& [k, v] : *inner) {
+      std::ostringstream text;
+      v.visit([&](auto&& n) { text << n; });
+      out.push_back({section + "." + std::string(k.str()), RawValue{text.str(), &v}});
+    }
+  }
+  return out;
+}
+
+std::vector<Assignment> parse_overrides(const std::vector<std::string>& overrides) {
+  std::vector<Assignment> out;
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError("--set '" + o + "': expected section.key=value, e.g. --set train.steps=100");
+    out.push_back({o.substr(0, eq), RawValue{o.substr(eq + 1), nullptr}});
+  }
+  return out;
+}
+
+Config resolve(const std::vector<Assignment>& file_values, const std::vector<Assignment>& overrides) {
+  Config c;
+  // Validate every key name first so a typo is reported even if the preset is also bad.
+  for (const auto* list : {&file_values, &overrides})
+    for (const auto& a : *list) require_key(a.key);
+  // Preset: the last assignment to model.preset wins; it sets every model key.
+  std::string preset = c.model.preset;
+  for (const auto* list : {&file_values, &overrides})
+    for (const auto& a : *list)
+      if (a.key == "model.preset") preset = parse_string(a.key, a.value);
+  apply_model_preset(c.model, preset);
+  for (const auto* list : {&file_values, &overrides})
+    for (const auto& a : *list)
+      if (a.key != "model.preset") require_key(a.key).set(c, a.value, a.key);
+  validate(c);
+  return c;
+}
+
+toml::table parse_toml_text(const std::string& text, const std::string& origin) {
+  try {
+    return toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << "cannot parse config " << origin << " at line " << e.source().begin.line << ", column "
+       << e.source().begin.column << ": " << e.description();
+    throw ConfigError(os.str());
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() { return {"tiny", "gpt2", "gpt2-medium", "llama"}; }
+
+void apply_model_preset(ModelConfig& m, const std::string& preset) {
+  m.preset = preset;
+  m.norm_eps = 1e-5;
+  m.rope_theta = 10000.0;
+  m.init_std = 0.02;
+  auto gpt = [&](int64_t l, int64_t d, int64_t h, int64_t v, int64_t ctx) {
+    m.arch = Arch::kGpt;
+    m.layers = l, m.d_model = d, m.heads = h, m.kv_heads = h, m.ffn = 4 * d, m.vocab = v, m.ctx = ctx;
+  };
+  if (preset == "tiny") {
+    gpt(4, 128, 4, 256, 128);
+  } else if (preset == "gpt2") {
+    gpt(12, 768, 12, 50257, 1024);
+  } else if (preset == "gpt2-medium") {
+    gpt(24, 1024, 16, 50257, 1024);
+  } else if (preset == "llama") {
+    // A small Llama-style model for the byte tokenizer: GQA 8:2, SwiGLU width ~8/3 d.
+    m.arch = Arch::kLlama;
+    m.layers = 8, m.d_model = 512, m.heads = 8, m.kv_heads = 2, m.ffn = 1376, m.vocab = 256, m.ctx = 256;
+  } else {
+    throw ConfigError("model.preset = '" + preset + "': expected one of tiny, gpt2, gpt2-medium, llama");
+  }
+}
+
+std::vector<std::string> validation_errors(const Config& c) {
+  std::vector<std::string> errs;
+  auto positive = [&](const char* name, int64_t v) {
+    if (v <= 0) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected a positive integer");
+  };
+  const ModelConfig& m = c.model;
+  positive("model.layers", m.layers);
+  positive("model.d_model", m.d_model);
+  positive("model.heads", m.heads);
+  positive("model.kv_heads", m.kv_heads);
+  positive("model.ffn", m.ffn);
+  positive("model.vocab", m.vocab);
+  positive("model.ctx", m.ctx);
+  if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0)
+    errs.push_back("model.heads = " + std::to_string(m.heads) + " does not divide model.d_model = " +
+                   std::to_string(m.d_model) + ": choose heads so that d_model / heads is an integer");
+  if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads == 0 && m.head_dim() % 2 != 0 && m.arch == Arch::kLlama)
+    errs.push_back("head dim d_model/heads = " + std::to_string(m.head_dim()) + ": RoPE needs an even head dim");
+  if (m.kv_heads > 0 && m.heads > 0 && m.heads % m.kv_heads != 0)
+    errs.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " does not divide model.heads = " +
+                   std::to_string(m.heads));
+  if (m.arch == Arch::kGpt && m.kv_heads != m.heads && m.kv_heads > 0)
+    errs.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " with arch gpt: GPT-2 has no grouped-query "
+                   "attention, set kv_heads = heads = " + std::to_string(m.heads));
+  if (m.vocab > 0 && m.vocab < 256)
+    errs.push_back("model.vocab = " + std::to_string(m.vocab) + ": the byte tokenizer needs vocab >= 256");
+  if (!(m.norm_eps > 0)) errs.push_back("model.norm_eps = " + fmt_double(m.norm_eps) + ": expected > 0");
+  if (!(m.rope_theta > 0)) errs.push_back("model.rope_theta = " + fmt_double(m.rope_theta) + ": expected > 0");
+  if (!(m.init_std > 0)) errs.push_back("model.init_std = " + fmt_double(m.init_std) + ": expected > 0");
+
+  if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))
+    errs.push_back("data.val_fraction = " + fmt_double(c.data.val_fraction) + ": expected a value in (0, 1)");
+
+  const TrainConfig& t = c.train;
+  positive("train.steps", t.steps);
+  positive("train.batch", t.batch);
+  positive("train.grad_accum", t.grad_accum);
+  positive("train.val_batches", t.val_batches);
+  positive("train.log_every", t.log_every);
+  if (t.batch > 0 && t.grad_accum > 0 && t.batch % t.grad_accum != 0)
+    errs.push_back("train.grad_accum = " + std::to_string(t.grad_accum) + " does not divide train.batch = " +
+                   std::to_string(t.batch) + ": the micro-batch must be whole");
+  if (t.seq < 0) errs.push_back("train.seq = " + std::to_string(t.seq) + ": expected >= 0 (0 means model.ctx)");
+  if (t.seq > m.ctx && m.ctx > 0)
+    errs.push_back("train.seq = " + std::to_string(t.seq) + " exceeds model.ctx = " + std::to_string(m.ctx));
+  if (t.val_every < 0) errs.push_back("train.val_every = " + std::to_string(t.val_every) + ": expected >= 0");
+  if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
+  if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
+
+  const OptimConfig& o = c.optim;
+  if (!(o.lr > 0)) errs.push_back("optim.lr = " + fmt_double(o.lr) + ": expected > 0");
+  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1))
+    errs.push_back("optim.min_lr_ratio = " + fmt_double(o.min_lr_ratio) + ": expected a value in [0, 1]");
+  if (o.warmup_steps < 0) errs.push_back("optim.warmup_steps = " + std::to_string(o.warmup_steps) + ": expected >= 0");
+  if (!(o.weight_decay >= 0)) errs.push_back("optim.weight_decay = " + fmt_double(o.weight_decay) + ": expected >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) errs.push_back("optim.beta1 = " + fmt_double(o.beta1) + ": expected [0, 1)");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) errs.push_back("optim.beta2 = " + fmt_double(o.beta2) + ": expected [0, 1)");
+  if (!(o.eps > 0)) errs.push_back("optim.eps = " + fmt_double(o.eps) + ": expected > 0");
+  if (!(o.grad_clip >= 0)) errs.push_back("optim.grad_clip = " + fmt_double(o.grad_clip) + ": expected >= 0");
+  return errs;
+}
+
+void validate(const Config& c) {
+  auto errs = validation_errors(c);
+  if (errs.empty()) return;
+  std::string msg = errs.size() == 1 ? "invalid config: " : "invalid config (" + std::to_string(errs.size()) + " problems):";
+  for (const auto& e : errs) msg += (errs.size() == 1 ? "" : "\n  - ") + e;
+  throw ConfigError(msg);
+}
+
+Config config_from_toml_string(const std::string& text, const std::vector<std::string>& overrides) {
+  toml::table tbl = parse_toml_text(text, "<string>");
+  return resolve(flatten(tbl), parse_overrides(overrides));
+}
+
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  std::vector<Assignment> file_values;
+  toml::table tbl;
+  if (!toml_path.empty()) {
+    try {
+      tbl = toml::parse_file(toml_path);
+    } catch (const toml::parse_error& e) {
+      std::ostringstream os;
+      os << "cannot parse config '" << toml_path << "'";
+      if (e.source().begin.line > 0)
+        os << " at line " << e.source().begin.line << ", column " << e.source().begin.column;
+      os << ": " << e.description();
+      throw ConfigError(os.str());
+    }
+    file_values = flatten(tbl);
+  }
+  return resolve(file_values, parse_overrides(overrides));
+}
+
+std::string to_toml(const Config& c) {
+  std::string out, current;
+  for (const auto& k : schema()) {
+    auto dot = k.name.find('.');
+    std::string sec = k.name.substr(0, dot);
+    if (sec != current) {
+      out += (current.empty() ? "[" : "\n[") + sec + "]\n";
+      current = sec;
+    }
+    out += k.name.substr(dot + 1) + " = " + k.get(c) + "\n";
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> config_key_help() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& k : schema()) out.emplace_back(k.name, k.help);
+  return out;
+}
+
+}  // namespace loom

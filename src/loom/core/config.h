@@ -1,0 +1,90 @@
+// The typed config tree: one struct per TOML section, validated once.
+//
+// Resolution order for every key: built-in default < model preset (model.* only)
+// < TOML file < --set overrides. Unknown sections/keys and malformed values are errors;
+// validate() lists every violation at once, each with the value and the expected form.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+enum class Arch { kGpt, kLlama };
+
+struct ModelConfig {
+  std::string preset = "tiny";
+  Arch arch = Arch::kGpt;
+  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, ctx = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;  // Llama only
+  double init_std = 0.02;
+  int64_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
+};
+
+struct DataConfig {
+  std::string path;            // empty: the fortunes corpus from Debian's `fortunes` package
+  double val_fraction = 0.1;   // every round(1/val_fraction)-th 4 KiB block goes to validation
+};
+
+struct TrainConfig {
+  int64_t steps = 400;
+  int64_t batch = 16;          // global batch: sequences per optimizer step
+  int64_t grad_accum = 1;      // micro-batches per step; micro-batch = batch / grad_accum
+  int64_t seq = 0;             // tokens per sequence; 0 means model.ctx
+  int64_t seed = 1337;
+  int64_t val_every = 100;     // 0 disables periodic validation (a final one still runs)
+  int64_t val_batches = 8;
+  int64_t log_every = 10;
+  int64_t threads = 0;         // 0: OpenMP default
+};
+
+struct OptimConfig {
+  double lr = 1e-3;
+  double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio
+  int64_t warmup_steps = 40;
+  double weight_decay = 0.1;   // decoupled; applied to matrices only (not norms/biases)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;      // global L2 norm; 0 disables
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/default";  // empty: do not save
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  CheckpointConfig checkpoint;
+
+  int64_t seq_len() const { return train.seq > 0 ? train.seq : model.ctx; }
+  int64_t micro_batch() const { return train.grad_accum > 0 ? train.batch / train.grad_accum : 0; }
+};
+
+// Loads `toml_path` (may be empty) and applies `overrides` ("section.key=value").
+// Throws ConfigError for unknown keys, bad syntax or type mismatch; then validates.
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+
+// Builds a config from TOML text (used for checkpoints and tests). Validates.
+Config config_from_toml_string(const std::string& text, const std::vector<std::string>& overrides = {});
+
+// Applies a model preset's values to every model key.
+void apply_model_preset(ModelConfig& m, const std::string& preset);
+std::vector<std::string> model_preset_names();
+
+// Every violation, one message each; empty when valid.
+std::vector<std::string> validation_errors(const Config& c);
+// Throws ConfigError listing all violations.
+void validate(const Config& c);
+
+// The fully-resolved config as TOML (what a checkpoint stores).
+std::string to_toml(const Config& c);
+
+// "section.key" -> one-line help, for `loom train --help`.
+std::vector<std::pair<std::string, std::string>> config_key_help();
+
+}  // namespace loom

@@ -1,0 +1,150 @@
+// Causal (grouped-query) attention and RoPE.
+//
+// Per (batch, head) the work is small GEMMs (T x T x hd) done by OpenBLAS inside an OpenMP
+// loop over heads; OpenBLAS runs single-threaded when called from a parallel region, so
+// the parallelism is across heads.
+#include <cblas.h>
+
+#include <cmath>
+#include <vector>
+
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/cpu/parallel.h"
+#include "loom/kernels/cpu/vecmath.h"
+
+namespace loom::cpu {
+
+void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t hd) {
+  const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; bh++) {
+    const int64_t b = bh / H, h = bh % H, kh = h / group;
+    const float* q = qkv + b * T * row + h * hd;
+    const float* k = qkv + b * T * row + (H + kh) * hd;
+    const float* v = qkv + b * T * row + (H + KV + kh) * hd;
+    float* p = probs + bh * T * T;
+    // S(T,T) = scale * Q(T,hd) K(T,hd)^T; only the lower triangle is used.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, row, k, row, 0.0f, p, T);
+    for (int64_t t = 0; t < T; t++) {
+      float* pr = p + t * T;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j <= t; j++) mx = std::max(mx, pr[j]);
+      float z = 0;
+#pragma omp simd reduction(+ : z)
+      for (int64_t j = 0; j <= t; j++) {
+        const float e = exp_approx(pr[j] - mx);
+        pr[j] = e;
+        z += e;
+      }
+      const float inv = 1.0f / z;
+#pragma omp simd
+      for (int64_t j = 0; j <= t; j++) pr[j] *= inv;
+      for (int64_t j = t + 1; j < T; j++) pr[j] = 0.0f;
+    }
+    // O(T,hd) = P(T,T) V(T,hd)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, row, 0.0f,
+                out + b * T * C + h * hd, C);
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  // Tasks are (batch, kv head): the query heads of one group all add into the same dK, dV.
+#pragma omp parallel for schedule(static)
+  for (int64_t bk = 0; bk < B * KV; bk++) {
+    const int64_t b = bk / KV, kh = bk % KV;
+    float* ds = scratch_floats(size_t(T) * T);
+    const float* k = qkv + b * T * row + (H + kh) * hd;
+    const float* v = qkv + b * T * row + (H + KV + kh) * hd;
+    float* dk = dqkv + b * T * row + (H + kh) * hd;
+    float* dv = dqkv + b * T * row + (H + KV + kh) * hd;
+    for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
+      const float* p = probs + (b * H + h) * T * T;
+      const float* dy = dout + b * T * C + h * hd;
+      const float* q = qkv + b * T * row + h * hd;
+      float* dq = dqkv + b * T * row + h * hd;
+      // dP(T,T) = dO(T,hd) V^T ; dV += P^T dO
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dy, C, v, row, 0.0f, ds, T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, dy, C, 1.0f, dv, row);
+      // dS = P * (dP - rowsum(P * dP)) * scale, zero above the diagonal
+      for (int64_t t = 0; t < T; t++) {
+        const float* pr = p + t * T;
+        float* d = ds + t * T;
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j <= t; j++) s += pr[j] * d[j];
+#pragma omp simd
+        for (int64_t j = 0; j <= t; j++) d[j] = pr[j] * (d[j] - s) * scale;
+        for (int64_t j = t + 1; j < T; j++) d[j] = 0.0f;
+      }
+      // dQ += dS K ; dK += dS^T Q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, ds, T, k, row, 1.0f, dq, row);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, ds, T, q, row, 1.0f, dk, row);
+    }
+  }
+}
+
+namespace {
+
+// cos/sin table (T, hd/2), computed in double then rounded: angle = t * theta^(-2i/hd).
+struct RopeTable {
+  int64_t T = 0, hd = 0;
+  float theta = 0;
+  std::vector<float> cos, sin;
+};
+
+const RopeTable& rope_table(int64_t T, int64_t hd, float theta) {
+  thread_local RopeTable tab;
+  if (tab.T != T || tab.hd != hd || tab.theta != theta) {
+    const int64_t half = hd / 2;
+    tab.T = T, tab.hd = hd, tab.theta = theta;
+    tab.cos.resize(T * half);
+    tab.sin.resize(T * half);
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t i = 0; i < half; i++) {
+        const double a = double(t) * std::pow(double(theta), -2.0 * double(i) / double(hd));
+        tab.cos[t * half + i] = float(std::cos(a));
+        tab.sin[t * half + i] = float(std::sin(a));
+      }
+  }
+  return tab;
+}
+
+void rope_apply(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta,
+                float sign) {
+  const RopeTable& tab = rope_table(T, hd, theta);
+  const int64_t row = (H + 2 * KV) * hd, half = hd / 2;
+  const float* cs = tab.cos.data();
+  const float* sn = tab.sin.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t t = bt % T;
+    const float* c = cs + t * half;
+    const float* s = sn + t * half;
+    for (int64_t h = 0; h < H + KV; h++) {
+      float* x = qkv + bt * row + h * hd;
+#pragma omp simd
+      for (int64_t i = 0; i < half; i++) {
+        const float x1 = x[i], x2 = x[i + half], si = sign * s[i];
+        x[i] = x1 * c[i] - x2 * si;
+        x[i + half] = x2 * c[i] + x1 * si;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
+  rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f);
+}
+
+void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
+  rope_apply(dqkv, B, T, H, KV, hd, theta, -1.0f);
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,151 @@
+// Embedding, activations, residual add, AdamW and the reductions used by grad clipping.
+#include <algorithm>
+#include <cmath>
+
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/cpu/parallel.h"
+#include "loom/kernels/cpu/vecmath.h"
+
+namespace loom::cpu {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const float* e = wte + int64_t(tokens[bt]) * C;
+    float* y = out + bt * C;
+    if (wpe) {
+      const float* pe = wpe + (bt % T) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; c++) y[c] = e[c] + pe[c];
+    } else {
+      std::copy(e, e + C, y);
+    }
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C) {
+  // Rows of dwte collide when tokens repeat, so threads own column ranges instead of rows.
+  const int parts = team_size();
+#pragma omp parallel for schedule(static, 1)
+  for (int p = 0; p < parts; p++) {
+    int64_t c0, c1;
+    chunk_range(C, parts, p, c0, c1);
+    for (int64_t bt = 0; bt < B * T; bt++) {
+      const float* g = dout + bt * C;
+      float* dw = dwte + int64_t(tokens[bt]) * C;
+      float* dp = dwpe ? dwpe + (bt % T) * C : nullptr;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; c++) dw[c] += g[c];
+      if (dp) {
+#pragma omp simd
+        for (int64_t c = c0; c < c1; c++) dp[c] += g[c];
+      }
+    }
+  }
+}
+
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanh_approx(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const float x = inp[i];
+    const float th = tanh_approx(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+  }
+}
+
+void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++) {
+    const float* g = inp + i * 2 * F;
+    const float* u = g + F;
+    float* y = out + i * F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; f++) y[f] = g[f] * sigmoid_approx(g[f]) * u[f];
+  }
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++) {
+    const float* g = inp + i * 2 * F;
+    const float* u = g + F;
+    const float* dy = dout + i * F;
+    float* dg = dinp + i * 2 * F;
+    float* du = dg + F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; f++) {
+      const float sig = sigmoid_approx(g[f]);
+      dg[f] += dy[f] * u[f] * (sig + g[f] * sig * (1.0f - sig));
+      du[f] += dy[f] * g[f] * sig;
+    }
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  const float bc1 = float(1.0 - std::pow(double(beta1), double(step)));
+  const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
+  const float step_size = lr / bc1;
+  const float decay = 1.0f - lr * weight_decay;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grads[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    // torch.optim.AdamW order: decay first, then the Adam step.
+    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  const int parts = team_size();
+  double partial[256] = {0};
+  const int used = std::min(parts, 256);
+#pragma omp parallel for schedule(static, 1)
+  for (int p = 0; p < used; p++) {
+    int64_t i0, i1;
+    chunk_range(n, used, p, i0, i1);
+    double s = 0;
+    for (int64_t i = i0; i < i1; i += 4096) {  // float blocks, double across blocks
+      float blk = 0;
+      const int64_t e = std::min(i1, i + 4096);
+#pragma omp simd reduction(+ : blk)
+      for (int64_t j = i; j < e; j++) blk += x[j] * x[j];
+      s += blk;
+    }
+    partial[p] = s;
+  }
+  double s = 0;
+  for (int p = 0; p < used; p++) s += partial[p];
+  return s;
+}
+
+void scale_inplace(float* x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+}  // namespace loom::cpu

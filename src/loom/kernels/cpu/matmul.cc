@@ -1,0 +1,125 @@
+// Linear layers and the fused LM head + cross-entropy, on OpenBLAS sgemm.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/cpu/parallel.h"
+#include "loom/kernels/cpu/vecmath.h"
+
+namespace loom::cpu {
+
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                    int64_t IC, int64_t OC) {
+  float beta = 0.0f;
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) std::copy(bias, bias + OC, out + i * OC);
+    beta = 1.0f;
+  }
+  // out(N,OC) = inp(N,IC) @ w(OC,IC)^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
+}
+
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int64_t N, int64_t IC, int64_t OC) {
+  // dinp(N,IC) += dout(N,OC) @ w(OC,IC)
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
+  // dw(OC,IC) += dout^T(OC,N) @ inp(N,IC)
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  if (dbias) {
+    const int parts = team_size();
+    float* partial = scratch_floats(size_t(parts) * OC);
+#pragma omp parallel for schedule(static, 1)
+    for (int p = 0; p < parts; p++) {
+      int64_t r0, r1;
+      chunk_range(N, parts, p, r0, r1);
+      float* acc = partial + size_t(p) * OC;
+      std::fill(acc, acc + OC, 0.0f);
+      for (int64_t i = r0; i < r1; i++) {
+        const float* d = dout + i * OC;
+#pragma omp simd
+        for (int64_t o = 0; o < OC; o++) acc[o] += d[o];
+      }
+    }
+    for (int p = 0; p < parts; p++)
+      for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
+  }
+}
+
+namespace {
+
+// One row: returns loss; if grad, overwrites l with (softmax - onehot) * scale.
+inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, float scale) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < V; j++) mx = std::max(mx, l[j]);
+  const float target_logit = l[target];
+  float z = 0;
+  if (grad) {
+#pragma omp simd reduction(+ : z)
+    for (int64_t j = 0; j < V; j++) {
+      const float e = exp_approx(l[j] - mx);
+      l[j] = e;
+      z += e;
+    }
+    const float k = scale / z;
+#pragma omp simd
+    for (int64_t j = 0; j < V; j++) l[j] *= k;
+    l[target] -= scale;
+  } else {
+#pragma omp simd reduction(+ : z)
+    for (int64_t j = 0; j < V; j++) z += exp_approx(l[j] - mx);
+  }
+  return std::log(z) + mx - target_logit;
+}
+
+// Rows per chunk so the (rows, V) logits stay within ~32 Mi floats (128 MiB).
+int64_t head_chunk_rows(int64_t N, int64_t V) {
+  constexpr int64_t kBudgetFloats = int64_t(32) << 20;
+  return std::clamp<int64_t>(kBudgetFloats / V, 1, N);
+}
+
+}  // namespace
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
+                          int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++)
+    losses[i] = softmax_xent_row(const_cast<float*>(logits + i * V), targets[i], V, false, 0.0f);
+}
+
+void crossentropy_backward_inplace(float* logits, const int32_t* targets, const float* dloss,
+                                   int64_t N, int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++) softmax_xent_row(logits + i * V, targets[i], V, true, dloss[i]);
+}
+
+void lm_head_loss(float* losses, float* dx, float* dw, const float* x, const float* w,
+                  const int32_t* targets, int64_t N, int64_t C, int64_t V, float dloss_scale) {
+  const int64_t R = head_chunk_rows(N, V);
+  float* logits = scratch_floats(size_t(R) * V, 1);
+  const bool grad = dx != nullptr;
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    const float* xc = x + r0 * C;
+    // logits(rows,V) = x(rows,C) @ w(V,C)^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; i++)
+      losses[r0 + i] = softmax_xent_row(logits + i * V, targets[r0 + i], V, grad, dloss_scale);
+    if (!grad) continue;
+    // dx(rows,C) += dlogits(rows,V) @ w(V,C); dw(V,C) += dlogits^T @ x(rows,C)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, logits, V, w, C, 1.0f,
+                dx + r0 * C, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, logits, V, xc, C, 1.0f, dw, C);
+  }
+}
+
+void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C, int64_t V) {
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, V, C, 1.0f, w, C, x, 1, 0.0f, logits, 1);
+}
+
+}  // namespace loom::cpu

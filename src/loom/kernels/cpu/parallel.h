@@ -1,0 +1,28 @@
+// Deterministic OpenMP helpers: work is split into a fixed number of contiguous chunks
+// (one per thread of the current team size), and reductions combine per-chunk partials
+// in chunk order. Same thread count => bit-identical results.
+#pragma once
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace loom::cpu {
+
+inline int team_size() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+// [begin, end) of chunk `i` of `parts` over n items.
+inline void chunk_range(int64_t n, int parts, int i, int64_t& begin, int64_t& end) {
+  const int64_t base = n / parts, rem = n % parts;
+  begin = i * base + (i < rem ? i : rem);
+  end = begin + base + (i < rem ? 1 : 0);
+}
+
+// Scratch that lives for the thread's lifetime; grows, never shrinks.
+inline float* scratch_floats(size_t count, int slot = 0) {
+  thread_local std::vector<float> buf[4];
+  if (buf[slot].size() < count) buf[slot].resize(count);
+  return buf[slot].data();
+}
+
+}  // namespace loom::cpu

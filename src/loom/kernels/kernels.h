@@ -1,0 +1,28 @@
+// A kernel set as a table of function pointers, so the model can run on the fast CPU
+// kernels (default) or on the naive reference kernels (tests) without #ifdefs.
+#pragma once
+
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/ref/ops.h"
+
+namespace loom {
+
+#define LOOM_KERNEL_LIST(X)                                                                        \
+  X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
+  X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward) X(matmul_backward) X(gelu_forward)      \
+  X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward)           \
+  X(attention_forward) X(attention_backward) X(residual_forward) X(crossentropy_forward)           \
+  X(crossentropy_backward_inplace) X(lm_head_loss) X(lm_head_logits_row) X(adamw_update)           \
+  X(sum_squares) X(scale_inplace)
+
+struct Kernels {
+#define LOOM_KERNEL_FIELD(name) decltype(&cpu::name) name;
+  LOOM_KERNEL_LIST(LOOM_KERNEL_FIELD)
+#undef LOOM_KERNEL_FIELD
+  const char* backend;
+};
+
+enum class KernelBackend { kCpu, kRef };
+const Kernels& kernels(KernelBackend backend);
+
+}  // namespace loom

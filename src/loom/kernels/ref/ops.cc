@@ -1,0 +1,103 @@
+// float instantiation of the templated reference kernels (ops_t.h).
+#include "loom/kernels/ref/ops.h"
+#include "loom/kernels/ref/ops_t.h"
+
+namespace loom::ref {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C) {
+  tmpl::embedding_forward<float>(out, tokens, wte, wpe, B, T, C);
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  tmpl::embedding_backward<float>(dwte, dwpe, dout, tokens, B, T, C);
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N, int64_t C, float eps) {
+  tmpl::layernorm_forward<float>(out, mean, rstd, inp, w, b, N, C, eps);
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  tmpl::layernorm_backward<float>(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps) {
+  tmpl::rmsnorm_forward<float>(out, rstd, inp, w, N, C, eps);
+}
+
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
+  tmpl::rmsnorm_backward<float>(dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC, int64_t OC) {
+  tmpl::matmul_forward<float>(out, inp, w, bias, N, IC, OC);
+}
+
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N, int64_t IC, int64_t OC) {
+  tmpl::matmul_backward<float>(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+}
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+  tmpl::gelu_forward<float>(out, inp, n);
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  tmpl::gelu_backward<float>(dinp, inp, dout, n);
+}
+
+void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
+  tmpl::swiglu_forward<float>(out, inp, N, F);
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t F) {
+  tmpl::swiglu_backward<float>(dinp, inp, dout, N, F);
+}
+
+void rope_forward(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
+  tmpl::rope_forward<float>(qkv, B, T, H, KV, hd, theta);
+}
+
+void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
+  tmpl::rope_backward<float>(dqkv, B, T, H, KV, hd, theta);
+}
+
+void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  tmpl::attention_forward<float>(out, probs, qkv, B, T, H, KV, hd);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  tmpl::attention_backward<float>(dqkv, dout, qkv, probs, B, T, H, KV, hd);
+}
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n) {
+  tmpl::residual_forward<float>(out, a, b, n);
+}
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, int64_t V) {
+  tmpl::crossentropy_forward<float>(losses, logits, targets, N, V);
+}
+
+void crossentropy_backward_inplace(float* logits, const int32_t* targets, const float* dloss, int64_t N, int64_t V) {
+  tmpl::crossentropy_backward_inplace<float>(logits, targets, dloss, N, V);
+}
+
+void lm_head_loss(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float dloss_scale) {
+  tmpl::lm_head_loss<float>(losses, dx, dw, x, w, targets, N, C, V, dloss_scale);
+}
+
+void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C, int64_t V) {
+  tmpl::lm_head_logits_row<float>(logits, x, w, C, V);
+}
+
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  tmpl::adamw_update<float>(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+double sum_squares(const float* x, int64_t n) {
+  return tmpl::sum_squares<float>(x, n);
+}
+
+void scale_inplace(float* x, int64_t n, float s) {
+  tmpl::scale_inplace<float>(x, n, s);
+}
+
+}  // namespace loom::ref

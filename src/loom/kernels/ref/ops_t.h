@@ -1,0 +1,369 @@
+// Naive reference kernels, templated on the scalar so that gradient checks can run them in
+// double precision. loom::ref (ops.h) is the float instantiation. Straight loops, one loop
+// nest per formula, double accumulators. Contracts: ops.inc.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace loom::ref::tmpl {
+
+
+template <typename S>
+void embedding_forward(S* out, const int32_t* tokens, const S* wte, const S* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t c = 0; c < C; c++) {
+        S v = wte[tokens[b * T + t] * C + c];
+        if (wpe) v += wpe[t * C + c];
+        out[(b * T + t) * C + c] = v;
+      }
+}
+
+template <typename S>
+void embedding_backward(S* dwte, S* dwpe, const S* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t c = 0; c < C; c++) {
+        S g = dout[(b * T + t) * C + c];
+        dwte[tokens[b * T + t] * C + c] += g;
+        if (dwpe) dwpe[t * C + c] += g;
+      }
+}
+
+template <typename S>
+void layernorm_forward(S* out, S* mean, S* rstd, const S* inp, const S* w,
+                       const S* b, int64_t N, int64_t C, S eps) {
+  for (int64_t i = 0; i < N; i++) {
+    const S* x = inp + i * C;
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < C; c++) mu += x[c];
+    mu /= C;
+    for (int64_t c = 0; c < C; c++) var += (x[c] - mu) * (x[c] - mu);
+    var /= C;
+    double rs = 1.0 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < C; c++) out[i * C + c] = S((x[c] - mu) * rs * w[c] + b[c]);
+    mean[i] = S(mu);
+    rstd[i] = S(rs);
+  }
+}
+
+template <typename S>
+void layernorm_backward(S* dinp, S* dw, S* db, const S* dout, const S* inp,
+                        const S* w, const S* mean, const S* rstd, int64_t N, int64_t C) {
+  // xhat = (x - mu) rstd; dxhat = dout * w;
+  // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+  for (int64_t i = 0; i < N; i++) {
+    const S* x = inp + i * C;
+    const S* dy = dout + i * C;
+    double m1 = 0, m2 = 0;
+    for (int64_t c = 0; c < C; c++) {
+      double xhat = (x[c] - mean[i]) * double(rstd[i]);
+      double dxhat = double(dy[c]) * w[c];
+      m1 += dxhat;
+      m2 += dxhat * xhat;
+      dw[c] += S(dy[c] * xhat);
+      db[c] += dy[c];
+    }
+    m1 /= C;
+    m2 /= C;
+    for (int64_t c = 0; c < C; c++) {
+      double xhat = (x[c] - mean[i]) * double(rstd[i]);
+      double dxhat = double(dy[c]) * w[c];
+      dinp[i * C + c] += S(rstd[i] * (dxhat - m1 - xhat * m2));
+    }
+  }
+}
+
+template <typename S>
+void rmsnorm_forward(S* out, S* rstd, const S* inp, const S* w, int64_t N, int64_t C,
+                     S eps) {
+  for (int64_t i = 0; i < N; i++) {
+    const S* x = inp + i * C;
+    double ss = 0;
+    for (int64_t c = 0; c < C; c++) ss += double(x[c]) * x[c];
+    double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int64_t c = 0; c < C; c++) out[i * C + c] = S(x[c] * rs * w[c]);
+    rstd[i] = S(rs);
+  }
+}
+
+template <typename S>
+void rmsnorm_backward(S* dinp, S* dw, const S* dout, const S* inp, const S* w,
+                      const S* rstd, int64_t N, int64_t C) {
+  // y = x r w, r = (mean(x^2)+eps)^-1/2; dx = r (dy w) - x r^3 mean(dy w x)
+  for (int64_t i = 0; i < N; i++) {
+    const S* x = inp + i * C;
+    const S* dy = dout + i * C;
+    double r = rstd[i], dot = 0;
+    for (int64_t c = 0; c < C; c++) {
+      dot += double(dy[c]) * w[c] * x[c];
+      dw[c] += S(dy[c] * x[c] * r);
+    }
+    dot /= C;
+    for (int64_t c = 0; c < C; c++) dinp[i * C + c] += S(r * dy[c] * w[c] - x[c] * r * r * r * dot);
+  }
+}
+
+template <typename S>
+void matmul_forward(S* out, const S* inp, const S* w, const S* bias, int64_t N,
+                    int64_t IC, int64_t OC) {
+  for (int64_t i = 0; i < N; i++)
+    for (int64_t o = 0; o < OC; o++) {
+      double s = bias ? bias[o] : 0.0;
+      for (int64_t k = 0; k < IC; k++) s += double(inp[i * IC + k]) * w[o * IC + k];
+      out[i * OC + o] = S(s);
+    }
+}
+
+template <typename S>
+void matmul_backward(S* dinp, S* dw, S* dbias, const S* dout, const S* inp,
+                     const S* w, int64_t N, int64_t IC, int64_t OC) {
+  if (dinp)
+    for (int64_t i = 0; i < N; i++)
+      for (int64_t k = 0; k < IC; k++) {
+        double s = 0;
+        for (int64_t o = 0; o < OC; o++) s += double(dout[i * OC + o]) * w[o * IC + k];
+        dinp[i * IC + k] += S(s);
+      }
+  for (int64_t o = 0; o < OC; o++) {
+    for (int64_t k = 0; k < IC; k++) {
+      double s = 0;
+      for (int64_t i = 0; i < N; i++) s += double(dout[i * OC + o]) * inp[i * IC + k];
+      dw[o * IC + k] += S(s);
+    }
+    if (dbias) {
+      double s = 0;
+      for (int64_t i = 0; i < N; i++) s += dout[i * OC + o];
+      dbias[o] += S(s);
+    }
+  }
+}
+
+namespace detail {
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+}  // namespace detail
+
+template <typename S>
+void gelu_forward(S* out, const S* inp, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double x = inp[i];
+    out[i] = S(0.5 * x * (1.0 + std::tanh(detail::kSqrt2OverPi * (x + detail::kGeluCubic * x * x * x))));
+  }
+}
+
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double x = inp[i];
+    double u = detail::kSqrt2OverPi * (x + detail::kGeluCubic * x * x * x);
+    double th = std::tanh(u);
+    double du = detail::kSqrt2OverPi * (1.0 + 3.0 * detail::kGeluCubic * x * x);
+    dinp[i] += S(dout[i] * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du));
+  }
+}
+
+template <typename S>
+void swiglu_forward(S* out, const S* inp, int64_t N, int64_t F) {
+  for (int64_t i = 0; i < N; i++)
+    for (int64_t f = 0; f < F; f++) {
+      double g = inp[i * 2 * F + f], u = inp[i * 2 * F + F + f];
+      out[i * F + f] = S(g / (1.0 + std::exp(-g)) * u);
+    }
+}
+
+template <typename S>
+void swiglu_backward(S* dinp, const S* inp, const S* dout, int64_t N, int64_t F) {
+  for (int64_t i = 0; i < N; i++)
+    for (int64_t f = 0; f < F; f++) {
+      double g = inp[i * 2 * F + f], u = inp[i * 2 * F + F + f], dy = dout[i * F + f];
+      double sig = 1.0 / (1.0 + std::exp(-g));
+      double silu = g * sig;
+      dinp[i * 2 * F + f] += S(dy * u * (sig + g * sig * (1.0 - sig)));
+      dinp[i * 2 * F + F + f] += S(dy * silu);
+    }
+}
+
+namespace detail {
+// Rotates every q and k head of qkv by +angle (sign = 1) or -angle (sign = -1).
+template <typename S>
+void rope_rotate(S* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta,
+                 double sign) {
+  const int64_t row = (H + 2 * KV) * hd, half = hd / 2;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H + KV; h++) {  // q heads then k heads are contiguous
+        S* x = qkv + (b * T + t) * row + h * hd;
+        for (int64_t i = 0; i < half; i++) {
+          double angle = double(t) * std::pow(double(theta), -2.0 * double(i) / double(hd));
+          double c = std::cos(angle), s = sign * std::sin(angle);
+          double x1 = x[i], x2 = x[i + half];
+          x[i] = S(x1 * c - x2 * s);
+          x[i + half] = S(x2 * c + x1 * s);
+        }
+      }
+}
+}  // namespace detail
+
+template <typename S>
+void rope_forward(S* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta) {
+  detail::rope_rotate<S>(qkv, B, T, H, KV, hd, theta, 1.0);
+}
+
+template <typename S>
+void rope_backward(S* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta) {
+  detail::rope_rotate<S>(dqkv, B, T, H, KV, hd, theta, -1.0);
+}
+
+template <typename S>
+void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t hd) {
+  const int64_t row = (H + 2 * KV) * hd, group = H / KV;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<double> s(T);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t kh = h / group;
+      for (int64_t t = 0; t < T; t++) {
+        const S* q = qkv + (b * T + t) * row + h * hd;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= t; j++) {
+          const S* k = qkv + (b * T + j) * row + (H + kh) * hd;
+          double d = 0;
+          for (int64_t e = 0; e < hd; e++) d += double(q[e]) * k[e];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= t; j++) z += std::exp(s[j] - mx);
+        S* p = probs + ((b * H + h) * T + t) * T;
+        for (int64_t j = 0; j < T; j++) p[j] = j <= t ? S(std::exp(s[j] - mx) / z) : S(0);
+        for (int64_t e = 0; e < hd; e++) {
+          double acc = 0;
+          for (int64_t j = 0; j <= t; j++) acc += double(p[j]) * qkv[(b * T + j) * row + (H + KV + kh) * hd + e];
+          out[(b * T + t) * H * hd + h * hd + e] = S(acc);
+        }
+      }
+    }
+}
+
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t row = (H + 2 * KV) * hd, group = H / KV;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<double> dp(T), ds(T);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t kh = h / group;
+      for (int64_t t = 0; t < T; t++) {
+        const S* p = probs + ((b * H + h) * T + t) * T;
+        const S* dy = dout + (b * T + t) * H * hd + h * hd;
+        double pdp = 0;
+        for (int64_t j = 0; j <= t; j++) {
+          const S* v = qkv + (b * T + j) * row + (H + KV + kh) * hd;
+          double d = 0;
+          for (int64_t e = 0; e < hd; e++) d += double(dy[e]) * v[e];
+          dp[j] = d;
+          pdp += p[j] * d;
+          S* dv = dqkv + (b * T + j) * row + (H + KV + kh) * hd;
+          for (int64_t e = 0; e < hd; e++) dv[e] += S(p[j] * double(dy[e]));
+        }
+        for (int64_t j = 0; j <= t; j++) ds[j] = p[j] * (dp[j] - pdp) * scale;
+        const S* q = qkv + (b * T + t) * row + h * hd;
+        S* dq = dqkv + (b * T + t) * row + h * hd;
+        for (int64_t j = 0; j <= t; j++) {
+          const S* k = qkv + (b * T + j) * row + (H + kh) * hd;
+          S* dk = dqkv + (b * T + j) * row + (H + kh) * hd;
+          for (int64_t e = 0; e < hd; e++) {
+            dq[e] += S(ds[j] * k[e]);
+            dk[e] += S(ds[j] * q[e]);
+          }
+        }
+      }
+    }
+}
+
+template <typename S>
+void residual_forward(S* out, const S* a, const S* b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+template <typename S>
+void crossentropy_forward(S* losses, const S* logits, const int32_t* targets, int64_t N,
+                          int64_t V) {
+  for (int64_t i = 0; i < N; i++) {
+    const S* l = logits + i * V;
+    double mx = -INFINITY, z = 0;
+    for (int64_t j = 0; j < V; j++) mx = std::max(mx, double(l[j]));
+    for (int64_t j = 0; j < V; j++) z += std::exp(l[j] - mx);
+    losses[i] = S(std::log(z) + mx - l[targets[i]]);
+  }
+}
+
+template <typename S>
+void crossentropy_backward_inplace(S* logits, const int32_t* targets, const S* dloss,
+                                   int64_t N, int64_t V) {
+  for (int64_t i = 0; i < N; i++) {
+    S* l = logits + i * V;
+    double mx = -INFINITY, z = 0;
+    for (int64_t j = 0; j < V; j++) mx = std::max(mx, double(l[j]));
+    for (int64_t j = 0; j < V; j++) z += std::exp(l[j] - mx);
+    for (int64_t j = 0; j < V; j++) {
+      double p = std::exp(l[j] - mx) / z;
+      l[j] = S((p - (j == targets[i] ? 1.0 : 0.0)) * dloss[i]);
+    }
+  }
+}
+
+template <typename S>
+void lm_head_loss(S* losses, S* dx, S* dw, const S* x, const S* w,
+                  const int32_t* targets, int64_t N, int64_t C, int64_t V, S dloss_scale) {
+  std::vector<S> logits(size_t(N) * V);
+  matmul_forward<S>(logits.data(), x, w, nullptr, N, C, V);
+  crossentropy_forward<S>(losses, logits.data(), targets, N, V);
+  if (!dx) return;
+  std::vector<S> dloss(N, dloss_scale);
+  crossentropy_backward_inplace<S>(logits.data(), targets, dloss.data(), N, V);
+  matmul_backward<S>(dx, dw, nullptr, logits.data(), x, w, N, C, V);
+}
+
+template <typename S>
+void lm_head_logits_row(S* logits, const S* x, const S* w, int64_t C, int64_t V) {
+  matmul_forward<S>(logits, x, w, nullptr, 1, C, V);
+}
+
+template <typename S>
+void adamw_update(S* params, const S* grads, S* m, S* v, int64_t n, S lr,
+                  S beta1, S beta2, S eps, S weight_decay, int64_t step) {
+  double bc1 = 1.0 - std::pow(double(beta1), double(step));
+  double bc2 = 1.0 - std::pow(double(beta2), double(step));
+  for (int64_t i = 0; i < n; i++) {
+    double g = grads[i];
+    double mi = beta1 * double(m[i]) + (1.0 - beta1) * g;
+    double vi = beta2 * double(v[i]) + (1.0 - beta2) * g * g;
+    m[i] = S(mi);
+    v[i] = S(vi);
+    double upd = (mi / bc1) / (std::sqrt(vi / bc2) + eps);
+    params[i] = S(params[i] - lr * (upd + weight_decay * params[i]));
+  }
+}
+
+template <typename S>
+double sum_squares(const S* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += double(x[i]) * x[i];
+  return s;
+}
+
+template <typename S>
+void scale_inplace(S* x, int64_t n, S s) {
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+}  // namespace loom::ref::tmpl

@@ -1,0 +1,65 @@
+// The parameter layout table. Parameters, gradients and AdamW moments each live in one
+// flat float buffer with this layout; every tensor is an (offset, numel) view.
+// Note [flat state]: tensors are stored layer-major (embeddings, block 0..L-1, final norm,
+// head) and each offset is aligned to kAlignFloats so views are SIMD-aligned and a ZeRO
+// shard or DDP bucket can be cut at tensor boundaries. Padding floats are always zero.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+
+namespace loom {
+
+struct ParamSpec {
+  std::string name;            // loom name, e.g. "h.3.attn.qkv.w"
+  std::vector<int64_t> shape;  // row-major; linear weights are (out, in)
+  int64_t offset = 0;          // in floats, into the flat buffer
+  int64_t numel = 0;
+  bool decay = false;          // weight decay applies (matrices, not norms/biases)
+  int layer = -1;              // block index; -1 for embeddings / final norm / head
+};
+
+class ParamLayout {
+ public:
+  static constexpr int64_t kAlignFloats = 16;
+
+  explicit ParamLayout(const ModelConfig& m);
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  int64_t total_floats() const { return total_; }  // buffer size including padding
+  int64_t param_count() const;                      // real parameters, no padding
+  // Throws loom::Error naming the closest names when `name` is unknown.
+  const ParamSpec& at(const std::string& name) const;
+  const ParamSpec* find(const std::string& name) const;
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, bool decay, int layer);
+  std::vector<ParamSpec> specs_;
+  int64_t total_ = 0;
+};
+
+// Pointers into one flat buffer (params or grads). Unused entries (e.g. biases in Llama,
+// wpe in Llama, head_w in GPT where the head is tied to wte) are nullptr.
+struct BlockView {
+  float *norm1_w = nullptr, *norm1_b = nullptr;
+  float *qkv_w = nullptr, *qkv_b = nullptr;        // ((H+2KV)*hd, C)
+  float *attn_proj_w = nullptr, *attn_proj_b = nullptr;  // (C, H*hd)
+  float *norm2_w = nullptr, *norm2_b = nullptr;
+  float *fc_w = nullptr, *fc_b = nullptr;          // GPT: (F, C); Llama gate|up: (2F, C)
+  float *mlp_proj_w = nullptr, *mlp_proj_b = nullptr;  // (C, F)
+};
+
+struct ModelView {
+  float* wte = nullptr;  // (V, C)
+  float* wpe = nullptr;  // (ctx, C), GPT only
+  std::vector<BlockView> blocks;
+  float *normf_w = nullptr, *normf_b = nullptr;
+  float* head_w = nullptr;  // (V, C): == wte for GPT (tied), own tensor for Llama
+};
+
+ModelView make_view(const ParamLayout& layout, const ModelConfig& m, float* base);
+
+}  // namespace loom

@@ -1,1 +1,67 @@
+// The `loom` binary's exit codes and messages for usage, config and runtime errors.
 #include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+TEST(Cli, HelpDescribesEveryCommandAndKey) {
+  Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* cmd : {"train", "sample", "export", "import"}) EXPECT_NE(r.output.find(cmd), std::string::npos);
+  Result t = run("train --help");
+  EXPECT_EQ(t.code, 0);
+  for (const char* key : {"--set", "--json", "model.preset", "optim.lr", "checkpoint.dir", "train.grad_accum"})
+    EXPECT_NE(t.output.find(key), std::string::npos) << key;
+  EXPECT_EQ(run("sample --help").code, 0);
+}
+
+TEST(Cli, UsageAndConfigErrorsExitTwo) {
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("frobnicate").code, 2);
+  Result r = run("train --set model.layyers=3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("unknown config key 'model.layyers'"), std::string::npos) << r.output;
+  r = run("train --set model.heads=5");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("does not divide model.d_model = 128"), std::string::npos) << r.output;
+  r = run("train --set train.steps=0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("train.steps = 0"), std::string::npos);
+  EXPECT_EQ(run("sample --prompt hi").code, 2);  // missing --checkpoint
+}
+
+TEST(Cli, RuntimeErrorsExitOneWithoutPartialCheckpoints) {
+  const std::string dir = ::testing::TempDir() + "/loom_cli";
+  std::ofstream(dir + "_latin1.txt") << std::string(500, 'x') << "\xe9t\xe9";
+  Result r = run("train --set data.path=" + dir + "_latin1.txt --set checkpoint.dir=" + dir + "_ck");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("not valid UTF-8 at byte offset 500"), std::string::npos) << r.output;
+  EXPECT_NE(std::system(("test -e " + dir + "_ck").c_str()), 0);  // nothing written
+  r = run("sample --checkpoint /no/such/dir --prompt hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("/no/such/dir"), std::string::npos);
+}
+
+}  // namespace

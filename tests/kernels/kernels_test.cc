@@ -1,1 +1,242 @@
+// Every fast kernel (loom::cpu) against its naive reference (loom::ref) on fresh random
+// inputs, including odd sizes: T = 1 and 13, C not a multiple of 16, V = 50257.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/ref/ops.h"
+
+namespace loom {
+namespace {
+
+class Rand {
+ public:
+  Rand() : seed_(std::random_device{}()), rng_(seed_) {}
+  std::vector<float> normal(size_t n, float std = 1.0f) {
+    std::normal_distribution<float> d(0.0f, std);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+  std::vector<int32_t> ints(size_t n, int32_t hi) {
+    std::uniform_int_distribution<int32_t> d(0, hi - 1);
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+  uint32_t seed() const { return seed_; }
+
+ private:
+  uint32_t seed_;
+  std::mt19937 rng_;
+};
+
+// max |a-b| / max(|b|): error relative to the reference's scale (floored at 1e-2 so a
+// lone near-zero output, e.g. GELU(-10), is judged by its absolute error).
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-2;
+  for (size_t i = 0; i < b.size(); i++) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return num / den;
+}
+
+#define EXPECT_CLOSE(a, b, tol) EXPECT_LT(rel(a, b), tol) << "seed " << rnd.seed()
+
+struct Dims {
+  int64_t B, T, C;
+};
+const Dims kDims[] = {{1, 1, 8}, {2, 13, 36}, {3, 17, 50}, {2, 64, 128}};
+
+TEST(Kernels, Embedding) {
+  Rand rnd;
+  for (auto [B, T, C] : kDims) {
+    const int64_t V = 300;
+    auto wte = rnd.normal(V * C), wpe = rnd.normal(T * C), dout = rnd.normal(B * T * C);
+    auto tok = rnd.ints(B * T, 7);  // few distinct ids: repeated rows in backward
+    std::vector<float> o1(B * T * C), o2(B * T * C);
+    ref::embedding_forward(o1.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    cpu::embedding_forward(o2.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    EXPECT_CLOSE(o2, o1, 1e-7);
+    std::vector<float> dw1(V * C, 0.5f), dw2 = dw1, dp1(T * C, 0.25f), dp2 = dp1;
+    ref::embedding_backward(dw1.data(), dp1.data(), dout.data(), tok.data(), B, T, C);
+    cpu::embedding_backward(dw2.data(), dp2.data(), dout.data(), tok.data(), B, T, C);
+    EXPECT_CLOSE(dw2, dw1, 1e-6);
+    EXPECT_CLOSE(dp2, dp1, 1e-6);
+  }
+}
+
+TEST(Kernels, LayerNormAndRmsNorm) {
+  Rand rnd;
+  for (auto [B, T, C] : kDims) {
+    const int64_t N = B * T;
+    auto x = rnd.normal(N * C, 2.0f), w = rnd.normal(C), b = rnd.normal(C), dy = rnd.normal(N * C);
+    for (auto& v : x) v += 3.0f;  // a mean offset
+    std::vector<float> y1(N * C), y2(N * C), m1(N), m2(N), r1(N), r2(N);
+    ref::layernorm_forward(y1.data(), m1.data(), r1.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    cpu::layernorm_forward(y2.data(), m2.data(), r2.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    EXPECT_CLOSE(r2, r1, 1e-5);
+    std::vector<float> dx1(N * C, 0.1f), dx2 = dx1, dw1(C, 0.2f), dw2 = dw1, db1(C), db2(C);
+    ref::layernorm_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), m1.data(), r1.data(), N, C);
+    cpu::layernorm_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), m1.data(), r1.data(), N, C);
+    EXPECT_CLOSE(dx2, dx1, 1e-4);
+    EXPECT_CLOSE(dw2, dw1, 1e-5);
+    EXPECT_CLOSE(db2, db1, 1e-5);
+
+    ref::rmsnorm_forward(y1.data(), r1.data(), x.data(), w.data(), N, C, 1e-5f);
+    cpu::rmsnorm_forward(y2.data(), r2.data(), x.data(), w.data(), N, C, 1e-5f);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    std::fill(dx1.begin(), dx1.end(), 0.f), std::fill(dx2.begin(), dx2.end(), 0.f);
+    ref::rmsnorm_backward(dx1.data(), dw1.data(), dy.data(), x.data(), w.data(), r1.data(), N, C);
+    cpu::rmsnorm_backward(dx2.data(), dw2.data(), dy.data(), x.data(), w.data(), r1.data(), N, C);
+    EXPECT_CLOSE(dx2, dx1, 1e-4);
+    EXPECT_CLOSE(dw2, dw1, 1e-5);
+  }
+}
+
+TEST(Kernels, Matmul) {
+  Rand rnd;
+  for (auto [B, T, C] : kDims) {
+    const int64_t N = B * T, OC = 3 * C + 1;
+    auto x = rnd.normal(N * C), w = rnd.normal(OC * C), bias = rnd.normal(OC), dy = rnd.normal(N * OC);
+    std::vector<float> y1(N * OC), y2(N * OC);
+    ref::matmul_forward(y1.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    cpu::matmul_forward(y2.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    cpu::matmul_forward(y2.data(), x.data(), w.data(), nullptr, N, C, OC);
+    ref::matmul_forward(y1.data(), x.data(), w.data(), nullptr, N, C, OC);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    std::vector<float> dx1(N * C, 1.f), dx2 = dx1, dw1(OC * C, -1.f), dw2 = dw1, db1(OC, 2.f), db2 = db1;
+    ref::matmul_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    cpu::matmul_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    EXPECT_CLOSE(dx2, dx1, 1e-5);
+    EXPECT_CLOSE(dw2, dw1, 1e-5);
+    EXPECT_CLOSE(db2, db1, 1e-5);
+  }
+}
+
+TEST(Kernels, GeluAndSwiglu) {
+  Rand rnd;
+  for (int64_t n : {1, 13, 1000, 4099}) {
+    auto x = rnd.normal(n, 3.0f), dy = rnd.normal(n);
+    std::vector<float> y1(n), y2(n), d1(n, 0.5f), d2 = d1;
+    ref::gelu_forward(y1.data(), x.data(), n);
+    cpu::gelu_forward(y2.data(), x.data(), n);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    ref::gelu_backward(d1.data(), x.data(), dy.data(), n);
+    cpu::gelu_backward(d2.data(), x.data(), dy.data(), n);
+    EXPECT_CLOSE(d2, d1, 1e-5);
+  }
+  for (auto [B, T, C] : kDims) {
+    const int64_t N = B * T, F = C + 3;
+    auto x = rnd.normal(N * 2 * F, 3.0f), dy = rnd.normal(N * F);
+    std::vector<float> y1(N * F), y2(N * F), d1(N * 2 * F, 0.1f), d2 = d1;
+    ref::swiglu_forward(y1.data(), x.data(), N, F);
+    cpu::swiglu_forward(y2.data(), x.data(), N, F);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    ref::swiglu_backward(d1.data(), x.data(), dy.data(), N, F);
+    cpu::swiglu_backward(d2.data(), x.data(), dy.data(), N, F);
+    EXPECT_CLOSE(d2, d1, 1e-5);
+  }
+}
+
+struct AttnDims {
+  int64_t B, T, H, KV, hd;
+};
+const AttnDims kAttn[] = {{1, 1, 2, 2, 8}, {2, 13, 4, 4, 9}, {2, 13, 6, 2, 10}, {1, 64, 3, 1, 16}, {2, 33, 8, 4, 12}};
+
+TEST(Kernels, RopeAndAttention) {
+  Rand rnd;
+  for (auto [B, T, H, KV, hd] : kAttn) {
+    const int64_t Q = (H + 2 * KV) * hd, N = B * T;
+    auto qkv = rnd.normal(N * Q), dy = rnd.normal(N * H * hd);
+    if (hd % 2 == 0) {
+      auto r1 = qkv, r2 = qkv;
+      ref::rope_forward(r1.data(), B, T, H, KV, hd, 10000.f);
+      cpu::rope_forward(r2.data(), B, T, H, KV, hd, 10000.f);
+      EXPECT_CLOSE(r2, r1, 1e-5);
+      cpu::rope_backward(r2.data(), B, T, H, KV, hd, 10000.f);  // inverse rotation
+      EXPECT_CLOSE(r2, qkv, 1e-5);
+      ref::rope_backward(r1.data(), B, T, H, KV, hd, 10000.f);
+      EXPECT_CLOSE(r1, qkv, 1e-5);
+    }
+    std::vector<float> y1(N * H * hd), y2(y1.size()), p1(B * H * T * T), p2(p1.size());
+    ref::attention_forward(y1.data(), p1.data(), qkv.data(), B, T, H, KV, hd);
+    cpu::attention_forward(y2.data(), p2.data(), qkv.data(), B, T, H, KV, hd);
+    EXPECT_CLOSE(y2, y1, 1e-5);
+    EXPECT_CLOSE(p2, p1, 1e-5);
+    std::vector<float> d1(N * Q, 0.3f), d2 = d1;
+    ref::attention_backward(d1.data(), dy.data(), qkv.data(), p1.data(), B, T, H, KV, hd);
+    cpu::attention_backward(d2.data(), dy.data(), qkv.data(), p1.data(), B, T, H, KV, hd);
+    EXPECT_CLOSE(d2, d1, 1e-5);
+  }
+}
+
+TEST(Kernels, CrossEntropyAndFusedHeadAtGpt2Vocab) {
+  Rand rnd;
+  for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{5, 20, 50257}, {13, 36, 256}, {1, 8, 7}}) {
+    // Float sums over K = V terms carry ~sqrt(K) * 2^-24 relative error, amplified by the
+    // cancellation in sum_j (p_j - y_j) w_j; at V = 50257 that reaches ~5e-5 of the scale.
+    // Small V: a confident row has loss ~1e-4 = log(z ~ 1.0001), where float rounding of z
+    // alone is 6e-8 absolute.
+    const double tol = V > 1000 ? 2e-4 : 3e-5;
+    auto x = rnd.normal(N * C), w = rnd.normal(V * C, 0.5f);
+    auto tgt = rnd.ints(N, int32_t(V));
+    std::vector<float> l1(N), l2(N), dx1(N * C, 0.1f), dx2 = dx1, dw1(V * C, -0.1f), dw2 = dw1;
+    ref::lm_head_loss(l1.data(), dx1.data(), dw1.data(), x.data(), w.data(), tgt.data(), N, C, V, 0.37f);
+    cpu::lm_head_loss(l2.data(), dx2.data(), dw2.data(), x.data(), w.data(), tgt.data(), N, C, V, 0.37f);
+    EXPECT_CLOSE(l2, l1, tol);
+    EXPECT_CLOSE(dx2, dx1, tol);
+    EXPECT_CLOSE(dw2, dw1, tol);
+    std::vector<float> l3(N);
+    cpu::lm_head_loss(l3.data(), nullptr, nullptr, x.data(), w.data(), tgt.data(), N, C, V, 0.f);
+    EXPECT_CLOSE(l3, l1, tol);
+
+    auto logits = rnd.normal(N * V, 4.0f);
+    ref::crossentropy_forward(l1.data(), logits.data(), tgt.data(), N, V);
+    cpu::crossentropy_forward(l2.data(), logits.data(), tgt.data(), N, V);
+    EXPECT_CLOSE(l2, l1, tol);
+    auto g1 = logits, g2 = logits;
+    auto dl = rnd.normal(N);
+    ref::crossentropy_backward_inplace(g1.data(), tgt.data(), dl.data(), N, V);
+    cpu::crossentropy_backward_inplace(g2.data(), tgt.data(), dl.data(), N, V);
+    EXPECT_CLOSE(g2, g1, tol);
+
+    std::vector<float> r1(V), r2(V);
+    ref::lm_head_logits_row(r1.data(), x.data(), w.data(), C, V);
+    cpu::lm_head_logits_row(r2.data(), x.data(), w.data(), C, V);
+    EXPECT_CLOSE(r2, r1, tol);
+  }
+}
+
+TEST(Kernels, AdamWAndReductions) {
+  Rand rnd;
+  for (int64_t n : {1, 17, 10007}) {
+    auto p = rnd.normal(n), g = rnd.normal(n), m = rnd.normal(n, 0.1f), v = rnd.normal(n, 0.1f);
+    for (auto& x : v) x = x * x;
+    auto p1 = p, p2 = p, m1 = m, m2 = m, v1 = v, v2 = v;
+    for (int64_t step : {1, 2, 50}) {
+      ref::adamw_update(p1.data(), g.data(), m1.data(), v1.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+      cpu::adamw_update(p2.data(), g.data(), m2.data(), v2.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    }
+    EXPECT_CLOSE(p2, p1, 1e-5);
+    EXPECT_CLOSE(m2, m1, 1e-6);
+    EXPECT_CLOSE(v2, v1, 1e-6);
+    EXPECT_NEAR(cpu::sum_squares(g.data(), n), ref::sum_squares(g.data(), n), 1e-5 * ref::sum_squares(g.data(), n));
+    auto s1 = g, s2 = g;
+    ref::scale_inplace(s1.data(), n, 0.3f);
+    cpu::scale_inplace(s2.data(), n, 0.3f);
+    EXPECT_CLOSE(s2, s1, 1e-7);
+    std::vector<float> r1(n), r2(n);
+    ref::residual_forward(r1.data(), p.data(), g.data(), n);
+    cpu::residual_forward(r2.data(), p.data(), g.data(), n);
+    EXPECT_CLOSE(r2, r1, 1e-7);
+  }
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,57 @@
+#include "loom/cli/commands.h"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/sampler.h"
+#include "loom/train/trainer.h"
+
+namespace loom::cli {
+
+int run_train(const TrainArgs& a) {
+  const Config cfg = load_config(a.config_path, a.sets);
+  TrainOptions opt;
+  opt.json = a.json;
+  opt.progress = !a.json && ::isatty(STDERR_FILENO) && ::isatty(STDOUT_FILENO);
+  opt.out = &std::cout;
+  opt.err = &std::cerr;
+  const TrainSummary s = train(cfg, opt);
+  if (!a.json)
+    std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy
+              << "), " << int64_t(s.tokens_per_s) << " tokens/s\n";
+  return 0;
+}
+
+int run_sample(const SampleArgs& a) {
+  SampleOptions o;
+  o.prompt = a.prompt;
+  o.tokens = a.tokens;
+  o.temperature = a.temperature;
+  o.seed = a.seed;
+  std::cout << sample(a.checkpoint, o) << std::endl;
+  return 0;
+}
+
+int run_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
+  if (format != "safetensors") throw ConfigError("--format '" + format + "': the only export format is safetensors");
+  export_safetensors(checkpoint, out);
+  std::cerr << "exported " << checkpoint << " to " << out << "\n";
+  return 0;
+}
+
+int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
+               const std::string& config_path, const std::vector<std::string>& sets) {
+  if (format != "safetensors") throw ConfigError("--format '" + format + "': the only import format is safetensors");
+  const bool base_given = !config_path.empty() || !sets.empty();
+  // Without a config, import starts from a "custom" model whose keys come from the file.
+  const Config base = base_given ? load_config(config_path, sets) : Config{};
+  import_safetensors(in, checkpoint, base, base_given);
+  std::cerr << "imported " << in << " into checkpoint " << checkpoint << "\n";
+  return 0;
+}
+
+}  // namespace loom::cli

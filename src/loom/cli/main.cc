@@ -1,0 +1,75 @@
+// loom command line. Exit codes: 0 success, 2 usage or config error, 1 runtime failure.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "loom/cli/commands.h"
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+
+namespace {
+
+std::string config_keys_footer() {
+  std::string s = "\nConfig keys (set in a TOML [section] or with --set section.key=value):\n";
+  for (const auto& [k, help] : loom::config_key_help()) {
+    s += "  " + k + std::string(k.size() < 24 ? 24 - k.size() : 1, ' ') + help + "\n";
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom: train transformer models (GPT-2, Llama) and plan their parallel training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "loom 0.1.0");
+
+  loom::cli::TrainArgs train;
+  auto* t = app.add_subcommand("train", "Train a model on a text corpus and save a checkpoint");
+  t->add_option("--config", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint)");
+  t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
+  t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
+  t->footer(config_keys_footer());
+
+  loom::cli::SampleArgs smp;
+  auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
+  s->add_option("--checkpoint", smp.checkpoint, "Checkpoint directory")->required();
+  s->add_option("--prompt", smp.prompt, "Text to continue");
+  s->add_option("--tokens", smp.tokens, "Tokens to generate")->capture_default_str();
+  s->add_option("--temperature", smp.temperature, "Sampling temperature; 0 is greedy")->capture_default_str();
+  s->add_option("--seed", smp.seed, "Sampling seed")->capture_default_str();
+
+  std::string ex_ck, ex_fmt = "safetensors", ex_out;
+  auto* e = app.add_subcommand("export", "Write a checkpoint as Hugging Face-named safetensors");
+  e->add_option("--checkpoint", ex_ck, "Checkpoint directory")->required();
+  e->add_option("--format", ex_fmt, "Output format (safetensors)")->capture_default_str();
+  e->add_option("--out", ex_out, "Output file")->required();
+
+  std::string im_in, im_fmt = "safetensors", im_ck, im_cfg;
+  std::vector<std::string> im_sets;
+  auto* im = app.add_subcommand("import", "Make a checkpoint from Hugging Face-named safetensors");
+  im->add_option("--in", im_in, "Input safetensors file")->required();
+  im->add_option("--format", im_fmt, "Input format (safetensors)")->capture_default_str();
+  im->add_option("--checkpoint", im_ck, "Checkpoint directory to write")->required();
+  im->add_option("--config", im_cfg, "TOML config for files without loom metadata (e.g. model.heads)");
+  im->add_option("--set", im_sets, "Config override section.key=value (repeatable)")->take_all();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    const int code = app.exit(err);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*t) return loom::cli::run_train(train);
+    if (*s) return loom::cli::run_sample(smp);
+    if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
+    if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);
+  } catch (const loom::Error& err) {
+    std::cerr << "loom: error: " << err.what() << "\n";
+    return err.kind() == loom::Error::Kind::kConfig ? 2 : 1;
+  } catch (const std::exception& err) {
+    std::cerr << "loom: error: " << err.what() << "\n";
+    return 1;
+  }
+  return 2;
+}

@@ -97,7 +97,7 @@ std::string fmt_double(double x) {
 
 const std::vector<KeyDef>& schema() {
   static const std::vector<KeyDef> keys = {
-      LOOM_STRING_KEY(model, preset, "tiny | gpt2 | gpt2-medium | llama; sets every model key"),
+      LOOM_STRING_KEY(model, preset, "tiny | gpt2 | gpt2-medium | llama | custom; sets every model key"),
       KeyDef{"model.arch", "gpt | llama",
              [](Config& c, const RawValue& v, const std::string& k) {
                std::string s = parse_string(k, v);
@@ -212,9 +212,14 @@ Config resolve(const std::vector<Assignment>& file_values, const std::vector<Ass
     for (const auto& a : *list)
       if (a.key == "model.preset") preset = parse_string(a.key, a.value);
   apply_model_preset(c.model, preset);
+  bool kv_given = false;
   for (const auto* list : {&file_values, &overrides})
-    for (const auto& a : *list)
+    for (const auto& a : *list) {
       if (a.key != "model.preset") require_key(a.key).set(c, a.value, a.key);
+      kv_given |= a.key == "model.kv_heads";
+    }
+  // GPT has no GQA: unless kv_heads was given, it follows heads.
+  if (c.model.arch == Arch::kGpt && !kv_given) c.model.kv_heads = c.model.heads;
   validate(c);
   return c;
 }
@@ -253,8 +258,10 @@ void apply_model_preset(ModelConfig& m, const std::string& preset) {
     // A small Llama-style model for the byte tokenizer: GQA 8:2, SwiGLU width ~8/3 d.
     m.arch = Arch::kLlama;
     m.layers = 8, m.d_model = 512, m.heads = 8, m.kv_heads = 2, m.ffn = 1376, m.vocab = 256, m.ctx = 256;
+  } else if (preset == "custom") {
+    // No preset values: every model key comes from the file or --set.
   } else {
-    throw ConfigError("model.preset = '" + preset + "': expected one of tiny, gpt2, gpt2-medium, llama");
+    throw ConfigError("model.preset = '" + preset + "': expected one of tiny, gpt2, gpt2-medium, llama, custom");
   }
 }
 

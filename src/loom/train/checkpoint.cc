@@ -1,0 +1,134 @@
+#include "loom/train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/train/fileio.h"
+#include "loom/train/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace loom {
+
+namespace {
+
+StFile params_file(const ParamLayout& layout, const std::vector<float>& flat, const std::string& prefix) {
+  StFile f;
+  for (const ParamSpec& s : layout.specs()) f.tensors[prefix + s.name] = make_f32(s.shape, flat.data() + s.offset);
+  return f;
+}
+
+void unpack_params(const StFile& f, const std::string& path, const ParamLayout& layout, const std::string& prefix,
+                   std::vector<float>& flat) {
+  flat.assign(layout.total_floats(), 0.0f);
+  for (const ParamSpec& s : layout.specs()) {
+    const StTensor& t = f.at(prefix + s.name, path);
+    if (t.shape != s.shape) {
+      std::string got, want;
+      for (auto d : t.shape) got += (got.empty() ? "" : ",") + std::to_string(d);
+      for (auto d : s.shape) want += (want.empty() ? "" : ",") + std::to_string(d);
+      throw Error("checkpoint file '" + path + "': tensor '" + prefix + s.name + "' has shape (" + got +
+                  ") but the config needs (" + want + ")");
+    }
+    const std::vector<float> v = t.as_f32();
+    std::copy(v.begin(), v.end(), flat.begin() + s.offset);
+  }
+}
+
+// Replaces `dir` by the fully written `tmp` directory.
+void publish_dir(const std::string& tmp, const std::string& dir) {
+  std::error_code ec;
+  const std::string old = dir + ".old-" + std::to_string(::getpid());
+  const bool had_old = fs::exists(dir, ec);
+  if (had_old) {
+    fs::rename(dir, old, ec);
+    if (ec) throw Error("cannot move the previous checkpoint '" + dir + "' aside: " + ec.message());
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) {
+    if (had_old) fs::rename(old, dir);
+    throw Error("cannot rename '" + tmp + "' to '" + dir + "': " + ec.message());
+  }
+  fsync_dir(fs::path(dir).parent_path().string());
+  if (had_old) fs::remove_all(old, ec);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, const Config& config, const ParamLayout& layout,
+                     const std::vector<float>& params, const std::vector<float>* m, const std::vector<float>* v,
+                     const CheckpointState& state) {
+  LOOM_CHECK(!dir.empty(), "checkpoint.dir is empty: nowhere to save");
+  std::error_code ec;
+  const fs::path target = fs::absolute(dir);
+  fs::create_directories(target.parent_path(), ec);
+  if (ec) throw Error("cannot create '" + target.parent_path().string() + "': " + ec.message());
+  const std::string tmp = target.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) throw Error("cannot create '" + tmp + "': " + ec.message());
+  try {
+    write_file_atomic(tmp + "/config.toml", to_toml(config));
+    StFile pf = params_file(layout, params, "");
+    pf.metadata = {{"format", "loom-checkpoint-1"}, {"step", std::to_string(state.step)}};
+    write_safetensors(tmp + "/model.safetensors", pf);
+    if (m && v) {
+      StFile of = params_file(layout, *m, "m.");
+      StFile vf = params_file(layout, *v, "v.");
+      of.tensors.merge(vf.tensors);
+      write_safetensors(tmp + "/optim.safetensors", of);
+    }
+    nlohmann::json st = {{"step", state.step}, {"optimizer_steps", state.optimizer_steps}};
+    write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
+    publish_dir(tmp, target.string());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+CheckpointData load_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error("checkpoint '" + dir + "' is not a directory (expected one written by `loom train` or `loom import`)");
+  CheckpointData out;
+  const std::string cfg_path = dir + "/config.toml";
+  std::string text;
+  try {
+    text = read_file_bytes(cfg_path);
+  } catch (const Error& e) {
+    throw Error("checkpoint '" + dir + "' is unreadable: " + e.what());
+  }
+  try {
+    out.config = config_from_toml_string(text);
+  } catch (const Error& e) {
+    throw Error("checkpoint config '" + cfg_path + "' is invalid: " + e.what());
+  }
+  const ParamLayout layout(out.config.model);
+  const std::string model_path = dir + "/model.safetensors";
+  unpack_params(read_safetensors(model_path), model_path, layout, "", out.params);
+  const std::string optim_path = dir + "/optim.safetensors";
+  if (fs::exists(optim_path, ec)) {
+    const StFile of = read_safetensors(optim_path);
+    out.m.emplace();
+    out.v.emplace();
+    unpack_params(of, optim_path, layout, "m.", *out.m);
+    unpack_params(of, optim_path, layout, "v.", *out.v);
+  }
+  const std::string state_path = dir + "/state.json";
+  if (fs::exists(state_path, ec)) {
+    try {
+      auto st = nlohmann::json::parse(read_file_bytes(state_path));
+      out.state.step = st.at("step").get<int64_t>();
+      out.state.optimizer_steps = st.at("optimizer_steps").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("checkpoint state '" + state_path + "' is malformed: " + e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,49 @@
+#include "loom/train/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "loom/core/error.h"
+#include "loom/model/model.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/data.h"
+
+namespace loom {
+
+std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) {
+  LOOM_CHECK(opt.tokens >= 0, "--tokens ", opt.tokens, ": expected a count >= 0");
+  LOOM_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "--temperature ", opt.temperature,
+             ": expected a finite value >= 0 (0 = greedy)");
+  const int64_t bad = first_invalid_utf8(reinterpret_cast<const uint8_t*>(opt.prompt.data()), int64_t(opt.prompt.size()));
+  LOOM_CHECK(bad < 0, "--prompt is not valid UTF-8 at byte ", bad);
+  CheckpointData ck = load_checkpoint(checkpoint_dir);
+  const ModelConfig& mc = ck.config.model;
+  Model model(mc, 1, mc.ctx);
+  model.params() = std::move(ck.params);
+
+  std::vector<int32_t> seq = encode_bytes(opt.prompt);
+  if (seq.empty()) seq.push_back('\n');  // an empty prompt starts a fresh line
+  const size_t prompt_len = seq.size();
+  std::mt19937_64 rng(opt.seed);
+  std::vector<float> logits(mc.vocab);
+  const int64_t usable = std::min<int64_t>(mc.vocab, 256);
+  for (int64_t i = 0; i < opt.tokens; i++) {
+    const int64_t T = std::min<int64_t>(int64_t(seq.size()), mc.ctx);
+    model.forward_last_logits(seq.data() + seq.size() - T, T, logits.data());
+    int32_t next = 0;
+    if (opt.temperature == 0) {
+      next = int32_t(std::max_element(logits.begin(), logits.begin() + usable) - logits.begin());
+    } else {
+      const float mx = *std::max_element(logits.begin(), logits.begin() + usable);
+      std::vector<double> p(usable);
+      for (int64_t j = 0; j < usable; j++) p[j] = std::exp((logits[j] - mx) / opt.temperature);
+      std::discrete_distribution<int32_t> dist(p.begin(), p.end());
+      next = dist(rng);
+    }
+    seq.push_back(next);
+  }
+  return decode_bytes(std::vector<int32_t>(seq.begin() + int64_t(prompt_len), seq.end()));
+}
+
+}  // namespace loom

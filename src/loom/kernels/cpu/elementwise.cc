@@ -51,11 +51,13 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 }  // namespace
 
+// 0.5 x (1 + tanh(u)) = x sigmoid(2u): no cancellation where tanh(u) is near -1.
+// d/dx = s + 2 x s (1 - s) du/dx, with s = sigmoid(2u) and 1 - tanh^2 = 4 s (1 - s).
 void gelu_forward(float* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanh_approx(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+    out[i] = x * sigmoid_approx(2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x));
   }
 }
 
@@ -63,9 +65,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
     const float x = inp[i];
-    const float th = tanh_approx(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    const float s = sigmoid_approx(2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+    dinp[i] += dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
   }
 }
 

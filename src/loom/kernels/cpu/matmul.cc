@@ -57,22 +57,26 @@ inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, fl
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < V; j++) mx = std::max(mx, l[j]);
   const float target_logit = l[target];
-  float z = 0;
+  // z = e_target + z_other; keeping z_other apart gives the target's gradient
+  // -scale * z_other / z without the cancellation of (e_target / z - 1) when p -> 1.
+  float z_other = 0;
   if (grad) {
-#pragma omp simd reduction(+ : z)
+#pragma omp simd reduction(+ : z_other)
     for (int64_t j = 0; j < V; j++) {
       const float e = exp_approx(l[j] - mx);
       l[j] = e;
-      z += e;
+      z_other += j == target ? 0.0f : e;
     }
+    const float z = z_other + l[target];
     const float k = scale / z;
 #pragma omp simd
     for (int64_t j = 0; j < V; j++) l[j] *= k;
-    l[target] -= scale;
-  } else {
-#pragma omp simd reduction(+ : z)
-    for (int64_t j = 0; j < V; j++) z += exp_approx(l[j] - mx);
+    l[target] = -scale * (z_other / z);
+    return std::log(z) + mx - target_logit;
   }
+  float z = 0;
+#pragma omp simd reduction(+ : z)
+  for (int64_t j = 0; j < V; j++) z += exp_approx(l[j] - mx);
   return std::log(z) + mx - target_logit;
 }
 

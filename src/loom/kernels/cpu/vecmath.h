@@ -32,9 +32,6 @@ inline float exp_approx(float x) {
   return underflow ? 0.0f : out;
 }
 
-// tanh(u) = 1 - 2 / (exp(2u) + 1); absolute error ~1e-7.
-inline float tanh_approx(float u) { return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f); }
-
 inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
 }  // namespace loom::cpu

@@ -1,0 +1,50 @@
+// Single-process checkpoints: a directory holding
+//   config.toml         the fully resolved config
+//   model.safetensors   parameters under loom names (metadata: format, step)
+//   optim.safetensors   AdamW moments m.<name>, v.<name> (absent for imported weights)
+//   state.json          step, optimizer step count, seed
+// Saving writes a sibling temporary directory, fsyncs every file, then renames it into
+// place, so an interrupted save never leaves a partial checkpoint under `dir`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+
+namespace loom {
+
+struct CheckpointState {
+  int64_t step = 0;            // optimizer steps completed
+  int64_t optimizer_steps = 0;
+};
+
+struct CheckpointData {
+  Config config;
+  std::vector<float> params;           // flat, layout of `config.model`
+  std::optional<std::vector<float>> m, v;
+  CheckpointState state;
+};
+
+void save_checkpoint(const std::string& dir, const Config& config, const ParamLayout& layout,
+                     const std::vector<float>& params, const std::vector<float>* m,
+                     const std::vector<float>* v, const CheckpointState& state);
+
+// Throws loom::Error naming the file and the problem (missing file, bad config, tensor
+// missing or with the wrong shape).
+CheckpointData load_checkpoint(const std::string& dir);
+
+// Hugging Face interop: GPT-2 names (transformer.h.N.attn.c_attn.weight, Conv1D weights
+// stored (in, out)) for arch gpt, Llama names (model.layers.N.self_attn.q_proj.weight)
+// for arch llama. The loom config rides in the metadata under "loom_config".
+void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file);
+// Builds a checkpoint (no optimizer state) from an HF-named safetensors file. The model
+// config comes from the file's loom_config metadata when present; otherwise from `base`
+// (preset, heads, ...) with layers/d_model/vocab/ctx/ffn read off the tensor shapes.
+void import_safetensors(const std::string& in_file, const std::string& checkpoint_dir,
+                        const Config& base, bool base_given);
+
+}  // namespace loom

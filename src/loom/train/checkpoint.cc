@@ -26,13 +26,9 @@ void unpack_params(const StFile& f, const std::string& path, const ParamLayout& 
   flat.assign(layout.total_floats(), 0.0f);
   for (const ParamSpec& s : layout.specs()) {
     const StTensor& t = f.at(prefix + s.name, path);
-    if (t.shape != s.shape) {
-      std::string got, want;
-      for (auto d : t.shape) got += (got.empty() ? "" : ",") + std::to_string(d);
-      for (auto d : s.shape) want += (want.empty() ? "" : ",") + std::to_string(d);
-      throw Error("checkpoint file '" + path + "': tensor '" + prefix + s.name + "' has shape (" + got +
-                  ") but the config needs (" + want + ")");
-    }
+    if (t.shape != s.shape)
+      throw Error("checkpoint file '" + path + "': tensor '" + prefix + s.name + "' has shape " +
+                  shape_string(t.shape) + " but the config needs " + shape_string(s.shape));
     const std::vector<float> v = t.as_f32();
     std::copy(v.begin(), v.end(), flat.begin() + s.offset);
   }

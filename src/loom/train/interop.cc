@@ -71,12 +71,6 @@ void block_dims(const ParamSpec& s, const HfEntry& e, int64_t& r0, int64_t& rows
   rows = (e.row1 < 0 ? s.shape[0] : e.row1) - e.row0;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "(";
-  for (size_t i = 0; i < s.size(); i++) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + ")";
-}
-
 }  // namespace
 
 void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file) {
@@ -126,7 +120,7 @@ void infer_shapes(const StFile& f, const std::string& path, ModelConfig& m) {
     if (std::regex_match(name, mt, layer_re)) layers = std::max<int64_t>(layers, std::stoll(mt[1]) + 1);
   }
   const auto& wte = f.at(gpt ? "transformer.wte.weight" : "model.embed_tokens.weight", path);
-  LOOM_CHECK(wte.shape.size() == 2, "embedding in '", path, "' has shape ", shape_str(wte.shape), ", expected (vocab, d_model)");
+  LOOM_CHECK(wte.shape.size() == 2, "embedding in '", path, "' has shape ", shape_string(wte.shape), ", expected (vocab, d_model)");
   m.layers = layers, m.vocab = wte.shape[0], m.d_model = wte.shape[1];
   if (gpt) {
     m.ctx = f.at("transformer.wpe.weight", path).shape.at(0);
@@ -165,8 +159,8 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
     std::vector<int64_t> want = s.shape.size() == 1 ? std::vector<int64_t>{rows}
                                 : e.transpose        ? std::vector<int64_t>{cols, rows}
                                                      : std::vector<int64_t>{rows, cols};
-    LOOM_CHECK(t.shape == want, "tensor '", e.hf, "' in '", in_file, "' has shape ", shape_str(t.shape),
-               " but the model config needs ", shape_str(want));
+    LOOM_CHECK(t.shape == want, "tensor '", e.hf, "' in '", in_file, "' has shape ", shape_string(t.shape),
+               " but the model config needs ", shape_string(want));
     const std::vector<float> v = t.as_f32();
     float* dst = params.data() + s.offset + r0 * cols;
     if (e.transpose && s.shape.size() == 2) {

@@ -44,6 +44,15 @@ const StTensor& StFile::at(const std::string& name, const std::string& path) con
   return it->second;
 }
 
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); i++) {
+    if (i) out += ",";
+    out += std::to_string(shape[i]);
+  }
+  return out + ")";
+}
+
 StTensor make_f32(std::vector<int64_t> shape, const float* data) {
   StTensor t;
   t.dtype = DType::kF32;

@@ -33,6 +33,9 @@ StFile read_safetensors(const std::string& path);
 // Writes `path` atomically: to `path.tmp`, fsync, rename.
 void write_safetensors(const std::string& path, const StFile& file);
 
+// "(2,3)" for error messages.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 StTensor make_f32(std::vector<int64_t> shape, const float* data);
 StTensor make_i32(std::vector<int64_t> shape, const int32_t* data);
 

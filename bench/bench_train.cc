@@ -1,0 +1,88 @@
+// loom's side of the training benchmark (bench/train_vs_torch.sh runs the PyTorch peer).
+// Measures, in one process: the 2-thread sgemm peak of this machine (the GEMM shapes of the
+// model's largest layer and a square 2048^3), then training tokens/s of one config with
+// random tokens, achieved model FLOP/s (6 * params + 12 * L * T * d per token), and peak RSS.
+// Prints one JSON line.
+#include <cblas.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/kernels/cpu/blas_info.h"
+#include "loom/model/model.h"
+#include "loom/train/optimizer.h"
+
+using namespace loom;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Best-of-5 GFLOP/s of C(M,N) = A(M,K) B(N,K)^T.
+double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
+  std::vector<float> a(M * K, 0.5f), b(N * K, 0.25f), c(M * N);
+  double best = 0;
+  for (int rep = 0; rep < 5; rep++) {
+    auto t = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+    best = std::max(best, 2.0 * M * N * K / seconds_since(t) / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string name = argc > 1 ? argv[1] : "A";
+  int steps = argc > 2 ? std::atoi(argv[2]) : 10;
+  std::vector<std::string> sets;
+  int64_t batch = 16;
+  if (name == "A") sets = {"model.preset=tiny"}, batch = 16;
+  else if (name == "B") sets = {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6", "model.ctx=256"}, batch = 8;
+  else if (name == "C") sets = {"model.preset=gpt2", "model.ctx=256"}, batch = 4;
+  else {
+    std::fprintf(stderr, "usage: bench_train A|B|C [steps]\n");
+    return 2;
+  }
+  const Config cfg = load_config("", sets);
+  const ModelConfig& m = cfg.model;
+  const int64_t T = m.ctx;
+  Model model(m, batch, T);
+  model.init_weights(1);
+  AdamW opt(model.layout(), cfg.optim);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(m.vocab - 1));
+  std::vector<int32_t> x(batch * T), y(batch * T);
+  for (auto& v : x) v = tok(rng);
+  for (auto& v : y) v = tok(rng);
+
+  const int warmup = 2;
+  Clock::time_point t0;
+  for (int s = 0; s < warmup + steps; s++) {
+    if (s == warmup) t0 = Clock::now();
+    model.zero_grads();
+    model.forward_backward(x.data(), y.data(), batch, T, 1.0f);
+    clip_grad_norm(model.ops(), model.grads(), 1.0);
+    opt.step(model.ops(), model.params(), model.grads(), 1e-4);
+  }
+  const double dt = seconds_since(t0);
+  const double tok_s = double(steps) * batch * T / dt;
+  const double params = double(model.layout().param_count());
+  const double flops_per_token = 6.0 * params + 12.0 * m.layers * T * m.d_model;
+  const double gflops = tok_s * flops_per_token / 1e9;
+  const double peak_sq = sgemm_gflops(2048, 2048, 2048);
+  const double peak_model = sgemm_gflops(batch * T, m.ffn, m.d_model);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("{\"side\":\"loom\",\"config\":\"%s\",\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,"
+              "\"sgemm_peak_gflops\":%.1f,\"sgemm_fc_shape_gflops\":%.1f,\"peak_rss_mib\":%.1f,\"blas_core\":\"%s\"}\n",
+              name.c_str(), tok_s, gflops, peak_sq, peak_model, ru.ru_maxrss / 1024.0, cpu::blas_core_name().c_str());
+  return 0;
+}

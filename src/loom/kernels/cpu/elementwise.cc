@@ -65,9 +65,11 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
     const float x = inp[i];
-    const float s = sigmoid_approx(2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    // s = 1 / (1 + e), 1 - s = e s with e = exp(-2u): no cancellation where s -> 1.
+    const float e = exp_approx(-2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    const float s = 1.0f / (1.0f + e);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
+    dinp[i] += dout[i] * (s + 2.0f * x * s * (e * s) * du);
   }
 }
 
@@ -92,8 +94,9 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N
     float* du = dg + F;
 #pragma omp simd
     for (int64_t f = 0; f < F; f++) {
-      const float sig = sigmoid_approx(g[f]);
-      dg[f] += dy[f] * u[f] * (sig + g[f] * sig * (1.0f - sig));
+      const float e = exp_approx(-g[f]);  // sig = 1/(1+e), 1 - sig = e sig
+      const float sig = 1.0f / (1.0f + e);
+      dg[f] += dy[f] * u[f] * (sig + g[f] * sig * (e * sig));
       du[f] += dy[f] * g[f] * sig;
     }
   }

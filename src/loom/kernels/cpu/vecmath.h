@@ -14,7 +14,11 @@ inline float exp_approx(float x) {
   x = x < 88.7f ? x : 88.7f;
   const bool underflow = x < -87.3f;
   x = x > -87.3f ? x : -87.3f;
-  const float n = __builtin_roundf(x * 1.44269504088896341f);
+  // Round to nearest by adding and removing 1.5 * 2^23 (valid for |v| < 2^22); unlike
+  // roundf this stays inline and vectorises. Ties go to even instead of away from zero,
+  // which only changes which of two equally good reductions is used.
+  constexpr float kRound = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
   float r = x - n * 0.693359375f;   // ln2 high part (exact in float)
   r = r - n * -2.12194440e-4f;      // ln2 low part
   float p = 1.0f / 720.0f;

@@ -118,11 +118,13 @@ TEST(Trainer, UnreadableCheckpointsAreRefused) {
   }
 }
 
-// The default job's recipe, shortened: validation loss must fall well below the corpus's
-// unigram entropy (what a model with no context could reach).
-TEST(Trainer, LearnsBeyondUnigramStatistics) {
-  const Config c = load_config("", {"train.steps=150", "train.val_every=0", "checkpoint.dir="});
+// The default job (tiny GPT, fortunes, default step count): validation loss must fall well
+// below the corpus's unigram entropy, which is what a model with no context could reach.
+// Measured on the dev machine: 2.57 nats vs 3.32.
+TEST(Trainer, DefaultJobLearnsBeyondUnigramStatistics) {
+  const Config c = load_config("", {"train.val_every=0", "checkpoint.dir="});
   const TrainSummary s = run(c);
+  EXPECT_EQ(int64_t(s.losses.size()), c.train.steps);
   EXPECT_LT(s.final_val_loss, s.unigram_entropy - 0.5) << "val " << s.final_val_loss << " unigram " << s.unigram_entropy;
 }
 

@@ -185,12 +185,20 @@ void Model::backward_block(int l, int64_t B, int64_t T) {
     k_.rmsnorm_backward(a.dres, g.norm1_w, a.dnorm, x0, w.norm1_w, s.norm1_rstd, N, C);
 }
 
+namespace {
+// Throws naming the first id outside [0, vocab).
+void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
+  for (int64_t i = 0; i < n; i++)
+    LOOM_CHECK(ids[i] >= 0 && ids[i] < vocab, what, " id ", ids[i], " at position ", i,
+               " is outside the vocabulary [0, ", vocab, ")");
+}
+
+}  // namespace
+
 void Model::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
   check_shape(B, T);
   const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  for (int64_t i = 0; i < N; i++)
-    LOOM_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id ", tokens[i], " at position ", i,
-               " is outside the vocabulary [0, ", V, ")");
+  check_ids(tokens, N, V, "token");
   Acts& a = *acts_;
   k_.embedding_forward(a.embed, tokens, pv_.wte, pv_.wpe, B, T, C);
   for (int l = 0; l < int(cfg_.layers); l++) forward_block(l, B, T);
@@ -230,8 +238,7 @@ float Model::forward_backward(const int32_t* tokens, const int32_t* targets, int
   forward_body(tokens, B, T);
   Acts& a = *acts_;
   const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  for (int64_t i = 0; i < N; i++)
-    LOOM_CHECK(targets[i] >= 0 && targets[i] < V, "target id ", targets[i], " is outside [0, ", V, ")");
+  check_ids(targets, N, V, "target");
   std::memset(a.dnorm, 0, size_t(N * C) * sizeof(float));
   k_.lm_head_loss(a.losses, a.dnorm, gv_.head_w, a.normf, pv_.head_w, targets, N, C, V,
                   grad_scale / float(N));
@@ -243,9 +250,7 @@ float Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t
   forward_body(tokens, B, T);
   Acts& a = *acts_;
   const int64_t N = B * T;
-  for (int64_t i = 0; i < N; i++)
-    LOOM_CHECK(targets[i] >= 0 && targets[i] < cfg_.vocab, "target id ", targets[i], " is outside [0, ",
-               cfg_.vocab, ")");
+  check_ids(targets, N, cfg_.vocab, "target");
   k_.lm_head_loss(a.losses, nullptr, nullptr, a.normf, pv_.head_w, targets, N, cfg_.d_model, cfg_.vocab, 0.0f);
   return mean_of(a.losses, N);
 }

@@ -1,0 +1,238 @@
+#include "loom/comm/algorithms.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/core/error.h"
+
+namespace loom::comm {
+namespace {
+
+constexpr int kTagAllReduce = kFirstInternalTag + 1;
+constexpr int kTagReduceScatter = kFirstInternalTag + 2;
+constexpr int kTagAllGather = kFirstInternalTag + 3;
+constexpr int kTagBroadcast = kFirstInternalTag + 4;
+constexpr int kTagReduce = kFirstInternalTag + 5;
+constexpr int kTagAllToAll = kFirstInternalTag + 6;
+constexpr int kTagBarrier = kFirstInternalTag + 7;
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// memmove that accepts empty ranges with null pointers (zero-count collectives).
+void move_bytes(std::byte* dst, const std::byte* src, size_t n) {
+  if (n && dst != src) std::memmove(dst, src, n);
+}
+
+}  // namespace
+
+void Link::wait(std::span<const TransferId> ids, const char* what, int peer) {
+  std::vector<bool> done(ids.size(), false);
+  Clock::time_point next_hook = Clock::now() + std::chrono::milliseconds(10);
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!done[i]) {
+        done[i] = t_.test(ids[i]);
+        all = all && done[i];
+      }
+    if (all) return;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline_) {
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (!done[i]) t_.cancel(ids[i]);
+      throw CommTimeout(detail::cat("timed out (comm.timeout_s): ", what, " with group rank ", peer, " did not complete"));
+    }
+    if (now >= next_hook) {
+      if (on_wait_) on_wait_();
+      next_hook = now + std::chrono::milliseconds(10);
+    }
+    t_.idle(std::min(deadline_, now + std::chrono::milliseconds(1)));
+  }
+}
+
+void Link::send(std::span<const std::byte> data, int peer, int tag) {
+  const TransferId id = t_.isend(data, peer, tag);
+  wait({&id, 1}, "send", peer);
+}
+
+void Link::recv(std::span<std::byte> data, int peer, int tag) {
+  const TransferId id = t_.irecv(data, peer, tag);
+  wait({&id, 1}, "receive", peer);
+}
+
+void Link::exchange(std::span<const std::byte> out, int to, std::span<std::byte> in, int from, int tag) {
+  const TransferId ids[2] = {t_.irecv(in, from, tag), t_.isend(out, to, tag)};
+  wait(ids, "exchange", from);
+}
+
+std::span<std::byte> Link::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return {scratch_.data(), bytes};
+}
+
+void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op) {
+  const int n = l.size(), r = l.rank();
+  if (n == 1) return;
+  const size_t es = dtype_bytes(dtype);
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  const std::span<std::byte> tmp = l.scratch(chunk_of(count, n, 0).count * es);
+  auto bytes_of = [&](Chunk c) { return buf.subspan(c.begin * es, c.count * es); };
+  // Reduce-scatter: after step s rank r holds s + 2 contributions of chunk r - s - 1;
+  // after n - 1 steps chunk r + 1 is complete here.
+  for (int s = 0; s < n - 1; ++s) {
+    const Chunk send = chunk_of(count, n, mod(r - s, n)), recv = chunk_of(count, n, mod(r - s - 1, n));
+    l.exchange(bytes_of(send), right, tmp.first(recv.count * es), left, kTagAllReduce);
+    reduce_into(dtype, op, buf.data() + recv.begin * es, tmp.data(), recv.count);
+  }
+  const Chunk own = chunk_of(count, n, mod(r + 1, n));
+  if (op == ReduceOp::kAvg) divide(dtype, buf.data() + own.begin * es, own.count, n);
+  // All-gather: pass complete chunks around the ring.
+  for (int s = 0; s < n - 1; ++s) {
+    const Chunk send = chunk_of(count, n, mod(r + 1 - s, n)), recv = chunk_of(count, n, mod(r - s, n));
+    l.exchange(bytes_of(send), right, bytes_of(recv), left, kTagAllReduce);
+  }
+}
+
+void recursive_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op) {
+  const int n = l.size(), r = l.rank();
+  if (n == 1) return;
+  const size_t es = dtype_bytes(dtype);
+  int pof2 = 1;
+  while (pof2 * 2 <= n) pof2 *= 2;
+  const int rem = n - pof2;
+  const std::span<std::byte> tmp = l.scratch(count * es);
+  // Fold: among the first 2 rem ranks, each even rank hands its data to the odd one above.
+  int newrank = r - rem;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      l.send(buf, r + 1, kTagAllReduce);
+      newrank = -1;
+    } else {
+      l.recv(tmp.first(count * es), r - 1, kTagAllReduce);
+      reduce_into(dtype, op, buf.data(), tmp.data(), count);
+      newrank = r / 2;
+    }
+  }
+  if (newrank >= 0) {
+    auto real_rank = [&](int nr) { return nr < rem ? nr * 2 + 1 : nr + rem; };
+    struct Step {
+      int partner;
+      size_t keep_lo, keep_hi, give_lo, give_hi;
+    };
+    std::vector<Step> steps;
+    size_t lo = 0, hi = count;
+    // Recursive halving: partners share [lo, hi); the lower keeps the lower half.
+    for (int mask = pof2 / 2; mask >= 1; mask /= 2) {
+      const int pn = newrank ^ mask;
+      const size_t mid = lo + (hi - lo) / 2;
+      Step st{real_rank(pn), lo, mid, mid, hi};
+      if (newrank > pn) st = {real_rank(pn), mid, hi, lo, mid};
+      l.exchange(buf.subspan(st.give_lo * es, (st.give_hi - st.give_lo) * es), st.partner,
+                 tmp.first((st.keep_hi - st.keep_lo) * es), st.partner, kTagAllReduce);
+      reduce_into(dtype, op, buf.data() + st.keep_lo * es, tmp.data(), st.keep_hi - st.keep_lo);
+      steps.push_back(st);
+      lo = st.keep_lo;
+      hi = st.keep_hi;
+    }
+    if (op == ReduceOp::kAvg) divide(dtype, buf.data() + lo * es, hi - lo, n);
+    // Recursive doubling: undo the halving, swapping finished halves.
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+      l.exchange(buf.subspan(it->keep_lo * es, (it->keep_hi - it->keep_lo) * es), it->partner,
+                 buf.subspan(it->give_lo * es, (it->give_hi - it->give_lo) * es), it->partner, kTagAllReduce);
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 0) l.recv(buf.first(count * es), r + 1, kTagAllReduce);
+    else l.send(buf.first(count * es), r - 1, kTagAllReduce);
+  }
+}
+
+void ring_reduce_scatter(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count,
+                         DType dtype, ReduceOp op) {
+  const int n = l.size(), r = l.rank();
+  const size_t bytes = count * dtype_bytes(dtype);
+  auto block = [&](int b) { return in.subspan(static_cast<size_t>(b) * bytes, bytes); };
+  if (n > 1) {
+    const std::span<std::byte> s = l.scratch(2 * bytes);
+    std::span<std::byte> acc = s.first(bytes), incoming = s.subspan(bytes);
+    const int right = mod(r + 1, n), left = mod(r - 1, n);
+    // Step s sends the partial sum of block r - s - 1 and receives that of block r - s - 2,
+    // to which this rank adds its own; the last step receives block r.
+    for (int st = 0; st < n - 1; ++st) {
+      const std::span<const std::byte> send = st == 0 ? block(mod(r - 1, n)) : acc;
+      l.exchange(send, right, incoming, left, kTagReduceScatter);
+      const int b = mod(r - st - 2, n);
+      if (st == n - 2) {
+        move_bytes(out.data(), block(b).data(), bytes);
+        reduce_into(dtype, op, out.data(), incoming.data(), count);
+      } else {
+        move_bytes(acc.data(), block(b).data(), bytes);
+        reduce_into(dtype, op, acc.data(), incoming.data(), count);
+      }
+    }
+  } else {
+    move_bytes(out.data(), in.data(), bytes);
+  }
+  if (op == ReduceOp::kAvg) divide(dtype, out.data(), count, n);
+}
+
+void ring_all_gather(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype) {
+  const int n = l.size(), r = l.rank();
+  const size_t bytes = count * dtype_bytes(dtype);
+  auto block = [&](int b) { return out.subspan(static_cast<size_t>(b) * bytes, bytes); };
+  move_bytes(block(r).data(), in.data(), bytes);
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  for (int s = 0; s < n - 1; ++s) l.exchange(block(mod(r - s, n)), right, block(mod(r - s - 1, n)), left, kTagAllGather);
+}
+
+// Binomial tree rooted at `root`, in ranks relative to it (vr = r - root mod n).
+void tree_broadcast(Link& l, std::span<std::byte> buf, int root) {
+  const int n = l.size(), vr = mod(l.rank() - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      l.recv(buf, mod(vr - mask + root, n), kTagBroadcast);
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (vr + mask < n) l.send(buf, mod(vr + mask + root, n), kTagBroadcast);
+}
+
+void tree_reduce(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
+                 ReduceOp op, int root) {
+  const int n = l.size(), vr = mod(l.rank() - root, n);
+  const size_t bytes = count * dtype_bytes(dtype);
+  const std::span<std::byte> s = l.scratch(2 * bytes);
+  std::span<std::byte> acc = vr == 0 ? out.first(bytes) : s.first(bytes), incoming = s.subspan(bytes);
+  move_bytes(acc.data(), in.data(), bytes);
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      l.send(acc, mod(vr - mask + root, n), kTagReduce);
+      break;
+    }
+    if (vr + mask < n) {
+      l.recv(incoming, mod(vr + mask + root, n), kTagReduce);
+      reduce_into(dtype, op, acc.data(), incoming.data(), count);
+    }
+  }
+  if (vr == 0 && op == ReduceOp::kAvg) divide(dtype, out.data(), count, n);
+}
+
+void pairwise_all_to_all(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t block_bytes) {
+  const int n = l.size(), r = l.rank();
+  auto in_block = [&](int b) { return in.subspan(static_cast<size_t>(b) * block_bytes, block_bytes); };
+  auto out_block = [&](int b) { return out.subspan(static_cast<size_t>(b) * block_bytes, block_bytes); };
+  move_bytes(out_block(r).data(), in_block(r).data(), block_bytes);
+  for (int k = 1; k < n; ++k) {
+    const int to = mod(r + k, n), from = mod(r - k, n);
+    l.exchange(in_block(to), to, out_block(from), from, kTagAllToAll);
+  }
+}
+
+void dissemination_barrier(Link& l) {
+  const int n = l.size(), r = l.rank();
+  for (int k = 1; k < n; k <<= 1) l.exchange({}, mod(r + k, n), {}, mod(r - k, n), kTagBarrier);
+}
+
+}  // namespace loom::comm

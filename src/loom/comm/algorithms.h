@@ -1,0 +1,81 @@
+// Collective algorithms over point-to-point transfers (Note [Transport contract]).
+//
+// Every algorithm leaves bit-identical results on all ranks: each output element is
+// reduced by exactly one rank in one fixed order and then copied, or (recursive halving
+// with a fold) reduced symmetrically with commutative adds of the same operands.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "loom/comm/transport.h"
+#include "loom/comm/types.h"
+
+namespace loom::comm {
+
+// A transfer did not complete by the deadline. Group turns it into a diagnosed CommError.
+class CommTimeout : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// What an algorithm runs on: a transport, the deadline of the current collective, a hook
+// called about every 10 ms while waiting (answers peers' status requests), and a scratch
+// buffer reused across calls so big collectives do not page-fault fresh memory each time.
+class Link {
+ public:
+  Link(Transport& t, Clock::time_point deadline, std::function<void()> on_wait, std::vector<std::byte>& scratch)
+      : t_(t), deadline_(deadline), on_wait_(std::move(on_wait)), scratch_(scratch) {}
+  int rank() const { return t_.rank(); }
+  int size() const { return t_.size(); }
+  Transport& transport() { return t_; }
+
+  TransferId isend(std::span<const std::byte> data, int peer, int tag) { return t_.isend(data, peer, tag); }
+  TransferId irecv(std::span<std::byte> data, int peer, int tag) { return t_.irecv(data, peer, tag); }
+  void wait(std::span<const TransferId> ids, const char* what, int peer);
+  void send(std::span<const std::byte> data, int peer, int tag);
+  void recv(std::span<std::byte> data, int peer, int tag);
+  // Sends to `to` and receives from `from` at once (no ordering deadlock in rings).
+  void exchange(std::span<const std::byte> out, int to, std::span<std::byte> in, int from, int tag);
+  std::span<std::byte> scratch(size_t bytes);
+
+ private:
+  Transport& t_;
+  Clock::time_point deadline_;
+  std::function<void()> on_wait_;
+  std::vector<std::byte>& scratch_;
+};
+
+// acc[i] = acc[i] (op) x[i] for sum/avg (adds) and max; bf16 adds in float and rounds.
+void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* x, size_t count);
+// data[i] *= 1 / divisor (the avg step); floating dtypes only.
+void divide(DType dtype, std::byte* data, size_t count, int divisor);
+
+// Element range of chunk i when `count` elements are cut into `parts` near-equal chunks
+// (the first count % parts chunks get one more).
+struct Chunk {
+  size_t begin = 0, count = 0;
+};
+Chunk chunk_of(size_t count, int parts, int i);
+
+// all_reduce in place on buf (count elements).
+void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
+// Rabenseifner: fold to a power of two, recursive halving reduce-scatter, recursive
+// doubling all-gather, unfold. 2 log2(p) steps instead of the ring's 2 (p - 1).
+void recursive_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
+// in: count x size elements (block j for rank j); out: count elements.
+void ring_reduce_scatter(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count,
+                         DType dtype, ReduceOp op);
+// in: count elements; out: count x size elements (block j from rank j).
+void ring_all_gather(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype);
+void tree_broadcast(Link& l, std::span<std::byte> buf, int root);
+// out is written on the root only.
+void tree_reduce(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
+                 ReduceOp op, int root);
+// in/out: size blocks of block_bytes; block j of in goes to rank j, block i of out came from rank i.
+void pairwise_all_to_all(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t block_bytes);
+void dissemination_barrier(Link& l);
+
+}  // namespace loom::comm

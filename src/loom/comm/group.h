@@ -1,0 +1,170 @@
+// Process groups: the public collective API over typed spans.
+//
+// Note [Work semantics]
+// Every call returns a Work. A call made with CallOptions{.async = false} (the default)
+// has finished when it returns (its Work is already complete) and throws on failure.
+// An async call is queued behind the group's earlier async calls and runs on the group's
+// worker thread, in issue order; its buffers must stay untouched until wait() returns.
+// wait() blocks until the call finished and rethrows its error; it cannot hang, because
+// every collective is bounded by comm.timeout_s. wait_for(d) returns false if the call is
+// still running after d (the call keeps running). A group whose collective failed is
+// unusable: later calls throw the first failure's diagnosis.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/ledger.h"
+#include "loom/comm/transport.h"
+#include "loom/comm/types.h"
+
+namespace loom::comm {
+
+class World;
+
+struct CallOptions {
+  Algorithm algorithm = Algorithm::kAuto;
+  bool async = false;
+};
+
+class Work {
+ public:
+  Work() = default;  // an already-complete call
+  void wait();
+  bool wait_for(std::chrono::milliseconds d);
+  bool done() const;
+
+ private:
+  friend class Group;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// A batch of point-to-point transfers started together and finished together.
+template <typename T>
+P2POp isend_op(std::span<const T> data, int peer, int tag) {
+  return {true, peer, tag, dtype_of<T>, data.size(), std::as_bytes(data), {}};
+}
+template <typename T>
+P2POp irecv_op(std::span<T> data, int peer, int tag) {
+  return {false, peer, tag, dtype_of<T>, data.size(), {}, std::as_writable_bytes(data)};
+}
+
+class Group {
+ public:
+  Group(World& world, std::string name, std::vector<int> members, std::unique_ptr<Transport> transport);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  const std::string& name() const { return name_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  int group_rank() const { return group_rank_; }
+  int global_rank_of(int group_rank) const { return members_.at(group_rank); }
+  const std::vector<int>& members() const { return members_; }
+
+  // In place; avg divides by the group size (floating dtypes only).
+  template <typename T>
+  Work all_reduce(std::span<T> data, ReduceOp op = ReduceOp::kSum, CallOptions o = {}) {
+    return submit(make(OpKind::kAllReduce, dtype_of<T>, op, data.size(), std::as_bytes(data),
+                       std::as_writable_bytes(data)), o);
+  }
+  // in: size() x out.size() elements, block j reduced into rank j's out. out may alias
+  // in's own block.
+  template <typename T>
+  Work reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, CallOptions o = {}) {
+    return submit(make(OpKind::kReduceScatter, dtype_of<T>, op, out.size(), std::as_bytes(in),
+                       std::as_writable_bytes(out)), o);
+  }
+  // out: size() x in.size() elements; in may alias out's own block.
+  template <typename T>
+  Work all_gather(std::span<const T> in, std::span<T> out, CallOptions o = {}) {
+    return submit(make(OpKind::kAllGather, dtype_of<T>, ReduceOp::kSum, in.size(), std::as_bytes(in),
+                       std::as_writable_bytes(out)), o);
+  }
+  template <typename T>
+  Work broadcast(std::span<T> data, int root, CallOptions o = {}) {
+    Descriptor d = make(OpKind::kBroadcast, dtype_of<T>, ReduceOp::kSum, data.size(), std::as_bytes(data),
+                        std::as_writable_bytes(data));
+    d.root = root;
+    return submit(std::move(d), o);
+  }
+  // out is written on the root only (it may be empty elsewhere).
+  template <typename T>
+  Work reduce(std::span<const T> in, std::span<T> out, int root, ReduceOp op = ReduceOp::kSum, CallOptions o = {}) {
+    Descriptor d = make(OpKind::kReduce, dtype_of<T>, op, in.size(), std::as_bytes(in), std::as_writable_bytes(out));
+    d.root = root;
+    return submit(std::move(d), o);
+  }
+  // in, out: size() blocks of equal length; block j of in goes to rank j.
+  template <typename T>
+  Work all_to_all(std::span<const T> in, std::span<T> out, CallOptions o = {}) {
+    return submit(make(OpKind::kAllToAll, dtype_of<T>, ReduceOp::kSum, size() ? in.size() / size() : 0,
+                       std::as_bytes(in), std::as_writable_bytes(out)), o);
+  }
+  template <typename T>
+  Work send(std::span<const T> data, int peer, int tag, CallOptions o = {}) {
+    Descriptor d = make(OpKind::kSend, dtype_of<T>, ReduceOp::kSum, data.size(), std::as_bytes(data), {});
+    d.root = peer;
+    d.tag = tag;
+    return submit(std::move(d), o);
+  }
+  template <typename T>
+  Work recv(std::span<T> data, int peer, int tag, CallOptions o = {}) {
+    Descriptor d = make(OpKind::kRecv, dtype_of<T>, ReduceOp::kSum, data.size(), {}, std::as_writable_bytes(data));
+    d.root = peer;
+    d.tag = tag;
+    return submit(std::move(d), o);
+  }
+  Work batch(std::vector<P2POp> ops, CallOptions o = {});
+  Work barrier(CallOptions o = {});
+
+  // The one path: validate, record in the ledger, run (inline or queued), diagnose.
+  Work submit(Descriptor d, CallOptions o);
+
+ private:
+  static Descriptor make(OpKind op, DType dtype, ReduceOp r, size_t count, std::span<const std::byte> in,
+                         std::span<std::byte> out);
+  void validate(const Descriptor& d) const;
+  Algorithm choose(const Descriptor& d) const;
+  void execute(Descriptor& d, Ledger::Issued issued);
+  void dispatch(Descriptor& d, Algorithm a, class Link& link);
+  void check_desync(const Descriptor& d, uint64_t group_seq, class Link& link);
+  std::string diagnosis(const Descriptor& d, uint64_t group_seq, const std::string& cause, double elapsed_s);
+  void worker_loop();
+
+  World& world_;
+  std::string name_;
+  std::vector<int> members_;
+  int group_rank_ = -1;
+  int ledger_group_ = 0;
+  std::unique_ptr<Transport> transport_;
+  std::vector<std::byte> scratch_;
+
+  struct Job {
+    Descriptor d;
+    Ledger::Issued issued;
+    std::shared_ptr<Work::State> state;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::string failure_;  // first failure's diagnosis; non-empty = group unusable
+  std::thread worker_;
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,186 @@
+// Running one collective: algorithm dispatch, the debug-mode desync check, and the
+// diagnosis a failed collective prints.
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "loom/comm/algorithms.h"
+#include "loom/comm/group.h"
+#include "loom/comm/world.h"
+
+namespace loom::comm {
+namespace {
+
+constexpr int kTagDesync = kFirstInternalTag + 100;
+
+// The fields ranks must agree on, as fixed-size bytes for the desync exchange.
+struct Fingerprint {
+  uint64_t group_seq;
+  uint64_t count;
+  int32_t root;
+  uint8_t op, dtype, reduce, algorithm;
+};
+
+Descriptor from_fingerprint(const Fingerprint& f) {
+  Descriptor d;
+  d.op = static_cast<OpKind>(f.op);
+  d.dtype = static_cast<DType>(f.dtype);
+  d.reduce = static_cast<ReduceOp>(f.reduce);
+  d.algorithm = static_cast<Algorithm>(f.algorithm);
+  d.count = f.count;
+  d.root = f.root;
+  return d;
+}
+
+bool same_call(const Fingerprint& a, const Fingerprint& b) {
+  return a.group_seq == b.group_seq && a.count == b.count && a.root == b.root && a.op == b.op &&
+         a.dtype == b.dtype && a.reduce == b.reduce && a.algorithm == b.algorithm;
+}
+
+bool is_p2p(OpKind op) { return op == OpKind::kSend || op == OpKind::kRecv || op == OpKind::kSendRecvBatch; }
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+}  // namespace
+
+void Group::execute(Descriptor& d, Ledger::Issued issued) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.empty()) {
+      world_.ledger().finish(issued.seq, false);
+      throw CommError(detail::cat("group ", name_, " is unusable after an earlier failure:\n", failure_));
+    }
+  }
+  const Algorithm algorithm = choose(d);
+  world_.ledger().start(issued.seq, algorithm);
+  const Clock::time_point start = Clock::now();
+  Link link(*transport_, start + world_.options().timeout, [this] { world_.backend().serve(); }, scratch_);
+  try {
+    if (world_.options().check_desync && !is_p2p(d.op)) check_desync(d, issued.group_seq, link);
+    dispatch(d, algorithm, link);
+  } catch (const CommError& e) {
+    // Diagnose while the ledger still shows this call running, then record the failure.
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    std::string text = diagnosis(d, issued.group_seq, e.what(), elapsed);
+    world_.ledger().finish(issued.seq, false);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure_.empty()) failure_ = text;
+    }
+    throw CommError(text);
+  }
+  world_.ledger().finish(issued.seq, true);
+}
+
+void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
+  const size_t block = d.count * dtype_bytes(d.dtype);
+  if (a == Algorithm::kNative) {
+    NativeCollectives& nc = *transport_->native();
+    TransferId id = 0;
+    switch (d.op) {
+      case OpKind::kAllReduce: id = nc.all_reduce(d.in, d.out, d.count, d.dtype, d.reduce); break;
+      case OpKind::kReduceScatter: id = nc.reduce_scatter(d.in, d.out, d.count, d.dtype, d.reduce); break;
+      case OpKind::kAllGather: id = nc.all_gather(d.in, d.out, d.count, d.dtype); break;
+      case OpKind::kBroadcast: id = nc.broadcast(d.out, d.count, d.dtype, d.root); break;
+      case OpKind::kAllToAll: id = nc.all_to_all(d.in, d.out, d.count, d.dtype); break;
+      default: LOOM_ASSERT(false, "native ", op_name(d.op), " passed validation");
+    }
+    link.wait({&id, 1}, "native collective", -1);
+    return;
+  }
+  switch (d.op) {
+    case OpKind::kAllReduce:
+      if (a == Algorithm::kRing) ring_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
+      else recursive_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
+      return;
+    case OpKind::kReduceScatter: return ring_reduce_scatter(link, d.in, d.out, d.count, d.dtype, d.reduce);
+    case OpKind::kAllGather: return ring_all_gather(link, d.in, d.out, d.count, d.dtype);
+    case OpKind::kBroadcast: return tree_broadcast(link, d.out, d.root);
+    case OpKind::kReduce: return tree_reduce(link, d.in, d.out, d.count, d.dtype, d.reduce, d.root);
+    case OpKind::kAllToAll: return pairwise_all_to_all(link, d.in, d.out, block);
+    case OpKind::kSend: return link.send(d.in, d.root, d.tag);
+    case OpKind::kRecv: return link.recv(d.out, d.root, d.tag);
+    case OpKind::kBarrier: return dissemination_barrier(link);
+    case OpKind::kSendRecvBatch: {
+      std::vector<TransferId> ids;
+      for (const P2POp& p : d.batch)
+        ids.push_back(p.is_send ? link.isend(p.send, p.peer, p.tag) : link.irecv(p.recv, p.peer, p.tag));
+      link.wait(ids, "point-to-point batch", -1);
+      return;
+    }
+  }
+}
+
+// Debug mode: every member gathers every member's fingerprint of this call (a ring
+// all-gather of 32-byte records) and all of them report the same table on a mismatch.
+void Group::check_desync(const Descriptor& d, uint64_t group_seq, Link& link) {
+  const int n = size();
+  Fingerprint mine{};
+  mine.group_seq = group_seq;
+  mine.count = d.count;
+  mine.root = d.root;
+  mine.op = static_cast<uint8_t>(d.op);
+  mine.dtype = static_cast<uint8_t>(d.dtype);
+  mine.reduce = static_cast<uint8_t>(d.reduce);
+  mine.algorithm = static_cast<uint8_t>(d.algorithm);
+  std::vector<Fingerprint> all(n);
+  all[group_rank_] = mine;
+  for (int s = 0; s < n - 1; ++s) {
+    const int send = ((group_rank_ - s) % n + n) % n, recv = ((group_rank_ - s - 1) % n + n) % n;
+    link.exchange(std::as_bytes(std::span(&all[send], 1)), (group_rank_ + 1) % n,
+                  std::as_writable_bytes(std::span(&all[recv], 1)), (group_rank_ + n - 1) % n, kTagDesync);
+  }
+  bool agree = true;
+  for (const Fingerprint& f : all) agree = agree && same_call(f, all[0]);
+  if (agree) return;
+  std::ostringstream os;
+  os << "loom comm: desync on group " << name_ << ": its members issued different calls:\n";
+  for (int r = 0; r < n; ++r)
+    os << "  rank " << members_[r] << " (group rank " << r << "): #" << all[r].group_seq << " "
+       << describe(from_fingerprint(all[r])) << " (algorithm " << algorithm_name(static_cast<Algorithm>(all[r].algorithm))
+       << ")\n";
+  throw CommError(os.str());
+}
+
+std::string Group::diagnosis(const Descriptor& d, uint64_t group_seq, const std::string& cause, double elapsed_s) {
+  std::ostringstream os;
+  if (cause.rfind("loom comm: desync", 0) == 0) {
+    os << cause;
+  } else {
+    os << "loom comm: " << op_name(d.op) << " #" << group_seq << " (" << describe(d) << ") on group " << name_
+       << " failed at global rank " << world_.global_rank() << " after " << seconds(elapsed_s) << ": " << cause
+       << "\n";
+    const auto grace = std::min(world_.options().status_grace, world_.options().timeout);
+    const std::vector<RankStatus> all = world_.backend().collect(grace);
+    os << "Members of " << name_ << " and collective #" << group_seq << ":\n";
+    for (int r = 0; r < size(); ++r) {
+      const int g = members_[r];
+      os << "  rank " << g << " (group rank " << r << "): ";
+      const RankStatus& st = all.at(g);
+      if (st.global_rank < 0) {
+        os << "no answer within " << seconds(grace.count() * 1e-3) << " (dead, or busy outside loom collectives)\n";
+        continue;
+      }
+      const GroupProgress* p = nullptr;
+      for (const GroupProgress& gp : st.groups)
+        if (gp.group == name_) p = &gp;
+      if (p == nullptr) {
+        if (!st.groups.empty()) os << "has not made this group; ";
+      } else if (!is_p2p(d.op)) {
+        if (p->issued >= group_seq) os << "reached it; ";
+        else os << "has NOT reached it (issued " << p->issued << ", completed " << p->completed << "); ";
+      }
+      os << st.state << "\n";
+    }
+    os << "Last call issued by every rank:\n";
+    for (size_t g = 0; g < all.size(); ++g)
+      os << "  rank " << g << ": " << (all[g].global_rank < 0 ? std::string("no answer") : all[g].last) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,114 @@
+// The backend interface: point-to-point byte transfers inside one process group, a status
+// channel for diagnosis, and (optionally) the library's own collectives.
+//
+// Note [Transport contract]
+// - Addresses are group ranks of the group the transport was made for.
+// - Messages between one (sender, receiver, tag) triple arrive in the order sent.
+// - isend/irecv only start a transfer; the buffer must stay valid until test() returns
+//   true for its id. A receive whose message is longer or shorter than its buffer throws
+//   CommError naming both sizes (it means the ranks disagree about a count).
+// - test() never blocks. idle() may block for a short while (at most until `until`) when
+//   the caller has nothing to do but wait.
+// - Tags below kFirstInternalTag belong to users (send/recv); algorithms use the rest.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/comm/types.h"
+
+namespace loom::comm {
+
+using Clock = std::chrono::steady_clock;
+
+inline constexpr int kFirstInternalTag = 16384;
+
+// A collective failed: timeout, desync or a transport error. The message is the diagnosis.
+class CommError : public Error {
+ public:
+  explicit CommError(const std::string& what) : Error(what, Kind::kRuntime) {}
+};
+
+using TransferId = uint64_t;
+
+// Native collectives of the library underneath (MPI). Every call is non-blocking and
+// returns an id polled with Transport::test. Buffers follow Descriptor conventions.
+class NativeCollectives {
+ public:
+  virtual ~NativeCollectives() = default;
+  virtual TransferId all_reduce(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
+                                ReduceOp op) = 0;
+  virtual TransferId reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, size_t count,
+                                    DType dtype, ReduceOp op) = 0;
+  virtual TransferId all_gather(std::span<const std::byte> in, std::span<std::byte> out, size_t count,
+                                DType dtype) = 0;
+  virtual TransferId broadcast(std::span<std::byte> data, size_t count, DType dtype, int root) = 0;
+  virtual TransferId all_to_all(std::span<const std::byte> in, std::span<std::byte> out, size_t count,
+                                DType dtype) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;  // group rank
+  virtual TransferId isend(std::span<const std::byte> data, int peer, int tag) = 0;
+  virtual TransferId irecv(std::span<std::byte> data, int peer, int tag) = 0;
+  // true once the transfer is complete (and on every later call for the same id).
+  virtual bool test(TransferId id) = 0;
+  // Gives up a transfer that will never complete (after a timeout): afterwards the
+  // transport no longer touches its buffer.
+  virtual void cancel(TransferId id) = 0;
+  virtual void idle(Clock::time_point until) = 0;
+  // Optional entry: nullptr when the backend has no collectives of its own.
+  virtual NativeCollectives* native() { return nullptr; }
+};
+
+// What one rank reports about itself when a collective is diagnosed.
+struct GroupProgress {
+  std::string group;        // group name, e.g. "dp[1]{1,5,9}"
+  uint64_t issued = 0;      // collectives issued on the group (the last one's sequence number)
+  uint64_t completed = 0;   // collectives finished on the group
+  std::string last;         // the last issued descriptor, e.g. "all_reduce f32 x 1000 sum"
+};
+
+struct RankStatus {
+  int global_rank = -1;     // -1: the rank did not answer
+  std::string state;        // "in all_reduce #12 on dp[0]{0,2} for 3.2 s", "not in a collective", "exited: ..."
+  std::string last;         // the last call it issued, with its group and number
+  std::vector<GroupProgress> groups;
+};
+std::string encode_status(const RankStatus& s);
+RankStatus decode_status(std::string_view text);  // throws CommError on malformed text
+
+// World-level backend: makes transports for groups and carries the status channel.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "threads", "mpi"
+  virtual int world_size() const = 0;
+  virtual int global_rank() const = 0;
+  // Host name of every global rank (ranks on one host form a node).
+  virtual std::vector<std::string> hosts() = 0;
+  // Collective over the whole world: every rank calls it with the full list of groups in
+  // the same order and gets a transport for the group that contains it (nullptr if none).
+  virtual std::unique_ptr<Transport> make_transport(const std::vector<std::vector<int>>& groups,
+                                                    const std::string& name) = 0;
+  // Status channel for diagnosis. The World installs a source of its own status once;
+  // serve() is called about every 10 ms while a collective waits so that peers' requests
+  // are answered; collect() returns every rank's status in global-rank order, with
+  // global_rank = -1 for ranks that did not answer within `grace`.
+  virtual void set_status_source(std::function<RankStatus()> source) = 0;
+  virtual void serve() = 0;
+  virtual std::vector<RankStatus> collect(std::chrono::milliseconds grace) = 0;
+};
+
+}  // namespace loom::comm

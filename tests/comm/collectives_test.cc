@@ -1,0 +1,228 @@
+// Collectives on the in-process thread backend, for every rank count 1..8, against closed
+// forms (rank r contributes values that make the exact answer obvious) and against a
+// double-precision sum of random data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <random>
+
+#include "loom/comm/world.h"
+
+namespace loom::comm {
+namespace {
+
+CommOptions fast_options() {
+  CommOptions o;
+  o.timeout = std::chrono::milliseconds(20'000);
+  return o;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// x_r[i] = (r + 1) * (i % 7 + 1): the sum over n ranks is n (n + 1) / 2 * (i % 7 + 1).
+template <typename T>
+std::vector<T> closed_form_input(int r, size_t count) {
+  std::vector<T> x(count);
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<T>((r + 1) * static_cast<int>(i % 7 + 1));
+  return x;
+}
+
+const size_t kCounts[] = {0, 1, 5, 13, 1000, 70001};
+
+class AllReduce : public ::testing::TestWithParam<std::tuple<int, Algorithm>> {};
+
+TEST_P(AllReduce, SumAvgMaxMatchClosedForms) {
+  const auto [n, algorithm] = GetParam();
+  expect_no_errors(run_threads(n, fast_options(), [&, n = n, algorithm = algorithm](World& w) {
+    Group& g = w.world_group();
+    const int r = w.global_rank();
+    for (size_t count : kCounts) {
+      std::vector<float> x = closed_form_input<float>(r, count);
+      g.all_reduce(std::span(x), ReduceOp::kSum, {algorithm});
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], n * (n + 1) / 2 * float(i % 7 + 1)) << count << " " << i;
+      std::vector<double> y = closed_form_input<double>(r, count);
+      g.all_reduce(std::span(y), ReduceOp::kAvg, {algorithm});
+      for (size_t i = 0; i < count; ++i) ASSERT_DOUBLE_EQ(y[i], (n + 1) / 2.0 * double(i % 7 + 1));
+      std::vector<int32_t> z = closed_form_input<int32_t>(r, count);
+      g.all_reduce(std::span(z), ReduceOp::kMax, {algorithm});
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(z[i], n * int(i % 7 + 1));
+    }
+  }));
+}
+
+// Random float data: every rank ends with the same bits, within float rounding of the
+// double-precision sum.
+TEST_P(AllReduce, RandomDataIsBitIdenticalOnAllRanksAndCloseToTheExactSum) {
+  const auto [n, algorithm] = GetParam();
+  const size_t count = 4099;
+  std::vector<std::vector<float>> results(n);
+  std::random_device seed_source;
+  const unsigned seed = seed_source();
+  expect_no_errors(run_threads(n, fast_options(), [&, algorithm = algorithm](World& w) {
+    const int r = w.global_rank();
+    std::mt19937 rng(seed + r);
+    std::normal_distribution<float> dist;
+    std::vector<float> x(count);
+    for (float& v : x) v = dist(rng);
+    w.world_group().all_reduce(std::span(x), ReduceOp::kSum, {algorithm});
+    results[r] = x;
+  }));
+  std::vector<double> exact(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    std::mt19937 rng(seed + r);
+    std::normal_distribution<float> dist;
+    for (size_t i = 0; i < count; ++i) exact[i] += dist(rng);
+  }
+  for (int r = 1; r < n; ++r) ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * 4)) << "rank " << r;
+  for (size_t i = 0; i < count; ++i) ASSERT_NEAR(results[0][i], exact[i], 1e-5 * n * 4) << "seed " << seed;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllReduce,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values(Algorithm::kRing, Algorithm::kRecursive)),
+                         [](const auto& info) {
+                           return std::string(algorithm_name(std::get<1>(info.param))) + "_" +
+                                  std::to_string(std::get<0>(info.param));
+                         });
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, ReduceScatterAndAllGatherIncludingInPlace) {
+  const int n = GetParam();
+  expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
+    Group& g = w.world_group();
+    const int r = w.global_rank();
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(3001)}) {
+      // Block j of rank r's input holds (r + 1) * (j * 1000 + i); rank j gets n(n+1)/2 * that.
+      std::vector<float> in(count * n);
+      for (int j = 0; j < n; ++j)
+        for (size_t i = 0; i < count; ++i) in[j * count + i] = float((r + 1) * (j * 1000 + int(i % 100)));
+      std::vector<float> out(count);
+      g.reduce_scatter(std::span<const float>(in), std::span(out));
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], float(n * (n + 1) / 2 * (r * 1000 + int(i % 100))));
+      // In place: the output is this rank's own block of the input.
+      std::span<float> own(in.data() + r * count, count);
+      g.reduce_scatter(std::span<const float>(in), own, ReduceOp::kAvg);
+      for (size_t i = 0; i < count; ++i) ASSERT_FLOAT_EQ(own[i], (n + 1) / 2.0f * float(r * 1000 + int(i % 100)));
+
+      std::vector<int64_t> mine(count), all(count * n);
+      for (size_t i = 0; i < count; ++i) mine[i] = int64_t(r) * 100000 + int64_t(i);
+      g.all_gather(std::span<const int64_t>(mine), std::span(all));
+      for (int j = 0; j < n; ++j)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[j * count + i], int64_t(j) * 100000 + int64_t(i));
+      std::vector<int64_t> all2(count * n, -1);
+      std::copy(mine.begin(), mine.end(), all2.begin() + r * count);
+      g.all_gather(std::span<const int64_t>(all2.data() + r * count, count), std::span(all2));
+      ASSERT_EQ(all2, all);
+    }
+  }));
+}
+
+TEST_P(Collectives, BroadcastAndReduceFromEveryRoot) {
+  const int n = GetParam();
+  expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
+    Group& g = w.world_group();
+    const int r = w.global_rank();
+    for (int root = 0; root < n; ++root) {
+      std::vector<double> x(517, r == root ? 3.5 + root : -1.0);
+      g.broadcast(std::span(x), root);
+      for (double v : x) ASSERT_EQ(v, 3.5 + root);
+      std::vector<int32_t> in(33, r + 1), out(r == root ? 33 : 0);
+      g.reduce(std::span<const int32_t>(in), std::span(out), root);
+      if (r == root) {
+        for (int32_t v : out) ASSERT_EQ(v, n * (n + 1) / 2);
+      }
+    }
+  }));
+}
+
+TEST_P(Collectives, AllToAllSendRecvBatchAndBarrier) {
+  const int n = GetParam();
+  expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
+    Group& g = w.world_group();
+    const int r = w.global_rank();
+    const size_t block = 11;
+    std::vector<int32_t> in(block * n), out(block * n);
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < block; ++i) in[j * block + i] = r * 10000 + j * 100 + int(i);  // from r to j
+    g.all_to_all(std::span<const int32_t>(in), std::span(out));
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < block; ++i) ASSERT_EQ(out[j * block + i], j * 10000 + r * 100 + int(i));
+    if (n > 1) {
+      // A ring of sends: batched so no rank blocks on its send first.
+      std::vector<float> to_right(100, float(r)), from_left(100, -1.f);
+      g.batch({isend_op(std::span<const float>(to_right), (r + 1) % n, 5),
+               irecv_op(std::span(from_left), (r + n - 1) % n, 5)});
+      for (float v : from_left) ASSERT_EQ(v, float((r + n - 1) % n));
+      // Plain send/recv: rank 0 sends two tagged messages to rank 1, which receives them in order.
+      if (r == 0) {
+        const std::vector<int32_t> a = {1, 2, 3}, b = {4, 5};
+        g.send(std::span<const int32_t>(a), 1, 7);
+        g.send(std::span<const int32_t>(b), 1, 7);
+      } else if (r == 1) {
+        std::vector<int32_t> a(3), b(2);
+        g.recv(std::span(a), 0, 7);
+        g.recv(std::span(b), 0, 7);
+        ASSERT_EQ(a, (std::vector<int32_t>{1, 2, 3}));
+        ASSERT_EQ(b, (std::vector<int32_t>{4, 5}));
+      }
+    }
+    g.barrier();
+  }));
+}
+
+TEST_P(Collectives, AsyncCallsRunInIssueOrderAndOverlapTheCaller) {
+  const int n = GetParam();
+  expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
+    Group& g = w.world_group();
+    const int r = w.global_rank();
+    std::vector<std::vector<float>> bufs;
+    for (int k = 0; k < 6; ++k) bufs.emplace_back(1000 + k * 501, float(r + k));
+    std::vector<Work> works;
+    for (auto& b : bufs) works.push_back(g.all_reduce(std::span(b), ReduceOp::kSum, {.async = true}));
+    // A blocking call waits for the queued ones first.
+    std::vector<float> last(10, 1.f);
+    g.all_reduce(std::span(last));
+    for (float v : last) ASSERT_EQ(v, float(n));
+    for (int k = 0; k < 6; ++k) {
+      works[k].wait();
+      ASSERT_TRUE(works[k].done());
+      for (float v : bufs[k]) ASSERT_EQ(v, float(n * (n - 1) / 2 + n * k));
+    }
+  }));
+}
+
+TEST_P(Collectives, BF16SumRoundsOncePerAddition) {
+  const int n = GetParam();
+  expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
+    std::vector<bf16> x(301, float_to_bf16(0.5f));
+    w.world_group().all_reduce(std::span(x));
+    for (bf16 v : x) ASSERT_EQ(bf16_to_float(v), 0.5f * n);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Range(1, 9));
+
+// Groups from a mesh: pp=2 x dp=2 x tp=2 on 8 threads; each group sums its global ranks.
+TEST(MeshGroups, SumsOverEachAxisMatchTheMembers) {
+  expect_no_errors(run_threads(8, fast_options(), [](World& w) {
+    const Mesh mesh({{"pp", 2}, {"dp", 2}, {"tp", 2}}, 8);
+    for (const std::vector<std::string>& axes : std::vector<std::vector<std::string>>{{"tp"}, {"dp"}, {"pp"}, {"dp", "tp"}}) {
+      std::unique_ptr<Group> g = w.group(mesh, axes);
+      const GroupMembership m = mesh.membership(axes, w.global_rank());
+      ASSERT_EQ(g->members(), m.global_ranks);
+      ASSERT_EQ(g->group_rank(), m.group_rank);
+      int64_t v = w.global_rank();
+      g->all_reduce(std::span(&v, 1));
+      ASSERT_EQ(v, std::accumulate(m.global_ranks.begin(), m.global_ranks.end(), int64_t{0})) << g->name();
+    }
+  }));
+}
+
+}  // namespace
+}  // namespace loom::comm

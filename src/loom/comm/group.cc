@@ -150,6 +150,7 @@ void Group::validate(const Descriptor& d) const {
       LOOM_CHECK(d.op != OpKind::kReduce && d.op != OpKind::kSend && d.op != OpKind::kRecv &&
                      d.op != OpKind::kSendRecvBatch && d.op != OpKind::kBarrier,
                  where(), "algorithm native is not offered for this call; use auto");
+      LOOM_CHECK(d.dtype != DType::kBF16, where(), "the native MPI collectives have no bf16 type; use ring or recursive");
       break;
     case Algorithm::kRing:
     case Algorithm::kRecursive:

@@ -80,16 +80,24 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
   const size_t block = d.count * dtype_bytes(d.dtype);
   if (a == Algorithm::kNative) {
     NativeCollectives& nc = *transport_->native();
+    // MPI forbids an output inside the input: an in-place reduce_scatter goes via scratch.
+    const bool staged = d.op == OpKind::kReduceScatter && d.out.data() >= d.in.data() &&
+                        d.out.data() < d.in.data() + d.in.size();
+    const std::span<std::byte> out = staged ? link.scratch(d.out.size()) : d.out;
     TransferId id = 0;
     switch (d.op) {
-      case OpKind::kAllReduce: id = nc.all_reduce(d.in, d.out, d.count, d.dtype, d.reduce); break;
-      case OpKind::kReduceScatter: id = nc.reduce_scatter(d.in, d.out, d.count, d.dtype, d.reduce); break;
-      case OpKind::kAllGather: id = nc.all_gather(d.in, d.out, d.count, d.dtype); break;
-      case OpKind::kBroadcast: id = nc.broadcast(d.out, d.count, d.dtype, d.root); break;
-      case OpKind::kAllToAll: id = nc.all_to_all(d.in, d.out, d.count, d.dtype); break;
+      case OpKind::kAllReduce: id = nc.all_reduce(d.in, out, d.count, d.dtype, d.reduce); break;
+      case OpKind::kReduceScatter: id = nc.reduce_scatter(d.in, out, d.count, d.dtype, d.reduce); break;
+      case OpKind::kAllGather: id = nc.all_gather(d.in, out, d.count, d.dtype); break;
+      case OpKind::kBroadcast: id = nc.broadcast(out, d.count, d.dtype, d.root); break;
+      case OpKind::kAllToAll: id = nc.all_to_all(d.in, out, d.count, d.dtype); break;
       default: LOOM_ASSERT(false, "native ", op_name(d.op), " passed validation");
     }
     link.wait({&id, 1}, "native collective", -1);
+    if (staged && !out.empty()) std::memcpy(d.out.data(), out.data(), out.size());
+    // The native call summed; avg divides here (the library has no avg).
+    if (d.reduce == ReduceOp::kAvg && (d.op == OpKind::kAllReduce || d.op == OpKind::kReduceScatter))
+      divide(d.dtype, d.out.data(), d.count, size());
     return;
   }
   switch (d.op) {
@@ -151,12 +159,13 @@ std::string Group::diagnosis(const Descriptor& d, uint64_t group_seq, const std:
   if (cause.rfind("loom comm: desync", 0) == 0) {
     os << cause;
   } else {
-    os << "loom comm: " << op_name(d.op) << " #" << group_seq << " (" << describe(d) << ") on group " << name_
+    os << "loom comm: " << op_name(d.op) << (is_p2p(d.op) ? " after collective #" : " #") << group_seq << " ("
+       << describe(d) << ") on group " << name_
        << " failed at global rank " << world_.global_rank() << " after " << seconds(elapsed_s) << ": " << cause
        << "\n";
     const auto grace = std::min(world_.options().status_grace, world_.options().timeout);
     const std::vector<RankStatus> all = world_.backend().collect(grace);
-    os << "Members of " << name_ << " and collective #" << group_seq << ":\n";
+    os << "Members of " << name_ << (is_p2p(d.op) ? ":\n" : detail::cat(" and collective #", group_seq, ":\n"));
     for (int r = 0; r < size(); ++r) {
       const int g = members_[r];
       os << "  rank " << g << " (group rank " << r << "): ";

@@ -120,12 +120,15 @@ RankStatus Ledger::status(int global_rank) const {
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     const LedgerEntry& e = *it;
     char buf[64];
+    const bool p2p = e.op == OpKind::kSend || e.op == OpKind::kRecv || e.op == OpKind::kSendRecvBatch;
+    const std::string what = detail::cat(op_name(e.op), p2p ? " after collective #" : " #", e.group_seq, " on ",
+                                         groups_[e.group].name);
     if (e.state == LedgerEntry::State::kRunning) {
       std::snprintf(buf, sizeof buf, " for %.1f s", (now - e.start_us) * 1e-6);
-      s.state = detail::cat("in ", op_name(e.op), " #", e.group_seq, " on ", groups_[e.group].name, buf);
+      s.state = detail::cat("in ", what, buf);
     } else if (e.state == LedgerEntry::State::kFailed && s.state.empty()) {
       std::snprintf(buf, sizeof buf, " %.1f s ago", (now - e.end_us) * 1e-6);
-      s.state = detail::cat("failed in ", op_name(e.op), " #", e.group_seq, " on ", groups_[e.group].name, buf);
+      s.state = detail::cat("failed in ", what, buf);
     }
   }
   if (s.state.empty()) s.state = "not in a collective";

@@ -1,0 +1,357 @@
+#include "loom/comm/mpi_backend.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "loom/comm/algorithms.h"
+
+namespace loom::comm {
+namespace {
+
+constexpr int kTagStatusRequest = 1;
+constexpr int kTagStatusReply = 2;
+// MPI counts are int: larger transfers are cut into pieces of this many bytes, sent in
+// order under one tag (MPI keeps them ordered).
+constexpr size_t kMaxPieceBytes = size_t{1} << 30;
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw CommError(detail::cat(what, " failed: ", std::string(text, len)));
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kI8: return MPI_INT8_T;
+    case DType::kU8: return MPI_UINT8_T;
+    case DType::kBF16: break;
+  }
+  throw Error("the native MPI collectives have no bf16 type; use algorithm ring or recursive for bf16");
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }  // avg: sum, divided after
+
+int to_int(size_t count, const char* what) {
+  LOOM_CHECK(count <= static_cast<size_t>(INT_MAX), what, ": ", count, " elements exceed MPI's int count limit");
+  return static_cast<int>(count);
+}
+
+// One pending transfer: one or more MPI requests.
+struct Pending {
+  std::vector<MPI_Request> requests;
+};
+
+class MpiTransport final : public Transport, public NativeCollectives {
+ public:
+  MpiTransport(std::mutex& mu, MPI_Comm comm) : mu_(mu), comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiTransport() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, p] : pending_)
+      for (MPI_Request& r : p.requests)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    if (!std::uncaught_exceptions()) MPI_Comm_free(&comm_);
+  }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+
+  TransferId isend(std::span<const std::byte> data, int peer, int tag) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending p;
+    size_t off = 0;
+    do {
+      const size_t n = std::min(kMaxPieceBytes, data.size() - off);
+      p.requests.emplace_back();
+      check_mpi(MPI_Isend(data.data() + off, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &p.requests.back()),
+                "MPI_Isend");
+      off += n;
+    } while (off < data.size());
+    return add(std::move(p));
+  }
+
+  TransferId irecv(std::span<std::byte> data, int peer, int tag) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending p;
+    size_t off = 0;
+    do {
+      const size_t n = std::min(kMaxPieceBytes, data.size() - off);
+      p.requests.emplace_back();
+      check_mpi(MPI_Irecv(data.data() + off, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &p.requests.back()),
+                "MPI_Irecv");
+      off += n;
+    } while (off < data.size());
+    return add(std::move(p));
+  }
+
+  bool test(TransferId id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return true;
+    int flag = 0;
+    std::vector<MPI_Status> st(it->second.requests.size());
+    const int rc = MPI_Testall(static_cast<int>(it->second.requests.size()), it->second.requests.data(), &flag, st.data());
+    if (rc == MPI_ERR_IN_STATUS)
+      for (const MPI_Status& s : st)
+        if (s.MPI_ERROR == MPI_ERR_TRUNCATE)
+          throw CommError("a message was longer than its receive buffer: the ranks disagree about the count");
+    check_mpi(rc, "MPI_Testall");
+    if (!flag) return false;
+    pending_.erase(it);
+    return true;
+  }
+
+  void cancel(TransferId id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    for (MPI_Request& r : it->second.requests)
+      if (r != MPI_REQUEST_NULL) {
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
+    pending_.erase(it);
+  }
+
+  void idle(Clock::time_point) override { std::this_thread::yield(); }
+  NativeCollectives* native() override { return this; }
+
+  TransferId all_reduce(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
+                        ReduceOp op) override {
+    return start([&](MPI_Request* r) {
+      const void* send = in.data() == out.data() ? MPI_IN_PLACE : in.data();
+      return MPI_Iallreduce(send, out.data(), to_int(count, "all_reduce"), mpi_type(dtype), mpi_op(op), comm_, r);
+    });
+  }
+  TransferId reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
+                            ReduceOp op) override {
+    return start([&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.data(), out.data(), to_int(count, "reduce_scatter"), mpi_type(dtype),
+                                       mpi_op(op), comm_, r);
+    });
+  }
+  TransferId all_gather(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype) override {
+    return start([&](MPI_Request* r) {
+      const bool in_place = in.data() == out.data() + count * dtype_bytes(dtype) * rank_;
+      return MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data(), to_int(count, "all_gather"), mpi_type(dtype),
+                            out.data(), to_int(count, "all_gather"), mpi_type(dtype), comm_, r);
+    });
+  }
+  TransferId broadcast(std::span<std::byte> data, size_t count, DType dtype, int root) override {
+    return start([&](MPI_Request* r) {
+      return MPI_Ibcast(data.data(), to_int(count, "broadcast"), mpi_type(dtype), root, comm_, r);
+    });
+  }
+  TransferId all_to_all(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype) override {
+    return start([&](MPI_Request* r) {
+      return MPI_Ialltoall(in.data(), to_int(count, "all_to_all"), mpi_type(dtype), out.data(),
+                           to_int(count, "all_to_all"), mpi_type(dtype), comm_, r);
+    });
+  }
+
+ private:
+  template <typename F>
+  TransferId start(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending p;
+    p.requests.emplace_back();
+    check_mpi(f(&p.requests.back()), "native MPI collective");
+    return add(std::move(p));
+  }
+  TransferId add(Pending p) {
+    const TransferId id = next_id_++;
+    pending_.emplace(id, std::move(p));
+    return id;
+  }
+
+  std::mutex& mu_;
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  TransferId next_id_ = 1;
+  std::unordered_map<TransferId, Pending> pending_;
+};
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      owns_init_ = true;
+      LOOM_CHECK(provided >= MPI_THREAD_SERIALIZED, "the MPI library offers thread level ", provided,
+                 "; loom needs MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED, ")");
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &world_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &status_comm_);
+    MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(status_comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(world_, &rank_);
+    MPI_Comm_size(world_, &size_);
+    set_global_rank_for_diagnostics(rank_);
+  }
+  ~MpiBackend() override {
+    if (std::uncaught_exceptions()) return;  // a failed rank must not wait in MPI_Finalize
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : replies_) MPI_Wait(&s.request, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&status_comm_);
+    MPI_Comm_free(&world_);
+    if (owns_init_) MPI_Finalize();
+  }
+
+  std::string name() const override { return "mpi"; }
+  int world_size() const override { return size_; }
+  int global_rank() const override { return rank_; }
+
+  std::vector<std::string> hosts() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    char mine[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(mine, &len);
+    std::vector<char> all(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * size_);
+    check_mpi(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world_),
+              "MPI_Allgather of host names");
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r) out.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    return out;
+  }
+
+  std::unique_ptr<Transport> make_transport(const std::vector<std::vector<int>>& groups, const std::string&) override {
+    int color = MPI_UNDEFINED, key = 0;
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].size(); ++i)
+        if (groups[g][i] == rank_) {
+          color = static_cast<int>(g);
+          key = static_cast<int>(i);
+        }
+    MPI_Comm comm = MPI_COMM_NULL;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_mpi(MPI_Comm_split(world_, color, key, &comm), "MPI_Comm_split");
+    }
+    if (comm == MPI_COMM_NULL) return nullptr;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    return std::make_unique<MpiTransport>(mu_, comm);
+  }
+
+  void set_status_source(std::function<RankStatus()> source) override {
+    std::lock_guard<std::mutex> lock(source_mu_);
+    source_ = std::move(source);
+  }
+
+  // Answers every pending status request with this rank's status.
+  void serve() override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    serve_locked();
+  }
+
+  std::vector<RankStatus> collect(std::chrono::milliseconds grace) override {
+    std::vector<RankStatus> out(size_);
+    out[rank_] = my_status();
+    std::vector<bool> have(size_, false);
+    have[rank_] = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) {
+          MPI_Request req;
+          MPI_Isend(nullptr, 0, MPI_BYTE, r, kTagStatusRequest, status_comm_, &req);
+          MPI_Request_free(&req);
+        }
+    }
+    const Clock::time_point until = Clock::now() + grace;
+    int missing = size_ - 1;
+    while (missing > 0 && Clock::now() < until) {
+      std::lock_guard<std::mutex> lock(mu_);
+      serve_locked();
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagStatusReply, status_comm_, &flag, &st);
+      if (!flag) continue;
+      int bytes = 0;
+      MPI_Get_count(&st, MPI_CHAR, &bytes);
+      std::string text(static_cast<size_t>(bytes), '\0');
+      MPI_Recv(text.data(), bytes, MPI_CHAR, st.MPI_SOURCE, kTagStatusReply, status_comm_, MPI_STATUS_IGNORE);
+      if (!have[st.MPI_SOURCE]) {
+        out[st.MPI_SOURCE] = decode_status(text);
+        have[st.MPI_SOURCE] = true;
+        --missing;
+      }
+    }
+    for (int r = 0; r < size_; ++r)
+      if (!have[r]) out[r].global_rank = -1;
+    return out;
+  }
+
+ private:
+  struct Reply {
+    std::string text;
+    MPI_Request request;
+  };
+  RankStatus my_status() {
+    std::lock_guard<std::mutex> lock(source_mu_);
+    if (source_) return source_();
+    RankStatus s;
+    s.global_rank = rank_;
+    s.state = "has no comm world";
+    return s;
+  }
+  void serve_locked() {
+    for (auto it = replies_.begin(); it != replies_.end();) {
+      int done = 0;
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      it = done ? replies_.erase(it) : std::next(it);
+    }
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagStatusRequest, status_comm_, &flag, &st);
+      if (!flag) return;
+      MPI_Recv(nullptr, 0, MPI_BYTE, st.MPI_SOURCE, kTagStatusRequest, status_comm_, MPI_STATUS_IGNORE);
+      replies_.push_back({encode_status(my_status()), MPI_REQUEST_NULL});
+      Reply& r = replies_.back();
+      MPI_Isend(r.text.data(), static_cast<int>(r.text.size()), MPI_CHAR, st.MPI_SOURCE, kTagStatusReply, status_comm_,
+                &r.request);
+    }
+  }
+
+  std::mutex mu_;  // every MPI call
+  std::mutex source_mu_;
+  std::function<RankStatus()> source_;
+  std::list<Reply> replies_;
+  MPI_Comm world_ = MPI_COMM_NULL, status_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  bool owns_init_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_backend() { return std::make_unique<MpiBackend>(); }
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,139 @@
+// The collective layer over real MPI processes (ctest label `mpi`, run under mpirun with
+// several rank counts). Same closed forms as the thread tests, plus MPI's own collectives
+// (algorithm native) and cross-checks between algorithms.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "loom/comm/mpi_backend.h"
+#include "loom/comm/world.h"
+
+namespace loom::comm {
+namespace {
+
+World* g_world = nullptr;  // the test process's one world, owned by main()
+
+const Algorithm kAllReduceAlgorithms[] = {Algorithm::kRing, Algorithm::kRecursive, Algorithm::kNative};
+
+TEST(Mpi, AllReduceClosedFormsEveryAlgorithm) {
+  World& w = *g_world;
+  const int n = w.world_size(), r = w.global_rank();
+  for (Algorithm a : kAllReduceAlgorithms)
+    for (size_t count : {size_t(0), size_t(1), size_t(13), size_t(100003)}) {
+      std::vector<float> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = float((r + 1) * int(i % 7 + 1));
+      w.world_group().all_reduce(std::span(x), ReduceOp::kSum, {a});
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(x[i], float(n * (n + 1) / 2 * int(i % 7 + 1))) << algorithm_name(a) << " count " << count;
+      std::vector<double> y(count, r + 1.0);
+      w.world_group().all_reduce(std::span(y), ReduceOp::kAvg, {a});
+      for (double v : y) ASSERT_DOUBLE_EQ(v, (n + 1) / 2.0) << algorithm_name(a);
+    }
+}
+
+// Every algorithm agrees with MPI's own all_reduce to float rounding on random data, and
+// loom's algorithms give every rank the same bits.
+TEST(Mpi, AlgorithmsAgreeWithMpiOnRandomData) {
+  World& w = *g_world;
+  const int r = w.global_rank();
+  int64_t seed = std::random_device{}();
+  w.world_group().broadcast(std::span(&seed, 1), 0);
+  const size_t count = 262147;
+  std::mt19937 rng(seed + r);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(count);
+  for (float& v : x) v = dist(rng);
+  std::vector<float> ref = x;
+  w.world_group().all_reduce(std::span(ref), ReduceOp::kSum, {Algorithm::kNative});
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursive}) {
+    std::vector<float> y = x;
+    w.world_group().all_reduce(std::span(y), ReduceOp::kSum, {a});
+    for (size_t i = 0; i < count; ++i) ASSERT_NEAR(y[i], ref[i], 1e-4f * w.world_size()) << "seed " << seed;
+    std::vector<float> root_copy = y;
+    w.world_group().broadcast(std::span(root_copy), 0);
+    ASSERT_EQ(0, std::memcmp(root_copy.data(), y.data(), count * 4)) << algorithm_name(a) << " differs from rank 0";
+  }
+}
+
+TEST(Mpi, OtherCollectivesBothWays) {
+  World& w = *g_world;
+  Group& g = w.world_group();
+  const int n = w.world_size(), r = w.global_rank();
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kNative}) {
+    const size_t count = 1001;
+    std::vector<float> in(count * n), out(count);
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < count; ++i) in[j * count + i] = float((r + 1) * (j * 10 + int(i % 10)));
+    g.reduce_scatter(std::span<const float>(in), std::span(out), ReduceOp::kSum, {a});
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], float(n * (n + 1) / 2 * (r * 10 + int(i % 10))));
+    std::span<float> own(in.data() + r * count, count);  // in place
+    g.reduce_scatter(std::span<const float>(in), own, ReduceOp::kAvg, {a});
+    for (size_t i = 0; i < count; ++i) ASSERT_FLOAT_EQ(own[i], (n + 1) / 2.0f * float(r * 10 + int(i % 10)));
+
+    std::vector<int32_t> mine(count, r), all(count * n);
+    g.all_gather(std::span<const int32_t>(mine), std::span(all), {a});
+    for (int j = 0; j < n; ++j) ASSERT_EQ(all[j * count + 5], j);
+    for (int root = 0; root < n; ++root) {
+      std::vector<int64_t> b(77, r == root ? root * 3 + 1 : -1);
+      g.broadcast(std::span(b), root, {a});
+      for (int64_t v : b) ASSERT_EQ(v, root * 3 + 1);
+    }
+    std::vector<int32_t> a_in(4 * n), a_out(4 * n);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < 4; ++i) a_in[j * 4 + i] = r * 100 + j * 10 + i;
+    g.all_to_all(std::span<const int32_t>(a_in), std::span(a_out), {a});
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(a_out[j * 4 + i], j * 100 + r * 10 + i);
+  }
+  std::vector<int32_t> rin(9, r + 1), rout(r == n - 1 ? 9 : 0);
+  g.reduce(std::span<const int32_t>(rin), std::span(rout), n - 1);
+  if (r == n - 1) {
+    for (int32_t v : rout) ASSERT_EQ(v, n * (n + 1) / 2);
+  }
+  if (n > 1) {
+    std::vector<float> to_right(1 << 20, float(r)), from_left(1 << 20);
+    g.batch({isend_op(std::span<const float>(to_right), (r + 1) % n, 3), irecv_op(std::span(from_left), (r + n - 1) % n, 3)});
+    ASSERT_EQ(from_left.back(), float((r + n - 1) % n));
+  }
+  g.barrier();
+}
+
+TEST(Mpi, MeshGroupsAndAsyncOverlap) {
+  World& w = *g_world;
+  const int n = w.world_size();
+  const int tp = n % 2 == 0 ? 2 : 1;
+  const Mesh mesh({{"dp", n / tp}, {"tp", tp}}, n);
+  std::unique_ptr<Group> dp = w.group(mesh, {"dp"}), tpg = w.group(mesh, {"tp"});
+  std::vector<float> a(50000, 1.f), b(30000, 2.f);
+  Work wa = dp->all_reduce(std::span(a), ReduceOp::kSum, {.async = true});
+  Work wb = tpg->all_reduce(std::span(b), ReduceOp::kSum, {.async = true});
+  wb.wait();
+  wa.wait();
+  EXPECT_EQ(a[123], float(n / tp));
+  EXPECT_EQ(b[456], 2.f * tp);
+}
+
+}  // namespace
+}  // namespace loom::comm
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int failed = 0;
+  {
+    loom::comm::CommOptions options;
+    options.timeout = std::chrono::milliseconds(60'000);
+    loom::comm::World world(loom::comm::make_mpi_backend(), options);
+    loom::comm::g_world = &world;
+    // Only rank 0 prints gtest's progress; every rank's failures still fail the run.
+    if (world.global_rank() != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    failed = RUN_ALL_TESTS();
+    int any = failed;
+    world.world_group().all_reduce(std::span(&any, 1), loom::comm::ReduceOp::kMax);
+    failed = any;
+  }
+  return failed;
+}

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
 
   loom::cli::TrainArgs train;
   auto* t = app.add_subcommand("train", "Train a model on a text corpus and save a checkpoint");
-  t->add_option("--config", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint)");
+  t->add_option("--config", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm)");
   t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
   t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
   t->footer(config_keys_footer());
@@ -53,6 +53,25 @@ int main(int argc, char** argv) {
   im->add_option("--config", im_cfg, "TOML config for files without loom metadata (e.g. model.heads)");
   im->add_option("--set", im_sets, "Config override section.key=value (repeatable)")->take_all();
 
+  loom::cli::BenchCommArgs bc;
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto* bcomm = bench->add_subcommand("comm", "Collective sweep (nccl-tests style); run under mpirun -np N");
+  bcomm->add_option("--op", bc.op, "all_reduce | reduce_scatter | all_gather | broadcast | all_to_all | all")
+      ->capture_default_str();
+  bcomm->add_option("--algorithm", bc.algorithm, "auto | ring | recursive | native | mpi | all (comma list allowed)")
+      ->capture_default_str();
+  bcomm->add_option("--sizes", bc.sizes, "bytes with K/M/G suffixes and optional +N, e.g. 4K,1M,7M+13")
+      ->capture_default_str();
+  bcomm->add_option("--dtype", bc.dtype, "f32 | bf16")->capture_default_str();
+  bcomm->add_option("--iters", bc.iters, "timed iterations per row; 0 = about 0.3 s worth (at least 5)")
+      ->capture_default_str();
+  bcomm->add_option("--threads", bc.threads, "run N ranks as threads of this process instead of under MPI");
+  bcomm->add_flag("--json", bc.json, "one JSON object per row: op, algorithm, bytes, ranks, time_us, algbw_gbps, "
+                                     "busbw_gbps, correct");
+  bcomm->add_option("--config", bc.config_path, "TOML config (only [comm] matters here)");
+  bcomm->add_option("--set", bc.sets, "Config override, e.g. comm.timeout_s=30 (repeatable)")->take_all();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -64,6 +83,7 @@ int main(int argc, char** argv) {
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);
+    if (*bcomm) return loom::cli::run_bench_comm(bc);
   } catch (const loom::Error& err) {
     std::cerr << "loom: error: " << err.what() << "\n";
     return err.kind() == loom::Error::Kind::kConfig ? 2 : 1;

@@ -10,7 +10,7 @@ std::string describe(const Descriptor& d) {
   os << op_name(d.op);
   switch (d.op) {
     case OpKind::kBarrier: break;
-    case OpKind::kSendRecvBatch: os << " of " << d.batch.size() << " transfers"; break;
+    case OpKind::kSendRecvBatch: os << " of " << (d.batch.empty() ? d.count : d.batch.size()) << " transfers"; break;
     case OpKind::kSend: os << " " << dtype_name(d.dtype) << " x " << d.count << " to " << d.root << " tag " << d.tag; break;
     case OpKind::kRecv: os << " " << dtype_name(d.dtype) << " x " << d.count << " from " << d.root << " tag " << d.tag; break;
     default:
@@ -43,7 +43,7 @@ double Ledger::now_us() const {
 
 int Ledger::add_group(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  groups_.push_back({name, 0, 0, ""});
+  groups_.push_back({name, 0, 0, {}});
   return static_cast<int>(groups_.size()) - 1;
 }
 
@@ -57,18 +57,19 @@ Ledger::Issued Ledger::issue(int group, const Descriptor& d) {
   // collective count (members compare that count in a diagnosis).
   const bool p2p = d.op == OpKind::kSend || d.op == OpKind::kRecv || d.op == OpKind::kSendRecvBatch;
   e.group_seq = p2p ? g.issued : ++g.issued;
-  g.last = describe(d);
-  last_ = detail::cat(describe(d), " on ", g.name, p2p ? " after collective #" : " #", e.group_seq);
+  e.count = d.op == OpKind::kSendRecvBatch ? d.batch.size() : d.count;
   e.op = d.op;
   e.dtype = d.dtype;
   e.reduce = d.reduce;
   e.algorithm = d.algorithm;
-  e.count = d.count;
   e.root = d.root;
   e.tag = d.tag;
   e.issue_us = now_us();
   if (entries_.size() == capacity_) entries_.pop_front();
   entries_.push_back(e);
+  g.last = e;
+  last_ = e;
+  has_last_ = true;
   return {e.seq, e.group_seq};
 }
 
@@ -113,8 +114,24 @@ RankStatus Ledger::status(int global_rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   RankStatus s;
   s.global_rank = global_rank;
-  s.last = last_.empty() ? "nothing yet" : last_;
-  for (const auto& g : groups_) s.groups.push_back({g.name, g.issued, g.completed, g.last});
+  auto text = [](const LedgerEntry& e) {
+    Descriptor d;
+    d.op = e.op;
+    d.dtype = e.dtype;
+    d.reduce = e.reduce;
+    d.count = e.count;
+    d.root = e.root;
+    d.tag = e.tag;
+    return describe(d);
+  };
+  if (has_last_) {
+    const bool p2p = last_.op == OpKind::kSend || last_.op == OpKind::kRecv || last_.op == OpKind::kSendRecvBatch;
+    s.last = detail::cat(text(last_), " on ", groups_[last_.group].name, p2p ? " after collective #" : " #",
+                         last_.group_seq);
+  } else {
+    s.last = "nothing yet";
+  }
+  for (const auto& g : groups_) s.groups.push_back({g.name, g.issued, g.completed, g.last.seq ? text(g.last) : ""});
   const double now = now_us();
   // The oldest running call, else the newest failed one.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {

@@ -88,14 +88,15 @@ class Ledger {
   struct GroupCounters {
     std::string name;
     uint64_t issued = 0, completed = 0;
-    std::string last;
+    LedgerEntry last;  // formatted only when a status is asked for
   };
   mutable std::mutex mu_;
   size_t capacity_;
   uint64_t next_seq_ = 1;
   std::deque<LedgerEntry> entries_;
   std::vector<GroupCounters> groups_;
-  std::string last_;
+  LedgerEntry last_;
+  bool has_last_ = false;
   Clock::time_point t0_;
 };
 

@@ -67,6 +67,16 @@ std::string parse_string(const std::string& key, const RawValue& v) {
   return v.text;
 }
 
+bool parse_bool(const std::string& key, const RawValue& v) {
+  if (v.node) {
+    if (auto b = v.node->value<bool>(); b && v.node->is_boolean()) return *b;
+    bad_value(key, v.text, "true or false");
+  }
+  if (v.text == "true") return true;
+  if (v.text == "false") return false;
+  bad_value(key, v.text, "true or false");
+}
+
 std::string quote(const std::string& s) {
   std::ostringstream os;
   os << toml::value<std::string>(s);
@@ -90,6 +100,10 @@ std::string fmt_double(double x) {
   KeyDef{#sec "." #field, helptext,                                                                \
          [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_float(k, v); }, \
          [](const Config& c) { return fmt_double(c.sec.field); }}
+#define LOOM_BOOL_KEY(sec, field, helptext)                                                       \
+  KeyDef{#sec "." #field, helptext,                                                               \
+         [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_bool(k, v); }, \
+         [](const Config& c) { return std::string(c.sec.field ? "true" : "false"); }}
 #define LOOM_STRING_KEY(sec, field, helptext)                                                       \
   KeyDef{#sec "." #field, helptext,                                                                 \
          [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_string(k, v); }, \
@@ -136,6 +150,8 @@ const std::vector<KeyDef>& schema() {
       LOOM_FLOAT_KEY(optim, eps, "AdamW epsilon"),
       LOOM_FLOAT_KEY(optim, grad_clip, "global grad-norm clip; 0 disables"),
       LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
+      LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
+      LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
   };
   return keys;
 }
@@ -163,7 +179,7 @@ const KeyDef& require_key(const std::string& name) {
   std::string known = known_keys_in(section);
   if (known.empty())
     throw ConfigError("unknown config section '" + section + "' in '" + name +
-                      "'; expected one of: model, data, train, optim, checkpoint");
+                      "'; expected one of: model, data, train, optim, checkpoint, comm");
   throw ConfigError("unknown config key '" + name + "'; keys in [" + section + "]: " + known);
 }
 
@@ -180,7 +196,7 @@ std::vector<Assignment> flatten(const toml::table& tbl) {
     const toml::table* inner = node.as_table();
     if (!inner)
       throw ConfigError("config entry '" + section + "' must be a [section] table; sections: model, data, "
-                        "train, optim, checkpoint");
+                        "train, optim, checkpoint, comm");
     for (const auto& [k, v] : *inner) {
       std::ostringstream text;
       v.visit([&](auto&& n) { text << n; });
@@ -295,6 +311,8 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!(m.rope_theta > 0)) errs.push_back("model.rope_theta = " + fmt_double(m.rope_theta) + ": expected > 0");
   if (!(m.init_std > 0)) errs.push_back("model.init_std = " + fmt_double(m.init_std) + ": expected > 0");
 
+  if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
+    errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds > 0");
   if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))
     errs.push_back("data.val_fraction = " + fmt_double(c.data.val_fraction) + ": expected a value in (0, 1)");
 

@@ -54,12 +54,18 @@ struct CheckpointConfig {
   std::string dir = "runs/default";  // empty: do not save
 };
 
+struct CommConfig {
+  double timeout_s = 300;      // bound on every collective; survivors of a dead rank exit within it
+  bool check_desync = false;   // debug: group members compare every collective's descriptor first
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
   CheckpointConfig checkpoint;
+  CommConfig comm;
 
   int64_t seq_len() const { return train.seq > 0 ? train.seq : model.ctx; }
   int64_t micro_batch() const { return train.grad_accum > 0 ? train.batch / train.grad_accum : 0; }

@@ -1,0 +1,241 @@
+#include "loom/comm/bench.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cctype>
+#include <cstring>
+
+#include "loom/comm/world.h"
+
+namespace loom::comm {
+
+std::vector<size_t> parse_sizes(std::string_view list) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item(list.substr(pos, comma - pos));
+    pos = comma + 1;
+    auto bad = [&] {
+      return ConfigError(detail::cat("bad size '", item, "' in --sizes: expected bytes with an optional K/M/G suffix and "
+                                     "an optional +N, e.g. 4K,1M,7M+13"));
+    };
+    if (item.empty()) throw bad();
+    size_t i = 0;
+    unsigned long long value = 0;
+    while (i < item.size() && std::isdigit(static_cast<unsigned char>(item[i]))) {
+      value = value * 10 + (item[i++] - '0');
+      if (value > (1ull << 40)) throw bad();
+    }
+    if (i == 0) throw bad();
+    if (i < item.size() && std::strchr("KMG", item[i])) {
+      value <<= item[i] == 'K' ? 10 : item[i] == 'M' ? 20 : 30;
+      ++i;
+    }
+    if (i < item.size() && item[i] == '+') {
+      ++i;
+      unsigned long long extra = 0;
+      const size_t start = i;
+      while (i < item.size() && std::isdigit(static_cast<unsigned char>(item[i]))) extra = extra * 10 + (item[i++] - '0');
+      if (i == start) throw bad();
+      value += extra;
+    }
+    if (i != item.size()) throw bad();
+    out.push_back(value);
+  }
+  return out;
+}
+
+double bus_factor(OpKind op, int n) {
+  switch (op) {
+    case OpKind::kAllReduce: return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather:
+    case OpKind::kAllToAll: return n > 1 ? double(n - 1) / n : 0.0;
+    default: return 1.0;
+  }
+}
+
+namespace {
+
+// Input pattern whose sums are small integers, exact in f32 and bf16 for up to 85 ranks.
+float pattern(int rank, size_t i) { return static_cast<float>((rank + i) % 4); }
+
+struct Buffers {
+  std::vector<std::byte> in, out;
+  size_t count = 0;  // Note [Descriptor counts]
+};
+
+void fill(std::vector<std::byte>& buf, DType dtype, int rank, size_t offset_elems, bool zero) {
+  const size_t n = buf.size() / dtype_bytes(dtype);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = zero ? 0.f : pattern(rank, offset_elems + i);
+    if (dtype == DType::kBF16) reinterpret_cast<bf16*>(buf.data())[i] = float_to_bf16(v);
+    else reinterpret_cast<float*>(buf.data())[i] = v;
+  }
+}
+
+float element(const std::vector<std::byte>& buf, DType dtype, size_t i) {
+  return dtype == DType::kBF16 ? bf16_to_float(reinterpret_cast<const bf16*>(buf.data())[i])
+                               : reinterpret_cast<const float*>(buf.data())[i];
+}
+
+// Buffer sizes per op for a "bytes" figure as nccl-tests counts it.
+Buffers make_buffers(OpKind op, size_t bytes, DType dtype, int n) {
+  const size_t es = dtype_bytes(dtype);
+  Buffers b;
+  size_t total = bytes / es;
+  if (op == OpKind::kReduceScatter || op == OpKind::kAllGather || op == OpKind::kAllToAll) total -= total % n;
+  const size_t per_rank = total / n;
+  switch (op) {
+    case OpKind::kReduceScatter: b.count = per_rank; b.in.resize(total * es); b.out.resize(per_rank * es); break;
+    case OpKind::kAllGather: b.count = per_rank; b.in.resize(per_rank * es); b.out.resize(total * es); break;
+    case OpKind::kAllToAll: b.count = per_rank; b.in.resize(total * es); b.out.resize(total * es); break;
+    default: b.count = total; b.out.resize(total * es);
+  }
+  return b;
+}
+
+// Expected value of output element i on `rank` for the pattern above.
+float expected(OpKind op, int n, int rank, size_t count, size_t i) {
+  float sum = 0;
+  switch (op) {
+    case OpKind::kAllReduce:
+      for (int r = 0; r < n; ++r) sum += pattern(r, i);
+      return sum;
+    case OpKind::kReduceScatter:
+      for (int r = 0; r < n; ++r) sum += pattern(r, rank * count + i);
+      return sum;
+    case OpKind::kAllGather: return pattern(static_cast<int>(i / count), i % count);
+    case OpKind::kAllToAll: return pattern(static_cast<int>(i / count), rank * count + i % count);
+    case OpKind::kBroadcast: return pattern(0, i);
+    default: return 0;
+  }
+}
+
+struct Runner {
+  World& world;
+  const PeerCollective& peer;
+  DType dtype;
+
+  void reset(OpKind op, Buffers& b, bool zero) {
+    const int r = world.global_rank();
+    if (op == OpKind::kAllReduce) fill(b.out, dtype, r, 0, zero);
+    else if (op == OpKind::kBroadcast) fill(b.out, dtype, r == 0 ? 0 : 99, 0, zero);
+    else if (op == OpKind::kAllGather) fill(b.in, dtype, r, 0, zero);
+    else fill(b.in, dtype, r, 0, zero);
+  }
+
+  void once(OpKind op, const std::string& algorithm, Buffers& b) {
+    if (algorithm == "mpi") return peer(op, op == OpKind::kAllReduce || op == OpKind::kBroadcast ? std::span<const std::byte>(b.out)
+                                                                                                  : std::span<const std::byte>(b.in),
+                                        b.out, b.count, dtype);
+    Descriptor d;
+    d.op = op;
+    d.dtype = dtype;
+    d.count = b.count;
+    d.in = op == OpKind::kAllReduce || op == OpKind::kBroadcast ? std::span<const std::byte>(b.out) : std::span<const std::byte>(b.in);
+    d.out = b.out;
+    world.world_group().submit(std::move(d), {parse_algorithm(algorithm), false});
+  }
+
+  bool check(OpKind op, const Buffers& b) {
+    const int n = world.world_size(), r = world.global_rank();
+    const size_t total = b.out.size() / dtype_bytes(dtype);
+    int ok = 1;
+    for (size_t i = 0; i < total && ok; ++i) ok = element(b.out, dtype, i) == expected(op, n, r, b.count, i);
+    world.world_group().all_reduce(std::span(&ok, 1), ReduceOp::kSum);
+    return ok == n;
+  }
+};
+
+}  // namespace
+
+std::vector<BenchRow> run_comm_bench(World& world, const BenchRequest& req, const PeerCollective& peer,
+                                     const std::function<void(const BenchRow&)>& on_row) {
+  LOOM_CHECK(req.dtype == DType::kF32 || req.dtype == DType::kBF16, "bench comm: --dtype must be f32 or bf16, got ",
+             dtype_name(req.dtype));
+  const int n = world.world_size();
+  Runner run{world, peer, req.dtype};
+  std::vector<BenchRow> rows;
+  for (OpKind op : req.ops) {
+    std::vector<std::string> algorithms = req.algorithms;
+    if (algorithms.size() == 1 && algorithms[0] == "all") {
+      algorithms = {"auto"};
+      if (op == OpKind::kAllReduce) algorithms = {"auto", "ring", "recursive"};
+      if (world.backend().name() == "mpi" && req.dtype != DType::kBF16) algorithms.push_back("native");
+      if (peer && req.dtype != DType::kBF16) algorithms.push_back("mpi");
+    }
+    for (const std::string& algorithm : algorithms) {
+      LOOM_CHECK(algorithm != "mpi" || peer, "bench comm: algorithm mpi needs the MPI backend (run under mpirun)");
+      for (size_t bytes : req.sizes_bytes) {
+        Buffers b = make_buffers(op, bytes, req.dtype, n);
+        BenchRow row;
+        row.op = op;
+        row.algorithm = algorithm;
+        row.count = b.count;
+        row.ranks = n;
+        row.bytes = std::max(b.in.size(), b.out.size());
+        // Warm-up with the pattern (also faults the pages in), checked once.
+        run.reset(op, b, false);
+        run.once(op, algorithm, b);
+        row.correct = run.check(op, b);
+        run.reset(op, b, true);
+        double first = 0;
+        {
+          world.world_group().barrier();
+          const Clock::time_point t0 = Clock::now();
+          run.once(op, algorithm, b);
+          first = std::chrono::duration<double>(Clock::now() - t0).count();
+          world.world_group().all_reduce(std::span(&first, 1), ReduceOp::kMax);
+        }
+        row.iters = req.iters > 0 ? req.iters : static_cast<int>(std::clamp(0.3 / std::max(first, 1e-7), 5.0, 500.0));
+        std::vector<double> times(row.iters);
+        for (int it = 0; it < row.iters; ++it) {
+          world.world_group().barrier();
+          const Clock::time_point t0 = Clock::now();
+          run.once(op, algorithm, b);
+          times[it] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+        }
+        world.world_group().all_reduce(std::span(times), ReduceOp::kMax);  // an iteration ends on the slowest rank
+        std::sort(times.begin(), times.end());
+        row.median_us = times[times.size() / 2];
+        row.min_us = times.front();
+        row.max_us = times.back();
+        row.algbw_gbps = row.median_us > 0 ? row.bytes / (row.median_us * 1e3) : 0;
+        row.busbw_gbps = row.algbw_gbps * bus_factor(op, n);
+        rows.push_back(row);
+        if (on_row) on_row(row);
+      }
+    }
+  }
+  return rows;
+}
+
+std::string bench_row_json(const BenchRow& r, DType dtype) {
+  nlohmann::json j = {{"op", op_name(r.op)},     {"algorithm", r.algorithm}, {"bytes", r.bytes},
+                      {"count", r.count},         {"ranks", r.ranks},         {"dtype", dtype_name(dtype)},
+                      {"iters", r.iters},         {"time_us", r.median_us},   {"min_us", r.min_us},
+                      {"max_us", r.max_us},       {"algbw_gbps", r.algbw_gbps}, {"busbw_gbps", r.busbw_gbps},
+                      {"correct", r.correct}};
+  return j.dump();
+}
+
+std::string bench_table_header() {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-15s %-12s %12s %12s %6s %12s %12s %12s %10s %10s %8s", "op", "algorithm", "bytes",
+                "count", "ranks", "time_us", "min_us", "max_us", "algbw", "busbw", "correct");
+  return std::string(buf) + "\n" + std::string(std::strlen(buf), '-');
+}
+
+std::string bench_row_text(const BenchRow& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-15s %-12s %12zu %12zu %6d %12.1f %12.1f %12.1f %10.3f %10.3f %8s",
+                std::string(op_name(r.op)).c_str(), r.algorithm.c_str(), r.bytes, r.count, r.ranks, r.median_us,
+                r.min_us, r.max_us, r.algbw_gbps, r.busbw_gbps, r.correct ? "yes" : "NO");
+  return buf;
+}
+
+}  // namespace loom::comm

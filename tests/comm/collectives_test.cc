@@ -32,7 +32,8 @@ std::vector<T> closed_form_input(int r, size_t count) {
   return x;
 }
 
-const size_t kCounts[] = {0, 1, 5, 13, 1000, 70001};
+// 70001 f32 and 140001 f64 span several shared-memory chunks.
+const size_t kCounts[] = {0, 1, 5, 13, 1000, 70001, 140001};
 
 class AllReduce : public ::testing::TestWithParam<std::tuple<int, Algorithm>> {};
 
@@ -84,7 +85,7 @@ TEST_P(AllReduce, RandomDataIsBitIdenticalOnAllRanksAndCloseToTheExactSum) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllReduce,
                          ::testing::Combine(::testing::Range(1, 9),
-                                            ::testing::Values(Algorithm::kRing, Algorithm::kRecursive)),
+                                            ::testing::Values(Algorithm::kRing, Algorithm::kRecursive, Algorithm::kShm)),
                          [](const auto& info) {
                            return std::string(algorithm_name(std::get<1>(info.param))) + "_" +
                                   std::to_string(std::get<0>(info.param));

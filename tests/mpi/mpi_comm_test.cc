@@ -14,7 +14,7 @@ namespace {
 
 World* g_world = nullptr;  // the test process's one world, owned by main()
 
-const Algorithm kAllReduceAlgorithms[] = {Algorithm::kRing, Algorithm::kRecursive, Algorithm::kNative};
+const Algorithm kAllReduceAlgorithms[] = {Algorithm::kRing, Algorithm::kRecursive, Algorithm::kShm, Algorithm::kNative};
 
 TEST(Mpi, AllReduceClosedFormsEveryAlgorithm) {
   World& w = *g_world;
@@ -46,7 +46,7 @@ TEST(Mpi, AlgorithmsAgreeWithMpiOnRandomData) {
   for (float& v : x) v = dist(rng);
   std::vector<float> ref = x;
   w.world_group().all_reduce(std::span(ref), ReduceOp::kSum, {Algorithm::kNative});
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursive}) {
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursive, Algorithm::kShm}) {
     std::vector<float> y = x;
     w.world_group().all_reduce(std::span(y), ReduceOp::kSum, {a});
     for (size_t i = 0; i < count; ++i) ASSERT_NEAR(y[i], ref[i], 1e-4f * w.world_size()) << "seed " << seed;

@@ -1,6 +1,7 @@
 #include "loom/comm/algorithms.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "loom/core/error.h"
@@ -54,6 +55,16 @@ void Link::wait(std::span<const TransferId> ids, const char* what, int peer) {
       next_hook = now + std::chrono::milliseconds(10);
     }
     t_.idle(std::min(deadline_, now + std::chrono::milliseconds(1)));
+  }
+}
+
+void Link::poll_deadline(const char* what, int peer) {
+  const Clock::time_point now = Clock::now();
+  if (now >= deadline_)
+    throw CommTimeout(detail::cat("timed out (comm.timeout_s): ", what, " with group rank ", peer, " did not complete"));
+  if (now >= next_hook_) {
+    if (on_wait_) on_wait_();
+    next_hook_ = now + std::chrono::milliseconds(10);
   }
 }
 
@@ -249,6 +260,54 @@ void pairwise_all_to_all(Link& l, std::span<const std::byte> in, std::span<std::
 void dissemination_barrier(Link& l) {
   const int n = l.size(), r = l.rank();
   for (int k = 1; k < n; k <<= 1) l.exchange({}, mod(r + k, n), {}, mod(r - k, n), kTagBarrier);
+}
+
+namespace {
+
+std::atomic<uint64_t>& flag_of(SharedSegment& seg, int r) {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(seg.region(r));
+}
+
+void shm_barrier(Link& l, SharedSegment& seg) {
+  const uint64_t epoch = seg.next_epoch();
+  const int n = l.size();
+  flag_of(seg, l.rank()).store(epoch, std::memory_order_release);
+  for (int j = 0; j < n; ++j) {
+    std::atomic<uint64_t>& f = flag_of(seg, j);
+    l.spin_until([&] { return f.load(std::memory_order_acquire) >= epoch; }, "shared-memory barrier", j);
+  }
+}
+
+}  // namespace
+
+void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op) {
+  const int n = l.size(), r = l.rank();
+  if (n == 1) return;
+  const size_t es = dtype_bytes(dtype);
+  const size_t chunk_elems = SharedSegment::kSlotBytes / es;
+  auto slot = [&](int member, size_t k) {
+    return seg.region(member) + SharedSegment::kFlagBytes + (k % 2) * SharedSegment::kSlotBytes;
+  };
+  for (size_t begin = 0; begin < count; begin += chunk_elems) {
+    const uint64_t k = seg.next_chunk();  // numbered across calls, so slots keep alternating
+    const size_t len = std::min(chunk_elems, count - begin);
+    std::byte* mine = buf.data() + begin * es;
+    std::memcpy(slot(r, k), mine, len * es);
+    shm_barrier(l, seg);
+    // Piece r: own slot first, then the others in member order (fixed, so reproducible).
+    const Chunk piece = chunk_of(len, n, r);
+    if (piece.count) {
+      std::byte* acc = slot(r, k) + piece.begin * es;
+      for (int j = 0; j < n; ++j)
+        if (j != r) reduce_into(dtype, op, acc, slot(j, k) + piece.begin * es, piece.count);
+      if (op == ReduceOp::kAvg) divide(dtype, acc, piece.count, n);
+    }
+    shm_barrier(l, seg);
+    for (int j = 0; j < n; ++j) {
+      const Chunk p = chunk_of(len, n, j);
+      move_bytes(mine + p.begin * es, slot(j, k) + p.begin * es, p.count * es);
+    }
+  }
 }
 
 }  // namespace loom::comm

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <thread>
 #include <span>
 #include <vector>
 
@@ -40,10 +41,20 @@ class Link {
   // Sends to `to` and receives from `from` at once (no ordering deadlock in rings).
   void exchange(std::span<const std::byte> out, int to, std::span<std::byte> in, int from, int tag);
   std::span<std::byte> scratch(size_t bytes);
+  // Spins (yielding) until ready() is true; CommTimeout at the deadline naming `peer`.
+  template <typename Ready>
+  void spin_until(Ready&& ready, const char* what, int peer) {
+    for (int spins = 0; !ready(); ++spins) {
+      if ((spins & 1023) == 1023) poll_deadline(what, peer);
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
 
  private:
+  void poll_deadline(const char* what, int peer);
   Transport& t_;
   Clock::time_point deadline_;
+  Clock::time_point next_hook_{};
   std::function<void()> on_wait_;
   std::vector<std::byte>& scratch_;
 };
@@ -77,5 +88,18 @@ void tree_reduce(Link& l, std::span<const std::byte> in, std::span<std::byte> ou
 // in/out: size blocks of block_bytes; block j of in goes to rank j, block i of out came from rank i.
 void pairwise_all_to_all(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t block_bytes);
 void dissemination_barrier(Link& l);
+
+// Note [Shared-memory all-reduce]
+// Members of a one-node group share regions [flag | slot 0 | slot 1]. The buffer is cut
+// into chunks of kSlotBytes, numbered across calls; chunk k uses slot k % 2. Per chunk:
+//   1. each member copies its chunk into its own slot;       barrier
+//   2. member r adds piece r of every other slot (member order) into piece r of its own
+//      slot (only r touches piece r of slot r in this step, so it is race-free); barrier
+//   3. each member copies every piece j from member j's slot into its buffer.
+// Slot k % 2 is rewritten at chunk k + 2, after the barrier of chunk k + 1 step 1, which
+// every member passes only after finishing chunk k step 3. Each element is reduced once,
+// in one order, so all members get the same bits. Barriers are epoch flags in shared
+// memory: a member stores its epoch and waits until every flag reaches it.
+void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
 
 }  // namespace loom::comm

@@ -102,7 +102,8 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
   }
   switch (d.op) {
     case OpKind::kAllReduce:
-      if (a == Algorithm::kRing) ring_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
+      if (a == Algorithm::kShm) shm_all_reduce(link, *transport_->shared(), d.out, d.count, d.dtype, d.reduce);
+      else if (a == Algorithm::kRing) ring_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       else recursive_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       return;
     case OpKind::kReduceScatter: return ring_reduce_scatter(link, d.in, d.out, d.count, d.dtype, d.reduce);

@@ -55,14 +55,49 @@ struct Pending {
   std::vector<MPI_Request> requests;
 };
 
+// MPI-3 shared window over a group whose members all share a node.
+class MpiSegment final : public SharedSegment {
+ public:
+  MpiSegment(MPI_Comm comm, int size) : regions_(size) {
+    std::byte* base = nullptr;
+    check_mpi(MPI_Win_allocate_shared(static_cast<MPI_Aint>(kRegionBytes), 1, MPI_INFO_NULL, comm, &base, &win_),
+              "MPI_Win_allocate_shared");
+    for (int r = 0; r < size; ++r) {
+      MPI_Aint bytes = 0;
+      int disp = 0;
+      check_mpi(MPI_Win_shared_query(win_, r, &bytes, &disp, &regions_[r]), "MPI_Win_shared_query");
+    }
+    std::memset(base, 0, kRegionBytes);
+    check_mpi(MPI_Barrier(comm), "MPI_Barrier after the shared window");
+  }
+  ~MpiSegment() override {
+    if (!std::uncaught_exceptions()) MPI_Win_free(&win_);
+  }
+  std::byte* region(int group_rank) override { return regions_[group_rank]; }
+
+ private:
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<std::byte*> regions_;
+};
+
 class MpiTransport final : public Transport, public NativeCollectives {
  public:
+  // Collective over comm (makes the shared window when every member is on this node).
   MpiTransport(std::mutex& mu, MPI_Comm comm) : mu_(mu), comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    int one_node = node_size == size_ ? 1 : 0;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    if (one_node) segment_ = std::make_unique<MpiSegment>(comm_, size_);
   }
   ~MpiTransport() override {
     std::lock_guard<std::mutex> lock(mu_);
+    segment_.reset();
     for (auto& [id, p] : pending_)
       for (MPI_Request& r : p.requests)
         if (r != MPI_REQUEST_NULL) {
@@ -132,6 +167,7 @@ class MpiTransport final : public Transport, public NativeCollectives {
 
   void idle(Clock::time_point) override { std::this_thread::yield(); }
   NativeCollectives* native() override { return this; }
+  SharedSegment* shared() override { return segment_.get(); }
 
   TransferId all_reduce(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
                         ReduceOp op) override {
@@ -184,6 +220,7 @@ class MpiTransport final : public Transport, public NativeCollectives {
   std::mutex& mu_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::unique_ptr<MpiSegment> segment_;
   TransferId next_id_ = 1;
   std::unordered_map<TransferId, Pending> pending_;
 };
@@ -249,6 +286,7 @@ class MpiBackend final : public Backend {
     }
     if (comm == MPI_COMM_NULL) return nullptr;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    std::lock_guard<std::mutex> lock(mu_);
     return std::make_unique<MpiTransport>(mu_, comm);
   }
 

@@ -35,6 +35,21 @@ class ThreadHub {
   Inbox& inbox(int global_rank) { return *inboxes_.at(global_rank); }
   const std::vector<std::string>& hosts() const { return hosts_; }
 
+  // The regions of one group: transport `key` (all groups of one make_transport call
+  // share it) and the group's first member tell groups apart. Made by the first to ask.
+  std::vector<std::byte*> shared_regions(uint64_t key, int first_member, int n) {
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    auto& regions = shared_[{key, first_member}];
+    if (regions.empty())
+      for (int i = 0; i < n; ++i) {
+        regions.emplace_back(new (std::align_val_t{64}) std::byte[SharedSegment::kRegionBytes]);
+        std::memset(regions.back().get(), 0, SharedSegment::kRegionBytes);
+      }
+    std::vector<std::byte*> out;
+    for (auto& p : regions) out.push_back(p.get());
+    return out;
+  }
+
   void set_source(int r, std::function<RankStatus()> f) {
     std::lock_guard<std::mutex> lock(status_mu_);
     sources_[r] = std::move(f);
@@ -62,6 +77,11 @@ class ThreadHub {
   int n_;
   std::vector<std::string> hosts_;
   std::vector<std::unique_ptr<Inbox>> inboxes_;
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::mutex shared_mu_;
+  std::map<std::pair<uint64_t, int>, std::vector<std::unique_ptr<std::byte[], AlignedDelete>>> shared_;
   std::mutex status_mu_;
   std::vector<std::function<RankStatus()>> sources_;
   std::vector<std::string> notes_;
@@ -69,11 +89,25 @@ class ThreadHub {
 
 namespace {
 
+class ThreadSegment final : public SharedSegment {
+ public:
+  explicit ThreadSegment(std::vector<std::byte*> regions) : regions_(std::move(regions)) {}
+  std::byte* region(int group_rank) override { return regions_[group_rank]; }
+
+ private:
+  std::vector<std::byte*> regions_;
+};
+
 class ThreadTransport final : public Transport {
  public:
   ThreadTransport(ThreadHub& hub, uint64_t key, std::vector<int> members, int group_rank)
       : hub_(hub), key_(key), members_(std::move(members)), group_rank_(group_rank),
-        inbox_(hub.inbox(members_[group_rank])) {}
+        inbox_(hub.inbox(members_[group_rank])) {
+    bool one_host = true;
+    for (int m : members_) one_host = one_host && hub.hosts()[m] == hub.hosts()[members_[0]];
+    if (one_host) segment_ = std::make_unique<ThreadSegment>(hub.shared_regions(key_, members_[0], size()));
+  }
+  SharedSegment* shared() override { return segment_.get(); }
 
   int size() const override { return static_cast<int>(members_.size()); }
   int rank() const override { return group_rank_; }
@@ -145,6 +179,7 @@ class ThreadTransport final : public Transport {
   std::vector<int> members_;
   int group_rank_;
   Inbox& inbox_;
+  std::unique_ptr<ThreadSegment> segment_;
   uint64_t seen_version_ = 0;
   TransferId next_id_ = 1;
   std::unordered_map<TransferId, Pending> pending_;

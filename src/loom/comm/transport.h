@@ -55,6 +55,22 @@ class NativeCollectives {
                                 DType dtype) = 0;
 };
 
+// Memory every member of a one-node group can read and write: one region per member,
+// the same layout in each (Note [Shared-memory all-reduce] in algorithms.h).
+class SharedSegment {
+ public:
+  static constexpr size_t kFlagBytes = 64;            // one cache line: the member's epoch flag
+  static constexpr size_t kSlotBytes = size_t{256} << 10;  // per member per pipeline slot
+  static constexpr size_t kRegionBytes = kFlagBytes + 2 * kSlotBytes;
+  virtual ~SharedSegment() = default;
+  virtual std::byte* region(int group_rank) = 0;
+  uint64_t next_epoch() { return ++epoch_; }
+  uint64_t next_chunk() { return chunk_++; }
+
+ private:
+  uint64_t epoch_ = 0, chunk_ = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -70,6 +86,9 @@ class Transport {
   virtual void idle(Clock::time_point until) = 0;
   // Optional entry: nullptr when the backend has no collectives of its own.
   virtual NativeCollectives* native() { return nullptr; }
+  // Optional entry: the group's shared segment, or nullptr when the members do not share
+  // a node (or the backend cannot map memory between them).
+  virtual SharedSegment* shared() { return nullptr; }
 };
 
 // What one rank reports about itself when a collective is diagnosed.

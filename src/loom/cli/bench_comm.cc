@@ -48,7 +48,11 @@ std::vector<comm::OpKind> parse_ops(const std::string& text) {
 
 void run_on(comm::World& world, const comm::BenchRequest& req, const comm::PeerCollective& peer, bool json) {
   const bool printer = world.global_rank() == 0;
+  double copy_gbps = 0;
+  if (printer && !json) copy_gbps = comm::measure_copy_gbps();
+  world.world_group().barrier();
   if (printer && !json) {
+    std::printf("# one core copies %.1f GB/s here (memcpy of 256 MiB, bytes copied per second)\n", copy_gbps);
     std::printf("# loom bench comm: %d ranks on %s, dtype %s, comm.timeout_s %.0f\n", world.world_size(),
                 world.backend().name().c_str(), std::string(comm::dtype_name(req.dtype)).c_str(),
                 world.options().timeout.count() * 1e-3);
@@ -57,12 +61,13 @@ void run_on(comm::World& world, const comm::BenchRequest& req, const comm::PeerC
     std::fflush(stdout);
   }
   bool all_correct = true;
-  comm::run_comm_bench(world, req, peer, [&](const comm::BenchRow& row) {
+  const std::vector<comm::BenchRow> rows = comm::run_comm_bench(world, req, peer, [&](const comm::BenchRow& row) {
     all_correct = all_correct && row.correct;
     if (!printer) return;
     std::printf("%s\n", json ? comm::bench_row_json(row, req.dtype).c_str() : comm::bench_row_text(row).c_str());
     std::fflush(stdout);
   });
+  if (printer && !json) std::printf("%s", comm::bench_summary(rows).c_str());
   if (!all_correct) throw Error("bench comm: some results were wrong (rows with correct = NO / false)");
 }
 

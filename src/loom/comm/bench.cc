@@ -214,6 +214,45 @@ std::vector<BenchRow> run_comm_bench(World& world, const BenchRequest& req, cons
   return rows;
 }
 
+double measure_copy_gbps() {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    a[i] = b[bytes - 1 - i];  // keep the copies observable
+  }
+  return bytes / best * 1e-9;
+}
+
+std::string bench_summary(const std::vector<BenchRow>& rows) {
+  std::string out;
+  char buf[256];
+  for (const BenchRow& peer : rows) {
+    if (peer.algorithm != "mpi") continue;
+    const BenchRow* best = nullptr;
+    for (const BenchRow& r : rows)
+      if (r.op == peer.op && r.bytes == peer.bytes && r.algorithm != "mpi" && r.algorithm != "native" &&
+          (!best || r.median_us < best->median_us))
+        best = &r;
+    if (!best) continue;
+    std::snprintf(buf, sizeof buf, "# %-14s %12zu bytes: best loom %-10s %8.3f GB/s busbw = %6.2fx mpi (%8.3f GB/s)",
+                  std::string(op_name(peer.op)).c_str(), peer.bytes, best->algorithm.c_str(), best->busbw_gbps,
+                  peer.median_us / best->median_us, peer.busbw_gbps);
+    out += buf;
+    if (peer.op == OpKind::kAllReduce && peer.ranks == 2) {
+      // The bound for this machine type: one core copies ~30 GB/s, so a 2-rank
+      // shared-memory all-reduce reaches at most ~7.5-9 GB/s busbw. The upper end is used.
+      std::snprintf(buf, sizeof buf, "; %3.0f%% of the 9 GB/s memory bound", 100.0 * best->busbw_gbps / 9.0);
+      out += buf;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 std::string bench_row_json(const BenchRow& r, DType dtype) {
   nlohmann::json j = {{"op", op_name(r.op)},     {"algorithm", r.algorithm}, {"bytes", r.bytes},
                       {"count", r.count},         {"ranks", r.ranks},         {"dtype", dtype_name(dtype)},

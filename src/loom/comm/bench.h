@@ -48,6 +48,13 @@ using PeerCollective = std::function<void(OpKind op, std::span<const std::byte> 
 std::vector<BenchRow> run_comm_bench(World& world, const BenchRequest& request, const PeerCollective& peer,
                                      const std::function<void(const BenchRow&)>& on_row);
 
+// One core's memcpy bandwidth (best of 3 copies of 256 MiB), GB/s: the yardstick for the
+// memory-bandwidth bound of a shared-memory all-reduce.
+double measure_copy_gbps();
+// Rank 0's closing lines: per size, the best loom algorithm's busbw against the mpi row
+// and, for 2-rank all_reduce, against the published memory-bandwidth bound.
+std::string bench_summary(const std::vector<BenchRow>& rows);
+
 std::string bench_row_json(const BenchRow& row, DType dtype);
 std::string bench_table_header();
 std::string bench_row_text(const BenchRow& row);

@@ -65,3 +65,36 @@ TEST(Cli, RuntimeErrorsExitOneWithoutPartialCheckpoints) {
 }
 
 }  // namespace
+
+namespace {
+
+// `loom bench comm` on 3 thread ranks: every op and algorithm row is present, has the
+// JSON fields scripts rely on, and checked correct; bad flags exit 2 naming the value.
+TEST(Cli, BenchCommJsonRowsAreCompleteAndCorrect) {
+  Result r = run("bench comm --threads 3 --op all --algorithm all --sizes 4K,64K+13 --iters 2 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  int rows = 0;
+  size_t pos = 0;
+  while ((pos = r.output.find("{\"", pos)) != std::string::npos) {
+    const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+    for (const char* field : {"\"op\":", "\"algorithm\":", "\"bytes\":", "\"ranks\":3", "\"time_us\":", "\"algbw_gbps\":",
+                              "\"busbw_gbps\":"})
+      EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
+    EXPECT_NE(line.find("\"correct\":true"), std::string::npos) << line;
+    ++rows;
+    ++pos;
+  }
+  // all_reduce: auto, ring, recursive (shm is what auto picks); 4 other ops x auto; 2 sizes.
+  EXPECT_EQ(rows, 2 * (3 + 4));
+  Result bad = run("bench comm --threads 2 --sizes 4Q");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("bad size '4Q'"), std::string::npos) << bad.output;
+  bad = run("bench comm --threads 2 --algorithm fastest");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("unknown collective algorithm 'fastest'"), std::string::npos) << bad.output;
+  bad = run("bench comm --threads 2 --set comm.timeout_s=0");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("comm.timeout_s = 0"), std::string::npos) << bad.output;
+}
+
+}  // namespace

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <sstream>
+#include <tuple>
 
 namespace loom::comm {
 
@@ -115,13 +116,11 @@ RankStatus Ledger::status(int global_rank) const {
   RankStatus s;
   s.global_rank = global_rank;
   auto text = [](const LedgerEntry& e) {
-    Descriptor d;
+    Descriptor d;  // only the fields describe() prints
     d.op = e.op;
     d.dtype = e.dtype;
     d.reduce = e.reduce;
-    d.count = e.count;
-    d.root = e.root;
-    d.tag = e.tag;
+    std::tie(d.count, d.root, d.tag) = std::tie(e.count, e.root, e.tag);
     return describe(d);
   };
   if (has_last_) {

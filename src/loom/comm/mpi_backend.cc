@@ -110,31 +110,15 @@ class MpiTransport final : public Transport, public NativeCollectives {
   int rank() const override { return rank_; }
 
   TransferId isend(std::span<const std::byte> data, int peer, int tag) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Pending p;
-    size_t off = 0;
-    do {
-      const size_t n = std::min(kMaxPieceBytes, data.size() - off);
-      p.requests.emplace_back();
-      check_mpi(MPI_Isend(data.data() + off, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &p.requests.back()),
-                "MPI_Isend");
-      off += n;
-    } while (off < data.size());
-    return add(std::move(p));
+    return post(const_cast<std::byte*>(data.data()), data.size(), [&](std::byte* p, int n, MPI_Request* r) {
+      return MPI_Isend(p, n, MPI_BYTE, peer, tag, comm_, r);
+    });
   }
 
   TransferId irecv(std::span<std::byte> data, int peer, int tag) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Pending p;
-    size_t off = 0;
-    do {
-      const size_t n = std::min(kMaxPieceBytes, data.size() - off);
-      p.requests.emplace_back();
-      check_mpi(MPI_Irecv(data.data() + off, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &p.requests.back()),
-                "MPI_Irecv");
-      off += n;
-    } while (off < data.size());
-    return add(std::move(p));
+    return post(data.data(), data.size(), [&](std::byte* p, int n, MPI_Request* r) {
+      return MPI_Irecv(p, n, MPI_BYTE, peer, tag, comm_, r);
+    });
   }
 
   bool test(TransferId id) override {
@@ -209,6 +193,20 @@ class MpiTransport final : public Transport, public NativeCollectives {
     Pending p;
     p.requests.emplace_back();
     check_mpi(f(&p.requests.back()), "native MPI collective");
+    return add(std::move(p));
+  }
+  // Starts one transfer as pieces of at most kMaxPieceBytes (an empty one still posts once).
+  template <typename Start>
+  TransferId post(std::byte* data, size_t bytes, Start&& start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending p;
+    size_t off = 0;
+    do {
+      const size_t n = std::min(kMaxPieceBytes, bytes - off);
+      p.requests.emplace_back();
+      check_mpi(start(data + off, static_cast<int>(n), &p.requests.back()), "starting a point-to-point transfer");
+      off += n;
+    } while (off < bytes);
     return add(std::move(p));
   }
   TransferId add(Pending p) {

@@ -227,3 +227,60 @@ TEST(MeshGroups, SumsOverEachAxisMatchTheMembers) {
 
 }  // namespace
 }  // namespace loom::comm
+
+namespace loom::comm {
+namespace {
+
+// Ranks pretending to sit on several hosts: the hierarchical all-reduce (node all-reduce,
+// ring among node leaders, node broadcast) matches the closed forms, gives every rank the
+// same bits, and is what `auto` picks when a node holds more than one member.
+TEST(Hierarchical, MatchesClosedFormsOnUnevenAndInterleavedNodes) {
+  const std::vector<std::vector<std::string>> layouts = {
+      {"a", "a", "b", "b"}, {"a", "a", "a", "b", "b"}, {"a", "b", "a", "b", "c", "c"}, {"a", "b", "c"}};
+  for (const auto& hosts : layouts) {
+    const int n = static_cast<int>(hosts.size());
+    std::vector<std::vector<float>> results(n);
+    const auto errors = run_threads(
+        n, fast_options(),
+        [&](World& w) {
+          Group& g = w.world_group();
+          const int r = w.global_rank();
+          for (size_t count : {size_t(0), size_t(1), size_t(13), size_t(70001)}) {
+            std::vector<float> x = closed_form_input<float>(r, count);
+            g.all_reduce(std::span(x), ReduceOp::kSum, {Algorithm::kHierarchical});
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], n * (n + 1) / 2 * float(i % 7 + 1));
+            std::vector<double> y = closed_form_input<double>(r, count);
+            g.all_reduce(std::span(y), ReduceOp::kAvg);  // auto
+            for (size_t i = 0; i < count; ++i) ASSERT_DOUBLE_EQ(y[i], (n + 1) / 2.0 * double(i % 7 + 1));
+            std::vector<int32_t> z = closed_form_input<int32_t>(r, count);
+            g.all_reduce(std::span(z), ReduceOp::kMax, {Algorithm::kHierarchical});
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(z[i], n * int(i % 7 + 1));
+          }
+          std::vector<float> noise(5003);
+          for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(float(i * (r + 3)));
+          g.all_reduce(std::span(noise));
+          results[r] = noise;
+          const bool one_per_node = hosts.size() == 3;
+          EXPECT_EQ(w.ledger().entries().back().algorithm, one_per_node ? Algorithm::kRecursive : Algorithm::kHierarchical);
+        },
+        hosts);
+    for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " of " << n;
+    for (int r = 1; r < n; ++r) EXPECT_EQ(results[r], results[0]) << "rank " << r << " of " << n;
+  }
+}
+
+TEST(Hierarchical, RefusedInsideOneNode) {
+  const auto errors = run_threads(2, fast_options(), [](World& w) {
+    float x = 1;
+    try {
+      w.world_group().all_reduce(std::span(&x, 1), ReduceOp::kSum, {Algorithm::kHierarchical});
+      ADD_FAILURE() << "hierarchical ran inside one node";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs a group spanning several nodes"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+}
+
+}  // namespace
+}  // namespace loom::comm

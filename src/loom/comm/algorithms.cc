@@ -310,4 +310,14 @@ void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_
   }
 }
 
+void hierarchical_all_reduce(Link& intra, Link* inter, std::span<std::byte> buf, size_t count, DType dtype,
+                             ReduceOp op, int group_size) {
+  const ReduceOp step_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  if (SharedSegment* seg = intra.transport().shared()) shm_all_reduce(intra, *seg, buf, count, dtype, step_op);
+  else recursive_all_reduce(intra, buf, count, dtype, step_op);
+  if (inter != nullptr) ring_all_reduce(*inter, buf, count, dtype, step_op);
+  tree_broadcast(intra, buf.first(count * dtype_bytes(dtype)), 0);
+  if (op == ReduceOp::kAvg) divide(dtype, buf.data(), count, group_size);
+}
+
 }  // namespace loom::comm

@@ -102,4 +102,11 @@ void dissemination_barrier(Link& l);
 // memory: a member stores its epoch and waits until every flag reaches it.
 void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
 
+// All-reduce over members on several nodes: all-reduce inside the node (shm when the node
+// shares memory, else recursive), ring all-reduce among node leaders (intra rank 0; `inter`
+// is non-null on leaders only), broadcast from the leader inside the node. avg divides by
+// `group_size` at the end on every member (same input, same bits).
+void hierarchical_all_reduce(Link& intra, Link* inter, std::span<std::byte> buf, size_t count, DType dtype,
+                             ReduceOp op, int group_size);
+
 }  // namespace loom::comm

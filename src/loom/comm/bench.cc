@@ -163,9 +163,15 @@ std::vector<BenchRow> run_comm_bench(World& world, const BenchRequest& req, cons
   for (OpKind op : req.ops) {
     std::vector<std::string> algorithms = req.algorithms;
     if (algorithms.size() == 1 && algorithms[0] == "all") {
+      const Group& g = world.world_group();
       algorithms = {"auto"};
-      if (op == OpKind::kAllReduce) algorithms = {"auto", "ring", "recursive"};
-      if (world.backend().name() == "mpi" && req.dtype != DType::kBF16) algorithms.push_back("native");
+      if (op == OpKind::kAllReduce) {
+        if (g.has_shared_memory()) algorithms.push_back("shm");
+        if (g.nodes() > 1) algorithms.push_back("hierarchical");
+        algorithms.push_back("ring");
+        algorithms.push_back("recursive");
+      }
+      if (g.has_native() && req.dtype != DType::kBF16) algorithms.push_back("native");
       if (peer && req.dtype != DType::kBF16) algorithms.push_back("mpi");
     }
     for (const std::string& algorithm : algorithms) {

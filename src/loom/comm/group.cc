@@ -29,8 +29,9 @@ bool Work::done() const {
   return state_->done;
 }
 
-Group::Group(World& world, std::string name, std::vector<int> members, std::unique_ptr<Transport> transport)
-    : world_(world), name_(std::move(name)), members_(std::move(members)), transport_(std::move(transport)) {
+Group::Group(World& world, std::string name, std::vector<int> members, GroupTransports transports)
+    : world_(world), name_(std::move(name)), members_(std::move(members)), transport_(std::move(transports.main)),
+      intra_(std::move(transports.intra)), inter_(std::move(transports.inter)), nodes_(transports.nodes) {
   LOOM_ASSERT(transport_ != nullptr, "group ", name_, " made without a transport");
   group_rank_ = transport_->rank();
   LOOM_ASSERT(members_.at(group_rank_) == world_.global_rank(), "group ", name_, " rank mismatch");
@@ -164,12 +165,15 @@ void Group::validate(const Descriptor& d) const {
                  "memory; this group spans nodes or the ", world_.backend().name(), " backend cannot share memory");
       break;
     case Algorithm::kHierarchical:
-      throw Error(detail::cat(where(), "algorithm ", algorithm_name(d.algorithm),
-                              " is not built yet; use ring, recursive, native or auto"));
+      LOOM_CHECK(d.op == OpKind::kAllReduce, where(), "algorithm hierarchical is offered for all_reduce only; use auto");
+      LOOM_CHECK(intra_ != nullptr, where(), "algorithm hierarchical needs a group spanning several nodes; all ",
+                 size(), " members are on one host (use shm)");
+      break;
   }
 }
 
 // Note [Algorithm choice]
+// Groups spanning nodes with more than one member per node use the hierarchical all-reduce.
 // Inside one node the shared-memory all-reduce wins at every size: a barrier costs two
 // cache-line transfers instead of a message, and each byte crosses memory about 3 times.
 // Recursive halving/doubling takes 2 log2(p) latency steps and the same 2 (p-1)/p x bytes
@@ -182,6 +186,9 @@ Algorithm Group::choose(const Descriptor& d) const {
   if (d.op != OpKind::kAllReduce) return Algorithm::kRing;  // the op's own algorithm
   if (transport_->shared() != nullptr) return Algorithm::kShm;
   const int n = size();
+  // Across nodes with several members per node: the slow links carry each byte once per
+  // direction (vs 2 (p-1)/p for a flat ring), at the cost of two intra-node steps.
+  if (intra_ != nullptr && nodes_ < n) return Algorithm::kHierarchical;
   const bool pof2 = (n & (n - 1)) == 0;
   const size_t bytes = d.count * dtype_bytes(d.dtype);
   if (pof2 || bytes < (256u << 10) || d.count < static_cast<size_t>(n)) return Algorithm::kRecursive;

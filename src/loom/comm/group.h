@@ -62,9 +62,17 @@ P2POp irecv_op(std::span<T> data, int peer, int tag) {
   return {false, peer, tag, dtype_of<T>, data.size(), {}, std::as_writable_bytes(data)};
 }
 
+// The transports of one group. When the members span several nodes, `intra` connects the
+// members on this rank's node and `inter` the first member of every node (set on those
+// "leaders" only); both are null for a group inside one node.
+struct GroupTransports {
+  std::unique_ptr<Transport> main, intra, inter;
+  int nodes = 1;  // distinct hosts among the members
+};
+
 class Group {
  public:
-  Group(World& world, std::string name, std::vector<int> members, std::unique_ptr<Transport> transport);
+  Group(World& world, std::string name, std::vector<int> members, GroupTransports transports);
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -74,6 +82,10 @@ class Group {
   int group_rank() const { return group_rank_; }
   int global_rank_of(int group_rank) const { return members_.at(group_rank); }
   const std::vector<int>& members() const { return members_; }
+  int nodes() const { return nodes_; }
+  // Which all-reduce algorithms this group can run besides ring/recursive.
+  bool has_shared_memory() const { return transport_->shared() != nullptr; }
+  bool has_native() const { return transport_->native() != nullptr; }
 
   // In place; avg divides by the group size (floating dtypes only).
   template <typename T>
@@ -151,7 +163,9 @@ class Group {
   int group_rank_ = -1;
   int ledger_group_ = 0;
   std::unique_ptr<Transport> transport_;
-  std::vector<std::byte> scratch_;
+  std::unique_ptr<Transport> intra_, inter_;
+  int nodes_ = 1;
+  std::vector<std::byte> scratch_, intra_scratch_, inter_scratch_;
 
   struct Job {
     Descriptor d;

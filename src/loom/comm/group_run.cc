@@ -2,6 +2,7 @@
 // diagnosis a failed collective prints.
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "loom/comm/algorithms.h"
@@ -58,10 +59,18 @@ void Group::execute(Descriptor& d, Ledger::Issued issued) {
   const Algorithm algorithm = choose(d);
   world_.ledger().start(issued.seq, algorithm);
   const Clock::time_point start = Clock::now();
-  Link link(*transport_, start + world_.options().timeout, [this] { world_.backend().serve(); }, scratch_);
+  const Clock::time_point deadline = start + world_.options().timeout;
+  Link link(*transport_, deadline, [this] { world_.backend().serve(); }, scratch_);
   try {
     if (world_.options().check_desync && !is_p2p(d.op)) check_desync(d, issued.group_seq, link);
-    dispatch(d, algorithm, link);
+    if (algorithm == Algorithm::kHierarchical) {
+      Link intra(*intra_, deadline, [this] { world_.backend().serve(); }, intra_scratch_);
+      std::optional<Link> inter;
+      if (inter_) inter.emplace(*inter_, deadline, [this] { world_.backend().serve(); }, inter_scratch_);
+      hierarchical_all_reduce(intra, inter ? &*inter : nullptr, d.out, d.count, d.dtype, d.reduce, size());
+    } else {
+      dispatch(d, algorithm, link);
+    }
   } catch (const CommError& e) {
     // Diagnose while the ledger still shows this call running, then record the failure.
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();

@@ -226,8 +226,9 @@ std::unique_ptr<Backend> make_thread_backend(std::shared_ptr<ThreadHub> hub, int
 
 void mark_thread_exited(ThreadHub& hub, int global_rank, const std::string& note) { hub.set_note(global_rank, note); }
 
-std::vector<std::string> run_threads(int n, const CommOptions& options, const std::function<void(World&)>& fn) {
-  auto hub = make_thread_hub(n);
+std::vector<std::string> run_threads(int n, const CommOptions& options, const std::function<void(World&)>& fn,
+                                     std::vector<std::string> hosts) {
+  auto hub = make_thread_hub(n, std::move(hosts));
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)

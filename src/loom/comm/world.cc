@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <sstream>
 
 namespace loom::comm {
@@ -12,6 +13,7 @@ World::World(std::unique_ptr<Backend> backend, CommOptions options)
   global_rank_ = backend_->global_rank();
   world_size_ = backend_->world_size();
   backend_->set_status_source([this] { return status(); });
+  hosts_ = backend_->hosts();
   std::vector<int> all(world_size_);
   for (int r = 0; r < world_size_; ++r) all[r] = r;
   world_group_ = group({all}, "world");
@@ -54,7 +56,39 @@ std::unique_ptr<Group> World::group(const std::vector<std::vector<int>>& partiti
     }
   LOOM_CHECK(mine >= 0, "group ", label, ": rank ", global_rank_, " is in none of the groups");
   const std::string name = group_name(label, mine, partition[mine]);
-  std::unique_ptr<Transport> t = backend_->make_transport(partition, name);
+  GroupTransports t;
+  t.main = backend_->make_transport(partition, name);
+  // Groups spanning hosts also get per-node and per-leader transports. Every rank knows
+  // every host, so all ranks agree on whether these (world-collective) calls happen.
+  bool any_spans = false;
+  std::vector<std::vector<int>> by_node, leaders;
+  for (size_t gi = 0; gi < partition.size(); ++gi) {
+    std::vector<std::string> seen;
+    std::vector<std::vector<int>> nodes;
+    for (int r : partition[gi]) {
+      const size_t k = std::find(seen.begin(), seen.end(), hosts_[r]) - seen.begin();
+      if (k == seen.size()) {
+        seen.push_back(hosts_[r]);
+        nodes.emplace_back();
+      }
+      nodes[k].push_back(r);
+    }
+    any_spans = any_spans || nodes.size() > 1;
+    if (static_cast<int>(gi) == mine) t.nodes = static_cast<int>(nodes.size());
+    leaders.emplace_back();
+    for (auto& node : nodes) {
+      leaders.back().push_back(node[0]);
+      by_node.push_back(std::move(node));
+    }
+  }
+  if (any_spans) {
+    std::unique_ptr<Transport> intra = backend_->make_transport(by_node, name + "/node");
+    std::unique_ptr<Transport> inter = backend_->make_transport(leaders, name + "/leaders");
+    if (t.nodes > 1) {
+      t.intra = std::move(intra);
+      t.inter = std::move(inter);
+    }
+  }
   return std::make_unique<Group>(*this, name, partition[mine], std::move(t));
 }
 

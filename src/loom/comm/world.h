@@ -43,17 +43,21 @@ class World {
   std::unique_ptr<Group> group(const std::vector<std::vector<int>>& partition, const std::string& label);
   // All ranks, made at construction.
   Group& world_group() { return *world_group_; }
+  const std::vector<std::string>& hosts() const { return hosts_; }
 
  private:
   std::unique_ptr<Backend> backend_;
   CommOptions options_;
   Ledger ledger_;
   int global_rank_ = 0, world_size_ = 1;
+  std::vector<std::string> hosts_;  // host of every global rank
   std::unique_ptr<Group> world_group_;
 };
 
 // Runs fn(world) on n threads, each with its own World over one in-process thread
 // backend. Returns one entry per rank: empty if fn returned, else the error text.
-std::vector<std::string> run_threads(int n, const CommOptions& options, const std::function<void(World&)>& fn);
+// `hosts` (one per rank) makes ranks pretend to sit on different nodes.
+std::vector<std::string> run_threads(int n, const CommOptions& options, const std::function<void(World&)>& fn,
+                                     std::vector<std::string> hosts = {});
 
 }  // namespace loom::comm

@@ -81,6 +81,7 @@ TEST(Cli, BenchCommJsonRowsAreCompleteAndCorrect) {
                               "\"busbw_gbps\":"})
       EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
     EXPECT_NE(line.find("\"correct\":true"), std::string::npos) << line;
+    EXPECT_NE(line.find("\"iters\":2,"), std::string::npos) << line;
     ++rows;
     ++pos;
   }

@@ -88,6 +88,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   else if (a.dtype == "bf16") req.dtype = comm::DType::kBF16;
   else throw ConfigError("--dtype must be f32 or bf16, got '" + a.dtype + "'");
   LOOM_CHECK(a.iters >= 0, "--iters must be >= 0, got ", a.iters);
+  req.iters = a.iters;
   if (a.threads > 0) {
     std::vector<std::string> errors = comm::run_threads(a.threads, options, [&](comm::World& w) {
       run_on(w, req, nullptr, a.json);

@@ -85,8 +85,8 @@ TEST(Cli, BenchCommJsonRowsAreCompleteAndCorrect) {
     ++rows;
     ++pos;
   }
-  // all_reduce: auto, shm, ring, recursive; 4 other ops x auto; 2 sizes.
-  EXPECT_EQ(rows, 2 * (4 + 4));
+  // all_reduce: auto, shm, ring, recursive, ring+bf16, ring+int8; 4 other ops x auto; 2 sizes.
+  EXPECT_EQ(rows, 2 * (6 + 4));
   Result bad = run("bench comm --threads 2 --sizes 4Q");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("bad size '4Q'"), std::string::npos) << bad.output;

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "loom/comm/algorithms.h"
 #include "loom/comm/world.h"
 
 namespace loom::comm {
@@ -278,6 +279,78 @@ TEST(Hierarchical, RefusedInsideOneNode) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("needs a group spanning several nodes"), std::string::npos) << e.what();
     }
+  });
+  EXPECT_EQ(errors[0], "");
+}
+
+}  // namespace
+}  // namespace loom::comm
+
+namespace loom::comm {
+namespace {
+
+// Compressed payloads: every rank gets the same bits, within the documented error of the
+// exact sum (bf16: 8 significant bits per hop; int8: scale / 2 per value per hop).
+class Compressed : public ::testing::TestWithParam<std::tuple<int, Compression>> {};
+
+TEST_P(Compressed, ErrorStaysWithinThePerHopBoundAndRanksAgree) {
+  const auto [n, c] = GetParam();
+  const size_t count = 3 * kQuantBlock * n + 17;
+  std::vector<std::vector<float>> results(n);
+  const unsigned seed = std::random_device{}();
+  auto input = [&](int r) {
+    std::mt19937 rng(seed + r);
+    std::normal_distribution<float> dist;
+    std::vector<float> x(count);
+    for (float& v : x) v = dist(rng);
+    return x;
+  };
+  expect_no_errors(run_threads(n, fast_options(), [&, c = c](World& w) {
+    std::vector<float> x = input(w.global_rank());
+    w.world_group().all_reduce(std::span(x), ReduceOp::kSum, {.compression = c});
+    results[w.global_rank()] = x;
+  }));
+  double abs_max = 0;  // largest partial sum magnitude bounds every block's scale
+  std::vector<double> exact(count, 0.0), abs_sum(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const std::vector<float> x = input(r);
+    for (size_t i = 0; i < count; ++i) {
+      exact[i] += x[i];
+      abs_sum[i] += std::fabs(x[i]);
+    }
+  }
+  for (double a : abs_sum) abs_max = std::max(abs_max, a);
+  for (int r = 1; r < n; ++r) ASSERT_EQ(results[r], results[0]) << "rank " << r;
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double err = std::fabs(results[0][i] - exact[i]);
+    const double bound = c == Compression::kBF16 ? n * std::ldexp(abs_sum[i], -8) + 1e-6 : n * abs_max / 254 + 1e-6;
+    ASSERT_LE(err, bound) << "element " << i << " seed " << seed;
+    worst = std::max(worst, err / abs_max);
+  }
+  if (n > 1) {
+    EXPECT_GT(worst, 0) << "compression changed nothing: is it running?";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Compressed,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
+                                            ::testing::Values(Compression::kBF16, Compression::kInt8)),
+                         [](const auto& info) {
+                           return std::string(compression_name(std::get<1>(info.param))) + "_" +
+                                  std::to_string(std::get<0>(info.param));
+                         });
+
+TEST(Compressed, OnlyF32SumOrAvgOnTheRing) {
+  const auto errors = run_threads(2, fast_options(), [](World& w) {
+    std::vector<double> d(10);
+    std::vector<float> f(10);
+    EXPECT_THROW(w.world_group().all_reduce(std::span(d), ReduceOp::kSum, {.compression = Compression::kInt8}), Error);
+    EXPECT_THROW(w.world_group().all_reduce(std::span(f), ReduceOp::kMax, {.compression = Compression::kBF16}), Error);
+    EXPECT_THROW(w.world_group().all_reduce(std::span(f), ReduceOp::kSum,
+                                            {.algorithm = Algorithm::kShm, .compression = Compression::kBF16}),
+                 Error);
+    w.world_group().all_reduce(std::span(f), ReduceOp::kAvg, {.compression = Compression::kBF16});
   });
   EXPECT_EQ(errors[0], "");
 }

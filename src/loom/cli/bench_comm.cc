@@ -82,7 +82,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   req.ops = parse_ops(a.op);
   req.algorithms = split(a.algorithm);
   for (const std::string& alg : req.algorithms)
-    if (alg != "all" && alg != "mpi") comm::parse_algorithm(alg);  // throws on unknown names
+    if (alg != "all" && alg != "mpi") comm::parse_algorithm(alg.substr(0, alg.find('+')));  // throws on unknown
   req.sizes_bytes = comm::parse_sizes(a.sizes);
   if (a.dtype == "f32") req.dtype = comm::DType::kF32;
   else if (a.dtype == "bf16") req.dtype = comm::DType::kBF16;

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   auto* bcomm = bench->add_subcommand("comm", "Collective sweep (nccl-tests style); run under mpirun -np N");
   bcomm->add_option("--op", bc.op, "all_reduce | reduce_scatter | all_gather | broadcast | all_to_all | all")
       ->capture_default_str();
-  bcomm->add_option("--algorithm", bc.algorithm, "auto | shm | hierarchical | ring | recursive | native | mpi | all (comma list allowed)")
+  bcomm->add_option("--algorithm", bc.algorithm, "auto | shm | hierarchical | ring | recursive | native | mpi | ring+bf16 | ring+int8 | all (comma list)")
       ->capture_default_str();
   bcomm->add_option("--sizes", bc.sizes, "bytes with K/M/G suffixes and optional +N, e.g. 4K,1M,7M+13")
       ->capture_default_str();

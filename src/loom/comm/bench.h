@@ -24,7 +24,9 @@ double bus_factor(OpKind op, int ranks);
 
 struct BenchRequest {
   std::vector<OpKind> ops;
-  std::vector<std::string> algorithms;  // "all", or names: auto, ring, recursive, native, mpi
+  // "all", or names: auto, shm, hierarchical, ring, recursive, native, mpi; an f32
+  // all_reduce may add a payload compression: "ring+bf16", "ring+int8".
+  std::vector<std::string> algorithms;
   std::vector<size_t> sizes_bytes;
   DType dtype = DType::kF32;
   int iters = 0;  // 0: as many as fit in ~0.3 s, at least 5
@@ -38,6 +40,7 @@ struct BenchRow {
   double median_us = 0, min_us = 0, max_us = 0;
   double algbw_gbps = 0, busbw_gbps = 0;
   bool correct = false;
+  double max_rel_error = 0;  // max |got - exact| / max sum|x|; nonzero only with compression
 };
 
 // The library's own blocking collective on the whole world (the "mpi" rows).

@@ -140,6 +140,13 @@ void Group::validate(const Descriptor& d) const {
       break;
     case OpKind::kBarrier: break;
   }
+  if (d.compression != Compression::kNone) {
+    LOOM_CHECK(d.op == OpKind::kAllReduce && d.dtype == DType::kF32 && d.reduce != ReduceOp::kMax, where(),
+               "compression ", compression_name(d.compression), " is offered for f32 all_reduce sum/avg only");
+    LOOM_CHECK(d.algorithm == Algorithm::kAuto || d.algorithm == Algorithm::kRing, where(), "compression ",
+               compression_name(d.compression), " runs on the ring; algorithm ", algorithm_name(d.algorithm),
+               " cannot carry it");
+  }
   if (d.op == OpKind::kSend) check_size(d.in, bytes, "the message");
   if (d.op == OpKind::kRecv) check_size(d.out, bytes, "the buffer");
   const bool has_native = transport_->native() != nullptr;
@@ -183,7 +190,7 @@ void Group::validate(const Descriptor& d) const {
 // (2 (p-1) vs 2 log2 p + 2 steps at ~5 us each vs 256 KiB / ~10 GB/s ~ 25 us).
 Algorithm Group::choose(const Descriptor& d) const {
   if (d.algorithm != Algorithm::kAuto) return d.algorithm;
-  if (d.op != OpKind::kAllReduce) return Algorithm::kRing;  // the op's own algorithm
+  if (d.op != OpKind::kAllReduce || d.compression != Compression::kNone) return Algorithm::kRing;
   if (transport_->shared() != nullptr) return Algorithm::kShm;
   const int n = size();
   // Across nodes with several members per node: the slow links carry each byte once per
@@ -197,6 +204,7 @@ Algorithm Group::choose(const Descriptor& d) const {
 
 Work Group::submit(Descriptor d, CallOptions o) {
   if (o.algorithm != Algorithm::kAuto) d.algorithm = o.algorithm;
+  d.compression = o.compression;
   validate(d);
   {
     std::lock_guard<std::mutex> lock(mu_);

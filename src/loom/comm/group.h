@@ -32,6 +32,7 @@ class World;
 struct CallOptions {
   Algorithm algorithm = Algorithm::kAuto;
   bool async = false;
+  Compression compression = Compression::kNone;  // f32 all_reduce only; runs the ring
 };
 
 class Work {

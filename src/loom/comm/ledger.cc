@@ -19,6 +19,7 @@ std::string describe(const Descriptor& d) {
       if (d.op == OpKind::kAllReduce || d.op == OpKind::kReduceScatter || d.op == OpKind::kReduce)
         os << " " << reduce_name(d.reduce);
       if (d.op == OpKind::kBroadcast || d.op == OpKind::kReduce) os << " root " << d.root;
+      if (d.compression != Compression::kNone) os << " as " << compression_name(d.compression);
   }
   return os.str();
 }

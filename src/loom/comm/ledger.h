@@ -38,6 +38,7 @@ struct Descriptor {
   DType dtype = DType::kF32;
   ReduceOp reduce = ReduceOp::kSum;
   Algorithm algorithm = Algorithm::kAuto;
+  Compression compression = Compression::kNone;
   size_t count = 0;
   int root = 0;   // broadcast/reduce: group rank of the root; send/recv: the peer
   int tag = 0;    // send/recv only

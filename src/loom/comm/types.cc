@@ -71,6 +71,15 @@ std::string_view op_name(OpKind op) {
   return "?";
 }
 
+std::string_view compression_name(Compression c) {
+  switch (c) {
+    case Compression::kNone: return "none";
+    case Compression::kBF16: return "bf16";
+    case Compression::kInt8: return "int8";
+  }
+  return "?";
+}
+
 std::string_view algorithm_name(Algorithm a) {
   switch (a) {
     case Algorithm::kAuto: return "auto";

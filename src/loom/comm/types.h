@@ -24,6 +24,10 @@ enum class OpKind : uint8_t {
 // kAuto asks the cost model; kNative is the backend library's own collective (MPI).
 enum class Algorithm : uint8_t { kAuto, kRing, kRecursive, kShm, kHierarchical, kNative };
 
+// Reduced-precision payloads for an f32 all_reduce (Note [Compressed all-reduce]).
+enum class Compression : uint8_t { kNone, kBF16, kInt8 };
+std::string_view compression_name(Compression c);  // "none", "bf16", "int8"
+
 size_t dtype_bytes(DType t);
 std::string_view dtype_name(DType t);    // "f32", "bf16", ...
 std::string_view reduce_name(ReduceOp r);

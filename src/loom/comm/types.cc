@@ -6,21 +6,6 @@
 
 namespace loom::comm {
 
-float bf16_to_float(bf16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-bf16 float_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return bf16{static_cast<uint16_t>(u >> 16)};
-}
-
 size_t dtype_bytes(DType t) {
   switch (t) {
     case DType::kF32: case DType::kI32: return 4;

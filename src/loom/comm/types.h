@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 namespace loom::comm {
@@ -13,8 +14,19 @@ namespace loom::comm {
 struct bf16 {
   uint16_t bits = 0;
 };
-float bf16_to_float(bf16 x);
-bf16 float_to_bf16(float x);
+inline float bf16_to_float(bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline bf16 float_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return bf16{static_cast<uint16_t>(u >> 16)};
+}
 
 enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64, kI8, kU8 };
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };

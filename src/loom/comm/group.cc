@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "loom/comm/algorithms.h"
+#include "loom/comm/cost.h"
 #include "loom/comm/world.h"
 
 namespace loom::comm {
@@ -31,7 +32,8 @@ bool Work::done() const {
 
 Group::Group(World& world, std::string name, std::vector<int> members, GroupTransports transports)
     : world_(world), name_(std::move(name)), members_(std::move(members)), transport_(std::move(transports.main)),
-      intra_(std::move(transports.intra)), inter_(std::move(transports.inter)), nodes_(transports.nodes) {
+      intra_(std::move(transports.intra)), inter_(std::move(transports.inter)), nodes_(transports.nodes),
+      per_node_(transports.per_node) {
   LOOM_ASSERT(transport_ != nullptr, "group ", name_, " made without a transport");
   group_rank_ = transport_->rank();
   LOOM_ASSERT(members_.at(group_rank_) == world_.global_rank(), "group ", name_, " rank mismatch");
@@ -180,26 +182,21 @@ void Group::validate(const Descriptor& d) const {
 }
 
 // Note [Algorithm choice]
-// Groups spanning nodes with more than one member per node use the hierarchical all-reduce.
-// Inside one node the shared-memory all-reduce wins at every size: a barrier costs two
-// cache-line transfers instead of a message, and each byte crosses memory about 3 times.
-// Recursive halving/doubling takes 2 log2(p) latency steps and the same 2 (p-1)/p x bytes
-// of traffic per rank as the ring when p is a power of two; otherwise its fold sends the
-// whole buffer once more, so the ring wins for large messages on other rank counts.
-// 256 KiB is where the fold's extra copy starts to outweigh the ring's extra steps
-// (2 (p-1) vs 2 log2 p + 2 steps at ~5 us each vs 256 KiB / ~10 GB/s ~ 25 us).
-Algorithm Group::choose(const Descriptor& d) const {
-  if (d.algorithm != Algorithm::kAuto) return d.algorithm;
-  if (d.op != OpKind::kAllReduce || d.compression != Compression::kNone) return Algorithm::kRing;
-  if (transport_->shared() != nullptr) return Algorithm::kShm;
-  const int n = size();
-  // Across nodes with several members per node: the slow links carry each byte once per
-  // direction (vs 2 (p-1)/p for a flat ring), at the cost of two intra-node steps.
-  if (intra_ != nullptr && nodes_ < n) return Algorithm::kHierarchical;
-  const bool pof2 = (n & (n - 1)) == 0;
+// all_reduce with kAuto takes the cheapest algorithm by the cost model of cost.h (shm
+// inside a node; hierarchical across nodes when a node holds several members; else
+// recursive or ring by size and rank count). Other ops have one algorithm each.
+// Compression runs on the ring. The estimate goes into the ledger beside the timing.
+Algorithm Group::choose(const Descriptor& d, double* estimate_us) const {
   const size_t bytes = d.count * dtype_bytes(d.dtype);
-  if (pof2 || bytes < (256u << 10) || d.count < static_cast<size_t>(n)) return Algorithm::kRecursive;
-  return Algorithm::kRing;
+  const GroupShape shape{size(), nodes_, per_node_, transport_->shared() != nullptr};
+  *estimate_us = 0;
+  if (d.op != OpKind::kAllReduce) return d.algorithm == Algorithm::kAuto ? Algorithm::kRing : d.algorithm;
+  if (d.compression != Compression::kNone) return Algorithm::kRing;
+  if (d.algorithm != Algorithm::kAuto) {
+    *estimate_us = all_reduce_estimate_us(d.algorithm, bytes, shape, default_cost_table());
+    return d.algorithm;
+  }
+  return cheapest_all_reduce(bytes, shape, default_cost_table(), estimate_us);
 }
 
 Work Group::submit(Descriptor d, CallOptions o) {

@@ -68,7 +68,8 @@ P2POp irecv_op(std::span<T> data, int peer, int tag) {
 // "leaders" only); both are null for a group inside one node.
 struct GroupTransports {
   std::unique_ptr<Transport> main, intra, inter;
-  int nodes = 1;  // distinct hosts among the members
+  int nodes = 1;     // distinct hosts among the members
+  int per_node = 1;  // most members on one host
 };
 
 class Group {
@@ -151,7 +152,7 @@ class Group {
   static Descriptor make(OpKind op, DType dtype, ReduceOp r, size_t count, std::span<const std::byte> in,
                          std::span<std::byte> out);
   void validate(const Descriptor& d) const;
-  Algorithm choose(const Descriptor& d) const;
+  Algorithm choose(const Descriptor& d, double* estimate_us) const;
   void execute(Descriptor& d, Ledger::Issued issued);
   void dispatch(Descriptor& d, Algorithm a, class Link& link);
   void check_desync(const Descriptor& d, uint64_t group_seq, class Link& link);
@@ -165,7 +166,7 @@ class Group {
   int ledger_group_ = 0;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Transport> intra_, inter_;
-  int nodes_ = 1;
+  int nodes_ = 1, per_node_ = 1;
   std::vector<std::byte> scratch_, intra_scratch_, inter_scratch_;
 
   struct Job {

@@ -56,8 +56,9 @@ void Group::execute(Descriptor& d, Ledger::Issued issued) {
       throw CommError(detail::cat("group ", name_, " is unusable after an earlier failure:\n", failure_));
     }
   }
-  const Algorithm algorithm = choose(d);
-  world_.ledger().start(issued.seq, algorithm);
+  double estimate_us = 0;
+  const Algorithm algorithm = choose(d, &estimate_us);
+  world_.ledger().start(issued.seq, algorithm, estimate_us);
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + world_.options().timeout;
   Link link(*transport_, deadline, [this] { world_.backend().serve(); }, scratch_);

@@ -81,10 +81,11 @@ LedgerEntry* Ledger::find(uint64_t seq) {
   return i < entries_.size() ? &entries_[i] : nullptr;
 }
 
-void Ledger::start(uint64_t seq, Algorithm resolved) {
+void Ledger::start(uint64_t seq, Algorithm resolved, double estimate_us) {
   std::lock_guard<std::mutex> lock(mu_);
   if (LedgerEntry* e = find(seq)) {
     e->algorithm = resolved;
+    e->estimate_us = estimate_us;
     e->start_us = now_us();
     e->state = LedgerEntry::State::kRunning;
   }

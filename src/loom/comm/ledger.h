@@ -65,6 +65,7 @@ struct LedgerEntry {
   int root = 0;
   int tag = 0;
   double issue_us = 0, start_us = 0, end_us = 0;  // since the ledger was made
+  double estimate_us = 0;  // the cost model's estimate for the chosen algorithm (all_reduce)
   State state = State::kQueued;
 };
 
@@ -77,7 +78,7 @@ class Ledger {
     uint64_t seq = 0, group_seq = 0;
   };
   Issued issue(int group, const Descriptor& d);
-  void start(uint64_t seq, Algorithm resolved);
+  void start(uint64_t seq, Algorithm resolved, double estimate_us = 0);
   void finish(uint64_t seq, bool ok);
   std::vector<LedgerEntry> entries() const;
   std::vector<std::string> group_names() const;

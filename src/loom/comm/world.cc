@@ -74,7 +74,10 @@ std::unique_ptr<Group> World::group(const std::vector<std::vector<int>>& partiti
       nodes[k].push_back(r);
     }
     any_spans = any_spans || nodes.size() > 1;
-    if (static_cast<int>(gi) == mine) t.nodes = static_cast<int>(nodes.size());
+    if (static_cast<int>(gi) == mine) {
+      t.nodes = static_cast<int>(nodes.size());
+      for (const auto& node : nodes) t.per_node = std::max(t.per_node, static_cast<int>(node.size()));
+    }
     leaders.emplace_back();
     for (auto& node : nodes) {
       leaders.back().push_back(node[0]);

@@ -1,0 +1,91 @@
+#include "loom/comm/cost.h"
+
+#include <cmath>
+#include <limits>
+
+namespace loom::comm {
+
+// Note [Comm cost table]
+// Measured on this machine type (2-core AMD EPYC VM, OpenMPI 4.1.4), 2026-11-22, with
+// `mpirun -np 2 loom bench comm --algorithm all` (docs/benchmarks.md):
+//   shm:   alpha 1.2 us  - 4 KiB shm all-reduce takes 2.8 us for 2 barriers + copies;
+//          10 GB/s       - shm busbw 9.5-10.9 GB/s from 256 KiB to 16 MiB.
+//   intra: alpha 5 us    - ring at 4 KiB: 10.4 us for 2 steps (OpenMPI vader);
+//          6 GB/s        - ring busbw 6.2-6.4 GB/s at 16 MiB.
+//   inter: alpha 60 us   - recursive 4 KiB across two veth namespaces: ~113 us for 2 steps;
+//          1.0 GB/s      - ring across the unshaped veth pair, 64 MiB: 0.78 GB/s busbw
+//                          with 4 ranks on 2 cores (CPU-bound; a real 10 GbE link is 1.25).
+const CommCostTable& default_cost_table() {
+  static const CommCostTable table{{1.2, 10.0}, {5.0, 6.0}, {60.0, 1.0}};
+  return table;
+}
+
+namespace {
+
+constexpr double kImpossible = std::numeric_limits<double>::infinity();
+constexpr size_t kShmSlotBytes = size_t{256} << 10;  // SharedSegment::kSlotBytes
+constexpr size_t kDoublingMaxBytes = 32 << 10;      // recursive_all_reduce's switch
+
+double us_for(double bytes, const TierCost& t) { return bytes / (t.gbps * 1e3); }  // GB/s -> bytes/us
+
+// Ring: 2 (p-1) steps, each moving bytes / p.
+double ring_us(double bytes, int p, const TierCost& t) {
+  if (p <= 1) return 0;
+  return 2.0 * (p - 1) * (t.alpha_us + us_for(bytes / p, t));
+}
+
+// Recursive: fold to a power of two q (one whole-buffer step each way when p != q), then
+// whole-vector doubling (log2 q steps of `bytes`) below 32 KiB, else halving + doubling.
+double recursive_us(double bytes, int p, const TierCost& t) {
+  if (p <= 1) return 0;
+  int q = 1, lg = 0;
+  while (q * 2 <= p) {
+    q *= 2;
+    ++lg;
+  }
+  double us = p != q ? 2 * (t.alpha_us + us_for(bytes, t)) : 0;
+  if (bytes <= kDoublingMaxBytes) return us + lg * (t.alpha_us + us_for(bytes, t));
+  return us + 2 * lg * t.alpha_us + 2.0 * (q - 1) / q * us_for(bytes, t);
+}
+
+// Shared memory: two barriers per 256 KiB chunk, and the copies at shm bandwidth.
+double shm_us(double bytes, const TierCost& t) {
+  const double chunks = std::max(1.0, std::ceil(bytes / kShmSlotBytes));
+  return 2 * chunks * t.alpha_us + us_for(bytes, t);
+}
+
+}  // namespace
+
+double all_reduce_estimate_us(Algorithm a, size_t bytes_in, const GroupShape& g, const CommCostTable& t) {
+  const double bytes = static_cast<double>(bytes_in);
+  const TierCost& p2p = g.nodes > 1 ? t.inter : t.intra;  // the slowest link sets a flat algorithm's pace
+  switch (a) {
+    case Algorithm::kShm: return g.shared_memory ? shm_us(bytes, t.shm) : kImpossible;
+    case Algorithm::kRing: return ring_us(bytes, g.ranks, p2p);
+    case Algorithm::kRecursive: return recursive_us(bytes, g.ranks, p2p);
+    case Algorithm::kHierarchical: {
+      if (g.nodes <= 1 || g.per_node <= 1) return kImpossible;  // one member per node: it is the ring
+      // Node all-reduce (shm), ring among leaders, binomial broadcast inside the node.
+      const double local = g.per_node > 1 ? shm_us(bytes, t.shm) : 0;
+      const double bcast = std::ceil(std::log2(std::max(1, g.per_node))) * (t.intra.alpha_us + us_for(bytes, t.intra));
+      return local + ring_us(bytes, g.nodes, t.inter) + bcast;
+    }
+    default: return kImpossible;
+  }
+}
+
+Algorithm cheapest_all_reduce(size_t bytes, const GroupShape& g, const CommCostTable& t, double* us) {
+  Algorithm best = Algorithm::kRing;
+  double best_us = kImpossible;
+  for (Algorithm a : {Algorithm::kShm, Algorithm::kHierarchical, Algorithm::kRecursive, Algorithm::kRing}) {
+    const double e = all_reduce_estimate_us(a, bytes, g, t);
+    if (e < best_us) {
+      best_us = e;
+      best = a;
+    }
+  }
+  if (us) *us = best_us;
+  return best;
+}
+
+}  // namespace loom::comm

@@ -67,7 +67,8 @@ void compressed_ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count,
   if (n == 1) return;
   float* data = reinterpret_cast<float*>(buf.data());
   const int right = mod(r + 1, n), left = mod(r - 1, n);
-  const size_t max_chunk = chunk_of(count, n, 0).count, wire = compressed_bytes(c, max_chunk);
+  const size_t max_chunk = chunk_of(count, n, 0).count;
+  const size_t wire = (compressed_bytes(c, max_chunk) + 63) / 64 * 64;  // keeps scales and floats aligned
   // Scratch: outgoing wire | incoming wire | one decompressed chunk.
   const std::span<std::byte> s = l.scratch(2 * wire + max_chunk * 4);
   std::byte* out_wire = s.data();

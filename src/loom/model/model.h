@@ -28,6 +28,7 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   const Kernels& ops() const { return k_; }
+  // The layers point into these buffers: copy new values in, never reassign or resize.
   std::vector<float>& params() { return params_; }
   const std::vector<float>& params() const { return params_; }
   std::vector<float>& grads() { return grads_; }

@@ -20,7 +20,9 @@ std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) 
   CheckpointData ck = load_checkpoint(checkpoint_dir);
   const ModelConfig& mc = ck.config.model;
   Model model(mc, 1, mc.ctx);
-  model.params() = std::move(ck.params);
+  LOOM_CHECK(ck.params.size() == model.params().size(), checkpoint_dir, ": the checkpoint holds ", ck.params.size(),
+             " parameters but its config describes ", model.params().size());
+  std::copy(ck.params.begin(), ck.params.end(), model.params().begin());
 
   std::vector<int32_t> seq = encode_bytes(opt.prompt);
   if (seq.empty()) seq.push_back('\n');  // an empty prompt starts a fresh line

@@ -44,9 +44,14 @@ class Link {
   // Spins (yielding) until ready() is true; CommTimeout at the deadline naming `peer`.
   template <typename Ready>
   void spin_until(Ready&& ready, const char* what, int peer) {
+    // Pure spinning first (a peer a few microseconds behind costs nothing extra; a
+    // sched_yield costs ~1 us on this VM), then yield so oversubscribed ranks progress.
     for (int spins = 0; !ready(); ++spins) {
       if ((spins & 1023) == 1023) poll_deadline(what, peer);
-      if (spins > 64) std::this_thread::yield();
+      if (spins > 20000) std::this_thread::yield();
+#if defined(__x86_64__)
+      else __builtin_ia32_pause();
+#endif
     }
   }
 
@@ -88,6 +93,8 @@ void tree_reduce(Link& l, std::span<const std::byte> in, std::span<std::byte> ou
 // in/out: size blocks of block_bytes; block j of in goes to rank j, block i of out came from rank i.
 void pairwise_all_to_all(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t block_bytes);
 void dissemination_barrier(Link& l);
+// Barrier through epoch flags in the group's shared segment (one node).
+void shm_barrier(Link& l, SharedSegment& seg);
 
 // Note [Shared-memory all-reduce]
 // Members of a one-node group share regions [flag | slot 0 | slot 1]. The buffer is cut

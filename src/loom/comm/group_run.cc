@@ -125,7 +125,9 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
     case OpKind::kAllToAll: return pairwise_all_to_all(link, d.in, d.out, block);
     case OpKind::kSend: return link.send(d.in, d.root, d.tag);
     case OpKind::kRecv: return link.recv(d.out, d.root, d.tag);
-    case OpKind::kBarrier: return dissemination_barrier(link);
+    case OpKind::kBarrier:
+      if (SharedSegment* seg = transport_->shared()) return shm_barrier(link, *seg);
+      return dissemination_barrier(link);
     case OpKind::kSendRecvBatch: {
       std::vector<TransferId> ids;
       for (const P2POp& p : d.batch)

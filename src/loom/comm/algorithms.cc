@@ -273,13 +273,19 @@ std::atomic<uint64_t>& flag_of(SharedSegment& seg, int r) {
 
 }  // namespace
 
+void SharedSegment::set_members(int members) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  spin_limit_ = cores != 0 && static_cast<unsigned>(members) > cores ? 64 : 20000;
+}
+
 void shm_barrier(Link& l, SharedSegment& seg) {
   const uint64_t epoch = seg.next_epoch();
   const int n = l.size();
   flag_of(seg, l.rank()).store(epoch, std::memory_order_release);
   for (int j = 0; j < n; ++j) {
     std::atomic<uint64_t>& f = flag_of(seg, j);
-    l.spin_until([&] { return f.load(std::memory_order_acquire) >= epoch; }, "shared-memory barrier", j);
+    l.spin_until([&] { return f.load(std::memory_order_acquire) >= epoch; }, "shared-memory barrier", j,
+                 seg.spin_limit());
   }
 }
 

@@ -43,12 +43,12 @@ class Link {
   std::span<std::byte> scratch(size_t bytes);
   // Spins (yielding) until ready() is true; CommTimeout at the deadline naming `peer`.
   template <typename Ready>
-  void spin_until(Ready&& ready, const char* what, int peer) {
+  void spin_until(Ready&& ready, const char* what, int peer, int spin_limit = 64) {
     // Pure spinning first (a peer a few microseconds behind costs nothing extra; a
     // sched_yield costs ~1 us on this VM), then yield so oversubscribed ranks progress.
     for (int spins = 0; !ready(); ++spins) {
       if ((spins & 1023) == 1023) poll_deadline(what, peer);
-      if (spins > 20000) std::this_thread::yield();
+      if (spins > spin_limit) std::this_thread::yield();
 #if defined(__x86_64__)
       else __builtin_ia32_pause();
 #endif

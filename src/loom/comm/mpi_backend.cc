@@ -91,9 +91,19 @@ class MpiTransport final : public Transport, public NativeCollectives {
     int node_size = 0;
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
+    // Processes on this node in the whole job (not just this group) compete for its cores.
+    int local_ranks = 0;
+    MPI_Comm world_node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &world_node),
+              "MPI_Comm_split_type");
+    MPI_Comm_size(world_node, &local_ranks);
+    MPI_Comm_free(&world_node);
     int one_node = node_size == size_ ? 1 : 0;
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
-    if (one_node) segment_ = std::make_unique<MpiSegment>(comm_, size_);
+    if (one_node) {
+      segment_ = std::make_unique<MpiSegment>(comm_, size_);
+      segment_->set_members(local_ranks);
+    }
   }
   ~MpiTransport() override {
     std::lock_guard<std::mutex> lock(mu_);

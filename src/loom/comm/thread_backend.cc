@@ -105,7 +105,11 @@ class ThreadTransport final : public Transport {
         inbox_(hub.inbox(members_[group_rank])) {
     bool one_host = true;
     for (int m : members_) one_host = one_host && hub.hosts()[m] == hub.hosts()[members_[0]];
-    if (one_host) segment_ = std::make_unique<ThreadSegment>(hub.shared_regions(key_, members_[0], size()));
+    if (one_host) {
+      segment_ = std::make_unique<ThreadSegment>(hub.shared_regions(key_, members_[0], size()));
+      // All ranks of a thread world share the process's cores.
+      segment_->set_members(hub.size());
+    }
   }
   SharedSegment* shared() override { return segment_.get(); }
 

@@ -66,9 +66,15 @@ class SharedSegment {
   virtual std::byte* region(int group_rank) = 0;
   uint64_t next_epoch() { return ++epoch_; }
   uint64_t next_chunk() { return chunk_++; }
+  // Spins a waiting member makes before yielding its core: many when every member has a
+  // core to itself, few when members outnumber cores (a spinner would hold up the peer
+  // it waits for).
+  int spin_limit() const { return spin_limit_; }
+  void set_members(int members);
 
  private:
   uint64_t epoch_ = 0, chunk_ = 0;
+  int spin_limit_ = 20000;
 };
 
 class Transport {

@@ -83,7 +83,8 @@ class MpiSegment final : public SharedSegment {
 class MpiTransport final : public Transport, public NativeCollectives {
  public:
   // Collective over comm (makes the shared window when every member is on this node).
-  MpiTransport(std::mutex& mu, MPI_Comm comm) : mu_(mu), comm_(comm) {
+  // local_ranks: processes of the whole job on this node (they compete for its cores).
+  MpiTransport(std::mutex& mu, MPI_Comm comm, int local_ranks) : mu_(mu), comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm node = MPI_COMM_NULL;
@@ -91,13 +92,7 @@ class MpiTransport final : public Transport, public NativeCollectives {
     int node_size = 0;
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
-    // Processes on this node in the whole job (not just this group) compete for its cores.
-    int local_ranks = 0;
-    MPI_Comm world_node = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &world_node),
-              "MPI_Comm_split_type");
-    MPI_Comm_size(world_node, &local_ranks);
-    MPI_Comm_free(&world_node);
+
     int one_node = node_size == size_ ? 1 : 0;
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
     if (one_node) {
@@ -252,6 +247,10 @@ class MpiBackend final : public Backend {
     MPI_Comm_rank(world_, &rank_);
     MPI_Comm_size(world_, &size_);
     set_global_rank_for_diagnostics(rank_);
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    MPI_Comm_size(node, &local_ranks_);
+    MPI_Comm_free(&node);
   }
   ~MpiBackend() override {
     if (std::uncaught_exceptions()) return;  // a failed rank must not wait in MPI_Finalize
@@ -295,7 +294,7 @@ class MpiBackend final : public Backend {
     if (comm == MPI_COMM_NULL) return nullptr;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     std::lock_guard<std::mutex> lock(mu_);
-    return std::make_unique<MpiTransport>(mu_, comm);
+    return std::make_unique<MpiTransport>(mu_, comm, local_ranks_);
   }
 
   void set_status_source(std::function<RankStatus()> source) override {
@@ -386,6 +385,7 @@ class MpiBackend final : public Backend {
   std::list<Reply> replies_;
   MPI_Comm world_ = MPI_COMM_NULL, status_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  int local_ranks_ = 1;  // processes of this job on this node
   bool owns_init_ = false;
 };
 

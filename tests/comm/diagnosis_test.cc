@@ -134,3 +134,24 @@ TEST(Diagnosis, BadArgumentsNameTheValues) {
 
 }  // namespace
 }  // namespace loom::comm
+
+namespace loom::comm {
+namespace {
+
+// Making a group starts with a bounded world barrier: a rank that never comes is named.
+TEST(Diagnosis, GroupCreationWaitsBoundedForMissingRanks) {
+  const auto errors = run_threads(2, short_timeout(), [](World& w) {
+    if (w.global_rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      return;
+    }
+    const Mesh mesh({{"dp", 2}}, 2);
+    w.group(mesh, {"dp"});
+  });
+  EXPECT_TRUE(contains(errors[0], "barrier #1 (barrier) on group world[0]{0,1} failed")) << errors[0];
+  EXPECT_TRUE(contains(errors[0], "rank 1 (group rank 1): has NOT reached it")) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+}  // namespace
+}  // namespace loom::comm

@@ -56,6 +56,9 @@ std::unique_ptr<Group> World::group(const std::vector<std::vector<int>>& partiti
     }
   LOOM_CHECK(mine >= 0, "group ", label, ": rank ", global_rank_, " is in none of the groups");
   const std::string name = group_name(label, mine, partition[mine]);
+  // Making communicators blocks inside the library with no timeout: meet first in a
+  // bounded barrier, so a rank that never arrives is diagnosed instead of hanging all.
+  if (world_group_) world_group_->barrier();
   GroupTransports t;
   t.main = backend_->make_transport(partition, name);
   // Groups spanning hosts also get per-node and per-leader transports. Every rank knows

@@ -37,7 +37,9 @@ class World {
   Backend& backend() { return *backend_; }
   RankStatus status() const { return ledger_.status(global_rank_); }
 
-  // Collective over the world: every rank makes the same groups in the same order.
+  // Collective over the world: every rank makes the same groups in the same order. Starts
+  // with a world barrier bounded by comm.timeout_s (the library's own communicator
+  // creation cannot time out).
   // The returned group is the one containing this rank, named like "dp[1]{1,5,9}".
   std::unique_ptr<Group> group(const Mesh& mesh, const std::vector<std::string>& axes);
   std::unique_ptr<Group> group(const std::vector<std::vector<int>>& partition, const std::string& label);

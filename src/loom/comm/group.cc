@@ -142,15 +142,15 @@ void Group::validate(const Descriptor& d) const {
       break;
     case OpKind::kBarrier: break;
   }
-  if (d.compression != Compression::kNone) {
-    LOOM_CHECK(d.op == OpKind::kAllReduce && d.dtype == DType::kF32 && d.reduce != ReduceOp::kMax, where(),
-               "compression ", compression_name(d.compression), " is offered for f32 all_reduce sum/avg only");
-    LOOM_CHECK(d.algorithm == Algorithm::kAuto || d.algorithm == Algorithm::kRing, where(), "compression ",
-               compression_name(d.compression), " runs on the ring; algorithm ", algorithm_name(d.algorithm),
-               " cannot carry it");
-  }
   if (d.op == OpKind::kSend) check_size(d.in, bytes, "the message");
   if (d.op == OpKind::kRecv) check_size(d.out, bytes, "the buffer");
+  validate_algorithm(d);
+}
+
+// The requested algorithm (and compression) must exist for this call on this group; none
+// is ever silently replaced by another.
+void Group::validate_algorithm(const Descriptor& d) const {
+  auto where = [&] { return detail::cat(op_name(d.op), " on group ", name_, ": "); };
   const bool has_native = transport_->native() != nullptr;
   switch (d.algorithm) {
     case Algorithm::kAuto: break;
@@ -178,6 +178,13 @@ void Group::validate(const Descriptor& d) const {
       LOOM_CHECK(intra_ != nullptr, where(), "algorithm hierarchical needs a group spanning several nodes; all ",
                  size(), " members are on one host (use shm)");
       break;
+  }
+  if (d.compression != Compression::kNone) {
+    LOOM_CHECK(d.op == OpKind::kAllReduce && d.dtype == DType::kF32 && d.reduce != ReduceOp::kMax, where(),
+               "compression ", compression_name(d.compression), " is offered for f32 all_reduce sum/avg only");
+    LOOM_CHECK(d.algorithm == Algorithm::kAuto || d.algorithm == Algorithm::kRing, where(), "compression ",
+               compression_name(d.compression), " runs on the ring; algorithm ", algorithm_name(d.algorithm),
+               " cannot carry it");
   }
 }
 

@@ -152,6 +152,7 @@ class Group {
   static Descriptor make(OpKind op, DType dtype, ReduceOp r, size_t count, std::span<const std::byte> in,
                          std::span<std::byte> out);
   void validate(const Descriptor& d) const;
+  void validate_algorithm(const Descriptor& d) const;
   Algorithm choose(const Descriptor& d, double* estimate_us) const;
   void execute(Descriptor& d, Ledger::Issued issued);
   void dispatch(Descriptor& d, Algorithm a, class Link& link);

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int64_t batch = 16;
   if (name == "A") sets = {"model.preset=tiny"}, batch = 16;
-  else if (name == "B") sets = {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6", "model.ctx=256"}, batch = 8;
+  else if (name == "B") sets = {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6", "model.ffn=1536", "model.ctx=256"}, batch = 8;
   else if (name == "C") sets = {"model.preset=gpt2", "model.ctx=256"}, batch = 4;
   else {
     std::fprintf(stderr, "usage: bench_train A|B|C [steps]\n");
@@ -53,6 +53,12 @@ int main(int argc, char** argv) {
   }
   const Config cfg = load_config("", sets);
   const ModelConfig& m = cfg.model;
+  // bench/torch_peer.py builds its MLP as 4 x d_model: both sides must run the same model.
+  if (m.ffn != 4 * m.d_model) {
+    std::fprintf(stderr, "bench_train: config %s has ffn %ld, but the PyTorch peer uses 4 x d_model = %ld\n",
+                 name.c_str(), long(m.ffn), long(4 * m.d_model));
+    return 2;
+  }
   const int64_t T = m.ctx;
   Model model(m, batch, T);
   model.init_weights(1);

@@ -80,10 +80,14 @@ inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, fl
   return std::log(z) + mx - target_logit;
 }
 
-// Rows per chunk so the (rows, V) logits stay within ~32 Mi floats (128 MiB).
+// Rows per chunk so the (rows, V) logits stay within ~32 Mi floats (128 MiB), with the
+// rows spread evenly over the chunks: a short last chunk would run the dW GEMM
+// (V x C += dlogits^T x) with a tiny inner dimension, re-reading all of dW for little work.
 int64_t head_chunk_rows(int64_t N, int64_t V) {
-  constexpr int64_t kBudgetFloats = int64_t(32) << 20;
-  return std::clamp<int64_t>(kBudgetFloats / V, 1, N);
+  constexpr int64_t kBudgetFloats = int64_t(128) << 20;
+  const int64_t cap = std::clamp<int64_t>(kBudgetFloats / V, 1, N);
+  const int64_t chunks = (N + cap - 1) / cap;
+  return (N + chunks - 1) / chunks;
 }
 
 }  // namespace

@@ -291,7 +291,7 @@ void shm_barrier(Link& l, SharedSegment& seg) {
 
 void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op) {
   const int n = l.size(), r = l.rank();
-  if (n == 1) return;
+  if (n == 1 || count == 0) return;  // every member skips alike, so the counters stay in step
   const size_t es = dtype_bytes(dtype);
   const size_t chunk_elems = SharedSegment::kSlotBytes / es;
   auto slot = [&](int member, size_t k) {

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "loom/comm/world.h"
+#include "support/error_message.h"
 
 namespace loom::comm {
 namespace {
@@ -103,14 +104,7 @@ TEST(Diagnosis, AsyncFailureIsStoredAndRethrownByWait) {
 TEST(Diagnosis, BadArgumentsNameTheValues) {
   const auto errors = run_threads(2, short_timeout(), [](World& w) {
     Group& g = w.world_group();
-    auto message = [](auto fn) {
-      try {
-        fn();
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    };
+    const auto message = [](auto fn) { return testing_support::error_message(fn); };
     std::vector<float> in(10), out(4);
     std::vector<int32_t> ints(4);
     EXPECT_TRUE(contains(message([&] { g.reduce_scatter(std::span<const float>(in), std::span(out)); }),

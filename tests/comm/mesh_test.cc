@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "support/error_message.h"
 
 namespace loom::comm {
 namespace {
@@ -122,14 +123,7 @@ TEST(Mesh, AxisOrderInRequestDoesNotMatter) {
 }
 
 TEST(Mesh, BadMeshesAreRefusedWithTheValues) {
-  auto message = [](auto fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  const auto message = [](auto fn) { return testing_support::error_message(fn); };
   EXPECT_NE(message([] { Mesh({{"dp", 2}, {"tp", 3}}, 8); }).find("covers 6 ranks but the world has 8"),
             std::string::npos);
   EXPECT_NE(message([] { Mesh({{"dp", 0}}, 1); }).find("axis dp has size 0"), std::string::npos);

@@ -25,8 +25,6 @@ constexpr size_t kDoublingMaxBytes = 32 << 10;
 // member) instead of two barriers: a barrier costs ~0.5 us, reading 16 KiB ~0.5 us.
 constexpr size_t kShmOneBarrierMaxBytes = 16 << 10;
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
 // memmove that accepts empty ranges with null pointers (zero-count collectives).
 void move_bytes(std::byte* dst, const std::byte* src, size_t n) {
   if (n && dst != src) std::memmove(dst, src, n);

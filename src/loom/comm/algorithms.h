@@ -69,6 +69,9 @@ void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* x, s
 // data[i] *= 1 / divisor (the avg step); floating dtypes only.
 void divide(DType dtype, std::byte* data, size_t count, int divisor);
 
+// a mod n in [0, n) for ring neighbours of negative offsets.
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
 // Element range of chunk i when `count` elements are cut into `parts` near-equal chunks
 // (the first count % parts chunks get one more).
 struct Chunk {

@@ -11,8 +11,6 @@ namespace {
 
 constexpr int kTagCompressed = kFirstInternalTag + 9;
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
 }  // namespace
 
 size_t compressed_bytes(Compression c, size_t count) {

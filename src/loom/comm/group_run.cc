@@ -153,7 +153,7 @@ void Group::check_desync(const Descriptor& d, uint64_t group_seq, Link& link) {
   std::vector<Fingerprint> all(n);
   all[group_rank_] = mine;
   for (int s = 0; s < n - 1; ++s) {
-    const int send = ((group_rank_ - s) % n + n) % n, recv = ((group_rank_ - s - 1) % n + n) % n;
+    const int send = mod(group_rank_ - s, n), recv = mod(group_rank_ - s - 1, n);
     link.exchange(std::as_bytes(std::span(&all[send], 1)), (group_rank_ + 1) % n,
                   std::as_writable_bytes(std::span(&all[recv], 1)), (group_rank_ + n - 1) % n, kTagDesync);
   }

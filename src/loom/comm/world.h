@@ -37,6 +37,7 @@ class World {
   Backend& backend() { return *backend_; }
   RankStatus status() const { return ledger_.status(global_rank_); }
 
+  // Groups must be destroyed before their World (they use its backend and ledger).
   // Collective over the world: every rank makes the same groups in the same order. Starts
   // with a world barrier bounded by comm.timeout_s (the library's own communicator
   // creation cannot time out).

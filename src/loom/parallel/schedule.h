@@ -1,0 +1,46 @@
+// Pipeline schedules as data (Note [Schedules as data]).
+//
+// Note [Schedules as data]
+// A schedule is, for every pipeline rank, the ordered list of steps it executes: forward
+// or backward of one micro-batch on one of its model chunks (virtual stages; chunk c of
+// rank r is virtual stage c * pp + r, as in Megatron's interleaved 1F1B). Transfers are
+// implied: a forward of virtual stage v > 0 needs the activation from v - 1, a backward of
+// v < last needs the gradient from v + 1. Generators are pure functions; validate()
+// replays the lists with blocking point-to-point semantics (a step runs once its input
+// has been produced) and either proves they finish or names the ranks that wait on each
+// other, and reports each rank's peak number of activations held (forwards whose
+// backward has not run).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::parallel {
+
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
+
+struct PipeStep {
+  bool forward = true;
+  int micro_batch = 0;
+  int chunk = 0;  // model chunk on this rank (0 unless interleaved)
+};
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  int pp = 1, vpp = 1, micro_batches = 1;
+  std::vector<std::vector<PipeStep>> steps;  // [pipeline rank] -> ordered steps
+};
+
+// Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,
+// vpp >= 2 only for interleaved (which also needs micro_batches % pp == 0).
+Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1);
+
+struct ScheduleCheck {
+  bool ok = false;
+  std::string problem;               // empty when ok: which ranks wait on what
+  std::vector<int> peak_in_flight;   // per rank: most activations held at once
+  int ticks = 0;                     // length of the replay in unit-time steps
+};
+ScheduleCheck validate(const Schedule& s);
+
+}  // namespace loom::parallel

@@ -33,9 +33,11 @@ void move_bytes(std::byte* dst, const std::byte* src, size_t n) {
 }  // namespace
 
 void Link::wait(std::span<const TransferId> ids, const char* what, int peer) {
-  bool small_done[8] = {};
+  // Completion flags: on the stack for the usual one or two transfers.
+  char small_done[8] = {};
   std::vector<char> big_done(ids.size() > 8 ? ids.size() : 0, 0);
-  auto done = [&](size_t i) -> bool& { return ids.size() > 8 ? reinterpret_cast<bool&>(big_done[i]) : small_done[i]; };
+  char* const flags = ids.size() > 8 ? big_done.data() : small_done;
+  auto done = [&](size_t i) -> char& { return flags[i]; };
   Clock::time_point next_hook = Clock::now() + std::chrono::milliseconds(10);
   for (;;) {
     bool all = true;

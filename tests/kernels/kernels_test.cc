@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "loom/kernels/cpu/ops.h"
@@ -13,7 +14,10 @@ namespace {
 
 class Rand {
  public:
-  Rand() : seed_(std::random_device{}()), rng_(seed_) {}
+  // LOOM_TEST_SEED reproduces a failure's printed seed.
+  Rand() : seed_(std::getenv("LOOM_TEST_SEED") ? uint32_t(std::stoul(std::getenv("LOOM_TEST_SEED")))
+                                               : std::random_device{}()),
+           rng_(seed_) {}
   std::vector<float> normal(size_t n, float std = 1.0f) {
     std::normal_distribution<float> d(0.0f, std);
     std::vector<float> v(n);

@@ -57,27 +57,39 @@ inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, fl
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < V; j++) mx = std::max(mx, l[j]);
   const float target_logit = l[target];
-  // z = e_target + z_other; keeping z_other apart gives the target's gradient
-  // -scale * z_other / z without the cancellation of (e_target / z - 1) when p -> 1.
-  float z_other = 0;
+  // loss = log z + mx - target with z = sum exp(l - mx) = ties + z_rest, where the `ties`
+  // entries equal to mx contribute exactly 1 each. log1p(ties - 1 + z_rest) keeps full
+  // relative precision when the model is confident (z -> 1, loss -> 0), where log of a
+  // float z rounded near 1 would lose it.
+  float z_rest = 0, ties = 0;
   if (grad) {
-#pragma omp simd reduction(+ : z_other)
+    // z_other (everything but the target) gives the target's gradient -scale * z_other / z
+    // without the cancellation of (e_target / z - 1) when p -> 1.
+    float z_other = 0;
+#pragma omp simd reduction(+ : z_other, z_rest, ties)
     for (int64_t j = 0; j < V; j++) {
+      const bool top = l[j] == mx;
       const float e = exp_approx(l[j] - mx);
       l[j] = e;
       z_other += j == target ? 0.0f : e;
+      z_rest += top ? 0.0f : e;
+      ties += top ? 1.0f : 0.0f;
     }
     const float z = z_other + l[target];
     const float k = scale / z;
 #pragma omp simd
     for (int64_t j = 0; j < V; j++) l[j] *= k;
     l[target] = -scale * (z_other / z);
-    return std::log(z) + mx - target_logit;
+    return std::log1p((ties - 1.0f) + z_rest) + (mx - target_logit);
   }
-  float z = 0;
-#pragma omp simd reduction(+ : z)
-  for (int64_t j = 0; j < V; j++) z += exp_approx(l[j] - mx);
-  return std::log(z) + mx - target_logit;
+#pragma omp simd reduction(+ : z_rest, ties)
+  for (int64_t j = 0; j < V; j++) {
+    const bool top = l[j] == mx;
+    const float e = exp_approx(l[j] - mx);
+    z_rest += top ? 0.0f : e;
+    ties += top ? 1.0f : 0.0f;
+  }
+  return std::log1p((ties - 1.0f) + z_rest) + (mx - target_logit);
 }
 
 // Rows per chunk so the (rows, V) logits stay within ~32 Mi floats (128 MiB), with the

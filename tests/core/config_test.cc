@@ -73,13 +73,60 @@ TEST(Config, ValidationListsEveryViolation) {
   EXPECT_NE(error_of({"train.seq=1000"}).find("exceeds model.ctx = 128"), std::string::npos);
 }
 
+TEST(Config, ParallelLayoutKeepsTheGlobalBatch) {
+  Config c = load_config("", {"parallel.dp=2", "train.grad_accum=2"});  // batch 16
+  EXPECT_EQ(c.micro_batch(), 4);
+  EXPECT_EQ(c.micro_batch() * c.train.grad_accum * c.parallel.dp, c.train.batch);
+  Config m = load_config("", {"parallel.dp=4", "parallel.micro_batch=2", "train.grad_accum=2"});
+  EXPECT_EQ(m.micro_batch(), 2);
+  EXPECT_EQ(m.parallel.world(), 4);
+  // micro x accum x dp must be the global batch: the error offers the fix.
+  const std::string e = error_of({"parallel.dp=2", "parallel.micro_batch=2"});
+  EXPECT_NE(e.find("2 x 1 x 2 = 4 but train.batch (the global batch) = 16"), std::string::npos) << e;
+  EXPECT_NE(e.find("set train.grad_accum = 4"), std::string::npos) << e;
+  const std::string d = error_of({"parallel.dp=3"});
+  EXPECT_NE(d.find("x 3 does not divide train.batch = 16"), std::string::npos) << d;
+  EXPECT_EQ(error_of({"parallel.dp=3", "train.batch=12"}), "");
+  EXPECT_EQ(error_of({"parallel.dp=3", "train.batch=12", "train.grad_accum=2"}), "");
+}
+
+TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
+  // heads 6: tp 4 is invalid; the valid tp values are the common divisors of heads and ffn.
+  const std::string tp = error_of({"model.heads=6", "model.d_model=96", "model.ffn=384", "parallel.tp=4"});
+  EXPECT_NE(tp.find("parallel.tp = 4 does not divide model.heads = 6"), std::string::npos) << tp;
+  EXPECT_NE(tp.find("valid tp: 1, 2, 3, 6"), std::string::npos) << tp;
+  const std::string many = error_of({"parallel.pp=5", "parallel.zero=4", "parallel.sp=true", "parallel.schedule=zb",
+                                     "parallel.recompute=some"});
+  EXPECT_NE(many.find("5 problems"), std::string::npos) << many;
+  EXPECT_NE(many.find("exceeds model.layers = 4"), std::string::npos) << many;
+  EXPECT_NE(many.find("valid pp at vpp 1: 1..4"), std::string::npos) << many;
+  EXPECT_NE(many.find("parallel.zero = 4: expected 0, 1, 2 or 3"), std::string::npos) << many;
+  EXPECT_NE(many.find("parallel.sp = true needs parallel.tp > 1"), std::string::npos) << many;
+  EXPECT_NE(many.find("parallel.schedule = 'zb'"), std::string::npos) << many;
+  EXPECT_NE(many.find("parallel.recompute = 'some'"), std::string::npos) << many;
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.vpp=2"}).find("needs parallel.schedule = interleaved"),
+            std::string::npos);
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=1"})
+                .find("divisible by parallel.pp = 2"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=2"}), "");
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=3,3"}).find("summing to model.layers = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=3,x"}).find("'x' is not a positive layer count"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"parallel.pp=2", "parallel.pp_layers=1,3"}), "");
+  EXPECT_NE(error_of({}, "[parallel]\ndp = 2\nbogus = 1\n").find("keys in [parallel]"), std::string::npos);
+}
+
 TEST(Config, TomlRoundTrip) {
-  Config c = load_config("", {"model.preset=llama", "optim.lr=0.0003", "data.path=/x y", "train.steps=7"});
+  Config c = load_config("", {"model.preset=llama", "optim.lr=0.0003", "data.path=/x y", "train.steps=7",
+                              "parallel.dp=2", "parallel.pp_layers=4,4", "parallel.pp=2"});
   Config d = config_from_toml_string(to_toml(c));
   EXPECT_EQ(to_toml(c), to_toml(d));
   EXPECT_EQ(d.optim.lr, 0.0003);
   EXPECT_EQ(d.data.path, "/x y");
   EXPECT_EQ(d.train.steps, 7);
+  EXPECT_EQ(d.parallel.pp_layers, "4,4");
 }
 
 TEST(Config, FileSyntaxErrorNamesLine) {

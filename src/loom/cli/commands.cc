@@ -8,23 +8,8 @@
 #include "loom/core/error.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/sampler.h"
-#include "loom/train/trainer.h"
 
 namespace loom::cli {
-
-int run_train(const TrainArgs& a) {
-  const Config cfg = load_config(a.config_path, a.sets);
-  TrainOptions opt;
-  opt.json = a.json;
-  opt.progress = !a.json && ::isatty(STDERR_FILENO) && ::isatty(STDOUT_FILENO);
-  opt.out = &std::cout;
-  opt.err = &std::cerr;
-  const TrainSummary s = train(cfg, opt);
-  if (!a.json)
-    std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy
-              << "), " << int64_t(s.tokens_per_s) << " tokens/s\n";
-  return 0;
-}
 
 int run_sample(const SampleArgs& a) {
   SampleOptions o;

@@ -7,12 +7,33 @@
 
 namespace loom::cli {
 
+// Layout flags of `loom train` / `loom verify`; unset ones (-1 / empty) leave the config alone.
+struct LayoutFlags {
+  int64_t dp = -1, tp = -1, pp = -1, vpp = -1, zero = -1, micro_batch = -1, grad_accum = -1;
+  bool sp = false;
+  std::string schedule, recompute, pp_layers;
+  // "parallel.dp=2", ... in a fixed order, appended after --set so the flags win.
+  std::vector<std::string> as_sets() const;
+};
+
 struct TrainArgs {
   std::string config_path;
   std::vector<std::string> sets;
+  LayoutFlags layout;
+  bool json = false;
+  int nproc = 0;  // > 0: relaunch under mpirun with that many ranks
+};
+// Under mpirun (or with --nproc) trains one rank of the parallel layout.
+int run_train(const TrainArgs& a, int argc, char** argv);
+
+struct VerifyArgs {
+  std::string configs;  // "dp=2;dp=2,zero=1" or a file with one layout per line
+  std::string config_path;
+  std::vector<std::string> sets;
+  int64_t steps = 20;
   bool json = false;
 };
-int run_train(const TrainArgs& a);
+int run_verify(const VerifyArgs& a);
 
 struct SampleArgs {
   std::string checkpoint, prompt;

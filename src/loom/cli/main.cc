@@ -16,6 +16,20 @@ std::string config_keys_footer() {
   return s;
 }
 
+void add_layout_flags(CLI::App* app, loom::cli::LayoutFlags& f) {
+  app->add_option("--dp", f.dp, "data-parallel degree (parallel.dp)");
+  app->add_option("--tp", f.tp, "tensor-parallel degree (parallel.tp)");
+  app->add_option("--pp", f.pp, "pipeline stages (parallel.pp)");
+  app->add_option("--vpp", f.vpp, "model chunks per pipeline rank (parallel.vpp)");
+  app->add_flag("--sp", f.sp, "sequence parallel (parallel.sp)");
+  app->add_option("--zero", f.zero, "ZeRO stage 0-3 (parallel.zero)");
+  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch per dp rank (parallel.micro_batch)");
+  app->add_option("--grad-accum", f.grad_accum, "micro-batches per step (train.grad_accum)");
+  app->add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved (parallel.schedule)");
+  app->add_option("--recompute", f.recompute, "none | selective | full (parallel.recompute)");
+  app->add_option("--pp-layers", f.pp_layers, "layers per stage, e.g. 3,4 (parallel.pp_layers)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -25,10 +39,20 @@ int main(int argc, char** argv) {
 
   loom::cli::TrainArgs train;
   auto* t = app.add_subcommand("train", "Train a model on a text corpus and save a checkpoint");
-  t->add_option("--config", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm)");
+  t->add_option("--config", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm, parallel)");
   t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
   t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
+  add_layout_flags(t, train.layout);
+  t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N");
   t->footer(config_keys_footer());
+
+  loom::cli::VerifyArgs ver;
+  auto* v = app.add_subcommand("verify", "Train parallel layouts and compare each with the single-process run");
+  v->add_option("--configs", ver.configs, "Layouts: \"dp=2;dp=2,zero=1;dp=4\" or a file with one per line")->required();
+  v->add_option("--config", ver.config_path, "TOML config for the model and run");
+  v->add_option("--set", ver.sets, "Override one config key (repeatable)")->take_all();
+  v->add_option("--steps", ver.steps, "Steps per run")->capture_default_str();
+  v->add_flag("--json", ver.json, "One JSON object per layout");
 
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
@@ -79,7 +103,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
-    if (*t) return loom::cli::run_train(train);
+    if (*t) return loom::cli::run_train(train, argc, argv);
+    if (*v) return loom::cli::run_verify(ver);
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

@@ -85,6 +85,9 @@ class Group {
   int global_rank_of(int group_rank) const { return members_.at(group_rank); }
   const std::vector<int>& members() const { return members_; }
   int nodes() const { return nodes_; }
+  World& world() const { return world_; }
+  // This group's index in the ledger (LedgerEntry::group).
+  int ledger_group() const { return ledger_group_; }
   // Which all-reduce algorithms this group can run besides ring/recursive.
   bool has_shared_memory() const { return transport_->shared() != nullptr; }
   bool has_native() const { return transport_->native() != nullptr; }

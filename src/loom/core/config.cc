@@ -11,6 +11,8 @@ namespace loom {
 
 namespace {
 
+constexpr const char* kSections = "model, data, train, optim, checkpoint, comm, parallel";
+
 // A config value as it arrives: from TOML (typed) or from --set (text).
 struct RawValue {
   std::string text;           // for messages
@@ -152,6 +154,17 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
+      LOOM_INT_KEY(parallel, dp, "data-parallel degree"),
+      LOOM_INT_KEY(parallel, tp, "tensor-parallel degree (divides heads, kv_heads, ffn)"),
+      LOOM_INT_KEY(parallel, pp, "pipeline-parallel degree (stages)"),
+      LOOM_INT_KEY(parallel, vpp, "model chunks per pipeline rank (interleaved schedule)"),
+      LOOM_BOOL_KEY(parallel, sp, "sequence parallel in the norm/residual regions (needs tp > 1)"),
+      LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
+      LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
+      LOOM_STRING_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved"),
+      LOOM_STRING_KEY(parallel, recompute, "activation recompute: none | selective | full"),
+      LOOM_STRING_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\"; empty = even split"),
+      LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
   };
   return keys;
 }
@@ -179,7 +192,7 @@ const KeyDef& require_key(const std::string& name) {
   std::string known = known_keys_in(section);
   if (known.empty())
     throw ConfigError("unknown config section '" + section + "' in '" + name +
-                      "'; expected one of: model, data, train, optim, checkpoint, comm");
+                      "'; expected one of: " + std::string(kSections));
   throw ConfigError("unknown config key '" + name + "'; keys in [" + section + "]: " + known);
 }
 
@@ -195,8 +208,8 @@ std::vector<Assignment> flatten(const toml::table& tbl) {
     std::string section(sec.str());
     const toml::table* inner = node.as_table();
     if (!inner)
-      throw ConfigError("config entry '" + section + "' must be a [section] table; sections: model, data, "
-                        "train, optim, checkpoint, comm");
+      throw ConfigError("config entry '" + section + "' must be a [section] table; sections: " +
+                        std::string(kSections));
     for (const auto& [k, v] : *inner) {
       std::ostringstream text;
       v.visit([&](auto&& n) { text << n; });
@@ -322,9 +335,6 @@ std::vector<std::string> validation_errors(const Config& c) {
   positive("train.grad_accum", t.grad_accum);
   positive("train.val_batches", t.val_batches);
   positive("train.log_every", t.log_every);
-  if (t.batch > 0 && t.grad_accum > 0 && t.batch % t.grad_accum != 0)
-    errs.push_back("train.grad_accum = " + std::to_string(t.grad_accum) + " does not divide train.batch = " +
-                   std::to_string(t.batch) + ": the micro-batch must be whole");
   if (t.seq < 0) errs.push_back("train.seq = " + std::to_string(t.seq) + ": expected >= 0 (0 means model.ctx)");
   if (t.seq > m.ctx && m.ctx > 0)
     errs.push_back("train.seq = " + std::to_string(t.seq) + " exceeds model.ctx = " + std::to_string(m.ctx));
@@ -342,6 +352,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!(o.beta2 >= 0 && o.beta2 < 1)) errs.push_back("optim.beta2 = " + fmt_double(o.beta2) + ": expected [0, 1)");
   if (!(o.eps > 0)) errs.push_back("optim.eps = " + fmt_double(o.eps) + ": expected > 0");
   if (!(o.grad_clip >= 0)) errs.push_back("optim.grad_clip = " + fmt_double(o.grad_clip) + ": expected >= 0");
+  append_parallel_errors(c, errs);
   return errs;
 }
 

@@ -59,6 +59,21 @@ struct CommConfig {
   bool check_desync = false;   // debug: group members compare every collective's descriptor first
 };
 
+// How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:
+// pp, dp, tp (tp ranks are adjacent global ranks, as in Megatron).
+struct ParallelConfig {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t vpp = 1;             // model chunks per pipeline rank (interleaved schedule)
+  bool sp = false;             // sequence parallel (needs tp > 1)
+  int64_t zero = 0;            // 0: plain data parallel; 1: optimizer state, 2: + gradients, 3: + params sharded
+  int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
+  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved
+  std::string recompute = "none";    // none | selective | full
+  std::string pp_layers;       // layers per pipeline stage, e.g. "3,4"; empty: as even as possible
+  double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
+  int64_t world() const { return dp * tp * pp; }
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -66,9 +81,17 @@ struct Config {
   OptimConfig optim;
   CheckpointConfig checkpoint;
   CommConfig comm;
+  ParallelConfig parallel;
 
+  // Note [Global batch]: train.batch is the global batch (sequences per optimizer step) in
+  // every layout: batch = micro_batch() x train.grad_accum x parallel.dp, checked by
+  // validate(), so changing the layout never silently changes the math.
   int64_t seq_len() const { return train.seq > 0 ? train.seq : model.ctx; }
-  int64_t micro_batch() const { return train.grad_accum > 0 ? train.batch / train.grad_accum : 0; }
+  int64_t micro_batch() const {
+    if (parallel.micro_batch > 0) return parallel.micro_batch;
+    const int64_t d = train.grad_accum * parallel.dp;
+    return d > 0 ? train.batch / d : 0;
+  }
 };
 
 // Loads `toml_path` (may be empty) and applies `overrides` ("section.key=value").
@@ -84,6 +107,9 @@ std::vector<std::string> model_preset_names();
 
 // Every violation, one message each; empty when valid.
 std::vector<std::string> validation_errors(const Config& c);
+// The [parallel] checks and the global-batch identity (parallel_config.cc); part of
+// validation_errors.
+void append_parallel_errors(const Config& c, std::vector<std::string>& errs);
 // Throws ConfigError listing all violations.
 void validate(const Config& c);
 

@@ -17,7 +17,7 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
   specs_.push_back(std::move(s));
 }
 
-ParamLayout::ParamLayout(const ModelConfig& m) {
+ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding) {
   const int64_t C = m.d_model, F = m.ffn, V = m.vocab, hd = m.head_dim();
   const int64_t qkv = (m.heads + 2 * m.kv_heads) * hd;
   const bool gpt = m.arch == Arch::kGpt;
@@ -41,6 +41,28 @@ ParamLayout::ParamLayout(const ModelConfig& m) {
   add("normf.w", {C}, false, -1);
   if (gpt) add("normf.b", {C}, false, -1);
   if (!gpt) add("head.w", {V, C}, true, -1);
+  if (!padding.segment_last.empty()) pad_segments(padding);
+}
+
+void ParamLayout::pad_segments(const LayoutPadding& p) {
+  const int n = int(specs_.size());
+  LOOM_CHECK(p.multiple > 0 && p.multiple % kAlignFloats == 0, "layout padding multiple ", p.multiple,
+             " must be a positive multiple of ", kAlignFloats);
+  LOOM_CHECK(p.segment_last.back() == n - 1, "layout padding segments end at tensor ", p.segment_last.back(),
+             " but the layout has ", n, " tensors");
+  int64_t offset = 0;
+  int first = 0;
+  for (int last : p.segment_last) {
+    LOOM_CHECK(last >= first && last < n, "layout padding segment ends at tensor ", last, " after ", first);
+    const int64_t start = offset;
+    for (int i = first; i <= last; i++) {
+      specs_[i].offset = offset;
+      offset += (specs_[i].numel + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    }
+    offset = start + (offset - start + p.multiple - 1) / p.multiple * p.multiple;
+    first = last + 1;
+  }
+  total_ = offset;
 }
 
 int64_t ParamLayout::param_count() const {

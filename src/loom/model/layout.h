@@ -13,6 +13,11 @@
 
 namespace loom {
 
+// A contiguous run of a flat buffer, in floats: a ZeRO shard piece or a bucket.
+struct FlatRange {
+  int64_t offset = 0, count = 0;
+};
+
 struct ParamSpec {
   std::string name;            // loom name, e.g. "h.3.attn.qkv.w"
   std::vector<int64_t> shape;  // row-major; linear weights are (out, in)
@@ -22,11 +27,21 @@ struct ParamSpec {
   int layer = -1;              // block index; -1 for embeddings / final norm / head
 };
 
+// Extra padding so that groups of consecutive tensors each span a multiple of `multiple`
+// floats (Note [Sharded buckets] in parallel/grad_sync.h: a data-parallel bucket that is
+// reduce-scattered must split evenly over the dp ranks). Tensors [0, segment_last[0]] form
+// the first group, (segment_last[0], segment_last[1]] the next, ...; the last entry must be
+// the last tensor. Empty: no extra padding.
+struct LayoutPadding {
+  std::vector<int> segment_last;
+  int64_t multiple = 0;  // a multiple of kAlignFloats
+};
+
 class ParamLayout {
  public:
   static constexpr int64_t kAlignFloats = 16;
 
-  explicit ParamLayout(const ModelConfig& m);
+  explicit ParamLayout(const ModelConfig& m, const LayoutPadding& padding = {});
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t total_floats() const { return total_; }  // buffer size including padding
@@ -37,6 +52,7 @@ class ParamLayout {
 
  private:
   void add(std::string name, std::vector<int64_t> shape, bool decay, int layer);
+  void pad_segments(const LayoutPadding& p);
   std::vector<ParamSpec> specs_;
   int64_t total_ = 0;
 };

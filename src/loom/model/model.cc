@@ -51,14 +51,21 @@ class Carver {
 
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend)
-    : cfg_(cfg), layout_(cfg), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
+Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
+             const LayoutPadding& padding)
+    : cfg_(cfg), layout_(cfg, padding), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
   LOOM_CHECK(max_batch > 0 && max_seq > 0 && max_seq <= cfg.ctx, "model buffers need 0 < batch (", max_batch,
              ") and 0 < seq (", max_seq, ") <= model.ctx (", cfg.ctx, ")");
   params_.assign(layout_.total_floats(), 0.0f);
   grads_.assign(layout_.total_floats(), 0.0f);
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
+  block_first_tensor_.assign(cfg.layers, -1);
+  for (int i = 0; i < int(layout_.specs().size()); i++) {
+    const ParamSpec& s = layout_.specs()[i];
+    if (s.layer >= 0 && block_first_tensor_[s.layer] < 0) block_first_tensor_[s.layer] = i;
+    if (s.name == "normf.w") normf_tensor_ = i;
+  }
 
   const int64_t N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
   const int64_t Q = (cfg.heads + 2 * cfg.kv_heads) * hd, HD = cfg.heads * hd;
@@ -228,8 +235,16 @@ void Model::backward_body(const int32_t* tokens, int64_t B, int64_t T) {
                           a.normf_rstd, N, C);
   else
     k_.rmsnorm_backward(a.dres, gv_.normf_w, a.dnorm, xl, pv_.normf_w, a.normf_rstd, N, C);
-  for (int l = int(cfg_.layers) - 1; l >= 0; l--) backward_block(l, B, T);
+  // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
+  // normf are final here, each block after its backward, the embeddings (and GPT's tied
+  // head, which is wte) at the end.
+  if (grad_ready_) grad_ready_(normf_tensor_);
+  for (int l = int(cfg_.layers) - 1; l >= 0; l--) {
+    backward_block(l, B, T);
+    if (grad_ready_) grad_ready_(block_first_tensor_[l]);
+  }
   k_.embedding_backward(gv_.wte, gv_.wpe, a.dres, tokens, B, T, C);
+  if (grad_ready_) grad_ready_(0);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -20,7 +21,7 @@ class Model {
   // Allocates parameters, gradients and activations for micro-batches up to
   // (max_batch, max_seq). Parameters start at zero; call init_weights or load them.
   Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq,
-        KernelBackend backend = KernelBackend::kCpu);
+        KernelBackend backend = KernelBackend::kCpu, const LayoutPadding& padding = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -45,6 +46,13 @@ class Model {
   // d(grad_scale * mean loss)/dparams into grads().
   float forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                          float grad_scale);
+  // Called during forward_backward each time the gradients of a suffix of the layout are
+  // final for this micro-batch: every tensor with layout index >= first_final has received
+  // all its contributions. Values decrease; the last call passes 0. (Data parallelism
+  // launches bucket all-reduces from here, overlapping them with the rest of backward.)
+  using GradReadyHook = std::function<void(int first_final)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+
   // Mean loss only.
   float forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // Full logits (B,T,V) for tests; allocates B*T*V floats in `logits`.
@@ -68,6 +76,9 @@ class Model {
   std::vector<float> params_, grads_;
   ModelView pv_, gv_;
   std::unique_ptr<Acts> acts_;
+  GradReadyHook grad_ready_;
+  std::vector<int> block_first_tensor_;  // layout index of each block's first tensor
+  int normf_tensor_ = 0;                 // layout index of normf.w
 };
 
 }  // namespace loom

@@ -1,6 +1,9 @@
 #include "loom/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "loom/core/error.h"
 
 namespace loom {
 
@@ -22,24 +25,52 @@ double clip_grad_norm(const Kernels& k, std::vector<float>& grads, double max_no
   return norm;
 }
 
-AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg)
-    : cfg_(cfg), m_(layout.total_floats(), 0.0f), v_(layout.total_floats(), 0.0f) {
-  // A new run starts wherever the decay value changes. Alignment padding belongs to the
-  // run before it; padding params and grads are zero and stay zero under any decay.
+double sum_squares(const Kernels& k, const float* x, const std::vector<FlatRange>& ranges) {
+  double s = 0;
+  for (const FlatRange& r : ranges) s += k.sum_squares(x + r.offset, r.count);
+  return s;
+}
+
+double clip_coef(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned)
+    : owned_(std::move(owned)), cfg_(cfg) {
+  if (owned_.empty()) owned_.push_back({0, layout.total_floats()});
+  // Runs of equal decay over the whole buffer: a new run starts wherever the decay value
+  // changes; alignment padding belongs to the run before it (padding params and grads are
+  // zero and stay zero under any decay).
+  std::vector<Run> all;
   for (const ParamSpec& s : layout.specs()) {
     const float wd = s.decay ? float(cfg.weight_decay) : 0.0f;
-    if (runs_.empty() || runs_.back().weight_decay != wd) runs_.push_back({s.offset, 0, wd});
+    if (all.empty() || all.back().weight_decay != wd) all.push_back({s.offset, 0, wd});
   }
-  // Each run extends to the start of the next (or the end of the buffer).
-  for (size_t i = 0; i < runs_.size(); i++)
-    runs_[i].count = (i + 1 < runs_.size() ? runs_[i + 1].offset : layout.total_floats()) - runs_[i].offset;
+  for (size_t i = 0; i < all.size(); i++)
+    all[i].count = (i + 1 < all.size() ? all[i + 1].offset : layout.total_floats()) - all[i].offset;
+  // Intersect with the owned ranges, packing the moments in owned order.
+  int64_t state = 0;
+  for (const FlatRange& o : owned_) {
+    LOOM_CHECK(o.offset >= 0 && o.count >= 0 && o.offset + o.count <= layout.total_floats(), "optimizer shard [",
+               o.offset, ", ", o.offset + o.count, ") is outside the parameter buffer of ", layout.total_floats());
+    for (const Run& r : all) {
+      const int64_t lo = std::max(r.offset, o.offset), hi = std::min(r.offset + r.count, o.offset + o.count);
+      if (hi > lo) runs_.push_back({lo, hi - lo, r.weight_decay, state + (lo - o.offset)});
+    }
+    state += o.count;
+  }
+  m_.assign(size_t(state), 0.0f);
+  v_.assign(size_t(state), 0.0f);
 }
 
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr) {
   t_++;
   for (const Run& r : runs_)
-    k.adamw_update(params.data() + r.offset, grads.data() + r.offset, m_.data() + r.offset, v_.data() + r.offset,
-                   r.count, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), r.weight_decay, t_);
+    k.adamw_update(params.data() + r.offset, grads.data() + r.offset, m_.data() + r.state_offset,
+                   v_.data() + r.state_offset, r.count, float(lr), float(cfg_.beta1), float(cfg_.beta2),
+                   float(cfg_.eps), r.weight_decay, t_);
 }
 
 }  // namespace loom

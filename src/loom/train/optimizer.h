@@ -19,22 +19,35 @@ double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps);
 // Returns the norm before clipping. max_norm <= 0 only measures.
 double clip_grad_norm(const Kernels& k, std::vector<float>& grads, double max_norm);
 
+// Sum of squares over some ranges of a flat buffer (a ZeRO shard's pieces).
+double sum_squares(const Kernels& k, const float* x, const std::vector<FlatRange>& ranges);
+// Clipping coefficient as clip_grad_norm applies it: max_norm / (norm + 1e-6) when that
+// is < 1 (and max_norm > 0), else 1.
+double clip_coef(double norm, double max_norm);
+
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, const OptimConfig& cfg);
+  // Updates the parts of the flat buffer listed in `owned` (ZeRO: this rank's shard
+  // pieces; empty: the whole buffer) and keeps moments for those parts only.
+  AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned = {});
   // One update with learning rate `lr`; increments the step count (bias correction uses it).
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
+  // Moments of the owned parts, packed in `owned` order (the whole layout when unsharded).
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
+  const std::vector<FlatRange>& owned() const { return owned_; }
 
  private:
-  // Contiguous runs of the flat buffer sharing one weight-decay value.
+  // Contiguous runs of the flat buffer sharing one weight-decay value; state_offset is
+  // where the run's moments start in m_/v_.
   struct Run {
     int64_t offset, count;
     float weight_decay;
+    int64_t state_offset = 0;
   };
+  std::vector<FlatRange> owned_;
   std::vector<Run> runs_;
   OptimConfig cfg_;
   std::vector<float> m_, v_;

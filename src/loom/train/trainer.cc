@@ -5,18 +5,20 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <iomanip>
-#include <iostream>
-#include <nlohmann/json.hpp>
+#include <memory>
 #include <sstream>
+#include <streambuf>
 
+#include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/model/model.h"
+#include "loom/parallel/grad_sync.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/data.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/report.h"
 
 namespace loom {
 
@@ -24,99 +26,186 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string fmt_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "--:--";
-  const int64_t t = int64_t(s + 0.5);
-  std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << ":" << std::setw(2) << std::setfill('0') << (t / 60) % 60;
-  else os << t / 60;
-  os << ":" << std::setw(2) << std::setfill('0') << t % 60;
-  return os.str();
+// What this build runs of [parallel]: the rest is refused by name, never downgraded.
+void check_supported(const Config& cfg, int world_size) {
+  const ParallelConfig& p = cfg.parallel;
+  std::vector<std::string> missing;
+  if (p.tp > 1) missing.push_back("parallel.tp = " + std::to_string(p.tp) + " (tensor parallel)");
+  if (p.pp > 1) missing.push_back("parallel.pp = " + std::to_string(p.pp) + " (pipeline parallel)");
+  if (p.sp) missing.push_back("parallel.sp = true (sequence parallel)");
+  if (p.zero == 3) missing.push_back("parallel.zero = 3 (sharded parameters)");
+  if (p.recompute != "none") missing.push_back("parallel.recompute = " + p.recompute);
+  if (!missing.empty()) {
+    std::string msg = "not implemented yet in this build:";
+    for (const auto& m : missing) msg += " " + m + ";";
+    throw Error(msg + " data parallel (parallel.dp) with parallel.zero 0, 1 or 2 runs today");
+  }
+  if (world_size != p.world())
+    throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
+                std::to_string(p.pp) + " needs " + std::to_string(p.world()) + " ranks but " +
+                std::to_string(world_size) + (world_size == 1 ? " process runs" : " were launched") +
+                "; launch with `mpirun -np " + std::to_string(p.world()) + " loom train ...` or `loom train --nproc " +
+                std::to_string(p.world()) + "`, or set parallel.dp = " + std::to_string(world_size));
 }
 
-// Where progress goes: JSON lines, a redrawn terminal bar, or plain log lines.
-class Reporter {
- public:
-  Reporter(const TrainOptions& o, int64_t steps) : o_(o), steps_(steps) {}
+// This rank's part of a run. A single process has no world and no groups.
+struct RankContext {
+  comm::World* world = nullptr;
+  std::unique_ptr<comm::Group> dp;  // null when dp == 1
+  int dp_rank = 0, dp_size = 1;
+  bool logging = true;              // global rank 0 writes the log
+  int zero = 0;
 
-  void info(const std::string& line) { *o_.err << line << "\n"; }
-
-  void step(int64_t step, double loss, double lr, double norm, double tok_s, double elapsed, bool log_line) {
-    const double eta = elapsed / double(step + 1) * double(steps_ - step - 1);
-    if (o_.json) {
-      if (!log_line) return;
-      nlohmann::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                          {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}, {"eta_s", eta}};
-      *o_.out << j.dump() << "\n" << std::flush;
-    } else if (o_.progress) {
-      const int width = 24, filled = int(width * (step + 1) / steps_);
-      std::ostringstream os;
-      os << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] step " << step + 1 << "/"
-         << steps_ << "  loss " << std::fixed << std::setprecision(4) << loss << "  " << std::setprecision(0) << tok_s
-         << " tok/s  ETA " << fmt_duration(eta) << "   ";
-      *o_.err << os.str() << std::flush;
-      bar_open_ = true;
-    } else if (log_line) {
-      std::ostringstream os;
-      os << "step " << step + 1 << "/" << steps_ << "  loss " << std::fixed << std::setprecision(4) << loss
-         << "  lr " << std::scientific << std::setprecision(2) << lr << "  grad_norm " << std::fixed
-         << std::setprecision(3) << norm << "  " << std::setprecision(0) << tok_s << " tok/s  ETA "
-         << fmt_duration(eta);
-      *o_.out << os.str() << "\n" << std::flush;
-    }
+  // Sums each value over the dp group (identity without one).
+  void dp_sum(std::span<double> x) {
+    if (dp) dp->all_reduce(x, comm::ReduceOp::kSum);
   }
-
-  void val(int64_t step, double val_loss) {
-    if (o_.json) {
-      *o_.out << nlohmann::json{{"step", step + 1}, {"val_loss", val_loss}}.dump() << "\n" << std::flush;
-      return;
-    }
-    std::ostringstream os;
-    os << "step " << step + 1 << "/" << steps_ << "  val_loss " << std::fixed << std::setprecision(4) << val_loss;
-    end_bar();
-    (o_.progress ? *o_.err : *o_.out) << os.str() << "\n" << std::flush;
-  }
-
-  void end_bar() {
-    if (bar_open_) *o_.err << "\n";
-    bar_open_ = false;
-  }
-
- private:
-  const TrainOptions& o_;
-  int64_t steps_;
-  bool bar_open_ = false;
 };
 
-double evaluate(Model& model, const DataLoader& loader, int64_t batches, int64_t rows, int64_t T) {
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
+
+double evaluate(Model& model, const DataLoader& loader, int64_t batches, int64_t global_rows, int64_t T,
+                RankContext& rc) {
+  const int64_t rows = loader.shard_rows(global_rows);
   std::vector<int32_t> tok(size_t(rows * T)), tgt(size_t(rows * T));
   double sum = 0;
   for (int64_t i = 0; i < batches; i++) {
-    loader.val_batch(i, batches, rows, tok.data(), tgt.data());
+    loader.val_batch(i, batches, global_rows, tok.data(), tgt.data());
     sum += model.forward_loss(tok.data(), tgt.data(), rows, T);
   }
-  return sum / double(batches);
+  double v[1] = {sum / double(batches)};
+  rc.dp_sum(v);
+  return v[0] / rc.dp_size;
 }
 
-}  // namespace
+// Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
+//   stage 0: grads all-reduced in place; every rank clips and updates the whole buffer.
+//   stage 1: grads all-reduced; each rank updates its own pieces, then all-gathers them.
+//   stage 2: grads reduce-scattered (only the own pieces are reduced); as stage 1 after.
+class Updater {
+ public:
+  Updater(const Config& cfg, Model& model, RankContext& rc, const parallel::DataParallelPlan* plan)
+      : cfg_(cfg), model_(model), rc_(rc), plan_(plan),
+        adamw_(model.layout(), cfg.optim, rc.zero > 0 ? plan->owned(rc.dp_rank) : std::vector<FlatRange>{}) {}
 
-TrainSummary train(const Config& cfg, const TrainOptions& opt) {
-  LOOM_ASSERT(opt.out && opt.err);
+  // Mean loss over the dp group and the gradient norm before clipping; updates params.
+  std::pair<double, double> step(double local_loss, double lr) {
+    const Kernels& k = model_.ops();
+    const bool sharded = rc_.zero > 0;
+    double v[2] = {local_loss, sharded ? sum_squares(k, model_.grads().data(), adamw_.owned()) : 0.0};
+    rc_.dp_sum(v);
+    const double loss = v[0] / rc_.dp_size;
+    const double norm = sharded ? std::sqrt(v[1]) : std::sqrt(k.sum_squares(model_.grads().data(),
+                                                                            int64_t(model_.grads().size())));
+    if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef < 1.0)
+      for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model_.grads().data() + r.offset, r.count, float(coef));
+    adamw_.step(k, model_.params(), model_.grads(), lr);
+    if (sharded) gather(model_.params().data(), nullptr);
+    return {loss, norm};
+  }
+
+  // The whole flat buffer's moments on every rank (for saving).
+  void full_moments(std::vector<float>& m, std::vector<float>& v) {
+    if (rc_.zero == 0) {
+      m = adamw_.m(), v = adamw_.v();
+      return;
+    }
+    m.assign(model_.params().size(), 0.0f);
+    v.assign(model_.params().size(), 0.0f);
+    gather(m.data(), adamw_.m().data());
+    gather(v.data(), adamw_.v().data());
+  }
+  const AdamW& adamw() const { return adamw_; }
+
+ private:
+  // All-gathers every bucket's pieces into `full`. packed == nullptr: the own piece
+  // already sits in place in `full`; else own pieces are read from `packed` (owned order).
+  void gather(float* full, const float* packed) {
+    std::vector<comm::Work> pending;
+    int64_t at = 0;
+    for (const parallel::Bucket& b : plan_->buckets) {
+      const int64_t piece = b.count / rc_.dp_size;
+      std::span<float> all(full + b.offset, size_t(b.count));
+      const float* own = packed ? packed + at : full + b.offset + rc_.dp_rank * piece;
+      pending.push_back(rc_.dp->all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true}));
+      at += piece;
+    }
+    for (auto& w : pending) w.wait();
+  }
+
+  const Config& cfg_;
+  Model& model_;
+  RankContext& rc_;
+  const parallel::DataParallelPlan* plan_;
+  AdamW adamw_;
+};
+
+std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
+  const ParallelConfig& p = cfg.parallel;
+  std::ostringstream os;
+  os << "  global batch " << cfg.train.batch << " = micro-batch " << mb << " x " << cfg.train.grad_accum
+     << " micro-batches x dp " << p.dp << ", seq " << T << ", " << cfg.train.batch * T << " tokens/step, "
+     << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
+  if (p.world() > 1)
+    os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
+       << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)";
+  return os.str();
+}
+
+std::vector<float> unpadded_params(const Model& model) {
+  std::vector<float> out;
+  for (const ParamSpec& s : model.layout().specs())
+    out.insert(out.end(), model.params().begin() + s.offset, model.params().begin() + s.offset + s.numel);
+  return out;
+}
+
+TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
+  LOOM_ASSERT(given.out && given.err);
+  check_supported(cfg, world ? world->world_size() : 1);
   if (cfg.train.threads > 0) {
     omp_set_num_threads(int(cfg.train.threads));
     openblas_set_num_threads(int(cfg.train.threads));
+  }
+  RankContext rc;
+  rc.world = world;
+  rc.zero = int(cfg.parallel.zero);
+  NullBuffer null_buf;
+  std::ostream null_out(&null_buf);
+  TrainOptions opt = given;
+  if (world) {
+    const comm::Mesh mesh({{"pp", int(cfg.parallel.pp)}, {"dp", int(cfg.parallel.dp)}, {"tp", int(cfg.parallel.tp)}},
+                          world->world_size());
+    if (cfg.parallel.dp > 1) {
+      rc.dp = world->group(mesh, {"dp"});
+      rc.dp_rank = rc.dp->group_rank(), rc.dp_size = rc.dp->size();
+    }
+    rc.logging = world->global_rank() == 0;
+    if (!rc.logging) opt.out = opt.err = &null_out, opt.progress = false;
   }
   Reporter rep(opt, cfg.train.steps);
   if (std::string w = cpu::blas_downgrade_warning(); !w.empty()) rep.info("warning: " + w);
 
   const int64_t T = cfg.seq_len(), mb = cfg.micro_batch(), accum = cfg.train.grad_accum;
   const Corpus corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, T);
-  const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed));
-  const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed));
+  const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
+  const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
 
-  Model model(cfg.model, mb, T);
+  parallel::BucketCaps caps;
+  caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
+  caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
+  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0);
+  Model model(cfg.model, mb, T, KernelBackend::kCpu, rc.dp ? plan.padding : LayoutPadding{});
   model.init_weights(uint64_t(cfg.train.seed));
-  AdamW adamw(model.layout(), cfg.optim);
+  std::unique_ptr<parallel::GradSync> sync;
+  if (rc.dp) {
+    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, rc.zero >= 2 ? parallel::GradSync::Mode::kReduceScatter
+                                                                            : parallel::GradSync::Mode::kAllReduce);
+    model.set_grad_ready_hook([&](int first_final) { sync->on_ready(first_final); });
+  }
+  Updater updater(cfg, model, rc, rc.dp ? &plan : nullptr);
 
   TrainSummary sum;
   sum.params = model.layout().param_count();
@@ -126,9 +215,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
     os << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " '" << cfg.model.preset << "' "
        << sum.params << " params (" << cfg.model.layers << " layers, d_model " << cfg.model.d_model << ", heads "
        << cfg.model.heads << "/" << cfg.model.kv_heads << ", vocab " << cfg.model.vocab << ")\n"
-       << "  global batch " << cfg.train.batch << " = micro-batch " << mb << " x " << accum
-       << " accumulation steps, seq " << T << ", " << cfg.train.batch * T << " tokens/step, " << cfg.train.steps
-       << " steps, " << omp_get_max_threads() << " threads\n"
+       << layout_line(cfg, mb, T) << "\n"
        << "  corpus " << (cfg.data.path.empty() ? kDefaultCorpusDir : cfg.data.path) << ": " << corpus.files.size()
        << " files, train " << corpus.train.size() << " / val " << corpus.val.size()
        << " bytes, unigram entropy " << std::fixed << std::setprecision(4) << corpus.unigram_entropy_nats << " nats";
@@ -141,18 +228,18 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
   int64_t tokens_since = 0;
   for (int64_t step = 0; step < cfg.train.steps; step++) {
     model.zero_grads();
-    double loss = 0;
+    double local_loss = 0;
     for (int64_t micro = 0; micro < accum; micro++) {
       train_data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
-      loss += model.forward_backward(tok.data(), tgt.data(), mb, T, 1.0f / float(accum));
+      if (sync && micro + 1 == accum) sync->begin(model.grads().data());
+      local_loss += model.forward_backward(tok.data(), tgt.data(), mb, T, 1.0f / float(accum));
     }
-    loss /= double(accum);
+    if (sync) sync->finish();
+    const double lr = lr_at(cfg.optim, step, cfg.train.steps);
+    const auto [loss, norm] = updater.step(local_loss / double(accum), lr);
     if (!std::isfinite(loss))
       throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
-    const double norm = clip_grad_norm(model.ops(), model.grads(), cfg.optim.grad_clip);
-    const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    adamw.step(model.ops(), model.params(), model.grads(), lr);
     sum.losses.push_back(float(loss));
 
     tokens_since += cfg.train.batch * T;
@@ -165,19 +252,39 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
 
     const bool last_step = step + 1 == cfg.train.steps;
     if (last_step || (cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0)) {
-      sum.final_val_loss = evaluate(model, val_data, cfg.train.val_batches, mb, T);
+      sum.final_val_loss = evaluate(model, val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
       rep.val(step, sum.final_val_loss);
     }
   }
   rep.end_bar();
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();
   sum.tokens_per_s = double(cfg.train.steps * cfg.train.batch * T) / total;
+  if (sync) {
+    sum.comm_hidden_fraction = sync->hidden_fraction();
+    sum.comm_exposed_s = sync->exposed_wait_s();
+    std::ostringstream os;
+    os << "data parallel: " << plan.buckets.size() << " gradient buckets; " << std::fixed << std::setprecision(1)
+       << 100.0 * sum.comm_hidden_fraction << "% of rank 0's gradient communication ran during backward, "
+       << std::setprecision(3) << sum.comm_exposed_s << " s waited after backward";
+    rep.info(os.str());
+  }
+  if (given.keep_params) sum.final_params = unpadded_params(model);
   if (!cfg.checkpoint.dir.empty()) {
-    save_checkpoint(cfg.checkpoint.dir, cfg, model.layout(), model.params(), &adamw.m(), &adamw.v(),
-                    CheckpointState{cfg.train.steps, adamw.steps_taken()});
-    rep.info("saved checkpoint to " + cfg.checkpoint.dir);
+    std::vector<float> m, v;
+    updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
+    if (rc.logging) {
+      save_checkpoint(cfg.checkpoint.dir, cfg, model.layout(), model.params(), &m, &v,
+                      CheckpointState{cfg.train.steps, updater.adamw().steps_taken()});
+      rep.info("saved checkpoint to " + cfg.checkpoint.dir);
+    }
   }
   return sum;
 }
+
+}  // namespace
+
+TrainSummary train(const Config& cfg, const TrainOptions& opt) { return run(cfg, opt, nullptr); }
+
+TrainSummary train(const Config& cfg, const TrainOptions& opt, comm::World& world) { return run(cfg, opt, &world); }
 
 }  // namespace loom

@@ -10,21 +10,35 @@
 
 namespace loom {
 
+namespace comm {
+class World;
+}
+
 struct TrainOptions {
   bool json = false;      // one JSON object per line on `out`
   bool progress = false;  // redraw a progress bar on `err` (terminals)
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
+  bool keep_params = false;  // copy the final parameters (layout order, no padding) into the summary
 };
 
 struct TrainSummary {
-  std::vector<float> losses;  // train loss per step
+  std::vector<float> losses;  // train loss per step (the global batch's mean on every rank)
   double final_val_loss = 0;
   double unigram_entropy = 0;
   double tokens_per_s = 0;
   int64_t params = 0;
+  // Data parallel only: share of gradient-communication time that ran during backward
+  // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.
+  double comm_hidden_fraction = -1;
+  double comm_exposed_s = 0;
+  std::vector<float> final_params;  // filled when TrainOptions::keep_params (tests)
 };
 
+// Single process: cfg.parallel must describe one rank.
 TrainSummary train(const Config& cfg, const TrainOptions& opt);
+// One rank of a parallel run over `world` (threads or MPI): world size must equal
+// dp x tp x pp. Only global rank 0 writes to opt.out / opt.err.
+TrainSummary train(const Config& cfg, const TrainOptions& opt, comm::World& world);
 
 }  // namespace loom

@@ -1,0 +1,153 @@
+// Validation of the [parallel] section: every violation with its values and valid choices.
+#include <sstream>
+
+#include "loom/core/config.h"
+
+namespace loom {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + str(v[i]);
+  return s;
+}
+
+// Divisors of every value in `of` (all > 0), ascending.
+std::vector<int64_t> common_divisors(const std::vector<int64_t>& of) {
+  std::vector<int64_t> out;
+  if (of.empty()) return out;
+  for (int64_t d = 1; d <= of.front(); d++) {
+    bool all = true;
+    for (int64_t x : of) all = all && x % d == 0;
+    if (all) out.push_back(d);
+  }
+  return out;
+}
+
+// "3,4" -> {3, 4}; nullopt-like empty result plus an error on bad syntax.
+std::vector<int64_t> parse_layer_list(const std::string& text, std::string* error) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t pos = 0;
+      const long long v = std::stoll(item, &pos);
+      if (pos != item.size() || v <= 0) throw 0;
+      out.push_back(v);
+    } catch (...) {
+      *error = "parallel.pp_layers = \"" + text + "\": '" + item + "' is not a positive layer count; expected e.g. \"3,4\"";
+      return {};
+    }
+  }
+  return out;
+}
+
+void check_degrees(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  for (auto [name, v] : {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp},
+                         {"parallel.vpp", p.vpp}})
+    if (v < 1) errs.push_back(std::string(name) + " = " + str(v) + ": expected a positive integer");
+  if (p.zero < 0 || p.zero > 3) errs.push_back("parallel.zero = " + str(p.zero) + ": expected 0, 1, 2 or 3");
+  if (p.micro_batch < 0)
+    errs.push_back("parallel.micro_batch = " + str(p.micro_batch) + ": expected >= 0 (0 derives it from train.batch)");
+  if (!(p.bucket_mb > 0 && p.bucket_mb <= 1 << 20))
+    errs.push_back("parallel.bucket_mb = " + std::to_string(p.bucket_mb) + ": expected MiB in (0, 1048576]");
+  if (p.schedule != "gpipe" && p.schedule != "1f1b" && p.schedule != "interleaved")
+    errs.push_back("parallel.schedule = '" + p.schedule + "': expected gpipe, 1f1b or interleaved");
+  if (p.recompute != "none" && p.recompute != "selective" && p.recompute != "full")
+    errs.push_back("parallel.recompute = '" + p.recompute + "': expected none, selective or full");
+
+  const ModelConfig& m = c.model;
+  if (p.tp > 1 && m.heads > 0 && m.kv_heads > 0 && m.ffn > 0 &&
+      (m.heads % p.tp || m.kv_heads % p.tp || m.ffn % p.tp)) {
+    errs.push_back("parallel.tp = " + str(p.tp) + " does not divide model.heads = " + str(m.heads) +
+                   ", model.kv_heads = " + str(m.kv_heads) + " and model.ffn = " + str(m.ffn) +
+                   "; valid tp: " + join(common_divisors({m.heads, m.kv_heads, m.ffn})));
+  }
+  if (p.sp && p.tp <= 1)
+    errs.push_back("parallel.sp = true needs parallel.tp > 1 (sequence parallel splits the tp group's work); "
+                   "set parallel.tp or drop sp");
+  const int64_t T = c.seq_len();
+  if (p.sp && p.tp > 1 && T > 0 && T % p.tp != 0)
+    errs.push_back("parallel.sp = true with sequence length " + str(T) + " not divisible by parallel.tp = " +
+                   str(p.tp) + "; valid tp for this sequence: " + join(common_divisors({T, m.heads, m.kv_heads, m.ffn})));
+}
+
+void check_pipeline(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  const int64_t L = c.model.layers;
+  if (p.pp < 1 || p.vpp < 1 || L < 1) return;
+  const int64_t stages = p.pp * p.vpp;
+  if (stages > L)
+    errs.push_back("parallel.pp x parallel.vpp = " + str(p.pp) + " x " + str(p.vpp) + " = " + str(stages) +
+                   " stages exceeds model.layers = " + str(L) + ": every stage needs a layer; valid pp at vpp " +
+                   str(p.vpp) + ": 1.." + str(L / p.vpp));
+  if (p.vpp > 1 && p.schedule != "interleaved")
+    errs.push_back("parallel.vpp = " + str(p.vpp) + " needs parallel.schedule = interleaved (it is '" +
+                   p.schedule + "')");
+  if (p.schedule == "interleaved") {
+    if (p.vpp < 2 || p.pp < 2)
+      errs.push_back("parallel.schedule = interleaved needs parallel.pp >= 2 and parallel.vpp >= 2 (have pp " +
+                     str(p.pp) + ", vpp " + str(p.vpp) + "); use 1f1b otherwise");
+    else if (c.train.grad_accum > 0 && c.train.grad_accum % p.pp != 0)
+      errs.push_back("parallel.schedule = interleaved needs train.grad_accum (micro-batches) = " +
+                     str(c.train.grad_accum) + " divisible by parallel.pp = " + str(p.pp) + "; e.g. grad_accum = " +
+                     str((c.train.grad_accum / p.pp + 1) * p.pp));
+  }
+  if (!p.pp_layers.empty()) {
+    std::string e;
+    const std::vector<int64_t> split = parse_layer_list(p.pp_layers, &e);
+    if (!e.empty()) {
+      errs.push_back(e);
+      return;
+    }
+    int64_t sum = 0;
+    for (int64_t v : split) sum += v;
+    if (int64_t(split.size()) != stages || sum != L)
+      errs.push_back("parallel.pp_layers = \"" + p.pp_layers + "\" lists " + str(int64_t(split.size())) +
+                     " stages with " + str(sum) + " layers; need " + str(stages) + " stages (pp x vpp) summing to " +
+                     "model.layers = " + str(L));
+  }
+}
+
+// Note [Global batch]: batch = micro_batch x grad_accum x dp.
+void check_batch(const Config& c, std::vector<std::string>& errs) {
+  const int64_t B = c.train.batch, A = c.train.grad_accum, D = c.parallel.dp, M = c.parallel.micro_batch;
+  if (B <= 0 || A <= 0 || D <= 0 || M < 0) return;
+  auto valid_accum = [&] {
+    std::vector<int64_t> v;
+    for (int64_t a = 1; a <= B / D; a++)
+      if (B % (a * D) == 0) v.push_back(a);
+    return v;
+  };
+  if (M > 0) {
+    if (M * A * D != B)
+      errs.push_back("parallel.micro_batch x train.grad_accum x parallel.dp = " + str(M) + " x " + str(A) + " x " +
+                     str(D) + " = " + str(M * A * D) + " but train.batch (the global batch) = " + str(B) +
+                     (B % (M * D) == 0 ? "; set train.grad_accum = " + str(B / (M * D))
+                                       : "; valid micro_batch at grad_accum " + str(A) + ": " +
+                                             (B % (A * D) == 0 ? str(B / (A * D)) : std::string("none"))));
+    return;
+  }
+  if (B % (A * D) != 0) {
+    const std::vector<int64_t> ok = valid_accum();
+    errs.push_back("train.grad_accum x parallel.dp = " + str(A) + " x " + str(D) + " does not divide train.batch = " +
+                   str(B) + ": the micro-batch must be whole; " +
+                   (ok.empty() ? "train.batch must be a multiple of parallel.dp = " + str(D)
+                               : "valid grad_accum at dp " + str(D) + ": " + join(ok)));
+  }
+}
+
+}  // namespace
+
+void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
+  check_degrees(c, errs);
+  check_pipeline(c, errs);
+  check_batch(c, errs);
+}
+
+}  // namespace loom

@@ -1,0 +1,69 @@
+// Data-parallel gradient synchronisation: bucketed all-reduce (or reduce-scatter for
+// ZeRO-2) launched during backward, strictly in bucket order.
+//
+// Note [Sharded buckets]
+// With ZeRO (stage >= 1) every bucket is padded (LayoutPadding) to a multiple of
+// dp x 16 floats and split into dp equal pieces; dp rank r owns piece r of every bucket.
+// A rank's shard of the flat state is the list of its pieces, so reduce-scatter and
+// all-gather run per bucket, and stage 2 keeps the overlap with backward that plain data
+// parallel has (Megatron's distributed optimizer shards its buffers the same way). The
+// optimizer keeps moments for the owned pieces only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+#include "loom/parallel/buckets.h"
+
+namespace loom::parallel {
+
+struct DataParallelPlan {
+  std::vector<Bucket> buckets;  // launch order; offsets in the padded layout
+  LayoutPadding padding;        // give to the Model so its layout matches `buckets`
+  int dp = 1;
+  // Piece `dp_rank` of every bucket, in bucket order (the whole bucket when dp == 1).
+  std::vector<FlatRange> owned(int dp_rank) const;
+};
+
+// Buckets of model `m`'s flat gradient buffer. `sharded`: pad each bucket to split evenly
+// over dp (Note [Sharded buckets]). Pure: every rank computes the same plan.
+DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded);
+
+class GradSync {
+ public:
+  enum class Mode { kAllReduce, kReduceScatter };
+  GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode);
+
+  // Arms the sync for the micro-batch whose backward is about to run (the last of the
+  // step; earlier ones only accumulate). `grads` is the model's flat gradient buffer.
+  void begin(float* grads);
+  // The model's grad-ready hook: launches, in bucket order, every bucket whose tensors
+  // all have index >= first_final. Does nothing unless armed.
+  void on_ready(int first_final);
+  // Launches what is left, waits for every bucket and disarms.
+  void finish();
+
+  // Fraction of this rank's gradient-communication time that ran before backward ended,
+  // over every step so far (Note [Overlap]); and the seconds spent waiting after backward.
+  double hidden_fraction() const;
+  double exposed_wait_s() const { return exposed_s_; }
+
+ private:
+  comm::Group& dp_;
+  const DataParallelPlan& plan_;
+  Mode mode_;
+  float* grads_ = nullptr;
+  size_t next_ = 0;
+  std::vector<comm::Work> pending_;
+  // Per step: ledger time when backward ended and when the last bucket finished.
+  struct Window {
+    double begin_us, backward_end_us, done_us;
+  };
+  std::vector<Window> windows_;
+  double begin_us_ = 0, exposed_s_ = 0;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,26 @@
+// Training progress output: JSON lines, a redrawn terminal bar, or plain log lines.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loom/train/trainer.h"
+
+namespace loom {
+
+class Reporter {
+ public:
+  Reporter(const TrainOptions& o, int64_t steps) : o_(o), steps_(steps) {}
+
+  void info(const std::string& line);
+  void step(int64_t step, double loss, double lr, double norm, double tok_s, double elapsed, bool log_line);
+  void val(int64_t step, double val_loss);
+  void end_bar();
+
+ private:
+  const TrainOptions& o_;
+  int64_t steps_;
+  bool bar_open_ = false;
+};
+
+}  // namespace loom

@@ -1,0 +1,113 @@
+#include "loom/train/verify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+
+namespace loom {
+
+VerifyRow compare_runs(const std::string& layout, const TrainSummary& ref, const TrainSummary& got,
+                       const VerifyTolerance& tol) {
+  VerifyRow row;
+  row.layout = layout;
+  if (got.losses.size() != ref.losses.size() || got.final_params.size() != ref.final_params.size()) {
+    row.error = "ran " + std::to_string(got.losses.size()) + " steps and kept " +
+                std::to_string(got.final_params.size()) + " parameters; the reference has " +
+                std::to_string(ref.losses.size()) + " and " + std::to_string(ref.final_params.size());
+    return row;
+  }
+  for (size_t i = 0; i < ref.losses.size(); i++)
+    row.max_loss_rel = std::max(row.max_loss_rel, std::abs(double(got.losses[i]) - ref.losses[i]) /
+                                                      std::max(1e-30, std::abs(double(ref.losses[i]))));
+  for (size_t i = 0; i < ref.final_params.size(); i++)
+    row.max_weight_abs = std::max(row.max_weight_abs, std::abs(double(got.final_params[i]) - ref.final_params[i]));
+  // NaN fails both comparisons.
+  row.ok = row.max_loss_rel <= tol.loss_rel && row.max_weight_abs <= tol.weight_abs;
+  return row;
+}
+
+namespace {
+
+std::string describe(const std::vector<std::string>& sets) {
+  std::string s;
+  for (const auto& kv : sets) {
+    std::string short_kv = kv;
+    for (const char* prefix : {"parallel.", "train."})
+      if (kv.rfind(prefix, 0) == 0) short_kv = kv.substr(std::string(prefix).size());
+    s += (s.empty() ? "" : " ") + short_kv;
+  }
+  return s.empty() ? "single" : s;
+}
+
+}  // namespace
+
+std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std::vector<std::string>>& layouts,
+                                      const VerifyTolerance& tol) {
+  const std::string base_toml = to_toml(base);
+  std::ostringstream sink;
+  TrainOptions o;
+  o.json = true, o.out = &sink, o.err = &sink, o.keep_params = true;
+  Config ref_cfg = base;
+  ref_cfg.checkpoint.dir.clear();
+  const TrainSummary ref = train(ref_cfg, o);
+  std::vector<VerifyRow> rows;
+  for (const auto& sets : layouts) {
+    VerifyRow row;
+    row.layout = describe(sets);
+    try {
+      Config c = config_from_toml_string(base_toml, sets);
+      c.checkpoint.dir.clear();
+      LOOM_CHECK(c.train.batch == base.train.batch, "layout '", row.layout, "' changes train.batch from ",
+                 base.train.batch, " to ", c.train.batch, ": compare layouts at one global batch");
+      std::vector<TrainSummary> out(size_t(c.parallel.world()));
+      comm::CommOptions copt;
+      copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
+      const std::vector<std::string> errors = comm::run_threads(int(c.parallel.world()), copt, [&](comm::World& w) {
+        out[size_t(w.global_rank())] = train(c, o, w);
+      });
+      for (size_t r = 0; r < errors.size(); r++)
+        if (!errors[r].empty()) throw Error("rank " + std::to_string(r) + ": " + errors[r]);
+      row = compare_runs(row.layout, ref, out[0], tol);
+      // Every rank must end with the same weights (replicated state stays replicated).
+      for (size_t r = 1; r < out.size() && row.ok; r++)
+        if (out[r].final_params != out[0].final_params) {
+          row.ok = false;
+          row.error = "rank " + std::to_string(r) + " ends with different weights from rank 0";
+        }
+    } catch (const std::exception& e) {
+      row.ok = false;
+      row.error = e.what();
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<std::vector<std::string>> parse_layout_list(const std::string& text) {
+  std::vector<std::vector<std::string>> out;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ';')) {
+    std::vector<std::string> sets;
+    std::stringstream kvs(item);
+    std::string kv;
+    while (std::getline(kvs, kv, ',')) {
+      kv.erase(0, kv.find_first_not_of(" \t"));
+      kv.erase(kv.find_last_not_of(" \t") + 1);
+      if (kv.empty()) continue;
+      if (kv.find('=') == std::string::npos || kv.front() == '=')
+        throw ConfigError("layout item '" + kv + "' in '" + text + "': expected key=value, e.g. dp=2,zero=1");
+      // Short keys are [parallel] keys, except grad_accum which lives in [train].
+      if (kv.find('.') < kv.find('=')) sets.push_back(kv);
+      else sets.push_back((kv.rfind("grad_accum=", 0) == 0 ? "train." : "parallel.") + kv);
+    }
+    if (!sets.empty()) out.push_back(sets);
+  }
+  if (out.empty()) throw ConfigError("no layouts in '" + text + "'; expected e.g. \"dp=2;dp=2,zero=1;dp=4\"");
+  return out;
+}
+
+}  // namespace loom

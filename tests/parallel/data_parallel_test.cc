@@ -1,0 +1,150 @@
+// Data parallel and ZeRO-1/2 against the single-process run (threads backend).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <numeric>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+#include "loom/parallel/grad_sync.h"
+#include "loom/train/verify.h"
+
+namespace loom {
+namespace {
+
+Config gpt_config(std::vector<std::string> extra = {}) {
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=64", "model.heads=4", "model.ffn=256",
+                                   "model.ctx=32",   "train.batch=12",   "train.steps=20", "train.val_batches=1",
+                                   "train.val_every=0", "train.threads=1", "checkpoint.dir=", "comm.timeout_s=60"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config("", sets);
+}
+
+Config llama_config() {
+  return gpt_config({"model.preset=llama", "model.layers=2", "model.d_model=64", "model.heads=4", "model.kv_heads=2",
+                     "model.ffn=96", "model.ctx=32"});
+}
+
+TEST(DataParallelPlan, BucketsSplitEvenlyAndOwnedPiecesTileTheBuffer) {
+  const Config c = gpt_config();
+  for (int dp : {1, 2, 3, 4}) {
+    parallel::BucketCaps caps;
+    caps.first_cap_bytes = 8 << 10, caps.cap_bytes = 64 << 10;  // several buckets for this small model
+    const parallel::DataParallelPlan plan = parallel::plan_data_parallel(c.model, dp, caps, true);
+    const ParamLayout layout(c.model, plan.padding);
+    ASSERT_GT(plan.buckets.size(), 2u) << dp;
+    // Buckets tile [0, total) in reverse order, each a multiple of dp x 16 floats.
+    int64_t end = layout.total_floats();
+    for (const parallel::Bucket& b : plan.buckets) {
+      EXPECT_EQ(b.offset + b.count, end) << "dp " << dp;
+      EXPECT_EQ(b.count % (dp * ParamLayout::kAlignFloats), 0) << "dp " << dp;
+      EXPECT_EQ(layout.specs()[b.first_tensor].offset, b.offset);
+      end = b.offset;
+    }
+    EXPECT_EQ(end, 0);
+    // Every float is owned by exactly one rank.
+    std::vector<int> owners(size_t(layout.total_floats()), 0);
+    for (int r = 0; r < dp; r++)
+      for (const FlatRange& p : plan.owned(r))
+        for (int64_t i = p.offset; i < p.offset + p.count; i++) owners[size_t(i)]++;
+    EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int n) { return n == 1; })) << "dp " << dp;
+    // Same tensors, same sizes, as the unpadded layout.
+    const ParamLayout base(c.model);
+    ASSERT_EQ(base.specs().size(), layout.specs().size());
+    for (size_t i = 0; i < base.specs().size(); i++) EXPECT_EQ(base.specs()[i].numel, layout.specs()[i].numel);
+  }
+}
+
+struct Case {
+  const char* name;
+  std::vector<std::string> sets;
+};
+
+void expect_matches(const Config& base, const std::vector<Case>& cases) {
+  std::vector<std::vector<std::string>> layouts;
+  for (const Case& c : cases) layouts.push_back(c.sets);
+  const std::vector<VerifyRow> rows = verify_layouts(base, layouts);
+  ASSERT_EQ(rows.size(), cases.size());
+  for (size_t i = 0; i < rows.size(); i++) {
+    EXPECT_TRUE(rows[i].ok) << cases[i].name << ": " << rows[i].error << " loss rel " << rows[i].max_loss_rel
+                            << ", weight " << rows[i].max_weight_abs;
+    EXPECT_TRUE(rows[i].error.empty()) << cases[i].name << ": " << rows[i].error;
+  }
+}
+
+TEST(DataParallel, GptLayoutsMatchTheSingleProcessRun) {
+  expect_matches(gpt_config(), {{"dp2", {"parallel.dp=2"}},
+                                {"dp3", {"parallel.dp=3"}},
+                                {"dp4", {"parallel.dp=4"}},
+                                {"dp2 accum2", {"parallel.dp=2", "train.grad_accum=2"}},
+                                {"dp2 small buckets", {"parallel.dp=2", "parallel.bucket_mb=0.01"}}});
+}
+
+TEST(DataParallel, ZeroStagesMatchTheSingleProcessRun) {
+  expect_matches(gpt_config(), {{"zero1 dp2", {"parallel.dp=2", "parallel.zero=1"}},
+                                {"zero2 dp2", {"parallel.dp=2", "parallel.zero=2", "parallel.bucket_mb=0.02"}},
+                                {"zero1 dp4", {"parallel.dp=4", "parallel.zero=1"}},
+                                {"zero2 dp4", {"parallel.dp=4", "parallel.zero=2"}},
+                                {"zero2 dp3 accum2", {"parallel.dp=3", "parallel.zero=2", "train.grad_accum=2"}}});
+}
+
+TEST(DataParallel, LlamaLayoutsMatchTheSingleProcessRun) {
+  expect_matches(llama_config(), {{"dp2", {"parallel.dp=2"}},
+                                  {"dp3", {"parallel.dp=3"}},
+                                  {"zero1 dp2", {"parallel.dp=2", "parallel.zero=1"}},
+                                  {"zero2 dp4", {"parallel.dp=4", "parallel.zero=2", "parallel.bucket_mb=0.02"}}});
+}
+
+TEST(DataParallel, VerifyFlagsAWrongResult) {
+  // A layout that changes the math (another seed) must be reported as a mismatch.
+  const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=3"}), {{"parallel.dp=2", "train.seed=7"}});
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_FALSE(rows[0].ok);
+  EXPECT_GT(rows[0].max_loss_rel, 1e-4);
+}
+
+TEST(DataParallel, UnsupportedOrMislaunchedLayoutsAreRefusedByName) {
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  try {
+    train(gpt_config({"parallel.dp=2"}), o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 2 ranks but 1 process runs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--nproc 2"), std::string::npos) << e.what();
+  }
+  const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=1"}), {{"parallel.tp=2"}});
+  EXPECT_FALSE(rows[0].ok);
+  EXPECT_NE(rows[0].error.find("parallel.tp = 2 (tensor parallel)"), std::string::npos) << rows[0].error;
+}
+
+TEST(DataParallel, ReportsHowMuchCommunicationWasHidden) {
+  const Config c = gpt_config({"parallel.dp=2", "train.steps=4", "parallel.bucket_mb=0.02"});
+  std::vector<TrainSummary> out(2);
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  const auto errors = comm::run_threads(2, {}, [&](comm::World& w) { out[size_t(w.global_rank())] = train(c, o, w); });
+  ASSERT_EQ(errors, std::vector<std::string>(2));
+  for (const TrainSummary& s : out) {
+    EXPECT_GE(s.comm_hidden_fraction, 0.0);
+    EXPECT_LE(s.comm_hidden_fraction, 1.0);
+    EXPECT_GE(s.comm_exposed_s, 0.0);
+  }
+  EXPECT_NE(sink.str().find("of rank 0's gradient communication ran during backward"), std::string::npos) << sink.str();
+}
+
+TEST(LayoutList, ParsesShortAndFullKeys) {
+  const auto l = parse_layout_list("dp=2,zero=1; dp=4 ;train.grad_accum=2;grad_accum=3");
+  ASSERT_EQ(l.size(), 4u);
+  EXPECT_EQ(l[3], (std::vector<std::string>{"train.grad_accum=3"}));
+  EXPECT_EQ(l[0], (std::vector<std::string>{"parallel.dp=2", "parallel.zero=1"}));
+  EXPECT_EQ(l[1], (std::vector<std::string>{"parallel.dp=4"}));
+  EXPECT_EQ(l[2], (std::vector<std::string>{"train.grad_accum=2"}));
+  EXPECT_THROW(parse_layout_list("dp2"), ConfigError);
+  EXPECT_THROW(parse_layout_list(" ; "), ConfigError);
+}
+
+}  // namespace
+}  // namespace loom

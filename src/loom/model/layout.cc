@@ -17,13 +17,14 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
   specs_.push_back(std::move(s));
 }
 
-ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding) {
+ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding, const ModelPart& part) {
   const int64_t C = m.d_model, F = m.ffn, V = m.vocab, hd = m.head_dim();
   const int64_t qkv = (m.heads + 2 * m.kv_heads) * hd;
   const bool gpt = m.arch == Arch::kGpt;
-  add("wte", {V, C}, true, -1);
-  if (gpt) add("wpe", {m.ctx, C}, true, -1);
+  if (part.embed || (gpt && part.head)) add("wte", {V, C}, true, -1);
+  if (gpt && part.embed) add("wpe", {m.ctx, C}, true, -1);
   for (int l = 0; l < int(m.layers); l++) {
+    if (!part.holds_layer(l)) continue;
     const std::string p = "h." + std::to_string(l) + ".";
     add(p + "norm1.w", {C}, false, l);
     if (gpt) add(p + "norm1.b", {C}, false, l);
@@ -38,9 +39,11 @@ ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding) {
     add(p + "mlp.proj.w", {C, F}, true, l);
     if (gpt) add(p + "mlp.proj.b", {C}, false, l);
   }
-  add("normf.w", {C}, false, -1);
-  if (gpt) add("normf.b", {C}, false, -1);
-  if (!gpt) add("head.w", {V, C}, true, -1);
+  if (part.head) {
+    add("normf.w", {C}, false, -1);
+    if (gpt) add("normf.b", {C}, false, -1);
+    if (!gpt) add("head.w", {V, C}, true, -1);
+  }
   if (!padding.segment_last.empty()) pad_segments(padding);
 }
 
@@ -104,7 +107,7 @@ ModelView make_view(const ParamLayout& layout, const ModelConfig& m, float* base
   }
   v.normf_w = ptr("normf.w");
   v.normf_b = ptr("normf.b");
-  v.head_w = m.arch == Arch::kGpt ? v.wte : ptr("head.w");
+  v.head_w = m.arch == Arch::kGpt ? ptr("normf.w") ? v.wte : nullptr : ptr("head.w");
   return v;
 }
 

@@ -37,11 +37,35 @@ struct LayoutPadding {
   int64_t multiple = 0;  // a multiple of kAlignFloats
 };
 
+// Note [Model parts]
+// The pieces of the model one pipeline rank holds: one or more chunks, each a contiguous
+// range of global layers (interleaved schedules give a rank several), plus the embedding
+// (the rank running virtual stage 0) and the final norm and head (the last virtual
+// stage). Tensors keep their global names ("h.5.attn.qkv.w"). GPT ties the head to wte,
+// so a head part without the embedding holds its own copy of wte: both copies start
+// equal (same init), their gradients are summed across the two ranks and their updates
+// are then identical (Megatron's embedding group does the same).
+struct ModelPart {
+  std::vector<std::pair<int, int>> chunks;  // [begin, end) per chunk; empty: all layers, one chunk
+  bool embed = true;
+  bool head = true;
+  // Chunks with an empty list resolved against the model.
+  std::vector<std::pair<int, int>> resolved_chunks(const ModelConfig& m) const {
+    return chunks.empty() ? std::vector<std::pair<int, int>>{{0, int(m.layers)}} : chunks;
+  }
+  bool holds_layer(int l) const {
+    if (chunks.empty()) return true;
+    for (auto [b, e] : chunks)
+      if (l >= b && l < e) return true;
+    return false;
+  }
+};
+
 class ParamLayout {
  public:
   static constexpr int64_t kAlignFloats = 16;
 
-  explicit ParamLayout(const ModelConfig& m, const LayoutPadding& padding = {});
+  explicit ParamLayout(const ModelConfig& m, const LayoutPadding& padding = {}, const ModelPart& part = {});
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t total_floats() const { return total_; }  // buffer size including padding
@@ -57,7 +81,7 @@ class ParamLayout {
   int64_t total_ = 0;
 };
 
-// Pointers into one flat buffer (params or grads). Unused entries (e.g. biases in Llama,
+// Pointers into one flat buffer (params or grads). Tensors this part does not hold and unused entries (e.g. biases in Llama,
 // wpe in Llama, head_w in GPT where the head is tied to wte) are nullptr.
 struct BlockView {
   float *norm1_w = nullptr, *norm1_b = nullptr;

@@ -9,9 +9,10 @@
 
 namespace loom {
 
-// Saved activations (per block) and backward scratch, carved from one allocation.
-// N = B*T rows; Q = (H + 2 KV) * hd; F2 = F (GPT) or 2F (Llama gate|up).
-struct Model::Acts {
+// Saved activations of one chunk for one micro-batch in flight, and the shared backward
+// scratch, carved from one allocation. N = B*T rows; Q = (H + 2 KV) * hd; F2 = F (GPT)
+// or 2F (Llama gate|up).
+struct Model::Slot {
   struct Block {
     float *norm1, *norm1_mean, *norm1_rstd;  // (N,C), (N), (N)
     float* qkv;                              // (N,Q), after RoPE for Llama
@@ -23,14 +24,20 @@ struct Model::Acts {
     float* fcg;                              // (N,F) activation output
     float* out;                              // (N,C) block output = next block's input
   };
+  float* input = nullptr;        // (N,C) chunk input: the embedding output or a copy of x_in
+  std::vector<Block> blocks;     // the chunk's layers, in order
+  int32_t* tokens = nullptr;     // (N) embedding chunk: the tokens, for embedding backward
+  float *normf = nullptr, *normf_mean = nullptr, *normf_rstd = nullptr;  // head chunk
+  float* dnormf = nullptr;       // (N,C) head chunk: dL/d(normf output), made in forward
+  float* dinput = nullptr;       // (N,C) dL/d(input), for the previous stage
+};
+
+struct Model::Acts {
   std::unique_ptr<float[]> storage;
   int64_t floats = 0;
-  float* embed = nullptr;  // (N,C) block 0 input
-  std::vector<Block> blocks;
-  float *normf, *normf_mean, *normf_rstd;
-  float* losses;  // (N)
-  // backward scratch
-  float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;
+  std::vector<Slot> slots;  // [chunk * act_slots + slot]
+  float* losses = nullptr;  // (N)
+  float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;  // backward scratch
 };
 
 namespace {
@@ -52,10 +59,15 @@ class Carver {
 }  // namespace
 
 Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
-             const LayoutPadding& padding)
-    : cfg_(cfg), layout_(cfg, padding), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
+             const LayoutPadding& padding, const ModelPart& part, int act_slots)
+    : cfg_(cfg), part_(part), chunks_(part.resolved_chunks(cfg)), act_slots_(act_slots),
+      layout_(cfg, padding, part), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
   LOOM_CHECK(max_batch > 0 && max_seq > 0 && max_seq <= cfg.ctx, "model buffers need 0 < batch (", max_batch,
              ") and 0 < seq (", max_seq, ") <= model.ctx (", cfg.ctx, ")");
+  LOOM_CHECK(act_slots >= 1, "activation slots must be >= 1, got ", act_slots);
+  for (auto [b, e] : chunks_)
+    LOOM_CHECK(0 <= b && b < e && e <= cfg.layers, "model chunk [", b, ", ", e, ") is not a layer range of the ",
+               cfg.layers, "-layer model");
   params_.assign(layout_.total_floats(), 0.0f);
   grads_.assign(layout_.total_floats(), 0.0f);
   pv_ = make_view(layout_, cfg_, params_.data());
@@ -76,15 +88,23 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   // Two passes: measure, then allocate and carve.
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
-    a.embed = c.take(N * C);
-    a.blocks.assign(cfg.layers, {});
-    for (auto& b : a.blocks) {
-      b.norm1 = c.take(N * C), b.norm1_mean = c.take(N), b.norm1_rstd = c.take(N);
-      b.qkv = c.take(N * Q), b.probs = c.take(P), b.atty = c.take(N * HD), b.x1 = c.take(N * C);
-      b.norm2 = c.take(N * C), b.norm2_mean = c.take(N), b.norm2_rstd = c.take(N);
-      b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(N * C);
+    a.slots.assign(chunks_.size() * size_t(act_slots), {});
+    for (size_t i = 0; i < a.slots.size(); i++) {
+      Slot& sl = a.slots[i];
+      const int chunk = int(i) / act_slots;
+      sl.input = c.take(N * C);
+      sl.blocks.assign(size_t(chunks_[chunk].second - chunks_[chunk].first), {});
+      for (auto& b : sl.blocks) {
+        b.norm1 = c.take(N * C), b.norm1_mean = c.take(N), b.norm1_rstd = c.take(N);
+        b.qkv = c.take(N * Q), b.probs = c.take(P), b.atty = c.take(N * HD), b.x1 = c.take(N * C);
+        b.norm2 = c.take(N * C), b.norm2_mean = c.take(N), b.norm2_rstd = c.take(N);
+        b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(N * C);
+      }
+      if (chunk_has_embed(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
+      else sl.dinput = c.take(N * C);
+      if (chunk_has_head(chunk))
+        sl.normf = c.take(N * C), sl.normf_mean = c.take(N), sl.normf_rstd = c.take(N), sl.dnormf = c.take(N * C);
     }
-    a.normf = c.take(N * C), a.normf_mean = c.take(N), a.normf_rstd = c.take(N);
     a.losses = c.take(N);
     a.dres = c.take(N * C), a.dnorm = c.take(N * C), a.datty = c.take(N * HD);
     a.dqkv = c.take(N * Q), a.dfch = c.take(N * F2), a.dfcg = c.take(N * F);
@@ -102,8 +122,12 @@ int64_t Model::activation_bytes() const { return acts_->floats * int64_t(sizeof(
 void Model::init_weights(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const float std_proj = float(cfg_.init_std / std::sqrt(2.0 * double(cfg_.layers)));
-  for (const ParamSpec& s : layout_.specs()) {
-    float* p = params_.data() + s.offset;
+  const ParamLayout whole(cfg_);
+  std::vector<float> discard;
+  for (const ParamSpec& s : whole.specs()) {
+    const ParamSpec* mine = layout_.find(s.name);
+    if (!mine) discard.resize(size_t(s.numel));
+    float* p = mine ? params_.data() + mine->offset : discard.data();
     const bool is_norm = s.name.find("norm") != std::string::npos;
     if (s.shape.size() == 1) {
       std::fill(p, p + s.numel, is_norm && s.name.back() == 'w' ? 1.0f : 0.0f);
@@ -130,11 +154,11 @@ void Model::check_shape(int64_t B, int64_t T) const {
              ") exceeds the buffers this model was built for (", max_batch_, ", ", max_seq_, ")");
 }
 
-void Model::forward_block(int l, int64_t B, int64_t T) {
-  const Acts& a = *acts_;
-  const Acts::Block& s = a.blocks[l];
+// Layer l (global index) = block i of the slot's chunk.
+void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
+  const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];
-  const float* x0 = l == 0 ? a.embed : a.blocks[l - 1].out;
+  const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;
   const int64_t N = B * T, C = cfg_.d_model, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
   const int64_t Q = (H + 2 * KV) * hd, F = cfg_.ffn;
   const float eps = float(cfg_.norm_eps);
@@ -161,12 +185,12 @@ void Model::forward_block(int l, int64_t B, int64_t T) {
 }
 
 // On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input).
-void Model::backward_block(int l, int64_t B, int64_t T) {
+void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const Acts& a = *acts_;
-  const Acts::Block& s = a.blocks[l];
+  const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];
   const BlockView& g = gv_.blocks[l];
-  const float* x0 = l == 0 ? a.embed : a.blocks[l - 1].out;
+  const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;
   const int64_t N = B * T, C = cfg_.d_model, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
   const int64_t Q = (H + 2 * KV) * hd, F = cfg_.ffn;
   const bool gpt = cfg_.arch == Arch::kGpt;
@@ -207,86 +231,144 @@ void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
                " is outside the vocabulary [0, ", vocab, ")");
 }
 
-}  // namespace
-
-void Model::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
-  check_shape(B, T);
-  const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  check_ids(tokens, N, V, "token");
-  Acts& a = *acts_;
-  k_.embedding_forward(a.embed, tokens, pv_.wte, pv_.wpe, B, T, C);
-  for (int l = 0; l < int(cfg_.layers); l++) forward_block(l, B, T);
-  const float* xl = cfg_.layers > 0 ? a.blocks.back().out : a.embed;
-  if (cfg_.arch == Arch::kGpt)
-    k_.layernorm_forward(a.normf, a.normf_mean, a.normf_rstd, xl, pv_.normf_w, pv_.normf_b, N, C,
-                         float(cfg_.norm_eps));
-  else
-    k_.rmsnorm_forward(a.normf, a.normf_rstd, xl, pv_.normf_w, N, C, float(cfg_.norm_eps));
-}
-
-void Model::backward_body(const int32_t* tokens, int64_t B, int64_t T) {
-  Acts& a = *acts_;
-  const int64_t N = B * T, C = cfg_.d_model;
-  const float* xl = cfg_.layers > 0 ? a.blocks.back().out : a.embed;
-  // a.dnorm holds dL/d(normf output); turn it into dL/d(x_L) in a.dres.
-  std::memset(a.dres, 0, size_t(N * C) * sizeof(float));
-  if (cfg_.arch == Arch::kGpt)
-    k_.layernorm_backward(a.dres, gv_.normf_w, gv_.normf_b, a.dnorm, xl, pv_.normf_w, a.normf_mean,
-                          a.normf_rstd, N, C);
-  else
-    k_.rmsnorm_backward(a.dres, gv_.normf_w, a.dnorm, xl, pv_.normf_w, a.normf_rstd, N, C);
-  // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
-  // normf are final here, each block after its backward, the embeddings (and GPT's tied
-  // head, which is wte) at the end.
-  if (grad_ready_) grad_ready_(normf_tensor_);
-  for (int l = int(cfg_.layers) - 1; l >= 0; l--) {
-    backward_block(l, B, T);
-    if (grad_ready_) grad_ready_(block_first_tensor_[l]);
-  }
-  k_.embedding_backward(gv_.wte, gv_.wpe, a.dres, tokens, B, T, C);
-  if (grad_ready_) grad_ready_(0);
-}
-
-namespace {
 float mean_of(const float* x, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; i++) s += x[i];
   return float(s / double(n));
 }
+
 }  // namespace
+
+Model::Slot& Model::slot(int chunk, int s) const {
+  LOOM_CHECK(chunk >= 0 && chunk < chunks() && s >= 0 && s < act_slots_, "model chunk ", chunk, " slot ", s,
+             " outside this part's ", chunks(), " chunks x ", act_slots_, " activation slots");
+  return acts_->slots[size_t(chunk * act_slots_ + s)];
+}
+
+void Model::check_whole(const char* what) const {
+  LOOM_CHECK(chunks() == 1 && part_.embed && part_.head, what, " needs the whole model, but this part holds ",
+             chunks(), " chunk(s)", part_.embed ? "" : " without the embedding", part_.head ? "" : " without the head");
+}
+
+void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const float* x_in, int64_t B, int64_t T) {
+  check_shape(B, T);
+  const int64_t N = B * T, C = cfg_.d_model;
+  if (chunk_has_embed(chunk)) {
+    LOOM_CHECK(tokens != nullptr, "the embedding chunk needs tokens");
+    check_ids(tokens, N, cfg_.vocab, "token");
+    std::memcpy(sl.tokens, tokens, size_t(N) * sizeof(int32_t));
+    k_.embedding_forward(sl.input, tokens, pv_.wte, pv_.wpe, B, T, C);
+  } else {
+    LOOM_CHECK(x_in != nullptr, "model chunk ", chunk, " needs its input activation");
+    std::memcpy(sl.input, x_in, size_t(N * C) * sizeof(float));
+  }
+  const auto [first, last] = chunks_[size_t(chunk)];
+  for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T);
+  if (!chunk_has_head(chunk)) return;
+  const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
+  if (cfg_.arch == Arch::kGpt)
+    k_.layernorm_forward(sl.normf, sl.normf_mean, sl.normf_rstd, xl, pv_.normf_w, pv_.normf_b, N, C,
+                         float(cfg_.norm_eps));
+  else
+    k_.rmsnorm_forward(sl.normf, sl.normf_rstd, xl, pv_.normf_w, N, C, float(cfg_.norm_eps));
+}
+
+void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
+  Acts& a = *acts_;
+  const int64_t N = B * T, C = cfg_.d_model;
+  if (chunk_has_head(chunk)) {
+    // sl.dnormf holds dL/d(normf output); turn it into dL/d(x_L) in a.dres.
+    const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
+    std::memset(a.dres, 0, size_t(N * C) * sizeof(float));
+    if (cfg_.arch == Arch::kGpt)
+      k_.layernorm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean,
+                            sl.normf_rstd, N, C);
+    else
+      k_.rmsnorm_backward(a.dres, gv_.normf_w, sl.dnormf, xl, pv_.normf_w, sl.normf_rstd, N, C);
+    // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
+    // normf are final here, each block after its backward, the embeddings (and GPT's tied
+    // head, which is wte) at the end.
+    if (grad_ready_) grad_ready_(normf_tensor_);
+  }
+  const auto [first, last] = chunks_[size_t(chunk)];
+  for (int l = last - 1; l >= first; l--) {
+    backward_block(sl, l - first, l, B, T);
+    if (grad_ready_) grad_ready_(block_first_tensor_[l]);
+  }
+  if (chunk_has_embed(chunk)) {
+    k_.embedding_backward(gv_.wte, gv_.wpe, a.dres, sl.tokens, B, T, C);
+    if (grad_ready_) grad_ready_(0);
+  } else {
+    std::memcpy(sl.dinput, a.dres, size_t(N * C) * sizeof(float));
+  }
+}
+
+float Model::stage_forward(int chunk, int s, const int32_t* tokens, const float* x_in, const int32_t* targets,
+                           int64_t B, int64_t T, float grad_scale) {
+  Slot& sl = slot(chunk, s);
+  forward_chunk(sl, chunk, tokens, x_in, B, T);
+  if (!chunk_has_head(chunk)) return 0.0f;
+  Acts& a = *acts_;
+  const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab;
+  LOOM_CHECK(targets != nullptr, "the head chunk needs targets");
+  check_ids(targets, N, V, "target");
+  std::memset(sl.dnormf, 0, size_t(N * C) * sizeof(float));
+  k_.lm_head_loss(a.losses, sl.dnormf, gv_.head_w, sl.normf, pv_.head_w, targets, N, C, V, grad_scale / float(N));
+  return mean_of(a.losses, N);
+}
+
+const float* Model::stage_output(int chunk, int s) const {
+  const Slot& sl = slot(chunk, s);
+  return sl.blocks.empty() ? sl.input : sl.blocks.back().out;
+}
+
+void Model::stage_backward(int chunk, int s, const float* dy, int64_t B, int64_t T) {
+  Slot& sl = slot(chunk, s);
+  check_shape(B, T);
+  if (!chunk_has_head(chunk)) {
+    LOOM_CHECK(dy != nullptr, "model chunk ", chunk, " backward needs dL/d(output)");
+    std::memcpy(acts_->dres, dy, size_t(B * T * cfg_.d_model) * sizeof(float));
+  }
+  backward_chunk(sl, chunk, B, T);
+}
+
+const float* Model::stage_input_grad(int chunk, int s) const {
+  LOOM_CHECK(!chunk_has_embed(chunk), "the embedding chunk has no input activation gradient");
+  return slot(chunk, s).dinput;
+}
 
 float Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                               float grad_scale) {
-  forward_body(tokens, B, T);
-  Acts& a = *acts_;
-  const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  check_ids(targets, N, V, "target");
-  std::memset(a.dnorm, 0, size_t(N * C) * sizeof(float));
-  k_.lm_head_loss(a.losses, a.dnorm, gv_.head_w, a.normf, pv_.head_w, targets, N, C, V,
-                  grad_scale / float(N));
-  backward_body(tokens, B, T);
-  return mean_of(a.losses, N);
+  check_whole("forward_backward");
+  const float loss = stage_forward(0, 0, tokens, nullptr, targets, B, T, grad_scale);
+  stage_backward(0, 0, nullptr, B, T);
+  return loss;
 }
 
 float Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
-  forward_body(tokens, B, T);
-  Acts& a = *acts_;
+  check_whole("forward_loss");
+  Slot& sl = slot(0, 0);
+  forward_chunk(sl, 0, tokens, nullptr, B, T);
   const int64_t N = B * T;
   check_ids(targets, N, cfg_.vocab, "target");
-  k_.lm_head_loss(a.losses, nullptr, nullptr, a.normf, pv_.head_w, targets, N, cfg_.d_model, cfg_.vocab, 0.0f);
-  return mean_of(a.losses, N);
+  k_.lm_head_loss(acts_->losses, nullptr, nullptr, sl.normf, pv_.head_w, targets, N, cfg_.d_model, cfg_.vocab, 0.0f);
+  return mean_of(acts_->losses, N);
 }
 
 void Model::forward_logits(const int32_t* tokens, int64_t B, int64_t T, std::vector<float>& logits) {
-  forward_body(tokens, B, T);
+  check_whole("forward_logits");
+  Slot& sl = slot(0, 0);
+  forward_chunk(sl, 0, tokens, nullptr, B, T);
   const int64_t N = B * T;
   logits.resize(size_t(N * cfg_.vocab));
-  k_.matmul_forward(logits.data(), acts_->normf, pv_.head_w, nullptr, N, cfg_.d_model, cfg_.vocab);
+  k_.matmul_forward(logits.data(), sl.normf, pv_.head_w, nullptr, N, cfg_.d_model, cfg_.vocab);
 }
 
 void Model::forward_last_logits(const int32_t* tokens, int64_t T, float* logits) {
-  forward_body(tokens, 1, T);
-  k_.lm_head_logits_row(logits, acts_->normf + (T - 1) * cfg_.d_model, pv_.head_w, cfg_.d_model, cfg_.vocab);
+  check_whole("forward_last_logits");
+  Slot& sl = slot(0, 0);
+  forward_chunk(sl, 0, tokens, nullptr, 1, T);
+  k_.lm_head_logits_row(logits, sl.normf + (T - 1) * cfg_.d_model, pv_.head_w, cfg_.d_model, cfg_.vocab);
 }
 
 }  // namespace loom

@@ -20,8 +20,11 @@ class Model {
  public:
   // Allocates parameters, gradients and activations for micro-batches up to
   // (max_batch, max_seq). Parameters start at zero; call init_weights or load them.
+  // `part`: the pieces this rank holds (Note [Model parts]); `act_slots`: micro-batches
+  // whose activations each chunk can hold at once (a pipeline schedule's peak in flight).
   Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq,
-        KernelBackend backend = KernelBackend::kCpu, const LayoutPadding& padding = {});
+        KernelBackend backend = KernelBackend::kCpu, const LayoutPadding& padding = {},
+        const ModelPart& part = {}, int act_slots = 1);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -37,8 +40,16 @@ class Model {
   // Bytes held for activations and backward scratch.
   int64_t activation_bytes() const;
 
+  const ModelPart& part() const { return part_; }
+  int chunks() const { return int(chunks_.size()); }
+  const std::pair<int, int>& chunk_layers(int c) const { return chunks_[size_t(c)]; }
+  bool chunk_has_embed(int c) const { return part_.embed && c == 0; }
+  bool chunk_has_head(int c) const { return part_.head && c + 1 == chunks(); }
+
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual output projections
-  // scaled by 1/sqrt(2 * layers), biases 0, norm weights 1. Deterministic from the seed.
+  // scaled by 1/sqrt(2 * layers), biases 0, norm weights 1. Deterministic from the seed,
+  // and the same values for a tensor whichever part holds it (the whole model's random
+  // stream is walked; tensors not held are skipped).
   void init_weights(uint64_t seed);
   void zero_grads();
 
@@ -53,6 +64,20 @@ class Model {
   using GradReadyHook = std::function<void(int first_final)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
+  // Pipeline stages. Chunk c of this part on activation slot s (s < act_slots):
+  // forward input is `tokens` (B,T) for the embedding chunk, else x_in (B,T,C) from the
+  // previous stage. A head chunk needs `targets`, returns the mean loss over B*T and, as the
+  // fused LM-head kernel computes both at once, already ADDS d(grad_scale * loss) to the
+  // head's gradients; other chunks return 0 and leave their output at stage_output(c, s).
+  float stage_forward(int chunk, int slot, const int32_t* tokens, const float* x_in, const int32_t* targets,
+                      int64_t B, int64_t T, float grad_scale);
+  const float* stage_output(int chunk, int slot) const;
+  // dy (B,T,C) = dL/d(stage output) (ignored by head chunks, whose upstream gradient was
+  // made in forward). Adds parameter gradients; leaves dL/d(x_in) at stage_input_grad(c, s)
+  // unless the chunk starts with the embedding.
+  void stage_backward(int chunk, int slot, const float* dy, int64_t B, int64_t T);
+  const float* stage_input_grad(int chunk, int slot) const;
+
   // Mean loss only.
   float forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // Full logits (B,T,V) for tests; allocates B*T*V floats in `logits`.
@@ -62,14 +87,21 @@ class Model {
 
  private:
   struct Acts;
+  struct Slot;
   void check_shape(int64_t B, int64_t T) const;
-  // Runs the blocks and the final norm; leaves normf output in acts.
-  void forward_body(const int32_t* tokens, int64_t B, int64_t T);
-  void backward_body(const int32_t* tokens, int64_t B, int64_t T);
-  void forward_block(int l, int64_t B, int64_t T);
-  void backward_block(int l, int64_t B, int64_t T);
+  void check_whole(const char* what) const;
+  Slot& slot(int chunk, int s) const;
+  // Input -> blocks -> (head chunk) final norm; the head itself is left to the caller.
+  void forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const float* x_in, int64_t B, int64_t T);
+  // On entry scratch dres = dL/d(chunk output) (head chunk: built from the saved dnormf).
+  void backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T);
+  void forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
+  void backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
 
   ModelConfig cfg_;
+  ModelPart part_;
+  std::vector<std::pair<int, int>> chunks_;
+  int act_slots_ = 1;
   ParamLayout layout_;
   const Kernels& k_;
   int64_t max_batch_, max_seq_;

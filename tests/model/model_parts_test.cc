@@ -1,0 +1,152 @@
+// Model parts (Note [Model parts]): running the stages of a split model in sequence gives
+// the whole model's loss and gradients, for GPT (tied head) and Llama, with several
+// activation slots and a two-chunk (interleaved-style) part.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "loom/core/error.h"
+#include "loom/model/model.h"
+
+namespace loom {
+namespace {
+
+ModelConfig small(Arch arch) {
+  ModelConfig m;
+  m.arch = arch, m.layers = 4, m.d_model = 32, m.heads = 4, m.kv_heads = arch == Arch::kGpt ? 4 : 2;
+  m.ffn = arch == Arch::kGpt ? 128 : 48, m.vocab = 64, m.ctx = 16;
+  return m;
+}
+
+struct Batch {
+  std::vector<int32_t> tok, tgt;
+};
+
+Batch random_batch(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab) - 1);
+  Batch b;
+  for (int64_t i = 0; i < n; i++) b.tok.push_back(d(rng)), b.tgt.push_back(d(rng));
+  return b;
+}
+
+// Stage s of `parts` holds parts[s]; micro-batches run all forwards, then all backwards
+// (GPipe order), each on its own activation slot.
+void run_pipeline(std::vector<std::unique_ptr<Model>>& stages, const std::vector<Batch>& mbs, int64_t B, int64_t T,
+                  std::vector<float>& losses) {
+  const int M = int(mbs.size());
+  losses.assign(size_t(M), 0.0f);
+  for (int m = 0; m < M; m++) {
+    const float* x = nullptr;
+    for (auto& st : stages)
+      for (int c = 0; c < st->chunks(); c++) {
+        const float l = st->stage_forward(c, m, mbs[m].tok.data(), x, mbs[m].tgt.data(), B, T, 1.0f / float(M));
+        if (st->chunk_has_head(c)) losses[size_t(m)] = l;
+        else x = st->stage_output(c, m);
+      }
+  }
+  for (int m = M - 1; m >= 0; m--) {
+    const float* dy = nullptr;
+    for (int s = int(stages.size()) - 1; s >= 0; s--)
+      for (int c = stages[s]->chunks() - 1; c >= 0; c--) {
+        stages[s]->stage_backward(c, m, dy, B, T);
+        if (!stages[s]->chunk_has_embed(c)) dy = stages[s]->stage_input_grad(c, m);
+      }
+  }
+}
+
+void expect_parts_match_whole(Arch arch, const std::vector<ModelPart>& parts) {
+  const ModelConfig cfg = small(arch);
+  const int64_t B = 2, T = 8, M = 3;
+  std::vector<Batch> mbs;
+  for (int m = 0; m < M; m++) mbs.push_back(random_batch(B * T, cfg.vocab, 100 + m));
+
+  Model whole(cfg, B, T);
+  whole.init_weights(7);
+  std::vector<float> ref_losses;
+  for (int m = 0; m < M; m++)
+    ref_losses.push_back(whole.forward_backward(mbs[m].tok.data(), mbs[m].tgt.data(), B, T, 1.0f / float(M)));
+
+  std::vector<std::unique_ptr<Model>> stages;
+  for (const ModelPart& p : parts) {
+    stages.push_back(std::make_unique<Model>(cfg, B, T, KernelBackend::kCpu, LayoutPadding{}, p, int(M)));
+    stages.back()->init_weights(7);
+  }
+  std::vector<float> losses;
+  run_pipeline(stages, mbs, B, T, losses);
+  for (int m = 0; m < M; m++) EXPECT_NEAR(losses[m], ref_losses[m], 1e-6f * std::abs(ref_losses[m])) << "mb " << m;
+
+  // Every tensor of the whole model: same initial value on every part that holds it, and
+  // gradients that add up (GPT's wte sits on the first and last part) to the whole's.
+  for (const ParamSpec& s : whole.layout().specs()) {
+    std::vector<double> g(size_t(s.numel), 0.0);
+    int holders = 0;
+    for (auto& st : stages) {
+      const ParamSpec* mine = st->layout().find(s.name);
+      if (!mine) continue;
+      holders++;
+      for (int64_t i = 0; i < s.numel; i++) {
+        ASSERT_EQ(st->params()[size_t(mine->offset + i)], whole.params()[size_t(s.offset + i)]) << s.name;
+        g[size_t(i)] += st->grads()[size_t(mine->offset + i)];
+      }
+    }
+    EXPECT_GE(holders, 1) << s.name;
+    double max_err = 0, max_ref = 0;
+    for (int64_t i = 0; i < s.numel; i++) {
+      max_err = std::max(max_err, std::abs(g[size_t(i)] - whole.grads()[size_t(s.offset + i)]));
+      max_ref = std::max(max_ref, double(std::abs(whole.grads()[size_t(s.offset + i)])));
+    }
+    EXPECT_LE(max_err, 1e-5 * std::max(1.0, max_ref)) << s.name;
+  }
+}
+
+TEST(ModelParts, TwoStagesMatchTheWholeModel) {
+  for (Arch a : {Arch::kGpt, Arch::kLlama})
+    expect_parts_match_whole(a, {{{{0, 2}}, true, false}, {{{2, 4}}, false, true}});
+}
+
+TEST(ModelParts, UnevenThreeStagesMatchTheWholeModel) {
+  for (Arch a : {Arch::kGpt, Arch::kLlama})
+    expect_parts_match_whole(a, {{{{0, 1}}, true, false}, {{{1, 3}}, false, false}, {{{3, 4}}, false, true}});
+}
+
+TEST(ModelParts, ChunkedPartsAsInterleavedSchedulesUseThem) {
+  // Two ranks, two chunks each: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3. Run in
+  // virtual-stage order by giving each chunk its own single-chunk view of the schedule.
+  const ModelConfig cfg = small(Arch::kGpt);
+  const ModelPart r0{{{0, 1}, {2, 3}}, true, false}, r1{{{1, 2}, {3, 4}}, false, true};
+  Model m0(cfg, 2, 8, KernelBackend::kCpu, {}, r0, 1), m1(cfg, 2, 8, KernelBackend::kCpu, {}, r1, 1);
+  Model whole(cfg, 2, 8);
+  for (Model* m : {&m0, &m1, &whole}) m->init_weights(3);
+  const Batch b = random_batch(16, cfg.vocab, 5);
+  const float ref = whole.forward_backward(b.tok.data(), b.tgt.data(), 2, 8, 1.0f);
+  m0.stage_forward(0, 0, b.tok.data(), nullptr, nullptr, 2, 8, 1.0f);
+  m1.stage_forward(0, 0, nullptr, m0.stage_output(0, 0), nullptr, 2, 8, 1.0f);
+  m0.stage_forward(1, 0, nullptr, m1.stage_output(0, 0), nullptr, 2, 8, 1.0f);
+  const float loss = m1.stage_forward(1, 0, nullptr, m0.stage_output(1, 0), b.tgt.data(), 2, 8, 1.0f);
+  EXPECT_NEAR(loss, ref, 1e-6f * ref);
+  m1.stage_backward(1, 0, nullptr, 2, 8);
+  m0.stage_backward(1, 0, m1.stage_input_grad(1, 0), 2, 8);
+  m1.stage_backward(0, 0, m0.stage_input_grad(1, 0), 2, 8);
+  m0.stage_backward(0, 0, m1.stage_input_grad(0, 0), 2, 8);
+  const ParamSpec& q = whole.layout().at("h.2.attn.qkv.w");
+  const ParamSpec& q0 = m0.layout().at("h.2.attn.qkv.w");
+  for (int64_t i = 0; i < q.numel; i += 97)
+    EXPECT_NEAR(m0.grads()[size_t(q0.offset + i)], whole.grads()[size_t(q.offset + i)], 1e-6) << i;
+}
+
+TEST(ModelParts, WholeModelCallsNeedTheWholeModel) {
+  const ModelConfig cfg = small(Arch::kLlama);
+  Model part(cfg, 1, 8, KernelBackend::kCpu, {}, {{{0, 2}}, true, false}, 1);
+  const Batch b = random_batch(8, cfg.vocab, 1);
+  EXPECT_THROW(part.forward_backward(b.tok.data(), b.tgt.data(), 1, 8, 1.0f), Error);
+  EXPECT_THROW(part.stage_forward(0, 1, b.tok.data(), nullptr, nullptr, 1, 8, 1.0f), Error);  // one slot only
+  EXPECT_THROW(Model(cfg, 1, 8, KernelBackend::kCpu, {}, {{{3, 5}}, false, true}, 1), Error);  // layer 4 of 4
+  EXPECT_EQ(part.layout().find("head.w"), nullptr);
+  EXPECT_NE(part.layout().find("h.1.mlp.fc.w"), nullptr);
+  EXPECT_EQ(part.layout().find("h.2.mlp.fc.w"), nullptr);
+}
+
+}  // namespace
+}  // namespace loom

@@ -15,7 +15,7 @@ namespace {
 comm::World* g_world = nullptr;  // owned by main()
 
 Config base_config(const std::string& preset) {
-  std::vector<std::string> sets = {"model.layers=2", "model.d_model=64", "model.heads=4", "model.ctx=32",
+  std::vector<std::string> sets = {"model.layers=4", "model.d_model=64", "model.heads=4", "model.ctx=32",
                                    "train.batch=12",  "train.steps=20",   "train.val_batches=1", "train.val_every=0",
                                    "train.threads=1", "checkpoint.dir=",  "comm.timeout_s=60"};
   if (preset == "llama") sets.insert(sets.begin(), {"model.preset=llama", "model.kv_heads=2", "model.ffn=96"});
@@ -54,6 +54,12 @@ const std::vector<std::vector<std::string>> kLayouts = {
     {"parallel.dp=4"},
     {"parallel.dp=4", "parallel.zero=1"},
     {"parallel.dp=4", "parallel.zero=2", "parallel.bucket_mb=0.02"},
+    {"parallel.pp=2", "train.grad_accum=4"},
+    {"parallel.pp=2", "parallel.schedule=gpipe", "train.grad_accum=4"},
+    {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=4"},
+    {"parallel.pp=3", "train.grad_accum=3"},
+    {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=2"},
+    {"parallel.dp=2", "parallel.pp=2", "parallel.zero=2", "train.grad_accum=2", "parallel.bucket_mb=0.05"},
 };
 
 TEST(MpiTrain, GptLayoutsMatchTheSingleProcessRun) { check_layouts("gpt", kLayouts); }

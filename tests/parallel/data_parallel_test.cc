@@ -7,6 +7,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/parallel/grad_sync.h"
+#include "loom/parallel/pipeline.h"
 #include "loom/train/verify.h"
 
 namespace loom {
@@ -95,6 +96,48 @@ TEST(DataParallel, LlamaLayoutsMatchTheSingleProcessRun) {
                                   {"zero2 dp4", {"parallel.dp=4", "parallel.zero=2", "parallel.bucket_mb=0.02"}}});
 }
 
+TEST(Pipeline, SchedulesMatchTheSingleProcessRun) {
+  expect_matches(gpt_config({"model.layers=4"}),
+                 {{"pp2 1f1b", {"parallel.pp=2", "train.grad_accum=4"}},
+                  {"pp2 gpipe", {"parallel.pp=2", "parallel.schedule=gpipe", "train.grad_accum=4"}},
+                  {"pp2 x vpp2", {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=4"}},
+                  {"pp2 one micro-batch", {"parallel.pp=2"}}});
+}
+
+TEST(Pipeline, OddAndUnevenSplitsMatchTheSingleProcessRun) {
+  expect_matches(gpt_config({"model.layers=7"}),
+                 {{"pp3 over 7 layers", {"parallel.pp=3", "train.grad_accum=3"}},
+                  {"pp3 split 3,1,3", {"parallel.pp=3", "parallel.pp_layers=3,1,3", "train.grad_accum=2"}}});
+}
+
+TEST(Pipeline, WithDataParallelAndZeroMatchesTheSingleProcessRun) {
+  expect_matches(gpt_config({"model.layers=4"}),
+                 {{"dp2 x pp2", {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=2"}},
+                  {"dp2 x pp2 zero1", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "train.grad_accum=3"}},
+                  {"dp2 x pp2 zero2", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=2", "train.grad_accum=2",
+                                       "parallel.bucket_mb=0.05"}}});
+  Config llama = llama_config();
+  llama.model.layers = 4;
+  expect_matches(llama, {{"llama pp2 x vpp2", {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved",
+                                               "train.grad_accum=4"}},
+                         {"llama dp2 x pp2 zero2", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=2",
+                                                    "train.grad_accum=2"}}});
+}
+
+TEST(Pipeline, StageLayersAndParts) {
+  EXPECT_EQ(parallel::stage_layers(7, 3), (std::vector<int>{2, 3, 2}));
+  EXPECT_EQ(parallel::stage_layers(8, 4), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(parallel::stage_layers(6, 4), (std::vector<int>{1, 2, 2, 1}));
+  EXPECT_EQ(parallel::stage_layers(7, 2, {3, 4}), (std::vector<int>{3, 4}));
+  EXPECT_THROW(parallel::stage_layers(3, 4), Error);
+  EXPECT_THROW(parallel::stage_layers(7, 2, {3, 3}), Error);
+  // Interleaved: rank 1 of pp 2 x vpp 2 holds virtual stages 1 and 3.
+  const ModelPart p = parallel::pipeline_part({1, 2, 2, 3}, 2, 2, 1);
+  EXPECT_EQ(p.chunks, (std::vector<std::pair<int, int>>{{1, 3}, {5, 8}}));
+  EXPECT_FALSE(p.embed);
+  EXPECT_TRUE(p.head);
+}
+
 TEST(DataParallel, VerifyFlagsAWrongResult) {
   // A layout that changes the math (another seed) must be reported as a mismatch.
   const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=3"}), {{"parallel.dp=2", "train.seed=7"}});
@@ -142,6 +185,8 @@ TEST(LayoutList, ParsesShortAndFullKeys) {
   EXPECT_EQ(l[0], (std::vector<std::string>{"parallel.dp=2", "parallel.zero=1"}));
   EXPECT_EQ(l[1], (std::vector<std::string>{"parallel.dp=4"}));
   EXPECT_EQ(l[2], (std::vector<std::string>{"train.grad_accum=2"}));
+  EXPECT_EQ(parse_layout_list("pp=3,pp_layers=3,1,3,grad_accum=2")[0],
+            (std::vector<std::string>{"parallel.pp=3", "parallel.pp_layers=3,1,3", "train.grad_accum=2"}));
   EXPECT_THROW(parse_layout_list("dp2"), ConfigError);
   EXPECT_THROW(parse_layout_list(" ; "), ConfigError);
 }

@@ -17,9 +17,10 @@ std::vector<FlatRange> DataParallelPlan::owned(int dp_rank) const {
   return out;
 }
 
-DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded) {
+DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
+                                    const ModelPart& part) {
   LOOM_CHECK(dp >= 1, "data-parallel degree must be >= 1, got ", dp);
-  const ParamLayout base(m);
+  const ParamLayout base(m, {}, part);
   std::vector<TensorExtent> extents;
   for (const ParamSpec& s : base.specs()) extents.push_back({s.offset, s.numel});
   DataParallelPlan plan;
@@ -33,7 +34,7 @@ DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCa
   plan.padding.multiple = ParamLayout::kAlignFloats * (sharded ? dp : 1);
   // Re-measure every bucket in the padded layout: it spans from its first tensor to the
   // next bucket's first tensor (or the end of the buffer), padding included.
-  const ParamLayout padded(m, plan.padding);
+  const ParamLayout padded(m, plan.padding, part);
   const auto& specs = padded.specs();
   for (Bucket& b : plan.buckets) {
     b.offset = specs[b.first_tensor].offset;
@@ -61,6 +62,7 @@ void GradSync::on_ready(int first_final) {
   const comm::CallOptions async{.async = true};
   for (; next_ < plan_.buckets.size() && plan_.buckets[next_].first_tensor >= first_final; next_++) {
     const Bucket& b = plan_.buckets[next_];
+    if (b.first_tensor == 0 && hold_first_ && !finishing_) return;
     std::span<float> all(grads_ + b.offset, size_t(b.count));
     if (mode_ == Mode::kAllReduce) {
       pending_.push_back(dp_.all_reduce(all, comm::ReduceOp::kAvg, async));
@@ -76,7 +78,9 @@ void GradSync::finish() {
   LOOM_ASSERT(grads_ != nullptr);
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
+  finishing_ = true;
   on_ready(0);
+  finishing_ = false;
   for (comm::Work& w : pending_) w.wait();
   const double done = ledger.now_us();
   exposed_s_ += (done - backward_end) * 1e-6;

@@ -30,13 +30,17 @@ struct DataParallelPlan {
 
 // Buckets of model `m`'s flat gradient buffer. `sharded`: pad each bucket to split evenly
 // over dp (Note [Sharded buckets]). Pure: every rank computes the same plan.
-DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded);
+DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
+                                    const ModelPart& part = {});
 
 class GradSync {
  public:
   enum class Mode { kAllReduce, kReduceScatter };
   GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode);
 
+  // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
+  // tied embedding's two copies (first and last stage) before it is reduced.
+  void hold_first_tensor(bool hold) { hold_first_ = hold; }
   // Arms the sync for the micro-batch whose backward is about to run (the last of the
   // step; earlier ones only accumulate). `grads` is the model's flat gradient buffer.
   void begin(float* grads);
@@ -57,6 +61,7 @@ class GradSync {
   Mode mode_;
   float* grads_ = nullptr;
   size_t next_ = 0;
+  bool hold_first_ = false, finishing_ = false;
   std::vector<comm::Work> pending_;
   // Per step: ledger time when backward ended and when the last bucket finished.
   struct Window {

@@ -18,6 +18,7 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/data.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/rank_context.h"
 #include "loom/train/report.h"
 
 namespace loom {
@@ -31,14 +32,14 @@ void check_supported(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   std::vector<std::string> missing;
   if (p.tp > 1) missing.push_back("parallel.tp = " + std::to_string(p.tp) + " (tensor parallel)");
-  if (p.pp > 1) missing.push_back("parallel.pp = " + std::to_string(p.pp) + " (pipeline parallel)");
   if (p.sp) missing.push_back("parallel.sp = true (sequence parallel)");
   if (p.zero == 3) missing.push_back("parallel.zero = 3 (sharded parameters)");
   if (p.recompute != "none") missing.push_back("parallel.recompute = " + p.recompute);
   if (!missing.empty()) {
     std::string msg = "not implemented yet in this build:";
     for (const auto& m : missing) msg += " " + m + ";";
-    throw Error(msg + " data parallel (parallel.dp) with parallel.zero 0, 1 or 2 runs today");
+    throw Error(msg + " data parallel (parallel.dp, parallel.zero 0, 1 or 2) and pipeline parallel (parallel.pp, vpp, "
+                "schedule) run today");
   }
   if (world_size != p.world())
     throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
@@ -48,36 +49,24 @@ void check_supported(const Config& cfg, int world_size) {
                 std::to_string(p.world()) + "`, or set parallel.dp = " + std::to_string(world_size));
 }
 
-// This rank's part of a run. A single process has no world and no groups.
-struct RankContext {
-  comm::World* world = nullptr;
-  std::unique_ptr<comm::Group> dp;  // null when dp == 1
-  int dp_rank = 0, dp_size = 1;
-  bool logging = true;              // global rank 0 writes the log
-  int zero = 0;
-
-  // Sums each value over the dp group (identity without one).
-  void dp_sum(std::span<double> x) {
-    if (dp) dp->all_reduce(x, comm::ReduceOp::kSum);
-  }
-};
-
 class NullBuffer : public std::streambuf {
  protected:
   int overflow(int c) override { return c; }
 };
 
-double evaluate(Model& model, const DataLoader& loader, int64_t batches, int64_t global_rows, int64_t T,
-                RankContext& rc) {
+// Mean validation loss over the global validation batch. A pipeline computes it on the
+// last stage; the stats group brings it to every rank.
+double evaluate(Model& model, parallel::PipelineRunner* pipe, const DataLoader& loader, int64_t batches,
+                int64_t global_rows, int64_t T, const RankContext& rc) {
   const int64_t rows = loader.shard_rows(global_rows);
   std::vector<int32_t> tok(size_t(rows * T)), tgt(size_t(rows * T));
   double sum = 0;
   for (int64_t i = 0; i < batches; i++) {
     loader.val_batch(i, batches, global_rows, tok.data(), tgt.data());
-    sum += model.forward_loss(tok.data(), tgt.data(), rows, T);
+    sum += pipe ? pipe->forward_only(tok.data(), tgt.data()) : model.forward_loss(tok.data(), tgt.data(), rows, T);
   }
   double v[1] = {sum / double(batches)};
-  rc.dp_sum(v);
+  rc.stats_sum(v);
   return v[0] / rc.dp_size;
 }
 
@@ -87,29 +76,34 @@ double evaluate(Model& model, const DataLoader& loader, int64_t batches, int64_t
 //   stage 2: grads reduce-scattered (only the own pieces are reduced); as stage 1 after.
 class Updater {
  public:
-  Updater(const Config& cfg, Model& model, RankContext& rc, const parallel::DataParallelPlan* plan)
+  Updater(const Config& cfg, Model& model, const RankContext& rc, const parallel::DataParallelPlan* plan)
       : cfg_(cfg), model_(model), rc_(rc), plan_(plan),
-        adamw_(model.layout(), cfg.optim, rc.zero > 0 ? plan->owned(rc.dp_rank) : std::vector<FlatRange>{}) {}
+        adamw_(model.layout(), cfg.optim, rc.zero > 0 ? plan->owned(rc.dp_rank) : std::vector<FlatRange>{}) {
+    // The global norm counts every parameter once: a GPT head stage's wte copy is left out.
+    norm_ranges_ = adamw_.owned();
+    if (rc.holds_tied_copy(cfg.model)) {
+      const ParamSpec& w = model.layout().at("wte");
+      norm_ranges_ = subtract(norm_ranges_, {w.offset, w.numel});
+    }
+  }
 
-  // Mean loss over the dp group and the gradient norm before clipping; updates params.
+  // Mean loss of the global batch and the gradient norm before clipping; updates params.
   std::pair<double, double> step(double local_loss, double lr) {
     const Kernels& k = model_.ops();
-    const bool sharded = rc_.zero > 0;
-    double v[2] = {local_loss, sharded ? sum_squares(k, model_.grads().data(), adamw_.owned()) : 0.0};
-    rc_.dp_sum(v);
-    const double loss = v[0] / rc_.dp_size;
-    const double norm = sharded ? std::sqrt(v[1]) : std::sqrt(k.sum_squares(model_.grads().data(),
-                                                                            int64_t(model_.grads().size())));
+    double v[2] = {local_loss, sum_squares(k, model_.grads().data(), norm_ranges_)};
+    rc_.stats_sum(v);
+    const double loss = v[0] / rc_.dp_size;  // each dp replica's stages add up one copy
+    const double norm = std::sqrt(rc_.zero > 0 ? v[1] : v[1] / rc_.dp_size);
     if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef < 1.0)
       for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model_.grads().data() + r.offset, r.count, float(coef));
     adamw_.step(k, model_.params(), model_.grads(), lr);
-    if (sharded) gather(model_.params().data(), nullptr);
+    if (rc_.zero > 0 && rc_.dp) gather(model_.params().data(), nullptr);
     return {loss, norm};
   }
 
-  // The whole flat buffer's moments on every rank (for saving).
+  // The part's whole flat moments on every dp rank (for saving).
   void full_moments(std::vector<float>& m, std::vector<float>& v) {
-    if (rc_.zero == 0) {
+    if (rc_.zero == 0 || !rc_.dp) {
       m = adamw_.m(), v = adamw_.v();
       return;
     }
@@ -138,9 +132,10 @@ class Updater {
 
   const Config& cfg_;
   Model& model_;
-  RankContext& rc_;
+  const RankContext& rc_;
   const parallel::DataParallelPlan* plan_;
   AdamW adamw_;
+  std::vector<FlatRange> norm_ranges_;
 };
 
 std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
@@ -152,6 +147,9 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)";
+  if (p.pp > 1)
+    os << "\n  pipeline: schedule " << p.schedule << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
+       << cfg.train.grad_accum << " micro-batches per step";
   return os.str();
 }
 
@@ -162,6 +160,104 @@ std::vector<float> unpadded_params(const Model& model) {
   return out;
 }
 
+void print_header(Reporter& rep, const Config& cfg, const Corpus& corpus, int64_t params, int64_t mb, int64_t T) {
+  std::ostringstream os;
+  os << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " '" << cfg.model.preset << "' "
+     << params << " params (" << cfg.model.layers << " layers, d_model " << cfg.model.d_model << ", heads "
+     << cfg.model.heads << "/" << cfg.model.kv_heads << ", vocab " << cfg.model.vocab << ")\n"
+     << layout_line(cfg, mb, T) << "\n"
+     << "  corpus " << (cfg.data.path.empty() ? kDefaultCorpusDir : cfg.data.path) << ": " << corpus.files.size()
+     << " files, train " << corpus.train.size() << " / val " << corpus.val.size() << " bytes, unigram entropy "
+     << std::fixed << std::setprecision(4) << corpus.unigram_entropy_nats << " nats";
+  rep.info(os.str());
+}
+
+// Everything one rank trains with.
+struct Engine {
+  Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T)
+      : plan(make_plan(cfg, rc)),
+        model(cfg.model, mb, T, KernelBackend::kCpu, rc.dp ? plan.padding : LayoutPadding{}, rc.part, rc.act_slots) {
+    model.init_weights(uint64_t(cfg.train.seed));
+    if (rc.dp) {
+      sync = std::make_unique<parallel::GradSync>(
+          *rc.dp, plan, rc.zero >= 2 ? parallel::GradSync::Mode::kReduceScatter : parallel::GradSync::Mode::kAllReduce);
+      sync->hold_first_tensor(rc.embed != nullptr);
+      model.set_grad_ready_hook([this](int first_final) { sync->on_ready(first_final); });
+    }
+    if (rc.schedule)
+      pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc.links, mb, T);
+  }
+  static parallel::DataParallelPlan make_plan(const Config& cfg, const RankContext& rc) {
+    parallel::BucketCaps caps;
+    caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
+    caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
+    return parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0, rc.part);
+  }
+
+  parallel::DataParallelPlan plan;
+  Model model;
+  std::unique_ptr<parallel::GradSync> sync;
+  std::unique_ptr<parallel::PipelineRunner> pipe;
+};
+
+// Forward and backward of one optimizer step; gradients reduced as the layout says.
+// Returns this rank's share of the loss: the mean over its micro-batches (0 on pipeline
+// stages without the head).
+double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& data, const Config& cfg, int64_t step,
+                         int64_t mb, int64_t T) {
+  const int64_t accum = cfg.train.grad_accum;
+  Model& model = e.model;
+  model.zero_grads();
+  double loss = 0;
+  auto arm = [&] {
+    if (e.sync) e.sync->begin(model.grads().data());
+  };
+  if (e.pipe) {
+    auto batch = [&](int micro, int32_t* tok, int32_t* tgt) {
+      data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
+    };
+    loss = e.pipe->run_step(batch, 1.0f / float(accum), arm);
+  } else {
+    std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
+    for (int64_t micro = 0; micro < accum; micro++) {
+      data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
+      if (micro + 1 == accum) arm();
+      loss += model.forward_backward(tok.data(), tgt.data(), mb, T, 1.0f / float(accum));
+    }
+  }
+  if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
+    const ParamSpec& w = model.layout().at("wte");
+    rc.embed->all_reduce(std::span<float>(model.grads().data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
+  }
+  if (e.sync) e.sync->finish();
+  return loss / double(accum);
+}
+
+void save_final(const Config& cfg, Engine& e, Updater& updater, const RankContext& rc, Reporter& rep) {
+  std::vector<float> m, v;
+  updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
+  const ParamLayout whole(cfg.model);
+  std::vector<float> params = e.model.params();
+  if (rc.pp_size > 1) {  // every stage's tensors into the whole layout
+    params = gather_whole(cfg.model, e.model.layout(), params.data(), rc);
+    m = gather_whole(cfg.model, e.model.layout(), m.data(), rc);
+    v = gather_whole(cfg.model, e.model.layout(), v.data(), rc);
+  }
+  if (!rc.logging) return;
+  save_checkpoint(cfg.checkpoint.dir, cfg, rc.pp_size > 1 ? whole : e.model.layout(), params, &m, &v,
+                  CheckpointState{cfg.train.steps, updater.adamw().steps_taken()});
+  rep.info("saved checkpoint to " + cfg.checkpoint.dir);
+}
+
+std::vector<float> final_params(const Config& cfg, Engine& e, const RankContext& rc) {
+  if (rc.pp_size == 1) return unpadded_params(e.model);
+  const ParamLayout whole(cfg.model);
+  const std::vector<float> all = gather_whole(cfg.model, e.model.layout(), e.model.params().data(), rc);
+  std::vector<float> out;
+  for (const ParamSpec& s : whole.specs()) out.insert(out.end(), all.begin() + s.offset, all.begin() + s.offset + s.numel);
+  return out;
+}
+
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
   LOOM_ASSERT(given.out && given.err);
   check_supported(cfg, world ? world->world_size() : 1);
@@ -169,74 +265,33 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     omp_set_num_threads(int(cfg.train.threads));
     openblas_set_num_threads(int(cfg.train.threads));
   }
-  RankContext rc;
-  rc.world = world;
-  rc.zero = int(cfg.parallel.zero);
+  RankContext rc = make_rank_context(cfg, world);
   NullBuffer null_buf;
   std::ostream null_out(&null_buf);
   TrainOptions opt = given;
-  if (world) {
-    const comm::Mesh mesh({{"pp", int(cfg.parallel.pp)}, {"dp", int(cfg.parallel.dp)}, {"tp", int(cfg.parallel.tp)}},
-                          world->world_size());
-    if (cfg.parallel.dp > 1) {
-      rc.dp = world->group(mesh, {"dp"});
-      rc.dp_rank = rc.dp->group_rank(), rc.dp_size = rc.dp->size();
-    }
-    rc.logging = world->global_rank() == 0;
-    if (!rc.logging) opt.out = opt.err = &null_out, opt.progress = false;
-  }
+  if (!rc.logging) opt.out = opt.err = &null_out, opt.progress = false;
   Reporter rep(opt, cfg.train.steps);
   if (std::string w = cpu::blas_downgrade_warning(); !w.empty()) rep.info("warning: " + w);
 
-  const int64_t T = cfg.seq_len(), mb = cfg.micro_batch(), accum = cfg.train.grad_accum;
+  const int64_t T = cfg.seq_len(), mb = cfg.micro_batch();
   const Corpus corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, T);
   const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
   const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
-
-  parallel::BucketCaps caps;
-  caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
-  caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
-  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0);
-  Model model(cfg.model, mb, T, KernelBackend::kCpu, rc.dp ? plan.padding : LayoutPadding{});
-  model.init_weights(uint64_t(cfg.train.seed));
-  std::unique_ptr<parallel::GradSync> sync;
-  if (rc.dp) {
-    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, rc.zero >= 2 ? parallel::GradSync::Mode::kReduceScatter
-                                                                            : parallel::GradSync::Mode::kAllReduce);
-    model.set_grad_ready_hook([&](int first_final) { sync->on_ready(first_final); });
-  }
-  Updater updater(cfg, model, rc, rc.dp ? &plan : nullptr);
+  Engine e(cfg, rc, mb, T);
+  Updater updater(cfg, e.model, rc, rc.dp ? &e.plan : nullptr);
 
   TrainSummary sum;
-  sum.params = model.layout().param_count();
+  sum.params = ParamLayout(cfg.model).param_count();
   sum.unigram_entropy = corpus.unigram_entropy_nats;
-  {
-    std::ostringstream os;
-    os << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " '" << cfg.model.preset << "' "
-       << sum.params << " params (" << cfg.model.layers << " layers, d_model " << cfg.model.d_model << ", heads "
-       << cfg.model.heads << "/" << cfg.model.kv_heads << ", vocab " << cfg.model.vocab << ")\n"
-       << layout_line(cfg, mb, T) << "\n"
-       << "  corpus " << (cfg.data.path.empty() ? kDefaultCorpusDir : cfg.data.path) << ": " << corpus.files.size()
-       << " files, train " << corpus.train.size() << " / val " << corpus.val.size()
-       << " bytes, unigram entropy " << std::fixed << std::setprecision(4) << corpus.unigram_entropy_nats << " nats";
-    rep.info(os.str());
-  }
+  print_header(rep, cfg, corpus, sum.params, mb, T);
 
-  std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
   const auto t0 = Clock::now();
   auto last = t0;
   int64_t tokens_since = 0;
   for (int64_t step = 0; step < cfg.train.steps; step++) {
-    model.zero_grads();
-    double local_loss = 0;
-    for (int64_t micro = 0; micro < accum; micro++) {
-      train_data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
-      if (sync && micro + 1 == accum) sync->begin(model.grads().data());
-      local_loss += model.forward_backward(tok.data(), tgt.data(), mb, T, 1.0f / float(accum));
-    }
-    if (sync) sync->finish();
+    const double local_loss = compute_gradients(e, rc, train_data, cfg, step, mb, T);
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    const auto [loss, norm] = updater.step(local_loss / double(accum), lr);
+    const auto [loss, norm] = updater.step(local_loss, lr);
     if (!std::isfinite(loss))
       throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
@@ -252,32 +307,24 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
 
     const bool last_step = step + 1 == cfg.train.steps;
     if (last_step || (cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0)) {
-      sum.final_val_loss = evaluate(model, val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
+      sum.final_val_loss = evaluate(e.model, e.pipe.get(), val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
       rep.val(step, sum.final_val_loss);
     }
   }
   rep.end_bar();
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();
   sum.tokens_per_s = double(cfg.train.steps * cfg.train.batch * T) / total;
-  if (sync) {
-    sum.comm_hidden_fraction = sync->hidden_fraction();
-    sum.comm_exposed_s = sync->exposed_wait_s();
+  if (e.sync) {
+    sum.comm_hidden_fraction = e.sync->hidden_fraction();
+    sum.comm_exposed_s = e.sync->exposed_wait_s();
     std::ostringstream os;
-    os << "data parallel: " << plan.buckets.size() << " gradient buckets; " << std::fixed << std::setprecision(1)
+    os << "data parallel: " << e.plan.buckets.size() << " gradient buckets; " << std::fixed << std::setprecision(1)
        << 100.0 * sum.comm_hidden_fraction << "% of rank 0's gradient communication ran during backward, "
        << std::setprecision(3) << sum.comm_exposed_s << " s waited after backward";
     rep.info(os.str());
   }
-  if (given.keep_params) sum.final_params = unpadded_params(model);
-  if (!cfg.checkpoint.dir.empty()) {
-    std::vector<float> m, v;
-    updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
-    if (rc.logging) {
-      save_checkpoint(cfg.checkpoint.dir, cfg, model.layout(), model.params(), &m, &v,
-                      CheckpointState{cfg.train.steps, updater.adamw().steps_taken()});
-      rep.info("saved checkpoint to " + cfg.checkpoint.dir);
-    }
-  }
+  if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
+  if (!cfg.checkpoint.dir.empty()) save_final(cfg, e, updater, rc, rep);
   return sum;
 }
 

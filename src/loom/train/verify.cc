@@ -98,6 +98,11 @@ std::vector<std::vector<std::string>> parse_layout_list(const std::string& text)
       kv.erase(0, kv.find_first_not_of(" \t"));
       kv.erase(kv.find_last_not_of(" \t") + 1);
       if (kv.empty()) continue;
+      // A bare number continues a list value: "pp_layers=3,1,3".
+      if (kv.find('=') == std::string::npos && !sets.empty() && kv.find_first_not_of("0123456789") == std::string::npos) {
+        sets.back() += "," + kv;
+        continue;
+      }
       if (kv.find('=') == std::string::npos || kv.front() == '=')
         throw ConfigError("layout item '" + kv + "' in '" + text + "': expected key=value, e.g. dp=2,zero=1");
       // Short keys are [parallel] keys, except grad_accum which lives in [train].

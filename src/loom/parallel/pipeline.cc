@@ -1,0 +1,203 @@
+#include "loom/parallel/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+
+namespace loom::parallel {
+
+std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split) {
+  LOOM_CHECK(stages >= 1 && layers >= stages, "cannot split ", layers, " layers into ", stages,
+             " pipeline stages: every stage needs a layer");
+  if (!split.empty()) {
+    int sum = 0;
+    for (int v : split) {
+      LOOM_CHECK(v >= 1, "pipeline split has a stage with ", v, " layers");
+      sum += v;
+    }
+    LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ",
+               sum, " layers does not match ", stages, " stages of a ", layers, "-layer model");
+    return split;
+  }
+  std::vector<int> out(size_t(stages), layers / stages);
+  // The ends also run the embedding and the head: the remainder goes to the middle stages.
+  std::vector<int> order(static_cast<size_t>(stages));
+  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
+  const double mid = (stages - 1) / 2.0;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
+  for (int i = 0; i < layers % stages; i++) out[size_t(order[size_t(i)])]++;
+  return out;
+}
+
+ModelPart pipeline_part(const std::vector<int>& counts, int pp, int vpp, int pp_rank) {
+  LOOM_CHECK(int(counts.size()) == pp * vpp, "pipeline part: ", counts.size(), " stage sizes for pp ", pp,
+             " x vpp ", vpp);
+  ModelPart part;
+  std::vector<int> starts(counts.size() + 1, 0);
+  for (size_t v = 0; v < counts.size(); v++) starts[v + 1] = starts[v] + counts[v];
+  for (int c = 0; c < vpp; c++) {
+    const int v = c * pp + pp_rank;
+    part.chunks.push_back({starts[size_t(v)], starts[size_t(v) + 1]});
+  }
+  part.embed = pp_rank == 0;
+  part.head = pp_rank == pp - 1;
+  return part;
+}
+
+PipeLinks make_pipe_links(comm::World& world, const comm::Mesh& mesh, bool wrap) {
+  const int pp = mesh.axis_size("pp");
+  PipeLinks links;
+  if (pp == 1) return links;
+  const std::vector<std::vector<int>> pipes = mesh.groups({"pp"});
+  const int me = world.global_rank();
+  for (int dir = 0; dir < 2; dir++) {
+    // Directed stage pairs (from, to): activations r -> r+1, gradients r+1 -> r; plus the
+    // wrap-around pair for interleaved schedules.
+    std::vector<std::pair<int, int>> pairs;
+    for (int r = 0; r + 1 < pp; r++) pairs.push_back(dir == 0 ? std::pair{r, r + 1} : std::pair{r + 1, r});
+    if (wrap) pairs.push_back(dir == 0 ? std::pair{pp - 1, 0} : std::pair{0, pp - 1});
+    // Rounds of stage-disjoint pairs (greedy); one world-collective group call per round.
+    std::vector<std::vector<std::pair<int, int>>> rounds;
+    for (auto pr : pairs) {
+      auto fits = [&](const std::vector<std::pair<int, int>>& rd) {
+        for (auto q : rd)
+          if (q.first == pr.first || q.first == pr.second || q.second == pr.first || q.second == pr.second)
+            return false;
+        return true;
+      };
+      auto it = std::find_if(rounds.begin(), rounds.end(), fits);
+      if (it == rounds.end()) rounds.emplace_back(1, pr);
+      else it->push_back(pr);
+    }
+    for (const auto& rd : rounds) {
+      std::vector<std::vector<int>> partition;
+      std::vector<int> used(size_t(world.world_size()), 0);
+      bool sender = false, receiver = false;
+      for (const auto& pipe : pipes)
+        for (auto [from, to] : rd) {
+          const int a = pipe[size_t(from)], b = pipe[size_t(to)];
+          partition.push_back({std::min(a, b), std::max(a, b)});
+          used[size_t(a)] = used[size_t(b)] = 1;
+          sender = sender || a == me;
+          receiver = receiver || b == me;
+        }
+      for (int r = 0; r < world.world_size(); r++)
+        if (!used[size_t(r)]) partition.push_back({r});
+      std::unique_ptr<comm::Group> g = world.group(partition, dir == 0 ? "pp_act" : "pp_grad");
+      if (g->size() != 2) continue;  // a singleton: free now (collective over itself only)
+      if (sender) (dir == 0 ? links.fwd_send : links.bwd_send) = g.get();
+      else if (receiver) (dir == 0 ? links.fwd_recv : links.bwd_recv) = g.get();
+      links.owned.push_back(std::move(g));
+    }
+  }
+  return links;
+}
+
+PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& model, PipeLinks& links, int64_t B,
+                               int64_t T)
+    : schedule_(schedule), pp_rank_(pp_rank), model_(model), links_(links), B_(B), T_(T) {
+  LOOM_CHECK(model.chunks() == schedule.vpp, "pipeline rank ", pp_rank, " model holds ", model.chunks(),
+             " chunks but the schedule runs vpp = ", schedule.vpp);
+  recv_buf_.resize(size_t(B * T * model.config().d_model));
+  const ScheduleCheck check = validate(schedule);
+  LOOM_CHECK(check.ok, "pipeline schedule does not finish: ", check.problem);
+  const int slots = check.peak_in_flight[size_t(pp_rank)];
+  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches), -1));
+  slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
+  sends_.assign(size_t(schedule.vpp), std::vector<comm::Work>(size_t(slots)));
+}
+
+namespace {
+// The other member of a two-member link group.
+int peer(const comm::Group& link) { return 1 - link.group_rank(); }
+}  // namespace
+
+void PipelineRunner::wait_pending(int chunk, int slot) { sends_[size_t(chunk)][size_t(slot)].wait(); }
+
+void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                             float grad_scale, double* loss) {
+  const int v = virtual_stage(chunk);
+  const int tag = micro * schedule_.vpp + chunk;
+  const float* x_in = nullptr;
+  if (v > 0) {
+    // The sender's chunk differs from ours only across the wrap-around (rank pp-1 chunk
+    // c-1 -> rank 0 chunk c): tag by the receiving chunk on both sides.
+    links_.fwd_recv->recv(std::span<float>(recv_buf_), peer(*links_.fwd_recv), tag);
+    x_in = recv_buf_.data();
+  }
+  wait_pending(chunk, slot);  // the slot's output may still be on its way out
+  const float l = model_.stage_forward(chunk, slot, tokens, x_in, targets, B_, T_, grad_scale);
+  if (is_last(chunk)) {
+    *loss += l;
+    return;
+  }
+  const int next_tag = micro * schedule_.vpp + (pp_rank_ == schedule_.pp - 1 ? chunk + 1 : chunk);
+  comm::Group& link = *links_.fwd_send;
+  sends_[size_t(chunk)][size_t(slot)] = link.send(std::span<const float>(model_.stage_output(chunk, slot), recv_buf_.size()),
+                                                  peer(link), next_tag, {.async = true});
+}
+
+void PipelineRunner::backward(int micro, int chunk, int slot) {
+  const int v = virtual_stage(chunk);
+  const float* dy = nullptr;
+  if (!is_last(chunk)) {
+    const int tag = micro * schedule_.vpp + chunk;
+    links_.bwd_recv->recv(std::span<float>(recv_buf_), peer(*links_.bwd_recv), tag);
+    dy = recv_buf_.data();
+  }
+  wait_pending(chunk, slot);
+  model_.stage_backward(chunk, slot, dy, B_, T_);
+  if (v == 0) return;
+  const int prev_tag = micro * schedule_.vpp + (pp_rank_ == 0 ? chunk - 1 : chunk);
+  comm::Group& link = *links_.bwd_send;
+  sends_[size_t(chunk)][size_t(slot)] = link.send(
+      std::span<const float>(model_.stage_input_grad(chunk, slot), recv_buf_.size()), peer(link), prev_tag,
+      {.async = true});
+}
+
+double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward) {
+  const std::vector<PipeStep>& steps = schedule_.steps[size_t(pp_rank_)];
+  int last_backward = -1;
+  for (int i = 0; i < int(steps.size()); i++)
+    if (!steps[size_t(i)].forward) last_backward = i;
+  const size_t n = size_t(B_ * T_);
+  std::vector<int32_t> tok(n), tgt(n);
+  double loss = 0;
+  for (int i = 0; i < int(steps.size()); i++) {
+    const PipeStep& s = steps[size_t(i)];
+    std::vector<int>& slot_of = slot_of_[size_t(s.chunk)];
+    std::vector<bool>& busy = slot_busy_[size_t(s.chunk)];
+    if (s.forward) {
+      const int slot = int(std::find(busy.begin(), busy.end(), false) - busy.begin());
+      LOOM_ASSERT(slot < int(busy.size()));  // the validator's peak bounds the slots in use
+      busy[size_t(slot)] = true;
+      slot_of[size_t(s.micro_batch)] = slot;
+      const bool needs_data = model_.chunk_has_embed(s.chunk) || model_.chunk_has_head(s.chunk);
+      if (needs_data) batch(s.micro_batch, tok.data(), tgt.data());
+      forward(s.micro_batch, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
+    } else {
+      const int slot = slot_of[size_t(s.micro_batch)];
+      LOOM_ASSERT(slot >= 0);
+      if (i == last_backward && before_last_backward) before_last_backward();
+      backward(s.micro_batch, s.chunk, slot);
+      busy[size_t(slot)] = false;
+      slot_of[size_t(s.micro_batch)] = -1;
+    }
+  }
+  for (auto& per_chunk : sends_)
+    for (auto& w : per_chunk) w.wait();
+  return loss;
+}
+
+double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
+  double loss = 0;
+  for (int c = 0; c < schedule_.vpp; c++) forward(0, c, 0, tokens, targets, 0.0f, &loss);
+  for (auto& per_chunk : sends_)
+    for (auto& w : per_chunk) w.wait();
+  return loss;
+}
+
+}  // namespace loom::parallel

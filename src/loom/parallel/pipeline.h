@@ -1,0 +1,88 @@
+// The pipeline executor: runs any schedule (Note [Schedules as data]) on one rank with
+// point-to-point activation and gradient transfers.
+//
+// Note [Pipeline transfers]
+// Every rank sends activations to one rank (the next pipeline rank, wrapping around for
+// interleaved schedules) and gradients to one rank (the previous), and receives from the
+// opposite ones. Each of those four directed links is its own two-member group, so a
+// send queued on one link's worker never waits behind a receive on another: sends are
+// asynchronous (the validator's "a step runs once its input exists" model), receives
+// block the compute thread, and per link the order of sends equals the order of
+// receives (both follow the schedule). Messages carry tag = micro-batch x vpp + chunk.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/comm/mesh.h"
+#include "loom/model/model.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom::comm {
+class World;
+}
+
+namespace loom::parallel {
+
+// Layers of each virtual stage: `split` (pp x vpp entries, summing to layers) or, when
+// empty, as even as possible with the remainder going to the middle stages (the first
+// stage also embeds and the last runs the head). Throws loom::Error on a bad split.
+std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split = {});
+
+// The model part of pipeline rank `pp_rank`: chunk c is virtual stage c x pp + pp_rank.
+ModelPart pipeline_part(const std::vector<int>& stage_layer_counts, int pp, int vpp, int pp_rank);
+
+struct PipeLinks {
+  comm::Group *fwd_send = nullptr, *fwd_recv = nullptr, *bwd_send = nullptr, *bwd_recv = nullptr;  // null where unused
+  // The link groups in creation order. Freeing a group is collective among its members
+  // (MPI frees its window and communicator), so every rank frees them in the same order:
+  // last created first, whatever role each plays here.
+  std::vector<std::unique_ptr<comm::Group>> owned;
+  PipeLinks() = default;
+  PipeLinks(PipeLinks&&) = default;
+  PipeLinks& operator=(PipeLinks&&) = default;
+  ~PipeLinks() {
+    while (!owned.empty()) owned.pop_back();
+  }
+};
+
+// Collective over the world: the directed link groups of every pipeline along the mesh's
+// "pp" axis (Note [Pipeline transfers]). `wrap`: the last rank also sends to the first.
+PipeLinks make_pipe_links(comm::World& world, const comm::Mesh& mesh, bool wrap);
+
+class PipelineRunner {
+ public:
+  // `model` holds pipeline_part(...) of this rank with at least peak-in-flight slots.
+  PipelineRunner(const Schedule& schedule, int pp_rank, Model& model, PipeLinks& links, int64_t B, int64_t T);
+
+  using BatchFn = std::function<void(int micro, int32_t* tokens, int32_t* targets)>;
+  // One optimizer step: every step of this rank's list. Returns the sum over micro-batches
+  // of the mean loss (last stage; 0 elsewhere). `before_last_backward` runs just before the
+  // rank's final backward step (data parallel arms its gradient sync there).
+  double run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward);
+  // Forward only, one batch through every stage (validation). Returns the mean loss on
+  // the last stage, 0 elsewhere. Adds nothing to the gradients that are kept.
+  double forward_only(const int32_t* tokens, const int32_t* targets);
+
+ private:
+  int virtual_stage(int chunk) const { return chunk * schedule_.pp + pp_rank_; }
+  bool is_last(int chunk) const { return virtual_stage(chunk) == schedule_.pp * schedule_.vpp - 1; }
+  void forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
+               double* loss);
+  void backward(int micro, int chunk, int slot);
+  void wait_pending(int chunk, int slot);
+
+  const Schedule& schedule_;
+  int pp_rank_;
+  Model& model_;
+  PipeLinks& links_;
+  int64_t B_, T_;
+  std::vector<float> recv_buf_;                // (B,T,C)
+  std::vector<std::vector<int>> slot_of_;      // [chunk][micro] -> activation slot, -1 when free
+  std::vector<std::vector<bool>> slot_busy_;   // [chunk][slot]
+  std::vector<std::vector<comm::Work>> sends_;  // [chunk][slot]: the last send from that slot
+};
+
+}  // namespace loom::parallel

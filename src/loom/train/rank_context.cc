@@ -1,0 +1,101 @@
+#include "loom/train/rank_context.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+
+namespace loom {
+
+namespace {
+
+parallel::ScheduleKind schedule_kind(const std::string& s) {
+  if (s == "gpipe") return parallel::ScheduleKind::kGPipe;
+  if (s == "interleaved") return parallel::ScheduleKind::kInterleaved1F1B;
+  return parallel::ScheduleKind::k1F1B;
+}
+
+std::vector<int> parse_split(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));  // validated by the config
+  return out;
+}
+
+}  // namespace
+
+void RankContext::stats_sum(std::span<double> x) const {
+  if (stats) stats->all_reduce(x, comm::ReduceOp::kSum);
+}
+
+RankContext make_rank_context(const Config& cfg, comm::World* world) {
+  const ParallelConfig& p = cfg.parallel;
+  RankContext rc;
+  rc.world = world;
+  rc.zero = int(p.zero);
+  const int pp = int(p.pp), vpp = int(p.vpp);
+  if (world) {
+    const comm::Mesh mesh({{"pp", pp}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, world->world_size());
+    const std::vector<int> coords = mesh.coords(world->global_rank());
+    rc.pp_rank = coords[0], rc.pp_size = pp;
+    rc.logging = world->global_rank() == 0;
+    if (p.dp > 1) {
+      rc.dp = world->group(mesh, {"dp"});
+      rc.dp_rank = rc.dp->group_rank(), rc.dp_size = rc.dp->size();
+    }
+    if (p.dp * pp > 1) rc.stats = world->group(mesh, {"pp", "dp"});
+    if (pp > 1 && cfg.model.arch == Arch::kGpt) {
+      std::vector<std::vector<int>> partition;
+      for (const auto& pipe : mesh.groups({"pp"})) {
+        partition.push_back({pipe.front(), pipe.back()});
+        for (size_t i = 1; i + 1 < pipe.size(); i++) partition.push_back({pipe[i]});
+      }
+      std::unique_ptr<comm::Group> g = world->group(partition, "embed");
+      if (g->size() == 2) rc.embed = std::move(g);
+    }
+    if (pp > 1) rc.links = parallel::make_pipe_links(*world, mesh, vpp > 1);
+  }
+  if (pp > 1) {
+    const std::vector<int> counts =
+        parallel::stage_layers(int(cfg.model.layers), pp * vpp, p.pp_layers.empty() ? std::vector<int>{} : parse_split(p.pp_layers));
+    rc.part = parallel::pipeline_part(counts, pp, vpp, rc.pp_rank);
+    rc.schedule = parallel::make_schedule(schedule_kind(p.schedule), pp, int(cfg.train.grad_accum), vpp);
+    const parallel::ScheduleCheck check = parallel::validate(*rc.schedule);
+    LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
+    rc.act_slots = check.peak_in_flight[size_t(rc.pp_rank)];
+  }
+  return rc;
+}
+
+std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, const float* flat,
+                                const RankContext& rc) {
+  const ParamLayout whole(m);
+  std::vector<float> out(size_t(whole.total_floats()), 0.0f);
+  if (rc.dp_rank == 0)
+    for (const ParamSpec& s : mine.specs()) {
+      if (s.name == "wte" && rc.holds_tied_copy(m)) continue;
+      const ParamSpec& w = whole.at(s.name);
+      std::copy(flat + s.offset, flat + s.offset + s.numel, out.begin() + w.offset);
+    }
+  if (rc.stats) rc.stats->all_reduce(std::span<float>(out), comm::ReduceOp::kSum);
+  return out;
+}
+
+std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole) {
+  std::vector<FlatRange> out;
+  const int64_t h0 = hole.offset, h1 = hole.offset + hole.count;
+  for (const FlatRange& r : ranges) {
+    const int64_t r0 = r.offset, r1 = r.offset + r.count;
+    if (r1 <= h0 || r0 >= h1) {
+      out.push_back(r);
+      continue;
+    }
+    if (r0 < h0) out.push_back({r0, h0 - r0});
+    if (r1 > h1) out.push_back({h1, r1 - h1});
+  }
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,49 @@
+// One rank's place in a parallel run: its groups, its model part and its schedule.
+// Mesh axes, outermost first: pp, dp, tp (Note [Global batch] in core/config.h).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom {
+
+struct RankContext {
+  comm::World* world = nullptr;  // null: single process, no groups
+  int dp_rank = 0, dp_size = 1, pp_rank = 0, pp_size = 1, zero = 0;
+  bool logging = true;                   // global rank 0 writes the log
+  std::unique_ptr<comm::Group> dp;       // null when dp == 1
+  std::unique_ptr<comm::Group> stats;    // pp x dp: loss and norm sums; null when that is one rank
+  std::unique_ptr<comm::Group> embed;    // GPT pipelines: first and last stage (tied wte)
+  parallel::PipeLinks links;
+  ModelPart part;                        // whole model unless pp > 1
+  std::optional<parallel::Schedule> schedule;  // pp > 1
+  int act_slots = 1;
+
+  // Sums over the stats group (identity without one).
+  void stats_sum(std::span<double> x) const;
+  // The head part of a GPT pipeline holds a copy of wte that is not its own to count.
+  bool holds_tied_copy(const ModelConfig& m) const { return m.arch == Arch::kGpt && part.head && !part.embed; }
+};
+
+// Builds the groups (collective over the world: every rank makes the same calls).
+RankContext make_rank_context(const Config& cfg, comm::World* world);
+
+// The whole model's flat buffer (whole-model layout, ParamLayout(cfg.model)) assembled on
+// every rank from each rank's `flat` over layout `mine`: dp rank 0 of every stage
+// contributes what it holds (a tied wte copy is left to the first stage), then one
+// all-reduce over the stats group.
+std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, const float* flat,
+                                const RankContext& rc);
+
+// `ranges` minus [hole.offset, hole.offset + hole.count).
+std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole);
+
+}  // namespace loom

@@ -124,6 +124,31 @@ TEST(Pipeline, WithDataParallelAndZeroMatchesTheSingleProcessRun) {
                                                     "train.grad_accum=2"}}});
 }
 
+TEST(TensorParallel, GptLayoutsMatchTheSingleProcessRun) {
+  expect_matches(gpt_config({"model.layers=4"}),
+                 {{"tp2", {"parallel.tp=2"}},
+                  {"tp4", {"parallel.tp=4"}},
+                  {"dp2 x tp2", {"parallel.dp=2", "parallel.tp=2"}},
+                  {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
+                  {"dp2 x tp2 x pp2", {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
+                  {"dp2 x tp2 zero2", {"parallel.dp=2", "parallel.tp=2", "parallel.zero=2"}}});
+}
+
+TEST(TensorParallel, ThreeWaysWithPaddedVocabulary) {
+  // heads 6 split three ways; the 256-token vocabulary pads to 258 rows (2 masked).
+  expect_matches(gpt_config({"model.layers=2", "model.d_model=96", "model.heads=6", "model.ffn=192"}),
+                 {{"tp3", {"parallel.tp=3"}}, {"tp3 x dp2 zero1", {"parallel.tp=3", "parallel.dp=2", "parallel.zero=1"}}});
+}
+
+TEST(TensorParallel, LlamaWithGroupedQueryAttention) {
+  Config llama = llama_config();
+  llama.model.layers = 4;
+  expect_matches(llama, {{"tp2", {"parallel.tp=2"}},
+                         {"tp2 x pp2 x vpp2", {"parallel.tp=2", "parallel.pp=2", "parallel.vpp=2",
+                                               "parallel.schedule=interleaved", "train.grad_accum=4"}},
+                         {"dp2 x tp2 x pp2", {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}}});
+}
+
 TEST(Pipeline, StageLayersAndParts) {
   EXPECT_EQ(parallel::stage_layers(7, 3), (std::vector<int>{2, 3, 2}));
   EXPECT_EQ(parallel::stage_layers(8, 4), (std::vector<int>{2, 2, 2, 2}));
@@ -157,9 +182,9 @@ TEST(DataParallel, UnsupportedOrMislaunchedLayoutsAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("needs 2 ranks but 1 process runs"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--nproc 2"), std::string::npos) << e.what();
   }
-  const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=1"}), {{"parallel.tp=2"}});
+  const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=1"}), {{"parallel.zero=3", "parallel.dp=2"}});
   EXPECT_FALSE(rows[0].ok);
-  EXPECT_NE(rows[0].error.find("parallel.tp = 2 (tensor parallel)"), std::string::npos) << rows[0].error;
+  EXPECT_NE(rows[0].error.find("parallel.zero = 3 (sharded parameters)"), std::string::npos) << rows[0].error;
 }
 
 TEST(DataParallel, ReportsHowMuchCommunicationWasHidden) {

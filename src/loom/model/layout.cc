@@ -4,9 +4,22 @@
 
 namespace loom {
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, int layer) {
+// `shape` is the whole tensor's; a split tensor gets 1/tp of every segment along split_dim.
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, int layer, int split_dim,
+                      std::vector<int64_t> segments, int tp) {
   ParamSpec s;
   s.name = std::move(name);
+  s.global_rows = shape[0];
+  if (split_dim >= 0) {
+    int64_t local = 0;
+    for (int64_t seg : segments) {
+      LOOM_CHECK(seg % tp == 0, "tensor ", s.name, ": segment of ", seg, " does not split over tp = ", tp);
+      local += seg / tp;
+    }
+    shape[size_t(split_dim)] = local;
+    s.split_dim = split_dim;
+    s.segments = std::move(segments);
+  }
   s.numel = 1;
   for (int64_t d : shape) s.numel *= d;
   s.shape = std::move(shape);
@@ -18,31 +31,38 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
 }
 
 ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding, const ModelPart& part) {
-  const int64_t C = m.d_model, F = m.ffn, V = m.vocab, hd = m.head_dim();
-  const int64_t qkv = (m.heads + 2 * m.kv_heads) * hd;
+  const int64_t C = m.d_model, F = m.ffn, hd = m.head_dim(), tp = part.tp;
+  const int64_t Vp = part.vocab_shard(m) * tp;  // vocabulary padded to a multiple of tp
   const bool gpt = m.arch == Arch::kGpt;
-  if (part.embed || (gpt && part.head)) add("wte", {V, C}, true, -1);
+  const int t = int(tp);
+  // Column-parallel weights split their output rows, row-parallel ones their input
+  // columns; norms, row-parallel biases and wpe are replicated.
+  auto vocab_rows = [&](const std::string& name) { add(name, {Vp, C}, true, -1, 0, {Vp}, t), specs_.back().global_rows = m.vocab; };
+  if (part.embed || (gpt && part.head)) vocab_rows("wte");
   if (gpt && part.embed) add("wpe", {m.ctx, C}, true, -1);
   for (int l = 0; l < int(m.layers); l++) {
     if (!part.holds_layer(l)) continue;
     const std::string p = "h." + std::to_string(l) + ".";
+    const std::vector<int64_t> qkv_segs = {m.heads * hd, m.kv_heads * hd, m.kv_heads * hd};
+    const int64_t qkv = (m.heads + 2 * m.kv_heads) * hd;
     add(p + "norm1.w", {C}, false, l);
     if (gpt) add(p + "norm1.b", {C}, false, l);
-    add(p + "attn.qkv.w", {qkv, C}, true, l);
-    if (gpt) add(p + "attn.qkv.b", {qkv}, false, l);
-    add(p + "attn.proj.w", {C, m.heads * hd}, true, l);
+    add(p + "attn.qkv.w", {qkv, C}, true, l, 0, qkv_segs, t);
+    if (gpt) add(p + "attn.qkv.b", {qkv}, false, l, 0, qkv_segs, t);
+    add(p + "attn.proj.w", {C, m.heads * hd}, true, l, 1, {m.heads * hd}, t);
     if (gpt) add(p + "attn.proj.b", {C}, false, l);
     add(p + "norm2.w", {C}, false, l);
     if (gpt) add(p + "norm2.b", {C}, false, l);
-    add(p + "mlp.fc.w", {gpt ? F : 2 * F, C}, true, l);
-    if (gpt) add(p + "mlp.fc.b", {F}, false, l);
-    add(p + "mlp.proj.w", {C, F}, true, l);
+    if (gpt) add(p + "mlp.fc.w", {F, C}, true, l, 0, {F}, t);
+    else add(p + "mlp.fc.w", {2 * F, C}, true, l, 0, {F, F}, t);
+    if (gpt) add(p + "mlp.fc.b", {F}, false, l, 0, {F}, t);
+    add(p + "mlp.proj.w", {C, F}, true, l, 1, {F}, t);
     if (gpt) add(p + "mlp.proj.b", {C}, false, l);
   }
   if (part.head) {
     add("normf.w", {C}, false, -1);
     if (gpt) add("normf.b", {C}, false, -1);
-    if (!gpt) add("head.w", {V, C}, true, -1);
+    if (!gpt) vocab_rows("head.w");
   }
   if (!padding.segment_last.empty()) pad_segments(padding);
 }

@@ -20,11 +20,19 @@ struct FlatRange {
 
 struct ParamSpec {
   std::string name;            // loom name, e.g. "h.3.attn.qkv.w"
-  std::vector<int64_t> shape;  // row-major; linear weights are (out, in)
+  std::vector<int64_t> shape;  // this rank's shape, row-major; linear weights are (out, in)
   int64_t offset = 0;          // in floats, into the flat buffer
   int64_t numel = 0;
   bool decay = false;          // weight decay applies (matrices, not norms/biases)
   int layer = -1;              // block index; -1 for embeddings / final norm / head
+  // Tensor-parallel placement (design invariant 4): replicated when split_dim < 0, else
+  // Split(split_dim) where the global dim is the concatenation of `segments` (qkv rows:
+  // [H*hd, KV*hd, KV*hd]; Llama gate|up rows: [F, F]), each divided evenly over tp; this
+  // rank holds its slice of every segment, in order. Vocabulary rows are padded to a
+  // multiple of tp: global rows at or past `global_rows` are padding (zero, masked out).
+  int split_dim = -1;
+  std::vector<int64_t> segments;
+  int64_t global_rows = 0;     // rows of the whole tensor (dim 0), padding excluded
 };
 
 // Extra padding so that groups of consecutive tensors each span a multiple of `multiple`
@@ -49,6 +57,9 @@ struct ModelPart {
   std::vector<std::pair<int, int>> chunks;  // [begin, end) per chunk; empty: all layers, one chunk
   bool embed = true;
   bool head = true;
+  int tp = 1, tp_rank = 0;  // tensor parallel: this rank's slice (Note [Tensor parallel] in model.h)
+  // Vocabulary rows per tp rank: ceil(vocab / tp).
+  int64_t vocab_shard(const ModelConfig& m) const { return (m.vocab + tp - 1) / tp; }
   // Chunks with an empty list resolved against the model.
   std::vector<std::pair<int, int>> resolved_chunks(const ModelConfig& m) const {
     return chunks.empty() ? std::vector<std::pair<int, int>>{{0, int(m.layers)}} : chunks;
@@ -75,7 +86,8 @@ class ParamLayout {
   const ParamSpec* find(const std::string& name) const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, bool decay, int layer);
+  void add(std::string name, std::vector<int64_t> shape, bool decay, int layer, int split_dim = -1,
+           std::vector<int64_t> segments = {}, int tp = 1);
   void pad_segments(const LayoutPadding& p);
   std::vector<ParamSpec> specs_;
   int64_t total_ = 0;

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "loom/core/error.h"
+#include "loom/model/tp_slice.h"
 
 namespace loom {
 
@@ -59,9 +60,16 @@ class Carver {
 }  // namespace
 
 Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
-             const LayoutPadding& padding, const ModelPart& part, int act_slots)
-    : cfg_(cfg), part_(part), chunks_(part.resolved_chunks(cfg)), act_slots_(act_slots),
+             const LayoutPadding& padding, const ModelPart& part, int act_slots, TpComm* tp_comm)
+    : cfg_(cfg), part_(part), chunks_(part.resolved_chunks(cfg)), act_slots_(act_slots), tp_comm_(tp_comm),
+      Hl_(cfg.heads / part.tp), KVl_(cfg.kv_heads / part.tp), Fl_(cfg.ffn / part.tp), Vl_(part.vocab_shard(cfg)),
       layout_(cfg, padding, part), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
+  LOOM_CHECK(part.tp >= 1 && part.tp_rank >= 0 && part.tp_rank < part.tp, "tensor-parallel rank ", part.tp_rank,
+             " of ", part.tp, " is not a valid slice");
+  LOOM_CHECK(part.tp == 1 || tp_comm != nullptr, "a tensor-parallel model (tp = ", part.tp, ") needs its tp group");
+  LOOM_CHECK(cfg.heads % part.tp == 0 && cfg.kv_heads % part.tp == 0 && cfg.ffn % part.tp == 0, "tp = ", part.tp,
+             " must divide heads ", cfg.heads, ", kv_heads ", cfg.kv_heads, " and ffn ", cfg.ffn);
+  if (part.tp == 1) tp_comm_ = nullptr;
   LOOM_CHECK(max_batch > 0 && max_seq > 0 && max_seq <= cfg.ctx, "model buffers need 0 < batch (", max_batch,
              ") and 0 < seq (", max_seq, ") <= model.ctx (", cfg.ctx, ")");
   LOOM_CHECK(act_slots >= 1, "activation slots must be >= 1, got ", act_slots);
@@ -79,10 +87,11 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     if (s.name == "normf.w") normf_tensor_ = i;
   }
 
+  // Local (this tp rank's) widths: heads Hl_, kv heads KVl_, MLP Fl_.
   const int64_t N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
-  const int64_t Q = (cfg.heads + 2 * cfg.kv_heads) * hd, HD = cfg.heads * hd;
-  const int64_t F = cfg.ffn, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
-  const int64_t P = max_batch * cfg.heads * max_seq * max_seq;
+  const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd;
+  const int64_t F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
+  const int64_t P = max_batch * Hl_ * max_seq * max_seq;
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   // Two passes: measure, then allocate and carve.
@@ -117,6 +126,8 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
 
 Model::~Model() = default;
 
+float* Model::acts_losses() const { return acts_->losses; }
+
 int64_t Model::activation_bytes() const { return acts_->floats * int64_t(sizeof(float)); }
 
 void Model::init_weights(uint64_t seed) {
@@ -126,17 +137,21 @@ void Model::init_weights(uint64_t seed) {
   std::vector<float> discard;
   for (const ParamSpec& s : whole.specs()) {
     const ParamSpec* mine = layout_.find(s.name);
-    if (!mine) discard.resize(size_t(s.numel));
-    float* p = mine ? params_.data() + mine->offset : discard.data();
+    // A split tensor is drawn whole, then this rank's slice is kept.
+    const bool slice = mine && mine->split_dim >= 0 && part_.tp > 1;
+    if (!mine || slice) discard.assign(size_t(s.numel), 0.0f);
+    float* p = mine && !slice ? params_.data() + mine->offset : discard.data();
     const bool is_norm = s.name.find("norm") != std::string::npos;
     if (s.shape.size() == 1) {
       std::fill(p, p + s.numel, is_norm && s.name.back() == 'w' ? 1.0f : 0.0f);
+      if (slice) slice_to_local(*mine, s.shape, discard.data(), params_.data() + mine->offset, part_.tp, part_.tp_rank);
       continue;
     }
     const bool residual_out = s.name.find("attn.proj.w") != std::string::npos ||
                               s.name.find("mlp.proj.w") != std::string::npos;
     std::normal_distribution<float> dist(0.0f, residual_out ? std_proj : float(cfg_.init_std));
     for (int64_t i = 0; i < s.numel; i++) p[i] = dist(rng);
+    if (slice) slice_to_local(*mine, s.shape, discard.data(), params_.data() + mine->offset, part_.tp, part_.tp_rank);
   }
 }
 
@@ -159,9 +174,10 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];
   const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;
-  const int64_t N = B * T, C = cfg_.d_model, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
-  const int64_t Q = (H + 2 * KV) * hd, F = cfg_.ffn;
+  const int64_t N = B * T, C = cfg_.d_model, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
+  const int64_t Q = (H + 2 * KV) * hd, F = Fl_;
   const float eps = float(cfg_.norm_eps);
+  const bool bias_here = part_.tp_rank == 0;  // row-parallel biases enter the all-reduce once
   const bool gpt = cfg_.arch == Arch::kGpt;
   if (gpt) k_.layernorm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N, C, eps);
   else k_.rmsnorm_forward(s.norm1, s.norm1_rstd, x0, w.norm1_w, N, C, eps);
@@ -169,7 +185,8 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd);  // (N,H*hd)
   // x1 = x0 + atty Wo^T (+ bo): the projection lands in x1, then the residual is added.
-  k_.matmul_forward(s.x1, s.atty, w.attn_proj_w, w.attn_proj_b, N, H * hd, C);
+  k_.matmul_forward(s.x1, s.atty, w.attn_proj_w, bias_here ? w.attn_proj_b : nullptr, N, H * hd, C);
+  tp_sum(s.x1, N * C);  // row-parallel: sum the partial projections
   k_.residual_forward(s.x1, s.x1, x0, N * C);
   if (gpt) {
     k_.layernorm_forward(s.norm2, s.norm2_mean, s.norm2_rstd, s.x1, w.norm2_w, w.norm2_b, N, C, eps);
@@ -180,7 +197,8 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
     k_.matmul_forward(s.fch, s.norm2, w.fc_w, nullptr, N, C, 2 * F);  // [gate | up]
     k_.swiglu_forward(s.fcg, s.fch, N, F);
   }
-  k_.matmul_forward(s.out, s.fcg, w.mlp_proj_w, w.mlp_proj_b, N, F, C);
+  k_.matmul_forward(s.out, s.fcg, w.mlp_proj_w, bias_here ? w.mlp_proj_b : nullptr, N, F, C);
+  tp_sum(s.out, N * C);
   k_.residual_forward(s.out, s.out, s.x1, N * C);
 }
 
@@ -191,8 +209,8 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const BlockView& w = pv_.blocks[l];
   const BlockView& g = gv_.blocks[l];
   const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;
-  const int64_t N = B * T, C = cfg_.d_model, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
-  const int64_t Q = (H + 2 * KV) * hd, F = cfg_.ffn;
+  const int64_t N = B * T, C = cfg_.d_model, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
+  const int64_t Q = (H + 2 * KV) * hd, F = Fl_;
   const bool gpt = cfg_.arch == Arch::kGpt;
   const int64_t F2 = gpt ? F : 2 * F;
   auto zero = [](float* p, int64_t n) { std::memset(p, 0, size_t(n) * sizeof(float)); };
@@ -205,6 +223,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   else k_.swiglu_backward(a.dfch, s.fch, a.dfcg, N, F);
   zero(a.dnorm, N * C);
   k_.matmul_backward(a.dnorm, g.fc_w, g.fc_b, a.dfch, s.norm2, w.fc_w, N, C, F2);
+  tp_sum(a.dnorm, N * C);  // column-parallel: sum the input gradients
   if (gpt)
     k_.layernorm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, w.norm2_w, s.norm2_mean, s.norm2_rstd, N, C);
   else
@@ -217,6 +236,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
   k_.matmul_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, s.norm1, w.qkv_w, N, C, Q);
+  tp_sum(a.dnorm, N * C);
   if (gpt)
     k_.layernorm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N, C);
   else
@@ -257,7 +277,7 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
     LOOM_CHECK(tokens != nullptr, "the embedding chunk needs tokens");
     check_ids(tokens, N, cfg_.vocab, "token");
     std::memcpy(sl.tokens, tokens, size_t(N) * sizeof(int32_t));
-    k_.embedding_forward(sl.input, tokens, pv_.wte, pv_.wpe, B, T, C);
+    embed_forward(sl.input, tokens, B, T);
   } else {
     LOOM_CHECK(x_in != nullptr, "model chunk ", chunk, " needs its input activation");
     std::memcpy(sl.input, x_in, size_t(N * C) * sizeof(float));
@@ -296,7 +316,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
     if (grad_ready_) grad_ready_(block_first_tensor_[l]);
   }
   if (chunk_has_embed(chunk)) {
-    k_.embedding_backward(gv_.wte, gv_.wpe, a.dres, sl.tokens, B, T, C);
+    embed_backward(a.dres, sl.tokens, B, T);
     if (grad_ready_) grad_ready_(0);
   } else {
     std::memcpy(sl.dinput, a.dres, size_t(N * C) * sizeof(float));
@@ -308,13 +328,10 @@ float Model::stage_forward(int chunk, int s, const int32_t* tokens, const float*
   Slot& sl = slot(chunk, s);
   forward_chunk(sl, chunk, tokens, x_in, B, T);
   if (!chunk_has_head(chunk)) return 0.0f;
-  Acts& a = *acts_;
-  const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab;
+  const int64_t N = B * T, C = cfg_.d_model;
   LOOM_CHECK(targets != nullptr, "the head chunk needs targets");
-  check_ids(targets, N, V, "target");
   std::memset(sl.dnormf, 0, size_t(N * C) * sizeof(float));
-  k_.lm_head_loss(a.losses, sl.dnormf, gv_.head_w, sl.normf, pv_.head_w, targets, N, C, V, grad_scale / float(N));
-  return mean_of(a.losses, N);
+  return head_loss(sl.normf, targets, N, sl.dnormf, grad_scale);
 }
 
 const float* Model::stage_output(int chunk, int s) const {
@@ -349,14 +366,12 @@ float Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t
   check_whole("forward_loss");
   Slot& sl = slot(0, 0);
   forward_chunk(sl, 0, tokens, nullptr, B, T);
-  const int64_t N = B * T;
-  check_ids(targets, N, cfg_.vocab, "target");
-  k_.lm_head_loss(acts_->losses, nullptr, nullptr, sl.normf, pv_.head_w, targets, N, cfg_.d_model, cfg_.vocab, 0.0f);
-  return mean_of(acts_->losses, N);
+  return head_loss(sl.normf, targets, B * T, nullptr, 0.0f);
 }
 
 void Model::forward_logits(const int32_t* tokens, int64_t B, int64_t T, std::vector<float>& logits) {
   check_whole("forward_logits");
+  LOOM_CHECK(part_.tp == 1, "forward_logits needs the whole vocabulary on one rank (tp = 1)");
   Slot& sl = slot(0, 0);
   forward_chunk(sl, 0, tokens, nullptr, B, T);
   const int64_t N = B * T;
@@ -366,6 +381,7 @@ void Model::forward_logits(const int32_t* tokens, int64_t B, int64_t T, std::vec
 
 void Model::forward_last_logits(const int32_t* tokens, int64_t T, float* logits) {
   check_whole("forward_last_logits");
+  LOOM_CHECK(part_.tp == 1, "forward_last_logits needs the whole vocabulary on one rank (tp = 1)");
   Slot& sl = slot(0, 0);
   forward_chunk(sl, 0, tokens, nullptr, 1, T);
   k_.lm_head_logits_row(logits, sl.normf + (T - 1) * cfg_.d_model, pv_.head_w, cfg_.d_model, cfg_.vocab);

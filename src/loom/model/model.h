@@ -3,6 +3,19 @@
 // GPT-2 block (pre-LN):  x1 = x0 + Proj(Attn(LN1(x0)));  x2 = x1 + W2 GELU(W1 LN2(x1) + b1) + b2
 // Llama block:           x1 = x0 + Wo Attn(RoPE(Wqkv RMS1(x0)));  x2 = x1 + Wd (silu(Wg h) * (Wu h)), h = RMS2(x1)
 // Loss: mean over the B*T tokens of softmax cross-entropy of head(normf(x_L)).
+//
+// Note [Tensor parallel]
+// With part.tp = t > 1 (Megatron-LM), each block is two conjugate pairs per sub-layer:
+//   attention: Q,K,V = LN1(x) Wqkv_i (column-parallel: rank i holds heads H/t, KV/t);
+//              y = sum_i Attn_i Wo_i (row-parallel: Wo split by input columns) -> all-reduce;
+//   MLP:       h_i = act(LN2(x1) W1_i) (column-parallel);  y = sum_i h_i W2_i -> all-reduce.
+// Forward all-reduces the row-parallel outputs (the bias is added once, by rank 0); backward
+// all-reduces dL/d(norm output) after the column-parallel input gradient. Norms, biases of
+// row-parallel layers and wpe are replicated and get identical gradients on every rank.
+// Embedding and head are vocab-parallel: rank i holds vocabulary rows [i V/t, (i+1) V/t)
+// (V padded to a multiple of t; padded logits are masked out), the embedding all-reduces
+// its lookups and the cross-entropy all-reduces per-row max, sum of exp and target logit,
+// so no rank ever holds (tokens x vocab) logits.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +26,7 @@
 #include "loom/core/config.h"
 #include "loom/kernels/kernels.h"
 #include "loom/model/layout.h"
+#include "loom/model/tp_comm.h"
 
 namespace loom {
 
@@ -24,7 +38,7 @@ class Model {
   // whose activations each chunk can hold at once (a pipeline schedule's peak in flight).
   Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq,
         KernelBackend backend = KernelBackend::kCpu, const LayoutPadding& padding = {},
-        const ModelPart& part = {}, int act_slots = 1);
+        const ModelPart& part = {}, int act_slots = 1, TpComm* tp_comm = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -96,12 +110,22 @@ class Model {
   // On entry scratch dres = dL/d(chunk output) (head chunk: built from the saved dnormf).
   void backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T);
   void forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
+  void tp_sum(float* x, int64_t n) const {
+    if (tp_comm_) tp_comm_->all_reduce_sum(x, n);
+  }
+  void embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t T) const;
+  void embed_backward(const float* dout, const int32_t* tokens, int64_t B, int64_t T);
+  // Mean loss over N rows of head(x); with dx, also dx += d(scale * loss)/dx and head grads.
+  float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
+  float* acts_losses() const;  // (N) per-row losses scratch
   void backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
 
   ModelConfig cfg_;
   ModelPart part_;
   std::vector<std::pair<int, int>> chunks_;
   int act_slots_ = 1;
+  TpComm* tp_comm_ = nullptr;
+  int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows
   ParamLayout layout_;
   const Kernels& k_;
   int64_t max_batch_, max_seq_;

@@ -5,6 +5,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/model/tp_slice.h"
 
 namespace loom {
 
@@ -15,6 +16,16 @@ parallel::ScheduleKind schedule_kind(const std::string& s) {
   if (s == "interleaved") return parallel::ScheduleKind::kInterleaved1F1B;
   return parallel::ScheduleKind::k1F1B;
 }
+
+class GroupTpComm : public TpComm {
+ public:
+  explicit GroupTpComm(comm::Group& g) : g_(g) {}
+  void all_reduce_sum(float* x, int64_t n) override { g_.all_reduce(std::span<float>(x, size_t(n)), comm::ReduceOp::kSum); }
+  void all_reduce_max(float* x, int64_t n) override { g_.all_reduce(std::span<float>(x, size_t(n)), comm::ReduceOp::kMax); }
+
+ private:
+  comm::Group& g_;
+};
 
 std::vector<int> parse_split(const std::string& text) {
   std::vector<int> out;
@@ -45,7 +56,12 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
       rc.dp = world->group(mesh, {"dp"});
       rc.dp_rank = rc.dp->group_rank(), rc.dp_size = rc.dp->size();
     }
-    if (p.dp * pp > 1) rc.stats = world->group(mesh, {"pp", "dp"});
+    if (p.tp > 1) {
+      rc.tp = world->group(mesh, {"tp"});
+      rc.tp_rank = rc.tp->group_rank(), rc.tp_size = rc.tp->size();
+      rc.tp_comm = std::make_unique<GroupTpComm>(*rc.tp);
+    }
+    if (world->world_size() > 1) rc.stats = world->group(mesh, {"pp", "dp", "tp"});
     if (pp > 1 && cfg.model.arch == Arch::kGpt) {
       std::vector<std::vector<int>> partition;
       for (const auto& pipe : mesh.groups({"pp"})) {
@@ -66,6 +82,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
     rc.act_slots = check.peak_in_flight[size_t(rc.pp_rank)];
   }
+  rc.part.tp = rc.tp_size, rc.part.tp_rank = rc.tp_rank;
   return rc;
 }
 
@@ -75,9 +92,9 @@ std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, c
   std::vector<float> out(size_t(whole.total_floats()), 0.0f);
   if (rc.dp_rank == 0)
     for (const ParamSpec& s : mine.specs()) {
-      if (s.name == "wte" && rc.holds_tied_copy(m)) continue;
+      if (!rc.counts(s, m)) continue;
       const ParamSpec& w = whole.at(s.name);
-      std::copy(flat + s.offset, flat + s.offset + s.numel, out.begin() + w.offset);
+      local_to_whole(s, w.shape, flat + s.offset, out.data() + w.offset, rc.tp_size, rc.tp_rank);
     }
   if (rc.stats) rc.stats->all_reduce(std::span<float>(out), comm::ReduceOp::kSum);
   return out;

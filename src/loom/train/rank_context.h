@@ -10,6 +10,7 @@
 #include "loom/comm/group.h"
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
+#include "loom/model/tp_comm.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/schedule.h"
 
@@ -17,10 +18,12 @@ namespace loom {
 
 struct RankContext {
   comm::World* world = nullptr;  // null: single process, no groups
-  int dp_rank = 0, dp_size = 1, pp_rank = 0, pp_size = 1, zero = 0;
+  int dp_rank = 0, dp_size = 1, pp_rank = 0, pp_size = 1, tp_rank = 0, tp_size = 1, zero = 0;
   bool logging = true;                   // global rank 0 writes the log
   std::unique_ptr<comm::Group> dp;       // null when dp == 1
-  std::unique_ptr<comm::Group> stats;    // pp x dp: loss and norm sums; null when that is one rank
+  std::unique_ptr<comm::Group> tp;       // null when tp == 1
+  std::unique_ptr<TpComm> tp_comm;       // the model's view of `tp`
+  std::unique_ptr<comm::Group> stats;    // every rank (pp x dp x tp): loss and norm sums; null single-process
   std::unique_ptr<comm::Group> embed;    // GPT pipelines: first and last stage (tied wte)
   parallel::PipeLinks links;
   ModelPart part;                        // whole model unless pp > 1
@@ -31,6 +34,10 @@ struct RankContext {
   void stats_sum(std::span<double> x) const;
   // The head part of a GPT pipeline holds a copy of wte that is not its own to count.
   bool holds_tied_copy(const ModelConfig& m) const { return m.arch == Arch::kGpt && part.head && !part.embed; }
+  // Replicated tensors are counted (norm, whole-model assembly) by tp rank 0 only.
+  bool counts(const ParamSpec& s, const ModelConfig& m) const {
+    return !(s.name == "wte" && holds_tied_copy(m)) && (s.split_dim >= 0 || tp_rank == 0);
+  }
 };
 
 // Builds the groups (collective over the world: every rank makes the same calls).
@@ -38,8 +45,8 @@ RankContext make_rank_context(const Config& cfg, comm::World* world);
 
 // The whole model's flat buffer (whole-model layout, ParamLayout(cfg.model)) assembled on
 // every rank from each rank's `flat` over layout `mine`: dp rank 0 of every stage
-// contributes what it holds (a tied wte copy is left to the first stage), then one
-// all-reduce over the stats group.
+// contributes what it holds (a tied wte copy is left to the first stage, replicated
+// tensors to tp rank 0, split ones as slices), then one all-reduce over the stats group.
 std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, const float* flat,
                                 const RankContext& rc);
 

@@ -31,15 +31,14 @@ using Clock = std::chrono::steady_clock;
 void check_supported(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   std::vector<std::string> missing;
-  if (p.tp > 1) missing.push_back("parallel.tp = " + std::to_string(p.tp) + " (tensor parallel)");
   if (p.sp) missing.push_back("parallel.sp = true (sequence parallel)");
   if (p.zero == 3) missing.push_back("parallel.zero = 3 (sharded parameters)");
   if (p.recompute != "none") missing.push_back("parallel.recompute = " + p.recompute);
   if (!missing.empty()) {
     std::string msg = "not implemented yet in this build:";
     for (const auto& m : missing) msg += " " + m + ";";
-    throw Error(msg + " data parallel (parallel.dp, parallel.zero 0, 1 or 2) and pipeline parallel (parallel.pp, vpp, "
-                "schedule) run today");
+    throw Error(msg + " data (parallel.dp, parallel.zero 0, 1 or 2), tensor (parallel.tp) and pipeline (parallel.pp, vpp, "
+                "schedule) parallelism run today");
   }
   if (world_size != p.world())
     throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
@@ -67,7 +66,7 @@ double evaluate(Model& model, parallel::PipelineRunner* pipe, const DataLoader& 
   }
   double v[1] = {sum / double(batches)};
   rc.stats_sum(v);
-  return v[0] / rc.dp_size;
+  return v[0] / (rc.dp_size * rc.tp_size);  // every dp replica's tp ranks hold one copy
 }
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
@@ -79,12 +78,11 @@ class Updater {
   Updater(const Config& cfg, Model& model, const RankContext& rc, const parallel::DataParallelPlan* plan)
       : cfg_(cfg), model_(model), rc_(rc), plan_(plan),
         adamw_(model.layout(), cfg.optim, rc.zero > 0 ? plan->owned(rc.dp_rank) : std::vector<FlatRange>{}) {
-    // The global norm counts every parameter once: a GPT head stage's wte copy is left out.
+    // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
+    // ranks other than 0, the replicated tensors are left out.
     norm_ranges_ = adamw_.owned();
-    if (rc.holds_tied_copy(cfg.model)) {
-      const ParamSpec& w = model.layout().at("wte");
-      norm_ranges_ = subtract(norm_ranges_, {w.offset, w.numel});
-    }
+    for (const ParamSpec& s : model.layout().specs())
+      if (!rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
   }
 
   // Mean loss of the global batch and the gradient norm before clipping; updates params.
@@ -92,7 +90,7 @@ class Updater {
     const Kernels& k = model_.ops();
     double v[2] = {local_loss, sum_squares(k, model_.grads().data(), norm_ranges_)};
     rc_.stats_sum(v);
-    const double loss = v[0] / rc_.dp_size;  // each dp replica's stages add up one copy
+    const double loss = v[0] / (rc_.dp_size * rc_.tp_size);  // each dp replica's tp ranks hold one copy
     const double norm = std::sqrt(rc_.zero > 0 ? v[1] : v[1] / rc_.dp_size);
     if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef < 1.0)
       for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model_.grads().data() + r.offset, r.count, float(coef));
@@ -176,7 +174,8 @@ void print_header(Reporter& rep, const Config& cfg, const Corpus& corpus, int64_
 struct Engine {
   Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T)
       : plan(make_plan(cfg, rc)),
-        model(cfg.model, mb, T, KernelBackend::kCpu, rc.dp ? plan.padding : LayoutPadding{}, rc.part, rc.act_slots) {
+        model(cfg.model, mb, T, KernelBackend::kCpu, rc.dp ? plan.padding : LayoutPadding{}, rc.part, rc.act_slots,
+              rc.tp_comm.get()) {
     model.init_weights(uint64_t(cfg.train.seed));
     if (rc.dp) {
       sync = std::make_unique<parallel::GradSync>(
@@ -238,19 +237,19 @@ void save_final(const Config& cfg, Engine& e, Updater& updater, const RankContex
   updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
   const ParamLayout whole(cfg.model);
   std::vector<float> params = e.model.params();
-  if (rc.pp_size > 1) {  // every stage's tensors into the whole layout
+  if (rc.pp_size > 1 || rc.tp_size > 1) {  // every rank's tensors into the whole layout
     params = gather_whole(cfg.model, e.model.layout(), params.data(), rc);
     m = gather_whole(cfg.model, e.model.layout(), m.data(), rc);
     v = gather_whole(cfg.model, e.model.layout(), v.data(), rc);
   }
   if (!rc.logging) return;
-  save_checkpoint(cfg.checkpoint.dir, cfg, rc.pp_size > 1 ? whole : e.model.layout(), params, &m, &v,
+  save_checkpoint(cfg.checkpoint.dir, cfg, rc.pp_size > 1 || rc.tp_size > 1 ? whole : e.model.layout(), params, &m, &v,
                   CheckpointState{cfg.train.steps, updater.adamw().steps_taken()});
   rep.info("saved checkpoint to " + cfg.checkpoint.dir);
 }
 
 std::vector<float> final_params(const Config& cfg, Engine& e, const RankContext& rc) {
-  if (rc.pp_size == 1) return unpadded_params(e.model);
+  if (rc.pp_size == 1 && rc.tp_size == 1) return unpadded_params(e.model);
   const ParamLayout whole(cfg.model);
   const std::vector<float> all = gather_whole(cfg.model, e.model.layout(), e.model.params().data(), rc);
   std::vector<float> out;

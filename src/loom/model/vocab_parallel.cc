@@ -1,0 +1,119 @@
+// Embedding and LM head + cross-entropy, whole or vocab-parallel (Note [Tensor parallel]).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/model/model.h"
+
+namespace loom {
+
+void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t T) const {
+  const int64_t C = cfg_.d_model, N = B * T;
+  if (part_.tp == 1) {
+    k_.embedding_forward(out, tokens, pv_.wte, pv_.wpe, B, T, C);
+    return;
+  }
+  // out = sum over tp of (own rows of wte looked up, zero elsewhere); rank 0 adds wpe.
+  const int64_t lo = part_.tp_rank * Vl_;
+  const bool add_pos = pv_.wpe && part_.tp_rank == 0;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    float* o = out + n * C;
+    const int64_t tok = tokens[n] - lo;
+    if (tok >= 0 && tok < Vl_) std::memcpy(o, pv_.wte + tok * C, size_t(C) * sizeof(float));
+    else std::fill(o, o + C, 0.0f);
+    if (add_pos) {
+      const float* p = pv_.wpe + (n % T) * C;
+      for (int64_t c = 0; c < C; c++) o[c] += p[c];
+    }
+  }
+  tp_sum(out, N * C);
+}
+
+void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, int64_t T) {
+  const int64_t C = cfg_.d_model, N = B * T;
+  if (part_.tp == 1) {
+    k_.embedding_backward(gv_.wte, gv_.wpe, dout, tokens, B, T, C);
+    return;
+  }
+  // dout is replicated: every rank adds the rows of its own tokens, and all add wpe's.
+  const int64_t lo = part_.tp_rank * Vl_;
+  for (int64_t n = 0; n < N; n++) {
+    const float* d = dout + n * C;
+    const int64_t tok = tokens[n] - lo;
+    if (tok >= 0 && tok < Vl_) {
+      float* g = gv_.wte + tok * C;
+      for (int64_t c = 0; c < C; c++) g[c] += d[c];
+    }
+    if (gv_.wpe) {
+      float* g = gv_.wpe + (n % T) * C;
+      for (int64_t c = 0; c < C; c++) g[c] += d[c];
+    }
+  }
+}
+
+namespace {
+
+// Rows of (rows, Vl) logits per chunk of the vocab-parallel loss: about 8 Mi floats.
+constexpr int64_t kLogitBudgetFloats = int64_t{1} << 23;
+
+}  // namespace
+
+float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale) {
+  const int64_t C = cfg_.d_model, V = cfg_.vocab;
+  for (int64_t i = 0; i < N; i++)
+    LOOM_CHECK(targets[i] >= 0 && targets[i] < V, "target id ", targets[i], " at position ", i,
+               " is outside the vocabulary [0, ", V, ")");
+  float* losses = acts_losses();
+  if (part_.tp == 1) {
+    k_.lm_head_loss(losses, dx, dx ? gv_.head_w : nullptr, x, pv_.head_w, targets, N, C, V, grad_scale / float(N));
+  } else {
+    // Per row i: loss_i = log(sum_v exp(z_v - m)) + m - z_target, with m, the sum and
+    // z_target all-reduced over tp; padded vocabulary columns are left out.
+    const int64_t lo = part_.tp_rank * Vl_, valid = std::clamp<int64_t>(V - lo, 0, Vl_);
+    const int64_t R = std::max<int64_t>(1, std::min(N, kLogitBudgetFloats / Vl_));
+    std::vector<float> logits(static_cast<size_t>(R * Vl_)), mx(static_cast<size_t>(R)), st(static_cast<size_t>(2 * R));
+    const float scale = grad_scale / float(N);
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+      const int64_t rows = std::min(R, N - r0);
+      k_.matmul_forward(logits.data(), x + r0 * C, pv_.head_w, nullptr, rows, C, Vl_);
+      for (int64_t i = 0; i < rows; i++) {
+        const float* z = logits.data() + i * Vl_;
+        mx[size_t(i)] = valid > 0 ? *std::max_element(z, z + valid) : -INFINITY;
+      }
+      tp_comm_->all_reduce_max(mx.data(), rows);
+      for (int64_t i = 0; i < rows; i++) {
+        const float* z = logits.data() + i * Vl_;
+        double sum = 0;
+        for (int64_t v = 0; v < valid; v++) sum += std::exp(double(z[v]) - mx[size_t(i)]);
+        const int64_t t = targets[r0 + i] - lo;
+        st[size_t(i)] = float(sum);
+        st[size_t(rows + i)] = t >= 0 && t < valid ? z[t] : 0.0f;
+      }
+      tp_comm_->all_reduce_sum(st.data(), 2 * rows);
+      for (int64_t i = 0; i < rows; i++)
+        losses[r0 + i] = float(std::log(double(st[size_t(i)])) + mx[size_t(i)] - st[size_t(rows + i)]);
+      if (!dx) continue;
+      // dz_v = scale * (softmax_v - [v == target]); padded columns get 0.
+      for (int64_t i = 0; i < rows; i++) {
+        float* z = logits.data() + i * Vl_;
+        const float m = mx[size_t(i)], inv = 1.0f / st[size_t(i)];
+        for (int64_t v = 0; v < valid; v++) z[v] = std::exp(z[v] - m) * inv * scale;
+        std::fill(z + valid, z + Vl_, 0.0f);
+        const int64_t t = targets[r0 + i] - lo;
+        if (t >= 0 && t < valid) z[t] -= scale;
+      }
+      k_.matmul_backward(dx + r0 * C, gv_.head_w, nullptr, logits.data(), x + r0 * C, pv_.head_w, rows, C, Vl_);
+      tp_sum(dx + r0 * C, rows * C);  // each rank's columns give part of dL/dx
+    }
+  }
+  double s = 0;
+  for (int64_t i = 0; i < N; i++) s += losses[i];
+  return float(s / double(N));
+}
+
+}  // namespace loom

@@ -19,6 +19,13 @@ ModelConfig small(Arch arch) {
   return m;
 }
 
+ModelOptions with_part(const ModelPart& p, int slots = 1) {
+  ModelOptions o;
+  o.part = p;
+  o.act_slots = slots;
+  return o;
+}
+
 struct Batch {
   std::vector<int32_t> tok, tgt;
 };
@@ -70,7 +77,7 @@ void expect_parts_match_whole(Arch arch, const std::vector<ModelPart>& parts) {
 
   std::vector<std::unique_ptr<Model>> stages;
   for (const ModelPart& p : parts) {
-    stages.push_back(std::make_unique<Model>(cfg, B, T, KernelBackend::kCpu, LayoutPadding{}, p, int(M)));
+    stages.push_back(std::make_unique<Model>(cfg, B, T, KernelBackend::kCpu, with_part(p, int(M))));
     stages.back()->init_weights(7);
   }
   std::vector<float> losses;
@@ -116,7 +123,7 @@ TEST(ModelParts, ChunkedPartsAsInterleavedSchedulesUseThem) {
   // virtual-stage order by giving each chunk its own single-chunk view of the schedule.
   const ModelConfig cfg = small(Arch::kGpt);
   const ModelPart r0{{{0, 1}, {2, 3}}, true, false}, r1{{{1, 2}, {3, 4}}, false, true};
-  Model m0(cfg, 2, 8, KernelBackend::kCpu, {}, r0, 1), m1(cfg, 2, 8, KernelBackend::kCpu, {}, r1, 1);
+  Model m0(cfg, 2, 8, KernelBackend::kCpu, with_part(r0)), m1(cfg, 2, 8, KernelBackend::kCpu, with_part(r1));
   Model whole(cfg, 2, 8);
   for (Model* m : {&m0, &m1, &whole}) m->init_weights(3);
   const Batch b = random_batch(16, cfg.vocab, 5);
@@ -136,13 +143,36 @@ TEST(ModelParts, ChunkedPartsAsInterleavedSchedulesUseThem) {
     EXPECT_NEAR(m0.grads()[size_t(q0.offset + i)], whole.grads()[size_t(q.offset + i)], 1e-6) << i;
 }
 
+TEST(Recompute, SelectiveAndFullGiveBitIdenticalLossesAndGradients) {
+  for (Arch arch : {Arch::kGpt, Arch::kLlama}) {
+    const ModelConfig cfg = small(arch);
+    const Batch b = random_batch(16, cfg.vocab, 9);
+    Model plain(cfg, 2, 8);
+    plain.init_weights(4);
+    const float ref = plain.forward_backward(b.tok.data(), b.tgt.data(), 2, 8, 1.0f);
+    // Mixed per-layer policies, as a plan may give them.
+    for (std::vector<Recompute> policy :
+         {std::vector<Recompute>(4, Recompute::kSelective), std::vector<Recompute>(4, Recompute::kFull),
+          std::vector<Recompute>{Recompute::kFull, Recompute::kNone, Recompute::kSelective, Recompute::kFull}}) {
+      ModelOptions o;
+      o.recompute = policy;
+      Model m(cfg, 2, 8, KernelBackend::kCpu, o);
+      m.init_weights(4);
+      EXPECT_EQ(m.forward_backward(b.tok.data(), b.tgt.data(), 2, 8, 1.0f), ref);
+      EXPECT_EQ(m.grads(), plain.grads());
+      if (policy[1] == Recompute::kFull) EXPECT_LT(m.activation_bytes(), plain.activation_bytes() / 2);
+      else EXPECT_LT(m.activation_bytes(), plain.activation_bytes());
+    }
+  }
+}
+
 TEST(ModelParts, WholeModelCallsNeedTheWholeModel) {
   const ModelConfig cfg = small(Arch::kLlama);
-  Model part(cfg, 1, 8, KernelBackend::kCpu, {}, {{{0, 2}}, true, false}, 1);
+  Model part(cfg, 1, 8, KernelBackend::kCpu, with_part({{{0, 2}}, true, false}));
   const Batch b = random_batch(8, cfg.vocab, 1);
   EXPECT_THROW(part.forward_backward(b.tok.data(), b.tgt.data(), 1, 8, 1.0f), Error);
   EXPECT_THROW(part.stage_forward(0, 1, b.tok.data(), nullptr, nullptr, 1, 8, 1.0f), Error);  // one slot only
-  EXPECT_THROW(Model(cfg, 1, 8, KernelBackend::kCpu, {}, {{{3, 5}}, false, true}, 1), Error);  // layer 4 of 4
+  EXPECT_THROW(Model(cfg, 1, 8, KernelBackend::kCpu, with_part({{{3, 5}}, false, true})), Error);  // layer 4 of 4
   EXPECT_EQ(part.layout().find("head.w"), nullptr);
   EXPECT_NE(part.layout().find("h.1.mlp.fc.w"), nullptr);
   EXPECT_EQ(part.layout().find("h.2.mlp.fc.w"), nullptr);

@@ -78,7 +78,8 @@ TEST(DataParallel, GptLayoutsMatchTheSingleProcessRun) {
                                 {"dp3", {"parallel.dp=3"}},
                                 {"dp4", {"parallel.dp=4"}},
                                 {"dp2 accum2", {"parallel.dp=2", "train.grad_accum=2"}},
-                                {"dp2 small buckets", {"parallel.dp=2", "parallel.bucket_mb=0.01"}}});
+                                {"dp2 small buckets", {"parallel.dp=2", "parallel.bucket_mb=0.01"}},
+                                {"dp2 recompute full", {"parallel.dp=2", "parallel.recompute=full"}}});
 }
 
 TEST(DataParallel, ZeroStagesMatchTheSingleProcessRun) {
@@ -131,7 +132,10 @@ TEST(TensorParallel, GptLayoutsMatchTheSingleProcessRun) {
                   {"dp2 x tp2", {"parallel.dp=2", "parallel.tp=2"}},
                   {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
                   {"dp2 x tp2 x pp2", {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
-                  {"dp2 x tp2 zero2", {"parallel.dp=2", "parallel.tp=2", "parallel.zero=2"}}});
+                  {"dp2 x tp2 zero2", {"parallel.dp=2", "parallel.tp=2", "parallel.zero=2"}},
+                  {"tp2 recompute selective", {"parallel.tp=2", "parallel.recompute=selective"}},
+                  {"tp2 x pp2 recompute full", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2",
+                                                "parallel.recompute=full"}}});
 }
 
 TEST(TensorParallel, ThreeWaysWithPaddedVocabulary) {

@@ -39,7 +39,19 @@ struct Model::Acts {
   std::vector<Slot> slots;  // [chunk * act_slots + slot]
   float* losses = nullptr;  // (N)
   float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;  // backward scratch
+  // Recompute (Note [Recompute]): the block all fully recomputed layers share, and the
+  // softmax probabilities all selectively recomputed layers share.
+  Slot::Block recompute_block{};
+  float* shared_probs = nullptr;
 };
+
+// Note [Recompute]
+// A layer's saved activations are pointers into the slot's storage. Selective recompute
+// points every such layer's `probs` at one shared buffer and reruns the attention core
+// before its backward; full recompute keeps only the block output (the next block's
+// input) per layer, points everything else at one shared block, and reruns the whole
+// block forward (its tensor-parallel all-reduces included) before its backward. The
+// kernels are deterministic, so recomputed values are bit-identical to the originals.
 
 namespace {
 class Carver {
@@ -60,13 +72,19 @@ class Carver {
 }  // namespace
 
 Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
-             const LayoutPadding& padding, const ModelPart& part, int act_slots, TpComm* tp_comm)
-    : cfg_(cfg), part_(part), chunks_(part.resolved_chunks(cfg)), act_slots_(act_slots), tp_comm_(tp_comm),
-      Hl_(cfg.heads / part.tp), KVl_(cfg.kv_heads / part.tp), Fl_(cfg.ffn / part.tp), Vl_(part.vocab_shard(cfg)),
-      layout_(cfg, padding, part), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
+             const ModelOptions& opt)
+    : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
+      tp_comm_(opt.tp_comm), recompute_(opt.recompute), Hl_(cfg.heads / opt.part.tp),
+      KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
+      layout_(cfg, opt.padding, opt.part), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
+  const ModelPart& part = opt.part;
+  const int act_slots = opt.act_slots;
+  if (recompute_.empty()) recompute_.assign(size_t(cfg.layers), Recompute::kNone);
+  LOOM_CHECK(int64_t(recompute_.size()) == cfg.layers, "recompute policy for ", recompute_.size(),
+             " layers given to a ", cfg.layers, "-layer model");
   LOOM_CHECK(part.tp >= 1 && part.tp_rank >= 0 && part.tp_rank < part.tp, "tensor-parallel rank ", part.tp_rank,
              " of ", part.tp, " is not a valid slice");
-  LOOM_CHECK(part.tp == 1 || tp_comm != nullptr, "a tensor-parallel model (tp = ", part.tp, ") needs its tp group");
+  LOOM_CHECK(part.tp == 1 || opt.tp_comm != nullptr, "a tensor-parallel model (tp = ", part.tp, ") needs its tp group");
   LOOM_CHECK(cfg.heads % part.tp == 0 && cfg.kv_heads % part.tp == 0 && cfg.ffn % part.tp == 0, "tp = ", part.tp,
              " must divide heads ", cfg.heads, ", kv_heads ", cfg.kv_heads, " and ffn ", cfg.ffn);
   if (part.tp == 1) tp_comm_ = nullptr;
@@ -95,19 +113,35 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   // Two passes: measure, then allocate and carve.
+  const bool any_full = std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
+  const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
+  // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
+  auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs) {
+    b.norm1 = c.take(N * C), b.norm1_mean = c.take(N), b.norm1_rstd = c.take(N);
+    b.qkv = c.take(N * Q), b.probs = share_probs ? a.shared_probs : c.take(P), b.atty = c.take(N * HD);
+    b.x1 = c.take(N * C);
+    b.norm2 = c.take(N * C), b.norm2_mean = c.take(N), b.norm2_rstd = c.take(N);
+    b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(N * C);
+  };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
+    if (any_full) carve_block(c, a.recompute_block, false);
+    if (any_selective) a.shared_probs = c.take(P);
     a.slots.assign(chunks_.size() * size_t(act_slots), {});
     for (size_t i = 0; i < a.slots.size(); i++) {
       Slot& sl = a.slots[i];
       const int chunk = int(i) / act_slots;
       sl.input = c.take(N * C);
       sl.blocks.assign(size_t(chunks_[chunk].second - chunks_[chunk].first), {});
-      for (auto& b : sl.blocks) {
-        b.norm1 = c.take(N * C), b.norm1_mean = c.take(N), b.norm1_rstd = c.take(N);
-        b.qkv = c.take(N * Q), b.probs = c.take(P), b.atty = c.take(N * HD), b.x1 = c.take(N * C);
-        b.norm2 = c.take(N * C), b.norm2_mean = c.take(N), b.norm2_rstd = c.take(N);
-        b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(N * C);
+      for (size_t j = 0; j < sl.blocks.size(); j++) {
+        Slot::Block& b = sl.blocks[j];
+        const Recompute r = recompute_[size_t(chunks_[chunk].first) + j];
+        if (r == Recompute::kFull) {
+          b = a.recompute_block;
+          b.out = c.take(N * C);
+          continue;
+        }
+        carve_block(c, b, r == Recompute::kSelective);
       }
       if (chunk_has_embed(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
       else sl.dinput = c.take(N * C);
@@ -204,6 +238,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
 
 // On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input).
 void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
+  if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
   const Acts& a = *acts_;
   const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];
@@ -232,6 +267,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   zero(a.datty, N * H * hd);
   k_.matmul_backward(a.datty, g.attn_proj_w, g.attn_proj_b, a.dres, s.atty, w.attn_proj_w, N, H * hd, C);
   zero(a.dqkv, N * Q);
+  if (recompute_[size_t(l)] == Recompute::kSelective) k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd);
   k_.attention_backward(a.dqkv, a.datty, s.qkv, s.probs, B, T, H, KV, hd);
   if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
@@ -251,11 +287,6 @@ void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
                " is outside the vocabulary [0, ", vocab, ")");
 }
 
-float mean_of(const float* x, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; i++) s += x[i];
-  return float(s / double(n));
-}
 
 }  // namespace
 

@@ -30,15 +30,28 @@
 
 namespace loom {
 
+// Activation recompute for one layer: none; selective = the attention core (softmax
+// probabilities, the (B,H,T,T) tensor, are recomputed in backward instead of kept);
+// full = only the block input is kept and the whole block runs again in backward.
+enum class Recompute { kNone, kSelective, kFull };
+
+// How this rank's model is cut and run (all optional for a whole single-process model).
+struct ModelOptions {
+  LayoutPadding padding;            // data-parallel bucket padding
+  ModelPart part;                   // pipeline chunks, tensor-parallel slice
+  int act_slots = 1;                // micro-batches whose activations a chunk holds at once
+  TpComm* tp_comm = nullptr;        // required when part.tp > 1
+  std::vector<Recompute> recompute; // per layer; empty: none
+};
+
 class Model {
  public:
   // Allocates parameters, gradients and activations for micro-batches up to
   // (max_batch, max_seq). Parameters start at zero; call init_weights or load them.
-  // `part`: the pieces this rank holds (Note [Model parts]); `act_slots`: micro-batches
+  // opt.part: the pieces this rank holds (Note [Model parts]); opt.act_slots: micro-batches
   // whose activations each chunk can hold at once (a pipeline schedule's peak in flight).
-  Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq,
-        KernelBackend backend = KernelBackend::kCpu, const LayoutPadding& padding = {},
-        const ModelPart& part = {}, int act_slots = 1, TpComm* tp_comm = nullptr);
+  Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend = KernelBackend::kCpu,
+        const ModelOptions& opt = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -125,6 +138,7 @@ class Model {
   std::vector<std::pair<int, int>> chunks_;
   int act_slots_ = 1;
   TpComm* tp_comm_ = nullptr;
+  std::vector<Recompute> recompute_;  // per layer
   int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows
   ParamLayout layout_;
   const Kernels& k_;

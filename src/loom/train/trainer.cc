@@ -33,12 +33,11 @@ void check_supported(const Config& cfg, int world_size) {
   std::vector<std::string> missing;
   if (p.sp) missing.push_back("parallel.sp = true (sequence parallel)");
   if (p.zero == 3) missing.push_back("parallel.zero = 3 (sharded parameters)");
-  if (p.recompute != "none") missing.push_back("parallel.recompute = " + p.recompute);
   if (!missing.empty()) {
     std::string msg = "not implemented yet in this build:";
     for (const auto& m : missing) msg += " " + m + ";";
     throw Error(msg + " data (parallel.dp, parallel.zero 0, 1 or 2), tensor (parallel.tp) and pipeline (parallel.pp, vpp, "
-                "schedule) parallelism run today");
+                "schedule) parallelism and parallel.recompute run today");
   }
   if (world_size != p.world())
     throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
@@ -170,12 +169,24 @@ void print_header(Reporter& rep, const Config& cfg, const Corpus& corpus, int64_
   rep.info(os.str());
 }
 
+ModelOptions model_options(const Config& cfg, const RankContext& rc, const parallel::DataParallelPlan& plan) {
+  ModelOptions o;
+  if (rc.dp) o.padding = plan.padding;
+  o.part = rc.part;
+  o.act_slots = rc.act_slots;
+  o.tp_comm = rc.tp_comm.get();
+  const std::string& r = cfg.parallel.recompute;
+  o.recompute.assign(size_t(cfg.model.layers), r == "full"        ? Recompute::kFull
+                                               : r == "selective" ? Recompute::kSelective
+                                                                  : Recompute::kNone);
+  return o;
+}
+
 // Everything one rank trains with.
 struct Engine {
   Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T)
       : plan(make_plan(cfg, rc)),
-        model(cfg.model, mb, T, KernelBackend::kCpu, rc.dp ? plan.padding : LayoutPadding{}, rc.part, rc.act_slots,
-              rc.tp_comm.get()) {
+        model(cfg.model, mb, T, KernelBackend::kCpu, model_options(cfg, rc, plan)) {
     model.init_weights(uint64_t(cfg.train.seed));
     if (rc.dp) {
       sync = std::make_unique<parallel::GradSync>(

@@ -66,6 +66,8 @@ const std::vector<std::vector<std::string>> kLayouts = {
     {"parallel.dp=2", "parallel.pp=2", "parallel.zero=2", "train.grad_accum=2", "parallel.bucket_mb=0.05"},
     {"parallel.tp=2"},
     {"parallel.tp=2", "parallel.dp=2"},
+    {"parallel.tp=2", "parallel.sp=true"},
+    {"parallel.tp=2", "parallel.sp=true", "parallel.pp=2", "train.grad_accum=2", "parallel.recompute=full"},
     {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"},
     {"parallel.tp=4"},
     {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"},

@@ -138,6 +138,21 @@ TEST(TensorParallel, GptLayoutsMatchTheSingleProcessRun) {
                                                 "parallel.recompute=full"}}});
 }
 
+TEST(SequenceParallel, MatchesTheSingleProcessRun) {
+  expect_matches(gpt_config({"model.layers=4"}),
+                 {{"tp2 + sp", {"parallel.tp=2", "parallel.sp=true"}},
+                  {"tp4 + sp", {"parallel.tp=4", "parallel.sp=true"}},
+                  {"dp2 x tp2 + sp zero2", {"parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero=2"}},
+                  {"tp2 + sp x pp2 recompute full", {"parallel.tp=2", "parallel.sp=true", "parallel.pp=2",
+                                                     "train.grad_accum=2", "parallel.recompute=full"}}});
+  Config llama = llama_config();
+  llama.model.layers = 4;
+  expect_matches(llama, {{"llama tp2 + sp", {"parallel.tp=2", "parallel.sp=true"}},
+                         {"llama tp2 + sp x pp2 x vpp2", {"parallel.tp=2", "parallel.sp=true", "parallel.pp=2",
+                                                          "parallel.vpp=2", "parallel.schedule=interleaved",
+                                                          "train.grad_accum=4", "parallel.recompute=selective"}}});
+}
+
 TEST(TensorParallel, ThreeWaysWithPaddedVocabulary) {
   // heads 6 split three ways; the 256-token vocabulary pads to 258 rows (2 masked).
   expect_matches(gpt_config({"model.layers=2", "model.d_model=96", "model.heads=6", "model.ffn=192"}),

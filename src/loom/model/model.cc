@@ -39,6 +39,8 @@ struct Model::Acts {
   std::vector<Slot> slots;  // [chunk * act_slots + slot]
   float* losses = nullptr;  // (N)
   float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;  // backward scratch
+  float* full_tmp = nullptr;  // (N,C) sequence parallel: partial outputs, gathered gradients
+  float* norm_grad_tmp = nullptr;  // (2C) sequence parallel: one micro-batch's norm gradients
   // Recompute (Note [Recompute]): the block all fully recomputed layers share, and the
   // softmax probabilities all selectively recomputed layers share.
   Slot::Block recompute_block{};
@@ -74,7 +76,7 @@ class Carver {
 Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
              const ModelOptions& opt)
     : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
-      tp_comm_(opt.tp_comm), recompute_(opt.recompute), Hl_(cfg.heads / opt.part.tp),
+      tp_comm_(opt.tp_comm), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
       KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
       layout_(cfg, opt.padding, opt.part), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
   const ModelPart& part = opt.part;
@@ -110,6 +112,9 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd;
   const int64_t F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
   const int64_t P = max_batch * Hl_ * max_seq * max_seq;
+  const int64_t Nr = rows(N);  // residual-stream rows (a shard under sequence parallel)
+  LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
+             " rows divisible by tp = ", part.tp);
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   // Two passes: measure, then allocate and carve.
@@ -117,11 +122,11 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
   // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
   auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs) {
-    b.norm1 = c.take(N * C), b.norm1_mean = c.take(N), b.norm1_rstd = c.take(N);
+    b.norm1 = c.take(N * C), b.norm1_mean = c.take(Nr), b.norm1_rstd = c.take(Nr);
     b.qkv = c.take(N * Q), b.probs = share_probs ? a.shared_probs : c.take(P), b.atty = c.take(N * HD);
-    b.x1 = c.take(N * C);
-    b.norm2 = c.take(N * C), b.norm2_mean = c.take(N), b.norm2_rstd = c.take(N);
-    b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(N * C);
+    b.x1 = c.take(Nr * C);
+    b.norm2 = c.take(N * C), b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
+    b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(Nr * C);
   };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
@@ -131,26 +136,27 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     for (size_t i = 0; i < a.slots.size(); i++) {
       Slot& sl = a.slots[i];
       const int chunk = int(i) / act_slots;
-      sl.input = c.take(N * C);
+      sl.input = c.take(Nr * C);
       sl.blocks.assign(size_t(chunks_[chunk].second - chunks_[chunk].first), {});
       for (size_t j = 0; j < sl.blocks.size(); j++) {
         Slot::Block& b = sl.blocks[j];
         const Recompute r = recompute_[size_t(chunks_[chunk].first) + j];
         if (r == Recompute::kFull) {
           b = a.recompute_block;
-          b.out = c.take(N * C);
+          b.out = c.take(Nr * C);
           continue;
         }
         carve_block(c, b, r == Recompute::kSelective);
       }
       if (chunk_has_embed(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
-      else sl.dinput = c.take(N * C);
+      else sl.dinput = c.take(Nr * C);
       if (chunk_has_head(chunk))
-        sl.normf = c.take(N * C), sl.normf_mean = c.take(N), sl.normf_rstd = c.take(N), sl.dnormf = c.take(N * C);
+        sl.normf = c.take(N * C), sl.normf_mean = c.take(Nr), sl.normf_rstd = c.take(Nr), sl.dnormf = c.take(N * C);
     }
     a.losses = c.take(N);
     a.dres = c.take(N * C), a.dnorm = c.take(N * C), a.datty = c.take(N * HD);
     a.dqkv = c.take(N * Q), a.dfch = c.take(N * F2), a.dfcg = c.take(N * F);
+    if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
     if (pass == 0) {
       a.floats = c.used();
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
@@ -161,6 +167,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
 Model::~Model() = default;
 
 float* Model::acts_losses() const { return acts_->losses; }
+float* Model::full_tmp() const { return acts_->full_tmp; }
 
 int64_t Model::activation_bytes() const { return acts_->floats * int64_t(sizeof(float)); }
 
@@ -207,36 +214,27 @@ void Model::check_shape(int64_t B, int64_t T) const {
 void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];
-  const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;
-  const int64_t N = B * T, C = cfg_.d_model, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
+  const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;  // (Nr,C)
+  const int64_t N = B * T, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
   const int64_t Q = (H + 2 * KV) * hd, F = Fl_;
-  const float eps = float(cfg_.norm_eps);
-  const bool bias_here = part_.tp_rank == 0;  // row-parallel biases enter the all-reduce once
   const bool gpt = cfg_.arch == Arch::kGpt;
-  if (gpt) k_.layernorm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N, C, eps);
-  else k_.rmsnorm_forward(s.norm1, s.norm1_rstd, x0, w.norm1_w, N, C, eps);
-  k_.matmul_forward(s.qkv, s.norm1, w.qkv_w, w.qkv_b, N, C, Q);  // (N,Q)
+  norm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N);  // (N,C) gathered
+  k_.matmul_forward(s.qkv, s.norm1, w.qkv_w, w.qkv_b, N, cfg_.d_model, Q);         // (N,Q) column-parallel
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd);  // (N,H*hd)
-  // x1 = x0 + atty Wo^T (+ bo): the projection lands in x1, then the residual is added.
-  k_.matmul_forward(s.x1, s.atty, w.attn_proj_w, bias_here ? w.attn_proj_b : nullptr, N, H * hd, C);
-  tp_sum(s.x1, N * C);  // row-parallel: sum the partial projections
-  k_.residual_forward(s.x1, s.x1, x0, N * C);
+  row_parallel(s.x1, s.atty, w.attn_proj_w, w.attn_proj_b, N, H * hd, x0);  // x1 = x0 + atty Wo^T + bo
+  norm_forward(s.norm2, s.norm2_mean, s.norm2_rstd, s.x1, w.norm2_w, w.norm2_b, N);
   if (gpt) {
-    k_.layernorm_forward(s.norm2, s.norm2_mean, s.norm2_rstd, s.x1, w.norm2_w, w.norm2_b, N, C, eps);
-    k_.matmul_forward(s.fch, s.norm2, w.fc_w, w.fc_b, N, C, F);
+    k_.matmul_forward(s.fch, s.norm2, w.fc_w, w.fc_b, N, cfg_.d_model, F);
     k_.gelu_forward(s.fcg, s.fch, N * F);
   } else {
-    k_.rmsnorm_forward(s.norm2, s.norm2_rstd, s.x1, w.norm2_w, N, C, eps);
-    k_.matmul_forward(s.fch, s.norm2, w.fc_w, nullptr, N, C, 2 * F);  // [gate | up]
+    k_.matmul_forward(s.fch, s.norm2, w.fc_w, nullptr, N, cfg_.d_model, 2 * F);  // [gate | up]
     k_.swiglu_forward(s.fcg, s.fch, N, F);
   }
-  k_.matmul_forward(s.out, s.fcg, w.mlp_proj_w, bias_here ? w.mlp_proj_b : nullptr, N, F, C);
-  tp_sum(s.out, N * C);
-  k_.residual_forward(s.out, s.out, s.x1, N * C);
+  row_parallel(s.out, s.fcg, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
 }
 
-// On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input).
+// On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input), both (Nr,C).
 void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
   const Acts& a = *acts_;
@@ -252,31 +250,99 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
 
   // MLP: out = x1 + fcg Wp^T + bp
   zero(a.dfcg, N * F);
-  k_.matmul_backward(a.dfcg, g.mlp_proj_w, g.mlp_proj_b, a.dres, s.fcg, w.mlp_proj_w, N, F, C);
+  k_.matmul_backward(a.dfcg, g.mlp_proj_w, g.mlp_proj_b, gather_grad(a.dres, N), s.fcg, w.mlp_proj_w, N, F, C);
   zero(a.dfch, N * F2);
   if (gpt) k_.gelu_backward(a.dfch, s.fch, a.dfcg, N * F);
   else k_.swiglu_backward(a.dfch, s.fch, a.dfcg, N, F);
   zero(a.dnorm, N * C);
   k_.matmul_backward(a.dnorm, g.fc_w, g.fc_b, a.dfch, s.norm2, w.fc_w, N, C, F2);
-  tp_sum(a.dnorm, N * C);  // column-parallel: sum the input gradients
-  if (gpt)
-    k_.layernorm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, w.norm2_w, s.norm2_mean, s.norm2_rstd, N, C);
-  else
-    k_.rmsnorm_backward(a.dres, g.norm2_w, a.dnorm, s.x1, w.norm2_w, s.norm2_rstd, N, C);
+  reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
+  norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, w.norm2_w, s.norm2_mean, s.norm2_rstd, N);
   // Attention: x1 = x0 + atty Wo^T + bo
   zero(a.datty, N * H * hd);
-  k_.matmul_backward(a.datty, g.attn_proj_w, g.attn_proj_b, a.dres, s.atty, w.attn_proj_w, N, H * hd, C);
+  k_.matmul_backward(a.datty, g.attn_proj_w, g.attn_proj_b, gather_grad(a.dres, N), s.atty, w.attn_proj_w, N, H * hd,
+                     C);
   zero(a.dqkv, N * Q);
   if (recompute_[size_t(l)] == Recompute::kSelective) k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd);
   k_.attention_backward(a.dqkv, a.datty, s.qkv, s.probs, B, T, H, KV, hd);
   if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
   k_.matmul_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, s.norm1, w.qkv_w, N, C, Q);
-  tp_sum(a.dnorm, N * C);
-  if (gpt)
-    k_.layernorm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N, C);
-  else
-    k_.rmsnorm_backward(a.dres, g.norm1_w, a.dnorm, x0, w.norm1_w, s.norm1_rstd, N, C);
+  reduce_input_grad(a.dnorm, N);
+  norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
+}
+
+// Norm of the own rows of x (Nr,C) into their place in full_out (N,C); under sequence
+// parallel the other ranks' rows are then gathered in.
+void Model::norm_forward(float* full_out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                         int64_t N) const {
+  const int64_t C = cfg_.d_model, n = rows(N);
+  float* own = full_out + row0(N) * C;
+  if (cfg_.arch == Arch::kGpt) k_.layernorm_forward(own, mean, rstd, x, w, b, n, C, float(cfg_.norm_eps));
+  else k_.rmsnorm_forward(own, rstd, x, w, n, C, float(cfg_.norm_eps));
+  if (sp_) tp_comm_->all_gather_blocks(full_out, n * C);
+}
+
+// dx (Nr,C) += dL/dx of the norm, from dfull (N,C) (its own rows); gw/gb += the norm's
+// weight gradients, summed over tp under sequence parallel (each rank saw its rows only).
+void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, const float* w,
+                          const float* mean, const float* rstd, int64_t N) const {
+  const int64_t C = cfg_.d_model, n = rows(N);
+  const float* d = dfull + row0(N) * C;
+  float* tw = gw;
+  float* tb = gb;
+  if (sp_) {
+    tw = acts_->norm_grad_tmp, tb = gb ? acts_->norm_grad_tmp + C : nullptr;
+    std::memset(tw, 0, size_t(2 * C) * sizeof(float));
+  }
+  if (cfg_.arch == Arch::kGpt) k_.layernorm_backward(dx, tw, tb, d, x, w, mean, rstd, n, C);
+  else k_.rmsnorm_backward(dx, tw, d, x, w, rstd, n, C);
+  if (!sp_) return;
+  tp_comm_->all_reduce_sum(tw, gb ? 2 * C : C);
+  for (int64_t c = 0; c < C; c++) gw[c] += tw[c];
+  if (gb)
+    for (int64_t c = 0; c < C; c++) gb[c] += tb[c];
+}
+
+// out (Nr,C) = residual + inp (N,K) W^T + b for a row-parallel W: the partial products
+// are all-reduced (bias added once, by tp rank 0) or, under sequence parallel,
+// reduce-scattered to the own rows (bias added by every rank to its rows).
+void Model::row_parallel(float* out, const float* inp, const float* w, const float* b, int64_t N, int64_t K,
+                         const float* residual) const {
+  const int64_t C = cfg_.d_model;
+  if (!sp_) {
+    k_.matmul_forward(out, inp, w, part_.tp_rank == 0 ? b : nullptr, N, K, C);
+    tp_sum(out, N * C);
+    k_.residual_forward(out, out, residual, N * C);
+    return;
+  }
+  const int64_t n = rows(N);
+  float* full = acts_->full_tmp;
+  k_.matmul_forward(full, inp, w, nullptr, N, K, C);
+  tp_comm_->reduce_scatter_blocks(full, n * C);
+  const float* own = full + row0(N) * C;
+  k_.residual_forward(out, own, residual, n * C);
+  if (b)
+    for (int64_t r = 0; r < n; r++)
+      for (int64_t c = 0; c < C; c++) out[r * C + c] += b[c];
+}
+
+// dL/d(row-parallel output) for all N rows: the own rows d (Nr,C) gathered under sequence
+// parallel, else d itself.
+const float* Model::gather_grad(const float* d, int64_t N) const {
+  if (!sp_) return d;
+  const int64_t n = rows(N), C = cfg_.d_model;
+  float* full = acts_->full_tmp;
+  std::memcpy(full + row0(N) * C, d, size_t(n * C) * sizeof(float));
+  tp_comm_->all_gather_blocks(full, n * C);
+  return full;
+}
+
+// The column-parallel input gradient dfull (N,C) is a partial sum: all-reduce it, or
+// reduce-scatter it to the own rows under sequence parallel.
+void Model::reduce_input_grad(float* dfull, int64_t N) const {
+  if (sp_) tp_comm_->reduce_scatter_blocks(dfull, rows(N) * cfg_.d_model);
+  else tp_sum(dfull, N * cfg_.d_model);
 }
 
 namespace {
@@ -311,17 +377,13 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
     embed_forward(sl.input, tokens, B, T);
   } else {
     LOOM_CHECK(x_in != nullptr, "model chunk ", chunk, " needs its input activation");
-    std::memcpy(sl.input, x_in, size_t(N * C) * sizeof(float));
+    std::memcpy(sl.input, x_in, size_t(rows(N) * C) * sizeof(float));
   }
   const auto [first, last] = chunks_[size_t(chunk)];
   for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T);
   if (!chunk_has_head(chunk)) return;
   const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
-  if (cfg_.arch == Arch::kGpt)
-    k_.layernorm_forward(sl.normf, sl.normf_mean, sl.normf_rstd, xl, pv_.normf_w, pv_.normf_b, N, C,
-                         float(cfg_.norm_eps));
-  else
-    k_.rmsnorm_forward(sl.normf, sl.normf_rstd, xl, pv_.normf_w, N, C, float(cfg_.norm_eps));
+  norm_forward(sl.normf, sl.normf_mean, sl.normf_rstd, xl, pv_.normf_w, pv_.normf_b, N);
 }
 
 void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
@@ -330,12 +392,8 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
   if (chunk_has_head(chunk)) {
     // sl.dnormf holds dL/d(normf output); turn it into dL/d(x_L) in a.dres.
     const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
-    std::memset(a.dres, 0, size_t(N * C) * sizeof(float));
-    if (cfg_.arch == Arch::kGpt)
-      k_.layernorm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean,
-                            sl.normf_rstd, N, C);
-    else
-      k_.rmsnorm_backward(a.dres, gv_.normf_w, sl.dnormf, xl, pv_.normf_w, sl.normf_rstd, N, C);
+    std::memset(a.dres, 0, size_t(rows(N) * C) * sizeof(float));
+    norm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean, sl.normf_rstd, N);
     // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
     // normf are final here, each block after its backward, the embeddings (and GPT's tied
     // head, which is wte) at the end.
@@ -350,7 +408,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
     embed_backward(a.dres, sl.tokens, B, T);
     if (grad_ready_) grad_ready_(0);
   } else {
-    std::memcpy(sl.dinput, a.dres, size_t(N * C) * sizeof(float));
+    std::memcpy(sl.dinput, a.dres, size_t(rows(N) * C) * sizeof(float));
   }
 }
 
@@ -375,7 +433,7 @@ void Model::stage_backward(int chunk, int s, const float* dy, int64_t B, int64_t
   check_shape(B, T);
   if (!chunk_has_head(chunk)) {
     LOOM_CHECK(dy != nullptr, "model chunk ", chunk, " backward needs dL/d(output)");
-    std::memcpy(acts_->dres, dy, size_t(B * T * cfg_.d_model) * sizeof(float));
+    std::memcpy(acts_->dres, dy, size_t(boundary_floats(B, T)) * sizeof(float));
   }
   backward_chunk(sl, chunk, B, T);
 }

@@ -16,6 +16,15 @@
 // (V padded to a multiple of t; padded logits are masked out), the embedding all-reduces
 // its lookups and the cross-entropy all-reduces per-row max, sum of exp and target logit,
 // so no rank ever holds (tokens x vocab) logits.
+//
+// Note [Sequence parallel]
+// With opt.sp (Korthikanti et al.), the residual stream between the tensor-parallel
+// regions is split over tp along the token rows: rank r holds rows [r N/t, (r+1) N/t) of
+// the (N = B*T, C) activations (for B = 1 exactly a sequence split; every op there works
+// per token). Norms run on the own rows and are all-gathered into the column-parallel
+// input; row-parallel outputs are reduce-scattered instead of all-reduced (bias then added
+// by every rank to its rows); backward mirrors it. Norm weights see only their rows, so
+// their gradients are summed over tp per micro-batch. Pipeline stages exchange the shards.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +51,7 @@ struct ModelOptions {
   int act_slots = 1;                // micro-batches whose activations a chunk holds at once
   TpComm* tp_comm = nullptr;        // required when part.tp > 1
   std::vector<Recompute> recompute; // per layer; empty: none
+  bool sp = false;                  // sequence parallel (needs part.tp > 1; Note [Sequence parallel])
 };
 
 class Model {
@@ -99,6 +109,8 @@ class Model {
   float stage_forward(int chunk, int slot, const int32_t* tokens, const float* x_in, const int32_t* targets,
                       int64_t B, int64_t T, float grad_scale);
   const float* stage_output(int chunk, int slot) const;
+  // Floats of one stage boundary activation: (B,T,C), or its sequence-parallel shard.
+  int64_t boundary_floats(int64_t B, int64_t T) const { return rows(B * T) * cfg_.d_model; }
   // dy (B,T,C) = dL/d(stage output) (ignored by head chunks, whose upstream gradient was
   // made in forward). Adds parameter gradients; leaves dL/d(x_in) at stage_input_grad(c, s)
   // unless the chunk starts with the embedding.
@@ -123,6 +135,18 @@ class Model {
   // On entry scratch dres = dL/d(chunk output) (head chunk: built from the saved dnormf).
   void backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T);
   void forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
+  // Sequence-parallel helpers (Note [Sequence parallel]); without sp they reduce to the
+  // plain tensor-parallel all-reduces.
+  int64_t rows(int64_t N) const { return sp_ ? N / part_.tp : N; }  // residual-stream rows here
+  int64_t row0(int64_t N) const { return sp_ ? part_.tp_rank * (N / part_.tp) : 0; }
+  void norm_forward(float* full_out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                    int64_t N) const;
+  void norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, const float* w,
+                     const float* mean, const float* rstd, int64_t N) const;
+  void row_parallel(float* out, const float* inp, const float* w, const float* b, int64_t N, int64_t K,
+                    const float* residual) const;
+  const float* gather_grad(const float* d, int64_t N) const;
+  void reduce_input_grad(float* dfull, int64_t N) const;
   void tp_sum(float* x, int64_t n) const {
     if (tp_comm_) tp_comm_->all_reduce_sum(x, n);
   }
@@ -131,6 +155,7 @@ class Model {
   // Mean loss over N rows of head(x); with dx, also dx += d(scale * loss)/dx and head grads.
   float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
   float* acts_losses() const;  // (N) per-row losses scratch
+  float* full_tmp() const;     // (N,C) sequence-parallel scratch
   void backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
 
   ModelConfig cfg_;
@@ -139,6 +164,7 @@ class Model {
   int act_slots_ = 1;
   TpComm* tp_comm_ = nullptr;
   std::vector<Recompute> recompute_;  // per layer
+  bool sp_ = false;
   int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows
   ParamLayout layout_;
   const Kernels& k_;

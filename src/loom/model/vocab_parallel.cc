@@ -18,11 +18,13 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
     return;
   }
   // out = sum over tp of (own rows of wte looked up, zero elsewhere); rank 0 adds wpe.
+  // Sequence parallel: the sum is reduce-scattered and out holds the own rows only.
+  float* full = sp_ ? full_tmp() : out;
   const int64_t lo = part_.tp_rank * Vl_;
   const bool add_pos = pv_.wpe && part_.tp_rank == 0;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
-    float* o = out + n * C;
+    float* o = full + n * C;
     const int64_t tok = tokens[n] - lo;
     if (tok >= 0 && tok < Vl_) std::memcpy(o, pv_.wte + tok * C, size_t(C) * sizeof(float));
     else std::fill(o, o + C, 0.0f);
@@ -31,7 +33,13 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
       for (int64_t c = 0; c < C; c++) o[c] += p[c];
     }
   }
-  tp_sum(out, N * C);
+  if (!sp_) {
+    tp_sum(out, N * C);
+    return;
+  }
+  const int64_t n = rows(N);
+  tp_comm_->reduce_scatter_blocks(full, n * C);
+  std::memcpy(out, full + row0(N) * C, size_t(n * C) * sizeof(float));
 }
 
 void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, int64_t T) {
@@ -40,7 +48,9 @@ void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, 
     k_.embedding_backward(gv_.wte, gv_.wpe, dout, tokens, B, T, C);
     return;
   }
-  // dout is replicated: every rank adds the rows of its own tokens, and all add wpe's.
+  // dout is replicated (gathered under sequence parallel): every rank adds the rows of its
+  // own tokens, and all add wpe's.
+  dout = gather_grad(dout, N);
   const int64_t lo = part_.tp_rank * Vl_;
   for (int64_t n = 0; n < N; n++) {
     const float* d = dout + n * C;

@@ -101,7 +101,7 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
     : schedule_(schedule), pp_rank_(pp_rank), model_(model), links_(links), B_(B), T_(T) {
   LOOM_CHECK(model.chunks() == schedule.vpp, "pipeline rank ", pp_rank, " model holds ", model.chunks(),
              " chunks but the schedule runs vpp = ", schedule.vpp);
-  recv_buf_.resize(size_t(B * T * model.config().d_model));
+  recv_buf_.resize(size_t(model.boundary_floats(B, T)));
   const ScheduleCheck check = validate(schedule);
   LOOM_CHECK(check.ok, "pipeline schedule does not finish: ", check.problem);
   const int slots = check.peak_in_flight[size_t(pp_rank)];

@@ -22,6 +22,15 @@ class GroupTpComm : public TpComm {
   explicit GroupTpComm(comm::Group& g) : g_(g) {}
   void all_reduce_sum(float* x, int64_t n) override { g_.all_reduce(std::span<float>(x, size_t(n)), comm::ReduceOp::kSum); }
   void all_reduce_max(float* x, int64_t n) override { g_.all_reduce(std::span<float>(x, size_t(n)), comm::ReduceOp::kMax); }
+  void all_gather_blocks(float* full, int64_t block) override {
+    std::span<float> all(full, size_t(block * g_.size()));
+    g_.all_gather(std::span<const float>(all.subspan(size_t(block * g_.group_rank()), size_t(block))), all);
+  }
+  void reduce_scatter_blocks(float* full, int64_t block) override {
+    std::span<float> all(full, size_t(block * g_.size()));
+    g_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(block * g_.group_rank()), size_t(block)),
+                      comm::ReduceOp::kSum);
+  }
 
  private:
   comm::Group& g_;

@@ -31,7 +31,6 @@ using Clock = std::chrono::steady_clock;
 void check_supported(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   std::vector<std::string> missing;
-  if (p.sp) missing.push_back("parallel.sp = true (sequence parallel)");
   if (p.zero == 3) missing.push_back("parallel.zero = 3 (sharded parameters)");
   if (!missing.empty()) {
     std::string msg = "not implemented yet in this build:";
@@ -175,6 +174,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.part = rc.part;
   o.act_slots = rc.act_slots;
   o.tp_comm = rc.tp_comm.get();
+  o.sp = cfg.parallel.sp;
   const std::string& r = cfg.parallel.recompute;
   o.recompute.assign(size_t(cfg.model.layers), r == "full"        ? Recompute::kFull
                                                : r == "selective" ? Recompute::kSelective

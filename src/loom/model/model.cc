@@ -168,6 +168,7 @@ Model::~Model() = default;
 
 float* Model::acts_losses() const { return acts_->losses; }
 float* Model::full_tmp() const { return acts_->full_tmp; }
+const void* Model::activation_storage() const { return acts_->storage.get(); }
 
 int64_t Model::activation_bytes() const { return acts_->floats * int64_t(sizeof(float)); }
 
@@ -218,6 +219,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const int64_t N = B * T, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
   const int64_t Q = (H + 2 * KV) * hd, F = Fl_;
   const bool gpt = cfg_.arch == Arch::kGpt;
+  use(l, true);
   norm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N);  // (N,C) gathered
   k_.matmul_forward(s.qkv, s.norm1, w.qkv_w, w.qkv_b, N, cfg_.d_model, Q);         // (N,Q) column-parallel
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
@@ -232,10 +234,12 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
     k_.swiglu_forward(s.fcg, s.fch, N, F);
   }
   row_parallel(s.out, s.fcg, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
+  use(l, false);
 }
 
 // On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input), both (Nr,C).
 void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
+  use(l, true);
   if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
   const Acts& a = *acts_;
   const Slot::Block& s = sl.blocks[size_t(i)];
@@ -270,6 +274,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   k_.matmul_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, s.norm1, w.qkv_w, N, C, Q);
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
+  use(l, false);
 }
 
 // Norm of the own rows of x (Nr,C) into their place in full_out (N,C); under sequence
@@ -374,7 +379,9 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
     LOOM_CHECK(tokens != nullptr, "the embedding chunk needs tokens");
     check_ids(tokens, N, cfg_.vocab, "token");
     std::memcpy(sl.tokens, tokens, size_t(N) * sizeof(int32_t));
+    use(embed_unit(), true);
     embed_forward(sl.input, tokens, B, T);
+    use(embed_unit(), false);
   } else {
     LOOM_CHECK(x_in != nullptr, "model chunk ", chunk, " needs its input activation");
     std::memcpy(sl.input, x_in, size_t(rows(N) * C) * sizeof(float));
@@ -383,7 +390,9 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
   for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T);
   if (!chunk_has_head(chunk)) return;
   const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
+  use(head_unit(), true);
   norm_forward(sl.normf, sl.normf_mean, sl.normf_rstd, xl, pv_.normf_w, pv_.normf_b, N);
+  use(head_unit(), false);
 }
 
 void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
@@ -393,7 +402,9 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
     // sl.dnormf holds dL/d(normf output); turn it into dL/d(x_L) in a.dres.
     const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
     std::memset(a.dres, 0, size_t(rows(N) * C) * sizeof(float));
+    use(head_unit(), true);
     norm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean, sl.normf_rstd, N);
+    use(head_unit(), false);
     // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
     // normf are final here, each block after its backward, the embeddings (and GPT's tied
     // head, which is wte) at the end.

@@ -117,6 +117,14 @@ class Model {
   void stage_backward(int chunk, int slot, const float* dy, int64_t B, int64_t T);
   const float* stage_input_grad(int chunk, int slot) const;
 
+  // ZeRO-3 (Note [ZeRO-3] in parallel/zero.h): hook(unit, true) before the model reads a
+  // unit's weights, hook(unit, false) after. Units: block l = l, embedding = layers,
+  // final norm + head = layers + 1 (GPT's tied head also reads the embedding unit).
+  using ParamHook = std::function<void(int unit, bool acquire)>;
+  void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
+  // The activation storage (one allocation), for memory reports.
+  const void* activation_storage() const;
+
   // Mean loss only.
   float forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // Full logits (B,T,V) for tests; allocates B*T*V floats in `logits`.
@@ -156,6 +164,11 @@ class Model {
   float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
   float* acts_losses() const;  // (N) per-row losses scratch
   float* full_tmp() const;     // (N,C) sequence-parallel scratch
+  void use(int unit, bool acquire) const {
+    if (param_hook_) param_hook_(unit, acquire);
+  }
+  int embed_unit() const { return int(cfg_.layers); }
+  int head_unit() const { return int(cfg_.layers) + 1; }
   void backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
 
   ModelConfig cfg_;
@@ -173,6 +186,7 @@ class Model {
   ModelView pv_, gv_;
   std::unique_ptr<Acts> acts_;
   GradReadyHook grad_ready_;
+  ParamHook param_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor
   int normf_tensor_ = 0;                 // layout index of normf.w
 };

@@ -79,6 +79,9 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
     LOOM_CHECK(targets[i] >= 0 && targets[i] < V, "target id ", targets[i], " at position ", i,
                " is outside the vocabulary [0, ", V, ")");
   float* losses = acts_losses();
+  const bool tied = cfg_.arch == Arch::kGpt;  // the head reads wte, the embedding unit's
+  use(head_unit(), true);
+  if (tied) use(embed_unit(), true);
   if (part_.tp == 1) {
     k_.lm_head_loss(losses, dx, dx ? gv_.head_w : nullptr, x, pv_.head_w, targets, N, C, V, grad_scale / float(N));
   } else {
@@ -121,6 +124,8 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
       tp_sum(dx + r0 * C, rows * C);  // each rank's columns give part of dL/dx
     }
   }
+  if (tied) use(embed_unit(), false);
+  use(head_unit(), false);
   double s = 0;
   for (int64_t i = 0; i < N; i++) s += losses[i];
   return float(s / double(N));

@@ -17,15 +17,12 @@ std::vector<FlatRange> DataParallelPlan::owned(int dp_rank) const {
   return out;
 }
 
-DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
-                                    const ModelPart& part) {
+DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, const ModelPart& part,
+                                   std::vector<Bucket> buckets) {
   LOOM_CHECK(dp >= 1, "data-parallel degree must be >= 1, got ", dp);
-  const ParamLayout base(m, {}, part);
-  std::vector<TensorExtent> extents;
-  for (const ParamSpec& s : base.specs()) extents.push_back({s.offset, s.numel});
   DataParallelPlan plan;
   plan.dp = dp;
-  plan.buckets = assign_buckets(extents, caps);
+  plan.buckets = std::move(buckets);
   // Segments in layout order: each bucket is a run [first_tensor, last_tensor].
   std::vector<Bucket> by_layout = plan.buckets;
   std::sort(by_layout.begin(), by_layout.end(),
@@ -45,6 +42,14 @@ DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCa
   return plan;
 }
 
+DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
+                                    const ModelPart& part) {
+  const ParamLayout base(m, {}, part);
+  std::vector<TensorExtent> extents;
+  for (const ParamSpec& s : base.specs()) extents.push_back({s.offset, s.numel});
+  return plan_from_buckets(m, dp, sharded, part, assign_buckets(extents, caps));
+}
+
 GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode) : dp_(dp), plan_(plan), mode_(mode) {
   LOOM_CHECK(plan.dp == dp.size(), "data-parallel plan for ", plan.dp, " ranks used on group ", dp.name(), " of ",
              dp.size());
@@ -59,6 +64,7 @@ void GradSync::begin(float* grads) {
 
 void GradSync::on_ready(int first_final) {
   if (!grads_) return;
+  if (mode_ == Mode::kShardEveryMicro) release_done(false);
   const comm::CallOptions async{.async = true};
   for (; next_ < plan_.buckets.size() && plan_.buckets[next_].first_tensor >= first_final; next_++) {
     const Bucket& b = plan_.buckets[next_];
@@ -69,12 +75,15 @@ void GradSync::on_ready(int first_final) {
     } else {
       const size_t piece = size_t(b.count / plan_.dp);
       std::span<float> own = all.subspan(size_t(dp_.group_rank()) * piece, piece);
-      pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), own, comm::ReduceOp::kAvg, async));
+      const comm::ReduceOp op = mode_ == Mode::kShardEveryMicro ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
+      pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), own, op, async));
     }
+    pending_bucket_.push_back(next_);
+    if (tracker_) tracker_->sample();
   }
 }
 
-void GradSync::finish() {
+void GradSync::finish(bool last_micro) {
   LOOM_ASSERT(grads_ != nullptr);
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
@@ -82,11 +91,36 @@ void GradSync::finish() {
   on_ready(0);
   finishing_ = false;
   for (comm::Work& w : pending_) w.wait();
+  if (tracker_) tracker_->sample();
+  if (mode_ == Mode::kShardEveryMicro) {
+    release_done(true);
+    if (last_micro)
+      for (const Bucket& b : plan_.buckets) {
+        const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
+        const float inv = 1.0f / float(plan_.dp);
+        for (float* g = grads_ + own; g < grads_ + own + piece; g++) *g *= inv;
+      }
+  }
   const double done = ledger.now_us();
   exposed_s_ += (done - backward_end) * 1e-6;
   windows_.push_back({begin_us_, backward_end, done});
   pending_.clear();
+  pending_bucket_.clear();
+  released_ = 0;
   grads_ = nullptr;
+}
+
+// Hands back the non-owned part of every reduced bucket, in launch order, stopping at the
+// first one still running unless wait_all (Note [Resident memory]).
+void GradSync::release_done(bool wait_all) {
+  for (; released_ < pending_.size(); released_++) {
+    if (!wait_all && !pending_[released_].done()) return;
+    pending_[released_].wait();
+    const Bucket& b = plan_.buckets[pending_bucket_[released_]];
+    const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
+    release_pages(grads_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
+    release_pages(grads_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+  }
 }
 
 // Note [Overlap]

@@ -15,6 +15,7 @@
 
 #include "loom/comm/group.h"
 #include "loom/core/config.h"
+#include "loom/core/memory.h"
 #include "loom/model/layout.h"
 #include "loom/parallel/buckets.h"
 
@@ -33,9 +34,19 @@ struct DataParallelPlan {
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
                                     const ModelPart& part = {});
 
+// The plan for given buckets (tensor runs in launch order): padding and re-measured ranges.
+DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, const ModelPart& part,
+                                   std::vector<Bucket> buckets);
+
 class GradSync {
  public:
-  enum class Mode { kAllReduce, kReduceScatter };
+  // kAllReduce (stage 0/1) and kReduceScatter (stage 2 in a pipeline) run on the last
+  // micro-batch of a step and average. kShardEveryMicro (stage 2/3) runs on every
+  // micro-batch and sums: each own piece accumulates the reduced sums while the rest of
+  // the buffer is released back to zero after each reduction (Note [Resident memory]),
+  // so a rank never keeps more than one micro-batch of unreduced gradients; the last
+  // micro-batch's finish divides the own pieces by dp.
+  enum class Mode { kAllReduce, kReduceScatter, kShardEveryMicro };
   GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode);
 
   // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
@@ -47,8 +58,12 @@ class GradSync {
   // The model's grad-ready hook: launches, in bucket order, every bucket whose tensors
   // all have index >= first_final. Does nothing unless armed.
   void on_ready(int first_final);
-  // Launches what is left, waits for every bucket and disarms.
-  void finish();
+  // Launches what is left, waits for every bucket and disarms. `last_micro`: the step's
+  // last micro-batch (kShardEveryMicro scales its pieces then).
+  void finish(bool last_micro = true);
+  bool every_micro() const { return mode_ == Mode::kShardEveryMicro; }
+  // Sampled whenever a bucket is launched and at finish.
+  void set_tracker(MemoryTracker* t) { tracker_ = t; }
 
   // Fraction of this rank's gradient-communication time that ran before backward ended,
   // over every step so far (Note [Overlap]); and the seconds spent waiting after backward.
@@ -59,10 +74,14 @@ class GradSync {
   comm::Group& dp_;
   const DataParallelPlan& plan_;
   Mode mode_;
+  MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;
   size_t next_ = 0;
   bool hold_first_ = false, finishing_ = false;
   std::vector<comm::Work> pending_;
+  std::vector<size_t> pending_bucket_;   // bucket of each pending_ entry
+  size_t released_ = 0;                  // kShardEveryMicro: pending_[0, released_) handed back
+  void release_done(bool wait_all);
   // Per step: ledger time when backward ended and when the last bucket finished.
   struct Window {
     double begin_us, backward_end_us, done_us;

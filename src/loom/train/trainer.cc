@@ -18,6 +18,7 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/data.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/report.h"
 
@@ -31,12 +32,11 @@ using Clock = std::chrono::steady_clock;
 void check_supported(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   std::vector<std::string> missing;
-  if (p.zero == 3) missing.push_back("parallel.zero = 3 (sharded parameters)");
+  if (p.zero == 3 && p.pp > 1) missing.push_back("parallel.zero = 3 with parallel.pp > 1");
   if (!missing.empty()) {
     std::string msg = "not implemented yet in this build:";
     for (const auto& m : missing) msg += " " + m + ";";
-    throw Error(msg + " data (parallel.dp, parallel.zero 0, 1 or 2), tensor (parallel.tp) and pipeline (parallel.pp, vpp, "
-                "schedule) parallelism and parallel.recompute run today");
+    throw Error(msg + " every other layout of parallel.dp/zero/tp/sp/pp/vpp/schedule/recompute runs");
   }
   if (world_size != p.world())
     throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
@@ -66,73 +66,6 @@ double evaluate(Model& model, parallel::PipelineRunner* pipe, const DataLoader& 
   rc.stats_sum(v);
   return v[0] / (rc.dp_size * rc.tp_size);  // every dp replica's tp ranks hold one copy
 }
-
-// Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
-//   stage 0: grads all-reduced in place; every rank clips and updates the whole buffer.
-//   stage 1: grads all-reduced; each rank updates its own pieces, then all-gathers them.
-//   stage 2: grads reduce-scattered (only the own pieces are reduced); as stage 1 after.
-class Updater {
- public:
-  Updater(const Config& cfg, Model& model, const RankContext& rc, const parallel::DataParallelPlan* plan)
-      : cfg_(cfg), model_(model), rc_(rc), plan_(plan),
-        adamw_(model.layout(), cfg.optim, rc.zero > 0 ? plan->owned(rc.dp_rank) : std::vector<FlatRange>{}) {
-    // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
-    // ranks other than 0, the replicated tensors are left out.
-    norm_ranges_ = adamw_.owned();
-    for (const ParamSpec& s : model.layout().specs())
-      if (!rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
-  }
-
-  // Mean loss of the global batch and the gradient norm before clipping; updates params.
-  std::pair<double, double> step(double local_loss, double lr) {
-    const Kernels& k = model_.ops();
-    double v[2] = {local_loss, sum_squares(k, model_.grads().data(), norm_ranges_)};
-    rc_.stats_sum(v);
-    const double loss = v[0] / (rc_.dp_size * rc_.tp_size);  // each dp replica's tp ranks hold one copy
-    const double norm = std::sqrt(rc_.zero > 0 ? v[1] : v[1] / rc_.dp_size);
-    if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef < 1.0)
-      for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model_.grads().data() + r.offset, r.count, float(coef));
-    adamw_.step(k, model_.params(), model_.grads(), lr);
-    if (rc_.zero > 0 && rc_.dp) gather(model_.params().data(), nullptr);
-    return {loss, norm};
-  }
-
-  // The part's whole flat moments on every dp rank (for saving).
-  void full_moments(std::vector<float>& m, std::vector<float>& v) {
-    if (rc_.zero == 0 || !rc_.dp) {
-      m = adamw_.m(), v = adamw_.v();
-      return;
-    }
-    m.assign(model_.params().size(), 0.0f);
-    v.assign(model_.params().size(), 0.0f);
-    gather(m.data(), adamw_.m().data());
-    gather(v.data(), adamw_.v().data());
-  }
-  const AdamW& adamw() const { return adamw_; }
-
- private:
-  // All-gathers every bucket's pieces into `full`. packed == nullptr: the own piece
-  // already sits in place in `full`; else own pieces are read from `packed` (owned order).
-  void gather(float* full, const float* packed) {
-    std::vector<comm::Work> pending;
-    int64_t at = 0;
-    for (const parallel::Bucket& b : plan_->buckets) {
-      const int64_t piece = b.count / rc_.dp_size;
-      std::span<float> all(full + b.offset, size_t(b.count));
-      const float* own = packed ? packed + at : full + b.offset + rc_.dp_rank * piece;
-      pending.push_back(rc_.dp->all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true}));
-      at += piece;
-    }
-    for (auto& w : pending) w.wait();
-  }
-
-  const Config& cfg_;
-  Model& model_;
-  const RankContext& rc_;
-  const parallel::DataParallelPlan* plan_;
-  AdamW adamw_;
-  std::vector<FlatRange> norm_ranges_;
-};
 
 std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   const ParallelConfig& p = cfg.parallel;
@@ -168,48 +101,6 @@ void print_header(Reporter& rep, const Config& cfg, const Corpus& corpus, int64_
   rep.info(os.str());
 }
 
-ModelOptions model_options(const Config& cfg, const RankContext& rc, const parallel::DataParallelPlan& plan) {
-  ModelOptions o;
-  if (rc.dp) o.padding = plan.padding;
-  o.part = rc.part;
-  o.act_slots = rc.act_slots;
-  o.tp_comm = rc.tp_comm.get();
-  o.sp = cfg.parallel.sp;
-  const std::string& r = cfg.parallel.recompute;
-  o.recompute.assign(size_t(cfg.model.layers), r == "full"        ? Recompute::kFull
-                                               : r == "selective" ? Recompute::kSelective
-                                                                  : Recompute::kNone);
-  return o;
-}
-
-// Everything one rank trains with.
-struct Engine {
-  Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T)
-      : plan(make_plan(cfg, rc)),
-        model(cfg.model, mb, T, KernelBackend::kCpu, model_options(cfg, rc, plan)) {
-    model.init_weights(uint64_t(cfg.train.seed));
-    if (rc.dp) {
-      sync = std::make_unique<parallel::GradSync>(
-          *rc.dp, plan, rc.zero >= 2 ? parallel::GradSync::Mode::kReduceScatter : parallel::GradSync::Mode::kAllReduce);
-      sync->hold_first_tensor(rc.embed != nullptr);
-      model.set_grad_ready_hook([this](int first_final) { sync->on_ready(first_final); });
-    }
-    if (rc.schedule)
-      pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc.links, mb, T);
-  }
-  static parallel::DataParallelPlan make_plan(const Config& cfg, const RankContext& rc) {
-    parallel::BucketCaps caps;
-    caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
-    caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
-    return parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0, rc.part);
-  }
-
-  parallel::DataParallelPlan plan;
-  Model model;
-  std::unique_ptr<parallel::GradSync> sync;
-  std::unique_ptr<parallel::PipelineRunner> pipe;
-};
-
 // Forward and backward of one optimizer step; gradients reduced as the layout says.
 // Returns this rank's share of the loss: the mean over its micro-batches (0 on pipeline
 // stages without the head).
@@ -217,8 +108,9 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
                          int64_t mb, int64_t T) {
   const int64_t accum = cfg.train.grad_accum;
   Model& model = e.model;
-  model.zero_grads();
+  e.zero_grads();
   double loss = 0;
+  const bool every_micro = e.sync && e.sync->every_micro();
   auto arm = [&] {
     if (e.sync) e.sync->begin(model.grads().data());
   };
@@ -230,9 +122,12 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   } else {
     std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
     for (int64_t micro = 0; micro < accum; micro++) {
+      const bool last = micro + 1 == accum;
       data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
-      if (micro + 1 == accum) arm();
+      if (last || every_micro) arm();
       loss += model.forward_backward(tok.data(), tgt.data(), mb, T, 1.0f / float(accum));
+      if (every_micro && !last) e.sync->finish(false);
+      e.memory.sample();
     }
   }
   if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
@@ -247,6 +142,7 @@ void save_final(const Config& cfg, Engine& e, Updater& updater, const RankContex
   std::vector<float> m, v;
   updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
   const ParamLayout whole(cfg.model);
+  e.materialize_params();
   std::vector<float> params = e.model.params();
   if (rc.pp_size > 1 || rc.tp_size > 1) {  // every rank's tensors into the whole layout
     params = gather_whole(cfg.model, e.model.layout(), params.data(), rc);
@@ -260,12 +156,31 @@ void save_final(const Config& cfg, Engine& e, Updater& updater, const RankContex
 }
 
 std::vector<float> final_params(const Config& cfg, Engine& e, const RankContext& rc) {
+  e.materialize_params();
   if (rc.pp_size == 1 && rc.tp_size == 1) return unpadded_params(e.model);
   const ParamLayout whole(cfg.model);
   const std::vector<float> all = gather_whole(cfg.model, e.model.layout(), e.model.params().data(), rc);
   std::vector<float> out;
   for (const ParamSpec& s : whole.specs()) out.insert(out.end(), all.begin() + s.offset, all.begin() + s.offset + s.numel);
   return out;
+}
+
+void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& sum) {
+  const int64_t local_params = e.model.layout().param_count();
+  sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params);
+  int64_t states = 0;
+  std::ostringstream os;
+  os << "memory (rank 0, peak resident MiB):";
+  for (const MemoryTracker::Row& r : e.memory.rows()) {
+    sum.memory_peak_bytes.push_back({r.name, r.peak_bytes});
+    if (r.name != "activations") states += r.peak_bytes;
+    os << " " << r.name << " " << std::fixed << std::setprecision(2) << double(r.peak_bytes) / (1 << 20);
+  }
+  os << "; model states " << double(states) / (1 << 20) << " vs ZeRO-" << e.rc.zero << " formula "
+     << double(sum.model_state_formula_bytes) / (1 << 20) << " for " << local_params << " params at dp "
+     << e.rc.dp_size;
+  if (e.gather) os << " (+ up to " << e.gather->peak_units() << " units gathered at once)";
+  rep.info(os.str());
 }
 
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
@@ -288,7 +203,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
   const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
   Engine e(cfg, rc, mb, T);
-  Updater updater(cfg, e.model, rc, rc.dp ? &e.plan : nullptr);
+  Updater updater(cfg, e);
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count();
@@ -333,6 +248,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
        << std::setprecision(3) << sum.comm_exposed_s << " s waited after backward";
     rep.info(os.str());
   }
+  report_memory(rep, cfg, e, sum);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   if (!cfg.checkpoint.dir.empty()) save_final(cfg, e, updater, rc, rep);
   return sum;

@@ -33,6 +33,10 @@ struct TrainSummary {
   double comm_hidden_fraction = -1;
   double comm_exposed_s = 0;
   std::vector<float> final_params;  // filled when TrainOptions::keep_params (tests)
+  // This rank's peak resident bytes per category (params, grads, optimizer, activations),
+  // measured (Note [Resident memory]), and the ZeRO formula for its model states.
+  std::vector<std::pair<std::string, int64_t>> memory_peak_bytes;
+  int64_t model_state_formula_bytes = 0;
 };
 
 // Single process: cfg.parallel must describe one rank.

@@ -1,0 +1,81 @@
+#include "loom/core/memory.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+namespace {
+
+int64_t page_bytes() {
+  static const int64_t page = ::sysconf(_SC_PAGESIZE);
+  return page;
+}
+
+}  // namespace
+
+void release_pages(void* p, int64_t bytes) {
+  const int64_t page = page_bytes();
+  const auto lo = (reinterpret_cast<uintptr_t>(p) + uintptr_t(page) - 1) / uintptr_t(page) * uintptr_t(page);
+  const auto hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) / uintptr_t(page) * uintptr_t(page);
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + uintptr_t(bytes);
+  if (bytes <= 0) return;
+  if (hi <= lo) {
+    std::memset(p, 0, size_t(bytes));
+    return;
+  }
+  std::memset(p, 0, lo - begin);
+  std::memset(reinterpret_cast<void*>(hi), 0, end - hi);
+  LOOM_ASSERT(::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0);
+}
+
+int64_t resident_bytes(const void* p, int64_t bytes) {
+  const int64_t page = page_bytes();
+  const auto lo = reinterpret_cast<uintptr_t>(p) / uintptr_t(page) * uintptr_t(page);
+  const auto hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes) + uintptr_t(page) - 1) / uintptr_t(page) *
+                  uintptr_t(page);
+  if (bytes <= 0) return 0;
+  std::vector<unsigned char> vec(size_t((hi - lo) / uintptr_t(page)));
+  if (::mincore(reinterpret_cast<void*>(lo), hi - lo, vec.data()) != 0) return bytes;  // unknown: count it all
+  int64_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return std::min(bytes, n * page);
+}
+
+int MemoryTracker::category(const std::string& name) {
+  auto it = std::find(names_.begin(), names_.end(), name);
+  if (it != names_.end()) return int(it - names_.begin());
+  names_.push_back(name);
+  peak_.push_back(0);
+  now_.push_back(0);
+  return int(names_.size()) - 1;
+}
+
+void MemoryTracker::track(int category, const void* p, int64_t bytes) {
+  LOOM_ASSERT(category >= 0 && category < int(names_.size()));
+  if (bytes > 0) ranges_.push_back({category, p, bytes});
+}
+
+void MemoryTracker::sample() {
+  std::fill(now_.begin(), now_.end(), 0);
+  for (const Range& r : ranges_) now_[size_t(r.category)] += resident_bytes(r.p, r.bytes);
+  int64_t total = 0;
+  for (size_t i = 0; i < now_.size(); i++) {
+    peak_[i] = std::max(peak_[i], now_[i]);
+    total += now_[i];
+  }
+  peak_total_ = std::max(peak_total_, total);
+}
+
+std::vector<MemoryTracker::Row> MemoryTracker::rows() const {
+  std::vector<Row> out;
+  for (size_t i = 0; i < names_.size(); i++) out.push_back({names_[i], peak_[i], now_[i]});
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,49 @@
+// Physical memory of big buffers: returning pages to the OS and measuring what is resident.
+//
+// Note [Resident memory]
+// ZeRO keeps only a rank's shard of some flat buffers. The buffers stay whole in address
+// space (so every tensor keeps its offset); the pages of the parts a rank does not own
+// are handed back with madvise(MADV_DONTNEED), which makes them read as zero until
+// written again. Memory reports count resident pages with mincore(), so they measure
+// what the process really holds, not what a formula says it should.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+// Makes [p, p + bytes) read as zero and hands its whole pages back to the OS (the partial
+// pages at either end are zeroed in place).
+void release_pages(void* p, int64_t bytes);
+// Bytes of the whole pages of [p, p + bytes) that are resident.
+int64_t resident_bytes(const void* p, int64_t bytes);
+
+// Per-category peaks of resident memory, sampled at the caller's chosen moments.
+class MemoryTracker {
+ public:
+  int category(const std::string& name);  // index of `name`, added on first use
+  void track(int category, const void* p, int64_t bytes);  // a buffer that belongs to it
+  // Measures every tracked buffer now and updates the peaks.
+  void sample();
+  struct Row {
+    std::string name;
+    int64_t peak_bytes = 0, now_bytes = 0;
+  };
+  std::vector<Row> rows() const;
+  int64_t peak_total_bytes() const { return peak_total_; }
+
+ private:
+  struct Range {
+    int category;
+    const void* p;
+    int64_t bytes;
+  };
+  std::vector<std::string> names_;
+  std::vector<int64_t> peak_, now_;
+  std::vector<Range> ranges_;
+  int64_t peak_total_ = 0;
+};
+
+}  // namespace loom

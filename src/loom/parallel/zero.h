@@ -1,0 +1,59 @@
+// ZeRO-3: parameters sharded over dp and gathered layer by layer just in time.
+//
+// Note [ZeRO-3]
+// Stage 3 uses one bucket per unit (a block, the embedding, the final norm + head) so a
+// unit's parameters and gradients are each one (offset, count) range split evenly over dp
+// (Note [Sharded buckets]). Only the own piece of each unit stays resident (Note
+// [Resident memory]); the model calls acquire(unit) before it reads a unit's weights and
+// release(unit) after, so a unit is all-gathered when first needed, the next unit in the
+// same direction is prefetched (asynchronously, on the dp group's worker), and a unit no
+// one holds goes back to its own piece. Every dp rank runs the same model code, so all
+// issue the same gathers in the same order. After the optimizer updates the own pieces,
+// invalidate() drops every gathered copy. Gradients are reduce-scattered every
+// micro-batch and their non-owned parts released the same way (see GradSync).
+#pragma once
+
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/core/memory.h"
+#include "loom/parallel/grad_sync.h"
+
+namespace loom::parallel {
+
+// One bucket per unit of `part` (blocks, embedding, final norm + head), in launch
+// (reverse layout) order, padded to split over dp. unit_bucket[u] is the bucket of unit
+// u (block l = l, embedding = layers, head = layers + 1; -1 when the part lacks it).
+DataParallelPlan plan_units(const ModelConfig& m, int dp, const ModelPart& part, std::vector<int>* unit_bucket);
+
+class ParamGather {
+ public:
+  ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params,
+              MemoryTracker* tracker = nullptr);
+  void acquire(int unit);
+  void release(int unit);
+  // Drops every gathered copy (after the own pieces changed).
+  void invalidate();
+  // Gathers every unit and keeps them (saving, final weights); invalidate() undoes it.
+  void gather_all();
+  // Units gathered at most at once, and the floats they held beyond the own pieces.
+  int peak_units() const { return peak_units_; }
+
+ private:
+  enum class State { kShard, kGathering, kGathered };
+  void start_gather(int unit);
+  int next_unit(int unit, int direction) const;
+  void drop(int unit);
+
+  comm::Group& dp_;
+  const DataParallelPlan& plan_;
+  std::vector<int> unit_bucket_;
+  float* params_;
+  MemoryTracker* tracker_;
+  std::vector<State> state_;
+  std::vector<int> refs_;
+  std::vector<comm::Work> work_;
+  int last_unit_ = -1, gathered_ = 0, peak_units_ = 0;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,148 @@
+#include "loom/train/engine.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+
+namespace loom {
+
+namespace {
+
+ModelOptions model_options(const Config& cfg, const RankContext& rc, const parallel::DataParallelPlan& plan) {
+  ModelOptions o;
+  if (rc.dp) o.padding = plan.padding;
+  o.part = rc.part;
+  o.act_slots = rc.act_slots;
+  o.tp_comm = rc.tp_comm.get();
+  o.sp = cfg.parallel.sp;
+  const std::string& r = cfg.parallel.recompute;
+  o.recompute.assign(size_t(cfg.model.layers), r == "full"        ? Recompute::kFull
+                                               : r == "selective" ? Recompute::kSelective
+                                                                  : Recompute::kNone);
+  return o;
+}
+
+parallel::DataParallelPlan make_plan(const Config& cfg, const RankContext& rc, std::vector<int>* unit_bucket) {
+  if (rc.zero == 3) return parallel::plan_units(cfg.model, rc.dp_size, rc.part, unit_bucket);
+  parallel::BucketCaps caps;
+  caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
+  caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
+  return parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0, rc.part);
+}
+
+parallel::GradSync::Mode sync_mode(const RankContext& rc) {
+  if (rc.zero >= 2) return rc.schedule ? parallel::GradSync::Mode::kReduceScatter : parallel::GradSync::Mode::kShardEveryMicro;
+  return parallel::GradSync::Mode::kAllReduce;
+}
+
+}  // namespace
+
+Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
+    : rc(rc_), plan(make_plan(cfg, rc_, &unit_bucket)),
+      model(cfg.model, mb, T, KernelBackend::kCpu, model_options(cfg, rc_, plan)) {
+  model.init_weights(uint64_t(cfg.train.seed));
+  const int64_t state_bytes = int64_t(model.params().size() * sizeof(float));
+  memory.track(memory.category("params"), model.params().data(), state_bytes);
+  memory.track(memory.category("grads"), model.grads().data(), state_bytes);
+  memory.category("optimizer");
+  memory.track(memory.category("activations"), model.activation_storage(), model.activation_bytes());
+  if (rc.dp) {
+    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc));
+    sync->hold_first_tensor(rc.embed != nullptr);
+    sync->set_tracker(&memory);
+    model.set_grad_ready_hook([this](int first_final) { sync->on_ready(first_final); });
+    if (sync->every_micro()) release_pages(model.grads().data(), state_bytes);  // only own pieces get written
+    if (rc.zero == 3) {
+      gather = std::make_unique<parallel::ParamGather>(*rc.dp, plan, unit_bucket, model.params().data(), &memory);
+      model.set_param_hook([this](int unit, bool acquire) {
+        if (acquire) gather->acquire(unit);
+        else gather->release(unit);
+      });
+    }
+  }
+  if (rc.schedule) pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T);
+}
+
+void Engine::zero_grads() {
+  if (!sync || !sync->every_micro()) {
+    model.zero_grads();
+    return;
+  }
+  for (const FlatRange& r : plan.owned(rc.dp_rank))
+    std::memset(model.grads().data() + r.offset, 0, size_t(r.count) * sizeof(float));
+}
+
+void Engine::materialize_params() {
+  if (gather) gather->gather_all();
+}
+
+Updater::Updater(const Config& cfg, Engine& e)
+    : cfg_(cfg), e_(e),
+      adamw_(e.model.layout(), cfg.optim, e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank) : std::vector<FlatRange>{}) {
+  // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
+  // ranks other than 0, the replicated tensors are left out.
+  norm_ranges_ = adamw_.owned();
+  for (const ParamSpec& s : e.model.layout().specs())
+    if (!e.rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
+  const int opt = e.memory.category("optimizer");
+  e.memory.track(opt, adamw_.m().data(), int64_t(adamw_.m().size() * sizeof(float)));
+  e.memory.track(opt, adamw_.v().data(), int64_t(adamw_.v().size() * sizeof(float)));
+}
+
+std::pair<double, double> Updater::step(double local_loss, double lr) {
+  const RankContext& rc = e_.rc;
+  Model& model = e_.model;
+  const Kernels& k = model.ops();
+  double v[2] = {local_loss, sum_squares(k, model.grads().data(), norm_ranges_)};
+  rc.stats_sum(v);
+  const double loss = v[0] / (rc.dp_size * rc.tp_size);  // each dp replica's tp ranks hold one copy
+  const bool sharded = rc.zero > 0 && rc.dp;
+  const double norm = std::sqrt(sharded ? v[1] : v[1] / rc.dp_size);
+  if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef < 1.0)
+    for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model.grads().data() + r.offset, r.count, float(coef));
+  adamw_.step(k, model.params(), model.grads(), lr);
+  if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
+  else if (sharded) gather(model.params().data(), nullptr);  // stage 1/2: everyone gets the new values
+  return {loss, norm};
+}
+
+void Updater::full_moments(std::vector<float>& m, std::vector<float>& v) {
+  if (e_.rc.zero == 0 || !e_.rc.dp) {
+    m = adamw_.m(), v = adamw_.v();
+    return;
+  }
+  m.assign(e_.model.params().size(), 0.0f);
+  v.assign(e_.model.params().size(), 0.0f);
+  gather(m.data(), adamw_.m().data());
+  gather(v.data(), adamw_.v().data());
+}
+
+// All-gathers every bucket's pieces into `full`. packed == nullptr: the own piece already
+// sits in place in `full`; else own pieces are read from `packed` (owned order).
+void Updater::gather(float* full, const float* packed) {
+  const RankContext& rc = e_.rc;
+  std::vector<comm::Work> pending;
+  int64_t at = 0;
+  for (const parallel::Bucket& b : e_.plan.buckets) {
+    const int64_t piece = b.count / rc.dp_size;
+    std::span<float> all(full + b.offset, size_t(b.count));
+    const float* own = packed ? packed + at : full + b.offset + rc.dp_rank * piece;
+    pending.push_back(rc.dp->all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true}));
+    at += piece;
+  }
+  for (auto& w : pending) w.wait();
+}
+
+int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {
+  const int64_t p = params * 4;  // fp32
+  switch (zero) {
+    case 0: return 4 * p;                       // params + grads + 2 moments
+    case 1: return 2 * p + 2 * p / dp;          // moments sharded
+    case 2: return p + 3 * p / dp;              // + grads sharded
+    default: return 4 * p / dp;                 // + params sharded
+  }
+}
+
+}  // namespace loom

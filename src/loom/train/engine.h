@@ -1,0 +1,65 @@
+// What one rank trains with: its model (part), gradient sync, pipeline runner, ZeRO-3
+// parameter gathering, optimizer and memory tracking; and the gradient -> update path.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/core/memory.h"
+#include "loom/model/model.h"
+#include "loom/parallel/grad_sync.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/zero.h"
+#include "loom/train/optimizer.h"
+#include "loom/train/rank_context.h"
+
+namespace loom {
+
+struct Engine {
+  Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T);
+
+  // Zeroes the gradients a step accumulates into (under per-micro-batch sharding only
+  // the own pieces hold anything; the rest already reads zero).
+  void zero_grads();
+  // Every unit gathered (ZeRO-3), so params() is the whole local part; no-op otherwise.
+  void materialize_params();
+
+  const RankContext& rc;
+  std::vector<int> unit_bucket;  // ZeRO-3: unit -> bucket
+  parallel::DataParallelPlan plan;
+  Model model;
+  MemoryTracker memory;
+  std::unique_ptr<parallel::GradSync> sync;
+  std::unique_ptr<parallel::ParamGather> gather;  // ZeRO-3 with dp > 1
+  std::unique_ptr<parallel::PipelineRunner> pipe;
+};
+
+// Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
+//   stage 0: grads all-reduced in place; every rank clips and updates the whole buffer.
+//   stage 1: grads all-reduced; each rank updates its own pieces, then all-gathers them.
+//   stage 2: grads reduce-scattered (only the own pieces are reduced); as stage 1 after.
+//   stage 3: as stage 2, but the parameters stay sharded: gathered copies are dropped.
+class Updater {
+ public:
+  Updater(const Config& cfg, Engine& e);
+  // Mean loss of the global batch and the gradient norm before clipping; updates params.
+  std::pair<double, double> step(double local_loss, double lr);
+  // The part's whole flat moments on every dp rank (for saving).
+  void full_moments(std::vector<float>& m, std::vector<float>& v);
+  const AdamW& adamw() const { return adamw_; }
+
+ private:
+  void gather(float* full, const float* packed);
+
+  const Config& cfg_;
+  Engine& e_;
+  AdamW adamw_;
+  std::vector<FlatRange> norm_ranges_;
+};
+
+// The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32
+// moments: 16 bytes per parameter unsharded), for `params` parameters on the rank.
+int64_t zero_model_state_bytes(int zero, int dp, int64_t params);
+
+}  // namespace loom

@@ -1,7 +1,9 @@
 // Data parallel and ZeRO-1/2 against the single-process run (threads backend).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "loom/comm/world.h"
@@ -270,6 +272,38 @@ TEST(DataParallel, ReportsHowMuchCommunicationWasHidden) {
     EXPECT_GE(s.comm_exposed_s, 0.0);
   }
   EXPECT_NE(sink.str().find("of rank 0's gradient communication ran during backward"), std::string::npos) << sink.str();
+}
+
+TEST(Trace, OneFileWithATrackPerRank) {
+  const std::string path = ::testing::TempDir() + "/loom_trace_test.json";
+  const Config c = gpt_config({"parallel.dp=2", "parallel.pp=2", "train.grad_accum=2", "train.steps=2"});
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  o.trace_path = path;
+  const auto errors = comm::run_threads(4, {}, [&](comm::World& w) { train(c, o, w); });
+  ASSERT_EQ(errors, std::vector<std::string>(4));
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::map<std::pair<int, std::string>, int> count;  // (rank, category) -> events
+  double last_step_end = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") == "M") continue;
+    count[{e.at("pid").get<int>(), e.at("cat").get<std::string>()}]++;
+    if (e.at("cat") == "step") last_step_end = std::max(last_step_end, e.at("ts").get<double>() + e.at("dur").get<double>());
+    if (e.at("ph") == "X") {
+      EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    EXPECT_EQ((count[{r, "step"}]), 2) << r;
+    EXPECT_GT((count[{r, "compute"}]), 0) << r;      // forward/backward of each block, head, embedding
+    EXPECT_EQ((count[{r, "pipeline"}]), 2 * 2 * 2) << r;  // 2 steps x (F, B) x 2 micro-batches
+    EXPECT_GT((count[{r, "transfer"}]), 0) << r;     // activations and gradients between stages
+    EXPECT_GT((count[{r, "collective"}]), 0) << r;   // data-parallel reduction, loss and norm sums
+    EXPECT_GT((count[{r, "memory"}]), 0) << r;
+  }
+  EXPECT_GT(last_step_end, 0.0);
 }
 
 TEST(LayoutList, ParsesShortAndFullKeys) {

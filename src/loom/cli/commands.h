@@ -22,6 +22,7 @@ struct TrainArgs {
   LayoutFlags layout;
   bool json = false;
   int nproc = 0;  // > 0: relaunch under mpirun with that many ranks
+  std::string trace;  // Chrome-trace JSON path
 };
 // Under mpirun (or with --nproc) trains one rank of the parallel layout.
 int run_train(const TrainArgs& a, int argc, char** argv);

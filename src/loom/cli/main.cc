@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
   add_layout_flags(t, train.layout);
   t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N");
+  t->add_option("--trace", train.trace, "Write a Chrome-trace JSON of the run (one track per rank; open in Perfetto)");
   t->footer(config_keys_footer());
 
   loom::cli::VerifyArgs ver;

@@ -90,6 +90,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   opt.progress = !a.json && ::isatty(STDERR_FILENO) && ::isatty(STDOUT_FILENO);
   opt.out = &std::cout;
   opt.err = &std::cerr;
+  opt.trace_path = a.trace;
   TrainSummary s;
   bool logging = true;
   if (comm::launched_by_mpi()) {

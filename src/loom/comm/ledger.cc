@@ -43,6 +43,10 @@ double Ledger::now_us() const {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0_).count();
 }
 
+double Ledger::origin_steady_us() const {
+  return std::chrono::duration<double, std::micro>(t0_.time_since_epoch()).count();
+}
+
 int Ledger::add_group(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   groups_.push_back({name, 0, 0, {}});

@@ -84,6 +84,9 @@ class Ledger {
   std::vector<std::string> group_names() const;
   RankStatus status(int global_rank) const;
   double now_us() const;
+  // The moment now_us() counts from, as steady-clock microseconds (comparable across the
+  // processes of one machine: traces line ranks up with it).
+  double origin_steady_us() const;
 
  private:
   LedgerEntry* find(uint64_t seq);

@@ -70,6 +70,7 @@ void MemoryTracker::sample() {
     total += now_[i];
   }
   peak_total_ = std::max(peak_total_, total);
+  if (listener_) listener_(*this);
 }
 
 std::vector<MemoryTracker::Row> MemoryTracker::rows() const {

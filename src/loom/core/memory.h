@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ class MemoryTracker {
     int64_t peak_bytes = 0, now_bytes = 0;
   };
   std::vector<Row> rows() const;
+  // Called after every sample (traces draw memory counters from it).
+  void set_listener(std::function<void(const MemoryTracker&)> fn) { listener_ = std::move(fn); }
   int64_t peak_total_bytes() const { return peak_total_; }
 
  private:
@@ -44,6 +47,7 @@ class MemoryTracker {
   std::vector<int64_t> peak_, now_;
   std::vector<Range> ranges_;
   int64_t peak_total_ = 0;
+  std::function<void(const MemoryTracker&)> listener_;
 };
 
 }  // namespace loom

@@ -219,6 +219,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const int64_t N = B * T, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
   const int64_t Q = (H + 2 * KV) * hd, F = Fl_;
   const bool gpt = cfg_.arch == Arch::kGpt;
+  span("forward", l, true);
   use(l, true);
   norm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N);  // (N,C) gathered
   k_.matmul_forward(s.qkv, s.norm1, w.qkv_w, w.qkv_b, N, cfg_.d_model, Q);         // (N,Q) column-parallel
@@ -235,10 +236,12 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   }
   row_parallel(s.out, s.fcg, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
   use(l, false);
+  span("forward", l, false);
 }
 
 // On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input), both (Nr,C).
 void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
+  span("backward", l, true);
   use(l, true);
   if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
   const Acts& a = *acts_;
@@ -275,6 +278,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
   use(l, false);
+  span("backward", l, false);
 }
 
 // Norm of the own rows of x (Nr,C) into their place in full_out (N,C); under sequence
@@ -379,9 +383,11 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
     LOOM_CHECK(tokens != nullptr, "the embedding chunk needs tokens");
     check_ids(tokens, N, cfg_.vocab, "token");
     std::memcpy(sl.tokens, tokens, size_t(N) * sizeof(int32_t));
+    span("embedding", -1, true);
     use(embed_unit(), true);
     embed_forward(sl.input, tokens, B, T);
     use(embed_unit(), false);
+    span("embedding", -1, false);
   } else {
     LOOM_CHECK(x_in != nullptr, "model chunk ", chunk, " needs its input activation");
     std::memcpy(sl.input, x_in, size_t(rows(N) * C) * sizeof(float));
@@ -416,7 +422,9 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
     if (grad_ready_) grad_ready_(block_first_tensor_[l]);
   }
   if (chunk_has_embed(chunk)) {
+    span("embedding backward", -1, true);
     embed_backward(a.dres, sl.tokens, B, T);
+    span("embedding backward", -1, false);
     if (grad_ready_) grad_ready_(0);
   } else {
     std::memcpy(sl.dinput, a.dres, size_t(rows(N) * C) * sizeof(float));

@@ -122,6 +122,10 @@ class Model {
   // final norm + head = layers + 1 (GPT's tied head also reads the embedding unit).
   using ParamHook = std::function<void(int unit, bool acquire)>;
   void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
+  // Traces: hook(what, layer, true) when a kernel group starts ("forward"/"backward" of
+  // block `layer`, "embedding", "head"; layer -1 for the last two), (.., false) when it ends.
+  using SpanHook = std::function<void(const char* what, int layer, bool begin)>;
+  void set_span_hook(SpanHook hook) { span_hook_ = std::move(hook); }
   // The activation storage (one allocation), for memory reports.
   const void* activation_storage() const;
 
@@ -164,6 +168,9 @@ class Model {
   float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
   float* acts_losses() const;  // (N) per-row losses scratch
   float* full_tmp() const;     // (N,C) sequence-parallel scratch
+  void span(const char* what, int layer, bool begin) const {
+    if (span_hook_) span_hook_(what, layer, begin);
+  }
   void use(int unit, bool acquire) const {
     if (param_hook_) param_hook_(unit, acquire);
   }
@@ -187,6 +194,7 @@ class Model {
   std::unique_ptr<Acts> acts_;
   GradReadyHook grad_ready_;
   ParamHook param_hook_;
+  SpanHook span_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor
   int normf_tensor_ = 0;                 // layout index of normf.w
 };

@@ -80,6 +80,7 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
                " is outside the vocabulary [0, ", V, ")");
   float* losses = acts_losses();
   const bool tied = cfg_.arch == Arch::kGpt;  // the head reads wte, the embedding unit's
+  span("head", -1, true);
   use(head_unit(), true);
   if (tied) use(embed_unit(), true);
   if (part_.tp == 1) {
@@ -126,6 +127,7 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
   }
   if (tied) use(embed_unit(), false);
   use(head_unit(), false);
+  span("head", -1, false);
   double s = 0;
   for (int64_t i = 0; i < N; i++) s += losses[i];
   return float(s / double(N));

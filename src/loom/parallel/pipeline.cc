@@ -168,6 +168,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   double loss = 0;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
+    if (step_hook_) step_hook_(s.forward, s.micro_batch, s.chunk, true);
     std::vector<int>& slot_of = slot_of_[size_t(s.chunk)];
     std::vector<bool>& busy = slot_busy_[size_t(s.chunk)];
     if (s.forward) {
@@ -186,6 +187,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
       busy[size_t(slot)] = false;
       slot_of[size_t(s.micro_batch)] = -1;
     }
+    if (step_hook_) step_hook_(s.forward, s.micro_batch, s.chunk, false);
   }
   for (auto& per_chunk : sends_)
     for (auto& w : per_chunk) w.wait();

@@ -65,6 +65,9 @@ class PipelineRunner {
   // Forward only, one batch through every stage (validation). Returns the mean loss on
   // the last stage, 0 elsewhere. Adds nothing to the gradients that are kept.
   double forward_only(const int32_t* tokens, const int32_t* targets);
+  // Traces: hook(forward, micro, chunk, begin) around every schedule step.
+  using StepHook = std::function<void(bool forward, int micro, int chunk, bool begin)>;
+  void set_step_hook(StepHook hook) { step_hook_ = std::move(hook); }
 
  private:
   int virtual_stage(int chunk) const { return chunk * schedule_.pp + pp_rank_; }
@@ -83,6 +86,7 @@ class PipelineRunner {
   std::vector<std::vector<int>> slot_of_;      // [chunk][micro] -> activation slot, -1 when free
   std::vector<std::vector<bool>> slot_busy_;   // [chunk][slot]
   std::vector<std::vector<comm::Work>> sends_;  // [chunk][slot]: the last send from that slot
+  StepHook step_hook_;
 };
 
 }  // namespace loom::parallel

@@ -21,6 +21,7 @@
 #include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/report.h"
+#include "loom/train/trace.h"
 
 namespace loom {
 
@@ -119,6 +120,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
       data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
     };
     loss = e.pipe->run_step(batch, 1.0f / float(accum), arm);
+    e.memory.sample();
   } else {
     std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
     for (int64_t micro = 0; micro < accum; micro++) {
@@ -163,6 +165,33 @@ std::vector<float> final_params(const Config& cfg, Engine& e, const RankContext&
   std::vector<float> out;
   for (const ParamSpec& s : whole.specs()) out.insert(out.end(), all.begin() + s.offset, all.begin() + s.offset + s.numel);
   return out;
+}
+
+// Records kernel groups, pipeline steps and memory samples of this rank (Note [Trace schema]).
+std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* world) {
+  const double origin = world ? world->ledger().origin_steady_us()
+                              : std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+  auto trace = std::make_unique<Trace>(world ? world->global_rank() : 0, origin);
+  Trace* t = trace.get();
+  e.model.set_span_hook([t](const char* what, int layer, bool begin) {
+    if (begin) t->begin(layer >= 0 ? std::string(what) + " " + std::to_string(layer) : std::string(what), "compute");
+    else t->end();
+  });
+  const bool chunks = cfg.parallel.vpp > 1;
+  if (e.pipe)
+    e.pipe->set_step_hook([t, chunks](bool fwd, int micro, int chunk, bool begin) {
+      if (!begin) return t->end();
+      std::string name(fwd ? "F" : "B");
+      name += std::to_string(micro);
+      if (chunks) name.append(".").append(std::to_string(chunk));
+      t->begin(name, "pipeline");
+    });
+  e.memory.set_listener([t](const MemoryTracker& m) {
+    std::vector<std::pair<std::string, int64_t>> now;
+    for (const auto& r : m.rows()) now.push_back({r.name, r.now_bytes});
+    t->counter(t->now_us(), now);
+  });
+  return trace;
 }
 
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& sum) {
@@ -213,10 +242,20 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const auto t0 = Clock::now();
   auto last = t0;
   int64_t tokens_since = 0;
+  std::unique_ptr<Trace> trace = given.trace_path.empty() ? nullptr : start_trace(cfg, e, world);
+  auto mark = [&](const std::string& name, const char* cat) {
+    if (trace) trace->begin(name, cat);
+  };
+  auto unmark = [&] {
+    if (trace) trace->end();
+  };
   for (int64_t step = 0; step < cfg.train.steps; step++) {
+    mark("step " + std::to_string(step + 1), "step");
     const double local_loss = compute_gradients(e, rc, train_data, cfg, step, mb, T);
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
+    mark("optimizer", "compute");
     const auto [loss, norm] = updater.step(local_loss, lr);
+    unmark();
     if (!std::isfinite(loss))
       throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
@@ -232,9 +271,20 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
 
     const bool last_step = step + 1 == cfg.train.steps;
     if (last_step || (cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0)) {
+      mark("validation", "compute");
       sum.final_val_loss = evaluate(e.model, e.pipe.get(), val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
+      unmark();
       rep.val(step, sum.final_val_loss);
     }
+    unmark();
+  }
+  if (trace) {
+    e.model.set_span_hook(nullptr);
+    e.memory.set_listener(nullptr);
+    if (world) trace->add_ledger(world->ledger());
+    trace->add_idle();
+    trace->write(given.trace_path, world ? &world->world_group() : nullptr);
+    rep.info("wrote trace " + given.trace_path + " (open in https://ui.perfetto.dev)");
   }
   rep.end_bar();
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -20,6 +20,7 @@ struct TrainOptions {
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
   bool keep_params = false;  // copy the final parameters (layout order, no padding) into the summary
+  std::string trace_path;    // non-empty: write a Chrome trace of the run there (Note [Trace schema])
 };
 
 struct TrainSummary {

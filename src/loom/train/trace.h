@@ -1,0 +1,58 @@
+// Chrome-trace (Perfetto) timelines of a run: one process track per rank with a compute
+// thread (kernel groups: embedding, each block's forward and backward, head, optimizer;
+// pipeline steps; idle gaps) and a communication thread (every collective and transfer
+// from the rank's ledger), plus memory counters (resident bytes per category).
+//
+// Note [Trace schema]
+// Events are Chrome "X" (complete) events with ts/dur in microseconds, pid = global rank,
+// tid 0 = compute, tid 1 = communication; "C" counter events named "memory" carry one
+// series per category in MiB; "M" metadata names the tracks. Times are steady-clock
+// microseconds minus the earliest rank's start, so ranks on one machine line up. The
+// simulator writes the same schema (issue 5), which is what makes the two comparable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+namespace comm {
+class Ledger;
+class Group;
+}  // namespace comm
+
+class Trace {
+ public:
+  // `origin_steady_us`: what t = 0 of this rank's times is (the ledger's origin).
+  Trace(int rank, double origin_steady_us);
+  double now_us() const;
+  void begin(const std::string& name, const std::string& cat);
+  void end();
+  void span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid = 0);
+  void counter(double t_us, const std::vector<std::pair<std::string, int64_t>>& bytes);
+  // Adds every collective and transfer of the ledger (same origin) on the comm thread.
+  void add_ledger(const comm::Ledger& ledger);
+  // Marks gaps of at least min_gap_us between compute spans as "idle".
+  void add_idle(double min_gap_us = 50);
+  // Writes all ranks' events to `path` from global rank 0; collective over `world` (null:
+  // this rank alone).
+  void write(const std::string& path, comm::Group* world) const;
+
+ private:
+  struct Event {
+    std::string name, cat;
+    char ph;
+    double ts, dur;
+    int tid;
+    std::vector<std::pair<std::string, int64_t>> values;
+  };
+  std::string events_json(double shift_us) const;
+  int rank_;
+  double origin_;
+  std::vector<Event> events_;
+  std::vector<std::pair<std::string, double>> open_;  // begin() stack: name, start
+  std::vector<std::string> open_cat_;
+};
+
+}  // namespace loom

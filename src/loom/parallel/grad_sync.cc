@@ -1,6 +1,7 @@
 #include "loom/parallel/grad_sync.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -124,35 +125,37 @@ void GradSync::release_done(bool wait_all) {
 }
 
 // Note [Overlap]
-// A bucket's collective is hidden when it runs while backward is still computing. From the
-// ledger (start/end of each of this group's reductions inside a step's window) the busy
-// time is the union of the intervals; the hidden part is the union clipped at the moment
-// backward ended. hidden_fraction = hidden / busy over all steps; 1 when nothing ran.
-double GradSync::hidden_fraction() const {
-  const comm::Ledger& ledger = dp_.world().ledger();
-  const int group = dp_.ledger_group();
-  double busy = 0, hidden = 0;
-  const std::vector<comm::LedgerEntry> entries = ledger.entries();
-  for (const Window& w : windows_) {
-    std::vector<std::pair<double, double>> spans;
-    for (const comm::LedgerEntry& e : entries)
-      if (e.group == group && (e.op == comm::OpKind::kAllReduce || e.op == comm::OpKind::kReduceScatter) &&
-          e.state == comm::LedgerEntry::State::kDone && e.start_us >= w.begin_us && e.end_us <= w.done_us)
-        spans.push_back({e.start_us, e.end_us});
-    std::sort(spans.begin(), spans.end());
-    double lo = -1, hi = -1;
-    auto flush = [&] {
-      if (hi <= lo) return;
-      busy += hi - lo;
-      hidden += std::max(0.0, std::min(hi, w.backward_end_us) - lo);
-    };
-    for (auto [s, e] : spans) {
-      if (s > hi) flush(), lo = s, hi = e;
-      else hi = std::max(hi, e);
+// How much of the gradient reduction backward hides: each bucket's collective is timed
+// alone once (measure_standalone), so one step's reductions cost S seconds when nothing
+// overlaps them; a step's exposed cost is the time finish() waits after backward ended.
+// hidden_fraction = 1 - (exposed seconds) / (steps x S), clamped to [0, 1]. (Timing the
+// collectives inside the step instead would credit a reduction that merely ran slower
+// because it shared the cores with backward.)
+void GradSync::measure_standalone() {
+  int64_t largest = 0;
+  for (const Bucket& b : plan_.buckets) largest = std::max(largest, b.count);
+  std::vector<float> scratch(size_t(largest), 0.0f);
+  standalone_s_ = 0;
+  for (const Bucket& b : plan_.buckets) {
+    std::span<float> all(scratch.data(), size_t(b.count));
+    const size_t piece = size_t(b.count / plan_.dp);
+    double t[3];
+    for (double& ti : t) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (mode_ == Mode::kAllReduce) dp_.all_reduce(all, comm::ReduceOp::kAvg);
+      else dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
+                              comm::ReduceOp::kSum);
+      ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    flush();
+    std::sort(t, t + 3);
+    standalone_s_ += t[1];
   }
-  return busy > 0 ? hidden / busy : 1.0;
+}
+
+double GradSync::hidden_fraction() const {
+  const double alone = standalone_s_ * double(windows_.size());
+  if (alone <= 0) return 1.0;
+  return std::clamp(1.0 - exposed_s_ / alone, 0.0, 1.0);
 }
 
 }  // namespace loom::parallel

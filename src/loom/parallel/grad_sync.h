@@ -65,8 +65,12 @@ class GradSync {
   // Sampled whenever a bucket is launched and at finish.
   void set_tracker(MemoryTracker* t) { tracker_ = t; }
 
-  // Fraction of this rank's gradient-communication time that ran before backward ended,
-  // over every step so far (Note [Overlap]); and the seconds spent waiting after backward.
+  // Times each bucket's reduction alone (median of 3, on scratch memory; collective over
+  // the dp group) as the yardstick of Note [Overlap]. Call before training.
+  void measure_standalone();
+  double standalone_s() const { return standalone_s_; }  // one step's reductions, run alone
+  // Share of the step's reduction time not seen as waiting after backward, over every
+  // step so far (Note [Overlap]); and the seconds spent waiting after backward.
   double hidden_fraction() const;
   double exposed_wait_s() const { return exposed_s_; }
 
@@ -87,7 +91,7 @@ class GradSync {
     double begin_us, backward_end_us, done_us;
   };
   std::vector<Window> windows_;
-  double begin_us_ = 0, exposed_s_ = 0;
+  double begin_us_ = 0, exposed_s_ = 0, standalone_s_ = 0;
 };
 
 }  // namespace loom::parallel

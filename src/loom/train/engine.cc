@@ -52,6 +52,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc));
     sync->hold_first_tensor(rc.embed != nullptr);
     sync->set_tracker(&memory);
+    sync->measure_standalone();
     model.set_grad_ready_hook([this](int first_final) { sync->on_ready(first_final); });
     if (sync->every_micro()) release_pages(model.grads().data(), state_bytes);  // only own pieces get written
     if (rc.zero == 3) {

@@ -293,9 +293,10 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     sum.comm_hidden_fraction = e.sync->hidden_fraction();
     sum.comm_exposed_s = e.sync->exposed_wait_s();
     std::ostringstream os;
-    os << "data parallel: " << e.plan.buckets.size() << " gradient buckets; " << std::fixed << std::setprecision(1)
-       << 100.0 * sum.comm_hidden_fraction << "% of rank 0's gradient communication ran during backward, "
-       << std::setprecision(3) << sum.comm_exposed_s << " s waited after backward";
+    os << "data parallel: " << e.plan.buckets.size() << " gradient buckets, reduced alone in " << std::fixed
+       << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
+       << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (rank 0 waited "
+       << std::setprecision(3) << sum.comm_exposed_s << " s after backward in all)";
     rep.info(os.str());
   }
   report_memory(rep, cfg, e, sum);

@@ -58,6 +58,21 @@ TEST(DataParallelPlan, BucketsSplitEvenlyAndOwnedPiecesTileTheBuffer) {
   }
 }
 
+TEST(DataParallelPlan, TiedEmbeddingGetsTheFirstBucketAlone) {
+  const Config c = gpt_config();
+  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(c.model, 2, {}, false, {}, true);
+  const ParamLayout layout(c.model, plan.padding);
+  ASSERT_TRUE(plan.tied_first);
+  ASSERT_GE(plan.buckets.size(), 2u);
+  EXPECT_EQ(plan.buckets[0].first_tensor, 0);
+  EXPECT_EQ(plan.buckets[0].last_tensor, 0);
+  EXPECT_EQ(plan.buckets[0].offset, 0);
+  EXPECT_EQ(plan.buckets[0].count, layout.specs()[1].offset);  // wte and its padding
+  // The rest still tile the buffer, last tensor first.
+  EXPECT_EQ(plan.buckets[1].offset + plan.buckets[1].count, layout.total_floats());
+  EXPECT_EQ(plan.buckets.back().first_tensor, 1);
+}
+
 struct Case {
   const char* name;
   std::vector<std::string> sets;

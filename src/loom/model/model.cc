@@ -423,7 +423,15 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
   }
   if (chunk_has_embed(chunk)) {
     span("embedding backward", -1, true);
-    embed_backward(a.dres, sl.tokens, B, T);
+    if (tied_hooks_.embedding && tied_hooks_.embedding(sl.tokens, a.dres, N)) {
+      for (int64_t n = 0; n < N; n++) {  // wpe only: wte's share was taken over
+        float* g = gv_.wpe + (n % T) * C;
+        const float* d = a.dres + n * C;
+        for (int64_t c = 0; c < C; c++) g[c] += d[c];
+      }
+    } else {
+      embed_backward(a.dres, sl.tokens, B, T);
+    }
     span("embedding backward", -1, false);
     if (grad_ready_) grad_ready_(0);
   } else {
@@ -439,7 +447,9 @@ float Model::stage_forward(int chunk, int s, const int32_t* tokens, const float*
   const int64_t N = B * T, C = cfg_.d_model;
   LOOM_CHECK(targets != nullptr, "the head chunk needs targets");
   std::memset(sl.dnormf, 0, size_t(N * C) * sizeof(float));
-  return head_loss(sl.normf, targets, N, sl.dnormf, grad_scale);
+  const float loss = head_loss(sl.normf, targets, N, sl.dnormf, grad_scale);
+  if (tied_hooks_.head_done) tied_hooks_.head_done();
+  return loss;
 }
 
 const float* Model::stage_output(int chunk, int s) const {

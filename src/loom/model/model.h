@@ -122,6 +122,15 @@ class Model {
   // final norm + head = layers + 1 (GPT's tied head also reads the embedding unit).
   using ParamHook = std::function<void(int unit, bool acquire)>;
   void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
+  // GPT's tied embedding under data parallelism (Note [Tied embedding reduction] in
+  // parallel/grad_sync.h): head_done() runs once the head's gradient for this micro-batch
+  // is in wte's gradient; embedding(tokens, dout, N) may take over the embedding's wte
+  // gradient (returns true; the model then adds only wpe's).
+  struct TiedEmbeddingHooks {
+    std::function<void()> head_done;
+    std::function<bool(const int32_t* tokens, const float* dout, int64_t N)> embedding;
+  };
+  void set_tied_embedding_hooks(TiedEmbeddingHooks hooks) { tied_hooks_ = std::move(hooks); }
   // Traces: hook(what, layer, true) when a kernel group starts ("forward"/"backward" of
   // block `layer`, "embedding", "head"; layer -1 for the last two), (.., false) when it ends.
   using SpanHook = std::function<void(const char* what, int layer, bool begin)>;
@@ -194,6 +203,7 @@ class Model {
   std::unique_ptr<Acts> acts_;
   GradReadyHook grad_ready_;
   ParamHook param_hook_;
+  TiedEmbeddingHooks tied_hooks_;
   SpanHook span_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor
   int normf_tensor_ = 0;                 // layout index of normf.w

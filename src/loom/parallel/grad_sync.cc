@@ -44,11 +44,21 @@ DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, c
 }
 
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
-                                    const ModelPart& part) {
+                                    const ModelPart& part, bool tied_first) {
   const ParamLayout base(m, {}, part);
   std::vector<TensorExtent> extents;
   for (const ParamSpec& s : base.specs()) extents.push_back({s.offset, s.numel});
-  return plan_from_buckets(m, dp, sharded, part, assign_buckets(extents, caps));
+  if (!tied_first) return plan_from_buckets(m, dp, sharded, part, assign_buckets(extents, caps));
+  LOOM_CHECK(base.specs().size() > 1 && base.specs()[0].name == "wte", "a tied-embedding plan needs wte first");
+  // wte alone first; the rest as usual, tensor indices shifted past wte.
+  std::vector<Bucket> buckets = {Bucket{0, 0, 0, 0}};
+  for (Bucket b : assign_buckets(std::vector<TensorExtent>(extents.begin() + 1, extents.end()), caps)) {
+    b.first_tensor++, b.last_tensor++;
+    buckets.push_back(b);
+  }
+  DataParallelPlan plan = plan_from_buckets(m, dp, sharded, part, std::move(buckets));
+  plan.tied_first = true;
+  return plan;
 }
 
 GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode) : dp_(dp), plan_(plan), mode_(mode) {
@@ -63,8 +73,37 @@ void GradSync::begin(float* grads) {
   begin_us_ = dp_.world().ledger().now_us();
 }
 
+void GradSync::on_tied_head_done() {
+  if (!grads_ || !plan_.tied_first || next_ > 0) return;
+  const Bucket& b = plan_.buckets[0];
+  pending_.push_back(dp_.all_reduce(std::span<float>(grads_ + b.offset, size_t(b.count)), comm::ReduceOp::kAvg,
+                                    {.async = true}));
+  pending_bucket_.push_back(0);
+  next_ = 1;
+}
+
+bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64_t n, int64_t C) {
+  if (!grads_ || !plan_.tied_first) return false;
+  LOOM_ASSERT(next_ > 0);
+  const int dp = plan_.dp;
+  std::vector<int32_t> all_tok(size_t(n * dp));
+  std::vector<float> all_rows(size_t(n * C * dp));
+  // Sync calls wait for the queued buckets, bucket 0's all-reduce included.
+  dp_.all_gather(std::span<const int32_t>(tokens, size_t(n)), std::span<int32_t>(all_tok));
+  dp_.all_gather(std::span<const float>(rows, size_t(n * C)), std::span<float>(all_rows));
+  float* wte = grads_ + plan_.buckets[0].offset;
+  const float inv = 1.0f / float(dp);
+  for (int64_t i = 0; i < n * dp; i++) {
+    float* g = wte + int64_t(all_tok[size_t(i)]) * C;
+    const float* d = all_rows.data() + i * C;
+    for (int64_t c = 0; c < C; c++) g[c] += d[c] * inv;
+  }
+  return true;
+}
+
 void GradSync::on_ready(int first_final) {
   if (!grads_) return;
+  if (plan_.tied_first && next_ == 0) return;  // bucket 0 (wte) goes first, at head_done
   if (mode_ == Mode::kShardEveryMicro) release_done(false);
   const comm::CallOptions async{.async = true};
   for (; next_ < plan_.buckets.size() && plan_.buckets[next_].first_tensor >= first_final; next_++) {
@@ -103,7 +142,6 @@ void GradSync::finish(bool last_micro) {
       }
   }
   const double done = ledger.now_us();
-  exposed_s_ += (done - backward_end) * 1e-6;
   windows_.push_back({begin_us_, backward_end, done});
   pending_.clear();
   pending_bucket_.clear();
@@ -127,10 +165,12 @@ void GradSync::release_done(bool wait_all) {
 // Note [Overlap]
 // How much of the gradient reduction backward hides: each bucket's collective is timed
 // alone once (measure_standalone), so one step's reductions cost S seconds when nothing
-// overlaps them; a step's exposed cost is the time finish() waits after backward ended.
-// hidden_fraction = 1 - (exposed seconds) / (steps x S), clamped to [0, 1]. (Timing the
-// collectives inside the step instead would credit a reduction that merely ran slower
-// because it shared the cores with backward.)
+// overlaps them. A step's exposed communication is the time from the moment the LAST dp
+// rank finished backward until this rank's reductions completed (waiting for a slower
+// peer's backward is load imbalance, not communication). hidden_fraction =
+// 1 - (exposed seconds) / (steps x S), clamped to [0, 1]. (Timing the collectives inside
+// the step instead would credit a reduction that merely ran slower because it shared the
+// cores with backward.)
 void GradSync::measure_standalone() {
   int64_t largest = 0;
   for (const Bucket& b : plan_.buckets) largest = std::max(largest, b.count);
@@ -152,7 +192,18 @@ void GradSync::measure_standalone() {
   }
 }
 
-double GradSync::hidden_fraction() const {
+double GradSync::hidden_fraction() {
+  // Every rank's backward end per step, on the machine's steady clock.
+  const double origin = dp_.world().ledger().origin_steady_us();
+  std::vector<double> mine, all(windows_.size() * size_t(plan_.dp));
+  for (const Window& w : windows_) mine.push_back(origin + w.backward_end_us);
+  dp_.all_gather(std::span<const double>(mine), std::span<double>(all));
+  exposed_s_ = 0;
+  for (size_t i = 0; i < windows_.size(); i++) {
+    double last_end = 0;
+    for (int r = 0; r < plan_.dp; r++) last_end = std::max(last_end, all[size_t(r) * windows_.size() + i]);
+    exposed_s_ += std::max(0.0, origin + windows_[i].done_us - last_end) * 1e-6;
+  }
   const double alone = standalone_s_ * double(windows_.size());
   if (alone <= 0) return 1.0;
   return std::clamp(1.0 - exposed_s_ / alone, 0.0, 1.0);

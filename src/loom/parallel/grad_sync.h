@@ -23,6 +23,7 @@ namespace loom::parallel {
 
 struct DataParallelPlan {
   std::vector<Bucket> buckets;  // launch order; offsets in the padded layout
+  bool tied_first = false;      // buckets[0] is wte alone (Note [Tied embedding reduction])
   LayoutPadding padding;        // give to the Model so its layout matches `buckets`
   int dp = 1;
   // Piece `dp_rank` of every bucket, in bucket order (the whole bucket when dp == 1).
@@ -30,9 +31,11 @@ struct DataParallelPlan {
 };
 
 // Buckets of model `m`'s flat gradient buffer. `sharded`: pad each bucket to split evenly
-// over dp (Note [Sharded buckets]). Pure: every rank computes the same plan.
+// over dp (Note [Sharded buckets]). `tied_first`: wte (tensor 0) gets bucket 0 of its own,
+// launched right after the head's backward (Note [Tied embedding reduction]). Pure: every
+// rank computes the same plan.
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
-                                    const ModelPart& part = {});
+                                    const ModelPart& part = {}, bool tied_first = false);
 
 // The plan for given buckets (tensor runs in launch order): padding and re-measured ranges.
 DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, const ModelPart& part,
@@ -58,6 +61,15 @@ class GradSync {
   // The model's grad-ready hook: launches, in bucket order, every bucket whose tensors
   // all have index >= first_final. Does nothing unless armed.
   void on_ready(int first_final);
+  // Note [Tied embedding reduction]: the model's tied-embedding hooks. head_done launches
+  // bucket 0 (wte alone: the head's dense gradient plus earlier micro-batches') as backward
+  // starts. embedding() takes the last micro-batch's embedding rows instead of letting the
+  // model scatter them into wte: it gathers every dp rank's (tokens, rows) - N x C floats,
+  // against V x C for wte - and adds them, scaled by 1/dp, in rank order, after bucket 0's
+  // all-reduce, so every rank ends with the same average. Then the biggest tensor of GPT
+  // no longer waits for the very end of backward. Returns false when not armed.
+  void on_tied_head_done();
+  bool on_embedding_rows(const int32_t* tokens, const float* rows, int64_t n, int64_t C);
   // Launches what is left, waits for every bucket and disarms. `last_micro`: the step's
   // last micro-batch (kShardEveryMicro scales its pieces then).
   void finish(bool last_micro = true);
@@ -69,9 +81,10 @@ class GradSync {
   // the dp group) as the yardstick of Note [Overlap]. Call before training.
   void measure_standalone();
   double standalone_s() const { return standalone_s_; }  // one step's reductions, run alone
-  // Share of the step's reduction time not seen as waiting after backward, over every
-  // step so far (Note [Overlap]); and the seconds spent waiting after backward.
-  double hidden_fraction() const;
+  // Share of the reduction time backward hid, over every step so far (Note [Overlap]).
+  // Collective over the dp group (ranks compare when each finished backward).
+  double hidden_fraction();
+  // Seconds this rank's reductions ran on after the last dp rank finished backward.
   double exposed_wait_s() const { return exposed_s_; }
 
  private:

@@ -24,12 +24,18 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   return o;
 }
 
+// Note [Tied embedding reduction] applies to GPT's tied wte when one rank holds the whole
+// vocabulary and both ends of the model and the gradients are all-reduced.
+bool tied_split(const Config& cfg, const RankContext& rc) {
+  return cfg.model.arch == Arch::kGpt && rc.dp && rc.tp_size == 1 && rc.pp_size == 1 && rc.zero <= 1;
+}
+
 parallel::DataParallelPlan make_plan(const Config& cfg, const RankContext& rc, std::vector<int>* unit_bucket) {
   if (rc.zero == 3) return parallel::plan_units(cfg.model, rc.dp_size, rc.part, unit_bucket);
   parallel::BucketCaps caps;
   caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
   caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
-  return parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0, rc.part);
+  return parallel::plan_data_parallel(cfg.model, rc.dp_size, caps, rc.zero > 0, rc.part, tied_split(cfg, rc));
 }
 
 parallel::GradSync::Mode sync_mode(const RankContext& rc) {
@@ -54,6 +60,13 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     sync->set_tracker(&memory);
     sync->measure_standalone();
     model.set_grad_ready_hook([this](int first_final) { sync->on_ready(first_final); });
+    if (plan.tied_first) {
+      const int64_t C = cfg.model.d_model;
+      model.set_tied_embedding_hooks({[this] { sync->on_tied_head_done(); },
+                                      [this, C](const int32_t* tokens, const float* rows, int64_t n) {
+                                        return sync->on_embedding_rows(tokens, rows, n, C);
+                                      }});
+    }
     if (sync->every_micro()) release_pages(model.grads().data(), state_bytes);  // only own pieces get written
     if (rc.zero == 3) {
       gather = std::make_unique<parallel::ParamGather>(*rc.dp, plan, unit_bucket, model.params().data(), &memory);

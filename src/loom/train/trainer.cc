@@ -295,8 +295,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     std::ostringstream os;
     os << "data parallel: " << e.plan.buckets.size() << " gradient buckets, reduced alone in " << std::fixed
        << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
-       << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (rank 0 waited "
-       << std::setprecision(3) << sum.comm_exposed_s << " s after backward in all)";
+       << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (" << std::setprecision(3)
+       << sum.comm_exposed_s << " s of reduction after the last rank's backward, all steps)";
     rep.info(os.str());
   }
   report_memory(rep, cfg, e, sum);

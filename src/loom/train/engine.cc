@@ -69,7 +69,6 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     }
     if (sync->every_micro()) {
       release_pages(model.grads().data(), state_bytes);  // only own pieces get written
-      advise_huge_pages(model.grads().data(), state_bytes);  // released and refilled every micro-batch
     }
     if (rc.zero == 3) {
       advise_huge_pages(model.params().data(), state_bytes);

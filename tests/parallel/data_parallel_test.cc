@@ -248,6 +248,27 @@ TEST(Zero, ShardsWhatEachStageShardsInResidentMemory) {
   EXPECT_EQ(z3.at("formula"), z0.at("formula") / 4);
 }
 
+TEST(Llama, EveryRequiredLayoutMatchesTheSingleProcessRun) {
+  // The list on the Llama preset (GQA, SwiGLU, RoPE, untied head), beyond the
+  // layouts the other tests already run on it.
+  Config llama = llama_config();
+  llama.model.layers = 4;
+  expect_matches(llama, {{"dp4", {"parallel.dp=4"}},
+                         {"zero1 dp4", {"parallel.dp=4", "parallel.zero=1"}},
+                         {"zero2 dp2", {"parallel.dp=2", "parallel.zero=2"}},
+                         {"pp2 gpipe", {"parallel.pp=2", "parallel.schedule=gpipe", "train.grad_accum=4"}},
+                         {"pp2 1f1b", {"parallel.pp=2", "train.grad_accum=4"}},
+                         {"dp2 x tp2", {"parallel.dp=2", "parallel.tp=2"}},
+                         {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}}});
+  Config seven = llama_config();
+  seven.model.layers = 7;
+  expect_matches(seven, {{"pp3 over 7 layers", {"parallel.pp=3", "train.grad_accum=3"}}});
+  // heads 6 and kv_heads 3 split three ways.
+  expect_matches(gpt_config({"model.preset=llama", "model.layers=2", "model.d_model=96", "model.heads=6",
+                             "model.kv_heads=3", "model.ffn=192", "model.ctx=32"}),
+                 {{"tp3", {"parallel.tp=3"}}});
+}
+
 TEST(DataParallel, VerifyFlagsAWrongResult) {
   // A layout that changes the math (another seed) must be reported as a mismatch.
   const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=3"}), {{"parallel.dp=2", "train.seed=7"}});

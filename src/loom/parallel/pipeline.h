@@ -67,6 +67,8 @@ class PipelineRunner {
   double forward_only(const int32_t* tokens, const int32_t* targets);
   // Traces: hook(forward, micro, chunk, begin) around every schedule step.
   using StepHook = std::function<void(bool forward, int micro, int chunk, bool begin)>;
+  // The receive buffer for activations and gradients (memory reports).
+  const std::vector<float>& recv_buffer() const { return recv_buf_; }
   void set_step_hook(StepHook hook) { step_hook_ = std::move(hook); }
 
  private:

@@ -202,7 +202,7 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& su
   os << "memory (rank 0, peak resident MiB):";
   for (const MemoryTracker::Row& r : e.memory.rows()) {
     sum.memory_peak_bytes.push_back({r.name, r.peak_bytes});
-    if (r.name != "activations") states += r.peak_bytes;
+    if (r.name != "activations" && r.name != "buffers") states += r.peak_bytes;
     os << " " << r.name << " " << std::fixed << std::setprecision(2) << double(r.peak_bytes) / (1 << 20);
   }
   os << "; model states " << double(states) / (1 << 20) << " vs ZeRO-" << e.rc.zero << " formula "

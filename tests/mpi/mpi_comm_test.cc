@@ -8,6 +8,7 @@
 
 #include "loom/comm/mpi_backend.h"
 #include "loom/comm/world.h"
+#include "support/mpi_gtest_main.h"
 
 namespace loom::comm {
 namespace {
@@ -118,22 +119,5 @@ TEST(Mpi, MeshGroupsAndAsyncOverlap) {
 }  // namespace loom::comm
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int failed = 0;
-  {
-    loom::comm::CommOptions options;
-    options.timeout = std::chrono::milliseconds(60'000);
-    loom::comm::World world(loom::comm::make_mpi_backend(), options);
-    loom::comm::g_world = &world;
-    // Only rank 0 prints gtest's progress; every rank's failures still fail the run.
-    if (world.global_rank() != 0) {
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-      delete listeners.Release(listeners.default_result_printer());
-    }
-    failed = RUN_ALL_TESTS();
-    int any = failed;
-    world.world_group().all_reduce(std::span(&any, 1), loom::comm::ReduceOp::kMax);
-    failed = any;
-  }
-  return failed;
+  return testing_support::run_mpi_tests(argc, argv, [](loom::comm::World* w) { loom::comm::g_world = w; });
 }

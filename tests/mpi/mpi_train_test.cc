@@ -9,6 +9,7 @@
 #include "loom/comm/world.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
+#include "support/mpi_gtest_main.h"
 
 namespace loom {
 namespace {
@@ -89,21 +90,5 @@ TEST(MpiTrain, LlamaLayoutsMatchTheSingleProcessRun) {
 }  // namespace loom
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int failed = 0;
-  {
-    loom::comm::CommOptions options;
-    options.timeout = std::chrono::milliseconds(60'000);
-    loom::comm::World world(loom::comm::make_mpi_backend(), options);
-    loom::g_world = &world;
-    if (world.global_rank() != 0) {
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-      delete listeners.Release(listeners.default_result_printer());
-    }
-    failed = RUN_ALL_TESTS();
-    int any = failed;
-    world.world_group().all_reduce(std::span(&any, 1), loom::comm::ReduceOp::kMax);
-    failed = any;
-  }
-  return failed;
+  return testing_support::run_mpi_tests(argc, argv, [](loom::comm::World* w) { loom::g_world = w; });
 }

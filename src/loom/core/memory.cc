@@ -34,15 +34,6 @@ void release_pages(void* p, int64_t bytes) {
   LOOM_ASSERT(::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0);
 }
 
-void advise_huge_pages(void* p, int64_t bytes) {
-  const int64_t page = page_bytes();
-  const auto lo = (reinterpret_cast<uintptr_t>(p) + uintptr_t(page) - 1) / uintptr_t(page) * uintptr_t(page);
-  const auto hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) / uintptr_t(page) * uintptr_t(page);
-#ifdef MADV_HUGEPAGE
-  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-#endif
-}
-
 int64_t resident_bytes(const void* p, int64_t bytes) {
   const int64_t page = page_bytes();
   const auto lo = reinterpret_cast<uintptr_t>(p) / uintptr_t(page) * uintptr_t(page);

@@ -18,10 +18,6 @@ namespace loom {
 // Makes [p, p + bytes) read as zero and hands its whole pages back to the OS (the partial
 // pages at either end are zeroed in place).
 void release_pages(void* p, int64_t bytes);
-// Asks for transparent huge pages on [p, p + bytes) (a buffer whose parts are released
-// and refilled every step then faults in 2 MiB at a time instead of 4 KiB). A hint: no
-// error when the kernel does not do it.
-void advise_huge_pages(void* p, int64_t bytes);
 // Bytes of the whole pages of [p, p + bytes) that are resident.
 int64_t resident_bytes(const void* p, int64_t bytes);
 

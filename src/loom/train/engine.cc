@@ -71,7 +71,6 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
       release_pages(model.grads().data(), state_bytes);  // only own pieces get written
     }
     if (rc.zero == 3) {
-      advise_huge_pages(model.params().data(), state_bytes);
       gather = std::make_unique<parallel::ParamGather>(*rc.dp, plan, unit_bucket, model.params().data(), &memory);
       model.set_param_hook([this](int unit, bool acquire) {
         if (acquire) gather->acquire(unit);

@@ -131,4 +131,31 @@ ModelView make_view(const ParamLayout& layout, const ModelConfig& m, float* base
   return v;
 }
 
+float** view_field(ModelView& v, const std::string& name) {
+  if (name == "wte") return &v.wte;
+  if (name == "wpe") return &v.wpe;
+  if (name == "normf.w") return &v.normf_w;
+  if (name == "normf.b") return &v.normf_b;
+  if (name == "head.w") return &v.head_w;
+  if (name.rfind("h.", 0) != 0) return nullptr;
+  const size_t dot = name.find('.', 2);
+  const size_t l = std::stoul(name.substr(2, dot - 2));
+  if (l >= v.blocks.size()) return nullptr;
+  BlockView& b = v.blocks[l];
+  const std::string rest = name.substr(dot + 1);
+  if (rest == "norm1.w") return &b.norm1_w;
+  if (rest == "norm1.b") return &b.norm1_b;
+  if (rest == "attn.qkv.w") return &b.qkv_w;
+  if (rest == "attn.qkv.b") return &b.qkv_b;
+  if (rest == "attn.proj.w") return &b.attn_proj_w;
+  if (rest == "attn.proj.b") return &b.attn_proj_b;
+  if (rest == "norm2.w") return &b.norm2_w;
+  if (rest == "norm2.b") return &b.norm2_b;
+  if (rest == "mlp.fc.w") return &b.fc_w;
+  if (rest == "mlp.fc.b") return &b.fc_b;
+  if (rest == "mlp.proj.w") return &b.mlp_proj_w;
+  if (rest == "mlp.proj.b") return &b.mlp_proj_b;
+  return nullptr;
+}
+
 }  // namespace loom

@@ -114,4 +114,7 @@ struct ModelView {
 
 ModelView make_view(const ParamLayout& layout, const ModelConfig& m, float* base);
 
+// The field of `v` that views tensor `name` (nullptr for a name the view has no field for).
+float** view_field(ModelView& v, const std::string& name);
+
 }  // namespace loom

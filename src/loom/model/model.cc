@@ -100,6 +100,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   grads_.assign(layout_.total_floats(), 0.0f);
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
+  index_units();
   block_first_tensor_.assign(cfg.layers, -1);
   for (int i = 0; i < int(layout_.specs().size()); i++) {
     const ParamSpec& s = layout_.specs()[i];
@@ -167,6 +168,39 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
 Model::~Model() = default;
 
 float* Model::acts_losses() const { return acts_->losses; }
+
+// Units (Note [ZeRO-3]): block l = l, the tensors before the first block = layers (the
+// embedding), the tensors after the last = layers + 1 (final norm and head).
+void Model::index_units() {
+  const auto& specs = layout_.specs();
+  const int L = int(cfg_.layers), n = int(specs.size());
+  unit_fields_.assign(size_t(L + 2), {});
+  unit_offset_.assign(size_t(L + 2), -1);
+  unit_end_.assign(size_t(L + 2), -1);
+  int first_block = n;
+  for (int i = 0; i < n && first_block == n; i++)
+    if (specs[size_t(i)].layer >= 0) first_block = i;
+  for (int i = 0; i < n; i++) {
+    const ParamSpec& s = specs[size_t(i)];
+    const int u = s.layer >= 0 ? s.layer : i < first_block ? L : L + 1;
+    if (unit_offset_[size_t(u)] < 0) unit_offset_[size_t(u)] = s.offset;
+    unit_end_[size_t(u)] = i + 1 < n ? specs[size_t(i) + 1].offset : layout_.total_floats();
+    const int64_t at = s.offset - unit_offset_[size_t(u)];
+    if (float** f = view_field(pv_, s.name)) unit_fields_[size_t(u)].push_back({f, at});
+    if (s.name == "wte" && cfg_.arch == Arch::kGpt && pv_.head_w == pv_.wte)
+      unit_fields_[size_t(u)].push_back({&pv_.head_w, at});  // the tied head reads wte
+  }
+}
+
+void Model::bind_unit_params(int unit, float* base) {
+  LOOM_ASSERT(unit >= 0 && unit < int(unit_fields_.size()) && unit_offset_[size_t(unit)] >= 0);
+  float* b = base ? base : params_.data() + unit_offset_[size_t(unit)];
+  for (auto [field, at] : unit_fields_[size_t(unit)]) *field = b + at;
+}
+
+int64_t Model::unit_floats(int unit) const {
+  return unit_offset_[size_t(unit)] < 0 ? 0 : unit_end_[size_t(unit)] - unit_offset_[size_t(unit)];
+}
 float* Model::full_tmp() const { return acts_->full_tmp; }
 const void* Model::activation_storage() const { return acts_->storage.get(); }
 

@@ -122,6 +122,11 @@ class Model {
   // final norm + head = layers + 1 (GPT's tied head also reads the embedding unit).
   using ParamHook = std::function<void(int unit, bool acquire)>;
   void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
+  // Points the parameter views of `unit` at `base`: the unit's values laid out as in the
+  // flat buffer, from the unit's first tensor on (a gathered copy elsewhere); nullptr points
+  // them back at params(). Floats of a unit: unit_floats(unit).
+  void bind_unit_params(int unit, float* base);
+  int64_t unit_floats(int unit) const;
   // GPT's tied embedding under data parallelism (Note [Tied embedding reduction] in
   // parallel/grad_sync.h): head_done() runs once the head's gradient for this micro-batch
   // is in wte's gradient; embedding(tokens, dout, N) may take over the embedding's wte
@@ -177,6 +182,7 @@ class Model {
   float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
   float* acts_losses() const;  // (N) per-row losses scratch
   float* full_tmp() const;     // (N,C) sequence-parallel scratch
+  void index_units();
   void span(const char* what, int layer, bool begin) const {
     if (span_hook_) span_hook_(what, layer, begin);
   }
@@ -203,6 +209,9 @@ class Model {
   std::unique_ptr<Acts> acts_;
   GradReadyHook grad_ready_;
   ParamHook param_hook_;
+  // Per unit: (view field, offset from the unit's first tensor) of every tensor it holds.
+  std::vector<std::vector<std::pair<float**, int64_t>>> unit_fields_;
+  std::vector<int64_t> unit_offset_, unit_end_;
   TiedEmbeddingHooks tied_hooks_;
   SpanHook span_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor

@@ -1,5 +1,7 @@
 #include "loom/parallel/zero.h"
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 
 namespace loom::parallel {
@@ -26,10 +28,18 @@ DataParallelPlan plan_units(const ModelConfig& m, int dp, const ModelPart& part,
 }
 
 ParamGather::ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params,
-                         MemoryTracker* tracker)
-    : dp_(dp), plan_(plan), unit_bucket_(std::move(unit_bucket)), params_(params), tracker_(tracker),
-      state_(unit_bucket_.size(), State::kShard), refs_(unit_bucket_.size(), 0), work_(unit_bucket_.size()) {
-  invalidate();
+                         Bind bind, MemoryTracker* tracker)
+    : dp_(dp), plan_(plan), unit_bucket_(std::move(unit_bucket)), params_(params), bind_(std::move(bind)),
+      tracker_(tracker), state_(unit_bucket_.size(), State::kShard), refs_(unit_bucket_.size(), 0),
+      work_(unit_bucket_.size()), slot_of_(unit_bucket_.size(), -1) {
+  // init wrote the whole flat buffer: keep only the own pieces resident.
+  for (int u = 0; u < int(unit_bucket_.size()); u++)
+    if (unit_bucket_[size_t(u)] >= 0) {
+      const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(u)])];
+      const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
+      release_pages(params_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
+      release_pages(params_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+    }
 }
 
 // Units in forward order: embedding (layers), blocks 0..layers-1, head (layers + 1).
@@ -46,9 +56,29 @@ void ParamGather::start_gather(int unit) {
   if (state_[size_t(unit)] != State::kShard) return;
   const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(unit)])];
   const int64_t piece = b.count / plan_.dp;
-  std::span<float> all(params_ + b.offset, size_t(b.count));
-  work_[size_t(unit)] = dp_.all_gather(std::span<const float>(all.subspan(size_t(dp_.group_rank() * piece), size_t(piece))),
-                                       all, {.async = true});
+  // The smallest free pool buffer that fits without being more than twice the unit (a
+  // block must not sit in the embedding's buffer), or a new one of this unit's size: the
+  // pool grows to the units held at once (current, prefetched, GPT's tied head + embedding).
+  int slot = -1;
+  for (int i = 0; i < int(pool_.size()); i++) {
+    const int64_t cap = int64_t(pool_[size_t(i)].size());
+    if (slot_user_[size_t(i)] < 0 && cap >= b.count && cap <= 2 * b.count &&
+        (slot < 0 || pool_[size_t(i)].size() < pool_[size_t(slot)].size()))
+      slot = i;
+  }
+  if (slot < 0) {
+    slot = int(pool_.size());
+    pool_.emplace_back(size_t(b.count), 0.0f);
+    slot_user_.push_back(-1);
+    if (tracker_) tracker_->track(tracker_->category("params"), pool_.back().data(), b.count * int64_t(sizeof(float)));
+  }
+  std::vector<float>& buf = pool_[size_t(slot)];
+  slot_user_[size_t(slot)] = unit;
+  slot_of_[size_t(unit)] = slot;
+  std::span<float> all(buf.data(), size_t(b.count));
+  const float* own = params_ + b.offset + dp_.group_rank() * piece;
+  work_[size_t(unit)] = dp_.all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true});
+  bind_(unit, buf.data());
   state_[size_t(unit)] = State::kGathering;
   peak_units_ = std::max(peak_units_, ++gathered_);
 }
@@ -74,13 +104,20 @@ void ParamGather::release(int unit) {
   if (--refs_[size_t(unit)] == 0 && state_[size_t(unit)] != State::kShard) drop(unit);
 }
 
-// Back to the own piece: the rest of the unit's range reads zero and leaves memory.
+// Back to the own piece: the pool buffer is freed for the next unit, or (after
+// gather_all) the rest of the unit's flat range reads zero and leaves memory.
 void ParamGather::drop(int unit) {
   work_[size_t(unit)].wait();
-  const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(unit)])];
-  const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
-  release_pages(params_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
-  release_pages(params_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+  if (const int slot = slot_of_[size_t(unit)]; slot >= 0) {
+    slot_user_[size_t(slot)] = -1;
+    slot_of_[size_t(unit)] = -1;
+    bind_(unit, nullptr);
+  } else if (state_[size_t(unit)] != State::kShard) {
+    const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(unit)])];
+    const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
+    release_pages(params_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
+    release_pages(params_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+  }
   if (state_[size_t(unit)] != State::kShard) gathered_--;
   state_[size_t(unit)] = State::kShard;
 }
@@ -89,16 +126,31 @@ void ParamGather::invalidate() {
   for (int u = 0; u < int(unit_bucket_.size()); u++) {
     if (unit_bucket_[size_t(u)] < 0) continue;
     LOOM_ASSERT(refs_[size_t(u)] == 0);
-    drop(u);  // also at construction: the whole buffer was written by init
+    drop(u);
   }
   last_unit_ = -1;
 }
 
+int64_t ParamGather::pool_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : pool_) n += int64_t(b.size() * sizeof(float));
+  return n;
+}
+
 void ParamGather::gather_all() {
-  for (int u = 0; u < int(unit_bucket_.size()); u++)
-    if (unit_bucket_[size_t(u)] >= 0) start_gather(u);
-  for (int u = 0; u < int(unit_bucket_.size()); u++)
-    if (state_[size_t(u)] == State::kGathering) work_[size_t(u)].wait(), state_[size_t(u)] = State::kGathered;
+  invalidate();
+  std::vector<comm::Work> pending;
+  for (int u = 0; u < int(unit_bucket_.size()); u++) {
+    if (unit_bucket_[size_t(u)] < 0) continue;
+    const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(u)])];
+    const int64_t piece = b.count / plan_.dp;
+    std::span<float> all(params_ + b.offset, size_t(b.count));
+    pending.push_back(dp_.all_gather(std::span<const float>(all.subspan(size_t(dp_.group_rank() * piece), size_t(piece))),
+                                     all, {.async = true}));
+    state_[size_t(u)] = State::kGathered;
+    gathered_++;
+  }
+  for (auto& w : pending) w.wait();
 }
 
 }  // namespace loom::parallel

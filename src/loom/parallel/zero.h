@@ -5,14 +5,17 @@
 // unit's parameters and gradients are each one (offset, count) range split evenly over dp
 // (Note [Sharded buckets]). Only the own piece of each unit stays resident (Note
 // [Resident memory]); the model calls acquire(unit) before it reads a unit's weights and
-// release(unit) after, so a unit is all-gathered when first needed, the next unit in the
-// same direction is prefetched (asynchronously, on the dp group's worker), and a unit no
-// one holds goes back to its own piece. Every dp rank runs the same model code, so all
+// release(unit) after, so a unit is all-gathered when first needed - into a buffer from a
+// small pool that stays resident, the model's views pointed at it (so the flat buffer's
+// other parts are never touched and never fault in) - the next unit in the same
+// direction is prefetched (asynchronously, on the dp group's worker), and a unit no one
+// holds gives its buffer back and points at its own piece again. Every dp rank runs the same model code, so all
 // issue the same gathers in the same order. After the optimizer updates the own pieces,
 // invalidate() drops every gathered copy. Gradients are reduce-scattered every
 // micro-batch and their non-owned parts released the same way (see GradSync).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "loom/comm/group.h"
@@ -28,16 +31,20 @@ DataParallelPlan plan_units(const ModelConfig& m, int dp, const ModelPart& part,
 
 class ParamGather {
  public:
-  ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params,
+  // bind(unit, base) points the model's views of `unit` at base (nullptr: the flat buffer).
+  using Bind = std::function<void(int unit, float* base)>;
+  ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params, Bind bind,
               MemoryTracker* tracker = nullptr);
   void acquire(int unit);
   void release(int unit);
   // Drops every gathered copy (after the own pieces changed).
   void invalidate();
-  // Gathers every unit and keeps them (saving, final weights); invalidate() undoes it.
+  // Gathers every unit into the flat buffer itself and keeps them (saving, final weights);
+  // invalidate() undoes it.
   void gather_all();
   // Units gathered at most at once, and the floats they held beyond the own pieces.
   int peak_units() const { return peak_units_; }
+  int64_t pool_bytes() const;
 
  private:
   enum class State { kShard, kGathering, kGathered };
@@ -49,10 +56,16 @@ class ParamGather {
   const DataParallelPlan& plan_;
   std::vector<int> unit_bucket_;
   float* params_;
+  Bind bind_;
   MemoryTracker* tracker_;
   std::vector<State> state_;
   std::vector<int> refs_;
   std::vector<comm::Work> work_;
+  // Gathered copies: buffers of exact unit sizes, never resized (so the memory tracker's
+  // ranges stay valid); a unit takes the smallest free one that fits, else a new one.
+  std::vector<std::vector<float>> pool_;
+  std::vector<int> slot_user_;            // unit using each pool buffer, -1 when free
+  std::vector<int> slot_of_;              // per unit: pool buffer, -1 = none (own piece or flat)
   int last_unit_ = -1, gathered_ = 0, peak_units_ = 0;
 };
 

@@ -71,7 +71,9 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
       release_pages(model.grads().data(), state_bytes);  // only own pieces get written
     }
     if (rc.zero == 3) {
-      gather = std::make_unique<parallel::ParamGather>(*rc.dp, plan, unit_bucket, model.params().data(), &memory);
+      gather = std::make_unique<parallel::ParamGather>(
+          *rc.dp, plan, unit_bucket, model.params().data(),
+          [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory);
       model.set_param_hook([this](int unit, bool acquire) {
         if (acquire) gather->acquire(unit);
         else gather->release(unit);

@@ -208,7 +208,9 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& su
   os << "; model states " << double(states) / (1 << 20) << " vs ZeRO-" << e.rc.zero << " formula "
      << double(sum.model_state_formula_bytes) / (1 << 20) << " for " << local_params << " params at dp "
      << e.rc.dp_size;
-  if (e.gather) os << " (+ up to " << e.gather->peak_units() << " units gathered at once)";
+  if (e.gather)
+    os << " (+ gathered units: " << e.gather->peak_units() << " at once, pool of "
+       << double(e.gather->pool_bytes()) / (1 << 20) << " MiB)";
   rep.info(os.str());
 }
 

@@ -75,9 +75,31 @@ const std::vector<std::vector<std::string>> kLayouts = {
     {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"},
     {"parallel.tp=4"},
     {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"},
+    {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "train.grad_accum=2"},
 };
 
 TEST(MpiTrain, GptLayoutsMatchTheSingleProcessRun) { check_layouts("gpt", kLayouts); }
+TEST(MpiTrain, OddDegreesMatchTheSingleProcessRun) {
+  // 7 layers and 6 heads: tp 3 splits heads (and the 256-token vocabulary, padded to 258),
+  // pp 3 splits the layers unevenly (2, 3, 2).
+  if (g_world->world_size() != 3) GTEST_SKIP() << "runs at 3 ranks";
+  const std::vector<std::string> shape = {"model.layers=7", "model.d_model=96", "model.heads=6", "model.ffn=192"};
+  for (const char* preset : {"gpt", "llama"}) {
+    Config base = base_config(preset);
+    std::vector<std::string> sets = shape;
+    sets.push_back(std::string(preset) == "llama" ? "model.kv_heads=3" : "model.kv_heads=6");
+    base = config_from_toml_string(to_toml(base), sets);
+    const TrainSummary ref = run(base, nullptr);
+    for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+             {"parallel.tp=3"}, {"parallel.pp=3", "train.grad_accum=3"}, {"parallel.dp=3", "parallel.zero=3"}}) {
+      const Config c = config_from_toml_string(to_toml(base), layout);
+      const VerifyRow row = compare_runs(layout[0], ref, run(c, g_world));
+      EXPECT_TRUE(row.ok) << preset << " " << layout[0] << ": " << row.error << " loss rel " << row.max_loss_rel
+                          << ", weight " << row.max_weight_abs;
+    }
+  }
+}
+
 TEST(MpiTrain, LlamaLayoutsMatchTheSingleProcessRun) {
   // kv_heads = 2: tp 4 is not a valid split of this model.
   std::vector<std::vector<std::string>> layouts;

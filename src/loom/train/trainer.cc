@@ -29,16 +29,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What this build runs of [parallel]: the rest is refused by name, never downgraded.
-void check_supported(const Config& cfg, int world_size) {
+// Every valid [parallel] layout runs; the launch must match it.
+void check_world(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
-  std::vector<std::string> missing;
-  if (p.zero == 3 && p.pp > 1) missing.push_back("parallel.zero = 3 with parallel.pp > 1");
-  if (!missing.empty()) {
-    std::string msg = "not implemented yet in this build:";
-    for (const auto& m : missing) msg += " " + m + ";";
-    throw Error(msg + " every other layout of parallel.dp/zero/tp/sp/pp/vpp/schedule/recompute runs");
-  }
   if (world_size != p.world())
     throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
                 std::to_string(p.pp) + " needs " + std::to_string(p.world()) + " ranks but " +
@@ -216,7 +209,7 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& su
 
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
   LOOM_ASSERT(given.out && given.err);
-  check_supported(cfg, world ? world->world_size() : 1);
+  check_world(cfg, world ? world->world_size() : 1);
   if (cfg.train.threads > 0) {
     omp_set_num_threads(int(cfg.train.threads));
     openblas_set_num_threads(int(cfg.train.threads));

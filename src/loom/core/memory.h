@@ -35,7 +35,6 @@ class MemoryTracker {
   std::vector<Row> rows() const;
   // Called after every sample (traces draw memory counters from it).
   void set_listener(std::function<void(const MemoryTracker&)> fn) { listener_ = std::move(fn); }
-  int64_t peak_total_bytes() const { return peak_total_; }
 
  private:
   struct Range {
@@ -46,7 +45,6 @@ class MemoryTracker {
   std::vector<std::string> names_;
   std::vector<int64_t> peak_, now_;
   std::vector<Range> ranges_;
-  int64_t peak_total_ = 0;
   std::function<void(const MemoryTracker&)> listener_;
 };
 

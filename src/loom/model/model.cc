@@ -176,7 +176,6 @@ void Model::index_units() {
   const int L = int(cfg_.layers), n = int(specs.size());
   unit_fields_.assign(size_t(L + 2), {});
   unit_offset_.assign(size_t(L + 2), -1);
-  unit_end_.assign(size_t(L + 2), -1);
   int first_block = n;
   for (int i = 0; i < n && first_block == n; i++)
     if (specs[size_t(i)].layer >= 0) first_block = i;
@@ -184,7 +183,6 @@ void Model::index_units() {
     const ParamSpec& s = specs[size_t(i)];
     const int u = s.layer >= 0 ? s.layer : i < first_block ? L : L + 1;
     if (unit_offset_[size_t(u)] < 0) unit_offset_[size_t(u)] = s.offset;
-    unit_end_[size_t(u)] = i + 1 < n ? specs[size_t(i) + 1].offset : layout_.total_floats();
     const int64_t at = s.offset - unit_offset_[size_t(u)];
     if (float** f = view_field(pv_, s.name)) unit_fields_[size_t(u)].push_back({f, at});
     if (s.name == "wte" && cfg_.arch == Arch::kGpt && pv_.head_w == pv_.wte)
@@ -198,9 +196,6 @@ void Model::bind_unit_params(int unit, float* base) {
   for (auto [field, at] : unit_fields_[size_t(unit)]) *field = b + at;
 }
 
-int64_t Model::unit_floats(int unit) const {
-  return unit_offset_[size_t(unit)] < 0 ? 0 : unit_end_[size_t(unit)] - unit_offset_[size_t(unit)];
-}
 float* Model::full_tmp() const { return acts_->full_tmp; }
 const void* Model::activation_storage() const { return acts_->storage.get(); }
 

@@ -77,9 +77,7 @@ class Model {
   // Bytes held for activations and backward scratch.
   int64_t activation_bytes() const;
 
-  const ModelPart& part() const { return part_; }
   int chunks() const { return int(chunks_.size()); }
-  const std::pair<int, int>& chunk_layers(int c) const { return chunks_[size_t(c)]; }
   bool chunk_has_embed(int c) const { return part_.embed && c == 0; }
   bool chunk_has_head(int c) const { return part_.head && c + 1 == chunks(); }
 
@@ -124,9 +122,8 @@ class Model {
   void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
   // Points the parameter views of `unit` at `base`: the unit's values laid out as in the
   // flat buffer, from the unit's first tensor on (a gathered copy elsewhere); nullptr points
-  // them back at params(). Floats of a unit: unit_floats(unit).
+  // them back at params().
   void bind_unit_params(int unit, float* base);
-  int64_t unit_floats(int unit) const;
   // GPT's tied embedding under data parallelism (Note [Tied embedding reduction] in
   // parallel/grad_sync.h): head_done() runs once the head's gradient for this micro-batch
   // is in wte's gradient; embedding(tokens, dout, N) may take over the embedding's wte
@@ -211,7 +208,7 @@ class Model {
   ParamHook param_hook_;
   // Per unit: (view field, offset from the unit's first tensor) of every tensor it holds.
   std::vector<std::vector<std::pair<float**, int64_t>>> unit_fields_;
-  std::vector<int64_t> unit_offset_, unit_end_;
+  std::vector<int64_t> unit_offset_;
   TiedEmbeddingHooks tied_hooks_;
   SpanHook span_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor

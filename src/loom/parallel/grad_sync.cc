@@ -18,6 +18,25 @@ std::vector<FlatRange> DataParallelPlan::owned(int dp_rank) const {
   return out;
 }
 
+void release_unowned(const Bucket& b, int dp, int rank, float* base) {
+  const int64_t piece = b.count / dp, own = b.offset + rank * piece;
+  release_pages(base + b.offset, (own - b.offset) * int64_t(sizeof(float)));
+  release_pages(base + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+}
+
+void gather_pieces(comm::Group& dp, const DataParallelPlan& plan, float* full, const float* packed) {
+  std::vector<comm::Work> pending;
+  int64_t at = 0;
+  for (const Bucket& b : plan.buckets) {
+    const int64_t piece = b.count / plan.dp;
+    std::span<float> all(full + b.offset, size_t(b.count));
+    const float* own = packed ? packed + at : full + b.offset + dp.group_rank() * piece;
+    pending.push_back(dp.all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true}));
+    at += piece;
+  }
+  for (auto& w : pending) w.wait();
+}
+
 DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, const ModelPart& part,
                                    std::vector<Bucket> buckets) {
   LOOM_CHECK(dp >= 1, "data-parallel degree must be >= 1, got ", dp);
@@ -155,10 +174,7 @@ void GradSync::release_done(bool wait_all) {
   for (; released_ < pending_.size(); released_++) {
     if (!wait_all && !pending_[released_].done()) return;
     pending_[released_].wait();
-    const Bucket& b = plan_.buckets[pending_bucket_[released_]];
-    const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
-    release_pages(grads_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
-    release_pages(grads_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+    release_unowned(plan_.buckets[pending_bucket_[released_]], plan_.dp, dp_.group_rank(), grads_);
   }
 }
 

@@ -37,6 +37,13 @@ struct DataParallelPlan {
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
                                     const ModelPart& part = {}, bool tied_first = false);
 
+// Makes everything of bucket `b` outside dp rank `rank`'s piece read zero and leave memory
+// (Note [Resident memory]); `base` is the flat buffer.
+void release_unowned(const Bucket& b, int dp, int rank, float* base);
+// All-gathers every bucket's pieces into the flat buffer `full`. packed == nullptr: the own
+// pieces already sit in place in `full`; else they are read from `packed`, in owned() order.
+void gather_pieces(comm::Group& dp, const DataParallelPlan& plan, float* full, const float* packed);
+
 // The plan for given buckets (tensor runs in launch order): padding and re-measured ranges.
 DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, const ModelPart& part,
                                    std::vector<Bucket> buckets);

@@ -33,13 +33,7 @@ ParamGather::ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vec
       tracker_(tracker), state_(unit_bucket_.size(), State::kShard), refs_(unit_bucket_.size(), 0),
       work_(unit_bucket_.size()), slot_of_(unit_bucket_.size(), -1) {
   // init wrote the whole flat buffer: keep only the own pieces resident.
-  for (int u = 0; u < int(unit_bucket_.size()); u++)
-    if (unit_bucket_[size_t(u)] >= 0) {
-      const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(u)])];
-      const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
-      release_pages(params_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
-      release_pages(params_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
-    }
+  for (const Bucket& b : plan_.buckets) release_unowned(b, plan_.dp, dp_.group_rank(), params_);
 }
 
 // Units in forward order: embedding (layers), blocks 0..layers-1, head (layers + 1).
@@ -113,10 +107,7 @@ void ParamGather::drop(int unit) {
     slot_of_[size_t(unit)] = -1;
     bind_(unit, nullptr);
   } else if (state_[size_t(unit)] != State::kShard) {
-    const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(unit)])];
-    const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
-    release_pages(params_ + b.offset, (own - b.offset) * int64_t(sizeof(float)));
-    release_pages(params_ + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+    release_unowned(plan_.buckets[size_t(unit_bucket_[size_t(unit)])], plan_.dp, dp_.group_rank(), params_);
   }
   if (state_[size_t(unit)] != State::kShard) gathered_--;
   state_[size_t(unit)] = State::kShard;
@@ -139,18 +130,9 @@ int64_t ParamGather::pool_bytes() const {
 
 void ParamGather::gather_all() {
   invalidate();
-  std::vector<comm::Work> pending;
-  for (int u = 0; u < int(unit_bucket_.size()); u++) {
-    if (unit_bucket_[size_t(u)] < 0) continue;
-    const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(u)])];
-    const int64_t piece = b.count / plan_.dp;
-    std::span<float> all(params_ + b.offset, size_t(b.count));
-    pending.push_back(dp_.all_gather(std::span<const float>(all.subspan(size_t(dp_.group_rank() * piece), size_t(piece))),
-                                     all, {.async = true}));
-    state_[size_t(u)] = State::kGathered;
-    gathered_++;
-  }
-  for (auto& w : pending) w.wait();
+  gather_pieces(dp_, plan_, params_, nullptr);
+  for (int u = 0; u < int(unit_bucket_.size()); u++)
+    if (unit_bucket_[size_t(u)] >= 0) state_[size_t(u)] = State::kGathered, gathered_++;
 }
 
 }  // namespace loom::parallel

@@ -127,7 +127,7 @@ std::pair<double, double> Updater::step(double local_loss, double lr) {
     for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model.grads().data() + r.offset, r.count, float(coef));
   adamw_.step(k, model.params(), model.grads(), lr);
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
-  else if (sharded) gather(model.params().data(), nullptr);  // stage 1/2: everyone gets the new values
+  else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return {loss, norm};
 }
 
@@ -138,24 +138,8 @@ void Updater::full_moments(std::vector<float>& m, std::vector<float>& v) {
   }
   m.assign(e_.model.params().size(), 0.0f);
   v.assign(e_.model.params().size(), 0.0f);
-  gather(m.data(), adamw_.m().data());
-  gather(v.data(), adamw_.v().data());
-}
-
-// All-gathers every bucket's pieces into `full`. packed == nullptr: the own piece already
-// sits in place in `full`; else own pieces are read from `packed` (owned order).
-void Updater::gather(float* full, const float* packed) {
-  const RankContext& rc = e_.rc;
-  std::vector<comm::Work> pending;
-  int64_t at = 0;
-  for (const parallel::Bucket& b : e_.plan.buckets) {
-    const int64_t piece = b.count / rc.dp_size;
-    std::span<float> all(full + b.offset, size_t(b.count));
-    const float* own = packed ? packed + at : full + b.offset + rc.dp_rank * piece;
-    pending.push_back(rc.dp->all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true}));
-    at += piece;
-  }
-  for (auto& w : pending) w.wait();
+  parallel::gather_pieces(*e_.rc.dp, e_.plan, m.data(), adamw_.m().data());
+  parallel::gather_pieces(*e_.rc.dp, e_.plan, v.data(), adamw_.v().data());
 }
 
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {

@@ -50,8 +50,6 @@ class Updater {
   const AdamW& adamw() const { return adamw_; }
 
  private:
-  void gather(float* full, const float* packed);
-
   const Config& cfg_;
   Engine& e_;
   AdamW adamw_;

@@ -10,6 +10,7 @@
 #include "loom/core/error.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/pipeline.h"
+#include "loom/train/checkpoint.h"
 #include "loom/train/verify.h"
 
 namespace loom {
@@ -347,6 +348,42 @@ TEST(Trace, OneFileWithATrackPerRank) {
     EXPECT_GT((count[{r, "memory"}]), 0) << r;
   }
   EXPECT_GT(last_step_end, 0.0);
+}
+
+// Max |a - b| over two flat buffers of one layout.
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+TEST(Checkpoint, ParallelRunsSaveTheWholeModelAndItsMoments) {
+  // Rank 0 writes a whole-model checkpoint (parameters and AdamW moments) gathered from
+  // every rank's shards; it must equal the single-process run's.
+  const std::string dir = ::testing::TempDir() + "/loom_parallel_ckpt_";
+  const Config single = gpt_config({"model.layers=4", "train.steps=5", "checkpoint.dir=" + dir + "single"});
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  train(single, o);
+  const CheckpointData ref = load_checkpoint(dir + "single");
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"parallel.dp=2", "parallel.zero=3"},
+        std::vector<std::string>{"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"},
+        std::vector<std::string>{"parallel.dp=2", "parallel.zero=1", "parallel.pp=2", "train.grad_accum=2"}}) {
+    std::vector<std::string> sets = {"model.layers=4", "train.steps=5", "checkpoint.dir=" + dir + "parallel"};
+    sets.insert(sets.end(), layout.begin(), layout.end());
+    const Config c = gpt_config(sets);
+    const auto errors = comm::run_threads(int(c.parallel.world()), {}, [&](comm::World& w) { train(c, o, w); });
+    ASSERT_EQ(errors, std::vector<std::string>(errors.size())) << layout[0];
+    const CheckpointData got = load_checkpoint(dir + "parallel");
+    EXPECT_LE(max_abs_diff(got.params, ref.params), 1e-4) << layout[0] << " " << layout[1];
+    ASSERT_TRUE(got.m && got.v && ref.m && ref.v);
+    EXPECT_LE(max_abs_diff(*got.m, *ref.m), 1e-4) << layout[0] << " " << layout[1];
+    EXPECT_LE(max_abs_diff(*got.v, *ref.v), 1e-6) << layout[0] << " " << layout[1];
+    EXPECT_EQ(got.state.optimizer_steps, ref.state.optimizer_steps);
+  }
 }
 
 TEST(LayoutList, ParsesShortAndFullKeys) {

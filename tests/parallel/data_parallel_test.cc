@@ -296,6 +296,14 @@ TEST(DataParallel, UnsupportedOrMislaunchedLayoutsAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("needs 2 ranks but 1 process runs"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--nproc 2"), std::string::npos) << e.what();
   }
+  // A model that cannot fit is refused before anything is allocated.
+  try {
+    train(load_config("", {"model.preset=llama3-405b", "train.seq=32", "checkpoint.dir=", "train.threads=1"}), o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("405853388800 parameters"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("but this machine has"), std::string::npos) << e.what();
+  }
   // A verify row whose ranks fail names the failing rank and its error.
   const std::vector<VerifyRow> rows = verify_layouts(gpt_config({"train.steps=1"}), {{"data.path=/nonexistent"}});
   EXPECT_FALSE(rows[0].ok);

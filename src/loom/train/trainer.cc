@@ -1,6 +1,7 @@
 #include "loom/train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 #include <cblas.h>
 
 #include <chrono>
@@ -38,6 +39,21 @@ void check_world(const Config& cfg, int world_size) {
                 std::to_string(world_size) + (world_size == 1 ? " process runs" : " were launched") +
                 "; launch with `mpirun -np " + std::to_string(p.world()) + " loom train ...` or `loom train --nproc " +
                 std::to_string(p.world()) + "`, or set parallel.dp = " + std::to_string(world_size));
+}
+
+// Refuses, before allocating, a model whose weights, gradients and AdamW moments alone do
+// not fit in this machine's memory (activations come on top).
+void check_fits(const Config& cfg, const RankContext& rc) {
+  const int64_t params = ParamLayout(cfg.model, {}, rc.part).param_count();
+  const int64_t need = zero_model_state_bytes(rc.zero, rc.dp_size, params);
+  const int64_t have = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
+  // Ranks of one machine share it; a launch across machines sees only its own here.
+  if (have > 0 && need > have)
+    throw Error("model.preset '" + cfg.model.preset + "': this rank's part holds " + std::to_string(params) +
+                " parameters, whose fp32 weights, gradients and AdamW moments need " +
+                std::to_string(need >> 20) + " MiB (ZeRO-" + std::to_string(rc.zero) + ", dp " +
+                std::to_string(rc.dp_size) + ") but this machine has " + std::to_string(have >> 20) +
+                " MiB; split it (parallel.tp / pp / dp with zero = 3) or size it first with the simulator");
 }
 
 class NullBuffer : public std::streambuf {
@@ -226,6 +242,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const Corpus corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, T);
   const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
   const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
+  check_fits(cfg, rc);
   Engine e(cfg, rc, mb, T);
   Updater updater(cfg, e);
 

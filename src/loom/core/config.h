@@ -72,6 +72,9 @@ struct ParallelConfig {
   std::string pp_layers;       // layers per pipeline stage, e.g. "3,4"; empty: as even as possible
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
   int64_t world() const { return dp * tp * pp; }
+  // pp_layers as counts ({} when empty). Throws ConfigError on bad syntax (validate() has
+  // already refused it for any loaded config).
+  std::vector<int> layer_split() const;
 };
 
 struct Config {

@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "loom/core/config.h"
+#include "loom/core/error.h"
 
 namespace loom {
 
@@ -27,7 +28,7 @@ std::vector<int64_t> common_divisors(const std::vector<int64_t>& of) {
   return out;
 }
 
-// "3,4" -> {3, 4}; nullopt-like empty result plus an error on bad syntax.
+// "3,4" -> {3, 4}; on bad syntax, {} and *error set.
 std::vector<int64_t> parse_layer_list(const std::string& text, std::string* error) {
   std::vector<int64_t> out;
   std::stringstream ss(text);
@@ -143,6 +144,13 @@ void check_batch(const Config& c, std::vector<std::string>& errs) {
 }
 
 }  // namespace
+
+std::vector<int> ParallelConfig::layer_split() const {
+  std::string error;
+  const std::vector<int64_t> split = parse_layer_list(pp_layers, &error);
+  if (!error.empty()) throw ConfigError(error);
+  return std::vector<int>(split.begin(), split.end());
+}
 
 void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
   check_degrees(c, errs);

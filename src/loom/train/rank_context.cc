@@ -1,7 +1,6 @@
 #include "loom/train/rank_context.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -36,13 +35,6 @@ class GroupTpComm : public TpComm {
   comm::Group& g_;
 };
 
-std::vector<int> parse_split(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));  // validated by the config
-  return out;
-}
 
 }  // namespace
 
@@ -84,7 +76,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
   }
   if (pp > 1) {
     const std::vector<int> counts =
-        parallel::stage_layers(int(cfg.model.layers), pp * vpp, p.pp_layers.empty() ? std::vector<int>{} : parse_split(p.pp_layers));
+        parallel::stage_layers(int(cfg.model.layers), pp * vpp, p.layer_split());
     rc.part = parallel::pipeline_part(counts, pp, vpp, rc.pp_rank);
     rc.schedule = parallel::make_schedule(schedule_kind(p.schedule), pp, int(cfg.train.grad_accum), vpp);
     const parallel::ScheduleCheck check = parallel::validate(*rc.schedule);

@@ -99,3 +99,35 @@ TEST(Cli, BenchCommJsonRowsAreCompleteAndCorrect) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, SimulatePrintsOneJsonObjectWithTheIssueFields) {
+  const std::string trace = testing::TempDir() + "/sim_trace.json", svg = testing::TempDir() + "/sim.svg";
+  Result r = run("simulate --model gpt3-175b --gpus 64 --tp 8 --pp 8 --global-batch 64 --recompute full --json --trace " +
+                 trace + " --svg " + svg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* key : {"\"step_time_s\"", "\"tokens_per_s\"", "\"tflops_per_gpu\"", "\"mfu\"", "\"hfu\"",
+                          "\"bubble_fraction\"", "\"peak_memory_bytes\"", "\"breakdown\"", "\"layout\""})
+    EXPECT_NE(r.output.find(key), std::string::npos) << key;
+  std::ifstream t(trace), s(svg);
+  std::string text((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(text.find("\"F63\""), std::string::npos);  // the last micro-batch's forward
+  std::string pic((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+  EXPECT_NE(pic.find("<svg"), std::string::npos);
+}
+
+TEST(Cli, SimulateNamesWhatDoesNotFit) {
+  Result r = run("simulate --model gpt3-175b --gpus 12 --tp 8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("--gpus 12"), std::string::npos) << r.output;
+  r = run("simulate --model gpt3-175b --gpus 16 --tp 8 --cluster dgx-b900");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("dgx-a100"), std::string::npos) << r.output;
+  r = run("simulate --model gpt3-175b --gpus 56 --tp 7");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("parallel.tp = 7 does not divide model.heads = 96"), std::string::npos) << r.output;
+}
+
+}  // namespace

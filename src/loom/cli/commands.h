@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/sim/simulator.h"
+
 namespace loom::cli {
 
 // Layout flags of `loom train` / `loom verify`; unset ones (-1 / empty) leave the config alone.
@@ -60,5 +62,26 @@ struct BenchCommArgs {
   std::vector<std::string> sets;
 };
 int run_bench_comm(const BenchCommArgs& a);
+
+// `loom simulate` / `loom plan` inputs: the model and run as for `loom train` (--model,
+// --config, --set model.* / train.* / parallel.*), the cluster (--cluster, --set
+// cluster.*, --gpus), the layout flags, --global-batch, --seq and --cp.
+struct SimArgs {
+  std::string model, config_path, cluster = "dgx-a100", local_path;
+  std::vector<std::string> sets;
+  LayoutFlags layout;
+  int64_t global_batch = 0, seq = 0, cp = 1, gpus = 0;
+  bool json = false;
+  std::string trace, svg;
+};
+struct SimInputs {
+  sim::SimPlan plan;
+  sim::ClusterSpec cluster;
+};
+// --dp defaults to gpus / (tp x pp x cp), the micro-batch to 1 (then grad_accum = global
+// batch / (micro-batch x dp)). Throws ConfigError naming the problem.
+SimInputs resolve_sim_inputs(const SimArgs& a);
+std::string default_local_cluster_path();  // $XDG_CACHE_HOME/loom or ~/.cache/loom
+int run_simulate(const SimArgs& a);
 
 }  // namespace loom::cli

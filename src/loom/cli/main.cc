@@ -30,6 +30,21 @@ void add_layout_flags(CLI::App* app, loom::cli::LayoutFlags& f) {
   app->add_option("--pp-layers", f.pp_layers, "layers per stage, e.g. 3,4 (parallel.pp_layers)");
 }
 
+void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
+  app->add_option("--model", a.model, "Model preset (see loom train --help), or custom with --set model.*");
+  app->add_option("--config", a.config_path, "TOML config for the model and run");
+  app->add_option("--set", a.sets, "Override a key: model.*, train.*, parallel.*, cluster.* (repeatable)")->take_all();
+  app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | local (from loom calibrate) | FILE.toml")
+      ->capture_default_str();
+  app->add_option("--gpus", a.gpus, "Devices: sets the node count; --dp defaults to gpus / (tp x pp x cp)");
+  app->add_option("--global-batch", a.global_batch, "Sequences per optimizer step (train.batch)");
+  app->add_option("--seq", a.seq, "Tokens per sequence (train.seq; default model.ctx)");
+  app->add_option("--cp", a.cp, "Context-parallel degree (modelled; the engine runs cp = 1)")->capture_default_str();
+  app->add_flag("--json", a.json, "One JSON object per result (step_time_s, tokens_per_s, tflops_per_gpu, mfu, hfu, "
+                                  "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
+  add_layout_flags(app, a.layout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,6 +69,12 @@ int main(int argc, char** argv) {
   v->add_option("--set", ver.sets, "Override one config key (repeatable)")->take_all();
   v->add_option("--steps", ver.steps, "Steps per run")->capture_default_str();
   v->add_flag("--json", ver.json, "One JSON object per layout");
+
+  loom::cli::SimArgs sim;
+  auto* sm = app.add_subcommand("simulate", "Predict step time, MFU/HFU, bubble and per-rank memory of a layout on a cluster");
+  add_sim_flags(sm, sim);
+  sm->add_option("--trace", sim.trace, "Write the simulated step as a Chrome trace (the engine's schema)");
+  sm->add_option("--svg", sim.svg, "Write the simulated step as an SVG timeline");
 
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
@@ -106,6 +127,7 @@ int main(int argc, char** argv) {
   try {
     if (*t) return loom::cli::run_train(train, argc, argv);
     if (*v) return loom::cli::run_verify(ver);
+    if (*sm) return loom::cli::run_simulate(sim);
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

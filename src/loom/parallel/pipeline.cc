@@ -9,29 +9,6 @@
 
 namespace loom::parallel {
 
-std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split) {
-  LOOM_CHECK(stages >= 1 && layers >= stages, "cannot split ", layers, " layers into ", stages,
-             " pipeline stages: every stage needs a layer");
-  if (!split.empty()) {
-    int sum = 0;
-    for (int v : split) {
-      LOOM_CHECK(v >= 1, "pipeline split has a stage with ", v, " layers");
-      sum += v;
-    }
-    LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ",
-               sum, " layers does not match ", stages, " stages of a ", layers, "-layer model");
-    return split;
-  }
-  std::vector<int> out(size_t(stages), layers / stages);
-  // The ends also run the embedding and the head: the remainder goes to the middle stages.
-  std::vector<int> order(static_cast<size_t>(stages));
-  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
-  const double mid = (stages - 1) / 2.0;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
-  for (int i = 0; i < layers % stages; i++) out[size_t(order[size_t(i)])]++;
-  return out;
-}
-
 ModelPart pipeline_part(const std::vector<int>& counts, int pp, int vpp, int pp_rank) {
   LOOM_CHECK(int(counts.size()) == pp * vpp, "pipeline part: ", counts.size(), " stage sizes for pp ", pp,
              " x vpp ", vpp);

@@ -26,10 +26,6 @@ class World;
 
 namespace loom::parallel {
 
-// Layers of each virtual stage: `split` (pp x vpp entries, summing to layers) or, when
-// empty, as even as possible with the remainder going to the middle stages (the first
-// stage also embeds and the last runs the head). Throws loom::Error on a bad split.
-std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split = {});
 
 // The model part of pipeline rank `pp_rank`: chunk c is virtual stage c x pp + pp_rank.
 ModelPart pipeline_part(const std::vector<int>& stage_layer_counts, int pp, int vpp, int pp_rank);

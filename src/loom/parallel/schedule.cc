@@ -1,6 +1,7 @@
 #include "loom/parallel/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -56,7 +57,9 @@ std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
   return out;
 }
 
-const char* kind_name(ScheduleKind k) {
+}  // namespace
+
+const char* schedule_kind_name(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::kGPipe: return "gpipe";
     case ScheduleKind::k1F1B: return "1f1b";
@@ -65,7 +68,12 @@ const char* kind_name(ScheduleKind k) {
   return "?";
 }
 
-}  // namespace
+ScheduleKind schedule_kind_from_name(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGPipe;
+  if (name == "1f1b") return ScheduleKind::k1F1B;
+  if (name == "interleaved") return ScheduleKind::kInterleaved1F1B;
+  throw ConfigError(detail::cat("schedule '", name, "' is not one of gpipe, 1f1b, interleaved"));
+}
 
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
@@ -75,7 +83,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
     LOOM_CHECK(m % pp == 0, "schedule interleaved needs micro-batches divisible by pp = ", pp, ", got ", m,
                "; use ", (m + pp - 1) / pp * pp, " micro-batches");
   } else {
-    LOOM_CHECK(vpp == 1, "schedule ", kind_name(kind), " runs one model chunk per rank; vpp = ", vpp,
+    LOOM_CHECK(vpp == 1, "schedule ", schedule_kind_name(kind), " runs one model chunk per rank; vpp = ", vpp,
                " needs schedule interleaved");
   }
   Schedule s{kind, pp, vpp, m, {}};
@@ -142,6 +150,29 @@ ScheduleCheck validate(const Schedule& s) {
         return out;
       }
   out.ok = true;
+  return out;
+}
+
+std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split) {
+  LOOM_CHECK(stages >= 1 && layers >= stages, "cannot split ", layers, " layers into ", stages,
+             " pipeline stages: every stage needs a layer");
+  if (!split.empty()) {
+    int sum = 0;
+    for (int v : split) {
+      LOOM_CHECK(v >= 1, "pipeline split has a stage with ", v, " layers");
+      sum += v;
+    }
+    LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ",
+               sum, " layers does not match ", stages, " stages of a ", layers, "-layer model");
+    return split;
+  }
+  std::vector<int> out(size_t(stages), layers / stages);
+  // The ends also run the embedding and the head: the remainder goes to the middle stages.
+  std::vector<int> order(static_cast<size_t>(stages));
+  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
+  const double mid = (stages - 1) / 2.0;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
+  for (int i = 0; i < layers % stages; i++) out[size_t(order[size_t(i)])]++;
   return out;
 }
 

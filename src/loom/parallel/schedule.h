@@ -19,6 +19,10 @@ namespace loom::parallel {
 
 enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
 
+// "gpipe" | "1f1b" | "interleaved" (the parallel.schedule values); throws loom::Error otherwise.
+ScheduleKind schedule_kind_from_name(const std::string& name);
+const char* schedule_kind_name(ScheduleKind k);
+
 struct PipeStep {
   bool forward = true;
   int micro_batch = 0;
@@ -42,5 +46,10 @@ struct ScheduleCheck {
   int ticks = 0;                     // length of the replay in unit-time steps
 };
 ScheduleCheck validate(const Schedule& s);
+
+// Layers of each virtual stage: `split` (pp x vpp entries, summing to layers) or, when
+// empty, as even as possible with the remainder going to the middle stages (the first
+// stage also embeds and the last runs the head). Throws loom::Error on a bad split.
+std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split = {});
 
 }  // namespace loom::parallel

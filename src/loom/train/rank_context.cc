@@ -10,12 +10,6 @@ namespace loom {
 
 namespace {
 
-parallel::ScheduleKind schedule_kind(const std::string& s) {
-  if (s == "gpipe") return parallel::ScheduleKind::kGPipe;
-  if (s == "interleaved") return parallel::ScheduleKind::kInterleaved1F1B;
-  return parallel::ScheduleKind::k1F1B;
-}
-
 class GroupTpComm : public TpComm {
  public:
   explicit GroupTpComm(comm::Group& g) : g_(g) {}
@@ -78,7 +72,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     const std::vector<int> counts =
         parallel::stage_layers(int(cfg.model.layers), pp * vpp, p.layer_split());
     rc.part = parallel::pipeline_part(counts, pp, vpp, rc.pp_rank);
-    rc.schedule = parallel::make_schedule(schedule_kind(p.schedule), pp, int(cfg.train.grad_accum), vpp);
+    rc.schedule = parallel::make_schedule(parallel::schedule_kind_from_name(p.schedule), pp, int(cfg.train.grad_accum), vpp);
     const parallel::ScheduleCheck check = parallel::validate(*rc.schedule);
     LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
     rc.act_slots = check.peak_in_flight[size_t(rc.pp_rank)];

@@ -1,0 +1,124 @@
+// `loom simulate`: one layout of one model on one cluster, predicted (Note [Simulated step]).
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loom/cli/commands.h"
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/sim/timeline.h"
+
+namespace loom::cli {
+
+std::string default_local_cluster_path() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/loom/cluster-local.toml";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/loom/cluster-local.toml";
+  return "cluster-local.toml";
+}
+
+SimInputs resolve_sim_inputs(const SimArgs& a) {
+  std::vector<std::string> cfg_sets, cluster_sets;
+  if (!a.model.empty()) cfg_sets.push_back("model.preset=" + a.model);
+  for (const std::string& s : a.sets) (s.rfind("cluster.", 0) == 0 ? cluster_sets : cfg_sets).push_back(s);
+  LayoutFlags layout = a.layout;
+  const int64_t tp = layout.tp > 0 ? layout.tp : 1, pp = layout.pp > 0 ? layout.pp : 1;
+  if (a.cp < 1) throw ConfigError("--cp " + std::to_string(a.cp) + ": expected >= 1");
+  if (layout.dp < 0 && a.gpus > 0) {
+    if (a.gpus % (tp * pp * a.cp) != 0)
+      throw ConfigError("--gpus " + std::to_string(a.gpus) + " is not divisible by tp x pp x cp = " +
+                        std::to_string(tp * pp * a.cp) + "; set --dp or change the layout");
+    layout.dp = a.gpus / (tp * pp * a.cp);
+  }
+  if (layout.micro_batch < 0 && layout.grad_accum < 0) layout.micro_batch = 1;
+  if (a.global_batch > 0) cfg_sets.push_back("train.batch=" + std::to_string(a.global_batch));
+  if (a.seq > 0) cfg_sets.push_back("train.seq=" + std::to_string(a.seq));
+  // With the micro-batch given, the number of micro-batches follows from the global batch.
+  Config probe = load_config(a.config_path, cfg_sets);  // validates model keys and batch early
+  const int64_t dp = layout.dp > 0 ? layout.dp : 1;
+  if (layout.micro_batch > 0 && layout.grad_accum < 0 && probe.train.batch % (layout.micro_batch * dp) == 0)
+    layout.grad_accum = probe.train.batch / (layout.micro_batch * dp);
+  for (const std::string& s : layout.as_sets()) cfg_sets.push_back(s);
+  SimInputs in;
+  in.plan.cfg = load_config(a.config_path, cfg_sets);
+  in.plan.cp = a.cp;
+  const int64_t gpus = a.gpus > 0 ? a.gpus : in.plan.gpus();
+  in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, a.local_path.empty() ? default_local_cluster_path() : a.local_path);
+  return in;
+}
+
+nlohmann::json layout_json(const sim::SimPlan& p) {
+  const ParallelConfig& q = p.cfg.parallel;
+  return {{"dp", q.dp}, {"tp", q.tp}, {"pp", q.pp}, {"vpp", q.vpp}, {"cp", p.cp}, {"sp", q.sp}, {"zero", q.zero},
+          {"micro_batch", p.cfg.micro_batch()}, {"grad_accum", p.cfg.train.grad_accum}, {"global_batch", p.cfg.train.batch},
+          {"seq", p.cfg.seq_len()}, {"schedule", q.schedule}, {"recompute", q.recompute}, {"pp_layers", q.pp_layers}};
+}
+
+nlohmann::json result_json(const sim::SimResult& r) {
+  const sim::Breakdown& b = r.breakdown;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const sim::RankReport& k : r.ranks)
+    ranks.push_back({{"pp_rank", k.pp_rank}, {"global_rank", k.global_rank}, {"params_bytes", k.memory.params},
+                     {"grads_bytes", k.memory.grads}, {"optimizer_bytes", k.memory.optimizer},
+                     {"activations_bytes", k.memory.activations}, {"buffers_bytes", k.memory.buffers},
+                     {"total_bytes", k.memory.total()}, {"step_end_s", k.step_end_s}});
+  return {{"step_time_s", r.step_time_s}, {"tokens_per_s", r.tokens_per_s}, {"tflops_per_gpu", r.tflops_per_gpu},
+          {"mfu", r.mfu}, {"hfu", r.hfu}, {"bubble_fraction", r.bubble_fraction},
+          {"peak_memory_bytes", r.peak_memory_bytes}, {"peak_rank", r.peak_rank}, {"gpus", r.gpus},
+          {"breakdown", {{"compute_s", b.compute}, {"recompute_s", b.recompute}, {"tp_comm_s", b.tp_comm},
+                         {"cp_comm_s", b.cp_comm}, {"zero_comm_s", b.zero_comm}, {"pipeline_idle_s", b.pp_idle},
+                         {"dp_exposed_s", b.dp_exposed}, {"optimizer_s", b.optimizer}}},
+          {"memory", ranks}, {"warnings", r.warnings}};
+}
+
+void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes) {
+  const sim::Breakdown& b = r.breakdown;
+  const double gib = double(int64_t(1) << 30);
+  os << std::fixed << std::setprecision(3) << "step time " << r.step_time_s << " s   tokens/s " << std::setprecision(0)
+     << r.tokens_per_s << "   TFLOP/s per GPU " << std::setprecision(1) << r.tflops_per_gpu << " (model FLOPs)\n"
+     << std::setprecision(3) << "MFU " << r.mfu << " (model FLOPs)   HFU " << r.hfu
+     << " (hardware FLOPs, with recompute)   pipeline bubble " << std::setprecision(1) << 100 * r.bubble_fraction
+     << "%\n"
+     << std::setprecision(3) << "slowest rank (s): compute " << b.compute << " (recompute " << b.recompute << ") | tp comm "
+     << b.tp_comm << " | cp comm " << b.cp_comm << " | zero comm " << b.zero_comm << " | pipeline idle " << b.pp_idle
+     << " | dp exposed " << b.dp_exposed << " | optimizer " << b.optimizer << "\n"
+     << "memory per pipeline rank (GiB):   params    grads optimizer activations buffers    total\n";
+  for (const sim::RankReport& k : r.ranks) {
+    const sim::MemoryBreakdown& m = k.memory;
+    os << "  pp " << std::setw(3) << k.pp_rank << " (rank " << std::setw(5) << k.global_rank << ")       "
+       << std::setprecision(2) << std::setw(8) << m.params / gib << std::setw(9) << m.grads / gib << std::setw(10)
+       << m.optimizer / gib << std::setw(12) << m.activations / gib << std::setw(8) << m.buffers / gib << std::setw(9)
+       << m.total() / gib << "\n";
+  }
+  os << "peak " << std::setprecision(2) << r.peak_memory_bytes / gib << " GiB on rank " << r.peak_rank << " of "
+     << device_bytes / gib << " GiB per device\n";
+  for (const std::string& w : r.warnings) os << "warning: " << w << "\n";
+}
+
+int run_simulate(const SimArgs& a) {
+  const SimInputs in = resolve_sim_inputs(a);
+  const bool events = !a.trace.empty() || !a.svg.empty();
+  const sim::SimResult r = sim::simulate(in.plan, in.cluster, events);
+  const ParallelConfig& q = in.plan.cfg.parallel;
+  std::ostringstream title;
+  title << in.plan.cfg.model.preset << " on " << in.cluster.name << " (" << r.gpus << " GPUs): dp " << q.dp << " tp "
+        << q.tp << " pp " << q.pp << " vpp " << q.vpp << " cp " << in.plan.cp << (q.sp ? " sp" : "") << " zero "
+        << q.zero << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << ", " << q.schedule
+        << ", recompute " << q.recompute;
+  if (!a.trace.empty()) sim::write_sim_trace(a.trace, r);
+  if (!a.svg.empty()) sim::write_sim_svg(a.svg, r, title.str());
+  if (a.json) {
+    nlohmann::json j = result_json(r);
+    j["layout"] = layout_json(in.plan);
+    j["model"] = in.plan.cfg.model.preset;
+    j["cluster"] = in.cluster.name;
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::cout << title.str() << "\n";
+    print_result(std::cout, r, in.cluster.device.memory_bytes);
+  }
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,276 @@
+#include "loom/sim/cluster.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/core/error.h"
+
+namespace loom::sim {
+
+// Generated from configs/clusters/*.toml by cmake/embed_presets.cmake.
+const char* embedded_cluster_preset(const std::string& name);
+std::vector<std::string> embedded_cluster_preset_names();
+
+double Curve::at(double x) const {
+  if (points.empty()) return 1.0;
+  if (x <= points.front().first) return points.front().second;
+  if (x >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [x1, y1] = points[i];
+    if (x > x1) continue;
+    const auto& [x0, y0] = points[i - 1];
+    const double f = (std::log(x) - std::log(x0)) / (std::log(x1) - std::log(x0));
+    return y0 + f * (y1 - y0);
+  }
+  return points.back().second;
+}
+
+std::vector<std::string> cluster_preset_names() {
+  auto names = embedded_cluster_preset_names();
+  names.push_back("local");
+  return names;
+}
+
+const char* cluster_preset_toml(const std::string& name) { return embedded_cluster_preset(name); }
+
+namespace {
+
+[[noreturn]] void bad(const std::string& origin, const std::string& key, const std::string& what) {
+  throw ConfigError(detail::cat(origin, ": cluster.", key, " ", what));
+}
+
+// Reads the keys of one table, refusing any key not in `known`.
+class TableReader {
+ public:
+  TableReader(const toml::table* t, std::string prefix, std::string origin, std::set<std::string> known)
+      : t_(t), prefix_(std::move(prefix)), origin_(std::move(origin)) {
+    if (!t_) return;
+    for (const auto& [k, v] : *t_) {
+      const std::string key(k.str());
+      if (!known.count(key)) {
+        std::string valid;
+        for (const auto& n : known) valid += (valid.empty() ? "" : ", ") + n;
+        bad(origin_, prefix_ + key, "is not a cluster key; valid here: " + valid);
+      }
+    }
+  }
+  double number(const std::string& key, double fallback, bool positive = true) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (!n) return fallback;
+    if (!n->is_number()) bad(origin_, prefix_ + key, "must be a number");
+    const double v = *n->value<double>();
+    if (!std::isfinite(v) || (positive ? !(v > 0) : v < 0))
+      bad(origin_, prefix_ + key, detail::cat("= ", v, ": expected ", positive ? "> 0" : ">= 0"));
+    return v;
+  }
+  int64_t integer(const std::string& key, int64_t fallback) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (!n) return fallback;
+    if (!n->is_integer() || *n->value<int64_t>() < 1) bad(origin_, prefix_ + key, "must be a positive integer");
+    return *n->value<int64_t>();
+  }
+  std::string text(const std::string& key, const std::string& fallback) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (!n) return fallback;
+    if (!n->is_string()) bad(origin_, prefix_ + key, "must be a string");
+    return *n->value<std::string>();
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (!n) return fallback;
+    if (!n->is_boolean()) bad(origin_, prefix_ + key, "must be true or false");
+    return *n->value<bool>();
+  }
+  // [[x, y], ...] with x increasing and y in (0, max_y].
+  Curve curve(const std::string& key, double max_y) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (!n) bad(origin_, prefix_ + key, "is missing (a list of [size, value] pairs)");
+    const toml::array* a = n->as_array();
+    if (!a || a->empty()) bad(origin_, prefix_ + key, "must be a non-empty list of [size, value] pairs");
+    Curve c;
+    for (const auto& e : *a) {
+      const toml::array* p = e.as_array();
+      if (!p || p->size() != 2 || !(*p)[0].is_number() || !(*p)[1].is_number())
+        bad(origin_, prefix_ + key, "entries must be [size, value] pairs of numbers");
+      const double x = *(*p)[0].value<double>(), y = *(*p)[1].value<double>();
+      if (!(x > 0) || !(y > 0) || y > max_y)
+        bad(origin_, prefix_ + key, detail::cat("has [", x, ", ", y, "]: need size > 0 and 0 < value <= ", max_y));
+      if (!c.points.empty() && !(x > c.points.back().first))
+        bad(origin_, prefix_ + key, "sizes must increase");
+      c.points.emplace_back(x, y);
+    }
+    return c;
+  }
+  const toml::table* sub(const std::string& key) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (n && !n->is_table() && !n->is_array_of_tables()) bad(origin_, prefix_ + key, "must be a table");
+    return n ? n->as_table() : nullptr;
+  }
+
+ private:
+  const toml::table* t_;
+  std::string prefix_, origin_;
+};
+
+LinkTier read_tier(const TableReader& root, const std::string& name, const std::string& origin) {
+  TableReader r(root.sub(name), name + ".", origin, {"gbps", "latency_us", "efficiency"});
+  LinkTier t;
+  t.bw = r.number("gbps", 0) * 1e9;
+  if (!(t.bw > 0)) bad(origin, name + ".gbps", "is missing (link bandwidth per device, GB/s)");
+  t.latency_s = r.number("latency_us", 0, false) * 1e-6;
+  t.efficiency = r.number("efficiency", 1);
+  if (t.efficiency > 1) bad(origin, name + ".efficiency", detail::cat("= ", t.efficiency, ": expected <= 1"));
+  return t;
+}
+
+// "cluster.a.b=v" -> a.b = v merged into `tbl`; a value that is not TOML is taken as a string.
+void apply_set(toml::table& tbl, const std::string& set) {
+  const auto eq = set.find('=');
+  const std::string prefix = "cluster.";
+  if (eq == std::string::npos || set.rfind(prefix, 0) != 0)
+    throw ConfigError("--set '" + set + "': expected cluster.key=value");
+  const std::string path = set.substr(prefix.size(), eq - prefix.size());
+  const std::string value = set.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    std::ostringstream quoted;  // a bare word: take it as a string
+    quoted << "v = " << toml::value<std::string>(value);
+    parsed = toml::parse(quoted.str());
+  }
+  toml::table* at = &tbl;
+  std::string rest = path;
+  for (size_t dot; (dot = rest.find('.')) != std::string::npos; rest = rest.substr(dot + 1)) {
+    const std::string part = rest.substr(0, dot);
+    if (!at->contains(part)) at->insert(part, toml::table{});
+    at = (*at)[part].as_table();
+    if (!at) throw ConfigError("--set '" + set + "': cluster." + part + " is not a table");
+  }
+  at->insert_or_assign(rest, *parsed.get("v"));
+}
+
+}  // namespace
+
+ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
+                              const std::vector<std::string>& sets) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << origin << ": " << e.description() << " (line " << e.source().begin.line << ")";
+    throw ConfigError(os.str());
+  }
+  for (const auto& s : sets) apply_set(tbl, s);
+  TableReader root(&tbl, "", origin, {"name", "nodes", "devices_per_node", "device", "intra", "inter", "busbw"});
+  ClusterSpec c;
+  c.name = root.text("name", origin);
+  c.nodes = root.integer("nodes", 1);
+  c.devices_per_node = root.integer("devices_per_node", 1);
+  TableReader d(root.sub("device"), "device.", origin,
+                {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
+                 "gemm_efficiency", "memory_efficiency", "kernel_overhead_us"});
+  c.device.name = d.text("name", "device");
+  c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
+  c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
+  c.device.memory_bw = d.number("memory_gbps", 0) * 1e9;
+  for (const char* k : {"peak_tflops", "memory_gib", "memory_gbps"})
+    if (!(d.number(k, 0) > 0)) bad(origin, std::string("device.") + k, "is missing");
+  c.device.dtype_bytes = d.integer("dtype_bytes", 2);
+  if (c.device.dtype_bytes != 2 && c.device.dtype_bytes != 4)
+    bad(origin, "device.dtype_bytes", detail::cat("= ", c.device.dtype_bytes, ": expected 2 or 4"));
+  c.device.mixed_precision = d.boolean("mixed_precision", c.device.dtype_bytes == 2);
+  c.device.gemm_efficiency = d.curve("gemm_efficiency", 1.0);
+  c.device.memory_efficiency = d.curve("memory_efficiency", 1.0);
+  c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
+  c.intra = read_tier(root, "intra", origin);
+  c.inter = read_tier(root, "inter", origin);
+  if (const toml::node* b = tbl.get("busbw")) {
+    const toml::array* arr = b->as_array();
+    if (!arr || !arr->is_array_of_tables()) bad(origin, "busbw", "must be an array of tables ([[busbw]])");
+    for (const auto& e : *arr) {
+      TableReader r(e.as_table(), "busbw.", origin, {"op", "ranks", "gbps"});
+      BusbwTable t{r.text("op", ""), r.integer("ranks", 2), r.curve("gbps", 1e6)};
+      static const std::set<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "p2p"};
+      if (!ops.count(t.op)) bad(origin, "busbw.op", "= '" + t.op + "': expected all_reduce, all_gather, reduce_scatter or p2p");
+      c.busbw.push_back(std::move(t));
+    }
+  }
+  return c;
+}
+
+ClusterSpec load_cluster(const std::string& source, const std::vector<std::string>& sets, int64_t gpus,
+                         const std::string& local_path) {
+  std::string text, origin = source;
+  if (const char* preset = cluster_preset_toml(source)) {
+    text = preset;
+  } else if (source == "local" || (source.size() > 5 && source.substr(source.size() - 5) == ".toml")) {
+    const std::string path = source == "local" ? local_path : source;
+    std::ifstream f(path);
+    if (!f) {
+      if (source == "local")
+        throw ConfigError("cluster 'local' has no calibration at " + path + "; run `loom calibrate` first");
+      throw ConfigError("cannot read cluster file " + path);
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+    origin = path;
+  } else {
+    std::string names;
+    for (const auto& n : cluster_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw ConfigError("cluster '" + source + "' is not a preset (" + names + ") or a .toml file");
+  }
+  ClusterSpec c = cluster_from_toml(text, origin, sets);
+  if (gpus > 0) {
+    if (gpus < c.devices_per_node) {
+      c.nodes = 1;
+      c.devices_per_node = gpus;
+    } else if (gpus % c.devices_per_node != 0) {
+      throw ConfigError(detail::cat("--gpus ", gpus, " is not a whole number of ", c.name, " nodes (",
+                                    c.devices_per_node, " devices each); use ",
+                                    (gpus / c.devices_per_node + 1) * c.devices_per_node));
+    } else {
+      c.nodes = gpus / c.devices_per_node;
+    }
+  }
+  return c;
+}
+
+std::string cluster_to_toml(const ClusterSpec& c) {
+  std::ostringstream os;
+  os.precision(6);
+  auto curve = [&](const Curve& cv) {
+    std::ostringstream s;
+    s.precision(6);
+    s << "[";
+    for (size_t i = 0; i < cv.points.size(); ++i)
+      s << (i ? ", " : "") << "[" << cv.points[i].first << ", " << cv.points[i].second << "]";
+    s << "]";
+    return s.str();
+  };
+  auto tier = [&](const char* name, const LinkTier& t) {
+    os << "\n[" << name << "]\ngbps = " << t.bw / 1e9 << "\nlatency_us = " << t.latency_s * 1e6
+       << "\nefficiency = " << t.efficiency << "\n";
+  };
+  os << "name = " << toml::value<std::string>(c.name) << "\nnodes = " << c.nodes
+     << "\ndevices_per_node = " << c.devices_per_node << "\n\n[device]\nname = " << toml::value<std::string>(c.device.name)
+     << "\npeak_tflops = " << c.device.peak_flops / 1e12 << "\nmemory_gib = " << c.device.memory_bytes / double(int64_t(1) << 30)
+     << "\nmemory_gbps = " << c.device.memory_bw / 1e9 << "\ndtype_bytes = " << c.device.dtype_bytes
+     << "\nmixed_precision = " << (c.device.mixed_precision ? "true" : "false")
+     << "\ngemm_efficiency = " << curve(c.device.gemm_efficiency)
+     << "\nmemory_efficiency = " << curve(c.device.memory_efficiency)
+     << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6 << "\n";
+  tier("intra", c.intra);
+  tier("inter", c.inter);
+  for (const auto& b : c.busbw)
+    os << "\n[[busbw]]\nop = \"" << b.op << "\"\nranks = " << b.ranks << "\ngbps = " << curve(b.gbps) << "\n";
+  return os.str();
+}
+
+}  // namespace loom::sim

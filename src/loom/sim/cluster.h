@@ -1,0 +1,75 @@
+// Cluster specs for the simulator and planner: devices, memory, links per tier.
+//
+// A spec is TOML (configs/clusters/*.toml, compiled in as presets; `local` is written by
+// `loom calibrate`). Resolution: preset or file < --set cluster.key=value < --gpus N.
+// Every value is checked once; unknown keys and impossible values are errors naming the
+// key, the value and the expected form.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::sim {
+
+// A piecewise curve over a size (FLOPs, bytes): points sorted by x, interpolated linearly
+// in log(x), clamped at both ends.
+struct Curve {
+  std::vector<std::pair<double, double>> points;
+  double at(double x) const;
+};
+
+struct DeviceSpec {
+  std::string name;
+  double peak_flops = 0;          // dense FLOP/s at the training dtype
+  double memory_bytes = 0;
+  double memory_bw = 0;           // bytes/s
+  int64_t dtype_bytes = 2;        // activations and working weights
+  bool mixed_precision = true;    // fp32 master weights beside dtype_bytes params/grads
+  Curve gemm_efficiency;          // x: FLOPs of one GEMM -> fraction of peak_flops
+  Curve memory_efficiency;        // x: bytes moved by one kernel -> fraction of memory_bw
+  double kernel_overhead_s = 0;   // added to every kernel
+};
+
+struct LinkTier {
+  double bw = 0;           // bytes/s per device, one direction
+  double latency_s = 0;    // per algorithm step
+  double efficiency = 1;   // reachable fraction of bw for large messages
+};
+
+// Measured bus bandwidth of one collective at one group size (from `loom calibrate`):
+// busbw as nccl-tests defines it, by message bytes. Used instead of the formula when a
+// table for the op and size exists.
+struct BusbwTable {
+  std::string op;     // all_reduce | all_gather | reduce_scatter | p2p
+  int64_t ranks = 2;
+  Curve gbps;         // x: bytes per rank -> busbw in 1e9 bytes/s
+};
+
+struct ClusterSpec {
+  std::string name;
+  int64_t nodes = 1, devices_per_node = 1;
+  DeviceSpec device;
+  LinkTier intra, inter;
+  std::vector<BusbwTable> busbw;  // empty unless calibrated
+  int64_t devices() const { return nodes * devices_per_node; }
+};
+
+// Preset names (dgx-a100, dgx-h100, local) and the compiled-in TOML of one.
+std::vector<std::string> cluster_preset_names();
+const char* cluster_preset_toml(const std::string& name);  // nullptr if not compiled in
+
+// `source`: a preset name, "local" (read from `local_path`), or a path to a .toml file.
+// `sets`: "cluster.key=value" or "cluster.section.key=value". `gpus` > 0 sets nodes =
+// gpus / devices_per_node (or one node of `gpus` devices when fewer than a node).
+// Throws ConfigError naming the problem.
+ClusterSpec load_cluster(const std::string& source, const std::vector<std::string>& sets, int64_t gpus,
+                         const std::string& local_path);
+ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
+                              const std::vector<std::string>& sets = {});
+
+// The spec as TOML (what `loom calibrate` writes; round-trips through cluster_from_toml).
+std::string cluster_to_toml(const ClusterSpec& c);
+
+}  // namespace loom::sim

@@ -1,0 +1,234 @@
+#include "loom/sim/costs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/core/error.h"
+
+namespace loom::sim {
+
+// Note [Cost model]
+// A rank's work is a list of ops per block, embedding and head (the forward pass; the
+// backward of a GEMM is two GEMMs of the same size, dX and dW; of a memory-bound kernel
+// about twice its bytes; of a collective its conjugate of the same size: all-reduce <->
+// all-reduce, all-gather <-> reduce-scatter, as Megatron's f/g pairs). An op costs
+//   GEMM:    flops / (peak x gemm_efficiency(flops)) + launch overhead
+//   memory:  bytes / (bandwidth x memory_efficiency(bytes)) + launch overhead
+//   comm:    factor x bytes / busbw + steps x latency      (factor: all-reduce 2(n-1)/n,
+//            all-gather / reduce-scatter (n-1)/n of the gathered whole, p2p 1)
+// with busbw the intra-node link (x efficiency) for a group inside one node and, across
+// nodes, min(intra, members-per-node x per-device NIC bandwidth x efficiency): NCCL
+// drives one ring per NIC, so a group with k members per node moves its inter-node
+// traffic over k NICs. A calibrated cluster's measured busbw table replaces the formula.
+// The two efficiency curves and the tier efficiencies are the model's calibration
+// constants: per device, sourced in the preset, never per run.
+//
+// The ops follow Megatron-LM's GPT layer (Korthikanti et al. 2022, Section 4.1): LN, QKV
+// GEMM, QK^T, fused scale-mask-softmax, attention dropout, AV, projection, bias-dropout-
+// add, LN, MLP (GELU; SwiGLU for Llama, whose layers have no dropout), bias-dropout-add;
+// tp splits the GEMMs and attention heads, sp splits the elementwise rows and turns the
+// two all-reduces into all-gather + reduce-scatter.
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::kNone: return "none";
+    case Coll::kAllReduce: return "all_reduce";
+    case Coll::kAllGather: return "all_gather";
+    case Coll::kReduceScatter: return "reduce_scatter";
+    case Coll::kP2P: return "p2p";
+  }
+  return "?";
+}
+
+LayerShape LayerShape::of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
+                          int64_t dtype_bytes) {
+  LayerShape x;
+  x.arch = m.arch;
+  x.b = double(micro_batch);
+  x.s = double(seq);
+  x.h = double(m.d_model);
+  x.a = double(m.heads);
+  x.g = double(m.kv_heads > 0 ? m.kv_heads : m.heads);
+  x.f = double(m.ffn);
+  x.V = double(m.vocab);
+  x.t = double(tp);
+  x.cp = double(cp);
+  x.sp = sp && tp > 1;
+  x.dtype_bytes = double(dtype_bytes);
+  return x;
+}
+
+namespace {
+
+// `batch` GEMMs of (M, K) x (K, N): 2 M N K FLOPs each; bytes = both inputs and the output
+// (a roofline: attention's batched GEMMs with K = head dim are memory-bound on GPUs).
+Op gemm(const char* name, double M, double N, double K, double dt, double batch = 1, bool core = false) {
+  Op o{name, Op::Kind::kGemm, 2 * M * N * K * batch, (M * K + K * N + M * N) * dt * batch, Coll::kNone, Axis::kTp, core};
+  return o;
+}
+Op mem(const char* name, double bytes, bool core = false) {
+  Op o{name, Op::Kind::kMemory, 0, bytes, Coll::kNone, Axis::kTp, core};
+  return o;
+}
+Op comm(const char* name, Coll c, Axis axis, double bytes) {
+  Op o{name, Op::Kind::kComm, 0, bytes, c, axis, false};
+  return o;
+}
+
+// The tp collective after a row-parallel GEMM (all-reduce; reduce-scatter with sp) and
+// before a column-parallel one under sp (all-gather), over the block's n x h activation.
+void tp_out(std::vector<Op>& ops, const LayerShape& x, const char* name) {
+  if (x.t > 1) ops.push_back(comm(name, x.sp ? Coll::kReduceScatter : Coll::kAllReduce, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
+}
+void tp_in(std::vector<Op>& ops, const LayerShape& x, const char* name) {
+  if (x.sp) ops.push_back(comm(name, Coll::kAllGather, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
+}
+
+}  // namespace
+
+std::vector<Op> block_forward_ops(const LayerShape& x) {
+  const double n = x.tokens(), ne = x.sp ? n / x.t : n, dt = x.dtype_bytes;
+  const double kv = x.g * (x.h / x.a);  // key/value width (GQA: g heads of h/a)
+  const bool gpt = x.arch == Arch::kGpt;
+  const double probs = n * x.s * x.a / x.t;  // attention scores this rank holds: (b, a/t, s/cp, s)
+  std::vector<Op> ops;
+  ops.push_back(mem("norm1", 2 * ne * x.h * dt));
+  tp_in(ops, x, "sp_gather1");
+  ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
+  if (x.cp > 1) ops.push_back(comm("cp_kv_gather", Coll::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
+  const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
+  ops.push_back(gemm("scores", rows, x.s, hd, dt, heads, true));
+  ops.push_back(mem("softmax", 2 * probs * dt, true));
+  if (gpt) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
+  ops.push_back(gemm("attn_v", rows, hd, x.s, dt, heads, true));
+  ops.push_back(gemm("proj", n, x.h, x.h / x.t, dt));
+  tp_out(ops, x, "tp_reduce1");
+  ops.push_back(mem("residual1", ne * x.h * (3 * dt + (gpt ? 1 : 0))));
+  ops.push_back(mem("norm2", 2 * ne * x.h * dt));
+  tp_in(ops, x, "sp_gather2");
+  if (gpt) {
+    ops.push_back(gemm("fc1", n, x.f / x.t, x.h, dt));
+    ops.push_back(mem("gelu", 2 * n * x.f / x.t * dt));
+  } else {
+    ops.push_back(gemm("gate_up", n, 2 * x.f / x.t, x.h, dt));
+    ops.push_back(mem("swiglu", 3 * n * x.f / x.t * dt));
+  }
+  ops.push_back(gemm("fc2", n, x.h, x.f / x.t, dt));
+  tp_out(ops, x, "tp_reduce2");
+  ops.push_back(mem("residual2", ne * x.h * (3 * dt + (gpt ? 1 : 0))));
+  return ops;
+}
+
+std::vector<Op> embedding_forward_ops(const LayerShape& x) {
+  const double n = x.tokens(), ne = x.sp ? n / x.t : n, dt = x.dtype_bytes;
+  std::vector<Op> ops;
+  // Vocab-parallel lookup: each tp rank writes the rows of its vocabulary slice (zeros
+  // elsewhere), then the partial sums are reduced (reduce-scattered under sp).
+  ops.push_back(mem("embed_lookup", (x.arch == Arch::kGpt ? 3 : 2) * n * x.h * dt));
+  tp_out(ops, x, "embed_reduce");
+  if (x.arch == Arch::kGpt) ops.push_back(mem("embed_dropout", ne * x.h * (2 * dt + 1)));
+  return ops;
+}
+
+std::vector<Op> head_forward_ops(const LayerShape& x) {
+  const double n = x.tokens(), ne = x.sp ? n / x.t : n, dt = x.dtype_bytes;
+  std::vector<Op> ops;
+  ops.push_back(mem("final_norm", 2 * ne * x.h * dt));
+  tp_in(ops, x, "sp_gather_head");
+  ops.push_back(gemm("logits", n, x.V / x.t, x.h, dt));
+  // Vocab-parallel cross-entropy in fp32: read the logits, max, exp-sum, the target's
+  // logit (three small all-reduces of n floats fused into one here).
+  ops.push_back(mem("cross_entropy", n * x.V / x.t * (dt + 3 * 4)));
+  if (x.t > 1) ops.push_back(comm("ce_reduce", Coll::kAllReduce, Axis::kTp, 3 * n * 4));
+  return ops;
+}
+
+ParamCount block_params(const ModelConfig& m, int64_t tp) {
+  const double h = double(m.d_model), f = double(m.ffn), t = double(tp);
+  const double kv = double(m.kv_heads > 0 ? m.kv_heads : m.heads) * double(m.head_dim());
+  if (m.arch == Arch::kGpt) {
+    // norms 2 x (2h); qkv (h, 3h) + 3h and fc1 (h, f) + f column-parallel; proj (h, h) and
+    // fc2 (f, h) row-parallel with their h biases replicated.
+    const double col = h * 3 * h + 3 * h + h * f + f, row = h * h + f * h, rep = 4 * h + 2 * h;
+    return {col + row + rep, (col + row) / t + rep};
+  }
+  // RMSNorm 2 x h; q (h, h), k/v (h, kv) and gate/up (h, 2f) column-, o and down row-parallel.
+  const double split = h * h + 2 * h * kv + 2 * h * f + h * h + f * h, rep = 2 * h;
+  return {split + rep, split / t + rep};
+}
+
+ParamCount embedding_params(const ModelConfig& m, int64_t tp) {
+  const double h = double(m.d_model), V = double(m.vocab);
+  const double pos = m.arch == Arch::kGpt ? double(m.ctx) * h : 0;  // learned positions, replicated
+  return {V * h + pos, V * h / double(tp) + pos};
+}
+
+ParamCount head_params(const ModelConfig& m, int64_t tp) {
+  const double h = double(m.d_model), V = double(m.vocab);
+  if (m.arch == Arch::kGpt) return {2 * h, 2 * h};  // final LayerNorm; the head is the tied embedding
+  return {h + V * h, h + V * h / double(tp)};
+}
+
+double total_params(const ModelConfig& m) {
+  return double(m.layers) * block_params(m, 1).whole + embedding_params(m, 1).whole + head_params(m, 1).whole;
+}
+
+double model_flops_per_sequence(const ModelConfig& m, int64_t seq) {
+  const LayerShape x = LayerShape::of(m, 1, seq, 1, 1, false, 2);
+  double fwd = 0;
+  for (const Op& o : block_forward_ops(x)) fwd += o.flops * double(m.layers);
+  for (const Op& o : head_forward_ops(x)) fwd += o.flops;
+  return 3 * fwd;
+}
+
+GroupPlace place_group(const ClusterSpec& c, int64_t ranks, int64_t stride) {
+  GroupPlace g;
+  g.ranks = ranks;
+  const int64_t dpn = c.devices_per_node;
+  g.per_node = stride >= dpn ? 1 : std::max<int64_t>(1, std::min(ranks, dpn / std::max<int64_t>(1, stride)));
+  g.nodes = (ranks + g.per_node - 1) / g.per_node;
+  return g;
+}
+
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes) {
+  if (flops <= 0) return 0;
+  const double compute = flops / (d.peak_flops * d.gemm_efficiency.at(flops));
+  const double memory = bytes > 0 ? bytes / (d.memory_bw * d.memory_efficiency.at(bytes)) : 0;
+  return std::max(compute, memory) + d.kernel_overhead_s;
+}
+
+double memory_time_s(const DeviceSpec& d, double bytes) {
+  if (bytes <= 0) return 0;
+  return bytes / (d.memory_bw * d.memory_efficiency.at(bytes)) + d.kernel_overhead_s;
+}
+
+double kernel_time_s(const DeviceSpec& d, const Op& op) {
+  return op.kind == Op::Kind::kGemm ? gemm_time_s(d, op.flops, op.bytes) : memory_time_s(d, op.bytes);
+}
+
+double collective_time_s(const ClusterSpec& c, Coll op, double bytes, const GroupPlace& g) {
+  if (g.ranks <= 1 || bytes <= 0 || op == Coll::kNone) return 0;
+  const double n = double(g.ranks);
+  double factor = 1;
+  if (op == Coll::kAllReduce) factor = 2 * (n - 1) / n;
+  if (op == Coll::kAllGather || op == Coll::kReduceScatter) factor = (n - 1) / n;
+  const std::string name = coll_name(op);
+  for (const BusbwTable& t : c.busbw)
+    if (t.op == name && t.ranks == g.ranks) return factor * bytes / (t.gbps.at(bytes) * 1e9);
+  const double intra = c.intra.bw * c.intra.efficiency, inter = c.inter.bw * c.inter.efficiency;
+  double bw = intra;
+  if (g.nodes > 1) bw = op == Coll::kP2P ? inter : std::min(intra, double(g.per_node) * inter);
+  // Steps: a ring inside the node, a tree across nodes (NCCL's choice at scale); an
+  // all-reduce is two passes (reduce-scatter + all-gather).
+  const double passes = op == Coll::kAllReduce ? 2 : 1;
+  double latency = 0;
+  if (op == Coll::kP2P) {
+    latency = g.nodes > 1 ? c.inter.latency_s : c.intra.latency_s;
+  } else {
+    latency = passes * (double(g.per_node - 1) * c.intra.latency_s +
+                        std::ceil(std::log2(double(g.nodes))) * c.inter.latency_s);
+  }
+  return factor * bytes / bw + latency;
+}
+
+}  // namespace loom::sim

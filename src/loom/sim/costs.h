@@ -1,0 +1,83 @@
+// The cost model: what one transformer layer, the embedding and the head do on one rank
+// (an op list with FLOPs, bytes and collectives), what each op costs on a device, and
+// what a collective costs on a group placed over the cluster (Note [Cost model]).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/sim/cluster.h"
+
+namespace loom::sim {
+
+enum class Coll { kNone, kAllReduce, kAllGather, kReduceScatter, kP2P };
+const char* coll_name(Coll c);
+
+// Which mesh axis a collective runs over (Note [Mesh order]: tp innermost, then cp, dp, pp).
+enum class Axis { kTp, kCp, kDp, kPp };
+
+// One kernel (or collective) of a forward pass on one rank.
+struct Op {
+  enum class Kind { kGemm, kMemory, kComm };
+  std::string name;
+  Kind kind = Kind::kMemory;
+  double flops = 0;           // kGemm: one GEMM's FLOPs (batched GEMMs: the batch's total)
+  double bytes = 0;           // kGemm, kMemory: bytes read + written; kComm: the full buffer per rank
+  Coll coll = Coll::kNone;
+  Axis axis = Axis::kTp;
+  bool attention_core = false;  // recomputed by selective recompute (Korthikanti et al.)
+};
+
+// The shape one rank works on: micro-batch b, sequence s (whole), hidden h, heads a, kv
+// heads g, ffn f, vocabulary V, tensor-parallel t, context-parallel cp, sequence parallel.
+struct LayerShape {
+  Arch arch = Arch::kGpt;
+  double b = 1, s = 1, h = 1, a = 1, g = 1, f = 1, V = 1;
+  double t = 1, cp = 1;
+  bool sp = false;
+  double dtype_bytes = 2;
+  static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
+                       int64_t dtype_bytes);
+  double tokens() const { return b * s / cp; }  // token rows this rank's cp slice holds
+};
+
+// Forward ops of one transformer block, of the embedding and of the head + loss.
+std::vector<Op> block_forward_ops(const LayerShape& x);
+std::vector<Op> embedding_forward_ops(const LayerShape& x);
+std::vector<Op> head_forward_ops(const LayerShape& x);
+
+// Parameters of one block / the embedding (incl. learned positions) / the head + final
+// norm: whole-model counts and what one tp rank holds (replicated norms and row-parallel
+// biases counted in full, as Megatron stores them). GPT ties the head to the embedding:
+// head() then counts only the final norm.
+struct ParamCount {
+  double whole = 0, per_tp_rank = 0;
+};
+ParamCount block_params(const ModelConfig& m, int64_t tp);
+ParamCount embedding_params(const ModelConfig& m, int64_t tp);
+ParamCount head_params(const ModelConfig& m, int64_t tp);
+double total_params(const ModelConfig& m);
+
+// Model FLOPs of one training step (forward + backward = 3x forward, no recompute): the
+// MFU numerator, counted from the same op lists the simulator charges.
+double model_flops_per_sequence(const ModelConfig& m, int64_t seq);
+
+// Where a group of `ranks` members at global-rank stride `stride` lies on the cluster.
+struct GroupPlace {
+  int64_t ranks = 1, nodes = 1, per_node = 1;
+};
+GroupPlace place_group(const ClusterSpec& c, int64_t ranks, int64_t stride);
+
+// Seconds for one kernel of the op on the device (GEMM: the slower of its FLOPs at the
+// size's efficiency and its bytes at the bandwidth's; memory-bound: bytes at the
+// bandwidth's efficiency; both plus the launch overhead).
+double kernel_time_s(const DeviceSpec& d, const Op& op);
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes);
+double memory_time_s(const DeviceSpec& d, double bytes);
+// Seconds for one collective whose full buffer is `bytes` per rank (all_reduce: the
+// reduced buffer; all_gather/reduce_scatter: the gathered whole; p2p: the message).
+double collective_time_s(const ClusterSpec& c, Coll op, double bytes, const GroupPlace& g);
+
+}  // namespace loom::sim

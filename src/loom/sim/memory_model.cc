@@ -1,0 +1,99 @@
+#include "loom/sim/memory_model.h"
+
+#include "loom/core/error.h"
+
+namespace loom::sim {
+
+// Note [Activation memory]
+// Korthikanti et al. (2022), Section 4.1, count what one layer stores for its backward
+// with 2-byte activations and 1-byte dropout masks (s sequence, b micro-batch, h hidden,
+// a heads, t tensor-parallel):
+//   attention 11sbh + 5as^2b: QKV input 2sbh, Q and K 4sbh, softmax output 2as^2b, its
+//             dropout mask as^2b and output 2as^2b, V 2sbh, projection input 2sbh,
+//             dropout mask sbh;
+//   MLP 19sbh: input 2sbh, GELU input 8sbh and output 8sbh (f = 4h), dropout mask sbh;
+//   norms 4sbh.
+// Tensor parallelism splits everything but the norm inputs, the QKV and MLP inputs and the
+// two dropout masks (10sbh); sequence parallelism splits those too; selective recompute
+// drops the 5as^2b of the attention core; full recompute keeps only the layer input 2sbh
+// (split by t under sp). Here every term is written from the model's shape, so Llama
+// (GQA: K and V are g/a of Q; SwiGLU: gate, up and their product are kept; no dropout) and
+// context parallelism (s/cp query rows against s keys) follow the same derivation; for the
+// GPT shapes of the paper it reduces to its Table 2 exactly.
+
+RecomputeKind recompute_from_name(const std::string& name) {
+  if (name == "none") return RecomputeKind::kNone;
+  if (name == "selective") return RecomputeKind::kSelective;
+  if (name == "full") return RecomputeKind::kFull;
+  throw ConfigError("recompute '" + name + "' is not one of none, selective, full");
+}
+
+namespace {
+
+struct LayerTerms {
+  double replicated = 0;  // token-sized terms tp leaves whole (split by sp)
+  double split = 0;       // token-sized terms split by tp
+  double scores = 0;      // attention-score-sized terms (split by tp)
+  double input = 0;       // the layer input (what full recompute keeps)
+};
+
+LayerTerms layer_terms(const LayerShape& x) {
+  const double n = x.tokens(), dt = x.dtype_bytes, kv = x.g * (x.h / x.a);
+  const bool gpt = x.arch == Arch::kGpt;
+  LayerTerms L;
+  const double mask = gpt ? 1 : 0;  // bytes per element of a dropout mask
+  // norm inputs (2), QKV input, MLP input, and the two residual dropout masks
+  L.replicated = n * x.h * (4 * dt + 2 * mask);
+  // Q, K, V, projection input; MLP hidden: GELU input + output, or SwiGLU gate, up, product
+  L.split = n * (x.h * dt + 2 * kv * dt + x.h * dt) + n * x.f * (gpt ? 2 * dt : 3 * dt);
+  // softmax output; for GPT also its dropout mask and dropout output
+  L.scores = n * x.s * x.a * (gpt ? 2 * dt + mask : dt);
+  L.input = n * x.h * dt;
+  return L;
+}
+
+}  // namespace
+
+double layer_activation_bytes(const LayerShape& x, RecomputeKind r) {
+  const LayerTerms L = layer_terms(x);
+  const double rep = x.sp ? L.replicated / x.t : L.replicated;
+  switch (r) {
+    case RecomputeKind::kFull: return x.sp ? L.input / x.t : L.input;
+    case RecomputeKind::kSelective: return rep + L.split / x.t;
+    case RecomputeKind::kNone: break;
+  }
+  return rep + (L.split + L.scores) / x.t;
+}
+
+double layer_recompute_transient_bytes(const LayerShape& x, RecomputeKind r) {
+  switch (r) {
+    case RecomputeKind::kFull: return layer_activation_bytes(x, RecomputeKind::kNone);
+    case RecomputeKind::kSelective: return layer_terms(x).scores / x.t;
+    case RecomputeKind::kNone: break;
+  }
+  return 0;
+}
+
+double embedding_activation_bytes(const LayerShape& x) {
+  if (x.arch != Arch::kGpt) return 0;
+  const double ne = x.sp ? x.tokens() / x.t : x.tokens();
+  return ne * x.h;  // dropout mask, 1 byte per element
+}
+
+double head_activation_bytes(const LayerShape& x) {
+  const double n = x.tokens(), ne = x.sp ? n / x.t : n;
+  return 2 * ne * x.h * x.dtype_bytes + n * x.h * x.dtype_bytes + n * x.V / x.t * 4;
+}
+
+MemoryBreakdown model_state_bytes(double params, int64_t dp, int64_t zero_stage, const DeviceSpec& d) {
+  const double w = d.mixed_precision ? double(d.dtype_bytes) : 4.0;
+  const double opt = d.mixed_precision ? 12.0 : 8.0;
+  const double D = double(dp);
+  MemoryBreakdown m;
+  m.params = params * w / (zero_stage >= 3 ? D : 1);
+  m.grads = params * w / (zero_stage >= 2 ? D : 1);
+  m.optimizer = params * opt / (zero_stage >= 1 ? D : 1);
+  return m;
+}
+
+}  // namespace loom::sim

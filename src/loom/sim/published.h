@@ -1,0 +1,46 @@
+// Published large-model runs (tests/reference/published_runs.csv) as simulator plans, and
+// the simulator's prediction of each one's published figure.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+
+struct PublishedRun {
+  std::map<std::string, std::string> fields;  // column -> text, as in the CSV
+  std::string id() const;                     // row_id
+  std::string label() const;                  // "GPT 175B tp8 pp8 dp1 ..."
+};
+
+// RFC 4180 CSV with a header row. Throws loom::Error naming the file and line.
+std::vector<PublishedRun> read_published_runs(const std::string& path);
+
+// The row's configuration as a plan on its cluster preset (dgx-a100 for A100 rows).
+// Missing vocabulary: 51,200 (the Megatron papers' padded GPT-2 vocabulary). Rows whose
+// notes give an interleave factor (or calculon's assumed 3 for 175B/530B in Korthikanti
+// et al., which the paper's activation Figure 1 reproduces exactly) run interleaved.
+struct PublishedCase {
+  SimPlan plan;
+  ClusterSpec cluster;
+  std::string metric;       // "tflops_per_gpu" (Megatron's count) or "iteration_time_s"
+  double published = 0;
+};
+PublishedCase published_case(const PublishedRun& row);
+
+struct PublishedCheck {
+  std::string id, label, metric;
+  double published = 0, predicted = 0;
+  double error() const { return (predicted - published) / published; }
+  SimResult result;
+};
+PublishedCheck check_published(const PublishedRun& row);
+
+// Megatron's per-iteration FLOP count of Narayanan et al. (with the recompute forward):
+// 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
+double megatron_flops_per_iteration(double B, double s, double l, double h, double V);
+
+}  // namespace loom::sim

@@ -1,0 +1,380 @@
+#include "loom/sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom::sim {
+
+// Note [Simulated step]
+// One pipeline (dp rank 0, tp rank 0, cp rank 0) stands for all: dp, tp and cp replicas
+// run the same steps at the same times. The simulator builds the engine's schedule with
+// parallel::make_schedule and replays it with blocking semantics: a forward of virtual
+// stage v starts when its rank is free and stage v-1's forward of that micro-batch has
+// finished plus the point-to-point transfer; a backward waits for stage v+1's backward.
+// Each step costs its chunk's layers (Note [Cost model]): kernels plus the tp / cp
+// collectives, which run on the critical path as in Megatron; recompute adds the
+// recomputed forward to the backward; ZeRO-2/3's per-micro-batch reduce-scatter and
+// ZeRO-3's parameter gathers overlap the layer's compute and only their excess is charged.
+// After its last backward each rank reduces its gradients over dp (x cp): with overlap
+// the reduction runs under the last micro-batch's backward and only the tail past it is
+// exposed (at least the last bucket); then GPT's tied embedding is summed between the
+// first and last stage, the optimizer updates the local shard (memory-bound), and
+// ZeRO-1/2 all-gather the updated parameters. Step time is the slowest rank's end.
+// Activation memory is tracked along the replay: a forward adds its chunk's stored bytes,
+// a backward adds the recompute transient, then frees the chunk's bytes.
+
+namespace {
+
+struct Places {
+  GroupPlace tp, cp, dp, p2p, tied;
+};
+
+struct Pass {
+  double compute = 0, tp = 0, cp = 0, zero = 0;
+  double total() const { return compute + tp + cp + zero; }
+};
+
+// Per-micro-batch cost of one block / embedding / head: forward, backward and recompute.
+struct UnitCost {
+  Pass fwd, bwd, recompute;
+  double act_bytes = 0, transient_bytes = 0;
+};
+
+void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, bool core_only = false) {
+  for (const Op& o : ops) {
+    if (core_only && !o.attention_core) continue;
+    if (o.kind == Op::Kind::kComm) {
+      const double t = collective_time_s(c, o.coll, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
+      (o.axis == Axis::kCp ? p.cp : p.tp) += t;
+    } else {
+      p.compute += kernel_time_s(c.device, o);
+    }
+  }
+}
+
+// Backward: a GEMM becomes dX and dW (two GEMMs of its size), a memory-bound kernel moves
+// about twice its bytes, a collective is replaced by its conjugate of the same size.
+void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p) {
+  for (const Op& o : ops) {
+    if (o.kind == Op::Kind::kGemm) {
+      p.compute += 2 * gemm_time_s(c.device, o.flops, o.bytes);
+    } else if (o.kind == Op::Kind::kMemory) {
+      p.compute += memory_time_s(c.device, 2 * o.bytes);
+    } else {
+      Coll conj = o.coll;
+      if (o.coll == Coll::kAllGather) conj = Coll::kReduceScatter;
+      else if (o.coll == Coll::kReduceScatter) conj = Coll::kAllGather;
+      const double t = collective_time_s(c, conj, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
+      (o.axis == Axis::kCp ? p.cp : p.tp) += t;
+    }
+  }
+}
+
+UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, RecomputeKind r) {
+  UnitCost u;
+  add_forward(c, pl, ops, u.fwd);
+  add_backward(c, pl, ops, u.bwd);
+  if (r == RecomputeKind::kFull) add_forward(c, pl, ops, u.recompute);
+  if (r == RecomputeKind::kSelective) add_forward(c, pl, ops, u.recompute, true);
+  return u;
+}
+
+struct ChunkCost {
+  Pass fwd, bwd;        // bwd includes recompute
+  double recompute = 0; // seconds of bwd that are recompute
+  double act_bytes = 0, transient_bytes = 0, params = 0;
+};
+
+void add_unit(ChunkCost& ch, const UnitCost& u, double times) {
+  for (auto [dst, src] : {std::pair{&ch.fwd, &u.fwd}, std::pair{&ch.bwd, &u.bwd}, std::pair{&ch.bwd, &u.recompute}}) {
+    dst->compute += times * src->compute;
+    dst->tp += times * src->tp;
+    dst->cp += times * src->cp;
+  }
+  ch.recompute += times * u.recompute.total();
+  ch.act_bytes += times * u.act_bytes;
+  ch.transient_bytes = std::max(ch.transient_bytes, u.transient_bytes);
+}
+
+double flops_of(const std::vector<Op>& ops, bool core_only) {
+  double f = 0;
+  for (const Op& o : ops)
+    if (!core_only || o.attention_core) f += o.flops;
+  return f;
+}
+
+std::string step_name(const parallel::PipeStep& st, int vpp) {
+  char buf[32];
+  if (vpp > 1) std::snprintf(buf, sizeof buf, "%c%d.%d", st.forward ? 'F' : 'B', st.micro_batch, st.chunk);
+  else std::snprintf(buf, sizeof buf, "%c%d", st.forward ? 'F' : 'B', st.micro_batch);
+  return buf;
+}
+
+// Everything the per-rank phases need, fixed for one plan.
+struct Setup {
+  const SimPlan& plan;
+  const ClusterSpec& cluster;
+  int64_t tp, pp, dp, cp, vpp, V, m, seq;
+  RecomputeKind rk;
+  Places pl;
+  LayerShape x;
+  double wbytes = 4;       // bytes of one parameter / gradient as stored for compute
+  double p2p_bytes = 0, p2p_s = 0;
+  std::vector<ChunkCost> chunks;  // per virtual stage
+};
+
+Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
+  const Config& cfg = plan.cfg;
+  const ParallelConfig& par = cfg.parallel;
+  Setup s{plan, cluster, par.tp, par.pp, par.dp, plan.cp, par.vpp, par.pp * par.vpp, cfg.train.grad_accum,
+          cfg.seq_len(), recompute_from_name(par.recompute), {}, {}, 4, 0, 0, {}};
+  LOOM_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
+  LOOM_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
+             s.cp, " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
+             cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
+             " or change the layout");
+  LOOM_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
+  s.pl.tp = place_group(cluster, s.tp, 1);
+  s.pl.cp = place_group(cluster, s.cp, s.tp);
+  s.pl.dp = place_group(cluster, s.dp * s.cp, s.tp);  // gradients are reduced over dp x cp
+  const int64_t rank_stride = s.tp * s.cp * s.dp;
+  s.pl.p2p = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride);
+  s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
+  s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
+  s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
+  s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
+  s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
+  return s;
+}
+
+// Per virtual stage: its layers' block costs plus the embedding (first) and head (last).
+void build_chunks(Setup& s) {
+  const ModelConfig& model = s.plan.cfg.model;
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  UnitCost block = unit_cost(s.cluster, s.pl, block_forward_ops(s.x), s.rk);
+  block.act_bytes = layer_activation_bytes(s.x, s.rk);
+  block.transient_bytes = layer_recompute_transient_bytes(s.x, s.rk);
+  UnitCost embed = unit_cost(s.cluster, s.pl, embedding_forward_ops(s.x), RecomputeKind::kNone);
+  embed.act_bytes = embedding_activation_bytes(s.x);
+  UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), RecomputeKind::kNone);
+  head.act_bytes = head_activation_bytes(s.x);
+  // ZeRO traffic per layer and micro-batch, overlapped with that layer's compute.
+  const ParamCount bp = block_params(model, s.tp);
+  if (par.zero >= 2 && s.dp * s.cp > 1) {
+    const double rs = collective_time_s(s.cluster, Coll::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
+    block.bwd.zero += std::max(0.0, rs - block.bwd.compute);
+    if (par.zero >= 3) {
+      const double ag = collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.wbytes, s.pl.dp);
+      block.fwd.zero += std::max(0.0, ag - block.fwd.compute);
+      block.bwd.zero += std::max(0.0, ag - block.bwd.compute);
+    }
+  }
+  const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
+  s.chunks.assign(static_cast<size_t>(s.V), ChunkCost{});
+  for (int64_t v = 0; v < s.V; ++v) {
+    ChunkCost& ch = s.chunks[size_t(v)];
+    const double n = layers[size_t(v)];
+    add_unit(ch, block, n);
+    ch.fwd.zero += block.fwd.zero * n;
+    ch.bwd.zero += block.bwd.zero * n;
+    ch.params = n * bp.per_tp_rank;
+    if (v == 0) {
+      add_unit(ch, embed, 1);
+      ch.params += embedding_params(model, s.tp).per_tp_rank;
+    }
+    if (v == s.V - 1) {
+      add_unit(ch, head, 1);
+      ch.params += head_params(model, s.tp).per_tp_rank;
+    }
+  }
+}
+
+struct RankState {
+  double free_at = 0, live = 0, peak_live = 0, recomputed = 0, last_bwd_window = 0;
+  Pass spent;
+  size_t next = 0;
+};
+
+// Runs one step of rank r if its input is ready; false when it must wait.
+bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vector<std::vector<double>>& fdone,
+              std::vector<std::vector<double>>& bdone, RankState& rs, std::vector<SimEvent>* events) {
+  const int64_t v = int64_t(st.chunk) * s.pp + r;
+  const size_t i = size_t(st.micro_batch);
+  double dep = 0;
+  if (st.forward) {
+    if (v > 0 && fdone[size_t(v - 1)][i] < 0) return false;
+    dep = v > 0 ? fdone[size_t(v - 1)][i] + s.p2p_s : 0;
+  } else {
+    if (fdone[size_t(v)][i] < 0 || (v < s.V - 1 && bdone[size_t(v + 1)][i] < 0)) return false;
+    dep = v < s.V - 1 ? bdone[size_t(v + 1)][i] + s.p2p_s : fdone[size_t(v)][i];
+  }
+  const ChunkCost& ch = s.chunks[size_t(v)];
+  const Pass& pass = st.forward ? ch.fwd : ch.bwd;
+  const bool sends = st.forward ? v < s.V - 1 : v > 0;
+  const double start = std::max(rs.free_at, dep), end = start + pass.total();
+  const double release = end + (sends && s.plan.blocking_p2p ? s.p2p_s : 0);
+  rs.spent.compute += pass.compute;
+  rs.spent.tp += pass.tp;
+  rs.spent.cp += pass.cp;
+  rs.spent.zero += pass.zero;
+  if (st.forward) {
+    rs.live += ch.act_bytes;
+    rs.peak_live = std::max(rs.peak_live, rs.live);
+    fdone[size_t(v)][i] = end;
+  } else {
+    rs.peak_live = std::max(rs.peak_live, rs.live + ch.transient_bytes);
+    rs.live -= ch.act_bytes;
+    rs.recomputed += ch.recompute;
+    bdone[size_t(v)][i] = end;
+    if (int64_t(i) == s.m - 1) rs.last_bwd_window += pass.total();
+  }
+  if (events) {
+    const int64_t rank = r * s.tp * s.cp * s.dp;
+    events->push_back({rank, 0, step_name(st, int(s.vpp)), "pipeline", start, end});
+    if (sends) events->push_back({rank, 1, "send " + step_name(st, int(s.vpp)), "transfer", end, end + s.p2p_s});
+  }
+  rs.free_at = release;
+  return true;
+}
+
+std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  const parallel::Schedule sched =
+      parallel::make_schedule(parallel::schedule_kind_from_name(par.schedule), int(s.pp), int(s.m), int(s.vpp));
+  std::vector<std::vector<double>> fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(s.m), -1.0));
+  std::vector<std::vector<double>> bdone = fdone;
+  std::vector<RankState> ranks(static_cast<size_t>(s.pp));
+  size_t remaining = 0;
+  for (const auto& r : sched.steps) remaining += r.size();
+  while (remaining > 0) {
+    bool moved = false;
+    for (int64_t r = 0; r < s.pp; ++r) {
+      RankState& rs = ranks[size_t(r)];
+      const auto& steps = sched.steps[size_t(r)];
+      while (rs.next < steps.size() && try_step(s, r, steps[rs.next], fdone, bdone, rs, events)) {
+        ++rs.next;
+        --remaining;
+        moved = true;
+      }
+    }
+    LOOM_ASSERT(moved, "simulated schedule ", par.schedule, " deadlocked; parallel::validate accepts it");
+  }
+  return ranks;
+}
+
+// After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
+RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  const ModelConfig& model = s.plan.cfg.model;
+  const DeviceSpec& dev = s.cluster.device;
+  const bool tied = model.arch == Arch::kGpt && s.pp > 1;
+  const double G = double(s.dp * s.cp);
+  RankReport rep;
+  rep.pp_rank = r;
+  rep.global_rank = r * s.tp * s.cp * s.dp;
+  for (int64_t c = 0; c < s.vpp; ++c) rep.params += s.chunks[size_t(c * s.pp + r)].params;
+  const double wte = double(model.vocab * model.d_model) / double(s.tp);
+  if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
+  rep.pipeline_end_s = st.free_at;
+  rep.busy_s = st.spent.total();
+  const double grad_bytes = rep.params * s.wbytes;
+  if (G > 1 && par.zero <= 1) {
+    const Coll op = par.zero == 1 ? Coll::kReduceScatter : Coll::kAllReduce;
+    const double t = collective_time_s(s.cluster, op, grad_bytes, s.pl.dp);
+    const double buckets = std::max(1.0, std::ceil(grad_bytes / (par.bucket_mb * double(1 << 20))));
+    rep.dp_exposed_s = s.plan.dp_overlap ? std::max(t / buckets, t - st.last_bwd_window) : t;
+  }
+  if (tied && (r == 0 || r == s.pp - 1))
+    rep.tied_s = collective_time_s(s.cluster, Coll::kAllReduce, wte * s.wbytes, s.pl.tied);
+  // Adam reads w, g, m, v and writes w, m, v (mixed precision also the fp16 copy and the
+  // fp16 -> fp32 gradient), plus the gradient-norm pass.
+  const double update_bytes_per_param = dev.mixed_precision ? 36.0 : 32.0;
+  rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
+  if (G > 1 && (par.zero == 1 || par.zero == 2))
+    rep.param_gather_s = collective_time_s(s.cluster, Coll::kAllGather, rep.params * s.wbytes, s.pl.dp);
+  double t = rep.pipeline_end_s;
+  auto phase = [&](const char* name, const char* cat, int tid, double dur) {
+    if (dur <= 0) return;
+    if (events) events->push_back({rep.global_rank, tid, name, cat, t, t + dur});
+    t += dur;
+  };
+  phase("grad_sync (exposed)", "collective", 1, rep.dp_exposed_s);
+  phase("tied_embedding_sync", "collective", 1, rep.tied_s);
+  phase("optimizer", "compute", 0, rep.optimizer_s);
+  phase("param_gather", "collective", 1, rep.param_gather_s);
+  rep.step_end_s = t;
+
+  MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, dev);
+  mem.activations = st.peak_live;
+  if (s.pp > 1) mem.buffers += 2 * s.p2p_bytes;                              // send + receive
+  if (s.x.sp) mem.buffers += s.x.tokens() * s.x.h * s.x.dtype_bytes;         // sp all-gather output
+  if (par.zero >= 3) mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.wbytes;  // unit + prefetch
+  rep.memory = mem;
+  return rep;
+}
+
+void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& res) {
+  const Config& cfg = s.plan.cfg;
+  const DeviceSpec& dev = s.cluster.device;
+  size_t worst = 0, heaviest = 0;
+  double busy = 0, pipe_end = 0;
+  for (size_t r = 0; r < res.ranks.size(); ++r) {
+    if (res.ranks[r].step_end_s > res.ranks[worst].step_end_s) worst = r;
+    if (res.ranks[r].memory.total() > res.ranks[heaviest].memory.total()) heaviest = r;
+    busy += res.ranks[r].busy_s;
+    pipe_end = std::max(pipe_end, res.ranks[r].pipeline_end_s);
+  }
+  const RankReport& w = res.ranks[worst];
+  res.step_time_s = w.step_end_s;
+  res.bubble_fraction = pipe_end > 0 ? 1.0 - busy / (double(s.pp) * pipe_end) : 0;
+  const double batch = double(cfg.train.batch);
+  res.tokens_per_s = batch * double(s.seq) / res.step_time_s;
+  res.model_flops = model_flops_per_sequence(cfg.model, s.seq) * batch;
+  const LayerShape one = LayerShape::of(cfg.model, 1, s.seq, 1, 1, false, dev.dtype_bytes);
+  double extra = 0;
+  if (s.rk == RecomputeKind::kFull) extra = flops_of(block_forward_ops(one), false);
+  if (s.rk == RecomputeKind::kSelective) extra = flops_of(block_forward_ops(one), true);
+  res.hardware_flops = res.model_flops + extra * double(cfg.model.layers) * batch;
+  const double denom = res.step_time_s * double(res.gpus);
+  res.tflops_per_gpu = res.model_flops / denom / 1e12;
+  res.mfu = res.model_flops / (denom * dev.peak_flops);
+  res.hfu = res.hardware_flops / (denom * dev.peak_flops);
+  res.peak_rank = res.ranks[heaviest].global_rank;
+  res.peak_memory_bytes = res.ranks[heaviest].memory.total();
+  const Pass& sp = states[worst].spent;
+  Breakdown& b = res.breakdown;
+  b.recompute = states[worst].recomputed;
+  b.compute = sp.compute;
+  b.tp_comm = sp.tp;
+  b.cp_comm = sp.cp;
+  b.zero_comm = sp.zero + w.param_gather_s;
+  b.pp_idle = w.pipeline_end_s - w.busy_s;
+  b.dp_exposed = w.dp_exposed_s + w.tied_s;
+  b.optimizer = w.optimizer_s;
+  for (const RankReport& r : res.ranks)
+    if (r.memory.total() > dev.memory_bytes)
+      res.warnings.push_back(detail::cat("pipeline rank ", r.pp_rank, " needs ", r.memory.total() / double(1 << 30),
+                                         " GiB but a ", dev.name, " has ", dev.memory_bytes / double(1 << 30), " GiB"));
+}
+
+}  // namespace
+
+SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events) {
+  Setup s = make_setup(plan, cluster);
+  build_chunks(s);
+  SimResult res;
+  res.gpus = plan.gpus();
+  res.micro_batch = plan.cfg.micro_batch();
+  res.micro_batches = s.m;
+  std::vector<SimEvent>* events = record_events ? &res.events : nullptr;
+  const std::vector<RankState> states = replay(s, events);
+  for (int64_t r = 0; r < s.pp; ++r) res.ranks.push_back(finish_rank(s, r, states[size_t(r)], events));
+  summarize(s, states, res);
+  return res;
+}
+
+}  // namespace loom::sim

@@ -1,0 +1,66 @@
+// The simulator: replays the engine's pipeline schedule (parallel/schedule.h) with the
+// cost model's times on every pipeline rank and reports step time, bubble, MFU and HFU,
+// throughput and per-rank peak memory (Note [Simulated step]).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/sim/cluster.h"
+#include "loom/sim/memory_model.h"
+
+namespace loom::sim {
+
+struct SimPlan {
+  Config cfg;                // model, train.batch (global), train.grad_accum, train.seq, parallel.*
+  int64_t cp = 1;            // context parallel (simulator and planner only)
+  bool dp_overlap = true;    // gradient reduction overlapped with the last backward (loom, torch DDP)
+  bool blocking_p2p = false; // a pipeline send holds its rank until delivered (Megatron-LM's
+                             // batched isend/irecv + wait); loom's sends are asynchronous
+  int64_t gpus() const { return cfg.parallel.world() * cp; }
+};
+
+// One span of the timeline (Note [Trace schema] of train/trace.h: tid 0 compute, 1 comm).
+struct SimEvent {
+  int64_t rank = 0;          // global rank (dp 0, tp 0, cp 0 of its pipeline rank)
+  int tid = 0;
+  std::string name, cat;
+  double t0_s = 0, t1_s = 0;
+};
+
+struct RankReport {
+  int64_t pp_rank = 0, global_rank = 0;
+  double params = 0;             // parameters this rank holds before ZeRO sharding
+  MemoryBreakdown memory;        // at the peak
+  double pipeline_end_s = 0;     // end of its last backward
+  double busy_s = 0;             // compute inside the pipeline phase
+  double dp_exposed_s = 0, optimizer_s = 0, tied_s = 0, param_gather_s = 0;
+  double step_end_s = 0;
+};
+
+struct Breakdown {  // seconds of the slowest rank's step
+  double compute = 0, recompute = 0, tp_comm = 0, cp_comm = 0, zero_comm = 0;
+  double pp_idle = 0, dp_exposed = 0, optimizer = 0;
+};
+
+struct SimResult {
+  double step_time_s = 0, tokens_per_s = 0;
+  double model_flops = 0, hardware_flops = 0;   // per step, all GPUs
+  double tflops_per_gpu = 0;                    // model FLOPs (the MFU numerator) / s / GPU
+  double mfu = 0, hfu = 0, bubble_fraction = 0;
+  double peak_memory_bytes = 0;                 // worst rank
+  int64_t peak_rank = 0;
+  int64_t gpus = 0, micro_batch = 0, micro_batches = 0;
+  Breakdown breakdown;
+  std::vector<RankReport> ranks;                // one per pipeline rank
+  std::vector<SimEvent> events;                 // when asked for
+  std::vector<std::string> warnings;            // e.g. a rank over device memory
+};
+
+// Throws ConfigError when the plan does not fit the cluster (world != devices, memory is
+// only reported, not refused: the planner prunes on it).
+SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events = false);
+
+}  // namespace loom::sim

@@ -26,7 +26,9 @@ TEST(Diagnosis, TimeoutNamesTheRankThatHasNotArrived) {
   const auto errors = run_threads(3, short_timeout(), [](World& w) {
     float x = 1.f;
     w.world_group().all_reduce(std::span(&x, 1));
-    if (w.global_rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    // 10x the timeout: ranks 0 and 1 must time out even when a loaded machine (CI on 2
+    // cores beside a compile) delays their threads by seconds.
+    if (w.global_rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
     w.world_group().all_reduce(std::span(&x, 1));
     // Rank 2 may complete #2 from messages the others sent before giving up; #3 it cannot.
     w.world_group().all_reduce(std::span(&x, 1));

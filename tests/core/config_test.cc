@@ -104,6 +104,19 @@ TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
   EXPECT_NE(many.find("parallel.sp = true needs parallel.tp > 1"), std::string::npos) << many;
   EXPECT_NE(many.find("parallel.schedule = 'zb'"), std::string::npos) << many;
   EXPECT_NE(many.find("parallel.recompute = 'some'"), std::string::npos) << many;
+  // Per-layer recompute: policy[*count] entries covering exactly model.layers (4 here).
+  EXPECT_EQ(error_of({"parallel.recompute=full*3,none"}), "");
+  EXPECT_EQ(error_of({"parallel.recompute=selective,none,full,none"}), "");
+  EXPECT_NE(error_of({"parallel.recompute=full*3"}).find("covers 3 of model.layers = 4"), std::string::npos);
+  EXPECT_NE(error_of({"parallel.recompute=full*9"}).find("more than model.layers = 4"), std::string::npos);
+  EXPECT_NE(error_of({"parallel.recompute=full*x,none"}).find("no positive count"), std::string::npos);
+  {
+    ParallelConfig p;
+    p.recompute = "full*2,selective,none";
+    EXPECT_EQ(p.recompute_layers(4), (std::vector<std::string>{"full", "full", "selective", "none"}));
+    p.recompute = "selective";
+    EXPECT_EQ(p.recompute_layers(3), (std::vector<std::string>{"selective", "selective", "selective"}));
+  }
   EXPECT_NE(error_of({"parallel.pp=2", "parallel.vpp=2"}).find("needs parallel.schedule = interleaved"),
             std::string::npos);
   EXPECT_NE(error_of({"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=1"})

@@ -153,7 +153,10 @@ TEST(TensorParallel, GptLayoutsMatchTheSingleProcessRun) {
                   {"dp2 x tp2 zero2", {"parallel.dp=2", "parallel.tp=2", "parallel.zero=2"}},
                   {"tp2 recompute selective", {"parallel.tp=2", "parallel.recompute=selective"}},
                   {"tp2 x pp2 recompute full", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2",
-                                                "parallel.recompute=full"}}});
+                                                "parallel.recompute=full"}},
+                  // A planner's per-layer policy over the 4 layers.
+                  {"tp2 x pp2 recompute per layer", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2",
+                                                     "parallel.recompute=full,selective,none,full"}}});
 }
 
 TEST(SequenceParallel, MatchesTheSingleProcessRun) {

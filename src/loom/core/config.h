@@ -68,13 +68,17 @@ struct ParallelConfig {
   int64_t zero = 0;            // 0: plain data parallel; 1: optimizer state, 2: + gradients, 3: + params sharded
   int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
   std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved
-  std::string recompute = "none";    // none | selective | full
+  std::string recompute = "none";    // none | selective | full, or one per layer: "full*20,selective*4"
   std::string pp_layers;       // layers per pipeline stage, e.g. "3,4"; empty: as even as possible
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as counts ({} when empty). Throws ConfigError on bad syntax (validate() has
   // already refused it for any loaded config).
   std::vector<int> layer_split() const;
+  // The recompute policy of each of `layers` layers ("none", "selective" or "full"): one
+  // policy for all, or a list of policy[*count] entries covering every layer. Throws
+  // ConfigError on anything else (validate() has already refused it for a loaded config).
+  std::vector<std::string> recompute_layers(int64_t layers) const;
 };
 
 struct Config {

@@ -59,8 +59,13 @@ void check_degrees(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("parallel.bucket_mb = " + std::to_string(p.bucket_mb) + ": expected MiB in (0, 1048576]");
   if (p.schedule != "gpipe" && p.schedule != "1f1b" && p.schedule != "interleaved")
     errs.push_back("parallel.schedule = '" + p.schedule + "': expected gpipe, 1f1b or interleaved");
-  if (p.recompute != "none" && p.recompute != "selective" && p.recompute != "full")
-    errs.push_back("parallel.recompute = '" + p.recompute + "': expected none, selective or full");
+  if (c.model.layers > 0) {
+    try {
+      p.recompute_layers(c.model.layers);
+    } catch (const ConfigError& e) {
+      errs.push_back(e.what());
+    }
+  }
 
   const ModelConfig& m = c.model;
   if (p.tp > 1 && m.heads > 0 && m.kv_heads > 0 && m.ffn > 0 &&
@@ -150,6 +155,33 @@ std::vector<int> ParallelConfig::layer_split() const {
   const std::vector<int64_t> split = parse_layer_list(pp_layers, &error);
   if (!error.empty()) throw ConfigError(error);
   return std::vector<int>(split.begin(), split.end());
+}
+
+std::vector<std::string> ParallelConfig::recompute_layers(int64_t layers) const {
+  auto bad = [&](const std::string& why) {
+    return ConfigError("parallel.recompute = '" + recompute + "': " + why +
+                       "; expected none, selective or full, or one per layer as policy[*count] entries, e.g. "
+                       "\"full*" + str(layers > 1 ? layers - 1 : 1) + ",none\"");
+  };
+  std::vector<std::string> out;
+  std::stringstream ss(recompute);
+  for (std::string item; std::getline(ss, item, ',');) {
+    int64_t count = 1;
+    if (const size_t star = item.find('*'); star != std::string::npos) {
+      const std::string n = item.substr(star + 1);
+      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 9 || std::stoll(n) < 1)
+        throw bad("'" + item + "' has no positive count after '*'");
+      count = std::stoll(n);
+      item = item.substr(0, star);
+    }
+    if (item != "none" && item != "selective" && item != "full") throw bad("'" + item + "' is not a policy");
+    if (int64_t(out.size()) + count > layers) throw bad("lists more than model.layers = " + str(layers) + " layers");
+    out.insert(out.end(), size_t(count), item);
+  }
+  if (out.size() == 1) out.assign(size_t(layers), out[0]);
+  if (int64_t(out.size()) != layers)
+    throw bad("covers " + str(int64_t(out.size())) + " of model.layers = " + str(layers) + " layers");
+  return out;
 }
 
 void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {

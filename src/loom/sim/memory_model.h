@@ -9,7 +9,7 @@
 
 namespace loom::sim {
 
-enum class RecomputeKind { kNone, kSelective, kFull };
+enum class RecomputeKind { kNone = 0, kSelective = 1, kFull = 2 };
 RecomputeKind recompute_from_name(const std::string& name);  // none | selective | full
 
 // Bytes one transformer layer keeps for its backward, for one micro-batch, on one rank.

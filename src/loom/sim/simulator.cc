@@ -119,7 +119,7 @@ struct Setup {
   const SimPlan& plan;
   const ClusterSpec& cluster;
   int64_t tp, pp, dp, cp, vpp, V, m, seq;
-  RecomputeKind rk;
+  std::vector<RecomputeKind> rk;  // per layer
   Places pl;
   LayerShape x;
   double wbytes = 4;       // bytes of one parameter / gradient as stored for compute
@@ -131,7 +131,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   const Config& cfg = plan.cfg;
   const ParallelConfig& par = cfg.parallel;
   Setup s{plan, cluster, par.tp, par.pp, par.dp, plan.cp, par.vpp, par.pp * par.vpp, cfg.train.grad_accum,
-          cfg.seq_len(), recompute_from_name(par.recompute), {}, {}, 4, 0, 0, {}};
+          cfg.seq_len(), {}, {}, {}, 4, 0, 0, {}};
+  for (const std::string& r : par.recompute_layers(cfg.model.layers)) s.rk.push_back(recompute_from_name(r));
   LOOM_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
   LOOM_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
              s.cp, " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
@@ -155,9 +156,13 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
 void build_chunks(Setup& s) {
   const ModelConfig& model = s.plan.cfg.model;
   const ParallelConfig& par = s.plan.cfg.parallel;
-  UnitCost block = unit_cost(s.cluster, s.pl, block_forward_ops(s.x), s.rk);
-  block.act_bytes = layer_activation_bytes(s.x, s.rk);
-  block.transient_bytes = layer_recompute_transient_bytes(s.x, s.rk);
+  // One block cost per recompute policy; each layer adds the one its policy selects.
+  std::vector<UnitCost> block;
+  for (RecomputeKind r : {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull}) {
+    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r));
+    block.back().act_bytes = layer_activation_bytes(s.x, r);
+    block.back().transient_bytes = layer_recompute_transient_bytes(s.x, r);
+  }
   UnitCost embed = unit_cost(s.cluster, s.pl, embedding_forward_ops(s.x), RecomputeKind::kNone);
   embed.act_bytes = embedding_activation_bytes(s.x);
   UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), RecomputeKind::kNone);
@@ -166,22 +171,26 @@ void build_chunks(Setup& s) {
   const ParamCount bp = block_params(model, s.tp);
   if (par.zero >= 2 && s.dp * s.cp > 1) {
     const double rs = collective_time_s(s.cluster, Coll::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
-    block.bwd.zero += std::max(0.0, rs - block.bwd.compute);
-    if (par.zero >= 3) {
-      const double ag = collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.wbytes, s.pl.dp);
-      block.fwd.zero += std::max(0.0, ag - block.fwd.compute);
-      block.bwd.zero += std::max(0.0, ag - block.bwd.compute);
+    const double ag = par.zero >= 3 ? collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.wbytes, s.pl.dp) : 0;
+    for (UnitCost& b : block) {
+      b.bwd.zero += std::max(0.0, rs + ag - b.bwd.compute);
+      b.fwd.zero += std::max(0.0, ag - b.fwd.compute);
     }
   }
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
   s.chunks.assign(static_cast<size_t>(s.V), ChunkCost{});
+  int64_t first = 0;
   for (int64_t v = 0; v < s.V; ++v) {
     ChunkCost& ch = s.chunks[size_t(v)];
-    const double n = layers[size_t(v)];
-    add_unit(ch, block, n);
-    ch.fwd.zero += block.fwd.zero * n;
-    ch.bwd.zero += block.bwd.zero * n;
-    ch.params = n * bp.per_tp_rank;
+    const int64_t n = layers[size_t(v)];
+    for (int64_t l = first; l < first + n; ++l) {
+      const UnitCost& b = block[size_t(s.rk[size_t(l)])];
+      add_unit(ch, b, 1);
+      ch.fwd.zero += b.fwd.zero;
+      ch.bwd.zero += b.bwd.zero;
+    }
+    first += n;
+    ch.params = double(n) * bp.per_tp_rank;
     if (v == 0) {
       add_unit(ch, embed, 1);
       ch.params += embedding_params(model, s.tp).per_tp_rank;
@@ -335,10 +344,12 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   res.tokens_per_s = batch * double(s.seq) / res.step_time_s;
   res.model_flops = model_flops_per_sequence(cfg.model, s.seq) * batch;
   const LayerShape one = LayerShape::of(cfg.model, 1, s.seq, 1, 1, false, dev.dtype_bytes);
-  double extra = 0;
-  if (s.rk == RecomputeKind::kFull) extra = flops_of(block_forward_ops(one), false);
-  if (s.rk == RecomputeKind::kSelective) extra = flops_of(block_forward_ops(one), true);
-  res.hardware_flops = res.model_flops + extra * double(cfg.model.layers) * batch;
+  double extra = 0;  // recomputed forward FLOPs per sequence
+  for (RecomputeKind r : s.rk) {
+    if (r == RecomputeKind::kFull) extra += flops_of(block_forward_ops(one), false);
+    if (r == RecomputeKind::kSelective) extra += flops_of(block_forward_ops(one), true);
+  }
+  res.hardware_flops = res.model_flops + extra * batch;
   const double denom = res.step_time_s * double(res.gpus);
   res.tflops_per_gpu = res.model_flops / denom / 1e12;
   res.mfu = res.model_flops / (denom * dev.peak_flops);

@@ -17,10 +17,8 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.act_slots = rc.act_slots;
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
-  const std::string& r = cfg.parallel.recompute;
-  o.recompute.assign(size_t(cfg.model.layers), r == "full"        ? Recompute::kFull
-                                               : r == "selective" ? Recompute::kSelective
-                                                                  : Recompute::kNone);
+  for (const std::string& r : cfg.parallel.recompute_layers(cfg.model.layers))
+    o.recompute.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
   return o;
 }
 

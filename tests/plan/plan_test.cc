@@ -1,0 +1,138 @@
+// The planner's solvers on problems small enough to check by hand or by enumeration.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "loom/plan/layer_ilp.h"
+#include "loom/plan/stage_dp.h"
+
+namespace loom::plan {
+namespace {
+
+TEST(StageDp, HandExamples) {
+  // Four equal layers, two stages: 2 + 2.
+  EXPECT_EQ(split_stages({1, 1, 1, 1}, 2, 0, 0).layers, (std::vector<int>{2, 2}));
+  // A heavy head (3) on the last stage pushes layers forward: {3 | 1 + head} -> max(3, 4)
+  // vs {2 | 2 + 3}: 5 -> 3,1.
+  const StageSplit s = split_stages({1, 1, 1, 1}, 2, 0, 3);
+  EXPECT_EQ(s.layers, (std::vector<int>{3, 1}));
+  EXPECT_DOUBLE_EQ(s.bottleneck_s, 4);
+  // Embedding and head both heavy: the middle stage takes the most layers.
+  EXPECT_EQ(split_stages(std::vector<double>(8, 1), 3, 2, 2).layers, (std::vector<int>{2, 4, 2}));
+  // A memory cap of 1 layer on stage 0 forces 1,3.
+  EXPECT_EQ(split_stages({1, 1, 1, 1}, 2, 0, 0, {1, 4}).layers, (std::vector<int>{1, 3}));
+  EXPECT_TRUE(split_stages({1, 1}, 3, 0, 0).layers.empty());          // more stages than layers
+  EXPECT_TRUE(split_stages({1, 1, 1}, 2, 0, 0, {1, 1}).layers.empty());  // caps cannot hold 3 layers
+}
+
+TEST(StageDp, MatchesBruteForceOnRandomProblems) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.1, 3.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int L = 1 + int(rng() % 10), S = 1 + int(rng() % L);
+    std::vector<double> t(static_cast<size_t>(L));
+    for (double& v : t) v = u(rng);
+    const double first = u(rng) * (rng() % 2), last = u(rng) * (rng() % 2);
+    std::vector<int> cap;
+    if (rng() % 3 == 0)
+      for (int s = 0; s < S; ++s) cap.push_back(1 + int(rng() % L));
+    const StageSplit dp = split_stages(t, S, first, last, cap), bf = split_stages_brute_force(t, S, first, last, cap);
+    ASSERT_EQ(dp.layers.empty(), bf.layers.empty()) << "trial " << trial;
+    if (dp.layers.empty()) continue;
+    EXPECT_NEAR(dp.bottleneck_s, bf.bottleneck_s, 1e-12) << "trial " << trial;
+    int sum = 0;
+    for (int v : dp.layers) sum += v;
+    EXPECT_EQ(sum, L);
+  }
+}
+
+Strategy st(const char* name, double t, double m) { return Strategy{name, t, m}; }
+
+TEST(LayerIlp, KnapsackOptimumByHand) {
+  // Three layers on one stage, each: none (t 0, mem 4) or full recompute (t 1, mem 1).
+  // Budget 9: keeping two layers un-recomputed needs 4 + 4 + 1 = 9 -> T = 1 (one full).
+  LayerIlp p;
+  p.layers.assign(3, {st("none", 0, 4), st("full", 1, 1)});
+  p.group = {0, 0, 0};
+  p.group_budget_bytes = {9};
+  p.group_base_s = {10};
+  const IlpSolution s = solve_layer_ilp(p);
+  ASSERT_TRUE(s.feasible) << s.status;
+  EXPECT_EQ(s.status, "optimal");
+  EXPECT_DOUBLE_EQ(s.objective_s, 11);
+  int full = 0;
+  for (int c : s.choice) full += c;
+  EXPECT_EQ(full, 1);
+  // Budget 5: needs two full -> 12. Budget 2: infeasible.
+  p.group_budget_bytes = {6};
+  EXPECT_DOUBLE_EQ(solve_layer_ilp(p).objective_s, 12);
+  p.group_budget_bytes = {2};
+  EXPECT_FALSE(solve_layer_ilp(p).feasible);
+}
+
+TEST(LayerIlp, MinimisesTheSlowestStage) {
+  // Two stages of two layers; stage 0 has a base of 5, stage 1 of 0. Choices: fast (t 1,
+  // mem 3) or slow (t 2, mem 1); budgets 4 each. Each stage must take one slow layer:
+  // stage 0: 5 + 1 + 2 = 8, stage 1: 3 -> T = 8; with budget 6 on stage 0: 5 + 2 = 7.
+  LayerIlp p;
+  p.layers.assign(4, {st("fast", 1, 3), st("slow", 2, 1)});
+  p.group = {0, 0, 1, 1};
+  p.group_budget_bytes = {4, 4};
+  p.group_base_s = {5, 0};
+  EXPECT_DOUBLE_EQ(solve_layer_ilp(p).objective_s, 8);
+  p.group_budget_bytes = {6, 4};
+  const IlpSolution s = solve_layer_ilp(p);
+  EXPECT_DOUBLE_EQ(s.objective_s, 7);
+  EXPECT_EQ(s.choice[0] + s.choice[1], 0);  // stage 0 all fast
+}
+
+TEST(LayerIlp, ReshardingPricesEdgesBetweenDifferentChoices) {
+  // Two layers, choices A (t 1) and B (t 0); switching A->B or B->A costs 5. Layer 0 can
+  // only afford A (B takes too much memory): best is A, A = 2 rather than A, B = 1 + 5.
+  LayerIlp p;
+  p.layers = {{st("A", 1, 1), st("B", 0, 100)}, {st("A", 1, 1), st("B", 0, 1)}};
+  p.group = {0, 0};
+  p.group_budget_bytes = {10};
+  p.group_base_s = {0};
+  p.reshard = {{{0, 5}, {5, 0}}};
+  const IlpSolution s = solve_layer_ilp(p);
+  EXPECT_EQ(s.choice, (std::vector<int>{0, 0}));
+  EXPECT_DOUBLE_EQ(s.objective_s, 2);
+  EXPECT_DOUBLE_EQ(evaluate_assignment(p, {0, 1}).objective_s, 6);
+  EXPECT_FALSE(evaluate_assignment(p, {1, 1}).within_budget);
+}
+
+TEST(LayerIlp, AgreesWithEnumerationOnRandomProblems) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 40; ++trial) {
+    LayerIlp p;
+    const int L = 2 + int(rng() % 4), G = 1 + int(rng() % 2), K = 2 + int(rng() % 2);
+    for (int l = 0; l < L; ++l) {
+      std::vector<Strategy> s;
+      for (int k = 0; k < K; ++k) s.push_back(st("s", u(rng), u(rng)));
+      p.layers.push_back(s);
+      p.group.push_back(l * G / L);
+    }
+    p.group_budget_bytes.assign(size_t(G), 0.6 * L / G);
+    p.group_base_s.assign(size_t(G), 0);
+    for (int g = 0; g < G; ++g) p.group_base_s[size_t(g)] = u(rng);
+    double best = 1e30;
+    std::vector<int> c(size_t(L), 0);
+    for (int code = 0; code < int(std::pow(K, L)); ++code) {
+      for (int l = 0, v = code; l < L; ++l, v /= K) c[size_t(l)] = v % K;
+      const IlpEvaluation e = evaluate_assignment(p, c);
+      if (e.within_budget) best = std::min(best, e.objective_s);
+    }
+    const IlpSolution s = solve_layer_ilp(p);
+    if (best == 1e30) {
+      EXPECT_FALSE(s.feasible) << "trial " << trial;
+    } else {
+      ASSERT_TRUE(s.feasible) << "trial " << trial;
+      EXPECT_NEAR(s.objective_s, best, 1e-7) << "trial " << trial;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::plan

@@ -136,3 +136,43 @@ TEST(LayerIlp, AgreesWithEnumerationOnRandomProblems) {
 
 }  // namespace
 }  // namespace loom::plan
+
+#include "loom/plan/search.h"
+#include "loom/sim/published.h"
+
+namespace loom::plan {
+namespace {
+
+// Issue 5: given a published run's model, GPU count and global batch, the planner's best
+// plan is predicted at least as fast as the published configuration (the rows small
+// enough for the default suite: 22B on 8 GPUs and 175B on 64).
+TEST(Planner, BeatsOrMatchesThePublishedConfiguration) {
+  const auto rows = sim::read_published_runs(LOOM_SOURCE_DIR "/tests/reference/published_runs.csv");
+  int checked = 0;
+  for (const auto& row : rows) {
+    if (row.id() != "25" && row.id() != "27") continue;
+    const sim::PublishedCase pc = sim::published_case(row);
+    const sim::SimResult published = sim::simulate(pc.plan, pc.cluster);
+    PlanRequest req;
+    req.base = pc.plan.cfg;
+    req.cluster = pc.cluster;
+    req.global_batch = pc.plan.cfg.train.batch;
+    req.top = 3;
+    const PlanReport rep = search_plans(req);
+    ASSERT_FALSE(rep.ranked.empty()) << row.label();
+    const PlanCandidate& best = rep.ranked.front();
+    EXPECT_LE(best.result.step_time_s, published.step_time_s * (1 + 1e-9)) << row.label() << " vs " << layout_label(best.plan);
+    EXPECT_LE(best.result.peak_memory_bytes, pc.cluster.device.memory_bytes);
+    // The emitted loom plan is a config the engine's validator accepts as is.
+    const Config back = config_from_toml_string(emit_loom_toml(best.plan));
+    EXPECT_EQ(back.parallel.recompute, best.plan.cfg.parallel.recompute);
+    EXPECT_EQ(back.parallel.tp, best.plan.cfg.parallel.tp);
+    EXPECT_NE(emit_megatron_args(best.plan).find("--tensor-model-parallel-size " + std::to_string(back.parallel.tp)),
+              std::string::npos);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+}  // namespace
+}  // namespace loom::plan

@@ -84,4 +84,11 @@ SimInputs resolve_sim_inputs(const SimArgs& a);
 std::string default_local_cluster_path();  // $XDG_CACHE_HOME/loom or ~/.cache/loom
 int run_simulate(const SimArgs& a);
 
+struct PlanArgs {
+  SimArgs sim;           // model, cluster, --gpus, --global-batch, --seq, --cp, --json
+  int64_t top = 5;
+  std::string emit, out; // --emit loom | megatron, written to --out (stdout when empty)
+};
+int run_plan(const PlanArgs& a);
+
 }  // namespace loom::cli

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
 
   loom::cli::TrainArgs train;
   auto* t = app.add_subcommand("train", "Train a model on a text corpus and save a checkpoint");
-  t->add_option("--config", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm, parallel)");
+  t->add_option("--config,--plan", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm, parallel); a plan from loom plan --emit loom is one");
   t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
   t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
   add_layout_flags(t, train.layout);
@@ -75,6 +75,13 @@ int main(int argc, char** argv) {
   add_sim_flags(sm, sim);
   sm->add_option("--trace", sim.trace, "Write the simulated step as a Chrome trace (the engine's schema)");
   sm->add_option("--svg", sim.svg, "Write the simulated step as an SVG timeline");
+
+  loom::cli::PlanArgs pl;
+  auto* pc = app.add_subcommand("plan", "Search dp/tp/pp/vpp, micro-batch, ZeRO, sp, recompute and schedule for the fastest layout that fits");
+  add_sim_flags(pc, pl.sim);
+  pc->add_option("--top", pl.top, "Plans to print, fastest first")->capture_default_str();
+  pc->add_option("--emit", pl.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
+  pc->add_option("--out", pl.out, "Write --emit output to this file");
 
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
@@ -128,6 +135,7 @@ int main(int argc, char** argv) {
     if (*t) return loom::cli::run_train(train, argc, argv);
     if (*v) return loom::cli::run_verify(ver);
     if (*sm) return loom::cli::run_simulate(sim);
+    if (*pc) return loom::cli::run_plan(pl);
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

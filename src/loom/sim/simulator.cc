@@ -374,6 +374,25 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
 
 }  // namespace
 
+BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
+  const Setup s = make_setup(plan, cluster);
+  BlockCosts out;
+  for (RecomputeKind r : {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull}) {
+    const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r);
+    out.time_s[int(r)] = u.fwd.total() + u.bwd.total() + u.recompute.total();
+    out.act_bytes[int(r)] = layer_activation_bytes(s.x, r);
+  }
+  const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), RecomputeKind::kNone);
+  const UnitCost h = unit_cost(cluster, s.pl, head_forward_ops(s.x), RecomputeKind::kNone);
+  out.embed_s = e.fwd.total() + e.bwd.total();
+  out.head_s = h.fwd.total() + h.bwd.total();
+  const ParallelConfig& par = plan.cfg.parallel;
+  const parallel::ScheduleCheck chk = parallel::validate(
+      parallel::make_schedule(parallel::schedule_kind_from_name(par.schedule), int(s.pp), int(s.m), int(s.vpp)));
+  out.in_flight = chk.peak_in_flight;
+  return out;
+}
+
 SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events) {
   Setup s = make_setup(plan, cluster);
   build_chunks(s);

@@ -59,6 +59,17 @@ struct SimResult {
   std::vector<std::string> warnings;            // e.g. a rank over device memory
 };
 
+// What one block costs per recompute policy (index = RecomputeKind), for the planner's
+// stage DP and per-layer integer program: fwd + bwd seconds per micro-batch (recompute
+// included), bytes kept per micro-batch; the embedding's and the head's fwd + bwd; and per
+// pipeline rank the micro-batch chunks its schedule holds at once.
+struct BlockCosts {
+  double time_s[3] = {0, 0, 0}, act_bytes[3] = {0, 0, 0};
+  double embed_s = 0, head_s = 0;
+  std::vector<int> in_flight;
+};
+BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster);
+
 // Throws ConfigError when the plan does not fit the cluster (world != devices, memory is
 // only reported, not refused: the planner prunes on it).
 SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events = false);

@@ -1,0 +1,92 @@
+// `loom plan`: search the layout space for a model on a cluster (Note [Plan search]).
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "loom/cli/commands.h"
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/plan/search.h"
+
+namespace loom::cli {
+
+nlohmann::json layout_json(const sim::SimPlan& p);
+nlohmann::json result_json(const sim::SimResult& r);
+
+int run_plan(const PlanArgs& a) {
+  if (a.sim.gpus <= 0) throw ConfigError("loom plan needs --gpus N (the devices to plan for)");
+  if (!a.emit.empty() && a.emit != "loom" && a.emit != "megatron")
+    throw ConfigError("--emit '" + a.emit + "': expected loom or megatron");
+  if (a.top < 1) throw ConfigError("--top " + std::to_string(a.top) + ": expected >= 1");
+  SimArgs base = a.sim;
+  base.layout = LayoutFlags{};  // the layout is what is searched
+  base.layout.micro_batch = 1;
+  base.layout.dp = 1;
+  base.gpus = 0;
+  const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
+  plan::PlanRequest req;
+  req.base = in.plan.cfg;
+  req.cluster = sim::load_cluster(a.sim.cluster, {}, a.sim.gpus, a.sim.local_path.empty() ? default_local_cluster_path() : a.sim.local_path);
+  std::vector<std::string> cluster_sets;
+  for (const std::string& s : a.sim.sets)
+    if (s.rfind("cluster.", 0) == 0) cluster_sets.push_back(s);
+  req.cluster = sim::load_cluster(a.sim.cluster, cluster_sets, a.sim.gpus,
+                                  a.sim.local_path.empty() ? default_local_cluster_path() : a.sim.local_path);
+  req.global_batch = a.sim.global_batch > 0 ? a.sim.global_batch : in.plan.cfg.train.batch;
+  req.top = a.top;
+  req.cp = {a.sim.cp};
+  const plan::PlanReport rep = plan::search_plans(req);
+  if (rep.ranked.empty()) {
+    std::string why;
+    for (const auto& [reason, n] : rep.pruned) why += "\n  " + std::to_string(n) + " " + reason + " (e.g. " + rep.example.at(reason) + ")";
+    throw ConfigError("no layout of " + req.base.model.preset + " fits " + std::to_string(a.sim.gpus) + " x " +
+                      req.cluster.device.name + " at global batch " + std::to_string(req.global_batch) + ":" + why);
+  }
+  if (!a.emit.empty()) {
+    const sim::SimPlan& best = rep.ranked.front().plan;
+    const std::string text = a.emit == "loom" ? plan::emit_loom_toml(best) : plan::emit_megatron_args(best);
+    if (a.out.empty()) {
+      std::cout << text;
+    } else {
+      std::ofstream f(a.out);
+      if (!(f << text)) throw Error("--out: cannot write '" + a.out + "'");
+      std::cerr << "wrote the best plan to " << a.out << "\n";
+    }
+    if (a.out.empty()) return 0;
+  }
+  if (a.sim.json) {
+    for (const plan::PlanCandidate& c : rep.ranked) {
+      nlohmann::json j = result_json(c.result);
+      j["layout"] = layout_json(c.plan);
+      j["how"] = c.how;
+      std::cout << j.dump() << "\n";
+    }
+    nlohmann::json s = {{"evaluated", rep.evaluated}, {"ilp_solves", rep.ilp_solves}, {"ilp_s", rep.ilp_s},
+                        {"search_s", rep.total_s}, {"pruned", rep.pruned}};
+    std::cout << nlohmann::json{{"summary", s}}.dump() << std::endl;
+    return 0;
+  }
+  const double gib = double(int64_t(1) << 30);
+  std::cout << "loom plan: " << req.base.model.preset << " on " << a.sim.gpus << " x " << req.cluster.device.name
+            << " (" << req.cluster.name << "), global batch " << req.global_batch << " x seq " << req.base.seq_len()
+            << "\n";
+  int i = 0;
+  for (const plan::PlanCandidate& c : rep.ranked) {
+    const sim::SimResult& r = c.result;
+    const sim::Breakdown& b = r.breakdown;
+    std::cout << std::fixed << "#" << ++i << "  " << plan::layout_label(c.plan) << "  [" << c.how << "]\n"
+              << std::setprecision(3) << "    step " << r.step_time_s << " s, MFU " << r.mfu << ", HFU " << r.hfu
+              << ", " << std::setprecision(1) << r.tflops_per_gpu << " TFLOP/s/GPU; compute " << std::setprecision(3)
+              << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.dp_exposed
+              << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
+              << " GiB\n";
+  }
+  std::cout << "pruned:";
+  for (const auto& [reason, n] : rep.pruned) std::cout << "\n  " << n << " " << reason << " (e.g. " << rep.example.at(reason) << ")";
+  std::cout << "\n" << rep.evaluated << " layouts simulated, " << rep.ilp_solves << " ILP solves (" << std::setprecision(3)
+            << rep.ilp_s << " s), search " << rep.total_s << " s\n";
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,233 @@
+#include "loom/plan/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/plan/layer_ilp.h"
+#include "loom/plan/stage_dp.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom::plan {
+
+// Note [Plan search]
+// 1. Enumerate tp (divisors of the GPU count up to a node), pp (up to the layer count),
+//    cp (as asked), dp = gpus / (tp pp cp), micro-batch 1..8, 1F1B or interleaved with
+//    vpp 2..4, sp on/off, ZeRO 0-3 and a uniform recompute policy. Layouts the engine's
+//    validator refuses, or whose batch does not divide, are pruned with the reason; the
+//    rest are simulated (the same replay as `loom simulate`) and those over device memory
+//    are pruned as out of memory.
+// 2. Refine the best few: the stage DP re-splits layers when the embedding and head make
+//    the ends heavier; the layer ILP picks each layer's recompute policy so the slowest
+//    stage is fastest within every stage's memory. A refinement is kept only if the
+//    simulator (not the solver's own estimate) says it is faster and fits.
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n, int64_t cap) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= std::min(n, cap); ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+struct Acc {
+  PlanReport& rep;
+  void prune(const std::string& reason, const std::string& layout) {
+    if (rep.pruned[reason]++ == 0) rep.example[reason] = layout;
+  }
+};
+
+std::string run_length(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j < v.size() && v[j] == v[i]) ++j;
+    out += (out.empty() ? "" : ",") + v[i] + (j - i > 1 ? "*" + std::to_string(j - i) : "");
+    i = j;
+  }
+  return out;
+}
+
+bool fits(const sim::SimResult& r, const sim::ClusterSpec& c) { return r.peak_memory_bytes <= c.device.memory_bytes; }
+
+// Stage DP on a pipelined plan: per-layer fwd + bwd time, embedding and head at the ends.
+bool refine_stages(const PlanRequest& req, PlanCandidate& c) {
+  const ParallelConfig& par = c.plan.cfg.parallel;
+  if (par.pp * par.vpp < 2) return false;
+  const sim::BlockCosts bc = sim::block_costs(c.plan, req.cluster);
+  const auto rk = par.recompute_layers(c.plan.cfg.model.layers);
+  std::vector<double> t;
+  for (const auto& r : rk) t.push_back(bc.time_s[int(sim::recompute_from_name(r))]);
+  const StageSplit split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s);
+  if (split.layers.empty()) return false;
+  PlanCandidate next = c;
+  std::string list;
+  for (int n : split.layers) list += (list.empty() ? "" : ",") + std::to_string(n);
+  next.plan.cfg.parallel.pp_layers = list;
+  next.result = sim::simulate(next.plan, req.cluster);
+  if (!fits(next.result, req.cluster) || next.result.step_time_s >= c.result.step_time_s) return false;
+  next.how = c.how == "uniform" ? "stage DP" : c.how + " + stage DP";
+  c = next;
+  return true;
+}
+
+// Per-layer recompute: memory per layer = its stored bytes x the chunks its rank holds.
+bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
+  const ParallelConfig& par = c.plan.cfg.parallel;
+  const int64_t L = c.plan.cfg.model.layers, V = par.pp * par.vpp;
+  const sim::BlockCosts bc = sim::block_costs(c.plan, req.cluster);
+  const std::vector<int> per_stage = parallel::stage_layers(int(L), int(V), par.layer_split());
+  LayerIlp p;
+  p.group_budget_bytes.assign(size_t(par.pp), 0);
+  p.group_base_s.assign(size_t(par.pp), 0);
+  for (const sim::RankReport& r : c.result.ranks) {
+    const double fixed = r.memory.total() - r.memory.activations;
+    p.group_budget_bytes[size_t(r.pp_rank)] = 0.97 * req.cluster.device.memory_bytes - fixed;  // 3% headroom
+  }
+  for (int64_t v = 0, l = 0; v < V; ++v)
+    for (int i = 0; i < per_stage[size_t(v)]; ++i, ++l) {
+      const int rank = int(v % par.pp);
+      const double held = double(bc.in_flight[size_t(rank)]) / double(par.vpp);
+      std::vector<Strategy> s;
+      for (int k = 0; k < 3; ++k)
+        s.push_back({k == 0 ? "none" : k == 1 ? "selective" : "full", bc.time_s[k], bc.act_bytes[k] * held});
+      p.layers.push_back(s);
+      p.group.push_back(rank);
+    }
+  const IlpSolution sol = solve_layer_ilp(p, 5);
+  ++rep.ilp_solves;
+  rep.ilp_s += sol.solve_s;
+  if (!sol.feasible) return false;
+  std::vector<std::string> names;
+  for (int k : sol.choice) names.push_back(k == 0 ? "none" : k == 1 ? "selective" : "full");
+  PlanCandidate next = c;
+  next.plan.cfg.parallel.recompute = run_length(names);
+  next.result = sim::simulate(next.plan, req.cluster);
+  if (!fits(next.result, req.cluster) || next.result.step_time_s >= c.result.step_time_s) return false;
+  next.how = c.how == "uniform" ? "per-layer ILP" : c.how + " + per-layer ILP";
+  c = next;
+  return true;
+}
+
+}  // namespace
+
+std::string layout_label(const sim::SimPlan& p) {
+  const ParallelConfig& q = p.cfg.parallel;
+  std::ostringstream os;
+  os << "dp " << q.dp << " tp " << q.tp << " pp " << q.pp;
+  if (q.vpp > 1) os << " vpp " << q.vpp;
+  if (p.cp > 1) os << " cp " << p.cp;
+  if (q.sp) os << " sp";
+  os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << q.schedule
+     << " recompute " << q.recompute;
+  if (!q.pp_layers.empty()) os << " layers " << q.pp_layers;
+  return os.str();
+}
+
+PlanReport search_plans(const PlanRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PlanReport rep;
+  Acc acc{rep};
+  const int64_t gpus = req.cluster.devices(), B = req.global_batch, L = req.base.model.layers;
+  LOOM_CHECK(B > 0, "--global-batch is required (sequences per optimizer step)");
+  std::vector<PlanCandidate> kept;
+  for (int64_t tp : divisors(gpus, req.cluster.devices_per_node))
+    for (int64_t pp : divisors(gpus / tp, L))
+      for (int64_t cp : req.cp) {
+        if (gpus % (tp * pp * cp) != 0) continue;
+        const int64_t dp = gpus / (tp * pp * cp);
+        for (int64_t mb : {1, 2, 4, 8}) {
+          sim::SimPlan plan;
+          plan.cfg = req.base;
+          plan.cp = cp;
+          ParallelConfig& q = plan.cfg.parallel;
+          q.tp = tp, q.pp = pp, q.dp = dp, q.micro_batch = mb;
+          plan.cfg.train.batch = B;
+          if (B % (mb * dp) != 0) {
+            acc.prune("indivisible: global batch not a multiple of micro-batch x dp", layout_label(plan));
+            continue;
+          }
+          plan.cfg.train.grad_accum = B / (mb * dp);
+          std::vector<std::pair<std::string, int64_t>> scheds = {{"1f1b", 1}};
+          if (pp > 1)
+            for (int64_t v : {2, 3, 4}) scheds.push_back({"interleaved", v});
+          for (const auto& [sched, vpp] : scheds)
+            for (bool sp : {false, true})
+              for (int64_t zero : {0, 1, 2, 3})
+                for (const char* rc : {"none", "selective", "full"}) {
+                  if ((sp && tp == 1) || (zero > 0 && dp * cp == 1)) continue;  // same as sp off / zero 0
+                  q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = rc;
+                  const std::vector<std::string> errs = validation_errors(plan.cfg);
+                  if (!errs.empty()) {
+                    acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
+                    continue;
+                  }
+                  PlanCandidate c{plan, sim::simulate(plan, req.cluster), "uniform"};
+                  ++rep.evaluated;
+                  if (!fits(c.result, req.cluster)) {
+                    acc.prune("out of memory", layout_label(plan));
+                    continue;
+                  }
+                  kept.push_back(std::move(c));
+                }
+        }
+      }
+  auto faster = [](const PlanCandidate& a, const PlanCandidate& b) { return a.result.step_time_s < b.result.step_time_s; };
+  std::sort(kept.begin(), kept.end(), faster);
+  const size_t refine_n = req.refine ? std::min<size_t>(kept.size(), size_t(std::max<int64_t>(req.top, 3))) : 0;
+  for (size_t i = 0; i < refine_n; ++i) {
+    refine_stages(req, kept[i]);
+    if (kept[i].plan.cfg.parallel.recompute != "none") refine_recompute(req, kept[i], rep);
+  }
+  std::sort(kept.begin(), kept.end(), faster);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if (i < size_t(req.top)) rep.ranked.push_back(kept[i]);
+    else acc.prune("slower than the top " + std::to_string(req.top), layout_label(kept[i].plan));
+  }
+  rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
+std::string emit_loom_toml(const sim::SimPlan& p) {
+  std::ostringstream os;
+  os << "# Written by loom plan (" << layout_label(p) << "); run with: loom train --plan FILE\n" << to_toml(p.cfg);
+  if (p.cp > 1) os << "# context parallel cp = " << p.cp << " is modelled by the simulator; the engine runs cp = 1\n";
+  return os.str();
+}
+
+std::string emit_megatron_args(const sim::SimPlan& p) {
+  const Config& c = p.cfg;
+  const ParallelConfig& q = c.parallel;
+  const ModelConfig& m = c.model;
+  std::ostringstream os;
+  os << "--num-layers " << m.layers << " --hidden-size " << m.d_model << " --num-attention-heads " << m.heads
+     << " --ffn-hidden-size " << m.ffn << " --seq-length " << c.seq_len() << " --max-position-embeddings " << m.ctx;
+  if (m.arch == Arch::kLlama) {
+    os << " --swiglu --normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights"
+       << " --disable-bias-linear";
+    if (m.kv_heads > 0 && m.kv_heads != m.heads) os << " --group-query-attention --num-query-groups " << m.kv_heads;
+  }
+  os << " --micro-batch-size " << c.micro_batch() << " --global-batch-size " << c.train.batch
+     << " --tensor-model-parallel-size " << q.tp << " --pipeline-model-parallel-size " << q.pp;
+  if (p.cp > 1) os << " --context-parallel-size " << p.cp;
+  if (q.vpp > 1) os << " --num-layers-per-virtual-pipeline-stage " << m.layers / (q.pp * q.vpp);
+  if (q.sp) os << " --sequence-parallel";
+  if (q.zero >= 1) os << " --use-distributed-optimizer";
+  const auto rk = q.recompute_layers(m.layers);
+  const int64_t full = std::count(rk.begin(), rk.end(), "full"), sel = std::count(rk.begin(), rk.end(), "selective");
+  if (full == m.layers) os << " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+  else if (full > 0) os << " --recompute-granularity full --recompute-method block --recompute-num-layers " << full / q.pp;
+  else if (sel > 0) os << " --recompute-activations";
+  if (q.zero >= 2)
+    os << "\n# ZeRO-" << q.zero << " has no Megatron-LM flag; the closest is --use-distributed-optimizer (ZeRO-1)";
+  if (!q.pp_layers.empty())
+    os << "\n# uneven stages " << q.pp_layers << ": Megatron-LM takes --decoder-first-pipeline-num-layers / "
+       << "--decoder-last-pipeline-num-layers for the ends";
+  if (full > 0 && full < m.layers)
+    os << "\n# per-layer recompute " << q.recompute << " maps to block recompute of the first layers of each stage";
+  return os.str() + "\n";
+}
+
+}  // namespace loom::plan

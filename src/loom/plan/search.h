@@ -1,0 +1,45 @@
+// `loom plan`: the parallel space searched with the simulator, stage splits from the
+// stage DP and per-layer recompute from the integer program (Note [Plan search]).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/sim/simulator.h"
+
+namespace loom::plan {
+
+struct PlanRequest {
+  Config base;                 // model and sequence (train.seq); layout fields are searched
+  sim::ClusterSpec cluster;    // devices() GPUs
+  int64_t global_batch = 0;
+  int64_t top = 5;
+  std::vector<int64_t> cp = {1};
+  bool refine = true;          // stage DP + per-layer ILP on the best uniform plans
+};
+
+struct PlanCandidate {
+  sim::SimPlan plan;
+  sim::SimResult result;
+  std::string how;             // "uniform", "stage DP", "per-layer ILP"
+};
+
+struct PlanReport {
+  std::vector<PlanCandidate> ranked;             // fastest first, all fit in memory
+  std::map<std::string, int64_t> pruned;         // reason -> count
+  std::map<std::string, std::string> example;    // reason -> one layout it pruned
+  int64_t evaluated = 0, ilp_solves = 0;
+  double ilp_s = 0, total_s = 0;
+};
+
+PlanReport search_plans(const PlanRequest& req);
+
+// "dp 16 tp 8 pp 8 vpp 3 sp zero 1 mb 1 x 96 interleaved recompute selective"
+std::string layout_label(const sim::SimPlan& p);
+// A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
+std::string emit_loom_toml(const sim::SimPlan& p);
+std::string emit_megatron_args(const sim::SimPlan& p);
+
+}  // namespace loom::plan

@@ -1,5 +1,7 @@
 #include "loom/model/layout.h"
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 
 namespace loom {
@@ -156,6 +158,41 @@ float** view_field(ModelView& v, const std::string& name) {
   if (rest == "mlp.proj.w") return &b.mlp_proj_w;
   if (rest == "mlp.proj.b") return &b.mlp_proj_b;
   return nullptr;
+}
+
+int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
+                          int act_slots, const std::vector<Recompute>& recompute, bool sp) {
+  const int64_t tp = part.tp, N = micro_batch * seq, C = m.d_model, hd = m.head_dim();
+  const int64_t Hl = m.heads / tp, KVl = m.kv_heads / tp, F = m.ffn / tp;
+  const int64_t Q = (Hl + 2 * KVl) * hd, HD = Hl * hd, F2 = m.arch == Arch::kGpt ? F : 2 * F;
+  const int64_t P = micro_batch * Hl * seq * seq;
+  const bool split = sp && tp > 1;
+  const int64_t Nr = split ? N / tp : N;
+  auto take = [](int64_t n) { return (n + 15) / 16 * 16; };
+  // One saved block: norm1 (+mean, rstd), qkv, probs, attention output, x1, norm2 (+mean,
+  // rstd), MLP hidden (F2), its activation (F), block output.
+  auto block = [&](bool with_probs) {
+    return take(N * C) + 2 * take(Nr) + take(N * Q) + (with_probs ? take(P) : 0) + take(N * HD) + take(Nr * C) +
+           take(N * C) + 2 * take(Nr) + take(N * F2) + take(N * F) + take(Nr * C);
+  };
+  const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
+  const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
+  int64_t total = (any_full ? block(true) : 0) + (any_selective ? take(P) : 0);
+  const auto chunks = part.resolved_chunks(m);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    int64_t slot = take(Nr * C);  // input
+    for (int l = chunks[c].first; l < chunks[c].second; ++l) {
+      const Recompute r = recompute.empty() ? Recompute::kNone : recompute[size_t(l)];
+      slot += r == Recompute::kFull ? take(Nr * C) : block(r == Recompute::kNone);
+    }
+    slot += (part.embed && c == 0) ? take(N) : take(Nr * C);  // tokens, or the boundary gradient
+    if (part.head && c + 1 == chunks.size()) slot += take(N * C) + 2 * take(Nr) + take(N * C);
+    total += slot * act_slots;
+  }
+  total += take(N);                                                            // losses
+  total += 2 * take(N * C) + take(N * HD) + take(N * Q) + take(N * F2) + take(N * F);  // backward scratch
+  if (split) total += take(N * C) + take(2 * C);
+  return total;
 }
 
 }  // namespace loom

@@ -72,6 +72,20 @@ struct ModelPart {
   }
 };
 
+// Activation recompute for one layer: none; selective = the attention core (softmax
+// probabilities, the (B,H,T,T) tensor, are recomputed in backward instead of kept);
+// full = only the block input is kept and the whole block runs again in backward.
+enum class Recompute { kNone, kSelective, kFull };
+
+// Floats the model carves for its activations (Note [Recompute] in model.cc): per slot the
+// chunk input, each layer's saved tensors (a full-recompute layer only its output; a
+// selective one shares one probability buffer), the embedding's tokens or the boundary
+// gradient, the head's norm; plus the shared recompute block and the backward scratch.
+// Each piece is rounded up to 16 floats. Model's constructor checks its carve against
+// this, and the simulator prices the engine's activation memory with it.
+int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
+                          int act_slots, const std::vector<Recompute>& recompute, bool sp);
+
 class ParamLayout {
  public:
   static constexpr int64_t kAlignFloats = 16;

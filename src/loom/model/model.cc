@@ -160,6 +160,8 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
     if (pass == 0) {
       a.floats = c.used();
+      LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_),
+                  "activation_floats() disagrees with the model's carve: ", a.floats);
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
     }
   }

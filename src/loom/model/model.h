@@ -39,10 +39,6 @@
 
 namespace loom {
 
-// Activation recompute for one layer: none; selective = the attention core (softmax
-// probabilities, the (B,H,T,T) tensor, are recomputed in backward instead of kept);
-// full = only the block input is kept and the whole block runs again in backward.
-enum class Recompute { kNone, kSelective, kFull };
 
 // How this rank's model is cut and run (all optional for a whole single-process model).
 struct ModelOptions {

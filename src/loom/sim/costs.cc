@@ -54,6 +54,7 @@ LayerShape LayerShape::of(const ModelConfig& m, int64_t micro_batch, int64_t seq
   x.t = double(tp);
   x.cp = double(cp);
   x.sp = sp && tp > 1;
+  x.dropout = m.arch == Arch::kGpt;
   x.dtype_bytes = double(dtype_bytes);
   return x;
 }
@@ -99,11 +100,11 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
   ops.push_back(gemm("scores", rows, x.s, hd, dt, heads, true));
   ops.push_back(mem("softmax", 2 * probs * dt, true));
-  if (gpt) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
+  if (x.dropout) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
   ops.push_back(gemm("attn_v", rows, hd, x.s, dt, heads, true));
   ops.push_back(gemm("proj", n, x.h, x.h / x.t, dt));
   tp_out(ops, x, "tp_reduce1");
-  ops.push_back(mem("residual1", ne * x.h * (3 * dt + (gpt ? 1 : 0))));
+  ops.push_back(mem("residual1", ne * x.h * (3 * dt + (x.dropout ? 1 : 0))));
   ops.push_back(mem("norm2", 2 * ne * x.h * dt));
   tp_in(ops, x, "sp_gather2");
   if (gpt) {
@@ -115,7 +116,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   }
   ops.push_back(gemm("fc2", n, x.h, x.f / x.t, dt));
   tp_out(ops, x, "tp_reduce2");
-  ops.push_back(mem("residual2", ne * x.h * (3 * dt + (gpt ? 1 : 0))));
+  ops.push_back(mem("residual2", ne * x.h * (3 * dt + (x.dropout ? 1 : 0))));
   return ops;
 }
 
@@ -126,7 +127,7 @@ std::vector<Op> embedding_forward_ops(const LayerShape& x) {
   // elsewhere), then the partial sums are reduced (reduce-scattered under sp).
   ops.push_back(mem("embed_lookup", (x.arch == Arch::kGpt ? 3 : 2) * n * x.h * dt));
   tp_out(ops, x, "embed_reduce");
-  if (x.arch == Arch::kGpt) ops.push_back(mem("embed_dropout", ne * x.h * (2 * dt + 1)));
+  if (x.dropout) ops.push_back(mem("embed_dropout", ne * x.h * (2 * dt + 1)));
   return ops;
 }
 

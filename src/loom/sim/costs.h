@@ -37,6 +37,7 @@ struct LayerShape {
   double b = 1, s = 1, h = 1, a = 1, g = 1, f = 1, V = 1;
   double t = 1, cp = 1;
   bool sp = false;
+  bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   double dtype_bytes = 2;
   static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
                        int64_t dtype_bytes);

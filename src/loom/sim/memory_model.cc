@@ -41,13 +41,13 @@ LayerTerms layer_terms(const LayerShape& x) {
   const double n = x.tokens(), dt = x.dtype_bytes, kv = x.g * (x.h / x.a);
   const bool gpt = x.arch == Arch::kGpt;
   LayerTerms L;
-  const double mask = gpt ? 1 : 0;  // bytes per element of a dropout mask
+  const double mask = x.dropout ? 1 : 0;  // bytes per element of a dropout mask
   // norm inputs (2), QKV input, MLP input, and the two residual dropout masks
   L.replicated = n * x.h * (4 * dt + 2 * mask);
   // Q, K, V, projection input; MLP hidden: GELU input + output, or SwiGLU gate, up, product
   L.split = n * (x.h * dt + 2 * kv * dt + x.h * dt) + n * x.f * (gpt ? 2 * dt : 3 * dt);
   // softmax output; for GPT also its dropout mask and dropout output
-  L.scores = n * x.s * x.a * (gpt ? 2 * dt + mask : dt);
+  L.scores = n * x.s * x.a * (x.dropout ? 2 * dt + mask : dt);
   L.input = n * x.h * dt;
   return L;
 }
@@ -75,7 +75,7 @@ double layer_recompute_transient_bytes(const LayerShape& x, RecomputeKind r) {
 }
 
 double embedding_activation_bytes(const LayerShape& x) {
-  if (x.arch != Arch::kGpt) return 0;
+  if (!x.dropout) return 0;
   const double ne = x.sp ? x.tokens() / x.t : x.tokens();
   return ne * x.h;  // dropout mask, 1 byte per element
 }

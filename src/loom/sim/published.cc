@@ -131,6 +131,7 @@ PublishedCase published_case(const PublishedRun& row) {
       "parallel.recompute=" + std::string(rec.rfind("full", 0) == 0 ? "full" : rec.rfind("selective", 0) == 0 ? "selective" : "none"),
       "parallel.micro_batch=" + std::to_string(mb)};
   c.plan.cfg = load_config("", sets);
+  c.plan.framework = Framework::kMegatron;
   c.plan.cp = int64_t(num(row, "context_parallel", 1));
   // Megatron's DDP overlapped nothing until 2023; torch DDP (impl=torch) overlaps.
   c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "loom/core/error.h"
+#include "loom/model/layout.h"
 #include "loom/parallel/schedule.h"
 
 namespace loom::sim {
@@ -146,6 +147,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.p2p = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride);
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
+  if (plan.framework == Framework::kLoom) s.x.dropout = false;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
@@ -275,6 +277,49 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   return ranks;
 }
 
+// loom's engine: the model's own activation carve (model/layout.h) for this rank's part.
+// The engine allocates the schedule's peak in flight as slots per chunk but takes the
+// lowest free slot, so only the pages of each chunk's own peak are ever resident.
+double loom_activation_bytes(const Setup& s, int64_t r) {
+  const Config& cfg = s.plan.cfg;
+  const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(s.V), cfg.parallel.layer_split());
+  std::vector<int> starts(counts.size() + 1, 0);
+  for (size_t v = 0; v < counts.size(); ++v) starts[v + 1] = starts[v] + counts[v];
+  std::vector<int> peak(static_cast<size_t>(s.vpp), 1);  // per chunk: micro-batches held at once
+  if (s.pp > 1) {
+    const parallel::Schedule sched = parallel::make_schedule(parallel::schedule_kind_from_name(cfg.parallel.schedule),
+                                                             int(s.pp), int(s.m), int(s.vpp));
+    std::vector<int> held(static_cast<size_t>(s.vpp), 0);
+    for (const parallel::PipeStep& st : sched.steps[size_t(r)]) {
+      held[size_t(st.chunk)] += st.forward ? 1 : -1;
+      peak[size_t(st.chunk)] = std::max(peak[size_t(st.chunk)], held[size_t(st.chunk)]);
+    }
+  }
+  std::vector<Recompute> rk;
+  for (RecomputeKind k : s.rk)
+    rk.push_back(k == RecomputeKind::kFull ? Recompute::kFull : k == RecomputeKind::kSelective ? Recompute::kSelective
+                                                                                             : Recompute::kNone);
+  auto floats = [&](const ModelPart& part, int slots) {
+    return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp));
+  };
+  ModelPart all;
+  all.tp = int(s.tp);
+  double total = 0;
+  for (int64_t c = 0; c < s.vpp; ++c) {
+    const size_t v = size_t(c * s.pp + r);
+    all.chunks.push_back({starts[v], starts[v + 1]});
+    ModelPart one;  // this chunk alone: its slot bytes are floats(1) - floats(0)
+    one.chunks = {{starts[v], starts[v + 1]}};
+    one.embed = r == 0 && c == 0;
+    one.head = r == s.pp - 1 && c == s.vpp - 1;
+    one.tp = int(s.tp);
+    total += double(peak[size_t(c)]) * (floats(one, 1) - floats(one, 0));
+  }
+  all.embed = r == 0;
+  all.head = r == s.pp - 1;
+  return (total + floats(all, 0)) * s.x.dtype_bytes;  // + what every layout carves once
+}
+
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -319,6 +364,17 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
 
   MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, dev);
   mem.activations = st.peak_live;
+  if (s.plan.framework == Framework::kLoom) {
+    mem.activations = loom_activation_bytes(s, r);
+    // ZeRO-3: the gather pool (current + prefetched unit), and one unit's gradients before
+    // its reduce-scatter; ZeRO-2: the largest bucket's gradients before theirs.
+    const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;
+    if (par.zero >= 3) mem.params += 2 * unit, mem.grads += unit * keep;
+    if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
+    if (s.pp > 1) mem.buffers = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h * s.x.dtype_bytes;  // receive buffer
+    rep.memory = mem;
+    return rep;
+  }
   if (s.pp > 1) mem.buffers += 2 * s.p2p_bytes;                              // send + receive
   if (s.x.sp) mem.buffers += s.x.tokens() * s.x.h * s.x.dtype_bytes;         // sp all-gather output
   if (par.zero >= 3) mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.wbytes;  // unit + prefetch

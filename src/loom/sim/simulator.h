@@ -13,7 +13,13 @@
 
 namespace loom::sim {
 
+// Which software runs the plan: Megatron-LM (fp16/bf16 mixed precision, dropout, the
+// Korthikanti activation set) or loom's engine (dtype of the cluster, no dropout, its own
+// activation layout from model/layout.h).
+enum class Framework { kMegatron, kLoom };
+
 struct SimPlan {
+  Framework framework = Framework::kMegatron;
   Config cfg;                // model, train.batch (global), train.grad_accum, train.seq, parallel.*
   int64_t cp = 1;            // context parallel (simulator and planner only)
   bool dp_overlap = true;    // gradient reduction overlapped with the last backward (loom, torch DDP)

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -73,6 +74,50 @@ TEST(PredictedMemory, TwelveLayoutsWithinFivePercentOfTheEngine) {
     EXPECT_NEAR(predicted / measured, 1.0, 0.05) << label << "predicted " << predicted / (1 << 20) << " MiB, measured "
                                                  << measured / (1 << 20) << " MiB";
   }
+}
+
+}  // namespace
+}  // namespace loom
+
+#include <unistd.h>
+
+#include "loom/train/calibrate.h"
+
+namespace loom {
+namespace {
+
+TEST(Calibrate, WritesASpecTheSimulatorLoadsAndUses) {
+  CalibrateOptions o;
+  o.seconds_per_point = 0.001;
+  o.ranks = {2};
+  const sim::ClusterSpec c = calibrate_local(o);
+  EXPECT_TRUE(c.device.shared);
+  EXPECT_GT(c.device.peak_flops, 1e8);   // any CPU's BLAS does more than 0.1 GFLOP/s
+  EXPECT_GT(c.device.memory_bw, 1e8);
+  EXPECT_FALSE(c.device.attention_efficiency.points.empty());
+  ASSERT_FALSE(c.busbw.empty());
+  for (const auto& t : c.busbw) EXPECT_EQ(t.ranks, 2);
+  // Efficiency curves are fractions of the best measured rate: the best point is 1.
+  double best = 0;
+  for (const auto* curve : {&c.device.gemm_efficiency, &c.device.attention_efficiency})
+    for (const auto& [x, e] : curve->points) {
+      EXPECT_LE(e, 1.0);
+      best = std::max(best, e);
+    }
+  EXPECT_DOUBLE_EQ(best, 1.0);
+  const std::string path = testing::TempDir() + "/local_" + std::to_string(::getpid()) + ".toml";
+  {
+    std::ofstream f(path);
+    f << sim::cluster_to_toml(c);
+  }
+  const sim::ClusterSpec two = sim::load_cluster("local", {}, 2, path);
+  EXPECT_NEAR(two.device.peak_flops, c.device.peak_flops / 2, 1e-6 * c.device.peak_flops);  // shared by 2 ranks
+  sim::SimPlan plan;
+  plan.framework = sim::Framework::kLoom;
+  plan.cfg = load_config("", {"parallel.dp=2", "train.batch=8"});
+  const sim::SimResult r = sim::simulate(plan, two);
+  EXPECT_GT(r.step_time_s, 0);
+  EXPECT_GT(r.breakdown.dp_exposed, 0);  // priced from the measured 2-rank all-reduce table
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ struct SimArgs {
   int64_t global_batch = 0, seq = 0, cp = 1, gpus = 0;
   bool json = false;
   std::string trace, svg;
+  std::string framework;  // megatron | loom; empty: loom on a shared-device (CPU) cluster, else megatron
 };
 struct SimInputs {
   sim::SimPlan plan;
@@ -90,5 +91,12 @@ struct PlanArgs {
   std::string emit, out; // --emit loom | megatron, written to --out (stdout when empty)
 };
 int run_plan(const PlanArgs& a);
+
+struct CalibrateArgs {
+  std::string out;        // empty: default_local_cluster_path()
+  int threads = 0;
+  std::vector<int> ranks = {2, 4};
+};
+int run_calibrate(const CalibrateArgs& a);
 
 }  // namespace loom::cli

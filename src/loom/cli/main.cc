@@ -42,6 +42,8 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--cp", a.cp, "Context-parallel degree (modelled; the engine runs cp = 1)")->capture_default_str();
   app->add_flag("--json", a.json, "One JSON object per result (step_time_s, tokens_per_s, tflops_per_gpu, mfu, hfu, "
                                   "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
+  app->add_option("--framework", a.framework, "loom | megatron: whose activations, dropout and precision to model "
+                                              "(default: loom on a calibrated CPU cluster, megatron on GPU presets)");
   add_layout_flags(app, a.layout);
 }
 
@@ -82,6 +84,12 @@ int main(int argc, char** argv) {
   pc->add_option("--top", pl.top, "Plans to print, fastest first")->capture_default_str();
   pc->add_option("--emit", pl.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
   pc->add_option("--out", pl.out, "Write --emit output to this file");
+
+  loom::cli::CalibrateArgs cal;
+  auto* ca = app.add_subcommand("calibrate", "Measure this machine's kernels and collectives into the `local` cluster spec");
+  ca->add_option("--out", cal.out, "Where to write it (default: ~/.cache/loom/cluster-local.toml)");
+  ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)");
+  ca->add_option("--ranks", cal.ranks, "Rank counts to time collectives at")->delimiter(',')->capture_default_str();
 
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
@@ -136,6 +144,7 @@ int main(int argc, char** argv) {
     if (*v) return loom::cli::run_verify(ver);
     if (*sm) return loom::cli::run_simulate(sim);
     if (*pc) return loom::cli::run_plan(pl);
+    if (*ca) return loom::cli::run_calibrate(cal);
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

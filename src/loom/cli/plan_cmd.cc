@@ -27,7 +27,7 @@ int run_plan(const PlanArgs& a) {
   const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
   plan::PlanRequest req;
   req.base = in.plan.cfg;
-  req.cluster = sim::load_cluster(a.sim.cluster, {}, a.sim.gpus, a.sim.local_path.empty() ? default_local_cluster_path() : a.sim.local_path);
+  req.framework = in.plan.framework;
   std::vector<std::string> cluster_sets;
   for (const std::string& s : a.sim.sets)
     if (s.rfind("cluster.", 0) == 0) cluster_sets.push_back(s);

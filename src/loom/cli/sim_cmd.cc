@@ -1,5 +1,8 @@
 // `loom simulate`: one layout of one model on one cluster, predicted (Note [Simulated step]).
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -9,6 +12,7 @@
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/sim/timeline.h"
+#include "loom/train/calibrate.h"
 
 namespace loom::cli {
 
@@ -45,6 +49,10 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.plan.cp = a.cp;
   const int64_t gpus = a.gpus > 0 ? a.gpus : in.plan.gpus();
   in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, a.local_path.empty() ? default_local_cluster_path() : a.local_path);
+  // A calibrated CPU (shared device) runs loom's engine; GPU clusters Megatron-LM.
+  const std::string fw = a.framework.empty() ? (in.cluster.device.shared ? "loom" : "megatron") : a.framework;
+  if (fw != "loom" && fw != "megatron") throw ConfigError("--framework '" + fw + "': expected loom or megatron");
+  in.plan.framework = fw == "loom" ? sim::Framework::kLoom : sim::Framework::kMegatron;
   return in;
 }
 
@@ -118,6 +126,29 @@ int run_simulate(const SimArgs& a) {
     std::cout << title.str() << "\n";
     print_result(std::cout, r, in.cluster.device.memory_bytes);
   }
+  return 0;
+}
+
+int run_calibrate(const CalibrateArgs& a) {
+  const std::string out = a.out.empty() ? default_local_cluster_path() : a.out;
+  CalibrateOptions o;
+  o.threads = a.threads;
+  o.ranks = a.ranks;
+  o.progress = [](const std::string& line) { std::cerr << "calibrate: " << line << "\n"; };
+  const sim::ClusterSpec c = calibrate_local(o);
+  const std::string dir = out.substr(0, out.find_last_of('/'));
+  if (dir != out && !dir.empty()) std::filesystem::create_directories(dir);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::ofstream f(out + ".tmp");
+  f << "# Measured by `loom calibrate` on " << date << " (Note [Calibration] in src/loom/train/calibrate.cc):\n"
+    << "# every number below is a measurement of loom's own kernels and collectives on this machine.\n"
+    << sim::cluster_to_toml(c);
+  f.close();
+  if (!f) throw Error("calibrate: cannot write '" + out + ".tmp'");
+  std::filesystem::rename(out + ".tmp", out);
+  std::cout << "wrote " << out << " (use --cluster local)\n";
   return 0;
 }
 

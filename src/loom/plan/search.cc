@@ -141,6 +141,7 @@ PlanReport search_plans(const PlanRequest& req) {
         for (int64_t mb : {1, 2, 4, 8}) {
           sim::SimPlan plan;
           plan.cfg = req.base;
+          plan.framework = req.framework;
           plan.cp = cp;
           ParallelConfig& q = plan.cfg.parallel;
           q.tp = tp, q.pp = pp, q.dp = dp, q.micro_batch = mb;

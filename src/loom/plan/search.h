@@ -13,6 +13,7 @@ namespace loom::plan {
 
 struct PlanRequest {
   Config base;                 // model and sequence (train.seq); layout fields are searched
+  sim::Framework framework = sim::Framework::kMegatron;
   sim::ClusterSpec cluster;    // devices() GPUs
   int64_t global_batch = 0;
   int64_t top = 5;

@@ -174,7 +174,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.devices_per_node = root.integer("devices_per_node", 1);
   TableReader d(root.sub("device"), "device.", origin,
                 {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
-                 "gemm_efficiency", "memory_efficiency", "kernel_overhead_us"});
+                 "gemm_efficiency", "memory_efficiency", "attention_efficiency", "kernel_overhead_us", "shared"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -187,7 +187,10 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.mixed_precision = d.boolean("mixed_precision", c.device.dtype_bytes == 2);
   c.device.gemm_efficiency = d.curve("gemm_efficiency", 1.0);
   c.device.memory_efficiency = d.curve("memory_efficiency", 1.0);
+  if (root.sub("device") && root.sub("device")->get("attention_efficiency"))
+    c.device.attention_efficiency = d.curve("attention_efficiency", 1.0);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
+  c.device.shared = d.boolean("shared", false);
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
   if (const toml::node* b = tbl.get("busbw")) {
@@ -228,6 +231,9 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   }
   ClusterSpec c = cluster_from_toml(text, origin, sets);
   if (gpus > 0) {
+    if (c.device.shared && gpus > c.devices_per_node)
+      throw ConfigError(detail::cat("--gpus ", gpus, " exceeds the ", c.devices_per_node, " ranks cluster ", c.name,
+                                    " shares one machine among"));
     if (gpus < c.devices_per_node) {
       c.nodes = 1;
       c.devices_per_node = gpus;
@@ -238,6 +244,10 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
     } else {
       c.nodes = gpus / c.devices_per_node;
     }
+  }
+  if (c.device.shared) {  // each rank gets its share of the one processor
+    const double n = double(c.devices_per_node);
+    c.device.peak_flops /= n, c.device.memory_bw /= n, c.device.memory_bytes /= n;
   }
   return c;
 }
@@ -264,8 +274,11 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "\nmemory_gbps = " << c.device.memory_bw / 1e9 << "\ndtype_bytes = " << c.device.dtype_bytes
      << "\nmixed_precision = " << (c.device.mixed_precision ? "true" : "false")
      << "\ngemm_efficiency = " << curve(c.device.gemm_efficiency)
-     << "\nmemory_efficiency = " << curve(c.device.memory_efficiency)
-     << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6 << "\n";
+     << "\nmemory_efficiency = " << curve(c.device.memory_efficiency);
+  if (!c.device.attention_efficiency.points.empty())
+    os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
+  os << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6
+     << "\nshared = " << (c.device.shared ? "true" : "false") << "\n";
   tier("intra", c.intra);
   tier("inter", c.inter);
   for (const auto& b : c.busbw)

@@ -29,7 +29,10 @@ struct DeviceSpec {
   bool mixed_precision = true;    // fp32 master weights beside dtype_bytes params/grads
   Curve gemm_efficiency;          // x: FLOPs of one GEMM -> fraction of peak_flops
   Curve memory_efficiency;        // x: bytes moved by one kernel -> fraction of memory_bw
+  Curve attention_efficiency;     // x: FLOPs of one fused attention kernel (empty: GEMM roofline)
   double kernel_overhead_s = 0;   // added to every kernel
+  bool shared = false;            // the node's devices share one processor (loom ranks on a CPU):
+                                  // peak, bandwidth and memory are divided among them
 };
 
 struct LinkTier {

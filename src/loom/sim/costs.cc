@@ -98,10 +98,18 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
   if (x.cp > 1) ops.push_back(comm("cp_kv_gather", Coll::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
-  ops.push_back(gemm("scores", rows, x.s, hd, dt, heads, true));
-  ops.push_back(mem("softmax", 2 * probs * dt, true));
-  if (x.dropout) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
-  ops.push_back(gemm("attn_v", rows, hd, x.s, dt, heads, true));
+  if (x.fused_attention) {
+    Op a = gemm("attention", rows, x.s, hd, dt, heads, true);
+    a.kind = Op::Kind::kAttention;
+    a.flops *= 2;  // QK^T and PV
+    a.bytes = probs * dt + 2 * n * (x.h + 2 * kv) / x.t * dt;
+    ops.push_back(a);
+  } else {
+    ops.push_back(gemm("scores", rows, x.s, hd, dt, heads, true));
+    ops.push_back(mem("softmax", 2 * probs * dt, true));
+    if (x.dropout) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
+    ops.push_back(gemm("attn_v", rows, hd, x.s, dt, heads, true));
+  }
   ops.push_back(gemm("proj", n, x.h, x.h / x.t, dt));
   tp_out(ops, x, "tp_reduce1");
   ops.push_back(mem("residual1", ne * x.h * (3 * dt + (x.dropout ? 1 : 0))));
@@ -204,7 +212,10 @@ double memory_time_s(const DeviceSpec& d, double bytes) {
 }
 
 double kernel_time_s(const DeviceSpec& d, const Op& op) {
-  return op.kind == Op::Kind::kGemm ? gemm_time_s(d, op.flops, op.bytes) : memory_time_s(d, op.bytes);
+  if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
+    return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
+  if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes);
+  return memory_time_s(d, op.bytes);
 }
 
 double collective_time_s(const ClusterSpec& c, Coll op, double bytes, const GroupPlace& g) {

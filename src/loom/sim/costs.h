@@ -20,7 +20,7 @@ enum class Axis { kTp, kCp, kDp, kPp };
 
 // One kernel (or collective) of a forward pass on one rank.
 struct Op {
-  enum class Kind { kGemm, kMemory, kComm };
+  enum class Kind { kGemm, kMemory, kComm, kAttention };  // kAttention: one fused kernel (loom's)
   std::string name;
   Kind kind = Kind::kMemory;
   double flops = 0;           // kGemm: one GEMM's FLOPs (batched GEMMs: the batch's total)
@@ -38,6 +38,7 @@ struct LayerShape {
   double t = 1, cp = 1;
   bool sp = false;
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
+  bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
   double dtype_bytes = 2;
   static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
                        int64_t dtype_bytes);

@@ -61,7 +61,9 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
 // about twice its bytes, a collective is replaced by its conjugate of the same size.
 void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p) {
   for (const Op& o : ops) {
-    if (o.kind == Op::Kind::kGemm) {
+    if (o.kind == Op::Kind::kAttention) {
+      p.compute += 2 * kernel_time_s(c.device, o);  // the backward kernel does about twice the work
+    } else if (o.kind == Op::Kind::kGemm) {
       p.compute += 2 * gemm_time_s(c.device, o.flops, o.bytes);
     } else if (o.kind == Op::Kind::kMemory) {
       p.compute += memory_time_s(c.device, 2 * o.bytes);
@@ -147,7 +149,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.p2p = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride);
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
-  if (plan.framework == Framework::kLoom) s.x.dropout = false;
+  if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;

@@ -262,6 +262,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     if (trace) trace->end();
   };
   for (int64_t step = 0; step < cfg.train.steps; step++) {
+    const auto step_start = Clock::now();
     mark("step " + std::to_string(step + 1), "step");
     const double local_loss = compute_gradients(e, rc, train_data, cfg, step, mb, T);
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
@@ -272,6 +273,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
     sum.losses.push_back(float(loss));
+    sum.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
 
     tokens_since += cfg.train.batch * T;
     const auto now = Clock::now();

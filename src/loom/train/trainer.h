@@ -28,6 +28,7 @@ struct TrainSummary {
   double final_val_loss = 0;
   double unigram_entropy = 0;
   double tokens_per_s = 0;
+  std::vector<double> step_seconds;  // wall time of each step on this rank (validation excluded)
   int64_t params = 0;
   // Data parallel only: share of gradient-communication time that ran during backward
   // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.

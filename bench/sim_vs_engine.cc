@@ -1,0 +1,115 @@
+// Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine,
+// ranks as threads) step time and rank-0 peak memory for 12+ layouts of configs A and B.
+//   build/release/loom calibrate --out /tmp/local.toml
+//   build/release/bench/sim_vs_engine /tmp/local.toml [steps]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+#include "loom/sim/simulator.h"
+#include "loom/train/trainer.h"
+
+namespace {
+
+struct Measured {
+  double step_s = 0, memory_bytes = 0;
+};
+
+Measured run_engine(const loom::Config& c) {
+  std::vector<loom::TrainSummary> out(size_t(c.parallel.world()));
+  std::ostringstream sink;
+  loom::TrainOptions o;
+  o.out = o.err = &sink;
+  const auto errors = loom::comm::run_threads(int(c.parallel.world()), {}, [&](loom::comm::World& w) {
+    out[size_t(w.global_rank())] = loom::train(c, o, w);
+  });
+  for (const auto& e : errors)
+    if (!e.empty()) throw loom::Error("engine run failed: " + e);
+  std::vector<double> steps(out[0].step_seconds.begin() + 1, out[0].step_seconds.end());  // first step warms up
+  std::sort(steps.begin(), steps.end());
+  Measured m;
+  m.step_s = steps[steps.size() / 2];
+  for (const auto& [name, bytes] : out[0].memory_peak_bytes) m.memory_bytes += double(bytes);
+  return m;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps]\n");
+    return 2;
+  }
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 6;
+  try {
+    std::ifstream f(argv[1]);
+    std::stringstream text;
+    text << f.rdbuf();
+    // Config A: GPT 4 x 256 (~3.4M params), B: GPT 8 x 256; sequences of 128, batch 8.
+    const std::vector<std::pair<const char*, std::vector<std::string>>> models = {
+        {"A", {"model.layers=4", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}},
+        {"B", {"model.layers=8", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}}};
+    const std::vector<std::vector<std::string>> layouts = {
+        {},
+        {"parallel.recompute=full"},
+        {"parallel.dp=2"},
+        {"parallel.dp=2", "parallel.zero=1"},
+        {"parallel.dp=2", "parallel.zero=2"},
+        {"parallel.dp=2", "parallel.zero=3"},
+        {"parallel.tp=2"},
+        {"parallel.tp=2", "parallel.sp=true"},
+        {"parallel.pp=2", "train.grad_accum=4"},
+        {"parallel.dp=2", "parallel.tp=2"},
+    };
+    std::vector<double> time_errs, mem_errs;
+    std::printf("%-3s %-40s %12s %12s %8s %12s %12s %8s\n", "cfg", "layout", "pred step s", "meas step s", "error",
+                "pred MiB", "meas MiB", "error");
+    for (const auto& [name, model] : models)
+      for (const auto& layout : layouts) {
+        std::vector<std::string> sets = model;
+        for (const char* s : {"train.batch=8", "train.val_batches=1", "train.val_every=0", "checkpoint.dir=",
+                              "optim.warmup_steps=1"})
+          sets.push_back(s);
+        sets.push_back("train.steps=" + std::to_string(steps));
+        sets.insert(sets.end(), layout.begin(), layout.end());
+        // Each rank gets its share of the cores, as the `local` cluster's shared device assumes.
+        const int64_t world = loom::load_config("", sets).parallel.world();
+        const int64_t cores = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+        sets.push_back("train.threads=" + std::to_string(std::max<int64_t>(1, cores / world)));
+        loom::sim::SimPlan plan;
+        plan.framework = loom::sim::Framework::kLoom;
+        plan.cfg = loom::load_config("", sets);
+        const loom::sim::ClusterSpec cluster =
+            loom::sim::load_cluster(argv[1], {}, plan.gpus(), argv[1]);
+        const loom::sim::SimResult r = loom::sim::simulate(plan, cluster);
+        const Measured m = run_engine(plan.cfg);
+        const double pm = r.ranks[0].memory.total();
+        time_errs.push_back(std::fabs(r.step_time_s / m.step_s - 1));
+        mem_errs.push_back(std::fabs(pm / m.memory_bytes - 1));
+        std::string label;
+        for (const auto& s : layout) label += s.substr(s.find('.') + 1) + " ";
+        if (label.empty()) label = "single";
+        std::printf("%-3s %-40s %12.4f %12.4f %+7.1f%% %12.2f %12.2f %+7.2f%%\n", name, label.c_str(), r.step_time_s,
+                    m.step_s, 100 * (r.step_time_s / m.step_s - 1), pm / (1 << 20), m.memory_bytes / (1 << 20),
+                    100 * (pm / m.memory_bytes - 1));
+        std::fflush(stdout);
+      }
+    std::printf("configs %zu  median |step time error| %.1f%%  median |memory error| %.2f%%\n", time_errs.size(),
+                100 * median(time_errs), 100 * median(mem_errs));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sim_vs_engine: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,190 @@
+#include "loom/train/calibrate.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/bench.h"
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+#include "loom/kernels/kernels.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace loom {
+
+// Note [Calibration]
+// The simulator prices a GEMM at peak x gemm_efficiency(FLOPs), a memory-bound kernel at
+// bandwidth x memory_efficiency(bytes) and a collective by busbw. Here "peak" is the best
+// rate loom's own matmul reaches on this machine and "bandwidth" the best rate of loom's
+// own elementwise kernels (layernorm, GELU, residual), so the curves are fractions of
+// what loom's kernels do at their best, measured at the sizes a model uses; the fused
+// attention kernel gets its own curve (x = its FLOPs). Collectives are timed with loom's
+// collective layer over the thread backend (ranks in one process, like `loom verify`).
+// Every number in the written file is a measurement, with the date it was taken.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median seconds of fn over enough repetitions to fill `budget` seconds (at least 3).
+double time_it(const std::function<void()>& fn, double budget) {
+  fn();  // warm up: page faults, BLAS buffers
+  std::vector<double> t;
+  const auto start = Clock::now();
+  while (t.size() < 3 || (std::chrono::duration<double>(Clock::now() - start).count() < budget && t.size() < 200)) {
+    const auto a = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> random_floats(size_t n) {
+  std::vector<float> v(n);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Rates (per second) by work size, normalised by their maximum into a curve.
+sim::Curve normalise(std::vector<std::pair<double, double>> points, double* best) {
+  std::sort(points.begin(), points.end());
+  *best = 0;
+  for (const auto& p : points) *best = std::max(*best, p.second);
+  sim::Curve c;
+  for (const auto& [x, rate] : points) c.points.emplace_back(x, std::max(1e-4, rate / *best));
+  return c;
+}
+
+std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budget) {
+  std::vector<std::pair<double, double>> out;
+  // (N, IC, OC): squares and the transformer shapes (tokens x C x 3C, x 4C).
+  for (auto [N, IC, OC] : {std::tuple{16, 64, 64}, {64, 64, 64}, {128, 128, 384}, {256, 256, 256}, {512, 128, 512},
+                           {512, 256, 1024}, {1024, 512, 512}, {1024, 768, 2304}, {2048, 1024, 1024}}) {
+    const auto x = random_floats(size_t(N) * IC), w = random_floats(size_t(OC) * IC);
+    std::vector<float> y(size_t(N) * OC);
+    const double s = time_it([&] { k.matmul_forward(y.data(), x.data(), w.data(), nullptr, N, IC, OC); }, budget);
+    const double flops = 2.0 * N * IC * OC;
+    out.emplace_back(flops, flops / s);
+  }
+  return out;
+}
+
+std::vector<std::pair<double, double>> attention_rates(const Kernels& k, double budget) {
+  std::vector<std::pair<double, double>> out;
+  for (auto [B, T, H, hd] : {std::tuple{1, 32, 4, 16}, {4, 64, 4, 32}, {8, 128, 8, 32}, {8, 256, 8, 64}, {4, 512, 12, 64}}) {
+    const auto qkv = random_floats(size_t(B) * T * 3 * H * hd);
+    std::vector<float> o(size_t(B) * T * H * hd), probs(size_t(B) * H * T * T);
+    const double s = time_it([&] { k.attention_forward(o.data(), probs.data(), qkv.data(), B, T, H, H, hd); }, budget);
+    const double flops = 4.0 * B * H * double(T) * T * hd;  // QK^T and PV, as the cost model counts them
+    out.emplace_back(flops, flops / s);
+  }
+  return out;
+}
+
+// Bytes moved (read + written) per second of loom's memory-bound kernels.
+std::vector<std::pair<double, double>> memory_rates(const Kernels& k, double budget) {
+  std::vector<std::pair<double, double>> out;
+  for (int64_t n : {int64_t(1) << 10, int64_t(1) << 14, int64_t(1) << 17, int64_t(1) << 20, int64_t(1) << 23}) {
+    const auto a = random_floats(size_t(n)), b = random_floats(size_t(n));
+    std::vector<float> y(static_cast<size_t>(n));
+    const int64_t C = 256, N = n / C;
+    const auto w = random_floats(size_t(C));
+    std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    const double bytes = 3.0 * double(n) * 4;
+    const double t_res = time_it([&] { k.residual_forward(y.data(), a.data(), b.data(), n); }, budget);
+    const double t_gelu = time_it([&] { k.gelu_forward(y.data(), a.data(), n); }, budget);
+    const double t_norm = time_it([&] { k.layernorm_forward(y.data(), mean.data(), rstd.data(), a.data(), w.data(), w.data(), N, C, 1e-5f); }, budget);
+    // residual moves 3n floats, GELU and layernorm 2n: the mean rate of the three.
+    const double rate = (bytes / t_res + 2.0 / 3 * bytes / t_gelu + 2.0 / 3 * bytes / t_norm) / 3;
+    out.emplace_back(bytes, rate);
+  }
+  return out;
+}
+
+double launch_overhead_s(const Kernels& k, double budget) {
+  std::vector<float> a(16), b(16), y(16);
+  return time_it([&] { k.residual_forward(y.data(), a.data(), b.data(), 16); }, budget);
+}
+
+std::vector<sim::BusbwTable> collective_tables(const CalibrateOptions& o) {
+  std::vector<sim::BusbwTable> out;
+  comm::BenchRequest req;
+  req.ops = {comm::OpKind::kAllReduce, comm::OpKind::kAllGather, comm::OpKind::kReduceScatter};
+  req.algorithms = {"auto"};
+  req.sizes_bytes = comm::parse_sizes("4K,64K,1M,8M,32M");
+  for (int ranks : o.ranks) {
+    std::vector<comm::BenchRow> rows;
+    const auto errors = comm::run_threads(ranks, {}, [&](comm::World& w) {
+      auto got = comm::run_comm_bench(w, req, nullptr, {});
+      if (w.global_rank() == 0) rows = got;
+    });
+    for (const auto& e : errors) LOOM_CHECK(e.empty(), "calibrate: collective benchmark at ", ranks, " ranks failed: ", e);
+    for (comm::OpKind op : req.ops) {
+      sim::BusbwTable t{std::string(comm::op_name(op)), ranks, {}};
+      for (const comm::BenchRow& r : rows)
+        if (r.op == op && r.busbw_gbps > 0) t.gbps.points.emplace_back(double(r.bytes), r.busbw_gbps);
+      std::sort(t.gbps.points.begin(), t.gbps.points.end());
+      if (!t.gbps.points.empty()) out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
+  const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  const Kernels& k = kernels(KernelBackend::kCpu);
+  auto say = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  sim::ClusterSpec c;
+  c.name = "local";
+  c.nodes = 1;
+  c.devices_per_node = 64;  // ranks on this machine; --gpus N uses N of them
+  c.device.name = "cpu x" + std::to_string(threads);
+  c.device.dtype_bytes = 4;
+  c.device.mixed_precision = false;
+  c.device.shared = true;
+  double gemm_best = 0, attn_best = 0, bw = 0;
+  const sim::Curve gemm = normalise(gemm_rates(k, o.seconds_per_point), &gemm_best);
+  const sim::Curve attn = normalise(attention_rates(k, o.seconds_per_point), &attn_best);
+  // Peak: the best rate either kernel reached (on a busy machine attention can beat a
+  // GEMM timing), so both curves stay fractions <= 1 of it.
+  const double peak = std::max(gemm_best, attn_best);
+  for (const auto& [x, e] : gemm.points) c.device.gemm_efficiency.points.emplace_back(x, e * gemm_best / peak);
+  for (const auto& [x, e] : attn.points) c.device.attention_efficiency.points.emplace_back(x, e * attn_best / peak);
+  c.device.peak_flops = peak;
+  say("gemm: best " + std::to_string(gemm_best / 1e9) + " GFLOP/s; attention: best " +
+      std::to_string(attn_best / 1e9) + " GFLOP/s");
+  c.device.memory_efficiency = normalise(memory_rates(k, o.seconds_per_point), &bw);
+  c.device.memory_bw = bw;
+  say("memory-bound kernels: best " + std::to_string(bw / 1e9) + " GB/s");
+  c.device.kernel_overhead_s = launch_overhead_s(k, o.seconds_per_point);
+  c.device.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  // Links inside the one node: the formula's fallback, from the measured 2-rank all-reduce.
+  c.busbw = collective_tables(o);
+  double best_ar = 1;
+  for (const auto& t : c.busbw)
+    if (t.op == "all_reduce")
+      for (const auto& p : t.gbps.points) best_ar = std::max(best_ar, p.second);
+  c.intra = {best_ar * 1e9, 5e-6, 1.0};
+  c.inter = c.intra;
+  say("collectives: " + std::to_string(c.busbw.size()) + " busbw tables");
+  return c;
+}
+
+}  // namespace loom

@@ -1,0 +1,23 @@
+// `loom calibrate`: measures this machine into a cluster spec (`--cluster local`): loom's
+// own kernels' rates by size (GEMM, fused attention, memory-bound kernels), the launch
+// overhead, and collective bus bandwidth per op and rank count (Note [Calibration]).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "loom/sim/cluster.h"
+
+namespace loom {
+
+struct CalibrateOptions {
+  int threads = 0;            // OpenMP/BLAS threads for the kernel timings; 0: all cores
+  std::vector<int> ranks = {2, 4};
+  double seconds_per_point = 0.05;
+  std::function<void(const std::string&)> progress;  // one line per measured table
+};
+
+// The machine as one node whose devices are loom ranks sharing its cores (device.shared).
+sim::ClusterSpec calibrate_local(const CalibrateOptions& o);
+
+}  // namespace loom

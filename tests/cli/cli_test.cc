@@ -131,3 +131,32 @@ TEST(Cli, SimulateNamesWhatDoesNotFit) {
 }
 
 }  // namespace
+
+namespace {
+
+// A plan written by `loom plan --emit loom` trains as is, and `loom compare` lines up that
+// layout's simulated and measured traces per rank and category.
+TEST(Cli, PlanEmitsAConfigThatTrainsAndCompareLinesUpTraces) {
+  const std::string dir = testing::TempDir(), cluster = dir + "/cpu_cluster.toml", plan = dir + "/plan.toml";
+  {
+    std::ofstream f(cluster);
+    f << "name = \"cpu\"\ndevices_per_node = 2\n[device]\npeak_tflops = 0.1\nmemory_gib = 4\nmemory_gbps = 20\n"
+         "dtype_bytes = 4\nmixed_precision = false\nshared = true\ngemm_efficiency = [[1e6, 0.5], [1e9, 1.0]]\n"
+         "memory_efficiency = [[1e5, 0.5], [1e7, 1.0]]\n[intra]\ngbps = 5\n[inter]\ngbps = 5\n";
+  }
+  const std::string model = " --set model.layers=2 model.ctx=32 train.steps=2 train.val_batches=1 checkpoint.dir=";
+  Result r = run("plan --cluster " + cluster + " --gpus 1 --global-batch 4 --emit loom --out " + plan + model);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("train --plan " + plan + " --trace " + dir + "/measured.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  r = run("simulate --cluster " + cluster + " --gpus 1 --config " + plan + " --trace " + dir + "/predicted.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("compare " + dir + "/predicted.json " + dir + "/measured.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* row : {"step", "compute", "memory params", "memory activations"})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+  EXPECT_EQ(run("compare " + dir + "/predicted.json /nonexistent.json").code, 2);
+}
+
+}  // namespace

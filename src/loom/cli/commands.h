@@ -99,4 +99,7 @@ struct CalibrateArgs {
 };
 int run_calibrate(const CalibrateArgs& a);
 
+// Lines up a simulated and a measured Chrome trace per rank and category.
+int run_compare(const std::string& predicted, const std::string& measured, bool json);
+
 }  // namespace loom::cli

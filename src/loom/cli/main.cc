@@ -91,6 +91,13 @@ int main(int argc, char** argv) {
   ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)");
   ca->add_option("--ranks", cal.ranks, "Rank counts to time collectives at")->delimiter(',')->capture_default_str();
 
+  std::string cmp_pred, cmp_meas;
+  bool cmp_json = false;
+  auto* cm = app.add_subcommand("compare", "Line up a predicted (loom simulate --trace) and a measured (loom train --trace) trace");
+  cm->add_option("PREDICTED", cmp_pred, "Trace from loom simulate --trace")->required();
+  cm->add_option("MEASURED", cmp_meas, "Trace from loom train --trace")->required();
+  cm->add_flag("--json", cmp_json, "One JSON array of {rank, category, predicted, measured, unit, error}");
+
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
   s->add_option("--checkpoint", smp.checkpoint, "Checkpoint directory")->required();
@@ -145,6 +152,7 @@ int main(int argc, char** argv) {
     if (*sm) return loom::cli::run_simulate(sim);
     if (*pc) return loom::cli::run_plan(pl);
     if (*ca) return loom::cli::run_calibrate(cal);
+    if (*cm) return loom::cli::run_compare(cmp_pred, cmp_meas, cmp_json);
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

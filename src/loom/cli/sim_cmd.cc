@@ -26,21 +26,37 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   std::vector<std::string> cfg_sets, cluster_sets;
   if (!a.model.empty()) cfg_sets.push_back("model.preset=" + a.model);
   for (const std::string& s : a.sets) (s.rfind("cluster.", 0) == 0 ? cluster_sets : cfg_sets).push_back(s);
-  LayoutFlags layout = a.layout;
-  const int64_t tp = layout.tp > 0 ? layout.tp : 1, pp = layout.pp > 0 ? layout.pp : 1;
   if (a.cp < 1) throw ConfigError("--cp " + std::to_string(a.cp) + ": expected >= 1");
-  if (layout.dp < 0 && a.gpus > 0) {
-    if (a.gpus % (tp * pp * a.cp) != 0)
-      throw ConfigError("--gpus " + std::to_string(a.gpus) + " is not divisible by tp x pp x cp = " +
-                        std::to_string(tp * pp * a.cp) + "; set --dp or change the layout");
-    layout.dp = a.gpus / (tp * pp * a.cp);
-  }
-  if (layout.micro_batch < 0 && layout.grad_accum < 0) layout.micro_batch = 1;
   if (a.global_batch > 0) cfg_sets.push_back("train.batch=" + std::to_string(a.global_batch));
   if (a.seq > 0) cfg_sets.push_back("train.seq=" + std::to_string(a.seq));
-  // With the micro-batch given, the number of micro-batches follows from the global batch.
-  Config probe = load_config(a.config_path, cfg_sets);  // validates model keys and batch early
-  const int64_t dp = layout.dp > 0 ? layout.dp : 1;
+  // What the config file and --set already say (validation waits for the defaults below).
+  std::vector<std::string> given = cfg_sets;
+  LayoutFlags shape = a.layout;  // the batch split is derived below, not probed
+  shape.micro_batch = shape.grad_accum = -1;
+  for (const std::string& s : shape.as_sets()) given.push_back(s);
+  Config probe;
+  try {
+    probe = load_config(a.config_path, given);
+  } catch (const ConfigError&) {
+    probe = Config{};  // the final load below reports the problem with every default applied
+    probe.parallel.tp = std::max<int64_t>(1, a.layout.tp);
+    probe.parallel.pp = std::max<int64_t>(1, a.layout.pp);
+    if (a.global_batch > 0) probe.train.batch = a.global_batch;
+  }
+  LayoutFlags layout = a.layout;
+  const ParallelConfig& q = probe.parallel;
+  const bool dp_given = a.layout.dp > 0 || (q.dp != 1 && q.dp != 0);
+  if (!dp_given && a.gpus > 0) {
+    const int64_t used = q.tp * q.pp * a.cp;
+    if (used <= 0 || a.gpus % used != 0)
+      throw ConfigError("--gpus " + std::to_string(a.gpus) + " is not divisible by tp x pp x cp = " +
+                        std::to_string(used) + "; set --dp or change the layout");
+    layout.dp = a.gpus / used;
+  }
+  // Micro-batch 1 unless the layout says otherwise; then grad_accum = batch / (mb x dp).
+  if (layout.micro_batch < 0 && layout.grad_accum < 0 && q.micro_batch == 0 && probe.train.grad_accum == 1)
+    layout.micro_batch = 1;
+  const int64_t dp = layout.dp > 0 ? layout.dp : std::max<int64_t>(1, q.dp);
   if (layout.micro_batch > 0 && layout.grad_accum < 0 && probe.train.batch % (layout.micro_batch * dp) == 0)
     layout.grad_accum = probe.train.batch / (layout.micro_batch * dp);
   for (const std::string& s : layout.as_sets()) cfg_sets.push_back(s);

@@ -1,0 +1,136 @@
+// `loom compare PREDICTED MEASURED`: two Chrome traces of the same layout (one from
+// `loom simulate --trace`, one from `loom train --trace`) lined up per rank: step time,
+// compute, communication and idle per step, and each memory category's peak.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "loom/cli/commands.h"
+#include "loom/core/error.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct RankTimes {
+  double step_s = 0, compute_s = 0, comm_s = 0;
+  std::map<std::string, double> memory_mib;  // peak per series
+};
+
+using Spans = std::vector<std::pair<double, double>>;
+
+double union_length(Spans v) {
+  std::sort(v.begin(), v.end());
+  double total = 0, end = -1e300;
+  for (auto [a, b] : v) {
+    if (b <= end) continue;
+    total += b - std::max(a, end);
+    end = b;
+  }
+  return total;
+}
+
+// Per rank, per step: the trace's step spans (cat "step"; a simulated trace is one step
+// from 0 to its last event), validation excluded.
+std::map<int64_t, RankTimes> summarize(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw ConfigError("compare: cannot read trace '" + path + "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw ConfigError("compare: '" + path + "' is not a JSON trace: " + e.what());
+  }
+  if (!j.contains("traceEvents") || !j["traceEvents"].is_array())
+    throw ConfigError("compare: '" + path + "' has no traceEvents array (write it with --trace)");
+  std::map<int64_t, Spans> steps, validation, compute, comm;
+  std::map<int64_t, double> last_end;
+  std::map<int64_t, RankTimes> out;
+  for (const auto& e : j["traceEvents"]) {
+    if (!e.contains("pid") || !e.contains("ph")) continue;
+    const int64_t pid = e["pid"].get<int64_t>();
+    const std::string ph = e["ph"].get<std::string>(), cat = e.value("cat", ""), name = e.value("name", "");
+    if (ph == "C" && name == "memory" && e.contains("args"))
+      for (const auto& [k, v] : e["args"].items())
+        out[pid].memory_mib[k] = std::max(out[pid].memory_mib[k], v.get<double>());
+    if (ph != "X") continue;
+    const double a = e.value("ts", 0.0) * 1e-6, b = a + e.value("dur", 0.0) * 1e-6;
+    last_end[pid] = std::max(last_end[pid], b);
+    if (cat == "step") steps[pid].push_back({a, b});
+    else if (name == "validation") validation[pid].push_back({a, b});
+    else if (cat == "compute" || cat == "pipeline") compute[pid].push_back({a, b});
+    else if (cat == "collective" || cat == "transfer") comm[pid].push_back({a, b});
+  }
+  for (const auto& [pid, end] : last_end) {
+    RankTimes& r = out[pid];
+    // With three or more steps the first (page faults, buffer warm-up) is left out.
+    std::sort(steps[pid].begin(), steps[pid].end());
+    double from = -1e300;
+    if (steps[pid].size() >= 3) {
+      from = steps[pid].front().second;
+      steps[pid].erase(steps[pid].begin());
+    }
+    auto outside_validation = [&](Spans v) {
+      Spans kept;
+      for (auto s : v) {
+        bool inside = s.first < from;
+        for (auto [a, b] : validation[pid]) inside = inside || (s.first >= a && s.second <= b);
+        if (!inside) kept.push_back(s);
+      }
+      return kept;
+    };
+    const double n = std::max<double>(1, double(steps[pid].size()));
+    double step_total = steps[pid].empty() ? end : 0;
+    for (auto [a, b] : steps[pid]) step_total += b - a;
+    Spans later_validation;
+    for (auto v : validation[pid])
+      if (v.first >= from) later_validation.push_back(v);
+    step_total -= union_length(later_validation);
+    r.step_s = step_total / n;
+    r.compute_s = union_length(outside_validation(compute[pid])) / n;
+    r.comm_s = union_length(outside_validation(comm[pid])) / n;
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_compare(const std::string& predicted, const std::string& measured, bool json) {
+  const auto p = summarize(predicted), m = summarize(measured);
+  nlohmann::json rows = nlohmann::json::array();
+  auto err = [](double a, double b) { return b > 0 ? (a - b) / b : 0.0; };
+  if (!json)
+    std::cout << "rank  category           predicted     measured    error\n" << std::fixed;
+  int matched = 0;
+  for (const auto& [rank, pr] : p) {
+    auto it = m.find(rank);
+    if (it == m.end()) continue;
+    ++matched;
+    const RankTimes& mr = it->second;
+    std::vector<std::tuple<std::string, double, double, const char*>> cats = {
+        {"step", pr.step_s, mr.step_s, "s"},
+        {"compute", pr.compute_s, mr.compute_s, "s"},
+        {"communication", pr.comm_s, mr.comm_s, "s"},
+        {"idle", pr.step_s - pr.compute_s, mr.step_s - mr.compute_s, "s"}};
+    for (const auto& [k, v] : pr.memory_mib)
+      if (mr.memory_mib.count(k)) cats.push_back({"memory " + k.substr(0, k.find(' ')), v, mr.memory_mib.at(k), "MiB"});
+    for (const auto& [cat, a, b, unit] : cats) {
+      rows.push_back({{"rank", rank}, {"category", cat}, {"predicted", a}, {"measured", b}, {"unit", unit},
+                      {"error", err(a, b)}});
+      if (!json)
+        std::cout << std::setw(4) << rank << "  " << std::left << std::setw(18) << cat << std::right
+                  << std::setprecision(4) << std::setw(10) << a << " " << std::setw(12) << b << " " << unit
+                  << std::setprecision(1) << std::setw(8) << 100 * err(a, b) << "%\n";
+    }
+  }
+  if (matched == 0)
+    throw ConfigError("compare: the traces share no rank (pids); compare a simulated and a measured run of one layout");
+  if (json) std::cout << rows.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -142,6 +142,8 @@ PlanReport search_plans(const PlanRequest& req) {
           sim::SimPlan plan;
           plan.cfg = req.base;
           plan.framework = req.framework;
+          plan.dp_overlap = req.dp_overlap;
+          plan.blocking_p2p = req.blocking_p2p;
           plan.cp = cp;
           ParallelConfig& q = plan.cfg.parallel;
           q.tp = tp, q.pp = pp, q.dp = dp, q.micro_batch = mb;

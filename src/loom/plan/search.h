@@ -14,6 +14,7 @@ namespace loom::plan {
 struct PlanRequest {
   Config base;                 // model and sequence (train.seq); layout fields are searched
   sim::Framework framework = sim::Framework::kMegatron;
+  bool dp_overlap = true, blocking_p2p = false;  // as sim::SimPlan: how the framework communicates
   sim::ClusterSpec cluster;    // devices() GPUs
   int64_t global_batch = 0;
   int64_t top = 5;

@@ -209,6 +209,9 @@ TEST(Zero, Stage3MatchesTheSingleProcessRun) {
                   {"zero3 dp4 accum3", {"parallel.dp=4", "parallel.zero=3", "train.grad_accum=3"}},
                   {"zero3 dp2 x tp2 + sp", {"parallel.dp=2", "parallel.zero=3", "parallel.tp=2", "parallel.sp=true"}},
                   {"zero3 dp2 recompute full", {"parallel.dp=2", "parallel.zero=3", "parallel.recompute=full"}},
+                  // A planner's per-layer ZeRO-3 choice: layers 0 and 2 stay gathered for the step.
+                  {"zero3 dp2 keep 0, 2", {"parallel.dp=2", "parallel.zero=3", "parallel.zero_keep=keep,shard,keep,shard",
+                                              "train.grad_accum=2"}},
                   {"zero2 dp2 accum2", {"parallel.dp=2", "parallel.zero=2", "train.grad_accum=2"}},
                   {"zero3 dp2 x pp2", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "train.grad_accum=2"}},
                   {"zero3 dp2 x pp2 x vpp2", {"parallel.dp=2", "parallel.pp=2", "parallel.vpp=2",

@@ -162,7 +162,9 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
       LOOM_STRING_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved"),
-      LOOM_STRING_KEY(parallel, recompute, "activation recompute: none | selective | full"),
+      LOOM_STRING_KEY(parallel, recompute, "activation recompute: none | selective | full, or per layer: \"full*20,none*4\""),
+      LOOM_STRING_KEY(parallel, zero_keep, "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
+                                           "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all"),
       LOOM_STRING_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\"; empty = even split"),
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
   };

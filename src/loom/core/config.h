@@ -70,6 +70,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved
   std::string recompute = "none";    // none | selective | full, or one per layer: "full*20,selective*4"
   std::string pp_layers;       // layers per pipeline stage, e.g. "3,4"; empty: as even as possible
+  std::string zero_keep;       // ZeRO-3, per layer keep | shard ("keep*4,shard*20"); empty: shard all
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as counts ({} when empty). Throws ConfigError on bad syntax (validate() has
@@ -79,6 +80,9 @@ struct ParallelConfig {
   // policy for all, or a list of policy[*count] entries covering every layer. Throws
   // ConfigError on anything else (validate() has already refused it for a loaded config).
   std::vector<std::string> recompute_layers(int64_t layers) const;
+  // ZeRO-3 per layer: true = its gathered parameters stay for the whole step (gathered once,
+  // dropped after the optimizer), false = gathered per use. Empty zero_keep: all false.
+  std::vector<bool> zero_keep_layers(int64_t layers) const;
 };
 
 struct Config {

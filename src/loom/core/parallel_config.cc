@@ -1,4 +1,6 @@
 // Validation of the [parallel] section: every violation with its values and valid choices.
+#include <algorithm>
+#include <functional>
 #include <sstream>
 
 #include "loom/core/config.h"
@@ -60,12 +62,18 @@ void check_degrees(const Config& c, std::vector<std::string>& errs) {
   if (p.schedule != "gpipe" && p.schedule != "1f1b" && p.schedule != "interleaved")
     errs.push_back("parallel.schedule = '" + p.schedule + "': expected gpipe, 1f1b or interleaved");
   if (c.model.layers > 0) {
-    try {
-      p.recompute_layers(c.model.layers);
-    } catch (const ConfigError& e) {
-      errs.push_back(e.what());
+    for (const auto& check : {std::function<void()>([&] { p.recompute_layers(c.model.layers); }),
+                              std::function<void()>([&] { p.zero_keep_layers(c.model.layers); })}) {
+      try {
+        check();
+      } catch (const ConfigError& e) {
+        errs.push_back(e.what());
+      }
     }
   }
+  if (!p.zero_keep.empty() && p.zero != 3)
+    errs.push_back("parallel.zero_keep = '" + p.zero_keep + "' needs parallel.zero = 3 (it is " + str(p.zero) +
+                   "): only ZeRO-3 shards parameters");
 
   const ModelConfig& m = c.model;
   if (p.tp > 1 && m.heads > 0 && m.kv_heads > 0 && m.ffn > 0 &&
@@ -157,14 +165,21 @@ std::vector<int> ParallelConfig::layer_split() const {
   return std::vector<int>(split.begin(), split.end());
 }
 
-std::vector<std::string> ParallelConfig::recompute_layers(int64_t layers) const {
+namespace {
+
+// "a*3,b" -> {a, a, a, b}, covering exactly `layers` entries of `allowed`; one entry alone
+// applies to every layer. Throws ConfigError naming `key`, the value and the fix.
+std::vector<std::string> per_layer_list(const std::string& key, const std::string& value, int64_t layers,
+                                        const std::vector<std::string>& allowed) {
+  std::string choices;
+  for (const auto& a : allowed) choices += (choices.empty() ? "" : ", ") + a;
   auto bad = [&](const std::string& why) {
-    return ConfigError("parallel.recompute = '" + recompute + "': " + why +
-                       "; expected none, selective or full, or one per layer as policy[*count] entries, e.g. "
-                       "\"full*" + str(layers > 1 ? layers - 1 : 1) + ",none\"");
+    return ConfigError(key + " = '" + value + "': " + why + "; expected one of " + choices +
+                       ", or one per layer as policy[*count] entries, e.g. \"" + allowed.back() + "*" +
+                       str(layers > 1 ? layers - 1 : 1) + "," + allowed.front() + "\"");
   };
   std::vector<std::string> out;
-  std::stringstream ss(recompute);
+  std::stringstream ss(value);
   for (std::string item; std::getline(ss, item, ',');) {
     int64_t count = 1;
     if (const size_t star = item.find('*'); star != std::string::npos) {
@@ -174,13 +189,27 @@ std::vector<std::string> ParallelConfig::recompute_layers(int64_t layers) const 
       count = std::stoll(n);
       item = item.substr(0, star);
     }
-    if (item != "none" && item != "selective" && item != "full") throw bad("'" + item + "' is not a policy");
+    if (std::find(allowed.begin(), allowed.end(), item) == allowed.end()) throw bad("'" + item + "' is not a policy");
     if (int64_t(out.size()) + count > layers) throw bad("lists more than model.layers = " + str(layers) + " layers");
     out.insert(out.end(), size_t(count), item);
   }
   if (out.size() == 1) out.assign(size_t(layers), out[0]);
   if (int64_t(out.size()) != layers)
     throw bad("covers " + str(int64_t(out.size())) + " of model.layers = " + str(layers) + " layers");
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ParallelConfig::recompute_layers(int64_t layers) const {
+  return per_layer_list("parallel.recompute", recompute, layers, {"none", "selective", "full"});
+}
+
+std::vector<bool> ParallelConfig::zero_keep_layers(int64_t layers) const {
+  std::vector<bool> out(size_t(std::max<int64_t>(0, layers)), false);
+  if (zero_keep.empty()) return out;
+  const auto list = per_layer_list("parallel.zero_keep", zero_keep, layers, {"shard", "keep"});
+  for (size_t l = 0; l < list.size(); ++l) out[l] = list[l] == "keep";
   return out;
 }
 

@@ -28,10 +28,11 @@ DataParallelPlan plan_units(const ModelConfig& m, int dp, const ModelPart& part,
 }
 
 ParamGather::ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params,
-                         Bind bind, MemoryTracker* tracker)
+                         Bind bind, MemoryTracker* tracker, std::vector<bool> keep)
     : dp_(dp), plan_(plan), unit_bucket_(std::move(unit_bucket)), params_(params), bind_(std::move(bind)),
       tracker_(tracker), state_(unit_bucket_.size(), State::kShard), refs_(unit_bucket_.size(), 0),
-      work_(unit_bucket_.size()), slot_of_(unit_bucket_.size(), -1) {
+      keep_(std::move(keep)), work_(unit_bucket_.size()), slot_of_(unit_bucket_.size(), -1) {
+  keep_.resize(unit_bucket_.size(), false);
   // init wrote the whole flat buffer: keep only the own pieces resident.
   for (const Bucket& b : plan_.buckets) release_unowned(b, plan_.dp, dp_.group_rank(), params_);
 }
@@ -95,7 +96,7 @@ void ParamGather::acquire(int unit) {
 
 void ParamGather::release(int unit) {
   LOOM_ASSERT(refs_[size_t(unit)] > 0);
-  if (--refs_[size_t(unit)] == 0 && state_[size_t(unit)] != State::kShard) drop(unit);
+  if (--refs_[size_t(unit)] == 0 && state_[size_t(unit)] != State::kShard && !keep_[size_t(unit)]) drop(unit);
 }
 
 // Back to the own piece: the pool buffer is freed for the next unit, or (after

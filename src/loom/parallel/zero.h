@@ -33,8 +33,10 @@ class ParamGather {
  public:
   // bind(unit, base) points the model's views of `unit` at base (nullptr: the flat buffer).
   using Bind = std::function<void(int unit, float* base)>;
+  // keep[unit] (optional): the unit's gathered copy stays until invalidate() - gathered
+  // once per step instead of per use (parallel.zero_keep), for memory it then holds.
   ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params, Bind bind,
-              MemoryTracker* tracker = nullptr);
+              MemoryTracker* tracker = nullptr, std::vector<bool> keep = {});
   void acquire(int unit);
   void release(int unit);
   // Drops every gathered copy (after the own pieces changed).
@@ -60,6 +62,7 @@ class ParamGather {
   MemoryTracker* tracker_;
   std::vector<State> state_;
   std::vector<int> refs_;
+  std::vector<bool> keep_;
   std::vector<comm::Work> work_;
   // Gathered copies: buffers of exact unit sizes, never resized (so the memory tracker's
   // ranges stay valid); a unit takes the smallest free one that fits, else a new one.

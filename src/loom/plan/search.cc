@@ -86,13 +86,20 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
     const double fixed = r.memory.total() - r.memory.activations;
     p.group_budget_bytes[size_t(r.pp_rank)] = 0.97 * req.cluster.device.memory_bytes - fixed;  // 3% headroom
   }
+  // Strategies per layer: recompute none / selective / full, and under ZeRO-3 each either
+  // gathered per use (shard) or kept gathered for the step (keep): index = policy + 3 keep.
+  const int keeps = par.zero >= 3 ? 2 : 1;
+  static const char* kPolicy[3] = {"none", "selective", "full"};
   for (int64_t v = 0, l = 0; v < V; ++v)
     for (int i = 0; i < per_stage[size_t(v)]; ++i, ++l) {
       const int rank = int(v % par.pp);
       const double held = double(bc.in_flight[size_t(rank)]) / double(par.vpp);
       std::vector<Strategy> s;
-      for (int k = 0; k < 3; ++k)
-        s.push_back({k == 0 ? "none" : k == 1 ? "selective" : "full", bc.time_s[k], bc.act_bytes[k] * held});
+      for (int keep = 0; keep < keeps; ++keep)
+        for (int k = 0; k < 3; ++k)
+          s.push_back({std::string(kPolicy[k]) + (keep ? "+keep" : ""),
+                       bc.time_s[k] + (keep ? bc.zero_keep_s[k] : bc.zero_shard_s[k]),
+                       bc.act_bytes[k] * held + (keep ? bc.unit_bytes : 0)});
       p.layers.push_back(s);
       p.group.push_back(rank);
     }
@@ -100,10 +107,14 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
   ++rep.ilp_solves;
   rep.ilp_s += sol.solve_s;
   if (!sol.feasible) return false;
-  std::vector<std::string> names;
-  for (int k : sol.choice) names.push_back(k == 0 ? "none" : k == 1 ? "selective" : "full");
+  std::vector<std::string> names, kept;
+  for (int k : sol.choice) {
+    names.push_back(kPolicy[k % 3]);
+    kept.push_back(k >= 3 ? "keep" : "shard");
+  }
   PlanCandidate next = c;
   next.plan.cfg.parallel.recompute = run_length(names);
+  if (keeps == 2 && std::count(kept.begin(), kept.end(), "keep") > 0) next.plan.cfg.parallel.zero_keep = run_length(kept);
   next.result = sim::simulate(next.plan, req.cluster);
   if (!fits(next.result, req.cluster) || next.result.step_time_s >= c.result.step_time_s) return false;
   next.how = c.how == "uniform" ? "per-layer ILP" : c.how + " + per-layer ILP";
@@ -123,6 +134,7 @@ std::string layout_label(const sim::SimPlan& p) {
   os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << q.schedule
      << " recompute " << q.recompute;
   if (!q.pp_layers.empty()) os << " layers " << q.pp_layers;
+  if (!q.zero_keep.empty()) os << " keep " << q.zero_keep;
   return os.str();
 }
 
@@ -182,7 +194,8 @@ PlanReport search_plans(const PlanRequest& req) {
   const size_t refine_n = req.refine ? std::min<size_t>(kept.size(), size_t(std::max<int64_t>(req.top, 3))) : 0;
   for (size_t i = 0; i < refine_n; ++i) {
     refine_stages(req, kept[i]);
-    if (kept[i].plan.cfg.parallel.recompute != "none") refine_recompute(req, kept[i], rep);
+    if (kept[i].plan.cfg.parallel.recompute != "none" || kept[i].plan.cfg.parallel.zero == 3)
+      refine_recompute(req, kept[i], rep);
   }
   std::sort(kept.begin(), kept.end(), faster);
   for (size_t i = 0; i < kept.size(); ++i) {
@@ -228,6 +241,8 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
   if (!q.pp_layers.empty())
     os << "\n# uneven stages " << q.pp_layers << ": Megatron-LM takes --decoder-first-pipeline-num-layers / "
        << "--decoder-last-pipeline-num-layers for the ends";
+  if (!q.zero_keep.empty())
+    os << "\n# parallel.zero_keep " << q.zero_keep << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
   if (full > 0 && full < m.layers)
     os << "\n# per-layer recompute " << q.recompute << " maps to block recompute of the first layers of each stage";
   return os.str() + "\n";

@@ -173,14 +173,12 @@ void build_chunks(Setup& s) {
   head.act_bytes = head_activation_bytes(s.x);
   // ZeRO traffic per layer and micro-batch, overlapped with that layer's compute.
   const ParamCount bp = block_params(model, s.tp);
+  double rs = 0, ag = 0;
   if (par.zero >= 2 && s.dp * s.cp > 1) {
-    const double rs = collective_time_s(s.cluster, Coll::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
-    const double ag = par.zero >= 3 ? collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.wbytes, s.pl.dp) : 0;
-    for (UnitCost& b : block) {
-      b.bwd.zero += std::max(0.0, rs + ag - b.bwd.compute);
-      b.fwd.zero += std::max(0.0, ag - b.fwd.compute);
-    }
+    rs = collective_time_s(s.cluster, Coll::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
+    ag = par.zero >= 3 ? collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.wbytes, s.pl.dp) : 0;
   }
+  const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
   s.chunks.assign(static_cast<size_t>(s.V), ChunkCost{});
   int64_t first = 0;
@@ -190,8 +188,13 @@ void build_chunks(Setup& s) {
     for (int64_t l = first; l < first + n; ++l) {
       const UnitCost& b = block[size_t(s.rk[size_t(l)])];
       add_unit(ch, b, 1);
-      ch.fwd.zero += b.fwd.zero;
-      ch.bwd.zero += b.bwd.zero;
+      // ZeRO-2/3 per micro-batch: the gradients' reduce-scatter in backward; ZeRO-3 also
+      // gathers the layer's parameters in forward and backward, or (parallel.zero_keep)
+      // once per step, spread here over the step's micro-batches. Only what the layer's
+      // compute cannot hide is charged.
+      const double once = keep[size_t(l)] ? 1.0 / double(s.m) : 1.0;
+      ch.fwd.zero += std::max(0.0, ag - b.fwd.compute) * once;
+      ch.bwd.zero += std::max(0.0, rs + (keep[size_t(l)] ? 0.0 : ag) - b.bwd.compute);
     }
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
@@ -322,6 +325,19 @@ double loom_activation_bytes(const Setup& s, int64_t r) {
   return (total + floats(all, 0)) * s.x.dtype_bytes;  // + what every layout carves once
 }
 
+// Layers of pipeline rank r whose ZeRO-3 parameters stay gathered (parallel.zero_keep).
+double kept_layers(const Setup& s, int64_t r) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  if (par.zero < 3 || par.zero_keep.empty()) return 0;
+  const std::vector<bool> keep = par.zero_keep_layers(s.plan.cfg.model.layers);
+  const std::vector<int> counts = parallel::stage_layers(int(s.plan.cfg.model.layers), int(s.V), par.layer_split());
+  double n = 0;
+  for (int64_t v = 0, l = 0; v < s.V; ++v)
+    for (int i = 0; i < counts[size_t(v)]; ++i, ++l)
+      if (v % s.pp == r && keep[size_t(l)]) ++n;
+  return n;
+}
+
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -366,6 +382,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
 
   MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, dev);
   mem.activations = st.peak_live;
+  mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
   if (s.plan.framework == Framework::kLoom) {
     mem.activations = loom_activation_bytes(s, r);
     // ZeRO-3: the gather pool (current + prefetched unit), and one unit's gradients before
@@ -439,6 +456,16 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
     const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r);
     out.time_s[int(r)] = u.fwd.total() + u.bwd.total() + u.recompute.total();
     out.act_bytes[int(r)] = layer_activation_bytes(s.x, r);
+    const ParallelConfig& par = plan.cfg.parallel;
+    if (par.zero >= 2 && s.dp * s.cp > 1) {
+      const double unit = block_params(plan.cfg.model, s.tp).per_tp_rank * s.wbytes;
+      const double rs = collective_time_s(cluster, Coll::kReduceScatter, unit, s.pl.dp);
+      const double ag = par.zero >= 3 ? collective_time_s(cluster, Coll::kAllGather, unit, s.pl.dp) : 0;
+      const double fwd = std::max(0.0, ag - u.fwd.compute);
+      out.zero_shard_s[int(r)] = fwd + std::max(0.0, rs + ag - u.bwd.compute);
+      out.zero_keep_s[int(r)] = fwd / double(s.m) + std::max(0.0, rs - u.bwd.compute);
+      out.unit_bytes = unit;
+    }
   }
   const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), RecomputeKind::kNone);
   const UnitCost h = unit_cost(cluster, s.pl, head_forward_ops(s.x), RecomputeKind::kNone);

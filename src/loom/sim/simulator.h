@@ -71,6 +71,11 @@ struct SimResult {
 // pipeline rank the micro-batch chunks its schedule holds at once.
 struct BlockCosts {
   double time_s[3] = {0, 0, 0}, act_bytes[3] = {0, 0, 0};
+  // ZeRO-2/3 traffic the layer's compute does not hide, per micro-batch: parameters
+  // gathered per use (shard) or once per step (keep, parallel.zero_keep); and the bytes a
+  // kept layer's gathered copy holds.
+  double zero_shard_s[3] = {0, 0, 0}, zero_keep_s[3] = {0, 0, 0};
+  double unit_bytes = 0;
   double embed_s = 0, head_s = 0;
   std::vector<int> in_flight;
 };

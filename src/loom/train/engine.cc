@@ -41,6 +41,13 @@ parallel::GradSync::Mode sync_mode(const RankContext& rc) {
   return parallel::GradSync::Mode::kAllReduce;
 }
 
+// Per ZeRO-3 unit (block l = l, embedding = layers, head = layers + 1): keep gathered?
+std::vector<bool> zero_keep_units(const Config& cfg) {
+  std::vector<bool> keep = cfg.parallel.zero_keep_layers(cfg.model.layers);
+  keep.resize(size_t(cfg.model.layers + 2), false);
+  return keep;
+}
+
 }  // namespace
 
 Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
@@ -71,7 +78,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     if (rc.zero == 3) {
       gather = std::make_unique<parallel::ParamGather>(
           *rc.dp, plan, unit_bucket, model.params().data(),
-          [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory);
+          [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory, zero_keep_units(cfg));
       model.set_param_hook([this](int unit, bool acquire) {
         if (acquire) gather->acquire(unit);
         else gather->release(unit);

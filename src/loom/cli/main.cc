@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   loom::cli::PlanArgs pl;
   auto* pc = app.add_subcommand("plan", "Search dp/tp/pp/vpp, micro-batch, ZeRO, sp, recompute and schedule for the fastest layout that fits");
   add_sim_flags(pc, pl.sim);
-  pc->add_option("--top", pl.top, "Plans to print, fastest first")->capture_default_str();
+  pc->add_option("--top", pl.top, "Plans to print, fastest first (--cp N searches context parallel 1, 2, 4 .. N)")
+      ->capture_default_str();
   pc->add_option("--emit", pl.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
   pc->add_option("--out", pl.out, "Write --emit output to this file");
 

@@ -35,7 +35,9 @@ int run_plan(const PlanArgs& a) {
                                   a.sim.local_path.empty() ? default_local_cluster_path() : a.sim.local_path);
   req.global_batch = a.sim.global_batch > 0 ? a.sim.global_batch : in.plan.cfg.train.batch;
   req.top = a.top;
-  req.cp = {a.sim.cp};
+  req.cp.clear();  // --cp N: context-parallel degrees 1, 2, 4, ... up to N
+  for (int64_t cp = 1; cp <= a.sim.cp; cp *= 2)
+    if (req.base.seq_len() % cp == 0) req.cp.push_back(cp);
   const plan::PlanReport rep = plan::search_plans(req);
   if (rep.ranked.empty()) {
     std::string why;

@@ -74,6 +74,7 @@ struct SimArgs {
   bool json = false;
   std::string trace, svg;
   std::string framework;  // megatron | loom; empty: loom on a shared-device (CPU) cluster, else megatron
+  bool flash_attention = false;
 };
 struct SimInputs {
   sim::SimPlan plan;

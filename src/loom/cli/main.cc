@@ -44,6 +44,8 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                                   "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
   app->add_option("--framework", a.framework, "loom | megatron: whose activations, dropout and precision to model "
                                               "(default: loom on a calibrated CPU cluster, megatron on GPU presets)");
+  app->add_flag("--flash-attention", a.flash_attention, "Megatron with flash attention: causal-only attention "
+                                                        "FLOPs, no (s, s) scores kept (the published runs had none)");
   add_layout_flags(app, a.layout);
 }
 

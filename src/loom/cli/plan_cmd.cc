@@ -28,6 +28,7 @@ int run_plan(const PlanArgs& a) {
   plan::PlanRequest req;
   req.base = in.plan.cfg;
   req.framework = in.plan.framework;
+  req.flash_attention = in.plan.flash_attention;
   std::vector<std::string> cluster_sets;
   for (const std::string& s : a.sim.sets)
     if (s.rfind("cluster.", 0) == 0) cluster_sets.push_back(s);

@@ -69,6 +69,9 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   const std::string fw = a.framework.empty() ? (in.cluster.device.shared ? "loom" : "megatron") : a.framework;
   if (fw != "loom" && fw != "megatron") throw ConfigError("--framework '" + fw + "': expected loom or megatron");
   in.plan.framework = fw == "loom" ? sim::Framework::kLoom : sim::Framework::kMegatron;
+  if (a.flash_attention && in.plan.framework != sim::Framework::kMegatron)
+    throw ConfigError("--flash-attention models Megatron-LM's flash attention; loom's engine has its own kernel");
+  in.plan.flash_attention = a.flash_attention;
   return in;
 }
 

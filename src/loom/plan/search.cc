@@ -156,6 +156,7 @@ PlanReport search_plans(const PlanRequest& req) {
           plan.framework = req.framework;
           plan.dp_overlap = req.dp_overlap;
           plan.blocking_p2p = req.blocking_p2p;
+          plan.flash_attention = req.flash_attention;
           plan.cp = cp;
           ParallelConfig& q = plan.cfg.parallel;
           q.tp = tp, q.pp = pp, q.dp = dp, q.micro_batch = mb;

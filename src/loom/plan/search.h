@@ -15,6 +15,7 @@ struct PlanRequest {
   Config base;                 // model and sequence (train.seq); layout fields are searched
   sim::Framework framework = sim::Framework::kMegatron;
   bool dp_overlap = true, blocking_p2p = false;  // as sim::SimPlan: how the framework communicates
+  bool flash_attention = false;
   sim::ClusterSpec cluster;    // devices() GPUs
   int64_t global_batch = 0;
   int64_t top = 5;

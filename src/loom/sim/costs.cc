@@ -98,7 +98,14 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
   if (x.cp > 1) ops.push_back(comm("cp_kv_gather", Coll::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
-  if (x.fused_attention) {
+  if (x.flash) {
+    // Dao et al.: the causal half of QK^T and PV in SRAM tiles; reads Q, K, V, writes the
+    // output and the row log-sum-exp. FLOPs are the causal half of the full product.
+    Op a = gemm("flash_attention", rows, x.s, hd, dt, heads, true);
+    a.kind = Op::Kind::kAttention;
+    a.bytes = 2 * n * (x.h + 2 * kv) / x.t * dt + n * x.a / x.t * 4;
+    ops.push_back(a);
+  } else if (x.fused_attention) {
     Op a = gemm("attention", rows, x.s, hd, dt, heads, true);
     a.kind = Op::Kind::kAttention;
     a.flops *= 2;  // QK^T and PV
@@ -182,8 +189,9 @@ double total_params(const ModelConfig& m) {
   return double(m.layers) * block_params(m, 1).whole + embedding_params(m, 1).whole + head_params(m, 1).whole;
 }
 
-double model_flops_per_sequence(const ModelConfig& m, int64_t seq) {
-  const LayerShape x = LayerShape::of(m, 1, seq, 1, 1, false, 2);
+double model_flops_per_sequence(const ModelConfig& m, int64_t seq, bool causal_attention) {
+  LayerShape x = LayerShape::of(m, 1, seq, 1, 1, false, 2);
+  x.flash = causal_attention;
   double fwd = 0;
   for (const Op& o : block_forward_ops(x)) fwd += o.flops * double(m.layers);
   for (const Op& o : head_forward_ops(x)) fwd += o.flops;

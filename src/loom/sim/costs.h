@@ -39,6 +39,7 @@ struct LayerShape {
   bool sp = false;
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
+  bool flash = false;           // flash attention: causal tiles only, no (s, s) scores kept
   double dtype_bytes = 2;
   static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
                        int64_t dtype_bytes);
@@ -64,7 +65,9 @@ double total_params(const ModelConfig& m);
 
 // Model FLOPs of one training step (forward + backward = 3x forward, no recompute): the
 // MFU numerator, counted from the same op lists the simulator charges.
-double model_flops_per_sequence(const ModelConfig& m, int64_t seq);
+// With `causal_attention` (flash attention, which skips the masked half) attention counts
+// its causal half, so MFU stays a fraction of what the hardware could do.
+double model_flops_per_sequence(const ModelConfig& m, int64_t seq, bool causal_attention = false);
 
 // Where a group of `ranks` members at global-rank stride `stride` lies on the cluster.
 struct GroupPlace {

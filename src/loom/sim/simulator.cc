@@ -62,7 +62,9 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
 void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p) {
   for (const Op& o : ops) {
     if (o.kind == Op::Kind::kAttention) {
-      p.compute += 2 * kernel_time_s(c.device, o);  // the backward kernel does about twice the work
+      // loom's backward kernel does about twice the forward's work; flash attention's
+      // recomputes the scores too (2.5x, Dao et al.).
+      p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
     } else if (o.kind == Op::Kind::kGemm) {
       p.compute += 2 * gemm_time_s(c.device, o.flops, o.bytes);
     } else if (o.kind == Op::Kind::kMemory) {
@@ -150,6 +152,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true;
+  if (plan.flash_attention && plan.framework == Framework::kMegatron) s.x.flash = true;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
@@ -417,8 +420,9 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   res.bubble_fraction = pipe_end > 0 ? 1.0 - busy / (double(s.pp) * pipe_end) : 0;
   const double batch = double(cfg.train.batch);
   res.tokens_per_s = batch * double(s.seq) / res.step_time_s;
-  res.model_flops = model_flops_per_sequence(cfg.model, s.seq) * batch;
-  const LayerShape one = LayerShape::of(cfg.model, 1, s.seq, 1, 1, false, dev.dtype_bytes);
+  res.model_flops = model_flops_per_sequence(cfg.model, s.seq, s.x.flash) * batch;
+  LayerShape one = LayerShape::of(cfg.model, 1, s.seq, 1, 1, false, dev.dtype_bytes);
+  one.flash = s.x.flash;
   double extra = 0;  // recomputed forward FLOPs per sequence
   for (RecomputeKind r : s.rk) {
     if (r == RecomputeKind::kFull) extra += flops_of(block_forward_ops(one), false);

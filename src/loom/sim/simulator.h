@@ -23,6 +23,7 @@ struct SimPlan {
   Config cfg;                // model, train.batch (global), train.grad_accum, train.seq, parallel.*
   int64_t cp = 1;            // context parallel (simulator and planner only)
   bool dp_overlap = true;    // gradient reduction overlapped with the last backward (loom, torch DDP)
+  bool flash_attention = false;  // Megatron with flash attention (2023+); the published runs had none
   bool blocking_p2p = false; // a pipeline send holds its rank until delivered (Megatron-LM's
                              // batched isend/irecv + wait); loom's sends are asynchronous
   int64_t gpus() const { return cfg.parallel.world() * cp; }

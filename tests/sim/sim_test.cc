@@ -270,6 +270,23 @@ TEST(Simulator, ZeroShrinksMemoryAndSequenceParallelTheActivations) {
   EXPECT_LT(sp.activations, tp.activations);
 }
 
+TEST(Simulator, FlashAttentionDropsTheScoresAndCountsTheCausalHalf) {
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=32768", "train.batch=8", "parallel.tp=8"});
+  const ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
+  const SimResult plain = simulate(p, c);
+  p.flash_attention = true;
+  const SimResult flash = simulate(p, c);
+  EXPECT_LT(flash.ranks[0].memory.activations, 0.2 * plain.ranks[0].memory.activations);
+  EXPECT_LT(flash.step_time_s, plain.step_time_s);
+  EXPECT_LT(flash.mfu, 1.0);
+  // Causal half: attention's 4 s^2 h per layer and sequence becomes 2 s^2 h (x3 for fwd + bwd).
+  const ModelConfig& m = p.cfg.model;
+  const double s = 32768, h = double(m.d_model), L = double(m.layers);
+  EXPECT_NEAR(model_flops_per_sequence(m, 32768) - model_flops_per_sequence(m, 32768, true), 3 * 2 * s * s * h * L,
+              1e-9 * model_flops_per_sequence(m, 32768));
+}
+
 // Issue 5: predicted vs published for every row of the reference set, median |error| <=
 // 10% (a model-accuracy check, deterministic: no timing involved).
 TEST(Published, MedianErrorWithinTenPercent) {

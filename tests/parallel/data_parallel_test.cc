@@ -154,6 +154,11 @@ TEST(TensorParallel, GptLayoutsMatchTheSingleProcessRun) {
                   {"tp2 recompute selective", {"parallel.tp=2", "parallel.recompute=selective"}},
                   {"tp2 x pp2 recompute full", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2",
                                                 "parallel.recompute=full"}},
+                  // Embedding and head whole on every tp rank (parallel.vocab_parallel = false).
+                  {"tp2 replicated vocab", {"parallel.tp=2", "parallel.vocab_parallel=false"}},
+                  {"tp2 + sp replicated vocab", {"parallel.tp=2", "parallel.sp=true", "parallel.vocab_parallel=false"}},
+                  {"dp2 x tp2 x pp2 replicated vocab", {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
+                                                        "train.grad_accum=2", "parallel.vocab_parallel=false"}},
                   // A planner's per-layer policy over the 4 layers.
                   {"tp2 x pp2 recompute per layer", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2",
                                                      "parallel.recompute=full,selective,none,full"}}});
@@ -273,7 +278,9 @@ TEST(Llama, EveryRequiredLayoutMatchesTheSingleProcessRun) {
                          {"pp2 gpipe", {"parallel.pp=2", "parallel.schedule=gpipe", "train.grad_accum=4"}},
                          {"pp2 1f1b", {"parallel.pp=2", "train.grad_accum=4"}},
                          {"dp2 x tp2", {"parallel.dp=2", "parallel.tp=2"}},
-                         {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}}});
+                         {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
+                         {"tp2 + sp replicated vocab", {"parallel.tp=2", "parallel.sp=true",
+                                                        "parallel.vocab_parallel=false"}}});
   Config seven = llama_config();
   seven.model.layers = 7;
   expect_matches(seven, {{"pp3 over 7 layers", {"parallel.pp=3", "train.grad_accum=3"}}});

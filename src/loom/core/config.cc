@@ -159,6 +159,8 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(parallel, pp, "pipeline-parallel degree (stages)"),
       LOOM_INT_KEY(parallel, vpp, "model chunks per pipeline rank (interleaved schedule)"),
       LOOM_BOOL_KEY(parallel, sp, "sequence parallel in the norm/residual regions (needs tp > 1)"),
+      LOOM_BOOL_KEY(parallel, vocab_parallel, "under tp: embedding and head split by vocabulary (true) or whole on "
+                                              "every tp rank (false: no vocabulary collectives, more memory)"),
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
       LOOM_STRING_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved"),

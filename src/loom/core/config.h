@@ -65,6 +65,7 @@ struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t vpp = 1;             // model chunks per pipeline rank (interleaved schedule)
   bool sp = false;             // sequence parallel (needs tp > 1)
+  bool vocab_parallel = true;  // under tp: embedding/head split by vocabulary, else replicated
   int64_t zero = 0;            // 0: plain data parallel; 1: optimizer state, 2: + gradients, 3: + params sharded
   int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
   std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved

@@ -34,12 +34,16 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
 
 ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding, const ModelPart& part) {
   const int64_t C = m.d_model, F = m.ffn, hd = m.head_dim(), tp = part.tp;
-  const int64_t Vp = part.vocab_shard(m) * tp;  // vocabulary padded to a multiple of tp
+  const int64_t Vp = part.vocab_split() ? part.vocab_shard(m) * tp : m.vocab;  // padded to a multiple of tp
   const bool gpt = m.arch == Arch::kGpt;
   const int t = int(tp);
   // Column-parallel weights split their output rows, row-parallel ones their input
   // columns; norms, row-parallel biases and wpe are replicated.
-  auto vocab_rows = [&](const std::string& name) { add(name, {Vp, C}, true, -1, 0, {Vp}, t), specs_.back().global_rows = m.vocab; };
+  auto vocab_rows = [&](const std::string& name) {
+    if (part.vocab_split()) add(name, {Vp, C}, true, -1, 0, {Vp}, t);
+    else add(name, {Vp, C}, true, -1);  // replicated over tp
+    specs_.back().global_rows = m.vocab;
+  };
   if (part.embed || (gpt && part.head)) vocab_rows("wte");
   if (gpt && part.embed) add("wpe", {m.ctx, C}, true, -1);
   for (int l = 0; l < int(m.layers); l++) {

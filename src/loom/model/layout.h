@@ -58,8 +58,13 @@ struct ModelPart {
   bool embed = true;
   bool head = true;
   int tp = 1, tp_rank = 0;  // tensor parallel: this rank's slice (Note [Tensor parallel] in model.h)
-  // Vocabulary rows per tp rank: ceil(vocab / tp).
-  int64_t vocab_shard(const ModelConfig& m) const { return (m.vocab + tp - 1) / tp; }
+  // Under tp: the embedding and head split by vocabulary rows (Megatron's vocab-parallel
+  // layers), or (false) whole on every tp rank, trading memory and head compute for the
+  // vocabulary collectives (parallel.vocab_parallel).
+  bool vocab_parallel = true;
+  bool vocab_split() const { return tp > 1 && vocab_parallel; }
+  // Vocabulary rows per tp rank: ceil(vocab / tp) when split, else all of them.
+  int64_t vocab_shard(const ModelConfig& m) const { return vocab_split() ? (m.vocab + tp - 1) / tp : m.vocab; }
   // Chunks with an empty list resolved against the model.
   std::vector<std::pair<int, int>> resolved_chunks(const ModelConfig& m) const {
     return chunks.empty() ? std::vector<std::pair<int, int>>{{0, int(m.layers)}} : chunks;

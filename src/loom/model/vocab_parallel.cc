@@ -13,8 +13,11 @@ namespace loom {
 
 void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t T) const {
   const int64_t C = cfg_.d_model, N = B * T;
-  if (part_.tp == 1) {
-    k_.embedding_forward(out, tokens, pv_.wte, pv_.wpe, B, T, C);
+  if (!part_.vocab_split()) {
+    // Whole table here: look every row up; under sequence parallel keep the own rows.
+    if (!sp_) return k_.embedding_forward(out, tokens, pv_.wte, pv_.wpe, B, T, C);
+    k_.embedding_forward(full_tmp(), tokens, pv_.wte, pv_.wpe, B, T, C);
+    std::memcpy(out, full_tmp() + row0(N) * C, size_t(rows(N) * C) * sizeof(float));
     return;
   }
   // out = sum over tp of (own rows of wte looked up, zero elsewhere); rank 0 adds wpe.
@@ -44,8 +47,10 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
 
 void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, int64_t T) {
   const int64_t C = cfg_.d_model, N = B * T;
-  if (part_.tp == 1) {
-    k_.embedding_backward(gv_.wte, gv_.wpe, dout, tokens, B, T, C);
+  if (!part_.vocab_split()) {
+    // dout is replicated over tp (gathered under sequence parallel), so every tp rank adds
+    // the same gradient to its whole copy: the copies stay equal without a reduction.
+    k_.embedding_backward(gv_.wte, gv_.wpe, sp_ ? gather_grad(dout, N) : dout, tokens, B, T, C);
     return;
   }
   // dout is replicated (gathered under sequence parallel): every rank adds the rows of its
@@ -83,7 +88,9 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
   span("head", -1, true);
   use(head_unit(), true);
   if (tied) use(embed_unit(), true);
-  if (part_.tp == 1) {
+  if (!part_.vocab_split()) {
+    // Whole head (tp = 1, or replicated over tp: x is whole on every rank, so each computes
+    // the same loss, dx and head gradient).
     k_.lm_head_loss(losses, dx, dx ? gv_.head_w : nullptr, x, pv_.head_w, targets, N, C, V, grad_scale / float(N));
   } else {
     // Per row i: loss_i = log(sum_v exp(z_v - m)) + m - z_target, with m, the sum and

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include "loom/core/error.h"
@@ -66,8 +67,87 @@ IlpEvaluation evaluate_assignment(const LayerIlp& p, const std::vector<int>& cho
   return ev;
 }
 
+namespace {
+
+// Note [Layer ILP] symmetry: a stage's identical layers (same strategies, no resharding
+// prices) are interchangeable, and CBC wastes its time proving that. Without prices, each
+// class of identical layers becomes one integer count per strategy (how many of its layers
+// take it) and the solution lists them in strategy order: the same optimum, no symmetry.
+bool identical(const std::vector<Strategy>& a, const std::vector<Strategy>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (a[k].time_s != b[k].time_s || a[k].memory_bytes != b[k].memory_bytes) return false;
+  return true;
+}
+
+IlpSolution solve_by_counts(const LayerIlp& p, double time_limit_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<size_t> rep;                    // per class: its first layer
+  std::vector<std::vector<size_t>> members;   // per class: its layers, in order
+  for (size_t l = 0; l < p.layers.size(); ++l) {
+    size_t c = 0;
+    while (c < rep.size() && !(p.group[rep[c]] == p.group[l] && identical(p.layers[rep[c]], p.layers[l]))) ++c;
+    if (c == rep.size()) rep.push_back(l), members.emplace_back();
+    members[c].push_back(l);
+  }
+  std::unique_ptr<Cbc_Model, CbcDeleter> m(Cbc_newModel());
+  Cbc_setLogLevel(m.get(), 0);
+  Cbc_setMaximumSeconds(m.get(), time_limit_s);
+  Cbc_addCol(m.get(), "T", 0, 1e30, 1.0, 0, 0, nullptr, nullptr);
+  std::vector<std::vector<int>> y(rep.size());
+  int col = 1;
+  for (size_t c = 0; c < rep.size(); ++c)
+    for (size_t k = 0; k < p.layers[rep[c]].size(); ++k) {
+      Cbc_addCol(m.get(), "", 0, double(members[c].size()), 0, 1, 0, nullptr, nullptr);
+      y[c].push_back(col++);
+    }
+  for (size_t c = 0; c < rep.size(); ++c) {
+    const std::vector<double> ones(y[c].size(), 1.0);
+    Cbc_addRow(m.get(), "", int(y[c].size()), y[c].data(), ones.data(), 'E', double(members[c].size()));
+  }
+  for (size_t g = 0; g < p.group_budget_bytes.size(); ++g) {
+    std::vector<int> mc, tc = {0};
+    std::vector<double> mv, tv = {-1};
+    for (size_t c = 0; c < rep.size(); ++c) {
+      if (size_t(p.group[rep[c]]) != g) continue;
+      for (size_t k = 0; k < y[c].size(); ++k) {
+        mc.push_back(y[c][k]), mv.push_back(p.layers[rep[c]][k].memory_bytes);
+        tc.push_back(y[c][k]), tv.push_back(p.layers[rep[c]][k].time_s);
+      }
+    }
+    if (!mc.empty()) Cbc_addRow(m.get(), "", int(mc.size()), mc.data(), mv.data(), 'L', p.group_budget_bytes[g]);
+    Cbc_addRow(m.get(), "", int(tc.size()), tc.data(), tv.data(), 'L', -p.group_base_s[g]);
+  }
+  Cbc_solve(m.get());
+  IlpSolution out;
+  out.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double* sol = Cbc_getColSolution(m.get());
+  if (Cbc_isProvenInfeasible(m.get()) || !sol) {
+    out.status = "infeasible";
+    return out;
+  }
+  out.choice.assign(p.layers.size(), 0);
+  for (size_t c = 0; c < rep.size(); ++c) {
+    size_t next = 0;
+    for (size_t k = 0; k < y[c].size(); ++k)
+      for (long n = std::lround(sol[y[c][k]]); n > 0 && next < members[c].size(); --n) out.choice[members[c][next++]] = int(k);
+  }
+  const IlpEvaluation ev = evaluate_assignment(p, out.choice);
+  out.feasible = ev.within_budget;
+  out.objective_s = ev.objective_s;
+  out.status = Cbc_isProvenOptimal(m.get()) ? "optimal" : (out.feasible ? "feasible (time limit)" : "infeasible");
+  return out;
+}
+
+}  // namespace
+
 IlpSolution solve_layer_ilp(const LayerIlp& p, double time_limit_s) {
   check_problem(p);
+  bool priced = false;
+  for (const auto& edge : p.reshard)
+    for (const auto& row : edge)
+      for (double v : row) priced = priced || v != 0;
+  if (!priced) return solve_by_counts(p, time_limit_s);
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Cbc_Model, CbcDeleter> m(Cbc_newModel());
   Cbc_setLogLevel(m.get(), 0);

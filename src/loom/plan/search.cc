@@ -131,6 +131,7 @@ std::string layout_label(const sim::SimPlan& p) {
   if (q.vpp > 1) os << " vpp " << q.vpp;
   if (p.cp > 1) os << " cp " << p.cp;
   if (q.sp) os << " sp";
+  if (!q.vocab_parallel && q.tp > 1) os << " vocab-replicated";
   os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << q.schedule
      << " recompute " << q.recompute;
   if (!q.pp_layers.empty()) os << " layers " << q.pp_layers;
@@ -171,10 +172,13 @@ PlanReport search_plans(const PlanRequest& req) {
             for (int64_t v : {2, 3, 4}) scheds.push_back({"interleaved", v});
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})
+              for (bool vocab_parallel : {true, false})
               for (int64_t zero : {0, 1, 2, 3})
                 for (const char* rc : {"none", "selective", "full"}) {
-                  if ((sp && tp == 1) || (zero > 0 && dp * cp == 1)) continue;  // same as sp off / zero 0
+                  // Same as sp off / vocab-parallel / zero 0 there:
+                  if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
                   q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = rc;
+                  q.vocab_parallel = vocab_parallel;
                   const std::vector<std::string> errs = validation_errors(plan.cfg);
                   if (!errs.empty()) {
                     acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
@@ -242,6 +246,8 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
   if (!q.pp_layers.empty())
     os << "\n# uneven stages " << q.pp_layers << ": Megatron-LM takes --decoder-first-pipeline-num-layers / "
        << "--decoder-last-pipeline-num-layers for the ends";
+  if (!q.vocab_parallel && q.tp > 1)
+    os << "\n# parallel.vocab_parallel = false (embedding and head whole on every tp rank) has no Megatron-LM flag";
   if (!q.zero_keep.empty())
     os << "\n# parallel.zero_keep " << q.zero_keep << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
   if (full > 0 && full < m.layers)

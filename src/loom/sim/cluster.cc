@@ -254,7 +254,7 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
 
 std::string cluster_to_toml(const ClusterSpec& c) {
   std::ostringstream os;
-  os.precision(6);
+  os.precision(10);  // round-trips the measured values (a rank's share of peak stays exact)
   auto curve = [&](const Curve& cv) {
     std::ostringstream s;
     s.precision(6);

@@ -141,7 +141,7 @@ std::vector<Op> embedding_forward_ops(const LayerShape& x) {
   // Vocab-parallel lookup: each tp rank writes the rows of its vocabulary slice (zeros
   // elsewhere), then the partial sums are reduced (reduce-scattered under sp).
   ops.push_back(mem("embed_lookup", (x.arch == Arch::kGpt ? 3 : 2) * n * x.h * dt));
-  tp_out(ops, x, "embed_reduce");
+  if (x.vocab_split) tp_out(ops, x, "embed_reduce");  // whole table: every rank looks up every row
   if (x.dropout) ops.push_back(mem("embed_dropout", ne * x.h * (2 * dt + 1)));
   return ops;
 }
@@ -151,11 +151,11 @@ std::vector<Op> head_forward_ops(const LayerShape& x) {
   std::vector<Op> ops;
   ops.push_back(mem("final_norm", 2 * ne * x.h * dt));
   tp_in(ops, x, "sp_gather_head");
-  ops.push_back(gemm("logits", n, x.V / x.t, x.h, dt));
-  // Vocab-parallel cross-entropy in fp32: read the logits, max, exp-sum, the target's
-  // logit (three small all-reduces of n floats fused into one here).
-  ops.push_back(mem("cross_entropy", n * x.V / x.t * (dt + 3 * 4)));
-  if (x.t > 1) ops.push_back(comm("ce_reduce", Coll::kAllReduce, Axis::kTp, 3 * n * 4));
+  ops.push_back(gemm("logits", n, x.V / x.vocab_t(), x.h, dt));
+  // Cross-entropy in fp32: read the logits, max, exp-sum, the target's logit; vocab-parallel
+  // adds three small all-reduces of n floats (fused into one here).
+  ops.push_back(mem("cross_entropy", n * x.V / x.vocab_t() * (dt + 3 * 4)));
+  if (x.vocab_split && x.t > 1) ops.push_back(comm("ce_reduce", Coll::kAllReduce, Axis::kTp, 3 * n * 4));
   return ops;
 }
 

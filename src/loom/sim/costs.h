@@ -40,6 +40,8 @@ struct LayerShape {
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
   bool flash = false;           // flash attention: causal tiles only, no (s, s) scores kept
+  bool vocab_split = true;      // under tp: embedding/head split by vocabulary (else whole per rank)
+  double vocab_t() const { return vocab_split ? t : 1; }
   double dtype_bytes = 2;
   static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
                        int64_t dtype_bytes);

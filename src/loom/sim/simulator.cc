@@ -153,6 +153,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true;
   if (plan.flash_attention && plan.framework == Framework::kMegatron) s.x.flash = true;
+  s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
@@ -203,11 +204,11 @@ void build_chunks(Setup& s) {
     ch.params = double(n) * bp.per_tp_rank;
     if (v == 0) {
       add_unit(ch, embed, 1);
-      ch.params += embedding_params(model, s.tp).per_tp_rank;
+      ch.params += embedding_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
     }
     if (v == s.V - 1) {
       add_unit(ch, head, 1);
-      ch.params += head_params(model, s.tp).per_tp_rank;
+      ch.params += head_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
     }
   }
 }
@@ -352,7 +353,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   rep.pp_rank = r;
   rep.global_rank = r * s.tp * s.cp * s.dp;
   for (int64_t c = 0; c < s.vpp; ++c) rep.params += s.chunks[size_t(c * s.pp + r)].params;
-  const double wte = double(model.vocab * model.d_model) / double(s.tp);
+  const double wte = double(model.vocab * model.d_model) / s.x.vocab_t();
   if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
   rep.pipeline_end_s = st.free_at;
   rep.busy_s = st.spent.total();

@@ -78,6 +78,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     rc.act_slots = check.peak_in_flight[size_t(rc.pp_rank)];
   }
   rc.part.tp = rc.tp_size, rc.part.tp_rank = rc.tp_rank;
+  rc.part.vocab_parallel = cfg.parallel.vocab_parallel;
   return rc;
 }
 

@@ -138,7 +138,9 @@ namespace {
 TEST(Diagnosis, GroupCreationWaitsBoundedForMissingRanks) {
   const auto errors = run_threads(2, short_timeout(), [](World& w) {
     if (w.global_rank() == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      // 10x the timeout, so rank 1 is still away when rank 0 reports even on a loaded
+      // machine (at 800 ms, a busy CI run once saw rank 1 already gone).
+      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
       return;
     }
     const Mesh mesh({{"dp", 2}}, 2);

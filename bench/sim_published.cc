@@ -36,10 +36,7 @@ int main(int argc, char** argv) {
       const loom::sim::PublishedCase pc = loom::sim::published_case(row);
       const double published = loom::sim::simulate(pc.plan, pc.cluster).step_time_s;
       loom::plan::PlanRequest req;
-      req.base = pc.plan.cfg;
-      req.framework = pc.plan.framework;
-      req.dp_overlap = pc.plan.dp_overlap;  // the published framework's own communication
-      req.blocking_p2p = pc.plan.blocking_p2p;
+      req.like = pc.plan;  // the published framework's own communication
       req.cluster = pc.cluster;
       req.global_batch = pc.plan.cfg.train.batch;
       req.top = 1;

@@ -12,6 +12,7 @@
 #include "loom/parallel/pipeline.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/verify.h"
+#include "support/train_threads.h"
 
 namespace loom {
 namespace {
@@ -230,14 +231,7 @@ TEST(Zero, Stage3MatchesTheSingleProcessRun) {
 
 // Peak resident bytes per category on rank 0 (Note [Resident memory]).
 std::map<std::string, int64_t> peak_memory(const Config& c) {
-  std::vector<TrainSummary> out(size_t(c.parallel.world()));
-  std::ostringstream sink;
-  TrainOptions o;
-  o.out = o.err = &sink;
-  const auto errors = comm::run_threads(int(c.parallel.world()), {}, [&](comm::World& w) {
-    out[size_t(w.global_rank())] = train(c, o, w);
-  });
-  EXPECT_EQ(errors, std::vector<std::string>(errors.size()));
+  const std::vector<TrainSummary> out = testing_support::train_as_threads(c);
   std::map<std::string, int64_t> m(out[0].memory_peak_bytes.begin(), out[0].memory_peak_bytes.end());
   m["formula"] = out[0].model_state_formula_bytes;
   return m;

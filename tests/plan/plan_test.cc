@@ -154,10 +154,7 @@ TEST(Planner, BeatsOrMatchesThePublishedConfiguration) {
     const sim::PublishedCase pc = sim::published_case(row);
     const sim::SimResult published = sim::simulate(pc.plan, pc.cluster);
     PlanRequest req;
-    req.base = pc.plan.cfg;
-    req.framework = pc.plan.framework;
-    req.dp_overlap = pc.plan.dp_overlap;  // the published framework's own communication
-    req.blocking_p2p = pc.plan.blocking_p2p;
+    req.like = pc.plan;  // the published framework's own communication
     req.cluster = pc.cluster;
     req.global_batch = pc.plan.cfg.train.batch;
     req.top = 3;

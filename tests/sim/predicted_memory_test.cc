@@ -10,6 +10,7 @@
 #include "loom/comm/world.h"
 #include "loom/sim/simulator.h"
 #include "loom/train/trainer.h"
+#include "support/train_threads.h"
 
 namespace loom {
 namespace {
@@ -24,14 +25,7 @@ sim::ClusterSpec cpu(int64_t ranks) {
 }
 
 double measured_rank0_bytes(const Config& c) {
-  std::vector<TrainSummary> out(size_t(c.parallel.world()));
-  std::ostringstream sink;
-  TrainOptions o;
-  o.out = o.err = &sink;
-  const auto errors = comm::run_threads(int(c.parallel.world()), {}, [&](comm::World& w) {
-    out[size_t(w.global_rank())] = train(c, o, w);
-  });
-  EXPECT_EQ(errors, std::vector<std::string>(errors.size()));
+  const std::vector<TrainSummary> out = testing_support::train_as_threads(c);
   double total = 0;
   for (const auto& [name, bytes] : out[0].memory_peak_bytes) total += double(bytes);
   return total;

@@ -74,12 +74,13 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
       from = steps[pid].front().second;
       steps[pid].erase(steps[pid].begin());
     }
-    auto outside_validation = [&](Spans v) {
+    // Spans of the counted steps: after the warm-up step, outside validation.
+    auto in_measured_steps = [&](Spans v) {
       Spans kept;
       for (auto s : v) {
-        bool inside = s.first < from;
-        for (auto [a, b] : validation[pid]) inside = inside || (s.first >= a && s.second <= b);
-        if (!inside) kept.push_back(s);
+        bool skip = s.first < from;
+        for (auto [a, b] : validation[pid]) skip = skip || (s.first >= a && s.second <= b);
+        if (!skip) kept.push_back(s);
       }
       return kept;
     };
@@ -91,8 +92,8 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
       if (v.first >= from) later_validation.push_back(v);
     step_total -= union_length(later_validation);
     r.step_s = step_total / n;
-    r.compute_s = union_length(outside_validation(compute[pid])) / n;
-    r.comm_s = union_length(outside_validation(comm[pid])) / n;
+    r.compute_s = union_length(in_measured_steps(compute[pid])) / n;
+    r.comm_s = union_length(in_measured_steps(comm[pid])) / n;
   }
   return out;
 }

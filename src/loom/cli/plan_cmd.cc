@@ -26,9 +26,7 @@ int run_plan(const PlanArgs& a) {
   base.gpus = 0;
   const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
   plan::PlanRequest req;
-  req.base = in.plan.cfg;
-  req.framework = in.plan.framework;
-  req.flash_attention = in.plan.flash_attention;
+  req.like = in.plan;
   std::vector<std::string> cluster_sets;
   for (const std::string& s : a.sim.sets)
     if (s.rfind("cluster.", 0) == 0) cluster_sets.push_back(s);
@@ -38,12 +36,12 @@ int run_plan(const PlanArgs& a) {
   req.top = a.top;
   req.cp.clear();  // --cp N: context-parallel degrees 1, 2, 4, ... up to N
   for (int64_t cp = 1; cp <= a.sim.cp; cp *= 2)
-    if (req.base.seq_len() % cp == 0) req.cp.push_back(cp);
+    if (req.like.cfg.seq_len() % cp == 0) req.cp.push_back(cp);
   const plan::PlanReport rep = plan::search_plans(req);
   if (rep.ranked.empty()) {
     std::string why;
     for (const auto& [reason, n] : rep.pruned) why += "\n  " + std::to_string(n) + " " + reason + " (e.g. " + rep.example.at(reason) + ")";
-    throw ConfigError("no layout of " + req.base.model.preset + " fits " + std::to_string(a.sim.gpus) + " x " +
+    throw ConfigError("no layout of " + req.like.cfg.model.preset + " fits " + std::to_string(a.sim.gpus) + " x " +
                       req.cluster.device.name + " at global batch " + std::to_string(req.global_batch) + ":" + why);
   }
   if (!a.emit.empty()) {
@@ -71,8 +69,8 @@ int run_plan(const PlanArgs& a) {
     return 0;
   }
   const double gib = double(int64_t(1) << 30);
-  std::cout << "loom plan: " << req.base.model.preset << " on " << a.sim.gpus << " x " << req.cluster.device.name
-            << " (" << req.cluster.name << "), global batch " << req.global_batch << " x seq " << req.base.seq_len()
+  std::cout << "loom plan: " << req.like.cfg.model.preset << " on " << a.sim.gpus << " x " << req.cluster.device.name
+            << " (" << req.cluster.name << "), global batch " << req.global_batch << " x seq " << req.like.cfg.seq_len()
             << "\n";
   int i = 0;
   for (const plan::PlanCandidate& c : rep.ranked) {

@@ -143,7 +143,7 @@ PlanReport search_plans(const PlanRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   PlanReport rep;
   Acc acc{rep};
-  const int64_t gpus = req.cluster.devices(), B = req.global_batch, L = req.base.model.layers;
+  const int64_t gpus = req.cluster.devices(), B = req.global_batch, L = req.like.cfg.model.layers;
   LOOM_CHECK(B > 0, "--global-batch is required (sequences per optimizer step)");
   std::vector<PlanCandidate> kept;
   for (int64_t tp : divisors(gpus, req.cluster.devices_per_node))
@@ -152,12 +152,7 @@ PlanReport search_plans(const PlanRequest& req) {
         if (gpus % (tp * pp * cp) != 0) continue;
         const int64_t dp = gpus / (tp * pp * cp);
         for (int64_t mb : {1, 2, 4, 8}) {
-          sim::SimPlan plan;
-          plan.cfg = req.base;
-          plan.framework = req.framework;
-          plan.dp_overlap = req.dp_overlap;
-          plan.blocking_p2p = req.blocking_p2p;
-          plan.flash_attention = req.flash_attention;
+          sim::SimPlan plan = req.like;
           plan.cp = cp;
           ParallelConfig& q = plan.cfg.parallel;
           q.tp = tp, q.pp = pp, q.dp = dp, q.micro_batch = mb;

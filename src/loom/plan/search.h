@@ -12,10 +12,9 @@
 namespace loom::plan {
 
 struct PlanRequest {
-  Config base;                 // model and sequence (train.seq); layout fields are searched
-  sim::Framework framework = sim::Framework::kMegatron;
-  bool dp_overlap = true, blocking_p2p = false;  // as sim::SimPlan: how the framework communicates
-  bool flash_attention = false;
+  // What every candidate shares: the model and sequence (cfg; its layout fields are
+  // searched) and how the framework runs (framework, overlap, blocking p2p, flash attention).
+  sim::SimPlan like;
   sim::ClusterSpec cluster;    // devices() GPUs
   int64_t global_batch = 0;
   int64_t top = 5;

@@ -1,0 +1,28 @@
+// Trains a parallel layout with its ranks as threads of this process (the thread backend)
+// and returns every rank's summary; any rank's error fails the calling test.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/comm/world.h"
+#include "loom/train/trainer.h"
+
+namespace loom::testing_support {
+
+inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions o = {}) {
+  std::vector<TrainSummary> out(size_t(c.parallel.world()));
+  std::ostringstream sink;
+  if (!o.out) o.out = &sink;
+  if (!o.err) o.err = &sink;
+  const auto errors = comm::run_threads(int(c.parallel.world()), {}, [&](comm::World& w) {
+    out[size_t(w.global_rank())] = train(c, o, w);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(errors.size()));
+  return out;
+}
+
+}  // namespace loom::testing_support

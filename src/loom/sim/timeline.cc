@@ -20,6 +20,18 @@ std::ofstream open_out(const std::string& path, const char* flag) {
 
 constexpr double kUs = 1e6;
 
+// Text for SVG: names come from configs and cluster files.
+std::string xml_escape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 void write_sim_trace(const std::string& path, const SimResult& r) {
@@ -69,7 +81,7 @@ void write_sim_svg(const std::string& path, const SimResult& r, const std::strin
                 "font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
                 width, height);
   f << buf;
-  f << "<text x=\"10\" y=\"18\" font-size=\"13\">" << title << "</text>\n";
+  f << "<text x=\"10\" y=\"18\" font-size=\"13\">" << xml_escape(title) << "</text>\n";
   for (const auto& [rank, i] : lane_of) {
     std::snprintf(buf, sizeof buf, "<text x=\"6\" y=\"%.1f\">rank %lld</text>\n", top + lane * double(i) + 14,
                   static_cast<long long>(rank));
@@ -83,7 +95,7 @@ void write_sim_svg(const std::string& path, const SimResult& r, const std::strin
                   "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"white\" "
                   "stroke-width=\"0.3\"><title>%s %.3f-%.3f ms</title></rect>\n",
                   left + e.t0_s * scale, y, std::max(0.3, (e.t1_s - e.t0_s) * scale), e.tid == 0 ? 15 : 5, color,
-                  e.name.c_str(), e.t0_s * 1e3, e.t1_s * 1e3);
+                  xml_escape(e.name).c_str(), e.t0_s * 1e3, e.t1_s * 1e3);
     f << buf;
   }
   const double axis = top + lane * double(lane_of.size()) + 14;

@@ -9,7 +9,8 @@ pkgs=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin        # collectives (later issues)
-  coinor-libcbc-dev                 # planner ILP (later issues)
+  coinor-libcbc-dev                 # planner ILP
+  zlib1g-dev                        # checkpoint CRC-32
   fortunes                          # default training corpus
 )
 if [[ "${1:-}" == "--oracle" ]]; then

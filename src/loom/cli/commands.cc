@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/sampler.h"
+#include "loom/train/shard_ckpt.h"
 
 namespace loom::cli {
 
@@ -36,6 +37,11 @@ int run_import(const std::string& format, const std::string& in, const std::stri
   const Config base = base_given ? load_config(config_path, sets) : Config{};
   import_safetensors(in, checkpoint, base, base_given);
   std::cerr << "imported " << in << " into checkpoint " << checkpoint << "\n";
+  return 0;
+}
+
+int run_ckpt_inspect(const std::string& dir) {
+  std::cout << describe_shards(dir);
   return 0;
 }
 

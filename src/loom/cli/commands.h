@@ -25,6 +25,8 @@ struct TrainArgs {
   bool json = false;
   int nproc = 0;  // > 0: relaunch under mpirun with that many ranks
   std::string trace;  // Chrome-trace JSON path
+  std::string resume;  // auto | DIR (Note [Sharded checkpoints])
+  int64_t save_every = -1;
 };
 // Under mpirun (or with --nproc) trains one rank of the parallel layout.
 int run_train(const TrainArgs& a, int argc, char** argv);
@@ -102,5 +104,6 @@ int run_calibrate(const CalibrateArgs& a);
 
 // Lines up a simulated and a measured Chrome trace per rank and category.
 int run_compare(const std::string& predicted, const std::string& measured, bool json);
+int run_ckpt_inspect(const std::string& dir);
 
 }  // namespace loom::cli

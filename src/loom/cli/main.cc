@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   add_layout_flags(t, train.layout);
   t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N");
   t->add_option("--trace", train.trace, "Write a Chrome-trace JSON of the run (one track per rank; open in Perfetto)");
+  t->add_option("--save-every", train.save_every, "Sharded resumable checkpoint every N steps (checkpoint.save_every)");
+  t->add_option("--resume", train.resume, "auto (newest checkpoint in checkpoint.dir, if any) or a checkpoint directory");
   t->footer(config_keys_footer());
 
   loom::cli::VerifyArgs ver;
@@ -100,6 +102,11 @@ int main(int argc, char** argv) {
   cm->add_option("PREDICTED", cmp_pred, "Trace from loom simulate --trace")->required();
   cm->add_option("MEASURED", cmp_meas, "Trace from loom train --trace")->required();
   cm->add_flag("--json", cmp_json, "One JSON array of {rank, category, predicted, measured, unit, error}");
+
+  std::string ck_dir;
+  auto* ck = app.add_subcommand("ckpt", "Checkpoint tools");
+  auto* cki = ck->add_subcommand("inspect", "Print a sharded checkpoint's manifest");
+  cki->add_option("DIR", ck_dir, "checkpoint.dir or one step-N directory")->required();
 
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
@@ -156,6 +163,7 @@ int main(int argc, char** argv) {
     if (*pc) return loom::cli::run_plan(pl);
     if (*ca) return loom::cli::run_calibrate(cal);
     if (*cm) return loom::cli::run_compare(cmp_pred, cmp_meas, cmp_json);
+    if (*cki) return loom::cli::run_ckpt_inspect(ck_dir);
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

@@ -74,6 +74,7 @@ namespace {
 int run_train(const TrainArgs& a, int argc, char** argv) {
   std::vector<std::string> sets = a.sets;
   for (auto& s : a.layout.as_sets()) sets.push_back(s);
+  if (a.save_every >= 0) sets.push_back("checkpoint.save_every=" + std::to_string(a.save_every));
   const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
   if (a.nproc > 0) {
     if (comm::launched_by_mpi()) throw ConfigError("--nproc " + std::to_string(a.nproc) + " under mpirun: use one");
@@ -91,6 +92,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   opt.out = &std::cout;
   opt.err = &std::cerr;
   opt.trace_path = a.trace;
+  opt.resume = a.resume;
   TrainSummary s;
   bool logging = true;
   if (comm::launched_by_mpi()) {

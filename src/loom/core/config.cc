@@ -152,6 +152,8 @@ const std::vector<KeyDef>& schema() {
       LOOM_FLOAT_KEY(optim, eps, "AdamW epsilon"),
       LOOM_FLOAT_KEY(optim, grad_clip, "global grad-norm clip; 0 disables"),
       LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
+      LOOM_INT_KEY(checkpoint, save_every, "> 0: sharded resumable checkpoint every N steps (dir/step-N)"),
+      LOOM_INT_KEY(checkpoint, keep_last, "sharded checkpoints to keep, newest first; 0 = all"),
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
       LOOM_INT_KEY(parallel, dp, "data-parallel degree"),
@@ -364,6 +366,13 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!(m.rope_theta > 0)) errs.push_back("model.rope_theta = " + fmt_double(m.rope_theta) + ": expected > 0");
   if (!(m.init_std > 0)) errs.push_back("model.init_std = " + fmt_double(m.init_std) + ": expected > 0");
 
+  if (c.checkpoint.save_every < 0)
+    errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) + ": expected >= 0 (0: final only)");
+  if (c.checkpoint.keep_last < 0)
+    errs.push_back("checkpoint.keep_last = " + std::to_string(c.checkpoint.keep_last) + ": expected >= 0 (0: keep all)");
+  if (c.checkpoint.save_every > 0 && c.checkpoint.dir.empty())
+    errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) +
+                   " needs checkpoint.dir (where to save)");
   if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
     errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds > 0");
   if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))

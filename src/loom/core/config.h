@@ -52,6 +52,8 @@ struct OptimConfig {
 
 struct CheckpointConfig {
   std::string dir = "runs/default";  // empty: do not save
+  int64_t save_every = 0;      // > 0: a sharded, resumable checkpoint every N steps (Note [Sharded checkpoints])
+  int64_t keep_last = 3;       // sharded checkpoints kept (newest first); 0 keeps all
 };
 
 struct CommConfig {

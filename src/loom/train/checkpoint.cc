@@ -90,6 +90,9 @@ CheckpointData load_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error("checkpoint '" + dir + "' is not a directory (expected one written by `loom train` or `loom import`)");
+  if (!fs::exists(dir + "/config.toml") && fs::exists(dir + "/latest"))
+    throw Error("checkpoint '" + dir + "' holds sharded checkpoints (checkpoint.save_every): resume training from it "
+                "with --resume; reading it as one whole model comes with checkpoint resharding");
   CheckpointData out;
   const std::string cfg_path = dir + "/config.toml";
   std::string text;

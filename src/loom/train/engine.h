@@ -48,6 +48,7 @@ class Updater {
   // The part's whole flat moments on every dp rank (for saving).
   void full_moments(std::vector<float>& m, std::vector<float>& v);
   const AdamW& adamw() const { return adamw_; }
+  AdamW& adamw() { return adamw_; }  // restoring a checkpoint
 
  private:
   const Config& cfg_;

@@ -18,6 +18,7 @@
 #include "loom/parallel/grad_sync.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/data.h"
+#include "loom/train/shard_ckpt.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
@@ -149,6 +150,57 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   return loss / double(accum);
 }
 
+ShardState rank_state(Engine& e, Updater& updater) {
+  return {&e.model.params(), &updater.adamw().m(), &updater.adamw().v(), updater.adamw().steps_taken()};
+}
+
+void save_rank_state(const Config& cfg, int64_t step, Engine& e, Updater& updater, comm::World* world) {
+  save_shards(cfg, step, rank_state(e, updater), world ? &world->world_group() : nullptr,
+              world ? world->global_rank() : 0);
+}
+
+// --resume: this rank's parameters, moments and optimizer step count from a sharded
+// checkpoint of the same layout; returns the step to continue from (0 when fresh).
+int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
+                     comm::World* world, Reporter& rep) {
+  if (opt.resume.empty()) return 0;
+  const std::string where = opt.resume == "auto" ? cfg.checkpoint.dir : opt.resume;
+  if (where.empty()) throw ConfigError("--resume auto needs checkpoint.dir (where the checkpoints are)");
+  const std::optional<std::string> dir = resolve_step_dir(where);
+  if (!dir) {
+    if (opt.resume != "auto") throw ConfigError("--resume " + where + ": no sharded checkpoint there (no manifest.json or latest)");
+    rep.info("resume auto: no checkpoint in " + where + "; starting at step 0");
+    return 0;
+  }
+  ShardState s = rank_state(e, updater);
+  // Every rank loads its own file; they agree on the outcome before any goes on, so one
+  // damaged shard fails every rank at once instead of leaving the others in a collective.
+  int64_t step = 0;
+  std::string error;
+  Error::Kind kind = Error::Kind::kRuntime;
+  try {
+    step = load_shards(*dir, cfg, s, world ? world->global_rank() : 0, world ? world->world_size() : 1);
+  } catch (const Error& e) {
+    if (!world) throw;
+    error = e.what(), kind = e.kind();
+  }
+  if (world) {
+    double failed[1] = {error.empty() ? -1.0 : double(world->global_rank())};
+    world->world_group().all_reduce(std::span<double>(failed), comm::ReduceOp::kMax);
+    if (!error.empty()) throw Error(error, kind);
+    if (failed[0] >= 0)
+      throw Error("--resume: rank " + std::to_string(int(failed[0])) + " could not load its part of " + *dir +
+                  " (its error names the file and the damage)");
+  }
+  updater.adamw().set_steps_taken(s.optimizer_steps);
+  if (rc.zero == 3)  // keep only the own pieces resident, as the engine does from the start
+    for (const parallel::Bucket& b : e.plan.buckets) parallel::release_unowned(b, e.plan.dp, rc.dp_rank, e.model.params().data());
+  LOOM_CHECK(step <= cfg.train.steps, "--resume: checkpoint ", *dir, " is at step ", step, ", past train.steps = ",
+             cfg.train.steps, "; raise train.steps to continue");
+  rep.info("resumed from " + *dir + " at step " + std::to_string(step));
+  return step;
+}
+
 void save_final(const Config& cfg, Engine& e, Updater& updater, const RankContext& rc, Reporter& rep) {
   std::vector<float> m, v;
   updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
@@ -261,7 +313,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   auto unmark = [&] {
     if (trace) trace->end();
   };
-  for (int64_t step = 0; step < cfg.train.steps; step++) {
+  const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
+  for (int64_t step = first_step; step < cfg.train.steps; step++) {
     const auto step_start = Clock::now();
     mark("step " + std::to_string(step + 1), "step");
     const double local_loss = compute_gradients(e, rc, train_data, cfg, step, mb, T);
@@ -284,6 +337,11 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     rep.step(step, loss, lr, norm, tok_s, std::chrono::duration<double>(now - t0).count(), log_line);
 
     const bool last_step = step + 1 == cfg.train.steps;
+    if (cfg.checkpoint.save_every > 0 && ((step + 1) % cfg.checkpoint.save_every == 0 || last_step)) {
+      mark("checkpoint", "io");
+      save_rank_state(cfg, step + 1, e, updater, world);
+      unmark();
+    }
     if (last_step || (cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0)) {
       mark("validation", "compute");
       sum.final_val_loss = evaluate(e.model, e.pipe.get(), val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
@@ -315,7 +373,11 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   }
   report_memory(rep, cfg, e, sum);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
-  if (!cfg.checkpoint.dir.empty()) save_final(cfg, e, updater, rc, rep);
+  // With sharded checkpoints on, the last step's shards are the final checkpoint (a
+  // whole-model save would replace the directory that holds them).
+  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.save_every == 0) save_final(cfg, e, updater, rc, rep);
+  if (cfg.checkpoint.save_every > 0) rep.info("sharded checkpoints in " + cfg.checkpoint.dir + " (latest: step " +
+                                              std::to_string(cfg.train.steps) + ")");
   return sum;
 }
 

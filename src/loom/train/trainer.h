@@ -21,6 +21,9 @@ struct TrainOptions {
   std::ostream* err = nullptr;
   bool keep_params = false;  // copy the final parameters (layout order, no padding) into the summary
   std::string trace_path;    // non-empty: write a Chrome trace of the run there (Note [Trace schema])
+  // "auto": continue from checkpoint.dir's newest sharded checkpoint if there is one; a
+  // directory: from that checkpoint (Note [Sharded checkpoints]); empty: start fresh.
+  std::string resume;
 };
 
 struct TrainSummary {

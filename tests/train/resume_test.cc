@@ -1,0 +1,114 @@
+// Sharded checkpoints (Note [Sharded checkpoints]): a run stopped at step 3 and resumed
+// gives the uninterrupted run's losses and weights bit for bit, on several layouts; damage
+// and layout mismatches are refused with the file and range named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+#include "loom/train/shard_ckpt.h"
+#include "loom/train/trainer.h"
+#include "support/train_threads.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+Config small(const std::string& dir, std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=64", "model.heads=4", "model.ffn=256",
+                                   "model.ctx=32", "train.batch=8", "train.steps=6", "train.val_batches=1",
+                                   "train.val_every=0", "train.threads=1", "checkpoint.save_every=3",
+                                   "checkpoint.dir=" + dir, "optim.warmup_steps=2"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config("", sets);
+}
+
+std::vector<TrainSummary> run(const Config& c, const std::string& resume = "") {
+  TrainOptions o;
+  o.keep_params = true;
+  o.resume = resume;
+  return testing_support::train_as_threads(c, o);
+}
+
+TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
+  const std::vector<std::pair<const char*, std::vector<std::string>>> layouts = {
+      {"single", {}},
+      {"dp2", {"parallel.dp=2"}},
+      {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
+      {"zero3 dp2", {"parallel.dp=2", "parallel.zero=3"}}};
+  for (const auto& [name, sets] : layouts) {
+    const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
+    fs::remove_all(a), fs::remove_all(b);
+    const auto whole = run(small(a, sets));                                   // steps 1-6, saves at 3 and 6
+    const auto resumed = run(small(b, sets), a + "/step-00000003");            // steps 4-6 from step 3
+    ASSERT_EQ(whole[0].losses.size(), 6u) << name;
+    ASSERT_EQ(resumed[0].losses.size(), 3u) << name;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[0].losses[size_t(i)], whole[0].losses[size_t(3 + i)]) << name;
+    EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << name;
+    // auto picks the newest complete step (6 = train.steps: nothing left to run).
+    EXPECT_EQ(*resolve_step_dir(a), a + "/step-00000006") << name;
+  }
+}
+
+TEST(Resume, DamageAndOtherLayoutsAreRefusedNamingWhatAndWhere) {
+  const std::string a = testing::TempDir() + "/damage", b = testing::TempDir() + "/damage_b";
+  fs::remove_all(a), fs::remove_all(b);
+  run(small(a, {"parallel.dp=2"}));
+  const std::string step = a + "/step-00000003";
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  o.resume = step;
+  // Another layout: refused naming both.
+  try {
+    train(small(b, {}), o);
+    FAIL() << "a dp2 checkpoint was loaded into a single process";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("dp 2 tp 1 pp 1 vpp 1 zero 0 on 2 ranks"), std::string::npos) << what;
+    EXPECT_NE(what.find("dp 1 tp 1 pp 1 vpp 1 zero 0 on 1 ranks"), std::string::npos) << what;
+  }
+  // One byte flipped near the end of rank 1's file (its v moments): refused by rank 1
+  // naming the file, the section and the byte range.
+  const std::string file = step + "/rank-00001.bin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(fs::file_size(file) - 100));
+    f.put('\x7f');
+  }
+  const Config c = small(b, {"parallel.dp=2"});
+  const auto errors = comm::run_threads(2, {}, [&](comm::World& w) { train(c, o, w); });
+  EXPECT_NE(errors[1].find("rank-00001.bin' section v (bytes "), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("fails its CRC-32"), std::string::npos) << errors[1];
+  // A truncated file: the section it ends in is named.
+  fs::resize_file(file, fs::file_size(file) / 2);
+  const auto cut = comm::run_threads(2, {}, [&](comm::World& w) { train(c, o, w); });
+  EXPECT_NE(cut[1].find("is truncated in section"), std::string::npos) << cut[1];
+}
+
+TEST(Resume, KeepLastPrunesOlderStepsAndAutoStartsFreshWithoutOne) {
+  const std::string a = testing::TempDir() + "/keep";
+  fs::remove_all(a);
+  Config c = small(a, {"checkpoint.save_every=1", "checkpoint.keep_last=2"});
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  o.resume = "auto";  // nothing there yet: starts at step 0
+  EXPECT_EQ(train(c, o).losses.size(), 6u);
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(a))
+    if (e.path().filename().string().rfind("step-", 0) == 0) steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<std::string>{"step-00000005", "step-00000006"}));
+  // auto now finds step 6 = train.steps: nothing to run; with more steps it continues.
+  c.train.steps = 8;
+  EXPECT_EQ(train(c, o).losses.size(), 2u);
+}
+
+}  // namespace
+}  // namespace loom

@@ -191,8 +191,12 @@ int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& 
                       std::to_string(m.value("world", 0)) + " ranks, this run is " + layout_text(want) + " on " +
                       std::to_string(world_size) + " ranks; resume with the layout that wrote it (loading into another "
                       "layout comes with checkpoint resharding)");
-  const Config saved = config_from_toml_string(m["config"].get<std::string>());
-  if (to_toml(saved).substr(0, to_toml(saved).find("[data]")) != to_toml(cfg).substr(0, to_toml(cfg).find("[data]")))
+  // The [model] section (first in to_toml) must match; the rest (lr, steps, ...) may change on resume.
+  auto model_section = [](const Config& c) {
+    const std::string t = to_toml(c);
+    return t.substr(0, t.find("[data]"));
+  };
+  if (model_section(config_from_toml_string(m["config"].get<std::string>())) != model_section(cfg))
     throw ConfigError("checkpoint " + step_dir + " holds a different model ([model] in its manifest differs from "
                       "this run's)");
   const nlohmann::json& entry = m["ranks"].at(size_t(global_rank));

@@ -40,8 +40,14 @@ int run_import(const std::string& format, const std::string& in, const std::stri
   return 0;
 }
 
-int run_ckpt_inspect(const std::string& dir) {
-  std::cout << describe_shards(dir);
+int run_ckpt_inspect(const std::string& dir, bool verify) {
+  std::cout << describe_shards(dir, verify);
+  return 0;
+}
+
+int run_ckpt_convert(const std::string& in, const std::string& out, const std::vector<std::string>& sets) {
+  const std::string dir = convert_shards(in, out, sets);
+  std::cerr << "converted " << in << " to " << dir << " (" << shard_layout(dir) << ")\n";
   return 0;
 }
 

@@ -104,6 +104,8 @@ int run_calibrate(const CalibrateArgs& a);
 
 // Lines up a simulated and a measured Chrome trace per rank and category.
 int run_compare(const std::string& predicted, const std::string& measured, bool json);
-int run_ckpt_inspect(const std::string& dir);
+int run_ckpt_inspect(const std::string& dir, bool verify);
+// `loom ckpt convert`: `sets` are parallel.* overrides (layout flags already turned into sets).
+int run_ckpt_convert(const std::string& in, const std::string& out, const std::vector<std::string>& sets);
 
 }  // namespace loom::cli

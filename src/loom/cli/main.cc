@@ -105,8 +105,20 @@ int main(int argc, char** argv) {
 
   std::string ck_dir;
   auto* ck = app.add_subcommand("ckpt", "Checkpoint tools");
+  ck->require_subcommand(1);
   auto* cki = ck->add_subcommand("inspect", "Print a sharded checkpoint's manifest");
   cki->add_option("DIR", ck_dir, "checkpoint.dir or one step-N directory")->required();
+  bool ck_verify = false;
+  cki->add_flag("--verify", ck_verify, "Read every piece and check its CRC-32");
+  std::string cv_in, cv_out;
+  std::vector<std::string> cv_sets;
+  loom::cli::LayoutFlags cv_layout;
+  auto* ckc = ck->add_subcommand("convert", "Reshard a sharded checkpoint into another layout, offline");
+  ckc->add_option("--in", cv_in, "checkpoint.dir or one step-N directory")->required();
+  ckc->add_option("--out", cv_out, "Directory to write step-N (and latest) into")->required();
+  add_layout_flags(ckc, cv_layout);
+  ckc->add_option("--set", cv_sets, "Layout override parallel.key=value (repeatable), e.g. parallel.vocab_parallel=false")
+      ->take_all();
 
   loom::cli::SampleArgs smp;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
@@ -163,7 +175,11 @@ int main(int argc, char** argv) {
     if (*pc) return loom::cli::run_plan(pl);
     if (*ca) return loom::cli::run_calibrate(cal);
     if (*cm) return loom::cli::run_compare(cmp_pred, cmp_meas, cmp_json);
-    if (*cki) return loom::cli::run_ckpt_inspect(ck_dir);
+    if (*cki) return loom::cli::run_ckpt_inspect(ck_dir, ck_verify);
+    if (*ckc) {
+      for (auto& x : cv_layout.as_sets()) cv_sets.push_back(x);
+      return loom::cli::run_ckpt_convert(cv_in, cv_out, cv_sets);
+    }
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);

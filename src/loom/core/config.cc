@@ -349,6 +349,12 @@ std::vector<std::string> validation_errors(const Config& c) {
   positive("model.ffn", m.ffn);
   positive("model.vocab", m.vocab);
   positive("model.ctx", m.ctx);
+  // Far beyond any real model, and low enough that shapes and their products never overflow.
+  constexpr int64_t kMaxDim = int64_t(1) << 24;
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"model.layers", m.layers}, {"model.d_model", m.d_model},
+                         {"model.heads", m.heads}, {"model.kv_heads", m.kv_heads}, {"model.ffn", m.ffn},
+                         {"model.vocab", m.vocab}, {"model.ctx", m.ctx}})
+    if (v > kMaxDim) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxDim));
   if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0)
     errs.push_back("model.heads = " + std::to_string(m.heads) + " does not divide model.d_model = " +
                    std::to_string(m.d_model) + ": choose heads so that d_model / heads is an integer");

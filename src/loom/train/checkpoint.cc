@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/train/fileio.h"
 #include "loom/train/safetensors.h"
+#include "loom/train/shard_ckpt.h"
 
 namespace fs = std::filesystem;
 
@@ -90,10 +91,15 @@ CheckpointData load_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error("checkpoint '" + dir + "' is not a directory (expected one written by `loom train` or `loom import`)");
-  if (!fs::exists(dir + "/config.toml") && fs::exists(dir + "/latest"))
-    throw Error("checkpoint '" + dir + "' holds sharded checkpoints (checkpoint.save_every): resume training from it "
-                "with --resume; reading it as one whole model comes with checkpoint resharding");
   CheckpointData out;
+  if (!fs::exists(dir + "/config.toml") && (fs::exists(dir + "/latest") || fs::exists(dir + "/manifest.json"))) {
+    WholeState w = load_whole(dir);  // a sharded checkpoint (checkpoint.save_every), reassembled
+    out.config = std::move(w.config);
+    out.params = std::move(w.params);
+    out.m = std::move(w.m), out.v = std::move(w.v);
+    out.state = {w.step, w.optimizer_steps};
+    return out;
+  }
   const std::string cfg_path = dir + "/config.toml";
   std::string text;
   try {

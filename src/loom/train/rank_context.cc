@@ -68,18 +68,26 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     }
     if (pp > 1) rc.links = parallel::make_pipe_links(*world, mesh, vpp > 1);
   }
+  rc.part = rank_part(cfg, rc.pp_rank, rc.tp_size, rc.tp_rank);
   if (pp > 1) {
-    const std::vector<int> counts =
-        parallel::stage_layers(int(cfg.model.layers), pp * vpp, p.layer_split());
-    rc.part = parallel::pipeline_part(counts, pp, vpp, rc.pp_rank);
     rc.schedule = parallel::make_schedule(parallel::schedule_kind_from_name(p.schedule), pp, int(cfg.train.grad_accum), vpp);
     const parallel::ScheduleCheck check = parallel::validate(*rc.schedule);
     LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
     rc.act_slots = check.peak_in_flight[size_t(rc.pp_rank)];
   }
-  rc.part.tp = rc.tp_size, rc.part.tp_rank = rc.tp_rank;
-  rc.part.vocab_parallel = cfg.parallel.vocab_parallel;
   return rc;
+}
+
+ModelPart rank_part(const Config& cfg, int pp_rank, int tp, int tp_rank) {
+  const ParallelConfig& p = cfg.parallel;
+  ModelPart part;
+  if (p.pp > 1) {
+    const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(p.pp * p.vpp), p.layer_split());
+    part = parallel::pipeline_part(counts, int(p.pp), int(p.vpp), pp_rank);
+  }
+  part.tp = tp, part.tp_rank = tp_rank;
+  part.vocab_parallel = p.vocab_parallel;
+  return part;
 }
 
 std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, const float* flat,

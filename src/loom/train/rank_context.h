@@ -43,6 +43,10 @@ struct RankContext {
 // Builds the groups (collective over the world: every rank makes the same calls).
 RankContext make_rank_context(const Config& cfg, comm::World* world);
 
+// The part of the model held by pipeline rank `pp_rank` at tensor rank `tp_rank` of `tp`
+// (a function of the config alone: offline tools use it for ranks that do not run).
+ModelPart rank_part(const Config& cfg, int pp_rank, int tp, int tp_rank);
+
 // The whole model's flat buffer (whole-model layout, ParamLayout(cfg.model)) assembled on
 // every rank from each rank's `flat` over layout `mine`: dp rank 0 of every stage
 // contributes what it holds (a tied wte copy is left to the first stage, replicated

@@ -3,17 +3,28 @@
 // Note [Sharded checkpoints]
 // checkpoint.dir/step-NNNNNNNN/ holds one file per rank, rank-RRRRR.bin, with that rank's
 // exact training state as it lives in memory (its flat parameters in its layout, its
-// AdamW moments, sharded as its ZeRO stage shards them), plus manifest.json: format,
-// step, optimizer step count, the resolved config, the layout, and per rank file the
-// float count and CRC-32 of each section. Every rank writes its own file in parallel into
-// step-N.tmp/ and fsyncs it; rank 0 then writes the manifest, renames the directory into
-// place and replaces `latest` (a one-line file naming the newest complete step) by an
-// atomic rename, and removes all but the newest checkpoint.keep_last steps. A save killed
-// at any point leaves the previous steps and `latest` as they were. The data loader and
-// learning-rate schedule are functions of the step, so step + parameters + moments + the
-// optimizer step count is the whole state: resuming on the same layout gives bit-identical
-// losses. Loading into a different layout (resharding) is the next slice: until then it
-// is refused naming both layouts.
+// AdamW moments packed as its ZeRO stage shards them), plus manifest.json: format, step,
+// optimizer step count, the resolved config (so the layout), every tensor's global shape,
+// dtype and placement, and per rank file its pieces: runs of one tensor's local elements
+// (tensor, section, first element, count, byte offset) each with its CRC-32. Every rank
+// writes its file and its piece table in parallel into step-N.tmp/ and fsyncs them; rank
+// 0 merges the tables into the manifest, renames the directory into place and replaces
+// `latest` (a one-line file naming the newest complete step) by an atomic rename, then
+// removes all but the newest checkpoint.keep_last steps. A save killed at any point
+// leaves the previous steps and `latest` as they were.
+//
+// The data loader and learning-rate schedule are functions of the step and training uses
+// no random state, so step + parameters + moments + the optimizer step count is the whole
+// state: resuming on the same layout gives bit-identical losses.
+//
+// Loading reshards: a rank asks, per tensor it holds, for the whole tensor (assembled from
+// the pieces of every tp slice, preferring the pieces of its own rank number so that a
+// same-layout resume reads its own file) and cuts its own slice, and the parts of it its
+// ZeRO stage keeps. So any layout of the same model loads any other; the values are
+// copied, never recomputed, so training continues exactly as it would have on the
+// writing layout up to the new layout's own arithmetic order. Nothing read from a
+// checkpoint is executed or followed as a path: file names must be rank-RRRRR.bin, and
+// every piece is checked against the model before a byte is read.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +33,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/model/layout.h"
 
 namespace loom {
 
@@ -30,25 +42,50 @@ class Group;
 }
 
 struct ShardState {
-  std::vector<float>* params = nullptr;  // this rank's flat parameters
-  std::vector<float>* m = nullptr;       // AdamW moments as this rank stores them
+  const ParamLayout* layout = nullptr;   // this rank's layout (a tp slice, a pipeline part)
+  std::vector<float>* params = nullptr;  // flat parameters over `layout`
+  std::vector<float>* m = nullptr;       // AdamW moments covering moment_ranges, packed
   std::vector<float>* v = nullptr;
+  std::vector<FlatRange> param_ranges;   // the parts of params this rank holds (ZeRO-3: own pieces)
+  std::vector<FlatRange> moment_ranges;  // AdamW::owned()
+  int tp = 1, tp_rank = 0;
   int64_t optimizer_steps = 0;
 };
 
-// Collective over `world` (nullptr: one process). Throws loom::Error on an IO failure.
+// Collective over `world` (nullptr: one process). Throws loom::Error on an IO failure, on
+// every rank (the ranks agree on the outcome before any goes on).
 void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank);
 
 // The step directory `where` points at: itself if it holds manifest.json, else the one its
 // `latest` file names; nullopt when it holds neither.
 std::optional<std::string> resolve_step_dir(const std::string& where);
 
-// Loads this rank's state from `step_dir` into `s` (sizes must match) after checking the
-// manifest's layout and model against `cfg` and the file's checksums; returns the step.
-// Throws loom::Error naming the file, the section and the byte range of any damage.
-int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& s, int global_rank, int world_size);
+// Loads this rank's state from `step_dir` into `s` (buffers sized for this rank), from
+// whatever layout wrote it, after checking that the checkpoint holds the same model as
+// `cfg`; returns the step. Throws loom::Error naming the file, the tensor, the section and
+// the byte range of any damage.
+int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& s, int global_rank);
 
-// `loom ckpt inspect`: the manifest, readable.
-std::string describe_shards(const std::string& where);
+// A layout, readable ("dp 2 tp 1 pp 1 vpp 1 zero 0 on 2 ranks").
+std::string layout_text(const ParallelConfig& p);
+// The checkpoint's layout, readable ("dp 2 tp 1 pp 1 vpp 1 zero 0 on 2 ranks").
+std::string shard_layout(const std::string& step_dir);
+
+// `loom ckpt inspect`: the manifest, readable; with `verify`, every piece's CRC-32 too.
+std::string describe_shards(const std::string& where, bool verify);
+
+// `loom ckpt convert`: rewrites the checkpoint at `in` for its config with `sets` applied
+// (parallel.* and train.grad_accum only: the layout changes, the model does not) as
+// out/step-N, one target rank at a time; returns the new step directory.
+std::string convert_shards(const std::string& in, const std::string& out, const std::vector<std::string>& sets);
+
+// The whole model (single-process layout) from a sharded checkpoint, for export and
+// sampling: config, params in ParamLayout(config.model), moments, step.
+struct WholeState {
+  Config config;
+  std::vector<float> params, m, v;
+  int64_t step = 0, optimizer_steps = 0;
+};
+WholeState load_whole(const std::string& where);
 
 }  // namespace loom

@@ -151,7 +151,11 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
 }
 
 ShardState rank_state(Engine& e, Updater& updater) {
-  return {&e.model.params(), &updater.adamw().m(), &updater.adamw().v(), updater.adamw().steps_taken()};
+  const RankContext& rc = e.rc;
+  const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
+  return {&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
+          rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
+          updater.adamw().steps_taken()};
 }
 
 void save_rank_state(const Config& cfg, int64_t step, Engine& e, Updater& updater, comm::World* world) {
@@ -160,7 +164,7 @@ void save_rank_state(const Config& cfg, int64_t step, Engine& e, Updater& update
 }
 
 // --resume: this rank's parameters, moments and optimizer step count from a sharded
-// checkpoint of the same layout; returns the step to continue from (0 when fresh).
+// checkpoint of any layout of this model; returns the step to continue from (0 when fresh).
 int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
                      comm::World* world, Reporter& rep) {
   if (opt.resume.empty()) return 0;
@@ -179,7 +183,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   std::string error;
   Error::Kind kind = Error::Kind::kRuntime;
   try {
-    step = load_shards(*dir, cfg, s, world ? world->global_rank() : 0, world ? world->world_size() : 1);
+    step = load_shards(*dir, cfg, s, world ? world->global_rank() : 0);
   } catch (const Error& e) {
     if (!world) throw;
     error = e.what(), kind = e.kind();
@@ -197,7 +201,10 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
     for (const parallel::Bucket& b : e.plan.buckets) parallel::release_unowned(b, e.plan.dp, rc.dp_rank, e.model.params().data());
   LOOM_CHECK(step <= cfg.train.steps, "--resume: checkpoint ", *dir, " is at step ", step, ", past train.steps = ",
              cfg.train.steps, "; raise train.steps to continue");
-  rep.info("resumed from " + *dir + " at step " + std::to_string(step));
+  const std::string from = shard_layout(*dir);
+  const std::string here = layout_text(cfg.parallel);
+  rep.info("resumed from " + *dir + " at step " + std::to_string(step) +
+           (from == here ? "" : " (resharded from " + from + " to " + here + ")"));
   return step;
 }
 

@@ -1,0 +1,258 @@
+#include "loom/train/shard_format.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "loom/comm/mesh.h"
+#include "loom/core/error.h"
+
+namespace loom::shard {
+
+namespace {
+
+using nlohmann::json;
+
+// Float counts above this are refused before any arithmetic on them (2^40 floats = 4 TiB).
+constexpr int64_t kMaxFloats = int64_t(1) << 40;
+
+// The layout a tp slice of the whole model has (every layer, both ends).
+ParamLayout tp_layout(const Config& cfg, int tp_rank) {
+  ModelPart part;
+  part.tp = int(cfg.parallel.tp), part.tp_rank = tp_rank, part.vocab_parallel = cfg.parallel.vocab_parallel;
+  return ParamLayout(cfg.model, {}, part);
+}
+
+json layout_json(const ParallelConfig& p) {
+  return {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"vpp", p.vpp}, {"sp", p.sp}, {"zero", p.zero},
+          {"pp_layers", p.pp_layers}, {"vocab_parallel", p.vocab_parallel}};
+}
+
+json rank_to_json(const RankFile& r) {
+  json pieces = json::array();
+  for (const Piece& p : r.pieces)
+    pieces.push_back({p.tensor, p.section, p.local_offset, p.count, p.byte_offset, p.crc});
+  return {{"file", r.file},
+          {"dp_rank", r.dp_rank}, {"tp_rank", r.tp_rank}, {"pp_rank", r.pp_rank},
+          {"floats", {{"params", r.floats[0]}, {"m", r.floats[1]}, {"v", r.floats[2]}}},
+          {"pieces", pieces}};
+}
+
+// An integer field in [lo, hi], else an Error naming `where` and `what`.
+int64_t int_in(const json& j, int64_t lo, int64_t hi, const std::string& where, const std::string& what) {
+  if (!j.is_number_integer())
+    throw Error("checkpoint: " + where + ": " + what + " is not an integer");
+  const int64_t v = j.is_number_unsigned() ? (j.get<uint64_t>() > uint64_t(hi) ? hi + 1 : int64_t(j.get<uint64_t>()))
+                                           : j.get<int64_t>();
+  if (v < lo || v > hi)
+    throw Error(detail::cat("checkpoint: ", where, ": ", what, " = ", v, " is outside [", lo, ", ", hi, "]"));
+  return v;
+}
+
+const json& field(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) throw Error("checkpoint: " + where + " has no '" + key + "'");
+  return j[key];
+}
+
+RankFile rank_from_json(const json& j, const std::string& where) {
+  RankFile r;
+  const json& file = field(j, "file", where);
+  if (!file.is_string()) throw Error("checkpoint: " + where + ": 'file' is not a string");
+  r.file = file.get<std::string>();
+  r.dp_rank = int(int_in(field(j, "dp_rank", where), 0, 1 << 24, where, "dp_rank"));
+  r.tp_rank = int(int_in(field(j, "tp_rank", where), 0, 1 << 24, where, "tp_rank"));
+  r.pp_rank = int(int_in(field(j, "pp_rank", where), 0, 1 << 24, where, "pp_rank"));
+  const json& floats = field(j, "floats", where);
+  for (int s = 0; s < kSections; ++s)
+    r.floats[s] = int_in(field(floats, kSectionNames[s], where), 0, kMaxFloats, where, std::string("floats.") + kSectionNames[s]);
+  const json& pieces = field(j, "pieces", where);
+  if (!pieces.is_array()) throw Error("checkpoint: " + where + ": 'pieces' is not an array");
+  r.pieces.reserve(pieces.size());
+  for (const json& p : pieces) {
+    if (!p.is_array() || p.size() != 6) throw Error("checkpoint: " + where + ": a piece is not [tensor, section, offset, count, byte, crc32]");
+    Piece x;
+    x.tensor = int(int_in(p[0], 0, 1 << 30, where, "piece tensor"));
+    x.section = int(int_in(p[1], 0, kSections - 1, where, "piece section"));
+    x.local_offset = int_in(p[2], 0, kMaxFloats, where, "piece offset");
+    x.count = int_in(p[3], 1, kMaxFloats, where, "piece count");
+    x.byte_offset = int_in(p[4], kHeaderBytes, 4 * kMaxFloats, where, "piece byte offset");
+    x.crc = uint32_t(int_in(p[5], 0, 0xffffffffLL, where, "piece crc32"));
+    r.pieces.push_back(x);
+  }
+  return r;
+}
+
+// Every piece inside its tensor's slice and inside its section of the file.
+void check_pieces(const Manifest& m, const std::string& where) {
+  const int tp = int(m.config.parallel.tp);
+  std::vector<std::map<std::string, int64_t>> local_numel(static_cast<size_t>(tp));
+  for (int t = 0; t < tp; ++t) {
+    const ParamLayout slice = tp_layout(m.config, t);
+    for (const ParamSpec& s : slice.specs()) local_numel[size_t(t)][s.name] = s.numel;
+  }
+  for (const RankFile& r : m.ranks) {
+    int64_t start[kSections + 1] = {kHeaderBytes, 0, 0, 0};
+    for (int s = 0; s < kSections; ++s) start[s + 1] = start[s] + 4 * r.floats[s];
+    for (const Piece& p : r.pieces) {
+      const std::string at = where + ", " + r.file;
+      if (p.tensor >= int(m.tensors.size()))
+        throw Error(detail::cat("checkpoint: ", at, ": piece names tensor #", p.tensor, " of ", m.tensors.size()));
+      const std::string& name = m.tensors[size_t(p.tensor)].name;
+      const int64_t numel = local_numel[size_t(r.tp_rank)].at(name);
+      if (p.local_offset + p.count > numel)
+        throw Error(detail::cat("checkpoint: ", at, ": piece of ", name, " covers elements ", p.local_offset, "..",
+                                p.local_offset + p.count, ", past its ", numel));
+      if (p.byte_offset < start[p.section] || p.byte_offset + 4 * p.count > start[p.section + 1])
+        throw Error(detail::cat("checkpoint: ", at, ": piece of ", name, " at bytes ", p.byte_offset, "..",
+                                p.byte_offset + 4 * p.count, " lies outside section ", kSectionNames[p.section], " (bytes ",
+                                start[p.section], "..", start[p.section + 1], ")"));
+    }
+  }
+}
+
+}  // namespace
+
+std::string step_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%08lld", static_cast<long long>(step));
+  return b;
+}
+
+std::string rank_file_name(int rank) {
+  char b[32];
+  std::snprintf(b, sizeof b, "rank-%05d.bin", rank);
+  return b;
+}
+
+uint32_t crc_of(const float* p, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = reinterpret_cast<const Bytef*>(p);
+  size_t left = n * sizeof(float);
+  while (left > 0) {
+    const uInt chunk = uInt(std::min<size_t>(left, size_t(1) << 30));
+    crc = crc32(crc, bytes, chunk);
+    bytes += chunk, left -= chunk;
+  }
+  return uint32_t(crc);
+}
+
+std::vector<Tensor> tensor_table(const Config& cfg) {
+  const ParamLayout whole(cfg.model), sliced = tp_layout(cfg, 0);
+  std::vector<Tensor> out;
+  for (const ParamSpec& s : whole.specs())
+    out.push_back({s.name, s.shape, cfg.parallel.tp > 1 ? sliced.at(s.name).split_dim : -1});
+  return out;
+}
+
+std::vector<Piece> pieces_of(const std::vector<Tensor>& table, const ParamLayout& layout,
+                             const std::vector<FlatRange>& param_ranges, const std::vector<FlatRange>& moment_ranges) {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < table.size(); ++i) index[table[i].name] = int(i);
+  int64_t packed = 0;
+  for (const FlatRange& r : moment_ranges) packed += r.count;
+  const int64_t section_start[kSections] = {kHeaderBytes, kHeaderBytes + 4 * layout.total_floats(),
+                                            kHeaderBytes + 4 * (layout.total_floats() + packed)};
+  std::vector<Piece> out;
+  // Section `sec` holds `ranges` of the flat buffer packed one after another.
+  auto add = [&](int sec, const std::vector<FlatRange>& ranges, bool packed_section) {
+    int64_t q = 0;  // floats of the section before range r
+    for (const FlatRange& r : ranges) {
+      for (const ParamSpec& s : layout.specs()) {
+        const int64_t lo = std::max(r.offset, s.offset), hi = std::min(r.offset + r.count, s.offset + s.numel);
+        if (hi <= lo) continue;
+        const int64_t at = packed_section ? q + (lo - r.offset) : lo;
+        out.push_back({index.at(s.name), sec, lo - s.offset, hi - lo, section_start[sec] + 4 * at, 0});
+      }
+      q += r.count;
+    }
+  };
+  add(0, param_ranges, false);
+  add(1, moment_ranges, true);
+  add(2, moment_ranges, true);
+  return out;
+}
+
+std::string rank_json(const RankFile& r) { return rank_to_json(r).dump(); }
+
+RankFile parse_rank(std::string_view text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw Error("checkpoint: '" + where + "' is not valid JSON: " + e.what());
+  }
+  return rank_from_json(j, where);
+}
+
+std::string manifest_json(const Manifest& m) {
+  json tensors = json::array();
+  for (const Tensor& t : m.tensors)
+    tensors.push_back({{"name", t.name}, {"dtype", "f32"}, {"shape", t.shape},
+                       {"placement", t.split_dim < 0 ? std::string("replicated") : "split(" + std::to_string(t.split_dim) + ")"}});
+  json ranks = json::array();
+  for (const RankFile& r : m.ranks) ranks.push_back(rank_to_json(r));
+  const json out = {{"format", kFormat}, {"step", m.step}, {"optimizer_steps", m.optimizer_steps},
+                    {"world", m.ranks.size()}, {"layout", layout_json(m.config.parallel)},
+                    {"config", to_toml(m.config)}, {"tensors", tensors}, {"ranks", ranks}};
+  return out.dump(1);
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw Error("checkpoint: '" + where + "' is not valid JSON: " + e.what());
+  }
+  const json& format = field(j, "format", where);
+  if (!format.is_string() || format.get<std::string>() != kFormat)
+    throw Error("checkpoint: '" + where + "' has format " + format.dump() + ", expected " + kFormat);
+  Manifest m;
+  m.step = int_in(field(j, "step", where), 0, kMaxFloats, where, "step");
+  m.optimizer_steps = int_in(field(j, "optimizer_steps", where), 0, kMaxFloats, where, "optimizer_steps");
+  const json& cfg = field(j, "config", where);
+  if (!cfg.is_string()) throw Error("checkpoint: '" + where + "': 'config' is not a string");
+  try {
+    m.config = config_from_toml_string(cfg.get<std::string>());
+  } catch (const Error& e) {
+    throw Error("checkpoint: '" + where + "' holds a config loom refuses: " + e.what());
+  }
+  // The tensor table must be the one its own model has (and is checked before it is built:
+  // a block has several tensors, so more layers than listed tensors is a lie).
+  const json& tensors = field(j, "tensors", where);
+  if (!tensors.is_array() || int64_t(tensors.size()) < m.config.model.layers)
+    throw Error("checkpoint: '" + where + "': 'tensors' does not list the model's tensors");
+  m.tensors = tensor_table(m.config);
+  if (tensors.size() != m.tensors.size())
+    throw Error(detail::cat("checkpoint: '", where, "' lists ", tensors.size(), " tensors, its model has ", m.tensors.size()));
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const json& t = tensors[i];
+    const Tensor& want = m.tensors[i];
+    if (!t.is_object() || t.value("name", json()) != json(want.name) || t.value("shape", json()) != json(want.shape))
+      throw Error("checkpoint: '" + where + "': tensor #" + std::to_string(i) + " is not " + want.name + " " +
+                  json(want.shape).dump() + " as its model has it");
+  }
+  const ParallelConfig& p = m.config.parallel;
+  const comm::Mesh mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, int(p.pp * p.dp * p.tp));
+  const json& ranks = field(j, "ranks", where);
+  if (!ranks.is_array() || int64_t(ranks.size()) != mesh.world_size())
+    throw Error(detail::cat("checkpoint: '", where, "': 'ranks' does not list the ", mesh.world_size(),
+                            " ranks of its layout"));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string at = "'" + where + "' rank " + std::to_string(r);
+    m.ranks.push_back(rank_from_json(ranks[r], at));
+    const RankFile& f = m.ranks.back();
+    const std::vector<int> c = mesh.coords(int(r));
+    if (f.file != rank_file_name(int(r)))
+      throw Error("checkpoint: " + at + " names file '" + f.file + "', expected " + rank_file_name(int(r)));
+    if (f.pp_rank != c[0] || f.dp_rank != c[1] || f.tp_rank != c[2])
+      throw Error("checkpoint: " + at + " has mesh coordinates that are not its layout's");
+  }
+  check_pieces(m, where);
+  return m;
+}
+
+}  // namespace loom::shard

@@ -1,0 +1,88 @@
+// The on-disk form of a sharded checkpoint (Note [Sharded checkpoints] in shard_ckpt.h):
+// the manifest as data, its parser (hostile input: every field is checked against the
+// model its own config describes before anything is read), and the piece tables.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+
+namespace loom {
+struct ShardState;
+}
+
+namespace loom::shard {
+
+inline constexpr const char* kFormat = "loom-sharded-v2";
+inline constexpr int kSections = 3;  // params, m, v
+inline constexpr const char* kSectionNames[kSections] = {"params", "m", "v"};
+// A rank file: 8 magic bytes, three int64 float counts, then the sections' raw floats.
+inline constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'S', 'H', 'R', 'D'};
+inline constexpr int64_t kHeaderBytes = 8 + 3 * 8;
+
+// A contiguous run of one tensor's local elements (this rank's tp slice, row-major) in
+// one section of a rank file.
+struct Piece {
+  int tensor = 0;            // index into Manifest::tensors
+  int section = 0;           // 0 params, 1 m, 2 v
+  int64_t local_offset = 0;  // first element within the rank's slice of the tensor
+  int64_t count = 0;         // floats
+  int64_t byte_offset = 0;   // in the rank file
+  uint32_t crc = 0;          // CRC-32 (zlib) of the piece's bytes
+};
+
+// One tensor of the whole model: its global shape and placement over tp.
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;  // whole tensor, vocabulary padding excluded
+  int split_dim = -1;          // -1: replicated on every tp rank
+};
+
+struct RankFile {
+  std::string file;  // rank-RRRRR.bin, nothing else (no paths from the file are followed)
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  int64_t floats[kSections] = {0, 0, 0};
+  std::vector<Piece> pieces;
+};
+
+struct Manifest {
+  int64_t step = 0, optimizer_steps = 0;
+  Config config;  // the run that wrote it; config.parallel is the layout
+  std::vector<Tensor> tensors;
+  std::vector<RankFile> ranks;
+};
+
+std::string step_name(int64_t step);
+std::string rank_file_name(int rank);
+uint32_t crc_of(const float* p, size_t n);
+
+// The whole model's tensor table for `cfg` (names, whole shapes, placements).
+std::vector<Tensor> tensor_table(const Config& cfg);
+
+// The pieces of one rank's state: its flat parameters restricted to `param_ranges`, its
+// packed moments covering `moment_ranges` (in that order), over `layout` (a tp slice
+// `tp_rank`). CRCs are left 0; byte offsets assume the file layout above.
+std::vector<Piece> pieces_of(const std::vector<Tensor>& table, const ParamLayout& layout,
+                             const std::vector<FlatRange>& param_ranges, const std::vector<FlatRange>& moment_ranges);
+
+// JSON text <-> Manifest. parse_manifest throws loom::Error naming `where` and the field
+// for anything malformed or inconsistent with the model (a piece outside its tensor or
+// its section, a file name that is not rank-RRRRR.bin, ranks not matching the layout).
+std::string manifest_json(const Manifest& m);
+Manifest parse_manifest(std::string_view text, const std::string& where);
+// One rank's piece table (the side file each rank writes during a save).
+std::string rank_json(const RankFile& r);
+RankFile parse_rank(std::string_view text, const std::string& where);
+
+// Writes rank `rank`'s file into `dir` from `s` (fsynced) and returns its piece table with
+// CRCs. Throws loom::Error when the file cannot be written.
+RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s);
+// Rank 0's half of a save: writes m as `tmp`/manifest.json, renames `tmp` to
+// root/step-N, replaces `latest`, keeps the newest `keep_last` steps (0: all).
+void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last);
+
+}  // namespace loom::shard

@@ -1,0 +1,300 @@
+// Loading sharded checkpoints into any layout (Note [Sharded checkpoints] in shard_ckpt.h):
+// whole tensors assembled from the pieces, then cut to the loading rank's slice and shard.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/model/tp_slice.h"
+#include "loom/train/engine.h"
+#include "loom/train/shard_ckpt.h"
+#include "loom/train/shard_format.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using shard::Manifest;
+using shard::Piece;
+
+Manifest read_manifest(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("checkpoint: cannot read '" + path + "'");
+  std::ostringstream os;
+  os << f.rdbuf();
+  return shard::parse_manifest(os.str(), path);
+}
+
+// The [model] section (first in to_toml) of a config.
+std::string model_section(const Config& c) {
+  const std::string t = to_toml(c);
+  return t.substr(0, t.find("[data]"));
+}
+
+// Reads pieces out of a step directory's rank files, checking each one's CRC-32.
+class PieceReader {
+ public:
+  PieceReader(std::string dir, const Manifest& m) : dir_(std::move(dir)), m_(m) {}
+
+  void read(int rank, const Piece& p, float* dst) {
+    std::ifstream& f = open(rank);
+    const std::string path = path_of(rank);
+    const std::string what = detail::cat("'", path, "' tensor ", m_.tensors[size_t(p.tensor)].name, " section ",
+                                         shard::kSectionNames[p.section], " (bytes ", p.byte_offset, "..",
+                                         p.byte_offset + 4 * p.count, ")");
+    f.clear();
+    f.seekg(std::streamoff(p.byte_offset));
+    f.read(reinterpret_cast<char*>(dst), std::streamsize(4 * p.count));
+    if (!f) throw Error("checkpoint: " + what + " is past the end of the file: it is truncated");
+    if (shard::crc_of(dst, size_t(p.count)) != p.crc) throw Error("checkpoint: " + what + " fails its CRC-32: the file is damaged");
+    bytes_ += 4 * p.count;
+  }
+  int64_t bytes_read() const { return bytes_; }
+
+ private:
+  std::string path_of(int rank) const { return (fs::path(dir_) / m_.ranks[size_t(rank)].file).string(); }
+  std::ifstream& open(int rank) {
+    auto it = files_.find(rank);
+    if (it != files_.end()) return *it->second;
+    const std::string path = path_of(rank);
+    auto f = std::make_unique<std::ifstream>(path, std::ios::binary);
+    if (!*f) throw Error("checkpoint: cannot read '" + path + "'");
+    char magic[8];
+    int64_t floats[shard::kSections];
+    f->read(magic, 8);
+    f->read(reinterpret_cast<char*>(floats), sizeof floats);
+    if (!*f || std::memcmp(magic, shard::kMagic, 8) != 0) throw Error("checkpoint: '" + path + "' has no loom shard header");
+    for (int s = 0; s < shard::kSections; ++s)
+      if (floats[s] != m_.ranks[size_t(rank)].floats[s])
+        throw Error(detail::cat("checkpoint: '", path, "' section ", shard::kSectionNames[s], " holds ", floats[s],
+                                " floats, its manifest says ", m_.ranks[size_t(rank)].floats[s]));
+    return *files_.emplace(rank, std::move(f)).first->second;
+  }
+
+  std::string dir_;
+  const Manifest& m_;
+  std::map<int, std::unique_ptr<std::ifstream>> files_;
+  int64_t bytes_ = 0;
+};
+
+// Whole tensors of one checkpoint, by tensor and section.
+class WholeTensors {
+ public:
+  WholeTensors(const std::string& dir, const Manifest& m, int prefer_rank) : m_(m), reader_(dir, m) {
+    const int tp = int(m.config.parallel.tp);
+    for (int t = 0; t < tp; ++t) {
+      ModelPart part;
+      part.tp = tp, part.tp_rank = t, part.vocab_parallel = m.config.parallel.vocab_parallel;
+      slices_.emplace_back(m.config.model, LayoutPadding{}, part);
+    }
+    whole_ = std::make_unique<ParamLayout>(m.config.model);
+    // pieces_[tensor][section][tp rank]: (rank, piece), the preferred rank's first.
+    pieces_.assign(m.tensors.size(), std::vector<std::vector<std::vector<std::pair<int, int>>>>(
+                                         shard::kSections, std::vector<std::vector<std::pair<int, int>>>(size_t(tp))));
+    std::vector<int> order(m.ranks.size());
+    for (size_t r = 0; r < order.size(); ++r) order[r] = int(r);
+    if (prefer_rank >= 0 && prefer_rank < int(order.size())) std::rotate(order.begin(), order.begin() + prefer_rank, order.begin() + prefer_rank + 1);
+    for (int r : order)
+      for (size_t i = 0; i < m.ranks[size_t(r)].pieces.size(); ++i) {
+        const Piece& p = m.ranks[size_t(r)].pieces[i];
+        pieces_[size_t(p.tensor)][size_t(p.section)][size_t(m.ranks[size_t(r)].tp_rank)].push_back({r, int(i)});
+      }
+  }
+
+  // Tensor `t`, section `sec`, in its whole shape (ParamLayout(model).at(name).shape).
+  std::vector<float> whole(int t, int sec) {
+    const std::string& name = m_.tensors[size_t(t)].name;
+    const ParamSpec& w = whole_->at(name);
+    std::vector<float> out(size_t(w.numel), 0.0f);
+    const int tp = int(slices_.size());
+    const bool replicated = m_.tensors[size_t(t)].split_dim < 0;
+    for (int slice = 0; slice < (replicated ? 1 : tp); ++slice) {
+      const ParamSpec& local = slices_[size_t(slice)].at(name);
+      std::vector<float> buf(size_t(local.numel));
+      std::vector<char> have(size_t(local.numel), 0);
+      int64_t missing = local.numel;
+      // A replicated tensor may come from any tp rank's copy.
+      for (int from = replicated ? 0 : slice; from < (replicated ? tp : slice + 1) && missing > 0; ++from)
+        for (auto [r, i] : pieces_[size_t(t)][size_t(sec)][size_t(from)]) {
+          const Piece& p = m_.ranks[size_t(r)].pieces[size_t(i)];
+          if (std::all_of(have.begin() + p.local_offset, have.begin() + p.local_offset + p.count, [](char c) { return c; })) continue;
+          std::vector<float> got(size_t(p.count));
+          reader_.read(r, p, got.data());
+          for (int64_t k = 0; k < p.count; ++k)
+            if (!have[size_t(p.local_offset + k)]) {
+              buf[size_t(p.local_offset + k)] = got[size_t(k)], have[size_t(p.local_offset + k)] = 1;
+              --missing;
+            }
+          if (missing == 0) break;
+        }
+      if (missing > 0) {
+        const int64_t first = std::find(have.begin(), have.end(), 0) - have.begin();
+        throw Error(detail::cat("checkpoint: no rank file holds tensor ", name, " section ", shard::kSectionNames[sec],
+                                " elements from ", first, " of tp slice ", slice, " (", missing, " floats missing)"));
+      }
+      local_to_whole(local, w.shape, buf.data(), out.data(), replicated ? 1 : tp, replicated ? 0 : slice);
+    }
+    return out;
+  }
+  int index(const std::string& name) const {
+    for (size_t i = 0; i < m_.tensors.size(); ++i)
+      if (m_.tensors[i].name == name) return int(i);
+    throw Error("checkpoint holds no tensor " + name);
+  }
+  int64_t bytes_read() const { return reader_.bytes_read(); }
+  PieceReader& reader() { return reader_; }
+
+ private:
+  const Manifest& m_;
+  PieceReader reader_;
+  std::vector<ParamLayout> slices_;
+  std::unique_ptr<ParamLayout> whole_;
+  std::vector<std::vector<std::vector<std::vector<std::pair<int, int>>>>> pieces_;
+};
+
+// Fills `s` (its layout, slice and ranges) from the checkpoint's whole tensors.
+void fill(WholeTensors& src, const ModelConfig& model, ShardState& s) {
+  const ParamLayout whole(model);
+  for (const ParamSpec& spec : s.layout->specs()) {
+    const int t = src.index(spec.name);
+    const std::vector<int64_t>& shape = whole.at(spec.name).shape;
+    std::vector<float> local(size_t(spec.numel));
+    for (int sec = 0; sec < shard::kSections; ++sec) {
+      const bool moments = sec > 0;
+      const std::vector<FlatRange>& ranges = moments ? s.moment_ranges : s.param_ranges;
+      float* dst = moments ? (sec == 1 ? s.m : s.v)->data() : s.params->data();
+      bool loaded = false;
+      int64_t q = 0;  // packed position of range r (moments)
+      for (const FlatRange& r : ranges) {
+        const int64_t lo = std::max(r.offset, spec.offset), hi = std::min(r.offset + r.count, spec.offset + spec.numel);
+        if (hi > lo) {
+          if (!loaded) {
+            const std::vector<float> w = src.whole(t, sec);
+            slice_to_local(spec, shape, w.data(), local.data(), s.tp, s.tp_rank);
+            loaded = true;
+          }
+          std::copy(local.begin() + (lo - spec.offset), local.begin() + (hi - spec.offset),
+                    dst + (moments ? q + (lo - r.offset) : lo));
+        }
+        q += r.count;
+      }
+    }
+  }
+}
+
+void check_same_model(const Manifest& m, const Config& cfg, const std::string& dir) {
+  if (model_section(m.config) != model_section(cfg))
+    throw ConfigError("checkpoint " + dir + " holds a different model ([model] in its manifest differs from this run's)");
+}
+
+}  // namespace
+
+std::string layout_text(const ParallelConfig& p) {
+  return detail::cat("dp ", p.dp, " tp ", p.tp, " pp ", p.pp, " vpp ", p.vpp, " zero ", p.zero, p.sp ? " sp" : "",
+                     " on ", p.dp * p.tp * p.pp, " ranks");
+}
+
+std::string shard_layout(const std::string& step_dir) { return layout_text(read_manifest(step_dir).config.parallel); }
+
+int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& s, int global_rank) {
+  const Manifest m = read_manifest(step_dir);
+  check_same_model(m, cfg, step_dir);
+  WholeTensors src(step_dir, m, global_rank);
+  fill(src, cfg.model, s);
+  s.optimizer_steps = m.optimizer_steps;
+  return m.step;
+}
+
+std::string convert_shards(const std::string& in, const std::string& out, const std::vector<std::string>& sets) {
+  for (const std::string& s : sets)
+    if (s.rfind("parallel.", 0) != 0 && s.rfind("train.grad_accum=", 0) != 0)
+      throw ConfigError("ckpt convert: '" + s + "' is not a layout setting (parallel.* or train.grad_accum): "
+                        "conversion changes the layout, never the model");
+  const std::optional<std::string> dir = resolve_step_dir(in);
+  if (!dir) throw ConfigError("ckpt convert: '" + in + "' holds no sharded checkpoint (no manifest.json or latest)");
+  if (fs::exists(out) && fs::equivalent(out, in)) throw ConfigError("ckpt convert: --out must differ from --in");
+  const Manifest m = read_manifest(*dir);
+  const Config cfg = config_from_toml_string(to_toml(m.config), sets);
+  const ParallelConfig& target = cfg.parallel;
+  shard::Manifest outm;
+  outm.step = m.step, outm.optimizer_steps = m.optimizer_steps, outm.config = cfg;
+  outm.tensors = shard::tensor_table(cfg);
+  const std::string tmp = (fs::path(out) / (shard::step_name(m.step) + ".tmp")).string();
+  fs::create_directories(out);
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const int world = int(target.dp * target.tp * target.pp);
+  for (int r = 0; r < world; ++r) {
+    StateShape shape = state_shape(cfg, r);
+    std::vector<float> params(size_t(shape.layout.total_floats()), 0.0f), mom_m, mom_v;
+    int64_t packed = 0;
+    for (const FlatRange& x : shape.moment_ranges) packed += x.count;
+    mom_m.assign(size_t(packed), 0.0f), mom_v.assign(size_t(packed), 0.0f);
+    ShardState s{&shape.layout, &params, &mom_m, &mom_v, shape.param_ranges, shape.moment_ranges,
+                 int(target.tp), shape.tp_rank, m.optimizer_steps};
+    WholeTensors src(*dir, m, r);
+    fill(src, cfg.model, s);
+    outm.ranks.push_back(shard::write_rank_file(tmp, r, outm.tensors, s));
+    outm.ranks.back().dp_rank = shape.dp_rank, outm.ranks.back().tp_rank = shape.tp_rank;
+    outm.ranks.back().pp_rank = shape.pp_rank;
+  }
+  shard::publish(out, tmp, outm, 0);
+  return (fs::path(out) / shard::step_name(m.step)).string();
+}
+
+WholeState load_whole(const std::string& where) {
+  const std::optional<std::string> dir = resolve_step_dir(where);
+  if (!dir) throw ConfigError("checkpoint: '" + where + "' holds no sharded checkpoint (no manifest.json or latest)");
+  const Manifest m = read_manifest(*dir);
+  WholeState w{m.config, {}, {}, {}, m.step, m.optimizer_steps};
+  Config single = m.config;
+  single.parallel = ParallelConfig{};
+  const StateShape shape = state_shape(single, 0);
+  w.params.assign(size_t(shape.layout.total_floats()), 0.0f);
+  w.m = w.params, w.v = w.params;
+  ShardState s{&shape.layout, &w.params, &w.m, &w.v, shape.param_ranges, shape.moment_ranges, 1, 0, 0};
+  WholeTensors src(*dir, m, 0);
+  fill(src, m.config.model, s);
+  return w;
+}
+
+std::string describe_shards(const std::string& where, bool verify) {
+  const std::optional<std::string> dir = resolve_step_dir(where);
+  if (!dir) throw ConfigError("checkpoint: '" + where + "' holds no sharded checkpoint (no manifest.json or latest)");
+  const Manifest m = read_manifest(*dir);
+  std::ostringstream os;
+  os << *dir << ": " << shard::kFormat << ", step " << m.step << ", optimizer steps " << m.optimizer_steps
+     << "\nlayout " << layout_text(m.config.parallel) << "\n" << m.tensors.size() << " tensors:\n";
+  for (const shard::Tensor& t : m.tensors) {
+    os << "  " << t.name << " f32 [";
+    for (size_t i = 0; i < t.shape.size(); ++i) os << (i ? ", " : "") << t.shape[i];
+    os << "] " << (t.split_dim < 0 ? std::string("replicated") : "split(" + std::to_string(t.split_dim) + ")") << "\n";
+  }
+  for (size_t r = 0; r < m.ranks.size(); ++r) {
+    const shard::RankFile& f = m.ranks[r];
+    os << "  " << f.file << " (pp " << f.pp_rank << " dp " << f.dp_rank << " tp " << f.tp_rank << "): params "
+       << f.floats[0] << " floats, m " << f.floats[1] << ", v " << f.floats[2] << "; " << f.pieces.size() << " pieces\n";
+  }
+  if (verify) {
+    PieceReader reader(*dir, m);
+    int64_t pieces = 0;
+    std::vector<float> buf;
+    for (size_t r = 0; r < m.ranks.size(); ++r)
+      for (const Piece& p : m.ranks[r].pieces) {
+        buf.resize(size_t(p.count));
+        reader.read(int(r), p, buf.data());
+        ++pieces;
+      }
+    os << "verified: " << pieces << " pieces, " << reader.bytes_read() << " bytes, every CRC-32 matches\n";
+  }
+  return os.str();
+}
+
+}  // namespace loom

@@ -12,6 +12,7 @@ pkgs=(
   coinor-libcbc-dev                 # planner ILP
   zlib1g-dev                        # checkpoint CRC-32
   fortunes                          # default training corpus
+  python3                           # fault-injection tests (tests/mpi/check_kill.py), soak and fuzz scripts
 )
 if [[ "${1:-}" == "--oracle" ]]; then
   pkgs+=(python3-torch python3-numpy google-perftools libgoogle-perftools4)

@@ -1,8 +1,10 @@
 // `loom train` (single process, under mpirun, or relaunching itself with --nproc) and
 // `loom verify`.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -41,8 +43,14 @@ std::vector<std::string> LayoutFlags::as_sets() const {
 
 namespace {
 
-// Replaces this process with `mpirun -np N <this binary> <args without --nproc>`.
-[[noreturn]] void relaunch_under_mpirun(int nproc, int argc, char** argv) {
+// Note [Supervised launch]
+// `loom train --nproc N` runs `mpirun -np N <this binary> <args without --nproc>` as a
+// child and waits for it. OpenMPI's mpirun kills every rank as soon as one dies, before
+// the survivors can say which rank and which collective; with recovery enabled it lets
+// them diagnose, but then exits 0 whatever the ranks did. So each rank writes its exit
+// code to LOOM_STATUS_DIR/rank-R as it leaves, and the launcher exits non-zero naming any
+// rank that failed or left no code at all (killed).
+int launch_under_mpirun(int nproc, int argc, char** argv) {
   std::vector<std::string> args = {LOOM_MPIEXEC, "-np", std::to_string(nproc)};
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -60,32 +68,55 @@ namespace {
   // convenience path, so it asks for both (MPICH ignores these variables).
   ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
   if (::geteuid() == 0) ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0), ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  ::setenv("OMPI_MCA_orte_enable_recovery", "1", 0);
+  char tmpl[] = "/tmp/loom-status-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw Error(std::string("--nproc: cannot make a status directory: ") + std::strerror(errno));
+  const std::string status_dir = tmpl;
+  ::setenv("LOOM_STATUS_DIR", status_dir.c_str(), 1);
   std::vector<char*> cargs;
   for (auto& s : args) cargs.push_back(s.data());
   cargs.push_back(nullptr);
   std::cerr.flush();
-  ::execvp(cargs[0], cargs.data());
-  throw Error(std::string("--nproc: cannot run '") + LOOM_MPIEXEC + "' (" + std::strerror(errno) +
-              "); install OpenMPI (scripts/setup.sh) or launch with mpirun yourself");
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execvp(cargs[0], cargs.data());
+    std::fprintf(stderr, "loom: error: --nproc: cannot run '%s' (%s); install OpenMPI (scripts/setup.sh) or launch "
+                 "with mpirun yourself\n", LOOM_MPIEXEC, std::strerror(errno));
+    ::_exit(127);
+  }
+  if (child < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
+  int wstatus = 0;
+  while (::waitpid(child, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  const int launcher_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  if (launcher_rc == 127) return 127;
+  int rc = 0;
+  std::string failed;
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream f(status_dir + "/rank-" + std::to_string(r));
+    int code = -1;
+    if (!(f >> code)) failed += "\n  rank " + std::to_string(r) + ": left no exit code (killed, or died in a signal)";
+    else if (code != 0) failed += "\n  rank " + std::to_string(r) + ": exited " + std::to_string(code);
+    if (code != 0 && rc == 0) rc = code > 0 ? code : 1;
+    ::unlink((status_dir + "/rank-" + std::to_string(r)).c_str());
+  }
+  ::rmdir(status_dir.c_str());
+  if (rc == 0 && launcher_rc != 0) rc = launcher_rc;
+  if (!failed.empty()) std::cerr << "loom: --nproc " << nproc << ": the job failed:" << failed << "\n";
+  return rc;
 }
 
-}  // namespace
+// Under a supervised launch, records this rank's exit code (Note [Supervised launch]).
+void record_exit(int code) {
+  const char* dir = std::getenv("LOOM_STATUS_DIR");
+  if (!dir || !comm::launched_by_mpi()) return;
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank) rank = std::getenv("PMI_RANK");
+  if (!rank) return;
+  std::ofstream(std::string(dir) + "/rank-" + rank) << code << "\n";
+}
 
-int run_train(const TrainArgs& a, int argc, char** argv) {
-  std::vector<std::string> sets = a.sets;
-  for (auto& s : a.layout.as_sets()) sets.push_back(s);
-  if (a.save_every >= 0) sets.push_back("checkpoint.save_every=" + std::to_string(a.save_every));
-  const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
-  if (a.nproc > 0) {
-    if (comm::launched_by_mpi()) throw ConfigError("--nproc " + std::to_string(a.nproc) + " under mpirun: use one");
-    if (a.nproc != cfg.parallel.world())
-      throw ConfigError("--nproc " + std::to_string(a.nproc) + " but the layout dp x tp x pp = " +
-                        std::to_string(cfg.parallel.dp) + " x " + std::to_string(cfg.parallel.tp) + " x " +
-                        std::to_string(cfg.parallel.pp) + " needs " + std::to_string(cfg.parallel.world()) +
-                        " ranks; pass --dp " + std::to_string(a.nproc) + " or --nproc " +
-                        std::to_string(cfg.parallel.world()));
-    if (a.nproc > 1) relaunch_under_mpirun(a.nproc, argc, argv);
-  }
+int train_this_rank(const TrainArgs& a, const Config& cfg) {
   TrainOptions opt;
   opt.json = a.json;
   opt.progress = !a.json && ::isatty(STDERR_FILENO) && ::isatty(STDOUT_FILENO);
@@ -108,6 +139,36 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   if (!a.json && logging)
     std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy
               << "), " << int64_t(s.tokens_per_s) << " tokens/s\n";
+  return 0;
+}
+
+}  // namespace
+
+int run_train(const TrainArgs& a, int argc, char** argv) {
+  std::vector<std::string> sets = a.sets;
+  for (auto& s : a.layout.as_sets()) sets.push_back(s);
+  if (a.save_every >= 0) sets.push_back("checkpoint.save_every=" + std::to_string(a.save_every));
+  const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
+  if (a.nproc > 0) {
+    if (comm::launched_by_mpi()) throw ConfigError("--nproc " + std::to_string(a.nproc) + " under mpirun: use one");
+    if (a.nproc != cfg.parallel.world())
+      throw ConfigError("--nproc " + std::to_string(a.nproc) + " but the layout dp x tp x pp = " +
+                        std::to_string(cfg.parallel.dp) + " x " + std::to_string(cfg.parallel.tp) + " x " +
+                        std::to_string(cfg.parallel.pp) + " needs " + std::to_string(cfg.parallel.world()) +
+                        " ranks; pass --dp " + std::to_string(a.nproc) + " or --nproc " +
+                        std::to_string(cfg.parallel.world()));
+    if (a.nproc > 1) return launch_under_mpirun(a.nproc, argc, argv);
+  }
+  try {
+    train_this_rank(a, cfg);
+  } catch (const Error& e) {
+    record_exit(e.kind() == Error::Kind::kConfig ? 2 : 1);
+    throw;
+  } catch (...) {
+    record_exit(1);
+    throw;
+  }
+  record_exit(0);
   return 0;
 }
 

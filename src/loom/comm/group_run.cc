@@ -1,5 +1,6 @@
 // Running one collective: algorithm dispatch, the debug-mode desync check, and the
 // diagnosis a failed collective prints.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -61,13 +62,25 @@ void Group::execute(Descriptor& d, Ledger::Issued issued) {
   world_.ledger().start(issued.seq, algorithm, estimate_us);
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + world_.options().timeout;
-  Link link(*transport_, deadline, [this] { world_.backend().serve(); }, scratch_);
+  Clock::time_point next_check = start;
+  auto on_wait = [this, &next_check] {
+    world_.backend().serve();
+    if (Clock::now() < next_check) return;
+    next_check = Clock::now() + std::chrono::milliseconds(100);
+    std::string dead;
+    for (int g : world_.backend().dead_ranks())
+      if (std::find(members_.begin(), members_.end(), g) != members_.end()) dead += (dead.empty() ? "" : ", ") + std::to_string(g);
+    if (!dead.empty())
+      throw CommTimeout("rank " + dead + " died: its process is gone (seen without waiting for the timeout; a rank "
+                        "that failed on its own first names the cause in its own message)");
+  };
+  Link link(*transport_, deadline, on_wait, scratch_);
   try {
     if (world_.options().check_desync && !is_p2p(d.op)) check_desync(d, issued.group_seq, link);
     if (algorithm == Algorithm::kHierarchical) {
-      Link intra(*intra_, deadline, [this] { world_.backend().serve(); }, intra_scratch_);
+      Link intra(*intra_, deadline, on_wait, intra_scratch_);
       std::optional<Link> inter;
-      if (inter_) inter.emplace(*inter_, deadline, [this] { world_.backend().serve(); }, inter_scratch_);
+      if (inter_) inter.emplace(*inter_, deadline, on_wait, inter_scratch_);
       hierarchical_all_reduce(intra, inter ? &*inter : nullptr, d.out, d.count, d.dtype, d.reduce, size());
     } else {
       dispatch(d, algorithm, link);
@@ -186,7 +199,8 @@ std::string Group::diagnosis(const Descriptor& d, uint64_t group_seq, const std:
       os << "  rank " << g << " (group rank " << r << "): ";
       const RankStatus& st = all.at(g);
       if (st.global_rank < 0) {
-        os << "no answer within " << seconds(grace.count() * 1e-3) << " (dead, or busy outside loom collectives)\n";
+        if (!st.state.empty()) os << st.state << "\n";
+        else os << "no answer within " << seconds(grace.count() * 1e-3) << " (dead, or busy outside loom collectives)\n";
         continue;
       }
       const GroupProgress* p = nullptr;
@@ -202,7 +216,7 @@ std::string Group::diagnosis(const Descriptor& d, uint64_t group_seq, const std:
     }
     os << "Last call issued by every rank:\n";
     for (size_t g = 0; g < all.size(); ++g)
-      os << "  rank " << g << ": " << (all[g].global_rank < 0 ? std::string("no answer") : all[g].last) << "\n";
+      os << "  rank " << g << ": " << (all[g].global_rank < 0 ? std::string(all[g].state.empty() ? "no answer" : "dead") : all[g].last) << "\n";
   }
   return os.str();
 }

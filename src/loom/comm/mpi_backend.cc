@@ -1,11 +1,14 @@
 #include "loom/comm/mpi_backend.h"
 
 #include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -250,6 +253,7 @@ class MpiBackend final : public Backend {
     MPI_Comm node = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
     MPI_Comm_size(node, &local_ranks_);
+    watch_node_peers(node);
     MPI_Comm_free(&node);
   }
   ~MpiBackend() override {
@@ -309,11 +313,25 @@ class MpiBackend final : public Backend {
     serve_locked();
   }
 
+  std::vector<int> dead_ranks() override {
+    std::vector<int> out;
+    for (auto [r, pid] : peer_pids_)
+      if (process_gone(pid)) out.push_back(r);
+    return out;
+  }
+
   std::vector<RankStatus> collect(std::chrono::milliseconds grace) override {
     std::vector<RankStatus> out(size_);
     out[rank_] = my_status();
     std::vector<bool> have(size_, false);
     have[rank_] = true;
+    int missing = size_ - 1;
+    for (int r : dead_ranks()) {  // a dead rank will not answer: do not wait for it
+      out[r].global_rank = -1;
+      out[r].state = detail::cat("dead: its process (pid ", peer_pids_.at(r), " on this host) is gone");
+      have[r] = true;
+      --missing;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (int r = 0; r < size_; ++r)
@@ -324,7 +342,6 @@ class MpiBackend final : public Backend {
         }
     }
     const Clock::time_point until = Clock::now() + grace;
-    int missing = size_ - 1;
     while (missing > 0 && Clock::now() < until) {
       std::lock_guard<std::mutex> lock(mu_);
       serve_locked();
@@ -348,6 +365,32 @@ class MpiBackend final : public Backend {
   }
 
  private:
+  // A process that no longer exists, or a zombie its launcher has not reaped yet.
+  static bool process_gone(int pid) {
+    if (::kill(pid, 0) != 0) return errno == ESRCH;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t paren = text.rfind(')');
+    return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+  }
+  // Pids of the other ranks on this node (collective over `node`). Skipped when any of
+  // them is invisible from here (another pid namespace): then nothing is ever called dead.
+  void watch_node_peers(MPI_Comm node) {
+    int n = 0;
+    MPI_Comm_size(node, &n);
+    const int mine[2] = {rank_, int(::getpid())};
+    std::vector<int> all(size_t(2 * n));
+    check_mpi(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, node), "MPI_Allgather of pids");
+    for (int i = 0; i < n; ++i)
+      if (all[size_t(2 * i)] != rank_) peer_pids_[all[size_t(2 * i)]] = all[size_t(2 * i + 1)];
+    for (auto [r, pid] : peer_pids_)
+      if (::kill(pid, 0) != 0 && errno == ESRCH) {
+        peer_pids_.clear();
+        return;
+      }
+  }
+
   struct Reply {
     std::string text;
     MPI_Request request;
@@ -386,6 +429,7 @@ class MpiBackend final : public Backend {
   MPI_Comm world_ = MPI_COMM_NULL, status_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   int local_ranks_ = 1;  // processes of this job on this node
+  std::unordered_map<int, int> peer_pids_;  // global rank -> pid, for the other ranks on this node
   bool owns_init_ = false;
 };
 

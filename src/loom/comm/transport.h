@@ -134,6 +134,10 @@ class Backend {
   virtual void set_status_source(std::function<RankStatus()> source) = 0;
   virtual void serve() = 0;
   virtual std::vector<RankStatus> collect(std::chrono::milliseconds grace) = 0;
+  // Global ranks whose process is known to be gone (a peer on this host that exited or
+  // was killed), so a collective waiting on one fails at once instead of at the timeout.
+  // Ranks on other hosts are never listed: for them the timeout is the detector.
+  virtual std::vector<int> dead_ranks() { return {}; }
 };
 
 }  // namespace loom::comm

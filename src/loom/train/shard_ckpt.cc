@@ -1,9 +1,13 @@
 // Saving sharded checkpoints (Note [Sharded checkpoints] in shard_ckpt.h); loading and
 // resharding are in shard_load.cc.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +70,25 @@ void prune(const std::string& root, int64_t keep, const std::string& newest) {
     if (steps[i] != newest) fs::remove_all(fs::path(root) / steps[i]);
 }
 
+// Note [Failpoints]
+// LOOM_FAILPOINT=POINT@STEP:RANK makes global rank RANK kill itself with SIGKILL at POINT
+// of the save of step STEP, so tests and scripts/soak.py can kill a writer at an exact
+// moment: shard (its rank file half written), manifest (rank 0: manifest written, the
+// directory not yet renamed into place), latest (rank 0: renamed, `latest` not yet
+// replaced). Unset, nothing happens.
+void failpoint(const char* point, int64_t step, int rank) {
+  const char* spec = std::getenv("LOOM_FAILPOINT");
+  if (!spec) return;
+  char name[32] = {};
+  long long at_step = -1;
+  int at_rank = -1;
+  if (std::sscanf(spec, "%31[a-z]@%lld:%d", name, &at_step, &at_rank) != 3) return;
+  if (std::strcmp(name, point) != 0 || at_step != step || at_rank != rank) return;
+  std::fprintf(stderr, "loom: LOOM_FAILPOINT %s: rank %d kills itself in the save of step %lld\n", spec, rank, at_step);
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+}
+
 // Every rank learns whether any failed; a failing rank rethrows its own error, the others
 // throw one naming the lowest failing rank (so none is left waiting in a collective).
 void agree(comm::Group* world, int global_rank, const std::exception_ptr& error, const std::string& what) {
@@ -83,7 +106,8 @@ void agree(comm::Group* world, int global_rank, const std::exception_ptr& error,
 
 namespace shard {
 
-RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s) {
+RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s,
+                         const std::function<void()>& mid_write) {
   RankFile rf;
   rf.file = rank_file_name(rank);
   rf.pieces = pieces_of(table, *s.layout, s.param_ranges, s.moment_ranges);
@@ -99,21 +123,30 @@ RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Ten
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(kMagic, sizeof kMagic);
   f.write(reinterpret_cast<const char*>(rf.floats), sizeof rf.floats);
-  for (const auto* sec : sections) f.write(reinterpret_cast<const char*>(sec->data()), std::streamsize(sec->size() * sizeof(float)));
+  for (const auto* sec : sections) {
+    f.write(reinterpret_cast<const char*>(sec->data()), std::streamsize(sec->size() * sizeof(float)));
+    if (sec == s.params && mid_write) {
+      f.flush();
+      mid_write();
+    }
+  }
   if (!f.flush()) throw Error("checkpoint: cannot write '" + path + "' (disk full?)");
   f.close();
   fsync_path(path, false);
   return rf;
 }
 
-void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last) {
+void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last,
+             const std::function<void(const char*)>& at) {
   const std::string name = step_name(m.step);
   write_atomically((fs::path(tmp) / "manifest.json").string(), manifest_json(m));
   fsync_path(tmp, true);
+  if (at) at("manifest");
   const fs::path dest = fs::path(root) / name;
   fs::remove_all(dest);
   fs::rename(tmp, dest);
   fsync_path(root, true);
+  if (at) at("latest");
   write_atomically((fs::path(root) / "latest").string(), name + "\n");
   prune(root, keep_last, name);
 }
@@ -136,7 +169,8 @@ void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Gro
   const std::vector<shard::Tensor> table = shard::tensor_table(cfg);
   const std::string side = (fs::path(tmp) / ("rank-" + std::to_string(global_rank) + ".json")).string();
   try {
-    const shard::RankFile rf = shard::write_rank_file(tmp, global_rank, table, s);
+    const shard::RankFile rf =
+        shard::write_rank_file(tmp, global_rank, table, s, [&] { failpoint("shard", step, global_rank); });
     write_atomically(side, shard::rank_json(rf));
   } catch (...) {
     error = std::current_exception();
@@ -152,7 +186,7 @@ void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Gro
         m.ranks.back().dp_rank = shape.dp_rank, m.ranks.back().tp_rank = shape.tp_rank, m.ranks.back().pp_rank = shape.pp_rank;
         fs::remove(path);
       }
-      shard::publish(root, tmp, m, cfg.checkpoint.keep_last);
+      shard::publish(root, tmp, m, cfg.checkpoint.keep_last, [&](const char* point) { failpoint(point, step, 0); });
     } catch (...) {
       error = std::current_exception();
     }

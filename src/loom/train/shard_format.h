@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,9 +81,13 @@ RankFile parse_rank(std::string_view text, const std::string& where);
 
 // Writes rank `rank`'s file into `dir` from `s` (fsynced) and returns its piece table with
 // CRCs. Throws loom::Error when the file cannot be written.
-RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s);
+// `mid_write` (optional) runs once the parameter section is on disk, the moments not yet.
+RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s,
+                         const std::function<void()>& mid_write = {});
 // Rank 0's half of a save: writes m as `tmp`/manifest.json, renames `tmp` to
 // root/step-N, replaces `latest`, keeps the newest `keep_last` steps (0: all).
-void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last);
+// `at` (optional) is called at the points "manifest" (written) and "latest" (renamed).
+void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last,
+             const std::function<void(const char*)>& at = {});
 
 }  // namespace loom::shard

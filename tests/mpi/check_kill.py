@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Kills loom ranks for real (SIGKILL under mpirun) and checks that nothing is lost.
+
+usage: check_kill.py LOOM mid-step | during-save
+
+mid-step:    a dp3 run is SIGKILLed on rank 1 while it trains; the survivors must exit
+             within comm.timeout_s naming rank 1 and the collective they were in; then
+             `--resume auto` finishes the run and its final checkpoint is byte-identical
+             to the uninterrupted run's.
+during-save: the writer is killed inside a save at each failpoint (Note [Failpoints]:
+             rank 1 half way through its shard; rank 0 after the manifest; rank 0 after
+             the rename, before `latest`); the previous checkpoint must still verify,
+             hold exactly the uninterrupted run's bytes, and resume to the same end.
+"""
+import os
+import re
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+TIMEOUT_S = 10
+STEPS = 60
+EVERY = 10
+
+
+def args(loom, ckpt, extra=()):
+    return [loom, "train", "--nproc", "3", "--dp", "3", "--set", "train.batch=12", "train.seq=128",
+            f"train.steps={STEPS}", "model.layers=2", "train.val_every=0", "train.val_batches=1",
+            "train.threads=1", f"checkpoint.dir={ckpt}", "checkpoint.keep_last=0",
+            f"comm.timeout_s={TIMEOUT_S}", *extra]
+
+
+def run(cmd, env=None):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return p.returncode, p.stdout
+
+
+def fail(msg, out=""):
+    print(out)
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def rank_pid(rank, ckpt):
+    """Pid of the loom process that is MPI rank `rank` of the run writing `ckpt`."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and ckpt.encode() in cmd and b"mpirun" not in cmd:
+            return int(pid)
+    return None
+
+
+def same_files(a, b, step):
+    for r in range(3):
+        name = f"step-{step:08d}/rank-{r:05d}.bin"
+        with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
+            if x.read() != y.read():
+                return f"{name} differs"
+    return None
+
+
+def resume_and_compare(loom, ckpt, ref, expect_from):
+    rc, out = run(args(loom, ckpt, ["--resume", "auto", "--save-every", str(EVERY)]))
+    if rc != 0:
+        fail(f"--resume auto exited {rc}", out)
+    if f"resumed from {ckpt}/step-{expect_from:08d}" not in out:
+        fail(f"--resume auto did not continue from step {expect_from}", out)
+    diff = same_files(ckpt, ref, STEPS)
+    if diff:
+        fail(f"after the resume the final checkpoint is not the uninterrupted run's: {diff}")
+
+
+def mid_step(loom, tmp, ref):
+    ckpt = os.path.join(tmp, "killed")
+    proc = subprocess.Popen(args(loom, ckpt, ["--save-every", str(EVERY)]), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(ckpt, "latest")):  # a step is saved: training runs
+        if proc.poll() is not None or time.time() > deadline:
+            fail("the run ended before its first checkpoint", proc.communicate()[0])
+        time.sleep(0.02)
+    time.sleep(random.uniform(0.1, 0.6))
+    pid = rank_pid(1, ckpt)
+    if pid is None:
+        fail("rank 1's process was not found", proc.communicate()[0])
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    out = proc.communicate(timeout=TIMEOUT_S * 4)[0]
+    took = time.time() - killed
+    print(out)
+    print(f"rank 1 (pid {pid}) SIGKILLed; the job exited {proc.returncode} {took:.2f} s later "
+          f"(comm.timeout_s = {TIMEOUT_S})")
+    if proc.returncode == 0:
+        fail("the job exited 0 after a rank was killed")
+    if took >= TIMEOUT_S:
+        fail(f"the survivors took {took:.1f} s, more than comm.timeout_s")
+    for want in ["rank 1: left no exit code", "failed at global rank 0", "failed at global rank 2"]:
+        if want not in out:
+            fail(f"output lacks: {want}")
+    if not re.search(r"rank [0-9, ]*\b1\b[0-9, ]* died", out) and "rank 1 (group rank 1): no answer" not in out:
+        fail("no survivor names rank 1 as dead or missing")
+    if " #" not in out or "on group" not in out:
+        fail("no survivor names the pending collective")
+    with open(os.path.join(ckpt, "latest")) as f:
+        newest = int(f.read().strip().split("-")[1])
+    resume_and_compare(loom, ckpt, ref, newest)
+
+
+def during_save(loom, tmp, ref):
+    for point, rank in [("shard", 1), ("manifest", 0), ("latest", 0)]:
+        ckpt = os.path.join(tmp, "save-" + point)
+        env = dict(os.environ, LOOM_FAILPOINT=f"{point}@{2 * EVERY}:{rank}")
+        rc, out = run(args(loom, ckpt, ["--save-every", str(EVERY)]), env=env)
+        if rc == 0 or "LOOM_FAILPOINT" not in out:
+            fail(f"failpoint {point}: the job did not die in the save of step {2 * EVERY} (exit {rc})", out)
+        rc, verify = run([loom, "ckpt", "inspect", "--verify", ckpt])
+        if rc != 0 or f"step-{EVERY:08d}" not in verify.splitlines()[0] or "every CRC-32 matches" not in verify:
+            fail(f"failpoint {point}: the previous checkpoint does not verify", verify)
+        diff = same_files(ckpt, ref, EVERY)
+        if diff:
+            fail(f"failpoint {point}: the previous checkpoint is not the uninterrupted run's: {diff}")
+        print(f"failpoint {point} (rank {rank} killed in the save of step {2 * EVERY}): step {EVERY} verifies "
+              "and matches")
+        resume_and_compare(loom, ckpt, ref, EVERY)
+
+
+def main():
+    loom, mode = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix="loom-kill-")
+    try:
+        ref = os.path.join(tmp, "reference")
+        rc, out = run(args(loom, ref, ["--save-every", str(EVERY)]))
+        if rc != 0:
+            fail(f"the uninterrupted run exited {rc}", out)
+        {"mid-step": mid_step, "during-save": during_save}[mode](loom, tmp, ref)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

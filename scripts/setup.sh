@@ -13,6 +13,7 @@ pkgs=(
   zlib1g-dev                        # checkpoint CRC-32
   fortunes                          # default training corpus
   python3                           # fault-injection tests (tests/mpi/check_kill.py), soak and fuzz scripts
+  clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)
 )
 if [[ "${1:-}" == "--oracle" ]]; then
   pkgs+=(python3-torch python3-numpy google-perftools libgoogle-perftools4)

@@ -71,8 +71,9 @@ StTensor make_i32(std::vector<int64_t> shape, const int32_t* data) {
   return t;
 }
 
-StFile read_safetensors(const std::string& path) {
-  const std::string data = read_file_bytes(path);
+StFile read_safetensors(const std::string& path) { return parse_safetensors(read_file_bytes(path), path); }
+
+StFile parse_safetensors(std::string_view data, const std::string& path) {
   auto fail = [&](const std::string& why) -> Error {
     return Error("cannot read safetensors file '" + path + "': " + why);
   };
@@ -116,9 +117,10 @@ StFile read_safetensors(const std::string& path) {
     for (const auto& d : shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
         throw fail("tensor '" + name + "' has a bad dimension " + d.dump());
-      t.shape.push_back(int64_t(d.get<uint64_t>()));
-      numel *= d.get<uint64_t>();
-      if (numel > (uint64_t(1) << 40)) throw fail("tensor '" + name + "' is implausibly large");
+      const uint64_t dim = d.get<uint64_t>();
+      t.shape.push_back(int64_t(dim));
+      if (dim != 0 && numel > ((uint64_t(1) << 40) / dim)) throw fail("tensor '" + name + "' is implausibly large");
+      numel *= dim;
     }
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
       throw fail("tensor '" + name + "' data_offsets are not unsigned integers");

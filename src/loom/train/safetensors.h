@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
@@ -30,6 +31,8 @@ struct StFile {
 
 // Throws loom::Error naming the file and the problem (truncated, bad header, offsets).
 StFile read_safetensors(const std::string& path);
+// The same from bytes in memory; `path` only names them in errors.
+StFile parse_safetensors(std::string_view data, const std::string& path);
 // Writes `path` atomically: to `path.tmp`, fsync, rename.
 void write_safetensors(const std::string& path, const StFile& file);
 

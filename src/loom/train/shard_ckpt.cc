@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "loom/comm/group.h"
+#include "loom/comm/mesh.h"
 #include "loom/core/error.h"
-#include "loom/train/engine.h"
 #include "loom/train/shard_ckpt.h"
 #include "loom/train/shard_format.h"
 
@@ -179,11 +179,13 @@ void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Gro
   if (global_rank == 0) try {
       shard::Manifest m;
       m.step = step, m.optimizer_steps = s.optimizer_steps, m.config = cfg, m.tensors = table;
+      const ParallelConfig& p = cfg.parallel;
+      const comm::Mesh mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, world_size);
       for (int r = 0; r < world_size; ++r) {
         const std::string path = (fs::path(tmp) / ("rank-" + std::to_string(r) + ".json")).string();
         m.ranks.push_back(shard::parse_rank(read_text(path), path));
-        const StateShape shape = state_shape(cfg, r);
-        m.ranks.back().dp_rank = shape.dp_rank, m.ranks.back().tp_rank = shape.tp_rank, m.ranks.back().pp_rank = shape.pp_rank;
+        const std::vector<int> c = mesh.coords(r);
+        m.ranks.back().pp_rank = c[0], m.ranks.back().dp_rank = c[1], m.ranks.back().tp_rank = c[2];
         fs::remove(path);
       }
       shard::publish(root, tmp, m, cfg.checkpoint.keep_last, [&](const char* point) { failpoint(point, step, 0); });

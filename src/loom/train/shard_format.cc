@@ -52,6 +52,14 @@ int64_t int_in(const json& j, int64_t lo, int64_t hi, const std::string& where, 
   return v;
 }
 
+json parse_json(std::string_view text, const std::string& where) {
+  try {
+    return json::parse(text);
+  } catch (const std::exception& e) {
+    throw Error("checkpoint: '" + where + "' is not valid JSON: " + e.what());
+  }
+}
+
 const json& field(const json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) throw Error("checkpoint: " + where + " has no '" + key + "'");
   return j[key];
@@ -177,15 +185,7 @@ std::vector<Piece> pieces_of(const std::vector<Tensor>& table, const ParamLayout
 
 std::string rank_json(const RankFile& r) { return rank_to_json(r).dump(); }
 
-RankFile parse_rank(std::string_view text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    throw Error("checkpoint: '" + where + "' is not valid JSON: " + e.what());
-  }
-  return rank_from_json(j, where);
-}
+RankFile parse_rank(std::string_view text, const std::string& where) { return rank_from_json(parse_json(text, where), where); }
 
 std::string manifest_json(const Manifest& m) {
   json tensors = json::array();
@@ -201,12 +201,7 @@ std::string manifest_json(const Manifest& m) {
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    throw Error("checkpoint: '" + where + "' is not valid JSON: " + e.what());
-  }
+  const json j = parse_json(text, where);
   const json& format = field(j, "format", where);
   if (!format.is_string() || format.get<std::string>() != kFormat)
     throw Error("checkpoint: '" + where + "' has format " + format.dump() + ", expected " + kFormat);

@@ -54,7 +54,13 @@ void Link::wait(std::span<const TransferId> ids, const char* what, int peer) {
       throw CommTimeout(detail::cat("timed out (comm.timeout_s): ", what, " with group rank ", peer, " did not complete"));
     }
     if (now >= next_hook) {
-      if (on_wait_) on_wait_();
+      try {
+        if (on_wait_) on_wait_();  // may throw: a member of the group is known dead
+      } catch (...) {
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (!done(i)) t_.cancel(ids[i]);
+        throw;
+      }
       next_hook = now + std::chrono::milliseconds(10);
     }
     t_.idle(std::min(deadline_, now + std::chrono::milliseconds(1)));

@@ -47,7 +47,7 @@ class Link {
     // Pure spinning first (a peer a few microseconds behind costs nothing extra; a
     // sched_yield costs ~1 us on this VM), then yield so oversubscribed ranks progress.
     for (int spins = 0; !ready(); ++spins) {
-      if ((spins & 1023) == 1023) poll_deadline(what, peer);
+      if ((spins & 63) == 63) poll_deadline(what, peer);  // a yield can take ~1 ms when oversubscribed
       if (spins > spin_limit) std::this_thread::yield();
 #if defined(__x86_64__)
       else __builtin_ia32_pause();

@@ -326,12 +326,18 @@ class MpiBackend final : public Backend {
     std::vector<bool> have(size_, false);
     have[rank_] = true;
     int missing = size_ - 1;
-    for (int r : dead_ranks()) {  // a dead rank will not answer: do not wait for it
-      out[r].global_rank = -1;
-      out[r].state = detail::cat("dead: its process (pid ", peer_pids_.at(r), " on this host) is gone");
-      have[r] = true;
-      --missing;
-    }
+    // A dead rank will not answer: do not wait for it (nor for one that dies meanwhile,
+    // e.g. a survivor that has diagnosed the same failure and left).
+    auto drop_dead = [&] {
+      for (int r : dead_ranks())
+        if (!have[r]) {
+          out[r].global_rank = -1;
+          out[r].state = detail::cat("dead: its process (pid ", peer_pids_.at(r), " on this host) is gone");
+          have[r] = true;
+          --missing;
+        }
+    };
+    drop_dead();
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (int r = 0; r < size_; ++r)
@@ -342,7 +348,13 @@ class MpiBackend final : public Backend {
         }
     }
     const Clock::time_point until = Clock::now() + grace;
+    Clock::time_point next_check = Clock::now() + std::chrono::milliseconds(100);
     while (missing > 0 && Clock::now() < until) {
+      if (Clock::now() >= next_check) {
+        drop_dead();
+        next_check = Clock::now() + std::chrono::milliseconds(100);
+        if (missing == 0) break;
+      }
       std::lock_guard<std::mutex> lock(mu_);
       serve_locked();
       int flag = 0;

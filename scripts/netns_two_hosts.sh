@@ -59,7 +59,8 @@ case "${1:-}" in
       mpirun --allow-run-as-root -np "$np" --host "10.77.0.1:$per_host,10.77.0.2:$per_host" \
         --mca plm_rsh_agent "$self agent" --mca plm_rsh_no_tree_spawn 1 \
         --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 \
-        --mca btl self,vader,tcp -x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$@"
+        --mca btl self,vader,tcp -x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        ${ASAN_OPTIONS:+-x ASAN_OPTIONS="$ASAN_OPTIONS"} "$@"
     ;;
   *)
     sed -n '2,13p' "$0"

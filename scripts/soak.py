@@ -76,6 +76,7 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--layout", default="--dp 2 --pp 2")
+    p.add_argument("--verbose", action="store_true", help="print the survivors' diagnoses of each kill")
     a = p.parse_args()
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -122,6 +123,9 @@ def main():
             killed["survivors_saw_s"] = max(float(s) for s in seen) if seen else None
             killed["named"] = bool(re.search(rf"rank [0-9, ]*\b{killed['rank']}\b[0-9, ]* died", err) or
                                    f"rank {killed['rank']}: left no exit code" in err)
+            if a.verbose:
+                print(f"--- kill of rank {killed['rank']} at step {killed['at_step']}:\n" +
+                      "\n".join(l for l in err.splitlines() if "failed at" in l or "rank" in l[:8]))
             killed["resume_from"] = newest_step(ckpt)
             killed["steps_lost"] = killed["at_step"] - killed["resume_from"]
             kills.append(killed)

@@ -320,7 +320,20 @@ class MpiBackend final : public Backend {
     return out;
   }
 
+  // One collection at a time: two threads of a rank diagnosing at once (a collective on a
+  // worker thread and one on the main thread) would take each other's replies off the
+  // shared channel and one would wait out its grace for answers the other had discarded.
+  // A collection finished in the last half second is answer enough for the second.
   std::vector<RankStatus> collect(std::chrono::milliseconds grace) override {
+    std::lock_guard<std::mutex> one_at_a_time(collect_mu_);
+    if (!last_collect_.empty() && Clock::now() - last_collect_at_ < std::chrono::milliseconds(500)) return last_collect_;
+    last_collect_ = collect_now(grace);
+    last_collect_at_ = Clock::now();
+    return last_collect_;
+  }
+
+ private:
+  std::vector<RankStatus> collect_now(std::chrono::milliseconds grace) {
     std::vector<RankStatus> out(size_);
     out[rank_] = my_status();
     std::vector<bool> have(size_, false);
@@ -376,7 +389,6 @@ class MpiBackend final : public Backend {
     return out;
   }
 
- private:
   // A process that no longer exists, or a zombie its launcher has not reaped yet.
   static bool process_gone(int pid) {
     if (::kill(pid, 0) != 0) return errno == ESRCH;
@@ -436,6 +448,9 @@ class MpiBackend final : public Backend {
 
   std::mutex mu_;  // every MPI call
   std::mutex source_mu_;
+  std::mutex collect_mu_;                    // collect(): one at a time
+  std::vector<RankStatus> last_collect_;
+  Clock::time_point last_collect_at_{};
   std::function<RankStatus()> source_;
   std::list<Reply> replies_;
   MPI_Comm world_ = MPI_COMM_NULL, status_comm_ = MPI_COMM_NULL;

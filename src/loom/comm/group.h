@@ -11,6 +11,7 @@
 // unusable: later calls throw the first failure's diagnosis.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -161,6 +162,8 @@ class Group {
   void dispatch(Descriptor& d, Algorithm a, class Link& link);
   void check_desync(const Descriptor& d, uint64_t group_seq, class Link& link);
   std::string diagnosis(const Descriptor& d, uint64_t group_seq, const std::string& cause, double elapsed_s);
+  // How long a diagnosis waits for the peers' status: status_grace, at most half the timeout.
+  std::chrono::milliseconds status_grace() const;
   void worker_loop();
 
   World& world_;

@@ -61,7 +61,9 @@ void Group::execute(Descriptor& d, Ledger::Issued issued) {
   const Algorithm algorithm = choose(d, &estimate_us);
   world_.ledger().start(issued.seq, algorithm, estimate_us);
   const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + world_.options().timeout;
+  // comm.timeout_s bounds the whole wait, diagnosis included: the collective gives up one
+  // status grace early so that collecting the peers' status ends by the timeout.
+  const Clock::time_point deadline = start + world_.options().timeout - status_grace();
   Clock::time_point next_check = start;
   auto on_wait = [this, &next_check] {
     world_.backend().serve();
@@ -182,6 +184,10 @@ void Group::check_desync(const Descriptor& d, uint64_t group_seq, Link& link) {
   throw CommError(os.str());
 }
 
+std::chrono::milliseconds Group::status_grace() const {
+  return std::min(world_.options().status_grace, world_.options().timeout / 2);
+}
+
 std::string Group::diagnosis(const Descriptor& d, uint64_t group_seq, const std::string& cause, double elapsed_s) {
   std::ostringstream os;
   if (cause.rfind("loom comm: desync", 0) == 0) {
@@ -191,7 +197,7 @@ std::string Group::diagnosis(const Descriptor& d, uint64_t group_seq, const std:
        << describe(d) << ") on group " << name_
        << " failed at global rank " << world_.global_rank() << " after " << seconds(elapsed_s) << ": " << cause
        << "\n";
-    const auto grace = std::min(world_.options().status_grace, world_.options().timeout);
+    const auto grace = status_grace();
     const std::vector<RankStatus> all = world_.backend().collect(grace);
     os << "Members of " << name_ << (is_p2p(d.op) ? ":\n" : detail::cat(" and collective #", group_seq, ":\n"));
     for (int r = 0; r < size(); ++r) {

@@ -19,7 +19,8 @@ namespace loom::comm {
 struct CommOptions {
   // Bound on every collective (comm.timeout_s).
   std::chrono::milliseconds timeout{300'000};
-  // How long a rank that timed out waits for the others' status (capped by timeout).
+  // How long a rank that timed out waits for the others' status, at most half the timeout;
+  // collectives give up that much early, so a failure is diagnosed by `timeout`.
   std::chrono::milliseconds status_grace{5'000};
   // Debug mode: group members compare each collective's descriptor before running it.
   bool check_desync = false;

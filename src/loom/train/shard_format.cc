@@ -194,7 +194,13 @@ std::string manifest_json(const Manifest& m) {
                        {"placement", t.split_dim < 0 ? std::string("replicated") : "split(" + std::to_string(t.split_dim) + ")"}});
   json ranks = json::array();
   for (const RankFile& r : m.ranks) ranks.push_back(rank_to_json(r));
-  const json out = {{"format", kFormat}, {"step", m.step}, {"optimizer_steps", m.optimizer_steps},
+  // The rest of the training state, spelled out: the loader's order and the learning rate
+  // are functions of the step, training draws no random numbers (weights are initialised
+  // from train.seed, then overwritten on load), and fp32 training has no loss scale.
+  const json state = {{"data_position", "step " + std::to_string(m.step) + " (row r of step s reads hash(seed, s, r))"},
+                      {"lr_schedule", "lr_at(step " + std::to_string(m.step) + ")"},
+                      {"rng", "none drawn during training"}, {"loss_scale", "none (fp32)"}};
+  const json out = {{"format", kFormat}, {"step", m.step}, {"optimizer_steps", m.optimizer_steps}, {"state", state},
                     {"world", m.ranks.size()}, {"layout", layout_json(m.config.parallel)},
                     {"config", to_toml(m.config)}, {"tensors", tensors}, {"ranks", ranks}};
   return out.dump(1);

@@ -22,6 +22,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from soak import rank_pid  # noqa: E402  (the soak script's process finder)
+
 TIMEOUT_S = 10
 STEPS = 60
 EVERY = 10
@@ -43,23 +46,6 @@ def fail(msg, out=""):
     print(out)
     print("FAIL:", msg)
     sys.exit(1)
-
-
-def rank_pid(rank, ckpt):
-    """Pid of the loom process that is MPI rank `rank` of the run writing `ckpt`."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and ckpt.encode() in cmd and b"mpirun" not in cmd:
-            return int(pid)
-    return None
 
 
 def same_files(a, b, step):

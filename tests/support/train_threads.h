@@ -25,4 +25,12 @@ inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions 
   return out;
 }
 
+// As above with every rank's final parameters kept, resumed from `resume` when given.
+inline std::vector<TrainSummary> train_keeping_params(const Config& c, const std::string& resume = "") {
+  TrainOptions o;
+  o.keep_params = true;
+  o.resume = resume;
+  return train_as_threads(c, o);
+}
+
 }  // namespace loom::testing_support

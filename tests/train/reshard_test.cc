@@ -31,10 +31,7 @@ Config small(const std::string& dir, const Sets& model, const Sets& layout, int6
 }
 
 std::vector<TrainSummary> run(const Config& c, const std::string& resume = "") {
-  TrainOptions o;
-  o.keep_params = true;
-  o.resume = resume;
-  return testing_support::train_as_threads(c, o);
+  return testing_support::train_keeping_params(c, resume);
 }
 
 // The real parameters of a whole-layout flat buffer, tensor after tensor (as final_params).

@@ -29,10 +29,7 @@ Config small(const std::string& dir, std::vector<std::string> extra) {
 }
 
 std::vector<TrainSummary> run(const Config& c, const std::string& resume = "") {
-  TrainOptions o;
-  o.keep_params = true;
-  o.resume = resume;
-  return testing_support::train_as_threads(c, o);
+  return testing_support::train_keeping_params(c, resume);
 }
 
 TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {

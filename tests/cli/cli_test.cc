@@ -26,6 +26,13 @@ Result run(const std::string& args) {
   return {WEXITSTATUS(status), out};
 }
 
+// `args` is refused as a usage or config error (exit 2) whose message contains `names`.
+void expect_usage_error(const std::string& args, const std::string& names) {
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 2) << args;
+  EXPECT_NE(r.output.find(names), std::string::npos) << args << "\n" << r.output;
+}
+
 TEST(Cli, HelpDescribesEveryCommandAndKey) {
   Result r = run("--help");
   EXPECT_EQ(r.code, 0);
@@ -40,16 +47,13 @@ TEST(Cli, HelpDescribesEveryCommandAndKey) {
 TEST(Cli, UsageAndConfigErrorsExitTwo) {
   EXPECT_EQ(run("").code, 2);
   EXPECT_EQ(run("frobnicate").code, 2);
-  Result r = run("train --set model.layyers=3");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("unknown config key 'model.layyers'"), std::string::npos) << r.output;
-  r = run("train --set model.heads=5");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("does not divide model.d_model = 128"), std::string::npos) << r.output;
-  r = run("train --set train.steps=0");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("train.steps = 0"), std::string::npos);
+  expect_usage_error("train --set model.layyers=3", "unknown config key 'model.layyers'");
+  expect_usage_error("train --set model.heads=5", "does not divide model.d_model = 128");
+  expect_usage_error("train --set train.steps=0", "train.steps = 0");
   EXPECT_EQ(run("sample --prompt hi").code, 2);  // missing --checkpoint
+  EXPECT_EQ(run("ckpt").code, 2);                  // inspect or convert
+  expect_usage_error("ckpt convert --in /nonexistent --out /tmp/x --dp 2", "holds no sharded checkpoint");
+  expect_usage_error("ckpt inspect --verify /nonexistent", "holds no sharded checkpoint");
 }
 
 TEST(Cli, RuntimeErrorsExitOneWithoutPartialCheckpoints) {
@@ -87,15 +91,9 @@ TEST(Cli, BenchCommJsonRowsAreCompleteAndCorrect) {
   }
   // all_reduce: auto, shm, ring, recursive, ring+bf16, ring+int8; 4 other ops x auto; 2 sizes.
   EXPECT_EQ(rows, 2 * (6 + 4));
-  Result bad = run("bench comm --threads 2 --sizes 4Q");
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.output.find("bad size '4Q'"), std::string::npos) << bad.output;
-  bad = run("bench comm --threads 2 --algorithm fastest");
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.output.find("unknown collective algorithm 'fastest'"), std::string::npos) << bad.output;
-  bad = run("bench comm --threads 2 --set comm.timeout_s=0");
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.output.find("comm.timeout_s = 0"), std::string::npos) << bad.output;
+  expect_usage_error("bench comm --threads 2 --sizes 4Q", "bad size '4Q'");
+  expect_usage_error("bench comm --threads 2 --algorithm fastest", "unknown collective algorithm 'fastest'");
+  expect_usage_error("bench comm --threads 2 --set comm.timeout_s=0", "comm.timeout_s = 0");
 }
 
 }  // namespace
@@ -119,15 +117,9 @@ TEST(Cli, SimulatePrintsOneJsonObjectWithTheIssueFields) {
 }
 
 TEST(Cli, SimulateNamesWhatDoesNotFit) {
-  Result r = run("simulate --model gpt3-175b --gpus 12 --tp 8");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("--gpus 12"), std::string::npos) << r.output;
-  r = run("simulate --model gpt3-175b --gpus 16 --tp 8 --cluster dgx-b900");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("dgx-a100"), std::string::npos) << r.output;
-  r = run("simulate --model gpt3-175b --gpus 56 --tp 7");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("parallel.tp = 7 does not divide model.heads = 96"), std::string::npos) << r.output;
+  expect_usage_error("simulate --model gpt3-175b --gpus 12 --tp 8", "--gpus 12");
+  expect_usage_error("simulate --model gpt3-175b --gpus 16 --tp 8 --cluster dgx-b900", "dgx-a100");
+  expect_usage_error("simulate --model gpt3-175b --gpus 56 --tp 7", "parallel.tp = 7 does not divide model.heads = 96");
 }
 
 }  // namespace

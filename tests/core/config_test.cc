@@ -58,6 +58,13 @@ TEST(Config, TypeErrorsNameTheValueAndTheExpectedForm) {
   EXPECT_NE(error_of({"train.steps=ten"}).find("'train.steps' = 'ten': expected an integer"), std::string::npos);
   EXPECT_NE(error_of({"optim.lr=fast"}).find("expected a finite number"), std::string::npos);
   EXPECT_NE(error_of({}, "[train]\nsteps = \"10\"\n").find("expected an integer"), std::string::npos);
+  // A float where an integer belongs, far outside int64 (found by the config fuzzer: it was
+  // converted before its type was checked, which UBSan reports).
+  EXPECT_NE(error_of({}, "[model]\nlayers = 6.6e42\n").find("expected an integer"), std::string::npos);
+  EXPECT_NE(error_of({}, "[train]\nsteps = 3.0\n").find("expected an integer"), std::string::npos);
+  // A model far out of range is reported alone, before checks that build per-layer lists.
+  EXPECT_NE(error_of({"model.layers=6305930593059305959"}).find("model.layers = 6305930593059305959: expected at most"),
+            std::string::npos);
   EXPECT_NE(error_of({"model.preset=huge"}).find("expected one of tiny"), std::string::npos);
 }
 

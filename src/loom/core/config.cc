@@ -35,7 +35,8 @@ struct KeyDef {
 
 int64_t parse_int(const std::string& key, const RawValue& v) {
   if (v.node) {
-    if (auto i = v.node->value<int64_t>(); i && v.node->is_integer()) return *i;
+    // Integer nodes only: toml++ converts a float node too, and one out of int64 range is UB.
+    if (v.node->is_integer()) return *v.node->value<int64_t>();
     bad_value(key, v.text, "an integer");
   }
   try {
@@ -355,6 +356,9 @@ std::vector<std::string> validation_errors(const Config& c) {
                          {"model.heads", m.heads}, {"model.kv_heads", m.kv_heads}, {"model.ffn", m.ffn},
                          {"model.vocab", m.vocab}, {"model.ctx", m.ctx}})
     if (v > kMaxDim) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxDim));
+  // Later checks build per-layer lists and divide by these: a model this far out of range
+  // is reported alone.
+  if (!errs.empty()) return errs;
   if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0)
     errs.push_back("model.heads = " + std::to_string(m.heads) + " does not divide model.d_model = " +
                    std::to_string(m.d_model) + ": choose heads so that d_model / heads is an integer");

@@ -4,7 +4,8 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all four)
 # Each target starts from fuzz/corpus/<target> and keeps what it finds in
 # build/fuzz/corpus/<target>; a crash, hang (> 10 s) or leak stops it, leaves the input in
-# build/fuzz/crashes/ and makes this script exit non-zero.
+# build/fuzz/crashes/ and makes this script exit non-zero. LOOM_FUZZ_SEED fixes libFuzzer's
+# random seed (CI sets 1 so a run explores the same way each time; unset: a new seed each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -19,6 +20,7 @@ for t in "${targets[@]}"; do
   mkdir -p "build/fuzz/corpus/$t"
   log="build/fuzz/$t.log"
   if build/fuzz/fuzz/fuzz_"$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+      ${LOOM_FUZZ_SEED:+-seed="$LOOM_FUZZ_SEED"} \
       -artifact_prefix="build/fuzz/crashes/$t-" "build/fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
     echo "fuzz $t: ${seconds} s, $runs inputs, no crash (corpus $(ls "build/fuzz/corpus/$t" | wc -l) files)"

@@ -10,5 +10,5 @@ cmake --preset release >/dev/null
 cmake --build --preset release
 ctest --preset release "$@"
 if [[ "${LOOM_FUZZ_SECONDS:-10}" != 0 ]]; then
-  scripts/fuzz.sh "${LOOM_FUZZ_SECONDS:-10}"
+  LOOM_FUZZ_SEED=${LOOM_FUZZ_SEED:-1} scripts/fuzz.sh "${LOOM_FUZZ_SECONDS:-10}"
 fi

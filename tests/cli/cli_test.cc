@@ -118,6 +118,7 @@ TEST(Cli, SimulatePrintsOneJsonObjectWithTheIssueFields) {
 
 TEST(Cli, SimulateNamesWhatDoesNotFit) {
   expect_usage_error("simulate --model gpt3-175b --gpus 12 --tp 8", "--gpus 12");
+  expect_usage_error("simulate --model gpt3-175b --gpus 64 --tp 8 --pp 4 --dp 4", "set --gpus 128");
   expect_usage_error("simulate --model gpt3-175b --gpus 16 --tp 8 --cluster dgx-b900", "dgx-a100");
   expect_usage_error("simulate --model gpt3-175b --gpus 56 --tp 7", "parallel.tp = 7 does not divide model.heads = 96");
 }

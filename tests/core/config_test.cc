@@ -138,6 +138,25 @@ TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
   EXPECT_NE(error_of({}, "[parallel]\ndp = 2\nbogus = 1\n").find("keys in [parallel]"), std::string::npos);
 }
 
+// Issue 23 item 6: a TOML file's inf and nan are refused as --set's are (one rule for
+// every source), for every float key; train sizes are bounded before any product.
+TEST(Config, NonFiniteNumbersAndHugeSizesAreRefusedFromEverySource) {
+  for (const char* key : {"optim.lr", "optim.weight_decay", "model.init_std", "model.norm_eps", "optim.grad_clip",
+                          "model.rope_theta", "comm.timeout_s"}) {
+    const std::string k = key, sec = k.substr(0, k.find('.')), name = k.substr(k.find('.') + 1);
+    for (const char* bad : {"inf", "-inf", "nan"}) {
+      const std::string toml = "[" + sec + "]\n" + name + " = " + bad + "\n";
+      EXPECT_NE(error_of({}, toml).find("'" + k + "' = '"), std::string::npos) << toml;
+      EXPECT_NE(error_of({}, toml).find("expected a finite number"), std::string::npos) << toml;
+      EXPECT_NE(error_of({k + "=" + bad}).find("expected a finite number"), std::string::npos) << k << "=" << bad;
+    }
+  }
+  EXPECT_NE(error_of({"train.batch=9223372036854775807"}).find("train.batch = 9223372036854775807: expected at most"),
+            std::string::npos);
+  EXPECT_NE(error_of({"train.batch=4611686018427387904"}).find("expected at most 16777216"), std::string::npos);
+  EXPECT_NE(error_of({"comm.timeout_s=1e308"}).find("expected seconds in (0, 1e9)"), std::string::npos);
+}
+
 TEST(Config, TomlRoundTrip) {
   Config c = load_config("", {"model.preset=llama", "optim.lr=0.0003", "data.path=/x y", "train.steps=7",
                               "parallel.dp=2", "parallel.pp_layers=4,4", "parallel.pp=2"});

@@ -1,6 +1,8 @@
 // Data parallel and ZeRO-1/2 against the single-process run (threads backend).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -374,9 +376,10 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(Checkpoint, ParallelRunsSaveTheWholeModelAndItsMoments) {
-  // Rank 0 writes a whole-model checkpoint (parameters and AdamW moments) gathered from
-  // every rank's shards; it must equal the single-process run's.
+  // Every rank writes its part of the run's final checkpoint (a sharded step); read back
+  // as the whole model (parameters and AdamW moments) it must equal the single-process run's.
   const std::string dir = ::testing::TempDir() + "/loom_parallel_ckpt_";
+  std::filesystem::remove_all(dir + "single");
   const Config single = gpt_config({"model.layers=4", "train.steps=5", "checkpoint.dir=" + dir + "single"});
   std::ostringstream sink;
   TrainOptions o;
@@ -390,6 +393,7 @@ TEST(Checkpoint, ParallelRunsSaveTheWholeModelAndItsMoments) {
     std::vector<std::string> sets = {"model.layers=4", "train.steps=5", "checkpoint.dir=" + dir + "parallel"};
     sets.insert(sets.end(), layout.begin(), layout.end());
     const Config c = gpt_config(sets);
+    std::filesystem::remove_all(dir + "parallel");  // each layout is a run of its own
     const auto errors = comm::run_threads(int(c.parallel.world()), {}, [&](comm::World& w) { train(c, o, w); });
     ASSERT_EQ(errors, std::vector<std::string>(errors.size())) << layout[0];
     const CheckpointData got = load_checkpoint(dir + "parallel");

@@ -73,6 +73,7 @@ TEST(Trainer, CheckpointSaveLoadExportImportRoundTrip) {
   const std::string dir = ::testing::TempDir() + "/loom_ck_rt";
   fs::remove_all(dir);
   for (const char* arch : {"gpt", "llama"}) {
+    fs::remove_all(dir);  // a fresh run refuses a directory holding another run's checkpoints
     std::vector<std::string> extra;
     if (std::string(arch) == "llama") extra = {"model.arch=llama", "model.kv_heads=2"};
     const Config c = small_config(dir, extra);

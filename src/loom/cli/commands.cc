@@ -7,6 +7,7 @@
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/run_dir.h"
 #include "loom/train/sampler.h"
 #include "loom/train/shard_ckpt.h"
 
@@ -24,6 +25,7 @@ int run_sample(const SampleArgs& a) {
 
 int run_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
   if (format != "safetensors") throw ConfigError("--format '" + format + "': the only export format is safetensors");
+  check_output_file(out, "export --out");
   export_safetensors(checkpoint, out);
   std::cerr << "exported " << checkpoint << " to " << out << "\n";
   return 0;
@@ -32,6 +34,7 @@ int run_export(const std::string& checkpoint, const std::string& format, const s
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
                const std::string& config_path, const std::vector<std::string>& sets) {
   if (format != "safetensors") throw ConfigError("--format '" + format + "': the only import format is safetensors");
+  check_new_target(checkpoint, "import --checkpoint", true);  // before reading a large file
   const bool base_given = !config_path.empty() || !sets.empty();
   // Without a config, import starts from a "custom" model whose keys come from the file.
   const Config base = base_given ? load_config(config_path, sets) : Config{};

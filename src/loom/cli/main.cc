@@ -1,5 +1,9 @@
 // loom command line. Exit codes: 0 success, 2 usage or config error, 1 runtime failure.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <climits>
+#include <cstdlib>
 #include <iostream>
 
 #include "loom/cli/commands.h"
@@ -16,15 +20,34 @@ std::string config_keys_footer() {
   return s;
 }
 
+// Integer flags below `lo` are refused like the config keys they set (exit 2, naming the value).
+CLI::Validator at_least(long long lo, long long hi = LLONG_MAX) {
+  const std::string what = hi != LLONG_MAX ? "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"
+                           : lo == 0        ? "an integer >= 0"
+                           : lo == 1        ? "a positive integer"
+                                            : "an integer >= " + std::to_string(lo);
+  return CLI::Validator(
+      [lo, hi, what](std::string& s) -> std::string {
+        try {
+          size_t pos = 0;
+          const long long v = std::stoll(s, &pos);
+          if (pos == s.size() && v >= lo && v <= hi) return "";
+        } catch (...) {
+        }
+        return "expected " + what + ", got '" + s + "'";
+      },
+      what);
+}
+
 void add_layout_flags(CLI::App* app, loom::cli::LayoutFlags& f) {
-  app->add_option("--dp", f.dp, "data-parallel degree (parallel.dp)");
-  app->add_option("--tp", f.tp, "tensor-parallel degree (parallel.tp)");
-  app->add_option("--pp", f.pp, "pipeline stages (parallel.pp)");
-  app->add_option("--vpp", f.vpp, "model chunks per pipeline rank (parallel.vpp)");
+  app->add_option("--dp", f.dp, "data-parallel degree (parallel.dp)")->check(at_least(1));
+  app->add_option("--tp", f.tp, "tensor-parallel degree (parallel.tp)")->check(at_least(1));
+  app->add_option("--pp", f.pp, "pipeline stages (parallel.pp)")->check(at_least(1));
+  app->add_option("--vpp", f.vpp, "model chunks per pipeline rank (parallel.vpp)")->check(at_least(1));
   app->add_flag("--sp", f.sp, "sequence parallel (parallel.sp)");
-  app->add_option("--zero", f.zero, "ZeRO stage 0-3 (parallel.zero)");
-  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch per dp rank (parallel.micro_batch)");
-  app->add_option("--grad-accum", f.grad_accum, "micro-batches per step (train.grad_accum)");
+  app->add_option("--zero", f.zero, "ZeRO stage 0-3 (parallel.zero)")->check(at_least(0, 3));
+  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch per dp rank (parallel.micro_batch)")->check(at_least(0));
+  app->add_option("--grad-accum", f.grad_accum, "micro-batches per step (train.grad_accum)")->check(at_least(1));
   app->add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved (parallel.schedule)");
   app->add_option("--recompute", f.recompute, "none | selective | full (parallel.recompute)");
   app->add_option("--pp-layers", f.pp_layers, "layers per stage, e.g. 3,4 (parallel.pp_layers)");
@@ -36,9 +59,11 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--set", a.sets, "Override a key: model.*, train.*, parallel.*, cluster.* (repeatable)")->take_all();
   app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | local (from loom calibrate) | FILE.toml")
       ->capture_default_str();
-  app->add_option("--gpus", a.gpus, "Devices: sets the node count; --dp defaults to gpus / (tp x pp x cp)");
-  app->add_option("--global-batch", a.global_batch, "Sequences per optimizer step (train.batch)");
-  app->add_option("--seq", a.seq, "Tokens per sequence (train.seq; default model.ctx)");
+  app->add_option("--gpus", a.gpus, "Devices: sets the node count; --dp defaults to gpus / (tp x pp x cp)")
+      ->check(at_least(1));
+  app->add_option("--global-batch", a.global_batch, "Sequences per optimizer step (train.batch)")
+      ->check(at_least(1));
+  app->add_option("--seq", a.seq, "Tokens per sequence (train.seq; default model.ctx)")->check(at_least(1));
   app->add_option("--cp", a.cp, "Context-parallel degree (modelled; the engine runs cp = 1)")->capture_default_str();
   app->add_flag("--json", a.json, "One JSON object per result (step_time_s, tokens_per_s, tflops_per_gpu, mfu, hfu, "
                                   "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
@@ -47,6 +72,24 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_flag("--flash-attention", a.flash_attention, "Megatron with flash attention: causal-only attention "
                                                         "FLOPs, no (s, s) scores kept (the published runs had none)");
   add_layout_flags(app, a.layout);
+}
+
+// One write(2) per error, so that the lines of ranks sharing a terminal never run
+// together; under MPI each names its rank.
+void print_error(const std::string& what) {
+  std::cerr.flush();
+  std::string line = "loom: error: ";
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank) rank = std::getenv("PMI_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!size) size = std::getenv("PMI_SIZE");
+  if (rank && size && std::string(size) != "1") line += "rank " + std::string(rank) + ": ";
+  line += what + "\n";
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+    if (n <= 0) break;
+    done += size_t(n);
+  }
 }
 
 }  // namespace
@@ -62,10 +105,14 @@ int main(int argc, char** argv) {
   t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
   t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
   add_layout_flags(t, train.layout);
-  t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N");
+  t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N")
+      ->check(at_least(1));
   t->add_option("--trace", train.trace, "Write a Chrome-trace JSON of the run (one track per rank; open in Perfetto)");
-  t->add_option("--save-every", train.save_every, "Sharded resumable checkpoint every N steps (checkpoint.save_every)");
-  t->add_option("--resume", train.resume, "auto (newest checkpoint in checkpoint.dir, if any) or a checkpoint directory");
+  t->add_option("--save-every", train.save_every, "Sharded resumable checkpoint every N steps (checkpoint.save_every)")
+      ->check(at_least(0));
+  t->add_option("--resume", train.resume, "auto (newest checkpoint in checkpoint.dir that loads, if any) or a checkpoint directory");
+  t->add_flag("--overwrite", train.overwrite, "Start fresh in a checkpoint.dir holding an earlier run: move its "
+                                              "checkpoints into checkpoint.dir/replaced-<time>/ (nothing is deleted)");
   t->footer(config_keys_footer());
 
   loom::cli::VerifyArgs ver;
@@ -73,7 +120,7 @@ int main(int argc, char** argv) {
   v->add_option("--configs", ver.configs, "Layouts: \"dp=2;dp=2,zero=1;dp=4\" or a file with one per line")->required();
   v->add_option("--config", ver.config_path, "TOML config for the model and run");
   v->add_option("--set", ver.sets, "Override one config key (repeatable)")->take_all();
-  v->add_option("--steps", ver.steps, "Steps per run")->capture_default_str();
+  v->add_option("--steps", ver.steps, "Steps per run")->capture_default_str()->check(at_least(1));
   v->add_flag("--json", ver.json, "One JSON object per layout");
 
   loom::cli::SimArgs sim;
@@ -93,7 +140,8 @@ int main(int argc, char** argv) {
   loom::cli::CalibrateArgs cal;
   auto* ca = app.add_subcommand("calibrate", "Measure this machine's kernels and collectives into the `local` cluster spec");
   ca->add_option("--out", cal.out, "Where to write it (default: ~/.cache/loom/cluster-local.toml)");
-  ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)");
+  ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)")
+      ->check(at_least(0));
   ca->add_option("--ranks", cal.ranks, "Rank counts to time collectives at")->delimiter(',')->capture_default_str();
 
   std::string cmp_pred, cmp_meas;
@@ -124,8 +172,10 @@ int main(int argc, char** argv) {
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
   s->add_option("--checkpoint", smp.checkpoint, "Checkpoint directory")->required();
   s->add_option("--prompt", smp.prompt, "Text to continue");
-  s->add_option("--tokens", smp.tokens, "Tokens to generate")->capture_default_str();
-  s->add_option("--temperature", smp.temperature, "Sampling temperature; 0 is greedy")->capture_default_str();
+  s->add_option("--tokens", smp.tokens, "Tokens to generate")->capture_default_str()->check(at_least(0));
+  s->add_option("--temperature", smp.temperature, "Sampling temperature; 0 is greedy")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   s->add_option("--seed", smp.seed, "Sampling seed")->capture_default_str();
 
   std::string ex_ck, ex_fmt = "safetensors", ex_out;
@@ -155,8 +205,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bcomm->add_option("--dtype", bc.dtype, "f32 | bf16")->capture_default_str();
   bcomm->add_option("--iters", bc.iters, "timed iterations per row; 0 = about 0.3 s worth (at least 5)")
-      ->capture_default_str();
-  bcomm->add_option("--threads", bc.threads, "run N ranks as threads of this process instead of under MPI");
+      ->capture_default_str()
+      ->check(at_least(0));
+  bcomm->add_option("--threads", bc.threads, "run N ranks as threads of this process instead of under MPI")
+      ->check(at_least(0));
   bcomm->add_flag("--json", bc.json, "one JSON object per row: op, algorithm, bytes, ranks, time_us, algbw_gbps, "
                                      "busbw_gbps, correct");
   bcomm->add_option("--config", bc.config_path, "TOML config (only [comm] matters here)");
@@ -185,10 +237,10 @@ int main(int argc, char** argv) {
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);
     if (*bcomm) return loom::cli::run_bench_comm(bc);
   } catch (const loom::Error& err) {
-    std::cerr << "loom: error: " << err.what() << "\n";
+    print_error(err.what());
     return err.kind() == loom::Error::Kind::kConfig ? 2 : 1;
   } catch (const std::exception& err) {
-    std::cerr << "loom: error: " << err.what() << "\n";
+    print_error(err.what());
     return 1;
   }
   return 2;

@@ -14,16 +14,14 @@
 #include <sstream>
 
 #include "loom/cli/commands.h"
+#include "loom/cli/supervise.h"
 #include "loom/comm/mpi_backend.h"
 #include "loom/comm/world.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/train/run_dir.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
-
-#ifndef LOOM_MPIEXEC
-#define LOOM_MPIEXEC "mpirun"
-#endif
 
 namespace loom::cli {
 
@@ -43,79 +41,6 @@ std::vector<std::string> LayoutFlags::as_sets() const {
 
 namespace {
 
-// Note [Supervised launch]
-// `loom train --nproc N` runs `mpirun -np N <this binary> <args without --nproc>` as a
-// child and waits for it. OpenMPI's mpirun kills every rank as soon as one dies, before
-// the survivors can say which rank and which collective; with recovery enabled it lets
-// them diagnose, but then exits 0 whatever the ranks did. So each rank writes its exit
-// code to LOOM_STATUS_DIR/rank-R as it leaves, and the launcher exits non-zero naming any
-// rank that failed or left no code at all (killed).
-int launch_under_mpirun(int nproc, int argc, char** argv) {
-  std::vector<std::string> args = {LOOM_MPIEXEC, "-np", std::to_string(nproc)};
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  args.push_back(n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]));
-  for (int i = 1; i < argc; i++) {
-    const std::string s = argv[i];
-    if (s == "--nproc") {
-      i++;
-      continue;
-    }
-    if (s.rfind("--nproc=", 0) == 0) continue;
-    args.push_back(s);
-  }
-  // OpenMPI refuses more ranks than cores and running as root unless told; --nproc is the
-  // convenience path, so it asks for both (MPICH ignores these variables).
-  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-  if (::geteuid() == 0) ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0), ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  ::setenv("OMPI_MCA_orte_enable_recovery", "1", 0);
-  char tmpl[] = "/tmp/loom-status-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw Error(std::string("--nproc: cannot make a status directory: ") + std::strerror(errno));
-  const std::string status_dir = tmpl;
-  ::setenv("LOOM_STATUS_DIR", status_dir.c_str(), 1);
-  std::vector<char*> cargs;
-  for (auto& s : args) cargs.push_back(s.data());
-  cargs.push_back(nullptr);
-  std::cerr.flush();
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::execvp(cargs[0], cargs.data());
-    std::fprintf(stderr, "loom: error: --nproc: cannot run '%s' (%s); install OpenMPI (scripts/setup.sh) or launch "
-                 "with mpirun yourself\n", LOOM_MPIEXEC, std::strerror(errno));
-    ::_exit(127);
-  }
-  if (child < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
-  int wstatus = 0;
-  while (::waitpid(child, &wstatus, 0) < 0 && errno == EINTR) {
-  }
-  const int launcher_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-  if (launcher_rc == 127) return 127;
-  int rc = 0;
-  std::string failed;
-  for (int r = 0; r < nproc; ++r) {
-    std::ifstream f(status_dir + "/rank-" + std::to_string(r));
-    int code = -1;
-    if (!(f >> code)) failed += "\n  rank " + std::to_string(r) + ": left no exit code (killed, or died in a signal)";
-    else if (code != 0) failed += "\n  rank " + std::to_string(r) + ": exited " + std::to_string(code);
-    if (code != 0 && rc == 0) rc = code > 0 ? code : 1;
-    ::unlink((status_dir + "/rank-" + std::to_string(r)).c_str());
-  }
-  ::rmdir(status_dir.c_str());
-  if (rc == 0 && launcher_rc != 0) rc = launcher_rc;
-  if (!failed.empty()) std::cerr << "loom: --nproc " << nproc << ": the job failed:" << failed << "\n";
-  return rc;
-}
-
-// Under a supervised launch, records this rank's exit code (Note [Supervised launch]).
-void record_exit(int code) {
-  const char* dir = std::getenv("LOOM_STATUS_DIR");
-  if (!dir || !comm::launched_by_mpi()) return;
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (!rank) rank = std::getenv("PMI_RANK");
-  if (!rank) return;
-  std::ofstream(std::string(dir) + "/rank-" + rank) << code << "\n";
-}
-
 int train_this_rank(const TrainArgs& a, const Config& cfg) {
   TrainOptions opt;
   opt.json = a.json;
@@ -124,9 +49,11 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   opt.err = &std::cerr;
   opt.trace_path = a.trace;
   opt.resume = a.resume;
+  opt.overwrite = a.overwrite;
   TrainSummary s;
   bool logging = true;
   if (comm::launched_by_mpi()) {
+    join_supervisor();
     comm::CommOptions co;
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
     co.check_desync = cfg.comm.check_desync;
@@ -149,6 +76,10 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   for (auto& s : a.layout.as_sets()) sets.push_back(s);
   if (a.save_every >= 0) sets.push_back("checkpoint.save_every=" + std::to_string(a.save_every));
   const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
+  if (!comm::launched_by_mpi()) {  // refused before any launch; rank 0 checks again under the lock
+    check_output_file(a.trace, "--trace");
+    check_run_dir(cfg.checkpoint.dir, !a.resume.empty(), a.overwrite);
+  }
   if (a.nproc > 0) {
     if (comm::launched_by_mpi()) throw ConfigError("--nproc " + std::to_string(a.nproc) + " under mpirun: use one");
     if (a.nproc != cfg.parallel.world())
@@ -157,7 +88,13 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
                         std::to_string(cfg.parallel.pp) + " needs " + std::to_string(cfg.parallel.world()) +
                         " ranks; pass --dp " + std::to_string(a.nproc) + " or --nproc " +
                         std::to_string(cfg.parallel.world()));
-    if (a.nproc > 1) return launch_under_mpirun(a.nproc, argc, argv);
+    if (a.nproc > 1) {
+      if (a.nproc > int(::sysconf(_SC_NPROCESSORS_ONLN)))
+        std::cerr << "loom: warning: --nproc " << a.nproc << " starts " << a.nproc << " ranks on "
+                  << ::sysconf(_SC_NPROCESSORS_ONLN) << " cores: they will take turns on them, and every step waits "
+                  << "for the slowest (set train.threads = 1, or use fewer ranks)\n";
+      return launch_under_mpirun(a.nproc, argc, argv, cfg.comm.timeout_s);
+    }
   }
   try {
     train_this_rank(a, cfg);
@@ -185,6 +122,18 @@ int run_verify(const VerifyArgs& a) {
                                    "checkpoint.dir="};
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   const Config base = load_config(a.config_path, sets);
+  for (const auto& layout : layouts) {  // an invalid layout is a usage error, refused before any run
+    std::string named;
+    for (const std::string& kv : layout) named += (named.empty() ? "" : ",") + kv;
+    try {
+      const Config c = config_from_toml_string(to_toml(base), layout);
+      if (c.train.batch != base.train.batch)
+        throw ConfigError("it changes train.batch from " + std::to_string(base.train.batch) + " to " +
+                          std::to_string(c.train.batch) + ": compare layouts at one global batch");
+    } catch (const ConfigError& e) {
+      throw ConfigError("verify: layout '" + named + "': " + e.what());
+    }
+  }
   std::cerr << "loom verify: " << layouts.size() << " layouts x " << base.train.steps << " steps of '"
             << base.model.preset << "' (global batch " << base.train.batch
             << ") against the single-process run; ranks run as threads\n";

@@ -49,9 +49,12 @@ int64_t parse_int(const std::string& key, const RawValue& v) {
 }
 
 double parse_float(const std::string& key, const RawValue& v) {
-  if (v.node) {
-    if (v.node->is_floating_point() || v.node->is_integer()) return *v.node->value<double>();
-    bad_value(key, v.text, "a number");
+  if (v.node) {  // one rule for every source of a value: TOML's inf and nan are refused as --set's are
+    if (v.node->is_floating_point() || v.node->is_integer()) {
+      const double x = *v.node->value<double>();
+      if (std::isfinite(x)) return x;
+    }
+    bad_value(key, v.text, "a finite number");
   }
   try {
     size_t pos = 0;
@@ -384,11 +387,18 @@ std::vector<std::string> validation_errors(const Config& c) {
     errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) +
                    " needs checkpoint.dir (where to save)");
   if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
-    errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds > 0");
+    errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds in (0, 1e9)");
   if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))
     errs.push_back("data.val_fraction = " + fmt_double(c.data.val_fraction) + ": expected a value in (0, 1)");
 
   const TrainConfig& t = c.train;
+  // Far beyond a real run, and low enough that batch x seq x width products never overflow.
+  constexpr int64_t kMaxCount = int64_t(1) << 24;
+  const size_t before_bounds = errs.size();
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"train.batch", t.batch}, {"train.grad_accum", t.grad_accum},
+                         {"train.val_batches", t.val_batches}, {"train.seq", t.seq}, {"train.threads", t.threads}})
+    if (v > kMaxCount) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxCount));
+  if (errs.size() > before_bounds) return errs;  // the layout checks below multiply these
   positive("train.steps", t.steps);
   positive("train.batch", t.batch);
   positive("train.grad_accum", t.grad_accum);

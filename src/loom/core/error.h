@@ -51,6 +51,12 @@ std::string cat(const Args&... args) {
     if (!(cond)) throw ::loom::Error(::loom::detail::cat(__VA_ARGS__)); \
   } while (0)
 
+// LOOM_CONFIG_CHECK(cond, parts...): as LOOM_CHECK for the user's settings (ConfigError, exit 2).
+#define LOOM_CONFIG_CHECK(cond, ...)                                      \
+  do {                                                                    \
+    if (!(cond)) throw ::loom::ConfigError(::loom::detail::cat(__VA_ARGS__)); \
+  } while (0)
+
 // LOOM_ASSERT(cond, parts...): internal invariant; aborts with file:line and rank.
 #define LOOM_ASSERT(cond, ...)                                                      \
   do {                                                                              \

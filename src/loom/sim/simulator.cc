@@ -138,12 +138,12 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   Setup s{plan, cluster, par.tp, par.pp, par.dp, plan.cp, par.vpp, par.pp * par.vpp, cfg.train.grad_accum,
           cfg.seq_len(), {}, {}, {}, 4, 0, 0, {}};
   for (const std::string& r : par.recompute_layers(cfg.model.layers)) s.rk.push_back(recompute_from_name(r));
-  LOOM_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
-  LOOM_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
+  LOOM_CONFIG_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
+  LOOM_CONFIG_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
              s.cp, " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
-  LOOM_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
+  LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
   s.pl.tp = place_group(cluster, s.tp, 1);
   s.pl.cp = place_group(cluster, s.cp, s.tp);
   s.pl.dp = place_group(cluster, s.dp * s.cp, s.tp);  // gradients are reduced over dp x cp

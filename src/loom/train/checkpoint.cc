@@ -7,6 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/train/fileio.h"
+#include "loom/train/run_dir.h"
 #include "loom/train/safetensors.h"
 #include "loom/train/shard_ckpt.h"
 
@@ -61,6 +62,9 @@ void save_checkpoint(const std::string& dir, const Config& config, const ParamLa
   LOOM_CHECK(!dir.empty(), "checkpoint.dir is empty: nowhere to save");
   std::error_code ec;
   const fs::path target = fs::absolute(dir);
+  // The directory is replaced whole below: only a new, empty or whole-model checkpoint
+  // directory may be (Note [Checkpoint directory ownership]).
+  check_new_target(dir, "checkpoint directory", true);
   fs::create_directories(target.parent_path(), ec);
   if (ec) throw Error("cannot create '" + target.parent_path().string() + "': " + ec.message());
   const std::string tmp = target.string() + ".tmp-" + std::to_string(::getpid());
@@ -91,15 +95,23 @@ CheckpointData load_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error("checkpoint '" + dir + "' is not a directory (expected one written by `loom train` or `loom import`)");
-  CheckpointData out;
-  if (!fs::exists(dir + "/config.toml") && (fs::exists(dir + "/latest") || fs::exists(dir + "/manifest.json"))) {
-    WholeState w = load_whole(dir);  // a sharded checkpoint (checkpoint.save_every), reassembled
+  // Sharded steps are newer than whole-model files beside them (a run resumed from an
+  // imported or old-style checkpoint writes its steps into the same directory).
+  if (fs::exists(dir + "/latest") || fs::exists(dir + "/manifest.json")) {
+    WholeState w = load_whole(dir);
+    CheckpointData out;
     out.config = std::move(w.config);
     out.params = std::move(w.params);
     out.m = std::move(w.m), out.v = std::move(w.v);
     out.state = {w.step, w.optimizer_steps};
     return out;
   }
+  return load_whole_files(dir);
+}
+
+CheckpointData load_whole_files(const std::string& dir) {
+  std::error_code ec;
+  CheckpointData out;
   const std::string cfg_path = dir + "/config.toml";
   std::string text;
   try {

@@ -35,7 +35,11 @@ void save_checkpoint(const std::string& dir, const Config& config, const ParamLa
 
 // Throws loom::Error naming the file and the problem (missing file, bad config, tensor
 // missing or with the wrong shape).
+// A directory with sharded steps (`latest` or a manifest.json) is read as the newest of
+// them; otherwise as the whole-model files.
 CheckpointData load_checkpoint(const std::string& dir);
+// The whole-model files only (config.toml, model.safetensors, ...), steps beside them ignored.
+CheckpointData load_whole_files(const std::string& dir);
 
 // Hugging Face interop: GPT-2 names (transformer.h.N.attn.c_attn.weight, Conv1D weights
 // stored (in, out)) for arch gpt, Llama names (model.layers.N.self_attn.q_proj.weight)

@@ -16,6 +16,7 @@
 #include "loom/comm/group.h"
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
+#include "loom/train/run_dir.h"
 #include "loom/train/shard_ckpt.h"
 #include "loom/train/shard_format.h"
 
@@ -143,7 +144,9 @@ void publish(const std::string& root, const std::string& tmp, const Manifest& m,
   fsync_path(tmp, true);
   if (at) at("manifest");
   const fs::path dest = fs::path(root) / name;
-  fs::remove_all(dest);
+  // A run resumed from an older step reaches a step it saved before: the earlier copy is
+  // moved aside, never deleted (Note [Checkpoint directory ownership]).
+  if (fs::exists(dest)) set_aside(root, {name});
   fs::rename(tmp, dest);
   fsync_path(root, true);
   if (at) at("latest");
@@ -153,9 +156,29 @@ void publish(const std::string& root, const std::string& tmp, const Manifest& m,
 
 }  // namespace shard
 
+namespace {
+void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank,
+               const std::string& root, const std::string& tmp);
+}  // namespace
+
 void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank) {
   const std::string root = cfg.checkpoint.dir;
   const std::string tmp = (fs::path(root) / (shard::step_name(step) + ".tmp")).string();
+  try {
+    save_into(cfg, step, s, world, global_rank, root, tmp);
+  } catch (...) {
+    // Every rank has agreed the save failed: the unfinished step goes (a disk-full save
+    // left it behind); the earlier steps and `latest` are untouched.
+    std::error_code ec;
+    if (global_rank == 0) fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+namespace {
+
+void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank,
+               const std::string& root, const std::string& tmp) {
   const int world_size = world ? world->size() : 1;
   std::exception_ptr error;
   if (global_rank == 0) try {
@@ -195,15 +218,27 @@ void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Gro
   agree(world, global_rank, error, "publish " + tmp);
 }
 
+}  // namespace
+
 std::optional<std::string> resolve_step_dir(const std::string& where) {
   if (fs::exists(fs::path(where) / "manifest.json")) return where;
   std::ifstream latest(fs::path(where) / "latest");
   std::string name;
   if (!(latest >> name)) return std::nullopt;
-  // `latest` names a step directory beside it, nothing else.
-  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
-    throw Error("checkpoint: '" + (fs::path(where) / "latest").string() + "' holds '" + name +
-                "', not a step name; remove the file to start over");
+  // `latest` names a step directory beside it, nothing else; what it holds is shown
+  // escaped and cut short (it may be any bytes).
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
+    std::string shown;
+    for (size_t i = 0; i < name.size() && i < 40; ++i) {
+      const unsigned char c = static_cast<unsigned char>(name[i]);
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : std::string(hex);
+    }
+    if (name.size() > 40) shown += "...";
+    throw Error("checkpoint: '" + (fs::path(where) / "latest").string() + "' holds '" + shown +
+                "', not a step name; remove the file (the step directories beside it are untouched)");
+  }
   const fs::path dir = fs::path(where) / name;
   if (!fs::exists(dir / "manifest.json"))
     throw Error("checkpoint: '" + (fs::path(where) / "latest").string() + "' names " + name +

@@ -66,6 +66,10 @@ std::optional<std::string> resolve_step_dir(const std::string& where);
 // the byte range of any damage.
 int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& s, int global_rank);
 
+// The same from a whole-model checkpoint directory (checkpoint.h: a run's end before
+// sharded steps, or `loom import`); absent moments load as zeros with optimizer step 0.
+int64_t load_whole_checkpoint(const std::string& dir, const Config& cfg, ShardState& s);
+
 // A layout, readable ("dp 2 tp 1 pp 1 vpp 1 zero 0 on 2 ranks").
 std::string layout_text(const ParallelConfig& p);
 // The checkpoint's layout, readable ("dp 2 tp 1 pp 1 vpp 1 zero 0 on 2 ranks").

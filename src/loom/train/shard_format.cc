@@ -121,6 +121,44 @@ void check_pieces(const Manifest& m, const std::string& where) {
   }
 }
 
+
+// Every element of every tensor, in every section, is held by some piece: of its own tp
+// slice for a split tensor, of any tp rank for a replicated one. Pieces may repeat
+// elements (dp replicas hold copies); none may be missing, or loading could not
+// assemble the tensor. Reads no data: the manifest alone says it.
+void check_coverage(const Manifest& m, const std::string& where) {
+  const int tp = int(m.config.parallel.tp);
+  std::vector<ParamLayout> slices;
+  for (int t = 0; t < tp; ++t) slices.push_back(tp_layout(m.config, t));
+  // runs[tensor][section][slice] = (first, end) element ranges
+  std::vector<std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>>> runs(
+      m.tensors.size(), std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>>(
+                            kSections, std::vector<std::vector<std::pair<int64_t, int64_t>>>(size_t(tp))));
+  for (const RankFile& r : m.ranks)
+    for (const Piece& p : r.pieces) {
+      const int slice = m.tensors[size_t(p.tensor)].split_dim < 0 ? 0 : r.tp_rank;
+      runs[size_t(p.tensor)][size_t(p.section)][size_t(slice)].push_back({p.local_offset, p.local_offset + p.count});
+    }
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const bool replicated = m.tensors[t].split_dim < 0;
+    for (int sec = 0; sec < kSections; ++sec)
+      for (int slice = 0; slice < (replicated ? 1 : tp); ++slice) {
+        auto& v = runs[t][size_t(sec)][size_t(slice)];
+        std::sort(v.begin(), v.end());
+        const int64_t numel = slices[size_t(slice)].at(m.tensors[t].name).numel;
+        int64_t covered = 0;
+        for (const auto& [lo, hi] : v) {
+          if (lo > covered) break;
+          covered = std::max(covered, hi);
+        }
+        if (covered < numel)
+          throw Error(detail::cat("checkpoint: '", where, "': no piece holds tensor ", m.tensors[t].name, " section ",
+                                  kSectionNames[sec], replicated ? "" : " tp slice " + std::to_string(slice),
+                                  " elements from ", covered, " (of ", numel, "): the manifest is incomplete"));
+      }
+  }
+}
+
 }  // namespace
 
 std::string step_name(int64_t step) {
@@ -232,9 +270,11 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const json& t = tensors[i];
     const Tensor& want = m.tensors[i];
-    if (!t.is_object() || t.value("name", json()) != json(want.name) || t.value("shape", json()) != json(want.shape))
-      throw Error("checkpoint: '" + where + "': tensor #" + std::to_string(i) + " is not " + want.name + " " +
-                  json(want.shape).dump() + " as its model has it");
+    const std::string placement = want.split_dim < 0 ? "replicated" : "split(" + std::to_string(want.split_dim) + ")";
+    if (!t.is_object() || t.value("name", json()) != json(want.name) || t.value("shape", json()) != json(want.shape) ||
+        t.value("dtype", json()) != json("f32") || t.value("placement", json()) != json(placement))
+      throw Error("checkpoint: '" + where + "': tensor #" + std::to_string(i) + " is not " + want.name + " f32 " +
+                  json(want.shape).dump() + " " + placement + " as its model has it");
   }
   const ParallelConfig& p = m.config.parallel;
   const comm::Mesh mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, int(p.pp * p.dp * p.tp));
@@ -252,7 +292,11 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
     if (f.pp_rank != c[0] || f.dp_rank != c[1] || f.tp_rank != c[2])
       throw Error("checkpoint: " + at + " has mesh coordinates that are not its layout's");
   }
+  if (j.contains("world") && j["world"] != json(mesh.world_size()))
+    throw Error(detail::cat("checkpoint: '", where, "': 'world' = ", j["world"].dump(), " but its layout has ",
+                            mesh.world_size(), " ranks"));
   check_pieces(m, where);
+  check_coverage(m, where);
   return m;
 }
 

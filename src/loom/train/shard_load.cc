@@ -10,7 +10,9 @@
 
 #include "loom/core/error.h"
 #include "loom/model/tp_slice.h"
+#include "loom/train/checkpoint.h"
 #include "loom/train/engine.h"
+#include "loom/train/run_dir.h"
 #include "loom/train/shard_ckpt.h"
 #include "loom/train/shard_format.h"
 
@@ -159,8 +161,32 @@ class WholeTensors {
   std::vector<std::vector<std::vector<std::vector<std::pair<int, int>>>>> pieces_;
 };
 
+// The tensors of a whole-model checkpoint (checkpoint.h), in the interface of
+// WholeTensors: flat buffers over ParamLayout(model); absent moments read as zeros.
+class FlatTensors {
+ public:
+  FlatTensors(const CheckpointData& ck) : ck_(ck), layout_(ck.config.model) {}
+  int index(const std::string& name) const {
+    const auto& specs = layout_.specs();
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].name == name) return int(i);
+    throw Error("checkpoint holds no tensor " + name);
+  }
+  std::vector<float> whole(int t, int sec) const {
+    const ParamSpec& spec = layout_.specs()[size_t(t)];
+    const std::vector<float>* src = sec == 0 ? &ck_.params : sec == 1 ? (ck_.m ? &*ck_.m : nullptr) : (ck_.v ? &*ck_.v : nullptr);
+    if (!src) return std::vector<float>(size_t(spec.numel), 0.0f);
+    return std::vector<float>(src->begin() + spec.offset, src->begin() + spec.offset + spec.numel);
+  }
+
+ private:
+  const CheckpointData& ck_;
+  ParamLayout layout_;
+};
+
 // Fills `s` (its layout, slice and ranges) from the checkpoint's whole tensors.
-void fill(WholeTensors& src, const ModelConfig& model, ShardState& s) {
+template <class Source>
+void fill(Source& src, const ModelConfig& model, ShardState& s) {
   const ParamLayout whole(model);
   for (const ParamSpec& spec : s.layout->specs()) {
     const int t = src.index(spec.name);
@@ -189,8 +215,8 @@ void fill(WholeTensors& src, const ModelConfig& model, ShardState& s) {
   }
 }
 
-void check_same_model(const Manifest& m, const Config& cfg, const std::string& dir) {
-  if (model_section(m.config) != model_section(cfg))
+void check_same_model(const Config& saved, const Config& cfg, const std::string& dir) {
+  if (model_section(saved) != model_section(cfg))
     throw ConfigError("checkpoint " + dir + " holds a different model ([model] in its manifest differs from this run's)");
 }
 
@@ -205,11 +231,20 @@ std::string shard_layout(const std::string& step_dir) { return layout_text(read_
 
 int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& s, int global_rank) {
   const Manifest m = read_manifest(step_dir);
-  check_same_model(m, cfg, step_dir);
+  check_same_model(m.config, cfg, step_dir);
   WholeTensors src(step_dir, m, global_rank);
   fill(src, cfg.model, s);
   s.optimizer_steps = m.optimizer_steps;
   return m.step;
+}
+
+int64_t load_whole_checkpoint(const std::string& dir, const Config& cfg, ShardState& s) {
+  const CheckpointData ck = load_whole_files(dir);
+  check_same_model(ck.config, cfg, dir);
+  FlatTensors src(ck);
+  fill(src, cfg.model, s);
+  s.optimizer_steps = ck.m && ck.v ? ck.state.optimizer_steps : 0;
+  return ck.state.step;
 }
 
 std::string convert_shards(const std::string& in, const std::string& out, const std::vector<std::string>& sets) {
@@ -220,6 +255,9 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   const std::optional<std::string> dir = resolve_step_dir(in);
   if (!dir) throw ConfigError("ckpt convert: '" + in + "' holds no sharded checkpoint (no manifest.json or latest)");
   if (fs::exists(out) && fs::equivalent(out, in)) throw ConfigError("ckpt convert: --out must differ from --in");
+  check_new_target(out, "ckpt convert: --out", false);
+  const DirLock lock(out);
+  remove_stale(survey_dir(out));
   const Manifest m = read_manifest(*dir);
   const Config cfg = config_from_toml_string(to_toml(m.config), sets);
   const ParallelConfig& target = cfg.parallel;

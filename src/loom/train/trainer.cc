@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -18,10 +19,13 @@
 #include "loom/parallel/grad_sync.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/data.h"
+#include "loom/train/run_start.h"
 #include "loom/train/shard_ckpt.h"
+#include "loom/train/shard_format.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
+#include "loom/train/agree.h"
 #include "loom/train/report.h"
 #include "loom/train/trace.h"
 
@@ -42,19 +46,40 @@ void check_world(const Config& cfg, int world_size) {
                 std::to_string(p.world()) + "`, or set parallel.dp = " + std::to_string(world_size));
 }
 
-// Refuses, before allocating, a model whose weights, gradients and AdamW moments alone do
-// not fit in this machine's memory (activations come on top).
-void check_fits(const Config& cfg, const RankContext& rc) {
+// Refuses, before allocating, a run whose weights, gradients, AdamW moments and
+// activations do not fit in this machine's memory. The activations are the model's own
+// carve (activation_floats), after a floating-point estimate has ruled out sizes whose
+// integer products would overflow.
+void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T) {
   const int64_t params = ParamLayout(cfg.model, {}, rc.part).param_count();
-  const int64_t need = zero_model_state_bytes(rc.zero, rc.dp_size, params);
+  const int64_t states = zero_model_state_bytes(rc.zero, rc.dp_size, params);
   const int64_t have = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
+  if (have <= 0) return;
+  const ModelConfig& m = cfg.model;
+  // Per layer and slot at least: the residual stream, qkv, the ffn activations, the
+  // attention probabilities (B, H, T, T); the logits (B, T, V) once.
+  const double rough = double(mb) * double(T) *
+                       (double(m.layers) * (4.0 * double(m.d_model) + double(m.ffn) + double(m.heads) * double(T)) +
+                        double(m.vocab)) * 4.0 * double(std::max(1, rc.act_slots));
+  int64_t acts = 0;
+  if (rough < double(int64_t(1) << 56)) {
+    std::vector<Recompute> rec;
+    for (const std::string& r : cfg.parallel.recompute_layers(m.layers))
+      rec.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
+    acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rec, cfg.parallel.sp);
+  }
   // Ranks of one machine share it; a launch across machines sees only its own here.
-  if (have > 0 && need > have)
-    throw Error("model.preset '" + cfg.model.preset + "': this rank's part holds " + std::to_string(params) +
-                " parameters, whose fp32 weights, gradients and AdamW moments need " +
-                std::to_string(need >> 20) + " MiB (ZeRO-" + std::to_string(rc.zero) + ", dp " +
-                std::to_string(rc.dp_size) + ") but this machine has " + std::to_string(have >> 20) +
-                " MiB; split it (parallel.tp / pp / dp with zero = 3) or size it first with the simulator");
+  if (states <= have && acts > 0 && states + acts <= have) return;
+  std::ostringstream os;
+  os << "model.preset '" << m.preset << "': this rank's part holds " << params << " parameters, whose fp32 weights, "
+     << "gradients and AdamW moments need " << (states >> 20) << " MiB (ZeRO-" << rc.zero << ", dp " << rc.dp_size
+     << "), and its activations at micro-batch " << mb << " x seq " << T << " need "
+     << (acts > 0 ? std::to_string(acts >> 20) : "more than " + std::to_string(int64_t(rough / double(1 << 20))))
+     << " MiB, but this machine has " << (have >> 20) << " MiB; ";
+  os << (states > have ? "split the model (parallel.tp / pp / dp with zero = 3) or size it first with the simulator"
+                       : "lower the micro-batch (raise train.grad_accum, or lower train.batch / train.seq) or set "
+                         "parallel.recompute = full");
+  throw ConfigError(os.str());
 }
 
 class NullBuffer : public std::streambuf {
@@ -158,71 +183,32 @@ ShardState rank_state(Engine& e, Updater& updater) {
           updater.adamw().steps_taken()};
 }
 
+// Saves step `step`, unless any rank's parameters hold a NaN or an infinity: a diverged
+// run stops with an error and the previous checkpoint stays the newest.
 void save_rank_state(const Config& cfg, int64_t step, Engine& e, Updater& updater, comm::World* world) {
-  save_shards(cfg, step, rank_state(e, updater), world ? &world->world_group() : nullptr,
-              world ? world->global_rank() : 0);
+  const int rank = world ? world->global_rank() : 0;
+  comm::Group* group = world ? &world->world_group() : nullptr;
+  std::exception_ptr bad;
+  const std::vector<float>& p = e.model.params();
+  if (!std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); }))
+    bad = std::make_exception_ptr(Error("training diverged: parameters hold NaN or infinity after step " +
+                                        std::to_string(step) + "; nothing was saved over the earlier checkpoints "
+                                        "(lower optim.lr or raise optim.warmup_steps)"));
+  agree_or_throw(group, rank, bad);
+  save_shards(cfg, step, rank_state(e, updater), group, rank);
 }
 
-// --resume: this rank's parameters, moments and optimizer step count from a sharded
-// checkpoint of any layout of this model; returns the step to continue from (0 when fresh).
+// --resume (Note [Resume auto]): this rank's parameters, moments and optimizer step count;
+// returns the step to continue from (0 when fresh).
 int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
                      comm::World* world, Reporter& rep) {
-  if (opt.resume.empty()) return 0;
-  const std::string where = opt.resume == "auto" ? cfg.checkpoint.dir : opt.resume;
-  if (where.empty()) throw ConfigError("--resume auto needs checkpoint.dir (where the checkpoints are)");
-  const std::optional<std::string> dir = resolve_step_dir(where);
-  if (!dir) {
-    if (opt.resume != "auto") throw ConfigError("--resume " + where + ": no sharded checkpoint there (no manifest.json or latest)");
-    rep.info("resume auto: no checkpoint in " + where + "; starting at step 0");
-    return 0;
-  }
   ShardState s = rank_state(e, updater);
-  // Every rank loads its own file; they agree on the outcome before any goes on, so one
-  // damaged shard fails every rank at once instead of leaving the others in a collective.
-  int64_t step = 0;
-  std::string error;
-  Error::Kind kind = Error::Kind::kRuntime;
-  try {
-    step = load_shards(*dir, cfg, s, world ? world->global_rank() : 0);
-  } catch (const Error& e) {
-    if (!world) throw;
-    error = e.what(), kind = e.kind();
-  }
-  if (world) {
-    double failed[1] = {error.empty() ? -1.0 : double(world->global_rank())};
-    world->world_group().all_reduce(std::span<double>(failed), comm::ReduceOp::kMax);
-    if (!error.empty()) throw Error(error, kind);
-    if (failed[0] >= 0)
-      throw Error("--resume: rank " + std::to_string(int(failed[0])) + " could not load its part of " + *dir +
-                  " (its error names the file and the damage)");
-  }
+  const int64_t step = load_resume(cfg, opt.resume, s, world, rep);
+  if (opt.resume.empty()) return 0;
   updater.adamw().set_steps_taken(s.optimizer_steps);
   if (rc.zero == 3)  // keep only the own pieces resident, as the engine does from the start
     for (const parallel::Bucket& b : e.plan.buckets) parallel::release_unowned(b, e.plan.dp, rc.dp_rank, e.model.params().data());
-  LOOM_CHECK(step <= cfg.train.steps, "--resume: checkpoint ", *dir, " is at step ", step, ", past train.steps = ",
-             cfg.train.steps, "; raise train.steps to continue");
-  const std::string from = shard_layout(*dir);
-  const std::string here = layout_text(cfg.parallel);
-  rep.info("resumed from " + *dir + " at step " + std::to_string(step) +
-           (from == here ? "" : " (resharded from " + from + " to " + here + ")"));
   return step;
-}
-
-void save_final(const Config& cfg, Engine& e, Updater& updater, const RankContext& rc, Reporter& rep) {
-  std::vector<float> m, v;
-  updater.full_moments(m, v);  // collective under ZeRO: every rank takes part
-  const ParamLayout whole(cfg.model);
-  e.materialize_params();
-  std::vector<float> params = e.model.params();
-  if (rc.pp_size > 1 || rc.tp_size > 1) {  // every rank's tensors into the whole layout
-    params = gather_whole(cfg.model, e.model.layout(), params.data(), rc);
-    m = gather_whole(cfg.model, e.model.layout(), m.data(), rc);
-    v = gather_whole(cfg.model, e.model.layout(), v.data(), rc);
-  }
-  if (!rc.logging) return;
-  save_checkpoint(cfg.checkpoint.dir, cfg, rc.pp_size > 1 || rc.tp_size > 1 ? whole : e.model.layout(), params, &m, &v,
-                  CheckpointState{cfg.train.steps, updater.adamw().steps_taken()});
-  rep.info("saved checkpoint to " + cfg.checkpoint.dir);
 }
 
 std::vector<float> final_params(const Config& cfg, Engine& e, const RankContext& rc) {
@@ -301,7 +287,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const Corpus corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, T);
   const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
   const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
-  check_fits(cfg, rc);
+  check_fits(cfg, rc, mb, T);
+  const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
   Updater updater(cfg, e);
 
@@ -329,8 +316,9 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     mark("optimizer", "compute");
     const auto [loss, norm] = updater.step(local_loss, lr);
     unmark();
-    if (!std::isfinite(loss))
-      throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+    if (!std::isfinite(loss) || !std::isfinite(norm))
+      throw Error("training diverged: loss is " + std::to_string(loss) + ", gradient norm " + std::to_string(norm) +
+                  " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
     sum.losses.push_back(float(loss));
     sum.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
@@ -343,8 +331,10 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     if (log_line) last = now, tokens_since = 0;
     rep.step(step, loss, lr, norm, tok_s, std::chrono::duration<double>(now - t0).count(), log_line);
 
+    // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
     const bool last_step = step + 1 == cfg.train.steps;
-    if (cfg.checkpoint.save_every > 0 && ((step + 1) % cfg.checkpoint.save_every == 0 || last_step)) {
+    const int64_t every = cfg.checkpoint.save_every;
+    if (!cfg.checkpoint.dir.empty() && ((every > 0 && (step + 1) % every == 0) || last_step)) {
       mark("checkpoint", "io");
       save_rank_state(cfg, step + 1, e, updater, world);
       unmark();
@@ -380,11 +370,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   }
   report_memory(rep, cfg, e, sum);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
-  // With sharded checkpoints on, the last step's shards are the final checkpoint (a
-  // whole-model save would replace the directory that holds them).
-  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.save_every == 0) save_final(cfg, e, updater, rc, rep);
-  if (cfg.checkpoint.save_every > 0) rep.info("sharded checkpoints in " + cfg.checkpoint.dir + " (latest: step " +
-                                              std::to_string(cfg.train.steps) + ")");
+  if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)
+    rep.info("saved checkpoint " + cfg.checkpoint.dir + "/" + shard::step_name(cfg.train.steps) + " (latest)");
   return sum;
 }
 

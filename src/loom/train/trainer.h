@@ -24,6 +24,9 @@ struct TrainOptions {
   // "auto": continue from checkpoint.dir's newest sharded checkpoint if there is one; a
   // directory: from that checkpoint (Note [Sharded checkpoints]); empty: start fresh.
   std::string resume;
+  // Not resuming into a checkpoint.dir that holds an earlier run: move its checkpoints into
+  // checkpoint.dir/replaced-<time>/ instead of refusing (Note [Checkpoint directory ownership]).
+  bool overwrite = false;
 };
 
 struct TrainSummary {

@@ -1,0 +1,282 @@
+// Note [Supervised launch]
+// `loom train --nproc N` runs `mpirun -np N <this binary> <args without --nproc>` as a
+// child and supervises it:
+//  - OpenMPI's mpirun kills every rank as soon as one dies, before the survivors can say
+//    which rank and which collective; with recovery enabled it lets them diagnose, but
+//    then exits 0 whatever the ranks did. So each rank writes its pid to
+//    LOOM_STATUS_DIR/pid-R when it starts and its exit code to LOOM_STATUS_DIR/rank-R as it
+//    leaves, and the supervisor exits non-zero naming any rank that failed or left no code.
+//  - A rank that fails starts a grace period of min(comm.timeout_s, 10 s) for the others to
+//    diagnose and leave; ranks still alive after it (hung, or stopped with SIGSTOP) are
+//    SIGKILLed and named. A survivor that diagnoses a dead same-host peer leaves in
+//    about 0.5 s, and one that waits on a hung peer leaves within comm.timeout_s, which
+//    starts before the first failure; so the grace never cuts a diagnosis short.
+//  - The job dies with its supervisor: SIGINT, SIGTERM or SIGHUP to the supervisor
+//    SIGKILLs mpirun and every rank; if the supervisor itself is SIGKILLed, mpirun gets
+//    SIGKILL from the kernel (PR_SET_PDEATHSIG) and each rank's watcher thread sees the
+//    supervisor gone within 0.1 s and ends the rank. The checkpoint directory's lock
+//    (Note [Checkpoint directory ownership]) dies with rank 0, so a restart can go on.
+#include "loom/cli/supervise.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/mpi_backend.h"
+#include "loom/core/error.h"
+
+#ifndef LOOM_MPIEXEC
+#define LOOM_MPIEXEC "mpirun"
+#endif
+
+namespace loom::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_signal = 0;  // async-signal-safe flag only; not a process group
+void on_signal(int sig) { g_signal = sig; }
+
+// A process that exists and is not a zombie.
+bool alive(pid_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
+int read_int(const std::string& path, int missing) {
+  std::ifstream f(path);
+  int v = missing;
+  if (!(f >> v)) return missing;
+  return v;
+}
+
+std::vector<std::string> mpirun_args(int nproc, int argc, char** argv) {
+  std::vector<std::string> args = {LOOM_MPIEXEC, "-np", std::to_string(nproc)};
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  args.push_back(n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]));
+  for (int i = 1; i < argc; i++) {
+    const std::string s = argv[i];
+    if (s == "--nproc") {
+      i++;
+      continue;
+    }
+    if (s.rfind("--nproc=", 0) == 0) continue;
+    args.push_back(s);
+  }
+  return args;
+}
+
+// mpirun's stderr passes through the supervisor line by line, less the "PMIX ERROR:
+// BAD-PARAM ... pmix_event_notification.c" line OpenMPI 4.1 prints whenever a job with
+// recovery enabled loses a rank (noise: the ranks' own diagnoses say what happened).
+class StderrRelay {
+ public:
+  explicit StderrRelay(int fd) : fd_(fd) {}
+  // Relays what arrives within `wait_ms`; false once mpirun's side is closed.
+  bool pump(int wait_ms) {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, wait_ms) <= 0) return true;
+    char buf[4096];
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
+    if (n <= 0) {
+      flush(true);
+      ::close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    pending_.append(buf, size_t(n));
+    flush(false);
+    return true;
+  }
+
+ private:
+  void flush(bool all) {
+    size_t start = 0;
+    for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) emit(pending_.substr(start, nl + 1 - start));
+    pending_.erase(0, start);
+    if (all && !pending_.empty()) emit(pending_ + "\n"), pending_.clear();
+  }
+  static void emit(const std::string& line) {
+    if (line.find("PMIX ERROR: BAD-PARAM") != std::string::npos && line.find("pmix_event_notification.c") != std::string::npos)
+      return;
+    for (size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+      if (n <= 0) return;
+      done += size_t(n);
+    }
+  }
+  int fd_;
+  std::string pending_;
+};
+
+pid_t start_mpirun(std::vector<std::string> args, int stderr_fd) {
+  std::vector<char*> cargs;
+  for (auto& s : args) cargs.push_back(s.data());
+  cargs.push_back(nullptr);
+  std::cerr.flush();
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);     // the job dies with its supervisor
+    if (::getppid() != parent) ::_exit(1);  // it already did
+    if (stderr_fd >= 0) ::dup2(stderr_fd, STDERR_FILENO);
+    ::execvp(cargs[0], cargs.data());
+    std::fprintf(stderr, "loom: error: --nproc: cannot run '%s' (%s); install OpenMPI (scripts/setup.sh) or launch "
+                 "with mpirun yourself\n", LOOM_MPIEXEC, std::strerror(errno));
+    ::_exit(127);
+  }
+  if (child < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
+  return child;
+}
+
+// What the supervisor saw of the job while it ran.
+struct Watch {
+  std::string killed;  // lines naming the ranks it had to kill
+  int signal = 0;      // the signal that stopped the supervisor, if any
+};
+
+// Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
+Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, StderrRelay& relay,
+                int& wstatus) {
+  const auto grace = std::chrono::duration<double>(std::min(timeout_s, 10.0));
+  Watch w;
+  std::vector<pid_t> pids(size_t(nproc), 0);
+  std::vector<char> done(size_t(nproc), 0);
+  std::optional<Clock::time_point> first_failure, kill_time;
+  int failed_rank = -1;
+  for (;;) {
+    const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
+    if (got == child) {
+      for (int i = 0; i < 20 && relay.pump(50);) ++i;  // what mpirun wrote last, for up to 1 s
+      return w;
+    }
+    const auto now = Clock::now();
+    for (int r = 0; r < nproc; ++r) {
+      const std::string rs = std::to_string(r);
+      if (!pids[size_t(r)]) pids[size_t(r)] = read_int(status_dir + "/pid-" + rs, 0);
+      if (done[size_t(r)]) continue;
+      const int code = read_int(status_dir + "/rank-" + rs, -1);
+      const bool gone = code >= 0 || (pids[size_t(r)] > 0 && !alive(pids[size_t(r)]));
+      if (!gone) continue;
+      done[size_t(r)] = 1;
+      if (code != 0 && !first_failure) first_failure = now, failed_rank = r;
+    }
+    const bool expired = first_failure && now - *first_failure > grace;
+    if ((g_signal || expired) && !kill_time) {
+      if (g_signal) w.signal = g_signal;
+      for (int r = 0; r < nproc; ++r)
+        if (!done[size_t(r)] && pids[size_t(r)] > 0 && alive(pids[size_t(r)])) {
+          ::kill(pids[size_t(r)], SIGKILL);
+          w.killed += "\n  rank " + std::to_string(r) + " (pid " + std::to_string(pids[size_t(r)]) + "): killed, " +
+                      (w.signal ? std::string("the supervisor got signal ") + std::to_string(w.signal)
+                                : "still running " + std::to_string(int(grace.count())) + " s after rank " +
+                                      std::to_string(failed_rank) + " failed");
+        }
+      kill_time = now;
+      if (w.signal) ::kill(child, SIGKILL);
+    }
+    // mpirun itself gets 2 s to notice its ranks are gone.
+    if (kill_time && now - *kill_time > std::chrono::seconds(2)) ::kill(child, SIGKILL);
+    if (!relay.pump(50)) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+const char* status_dir_env() { return comm::launched_by_mpi() ? std::getenv("LOOM_STATUS_DIR") : nullptr; }
+
+const char* rank_env() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  return rank ? rank : std::getenv("PMI_RANK");
+}
+
+}  // namespace
+
+int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s) {
+  // OpenMPI refuses more ranks than cores and running as root unless told; --nproc is the
+  // convenience path, so it asks for both (MPICH ignores these variables).
+  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  if (::geteuid() == 0) ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0), ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  ::setenv("OMPI_MCA_orte_enable_recovery", "1", 0);
+  char tmpl[] = "/tmp/loom-status-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw Error(std::string("--nproc: cannot make a status directory: ") + std::strerror(errno));
+  const std::string status_dir = tmpl;
+  ::setenv("LOOM_STATUS_DIR", status_dir.c_str(), 1);
+  ::setenv("LOOM_SUPERVISOR_PID", std::to_string(::getpid()).c_str(), 1);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  int err_pipe[2] = {-1, -1};
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) err_pipe[0] = err_pipe[1] = -1;  // then mpirun writes to ours directly
+  const pid_t child = start_mpirun(mpirun_args(nproc, argc, argv), err_pipe[1]);
+  if (err_pipe[1] >= 0) ::close(err_pipe[1]);
+  StderrRelay relay(err_pipe[0]);
+  int wstatus = 0;
+  const Watch w = supervise(child, nproc, status_dir, timeout_s, relay, wstatus);
+  const int launcher_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  int rc = 0;
+  std::string failed;
+  for (int r = 0; r < nproc; ++r) {
+    const std::string rs = std::to_string(r);
+    const int code = read_int(status_dir + "/rank-" + rs, -1);
+    if (code < 0) failed += "\n  rank " + rs + ": left no exit code (killed, or died in a signal)";
+    else if (code != 0) failed += "\n  rank " + rs + ": exited " + std::to_string(code);
+    if (code != 0 && rc == 0) rc = code > 0 ? code : 1;
+    ::unlink((status_dir + "/rank-" + rs).c_str());
+    ::unlink((status_dir + "/pid-" + rs).c_str());
+  }
+  ::rmdir(status_dir.c_str());
+  if (launcher_rc == 127 && failed.find("exited") == std::string::npos) return 127;
+  if (rc == 0 && launcher_rc != 0) rc = launcher_rc;
+  if (w.signal) rc = 128 + w.signal;
+  if (!failed.empty()) std::cerr << "loom: --nproc " << nproc << ": the job failed:" << failed << "\n";
+  if (!w.killed.empty()) std::cerr << "loom: --nproc " << nproc << ": the supervisor killed:" << w.killed << "\n";
+  return rc;
+}
+
+void join_supervisor() {
+  const char* dir = status_dir_env();
+  const char* rank = rank_env();
+  const char* sup = std::getenv("LOOM_SUPERVISOR_PID");
+  if (!dir || !rank || !sup) return;
+  std::ofstream(std::string(dir) + "/pid-" + rank) << ::getpid() << "\n";
+  const pid_t supervisor = pid_t(std::atol(sup));
+  std::thread([supervisor, r = std::string(rank)] {
+    while (alive(supervisor)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::fprintf(stderr, "loom: rank %s: the --nproc supervisor (pid %d) is gone; stopping this rank\n", r.c_str(),
+                 int(supervisor));
+    std::fflush(stderr);
+    ::_exit(1);
+  }).detach();
+}
+
+void record_exit(int code) {
+  const char* dir = status_dir_env();
+  const char* rank = rank_env();
+  if (!dir || !rank) return;
+  std::ofstream(std::string(dir) + "/rank-" + rank) << code << "\n";
+}
+
+}  // namespace loom::cli

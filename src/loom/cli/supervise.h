@@ -1,0 +1,17 @@
+// `loom train --nproc N`: the supervisor and its ranks' side of it (Note [Supervised launch]).
+#pragma once
+
+namespace loom::cli {
+
+// Runs `mpirun -np nproc <this binary> <argv without --nproc>` and supervises it; returns
+// the exit code. `timeout_s` is comm.timeout_s (it bounds the grace given to survivors).
+int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s);
+
+// In a rank under a supervised launch: records its pid for the supervisor and starts a
+// watcher that ends the rank when the supervisor is gone. No-op otherwise.
+void join_supervisor();
+
+// Under a supervised launch, records this rank's exit code. No-op otherwise.
+void record_exit(int code);
+
+}  // namespace loom::cli

@@ -1,0 +1,138 @@
+// Before the first step: claiming the outputs and loading --resume (run_start.h).
+#include "loom/train/run_start.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+#include "loom/train/agree.h"
+#include "loom/train/report.h"
+#include "loom/train/shard_format.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::World* world, Reporter& rep) {
+  const int rank = world ? world->global_rank() : 0;
+  comm::Group* group = world ? &world->world_group() : nullptr;
+  std::unique_ptr<DirLock> lock;
+  std::exception_ptr error;
+  if (rank == 0) try {
+      check_output_file(opt.trace_path, "--trace");
+      const std::string& dir = cfg.checkpoint.dir;
+      if (!dir.empty()) {
+        check_run_dir(dir, !opt.resume.empty(), opt.overwrite);
+        lock = std::make_unique<DirLock>(dir);
+        // Under the lock: nothing else writes here now, so the survey holds.
+        const DirSurvey s = survey_dir(dir);
+        refuse_foreign(s, "checkpoint.dir");
+        for (const std::string& n : remove_stale(s)) rep.info("removed an unfinished save: " + dir + "/" + n);
+        if (opt.overwrite && opt.resume.empty())
+          if (const std::string to = move_aside(s); !to.empty())
+            rep.info("--overwrite: moved the earlier run's checkpoints (newest " + describe_newest(s) + ") to " + to);
+      }
+    } catch (const Error&) {
+      error = std::current_exception();
+      lock.reset();
+    }
+  agree_or_throw(group, rank, error);
+  return lock;
+}
+
+namespace {
+
+struct Candidate {
+  std::string dir;   // a step directory, or the checkpoint.dir holding whole-model files
+  bool whole = false;
+  std::string name;  // for the log
+};
+
+std::vector<Candidate> auto_candidates(const std::string& root, Reporter& rep) {
+  const DirSurvey s = survey_dir(root);
+  std::vector<Candidate> out;
+  for (auto it = s.steps.rbegin(); it != s.steps.rend(); ++it) {
+    const std::string name = shard::step_name(*it);
+    out.push_back({(fs::path(root) / name).string(), false, name});
+  }
+  if (s.whole) out.push_back({root, true, "the whole-model checkpoint in " + root});
+  if (s.latest && !s.steps.empty()) {  // `latest` is a hint; say when it disagrees
+    std::string named;
+    try {
+      const std::optional<std::string> d = resolve_step_dir(root);
+      named = d ? fs::path(*d).filename().string() : "";
+    } catch (const Error& e) {
+      named = std::string("?");
+      rep.info(std::string("resume auto: ignoring `latest`: ") + e.what());
+    }
+    if (named != "?" && named != out.front().name)
+      rep.info("resume auto: `latest` names " + (named.empty() ? std::string("nothing") : named) + " but " +
+               out.front().name + " is the newest complete step");
+  }
+  return out;
+}
+
+int64_t load_one(const Candidate& c, const Config& cfg, ShardState& s, int rank) {
+  return c.whole ? load_whole_checkpoint(c.dir, cfg, s) : load_shards(c.dir, cfg, s, rank);
+}
+
+}  // namespace
+
+int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s, comm::World* world, Reporter& rep) {
+  if (resume.empty()) return 0;
+  const int rank = world ? world->global_rank() : 0;
+  comm::Group* group = world ? &world->world_group() : nullptr;
+  const bool is_auto = resume == "auto";
+  const std::string where = is_auto ? cfg.checkpoint.dir : resume;
+  if (where.empty()) throw ConfigError("--resume auto needs checkpoint.dir (where the checkpoints are)");
+  std::vector<Candidate> candidates;
+  if (is_auto) {
+    candidates = auto_candidates(where, rep);
+  } else if (const std::optional<std::string> dir = resolve_step_dir(where)) {
+    candidates.push_back({*dir, false, *dir});
+  } else if (survey_dir(where).whole) {
+    candidates.push_back({where, true, where});
+  } else {
+    throw ConfigError("--resume " + where + ": no checkpoint there (no manifest.json, latest, or whole-model files)");
+  }
+  if (candidates.empty()) {
+    rep.info("resume auto: no checkpoint in " + where + "; starting at step 0");
+    return 0;
+  }
+  std::string skipped;
+  for (const Candidate& c : candidates) {
+    int64_t step = 0;
+    std::exception_ptr mine;
+    try {
+      step = load_one(c, cfg, s, rank);
+    } catch (const Error&) {
+      mine = std::current_exception();
+    }
+    const std::optional<AgreedFailure> f = agree(group, rank, mine);
+    if (!f) {
+      if (step > cfg.train.steps)
+        throw ConfigError(detail::cat("--resume: checkpoint ", c.dir, " is at step ", step, ", past train.steps = ",
+                                      cfg.train.steps, "; raise train.steps to continue"));
+      rep.info("resumed from " + c.dir + " at step " + std::to_string(step) +
+               (c.whole ? " (whole-model checkpoint)" : [&] {
+                 const std::string from = shard_layout(c.dir), here = layout_text(cfg.parallel);
+                 return from == here ? std::string() : " (resharded from " + from + " to " + here + ")";
+               }()));
+      return step;
+    }
+    const std::string why = (f->rank == rank || !group ? "" : "rank " + std::to_string(f->rank) + ": ") + f->message;
+    // Damage is skipped in auto mode; a different model, or --resume DIR, stops here.
+    if (!is_auto || f->kind == Error::Kind::kConfig) {
+      if (mine) std::rethrow_exception(mine);
+      throw Error("--resume: rank " + std::to_string(f->rank) + " could not load its part of " + c.dir + ": " +
+                  f->message, f->kind);
+    }
+    rep.info("resume auto: skipping " + c.name + ": " + why);
+    skipped += "\n  " + c.name + ": " + why;
+  }
+  throw Error("--resume auto: no checkpoint in " + where + " loads:" + skipped +
+              "\nrepair or remove them, or start a fresh run in another checkpoint.dir");
+}
+
+}  // namespace loom

@@ -1,0 +1,41 @@
+// What a training run does before its first step with the files it was pointed at:
+// claiming checkpoint.dir and the trace path (Note [Checkpoint directory ownership]) and
+// choosing and loading the checkpoint it resumes from (Note [Resume auto]).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loom/core/config.h"
+#include "loom/train/run_dir.h"
+#include "loom/train/shard_ckpt.h"
+#include "loom/train/trainer.h"
+
+namespace loom {
+
+namespace comm {
+class World;
+}
+class Reporter;
+
+// Collective. Global rank 0 checks every output path, locks checkpoint.dir, moves an
+// earlier run aside under --overwrite and removes unfinished saves; every rank learns the
+// outcome before the first step (a refusal is thrown on every rank, naming the problem).
+// Returns rank 0's lock (nullptr elsewhere, or without checkpoint.dir).
+std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::World* world, Reporter& rep);
+
+// Note [Resume auto]
+// --resume auto takes checkpoint.dir's complete steps newest first (whatever `latest`
+// says: a save killed between publishing a step and updating `latest` leaves a newer
+// complete step), then a whole-model checkpoint there (an old run's end, or `loom import`:
+// moments absent mean zero moments, optimizer step 0). Every rank loads its part; if any
+// rank finds damage, every rank skips to the next candidate and the log names the step
+// skipped and why. A checkpoint of a different model is refused, not skipped. Nothing
+// to resume from starts at step 0; candidates that all fail are an error listing each.
+// --resume DIR is strict: that checkpoint or an error.
+//
+// Collective. Loads into `s`; returns the step to continue from (0 when starting fresh).
+int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s, comm::World* world, Reporter& rep);
+
+}  // namespace loom

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""The `loom train --nproc` supervisor ends what it started (Note [Supervised launch]).
+
+usage: check_supervisor.py LOOM stopped-rank | supervisor-signals
+
+stopped-rank:       rank 1 of a dp2 job is SIGSTOPped; the other rank diagnoses it within
+                    comm.timeout_s and fails, and the supervisor SIGKILLs the stopped rank
+                    after its grace (min(timeout, 10 s)), naming it; the job must be gone
+                    within timeout + grace + 3 s, and --resume auto then finishes the run.
+supervisor-signals: the supervisor itself gets SIGTERM, SIGINT, then SIGKILL (one job each);
+                    no rank and no mpirun may outlive it by more than a second, and the
+                    checkpoint directory's lock is free for a restart.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from soak import rank_pid  # noqa: E402  (the soak script's process finder)
+
+TIMEOUT_S = 4
+
+
+def args(loom, ckpt, steps, extra=()):
+    return [loom, "train", "--nproc", "2", "--dp", "2", "--set", "train.batch=8", "train.seq=64",
+            f"train.steps={steps}", "model.layers=2", "train.val_every=0", "train.val_batches=1",
+            "train.threads=1", f"checkpoint.dir={ckpt}", f"comm.timeout_s={TIMEOUT_S}", "--save-every", "5",
+            *extra]
+
+
+def fail(msg, out=""):
+    print(out)
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def start(loom, ckpt, steps):
+    proc = subprocess.Popen(args(loom, ckpt, steps), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(ckpt, "latest")):  # a step is saved: training runs
+        if proc.poll() is not None or time.time() > deadline:
+            fail("the run ended before its first checkpoint", proc.communicate()[0])
+        time.sleep(0.02)
+    pids = [rank_pid(r, ckpt) for r in range(2)]
+    if None in pids:
+        fail(f"rank processes not found: {pids}")
+    return proc, pids
+
+
+def mpirun_pids(ckpt):
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            exe = os.path.basename(cmd.split(b"\0")[0])
+            if exe in (b"mpirun", b"mpiexec", b"orterun", b"prterun") and ckpt.encode() in cmd:
+                out.append(int(pid))
+    return out
+
+
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def restart(loom, ckpt, what):
+    """--resume auto takes the directory (its lock is free) and trains two more steps."""
+    with open(os.path.join(ckpt, "latest")) as f:
+        newest = int(f.read().strip().split("-")[1])
+    rc = subprocess.run(args(loom, ckpt, newest + 2, ["--resume", "auto"]), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+    if rc.returncode != 0 or f"resumed from {ckpt}/step-" not in rc.stdout:
+        fail(f"{what}: the restart with --resume auto exited {rc.returncode}", rc.stdout)
+
+
+def stopped_rank(loom, tmp):
+    ckpt = os.path.join(tmp, "stopped")
+    proc, pids = start(loom, ckpt, 100000)
+    os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.time()
+    grace = min(TIMEOUT_S, 10)
+    try:
+        out = proc.communicate(timeout=TIMEOUT_S + grace + 30)[0]
+    except subprocess.TimeoutExpired:
+        os.kill(pids[1], signal.SIGKILL)
+        fail("the job outlived a stopped rank by 30 s more than timeout + grace", proc.communicate()[0])
+    took = time.time() - t0
+    print(out)
+    print(f"rank 1 (pid {pids[1]}) SIGSTOPped; the job exited {proc.returncode} {took:.2f} s later "
+          f"(comm.timeout_s = {TIMEOUT_S}, grace {grace} s)")
+    if running(pids[1]):
+        os.kill(pids[1], signal.SIGKILL)
+        fail("the stopped rank is still there")
+    if proc.returncode == 0:
+        fail("the job exited 0 with a stopped rank")
+    if took > TIMEOUT_S + grace + 3:
+        fail(f"the job took {took:.1f} s, more than timeout + grace + 3 s")
+    for want in ["the supervisor killed:", f"rank 1 (pid {pids[1]}): killed, still running",
+                 "loom: error: rank 0: "]:
+        if want not in out:
+            fail(f"output lacks: {want}")
+    for noise in ["PMIX ERROR", "loom: error: loom: error:"]:
+        if noise in out:
+            fail(f"output holds: {noise}")
+    restart(loom, ckpt, "after the stopped rank")
+
+
+def supervisor_signals(loom, tmp):
+    for sig in [signal.SIGTERM, signal.SIGINT, signal.SIGKILL]:
+        ckpt = os.path.join(tmp, "sig-" + sig.name)
+        proc, pids = start(loom, ckpt, 100000)
+        mpirun = mpirun_pids(ckpt)
+        os.kill(proc.pid, sig)
+        t0 = time.time()
+        survivors = pids + mpirun
+        while time.time() - t0 < 1.0 and any(running(p) for p in survivors):
+            time.sleep(0.01)
+        left = [p for p in survivors if running(p)]
+        took = time.time() - t0
+        out = proc.communicate()[0]
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+        if left:
+            fail(f"{sig.name} to the supervisor: {left} of ranks {pids} / mpirun {mpirun} still run after 1 s", out)
+        print(f"{sig.name} to the supervisor: ranks {pids} and mpirun {mpirun} gone {took:.2f} s later")
+        restart(loom, ckpt, sig.name)
+
+
+def main():
+    loom, mode = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix="loom-supervisor-")
+    try:
+        {"stopped-rank": stopped_rank, "supervisor-signals": supervisor_signals}[mode](loom, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,29 +9,14 @@
 #include <fstream>
 #include <string>
 
+#include "support/loom_cli.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
+using Result = loom::testing_support::CliResult;
+using loom::testing_support::expect_usage_error;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
-
-// `args` is refused as a usage or config error (exit 2) whose message contains `names`.
-void expect_usage_error(const std::string& args, const std::string& names) {
-  const Result r = run(args);
-  EXPECT_EQ(r.code, 2) << args;
-  EXPECT_NE(r.output.find(names), std::string::npos) << args << "\n" << r.output;
-}
+Result run(const std::string& args) { return loom::testing_support::run_loom(args); }
 
 TEST(Cli, HelpDescribesEveryCommandAndKey) {
   Result r = run("--help");

@@ -14,24 +14,15 @@
 #include <set>
 #include <string>
 
+#include "support/loom_cli.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string output;
-};
+using Result = loom::testing_support::CliResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+Result run(const std::string& args) { return loom::testing_support::run_loom(args); }
 
 // The tiny model of the issues' repro lines.
 const std::string kTiny =
@@ -104,16 +95,8 @@ TEST(Safety, UserFilesSurviveEveryCommandPointedAtThem) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_EQ(snapshot(victim), before);
   // The current directory, and a regular file at the path.
-  const std::string cd = "cd " + victim + " && ";
-  r = Result{0, ""};
-  {
-    const std::string cmd = cd + std::string(LOOM_BINARY) + " " + train(".", 2) + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-    r.code = WEXITSTATUS(pclose(p));
-  }
-  expect_refused_before_training(r, "'thesis.txt'", "checkpoint.dir=.");
+  expect_refused_before_training(loom::testing_support::run_loom(train(".", 2), victim), "'thesis.txt'",
+                                 "checkpoint.dir=.");
   expect_refused_before_training(run(train(victim + "/thesis.txt", 2)), "is a file, not a directory", "a file");
   EXPECT_EQ(snapshot(victim), before);
 }

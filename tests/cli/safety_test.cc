@@ -153,6 +153,12 @@ TEST(Safety, ResumeAutoContinuesFromWhatIsThere) {
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
 
+  // Resuming another model's checkpoint into this run's directory would mix two runs.
+  const std::string other = fresh("other_model");
+  ASSERT_EQ(run(train(other, 2, "--set model.layers=1")).code, 0);
+  expect_refused_before_training(run(train(ck, 4, "--set model.layers=1 --resume " + other + "/step-00000002")),
+                                 "holds checkpoints of another model", "resume into another model's directory");
+
   fs::remove(ck + "/latest");  // `latest` lost: the steps are still there
   r = run(train(ck, 25, "--resume auto"));
   ASSERT_EQ(r.code, 0) << r.output;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
@@ -150,6 +151,19 @@ std::string describe_newest(const DirSurvey& s) {
                        " (unreadable: ", e.what(), ")");
   }
   return "nothing";
+}
+
+std::optional<Config> newest_config(const DirSurvey& s) {
+  if (s.steps.empty()) return std::nullopt;
+  const std::string step = (fs::path(s.path) / shard::step_name(s.steps.back())).string();
+  try {
+    std::ifstream f(fs::path(step) / "manifest.json", std::ios::binary);
+    std::ostringstream os;
+    os << f.rdbuf();
+    return shard::parse_manifest(os.str(), step + "/manifest.json").config;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 void refuse_foreign(const DirSurvey& s, const std::string& what) {

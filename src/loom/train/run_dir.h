@@ -21,10 +21,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace loom {
+
+struct Config;
 
 struct DirSurvey {
   std::string path;
@@ -44,6 +47,9 @@ DirSurvey survey_dir(const std::string& dir);
 // "step 30 (model gpt, 2 layers, d_model 64, vocab 256; layout dp 2 tp 1 pp 1 vpp 1 zero 0
 // on 2 ranks)" for the newest checkpoint of the survey; tolerant of damage (it only names).
 std::string describe_newest(const DirSurvey& s);
+
+// The config of the newest complete step of the survey (nullopt: none, or unreadable).
+std::optional<Config> newest_config(const DirSurvey& s);
 
 // Throws ConfigError unless every entry of the survey is loom's (names them and the fix).
 void refuse_foreign(const DirSurvey& s, const std::string& what);

@@ -139,4 +139,8 @@ std::string Mesh::to_string() const {
   return os.str();
 }
 
+Mesh training_mesh(const ParallelConfig& p) {
+  return Mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, int(p.pp * p.dp * p.tp));
+}
+
 }  // namespace loom::comm

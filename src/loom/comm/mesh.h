@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/core/config.h"
+
 namespace loom::comm {
 
 struct MeshAxis {
@@ -74,5 +76,9 @@ class Mesh {
   std::vector<int> strides_;  // stride of each axis in global-rank space
   int world_size_ = 1;
 };
+
+// The training mesh: axes pp, dp, tp, outermost first (tp innermost, so a tp group is
+// consecutive ranks). The one place loom writes that order.
+Mesh training_mesh(const ParallelConfig& p);
 
 }  // namespace loom::comm

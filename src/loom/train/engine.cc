@@ -22,23 +22,6 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   return o;
 }
 
-// Note [Tied embedding reduction] applies to GPT's tied wte when one rank holds the whole
-// vocabulary and both ends of the model and the gradients are all-reduced.
-bool tied_split(const Config& cfg) {
-  const ParallelConfig& p = cfg.parallel;
-  return cfg.model.arch == Arch::kGpt && p.dp > 1 && p.tp == 1 && p.pp == 1 && p.zero <= 1;
-}
-
-// A function of the config and the rank's part alone, so offline tools get the same plan.
-parallel::DataParallelPlan make_plan(const Config& cfg, const ModelPart& part, std::vector<int>* unit_bucket) {
-  const int dp = int(cfg.parallel.dp);
-  if (cfg.parallel.zero == 3) return parallel::plan_units(cfg.model, dp, part, unit_bucket);
-  parallel::BucketCaps caps;
-  caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
-  caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
-  return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, tied_split(cfg));
-}
-
 parallel::GradSync::Mode sync_mode(const RankContext& rc) {
   if (rc.zero >= 2) return rc.schedule ? parallel::GradSync::Mode::kReduceScatter : parallel::GradSync::Mode::kShardEveryMicro;
   return parallel::GradSync::Mode::kAllReduce;
@@ -54,7 +37,7 @@ std::vector<bool> zero_keep_units(const Config& cfg) {
 }  // namespace
 
 Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
-    : rc(rc_), plan(make_plan(cfg, rc_.part, &unit_bucket)),
+    : rc(rc_), unit_bucket(rc_.plan->unit_bucket), plan(rc_.plan->dp_plan),
       model(cfg.model, mb, T, KernelBackend::kCpu, model_options(cfg, rc_, plan)) {
   model.init_weights(uint64_t(cfg.train.seed));
   const int64_t state_bytes = int64_t(model.params().size() * sizeof(float));
@@ -148,20 +131,6 @@ void Updater::full_moments(std::vector<float>& m, std::vector<float>& v) {
   v.assign(e_.model.params().size(), 0.0f);
   parallel::gather_pieces(*e_.rc.dp, e_.plan, m.data(), adamw_.m().data());
   parallel::gather_pieces(*e_.rc.dp, e_.plan, v.data(), adamw_.v().data());
-}
-
-StateShape state_shape(const Config& cfg, int global_rank) {
-  const ParallelConfig& p = cfg.parallel;
-  const comm::Mesh mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, int(p.pp * p.dp * p.tp));
-  const std::vector<int> c = mesh.coords(global_rank);
-  const ModelPart part = rank_part(cfg, c[0], int(p.tp), c[2]);
-  std::vector<int> unit_bucket;
-  const parallel::DataParallelPlan plan = make_plan(cfg, part, &unit_bucket);
-  StateShape s{c[1], c[2], c[0], ParamLayout(cfg.model, p.dp > 1 ? plan.padding : LayoutPadding{}, part), {}, {}};
-  const bool sharded = p.zero > 0 && p.dp > 1;
-  s.moment_ranges = sharded ? plan.owned(s.dp_rank) : std::vector<FlatRange>{{0, s.layout.total_floats()}};
-  s.param_ranges = p.zero == 3 && p.dp > 1 ? s.moment_ranges : std::vector<FlatRange>{{0, s.layout.total_floats()}};
-  return s;
 }
 
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {

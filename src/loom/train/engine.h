@@ -57,18 +57,6 @@ class Updater {
   std::vector<FlatRange> norm_ranges_;
 };
 
-// Where one rank's training state lives, from the config alone (offline checkpoint tools
-// use it for ranks that do not run; Engine and Updater build the same): the rank's layout,
-// padded as its data-parallel plan pads it, the parts of the flat buffer whose parameters
-// it holds (ZeRO-3 with dp > 1: its own pieces; else all) and the parts its AdamW moments
-// cover, packed in this order (AdamW::owned()).
-struct StateShape {
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
-  ParamLayout layout;
-  std::vector<FlatRange> param_ranges, moment_ranges;
-};
-StateShape state_shape(const Config& cfg, int global_rank);
-
 // The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32
 // moments: 16 bytes per parameter unsharded), for `params` parameters on the rank.
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params);

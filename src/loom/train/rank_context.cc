@@ -41,11 +41,11 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
   RankContext rc;
   rc.world = world;
   rc.zero = int(p.zero);
+  rc.plan = std::make_shared<const RankPlan>(plan_rank(cfg, world ? world->global_rank() : 0));
   const int pp = int(p.pp), vpp = int(p.vpp);
   if (world) {
-    const comm::Mesh mesh({{"pp", pp}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, world->world_size());
-    const std::vector<int> coords = mesh.coords(world->global_rank());
-    rc.pp_rank = coords[0], rc.pp_size = pp;
+    const comm::Mesh mesh = comm::training_mesh(p);
+    rc.pp_rank = rc.plan->pp_rank, rc.pp_size = pp;
     rc.logging = world->global_rank() == 0;
     if (p.dp > 1) {
       rc.dp = world->group(mesh, {"dp"});
@@ -56,6 +56,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
       rc.tp_rank = rc.tp->group_rank(), rc.tp_size = rc.tp->size();
       rc.tp_comm = std::make_unique<GroupTpComm>(*rc.tp);
     }
+    LOOM_ASSERT(rc.dp_rank == rc.plan->dp_rank && rc.tp_rank == rc.plan->tp_rank, "groups disagree with the mesh");
     if (world->world_size() > 1) rc.stats = world->group(mesh, {"pp", "dp", "tp"});
     if (pp > 1 && cfg.model.arch == Arch::kGpt) {
       std::vector<std::vector<int>> partition;
@@ -68,27 +69,12 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     }
     if (pp > 1) rc.links = parallel::make_pipe_links(*world, mesh, vpp > 1);
   }
-  rc.part = rank_part(cfg, rc.pp_rank, rc.tp_size, rc.tp_rank);
-  if (pp > 1) {
-    rc.schedule = parallel::make_schedule(parallel::schedule_kind_from_name(p.schedule), pp, int(cfg.train.grad_accum), vpp);
-    const parallel::ScheduleCheck check = parallel::validate(*rc.schedule);
-    LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
-    rc.act_slots = check.peak_in_flight[size_t(rc.pp_rank)];
-  }
+  rc.part = rc.plan->part;
+  rc.schedule = rc.plan->schedule;
+  rc.act_slots = rc.plan->act_slots;
   return rc;
 }
 
-ModelPart rank_part(const Config& cfg, int pp_rank, int tp, int tp_rank) {
-  const ParallelConfig& p = cfg.parallel;
-  ModelPart part;
-  if (p.pp > 1) {
-    const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(p.pp * p.vpp), p.layer_split());
-    part = parallel::pipeline_part(counts, int(p.pp), int(p.vpp), pp_rank);
-  }
-  part.tp = tp, part.tp_rank = tp_rank;
-  part.vocab_parallel = p.vocab_parallel;
-  return part;
-}
 
 std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, const float* flat,
                                 const RankContext& rc) {

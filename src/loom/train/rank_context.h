@@ -13,6 +13,7 @@
 #include "loom/model/tp_comm.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/schedule.h"
+#include "loom/train/rank_plan.h"
 
 namespace loom {
 
@@ -26,9 +27,10 @@ struct RankContext {
   std::unique_ptr<comm::Group> stats;    // every rank (pp x dp x tp): loss and norm sums; null single-process
   std::unique_ptr<comm::Group> embed;    // GPT pipelines: first and last stage (tied wte)
   parallel::PipeLinks links;
-  ModelPart part;                        // whole model unless pp > 1
-  std::optional<parallel::Schedule> schedule;  // pp > 1
-  int act_slots = 1;
+  std::shared_ptr<const RankPlan> plan;  // Note [Rank plan]: what this rank holds and does
+  ModelPart part;                        // plan->part
+  std::optional<parallel::Schedule> schedule;  // plan->schedule (pp > 1)
+  int act_slots = 1;                     // plan->act_slots
 
   // Sums over the stats group (identity without one).
   void stats_sum(std::span<double> x) const;
@@ -42,10 +44,6 @@ struct RankContext {
 
 // Builds the groups (collective over the world: every rank makes the same calls).
 RankContext make_rank_context(const Config& cfg, comm::World* world);
-
-// The part of the model held by pipeline rank `pp_rank` at tensor rank `tp_rank` of `tp`
-// (a function of the config alone: offline tools use it for ranks that do not run).
-ModelPart rank_part(const Config& cfg, int pp_rank, int tp, int tp_rank);
 
 // The whole model's flat buffer (whole-model layout, ParamLayout(cfg.model)) assembled on
 // every rank from each rank's `flat` over layout `mine`: dp rank 0 of every stage

@@ -203,7 +203,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
       shard::Manifest m;
       m.step = step, m.optimizer_steps = s.optimizer_steps, m.config = cfg, m.tensors = table;
       const ParallelConfig& p = cfg.parallel;
-      const comm::Mesh mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, world_size);
+      const comm::Mesh mesh = comm::training_mesh(p);
       for (int r = 0; r < world_size; ++r) {
         const std::string path = (fs::path(tmp) / ("rank-" + std::to_string(r) + ".json")).string();
         m.ranks.push_back(shard::parse_rank(read_text(path), path));

@@ -277,7 +277,7 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
                   json(want.shape).dump() + " " + placement + " as its model has it");
   }
   const ParallelConfig& p = m.config.parallel;
-  const comm::Mesh mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, int(p.pp * p.dp * p.tp));
+  const comm::Mesh mesh = comm::training_mesh(p);
   const json& ranks = field(j, "ranks", where);
   if (!ranks.is_array() || int64_t(ranks.size()) != mesh.world_size())
     throw Error(detail::cat("checkpoint: '", where, "': 'ranks' does not list the ", mesh.world_size(),

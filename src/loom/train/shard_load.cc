@@ -11,7 +11,7 @@
 #include "loom/core/error.h"
 #include "loom/model/tp_slice.h"
 #include "loom/train/checkpoint.h"
-#include "loom/train/engine.h"
+#include "loom/train/rank_plan.h"
 #include "loom/train/run_dir.h"
 #include "loom/train/shard_ckpt.h"
 #include "loom/train/shard_format.h"
@@ -270,7 +270,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   fs::create_directories(tmp);
   const int world = int(target.dp * target.tp * target.pp);
   for (int r = 0; r < world; ++r) {
-    StateShape shape = state_shape(cfg, r);
+    RankPlan shape = plan_rank(cfg, r);
     std::vector<float> params(size_t(shape.layout.total_floats()), 0.0f), mom_m, mom_v;
     int64_t packed = 0;
     for (const FlatRange& x : shape.moment_ranges) packed += x.count;
@@ -294,7 +294,7 @@ WholeState load_whole(const std::string& where) {
   WholeState w{m.config, {}, {}, {}, m.step, m.optimizer_steps};
   Config single = m.config;
   single.parallel = ParallelConfig{};
-  const StateShape shape = state_shape(single, 0);
+  const RankPlan shape = plan_rank(single, 0);
   w.params.assign(size_t(shape.layout.total_floats()), 0.0f);
   w.m = w.params, w.v = w.params;
   ShardState s{&shape.layout, &w.params, &w.m, &w.v, shape.param_ranges, shape.moment_ranges, 1, 0, 0};

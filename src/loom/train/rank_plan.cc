@@ -1,0 +1,69 @@
+// Note [Rank plan] (rank_plan.h).
+#include "loom/train/rank_plan.h"
+
+#include <algorithm>
+
+#include "loom/comm/mesh.h"
+#include "loom/core/error.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/zero.h"
+
+namespace loom {
+
+namespace {
+
+// Note [Tied embedding reduction] applies to GPT's tied wte when one rank holds the whole
+// vocabulary and both ends of the model and the gradients are all-reduced.
+bool tied_split(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  return cfg.model.arch == Arch::kGpt && p.dp > 1 && p.tp == 1 && p.pp == 1 && p.zero <= 1;
+}
+
+parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part, std::vector<int>* unit_bucket) {
+  const int dp = int(cfg.parallel.dp);
+  if (cfg.parallel.zero == 3) return parallel::plan_units(cfg.model, dp, part, unit_bucket);
+  parallel::BucketCaps caps;
+  caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
+  caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
+  return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, tied_split(cfg));
+}
+
+ModelPart model_part(const Config& cfg, int pp_rank, int tp_rank) {
+  const ParallelConfig& p = cfg.parallel;
+  ModelPart part;
+  if (p.pp > 1) {
+    const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(p.pp * p.vpp), p.layer_split());
+    part = parallel::pipeline_part(counts, int(p.pp), int(p.vpp), pp_rank);
+  }
+  part.tp = int(p.tp), part.tp_rank = tp_rank;
+  part.vocab_parallel = p.vocab_parallel;
+  return part;
+}
+
+}  // namespace
+
+RankPlan plan_rank(const Config& cfg, int global_rank) {
+  const ParallelConfig& p = cfg.parallel;
+  const std::vector<int> c = comm::training_mesh(p).coords(global_rank);
+  const ModelPart part = model_part(cfg, c[0], c[2]);
+  std::optional<parallel::Schedule> schedule;
+  int act_slots = 1;
+  if (p.pp > 1) {
+    schedule = parallel::make_schedule(parallel::schedule_kind_from_name(p.schedule), int(p.pp),
+                                       int(cfg.train.grad_accum), int(p.vpp));
+    const parallel::ScheduleCheck check = parallel::validate(*schedule);
+    LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
+    act_slots = check.peak_in_flight[size_t(c[0])];
+  }
+  std::vector<int> unit_bucket;
+  parallel::DataParallelPlan dp_plan = make_dp_plan(cfg, part, &unit_bucket);
+  ParamLayout layout(cfg.model, p.dp > 1 ? dp_plan.padding : LayoutPadding{}, part);
+  const std::vector<FlatRange> all = {{0, layout.total_floats()}};
+  const bool sharded = p.zero > 0 && p.dp > 1;
+  std::vector<FlatRange> moments = sharded ? dp_plan.owned(c[1]) : all;
+  std::vector<FlatRange> params = p.zero == 3 && p.dp > 1 ? moments : all;
+  return RankPlan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(dp_plan),
+                  std::move(unit_bucket), std::move(layout), std::move(params), std::move(moments)};
+}
+
+}  // namespace loom

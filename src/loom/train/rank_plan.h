@@ -1,0 +1,42 @@
+// Note [Rank plan] (issue 13, first slice)
+// What one rank of a layout holds and does, from the config alone: its mesh coordinates,
+// its model part, its pipeline schedule and activation slots, its data-parallel plan
+// (buckets, ZeRO pieces, padding), its parameter layout and the ranges of parameters and
+// AdamW moments it keeps. plan_rank() is pure (no communication, no allocation of state):
+// the live context (groups), the engine and the offline checkpoint tools all take their
+// layout from it, so no two of them can disagree. Still to move here (issue 13): the
+// simulator's chunk boundaries and peaks, and the data-parallel plan into a library without
+// the communication layer, so that the simulator can consume it too.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+#include "loom/parallel/grad_sync.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom {
+
+// ZeRO-3 unit numbering: blocks 0 .. layers-1, then the embedding, then the head.
+inline int embedding_unit(const ModelConfig& m) { return int(m.layers); }
+inline int head_unit(const ModelConfig& m) { return int(m.layers) + 1; }
+
+struct RankPlan {
+  int global_rank = 0;
+  int pp_rank = 0, dp_rank = 0, tp_rank = 0;
+  ModelPart part;                              // whole model unless pp > 1; the tp slice
+  std::optional<parallel::Schedule> schedule;  // pp > 1
+  int act_slots = 1;                           // activation slots (the schedule's peak in flight)
+  parallel::DataParallelPlan dp_plan;          // buckets, pieces, padding (meaningful when dp > 1)
+  std::vector<int> unit_bucket;                // ZeRO-3: unit -> bucket
+  ParamLayout layout;                          // this rank's flat layout, padded as dp_plan pads it
+  std::vector<FlatRange> param_ranges;         // parameters it keeps (ZeRO-3, dp > 1: own pieces)
+  std::vector<FlatRange> moment_ranges;        // AdamW moments it keeps, packed in this order
+};
+
+// Throws loom::Error when the layout's schedule does not finish (the validator's problem).
+RankPlan plan_rank(const Config& cfg, int global_rank);
+
+}  // namespace loom

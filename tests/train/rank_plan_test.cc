@@ -1,0 +1,70 @@
+// Note [Rank plan]: plan_rank(config, rank), computed without running anything, is what
+// every rank of a live run actually allocates and holds: the model's own carve of its
+// layout (every tensor's offset and shape), the groups' ranks, the optimizer's moment
+// ranges and sizes. (The engine takes its buckets from the plan itself, so those rows only
+// check that it kept them.)
+#include <gtest/gtest.h>
+
+#include "loom/comm/world.h"
+#include "loom/train/engine.h"
+#include "loom/train/rank_context.h"
+#include "loom/train/rank_plan.h"
+
+namespace loom {
+namespace {
+
+bool same(const std::vector<FlatRange>& a, const std::vector<FlatRange>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].offset != b[i].offset || a[i].count != b[i].count) return false;
+  return true;
+}
+
+TEST(RankPlan, MatchesWhatEveryRankOfALiveRunHolds) {
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.dp=3", "parallel.tp=2", "parallel.pp=2", "train.batch=12", "train.grad_accum=2"},
+      {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=4", "model.layers=4"},
+      {"parallel.dp=2", "parallel.zero=3", "parallel.zero_keep=keep*1,shard*3", "model.layers=4"},
+      {"parallel.pp=2", "parallel.pp_layers=1,3", "model.layers=4", "parallel.dp=2", "parallel.zero=1",
+       "train.grad_accum=2"}};
+  for (const auto& layout : layouts) {
+    std::vector<std::string> sets = {"model.d_model=64", "model.heads=4", "model.ffn=128", "model.ctx=16",
+                                     "train.batch=8", "train.threads=1", "checkpoint.dir="};
+    sets.insert(sets.end(), layout.begin(), layout.end());
+    const Config cfg = load_config("", sets);
+    const auto errors = comm::run_threads(int(cfg.parallel.world()), {}, [&](comm::World& w) {
+      const RankPlan plan = plan_rank(cfg, w.global_rank());
+      RankContext rc = make_rank_context(cfg, &w);
+      Engine e(cfg, rc, cfg.micro_batch(), cfg.seq_len());
+      Updater u(cfg, e);
+      const std::string at = layout[0] + " rank " + std::to_string(w.global_rank());
+      EXPECT_EQ(plan.pp_rank, rc.pp_rank) << at;
+      EXPECT_EQ(plan.dp_rank, rc.dp_rank) << at;
+      EXPECT_EQ(plan.tp_rank, rc.tp_rank) << at;
+      EXPECT_EQ(plan.act_slots, rc.act_slots) << at;
+      const ParamLayout& held = e.model.layout();
+      EXPECT_EQ(plan.layout.total_floats(), held.total_floats()) << at;
+      EXPECT_EQ(int64_t(e.model.params().size()), plan.layout.total_floats()) << at;
+      ASSERT_EQ(plan.layout.specs().size(), held.specs().size()) << at;
+      for (size_t i = 0; i < held.specs().size(); ++i) {
+        EXPECT_EQ(plan.layout.specs()[i].name, held.specs()[i].name) << at;
+        EXPECT_EQ(plan.layout.specs()[i].offset, held.specs()[i].offset) << at;
+        EXPECT_EQ(plan.layout.specs()[i].shape, held.specs()[i].shape) << at;
+      }
+      EXPECT_TRUE(same(plan.moment_ranges, u.adamw().owned())) << at;
+      EXPECT_EQ(int64_t(u.adamw().m().size()), [&] {
+        int64_t n = 0;
+        for (const FlatRange& r : plan.moment_ranges) n += r.count;
+        return n;
+      }()) << at;
+      EXPECT_EQ(plan.dp_plan.buckets.size(), e.plan.buckets.size()) << at;
+      if (cfg.parallel.dp > 1) {
+        EXPECT_TRUE(same(plan.dp_plan.owned(plan.dp_rank), e.plan.owned(rc.dp_rank))) << at;
+      }
+    });
+    EXPECT_EQ(errors, std::vector<std::string>(errors.size())) << layout[0];
+  }
+}
+
+}  // namespace
+}  // namespace loom

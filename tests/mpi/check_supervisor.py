@@ -76,8 +76,10 @@ def running(pid):
 
 def restart(loom, ckpt, what):
     """--resume auto takes the directory (its lock is free) and trains two more steps."""
-    with open(os.path.join(ckpt, "latest")) as f:
-        newest = int(f.read().strip().split("-")[1])
+    # The newest complete step (a kill between publishing a step and updating `latest`
+    # leaves `latest` one behind; --resume auto takes the newest complete one).
+    newest = max(int(d[5:]) for d in os.listdir(ckpt) if len(d) == 13 and d.startswith("step-")
+                 and os.path.exists(os.path.join(ckpt, d, "manifest.json")))
     rc = subprocess.run(args(loom, ckpt, newest + 2, ["--resume", "auto"]), stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True)
     if rc.returncode != 0 or f"resumed from {ckpt}/step-" not in rc.stdout:

@@ -471,6 +471,11 @@ std::string to_toml(const Config& c) {
   return out;
 }
 
+bool same_model(const Config& a, const Config& b) {
+  const std::string x = to_toml(a), y = to_toml(b);
+  return x.substr(0, x.find("[data]")) == y.substr(0, y.find("[data]"));  // [model] is first
+}
+
 std::vector<std::pair<std::string, std::string>> config_key_help() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& k : schema()) out.emplace_back(k.name, k.help);

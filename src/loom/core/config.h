@@ -127,6 +127,10 @@ void append_parallel_errors(const Config& c, std::vector<std::string>& errs);
 // Throws ConfigError listing all violations.
 void validate(const Config& c);
 
+// True when two configs describe the same model (their [model] sections are equal): what
+// a checkpoint must share with the run that loads it.
+bool same_model(const Config& a, const Config& b);
+
 // The fully-resolved config as TOML (what a checkpoint stores).
 std::string to_toml(const Config& c);
 

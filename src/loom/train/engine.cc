@@ -17,8 +17,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.act_slots = rc.act_slots;
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
-  for (const std::string& r : cfg.parallel.recompute_layers(cfg.model.layers))
-    o.recompute.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
+  o.recompute = rc.plan->recompute;
   return o;
 }
 
@@ -120,17 +119,6 @@ std::pair<double, double> Updater::step(double local_loss, double lr) {
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
   else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return {loss, norm};
-}
-
-void Updater::full_moments(std::vector<float>& m, std::vector<float>& v) {
-  if (e_.rc.zero == 0 || !e_.rc.dp) {
-    m = adamw_.m(), v = adamw_.v();
-    return;
-  }
-  m.assign(e_.model.params().size(), 0.0f);
-  v.assign(e_.model.params().size(), 0.0f);
-  parallel::gather_pieces(*e_.rc.dp, e_.plan, m.data(), adamw_.m().data());
-  parallel::gather_pieces(*e_.rc.dp, e_.plan, v.data(), adamw_.v().data());
 }
 
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {

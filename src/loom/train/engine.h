@@ -45,8 +45,6 @@ class Updater {
   Updater(const Config& cfg, Engine& e);
   // Mean loss of the global batch and the gradient norm before clipping; updates params.
   std::pair<double, double> step(double local_loss, double lr);
-  // The part's whole flat moments on every dp rank (for saving).
-  void full_moments(std::vector<float>& m, std::vector<float>& v);
   const AdamW& adamw() const { return adamw_; }
   AdamW& adamw() { return adamw_; }  // restoring a checkpoint
 

@@ -55,6 +55,9 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
     LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];
   }
+  std::vector<Recompute> recompute;
+  for (const std::string& r : p.recompute_layers(cfg.model.layers))
+    recompute.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
   std::vector<int> unit_bucket;
   parallel::DataParallelPlan dp_plan = make_dp_plan(cfg, part, &unit_bucket);
   ParamLayout layout(cfg.model, p.dp > 1 ? dp_plan.padding : LayoutPadding{}, part);
@@ -62,7 +65,8 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   const bool sharded = p.zero > 0 && p.dp > 1;
   std::vector<FlatRange> moments = sharded ? dp_plan.owned(c[1]) : all;
   std::vector<FlatRange> params = p.zero == 3 && p.dp > 1 ? moments : all;
-  return RankPlan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(dp_plan),
+  return RankPlan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(recompute),
+                  std::move(dp_plan),
                   std::move(unit_bucket), std::move(layout), std::move(params), std::move(moments)};
 }
 

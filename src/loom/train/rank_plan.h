@@ -29,6 +29,7 @@ struct RankPlan {
   ModelPart part;                              // whole model unless pp > 1; the tp slice
   std::optional<parallel::Schedule> schedule;  // pp > 1
   int act_slots = 1;                           // activation slots (the schedule's peak in flight)
+  std::vector<Recompute> recompute;            // per layer of the whole model (parallel.recompute)
   parallel::DataParallelPlan dp_plan;          // buckets, pieces, padding (meaningful when dp > 1)
   std::vector<int> unit_bucket;                // ZeRO-3: unit -> bucket
   ParamLayout layout;                          // this rank's flat layout, padded as dp_plan pads it

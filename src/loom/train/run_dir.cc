@@ -125,24 +125,33 @@ DirSurvey survey_dir(const std::string& dir) {
   return s;
 }
 
+namespace {
+
+std::string read_text(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+// The manifest of the survey's newest complete step (there must be one); throws on damage.
+shard::Manifest newest_manifest(const DirSurvey& s) {
+  const fs::path step = fs::path(s.path) / shard::step_name(s.steps.back());
+  return shard::parse_manifest(read_text(step / "manifest.json"), (step / "manifest.json").string());
+}
+
+}  // namespace
+
 std::string describe_newest(const DirSurvey& s) {
   try {
     if (!s.steps.empty()) {
-      const std::string step = (fs::path(s.path) / shard::step_name(s.steps.back())).string();
-      std::ifstream f(fs::path(step) / "manifest.json", std::ios::binary);
-      std::ostringstream os;
-      os << f.rdbuf();
-      const shard::Manifest m = shard::parse_manifest(os.str(), step + "/manifest.json");
+      const shard::Manifest m = newest_manifest(s);
       return detail::cat("step ", m.step, " (", model_text(m.config), "; layout ", layout_text(m.config.parallel), ")");
     }
     if (s.whole) {
-      std::ifstream f(fs::path(s.path) / "config.toml", std::ios::binary);
-      std::ostringstream os;
-      os << f.rdbuf();
-      const Config c = config_from_toml_string(os.str());
+      const Config c = config_from_toml_string(read_text(fs::path(s.path) / "config.toml"));
       int64_t step = 0;
-      std::ifstream st(fs::path(s.path) / "state.json");
-      const nlohmann::json j = nlohmann::json::parse(st, nullptr, false);
+      const nlohmann::json j = nlohmann::json::parse(read_text(fs::path(s.path) / "state.json"), nullptr, false);
       if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer()) step = j["step"];
       return detail::cat("a whole-model checkpoint at step ", step, " (", model_text(c), ")");
     }
@@ -155,12 +164,8 @@ std::string describe_newest(const DirSurvey& s) {
 
 std::optional<Config> newest_config(const DirSurvey& s) {
   if (s.steps.empty()) return std::nullopt;
-  const std::string step = (fs::path(s.path) / shard::step_name(s.steps.back())).string();
   try {
-    std::ifstream f(fs::path(step) / "manifest.json", std::ios::binary);
-    std::ostringstream os;
-    os << f.rdbuf();
-    return shard::parse_manifest(os.str(), step + "/manifest.json").config;
+    return newest_manifest(s).config;
   } catch (const Error&) {
     return std::nullopt;
   }

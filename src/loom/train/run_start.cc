@@ -14,16 +14,6 @@ namespace loom {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The [model] section (first in to_toml) of a config: two runs hold the same model when equal.
-std::string model_text(const Config& c) {
-  const std::string t = to_toml(c);
-  return t.substr(0, t.find("[data]"));
-}
-
-}  // namespace
-
 std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::World* world, Reporter& rep) {
   const int rank = world ? world->global_rank() : 0;
   comm::Group* group = world ? &world->world_group() : nullptr;
@@ -40,7 +30,7 @@ std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& op
         refuse_foreign(s, "checkpoint.dir");
         // Resuming from elsewhere into a directory of another model's run would mix the two.
         if (!opt.resume.empty() && opt.resume != "auto")
-          if (const std::optional<Config> there = newest_config(s); there && model_text(*there) != model_text(cfg))
+          if (const std::optional<Config> there = newest_config(s); there && !same_model(*there, cfg))
             throw ConfigError("checkpoint.dir '" + dir + "' holds checkpoints of another model (newest " +
                               describe_newest(s) + "); resume into a new checkpoint.dir");
         for (const std::string& n : remove_stale(s)) rep.info("removed an unfinished save: " + dir + "/" + n);

@@ -16,6 +16,7 @@
 #include "loom/comm/group.h"
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
+#include "loom/train/agree.h"
 #include "loom/train/run_dir.h"
 #include "loom/train/shard_ckpt.h"
 #include "loom/train/shard_format.h"
@@ -88,19 +89,6 @@ void failpoint(const char* point, int64_t step, int rank) {
   std::fprintf(stderr, "loom: LOOM_FAILPOINT %s: rank %d kills itself in the save of step %lld\n", spec, rank, at_step);
   std::fflush(stderr);
   ::raise(SIGKILL);
-}
-
-// Every rank learns whether any failed; a failing rank rethrows its own error, the others
-// throw one naming the lowest failing rank (so none is left waiting in a collective).
-void agree(comm::Group* world, int global_rank, const std::exception_ptr& error, const std::string& what) {
-  if (!world) {
-    if (error) std::rethrow_exception(error);
-    return;
-  }
-  double failed[1] = {error ? -double(global_rank) : -1e9};
-  world->all_reduce(std::span<double>(failed), comm::ReduceOp::kMax);
-  if (error) std::rethrow_exception(error);
-  if (failed[0] > -1e9) throw Error("checkpoint: rank " + std::to_string(int(-failed[0])) + " could not " + what);
 }
 
 }  // namespace
@@ -188,7 +176,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
     } catch (...) {
       error = std::current_exception();
     }
-  agree(world, global_rank, error, "create " + tmp);
+  agree_or_throw(world, global_rank, error);  // every rank learns the outcome
   const std::vector<shard::Tensor> table = shard::tensor_table(cfg);
   const std::string side = (fs::path(tmp) / ("rank-" + std::to_string(global_rank) + ".json")).string();
   try {
@@ -198,7 +186,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
   } catch (...) {
     error = std::current_exception();
   }
-  agree(world, global_rank, error, "write its shard into " + tmp);
+  agree_or_throw(world, global_rank, error);
   if (global_rank == 0) try {
       shard::Manifest m;
       m.step = step, m.optimizer_steps = s.optimizer_steps, m.config = cfg, m.tensors = table;
@@ -215,7 +203,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
     } catch (...) {
       error = std::current_exception();
     }
-  agree(world, global_rank, error, "publish " + tmp);
+  agree_or_throw(world, global_rank, error);
 }
 
 }  // namespace

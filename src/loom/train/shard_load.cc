@@ -34,12 +34,6 @@ Manifest read_manifest(const std::string& step_dir) {
   return shard::parse_manifest(os.str(), path);
 }
 
-// The [model] section (first in to_toml) of a config.
-std::string model_section(const Config& c) {
-  const std::string t = to_toml(c);
-  return t.substr(0, t.find("[data]"));
-}
-
 // Reads pieces out of a step directory's rank files, checking each one's CRC-32.
 class PieceReader {
  public:
@@ -216,7 +210,7 @@ void fill(Source& src, const ModelConfig& model, ShardState& s) {
 }
 
 void check_same_model(const Config& saved, const Config& cfg, const std::string& dir) {
-  if (model_section(saved) != model_section(cfg))
+  if (!same_model(saved, cfg))
     throw ConfigError("checkpoint " + dir + " holds a different model ([model] in its manifest differs from this run's)");
 }
 

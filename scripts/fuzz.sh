@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes loom's hostile-input readers with libFuzzer (clang, ASan + UBSan): the config
-# parser, the sharded-checkpoint manifest, the safetensors reader and the data loader.
-#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all four)
+# parser, the sharded-checkpoint manifest, the safetensors reader, the data loader,
+# tokenizer.json and token shards.
+#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all six)
 # Each target starts from fuzz/corpus/<target> and keeps what it finds in
 # build/fuzz/corpus/<target>; a crash, hang (> 10 s) or leak stops it, leaves the input in
 # build/fuzz/crashes/ and makes this script exit non-zero. LOOM_FUZZ_SEED fixes libFuzzer's
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(config manifest safetensors data)
+((${#targets[@]})) || targets=(config manifest safetensors data tokenizer shard)
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz --target "${targets[@]/#/fuzz_}"
 mkdir -p build/fuzz/crashes

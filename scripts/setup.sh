@@ -11,6 +11,8 @@ pkgs=(
   libopenmpi-dev openmpi-bin        # collectives (later issues)
   coinor-libcbc-dev                 # planner ILP
   zlib1g-dev                        # checkpoint CRC-32
+  libpcre2-dev                      # BPE pre-tokenization (\p{L} patterns, JIT)
+  libsentencepiece-dev sentencepiece  # SentencePiece tokenizers; spm_encode is the test oracle
   fortunes                          # default training corpus
   python3                           # fault-injection tests (tests/mpi/check_kill.py), soak and fuzz scripts
   clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)

@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "loom/core/error.h"
-#include "loom/train/fileio.h"
+#include "loom/core/fileio.h"
 #include "loom/train/safetensors.h"
 
 namespace loom {

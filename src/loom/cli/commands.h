@@ -7,6 +7,10 @@
 
 #include "loom/sim/simulator.h"
 
+namespace CLI {
+class App;
+}
+
 namespace loom::cli {
 
 // Layout flags of `loom train` / `loom verify`; unset ones (-1 / empty) leave the config alone.
@@ -108,5 +112,31 @@ int run_compare(const std::string& predicted, const std::string& measured, bool 
 int run_ckpt_inspect(const std::string& dir, bool verify);
 // `loom ckpt convert`: `sets` are parallel.* overrides (layout flags already turned into sets).
 int run_ckpt_convert(const std::string& in, const std::string& out, const std::vector<std::string>& sets);
+
+// `loom tokenizer encode | decode | train | info` (tokenizer_cmd.cc registers its flags).
+struct TokenizerArgs {
+  std::string tokenizer, text, in, ids, out, type = "bpe";
+  int64_t vocab = 4096;
+  bool json = false, plain = false, lines = false, overwrite = false;
+};
+struct TokenizerCommands {
+  CLI::App *encode = nullptr, *decode = nullptr, *train = nullptr, *info = nullptr;
+};
+TokenizerCommands add_tokenizer_commands(CLI::App& app, TokenizerArgs& a);
+int run_tokenizer(const TokenizerCommands& c, const TokenizerArgs& a);
+
+// `loom data prepare | inspect` (data_cmd.cc).
+struct DataArgs {
+  std::string tokenizer, in, out, text_field = "text", doc_separator;
+  int64_t shard_tokens = 100'000'000;
+  double val_fraction = 0.05;
+  int threads = 2;
+  bool overwrite = false, json = false;
+};
+struct DataCommands {
+  CLI::App *prepare = nullptr, *inspect = nullptr;
+};
+DataCommands add_data_commands(CLI::App& app, DataArgs& a);
+int run_data(const DataCommands& c, const DataArgs& a);
 
 }  // namespace loom::cli

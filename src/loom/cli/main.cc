@@ -214,6 +214,11 @@ int main(int argc, char** argv) {
   bcomm->add_option("--config", bc.config_path, "TOML config (only [comm] matters here)");
   bcomm->add_option("--set", bc.sets, "Config override, e.g. comm.timeout_s=30 (repeatable)")->take_all();
 
+  loom::cli::TokenizerArgs tk;
+  const auto tk_cmds = loom::cli::add_tokenizer_commands(app, tk);
+  loom::cli::DataArgs da;
+  const auto da_cmds = loom::cli::add_data_commands(app, da);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -236,6 +241,8 @@ int main(int argc, char** argv) {
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);
     if (*bcomm) return loom::cli::run_bench_comm(bc);
+    if (app.got_subcommand("tokenizer")) return loom::cli::run_tokenizer(tk_cmds, tk);
+    if (app.got_subcommand("data")) return loom::cli::run_data(da_cmds, da);
   } catch (const loom::Error& err) {
     print_error(err.what());
     return err.kind() == loom::Error::Kind::kConfig ? 2 : 1;

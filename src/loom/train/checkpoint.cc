@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/fileio.h"
+#include "loom/core/fileio.h"
 #include "loom/train/run_dir.h"
 #include "loom/train/safetensors.h"
 #include "loom/train/shard_ckpt.h"

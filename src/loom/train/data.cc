@@ -5,35 +5,11 @@
 #include <filesystem>
 
 #include "loom/core/error.h"
-#include "loom/train/fileio.h"
+#include "loom/core/fileio.h"
 
 namespace fs = std::filesystem;
 
 namespace loom {
-
-int64_t first_invalid_utf8(const uint8_t* s, int64_t n) {
-  int64_t i = 0;
-  while (i < n) {
-    const uint8_t c = s[i];
-    int len;
-    uint32_t cp;
-    if (c < 0x80) { i++; continue; }
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
-    else return i;
-    if (i + len > n) return i;
-    for (int k = 1; k < len; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    // Reject overlong forms, surrogates and values past U+10FFFF.
-    const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += len;
-  }
-  return -1;
-}
 
 namespace {
 
@@ -79,6 +55,10 @@ uint64_t mix(uint64_t x) {
 }
 
 }  // namespace
+
+std::vector<std::string> corpus_files(const std::string& path) {
+  return list_corpus_files(path.empty() ? kDefaultCorpusDir : path, path.empty());
+}
 
 Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   const bool is_default = path.empty();

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/tokenizer.h"
+
 namespace loom {
 
 inline constexpr const char* kDefaultCorpusDir = "/usr/share/games/fortunes";
@@ -26,13 +28,14 @@ struct Corpus {
 // Throws loom::Error for a missing path, an empty corpus, invalid UTF-8 (naming the file
 // and byte offset), or a split too small for one sequence of seq+1 tokens.
 Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq);
+// The files load_corpus reads for `path` (empty: the default corpus), in order.
+std::vector<std::string> corpus_files(const std::string& path);
 
 // Byte tokenizer: token = byte value.
 std::vector<int32_t> encode_bytes(const std::string& text);
 std::string decode_bytes(const std::vector<int32_t>& tokens);
 
-// Offset of the first byte that is not valid UTF-8, or -1.
-int64_t first_invalid_utf8(const uint8_t* data, int64_t n);
+using data::first_invalid_utf8;
 
 class DataLoader {
  public:

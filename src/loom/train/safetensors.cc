@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/fileio.h"
+#include "loom/core/fileio.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "loom/train/fileio.h"
+#include "loom/core/fileio.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,0 +1,241 @@
+#include "loom/data/prepare.h"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/data/shards.h"
+
+namespace fs = std::filesystem;
+
+namespace loom::data {
+
+std::string tokenizer_fingerprint(const Tokenizer& tok) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  for (int32_t id = 0; id < tok.vocab_size(); id++) {
+    std::string p;
+    try {
+      p = tok.piece(id);
+    } catch (const Error&) {  // an id the vocabulary leaves unused
+      p = "\x01unused";
+    }
+    p.push_back('\0');
+    c = crc32(c, reinterpret_cast<const Bytef*>(p.data()), uInt(p.size()));
+  }
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", unsigned(c));
+  std::string kind = tok.kind();
+  if (kind.size() > 40) kind.resize(40);
+  return kind + " v" + std::to_string(tok.vocab_size()) + " " + buf;
+}
+
+namespace {
+
+std::vector<std::string> input_files(const std::string& in) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  if (fs::is_regular_file(in, ec)) return {in};
+  LOOM_CONFIG_CHECK(fs::is_directory(in, ec), "--in '", in, "' does not exist: expected a UTF-8 text or .jsonl file, "
+                    "or a directory of them");
+  for (const auto& e : fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied, ec))
+    if (e.is_regular_file()) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  LOOM_CONFIG_CHECK(!files.empty(), "--in '", in, "' holds no files");
+  return files;
+}
+
+// Our outputs: a directory holding only these may be replaced with --overwrite.
+bool is_ours(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n == "prepare.json" || ((n.rfind("train_", 0) == 0 || n.rfind("val_", 0) == 0) && p.extension() == ".bin");
+}
+
+void check_out_dir(const PrepareOptions& opt) {
+  std::error_code ec;
+  if (!fs::exists(opt.out, ec)) return;
+  LOOM_CONFIG_CHECK(fs::is_directory(opt.out, ec), "--out '", opt.out, "' exists and is not a directory");
+  std::vector<std::string> foreign;
+  bool any = false;
+  for (const auto& e : fs::directory_iterator(opt.out, ec)) {
+    any = true;
+    if (!is_ours(e.path())) foreign.push_back(e.path().filename().string());
+  }
+  if (!foreign.empty())
+    throw ConfigError("--out '" + opt.out + "' holds files loom data prepare did not write (" + foreign.front() +
+                      (foreign.size() > 1 ? " and " + std::to_string(foreign.size() - 1) + " more" : "") +
+                      "): give a new or empty directory");
+  if (any && !opt.overwrite)
+    throw ConfigError("--out '" + opt.out + "' holds shards of an earlier run: pass --overwrite to replace them, "
+                      "or give another directory");
+}
+
+// The documents of one file, as views into `text` (which the caller keeps alive).
+std::vector<std::string_view> split_documents(const std::string& file, const std::string& text,
+                                              const PrepareOptions& opt, std::vector<std::string>& owned) {
+  std::vector<std::string_view> docs;
+  const bool jsonl = fs::path(file).extension() == ".jsonl";
+  if (!jsonl && opt.doc_separator.empty()) return {std::string_view(text)};
+  size_t line_no = 0, start = 0;  // start: first byte of the current document (text files)
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    line_no++;
+    if (jsonl) {
+      if (!line.empty()) {
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception& e) {
+          throw Error("'" + file + "' line " + std::to_string(line_no) + " (byte offset " + std::to_string(pos) +
+                      ") is not JSON: " + e.what());
+        }
+        LOOM_CHECK(j.is_object() && j.contains(opt.text_field) && j[opt.text_field].is_string(), "'", file,
+                   "' line ", line_no, " (byte offset ", pos, ") has no string field \"", opt.text_field,
+                   "\" (choose the field with --text-field)");
+        owned.push_back(j[opt.text_field].get<std::string>());
+      }
+    } else if (line == opt.doc_separator) {
+      docs.emplace_back(text.data() + start, pos - start);
+      start = std::min(end + 1, text.size());
+    }
+    pos = end + 1;
+  }
+  if (jsonl)
+    for (const auto& s : owned) docs.emplace_back(s);
+  else if (start < text.size())
+    docs.emplace_back(text.data() + start, text.size() - start);
+  return docs;
+}
+
+// Accumulates one split's documents into shards of about opt.shard_tokens tokens.
+class ShardWriter {
+ public:
+  ShardWriter(std::string dir, std::string prefix, ShardHeader h, int64_t shard_tokens)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), h_(std::move(h)), shard_tokens_(uint64_t(shard_tokens)) {}
+  void add(const std::vector<int32_t>& doc) {
+    if (!tokens_.empty() && tokens_.size() + doc.size() > shard_tokens_) flush();
+    starts_.push_back(tokens_.size());
+    tokens_.insert(tokens_.end(), doc.begin(), doc.end());
+  }
+  void flush() {
+    if (tokens_.empty()) return;
+    char name[32];
+    std::snprintf(name, sizeof name, "%s_%05d.bin", prefix_.c_str(), shards_++);
+    write_shard((fs::path(dir_) / name).string(), h_, tokens_, starts_);
+    tokens_.clear();
+    starts_.clear();
+  }
+  int shards() const { return shards_; }
+
+ private:
+  std::string dir_, prefix_;
+  ShardHeader h_;
+  uint64_t shard_tokens_;
+  std::vector<uint32_t> tokens_;
+  std::vector<uint64_t> starts_;
+  int shards_ = 0;
+};
+
+// Encodes `docs` on `threads` threads (document i on thread i % threads); results in order.
+std::vector<std::vector<int32_t>> encode_parallel(const Tokenizer& tok, const std::vector<std::string_view>& docs,
+                                                  int threads) {
+  std::vector<std::vector<int32_t>> out(docs.size());
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; t++)
+    pool.emplace_back([&, t] {
+      try {
+        for (size_t i = size_t(t); i < docs.size(); i += size_t(threads)) out[i] = tok.encode(docs[i], Special::kPlain);
+      } catch (...) {
+        errors[size_t(t)] = std::current_exception();
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+}  // namespace
+
+PrepareStats prepare_shards(const Tokenizer& tok, const std::string& tokenizer_path, const PrepareOptions& opt,
+                            const Progress& progress) {
+  LOOM_CONFIG_CHECK(opt.shard_tokens >= 1024, "--shard-tokens ", opt.shard_tokens, " is below 1024");
+  LOOM_CONFIG_CHECK(opt.val_fraction >= 0 && opt.val_fraction <= 0.5, "--val-fraction ", opt.val_fraction,
+                    " is outside [0, 0.5]");
+  LOOM_CONFIG_CHECK(opt.threads >= 1, "--threads ", opt.threads, " is below 1");
+  const auto files = input_files(opt.in);
+  check_out_dir(opt);
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t total = 0, done = 0;
+  for (const auto& f : files) total += fs::file_size(f);
+  ShardHeader h;
+  h.vocab_size = uint64_t(tok.vocab_size());
+  h.token_bytes = h.vocab_size <= 65536 ? 2 : 4;
+  h.end_of_document = tok.end_of_document();
+  h.tokenizer = tokenizer_fingerprint(tok);
+  const std::string tmp = opt.out + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  PrepareStats st;
+  try {
+    ShardWriter writers[2] = {{tmp, "train", h, opt.shard_tokens}, {tmp, "val", h, opt.shard_tokens}};
+    const uint64_t k = opt.val_fraction > 0 ? uint64_t(std::max<int64_t>(2, std::llround(1.0 / opt.val_fraction))) : 0;
+    uint64_t doc_index = 0;
+    for (const auto& f : files) {
+      const std::string text = read_file_bytes(f);
+      LOOM_CHECK(!text.empty(), "input file '", f, "' is empty: remove it or give text");
+      require_utf8(text, "input file '" + f + "'");
+      std::vector<std::string> owned;
+      auto docs = split_documents(f, text, opt, owned);
+      docs.erase(std::remove_if(docs.begin(), docs.end(), [](std::string_view d) { return d.empty(); }), docs.end());
+      const auto encoded = encode_parallel(tok, docs, opt.threads);
+      for (size_t i = 0; i < docs.size(); i++, doc_index++) {
+        const int split = (k && doc_index % k == k - 1) ? 1 : 0;
+        std::vector<int32_t> ids = encoded[i];
+        if (h.end_of_document >= 0) ids.push_back(int32_t(h.end_of_document));
+        writers[split].add(ids);
+        st.docs[split]++;
+        st.tokens[split] += ids.size();
+        st.bytes[split] += docs[i].size();
+      }
+      done += text.size();
+      if (progress) progress(done, total);
+    }
+    for (int s = 0; s < 2; s++) writers[s].flush(), st.shards[s] = writers[s].shards();
+    LOOM_CHECK(st.docs[0] > 0, "no training documents in '", opt.in, "'");
+    LOOM_CHECK(k == 0 || st.docs[1] > 0, "'", opt.in, "' has ", st.docs[0],
+               " document(s), too few for a validation split of every ", k,
+               "th document: split files into documents with --doc-separator, or pass --val-fraction 0");
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    nlohmann::json meta = {{"format", "loom token shards"}, {"version", 1}, {"tokenizer", tokenizer_path},
+                           {"fingerprint", h.tokenizer}, {"source", opt.in}, {"doc_separator", opt.doc_separator}};
+    for (int s = 0; s < 2; s++)
+      meta[s ? "val" : "train"] = {{"docs", st.docs[s]}, {"tokens", st.tokens[s]}, {"bytes", st.bytes[s]},
+                                   {"shards", st.shards[s]}};
+    write_file_atomic((fs::path(tmp) / "prepare.json").string(), meta.dump(2) + "\n");
+    check_out_dir(opt);  // again: it may have changed during the run
+    fs::remove_all(opt.out);  // absent, empty, or only our shards with --overwrite
+    fs::rename(tmp, opt.out);
+    fsync_dir(fs::path(opt.out).lexically_normal().parent_path().string().empty()
+                  ? "."
+                  : fs::path(opt.out).lexically_normal().parent_path().string());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return st;
+}
+
+}  // namespace loom::data

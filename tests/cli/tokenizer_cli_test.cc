@@ -1,0 +1,82 @@
+// `loom tokenizer` as a user runs it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "support/loom_cli.h"
+
+namespace fs = std::filesystem;
+using loom::testing_support::expect_usage_error;
+using loom::testing_support::run_loom;
+
+namespace {
+
+const std::string kTok = std::string(LOOM_FIXTURE_DIR) + "/tokenizers";
+
+TEST(TokenizerCli, EncodesAndDecodesGpt2) {
+  auto r = run_loom("tokenizer encode --tokenizer " + kTok + "/gpt2 --text 'Hello world<|endoftext|>' --json");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output, "[15496,995,50256]\n");
+  r = run_loom("tokenizer encode --tokenizer " + kTok + "/gpt2 --text '<|endoftext|>' --plain");
+  EXPECT_EQ(r.output, "27 91 437 1659 5239 91 29\n");
+  r = run_loom("tokenizer decode --tokenizer " + kTok + "/gpt2 --ids '[15496, 995, 50256]'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output, "Hello world<|endoftext|>");
+  r = run_loom("tokenizer info --tokenizer " + kTok + "/gpt2 --json");
+  EXPECT_NE(r.output.find("\"vocab_size\":50257"), std::string::npos) << r.output;
+}
+
+TEST(TokenizerCli, TrainsALosslessSentencePieceModelAndKeepsAnExistingOne) {
+  const fs::path dir = fs::temp_directory_path() / ("loom-tokcli-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string model = (dir / "t.model").string();
+  auto r = run_loom("tokenizer train --vocab 600 --in " + kTok + "/sample.txt --out " + model);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("vocab 600"), std::string::npos) << r.output;
+  r = run_loom("tokenizer encode --tokenizer " + model + " --in " + kTok + "/sample.txt > " + (dir / "ids").string());
+  r = run_loom("tokenizer decode --tokenizer " + model + " --in " + (dir / "ids").string() + " | cmp - " + kTok +
+               "/sample.txt && echo same");
+  EXPECT_EQ(r.output, "same\n");
+  expect_usage_error("tokenizer train --vocab 600 --in " + kTok + "/sample.txt --out " + model, "pass --overwrite");
+  r = run_loom("tokenizer train --vocab 600 --in " + kTok + "/sample.txt --out " + model + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(TokenizerCli, RefusesBadInputsNamingThem) {
+  expect_usage_error("tokenizer train --vocab 10 --in " + kTok + "/sample.txt --out /tmp/x.model", "--vocab 10 is outside");
+  expect_usage_error("tokenizer train --out /tmp/x.txt", "must end in .model");
+  expect_usage_error("tokenizer decode --tokenizer byte --ids '1 two'", "'two' at offset 2 is not a token id");
+  expect_usage_error("tokenizer encode --tokenizer byte", "--text S or --in FILE");
+  auto r = run_loom("tokenizer encode --tokenizer /nonexistent --text hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("tokenizer '/nonexistent' does not exist"), std::string::npos) << r.output;
+  r = run_loom("tokenizer decode --tokenizer byte --ids 300");
+  EXPECT_NE(r.output.find("token id 300 is not a byte"), std::string::npos) << r.output;
+}
+
+TEST(DataCli, PreparesInspectsAndRefusesDamage) {
+  const fs::path dir = fs::temp_directory_path() / ("loom-datacli-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string out = (dir / "shards").string();
+  auto r = run_loom("data prepare --tokenizer " + kTok + "/gpt2 --in " + kTok + "/sample.txt --out " + out +
+                    " --val-fraction 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // 592 ids with special tokens kept as text (as OpenAI's encoder gives) + <|endoftext|>
+  EXPECT_NE(r.output.find("train 1 docs, 593 tokens"), std::string::npos) << r.output;
+  r = run_loom("data inspect " + out + " --json");
+  EXPECT_NE(r.output.find("\"tokens\":593"), std::string::npos) << r.output;
+  expect_usage_error("data prepare --tokenizer byte --in " + kTok + "/sample.txt --out " + out + " --val-fraction 0",
+                     "pass --overwrite");
+  r = run_loom("data prepare --tokenizer byte --in " + kTok + "/sample.txt --out " + out + " --val-fraction 0 --overwrite");
+  EXPECT_EQ(r.code, 0) << r.output;
+  fs::resize_file(out + "/train_00000.bin", fs::file_size(out + "/train_00000.bin") - 1);
+  r = run_loom("data inspect " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("the file is truncated"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -138,3 +138,15 @@ TEST(Cli, PlanEmitsAConfigThatTrainsAndCompareLinesUpTraces) {
 }
 
 }  // namespace
+
+// Issue 24: `loom simulate` given a model by shape says what it derived and what it took
+// from the default preset, instead of silently simulating tiny's ffn and vocabulary.
+TEST(Cli, SimulateNamesKeysDerivedForAModelGivenByShape) {
+  const auto r = loom::testing_support::run_loom(
+      "simulate --set model.layers=24 --set model.d_model=2048 --set model.heads=16 --gpus 8 --global-batch 64");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("model by shape on dgx-a100"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("note: model.ffn = 8192 (4 x d_model, GPT)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.vocab = 256, model.ctx = 128 from the default preset 'tiny'"), std::string::npos)
+      << r.output;
+}

@@ -182,3 +182,27 @@ TEST(Config, FileSyntaxErrorNamesLine) {
 
 }  // namespace
 }  // namespace loom
+
+// Note [Model given by shape] (issue 24): a width without a preset gets the architecture's
+// ffn, not tiny's 512, and every key still taken from tiny is named.
+TEST(Config, ModelGivenByShapeDerivesFfnAndNamesTinyDefaults) {
+  const loom::Config g = loom::load_config("", {"model.layers=24", "model.d_model=2048", "model.heads=16"});
+  EXPECT_EQ(g.model.ffn, 4 * 2048);
+  ASSERT_EQ(g.model.notes.size(), 2u);
+  EXPECT_EQ(g.model.notes[0], "model.ffn = 8192 (4 x d_model, GPT)");
+  EXPECT_NE(g.model.notes[1].find("model.vocab = 256, model.ctx = 128 from the default preset 'tiny'"),
+            std::string::npos) << g.model.notes[1];
+  // Llama: 2/3 of 4 d rounded up to 256 gives Llama-2 7B's 11008; kv_heads follows heads.
+  const loom::Config l = loom::load_config("", {"model.arch=llama", "model.layers=32", "model.d_model=4096",
+                                                "model.heads=32", "model.vocab=32000", "model.ctx=4096"});
+  EXPECT_EQ(l.model.ffn, 11008);
+  EXPECT_EQ(l.model.kv_heads, 32);
+  EXPECT_EQ(l.model.notes.size(), 2u);  // ffn, kv_heads; nothing left from tiny
+  // A named preset, or every key given, leaves nothing to say.
+  EXPECT_TRUE(loom::load_config("", {"model.preset=gpt2", "model.layers=6"}).model.notes.empty());
+  EXPECT_TRUE(loom::load_config("", {}).model.notes.empty());
+  const loom::Config full = loom::load_config("", {"model.arch=gpt", "model.layers=2", "model.d_model=64", "model.heads=4",
+                                                   "model.ffn=128", "model.vocab=256", "model.ctx=32"});
+  EXPECT_TRUE(full.model.notes.empty());
+  EXPECT_EQ(full.model.ffn, 128);
+}

@@ -129,7 +129,7 @@ int run_simulate(const SimArgs& a) {
   const sim::SimResult r = sim::simulate(in.plan, in.cluster, events);
   const ParallelConfig& q = in.plan.cfg.parallel;
   std::ostringstream title;
-  title << in.plan.cfg.model.preset << " on " << in.cluster.name << " (" << r.gpus << " GPUs): dp " << q.dp << " tp "
+  title << (in.plan.cfg.model.notes.empty() ? in.plan.cfg.model.preset : std::string("model by shape")) << " on " << in.cluster.name << " (" << r.gpus << " GPUs): dp " << q.dp << " tp "
         << q.tp << " pp " << q.pp << " vpp " << q.vpp << " cp " << in.plan.cp << (q.sp ? " sp" : "") << " zero "
         << q.zero << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << ", " << q.schedule
         << ", recompute " << q.recompute;
@@ -139,10 +139,12 @@ int run_simulate(const SimArgs& a) {
     nlohmann::json j = result_json(r);
     j["layout"] = layout_json(in.plan);
     j["model"] = in.plan.cfg.model.preset;
+    j["model_notes"] = in.plan.cfg.model.notes;  // Note [Model given by shape]
     j["cluster"] = in.cluster.name;
     std::cout << j.dump() << std::endl;
   } else {
     std::cout << title.str() << "\n";
+    for (const std::string& n : in.plan.cfg.model.notes) std::cout << "note: " << n << "\n";
     print_result(std::cout, r, in.cluster.device.memory_bytes);
   }
   return 0;

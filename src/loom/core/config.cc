@@ -1,5 +1,7 @@
 #include "loom/core/config.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -240,6 +242,55 @@ std::vector<Assignment> parse_overrides(const std::vector<std::string>& override
   return out;
 }
 
+// Note [Model given by shape]: with no model.preset named, the default preset (tiny) fills
+// the keys the user left out. A width from the user with tiny's ffn is a silent mismatch
+// (issue 24), so when model.d_model is given and model.ffn is not, ffn follows the
+// architecture: 4 d for GPT (Radford et al. 2019), and for Llama Meta's rule, 2/3 of 4 d
+// rounded up to a multiple of 256 (llama/model.py, multiple_of = 256). Every key still taken
+// from tiny is named in model.notes, which train and simulate print.
+std::vector<std::string> given_model_keys(const std::vector<Assignment>& a, const std::vector<Assignment>& b) {
+  std::vector<std::string> keys;
+  for (const auto* list : {&a, &b})
+    for (const auto& x : *list)
+      if (x.key.rfind("model.", 0) == 0 && std::find(keys.begin(), keys.end(), x.key) == keys.end())
+        keys.push_back(x.key);
+  return keys;
+}
+
+void complete_model_by_shape(ModelConfig& m, const std::vector<std::string>& given) {
+  if (given.empty()) return;
+  auto has = [&](const char* k) { return std::find(given.begin(), given.end(), k) != given.end(); };
+  if (has("model.d_model") && !has("model.ffn")) {
+    if (m.arch == Arch::kGpt) {
+      m.ffn = 4 * m.d_model;
+      m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (4 x d_model, GPT)");
+    } else {
+      m.ffn = (8 * m.d_model / 3 + 255) / 256 * 256;
+      m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (Llama: 8/3 x d_model rounded up to 256)");
+    }
+  }
+  if (m.arch == Arch::kLlama && has("model.heads") && !has("model.kv_heads")) {
+    m.kv_heads = m.heads;
+    m.notes.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " (no GQA: = heads)");
+  }
+  std::string kept;
+  for (const char* k : {"model.arch", "model.layers", "model.d_model", "model.heads", "model.ffn", "model.vocab",
+                        "model.ctx"}) {
+    if (has(k) || (std::string(k) == "model.ffn" && has("model.d_model"))) continue;
+    const std::string name = std::string(k).substr(6);
+    const std::string v = name == "arch"     ? (m.arch == Arch::kGpt ? "gpt" : "llama")
+                          : name == "layers" ? std::to_string(m.layers)
+                          : name == "d_model" ? std::to_string(m.d_model)
+                          : name == "heads"  ? std::to_string(m.heads)
+                          : name == "ffn"    ? std::to_string(m.ffn)
+                          : name == "vocab"  ? std::to_string(m.vocab)
+                                             : std::to_string(m.ctx);
+    kept += (kept.empty() ? "" : ", ") + std::string(k) + " = " + v;
+  }
+  if (!kept.empty())
+    m.notes.push_back(kept + " from the default preset '" + m.preset + "' (no model.preset named; set them or name one)");
+}
+
 Config resolve(const std::vector<Assignment>& file_values, const std::vector<Assignment>& overrides) {
   Config c;
   // Validate every key name first so a typo is reported even if the preset is also bad.
@@ -247,9 +298,10 @@ Config resolve(const std::vector<Assignment>& file_values, const std::vector<Ass
     for (const auto& a : *list) require_key(a.key);
   // Preset: the last assignment to model.preset wins; it sets every model key.
   std::string preset = c.model.preset;
+  bool preset_named = false;
   for (const auto* list : {&file_values, &overrides})
     for (const auto& a : *list)
-      if (a.key == "model.preset") preset = parse_string(a.key, a.value);
+      if (a.key == "model.preset") preset = parse_string(a.key, a.value), preset_named = true;
   apply_model_preset(c.model, preset);
   bool kv_given = false;
   for (const auto* list : {&file_values, &overrides})
@@ -259,6 +311,7 @@ Config resolve(const std::vector<Assignment>& file_values, const std::vector<Ass
     }
   // GPT has no GQA: unless kv_heads was given, it follows heads.
   if (c.model.arch == Arch::kGpt && !kv_given) c.model.kv_heads = c.model.heads;
+  if (!preset_named) complete_model_by_shape(c.model, given_model_keys(file_values, overrides));
   validate(c);
   return c;
 }

@@ -21,6 +21,9 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;  // Llama only
   double init_std = 0.02;
+  // Note [Model given by shape]: keys derived or defaulted when no preset was named but
+  // shape keys were, e.g. "model.ffn = 256 (4 x d_model, GPT)"; printed by train and simulate.
+  std::vector<std::string> notes;
   int64_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
 };
 

@@ -124,13 +124,15 @@ std::vector<float> unpadded_params(const Model& model) {
 
 void print_header(Reporter& rep, const Config& cfg, const Corpus& corpus, int64_t params, int64_t mb, int64_t T) {
   std::ostringstream os;
-  os << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " '" << cfg.model.preset << "' "
+  const std::string name = cfg.model.notes.empty() ? "'" + cfg.model.preset + "'" : std::string("by shape");
+  os << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " " << name << " "
      << params << " params (" << cfg.model.layers << " layers, d_model " << cfg.model.d_model << ", heads "
      << cfg.model.heads << "/" << cfg.model.kv_heads << ", vocab " << cfg.model.vocab << ")\n"
      << layout_line(cfg, mb, T) << "\n"
      << "  corpus " << (cfg.data.path.empty() ? kDefaultCorpusDir : cfg.data.path) << ": " << corpus.files.size()
      << " files, train " << corpus.train.size() << " / val " << corpus.val.size() << " bytes, unigram entropy "
      << std::fixed << std::setprecision(4) << corpus.unigram_entropy_nats << " nats";
+  for (const std::string& n : cfg.model.notes) os << "\n  note: " << n;
   rep.info(os.str());
 }
 

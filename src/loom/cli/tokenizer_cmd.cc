@@ -46,6 +46,16 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& where) {
   return ids;
 }
 
+// "1 2 3": the ids separated by single spaces.
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); i++) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
 int encode(const TokenizerArgs& a) {
   const auto tok = data::load_tokenizer(a.tokenizer);
   const std::string text = input_text(a, "--text");
@@ -56,12 +66,7 @@ int encode(const TokenizerArgs& a) {
     for (size_t pos = 0; pos < text.size();) {
       size_t end = text.find('\n', pos);
       if (end == std::string::npos) end = text.size();
-      const auto ids = tok->encode(std::string_view(text).substr(pos, end - pos), special);
-      for (size_t i = 0; i < ids.size(); i++) {
-        if (i) out += ' ';
-        out += std::to_string(ids[i]);
-      }
-      out += "\n";
+      out += join_ids(tok->encode(std::string_view(text).substr(pos, end - pos), special)) + "\n";
       pos = end + 1;
     }
     std::cout << out;
@@ -71,12 +76,7 @@ int encode(const TokenizerArgs& a) {
   if (a.json) {
     std::cout << nlohmann::json(ids).dump() << "\n";
   } else {
-    std::string line;
-    for (size_t i = 0; i < ids.size(); i++) {
-      if (i) line += ' ';
-      line += std::to_string(ids[i]);
-    }
-    std::cout << line << "\n";
+    std::cout << join_ids(ids) << "\n";
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <sstream>
+#include <string_view>
 #include <toml++/toml.h>
 
 #include "loom/core/error.h"
@@ -273,19 +274,16 @@ void complete_model_by_shape(ModelConfig& m, const std::vector<std::string>& giv
     m.kv_heads = m.heads;
     m.notes.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " (no GQA: = heads)");
   }
-  std::string kept;
-  for (const char* k : {"model.arch", "model.layers", "model.d_model", "model.heads", "model.ffn", "model.vocab",
-                        "model.ctx"}) {
-    if (has(k) || (std::string(k) == "model.ffn" && has("model.d_model"))) continue;
-    const std::string name = std::string(k).substr(6);
-    const std::string v = name == "arch"     ? (m.arch == Arch::kGpt ? "gpt" : "llama")
-                          : name == "layers" ? std::to_string(m.layers)
-                          : name == "d_model" ? std::to_string(m.d_model)
-                          : name == "heads"  ? std::to_string(m.heads)
-                          : name == "ffn"    ? std::to_string(m.ffn)
-                          : name == "vocab"  ? std::to_string(m.vocab)
-                                             : std::to_string(m.ctx);
-    kept += (kept.empty() ? "" : ", ") + std::string(k) + " = " + v;
+  const std::pair<const char*, std::string> values[] = {
+      {"model.arch", m.arch == Arch::kGpt ? "gpt" : "llama"}, {"model.layers", std::to_string(m.layers)},
+      {"model.d_model", std::to_string(m.d_model)},           {"model.heads", std::to_string(m.heads)},
+      {"model.ffn", std::to_string(m.ffn)},                   {"model.vocab", std::to_string(m.vocab)},
+      {"model.ctx", std::to_string(m.ctx)}};
+  std::string kept;  // the keys the default preset still supplies (ffn is noted above when derived)
+  for (const auto& [k, v] : values) {
+    if (has(k) || (std::string_view(k) == "model.ffn" && has("model.d_model"))) continue;
+    if (!kept.empty()) kept += ", ";
+    kept += std::string(k) + " = " + v;
   }
   if (!kept.empty())
     m.notes.push_back(kept + " from the default preset '" + m.preset + "' (no model.preset named; set them or name one)");

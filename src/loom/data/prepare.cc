@@ -13,6 +13,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/data/corpus.h"
 #include "loom/data/shards.h"
 
 namespace fs = std::filesystem;
@@ -46,9 +47,7 @@ std::vector<std::string> input_files(const std::string& in) {
   if (fs::is_regular_file(in, ec)) return {in};
   LOOM_CONFIG_CHECK(fs::is_directory(in, ec), "--in '", in, "' does not exist: expected a UTF-8 text or .jsonl file, "
                     "or a directory of them");
-  for (const auto& e : fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied, ec))
-    if (e.is_regular_file()) files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
+  files = text_files_under(in);
   LOOM_CONFIG_CHECK(!files.empty(), "--in '", in, "' holds no files");
   return files;
 }

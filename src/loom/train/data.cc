@@ -6,6 +6,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/data/corpus.h"
 
 namespace fs = std::filesystem;
 
@@ -25,12 +26,7 @@ std::vector<std::string> list_corpus_files(const std::string& path, bool is_defa
   if (fs::is_regular_file(path, ec)) {
     files.push_back(path);
   } else if (fs::is_directory(path, ec)) {
-    for (const auto& e : fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied, ec)) {
-      if (!e.is_regular_file() || e.is_symlink()) continue;  // fortunes' *.u8 are symlinks
-      if (is_default && e.path().extension() == ".dat") continue;
-      files.push_back(e.path().string());
-    }
-    std::sort(files.begin(), files.end());
+    files = data::text_files_under(path);
   } else {
     throw Error("data.path = '" + path + "' is neither a regular file nor a directory");
   }

@@ -29,6 +29,7 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string path;            // empty: the fortunes corpus from Debian's `fortunes` package
+  std::string shards;          // token shards from `loom data prepare` (or llm.c's); replaces path
   double val_fraction = 0.1;   // every round(1/val_fraction)-th 4 KiB block goes to validation
 };
 

@@ -33,22 +33,41 @@ std::vector<std::string> list_corpus_files(const std::string& path, bool is_defa
   return files;
 }
 
-double unigram_entropy(const std::vector<uint8_t>& t) {
-  std::vector<double> count(256, 0.0);
-  for (uint8_t b : t) count[b] += 1;
+double entropy_of_counts(const std::vector<double>& count, double total) {
   double h = 0;
   for (double c : count)
-    if (c > 0) h -= c / double(t.size()) * std::log(c / double(t.size()));
+    if (c > 0) h -= c / total * std::log(c / total);
   return h;
 }
 
-// splitmix64: a counter-based hash, so any (step, row) can be computed independently.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+double unigram_entropy(const std::vector<uint8_t>& t) {
+  std::vector<double> count(256, 0.0);
+  for (uint8_t b : t) count[b] += 1;
+  return entropy_of_counts(count, double(t.size()));
 }
+
+// Of the first 16M tokens: enough for a unigram baseline at any corpus size.
+double unigram_entropy(const data::TokenSource& src, uint64_t vocab) {
+  const int64_t n = int64_t(std::min<uint64_t>(src.size(), uint64_t(1) << 24));
+  std::vector<int32_t> toks(static_cast<size_t>(n));
+  src.copy(0, n, toks.data());
+  std::vector<double> count(vocab, 0.0);
+  for (int32_t t : toks) count[size_t(t)] += 1;
+  return entropy_of_counts(count, double(n));
+}
+
+// The byte corpus as a token source.
+class ByteSource final : public data::TokenSource {
+ public:
+  explicit ByteSource(const std::vector<uint8_t>& bytes) : b_(bytes) {}
+  uint64_t size() const override { return b_.size(); }
+  void copy(uint64_t offset, int64_t n, int32_t* out) const override {
+    for (int64_t t = 0; t < n; t++) out[t] = b_[offset + uint64_t(t)];
+  }
+
+ private:
+  const std::vector<uint8_t>& b_;
+};
 
 }  // namespace
 
@@ -91,6 +110,39 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   return c;
 }
 
+std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq) {
+  auto d = std::make_unique<TrainData>();
+  if (cfg.data.shards.empty()) {
+    d->corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, seq);
+    d->corpus_train = std::make_unique<ByteSource>(d->corpus.train);
+    d->corpus_val = std::make_unique<ByteSource>(d->corpus.val);
+    d->train = d->corpus_train.get();
+    d->val = d->corpus_val.get();
+    d->unigram_entropy_nats = d->corpus.unigram_entropy_nats;
+    d->val_bytes_per_token = 1;
+    d->describe = "corpus " + (cfg.data.path.empty() ? std::string(kDefaultCorpusDir) : cfg.data.path) + ": " +
+                  std::to_string(d->corpus.files.size()) + " files, train " + std::to_string(d->corpus.train.size()) +
+                  " / val " + std::to_string(d->corpus.val.size()) + " bytes";
+    return d;
+  }
+  d->shards = data::open_shard_splits(cfg.data.shards);
+  const uint64_t vocab = std::max(d->shards.train->vocab_size(), d->shards.val->vocab_size());
+  LOOM_CONFIG_CHECK(vocab <= uint64_t(cfg.model.vocab), "data.shards = '", cfg.data.shards, "' holds token ids up to ",
+                    vocab - 1, " (vocabulary ", vocab, ", ", d->shards.train->shards()[0]->header().tokenizer,
+                    ") but model.vocab = ", cfg.model.vocab, ": set model.vocab = ", vocab, " or more");
+  d->train = d->shards.train.get();
+  d->val = d->shards.val.get();
+  d->order = DataOrder::kEpoch;
+  d->unigram_entropy_nats = unigram_entropy(*d->train, vocab);
+  d->val_bytes_per_token = d->shards.val_bytes_per_token;
+  d->describe = "shards " + cfg.data.shards + ": " + std::to_string(d->shards.train->shards().size()) + " train (" +
+                std::to_string(d->train->size()) + " tokens) / " + std::to_string(d->shards.val->shards().size()) +
+                " val (" + std::to_string(d->val->size()) + " tokens), " +
+                d->shards.train->shards()[0]->header().tokenizer + ", epoch of " +
+                std::to_string((d->train->size() - 1) / uint64_t(seq)) + " windows";
+  return d;
+}
+
 std::vector<int32_t> encode_bytes(const std::string& text) {
   std::vector<int32_t> out(text.size());
   for (size_t i = 0; i < text.size(); i++) out[i] = uint8_t(text[i]);
@@ -106,11 +158,24 @@ std::string decode_bytes(const std::vector<int32_t>& tokens) {
 
 DataLoader::DataLoader(const std::vector<uint8_t>& tokens, int64_t seq, uint64_t seed, int shard_index,
                        int shard_count)
-    : data_(tokens), seq_(seq), seed_(seed), shard_index_(shard_index), shard_count_(shard_count) {
-  LOOM_CHECK(int64_t(tokens.size()) >= seq + 1, "data split has ", tokens.size(),
-             " tokens, fewer than one window of seq+1 = ", seq + 1);
-  LOOM_CHECK(shard_count > 0 && shard_index >= 0 && shard_index < shard_count, "data shard ", shard_index,
-             " of ", shard_count, " is not a valid shard");
+    : owned_(std::make_unique<ByteSource>(tokens)), src_(*owned_), seq_(seq), seed_(seed), shard_index_(shard_index),
+      shard_count_(shard_count), order_(DataOrder::kHashed) {
+  check();
+}
+
+DataLoader::DataLoader(const data::TokenSource& tokens, int64_t seq, uint64_t seed, int shard_index,
+                       int shard_count, DataOrder order)
+    : src_(tokens), seq_(seq), seed_(seed), shard_index_(shard_index), shard_count_(shard_count), order_(order) {
+  check();
+}
+
+DataLoader::~DataLoader() = default;
+
+void DataLoader::check() const {
+  LOOM_CHECK(src_.size() >= uint64_t(seq_ + 1), "data split has ", src_.size(),
+             " tokens, fewer than one window of seq+1 = ", seq_ + 1);
+  LOOM_CHECK(shard_count_ > 0 && shard_index_ >= 0 && shard_index_ < shard_count_, "data shard ", shard_index_,
+             " of ", shard_count_, " is not a valid shard");
 }
 
 int64_t DataLoader::shard_rows(int64_t global_batch) const {
@@ -119,11 +184,23 @@ int64_t DataLoader::shard_rows(int64_t global_batch) const {
   return global_batch / shard_count_;
 }
 
-void DataLoader::fill_row(int64_t offset, int32_t* tokens, int32_t* targets) const {
-  for (int64_t t = 0; t < seq_; t++) {
-    tokens[t] = data_[offset + t];
-    targets[t] = data_[offset + t + 1];
+void DataLoader::fill_row(uint64_t offset, int32_t* tokens, int32_t* targets) const {
+  src_.copy(offset, seq_, tokens);
+  src_.copy(offset + 1, seq_, targets);
+}
+
+uint64_t DataLoader::window_start(int64_t step, int64_t global_batch, int64_t row) const {
+  if (order_ == DataOrder::kHashed) {  // Note [data order]
+    const uint64_t windows = src_.size() - uint64_t(seq_);  // valid start offsets
+    using data::mix64;
+    const uint64_t h = mix64(mix64(seed_ ^ 0x6C6F6F6Dull) ^ mix64(uint64_t(step) * 0x100000001B3ull + uint64_t(row)));
+    return h % windows;
   }
+  // Note [Epoch order]
+  const uint64_t windows = (src_.size() - 1) / uint64_t(seq_);
+  const uint64_t g = uint64_t(step) * uint64_t(global_batch) + uint64_t(row);
+  const uint64_t epoch = g / windows;
+  return data::permute(g % windows, windows, data::mix64(seed_ ^ 0x65706F6368ull) ^ data::mix64(epoch)) * uint64_t(seq_);
 }
 
 int64_t DataLoader::train_batch(int64_t step, int64_t micro, int64_t micro_count, int64_t global_batch,
@@ -131,11 +208,9 @@ int64_t DataLoader::train_batch(int64_t step, int64_t micro, int64_t micro_count
   const int64_t per_shard = shard_rows(global_batch);
   LOOM_ASSERT(per_shard % micro_count == 0 && micro >= 0 && micro < micro_count);
   const int64_t rows = per_shard / micro_count;
-  const uint64_t windows = data_.size() - uint64_t(seq_);  // valid start offsets
   for (int64_t i = 0; i < rows; i++) {
-    const uint64_t r = uint64_t(shard_index_ * per_shard + micro * rows + i);
-    const uint64_t h = mix(mix(seed_ ^ 0x6C6F6F6Dull) ^ mix(uint64_t(step) * 0x100000001B3ull + r));
-    fill_row(int64_t(h % windows), tokens + i * seq_, targets + i * seq_);
+    const int64_t r = shard_index_ * per_shard + micro * rows + i;
+    fill_row(window_start(step, global_batch, r), tokens + i * seq_, targets + i * seq_);
   }
   return rows;
 }
@@ -144,12 +219,11 @@ int64_t DataLoader::val_batch(int64_t index, int64_t batch_count, int64_t global
                               int32_t* targets) const {
   const int64_t per_shard = shard_rows(global_batch);
   const int64_t total_rows = batch_count * global_batch;
-  const int64_t windows = int64_t(data_.size()) - seq_;
+  const int64_t windows = int64_t(src_.size()) - seq_;
   for (int64_t i = 0; i < per_shard; i++) {
     const int64_t r = index * global_batch + shard_index_ * per_shard + i;
     // Evenly spaced windows; they overlap only if the split is short.
-    const int64_t offset = int64_t((__int128)r * windows / total_rows);
-    fill_row(offset, tokens + i * seq_, targets + i * seq_);
+    fill_row(uint64_t((__int128)r * windows / total_rows), tokens + i * seq_, targets + i * seq_);
   }
   return per_shard;
 }

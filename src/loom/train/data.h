@@ -7,9 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "loom/core/config.h"
+#include "loom/data/source.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom {
@@ -37,12 +40,21 @@ std::string decode_bytes(const std::vector<int32_t>& tokens);
 
 using data::first_invalid_utf8;
 
+// Which window each global row reads: kHashed, Note [data order] (random windows at any
+// offset; the byte corpus), or kEpoch, Note [Epoch order] in data/source.h (each window once
+// per epoch; token shards).
+enum class DataOrder { kHashed, kEpoch };
+
 class DataLoader {
  public:
   // Reads (seq+1)-token windows from `tokens`; this process is shard `shard_index` of
   // `shard_count` (data parallel ranks). Throws if the split is shorter than seq+1.
   DataLoader(const std::vector<uint8_t>& tokens, int64_t seq, uint64_t seed, int shard_index = 0,
              int shard_count = 1);
+  // The same over any token source (kept alive by the caller).
+  DataLoader(const data::TokenSource& tokens, int64_t seq, uint64_t seed, int shard_index, int shard_count,
+             DataOrder order);
+  ~DataLoader();
 
   // Micro-batch `micro` (of `micro_count`) of this shard's part of step `step`'s global batch
   // of `global_batch` rows: fills (rows, seq) tokens and next-token targets; returns rows.
@@ -52,13 +64,35 @@ class DataLoader {
   int64_t val_batch(int64_t index, int64_t batch_count, int64_t global_batch, int32_t* tokens,
                     int32_t* targets) const;
   int64_t shard_rows(int64_t global_batch) const;
+  // The window start that global row `row` of step `step` reads (for tests of the order).
+  uint64_t window_start(int64_t step, int64_t global_batch, int64_t row) const;
 
  private:
-  void fill_row(int64_t offset, int32_t* tokens, int32_t* targets) const;
-  const std::vector<uint8_t>& data_;
+  void check() const;
+  void fill_row(uint64_t offset, int32_t* tokens, int32_t* targets) const;
+  std::unique_ptr<data::TokenSource> owned_;  // the byte corpus, when built from one
+  const data::TokenSource& src_;
   int64_t seq_;
   uint64_t seed_;
   int shard_index_, shard_count_;
+  DataOrder order_;
 };
+
+// What a run trains and validates on: the byte corpus (data.path, Note [data order]) or
+// token shards (data.shards, Note [Epoch order]). Built once per rank; the loaders read
+// `train` and `val`, which point into this object (so it is not moved).
+struct TrainData {
+  Corpus corpus;             // byte corpus mode
+  data::ShardSplits shards;  // shard mode
+  std::unique_ptr<data::TokenSource> corpus_train, corpus_val;
+  const data::TokenSource* train = nullptr;
+  const data::TokenSource* val = nullptr;
+  DataOrder order = DataOrder::kHashed;
+  std::string describe;               // one header line
+  double unigram_entropy_nats = 0;    // of the train split (first 16M tokens for shards)
+  double val_bytes_per_token = 0;     // 1 for bytes; from prepare.json for shards; 0 unknown
+};
+// Throws ConfigError when the shards' vocabulary exceeds model.vocab (naming both).
+std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq);
 
 }  // namespace loom

@@ -49,13 +49,17 @@ void Reporter::step(int64_t step, double loss, double lr, double norm, double to
   }
 }
 
-void Reporter::val(int64_t step, double val_loss) {
+void Reporter::val(int64_t step, double val_loss, double bytes_per_token) {
+  const double bpb = bytes_per_token > 0 ? val_loss / std::log(2.0) / bytes_per_token : 0;
   if (o_.json) {
-    *o_.out << nlohmann::json{{"step", step + 1}, {"val_loss", val_loss}}.dump() << "\n" << std::flush;
+    nlohmann::json j{{"step", step + 1}, {"val_loss", val_loss}};
+    if (bpb > 0) j["val_bpb"] = bpb;
+    *o_.out << j.dump() << "\n" << std::flush;
     return;
   }
   std::ostringstream os;
   os << "step " << step + 1 << "/" << steps_ << "  val_loss " << std::fixed << std::setprecision(4) << val_loss;
+  if (bpb > 0) os << "  val_bpb " << bpb;
   end_bar();
   (o_.progress ? *o_.err : *o_.out) << os.str() << "\n" << std::flush;
 }

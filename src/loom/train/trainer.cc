@@ -122,16 +122,15 @@ std::vector<float> unpadded_params(const Model& model) {
   return out;
 }
 
-void print_header(Reporter& rep, const Config& cfg, const Corpus& corpus, int64_t params, int64_t mb, int64_t T) {
+void print_header(Reporter& rep, const Config& cfg, const TrainData& data, int64_t params, int64_t mb, int64_t T) {
   std::ostringstream os;
   const std::string name = cfg.model.notes.empty() ? "'" + cfg.model.preset + "'" : std::string("by shape");
   os << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " " << name << " "
      << params << " params (" << cfg.model.layers << " layers, d_model " << cfg.model.d_model << ", heads "
      << cfg.model.heads << "/" << cfg.model.kv_heads << ", vocab " << cfg.model.vocab << ")\n"
      << layout_line(cfg, mb, T) << "\n"
-     << "  corpus " << (cfg.data.path.empty() ? kDefaultCorpusDir : cfg.data.path) << ": " << corpus.files.size()
-     << " files, train " << corpus.train.size() << " / val " << corpus.val.size() << " bytes, unigram entropy "
-     << std::fixed << std::setprecision(4) << corpus.unigram_entropy_nats << " nats";
+     << "  " << data.describe << ", unigram entropy " << std::fixed << std::setprecision(4)
+     << data.unigram_entropy_nats << " nats";
   for (const std::string& n : cfg.model.notes) os << "\n  note: " << n;
   rep.info(os.str());
 }
@@ -283,9 +282,9 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   if (std::string w = cpu::blas_downgrade_warning(); !w.empty()) rep.info("warning: " + w);
 
   const int64_t T = cfg.seq_len(), mb = cfg.micro_batch();
-  const Corpus corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, T);
-  const DataLoader train_data(corpus.train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
-  const DataLoader val_data(corpus.val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size);
+  const std::unique_ptr<TrainData> data = load_train_data(cfg, T);
+  const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
+  const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
   check_fits(cfg, rc, mb, T);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
@@ -293,8 +292,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count();
-  sum.unigram_entropy = corpus.unigram_entropy_nats;
-  print_header(rep, cfg, corpus, sum.params, mb, T);
+  sum.unigram_entropy = data->unigram_entropy_nats;
+  print_header(rep, cfg, *data, sum.params, mb, T);
 
   const auto t0 = Clock::now();
   auto last = t0;
@@ -342,7 +341,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       mark("validation", "compute");
       sum.final_val_loss = evaluate(e.model, e.pipe.get(), val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
       unmark();
-      rep.val(step, sum.final_val_loss);
+      rep.val(step, sum.final_val_loss, data->val_bytes_per_token);
     }
     unmark();
   }

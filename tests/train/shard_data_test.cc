@@ -1,0 +1,167 @@
+// Training from token shards: Note [Epoch order] (a keyed bijection per epoch; dp ranks x
+// steps read every window once per epoch, whatever the layout), and a run on shards that
+// resumes on another layout where the uninterrupted run would be.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "loom/data/prepare.h"
+#include "loom/data/source.h"
+#include "loom/train/data.h"
+#include "loom/train/trainer.h"
+#include "support/error_message.h"
+#include "support/temp_dir.h"
+#include "support/train_threads.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::TempDir;
+
+TEST(Permute, IsABijectionOfEverySize) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<uint64_t> sizes = {1, 2, 3, 4, 5, 7, 16, 17, 100, 1000, 4096, 4097};
+  for (int i = 0; i < 20; i++) sizes.push_back(1 + rng() % 20000);
+  for (uint64_t n : sizes) {
+    const uint64_t key = rng();
+    std::vector<bool> seen(n);
+    for (uint64_t i = 0; i < n; i++) {
+      const uint64_t p = data::permute(i, n, key);
+      ASSERT_LT(p, n);
+      ASSERT_FALSE(seen[p]) << "n " << n << " i " << i;
+      seen[p] = true;
+    }
+  }
+  // Another key is another order.
+  int same = 0;
+  for (uint64_t i = 0; i < 1000; i++) same += data::permute(i, 1000, 1) == data::permute(i, 1000, 2);
+  EXPECT_LT(same, 20);
+}
+
+// Two shards of random tokens read as one stream.
+struct Stream {
+  TempDir dir{"loom-epoch"};
+  std::unique_ptr<data::ShardStream> stream;
+  std::vector<int32_t> all;
+  Stream() {
+    std::mt19937 rng(std::random_device{}());
+    std::vector<std::unique_ptr<data::Shard>> shards;
+    for (uint64_t n : {1000u, 777u}) {
+      std::vector<uint32_t> t(n);
+      for (auto& x : t) x = rng() % 5000, all.push_back(int32_t(x));
+      data::ShardHeader h;
+      h.vocab_size = 5000;
+      const std::string path = dir / ("train_" + std::to_string(n) + ".bin");
+      data::write_shard(path, h, t, std::vector<uint64_t>{0});
+      shards.push_back(std::make_unique<data::Shard>(path));
+    }
+    stream = std::make_unique<data::ShardStream>(std::move(shards));
+  }
+};
+
+TEST(EpochOrder, DpRanksTimesStepsReadEveryWindowOncePerEpoch) {
+  const Stream s;
+  const int64_t T = 16, B = 6;
+  const uint64_t W = (s.all.size() - 1) / T;  // 111 windows, the last crossing the shard boundary
+  std::vector<std::unique_ptr<DataLoader>> ranks;
+  for (int k = 0; k < 2; k++) ranks.push_back(std::make_unique<DataLoader>(*s.stream, T, 7, k, 2, DataOrder::kEpoch));
+  std::vector<std::multiset<uint64_t>> per_epoch(3);
+  std::vector<int32_t> tok(size_t(3 * T)), tgt(size_t(3 * T));
+  for (int64_t step = 0; step * B < int64_t(3 * W); step++) {
+    for (int k = 0; k < 2; k++) {
+      ASSERT_EQ(ranks[size_t(k)]->train_batch(step, 0, 1, B, tok.data(), tgt.data()), 3);
+      for (int64_t i = 0; i < 3; i++) {
+        const int64_t row = k * 3 + i;
+        const uint64_t start = ranks[size_t(k)]->window_start(step, B, row);
+        for (int64_t t = 0; t < T; t++) {  // the filled row is the stream at that window
+          ASSERT_EQ(tok[size_t(i * T + t)], s.all[start + uint64_t(t)]);
+          ASSERT_EQ(tgt[size_t(i * T + t)], s.all[start + uint64_t(t) + 1]);
+        }
+        const uint64_t g = uint64_t(step * B + row);
+        if (g / W < 3) per_epoch[g / W].insert(start);
+      }
+    }
+  }
+  for (const auto& e : per_epoch) {
+    ASSERT_EQ(e.size(), W);
+    uint64_t w = 0;
+    for (uint64_t start : e) EXPECT_EQ(start, T * w++);  // each window once: no gap, no overlap
+  }
+}
+
+TEST(EpochOrder, TheGlobalBatchIsTheSameOnEveryLayout) {
+  const Stream s;
+  const int64_t T = 8, B = 8;
+  const DataLoader one(*s.stream, T, 3, 0, 1, DataOrder::kEpoch);
+  for (int64_t step : {0, 5, 300}) {
+    std::vector<int32_t> whole(size_t(B * T)), tgt(size_t(B * T));
+    one.train_batch(step, 0, 1, B, whole.data(), tgt.data());
+    // dp 4 x 2 micro-batches: the same rows in the same order.
+    std::vector<int32_t> pieces;
+    for (int k = 0; k < 4; k++) {
+      const DataLoader rank(*s.stream, T, 3, k, 4, DataOrder::kEpoch);
+      for (int m = 0; m < 2; m++) {
+        std::vector<int32_t> tok(static_cast<size_t>(T)), t2(static_cast<size_t>(T));
+        ASSERT_EQ(rank.train_batch(step, m, 2, B, tok.data(), t2.data()), 1);
+        pieces.insert(pieces.end(), tok.begin(), tok.end());
+      }
+    }
+    EXPECT_EQ(pieces, whole) << "step " << step;
+  }
+}
+
+Config shard_run(const std::string& shards, const std::string& ckpt, std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"data.shards=" + shards, "model.preset=tiny", "model.layers=2", "model.d_model=64",
+                                   "model.heads=4", "model.ffn=256", "model.ctx=32", "train.batch=8",
+                                   "train.steps=6", "train.val_batches=1", "train.val_every=0", "train.threads=1",
+                                   "checkpoint.save_every=3", "checkpoint.dir=" + ckpt, "optim.warmup_steps=2"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config("", sets);
+}
+
+TEST(ShardData, ARunOnShardsResumesOnAnotherLayoutWhereItWouldHaveBeen) {
+  TempDir d{"loom-shardrun"};
+  const auto tok = data::load_tokenizer("byte");
+  data::PrepareOptions o;
+  o.in = "/usr/share/games/fortunes/people";
+  o.out = d / "shards";
+  o.doc_separator = "%";
+  o.shard_tokens = 40000;  // several shards, so windows cross shard boundaries
+  data::prepare_shards(*tok, "byte", o);
+  const auto whole = testing_support::train_keeping_params(shard_run(d / "shards", d / "a", {}));
+  const auto resumed = testing_support::train_keeping_params(
+      shard_run(d / "shards", d / "b", {"parallel.dp=2"}), d / "a/step-00000003");
+  ASSERT_EQ(whole[0].losses.size(), 6u);
+  ASSERT_EQ(resumed[0].losses.size(), 3u);
+  for (size_t i = 0; i < 3; i++)  // dp 2 sums the same rows in another order: fp32 rounding only
+    EXPECT_NEAR(resumed[0].losses[i], whole[0].losses[3 + i], 1e-5 * whole[0].losses[3 + i]) << "step " << 4 + i;
+  EXPECT_LT(whole[0].final_val_loss, std::log(256.0));
+}
+
+TEST(ShardData, RefusesAVocabularyTheModelCannotHold) {
+  TempDir d{"loom-shardvocab"};
+  const auto tok = data::load_tokenizer(std::string(LOOM_FIXTURE_DIR) + "/tokenizers/gpt2");
+  data::PrepareOptions o;
+  o.in = "/usr/share/games/fortunes/people";
+  o.out = d / "shards";
+  o.doc_separator = "%";
+  data::prepare_shards(*tok, "gpt2", o);
+  const Config c = shard_run(d / "shards", d / "a", {});
+  try {
+    load_train_data(c, 32);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.vocab = 256: set model.vocab = 50257 or more"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(std::string(testing_support::error_message([&] {
+              load_config("", {"data.shards=x", "data.path=y"});
+            })).find("are both set"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

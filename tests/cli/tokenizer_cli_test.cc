@@ -79,4 +79,31 @@ TEST(DataCli, PreparesInspectsAndRefusesDamage) {
   fs::remove_all(dir);
 }
 
+// The default job's path: shards + data.tokenizer -> train -> sample decodes with that
+// tokenizer; a different tokenizer is refused at train and at sample time.
+TEST(DataCli, TrainsOnShardsAndSamplesWithTheirTokenizer) {
+  const fs::path dir = fs::temp_directory_path() / ("loom-shardcli-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string sp = kTok + "/fortunes-1k.model", shards = (dir / "shards").string(), ck = (dir / "ck").string();
+  auto r = run_loom("data prepare --tokenizer " + sp + " --in /usr/share/games/fortunes/people --out " + shards +
+                    " --doc-separator %");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string model = " --set model.preset=tiny --set model.layers=1 --set model.vocab=1000 --set model.ctx=32"
+                            " --set train.batch=4 --set train.steps=2 --set train.val_batches=1";
+  r = run_loom("train --set data.shards=" + shards + " --set data.tokenizer=" + sp + model +
+               " --set checkpoint.dir=" + ck + " --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"val_bpb\""), std::string::npos) << r.output;
+  r = run_loom("sample --checkpoint " + ck + " --prompt 'The ' --tokens 20 --temperature 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_GT(r.output.size(), 5u) << r.output;
+  r = run_loom("sample --checkpoint " + ck + " --tokenizer " + kTok + "/gpt2 --tokens 5");
+  EXPECT_NE(r.output.find("is larger than the model's (model.vocab = 1000)"), std::string::npos) << r.output;
+  expect_usage_error("train --set data.shards=" + shards + " --set data.tokenizer=" + kTok + "/gpt2" + model +
+                         " --set checkpoint.dir=" + (dir / "ck2").string(),
+                     "is not the tokenizer that wrote data.shards");
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -19,6 +19,7 @@ int run_sample(const SampleArgs& a) {
   o.tokens = a.tokens;
   o.temperature = a.temperature;
   o.seed = a.seed;
+  o.tokenizer = a.tokenizer;
   std::cout << sample(a.checkpoint, o) << std::endl;
   return 0;
 }

@@ -46,7 +46,7 @@ struct VerifyArgs {
 int run_verify(const VerifyArgs& a);
 
 struct SampleArgs {
-  std::string checkpoint, prompt;
+  std::string checkpoint, prompt, tokenizer;
   int64_t tokens = 200;
   double temperature = 0.8;
   uint64_t seed = 0;

@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
       ->take_all();
 
   loom::cli::SampleArgs smp;
-  auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (byte tokenizer)");
+  auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (with the tokenizer it was trained with)");
   s->add_option("--checkpoint", smp.checkpoint, "Checkpoint directory")->required();
   s->add_option("--prompt", smp.prompt, "Text to continue");
   s->add_option("--tokens", smp.tokens, "Tokens to generate")->capture_default_str()->check(at_least(0));
@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
   s->add_option("--seed", smp.seed, "Sampling seed")->capture_default_str();
+  s->add_option("--tokenizer", smp.tokenizer, "Tokenizer (default: the checkpoint's data.tokenizer, else byte)");
 
   std::string ex_ck, ex_fmt = "safetensors", ex_out;
   auto* e = app.add_subcommand("export", "Write a checkpoint as Hugging Face-named safetensors");

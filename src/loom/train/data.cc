@@ -7,6 +7,7 @@
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/data/corpus.h"
+#include "loom/data/prepare.h"
 
 namespace fs = std::filesystem;
 
@@ -130,6 +131,12 @@ std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq) {
   LOOM_CONFIG_CHECK(vocab <= uint64_t(cfg.model.vocab), "data.shards = '", cfg.data.shards, "' holds token ids up to ",
                     vocab - 1, " (vocabulary ", vocab, ", ", d->shards.train->shards()[0]->header().tokenizer,
                     ") but model.vocab = ", cfg.model.vocab, ": set model.vocab = ", vocab, " or more");
+  const data::ShardHeader& h = d->shards.train->shards()[0]->header();
+  if (!cfg.data.tokenizer.empty() && h.format == "loom") {
+    const std::string fp = data::tokenizer_fingerprint(*data::load_tokenizer(cfg.data.tokenizer));
+    LOOM_CONFIG_CHECK(fp == h.tokenizer, "data.tokenizer = '", cfg.data.tokenizer, "' (", fp,
+                      ") is not the tokenizer that wrote data.shards = '", cfg.data.shards, "' (", h.tokenizer, ")");
+  }
   d->train = d->shards.train.get();
   d->val = d->shards.val.get();
   d->order = DataOrder::kEpoch;

@@ -3,13 +3,27 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
 
 #include "loom/core/error.h"
 #include "loom/model/model.h"
 #include "loom/train/checkpoint.h"
+#include "loom/data/tokenizer.h"
 #include "loom/train/data.h"
 
 namespace loom {
+
+namespace {
+
+std::unique_ptr<data::Tokenizer> sampling_tokenizer(const std::string& dir, const Config& cfg, const std::string& given) {
+  const std::string path = given.empty() ? cfg.data.tokenizer : given;
+  if (path.empty() && !cfg.data.shards.empty())
+    throw ConfigError("checkpoint '" + dir + "' was trained on data.shards = '" + cfg.data.shards +
+                      "' without data.tokenizer: pass the tokenizer that wrote them with --tokenizer PATH");
+  return data::load_tokenizer(path);
+}
+
+}  // namespace
 
 std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) {
   LOOM_CHECK(opt.tokens >= 0, "--tokens ", opt.tokens, ": expected a count >= 0");
@@ -24,12 +38,16 @@ std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) 
              " parameters but its config describes ", model.params().size());
   std::copy(ck.params.begin(), ck.params.end(), model.params().begin());
 
-  std::vector<int32_t> seq = encode_bytes(opt.prompt);
-  if (seq.empty()) seq.push_back('\n');  // an empty prompt starts a fresh line
+  const auto tok = sampling_tokenizer(checkpoint_dir, ck.config, opt.tokenizer);
+  LOOM_CHECK(tok->vocab_size() <= mc.vocab, "the tokenizer's vocabulary (", tok->vocab_size(),
+             ") is larger than the model's (model.vocab = ", mc.vocab, "): not the tokenizer it was trained with");
+  std::vector<int32_t> seq = tok->encode(opt.prompt, data::Special::kPlain);
+  if (seq.empty() && tok->end_of_document() >= 0) seq.push_back(tok->end_of_document());
+  if (seq.empty()) seq = tok->encode("\n");  // an empty prompt starts a fresh line
   const size_t prompt_len = seq.size();
   std::mt19937_64 rng(opt.seed);
   std::vector<float> logits(mc.vocab);
-  const int64_t usable = std::min<int64_t>(mc.vocab, 256);
+  const int64_t usable = tok->vocab_size();
   for (int64_t i = 0; i < opt.tokens; i++) {
     const int64_t T = std::min<int64_t>(int64_t(seq.size()), mc.ctx);
     model.forward_last_logits(seq.data() + seq.size() - T, T, logits.data());
@@ -45,7 +63,7 @@ std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) 
     }
     seq.push_back(next);
   }
-  return decode_bytes(std::vector<int32_t>(seq.begin() + int64_t(prompt_len), seq.end()));
+  return tok->decode(std::span<const int32_t>(seq).subspan(prompt_len));
 }
 
 }  // namespace loom

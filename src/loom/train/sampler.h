@@ -1,4 +1,4 @@
-// Text generation from a checkpoint with the byte tokenizer.
+// Text generation from a checkpoint, with the tokenizer it was trained with.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +11,13 @@ struct SampleOptions {
   int64_t tokens = 200;
   double temperature = 0.8;  // 0: greedy (argmax)
   uint64_t seed = 0;
+  std::string tokenizer;  // empty: the checkpoint's data.tokenizer (the byte tokenizer when unset)
 };
 
-// Returns the continuation only (not the prompt). Tokens past the byte range are never
-// sampled (the byte tokenizer cannot decode them). The context window slides once the
-// sequence reaches model.ctx.
+// Returns the continuation only (not the prompt). Only the tokenizer's ids are sampled
+// (model.vocab may be larger). An empty prompt starts a document: the end-of-document token
+// when the tokenizer has one, else a newline. The context window slides once the sequence
+// reaches model.ctx.
 std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt);
 
 }  // namespace loom

@@ -103,6 +103,19 @@ TEST(DataCli, TrainsOnShardsAndSamplesWithTheirTokenizer) {
   expect_usage_error("train --set data.shards=" + shards + " --set data.tokenizer=" + kTok + "/gpt2" + model +
                          " --set checkpoint.dir=" + (dir / "ck2").string(),
                      "is not the tokenizer that wrote data.shards");
+  // Exported and imported with --tokenizer, the model samples the same text.
+  const std::string st = (dir / "m.safetensors").string(), imp = (dir / "imported").string();
+  r = run_loom("export --checkpoint " + ck + " --out " + st);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_loom("import --in " + st + " --checkpoint " + imp + " --tokenizer " + sp);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = run_loom("sample --checkpoint " + ck + " --prompt 'The ' --tokens 20 --temperature 0");
+  const auto b = run_loom("sample --checkpoint " + imp + " --prompt 'The ' --tokens 20 --temperature 0");
+  EXPECT_EQ(b.code, 0) << b.output;
+  EXPECT_EQ(a.output, b.output);
+  expect_usage_error("import --in " + st + " --checkpoint " + (dir / "imp2").string() + " --tokenizer " + kTok +
+                         "/gpt2",
+                     "has 50257 tokens but the imported model's vocabulary is 1000");
   fs::remove_all(dir);
 }
 

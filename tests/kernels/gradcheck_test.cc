@@ -123,6 +123,18 @@ TEST(GradCheck, RopeAndAttention) {
   Vec dq(B * T * Q);
   attention_backward<double>(dq.data(), Ry.data(), qkv.data(), p.data(), B, T, H, KV, hd);
   check("attention dqkv", qkv, dq, attn);
+  // Document-causal: a document starts at position T/2 of every row; backward is unchanged
+  // (masked probabilities are 0), and the finite differences must agree with it.
+  std::vector<int32_t> starts(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; i++) starts[size_t(i)] = int32_t(i % T >= T / 2 ? T / 2 : 0);
+  auto attn_doc = [&] {
+    attention_forward<double>(y.data(), p.data(), qkv.data(), B, T, H, KV, hd, starts.data());
+    return dot(y, Ry);
+  };
+  attn_doc();
+  Vec dm(B * T * Q);
+  attention_backward<double>(dm.data(), Ry.data(), qkv.data(), p.data(), B, T, H, KV, hd);
+  check("document-causal attention dqkv", qkv, dm, attn_doc);
 }
 
 TEST(GradCheck, EmbeddingCrossEntropyHead) {

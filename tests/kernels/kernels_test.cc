@@ -169,10 +169,28 @@ TEST(Kernels, RopeAndAttention) {
       EXPECT_CLOSE(r1, qkv, 1e-5);
     }
     std::vector<float> y1(N * H * hd), y2(y1.size()), p1(B * H * T * T), p2(p1.size());
-    ref::attention_forward(y1.data(), p1.data(), qkv.data(), B, T, H, KV, hd);
-    cpu::attention_forward(y2.data(), p2.data(), qkv.data(), B, T, H, KV, hd);
+    ref::attention_forward(y1.data(), p1.data(), qkv.data(), B, T, H, KV, hd, nullptr);
+    cpu::attention_forward(y2.data(), p2.data(), qkv.data(), B, T, H, KV, hd, nullptr);
     EXPECT_CLOSE(y2, y1, 1e-5);
     EXPECT_CLOSE(p2, p1, 1e-5);
+    {  // document-causal: random document boundaries in each row
+      std::vector<int32_t> starts(static_cast<size_t>(N));
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0, s = 0; t < T; t++) {
+          if (t > 0 && rnd.normal(1)[0] > 0.8f) s = int32_t(t);
+          starts[size_t(b * T + t)] = int32_t(s);
+        }
+      std::vector<float> m1(y1.size()), m2(y1.size()), q1(p1.size()), q2(p1.size());
+      ref::attention_forward(m1.data(), q1.data(), qkv.data(), B, T, H, KV, hd, starts.data());
+      cpu::attention_forward(m2.data(), q2.data(), qkv.data(), B, T, H, KV, hd, starts.data());
+      EXPECT_CLOSE(m2, m1, 1e-5);
+      EXPECT_CLOSE(q2, q1, 1e-5);
+      for (int64_t b = 0; b < B; b++)  // no probability crosses a document start
+        for (int64_t h = 0; h < H; h++)
+          for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < starts[size_t(b * T + t)]; j++)
+              ASSERT_EQ(q2[size_t(((b * H + h) * T + t) * T + j)], 0.0f);
+    }
     std::vector<float> d1(N * Q, 0.3f), d2 = d1;
     ref::attention_backward(d1.data(), dy.data(), qkv.data(), p1.data(), B, T, H, KV, hd);
     cpu::attention_backward(d2.data(), dy.data(), qkv.data(), p1.data(), B, T, H, KV, hd);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "loom/data/prepare.h"
+#include "loom/model/model.h"
 #include "loom/data/source.h"
 #include "loom/train/data.h"
 #include "loom/train/trainer.h"
@@ -114,6 +115,8 @@ TEST(EpochOrder, TheGlobalBatchIsTheSameOnEveryLayout) {
   }
 }
 
+int rng_tag = 0;  // distinct checkpoint directories per run
+
 Config shard_run(const std::string& shards, const std::string& ckpt, std::vector<std::string> extra) {
   std::vector<std::string> sets = {"data.shards=" + shards, "model.preset=tiny", "model.layers=2", "model.d_model=64",
                                    "model.heads=4", "model.ffn=256", "model.ctx=32", "train.batch=8",
@@ -161,6 +164,68 @@ TEST(ShardData, RefusesAVocabularyTheModelCannotHold) {
   EXPECT_NE(std::string(testing_support::error_message([&] {
               load_config("", {"data.shards=x", "data.path=y"});
             })).find("are both set"), std::string::npos);
+}
+
+// Note [Document-causal mask]: with RoPE (relative positions) a document packed after
+// another gives exactly the logits it gives alone; without the mask it does not.
+TEST(DocumentMask, APackedLlamaDocumentSeesOnlyItself) {
+  ModelConfig m;
+  apply_model_preset(m, "llama");
+  m.layers = 2, m.d_model = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 128, m.vocab = 300, m.ctx = 24;
+  Model model(m, 1, 24);
+  model.init_weights(5);
+  const int32_t eod = 299;
+  std::mt19937 rng(std::random_device{}());
+  std::vector<int32_t> window(24);
+  for (auto& t : window) t = int32_t(rng() % 299);
+  const size_t p = 9;  // document A = [0, 9], its end token at 9; document B = [10, 24)
+  window[p] = eod;
+  const std::vector<int32_t> b(window.begin() + p + 1, window.end());
+  std::vector<float> alone, packed, unmasked;
+  model.forward_logits(b.data(), 1, int64_t(b.size()), alone);
+  model.forward_logits(window.data(), 1, 24, unmasked);
+  model.set_document_mask(eod);
+  model.forward_logits(window.data(), 1, 24, packed);
+  float worst = 0, unmasked_gap = 0;
+  for (size_t t = 0; t < b.size(); t++)
+    for (int64_t v = 0; v < m.vocab; v++) {
+      const float a = alone[t * 300 + size_t(v)];
+      worst = std::max(worst, std::abs(packed[(p + 1 + t) * 300 + size_t(v)] - a));
+      unmasked_gap = std::max(unmasked_gap, std::abs(unmasked[(p + 1 + t) * 300 + size_t(v)] - a));
+    }
+  EXPECT_LT(worst, 1e-4f);
+  EXPECT_GT(unmasked_gap, 1e-2f);  // the mask is what makes them equal
+  for (size_t t = 0; t <= p; t++)   // document A is unaffected by the mask
+    for (int64_t v = 0; v < m.vocab; v++)
+      EXPECT_EQ(packed[t * 300 + size_t(v)], unmasked[t * 300 + size_t(v)]);
+}
+
+// The mask in every layout: tp 2 x pp 2 with sp, and dp 2 with selective recompute, train
+// the single-process run's losses.
+TEST(DocumentMask, ParallelLayoutsMatchTheSingleProcessRun) {
+  TempDir d{"loom-docmask"};
+  const auto tok = data::load_tokenizer(std::string(LOOM_FIXTURE_DIR) + "/tokenizers/fortunes-1k.model");
+  data::PrepareOptions o;
+  o.in = "/usr/share/games/fortunes/people";
+  o.out = d / "shards";
+  o.doc_separator = "%";
+  data::prepare_shards(*tok, "sp", o);
+  auto cfg = [&](std::vector<std::string> extra) {
+    extra.push_back("model.vocab=1000");
+    extra.push_back("checkpoint.save_every=0");
+    return shard_run(d / "shards", d / ("ck" + std::to_string(extra.size()) + std::to_string(rng_tag++)), extra);
+  };
+  const auto single = testing_support::train_as_threads(cfg({"data.doc_mask=true"}));
+  const auto plain = testing_support::train_as_threads(cfg({}));
+  EXPECT_NE(single[0].losses, plain[0].losses);  // windows hold several fortunes: the mask changes the loss
+  for (const auto& layout : std::vector<std::vector<std::string>>{
+           {"data.doc_mask=true", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2", "parallel.sp=true"},
+           {"data.doc_mask=true", "parallel.dp=2", "parallel.zero=1", "parallel.recompute=selective"}}) {
+    const auto par = testing_support::train_as_threads(cfg(layout));
+    ASSERT_EQ(par[0].losses.size(), single[0].losses.size());
+    for (size_t i = 0; i < single[0].losses.size(); i++)
+      EXPECT_NEAR(par.back().losses[i], single[0].losses[i], 2e-5 * single[0].losses[i]) << layout[1] << " step " << i + 1;
+  }
 }
 
 }  // namespace

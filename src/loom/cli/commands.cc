@@ -33,13 +33,13 @@ int run_export(const std::string& checkpoint, const std::string& format, const s
 }
 
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
-               const std::string& config_path, const std::vector<std::string>& sets) {
+               const std::string& config_path, const std::vector<std::string>& sets, const std::string& tokenizer) {
   if (format != "safetensors") throw ConfigError("--format '" + format + "': the only import format is safetensors");
   check_new_target(checkpoint, "import --checkpoint", true);  // before reading a large file
   const bool base_given = !config_path.empty() || !sets.empty();
   // Without a config, import starts from a "custom" model whose keys come from the file.
   const Config base = base_given ? load_config(config_path, sets) : Config{};
-  import_safetensors(in, checkpoint, base, base_given);
+  import_safetensors(in, checkpoint, base, base_given, tokenizer);
   std::cerr << "imported " << in << " into checkpoint " << checkpoint << "\n";
   return 0;
 }

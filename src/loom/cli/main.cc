@@ -193,6 +193,9 @@ int main(int argc, char** argv) {
   im->add_option("--checkpoint", im_ck, "Checkpoint directory to write")->required();
   im->add_option("--config", im_cfg, "TOML config for files without loom metadata (e.g. model.heads)");
   im->add_option("--set", im_sets, "Config override section.key=value (repeatable)")->take_all();
+  std::string im_tok;
+  im->add_option("--tokenizer", im_tok, "The model's tokenizer (tokenizer.json, vocab.json + merges.txt, .model): "
+                                        "loom sample decodes with it");
 
   loom::cli::BenchCommArgs bc;
   auto* bench = app.add_subcommand("bench", "Benchmarks");
@@ -240,7 +243,7 @@ int main(int argc, char** argv) {
     }
     if (*s) return loom::cli::run_sample(smp);
     if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
-    if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets);
+    if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets, im_tok);
     if (*bcomm) return loom::cli::run_bench_comm(bc);
     if (app.got_subcommand("tokenizer")) return loom::cli::run_tokenizer(tk_cmds, tk);
     if (app.got_subcommand("data")) return loom::cli::run_data(da_cmds, da);

@@ -142,6 +142,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(data, path, "UTF-8 text file or directory; empty = Debian fortunes"),
       LOOM_STRING_KEY(data, shards, "directory of token shards (loom data prepare, or llm.c .bin); replaces data.path"),
       LOOM_STRING_KEY(data, tokenizer, "the tokenizer that wrote data.shards (checked; loom sample decodes with it)"),
+      LOOM_BOOL_KEY(data, doc_mask, "attention stays inside each document of a packed window (needs data.shards)"),
       LOOM_FLOAT_KEY(data, val_fraction, "fraction of 4 KiB blocks held out for validation"),
       LOOM_INT_KEY(train, steps, "optimizer steps"),
       LOOM_INT_KEY(train, batch, "global batch in sequences per optimizer step"),
@@ -444,9 +445,9 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!c.data.shards.empty() && !c.data.path.empty())
     errs.push_back("data.path = '" + c.data.path + "' and data.shards = '" + c.data.shards +
                    "' are both set: give one (shards carry their own validation split)");
-  if (c.data.shards.empty() && !c.data.tokenizer.empty() && c.data.tokenizer != "byte")
-    errs.push_back("data.tokenizer = '" + c.data.tokenizer + "' needs data.shards: the text corpus (data.path) is "
-                   "read as bytes; tokenize it with loom data prepare and train on the shards");
+  if (c.data.doc_mask && c.data.shards.empty())
+    errs.push_back("data.doc_mask = true needs data.shards: the text corpus has no document boundaries "
+                   "(loom data prepare ends each document with the tokenizer's end token)");
   if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))
     errs.push_back("data.val_fraction = " + fmt_double(c.data.val_fraction) + ": expected a value in (0, 1)");
 

@@ -31,6 +31,7 @@ struct DataConfig {
   std::string path;            // empty: the fortunes corpus from Debian's `fortunes` package
   std::string shards;          // token shards from `loom data prepare` (or llm.c's); replaces path
   std::string tokenizer;       // what made the shards (checked against them; `loom sample` decodes with it)
+  bool doc_mask = false;       // document-causal attention inside packed windows (needs shards with an end token)
   double val_fraction = 0.1;   // every round(1/val_fraction)-th 4 KiB block goes to validation
 };
 

@@ -31,6 +31,7 @@ struct Model::Slot {
   float *normf = nullptr, *normf_mean = nullptr, *normf_rstd = nullptr;  // head chunk
   float* dnormf = nullptr;       // (N,C) head chunk: dL/d(normf output), made in forward
   float* dinput = nullptr;       // (N,C) dL/d(input), for the previous stage
+  std::vector<int32_t> doc_start;  // (N) document-causal mask: each position's document start; empty when off
 };
 
 struct Model::Acts {
@@ -242,6 +243,18 @@ void Model::check_shape(int64_t B, int64_t T) const {
              ") exceeds the buffers this model was built for (", max_batch_, ", ", max_seq_, ")");
 }
 
+void Model::set_document_mask(int32_t end_of_document) {
+  LOOM_CHECK(end_of_document >= -1 && end_of_document < cfg_.vocab, "end-of-document token ", end_of_document,
+             " is outside the vocabulary of ", cfg_.vocab);
+  doc_mask_token_ = end_of_document;
+  if (end_of_document < 0)
+    for (Slot& sl : acts_->slots) sl.doc_start.clear();
+}
+
+const int32_t* Model::doc_starts(const Slot& sl) const {
+  return sl.doc_start.empty() ? nullptr : sl.doc_start.data();
+}
+
 // Layer l (global index) = block i of the slot's chunk.
 void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const Slot::Block& s = sl.blocks[size_t(i)];
@@ -255,7 +268,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   norm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N);  // (N,C) gathered
   k_.matmul_forward(s.qkv, s.norm1, w.qkv_w, w.qkv_b, N, cfg_.d_model, Q);         // (N,Q) column-parallel
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
-  k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd);  // (N,H*hd)
+  k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));  // (N,H*hd)
   row_parallel(s.x1, s.atty, w.attn_proj_w, w.attn_proj_b, N, H * hd, x0);  // x1 = x0 + atty Wo^T + bo
   norm_forward(s.norm2, s.norm2_mean, s.norm2_rstd, s.x1, w.norm2_w, w.norm2_b, N);
   if (gpt) {
@@ -301,7 +314,8 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   k_.matmul_backward(a.datty, g.attn_proj_w, g.attn_proj_b, gather_grad(a.dres, N), s.atty, w.attn_proj_w, N, H * hd,
                      C);
   zero(a.dqkv, N * Q);
-  if (recompute_[size_t(l)] == Recompute::kSelective) k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd);
+  if (recompute_[size_t(l)] == Recompute::kSelective)
+    k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));
   k_.attention_backward(a.dqkv, a.datty, s.qkv, s.probs, B, T, H, KV, hd);
   if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
@@ -422,6 +436,15 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
   } else {
     LOOM_CHECK(x_in != nullptr, "model chunk ", chunk, " needs its input activation");
     std::memcpy(sl.input, x_in, size_t(rows(N) * C) * sizeof(float));
+  }
+  if (doc_mask_token_ >= 0) {  // Note [Document-causal mask]
+    LOOM_CHECK(tokens != nullptr, "the document-causal mask needs every chunk's tokens");
+    sl.doc_start.resize(size_t(N));
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t t = 0, start = 0; t < T; t++) {
+        sl.doc_start[size_t(b * T + t)] = int32_t(start);
+        if (tokens[b * T + t] == doc_mask_token_) start = t + 1;
+      }
   }
   const auto [first, last] = chunks_[size_t(chunk)];
   for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T);

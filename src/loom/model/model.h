@@ -133,6 +133,11 @@ class Model {
   // block `layer`, "embedding", "head"; layer -1 for the last two), (.., false) when it ends.
   using SpanHook = std::function<void(const char* what, int layer, bool begin)>;
   void set_span_hook(SpanHook hook) { span_hook_ = std::move(hook); }
+  // Note [Document-causal mask]: with an end-of-document token set, each position attends
+  // only to positions of its own document inside the window: the one after an
+  // end-of-document token starts a new document (Megatron's reset_attention_mask). Every
+  // forward (train, validation) computes the starts from its tokens; -1 turns it off.
+  void set_document_mask(int32_t end_of_document);
   // The activation storage (one allocation), for memory reports.
   const void* activation_storage() const;
 
@@ -147,6 +152,7 @@ class Model {
   struct Acts;
   struct Slot;
   void check_shape(int64_t B, int64_t T) const;
+  const int32_t* doc_starts(const Slot& sl) const;
   void check_whole(const char* what) const;
   Slot& slot(int chunk, int s) const;
   // Input -> blocks -> (head chunk) final norm; the head itself is left to the caller.
@@ -200,6 +206,7 @@ class Model {
   std::vector<float> params_, grads_;
   ModelView pv_, gv_;
   std::unique_ptr<Acts> acts_;
+  int32_t doc_mask_token_ = -1;  // Note [Document-causal mask]; -1: plain causal
   GradReadyHook grad_ready_;
   ParamHook param_hook_;
   // Per unit: (view field, offset from the unit's first tensor) of every tensor it holds.

@@ -85,7 +85,7 @@ std::vector<std::pair<double, double>> attention_rates(const Kernels& k, double 
   for (auto [B, T, H, hd] : {std::tuple{1, 32, 4, 16}, {4, 64, 4, 32}, {8, 128, 8, 32}, {8, 256, 8, 64}, {4, 512, 12, 64}}) {
     const auto qkv = random_floats(size_t(B) * T * 3 * H * hd);
     std::vector<float> o(size_t(B) * T * H * hd), probs(size_t(B) * H * T * T);
-    const double s = time_it([&] { k.attention_forward(o.data(), probs.data(), qkv.data(), B, T, H, H, hd); }, budget);
+    const double s = time_it([&] { k.attention_forward(o.data(), probs.data(), qkv.data(), B, T, H, H, hd, nullptr); }, budget);
     const double flops = 4.0 * B * H * double(T) * T * hd;  // QK^T and PV, as the cost model counts them
     out.emplace_back(flops, flops / s);
   }

@@ -48,7 +48,9 @@ void export_safetensors(const std::string& checkpoint_dir, const std::string& ou
 // Builds a checkpoint (no optimizer state) from an HF-named safetensors file. The model
 // config comes from the file's loom_config metadata when present; otherwise from `base`
 // (preset, heads, ...) with layers/d_model/vocab/ctx/ffn read off the tensor shapes.
+// A non-empty `tokenizer` is loaded (its vocabulary must fit model.vocab) and recorded as
+// the checkpoint's data.tokenizer.
 void import_safetensors(const std::string& in_file, const std::string& checkpoint_dir,
-                        const Config& base, bool base_given);
+                        const Config& base, bool base_given, const std::string& tokenizer = "");
 
 }  // namespace loom

@@ -114,6 +114,10 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
 std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq) {
   auto d = std::make_unique<TrainData>();
   if (cfg.data.shards.empty()) {
+    // An imported model may name its tokenizer; training it on the byte corpus would not use it.
+    LOOM_CONFIG_CHECK(cfg.data.tokenizer.empty() || cfg.data.tokenizer == "byte", "data.tokenizer = '",
+                      cfg.data.tokenizer, "' needs data.shards: the text corpus (data.path) is read as bytes; "
+                      "tokenize it with loom data prepare and train on the shards");
     d->corpus = load_corpus(cfg.data.path, cfg.data.val_fraction, seq);
     d->corpus_train = std::make_unique<ByteSource>(d->corpus.train);
     d->corpus_val = std::make_unique<ByteSource>(d->corpus.val);
@@ -137,6 +141,10 @@ std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq) {
     LOOM_CONFIG_CHECK(fp == h.tokenizer, "data.tokenizer = '", cfg.data.tokenizer, "' (", fp,
                       ") is not the tokenizer that wrote data.shards = '", cfg.data.shards, "' (", h.tokenizer, ")");
   }
+  d->end_of_document = int32_t(h.end_of_document);
+  LOOM_CONFIG_CHECK(!cfg.data.doc_mask || d->end_of_document >= 0, "data.doc_mask = true but data.shards = '",
+                    cfg.data.shards, "' (", h.tokenizer, ") mark no document ends: prepare them with a tokenizer "
+                    "that has an end-of-document token, or turn data.doc_mask off");
   d->train = d->shards.train.get();
   d->val = d->shards.val.get();
   d->order = DataOrder::kEpoch;

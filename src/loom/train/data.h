@@ -91,6 +91,7 @@ struct TrainData {
   std::string describe;               // one header line
   double unigram_entropy_nats = 0;    // of the train split (first 16M tokens for shards)
   double val_bytes_per_token = 0;     // 1 for bytes; from prepare.json for shards; 0 unknown
+  int32_t end_of_document = -1;       // the shards' end token (data.doc_mask), -1 none
 };
 // Throws ConfigError when the shards' vocabulary exceeds model.vocab (naming both).
 std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq);

@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "loom/core/error.h"
+#include "loom/data/tokenizer.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/safetensors.h"
 
@@ -136,7 +137,7 @@ void infer_shapes(const StFile& f, const std::string& path, ModelConfig& m) {
 }  // namespace
 
 void import_safetensors(const std::string& in_file, const std::string& checkpoint_dir, const Config& base,
-                        bool base_given) {
+                        bool base_given, const std::string& tokenizer) {
   const StFile f = read_safetensors(in_file);
   Config cfg = base;
   if (auto it = f.metadata.find("loom_config"); it != f.metadata.end() && !base_given) {
@@ -148,6 +149,12 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
     if (!errs.empty())
       throw ConfigError("imported model from '" + in_file + "' gives an invalid config: " + errs.front() +
                         " (the file has no loom_config metadata; give model.heads/kv_heads with --set)");
+  }
+  if (!tokenizer.empty()) {
+    const int64_t v = data::load_tokenizer(tokenizer)->vocab_size();
+    LOOM_CONFIG_CHECK(v <= cfg.model.vocab, "--tokenizer '", tokenizer, "' has ", v,
+                      " tokens but the imported model's vocabulary is ", cfg.model.vocab, ": not this model's tokenizer");
+    cfg.data.tokenizer = tokenizer;
   }
   const ParamLayout layout(cfg.model);
   std::vector<float> params(layout.total_floats(), 0.0f);

@@ -288,6 +288,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   check_fits(cfg, rc, mb, T);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
+  if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);
 
   TrainSummary sum;

@@ -15,7 +15,7 @@
 namespace loom::cpu {
 
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t hd) {
+                       int64_t KV, int64_t hd, const int32_t* doc_start) {
   const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel for schedule(static)
@@ -29,18 +29,20 @@ void attention_forward(float* out, float* probs, const float* qkv, int64_t B, in
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, row, k, row, 0.0f, p, T);
     for (int64_t t = 0; t < T; t++) {
       float* pr = p + t * T;
+      const int64_t lo = doc_start ? doc_start[b * T + t] : 0;  // first key of row t's document
       float mx = -INFINITY;
-      for (int64_t j = 0; j <= t; j++) mx = std::max(mx, pr[j]);
+      for (int64_t j = lo; j <= t; j++) mx = std::max(mx, pr[j]);
       float z = 0;
 #pragma omp simd reduction(+ : z)
-      for (int64_t j = 0; j <= t; j++) {
+      for (int64_t j = lo; j <= t; j++) {
         const float e = exp_approx(pr[j] - mx);
         pr[j] = e;
         z += e;
       }
       const float inv = 1.0f / z;
 #pragma omp simd
-      for (int64_t j = 0; j <= t; j++) pr[j] *= inv;
+      for (int64_t j = lo; j <= t; j++) pr[j] *= inv;
+      for (int64_t j = 0; j < lo; j++) pr[j] = 0.0f;
       for (int64_t j = t + 1; j < T; j++) pr[j] = 0.0f;
     }
     // O(T,hd) = P(T,T) V(T,hd)

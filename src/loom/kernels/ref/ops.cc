@@ -60,8 +60,9 @@ void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int
   tmpl::rope_backward<float>(dqkv, B, T, H, KV, hd, theta);
 }
 
-void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
-  tmpl::attention_forward<float>(out, probs, qkv, B, T, H, KV, hd);
+void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                       const int32_t* doc_start) {
+  tmpl::attention_forward<float>(out, probs, qkv, B, T, H, KV, hd, doc_start);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {

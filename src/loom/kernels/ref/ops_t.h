@@ -222,7 +222,7 @@ void rope_backward(S* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t
 
 template <typename S>
 void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t hd) {
+                       int64_t KV, int64_t hd, const int32_t* doc_start = nullptr) {
   const int64_t row = (H + 2 * KV) * hd, group = H / KV;
   const double scale = 1.0 / std::sqrt(double(hd));
   std::vector<double> s(T);
@@ -231,8 +231,9 @@ void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int
       const int64_t kh = h / group;
       for (int64_t t = 0; t < T; t++) {
         const S* q = qkv + (b * T + t) * row + h * hd;
+        const int64_t lo = doc_start ? doc_start[b * T + t] : 0;  // first key of row t's document
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = lo; j <= t; j++) {
           const S* k = qkv + (b * T + j) * row + (H + kh) * hd;
           double d = 0;
           for (int64_t e = 0; e < hd; e++) d += double(q[e]) * k[e];
@@ -240,9 +241,9 @@ void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int
           mx = std::max(mx, s[j]);
         }
         double z = 0;
-        for (int64_t j = 0; j <= t; j++) z += std::exp(s[j] - mx);
+        for (int64_t j = lo; j <= t; j++) z += std::exp(s[j] - mx);
         S* p = probs + ((b * H + h) * T + t) * T;
-        for (int64_t j = 0; j < T; j++) p[j] = j <= t ? S(std::exp(s[j] - mx) / z) : S(0);
+        for (int64_t j = 0; j < T; j++) p[j] = j >= lo && j <= t ? S(std::exp(s[j] - mx) / z) : S(0);
         for (int64_t e = 0; e < hd; e++) {
           double acc = 0;
           for (int64_t j = 0; j <= t; j++) acc += double(p[j]) * qkv[(b * T + j) * row + (H + KV + kh) * hd + e];

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "support/loom_cli.h"
 
@@ -116,6 +118,26 @@ TEST(DataCli, TrainsOnShardsAndSamplesWithTheirTokenizer) {
   expect_usage_error("import --in " + st + " --checkpoint " + (dir / "imp2").string() + " --tokenizer " + kTok +
                          "/gpt2",
                      "has 50257 tokens but the imported model's vocabulary is 1000");
+  fs::remove_all(dir);
+}
+
+// An HF-layout Llama (random weights, no loom metadata) imported with its SentencePiece
+// tokenizer continues a prompt exactly as PyTorch did with HF conventions
+// (tests/reference/write_import_fixture.py wrote the file and the expected text).
+TEST(DataCli, AnImportedHfModelSamplesWithItsOwnTokenizerAsPyTorchDoes) {
+  const auto want = nlohmann::json::parse(std::ifstream(kTok + "/hf-llama-tiny.json"));
+  const fs::path dir = fs::temp_directory_path() / ("loom-hfimport-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string ck = (dir / "ck").string();
+  fs::create_directories(dir);
+  auto r = run_loom("import --in " + kTok + "/hf-llama-tiny.safetensors --checkpoint " + ck + " --tokenizer " + kTok +
+                    "/fortunes-1k.model --set model.preset=llama --set model.heads=4 --set model.kv_heads=2"
+                    " --set model.ctx=64");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_loom("sample --checkpoint " + ck + " --prompt '" + want["prompt"].get<std::string>() + "' --tokens " +
+               std::to_string(want["continuation_ids"].size()) + " --temperature 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output, want["text"].get<std::string>() + "\n");
   fs::remove_all(dir);
 }
 

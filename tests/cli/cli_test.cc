@@ -150,3 +150,20 @@ TEST(Cli, SimulateNamesKeysDerivedForAModelGivenByShape) {
   EXPECT_NE(r.output.find("model.vocab = 256, model.ctx = 128 from the default preset 'tiny'"), std::string::npos)
       << r.output;
 }
+
+// Issue 24: the framework's overlap is a flag, not an assumption. Without overlap the whole
+// gradient reduction is exposed; blocking sends lengthen a pipelined step.
+TEST(Cli, SimulateOverlapFlagsChangeWhatTheyModel) {
+  auto field = [](const std::string& args, const std::string& key) {
+    const auto r = loom::testing_support::run_loom("simulate --json " + args);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const size_t at = r.output.find("\"" + key + "\":");
+    EXPECT_NE(at, std::string::npos) << r.output;
+    return std::stod(r.output.substr(at + key.size() + 3));
+  };
+  const std::string dp = "--model gpt-7.5b --gpus 64 --global-batch 512 --tp 4";
+  EXPECT_GT(field(dp + " --dp-overlap off", "dp_exposed_s"), 2 * field(dp + " --dp-overlap on", "dp_exposed_s"));
+  const std::string pp = "--model gpt-18b --gpus 64 --global-batch 512 --tp 8 --pp 4";
+  EXPECT_GT(field(pp + " --blocking-p2p", "step_time_s"), field(pp, "step_time_s"));
+  expect_usage_error("simulate " + dp + " --dp-overlap maybe", "--dp-overlap");
+}

@@ -176,3 +176,15 @@ TEST(Planner, BeatsOrMatchesThePublishedConfiguration) {
 
 }  // namespace
 }  // namespace loom::plan
+
+// Issue 24: interleaving beyond vpp 4. 96 layers on 8 stages leave 12 per stage, split
+// evenly by 2, 3, 4, 6 and 12 chunks (Narayanan et al. SC'21 ran GPT-3 175B with 12 layers
+// per stage); 24 layers on 4 stages leave 6: 2, 3, 6. No interleaving without pipeline
+// stages or with an uneven split.
+TEST(PlanSearch, InterleavingDegreesAreEveryEvenSplitOfAStage) {
+  EXPECT_EQ(loom::plan::interleave_degrees(96, 8), (std::vector<int64_t>{2, 3, 4, 6, 12}));
+  EXPECT_EQ(loom::plan::interleave_degrees(24, 4), (std::vector<int64_t>{2, 3, 6}));
+  EXPECT_TRUE(loom::plan::interleave_degrees(24, 1).empty());
+  EXPECT_TRUE(loom::plan::interleave_degrees(10, 4).empty());
+  EXPECT_TRUE(loom::plan::interleave_degrees(8, 8).empty());  // one layer per stage: nothing to interleave
+}

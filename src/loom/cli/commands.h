@@ -83,6 +83,8 @@ struct SimArgs {
   std::string trace, svg;
   std::string framework;  // megatron | loom; empty: loom on a shared-device (CPU) cluster, else megatron
   bool flash_attention = false;
+  std::string dp_overlap;     // on (default) | off: gradient reduction overlapped with backward
+  bool blocking_p2p = false;  // pipeline sends hold the sender until delivered (Megatron-LM 2021-22)
 };
 struct SimInputs {
   sim::SimPlan plan;

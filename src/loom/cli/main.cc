@@ -71,6 +71,12 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                                               "(default: loom on a calibrated CPU cluster, megatron on GPU presets)");
   app->add_flag("--flash-attention", a.flash_attention, "Megatron with flash attention: causal-only attention "
                                                         "FLOPs, no (s, s) scores kept (the published runs had none)");
+  app->add_option("--dp-overlap", a.dp_overlap, "on | off: data-parallel gradient reduction overlapped with "
+                                                "backward (Megatron-core --overlap-grad-reduce, torch DDP: on; "
+                                                "Megatron-LM's 2021-22 local DDP: off). Default on")
+      ->check(CLI::IsMember({"on", "off"}));
+  app->add_flag("--blocking-p2p", a.blocking_p2p, "Pipeline sends hold the sending rank until delivered "
+                                                  "(Megatron-LM's batched isend/irecv + wait); default asynchronous");
   add_layout_flags(app, a.layout);
 }
 

@@ -72,6 +72,11 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   if (a.flash_attention && in.plan.framework != sim::Framework::kMegatron)
     throw ConfigError("--flash-attention models Megatron-LM's flash attention; loom's engine has its own kernel");
   in.plan.flash_attention = a.flash_attention;
+  // Issue 24: how the framework overlaps its communication is the user's to state.
+  if (!a.dp_overlap.empty() && a.dp_overlap != "on" && a.dp_overlap != "off")
+    throw ConfigError("--dp-overlap '" + a.dp_overlap + "': expected on or off");
+  in.plan.dp_overlap = a.dp_overlap != "off";
+  in.plan.blocking_p2p = a.blocking_p2p;
   return in;
 }
 

@@ -14,7 +14,9 @@ namespace loom::plan {
 // Note [Plan search]
 // 1. Enumerate tp (divisors of the GPU count up to a node), pp (up to the layer count),
 //    cp (as asked), dp = gpus / (tp pp cp), micro-batch 1..8, 1F1B or interleaved with
-//    vpp 2..4, sp on/off, ZeRO 0-3 and a uniform recompute policy. Layouts the engine's
+//    every vpp >= 2 that splits each stage's layers evenly (interleave_degrees: published
+//    layouts use up to 12, e.g. 96 layers on pp 8), sp on/off, ZeRO 0-3 and a uniform
+//    recompute policy. Layouts the engine's
 //    validator refuses, or whose batch does not divide, are pruned with the reason; the
 //    rest are simulated (the same replay as `loom simulate`) and those over device memory
 //    are pruned as out of memory.
@@ -22,6 +24,14 @@ namespace loom::plan {
 //    the ends heavier; the layer ILP picks each layer's recompute policy so the slowest
 //    stage is fastest within every stage's memory. A refinement is kept only if the
 //    simulator (not the solver's own estimate) says it is faster and fits.
+
+std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp) {
+  std::vector<int64_t> out;
+  if (pp < 2 || layers % pp != 0) return out;
+  for (int64_t v = 2; v <= layers / pp; v++)
+    if ((layers / pp) % v == 0) out.push_back(v);
+  return out;
+}
 
 namespace {
 
@@ -164,7 +174,7 @@ PlanReport search_plans(const PlanRequest& req) {
           plan.cfg.train.grad_accum = B / (mb * dp);
           std::vector<std::pair<std::string, int64_t>> scheds = {{"1f1b", 1}};
           if (pp > 1)
-            for (int64_t v : {2, 3, 4}) scheds.push_back({"interleaved", v});
+            for (int64_t v : interleave_degrees(L, pp)) scheds.push_back({"interleaved", v});
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})

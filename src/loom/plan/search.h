@@ -40,6 +40,9 @@ PlanReport search_plans(const PlanRequest& req);
 
 // "dp 16 tp 8 pp 8 vpp 3 sp zero 1 mb 1 x 96 interleaved recompute selective"
 std::string layout_label(const sim::SimPlan& p);
+// The interleaving degrees the search tries for `layers` on `pp` stages: every vpp >= 2
+// giving each virtual stage a whole number of layers (96 layers, pp 8: 2, 3, 4, 6, 12).
+std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp);
 // A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
 std::string emit_loom_toml(const sim::SimPlan& p);
 std::string emit_megatron_args(const sim::SimPlan& p);

@@ -177,14 +177,16 @@ TEST(Planner, BeatsOrMatchesThePublishedConfiguration) {
 }  // namespace
 }  // namespace loom::plan
 
-// Issue 24: interleaving beyond vpp 4. 96 layers on 8 stages leave 12 per stage, split
-// evenly by 2, 3, 4, 6 and 12 chunks (Narayanan et al. SC'21 ran GPT-3 175B with 12 layers
-// per stage); 24 layers on 4 stages leave 6: 2, 3, 6. No interleaving without pipeline
-// stages or with an uneven split.
-TEST(PlanSearch, InterleavingDegreesAreEveryEvenSplitOfAStage) {
+// Issue 24: interleaving beyond vpp 4. 96 layers on 8 stages leave 12 per stage: vpp 2-4
+// as before, and 6 and 12, which split a stage evenly (Narayanan et al. SC'21 ran GPT-3 175B
+// with 12 layers per stage, one per chunk). 30 layers on 4 stages (uneven) keep 2-4 and add
+// nothing; 10 on 4 allow only vpp 2 (8 virtual stages); no interleaving without pipeline
+// stages or with fewer layers than pp x 2.
+TEST(PlanSearch, InterleavingDegreesAddEveryEvenSplitBeyondFour) {
   EXPECT_EQ(loom::plan::interleave_degrees(96, 8), (std::vector<int64_t>{2, 3, 4, 6, 12}));
-  EXPECT_EQ(loom::plan::interleave_degrees(24, 4), (std::vector<int64_t>{2, 3, 6}));
+  EXPECT_EQ(loom::plan::interleave_degrees(24, 4), (std::vector<int64_t>{2, 3, 4, 6}));
+  EXPECT_EQ(loom::plan::interleave_degrees(30, 4), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(loom::plan::interleave_degrees(10, 4), (std::vector<int64_t>{2}));
   EXPECT_TRUE(loom::plan::interleave_degrees(24, 1).empty());
-  EXPECT_TRUE(loom::plan::interleave_degrees(10, 4).empty());
-  EXPECT_TRUE(loom::plan::interleave_degrees(8, 8).empty());  // one layer per stage: nothing to interleave
+  EXPECT_TRUE(loom::plan::interleave_degrees(8, 8).empty());
 }

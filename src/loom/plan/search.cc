@@ -14,9 +14,9 @@ namespace loom::plan {
 // Note [Plan search]
 // 1. Enumerate tp (divisors of the GPU count up to a node), pp (up to the layer count),
 //    cp (as asked), dp = gpus / (tp pp cp), micro-batch 1..8, 1F1B or interleaved with
-//    every vpp >= 2 that splits each stage's layers evenly (interleave_degrees: published
-//    layouts use up to 12, e.g. 96 layers on pp 8), sp on/off, ZeRO 0-3 and a uniform
-//    recompute policy. Layouts the engine's
+//    vpp 2..4 (stages may be uneven) and every larger vpp that splits each stage's layers
+//    evenly (interleave_degrees: published layouts use up to 12, e.g. 96 layers on pp 8),
+//    sp on/off, ZeRO 0-3 and a uniform recompute policy. Layouts the engine's
 //    validator refuses, or whose batch does not divide, are pruned with the reason; the
 //    rest are simulated (the same replay as `loom simulate`) and those over device memory
 //    are pruned as out of memory.
@@ -27,9 +27,9 @@ namespace loom::plan {
 
 std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp) {
   std::vector<int64_t> out;
-  if (pp < 2 || layers % pp != 0) return out;
-  for (int64_t v = 2; v <= layers / pp; v++)
-    if ((layers / pp) % v == 0) out.push_back(v);
+  if (pp < 2) return out;
+  for (int64_t v = 2; v * pp <= layers; v++)
+    if (v <= 4 || (layers % pp == 0 && (layers / pp) % v == 0)) out.push_back(v);
   return out;
 }
 

@@ -40,8 +40,9 @@ PlanReport search_plans(const PlanRequest& req);
 
 // "dp 16 tp 8 pp 8 vpp 3 sp zero 1 mb 1 x 96 interleaved recompute selective"
 std::string layout_label(const sim::SimPlan& p);
-// The interleaving degrees the search tries for `layers` on `pp` stages: every vpp >= 2
-// giving each virtual stage a whole number of layers (96 layers, pp 8: 2, 3, 4, 6, 12).
+// The interleaving degrees the search tries for `layers` on `pp` stages: vpp 2..4 (the stage
+// split may be uneven) and every larger vpp giving each virtual stage the same whole number
+// of layers (96 layers, pp 8: 2, 3, 4, 6, 12); never more virtual stages than layers.
 std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp);
 // A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
 std::string emit_loom_toml(const sim::SimPlan& p);

@@ -16,10 +16,11 @@ namespace loom::cli {
 
 namespace {
 
-std::string input_text(const TokenizerArgs& a, const std::string& flag) {
-  if (!a.text.empty() && !a.in.empty()) throw ConfigError("give " + flag + " or --in, not both");
+// The text to encode: --text S or the file --in names (exactly one of them).
+std::string input_text(const TokenizerArgs& a) {
+  if (!a.text.empty() && !a.in.empty()) throw ConfigError("give --text or --in, not both");
   if (!a.in.empty()) return read_file_bytes(a.in);
-  if (a.text.empty() && flag == "--text") throw ConfigError("give the text with --text S or --in FILE");
+  if (a.text.empty()) throw ConfigError("give the text with --text S or --in FILE");
   return a.text;
 }
 
@@ -58,7 +59,7 @@ std::string join_ids(const std::vector<int32_t>& ids) {
 
 int encode(const TokenizerArgs& a) {
   const auto tok = data::load_tokenizer(a.tokenizer);
-  const std::string text = input_text(a, "--text");
+  const std::string text = input_text(a);
   const auto special = a.plain ? data::Special::kPlain : data::Special::kRecognize;
   if (a.lines) {  // one line of ids per line of text, newlines not encoded (as spm_encode does)
     if (a.json) throw ConfigError("--lines prints plain ids; drop --json");

@@ -226,9 +226,8 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::string& tokenizer_p
     check_out_dir(opt);  // again: it may have changed during the run
     fs::remove_all(opt.out);  // absent, empty, or only our shards with --overwrite
     fs::rename(tmp, opt.out);
-    fsync_dir(fs::path(opt.out).lexically_normal().parent_path().string().empty()
-                  ? "."
-                  : fs::path(opt.out).lexically_normal().parent_path().string());
+    const fs::path parent = fs::path(opt.out).lexically_normal().parent_path();
+    fsync_dir(parent.empty() ? "." : parent.string());
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);

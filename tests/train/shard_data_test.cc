@@ -136,12 +136,17 @@ TEST(ShardData, ARunOnShardsResumesOnAnotherLayoutWhereItWouldHaveBeen) {
   o.shard_tokens = 40000;  // several shards, so windows cross shard boundaries
   data::prepare_shards(*tok, "byte", o);
   const auto whole = testing_support::train_keeping_params(shard_run(d / "shards", d / "a", {}));
-  const auto resumed = testing_support::train_keeping_params(
-      shard_run(d / "shards", d / "b", {"parallel.dp=2"}), d / "a/step-00000003");
   ASSERT_EQ(whole[0].losses.size(), 6u);
-  ASSERT_EQ(resumed[0].losses.size(), 3u);
-  for (size_t i = 0; i < 3; i++)  // dp 2 sums the same rows in another order: fp32 rounding only
-    EXPECT_NEAR(resumed[0].losses[i], whole[0].losses[3 + i], 1e-5 * whole[0].losses[3 + i]) << "step " << 4 + i;
+  int n = 0;
+  for (const auto& layout : std::vector<std::vector<std::string>>{
+           {"parallel.dp=2"}, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}}) {
+    const auto resumed = testing_support::train_keeping_params(
+        shard_run(d / "shards", d / ("b" + std::to_string(n++)), layout), d / "a/step-00000003");
+    ASSERT_EQ(resumed.back().losses.size(), 3u);
+    for (size_t i = 0; i < 3; i++)  // the same rows summed in another order: fp32 rounding only
+      EXPECT_NEAR(resumed.back().losses[i], whole[0].losses[3 + i], 1e-5 * whole[0].losses[3 + i])
+          << layout[0] << " step " << 4 + i;
+  }
   EXPECT_LT(whole[0].final_val_loss, std::log(256.0));
 }
 

@@ -215,6 +215,9 @@ TEST(Tokenizer, DecodeInvertsEncodeOnRandomText) {
                     : r < 8 ? 0x80 + rng() % (0xD800 - 0x80)          // BMP below surrogates
                             : 0x10000 + rng() % (0x10FFFF - 0x10000);  // astral (emoji, ...)
       if (cp < 0x20 && cp != '\t' && cp != '\n' && cp != '\r') cp = ' ';
+      // SentencePiece writes spaces as U+2581 and decodes every U+2581 as a space: the one
+      // character its round trip cannot keep (stated in spm.h), so the text never holds it.
+      if (cp == 0x2581) cp = 0x2582;
       text += utf8(cp);
     }
     for (const auto& t : toks) {

@@ -143,7 +143,7 @@ TokenizerCommands add_tokenizer_commands(CLI::App& app, TokenizerArgs& a) {
   c.decode->add_option("--tokenizer", a.tokenizer, tok_help)->required();
   c.decode->add_option("--ids", a.ids, "Ids: \"1 2 3\", \"1,2,3\" or a JSON array");
   c.decode->add_option("--in", a.in, "File of ids in the same forms");
-  c.train = t->add_subcommand("train", "Train a SentencePiece vocabulary (lossless: byte fallback, no normalization)");
+  c.train = t->add_subcommand("train", "Train a SentencePiece vocabulary (byte fallback, no normalization: lossless except U+2581, read as a space)");
   c.train->add_option("--vocab", a.vocab, "Vocabulary size")->capture_default_str();
   c.train->add_option("--type", a.type, "bpe | unigram")->capture_default_str()->check(CLI::IsMember({"bpe", "unigram"}));
   c.train->add_option("--in", a.in, "UTF-8 text file or directory (default: the default corpus, Debian's fortunes)");

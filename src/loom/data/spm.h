@@ -21,7 +21,9 @@ struct SpmTrainOptions {
 
 // Trains on the lines of `files` and writes `out` (a .model) atomically. The model is
 // lossless: identity normalization, byte fallback, whitespace kept, digits split (the Llama
-// recipe), so decode(encode(x)) == x. Throws loom::Error naming the option or file at fault.
+// recipe), so decode(encode(x)) == x for every text without U+2581 ('▁'), the symbol
+// SentencePiece writes for a space and decodes as one. Throws loom::Error naming the option
+// or file at fault.
 void train_sentencepiece(const std::vector<std::string>& files, const std::string& out, const SpmTrainOptions& opt);
 
 }  // namespace loom::data

@@ -8,6 +8,7 @@
 
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/ref/ops.h"
+#include "loom/kernels/kernels.h"
 
 namespace loom {
 namespace {
@@ -232,6 +233,60 @@ TEST(Kernels, CrossEntropyAndFusedHeadAtGpt2Vocab) {
     ref::lm_head_logits_row(r1.data(), x.data(), w.data(), C, V);
     cpu::lm_head_logits_row(r2.data(), x.data(), w.data(), C, V);
     EXPECT_CLOSE(r2, r1, tol);
+  }
+}
+
+// Padding targets (kIgnoreTarget) add nothing: the losses and gradients over a batch with
+// ignored rows equal those over the real rows alone, in both kernel sets.
+TEST(Kernels, IgnoredTargetsAddNoLossAndNoGradient) {
+  Rand rnd;
+  for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{9, 16, 300}, {6, 8, 7}}) {
+    auto x = rnd.normal(N * C), w = rnd.normal(V * C, 0.5f);
+    auto tgt = rnd.ints(N, int32_t(V));
+    std::vector<int64_t> real;
+    for (int64_t i = 0; i < N; i++) {
+      if (rnd.ints(1, 3)[0] == 0 || i == 0) tgt[size_t(i)] = kIgnoreTarget;
+      else real.push_back(i);
+    }
+    ASSERT_FALSE(real.empty());
+    const int64_t R = int64_t(real.size());
+    std::vector<float> xr, dxr(size_t(R * C), 0.0f), dwr(size_t(V * C), 0.0f), lr(static_cast<size_t>(R));
+    std::vector<int32_t> tr;
+    for (int64_t i : real) {
+      xr.insert(xr.end(), x.begin() + i * C, x.begin() + (i + 1) * C);
+      tr.push_back(tgt[size_t(i)]);
+    }
+    ref::lm_head_loss(lr.data(), dxr.data(), dwr.data(), xr.data(), w.data(), tr.data(), R, C, V, 0.5f);
+    for (bool fast : {false, true}) {
+      std::vector<float> l(size_t(N), 7.0f), dx(size_t(N * C), 0.0f), dw(size_t(V * C), 0.0f);
+      (fast ? cpu::lm_head_loss : ref::lm_head_loss)(l.data(), dx.data(), dw.data(), x.data(), w.data(), tgt.data(),
+                                                     N, C, V, 0.5f);
+      for (int64_t i = 0, k = 0; i < N; i++) {
+        if (tgt[size_t(i)] == kIgnoreTarget) {
+          EXPECT_EQ(l[size_t(i)], 0.0f) << "row " << i;
+          for (int64_t c = 0; c < C; c++) EXPECT_EQ(dx[size_t(i * C + c)], 0.0f);
+          continue;
+        }
+        EXPECT_NEAR(l[size_t(i)], lr[size_t(k)], 1e-5 * (1 + lr[size_t(k)]));
+        for (int64_t c = 0; c < C; c++) EXPECT_NEAR(dx[size_t(i * C + c)], dxr[size_t(k * C + c)], 1e-5);
+        k++;
+      }
+      EXPECT_CLOSE(dw, dwr, 1e-5);
+    }
+    auto logits = rnd.normal(N * V, 4.0f);
+    auto dl = rnd.normal(N);
+    for (bool fast : {false, true}) {
+      auto g = logits;
+      (fast ? cpu::crossentropy_backward_inplace : ref::crossentropy_backward_inplace)(g.data(), tgt.data(), dl.data(),
+                                                                                      N, V);
+      std::vector<float> l(size_t(N), 7.0f);
+      (fast ? cpu::crossentropy_forward : ref::crossentropy_forward)(l.data(), logits.data(), tgt.data(), N, V);
+      for (int64_t i = 0; i < N; i++) {  // row 0 is always ignored
+        if (tgt[size_t(i)] != kIgnoreTarget) continue;
+        EXPECT_EQ(l[size_t(i)], 0.0f);
+        for (int64_t v = 0; v < V; v++) EXPECT_EQ(g[size_t(i * V + v)], 0.0f);
+      }
+    }
   }
 }
 

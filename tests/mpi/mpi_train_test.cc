@@ -9,7 +9,9 @@
 #include "loom/comm/world.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
+#include "support/fortune_shards.h"
 #include "support/mpi_gtest_main.h"
+#include "support/temp_dir.h"
 
 namespace loom {
 namespace {
@@ -106,6 +108,32 @@ TEST(MpiTrain, LlamaLayoutsMatchTheSingleProcessRun) {
   for (const auto& l : kLayouts)
     if (std::find(l.begin(), l.end(), "parallel.tp=4") == l.end()) layouts.push_back(l);
   check_layouts("llama", layouts);
+}
+
+// data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
+// rank, the loss normalised by the global batch's real targets.
+TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {
+  testing_support::TempDir d{"loom-mpi-bucketing"};  // each rank prepares its own copy
+  testing_support::prepare_fortune_shards("fortunes-1k.model", d / "shards");
+  Config base = base_config("gpt");
+  base = config_from_toml_string(to_toml(base), {"data.shards=" + (d / "shards"), "model.vocab=1000",
+                                                 "model.ctx=48", "train.steps=6", "data.bucketing=true",
+                                                 "data.buckets=6", "data.bucket_pool=4"});
+  const TrainSummary ref = run(base, nullptr);
+  int ran = 0;
+  for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+           {"parallel.dp=2", "train.grad_accum=3"},
+           {"parallel.dp=3", "train.grad_accum=2", "parallel.zero=2"},
+           {"parallel.dp=2", "parallel.tp=2", "train.grad_accum=3", "parallel.zero=1"},
+           {"parallel.dp=4", "parallel.tp=2", "train.grad_accum=3"}}) {
+    const Config c = config_from_toml_string(to_toml(base), layout);
+    if (c.parallel.world() != g_world->world_size()) continue;
+    const VerifyRow row = compare_runs(layout[0], ref, run(c, g_world));
+    ran++;
+    EXPECT_TRUE(row.ok) << layout[0] << " " << layout[1] << ": " << row.error << " loss rel " << row.max_loss_rel
+                        << ", weight " << row.max_weight_abs;
+  }
+  EXPECT_EQ(ran, 1) << "one bucketed layout per world size";
 }
 
 }  // namespace

@@ -79,7 +79,9 @@ TEST(Data, ShardsAndMicroBatchesPartitionTheGlobalBatch) {
   std::vector<int32_t> tok(B * T), tgt(B * T);
   whole.train_batch(5, 0, 1, B, tok.data(), tgt.data());
   for (int64_t i = 0; i < B * T; i++) {
-    if (i % T != T - 1) EXPECT_EQ(tgt[i], tok[i + 1]);  // targets are the next token
+    if (i % T != T - 1) {
+      EXPECT_EQ(tgt[i], tok[i + 1]);  // targets are the next token
+    }
   }
   // 3 shards x 2 micro-batches reproduce the same rows in order.
   std::vector<int32_t> got;

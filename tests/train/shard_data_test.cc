@@ -14,6 +14,7 @@
 #include "loom/train/data.h"
 #include "loom/train/trainer.h"
 #include "support/error_message.h"
+#include "support/fortune_shards.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
 
@@ -128,13 +129,7 @@ Config shard_run(const std::string& shards, const std::string& ckpt, std::vector
 
 TEST(ShardData, ARunOnShardsResumesOnAnotherLayoutWhereItWouldHaveBeen) {
   TempDir d{"loom-shardrun"};
-  const auto tok = data::load_tokenizer("byte");
-  data::PrepareOptions o;
-  o.in = "/usr/share/games/fortunes/people";
-  o.out = d / "shards";
-  o.doc_separator = "%";
-  o.shard_tokens = 40000;  // several shards, so windows cross shard boundaries
-  data::prepare_shards(*tok, "byte", o);
+  testing_support::prepare_fortune_shards("byte", d / "shards", 40000);  // several shards: windows cross them
   const auto whole = testing_support::train_keeping_params(shard_run(d / "shards", d / "a", {}));
   ASSERT_EQ(whole[0].losses.size(), 6u);
   int n = 0;
@@ -152,12 +147,7 @@ TEST(ShardData, ARunOnShardsResumesOnAnotherLayoutWhereItWouldHaveBeen) {
 
 TEST(ShardData, RefusesAVocabularyTheModelCannotHold) {
   TempDir d{"loom-shardvocab"};
-  const auto tok = data::load_tokenizer(std::string(LOOM_FIXTURE_DIR) + "/tokenizers/gpt2");
-  data::PrepareOptions o;
-  o.in = "/usr/share/games/fortunes/people";
-  o.out = d / "shards";
-  o.doc_separator = "%";
-  data::prepare_shards(*tok, "gpt2", o);
+  testing_support::prepare_fortune_shards("gpt2", d / "shards");
   const Config c = shard_run(d / "shards", d / "a", {});
   try {
     load_train_data(c, 32);
@@ -209,12 +199,7 @@ TEST(DocumentMask, APackedLlamaDocumentSeesOnlyItself) {
 // the single-process run's losses.
 TEST(DocumentMask, ParallelLayoutsMatchTheSingleProcessRun) {
   TempDir d{"loom-docmask"};
-  const auto tok = data::load_tokenizer(std::string(LOOM_FIXTURE_DIR) + "/tokenizers/fortunes-1k.model");
-  data::PrepareOptions o;
-  o.in = "/usr/share/games/fortunes/people";
-  o.out = d / "shards";
-  o.doc_separator = "%";
-  data::prepare_shards(*tok, "sp", o);
+  testing_support::prepare_fortune_shards("fortunes-1k.model", d / "shards");
   auto cfg = [&](std::vector<std::string> extra) {
     extra.push_back("model.vocab=1000");
     extra.push_back("checkpoint.save_every=0");

@@ -32,6 +32,9 @@ struct DataConfig {
   std::string shards;          // token shards from `loom data prepare` (or llm.c's); replaces path
   std::string tokenizer;       // what made the shards (checked against them; `loom sample` decodes with it)
   bool doc_mask = false;       // document-causal attention inside packed windows (needs shards with an end token)
+  bool bucketing = false;      // one document per row, padded to its length bucket (Note [Length bucketing])
+  int64_t buckets = 0;         // padded lengths ceil(i seq / buckets), i = 1..buckets; 0: ceil(seq / 8) (multiples of 8)
+  int64_t bucket_pool = 16;    // global batches per length-sorted megabatch (1: no length grouping)
   double val_fraction = 0.1;   // every round(1/val_fraction)-th 4 KiB block goes to validation
 };
 

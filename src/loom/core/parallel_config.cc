@@ -156,6 +156,27 @@ void check_batch(const Config& c, std::vector<std::string>& errs) {
   }
 }
 
+// data.bucketing (Note [Length bucketing] in data/length_buckets.h): rows of varying length
+// per micro-batch run on dp, tp and ZeRO; the pipeline runner and sequence parallelism size
+// their buffers and row splits for one fixed length.
+void check_bucketing(const Config& c, std::vector<std::string>& errs) {
+  const DataConfig& d = c.data;
+  const int64_t T = c.seq_len();
+  if (d.buckets < 0 || (d.bucketing && T > 0 && d.buckets > T))
+    errs.push_back("data.buckets = " + str(d.buckets) + ": expected 1 .. the sequence length " + str(T) +
+                   ", or 0 for one bucket per 8 tokens");
+  if (d.bucket_pool < 1 || d.bucket_pool > 4096)
+    errs.push_back("data.bucket_pool = " + str(d.bucket_pool) + ": expected 1 .. 4096");
+  if (!d.bucketing) return;
+  if (d.shards.empty())
+    errs.push_back("data.bucketing = true needs data.shards: the text corpus has no document boundaries "
+                   "(loom data prepare ends each document with the tokenizer's end token)");
+  if (c.parallel.pp > 1 || c.parallel.sp)
+    errs.push_back(std::string("data.bucketing = true runs on parallel.dp, parallel.tp and parallel.zero 0-3, not with ") +
+                   (c.parallel.pp > 1 ? "parallel.pp = " + str(c.parallel.pp) : std::string("parallel.sp = true")) +
+                   " (pipeline buffers and sequence-parallel row splits assume one fixed length); turn one off");
+}
+
 }  // namespace
 
 std::vector<int> ParallelConfig::layer_split() const {
@@ -217,6 +238,7 @@ void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
   check_degrees(c, errs);
   check_pipeline(c, errs);
   check_batch(c, errs);
+  check_bucketing(c, errs);
 }
 
 }  // namespace loom

@@ -7,6 +7,9 @@
 
 namespace loom {
 
+// A target the loss skips (loss 0, zero gradient): padding (Note [Length bucketing]).
+inline constexpr int32_t kIgnoreTarget = -1;
+
 #define LOOM_KERNEL_LIST(X)                                                                        \
   X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)            \
   X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward) X(matmul_backward) X(gelu_forward)      \

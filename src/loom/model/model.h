@@ -85,7 +85,8 @@ class Model {
   void zero_grads();
 
   // One micro-batch, tokens/targets (B,T). Returns the mean loss over B*T tokens and ADDS
-  // d(grad_scale * mean loss)/dparams into grads().
+  // d(grad_scale * mean loss)/dparams into grads(). A target kIgnoreTarget (padding) adds 0
+  // to the sum and still counts in B*T: the caller normalises by its real-token count.
   float forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                          float grad_scale);
   // Called during forward_backward each time the gradients of a suffix of the layout are

@@ -81,8 +81,8 @@ constexpr int64_t kLogitBudgetFloats = int64_t{1} << 23;
 float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale) {
   const int64_t C = cfg_.d_model, V = cfg_.vocab;
   for (int64_t i = 0; i < N; i++)
-    LOOM_CHECK(targets[i] >= 0 && targets[i] < V, "target id ", targets[i], " at position ", i,
-               " is outside the vocabulary [0, ", V, ")");
+    LOOM_CHECK(targets[i] == kIgnoreTarget || (targets[i] >= 0 && targets[i] < V), "target id ", targets[i],
+               " at position ", i, " is outside the vocabulary [0, ", V, ")");
   float* losses = acts_losses();
   const bool tied = cfg_.arch == Arch::kGpt;  // the head reads wte, the embedding unit's
   span("head", -1, true);
@@ -117,11 +117,17 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
       }
       tp_comm_->all_reduce_sum(st.data(), 2 * rows);
       for (int64_t i = 0; i < rows; i++)
-        losses[r0 + i] = float(std::log(double(st[size_t(i)])) + mx[size_t(i)] - st[size_t(rows + i)]);
+        losses[r0 + i] = targets[r0 + i] == kIgnoreTarget
+                             ? 0.0f
+                             : float(std::log(double(st[size_t(i)])) + mx[size_t(i)] - st[size_t(rows + i)]);
       if (!dx) continue;
       // dz_v = scale * (softmax_v - [v == target]); padded columns get 0.
       for (int64_t i = 0; i < rows; i++) {
         float* z = logits.data() + i * Vl_;
+        if (targets[r0 + i] == kIgnoreTarget) {
+          std::fill(z, z + Vl_, 0.0f);
+          continue;
+        }
         const float m = mx[size_t(i)], inv = 1.0f / st[size_t(i)];
         for (int64_t v = 0; v < valid; v++) z[v] = std::exp(z[v] - m) * inv * scale;
         std::fill(z + valid, z + Vl_, 0.0f);

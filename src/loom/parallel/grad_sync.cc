@@ -105,18 +105,27 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
   if (!grads_ || !plan_.tied_first) return false;
   LOOM_ASSERT(next_ > 0);
   const int dp = plan_.dp;
-  std::vector<int32_t> all_tok(size_t(n * dp));
-  std::vector<float> all_rows(size_t(n * C * dp));
-  // Sync calls wait for the queued buckets, bucket 0's all-reduce included.
-  dp_.all_gather(std::span<const int32_t>(tokens, size_t(n)), std::span<int32_t>(all_tok));
-  dp_.all_gather(std::span<const float>(rows, size_t(n * C)), std::span<float>(all_rows));
+  // Ranks may hold different row counts (data.bucketing's micro-batch lengths): gather the
+  // counts (sync calls also wait for the queued buckets, bucket 0's all-reduce included),
+  // then every rank's rows padded to the longest.
+  const int64_t mine[1] = {n};
+  std::vector<int64_t> counts(static_cast<size_t>(dp));
+  dp_.all_gather(std::span<const int64_t>(mine, 1), std::span<int64_t>(counts));
+  const int64_t m = *std::max_element(counts.begin(), counts.end());
+  std::vector<int32_t> tok(size_t(m), 0), all_tok(size_t(m * dp));
+  std::vector<float> row(size_t(m * C), 0.0f), all_rows(size_t(m * C * dp));
+  std::copy_n(tokens, n, tok.begin());
+  std::copy_n(rows, n * C, row.begin());
+  dp_.all_gather(std::span<const int32_t>(tok), std::span<int32_t>(all_tok));
+  dp_.all_gather(std::span<const float>(row), std::span<float>(all_rows));
   float* wte = grads_ + plan_.buckets[0].offset;
   const float inv = 1.0f / float(dp);
-  for (int64_t i = 0; i < n * dp; i++) {
-    float* g = wte + int64_t(all_tok[size_t(i)]) * C;
-    const float* d = all_rows.data() + i * C;
-    for (int64_t c = 0; c < C; c++) g[c] += d[c] * inv;
-  }
+  for (int r = 0; r < dp; r++)
+    for (int64_t i = int64_t(r) * m; i < int64_t(r) * m + counts[size_t(r)]; i++) {
+      float* g = wte + int64_t(all_tok[size_t(i)]) * C;
+      const float* d = all_rows.data() + i * C;
+      for (int64_t c = 0; c < C; c++) g[c] += d[c] * inv;
+    }
   return true;
 }
 

@@ -243,4 +243,41 @@ int64_t DataLoader::val_batch(int64_t index, int64_t batch_count, int64_t global
   return per_shard;
 }
 
+namespace {
+
+data::BucketPlan make_bucket_plan(const TrainData& d, const Config& cfg) {
+  LOOM_CONFIG_CHECK(d.end_of_document >= 0, "data.bucketing = true but data.shards = '", cfg.data.shards,
+                    "' mark no document ends: prepare them with a tokenizer that has an end-of-document token, "
+                    "or turn data.bucketing off");
+  data::BucketOptions o;
+  o.seq = cfg.seq_len();
+  o.buckets = cfg.data.buckets > 0 ? cfg.data.buckets : (o.seq + 7) / 8;
+  o.pool = cfg.data.bucket_pool;
+  o.seed = uint64_t(cfg.train.seed);
+  return data::BucketPlan(data::document_samples(*d.train, d.end_of_document, o.seq), o);
+}
+
+}  // namespace
+
+BucketLoader::BucketLoader(const TrainData& data, const Config& cfg, int dp_rank, int dp)
+    : src_(*data.train), plan_(make_bucket_plan(data, cfg)), pad_token_(data.end_of_document),
+      batch_(cfg.train.batch), accum_(cfg.train.grad_accum), dp_rank_(dp_rank), dp_(dp) {}
+
+BucketLoader::Step BucketLoader::plan(int64_t step) const {
+  const std::vector<data::Sample> batch = plan_.global_batch(step, batch_);
+  Step s;
+  for (const data::Sample& x : batch) s.real_targets += x.length;
+  for (int64_t m = 0; m < accum_; m++)
+    for (int k = 0; k < dp_; k++) {  // every rank's shape, for the padding of the whole batch
+      data::MicroPlan mp = plan_.micro_batch(batch, m, accum_, k, dp_);
+      s.positions += int64_t(mp.rows.size()) * mp.seq;
+      if (k == dp_rank_) s.micros.push_back(std::move(mp));
+    }
+  return s;
+}
+
+void BucketLoader::fill(const data::MicroPlan& m, int32_t* tokens, int32_t* targets) const {
+  data::fill_micro_batch(src_, m, pad_token_, tokens, targets);
+}
+
 }  // namespace loom

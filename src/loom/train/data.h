@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/data/length_buckets.h"
 #include "loom/data/source.h"
 #include "loom/data/tokenizer.h"
 
@@ -95,5 +96,30 @@ struct TrainData {
 };
 // Throws ConfigError when the shards' vocabulary exceeds model.vocab (naming both).
 std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq);
+
+// data.bucketing (Note [Length bucketing] in data/length_buckets.h) for one dp rank.
+class BucketLoader {
+ public:
+  // Cuts data.train into document samples (reads it once). Throws ConfigError when the
+  // shards mark no document ends.
+  BucketLoader(const TrainData& data, const Config& cfg, int dp_rank, int dp);
+
+  struct Step {
+    std::vector<data::MicroPlan> micros;  // this rank's micro-batches, in order
+    int64_t real_targets = 0;             // of the whole global batch
+    int64_t positions = 0;                // of the whole global batch: rows x padded lengths
+  };
+  Step plan(int64_t step) const;
+  // (rows, m.seq) tokens and targets (kPadTarget at padding) of one micro-batch.
+  void fill(const data::MicroPlan& m, int32_t* tokens, int32_t* targets) const;
+  int64_t sample_count() const { return plan_.sample_count(); }
+
+ private:
+  const data::TokenSource& src_;
+  data::BucketPlan plan_;
+  int32_t pad_token_;
+  int64_t batch_, accum_;
+  int dp_rank_, dp_;
+};
 
 }  // namespace loom

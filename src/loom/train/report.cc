@@ -24,12 +24,14 @@ std::string fmt_duration(double s) {
 
 void Reporter::info(const std::string& line) { *o_.err << line << "\n"; }
 
-void Reporter::step(int64_t step, double loss, double lr, double norm, double tok_s, double elapsed, bool log_line) {
+void Reporter::step(int64_t step, double loss, double lr, double norm, double tok_s, double elapsed, bool log_line,
+                    double padding) {
   const double eta = elapsed / double(step + 1) * double(steps_ - step - 1);
   if (o_.json) {
     if (!log_line) return;
     nlohmann::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                         {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}, {"eta_s", eta}};
+    if (padding >= 0) j["padding"] = padding;
     *o_.out << j.dump() << "\n" << std::flush;
   } else if (o_.progress) {
     const int width = 24, filled = int(width * (step + 1) / steps_);
@@ -43,8 +45,9 @@ void Reporter::step(int64_t step, double loss, double lr, double norm, double to
     std::ostringstream os;
     os << "step " << step + 1 << "/" << steps_ << "  loss " << std::fixed << std::setprecision(4) << loss
        << "  lr " << std::scientific << std::setprecision(2) << lr << "  grad_norm " << std::fixed
-       << std::setprecision(3) << norm << "  " << std::setprecision(0) << tok_s << " tok/s  ETA "
-       << fmt_duration(eta);
+       << std::setprecision(3) << norm << "  " << std::setprecision(0) << tok_s << " tok/s";
+    if (padding >= 0) os << " (" << std::setprecision(1) << 100 * padding << "% padding)";
+    os << "  ETA " << fmt_duration(eta);
     *o_.out << os.str() << "\n" << std::flush;
   }
 }

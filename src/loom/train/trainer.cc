@@ -173,6 +173,42 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   return loss / double(accum);
 }
 
+// Targets and computed positions of one global batch (they differ by padding).
+struct StepTokens {
+  int64_t real = 0, positions = 0;
+};
+
+// data.bucketing (Note [Length bucketing]): this rank's micro-batches, each at its own
+// padded length. Micro-batch m returns its mean over its N positions (padding adds 0);
+// scaling it by dp N / R (R: the global batch's real targets) makes the dp average of the
+// summed gradients the gradient of the global batch's mean over its R real targets.
+// Returns this rank's share of that mean (dp times its part, as Updater averages over dp).
+double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& data, int64_t step,
+                          StepTokens& tokens) {
+  const BucketLoader::Step plan = data.plan(step);
+  tokens = {plan.real_targets, plan.positions};
+  Model& model = e.model;
+  e.zero_grads();
+  const bool every_micro = e.sync && e.sync->every_micro();
+  std::vector<int32_t> tok, tgt;
+  double loss = 0;
+  for (size_t m = 0; m < plan.micros.size(); m++) {
+    const data::MicroPlan& mp = plan.micros[m];
+    const int64_t rows = int64_t(mp.rows.size()), N = rows * mp.seq;
+    tok.resize(size_t(N));
+    tgt.resize(size_t(N));
+    data.fill(mp, tok.data(), tgt.data());
+    const bool last = m + 1 == plan.micros.size();
+    if (e.sync && (last || every_micro)) e.sync->begin(model.grads().data());
+    const double scale = double(rc.dp_size) * double(N) / double(plan.real_targets);
+    loss += scale * model.forward_backward(tok.data(), tgt.data(), rows, mp.seq, float(scale));
+    if (every_micro && !last) e.sync->finish(false);
+    e.memory.sample();
+  }
+  if (e.sync) e.sync->finish();
+  return loss;
+}
+
 ShardState rank_state(Engine& e, Updater& updater) {
   const RankContext& rc = e.rc;
   const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
@@ -285,6 +321,9 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const std::unique_ptr<TrainData> data = load_train_data(cfg, T);
   const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
   const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
+  static_assert(data::kPadTarget == kIgnoreTarget);
+  const std::unique_ptr<BucketLoader> buckets =
+      cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.dp_rank, rc.dp_size) : nullptr;
   check_fits(cfg, rc, mb, T);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
@@ -299,6 +338,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const auto t0 = Clock::now();
   auto last = t0;
   int64_t tokens_since = 0;
+  StepTokens total;  // over the steps this run trains
   std::unique_ptr<Trace> trace = given.trace_path.empty() ? nullptr : start_trace(cfg, e, world);
   auto mark = [&](const std::string& name, const char* cat) {
     if (trace) trace->begin(name, cat);
@@ -310,7 +350,11 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   for (int64_t step = first_step; step < cfg.train.steps; step++) {
     const auto step_start = Clock::now();
     mark("step " + std::to_string(step + 1), "step");
-    const double local_loss = compute_gradients(e, rc, train_data, cfg, step, mb, T);
+    StepTokens tokens{cfg.train.batch * T, cfg.train.batch * T};
+    const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens)
+                                      : compute_gradients(e, rc, train_data, cfg, step, mb, T);
+    total.real += tokens.real;
+    total.positions += tokens.positions;
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
     mark("optimizer", "compute");
     const auto [loss, norm] = updater.step(local_loss, lr);
@@ -322,13 +366,14 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     sum.losses.push_back(float(loss));
     sum.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
 
-    tokens_since += cfg.train.batch * T;
+    tokens_since += tokens.real;
     const auto now = Clock::now();
     const bool log_line = (step + 1) % cfg.train.log_every == 0 || step + 1 == cfg.train.steps;
     const double window = std::chrono::duration<double>(now - last).count();
     const double tok_s = window > 0 ? double(tokens_since) / window : 0.0;
     if (log_line) last = now, tokens_since = 0;
-    rep.step(step, loss, lr, norm, tok_s, std::chrono::duration<double>(now - t0).count(), log_line);
+    rep.step(step, loss, lr, norm, tok_s, std::chrono::duration<double>(now - t0).count(), log_line,
+             buckets ? 1.0 - double(tokens.real) / double(tokens.positions) : -1.0);
 
     // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
     const bool last_step = step + 1 == cfg.train.steps;
@@ -355,8 +400,16 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     rep.info("wrote trace " + given.trace_path + " (open in https://ui.perfetto.dev)");
   }
   rep.end_bar();
-  const double total = std::chrono::duration<double>(Clock::now() - t0).count();
-  sum.tokens_per_s = double(cfg.train.steps * cfg.train.batch * T) / total;
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.tokens_per_s = double(total.real) / seconds;
+  if (buckets) {
+    sum.padding_fraction = total.positions > 0 ? 1.0 - double(total.real) / double(total.positions) : 0.0;
+    std::ostringstream os;
+    os << "bucketing: " << buckets->sample_count() << " document samples; " << std::fixed << std::setprecision(1)
+       << 100.0 * sum.padding_fraction << "% of the positions computed were padding; " << std::setprecision(0)
+       << sum.tokens_per_s << " real tokens/s";
+    rep.info(os.str());
+  }
   if (e.sync) {
     sum.comm_hidden_fraction = e.sync->hidden_fraction();
     sum.comm_exposed_s = e.sync->exposed_wait_s();

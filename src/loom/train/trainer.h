@@ -33,7 +33,8 @@ struct TrainSummary {
   std::vector<float> losses;  // train loss per step (the global batch's mean on every rank)
   double final_val_loss = 0;
   double unigram_entropy = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;      // real (target) tokens per second
+  double padding_fraction = 0;  // data.bucketing: share of the positions computed that were padding
   std::vector<double> step_seconds;  // wall time of each step on this rank (validation excluded)
   int64_t params = 0;
   // Data parallel only: share of gradient-communication time that ran during backward

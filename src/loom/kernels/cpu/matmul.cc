@@ -53,6 +53,10 @@ namespace {
 
 // One row: returns loss; if grad, overwrites l with (softmax - onehot) * scale.
 inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, float scale) {
+  if (target < 0) {  // ignored (padding): no loss, no gradient
+    if (grad) std::fill(l, l + V, 0.0f);
+    return 0.0f;
+  }
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < V; j++) mx = std::max(mx, l[j]);

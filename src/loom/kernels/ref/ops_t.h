@@ -300,6 +300,10 @@ void crossentropy_forward(S* losses, const S* logits, const int32_t* targets, in
                           int64_t V) {
   for (int64_t i = 0; i < N; i++) {
     const S* l = logits + i * V;
+    if (targets[i] < 0) {
+      losses[i] = S(0);
+      continue;
+    }
     double mx = -INFINITY, z = 0;
     for (int64_t j = 0; j < V; j++) mx = std::max(mx, double(l[j]));
     for (int64_t j = 0; j < V; j++) z += std::exp(l[j] - mx);
@@ -312,6 +316,10 @@ void crossentropy_backward_inplace(S* logits, const int32_t* targets, const S* d
                                    int64_t N, int64_t V) {
   for (int64_t i = 0; i < N; i++) {
     S* l = logits + i * V;
+    if (targets[i] < 0) {
+      std::fill(l, l + V, S(0));
+      continue;
+    }
     double mx = -INFINITY, z = 0;
     for (int64_t j = 0; j < V; j++) mx = std::max(mx, double(l[j]));
     for (int64_t j = 0; j < V; j++) z += std::exp(l[j] - mx);

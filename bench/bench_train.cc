@@ -1,8 +1,9 @@
 // loom's side of the training benchmark (bench/train_vs_torch.sh runs the PyTorch peer).
-// Measures, in one process: the 2-thread sgemm peak of this machine (the GEMM shapes of the
-// model's largest layer and a square 2048^3), then training tokens/s of one config with
-// random tokens, achieved model FLOP/s (6 * params + 12 * L * T * d per token), and peak RSS.
-// Prints one JSON line.
+// Measures, in one process: the 2-thread GEMM peak of this machine in the run's precision
+// (sgemm, or oneDNN's bf16 GEMM for bf16; the shapes of the model's largest layer and a
+// square 2048^3), then training tokens/s of one config with random tokens, achieved model
+// FLOP/s (6 * params + 12 * L * T * d per token), and peak RSS. Prints one JSON line.
+// Usage: bench_train A|B|C [steps] [fp32|bf16]
 #include <cblas.h>
 #include <sys/resource.h>
 
@@ -15,6 +16,7 @@
 
 #include "loom/core/config.h"
 #include "loom/kernels/cpu/blas_info.h"
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/model/model.h"
 #include "loom/train/optimizer.h"
 
@@ -25,13 +27,17 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Best-of-5 GFLOP/s of C(M,N) = A(M,K) B(N,K)^T.
-double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
+// Best-of-5 GFLOP/s of C(M,N) = A(M,K) B(N,K)^T, in fp32 (sgemm) or bf16 (oneDNN).
+double gemm_gflops(int64_t M, int64_t N, int64_t K, bool bf16) {
   std::vector<float> a(M * K, 0.5f), b(N * K, 0.25f), c(M * N);
+  std::vector<loom::bf16> ah(a.size(), loom::to_bf16(0.5f)), bh(b.size(), loom::to_bf16(0.25f));
   double best = 0;
   for (int rep = 0; rep < 5; rep++) {
     auto t = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+    if (bf16)
+      cpu::gemm_bf16(false, true, M, N, K, 1.0f, ah.data(), K, bh.data(), K, 0.0f, c.data(), N);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
     best = std::max(best, 2.0 * M * N * K / seconds_since(t) / 1e9);
   }
   return best;
@@ -42,6 +48,12 @@ double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
 int main(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "A";
   int steps = argc > 2 ? std::atoi(argv[2]) : 10;
+  const std::string precision = argc > 3 ? argv[3] : "fp32";
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "bench_train: precision '%s': expected fp32 or bf16\n", precision.c_str());
+    return 2;
+  }
+  const bool bf16 = precision == "bf16";
   std::vector<std::string> sets;
   int64_t batch = 16;
   if (name == "A") sets = {"model.preset=tiny"}, batch = 16;
@@ -60,7 +72,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t T = m.ctx;
-  Model model(m, batch, T);
+  ModelOptions mo;
+  mo.precision = bf16 ? Precision::kBf16 : Precision::kFp32;
+  Model model(m, batch, T, KernelBackend::kCpu, mo);
   model.init_weights(1);
   AdamW opt(model.layout(), cfg.optim);
   std::mt19937 rng(1);
@@ -83,12 +97,13 @@ int main(int argc, char** argv) {
   const double params = double(model.layout().param_count());
   const double flops_per_token = 6.0 * params + 12.0 * m.layers * T * m.d_model;
   const double gflops = tok_s * flops_per_token / 1e9;
-  const double peak_sq = sgemm_gflops(2048, 2048, 2048);
-  const double peak_model = sgemm_gflops(batch * T, m.ffn, m.d_model);
+  const double peak_sq = gemm_gflops(2048, 2048, 2048, bf16);
+  const double peak_model = gemm_gflops(batch * T, m.ffn, m.d_model, bf16);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  std::printf("{\"side\":\"loom\",\"config\":\"%s\",\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,"
-              "\"sgemm_peak_gflops\":%.1f,\"sgemm_fc_shape_gflops\":%.1f,\"peak_rss_mib\":%.1f,\"blas_core\":\"%s\"}\n",
-              name.c_str(), tok_s, gflops, peak_sq, peak_model, ru.ru_maxrss / 1024.0, cpu::blas_core_name().c_str());
+  std::printf("{\"side\":\"loom\",\"config\":\"%s\",\"precision\":\"%s\",\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,"
+              "\"gemm_peak_gflops\":%.1f,\"gemm_fc_shape_gflops\":%.1f,\"peak_rss_mib\":%.1f,\"blas_core\":\"%s\"}\n",
+              name.c_str(), precision.c_str(), tok_s, gflops, peak_sq, peak_model, ru.ru_maxrss / 1024.0,
+              cpu::blas_core_name().c_str());
   return 0;
 }

@@ -46,6 +46,9 @@ class GPT(nn.Module):
 
 def main():
     name, steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    precision = sys.argv[3] if len(sys.argv) > 3 else "fp32"
+    # bf16: torch.autocast on the CPU (GEMMs in bf16, fp32 master weights and optimizer).
+    cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     V, T, L, C, H, B = CONFIGS[name]
     torch.manual_seed(0)
     model = GPT(V, T, L, C, H)
@@ -57,7 +60,9 @@ def main():
         if s == warmup:
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        model(x, y).backward()
+        with cast:
+            loss = model(x, y)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     dt = time.perf_counter() - t0
@@ -65,7 +70,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     gflops = tok_s * (6 * params + 12 * L * T * C) / 1e9
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"side": "torch", "config": name, "tokens_per_s": round(tok_s, 1),
+    print(json.dumps({"side": "torch", "config": name, "precision": precision, "tokens_per_s": round(tok_s, 1),
                       "model_gflops": round(gflops, 1), "peak_rss_mib": round(rss, 1),
                       "threads": torch.get_num_threads()}))
 

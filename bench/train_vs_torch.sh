@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# Training throughput: loom vs PyTorch (Debian python3-torch, fp32), interleaved in one run.
+# Training throughput: loom vs PyTorch (Debian python3-torch), interleaved in one run, in
+# fp32 and in bf16 (loom train.precision = bf16 against torch.autocast("cpu", bfloat16)).
 # Both sides: 2 threads, OPENBLAS_CORETYPE unset (AVX-512 GEMM). The peer gets tcmalloc.
+# peak_GF/s is the in-process GEMM peak of the row's precision (sgemm, or oneDNN bf16).
 # Usage: bench/train_vs_torch.sh [steps] [configs...]   (needs scripts/setup.sh --oracle)
+#        PRECISIONS="bf16" bench/train_vs_torch.sh 8 C    (default: "fp32 bf16")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}; shift || true
 configs=${*:-A B C}
+precisions=${PRECISIONS:-fp32 bf16}
 tcmalloc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 export OMP_NUM_THREADS=2
-printf "%-4s %12s %12s %7s %10s %10s %9s %9s %10s %10s\n" cfg loom_tok/s torch_tok/s ratio loom_GF/s torch_GF/s peak_GF/s loom/peak loom_MiB torch_MiB
+printf "%-4s %-5s %12s %12s %7s %10s %10s %9s %9s %10s %10s\n" cfg prec loom_tok/s torch_tok/s ratio loom_GF/s torch_GF/s \
+  peak_GF/s loom/peak loom_MiB torch_MiB
 for c in $configs; do
-  l=$(env -u OPENBLAS_CORETYPE build/release/bench/bench_train "$c" "$steps")
-  t=$(env -u OPENBLAS_CORETYPE LD_PRELOAD="$tcmalloc" /usr/bin/python3 bench/torch_peer.py "$c" "$steps")
-  /usr/bin/python3 - "$l" "$t" <<'PY'
+  for p in $precisions; do
+    l=$(env -u OPENBLAS_CORETYPE build/release/bench/bench_train "$c" "$steps" "$p")
+    t=$(env -u OPENBLAS_CORETYPE LD_PRELOAD="$tcmalloc" /usr/bin/python3 bench/torch_peer.py "$c" "$steps" "$p")
+    /usr/bin/python3 - "$l" "$t" <<'PY'
 import json, sys
 l, t = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print("%-4s %12.0f %12.0f %7.2f %10.1f %10.1f %9.1f %9.2f %10.0f %10.0f" % (
-    l["config"], l["tokens_per_s"], t["tokens_per_s"], l["tokens_per_s"] / t["tokens_per_s"],
-    l["model_gflops"], t["model_gflops"], l["sgemm_peak_gflops"], l["model_gflops"] / l["sgemm_peak_gflops"],
+print("%-4s %-5s %12.0f %12.0f %7.2f %10.1f %10.1f %9.1f %9.2f %10.0f %10.0f" % (
+    l["config"], l["precision"], l["tokens_per_s"], t["tokens_per_s"], l["tokens_per_s"] / t["tokens_per_s"],
+    l["model_gflops"], t["model_gflops"], l["gemm_peak_gflops"], l["model_gflops"] / l["gemm_peak_gflops"],
     l["peak_rss_mib"], t["peak_rss_mib"]))
 PY
+  done
 done

@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-openmp-dev            # GEMM (OpenMP build of OpenBLAS)
+  libdnnl-dev                       # bf16 GEMM (oneDNN matmul; OpenBLAS 0.3.21 has no sbgemm)
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin        # collectives (later issues)

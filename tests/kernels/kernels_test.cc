@@ -9,6 +9,8 @@
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/ref/ops.h"
 #include "loom/kernels/kernels.h"
+#include "loom/kernels/cpu/gemm_bf16.h"
+#include "loom/kernels/ref/gemm_bf16.h"
 
 namespace loom {
 namespace {
@@ -288,6 +290,50 @@ TEST(Kernels, IgnoredTargetsAddNoLossAndNoGradient) {
       }
     }
   }
+}
+
+// train.precision = bf16 (Note [bf16 rounding points]): the fast linear and LM-head kernels
+// against the reference with the same rounding points. Both sum the same exact products of
+// bf16 inputs; they differ by fp32 accumulation, <= K 2^-24 sum |a b| per output: at most
+// ~3e-5 of the output scale for K <= 512 here, so 1e-4 (vs rel()'s scale) is the bound.
+// Against the fp32 kernels they differ by the inputs' bf16 rounding (2^-8 each): more than
+// 1e-4 of the scale and at most 2^-6 of it.
+TEST(Kernels, Bf16LinearAndHeadMatchTheirReference) {
+  Rand rnd;
+  for (auto [N, IC, OC] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 4}, {26, 36, 50}, {128, 128, 512}, {64, 512, 96}}) {
+    auto x = rnd.normal(N * IC), w = rnd.normal(OC * IC, 0.3f), b = rnd.normal(OC), dout = rnd.normal(N * OC);
+    std::vector<float> y1(N * OC), y2 = y1, y32 = y1;
+    ref::matmul_forward_bf16(y1.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    cpu::matmul_forward_bf16(y2.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    ref::matmul_forward(y32.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    EXPECT_CLOSE(y2, y1, 1e-4);
+    if (IC > 8) {
+      EXPECT_GT(rel(y1, y32), 1e-4) << "the bf16 kernels must round their inputs";
+    }
+    EXPECT_LT(rel(y1, y32), 0x1p-6);
+    std::vector<float> dx1(N * IC, 0.5f), dx2 = dx1, dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
+    ref::matmul_backward_bf16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    cpu::matmul_backward_bf16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    EXPECT_CLOSE(dx2, dx1, 1e-4);
+    EXPECT_CLOSE(dw2, dw1, 1e-4);
+    EXPECT_CLOSE(db2, db1, 1e-5);  // fp32 sums of fp32 dout
+    // The head: logits GEMM and both backward GEMMs in bf16, softmax in fp32.
+    const int64_t V = OC * 3 + 1;
+    auto wh = rnd.normal(V * IC, 0.3f);
+    auto tgt = rnd.ints(N, int32_t(V));
+    std::vector<float> l1(N), l2(N), hx1(N * IC, 0.0f), hx2 = hx1, hw1(V * IC, 0.0f), hw2 = hw1;
+    ref::lm_head_loss_bf16(l1.data(), hx1.data(), hw1.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
+    cpu::lm_head_loss_bf16(l2.data(), hx2.data(), hw2.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
+    EXPECT_CLOSE(l2, l1, 1e-4);
+    EXPECT_CLOSE(hx2, hx1, 1e-4);
+    EXPECT_CLOSE(hw2, hw1, 1e-4);
+  }
+  // The kernel table swaps exactly these three.
+  const Kernels& k = kernels(KernelBackend::kCpu, Precision::kBf16);
+  EXPECT_EQ(k.matmul_forward, &cpu::matmul_forward_bf16);
+  EXPECT_EQ(k.lm_head_loss, &cpu::lm_head_loss_bf16);
+  EXPECT_EQ(k.attention_forward, &cpu::attention_forward);
+  EXPECT_EQ(kernels(KernelBackend::kRef, Precision::kBf16).matmul_backward, &ref::matmul_backward_bf16);
 }
 
 TEST(Kernels, AdamWAndReductions) {

@@ -35,8 +35,9 @@ TrainSummary run(const Config& c, comm::World* w) {
   return w ? train(c, o, *w) : train(c, o);
 }
 
-void check_layouts(const std::string& preset, const std::vector<std::vector<std::string>>& layouts) {
-  const Config base = base_config(preset);
+void check_layouts(const std::string& preset, const std::vector<std::vector<std::string>>& layouts,
+                   const std::vector<std::string>& extra = {}, const VerifyTolerance& tol = {}) {
+  const Config base = config_from_toml_string(to_toml(base_config(preset)), extra);
   const TrainSummary ref = run(base, nullptr);
   int ran = 0;
   for (const auto& sets : layouts) {
@@ -44,7 +45,7 @@ void check_layouts(const std::string& preset, const std::vector<std::vector<std:
     if (c.parallel.world() != g_world->world_size()) continue;
     std::string name = preset;
     for (const auto& s : sets) name += " " + s;
-    const VerifyRow row = compare_runs(name, ref, run(c, g_world));
+    const VerifyRow row = compare_runs(name, ref, run(c, g_world), tol);
     ran++;
     EXPECT_TRUE(row.ok) << name << " on rank " << g_world->global_rank() << ": " << row.error << " loss rel "
                         << row.max_loss_rel << ", weight " << row.max_weight_abs;
@@ -108,6 +109,19 @@ TEST(MpiTrain, LlamaLayoutsMatchTheSingleProcessRun) {
   for (const auto& l : kLayouts)
     if (std::find(l.begin(), l.end(), "parallel.tp=4") == l.end()) layouts.push_back(l);
   check_layouts("llama", layouts);
+}
+
+// train.precision = bf16 with the tolerances of Precision.Bf16LayoutsMatchTheSingleProcessBf16Run.
+TEST(MpiTrain, Bf16LayoutsMatchTheSingleProcessBf16Run) {
+  VerifyTolerance tol;
+  tol.loss_rel = 1e-4;
+  tol.weight_abs = 4e-4;
+  check_layouts("gpt",
+                {{"parallel.dp=2", "parallel.zero=2", "train.grad_accum=2"}, {"parallel.tp=3"},
+                 {"parallel.dp=2", "parallel.tp=2", "parallel.zero=3", "parallel.sp=true"},
+                 {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
+                {"train.precision=bf16", "model.heads=6", "model.kv_heads=6", "model.d_model=96", "model.ffn=384"},
+                tol);
 }
 
 // data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every

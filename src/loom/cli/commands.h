@@ -32,6 +32,7 @@ struct TrainArgs {
   std::string resume;  // auto | DIR (Note [Sharded checkpoints])
   int64_t save_every = -1;
   bool overwrite = false;
+  std::string precision;  // train.precision when given
 };
 // Under mpirun (or with --nproc) trains one rank of the parallel layout.
 int run_train(const TrainArgs& a, int argc, char** argv);

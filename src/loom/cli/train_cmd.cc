@@ -75,6 +75,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   std::vector<std::string> sets = a.sets;
   for (auto& s : a.layout.as_sets()) sets.push_back(s);
   if (a.save_every >= 0) sets.push_back("checkpoint.save_every=" + std::to_string(a.save_every));
+  if (!a.precision.empty()) sets.push_back("train.precision=" + a.precision);
   const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
   if (!comm::launched_by_mpi()) {  // refused before any launch; rank 0 checks again under the lock
     check_output_file(a.trace, "--trace");

@@ -156,6 +156,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, val_batches, "batches per validation"),
       LOOM_INT_KEY(train, log_every, "steps between log lines"),
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
+      LOOM_STRING_KEY(train, precision, "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation, fp32 master weights)"),
       LOOM_FLOAT_KEY(optim, lr, "peak learning rate"),
       LOOM_FLOAT_KEY(optim, min_lr_ratio, "final lr as a fraction of the peak (cosine)"),
       LOOM_INT_KEY(optim, warmup_steps, "linear warmup steps"),
@@ -473,6 +474,8 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (t.val_every < 0) errs.push_back("train.val_every = " + std::to_string(t.val_every) + ": expected >= 0");
   if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
   if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
+  if (t.precision != "fp32" && t.precision != "bf16")
+    errs.push_back("train.precision = '" + t.precision + "': expected fp32 or bf16");
 
   const OptimConfig& o = c.optim;
   if (!(o.lr > 0)) errs.push_back("optim.lr = " + fmt_double(o.lr) + ": expected > 0");

@@ -48,6 +48,7 @@ struct TrainConfig {
   int64_t val_batches = 8;
   int64_t log_every = 10;
   int64_t threads = 0;         // 0: OpenMP default
+  std::string precision = "fp32";  // fp32 | bf16 (GEMM inputs in bf16, fp32 accumulation; Note [bf16 rounding points])
 };
 
 struct OptimConfig {

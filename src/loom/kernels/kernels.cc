@@ -1,14 +1,35 @@
 #include "loom/kernels/kernels.h"
 
+#include "loom/kernels/cpu/gemm_bf16.h"
+#include "loom/kernels/ref/gemm_bf16.h"
+
 namespace loom {
 
-const Kernels& kernels(KernelBackend backend) {
+namespace {
+
+template <typename Fwd, typename Bwd, typename Head>
+Kernels with_bf16_gemms(Kernels k, Fwd fwd, Bwd bwd, Head head, const char* name) {
+  k.matmul_forward = fwd;
+  k.matmul_backward = bwd;
+  k.lm_head_loss = head;
+  k.backend = name;
+  return k;
+}
+
+}  // namespace
+
+const Kernels& kernels(KernelBackend backend, Precision precision) {
 #define LOOM_KERNEL_CPU(name) &cpu::name,
 #define LOOM_KERNEL_REF(name) &ref::name,
   static const Kernels cpu_set{LOOM_KERNEL_LIST(LOOM_KERNEL_CPU) "cpu"};
   static const Kernels ref_set{LOOM_KERNEL_LIST(LOOM_KERNEL_REF) "ref"};
 #undef LOOM_KERNEL_CPU
 #undef LOOM_KERNEL_REF
+  static const Kernels cpu_bf16 = with_bf16_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16,
+                                                  &cpu::lm_head_loss_bf16, "cpu-bf16");
+  static const Kernels ref_bf16 = with_bf16_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16,
+                                                  &ref::lm_head_loss_bf16, "ref-bf16");
+  if (precision == Precision::kBf16) return backend == KernelBackend::kCpu ? cpu_bf16 : ref_bf16;
   return backend == KernelBackend::kCpu ? cpu_set : ref_set;
 }
 

@@ -26,6 +26,10 @@ struct Kernels {
 };
 
 enum class KernelBackend { kCpu, kRef };
-const Kernels& kernels(KernelBackend backend);
+// kBf16 (train.precision = bf16): matmul_forward, matmul_backward and lm_head_loss round
+// their GEMM inputs to bf16 and accumulate in fp32 (Note [bf16 rounding points]); every
+// other kernel, attention included, stays fp32.
+enum class Precision { kFp32, kBf16 };
+const Kernels& kernels(KernelBackend backend, Precision precision = Precision::kFp32);
 
 }  // namespace loom

@@ -79,7 +79,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
       tp_comm_(opt.tp_comm), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
       KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
-      layout_(cfg, opt.padding, opt.part), k_(kernels(backend)), max_batch_(max_batch), max_seq_(max_seq) {
+      layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), max_batch_(max_batch), max_seq_(max_seq) {
   const ModelPart& part = opt.part;
   const int act_slots = opt.act_slots;
   if (recompute_.empty()) recompute_.assign(size_t(cfg.layers), Recompute::kNone);

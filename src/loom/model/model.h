@@ -48,6 +48,7 @@ struct ModelOptions {
   TpComm* tp_comm = nullptr;        // required when part.tp > 1
   std::vector<Recompute> recompute; // per layer; empty: none
   bool sp = false;                  // sequence parallel (needs part.tp > 1; Note [Sequence parallel])
+  Precision precision = Precision::kFp32;  // kBf16: bf16 GEMM inputs (Note [bf16 rounding points])
 };
 
 class Model {

@@ -18,6 +18,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;
+  o.precision = cfg.train.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   return o;
 }
 

@@ -106,6 +106,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   os << "  global batch " << cfg.train.batch << " = micro-batch " << mb << " x " << cfg.train.grad_accum
      << " micro-batches x dp " << p.dp << ", seq " << T << ", " << cfg.train.batch * T << " tokens/step, "
      << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
+  if (cfg.train.precision == "bf16") os << ", precision bf16 (GEMM inputs bf16, fp32 accumulation and master weights)";
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)";

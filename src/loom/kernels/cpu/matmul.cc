@@ -1,14 +1,40 @@
-// Linear layers and the fused LM head + cross-entropy, on OpenBLAS sgemm.
+// Linear layers and the fused LM head + cross-entropy, on OpenBLAS sgemm (fp32) or oneDNN
+// (bf16, Note [bf16 rounding points]).
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
 #include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::cpu {
+
+namespace {
+
+// dbias(OC) += sum over the N rows of dout(N,OC), in fixed per-thread chunks (deterministic).
+void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  const int parts = team_size();
+  float* partial = scratch_floats(size_t(parts) * OC);
+#pragma omp parallel for schedule(static, 1)
+  for (int p = 0; p < parts; p++) {
+    int64_t r0, r1;
+    chunk_range(N, parts, p, r0, r1);
+    float* acc = partial + size_t(p) * OC;
+    std::fill(acc, acc + OC, 0.0f);
+    for (int64_t i = r0; i < r1; i++) {
+      const float* d = dout + i * OC;
+#pragma omp simd
+      for (int64_t o = 0; o < OC; o++) acc[o] += d[o];
+    }
+  }
+  for (int p = 0; p < parts; p++)
+    for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
+}
+
+}  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
                     int64_t IC, int64_t OC) {
@@ -29,24 +55,35 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
   // dw(OC,IC) += dout^T(OC,N) @ inp(N,IC)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-  if (dbias) {
-    const int parts = team_size();
-    float* partial = scratch_floats(size_t(parts) * OC);
-#pragma omp parallel for schedule(static, 1)
-    for (int p = 0; p < parts; p++) {
-      int64_t r0, r1;
-      chunk_range(N, parts, p, r0, r1);
-      float* acc = partial + size_t(p) * OC;
-      std::fill(acc, acc + OC, 0.0f);
-      for (int64_t i = r0; i < r1; i++) {
-        const float* d = dout + i * OC;
-#pragma omp simd
-        for (int64_t o = 0; o < OC; o++) acc[o] += d[o];
-      }
-    }
-    for (int p = 0; p < parts; p++)
-      for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
+  if (dbias) add_bias_grad(dbias, dout, N, OC);
+}
+
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                         int64_t OC) {
+  bf16* a = scratch_bf16(size_t(N * IC), 0);
+  bf16* b = scratch_bf16(size_t(OC * IC), 1);
+  to_bf16(a, inp, N * IC);
+  to_bf16(b, w, OC * IC);
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) std::copy(bias, bias + OC, out + i * OC);
   }
+  gemm_bf16(false, true, N, OC, IC, 1.0f, a, IC, b, IC, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                          int64_t N, int64_t IC, int64_t OC) {
+  bf16* d = scratch_bf16(size_t(N * OC), 0);
+  bf16* a = scratch_bf16(size_t(N * IC), 1);
+  bf16* b = scratch_bf16(size_t(OC * IC), 2);
+  to_bf16(d, dout, N * OC);
+  to_bf16(a, inp, N * IC);
+  if (dinp) {
+    to_bf16(b, w, OC * IC);
+    gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 1.0f, dinp, IC);  // dinp += dout w
+  }
+  gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, a, IC, 1.0f, dw, IC);  // dw += dout^T inp
+  if (dbias) add_bias_grad(dbias, dout, N, OC);
 }
 
 namespace {
@@ -121,25 +158,57 @@ void crossentropy_backward_inplace(float* logits, const int32_t* targets, const 
   for (int64_t i = 0; i < N; i++) softmax_xent_row(logits + i * V, targets[i], V, true, dloss[i]);
 }
 
-void lm_head_loss(float* losses, float* dx, float* dw, const float* x, const float* w,
-                  const int32_t* targets, int64_t N, int64_t C, int64_t V, float dloss_scale) {
+namespace {
+
+// lm_head_loss in row chunks; bf16: the GEMM inputs (x, w, dlogits) rounded to bf16.
+void head_loss(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int64_t N,
+               int64_t C, int64_t V, float dloss_scale, bool bf16_gemms) {
   const int64_t R = head_chunk_rows(N, V);
   float* logits = scratch_floats(size_t(R) * V, 1);
   const bool grad = dx != nullptr;
+  bf16 *wh = nullptr, *xh = nullptr, *dh = nullptr;
+  if (bf16_gemms) {
+    wh = scratch_bf16(size_t(V * C), 0);
+    xh = scratch_bf16(size_t(R * C), 1);
+    dh = scratch_bf16(size_t(R * V), 2);
+    to_bf16(wh, w, V * C);
+  }
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const float* xc = x + r0 * C;
     // logits(rows,V) = x(rows,C) @ w(V,C)^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
+    if (bf16_gemms) {
+      to_bf16(xh, xc, rows * C);
+      gemm_bf16(false, true, rows, V, C, 1.0f, xh, C, wh, C, 0.0f, logits, V);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < rows; i++)
       losses[r0 + i] = softmax_xent_row(logits + i * V, targets[r0 + i], V, grad, dloss_scale);
     if (!grad) continue;
     // dx(rows,C) += dlogits(rows,V) @ w(V,C); dw(V,C) += dlogits^T @ x(rows,C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, logits, V, w, C, 1.0f,
-                dx + r0 * C, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, logits, V, xc, C, 1.0f, dw, C);
+    if (bf16_gemms) {
+      to_bf16(dh, logits, rows * V);
+      gemm_bf16(false, false, rows, C, V, 1.0f, dh, V, wh, C, 1.0f, dx + r0 * C, C);
+      gemm_bf16(true, false, V, C, rows, 1.0f, dh, V, xh, C, 1.0f, dw, C);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, logits, V, w, C, 1.0f, dx + r0 * C, C);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, logits, V, xc, C, 1.0f, dw, C);
+    }
   }
+}
+
+}  // namespace
+
+void lm_head_loss(float* losses, float* dx, float* dw, const float* x, const float* w,
+                  const int32_t* targets, int64_t N, int64_t C, int64_t V, float dloss_scale) {
+  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, false);
+}
+
+void lm_head_loss_bf16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
+                       int64_t N, int64_t C, int64_t V, float dloss_scale) {
+  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, true);
 }
 
 void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C, int64_t V) {

@@ -25,4 +25,11 @@ inline float* scratch_floats(size_t count, int slot = 0) {
   return buf[slot].data();
 }
 
+// The same for bf16 (uint16_t) operands.
+inline uint16_t* scratch_bf16(size_t count, int slot = 0) {
+  thread_local std::vector<uint16_t> buf[4];
+  if (buf[slot].size() < count) buf[slot].resize(count);
+  return buf[slot].data();
+}
+
 }  // namespace loom::cpu

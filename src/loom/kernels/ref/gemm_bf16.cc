@@ -1,0 +1,67 @@
+#include "loom/kernels/ref/gemm_bf16.h"
+
+#include <cstddef>
+#include <vector>
+
+#include "loom/kernels/ref/ops.h"
+
+namespace loom::ref {
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++) {
+        const float a = from_bf16(trans_a ? A[k * lda + m] : A[m * lda + k]);
+        const float b = from_bf16(trans_b ? B[n * ldb + k] : B[k * ldb + n]);
+        s += double(a) * double(b);
+      }
+      float& c = C[m * ldc + n];
+      c = float(double(alpha) * s + (beta != 0.0f ? double(beta) * double(c) : 0.0));
+    }
+}
+
+namespace {
+
+std::vector<bf16> rounded(const float* x, int64_t n) {
+  std::vector<bf16> out(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; i++) out[std::size_t(i)] = to_bf16(x[i]);
+  return out;
+}
+
+}  // namespace
+
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                         int64_t OC) {
+  const std::vector<bf16> a = rounded(inp, N * IC), b = rounded(w, OC * IC);
+  for (int64_t i = 0; i < N; i++)
+    for (int64_t o = 0; o < OC; o++) out[i * OC + o] = bias ? bias[o] : 0.0f;
+  gemm_bf16(false, true, N, OC, IC, 1.0f, a.data(), IC, b.data(), IC, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                          int64_t N, int64_t IC, int64_t OC) {
+  const std::vector<bf16> d = rounded(dout, N * OC), a = rounded(inp, N * IC), b = rounded(w, OC * IC);
+  if (dinp) gemm_bf16(false, false, N, IC, OC, 1.0f, d.data(), OC, b.data(), IC, 1.0f, dinp, IC);
+  gemm_bf16(true, false, OC, IC, N, 1.0f, d.data(), OC, a.data(), IC, 1.0f, dw, IC);
+  if (dbias)
+    for (int64_t o = 0; o < OC; o++) {
+      double s = 0;
+      for (int64_t i = 0; i < N; i++) s += dout[i * OC + o];
+      dbias[o] += float(s);
+    }
+}
+
+void lm_head_loss_bf16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
+                       int64_t N, int64_t C, int64_t V, float dloss_scale) {
+  std::vector<float> logits(static_cast<std::size_t>(N * V));
+  matmul_forward_bf16(logits.data(), x, w, nullptr, N, C, V);
+  crossentropy_forward(losses, logits.data(), targets, N, V);
+  if (!dx) return;
+  const std::vector<float> dloss(static_cast<std::size_t>(N), dloss_scale);
+  crossentropy_backward_inplace(logits.data(), targets, dloss.data(), N, V);
+  matmul_backward_bf16(dx, dw, nullptr, logits.data(), x, w, N, C, V);
+}
+
+}  // namespace loom::ref

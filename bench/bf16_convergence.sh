@@ -7,12 +7,7 @@ cd "$(dirname "$0")/.."
 steps=${1:-1000}
 every=${2:-100}
 loom=./build/release/loom
-cache=runs/data/fortunes-sp2048
-mkdir -p "$cache"
-[[ -f "$cache/tokenizer.model" ]] || $loom tokenizer train --vocab 2048 --out "$cache/tokenizer.model"
-[[ -f "$cache/shards/prepare.json" ]] ||
-  $loom data prepare --tokenizer "$cache/tokenizer.model" --in /usr/share/games/fortunes --out "$cache/shards" \
-    --doc-separator % --overwrite
+cache=$(scripts/default_data.sh)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for p in fp32 bf16; do

@@ -12,12 +12,7 @@ steps=${1:-60}
 seq=${2:-256}
 batch=${3:-16}
 loom=./build/release/loom
-cache=runs/data/fortunes-sp2048
-mkdir -p "$cache"
-[[ -f "$cache/tokenizer.model" ]] || $loom tokenizer train --vocab 2048 --out "$cache/tokenizer.model"
-[[ -f "$cache/shards/prepare.json" ]] ||
-  $loom data prepare --tokenizer "$cache/tokenizer.model" --in /usr/share/games/fortunes --out "$cache/shards" \
-    --doc-separator % --overwrite
+cache=$(scripts/default_data.sh)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 common=(--set model.preset=tiny --set model.vocab=2048 --set "data.shards=$cache/shards" --set "train.seq=$seq"

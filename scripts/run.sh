@@ -28,13 +28,7 @@ for a in "$@"; do
   [[ "$a" == data.path=* || "$a" == data.shards=* ]] && own_data=1
 done
 if ((own_data == 0)); then
-  cache=runs/data/fortunes-sp2048
-  mkdir -p "$cache"
-  [[ -f "$cache/tokenizer.model" ]] ||
-    ./build/release/loom tokenizer train --vocab 2048 --out "$cache/tokenizer.model"
-  [[ -f "$cache/shards/prepare.json" ]] ||
-    ./build/release/loom data prepare --tokenizer "$cache/tokenizer.model" --in /usr/share/games/fortunes \
-      --out "$cache/shards" --doc-separator % --overwrite
+  cache=$(scripts/default_data.sh)
   extra+=(--set model.preset=tiny --set model.vocab=2048 --set "data.shards=$cache/shards"
           --set "data.tokenizer=$cache/tokenizer.model")
 fi

@@ -325,8 +325,11 @@ TEST(Kernels, Bf16LinearAndHeadMatchTheirReference) {
     ref::lm_head_loss_bf16(l1.data(), hx1.data(), hw1.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
     cpu::lm_head_loss_bf16(l2.data(), hx2.data(), hw2.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
     EXPECT_CLOSE(l2, l1, 1e-4);
-    EXPECT_CLOSE(hx2, hx1, 1e-4);
-    EXPECT_CLOSE(hw2, hw1, 1e-4);
+    // The head's dlogits come from each side's fp32 softmax (the fast one uses exp_approx,
+    // ~1e-6 relative apart); an element next to a bf16 rounding boundary rounds the other
+    // way, moving it by up to 2^-8 of itself. Bound 2^-7 of the scale (observed up to 2.4e-3).
+    EXPECT_CLOSE(hx2, hx1, 0x1p-7);
+    EXPECT_CLOSE(hw2, hw1, 0x1p-7);
   }
   // The kernel table swaps exactly these three.
   const Kernels& k = kernels(KernelBackend::kCpu, Precision::kBf16);

@@ -4,7 +4,10 @@ Face GPT-2 / Llama tensor names and layouts), runs a forward pass written from t
 conventions alone (not from loom's layout), and checks that its greedy continuation of a
 prompt equals `loom sample --temperature 0` from the same checkpoint.
 
-usage: check_hf_export.py LOOM_BINARY CHECKPOINT_DIR [PROMPT] [TOKENS]
+usage: check_hf_export.py LOOM_BINARY CHECKPOINT_DIR [PROMPT] [TOKENS] [fp32|bf16]
+With bf16 the export is `--dtype bf16` (BF16 tensors, torch_dtype bfloat16), and loom's side
+samples from that file imported back (`loom import`: BF16 widened exactly), so both sides
+run on the same bf16-rounded weights.
 Exit 0 on a match, 1 on a mismatch, 77 when PyTorch is missing (ctest skip).
 Needs Debian's python3-torch (scripts/setup.sh --oracle); the safetensors file is parsed
 here directly (Debian 12 has no python3-safetensors).
@@ -33,9 +36,10 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     out = {}
     for name, h in header.items():
-        assert h["dtype"] == "F32", f"{name}: dtype {h['dtype']}"
+        assert h["dtype"] in ("F32", "BF16"), f"{name}: dtype {h['dtype']}"
         lo, hi = h["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(data[lo:hi]), dtype=torch.float32).reshape(h["shape"])
+        dtype = torch.float32 if h["dtype"] == "F32" else torch.bfloat16
+        out[name] = torch.frombuffer(bytearray(data[lo:hi]), dtype=dtype).reshape(h["shape"]).float()
     return out, meta
 
 
@@ -89,11 +93,21 @@ def main():
     loom, ckpt = sys.argv[1], sys.argv[2]
     prompt = sys.argv[3] if len(sys.argv) > 3 else "The "
     tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 24
-    with tempfile.TemporaryDirectory() as tmp:
-        path = tmp + "/model.safetensors"
-        subprocess.run([loom, "export", "--checkpoint", ckpt, "--format", "safetensors", "--out", path], check=True,
+    dtype = sys.argv[5] if len(sys.argv) > 5 else "fp32"
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = tmp_dir.name
+    path = tmp + "/model.safetensors"
+    subprocess.run([loom, "export", "--checkpoint", ckpt, "--format", "safetensors", "--out", path, "--dtype", dtype],
+                   check=True, capture_output=True)
+    W, meta = read_safetensors(path)
+    want = "bfloat16" if dtype == "bf16" else "float32"
+    if meta.get("torch_dtype") != want:
+        print(f"export --dtype {dtype}: metadata torch_dtype {meta.get('torch_dtype')!r}, expected {want!r}")
+        return 1
+    if dtype == "bf16":  # loom samples from the bf16 file imported back
+        ckpt = tmp + "/imported"
+        subprocess.run([loom, "import", "--format", "safetensors", "--in", path, "--checkpoint", ckpt], check=True,
                        capture_output=True)
-        W, meta = read_safetensors(path)
     cfg = tomllib.loads(meta["loom_config"])["model"]
     logits_fn = llama_logits if "model.embed_tokens.weight" in W else gpt2_logits
     ids = list(prompt.encode())
@@ -110,7 +124,7 @@ def main():
     theirs = run.stdout.decode("utf-8", errors="replace").rstrip("\n")
     arch = "llama" if logits_fn is llama_logits else "gpt2"
     if ours.rstrip("\n") == theirs:
-        print(f"{arch}: the HF-named export reproduces loom's greedy continuation ({tokens} tokens; "
+        print(f"{arch} ({dtype}): the HF-named export reproduces loom's greedy continuation ({tokens} tokens; "
               f"smallest top-2 logit gap {min(gaps):.4f})")
         return 0
     print(f"{arch}: MISMATCH\n python: {ours!r}\n loom:   {theirs!r}\n smallest top-2 gap {min(gaps):.5f}")

@@ -13,5 +13,7 @@ common=(--set train.val_every=0 --set train.log_every=1000)
   --set model.heads=4 --set model.kv_heads=2 --set model.ffn=128 --set model.vocab=256 --set model.ctx=64 \
   --set train.steps=30 --set checkpoint.dir="$dir/llama" >/dev/null
 here=$(dirname "$0")
-/usr/bin/python3 "$here/check_hf_export.py" "$loom" "$dir/gpt" "The " 24
-/usr/bin/python3 "$here/check_hf_export.py" "$loom" "$dir/llama" "A fool " 24
+for dtype in fp32 bf16; do
+  /usr/bin/python3 "$here/check_hf_export.py" "$loom" "$dir/gpt" "The " 24 "$dtype"
+  /usr/bin/python3 "$here/check_hf_export.py" "$loom" "$dir/llama" "A fool " 24 "$dtype"
+done

@@ -5,6 +5,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/kernels/bf16.h"
 #include "loom/train/safetensors.h"
 
 namespace loom {
@@ -30,6 +31,23 @@ TEST(Safetensors, RoundTripAndHeaderAlignment) {
   EXPECT_EQ(g.at("b", path).as_i32(), b);
   EXPECT_THROW(g.at("a", path).as_i32(), Error);
   EXPECT_THROW(g.at("zz", path), Error);
+}
+
+// BF16 tensors (loom export --dtype bf16, and most HF checkpoints): written rounded to
+// nearest-even, read back widened exactly.
+TEST(Safetensors, Bf16TensorsRoundTripRounded) {
+  const std::string path = testing::TempDir() + "/bf16.safetensors";
+  std::vector<float> v = {1.0f, 1.0f + 0x1p-8f, -3.140625f, 1e-3f, 65504.0f, -0.0f};
+  StFile f;
+  f.tensors["w"] = make_bf16({2, 3}, v.data());
+  write_safetensors(path, f);
+  const StFile back = read_safetensors(path);
+  const StTensor& t = back.at("w", path);
+  EXPECT_EQ(t.dtype, DType::kBF16);
+  EXPECT_EQ(t.bytes.size(), 12u);
+  const std::vector<float> got = t.as_f32();
+  for (size_t i = 0; i < v.size(); i++) EXPECT_EQ(got[i], round_bf16(v[i])) << i;
+  EXPECT_EQ(got[1], 1.0f);  // the tie rounds to even
 }
 
 TEST(Safetensors, DamagedFilesAreRefusedWithTheReason) {

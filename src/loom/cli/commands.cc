@@ -24,11 +24,12 @@ int run_sample(const SampleArgs& a) {
   return 0;
 }
 
-int run_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
+int run_export(const std::string& checkpoint, const std::string& format, const std::string& out,
+               const std::string& dtype) {
   if (format != "safetensors") throw ConfigError("--format '" + format + "': the only export format is safetensors");
   check_output_file(out, "export --out");
-  export_safetensors(checkpoint, out);
-  std::cerr << "exported " << checkpoint << " to " << out << "\n";
+  export_safetensors(checkpoint, out, dtype);
+  std::cerr << "exported " << checkpoint << " to " << out << " (" << dtype << ")\n";
   return 0;
 }
 

@@ -54,7 +54,8 @@ struct SampleArgs {
 };
 int run_sample(const SampleArgs& a);
 
-int run_export(const std::string& checkpoint, const std::string& format, const std::string& out);
+int run_export(const std::string& checkpoint, const std::string& format, const std::string& out,
+               const std::string& dtype);
 // `tokenizer` (may be empty) becomes the checkpoint's data.tokenizer, what `loom sample` decodes with.
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
                const std::string& config_path, const std::vector<std::string>& sets, const std::string& tokenizer);

@@ -186,11 +186,13 @@ int main(int argc, char** argv) {
   s->add_option("--seed", smp.seed, "Sampling seed")->capture_default_str();
   s->add_option("--tokenizer", smp.tokenizer, "Tokenizer (default: the checkpoint's data.tokenizer, else byte)");
 
-  std::string ex_ck, ex_fmt = "safetensors", ex_out;
+  std::string ex_ck, ex_fmt = "safetensors", ex_out, ex_dtype = "fp32";
   auto* e = app.add_subcommand("export", "Write a checkpoint as Hugging Face-named safetensors");
   e->add_option("--checkpoint", ex_ck, "Checkpoint directory")->required();
   e->add_option("--format", ex_fmt, "Output format (safetensors)")->capture_default_str();
   e->add_option("--out", ex_out, "Output file")->required();
+  e->add_option("--dtype", ex_dtype, "fp32 (the masters as they are) or bf16 (rounded to nearest-even)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
 
   std::string im_in, im_fmt = "safetensors", im_ck, im_cfg;
   std::vector<std::string> im_sets;
@@ -249,7 +251,7 @@ int main(int argc, char** argv) {
       return loom::cli::run_ckpt_convert(cv_in, cv_out, cv_sets);
     }
     if (*s) return loom::cli::run_sample(smp);
-    if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out);
+    if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out, ex_dtype);
     if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets, im_tok);
     if (*bcomm) return loom::cli::run_bench_comm(bc);
     if (app.got_subcommand("tokenizer")) return loom::cli::run_tokenizer(tk_cmds, tk);

@@ -31,6 +31,8 @@ void unpack_params(const StFile& f, const std::string& path, const ParamLayout& 
     if (t.shape != s.shape)
       throw Error("checkpoint file '" + path + "': tensor '" + prefix + s.name + "' has shape " +
                   shape_string(t.shape) + " but the config needs " + shape_string(s.shape));
+    if (t.dtype != DType::kF32)  // loom keeps fp32 masters; a narrower file lost their bits
+      throw Error("checkpoint file '" + path + "': tensor '" + prefix + s.name + "' is not F32");
     const std::vector<float> v = t.as_f32();
     std::copy(v.begin(), v.end(), flat.begin() + s.offset);
   }

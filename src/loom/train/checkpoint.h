@@ -43,8 +43,11 @@ CheckpointData load_whole_files(const std::string& dir);
 
 // Hugging Face interop: GPT-2 names (transformer.h.N.attn.c_attn.weight, Conv1D weights
 // stored (in, out)) for arch gpt, Llama names (model.layers.N.self_attn.q_proj.weight)
-// for arch llama. The loom config rides in the metadata under "loom_config".
-void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file);
+// for arch llama. The loom config rides in the metadata under "loom_config", the dtype under
+// "torch_dtype" (float32 | bfloat16, as in HF's config.json). `dtype` "bf16" rounds the fp32
+// masters to nearest-even bf16; "fp32" writes them as they are. Import reads either.
+void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file,
+                        const std::string& dtype = "fp32");
 // Builds a checkpoint (no optimizer state) from an HF-named safetensors file. The model
 // config comes from the file's loom_config metadata when present; otherwise from `base`
 // (preset, heads, ...) with layers/d_model/vocab/ctx/ffn read off the tensor shapes.

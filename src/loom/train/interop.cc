@@ -74,11 +74,14 @@ void block_dims(const ParamSpec& s, const HfEntry& e, int64_t& r0, int64_t& rows
 
 }  // namespace
 
-void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file) {
+void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file, const std::string& dtype) {
+  LOOM_CONFIG_CHECK(dtype == "fp32" || dtype == "bf16", "export --dtype '", dtype, "': expected fp32 or bf16");
   const CheckpointData ck = load_checkpoint(checkpoint_dir);
   const ParamLayout layout(ck.config.model);
   StFile out;
-  out.metadata = {{"format", "pt"}, {"loom_config", to_toml(ck.config)}};
+  out.metadata = {{"format", "pt"},
+                  {"loom_config", to_toml(ck.config)},
+                  {"torch_dtype", dtype == "bf16" ? "bfloat16" : "float32"}};
   for (const HfEntry& e : hf_entries(ck.config.model)) {
     const ParamSpec& s = layout.at(e.loom);
     int64_t r0, rows, cols;
@@ -97,7 +100,7 @@ void export_safetensors(const std::string& checkpoint_dir, const std::string& ou
       std::copy(src, src + rows * cols, buf.begin());
       shape = {rows, cols};
     }
-    out.tensors[e.hf] = make_f32(shape, buf.data());
+    out.tensors[e.hf] = dtype == "bf16" ? make_bf16(shape, buf.data()) : make_f32(shape, buf.data());
   }
   std::error_code ec;
   const fs::path parent = fs::absolute(out_file).parent_path();

@@ -10,12 +10,13 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/kernels/bf16.h"
 
 namespace loom {
 
 namespace {
-size_t dtype_size(DType) { return 4; }
-const char* dtype_name(DType d) { return d == DType::kF32 ? "F32" : "I32"; }
+size_t dtype_size(DType d) { return d == DType::kBF16 ? 2 : 4; }
+const char* dtype_name(DType d) { return d == DType::kF32 ? "F32" : d == DType::kI32 ? "I32" : "BF16"; }
 }  // namespace
 
 int64_t StTensor::numel() const {
@@ -25,9 +26,17 @@ int64_t StTensor::numel() const {
 }
 
 std::vector<float> StTensor::as_f32() const {
-  LOOM_CHECK(dtype == DType::kF32, "tensor has dtype ", dtype_name(dtype), ", expected F32");
+  LOOM_CHECK(dtype != DType::kI32, "tensor has dtype I32, expected F32 or BF16");
   std::vector<float> out(numel());
-  std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (dtype == DType::kF32) {
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+  for (size_t i = 0; i < out.size(); i++) {
+    bf16 h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    out[i] = from_bf16(h);
+  }
   return out;
 }
 
@@ -59,6 +68,18 @@ StTensor make_f32(std::vector<int64_t> shape, const float* data) {
   t.shape = std::move(shape);
   t.bytes.resize(size_t(t.numel()) * 4);
   std::memcpy(t.bytes.data(), data, t.bytes.size());
+  return t;
+}
+
+StTensor make_bf16(std::vector<int64_t> shape, const float* data) {
+  StTensor t;
+  t.dtype = DType::kBF16;
+  t.shape = std::move(shape);
+  t.bytes.resize(size_t(t.numel()) * 2);
+  for (int64_t i = 0; i < t.numel(); i++) {
+    const bf16 h = to_bf16(data[i]);
+    std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+  }
   return t;
 }
 
@@ -108,7 +129,8 @@ StFile parse_safetensors(std::string_view data, const std::string& path) {
     const std::string dts = dt.get<std::string>();
     if (dts == "F32") t.dtype = DType::kF32;
     else if (dts == "I32") t.dtype = DType::kI32;
-    else throw fail("tensor '" + name + "' has dtype " + dts + "; loom reads F32 and I32 (convert with torch: t.float())");
+    else if (dts == "BF16") t.dtype = DType::kBF16;
+    else throw fail("tensor '" + name + "' has dtype " + dts + "; loom reads F32, BF16 and I32 (convert with torch: t.float())");
     const auto& shape = entry["shape"];
     const auto& offs = entry["data_offsets"];
     if (!shape.is_array() || !offs.is_array() || offs.size() != 2)

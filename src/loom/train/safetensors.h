@@ -12,14 +12,14 @@
 
 namespace loom {
 
-enum class DType { kF32, kI32 };
+enum class DType { kF32, kI32, kBF16 };
 
 struct StTensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;  // raw little-endian data
   int64_t numel() const;
-  std::vector<float> as_f32() const;    // throws unless dtype F32 (F16/BF16 files are refused)
+  std::vector<float> as_f32() const;    // F32, or BF16 widened exactly; throws for I32
   std::vector<int32_t> as_i32() const;
 };
 
@@ -41,5 +41,7 @@ std::string shape_string(const std::vector<int64_t>& shape);
 
 StTensor make_f32(std::vector<int64_t> shape, const float* data);
 StTensor make_i32(std::vector<int64_t> shape, const int32_t* data);
+// fp32 values rounded to nearest-even bf16 (Note [bf16 rounding points]).
+StTensor make_bf16(std::vector<int64_t> shape, const float* data);
 
 }  // namespace loom

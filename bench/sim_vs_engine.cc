@@ -1,7 +1,9 @@
 // Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine,
-// ranks as threads) step time and rank-0 peak memory for 12+ layouts of configs A and B.
+// ranks as threads) step time and rank-0 peak memory for 12+ layouts of configs A and B;
+// with a bf16 spec (`loom calibrate --precision bf16`), also train.precision = bf16 rows.
 //   build/release/loom calibrate --out /tmp/local.toml
-//   build/release/bench/sim_vs_engine /tmp/local.toml [steps]
+//   build/release/loom calibrate --precision bf16 --out /tmp/local-bf16.toml
+//   build/release/bench/sim_vs_engine /tmp/local.toml [steps] [/tmp/local-bf16.toml]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -48,14 +50,11 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps]\n");
+    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps] [LOCAL_BF16_CLUSTER.toml]\n");
     return 2;
   }
   const int steps = argc > 2 ? std::atoi(argv[2]) : 6;
   try {
-    std::ifstream f(argv[1]);
-    std::stringstream text;
-    text << f.rdbuf();
     // Config A: GPT 4 x 256 (~3.4M params), B: GPT 8 x 256; sequences of 128, batch 8.
     const std::vector<std::pair<const char*, std::vector<std::string>>> models = {
         {"A", {"model.layers=4", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}},
@@ -72,41 +71,51 @@ int main(int argc, char** argv) {
         {"parallel.pp=2", "train.grad_accum=4"},
         {"parallel.dp=2", "parallel.tp=2"},
     };
-    std::vector<double> time_errs, mem_errs;
+    // bf16 rows: the layouts whose GEMM split differs (whole, dp, tp, pp).
+    const std::vector<std::vector<std::string>> bf16_layouts = {
+        {}, {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=4"}};
+    std::vector<double> time_errs, mem_errs, bf16_time_errs;
     std::printf("%-3s %-40s %12s %12s %8s %12s %12s %8s\n", "cfg", "layout", "pred step s", "meas step s", "error",
                 "pred MiB", "meas MiB", "error");
-    for (const auto& [name, model] : models)
-      for (const auto& layout : layouts) {
-        std::vector<std::string> sets = model;
-        for (const char* s : {"train.batch=8", "train.val_batches=1", "train.val_every=0", "checkpoint.dir=",
-                              "optim.warmup_steps=1"})
-          sets.push_back(s);
-        sets.push_back("train.steps=" + std::to_string(steps));
-        sets.insert(sets.end(), layout.begin(), layout.end());
-        // Each rank gets its share of the cores, as the `local` cluster's shared device assumes.
-        const int64_t world = loom::load_config("", sets).parallel.world();
-        const int64_t cores = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
-        sets.push_back("train.threads=" + std::to_string(std::max<int64_t>(1, cores / world)));
-        loom::sim::SimPlan plan;
-        plan.framework = loom::sim::Framework::kLoom;
-        plan.cfg = loom::load_config("", sets);
-        const loom::sim::ClusterSpec cluster =
-            loom::sim::load_cluster(argv[1], {}, plan.gpus(), argv[1]);
-        const loom::sim::SimResult r = loom::sim::simulate(plan, cluster);
-        const Measured m = run_engine(plan.cfg);
-        const double pm = r.ranks[0].memory.total();
-        time_errs.push_back(std::fabs(r.step_time_s / m.step_s - 1));
-        mem_errs.push_back(std::fabs(pm / m.memory_bytes - 1));
-        std::string label;
-        for (const auto& s : layout) label += s.substr(s.find('.') + 1) + " ";
-        if (label.empty()) label = "single";
-        std::printf("%-3s %-40s %12.4f %12.4f %+7.1f%% %12.2f %12.2f %+7.2f%%\n", name, label.c_str(), r.step_time_s,
-                    m.step_s, 100 * (r.step_time_s / m.step_s - 1), pm / (1 << 20), m.memory_bytes / (1 << 20),
-                    100 * (pm / m.memory_bytes - 1));
-        std::fflush(stdout);
-      }
+    const bool with_bf16 = argc > 3;
+    for (int pass = 0; pass < (with_bf16 ? 2 : 1); pass++) {
+      for (const auto& [name, model] : models)
+        for (const auto& layout : pass == 0 ? layouts : bf16_layouts) {
+          const char* spec = pass == 0 ? argv[1] : argv[3];
+          std::vector<std::string> sets = model;
+          if (pass == 1) sets.push_back("train.precision=bf16");
+          for (const char* s : {"train.batch=8", "train.val_batches=1", "train.val_every=0", "checkpoint.dir=",
+                                "optim.warmup_steps=1"})
+            sets.push_back(s);
+          sets.push_back("train.steps=" + std::to_string(steps));
+          sets.insert(sets.end(), layout.begin(), layout.end());
+          // Each rank gets its share of the cores, as the `local` cluster's shared device assumes.
+          const int64_t world = loom::load_config("", sets).parallel.world();
+          const int64_t cores = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+          sets.push_back("train.threads=" + std::to_string(std::max<int64_t>(1, cores / world)));
+          loom::sim::SimPlan plan;
+          plan.framework = loom::sim::Framework::kLoom;
+          plan.cfg = loom::load_config("", sets);
+          const loom::sim::ClusterSpec cluster = loom::sim::load_cluster(spec, {}, plan.gpus(), spec);
+          const loom::sim::SimResult r = loom::sim::simulate(plan, cluster);
+          const Measured m = run_engine(plan.cfg);
+          const double pm = r.ranks[0].memory.total();
+          (pass == 0 ? time_errs : bf16_time_errs).push_back(std::fabs(r.step_time_s / m.step_s - 1));
+          mem_errs.push_back(std::fabs(pm / m.memory_bytes - 1));
+          std::string label = pass == 1 ? "bf16 " : "";
+          for (const auto& s : layout) label += s.substr(s.find('.') + 1) + " ";
+          if (layout.empty()) label += "single";
+          std::printf("%-3s %-40s %12.4f %12.4f %+7.1f%% %12.2f %12.2f %+7.2f%%\n", name, label.c_str(), r.step_time_s,
+                      m.step_s, 100 * (r.step_time_s / m.step_s - 1), pm / (1 << 20), m.memory_bytes / (1 << 20),
+                      100 * (pm / m.memory_bytes - 1));
+          std::fflush(stdout);
+        }
+    }
     std::printf("configs %zu  median |step time error| %.1f%%  median |memory error| %.2f%%\n", time_errs.size(),
                 100 * median(time_errs), 100 * median(mem_errs));
+    if (with_bf16)
+      std::printf("bf16 configs %zu  median |step time error| %.1f%%\n", bf16_time_errs.size(),
+                  100 * median(bf16_time_errs));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sim_vs_engine: %s\n", e.what());
     return 1;

@@ -9,7 +9,7 @@
 #include <random>
 #include <tuple>
 
-#include "loom/kernels/bf16.h"
+#include "loom/core/bf16.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/ref/gemm_bf16.h"
 

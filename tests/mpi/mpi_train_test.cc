@@ -124,6 +124,19 @@ TEST(MpiTrain, Bf16LayoutsMatchTheSingleProcessBf16Run) {
                 tol);
 }
 
+// comm.grad_dtype = bf16 against the single-process fp32 run, with the bounds of
+// Precision.Bf16GradientAllReduceStaysNearTheFp32One.
+TEST(MpiTrain, Bf16GradientAllReduceStaysNearTheExactRun) {
+  VerifyTolerance tol;
+  tol.loss_rel = 1e-5;
+  tol.weight_abs = 5e-4;
+  check_layouts("gpt",
+                {{"parallel.dp=2", "comm.grad_dtype=bf16"}, {"parallel.dp=3", "comm.grad_dtype=bf16"},
+                 {"parallel.dp=4", "parallel.zero=1", "comm.grad_dtype=bf16"},
+                 {"parallel.dp=4", "parallel.tp=2", "comm.grad_dtype=bf16"}},
+                {}, tol);
+}
+
 // data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
 // rank, the loss normalised by the global batch's real targets.
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {

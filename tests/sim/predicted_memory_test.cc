@@ -115,5 +115,35 @@ TEST(Calibrate, WritesASpecTheSimulatorLoadsAndUses) {
   EXPECT_GT(r.breakdown.dp_exposed, 0);  // priced from the measured 2-rank all-reduce table
 }
 
+// --precision bf16: the GEMM curve is loom's bf16 linear kernel; the spec is `local-bf16`,
+// found beside the local one (cluster-local-bf16.toml), and prices a step.
+TEST(Calibrate, Bf16SpecSitsBesideTheLocalOne) {
+  CalibrateOptions o;
+  o.seconds_per_point = 0.001;
+  o.ranks = {2};
+  o.bf16 = true;
+  const sim::ClusterSpec c = calibrate_local(o);
+  EXPECT_EQ(c.name, "local-bf16");
+  EXPECT_NE(c.device.name.find("bf16"), std::string::npos);
+  EXPECT_GT(c.device.peak_flops, 1e8);
+  const std::string base = testing::TempDir() + "/local_" + std::to_string(::getpid());
+  {
+    std::ofstream f(base + "-bf16.toml");
+    f << sim::cluster_to_toml(c);
+  }
+  const sim::ClusterSpec back = sim::load_cluster("local-bf16", {}, 1, base + ".toml");
+  EXPECT_NEAR(back.device.peak_flops, c.device.peak_flops, 1e-4 * c.device.peak_flops);  // through TOML text
+  sim::SimPlan plan;
+  plan.framework = sim::Framework::kLoom;
+  plan.cfg = load_config("", {"train.batch=8"});
+  EXPECT_GT(sim::simulate(plan, back).step_time_s, 0);
+  try {
+    sim::load_cluster("local-bf16", {}, 1, base + "-missing.toml");
+    FAIL() << "loaded a missing spec";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("loom calibrate --precision bf16"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace loom

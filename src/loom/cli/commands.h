@@ -95,7 +95,8 @@ struct SimInputs {
 // --dp defaults to gpus / (tp x pp x cp), the micro-batch to 1 (then grad_accum = global
 // batch / (micro-batch x dp)). Throws ConfigError naming the problem.
 SimInputs resolve_sim_inputs(const SimArgs& a);
-std::string default_local_cluster_path();  // $XDG_CACHE_HOME/loom or ~/.cache/loom
+// $XDG_CACHE_HOME/loom or ~/.cache/loom: cluster-local.toml; bf16: cluster-local-bf16.toml.
+std::string default_local_cluster_path(bool bf16 = false);
 int run_simulate(const SimArgs& a);
 
 struct PlanArgs {
@@ -109,6 +110,7 @@ struct CalibrateArgs {
   std::string out;        // empty: default_local_cluster_path()
   int threads = 0;
   std::vector<int> ranks = {2, 4};
+  std::string precision = "fp32";  // bf16: the `local-bf16` spec (CalibrateOptions::bf16)
 };
 int run_calibrate(const CalibrateArgs& a);
 

@@ -57,7 +57,7 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--model", a.model, "Model preset (see loom train --help), or custom with --set model.*");
   app->add_option("--config", a.config_path, "TOML config for the model and run");
   app->add_option("--set", a.sets, "Override a key: model.*, train.*, parallel.*, cluster.* (repeatable)")->take_all();
-  app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | local (from loom calibrate) | FILE.toml")
+  app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | local (from loom calibrate) | local-bf16 (calibrate --precision bf16) | FILE.toml")
       ->capture_default_str();
   app->add_option("--gpus", a.gpus, "Devices: sets the node count; --dp defaults to gpus / (tp x pp x cp)")
       ->check(at_least(1));
@@ -146,7 +146,9 @@ int main(int argc, char** argv) {
 
   loom::cli::CalibrateArgs cal;
   auto* ca = app.add_subcommand("calibrate", "Measure this machine's kernels and collectives into the `local` cluster spec");
-  ca->add_option("--out", cal.out, "Where to write it (default: ~/.cache/loom/cluster-local.toml)");
+  ca->add_option("--out", cal.out, "Where to write it (default: ~/.cache/loom/cluster-local.toml, -bf16 for bf16)");
+  ca->add_option("--precision", cal.precision, "bf16: time loom's bf16 GEMMs into the `local-bf16` spec")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
   ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)")
       ->check(at_least(0));
   ca->add_option("--ranks", cal.ranks, "Rank counts to time collectives at")->delimiter(',')->capture_default_str();

@@ -16,10 +16,11 @@
 
 namespace loom::cli {
 
-std::string default_local_cluster_path() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/loom/cluster-local.toml";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/loom/cluster-local.toml";
-  return "cluster-local.toml";
+std::string default_local_cluster_path(bool bf16) {
+  const std::string file = bf16 ? "cluster-local-bf16.toml" : "cluster-local.toml";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/loom/" + file;
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/loom/" + file;
+  return file;
 }
 
 SimInputs resolve_sim_inputs(const SimArgs& a) {
@@ -156,8 +157,10 @@ int run_simulate(const SimArgs& a) {
 }
 
 int run_calibrate(const CalibrateArgs& a) {
-  const std::string out = a.out.empty() ? default_local_cluster_path() : a.out;
+  const bool bf16 = a.precision == "bf16";
+  const std::string out = a.out.empty() ? default_local_cluster_path(bf16) : a.out;
   CalibrateOptions o;
+  o.bf16 = bf16;
   o.threads = a.threads;
   o.ranks = a.ranks;
   o.progress = [](const std::string& line) { std::cerr << "calibrate: " << line << "\n"; };
@@ -174,7 +177,7 @@ int run_calibrate(const CalibrateArgs& a) {
   f.close();
   if (!f) throw Error("calibrate: cannot write '" + out + ".tmp'");
   std::filesystem::rename(out + ".tmp", out);
-  std::cout << "wrote " << out << " (use --cluster local)\n";
+  std::cout << "wrote " << out << " (use --cluster " << (a.out.empty() ? c.name : out) << ")\n";
   return 0;
 }
 

@@ -7,26 +7,17 @@
 #include <cstring>
 #include <string_view>
 
+#include "loom/core/bf16.h"
+
 namespace loom::comm {
 
-// bfloat16 as stored bits: the top half of an IEEE float32. Conversion rounds to nearest
-// even; NaN stays NaN.
+// bfloat16 as stored bits, a distinct type so collectives dispatch on it; the rounding is
+// loom::to_bf16 (core/bf16.h: nearest even, NaN stays NaN).
 struct bf16 {
   uint16_t bits = 0;
 };
-inline float bf16_to_float(bf16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline bf16 float_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return bf16{static_cast<uint16_t>(u >> 16)};
-}
+inline float bf16_to_float(bf16 x) { return loom::from_bf16(x.bits); }
+inline bf16 float_to_bf16(float x) { return bf16{loom::to_bf16(x)}; }
 
 enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64, kI8, kU8 };
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };

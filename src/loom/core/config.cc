@@ -170,6 +170,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(checkpoint, keep_last, "sharded checkpoints to keep, newest first; 0 = all"),
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
+      LOOM_STRING_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce (zero 0/1)"),
       LOOM_INT_KEY(parallel, dp, "data-parallel degree"),
       LOOM_INT_KEY(parallel, tp, "tensor-parallel degree (divides heads, kv_heads, ffn)"),
       LOOM_INT_KEY(parallel, pp, "pipeline-parallel degree (stages)"),

@@ -69,6 +69,7 @@ struct CheckpointConfig {
 struct CommConfig {
   double timeout_s = 300;      // bound on every collective; survivors of a dead rank exit within it
   bool check_desync = false;   // debug: group members compare every collective's descriptor first
+  std::string grad_dtype = "fp32";  // bf16: the dp gradient all-reduce sends bf16 (Note [Compressed all-reduce])
 };
 
 // How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:

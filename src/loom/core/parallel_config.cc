@@ -159,6 +159,23 @@ void check_batch(const Config& c, std::vector<std::string>& errs) {
 // data.bucketing (Note [Length bucketing] in data/length_buckets.h): rows of varying length
 // per micro-batch run on dp, tp and ZeRO; the pipeline runner and sequence parallelism size
 // their buffers and row splits for one fixed length.
+// comm.grad_dtype = bf16 runs the ring all-reduce with bf16 messages (Note [Compressed
+// all-reduce]); ZeRO-2/3 reduce-scatter their gradients, which has no compressed form.
+void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
+  const std::string& g = c.comm.grad_dtype;
+  if (g != "fp32" && g != "bf16") {
+    errs.push_back("comm.grad_dtype = '" + g + "': expected fp32 or bf16");
+    return;
+  }
+  if (g == "fp32") return;
+  if (c.parallel.dp < 2)
+    errs.push_back("comm.grad_dtype = bf16 compresses the data-parallel gradient all-reduce, but parallel.dp = " +
+                   str(c.parallel.dp) + ": set parallel.dp >= 2 or leave comm.grad_dtype = fp32");
+  else if (c.parallel.zero >= 2)
+    errs.push_back("comm.grad_dtype = bf16 runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
+                   str(c.parallel.zero) + " reduce-scatters them, which has no bf16 form yet");
+}
+
 void check_bucketing(const Config& c, std::vector<std::string>& errs) {
   const DataConfig& d = c.data;
   const int64_t T = c.seq_len();
@@ -239,6 +256,7 @@ void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
   check_pipeline(c, errs);
   check_batch(c, errs);
   check_bucketing(c, errs);
+  check_grad_dtype(c, errs);
 }
 
 }  // namespace loom

@@ -80,7 +80,10 @@ DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCa
   return plan;
 }
 
-GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode) : dp_(dp), plan_(plan), mode_(mode) {
+GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode, comm::Compression compression)
+    : dp_(dp), plan_(plan), mode_(mode), compression_(compression) {
+  LOOM_CHECK(compression == comm::Compression::kNone || mode == Mode::kAllReduce,
+             "compressed gradient all-reduce needs the all-reduce mode (ZeRO 0 or 1)");
   LOOM_CHECK(plan.dp == dp.size(), "data-parallel plan for ", plan.dp, " ranks used on group ", dp.name(), " of ",
              dp.size());
 }
@@ -96,7 +99,7 @@ void GradSync::on_tied_head_done() {
   if (!grads_ || !plan_.tied_first || next_ > 0) return;
   const Bucket& b = plan_.buckets[0];
   pending_.push_back(dp_.all_reduce(std::span<float>(grads_ + b.offset, size_t(b.count)), comm::ReduceOp::kAvg,
-                                    {.async = true}));
+                                    {.async = true, .compression = compression_}));
   pending_bucket_.push_back(0);
   next_ = 1;
 }
@@ -133,7 +136,7 @@ void GradSync::on_ready(int first_final) {
   if (!grads_) return;
   if (plan_.tied_first && next_ == 0) return;  // bucket 0 (wte) goes first, at head_done
   if (mode_ == Mode::kShardEveryMicro) release_done(false);
-  const comm::CallOptions async{.async = true};
+  const comm::CallOptions async{.async = true, .compression = compression_};
   for (; next_ < plan_.buckets.size() && plan_.buckets[next_].first_tensor >= first_final; next_++) {
     const Bucket& b = plan_.buckets[next_];
     if (b.first_tensor == 0 && hold_first_ && !finishing_) return;
@@ -207,7 +210,7 @@ void GradSync::measure_standalone() {
     double t[3];
     for (double& ti : t) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (mode_ == Mode::kAllReduce) dp_.all_reduce(all, comm::ReduceOp::kAvg);
+      if (mode_ == Mode::kAllReduce) dp_.all_reduce(all, comm::ReduceOp::kAvg, {.compression = compression_});
       else dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
                               comm::ReduceOp::kSum);
       ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

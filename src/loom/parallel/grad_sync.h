@@ -57,7 +57,10 @@ class GradSync {
   // so a rank never keeps more than one micro-batch of unreduced gradients; the last
   // micro-batch's finish divides the own pieces by dp.
   enum class Mode { kAllReduce, kReduceScatter, kShardEveryMicro };
-  GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode);
+  // `compression` (kAllReduce only): the payload of the gradient all-reduces
+  // (comm.grad_dtype; Note [Compressed all-reduce]).
+  GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode,
+           comm::Compression compression = comm::Compression::kNone);
 
   // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
   // tied embedding's two copies (first and last stage) before it is reduced.
@@ -98,6 +101,7 @@ class GradSync {
   comm::Group& dp_;
   const DataParallelPlan& plan_;
   Mode mode_;
+  comm::Compression compression_;
   MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;
   size_t next_ = 0;

@@ -32,6 +32,7 @@ double Curve::at(double x) const {
 std::vector<std::string> cluster_preset_names() {
   auto names = embedded_cluster_preset_names();
   names.push_back("local");
+  names.push_back("local-bf16");
   return names;
 }
 
@@ -212,12 +213,20 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   std::string text, origin = source;
   if (const char* preset = cluster_preset_toml(source)) {
     text = preset;
-  } else if (source == "local" || (source.size() > 5 && source.substr(source.size() - 5) == ".toml")) {
-    const std::string path = source == "local" ? local_path : source;
+  } else if (source == "local" || source == "local-bf16" ||
+             (source.size() > 5 && source.substr(source.size() - 5) == ".toml")) {
+    // local-bf16 (`loom calibrate --precision bf16`) sits beside local: cluster-local-bf16.toml.
+    std::string path = source;
+    if (source == "local") path = local_path;
+    if (source == "local-bf16")
+      path = local_path.size() > 5 && local_path.substr(local_path.size() - 5) == ".toml"
+                 ? local_path.substr(0, local_path.size() - 5) + "-bf16.toml"
+                 : local_path + "-bf16";
     std::ifstream f(path);
     if (!f) {
-      if (source == "local")
-        throw ConfigError("cluster 'local' has no calibration at " + path + "; run `loom calibrate` first");
+      if (source == "local" || source == "local-bf16")
+        throw ConfigError("cluster '" + source + "' has no calibration at " + path + "; run `loom calibrate" +
+                          (source == "local" ? "" : " --precision bf16") + "` first");
       throw ConfigError("cannot read cluster file " + path);
     }
     std::stringstream ss;

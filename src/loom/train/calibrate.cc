@@ -147,15 +147,15 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
-  const Kernels& k = kernels(KernelBackend::kCpu);
+  const Kernels& k = kernels(KernelBackend::kCpu, o.bf16 ? Precision::kBf16 : Precision::kFp32);
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
   sim::ClusterSpec c;
-  c.name = "local";
+  c.name = o.bf16 ? "local-bf16" : "local";
   c.nodes = 1;
   c.devices_per_node = 64;  // ranks on this machine; --gpus N uses N of them
-  c.device.name = "cpu x" + std::to_string(threads);
+  c.device.name = "cpu x" + std::to_string(threads) + (o.bf16 ? " (bf16 GEMMs)" : "");
   c.device.dtype_bytes = 4;
   c.device.mixed_precision = false;
   c.device.shared = true;
@@ -168,7 +168,7 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   for (const auto& [x, e] : gemm.points) c.device.gemm_efficiency.points.emplace_back(x, e * gemm_best / peak);
   for (const auto& [x, e] : attn.points) c.device.attention_efficiency.points.emplace_back(x, e * attn_best / peak);
   c.device.peak_flops = peak;
-  say("gemm: best " + std::to_string(gemm_best / 1e9) + " GFLOP/s; attention: best " +
+  say(std::string(o.bf16 ? "bf16 " : "") + "gemm: best " + std::to_string(gemm_best / 1e9) + " GFLOP/s; attention: best " +
       std::to_string(attn_best / 1e9) + " GFLOP/s");
   c.device.memory_efficiency = normalise(memory_rates(k, o.seconds_per_point), &bw);
   c.device.memory_bw = bw;

@@ -15,6 +15,10 @@ struct CalibrateOptions {
   std::vector<int> ranks = {2, 4};
   double seconds_per_point = 0.05;
   std::function<void(const std::string&)> progress;  // one line per measured table
+  // bf16: the GEMM curve and peak are loom's bf16 linear kernel (conversions included), as
+  // train.precision = bf16 runs it; everything else stays fp32, as in that engine. The
+  // spec is then named "local-bf16".
+  bool bf16 = false;
 };
 
 // The machine as one node whose devices are loom ranks sharing its cores (device.shared).

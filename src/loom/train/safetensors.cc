@@ -10,7 +10,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
-#include "loom/kernels/bf16.h"
+#include "loom/core/bf16.h"
 
 namespace loom {
 

@@ -109,7 +109,8 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   if (cfg.train.precision == "bf16") os << ", precision bf16 (GEMM inputs bf16, fp32 accumulation and master weights)";
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
-       << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)";
+       << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
+       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "");
   if (p.pp > 1)
     os << "\n  pipeline: schedule " << p.schedule << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";

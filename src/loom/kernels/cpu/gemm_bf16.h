@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "loom/kernels/bf16.h"
+#include "loom/core/bf16.h"
 
 namespace loom::cpu {
 

@@ -9,6 +9,7 @@
 #include "loom/core/error.h"
 #include "loom/model/model.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/safetensors.h"
 #include "loom/train/sampler.h"
 #include "loom/train/trainer.h"
 
@@ -116,6 +117,30 @@ TEST(Trainer, UnreadableCheckpointsAreRefused) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+// fp32 masters narrowed to BF16 in a checkpoint file (an HF file copied in by hand, say) are
+// refused, not widened: resuming from them would silently lose the masters' low bits.
+TEST(Trainer, CheckpointMastersMustBeF32) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/loom_ck_bf16";
+  fs::remove_all(dir);
+  const Config cfg = small_config(dir, {"train.steps=1"});
+  const ParamLayout layout(cfg.model);
+  std::vector<float> params(size_t(layout.total_floats()), 0.25f);
+  save_checkpoint(dir, cfg, layout, params, nullptr, nullptr, CheckpointState{});
+  EXPECT_NO_THROW(load_checkpoint(dir));
+  StFile f = read_safetensors(dir + "/model.safetensors");
+  const std::string name = layout.specs()[0].name;
+  const std::vector<float> v = f.tensors.at(name).as_f32();
+  f.tensors[name] = make_bf16(f.tensors.at(name).shape, v.data());
+  write_safetensors(dir + "/model.safetensors", f);
+  try {
+    load_checkpoint(dir);
+    FAIL() << "loaded a BF16 master";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + name + "' is not F32"), std::string::npos) << e.what();
   }
 }
 

@@ -113,6 +113,17 @@ TEST(Calibrate, WritesASpecTheSimulatorLoadsAndUses) {
   const sim::SimResult r = sim::simulate(plan, two);
   EXPECT_GT(r.step_time_s, 0);
   EXPECT_GT(r.breakdown.dp_exposed, 0);  // priced from the measured 2-rank all-reduce table
+  // The linear layer's backward was timed at every GEMM shape, and the factor round-trips.
+  EXPECT_EQ(c.device.gemm_backward_factor.points.size(), c.device.gemm_efficiency.points.size());
+  EXPECT_EQ(two.device.gemm_backward_factor.points.size(), c.device.gemm_backward_factor.points.size());
+  // A factor of 1 is the plain two-GEMM backward; 2 makes every backward GEMM twice as long.
+  sim::ClusterSpec one = two, twice = two;
+  one.device.gemm_backward_factor.points = {{1.0, 1.0}};
+  twice.device.gemm_backward_factor.points = {{1.0, 2.0}};
+  sim::ClusterSpec none = two;
+  none.device.gemm_backward_factor.points.clear();
+  EXPECT_DOUBLE_EQ(sim::simulate(plan, one).step_time_s, sim::simulate(plan, none).step_time_s);
+  EXPECT_GT(sim::simulate(plan, twice).step_time_s, sim::simulate(plan, one).step_time_s);
 }
 
 // --precision bf16: the GEMM curve is loom's bf16 linear kernel; the spec is `local-bf16`,

@@ -175,7 +175,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.devices_per_node = root.integer("devices_per_node", 1);
   TableReader d(root.sub("device"), "device.", origin,
                 {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
-                 "gemm_efficiency", "memory_efficiency", "attention_efficiency", "kernel_overhead_us", "shared"});
+                 "gemm_efficiency", "memory_efficiency", "attention_efficiency", "gemm_backward_factor",
+                 "kernel_overhead_us", "shared"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -190,6 +191,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.memory_efficiency = d.curve("memory_efficiency", 1.0);
   if (root.sub("device") && root.sub("device")->get("attention_efficiency"))
     c.device.attention_efficiency = d.curve("attention_efficiency", 1.0);
+  if (root.sub("device") && root.sub("device")->get("gemm_backward_factor"))
+    c.device.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
   c.device.shared = d.boolean("shared", false);
   c.intra = read_tier(root, "intra", origin);
@@ -286,6 +289,8 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "\nmemory_efficiency = " << curve(c.device.memory_efficiency);
   if (!c.device.attention_efficiency.points.empty())
     os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
+  if (!c.device.gemm_backward_factor.points.empty())
+    os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
   os << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6
      << "\nshared = " << (c.device.shared ? "true" : "false") << "\n";
   tier("intra", c.intra);

@@ -30,6 +30,10 @@ struct DeviceSpec {
   Curve gemm_efficiency;          // x: FLOPs of one GEMM -> fraction of peak_flops
   Curve memory_efficiency;        // x: bytes moved by one kernel -> fraction of memory_bw
   Curve attention_efficiency;     // x: FLOPs of one fused attention kernel (empty: GEMM roofline)
+  // x: FLOPs of a forward GEMM -> (its backward's time) / (2 x its forward's time), as
+  // measured by `loom calibrate` (loom's backward kernel adds a bias reduction and, in
+  // bf16, three operand conversions); empty: 1, the two GEMMs of the same size.
+  Curve gemm_backward_factor;
   double kernel_overhead_s = 0;   // added to every kernel
   bool shared = false;            // the node's devices share one processor (loom ranks on a CPU):
                                   // peak, bandwidth and memory are divided among them

@@ -57,7 +57,8 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
   }
 }
 
-// Backward: a GEMM becomes dX and dW (two GEMMs of its size), a memory-bound kernel moves
+// Backward: a GEMM becomes dX and dW (two GEMMs of its size, times the device's measured
+// gemm_backward_factor where it has one), a memory-bound kernel moves
 // about twice its bytes, a collective is replaced by its conjugate of the same size.
 void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p) {
   for (const Op& o : ops) {
@@ -66,7 +67,8 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       // recomputes the scores too (2.5x, Dao et al.).
       p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
     } else if (o.kind == Op::Kind::kGemm) {
-      p.compute += 2 * gemm_time_s(c.device, o.flops, o.bytes);
+      const Curve& f = c.device.gemm_backward_factor;
+      p.compute += 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
     } else if (o.kind == Op::Kind::kMemory) {
       p.compute += memory_time_s(c.device, 2 * o.bytes);
     } else {

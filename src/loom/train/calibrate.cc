@@ -26,7 +26,8 @@ namespace loom {
 // rate loom's own matmul reaches on this machine and "bandwidth" the best rate of loom's
 // own elementwise kernels (layernorm, GELU, residual), so the curves are fractions of
 // what loom's kernels do at their best, measured at the sizes a model uses; the fused
-// attention kernel gets its own curve (x = its FLOPs). Collectives are timed with loom's
+// attention kernel gets its own curve (x = its FLOPs), and the linear layer's backward its
+// measured time over twice the forward's (gemm_backward_factor). Collectives are timed with loom's
 // collective layer over the thread backend (ranks in one process, like `loom verify`).
 // Every number in the written file is a measurement, with the date it was taken.
 
@@ -66,7 +67,9 @@ sim::Curve normalise(std::vector<std::pair<double, double>> points, double* best
   return c;
 }
 
-std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budget) {
+// Forward GEMM rates by FLOPs; `backward` gets (FLOPs, backward time / (2 x forward time)).
+std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budget,
+                                                  std::vector<std::pair<double, double>>& backward) {
   std::vector<std::pair<double, double>> out;
   // (N, IC, OC): squares and the transformer shapes (tokens x C x 3C, x 4C).
   for (auto [N, IC, OC] : {std::tuple{16, 64, 64}, {64, 64, 64}, {128, 128, 384}, {256, 256, 256}, {512, 128, 512},
@@ -76,6 +79,10 @@ std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budge
     const double s = time_it([&] { k.matmul_forward(y.data(), x.data(), w.data(), nullptr, N, IC, OC); }, budget);
     const double flops = 2.0 * N * IC * OC;
     out.emplace_back(flops, flops / s);
+    std::vector<float> dx(size_t(N) * IC), dw(size_t(OC) * IC), db(static_cast<size_t>(OC));
+    const double sb = time_it(
+        [&] { k.matmul_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), N, IC, OC); }, budget);
+    backward.emplace_back(flops, std::clamp(sb / (2 * s), 0.25, 8.0));
   }
   return out;
 }
@@ -160,7 +167,10 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.mixed_precision = false;
   c.device.shared = true;
   double gemm_best = 0, attn_best = 0, bw = 0;
-  const sim::Curve gemm = normalise(gemm_rates(k, o.seconds_per_point), &gemm_best);
+  std::vector<std::pair<double, double>> backward;
+  const sim::Curve gemm = normalise(gemm_rates(k, o.seconds_per_point, backward), &gemm_best);
+  std::sort(backward.begin(), backward.end());
+  c.device.gemm_backward_factor.points = backward;
   const sim::Curve attn = normalise(attention_rates(k, o.seconds_per_point), &attn_best);
   // Peak: the best rate either kernel reached (on a busy machine attention can beat a
   // GEMM timing), so both curves stay fractions <= 1 of it.

@@ -304,6 +304,30 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& su
   rep.info(os.str());
 }
 
+// Real tokens/s, and the padding (data.bucketing) and the gradient reduction's overlap
+// (data parallel) of the run's `seconds`.
+void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, const StepTokens& total, double seconds,
+                       TrainSummary& sum) {
+  sum.tokens_per_s = double(total.real) / seconds;
+  if (buckets) {
+    sum.padding_fraction = total.positions > 0 ? 1.0 - double(total.real) / double(total.positions) : 0.0;
+    std::ostringstream os;
+    os << "bucketing: " << buckets->sample_count() << " document samples; " << std::fixed << std::setprecision(1)
+       << 100.0 * sum.padding_fraction << "% of the positions computed were padding; " << std::setprecision(0)
+       << sum.tokens_per_s << " real tokens/s";
+    rep.info(os.str());
+  }
+  if (!e.sync) return;
+  sum.comm_hidden_fraction = e.sync->hidden_fraction();
+  sum.comm_exposed_s = e.sync->exposed_wait_s();
+  std::ostringstream os;
+  os << "data parallel: " << e.plan.buckets.size() << " gradient buckets, reduced alone in " << std::fixed
+     << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
+     << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (" << std::setprecision(3)
+     << sum.comm_exposed_s << " s of reduction after the last rank's backward, all steps)";
+  rep.info(os.str());
+}
+
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
   LOOM_ASSERT(given.out && given.err);
   check_world(cfg, world ? world->world_size() : 1);
@@ -402,26 +426,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     rep.info("wrote trace " + given.trace_path + " (open in https://ui.perfetto.dev)");
   }
   rep.end_bar();
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  sum.tokens_per_s = double(total.real) / seconds;
-  if (buckets) {
-    sum.padding_fraction = total.positions > 0 ? 1.0 - double(total.real) / double(total.positions) : 0.0;
-    std::ostringstream os;
-    os << "bucketing: " << buckets->sample_count() << " document samples; " << std::fixed << std::setprecision(1)
-       << 100.0 * sum.padding_fraction << "% of the positions computed were padding; " << std::setprecision(0)
-       << sum.tokens_per_s << " real tokens/s";
-    rep.info(os.str());
-  }
-  if (e.sync) {
-    sum.comm_hidden_fraction = e.sync->hidden_fraction();
-    sum.comm_exposed_s = e.sync->exposed_wait_s();
-    std::ostringstream os;
-    os << "data parallel: " << e.plan.buckets.size() << " gradient buckets, reduced alone in " << std::fixed
-       << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
-       << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (" << std::setprecision(3)
-       << sum.comm_exposed_s << " s of reduction after the last rank's backward, all steps)";
-    rep.info(os.str());
-  }
+  report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);
   report_memory(rep, cfg, e, sum);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)

@@ -7,7 +7,9 @@
 # backward (dp2, default 25 MiB buckets), the 1F1B bubble at p=2, m=8 from a trace, and
 # ZeRO-3 per-rank model-state memory at dp2. Tokens/s are global (all ranks), steady
 # state (first 2 steps dropped). Needs scripts/setup.sh --oracle and a release build.
-# Usage: bench/parallel_vs_torch.sh [steps] [configs...]
+# PRECISION=bf16: loom train.precision = bf16 against torch.autocast bf16 (data-parallel rows;
+# the pipeline rows are fp32 only and skipped).
+# Usage: [PRECISION=bf16] bench/parallel_vs_torch.sh [steps] [configs...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}; shift || true
@@ -16,7 +18,9 @@ loom=build/release/loom
 tcmalloc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-common=(checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 "train.steps=$((steps + 2))")
+export PRECISION=${PRECISION:-fp32}
+common=(checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 "train.steps=$((steps + 2))"
+        "train.precision=$PRECISION")
 
 model_sets() {
   case $1 in
@@ -41,6 +45,7 @@ loom_run() {  # name cfg threads extra-args...
     > "$tmp/$name.out" 2> "$tmp/$name.err"
 }
 
+echo "precision $PRECISION"
 printf "%-4s %-22s %12s %s\n" cfg run tokens/s note
 for c in $configs; do
   T=$([[ $c == A ]] && echo 128 || echo 256)
@@ -64,7 +69,7 @@ for c in $configs; do
   printf "%-4s %-22s %12s\n" "$c" "torch DDP" "$tddp"
   printf "%-4s %-22s %12s\n" "$c" "torch DDP+ZeRO-1" "$tzero"
   grep -h "^memory" "$tmp/zero3.err" | sed "s/^/$c   zero3 /"
-  if [[ $c == A ]]; then
+  if [[ $c == A && $PRECISION == fp32 ]]; then
     loom_run pp2 A 1 --nproc 2 --pp 2 --grad-accum 4
     pp=$(tok_s "$tmp/pp2.out" $((B * T)))
     tp=$(cd "$tmp" && env -u OPENBLAS_CORETYPE LD_PRELOAD="$tcmalloc" /usr/bin/python3 "$OLDPWD/bench/torch_parallel_peer.py" pipe A "$steps" 2>/dev/null | tail -1 |

@@ -35,7 +35,10 @@ def data_parallel(rank, world, mode, name, steps, init_file, out):
             dist.barrier()
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        model(x, y).backward()
+        # PRECISION=bf16: autocast's bf16 GEMMs, fp32 masters and optimizer (as loom's bf16).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=os.environ.get("PRECISION") == "bf16"):
+            loss = model(x, y)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # local norm: DDP grads are identical
         opt.step()
     dist.barrier()

@@ -115,12 +115,18 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
   std::vector<int64_t> counts(static_cast<size_t>(dp));
   dp_.all_gather(std::span<const int64_t>(mine, 1), std::span<int64_t>(counts));
   const int64_t m = *std::max_element(counts.begin(), counts.end());
-  std::vector<int32_t> tok(size_t(m), 0), all_tok(size_t(m * dp));
-  std::vector<float> row(size_t(m * C), 0.0f), all_rows(size_t(m * C * dp));
-  std::copy_n(tokens, n, tok.begin());
-  std::copy_n(rows, n * C, row.begin());
-  dp_.all_gather(std::span<const int32_t>(tok), std::span<int32_t>(all_tok));
-  dp_.all_gather(std::span<const float>(row), std::span<float>(all_rows));
+  std::vector<int32_t> all_tok(size_t(m * dp)), tok;
+  std::vector<float> all_rows(size_t(m * C * dp)), row;
+  if (n < m) {  // only a shorter rank pads (a copy of its rows); equal ranks send in place
+    tok.assign(size_t(m), 0);
+    row.assign(size_t(m * C), 0.0f);
+    std::copy_n(tokens, n, tok.begin());
+    std::copy_n(rows, n * C, row.begin());
+    tokens = tok.data();
+    rows = row.data();
+  }
+  dp_.all_gather(std::span<const int32_t>(tokens, size_t(m)), std::span<int32_t>(all_tok));
+  dp_.all_gather(std::span<const float>(rows, size_t(m * C)), std::span<float>(all_rows));
   float* wte = grads_ + plan_.buckets[0].offset;
   const float inv = 1.0f / float(dp);
   for (int r = 0; r < dp; r++)

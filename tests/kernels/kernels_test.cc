@@ -8,7 +8,9 @@
 
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/ref/ops.h"
+#include "loom/kernels/cpu/gemm_fp16.h"
 #include "loom/kernels/kernels.h"
+#include "loom/kernels/ref/gemm_fp16.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/ref/gemm_bf16.h"
 
@@ -247,7 +249,8 @@ TEST(Kernels, IgnoredTargetsAddNoLossAndNoGradient) {
     auto tgt = rnd.ints(N, int32_t(V));
     std::vector<int64_t> real;
     for (int64_t i = 0; i < N; i++) {
-      if (rnd.ints(1, 3)[0] == 0 || i == 0) tgt[size_t(i)] = kIgnoreTarget;
+      // Row 0 is always ignored, the last row never (so some row is real whatever the draw).
+      if ((rnd.ints(1, 3)[0] == 0 || i == 0) && i + 1 < N) tgt[size_t(i)] = kIgnoreTarget;
       else real.push_back(i);
     }
     ASSERT_FALSE(real.empty());
@@ -337,6 +340,57 @@ TEST(Kernels, Bf16LinearAndHeadMatchTheirReference) {
   EXPECT_EQ(k.lm_head_loss, &cpu::lm_head_loss_bf16);
   EXPECT_EQ(k.attention_forward, &cpu::attention_forward);
   EXPECT_EQ(kernels(KernelBackend::kRef, Precision::kBf16).matmul_backward, &ref::matmul_backward_bf16);
+}
+
+// train.precision = fp16: the same contract with fp16 rounding (2^-11 per input) and fp32
+// GEMMs on the rounded copies. Fast vs reference: fp32 vs fp64 sums of the same exact
+// products, the bf16 test's bound (1e-4; the head 2^-9, as a dlogit next to an fp16 rounding
+// boundary may round the other way, moving it by 2^-11 of itself). Against fp32: more than
+// 1e-6 and less than 2^-8 of the scale. An input past fp16's range (65504) is infinite.
+TEST(Kernels, Fp16LinearAndHeadMatchTheirReference) {
+  Rand rnd;
+  for (auto [N, IC, OC] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 4}, {26, 36, 50}, {64, 512, 96}}) {
+    auto x = rnd.normal(N * IC), w = rnd.normal(OC * IC, 0.3f), b = rnd.normal(OC), dout = rnd.normal(N * OC);
+    std::vector<float> y1(N * OC), y2 = y1, y32 = y1;
+    ref::matmul_forward_fp16(y1.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    cpu::matmul_forward_fp16(y2.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    ref::matmul_forward(y32.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    EXPECT_CLOSE(y2, y1, 1e-4);
+    if (IC > 8) {
+      EXPECT_GT(rel(y1, y32), 1e-6) << "the fp16 kernels must round their inputs";
+    }
+    EXPECT_LT(rel(y1, y32), 0x1p-8);
+    std::vector<float> dx1(N * IC, 0.5f), dx2 = dx1, dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
+    ref::matmul_backward_fp16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    cpu::matmul_backward_fp16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    EXPECT_CLOSE(dx2, dx1, 1e-4);
+    EXPECT_CLOSE(dw2, dw1, 1e-4);
+    EXPECT_CLOSE(db2, db1, 1e-5);
+    const int64_t V = OC * 3 + 1;
+    auto wh = rnd.normal(V * IC, 0.3f);
+    auto tgt = rnd.ints(N, int32_t(V));
+    std::vector<float> l1(N), l2(N), hx1(N * IC, 0.0f), hx2 = hx1, hw1(V * IC, 0.0f), hw2 = hw1;
+    ref::lm_head_loss_fp16(l1.data(), hx1.data(), hw1.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
+    cpu::lm_head_loss_fp16(l2.data(), hx2.data(), hw2.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
+    EXPECT_CLOSE(l2, l1, 1e-4);
+    EXPECT_CLOSE(hx2, hx1, 0x1p-9);
+    EXPECT_CLOSE(hw2, hw1, 0x1p-9);
+    // Overflow: one upstream gradient of 1e5 is infinite in fp16, and so are the outputs it reaches.
+    dout[0] = 1e5f;
+    for (bool fast : {false, true}) {
+      std::vector<float> dx(N * IC, 0.0f), dw(OC * IC, 0.0f);
+      (fast ? cpu::matmul_backward_fp16 : ref::matmul_backward_fp16)(dx.data(), dw.data(), nullptr, dout.data(),
+                                                                     x.data(), w.data(), N, IC, OC);
+      EXPECT_FALSE(std::isfinite(dw[0])) << (fast ? "cpu" : "ref");
+      EXPECT_FALSE(std::isfinite(dx[0])) << (fast ? "cpu" : "ref");
+    }
+  }
+  const Kernels& k = kernels(KernelBackend::kCpu, Precision::kFp16);
+  EXPECT_EQ(k.matmul_forward, &cpu::matmul_forward_fp16);
+  EXPECT_EQ(k.matmul_backward, &cpu::matmul_backward_fp16);
+  EXPECT_EQ(k.lm_head_loss, &cpu::lm_head_loss_fp16);
+  EXPECT_EQ(k.attention_forward, &cpu::attention_forward);
+  EXPECT_EQ(kernels(KernelBackend::kRef, Precision::kFp16).lm_head_loss, &ref::lm_head_loss_fp16);
 }
 
 TEST(Kernels, AdamWAndReductions) {

@@ -66,7 +66,8 @@ def rope_tables(T, hd, theta):
     return ang.cos().float().double(), ang.sin().float().double()  # rounded like loom's table
 
 
-def forward(cfg, P, tokens):
+def forward(cfg, P, tokens, linear=F.linear):
+    """linear(x, w, b=None): every linear layer and the head (write_bf16_fixtures.py swaps it)."""
     B, T = tokens.shape
     C, H, KV, Fh = cfg["d_model"], cfg["heads"], cfg["kv_heads"], cfg["ffn"]
     hd, eps, gpt = C // H, cfg["norm_eps"], cfg["arch"] == "gpt"
@@ -85,30 +86,32 @@ def forward(cfg, P, tokens):
     for l in range(cfg["layers"]):
         p = f"h.{l}."
         h = norm(x, P[p + "norm1.w"], P.get(p + "norm1.b"))
-        qkv = F.linear(h, P[p + "attn.qkv.w"], P.get(p + "attn.qkv.b"))
+        qkv = linear(h, P[p + "attn.qkv.w"], P.get(p + "attn.qkv.b"))
         q = qkv[..., : H * hd].view(B, T, H, hd).transpose(1, 2)
         k = qkv[..., H * hd : (H + KV) * hd].view(B, T, KV, hd).transpose(1, 2)
         v = qkv[..., (H + KV) * hd :].view(B, T, KV, hd).transpose(1, 2)
         if not gpt:
             def rot(z):
+                # fp64 tables for the fp64 model; fp32 ones (a model's buffers) under autocast
+                c, s = (cos, sin) if z.dtype == torch.float64 else (cos.float(), sin.float())
                 z1, z2 = z[..., : hd // 2], z[..., hd // 2 :]
-                return torch.cat([z1 * cos - z2 * sin, z2 * cos + z1 * sin], -1)
+                return torch.cat([z1 * c - z2 * s, z2 * c + z1 * s], -1)
             q, k = rot(q), rot(k)
         k = k.repeat_interleave(H // KV, dim=1)
         v = v.repeat_interleave(H // KV, dim=1)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
-        x = x + F.linear(y, P[p + "attn.proj.w"], P.get(p + "attn.proj.b"))
+        x = x + linear(y, P[p + "attn.proj.w"], P.get(p + "attn.proj.b"))
         h = norm(x, P[p + "norm2.w"], P.get(p + "norm2.b"))
-        f = F.linear(h, P[p + "mlp.fc.w"], P.get(p + "mlp.fc.b"))
+        f = linear(h, P[p + "mlp.fc.w"], P.get(p + "mlp.fc.b"))
         if gpt:
             f = F.gelu(f, approximate="tanh")
         else:
             f = F.silu(f[..., :Fh]) * f[..., Fh:]
-        x = x + F.linear(f, P[p + "mlp.proj.w"], P.get(p + "mlp.proj.b"))
+        x = x + linear(f, P[p + "mlp.proj.w"], P.get(p + "mlp.proj.b"))
     x = norm(x, P["normf.w"], P.get("normf.b"))
-    return F.linear(x, P["wte"] if gpt else P["head.w"])
+    return linear(x, P["wte"] if gpt else P["head.w"])
 
 
 def write_safetensors(path, tensors, metadata):

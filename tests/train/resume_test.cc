@@ -3,6 +3,8 @@
 // is refused with the file, tensor and byte range named.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
@@ -39,7 +41,12 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       {"tp2 x pp2", {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}},
       {"zero3 dp2", {"parallel.dp=2", "parallel.zero=3"}},
       // bf16 keeps fp32 masters and moments in the checkpoint: resuming is bit-exact too.
-      {"bf16 dp2 zero1", {"parallel.dp=2", "parallel.zero=1", "train.precision=bf16"}}};
+      {"bf16 dp2 zero1", {"parallel.dp=2", "parallel.zero=1", "train.precision=bf16"}},
+      // fp16 with dynamic loss scaling from 2^23: the first steps overflow and back off, and
+      // the checkpoint carries the scale and its count of clean steps (a resume that lost
+      // them would start again at 2^23 and differ).
+      {"fp16 dp2 dynamic", {"parallel.dp=2", "train.precision=fp16", "train.loss_scale_init=8388608",
+                            "train.loss_scale_window=2"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);
@@ -49,6 +56,13 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
     ASSERT_EQ(resumed[0].losses.size(), 3u) << name;
     for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[0].losses[size_t(i)], whole[0].losses[size_t(3 + i)]) << name;
     EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << name;
+    if (!whole[0].loss_scales.empty()) {
+      EXPECT_EQ(resumed[0].loss_scales, std::vector<double>(whole[0].loss_scales.begin() + 3, whole[0].loss_scales.end()));
+      EXPECT_FALSE(whole[0].skipped_steps.empty()) << name << ": the test needs an overflow before the save";
+      std::cout << name << ": loss scales";
+      for (double s : whole[0].loss_scales) std::cout << " " << s;
+      std::cout << "\n";
+    }
     // auto picks the newest complete step (6 = train.steps: nothing left to run).
     EXPECT_EQ(*resolve_step_dir(a), a + "/step-00000006") << name;
   }

@@ -116,7 +116,8 @@ int main(int argc, char** argv) {
   t->add_option("--trace", train.trace, "Write a Chrome-trace JSON of the run (one track per rank; open in Perfetto)");
   t->add_option("--save-every", train.save_every, "Sharded resumable checkpoint every N steps (checkpoint.save_every)")
       ->check(at_least(0));
-  t->add_option("--precision", train.precision, "fp32 or bf16 (train.precision)")->check(CLI::IsMember({"fp32", "bf16"}));
+  t->add_option("--precision", train.precision, "fp32, bf16 or fp16 (train.precision; fp16 turns on dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   t->add_option("--resume", train.resume, "auto (newest checkpoint in checkpoint.dir that loads, if any) or a checkpoint directory");
   t->add_flag("--overwrite", train.overwrite, "Start fresh in a checkpoint.dir holding an earlier run: move its "
                                               "checkpoints into checkpoint.dir/replaced-<time>/ (nothing is deleted)");

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <sstream>
 #include <string_view>
@@ -156,7 +157,11 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, val_batches, "batches per validation"),
       LOOM_INT_KEY(train, log_every, "steps between log lines"),
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
-      LOOM_STRING_KEY(train, precision, "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation, fp32 master weights)"),
+      LOOM_STRING_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)"),
+      LOOM_STRING_KEY(train, loss_scale, "auto (dynamic for fp16, else none) | dynamic | none | a power of two (static)"),
+      LOOM_FLOAT_KEY(train, loss_scale_init, "dynamic loss scaling: the first scale (a power of two)"),
+      LOOM_INT_KEY(train, loss_scale_window, "dynamic loss scaling: steps without overflow before the scale doubles"),
+      LOOM_FLOAT_KEY(train, loss_scale_min, "dynamic loss scaling: the floor; an overflow there stops the run"),
       LOOM_FLOAT_KEY(optim, lr, "peak learning rate"),
       LOOM_FLOAT_KEY(optim, min_lr_ratio, "final lr as a fraction of the peak (cosine)"),
       LOOM_INT_KEY(optim, warmup_steps, "linear warmup steps"),
@@ -399,6 +404,38 @@ void apply_model_preset(ModelConfig& m, const std::string& preset) {
   throw ConfigError("model.preset = '" + preset + "': expected one of " + names + "custom");
 }
 
+namespace {
+
+bool power_of_two(double x) {
+  int e = 0;
+  return x > 0 && std::isfinite(x) && std::frexp(x, &e) == 0.5;
+}
+
+// Note [Dynamic loss scaling] (train/loss_scale.h).
+void append_loss_scale_errors(const TrainConfig& t, std::vector<std::string>& errs) {
+  const std::string& ls = t.loss_scale;
+  const std::string why = ": loss scales are powers of two, so scaling and unscaling change no bits";
+  if (ls != "auto" && ls != "dynamic" && ls != "none") {
+    char* end = nullptr;
+    const double v = std::strtod(ls.c_str(), &end);
+    if (ls.empty() || end != ls.c_str() + ls.size())
+      errs.push_back("train.loss_scale = '" + ls + "': expected auto, dynamic, none or a number (a static scale)");
+    else if (!power_of_two(v))
+      errs.push_back("train.loss_scale = " + ls + ": expected a power of two (e.g. 1024)" + why);
+  }
+  if (!power_of_two(t.loss_scale_min))
+    errs.push_back("train.loss_scale_min = " + fmt_double(t.loss_scale_min) + ": expected a power of two" + why);
+  if (!power_of_two(t.loss_scale_init))
+    errs.push_back("train.loss_scale_init = " + fmt_double(t.loss_scale_init) + ": expected a power of two" + why);
+  else if (t.loss_scale_init < t.loss_scale_min)
+    errs.push_back("train.loss_scale_init = " + fmt_double(t.loss_scale_init) + " is below train.loss_scale_min = " +
+                   fmt_double(t.loss_scale_min));
+  if (t.loss_scale_window < 1)
+    errs.push_back("train.loss_scale_window = " + std::to_string(t.loss_scale_window) + ": expected >= 1");
+}
+
+}  // namespace
+
 std::vector<std::string> validation_errors(const Config& c) {
   std::vector<std::string> errs;
   auto positive = [&](const char* name, int64_t v) {
@@ -475,8 +512,9 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (t.val_every < 0) errs.push_back("train.val_every = " + std::to_string(t.val_every) + ": expected >= 0");
   if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
   if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
-  if (t.precision != "fp32" && t.precision != "bf16")
-    errs.push_back("train.precision = '" + t.precision + "': expected fp32 or bf16");
+  if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16")
+    errs.push_back("train.precision = '" + t.precision + "': expected fp32, bf16 or fp16");
+  append_loss_scale_errors(t, errs);
 
   const OptimConfig& o = c.optim;
   if (!(o.lr > 0)) errs.push_back("optim.lr = " + fmt_double(o.lr) + ": expected > 0");

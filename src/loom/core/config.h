@@ -48,7 +48,13 @@ struct TrainConfig {
   int64_t val_batches = 8;
   int64_t log_every = 10;
   int64_t threads = 0;         // 0: OpenMP default
-  std::string precision = "fp32";  // fp32 | bf16 (GEMM inputs in bf16, fp32 accumulation; Note [bf16 rounding points])
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation; Note [bf16 rounding points])
+  // Note [Dynamic loss scaling]: auto (dynamic for fp16, else none) | dynamic | none | a
+  // static power of two. Scales are powers of two; growth x2 and backoff x1/2 are fixed.
+  std::string loss_scale = "auto";
+  double loss_scale_init = 65536;    // dynamic: the first scale (2^16, GradScaler's)
+  int64_t loss_scale_window = 2000;  // dynamic: applied steps in a row before the scale doubles
+  double loss_scale_min = 1;         // dynamic: an overflow at this scale stops the run
 };
 
 struct OptimConfig {

@@ -1,14 +1,16 @@
 #include "loom/kernels/kernels.h"
 
 #include "loom/kernels/cpu/gemm_bf16.h"
+#include "loom/kernels/cpu/gemm_fp16.h"
 #include "loom/kernels/ref/gemm_bf16.h"
+#include "loom/kernels/ref/gemm_fp16.h"
 
 namespace loom {
 
 namespace {
 
 template <typename Fwd, typename Bwd, typename Head>
-Kernels with_bf16_gemms(Kernels k, Fwd fwd, Bwd bwd, Head head, const char* name) {
+Kernels with_gemms(Kernels k, Fwd fwd, Bwd bwd, Head head, const char* name) {
   k.matmul_forward = fwd;
   k.matmul_backward = bwd;
   k.lm_head_loss = head;
@@ -25,12 +27,18 @@ const Kernels& kernels(KernelBackend backend, Precision precision) {
   static const Kernels ref_set{LOOM_KERNEL_LIST(LOOM_KERNEL_REF) "ref"};
 #undef LOOM_KERNEL_CPU
 #undef LOOM_KERNEL_REF
-  static const Kernels cpu_bf16 = with_bf16_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16,
-                                                  &cpu::lm_head_loss_bf16, "cpu-bf16");
-  static const Kernels ref_bf16 = with_bf16_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16,
-                                                  &ref::lm_head_loss_bf16, "ref-bf16");
-  if (precision == Precision::kBf16) return backend == KernelBackend::kCpu ? cpu_bf16 : ref_bf16;
-  return backend == KernelBackend::kCpu ? cpu_set : ref_set;
+  static const Kernels cpu_bf16 = with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16,
+                                             &cpu::lm_head_loss_bf16, "cpu-bf16");
+  static const Kernels ref_bf16 = with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16,
+                                             &ref::lm_head_loss_bf16, "ref-bf16");
+  static const Kernels cpu_fp16 = with_gemms(cpu_set, &cpu::matmul_forward_fp16, &cpu::matmul_backward_fp16,
+                                             &cpu::lm_head_loss_fp16, "cpu-fp16");
+  static const Kernels ref_fp16 = with_gemms(ref_set, &ref::matmul_forward_fp16, &ref::matmul_backward_fp16,
+                                             &ref::lm_head_loss_fp16, "ref-fp16");
+  const bool cpu = backend == KernelBackend::kCpu;
+  if (precision == Precision::kBf16) return cpu ? cpu_bf16 : ref_bf16;
+  if (precision == Precision::kFp16) return cpu ? cpu_fp16 : ref_fp16;
+  return cpu ? cpu_set : ref_set;
 }
 
 }  // namespace loom

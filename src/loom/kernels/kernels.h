@@ -28,8 +28,9 @@ struct Kernels {
 enum class KernelBackend { kCpu, kRef };
 // kBf16 (train.precision = bf16): matmul_forward, matmul_backward and lm_head_loss round
 // their GEMM inputs to bf16 and accumulate in fp32 (Note [bf16 rounding points]); every
-// other kernel, attention included, stays fp32.
-enum class Precision { kFp32, kBf16 };
+// other kernel, attention included, stays fp32. kFp16 (train.precision = fp16): the same
+// three kernels round to fp16 instead (core/fp16.h) and compute in fp32.
+enum class Precision { kFp32, kBf16, kFp16 };
 const Kernels& kernels(KernelBackend backend, Precision precision = Precision::kFp32);
 
 }  // namespace loom

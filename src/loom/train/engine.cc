@@ -18,7 +18,9 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;
-  o.precision = cfg.train.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  o.precision = cfg.train.precision == "bf16"   ? Precision::kBf16
+                : cfg.train.precision == "fp16" ? Precision::kFp16
+                                                : Precision::kFp32;
   return o;
 }
 
@@ -96,7 +98,8 @@ void Engine::materialize_params() {
 
 Updater::Updater(const Config& cfg, Engine& e)
     : cfg_(cfg), e_(e),
-      adamw_(e.model.layout(), cfg.optim, e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank) : std::vector<FlatRange>{}) {
+      adamw_(e.model.layout(), cfg.optim, e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank) : std::vector<FlatRange>{}),
+      scaler_(cfg.train) {
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
   // ranks other than 0, the replicated tensors are left out.
   norm_ranges_ = adamw_.owned();
@@ -107,21 +110,27 @@ Updater::Updater(const Config& cfg, Engine& e)
   e.memory.track(opt, adamw_.v().data(), int64_t(adamw_.v().size() * sizeof(float)));
 }
 
-std::pair<double, double> Updater::step(double local_loss, double lr) {
+Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   const RankContext& rc = e_.rc;
   Model& model = e_.model;
   const Kernels& k = model.ops();
   double v[2] = {local_loss, sum_squares(k, model.grads().data(), norm_ranges_)};
-  rc.stats_sum(v);
-  const double loss = v[0] / (rc.dp_size * rc.tp_size);  // each dp replica's tp ranks hold one copy
+  rc.stats_sum(v);  // every rank: one non-finite gradient anywhere makes v[1] non-finite
+  Result r;
+  r.loss = v[0] / (rc.dp_size * rc.tp_size);  // each dp replica's tp ranks hold one copy
   const bool sharded = rc.zero > 0 && rc.dp;
-  const double norm = std::sqrt(sharded ? v[1] : v[1] / rc.dp_size);
-  if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef < 1.0)
-    for (const FlatRange& r : adamw_.owned()) k.scale_inplace(model.grads().data() + r.offset, r.count, float(coef));
+  const double S = scaler_.scale();  // a power of two: dividing by it is exact
+  r.norm = std::sqrt(sharded ? v[1] : v[1] / rc.dp_size) / S;
+  r.applied = scaler_.update(std::isfinite(r.norm), step);
+  if (!r.applied) return r;
+  // Unscale and clip in one pass: g <- g (coef / S); coef / S is exact, so this equals
+  // clipping the unscaled gradients.
+  if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S; coef != 1.0)
+    for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
   adamw_.step(k, model.params(), model.grads(), lr);
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
   else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
-  return {loss, norm};
+  return r;
 }
 
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {

@@ -11,6 +11,7 @@
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/zero.h"
+#include "loom/train/loss_scale.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/rank_context.h"
 
@@ -40,18 +41,27 @@ struct Engine {
 //   stage 1: grads all-reduced; each rank updates its own pieces, then all-gathers them.
 //   stage 2: grads reduce-scattered (only the own pieces are reduced); as stage 1 after.
 //   stage 3: as stage 2, but the parameters stay sharded: gathered copies are dropped.
+// Loss scaling (Note [Dynamic loss scaling]): backward starts from scaler().scale() times
+// the loss; step() divides the gradients by it (with the clipping coefficient, one pass)
+// or skips the update when they overflowed on any rank.
 class Updater {
  public:
   Updater(const Config& cfg, Engine& e);
-  // Mean loss of the global batch and the gradient norm before clipping; updates params.
-  std::pair<double, double> step(double local_loss, double lr);
+  struct Result {
+    double loss = 0;     // mean loss of the global batch
+    double norm = 0;     // global gradient norm before clipping, unscaled (infinite when skipped)
+    bool applied = true;  // false: overflow, the step was skipped
+  };
+  Result step(double local_loss, double lr, int64_t step);
   const AdamW& adamw() const { return adamw_; }
   AdamW& adamw() { return adamw_; }  // restoring a checkpoint
+  LossScaler& scaler() { return scaler_; }
 
  private:
   const Config& cfg_;
   Engine& e_;
   AdamW adamw_;
+  LossScaler scaler_;
   std::vector<FlatRange> norm_ranges_;
 };
 

@@ -24,29 +24,34 @@ std::string fmt_duration(double s) {
 
 void Reporter::info(const std::string& line) { *o_.err << line << "\n"; }
 
-void Reporter::step(int64_t step, double loss, double lr, double norm, double tok_s, double elapsed, bool log_line,
-                    double padding) {
-  const double eta = elapsed / double(step + 1) * double(steps_ - step - 1);
+void Reporter::step(const StepLine& s) {
+  const int64_t step = s.step;
+  const bool print = s.log_line || s.skipped;
+  const double eta = s.elapsed / double(step + 1) * double(steps_ - step - 1);
   if (o_.json) {
-    if (!log_line) return;
-    nlohmann::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                        {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}, {"eta_s", eta}};
-    if (padding >= 0) j["padding"] = padding;
+    if (!print) return;
+    nlohmann::json j = {{"step", step + 1}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.norm},
+                        {"tokens_per_s", s.tok_s}, {"elapsed_s", s.elapsed}, {"eta_s", eta}};
+    if (s.padding >= 0) j["padding"] = s.padding;
+    if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
+    if (s.skipped) j["skipped"] = true;
     *o_.out << j.dump() << "\n" << std::flush;
   } else if (o_.progress) {
     const int width = 24, filled = int(width * (step + 1) / steps_);
     std::ostringstream os;
     os << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] step " << step + 1 << "/"
-       << steps_ << "  loss " << std::fixed << std::setprecision(4) << loss << "  " << std::setprecision(0) << tok_s
-       << " tok/s  ETA " << fmt_duration(eta) << "   ";
+       << steps_ << "  loss " << std::fixed << std::setprecision(4) << s.loss << "  " << std::setprecision(0)
+       << s.tok_s << " tok/s  ETA " << fmt_duration(eta) << "   ";
     *o_.err << os.str() << std::flush;
     bar_open_ = true;
-  } else if (log_line) {
+  } else if (print) {
     std::ostringstream os;
-    os << "step " << step + 1 << "/" << steps_ << "  loss " << std::fixed << std::setprecision(4) << loss
-       << "  lr " << std::scientific << std::setprecision(2) << lr << "  grad_norm " << std::fixed
-       << std::setprecision(3) << norm << "  " << std::setprecision(0) << tok_s << " tok/s";
-    if (padding >= 0) os << " (" << std::setprecision(1) << 100 * padding << "% padding)";
+    os << "step " << step + 1 << "/" << steps_ << "  loss " << std::fixed << std::setprecision(4) << s.loss
+       << "  lr " << std::scientific << std::setprecision(2) << s.lr << "  grad_norm " << std::fixed
+       << std::setprecision(3) << s.norm << "  " << std::setprecision(0) << s.tok_s << " tok/s";
+    if (s.padding >= 0) os << " (" << std::setprecision(1) << 100 * s.padding << "% padding)";
+    if (s.loss_scale > 0) os << "  loss_scale " << std::defaultfloat << std::setprecision(6) << s.loss_scale;
+    if (s.skipped) os << "  SKIPPED (gradient overflow)";
     os << "  ETA " << fmt_duration(eta);
     *o_.out << os.str() << "\n" << std::flush;
   }

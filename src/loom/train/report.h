@@ -13,9 +13,15 @@ class Reporter {
   Reporter(const TrainOptions& o, int64_t steps) : o_(o), steps_(steps) {}
 
   void info(const std::string& line);
-  // padding >= 0 (data.bucketing): the step's share of padded positions, reported too.
-  void step(int64_t step, double loss, double lr, double norm, double tok_s, double elapsed, bool log_line,
-            double padding = -1);
+  struct StepLine {
+    int64_t step = 0;  // 0-based
+    double loss = 0, lr = 0, norm = 0, tok_s = 0, elapsed = 0;
+    bool log_line = false;  // plain and JSON output print only these steps (and skipped ones)
+    double padding = -1;     // >= 0 (data.bucketing): the step's share of padded positions
+    double loss_scale = 0;   // > 0: the loss scale the step ran at (Note [Dynamic loss scaling])
+    bool skipped = false;    // gradient overflow: no update
+  };
+  void step(const StepLine& s);
   // bytes_per_token > 0 adds bits per byte: val_loss / ln 2 / bytes_per_token, comparable
   // across tokenizers (the split's mean bytes per token, so an estimate for shards).
   void val(int64_t step, double val_loss, double bytes_per_token = 0);

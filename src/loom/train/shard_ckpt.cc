@@ -190,6 +190,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
   if (global_rank == 0) try {
       shard::Manifest m;
       m.step = step, m.optimizer_steps = s.optimizer_steps, m.config = cfg, m.tensors = table;
+      m.loss_scale = s.loss_scale;
       const ParallelConfig& p = cfg.parallel;
       const comm::Mesh mesh = comm::training_mesh(p);
       for (int r = 0; r < world_size; ++r) {

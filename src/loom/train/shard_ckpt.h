@@ -34,6 +34,7 @@
 
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
+#include "loom/train/loss_scale.h"
 
 namespace loom {
 
@@ -50,6 +51,7 @@ struct ShardState {
   std::vector<FlatRange> moment_ranges;  // AdamW::owned()
   int tp = 1, tp_rank = 0;
   int64_t optimizer_steps = 0;
+  LossScaleState loss_scale;  // the same on every rank (Note [Dynamic loss scaling])
 };
 
 // Collective over `world` (nullptr: one process). Throws loom::Error on an IO failure, on

@@ -1,5 +1,7 @@
 #include "loom/train/shard_format.h"
 
+#include <cmath>
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -234,10 +236,13 @@ std::string manifest_json(const Manifest& m) {
   for (const RankFile& r : m.ranks) ranks.push_back(rank_to_json(r));
   // The rest of the training state, spelled out: the loader's order and the learning rate
   // are functions of the step, training draws no random numbers (weights are initialised
-  // from train.seed, then overwritten on load), and fp32 training has no loss scale.
+  // from train.seed, then overwritten on load); the loss scale (Note [Dynamic loss scaling])
+  // is the one piece of state besides the tensors and the step counts.
+  const json scale = m.loss_scale.scale > 0 ? json{{"scale", m.loss_scale.scale}, {"good_steps", m.loss_scale.good_steps}}
+                                            : json("none");
   const json state = {{"data_position", "step " + std::to_string(m.step) + " (row r of step s reads hash(seed, s, r))"},
                       {"lr_schedule", "lr_at(step " + std::to_string(m.step) + ")"},
-                      {"rng", "none drawn during training"}, {"loss_scale", "none (fp32)"}};
+                      {"rng", "none drawn during training"}, {"loss_scale", scale}};
   const json out = {{"format", kFormat}, {"step", m.step}, {"optimizer_steps", m.optimizer_steps}, {"state", state},
                     {"world", m.ranks.size()}, {"layout", layout_json(m.config.parallel)},
                     {"config", to_toml(m.config)}, {"tensors", tensors}, {"ranks", ranks}};
@@ -252,6 +257,15 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
   Manifest m;
   m.step = int_in(field(j, "step", where), 0, kMaxFloats, where, "step");
   m.optimizer_steps = int_in(field(j, "optimizer_steps", where), 0, kMaxFloats, where, "optimizer_steps");
+  if (j.contains("state") && j["state"].is_object() && j["state"].contains("loss_scale") &&
+      j["state"]["loss_scale"].is_object()) {
+    const json& ls = j["state"]["loss_scale"];
+    const json& scale = field(ls, "scale", where);
+    if (!scale.is_number() || !(scale.get<double>() > 0) || !std::isfinite(scale.get<double>()))
+      throw Error("checkpoint: '" + where + "': state.loss_scale.scale is " + scale.dump() + ", expected a positive number");
+    m.loss_scale.scale = scale.get<double>();
+    m.loss_scale.good_steps = int_in(field(ls, "good_steps", where), 0, kMaxFloats, where, "state.loss_scale.good_steps");
+  }
   const json& cfg = field(j, "config", where);
   if (!cfg.is_string()) throw Error("checkpoint: '" + where + "': 'config' is not a string");
   try {

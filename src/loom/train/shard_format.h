@@ -11,6 +11,7 @@
 
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
+#include "loom/train/loss_scale.h"
 
 namespace loom {
 struct ShardState;
@@ -52,6 +53,7 @@ struct RankFile {
 
 struct Manifest {
   int64_t step = 0, optimizer_steps = 0;
+  LossScaleState loss_scale;  // scale 0: the run had no loss scaling
   Config config;  // the run that wrote it; config.parallel is the layout
   std::vector<Tensor> tensors;
   std::vector<RankFile> ranks;

@@ -229,6 +229,7 @@ int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& 
   WholeTensors src(step_dir, m, global_rank);
   fill(src, cfg.model, s);
   s.optimizer_steps = m.optimizer_steps;
+  s.loss_scale = m.loss_scale;
   return m.step;
 }
 
@@ -256,7 +257,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   const Config cfg = config_from_toml_string(to_toml(m.config), sets);
   const ParallelConfig& target = cfg.parallel;
   shard::Manifest outm;
-  outm.step = m.step, outm.optimizer_steps = m.optimizer_steps, outm.config = cfg;
+  outm.step = m.step, outm.optimizer_steps = m.optimizer_steps, outm.config = cfg, outm.loss_scale = m.loss_scale;
   outm.tensors = shard::tensor_table(cfg);
   const std::string tmp = (fs::path(out) / (shard::step_name(m.step) + ".tmp")).string();
   fs::create_directories(out);
@@ -270,7 +271,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
     for (const FlatRange& x : shape.moment_ranges) packed += x.count;
     mom_m.assign(size_t(packed), 0.0f), mom_v.assign(size_t(packed), 0.0f);
     ShardState s{&shape.layout, &params, &mom_m, &mom_v, shape.param_ranges, shape.moment_ranges,
-                 int(target.tp), shape.tp_rank, m.optimizer_steps};
+                 int(target.tp), shape.tp_rank, m.optimizer_steps, m.loss_scale};
     WholeTensors src(*dir, m, r);
     fill(src, cfg.model, s);
     outm.ranks.push_back(shard::write_rank_file(tmp, r, outm.tensors, s));
@@ -291,7 +292,7 @@ WholeState load_whole(const std::string& where) {
   const RankPlan shape = plan_rank(single, 0);
   w.params.assign(size_t(shape.layout.total_floats()), 0.0f);
   w.m = w.params, w.v = w.params;
-  ShardState s{&shape.layout, &w.params, &w.m, &w.v, shape.param_ranges, shape.moment_ranges, 1, 0, 0};
+  ShardState s{&shape.layout, &w.params, &w.m, &w.v, shape.param_ranges, shape.moment_ranges, 1, 0, 0, {}};
   WholeTensors src(*dir, m, 0);
   fill(src, m.config.model, s);
   return w;

@@ -106,7 +106,16 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   os << "  global batch " << cfg.train.batch << " = micro-batch " << mb << " x " << cfg.train.grad_accum
      << " micro-batches x dp " << p.dp << ", seq " << T << ", " << cfg.train.batch * T << " tokens/step, "
      << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
-  if (cfg.train.precision == "bf16") os << ", precision bf16 (GEMM inputs bf16, fp32 accumulation and master weights)";
+  const std::string& prec = cfg.train.precision;
+  if (prec != "fp32") os << ", precision " << prec << " (GEMM inputs " << prec << ", fp32 accumulation and master weights)";
+  switch (loss_scale_mode(cfg.train)) {
+    case LossScaler::Mode::kDynamic:
+      os << ", dynamic loss scale from " << cfg.train.loss_scale_init << " (x2 after " << cfg.train.loss_scale_window
+         << " steps without overflow, x1/2 on one)";
+      break;
+    case LossScaler::Mode::kStatic: os << ", static loss scale " << cfg.train.loss_scale; break;
+    case LossScaler::Mode::kNone: break;
+  }
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
@@ -137,11 +146,11 @@ void print_header(Reporter& rep, const Config& cfg, const TrainData& data, int64
   rep.info(os.str());
 }
 
-// Forward and backward of one optimizer step; gradients reduced as the layout says.
-// Returns this rank's share of the loss: the mean over its micro-batches (0 on pipeline
-// stages without the head).
+// Forward and backward of one optimizer step; gradients reduced as the layout says, and
+// multiplied by the loss scale S (Note [Dynamic loss scaling]). Returns this rank's share of
+// the loss: the mean over its micro-batches (0 on pipeline stages without the head).
 double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& data, const Config& cfg, int64_t step,
-                         int64_t mb, int64_t T) {
+                         int64_t mb, int64_t T, double S) {
   const int64_t accum = cfg.train.grad_accum;
   Model& model = e.model;
   e.zero_grads();
@@ -154,7 +163,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
     auto batch = [&](int micro, int32_t* tok, int32_t* tgt) {
       data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
     };
-    loss = e.pipe->run_step(batch, 1.0f / float(accum), arm);
+    loss = e.pipe->run_step(batch, float(S / double(accum)), arm);
     e.memory.sample();
   } else {
     std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
@@ -162,7 +171,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
       const bool last = micro + 1 == accum;
       data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
       if (last || every_micro) arm();
-      loss += model.forward_backward(tok.data(), tgt.data(), mb, T, 1.0f / float(accum));
+      loss += model.forward_backward(tok.data(), tgt.data(), mb, T, float(S / double(accum)));
       if (every_micro && !last) e.sync->finish(false);
       e.memory.sample();
     }
@@ -186,7 +195,7 @@ struct StepTokens {
 // summed gradients the gradient of the global batch's mean over its R real targets.
 // Returns this rank's share of that mean (dp times its part, as Updater averages over dp).
 double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& data, int64_t step,
-                          StepTokens& tokens) {
+                          StepTokens& tokens, double S) {
   const BucketLoader::Step plan = data.plan(step);
   tokens = {plan.real_targets, plan.positions};
   Model& model = e.model;
@@ -203,7 +212,7 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
     const bool last = m + 1 == plan.micros.size();
     if (e.sync && (last || every_micro)) e.sync->begin(model.grads().data());
     const double scale = double(rc.dp_size) * double(N) / double(plan.real_targets);
-    loss += scale * model.forward_backward(tok.data(), tgt.data(), rows, mp.seq, float(scale));
+    loss += scale * model.forward_backward(tok.data(), tgt.data(), rows, mp.seq, float(scale * S));
     if (every_micro && !last) e.sync->finish(false);
     e.memory.sample();
   }
@@ -216,7 +225,7 @@ ShardState rank_state(Engine& e, Updater& updater) {
   const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
   return {&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
           rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
-          updater.adamw().steps_taken()};
+          updater.adamw().steps_taken(), updater.scaler().state()};
 }
 
 // Saves step `step`, unless any rank's parameters hold a NaN or an infinity: a diverged
@@ -242,6 +251,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   const int64_t step = load_resume(cfg, opt.resume, s, world, rep);
   if (opt.resume.empty()) return 0;
   updater.adamw().set_steps_taken(s.optimizer_steps);
+  updater.scaler().restore(s.loss_scale);
   if (rc.zero == 3)  // keep only the own pieces resident, as the engine does from the start
     for (const parallel::Bucket& b : e.plan.buckets) parallel::release_unowned(b, e.plan.dp, rc.dp_rank, e.model.params().data());
   return step;
@@ -377,19 +387,24 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     const auto step_start = Clock::now();
     mark("step " + std::to_string(step + 1), "step");
     StepTokens tokens{cfg.train.batch * T, cfg.train.batch * T};
-    const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens)
-                                      : compute_gradients(e, rc, train_data, cfg, step, mb, T);
+    LossScaler& scaler = updater.scaler();
+    const double S = scaler.scale();
+    const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens, S)
+                                      : compute_gradients(e, rc, train_data, cfg, step, mb, T, S);
+    if (given.after_gradients) given.after_gradients(step, e.model.grads());
     total.real += tokens.real;
     total.positions += tokens.positions;
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
     mark("optimizer", "compute");
-    const auto [loss, norm] = updater.step(local_loss, lr);
+    const Updater::Result u = updater.step(local_loss, lr, step);
     unmark();
-    if (!std::isfinite(loss) || !std::isfinite(norm))
-      throw Error("training diverged: loss is " + std::to_string(loss) + ", gradient norm " + std::to_string(norm) +
-                  " at step " + std::to_string(step + 1) +
+    if (u.applied && !std::isfinite(u.loss))
+      throw Error("training diverged: loss is " + std::to_string(u.loss) + " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
-    sum.losses.push_back(float(loss));
+    if (!scaler.event().empty()) rep.info(scaler.event());
+    if (!u.applied) sum.skipped_steps.push_back(step + 1);
+    if (scaler.enabled()) sum.loss_scales.push_back(S);
+    sum.losses.push_back(float(u.loss));
     sum.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
 
     tokens_since += tokens.real;
@@ -398,8 +413,12 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     const double window = std::chrono::duration<double>(now - last).count();
     const double tok_s = window > 0 ? double(tokens_since) / window : 0.0;
     if (log_line) last = now, tokens_since = 0;
-    rep.step(step, loss, lr, norm, tok_s, std::chrono::duration<double>(now - t0).count(), log_line,
-             buckets ? 1.0 - double(tokens.real) / double(tokens.positions) : -1.0);
+    Reporter::StepLine line;
+    line.step = step, line.loss = u.loss, line.lr = lr, line.norm = u.norm, line.tok_s = tok_s;
+    line.elapsed = std::chrono::duration<double>(now - t0).count(), line.log_line = log_line;
+    line.padding = buckets ? 1.0 - double(tokens.real) / double(tokens.positions) : -1.0;
+    line.loss_scale = scaler.enabled() ? S : 0.0, line.skipped = !u.applied;
+    rep.step(line);
 
     // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
     const bool last_step = step + 1 == cfg.train.steps;
@@ -428,6 +447,12 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   rep.end_bar();
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);
   report_memory(rep, cfg, e, sum);
+  if (const LossScaler& ls = updater.scaler(); ls.enabled()) {
+    std::ostringstream os;
+    os << "loss scaling: " << ls.skipped() << " of " << cfg.train.steps - first_step
+       << " steps skipped for a gradient overflow; scale now " << ls.scale();
+    rep.info(os.str());
+  }
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)
     rep.info("saved checkpoint " + cfg.checkpoint.dir + "/" + shard::step_name(cfg.train.steps) + " (latest)");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct TrainOptions {
   // Not resuming into a checkpoint.dir that holds an earlier run: move its checkpoints into
   // checkpoint.dir/replaced-<time>/ instead of refusing (Note [Checkpoint directory ownership]).
   bool overwrite = false;
+  // Tests (fault injection): called on every rank with the step's reduced gradients (still
+  // multiplied by the loss scale) just before the update.
+  std::function<void(int64_t step, std::vector<float>& grads)> after_gradients;
 };
 
 struct TrainSummary {
@@ -36,6 +40,10 @@ struct TrainSummary {
   double tokens_per_s = 0;      // real (target) tokens per second
   double padding_fraction = 0;  // data.bucketing: share of the positions computed that were padding
   std::vector<double> step_seconds;  // wall time of each step on this rank (validation excluded)
+  // Loss scaling (Note [Dynamic loss scaling]): the scale each step ran at (empty when off)
+  // and the steps (1-based) skipped for a gradient overflow.
+  std::vector<double> loss_scales;
+  std::vector<int64_t> skipped_steps;
   int64_t params = 0;
   // Data parallel only: share of gradient-communication time that ran during backward
   // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.

@@ -1,11 +1,13 @@
-// Linear layers and the fused LM head + cross-entropy, on OpenBLAS sgemm (fp32) or oneDNN
-// (bf16, Note [bf16 rounding points]).
+// Linear layers and the fused LM head + cross-entropy, on OpenBLAS sgemm (fp32, and fp16:
+// sgemm on fp16-rounded copies) or oneDNN (bf16, Note [bf16 rounding points]).
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/fp16.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
+#include "loom/kernels/cpu/gemm_fp16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
 #include "loom/kernels/cpu/vecmath.h"
@@ -88,6 +90,37 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
 
 namespace {
 
+// out[i] = round_fp16(in[i]) (out may be in).
+void round_fp16(float* out, const float* in, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) out[i] = loom::round_fp16(in[i]);
+}
+
+}  // namespace
+
+void matmul_forward_fp16(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                         int64_t OC) {
+  float* a = scratch_floats(size_t(N * IC), 2);
+  float* b = scratch_floats(size_t(OC * IC), 3);
+  round_fp16(a, inp, N * IC);
+  round_fp16(b, w, OC * IC);
+  matmul_forward(out, a, b, bias, N, IC, OC);
+}
+
+void matmul_backward_fp16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                          int64_t N, int64_t IC, int64_t OC) {
+  float* d = scratch_floats(size_t(N * OC), 1);
+  float* a = scratch_floats(size_t(N * IC), 2);
+  float* b = scratch_floats(size_t(OC * IC), 3);
+  round_fp16(d, dout, N * OC);
+  round_fp16(a, inp, N * IC);
+  round_fp16(b, w, OC * IC);
+  matmul_backward(dinp, dw, nullptr, d, a, b, N, IC, OC);
+  if (dbias) add_bias_grad(dbias, dout, N, OC);  // from the unrounded upstream gradient
+}
+
+namespace {
+
 // One row: returns loss; if grad, overwrites l with (softmax - onehot) * scale.
 inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, float scale) {
   if (target < 0) {  // ignored (padding): no loss, no gradient
@@ -160,24 +193,38 @@ void crossentropy_backward_inplace(float* logits, const int32_t* targets, const 
 
 namespace {
 
-// lm_head_loss in row chunks; bf16: the GEMM inputs (x, w, dlogits) rounded to bf16.
+enum class HeadGemm { kFp32, kBf16, kFp16 };
+
+// lm_head_loss in row chunks; bf16 / fp16: the GEMM inputs (x, w, dlogits) rounded.
 void head_loss(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int64_t N,
-               int64_t C, int64_t V, float dloss_scale, bool bf16_gemms) {
+               int64_t C, int64_t V, float dloss_scale, HeadGemm g) {
   const int64_t R = head_chunk_rows(N, V);
   float* logits = scratch_floats(size_t(R) * V, 1);
   const bool grad = dx != nullptr;
+  const bool bf = g == HeadGemm::kBf16, half = g == HeadGemm::kFp16;
   bf16 *wh = nullptr, *xh = nullptr, *dh = nullptr;
-  if (bf16_gemms) {
+  if (bf) {
     wh = scratch_bf16(size_t(V * C), 0);
     xh = scratch_bf16(size_t(R * C), 1);
     dh = scratch_bf16(size_t(R * V), 2);
     to_bf16(wh, w, V * C);
   }
+  float* xr = nullptr;  // fp16: the rounded chunk of x
+  if (half) {
+    float* wr = scratch_floats(size_t(V * C), 2);
+    round_fp16(wr, w, V * C);
+    w = wr;
+    xr = scratch_floats(size_t(R * C), 3);
+  }
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const float* xc = x + r0 * C;
+    if (half) {
+      round_fp16(xr, xc, rows * C);
+      xc = xr;
+    }
     // logits(rows,V) = x(rows,C) @ w(V,C)^T
-    if (bf16_gemms) {
+    if (bf) {
       to_bf16(xh, xc, rows * C);
       gemm_bf16(false, true, rows, V, C, 1.0f, xh, C, wh, C, 0.0f, logits, V);
     } else {
@@ -188,11 +235,12 @@ void head_loss(float* losses, float* dx, float* dw, const float* x, const float*
       losses[r0 + i] = softmax_xent_row(logits + i * V, targets[r0 + i], V, grad, dloss_scale);
     if (!grad) continue;
     // dx(rows,C) += dlogits(rows,V) @ w(V,C); dw(V,C) += dlogits^T @ x(rows,C)
-    if (bf16_gemms) {
+    if (bf) {
       to_bf16(dh, logits, rows * V);
       gemm_bf16(false, false, rows, C, V, 1.0f, dh, V, wh, C, 1.0f, dx + r0 * C, C);
       gemm_bf16(true, false, V, C, rows, 1.0f, dh, V, xh, C, 1.0f, dw, C);
     } else {
+      if (half) round_fp16(logits, logits, rows * V);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, logits, V, w, C, 1.0f, dx + r0 * C, C);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, logits, V, xc, C, 1.0f, dw, C);
     }
@@ -203,12 +251,17 @@ void head_loss(float* losses, float* dx, float* dw, const float* x, const float*
 
 void lm_head_loss(float* losses, float* dx, float* dw, const float* x, const float* w,
                   const int32_t* targets, int64_t N, int64_t C, int64_t V, float dloss_scale) {
-  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, false);
+  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, HeadGemm::kFp32);
 }
 
 void lm_head_loss_bf16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
                        int64_t N, int64_t C, int64_t V, float dloss_scale) {
-  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, true);
+  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, HeadGemm::kBf16);
+}
+
+void lm_head_loss_fp16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
+                       int64_t N, int64_t C, int64_t V, float dloss_scale) {
+  head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, HeadGemm::kFp16);
 }
 
 void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C, int64_t V) {

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "loom/kernels/ref/ops.h"
+#include "loom/kernels/ref/rounded.h"
 
 namespace loom::ref {
 
@@ -45,23 +45,12 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
   const std::vector<bf16> d = rounded(dout, N * OC), a = rounded(inp, N * IC), b = rounded(w, OC * IC);
   if (dinp) gemm_bf16(false, false, N, IC, OC, 1.0f, d.data(), OC, b.data(), IC, 1.0f, dinp, IC);
   gemm_bf16(true, false, OC, IC, N, 1.0f, d.data(), OC, a.data(), IC, 1.0f, dw, IC);
-  if (dbias)
-    for (int64_t o = 0; o < OC; o++) {
-      double s = 0;
-      for (int64_t i = 0; i < N; i++) s += dout[i * OC + o];
-      dbias[o] += float(s);
-    }
+  if (dbias) detail::add_bias_grad(dbias, dout, N, OC);
 }
 
 void lm_head_loss_bf16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
                        int64_t N, int64_t C, int64_t V, float dloss_scale) {
-  std::vector<float> logits(static_cast<std::size_t>(N * V));
-  matmul_forward_bf16(logits.data(), x, w, nullptr, N, C, V);
-  crossentropy_forward(losses, logits.data(), targets, N, V);
-  if (!dx) return;
-  const std::vector<float> dloss(static_cast<std::size_t>(N), dloss_scale);
-  crossentropy_backward_inplace(logits.data(), targets, dloss.data(), N, V);
-  matmul_backward_bf16(dx, dw, nullptr, logits.data(), x, w, N, C, V);
+  detail::head_loss(matmul_forward_bf16, matmul_backward_bf16, losses, dx, dw, x, w, targets, N, C, V, dloss_scale);
 }
 
 }  // namespace loom::ref

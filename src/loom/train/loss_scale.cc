@@ -1,0 +1,59 @@
+#include "loom/train/loss_scale.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+LossScaler::Mode loss_scale_mode(const TrainConfig& t) {
+  if (t.loss_scale == "auto") return t.precision == "fp16" ? LossScaler::Mode::kDynamic : LossScaler::Mode::kNone;
+  if (t.loss_scale == "dynamic") return LossScaler::Mode::kDynamic;
+  if (t.loss_scale == "none") return LossScaler::Mode::kNone;
+  return LossScaler::Mode::kStatic;
+}
+
+LossScaler::LossScaler(const TrainConfig& t)
+    : mode_(loss_scale_mode(t)), window_(t.loss_scale_window), min_(t.loss_scale_min) {
+  if (mode_ == Mode::kDynamic) state_.scale = t.loss_scale_init;
+  if (mode_ == Mode::kStatic) state_.scale = std::stod(t.loss_scale);
+}
+
+void LossScaler::restore(const LossScaleState& s) {
+  if (!enabled() || !(s.scale > 0)) return;  // a checkpoint without a scale keeps the initial one
+  if (mode_ == Mode::kDynamic) state_ = s;
+}
+
+bool LossScaler::update(bool finite, int64_t step) {
+  event_.clear();
+  std::ostringstream os;
+  if (!finite) {
+    if (mode_ == Mode::kNone)
+      throw Error(detail::cat("training diverged: the gradients hold NaN or infinity at step ", step + 1,
+                              " (train.loss_scale = none); lower optim.lr or raise optim.warmup_steps"
+                              ", or with train.precision = fp16 use train.loss_scale = dynamic"));
+    if (mode_ == Mode::kDynamic && state_.scale <= min_)
+      throw Error(detail::cat("training diverged: the gradients hold NaN or infinity at step ", step + 1,
+                              " even at the loss scale floor train.loss_scale_min = ", min_,
+                              "; lower optim.lr or raise optim.warmup_steps"));
+    skipped_++;
+    state_.good_steps = 0;
+    os << "step " << step + 1 << " skipped: gradient overflow at loss scale " << state_.scale;
+    if (mode_ == Mode::kDynamic) {
+      state_.scale = std::max(min_, state_.scale * 0.5);
+      os << ", scale now " << state_.scale;
+    }
+    event_ = os.str();
+    return false;
+  }
+  if (mode_ == Mode::kDynamic && ++state_.good_steps >= window_) {
+    state_.good_steps = 0;
+    state_.scale *= 2.0;
+    os << "step " << step + 1 << ": " << window_ << " steps without overflow, loss scale now " << state_.scale;
+    event_ = os.str();
+  }
+  return true;
+}
+
+}  // namespace loom

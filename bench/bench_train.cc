@@ -2,7 +2,8 @@
 // Measures, in one process: the 2-thread GEMM peak of this machine in the run's precision
 // (sgemm, or oneDNN's bf16 GEMM for bf16; the shapes of the model's largest layer and a
 // square 2048^3), then training tokens/s of one config with random tokens, achieved model
-// FLOP/s (6 * params + 12 * L * T * d per token), and peak RSS. Prints one JSON line.
+// FLOP/s (6 * params + 12 * L * T * d per token), the model's activation bytes (its carve:
+// saved activations and backward scratch) and peak RSS. Prints one JSON line.
 // Usage: bench_train A|B|C [steps] [fp32|bf16]
 #include <cblas.h>
 #include <sys/resource.h>
@@ -102,8 +103,10 @@ int main(int argc, char** argv) {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("{\"side\":\"loom\",\"config\":\"%s\",\"precision\":\"%s\",\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,"
-              "\"gemm_peak_gflops\":%.1f,\"gemm_fc_shape_gflops\":%.1f,\"peak_rss_mib\":%.1f,\"blas_core\":\"%s\"}\n",
-              name.c_str(), precision.c_str(), tok_s, gflops, peak_sq, peak_model, ru.ru_maxrss / 1024.0,
+              "\"gemm_peak_gflops\":%.1f,\"gemm_fc_shape_gflops\":%.1f,\"activation_mib\":%.1f,\"peak_rss_mib\":%.1f,"
+              "\"blas_core\":\"%s\"}\n",
+              name.c_str(), precision.c_str(), tok_s, gflops, peak_sq, peak_model,
+              double(model.activation_bytes()) / (1 << 20), ru.ru_maxrss / 1024.0,
               cpu::blas_core_name().c_str());
   return 0;
 }

@@ -12,8 +12,8 @@ configs=${*:-A B C}
 precisions=${PRECISIONS:-fp32 bf16}
 tcmalloc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 export OMP_NUM_THREADS=2
-printf "%-4s %-5s %12s %12s %7s %10s %10s %9s %9s %10s %10s\n" cfg prec loom_tok/s torch_tok/s ratio loom_GF/s torch_GF/s \
-  peak_GF/s loom/peak loom_MiB torch_MiB
+printf "%-4s %-5s %12s %12s %7s %10s %10s %9s %9s %10s %10s %10s\n" cfg prec loom_tok/s torch_tok/s ratio loom_GF/s torch_GF/s \
+  peak_GF/s loom/peak loom_act_MiB loom_MiB torch_MiB
 for c in $configs; do
   for p in $precisions; do
     l=$(env -u OPENBLAS_CORETYPE build/release/bench/bench_train "$c" "$steps" "$p")
@@ -21,10 +21,10 @@ for c in $configs; do
     /usr/bin/python3 - "$l" "$t" <<'PY'
 import json, sys
 l, t = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print("%-4s %-5s %12.0f %12.0f %7.2f %10.1f %10.1f %9.1f %9.2f %10.0f %10.0f" % (
+print("%-4s %-5s %12.0f %12.0f %7.2f %10.1f %10.1f %9.1f %9.2f %10.0f %10.0f %10.0f" % (
     l["config"], l["precision"], l["tokens_per_s"], t["tokens_per_s"], l["tokens_per_s"] / t["tokens_per_s"],
     l["model_gflops"], t["model_gflops"], l["gemm_peak_gflops"], l["model_gflops"] / l["gemm_peak_gflops"],
-    l["peak_rss_mib"], t["peak_rss_mib"]))
+    l["activation_mib"], l["peak_rss_mib"], t["peak_rss_mib"]))
 PY
   done
 done

@@ -18,6 +18,14 @@ Kernels with_gemms(Kernels k, Fwd fwd, Bwd bwd, Head head, const char* name) {
   return k;
 }
 
+Kernels with_bf16_storage(Kernels k, decltype(k.matmul_forward_bf16_in) fwd, decltype(k.matmul_backward_bf16_in) bwd,
+                          decltype(k.to_bf16) store) {
+  k.matmul_forward_bf16_in = fwd;
+  k.matmul_backward_bf16_in = bwd;
+  k.to_bf16 = store;
+  return k;
+}
+
 }  // namespace
 
 const Kernels& kernels(KernelBackend backend, Precision precision) {
@@ -27,10 +35,12 @@ const Kernels& kernels(KernelBackend backend, Precision precision) {
   static const Kernels ref_set{LOOM_KERNEL_LIST(LOOM_KERNEL_REF) "ref"};
 #undef LOOM_KERNEL_CPU
 #undef LOOM_KERNEL_REF
-  static const Kernels cpu_bf16 = with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16,
-                                             &cpu::lm_head_loss_bf16, "cpu-bf16");
-  static const Kernels ref_bf16 = with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16,
-                                             &ref::lm_head_loss_bf16, "ref-bf16");
+  static const Kernels cpu_bf16 = with_bf16_storage(
+      with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16, &cpu::lm_head_loss_bf16, "cpu-bf16"),
+      &cpu::matmul_forward_bf16_in, &cpu::matmul_backward_bf16_in, &cpu::to_bf16);
+  static const Kernels ref_bf16 = with_bf16_storage(
+      with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16, &ref::lm_head_loss_bf16, "ref-bf16"),
+      &ref::matmul_forward_bf16_in, &ref::matmul_backward_bf16_in, &ref::to_bf16);
   static const Kernels cpu_fp16 = with_gemms(cpu_set, &cpu::matmul_forward_fp16, &cpu::matmul_backward_fp16,
                                              &cpu::lm_head_loss_fp16, "cpu-fp16");
   static const Kernels ref_fp16 = with_gemms(ref_set, &ref::matmul_forward_fp16, &ref::matmul_backward_fp16,

@@ -2,6 +2,7 @@
 // kernels (default) or on the naive reference kernels (tests) without #ifdefs.
 #pragma once
 
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/ref/ops.h"
 
@@ -23,6 +24,11 @@ struct Kernels {
   LOOM_KERNEL_LIST(LOOM_KERNEL_FIELD)
 #undef LOOM_KERNEL_FIELD
   const char* backend;
+  // Precision::kBf16 only, else nullptr: GEMMs whose input is stored in bf16 (Note [bf16
+  // activation storage] in model/model.cc) and the conversion that stores it.
+  decltype(&cpu::matmul_forward_bf16_in) matmul_forward_bf16_in = nullptr;
+  decltype(&cpu::matmul_backward_bf16_in) matmul_backward_bf16_in = nullptr;
+  decltype(&cpu::to_bf16) to_bf16 = nullptr;
 };
 
 enum class KernelBackend { kCpu, kRef };

@@ -24,6 +24,9 @@ struct Model::Slot {
     float* fch;                              // (N,F2) fc output, pre-activation
     float* fcg;                              // (N,F) activation output
     float* out;                              // (N,C) block output = next block's input
+    // Note [bf16 activation storage]: with bf16 GEMM inputs these are the saved copies of
+    // norm1, atty, norm2 and fcg, whose float fields then point at Acts::stage.
+    bf16 *norm1_h = nullptr, *atty_h = nullptr, *norm2_h = nullptr, *fcg_h = nullptr;
   };
   float* input = nullptr;        // (N,C) chunk input: the embedding output or a copy of x_in
   std::vector<Block> blocks;     // the chunk's layers, in order
@@ -42,6 +45,7 @@ struct Model::Acts {
   float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;  // backward scratch
   float* full_tmp = nullptr;  // (N,C) sequence parallel: partial outputs, gathered gradients
   float* norm_grad_tmp = nullptr;  // (2C) sequence parallel: one micro-batch's norm gradients
+  float* stage = nullptr;  // (N, max(C, H*hd, F)) bf16 storage: where a GEMM input is made before it is kept
   // Recompute (Note [Recompute]): the block all fully recomputed layers share, and the
   // softmax probabilities all selectively recomputed layers share.
   Slot::Block recompute_block{};
@@ -56,6 +60,15 @@ struct Model::Acts {
 // block forward (its tensor-parallel all-reduces included) before its backward. The
 // kernels are deterministic, so recomputed values are bit-identical to the originals.
 
+// Note [bf16 activation storage]
+// In train.precision = bf16 every GEMM reads its inputs rounded to bf16 (Note [bf16
+// rounding points]), so the activations saved only to be GEMM inputs (both norm outputs,
+// the attention output and the MLP activation: (2C + H*hd + F) N of a block's saved
+// values) are kept in bf16: each is produced in fp32 into one shared staging buffer,
+// rounded once into its bf16 slot, and read from there by the forward GEMM and by the
+// backward weight-gradient GEMM. Results are bit-identical to keeping them in fp32 (the
+// rounding happens at the same point, once instead of twice); memory is what changes.
+
 namespace {
 class Carver {
  public:
@@ -65,6 +78,7 @@ class Carver {
     used_ += (n + 15) / 16 * 16;
     return p;
   }
+  bf16* take_bf16(int64_t n) { return reinterpret_cast<bf16*>(take((n + 1) / 2)); }
   int64_t used() const { return used_; }
 
  private:
@@ -79,7 +93,8 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
       tp_comm_(opt.tp_comm), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
       KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
-      layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), max_batch_(max_batch), max_seq_(max_seq) {
+      layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), bf16_acts_(opt.precision == Precision::kBf16 && opt.bf16_activations), max_batch_(max_batch),
+      max_seq_(max_seq) {
   const ModelPart& part = opt.part;
   const int act_slots = opt.act_slots;
   if (recompute_.empty()) recompute_.assign(size_t(cfg.layers), Recompute::kNone);
@@ -124,14 +139,24 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
   // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
   auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs) {
-    b.norm1 = c.take(N * C), b.norm1_mean = c.take(Nr), b.norm1_rstd = c.take(Nr);
-    b.qkv = c.take(N * Q), b.probs = share_probs ? a.shared_probs : c.take(P), b.atty = c.take(N * HD);
+    auto gemm_input = [&](float*& f, bf16*& h, int64_t n) {  // Note [bf16 activation storage]
+      if (bf16_acts_) f = a.stage, h = c.take_bf16(n);
+      else f = c.take(n);
+    };
+    gemm_input(b.norm1, b.norm1_h, N * C);
+    b.norm1_mean = c.take(Nr), b.norm1_rstd = c.take(Nr);
+    b.qkv = c.take(N * Q), b.probs = share_probs ? a.shared_probs : c.take(P);
+    gemm_input(b.atty, b.atty_h, N * HD);
     b.x1 = c.take(Nr * C);
-    b.norm2 = c.take(N * C), b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
-    b.fch = c.take(N * F2), b.fcg = c.take(N * F), b.out = c.take(Nr * C);
+    gemm_input(b.norm2, b.norm2_h, N * C);
+    b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
+    b.fch = c.take(N * F2);
+    gemm_input(b.fcg, b.fcg_h, N * F);
+    b.out = c.take(Nr * C);
   };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
+    if (bf16_acts_) a.stage = c.take(N * std::max({C, HD, F}));
     if (any_full) carve_block(c, a.recompute_block, false);
     if (any_selective) a.shared_probs = c.take(P);
     a.slots.assign(chunks_.size() * size_t(act_slots), {});
@@ -161,7 +186,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
     if (pass == 0) {
       a.floats = c.used();
-      LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_),
+      LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_, bf16_acts_),
                   "activation_floats() disagrees with the model's carve: ", a.floats);
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
     }
@@ -265,20 +290,25 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   const bool gpt = cfg_.arch == Arch::kGpt;
   span("forward", l, true);
   use(l, true);
+  const int64_t C = cfg_.d_model;
   norm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N);  // (N,C) gathered
-  k_.matmul_forward(s.qkv, s.norm1, w.qkv_w, w.qkv_b, N, cfg_.d_model, Q);         // (N,Q) column-parallel
+  keep(s.norm1, s.norm1_h, N * C);
+  mm_forward(s.qkv, {s.norm1, s.norm1_h}, w.qkv_w, w.qkv_b, N, C, Q);  // (N,Q) column-parallel
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));  // (N,H*hd)
-  row_parallel(s.x1, s.atty, w.attn_proj_w, w.attn_proj_b, N, H * hd, x0);  // x1 = x0 + atty Wo^T + bo
+  keep(s.atty, s.atty_h, N * H * hd);
+  row_parallel(s.x1, {s.atty, s.atty_h}, w.attn_proj_w, w.attn_proj_b, N, H * hd, x0);  // x1 = x0 + atty Wo^T + bo
   norm_forward(s.norm2, s.norm2_mean, s.norm2_rstd, s.x1, w.norm2_w, w.norm2_b, N);
+  keep(s.norm2, s.norm2_h, N * C);
   if (gpt) {
-    k_.matmul_forward(s.fch, s.norm2, w.fc_w, w.fc_b, N, cfg_.d_model, F);
+    mm_forward(s.fch, {s.norm2, s.norm2_h}, w.fc_w, w.fc_b, N, C, F);
     k_.gelu_forward(s.fcg, s.fch, N * F);
   } else {
-    k_.matmul_forward(s.fch, s.norm2, w.fc_w, nullptr, N, cfg_.d_model, 2 * F);  // [gate | up]
+    mm_forward(s.fch, {s.norm2, s.norm2_h}, w.fc_w, nullptr, N, C, 2 * F);  // [gate | up]
     k_.swiglu_forward(s.fcg, s.fch, N, F);
   }
-  row_parallel(s.out, s.fcg, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
+  keep(s.fcg, s.fcg_h, N * F);
+  row_parallel(s.out, {s.fcg, s.fcg_h}, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
   use(l, false);
   span("forward", l, false);
 }
@@ -301,25 +331,25 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
 
   // MLP: out = x1 + fcg Wp^T + bp
   zero(a.dfcg, N * F);
-  k_.matmul_backward(a.dfcg, g.mlp_proj_w, g.mlp_proj_b, gather_grad(a.dres, N), s.fcg, w.mlp_proj_w, N, F, C);
+  mm_backward(a.dfcg, g.mlp_proj_w, g.mlp_proj_b, gather_grad(a.dres, N), {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
   zero(a.dfch, N * F2);
   if (gpt) k_.gelu_backward(a.dfch, s.fch, a.dfcg, N * F);
   else k_.swiglu_backward(a.dfch, s.fch, a.dfcg, N, F);
   zero(a.dnorm, N * C);
-  k_.matmul_backward(a.dnorm, g.fc_w, g.fc_b, a.dfch, s.norm2, w.fc_w, N, C, F2);
+  mm_backward(a.dnorm, g.fc_w, g.fc_b, a.dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
   reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
   norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, w.norm2_w, s.norm2_mean, s.norm2_rstd, N);
   // Attention: x1 = x0 + atty Wo^T + bo
   zero(a.datty, N * H * hd);
-  k_.matmul_backward(a.datty, g.attn_proj_w, g.attn_proj_b, gather_grad(a.dres, N), s.atty, w.attn_proj_w, N, H * hd,
-                     C);
+  mm_backward(a.datty, g.attn_proj_w, g.attn_proj_b, gather_grad(a.dres, N), {s.atty, s.atty_h}, w.attn_proj_w, N,
+              H * hd, C);
   zero(a.dqkv, N * Q);
   if (recompute_[size_t(l)] == Recompute::kSelective)
     k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));
   k_.attention_backward(a.dqkv, a.datty, s.qkv, s.probs, B, T, H, KV, hd);
   if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
-  k_.matmul_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, s.norm1, w.qkv_w, N, C, Q);
+  mm_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
   use(l, false);
@@ -361,24 +391,39 @@ void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, c
 // out (Nr,C) = residual + inp (N,K) W^T + b for a row-parallel W: the partial products
 // are all-reduced (bias added once, by tp rank 0) or, under sequence parallel,
 // reduce-scattered to the own rows (bias added by every rank to its rows).
-void Model::row_parallel(float* out, const float* inp, const float* w, const float* b, int64_t N, int64_t K,
+void Model::row_parallel(float* out, GemmIn inp, const float* w, const float* b, int64_t N, int64_t K,
                          const float* residual) const {
   const int64_t C = cfg_.d_model;
   if (!sp_) {
-    k_.matmul_forward(out, inp, w, part_.tp_rank == 0 ? b : nullptr, N, K, C);
+    mm_forward(out, inp, w, part_.tp_rank == 0 ? b : nullptr, N, K, C);
     tp_sum(out, N * C);
     k_.residual_forward(out, out, residual, N * C);
     return;
   }
   const int64_t n = rows(N);
   float* full = acts_->full_tmp;
-  k_.matmul_forward(full, inp, w, nullptr, N, K, C);
+  mm_forward(full, inp, w, nullptr, N, K, C);
   tp_comm_->reduce_scatter_blocks(full, n * C);
   const float* own = full + row0(N) * C;
   k_.residual_forward(out, own, residual, n * C);
   if (b)
     for (int64_t r = 0; r < n; r++)
       for (int64_t c = 0; c < C; c++) out[r * C + c] += b[c];
+}
+
+void Model::keep(const float* f, bf16* h, int64_t n) const {
+  if (h) k_.to_bf16(h, f, n);
+}
+
+void Model::mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const {
+  if (in.h) k_.matmul_forward_bf16_in(out, in.h, w, b, N, IC, OC);
+  else k_.matmul_forward(out, in.f, w, b, N, IC, OC);
+}
+
+void Model::mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
+                        int64_t IC, int64_t OC) const {
+  if (in.h) k_.matmul_backward_bf16_in(dinp, dw, db, dout, in.h, w, N, IC, OC);
+  else k_.matmul_backward(dinp, dw, db, dout, in.f, w, N, IC, OC);
 }
 
 // dL/d(row-parallel output) for all N rows: the own rows d (Nr,C) gathered under sequence

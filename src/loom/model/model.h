@@ -32,6 +32,7 @@
 #include <memory>
 #include <vector>
 
+#include "loom/core/bf16.h"
 #include "loom/core/config.h"
 #include "loom/kernels/kernels.h"
 #include "loom/model/layout.h"
@@ -49,6 +50,9 @@ struct ModelOptions {
   std::vector<Recompute> recompute; // per layer; empty: none
   bool sp = false;                  // sequence parallel (needs part.tp > 1; Note [Sequence parallel])
   Precision precision = Precision::kFp32;  // kBf16: bf16 GEMM inputs (Note [bf16 rounding points])
+  // kBf16: keep the saved GEMM inputs in bf16 (Note [bf16 activation storage]); false keeps
+  // them in fp32 with the same results (tests check that the storage changes nothing).
+  bool bf16_activations = true;
 };
 
 class Model {
@@ -170,8 +174,17 @@ class Model {
                     int64_t N) const;
   void norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, const float* w,
                      const float* mean, const float* rstd, int64_t N) const;
-  void row_parallel(float* out, const float* inp, const float* w, const float* b, int64_t N, int64_t K,
+  // A GEMM input as the model keeps it: fp32 (h null) or bf16 (Note [bf16 activation storage]).
+  struct GemmIn {
+    const float* f;
+    const bf16* h;
+  };
+  void row_parallel(float* out, GemmIn inp, const float* w, const float* b, int64_t N, int64_t K,
                     const float* residual) const;
+  void keep(const float* f, bf16* h, int64_t n) const;  // h = bf16(f) when h is set
+  void mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const;
+  void mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
+                   int64_t IC, int64_t OC) const;
   const float* gather_grad(const float* d, int64_t N) const;
   void reduce_input_grad(float* dfull, int64_t N) const;
   void tp_sum(float* x, int64_t n) const {
@@ -204,6 +217,7 @@ class Model {
   int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows
   ParamLayout layout_;
   const Kernels& k_;
+  bool bf16_acts_ = false;  // Note [bf16 activation storage]
   int64_t max_batch_, max_seq_;
   std::vector<float> params_, grads_;
   ModelView pv_, gv_;

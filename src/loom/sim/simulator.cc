@@ -311,7 +311,8 @@ double loom_activation_bytes(const Setup& s, int64_t r) {
     rk.push_back(k == RecomputeKind::kFull ? Recompute::kFull : k == RecomputeKind::kSelective ? Recompute::kSelective
                                                                                              : Recompute::kNone);
   auto floats = [&](const ModelPart& part, int slots) {
-    return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp));
+    return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
+                                    cfg.train.precision == "bf16"));
   };
   ModelPart all;
   all.tp = int(s.tp);

@@ -63,7 +63,8 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
                         double(m.vocab)) * 4.0 * double(std::max(1, rc.act_slots));
   int64_t acts = 0;
   if (rough < double(int64_t(1) << 56)) {
-    acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp);
+    acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
+                                 cfg.train.precision == "bf16");
   }
   // Ranks of one machine share it; a launch across machines sees only its own here.
   if (states <= have && acts > 0 && states + acts <= have) return;

@@ -10,8 +10,6 @@ namespace loom::cpu {
 
 #include "loom/kernels/ops_bf16.inc"
 
-// out[i] = to_bf16(in[i]), i < n (OpenMP).
-void to_bf16(bf16* out, const float* in, int64_t n);
 
 // The name of the ISA oneDNN dispatches to here (e.g. "avx512_core_bf16"), for reports.
 const char* gemm_bf16_isa();

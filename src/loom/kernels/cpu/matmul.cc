@@ -60,32 +60,42 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   if (dbias) add_bias_grad(dbias, dout, N, OC);
 }
 
-void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
-                         int64_t OC) {
-  bf16* a = scratch_bf16(size_t(N * IC), 0);
+void matmul_forward_bf16_in(float* out, const bf16* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                            int64_t OC) {
   bf16* b = scratch_bf16(size_t(OC * IC), 1);
-  to_bf16(a, inp, N * IC);
   to_bf16(b, w, OC * IC);
   if (bias) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; i++) std::copy(bias, bias + OC, out + i * OC);
   }
-  gemm_bf16(false, true, N, OC, IC, 1.0f, a, IC, b, IC, bias ? 1.0f : 0.0f, out, OC);
+  gemm_bf16(false, true, N, OC, IC, 1.0f, inp, IC, b, IC, bias ? 1.0f : 0.0f, out, OC);
 }
 
-void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int64_t N, int64_t IC, int64_t OC) {
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                         int64_t OC) {
+  bf16* a = scratch_bf16(size_t(N * IC), 0);
+  to_bf16(a, inp, N * IC);
+  matmul_forward_bf16_in(out, a, w, bias, N, IC, OC);
+}
+
+void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* dout, const bf16* inp, const float* w,
+                             int64_t N, int64_t IC, int64_t OC) {
   bf16* d = scratch_bf16(size_t(N * OC), 0);
-  bf16* a = scratch_bf16(size_t(N * IC), 1);
   bf16* b = scratch_bf16(size_t(OC * IC), 2);
   to_bf16(d, dout, N * OC);
-  to_bf16(a, inp, N * IC);
   if (dinp) {
     to_bf16(b, w, OC * IC);
     gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 1.0f, dinp, IC);  // dinp += dout w
   }
-  gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, a, IC, 1.0f, dw, IC);  // dw += dout^T inp
+  gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, 1.0f, dw, IC);  // dw += dout^T inp
   if (dbias) add_bias_grad(dbias, dout, N, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                          int64_t N, int64_t IC, int64_t OC) {
+  bf16* a = scratch_bf16(size_t(N * IC), 1);
+  to_bf16(a, inp, N * IC);
+  matmul_backward_bf16_in(dinp, dw, dbias, dout, a, w, N, IC, OC);
 }
 
 namespace {

@@ -26,7 +26,7 @@ namespace {
 
 std::vector<bf16> rounded(const float* x, int64_t n) {
   std::vector<bf16> out(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; i++) out[std::size_t(i)] = to_bf16(x[i]);
+  for (int64_t i = 0; i < n; i++) out[std::size_t(i)] = loom::to_bf16(x[i]);
   return out;
 }
 
@@ -46,6 +46,30 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
   if (dinp) gemm_bf16(false, false, N, IC, OC, 1.0f, d.data(), OC, b.data(), IC, 1.0f, dinp, IC);
   gemm_bf16(true, false, OC, IC, N, 1.0f, d.data(), OC, a.data(), IC, 1.0f, dw, IC);
   if (dbias) detail::add_bias_grad(dbias, dout, N, OC);
+}
+
+namespace {
+
+std::vector<float> widened(const bf16* x, int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; i++) out[std::size_t(i)] = from_bf16(x[i]);
+  return out;
+}
+
+}  // namespace
+
+void matmul_forward_bf16_in(float* out, const bf16* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                            int64_t OC) {
+  matmul_forward_bf16(out, widened(inp, N * IC).data(), w, bias, N, IC, OC);
+}
+
+void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* dout, const bf16* inp, const float* w,
+                             int64_t N, int64_t IC, int64_t OC) {
+  matmul_backward_bf16(dinp, dw, dbias, dout, widened(inp, N * IC).data(), w, N, IC, OC);
+}
+
+void to_bf16(bf16* out, const float* in, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = loom::to_bf16(in[i]);
 }
 
 void lm_head_loss_bf16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,

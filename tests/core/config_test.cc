@@ -120,9 +120,10 @@ TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
   {
     ParallelConfig p;
     p.recompute = "full*2,selective,none";
-    EXPECT_EQ(p.recompute_layers(4), (std::vector<std::string>{"full", "full", "selective", "none"}));
+    EXPECT_EQ(p.recompute_layers(4),
+              (std::vector<Recompute>{Recompute::kFull, Recompute::kFull, Recompute::kSelective, Recompute::kNone}));
     p.recompute = "selective";
-    EXPECT_EQ(p.recompute_layers(3), (std::vector<std::string>{"selective", "selective", "selective"}));
+    EXPECT_EQ(p.recompute_layers(3), std::vector<Recompute>(3, Recompute::kSelective));
   }
   EXPECT_NE(error_of({"parallel.pp=2", "parallel.vpp=2"}).find("needs parallel.schedule = interleaved"),
             std::string::npos);

@@ -137,6 +137,20 @@ TEST(MpiTrain, Bf16GradientAllReduceStaysNearTheExactRun) {
                 {}, tol);
 }
 
+// comm.param_dtype = bf16 (Note [bf16 parameter gathers]) against the single-process bf16
+// run, with the bounds of Precision.Bf16ParameterGathersStayNearTheFp32Ones.
+TEST(MpiTrain, Bf16ParameterGathersStayNearTheSingleProcessRun) {
+  VerifyTolerance tol;
+  tol.loss_rel = 0x1p-6;
+  tol.weight_abs = 1e-3;
+  check_layouts("gpt",
+                {{"parallel.dp=2", "parallel.zero=3", "comm.param_dtype=bf16", "train.grad_accum=2"},
+                 {"parallel.dp=3", "parallel.zero=3", "comm.param_dtype=bf16"},
+                 {"parallel.dp=2", "parallel.tp=2", "parallel.zero=3", "comm.param_dtype=bf16"},
+                 {"parallel.dp=4", "parallel.tp=2", "parallel.zero=3", "comm.param_dtype=bf16"}},
+                {"train.precision=bf16"}, tol);
+}
+
 // data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
 // rank, the loss normalised by the global batch's real targets.
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {

@@ -118,13 +118,13 @@ TEST(MemoryModel, LayerActivationsAreTable2) {
       const double s = 2048, h = 12288, a = 96, sbh = s * double(b) * h;
       const LayerShape tp = LayerShape::of(m, b, 2048, t, 1, false, 2), sp = LayerShape::of(m, b, 2048, t, 1, true, 2);
       const double T = double(t);
-      EXPECT_DOUBLE_EQ(layer_activation_bytes(tp, RecomputeKind::kNone), sbh * (10 + 24 / T + 5 * a * s / (h * T)));
-      EXPECT_DOUBLE_EQ(layer_activation_bytes(tp, RecomputeKind::kSelective), sbh * (10 + 24 / T));
-      EXPECT_DOUBLE_EQ(layer_activation_bytes(tp, RecomputeKind::kFull), 2 * sbh);
+      EXPECT_DOUBLE_EQ(layer_activation_bytes(tp, Recompute::kNone), sbh * (10 + 24 / T + 5 * a * s / (h * T)));
+      EXPECT_DOUBLE_EQ(layer_activation_bytes(tp, Recompute::kSelective), sbh * (10 + 24 / T));
+      EXPECT_DOUBLE_EQ(layer_activation_bytes(tp, Recompute::kFull), 2 * sbh);
       if (t == 1) continue;  // sp needs tp > 1
-      EXPECT_DOUBLE_EQ(layer_activation_bytes(sp, RecomputeKind::kNone), sbh / T * (34 + 5 * a * s / h));
-      EXPECT_DOUBLE_EQ(layer_activation_bytes(sp, RecomputeKind::kSelective), sbh / T * 34);
-      EXPECT_DOUBLE_EQ(layer_activation_bytes(sp, RecomputeKind::kFull), 2 * sbh / T);
+      EXPECT_DOUBLE_EQ(layer_activation_bytes(sp, Recompute::kNone), sbh / T * (34 + 5 * a * s / h));
+      EXPECT_DOUBLE_EQ(layer_activation_bytes(sp, Recompute::kSelective), sbh / T * 34);
+      EXPECT_DOUBLE_EQ(layer_activation_bytes(sp, Recompute::kFull), 2 * sbh / T);
     }
   }
 }
@@ -155,8 +155,8 @@ TEST(MemoryModel, ReproducesKorthikantiFigure1) {
     const double layers_held = double(chk.peak_in_flight[0]) * double(m.layers) / double(c.pp * c.vpp);
     const LayerShape tp = LayerShape::of(m, c.micro_batch, 2048, 8, 1, false, 2);
     const LayerShape sp = LayerShape::of(m, c.micro_batch, 2048, 8, 1, true, 2);
-    const double got_tp = layers_held * layer_activation_bytes(tp, RecomputeKind::kNone) / kGiB;
-    const double got_sp = layers_held * layer_activation_bytes(sp, RecomputeKind::kSelective) / kGiB;
+    const double got_tp = layers_held * layer_activation_bytes(tp, Recompute::kNone) / kGiB;
+    const double got_sp = layers_held * layer_activation_bytes(sp, Recompute::kSelective) / kGiB;
     // Three significant digits.
     EXPECT_NEAR(got_tp, c.tp_only_gib, 0.0005 * c.tp_only_gib) << c.preset;
     EXPECT_NEAR(got_sp, c.sp_selective_gib, 0.0005 * c.sp_selective_gib) << c.preset;

@@ -166,6 +166,44 @@ TEST(Precision, Bf16LayoutsMatchTheSingleProcessBf16Run) {
   }
 }
 
+// Note [bf16 parameter gathers]: ZeRO-3 gathering bf16 copies makes forward and backward
+// see every parameter rounded to bf16 (2^-8 relative), the norms and the embedding too, so
+// against the fp32 gathers of the same run it is the distance of one more bf16 rounding of
+// each weight: the loss within 2^-6 relative (the bf16-vs-fp32 model bound above), and
+// after 6 AdamW steps (each moving a weight by about lr = 1e-3 whatever its gradient) the
+// weights within lr. Observed (6 steps, dp 2 ZeRO-3, grad_accum 2): loss 1.6e-5 relative
+// (bf16 compute) and 1.8e-5 (fp32 compute), weights 7.4e-5 and 7.8e-5.
+TEST(Precision, Bf16ParameterGathersStayNearTheFp32Ones) {
+  for (const std::string prec : {"bf16", "fp32"}) {
+    const std::vector<std::string> layout = {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=2",
+                                             "train.precision=" + prec};
+    std::vector<std::string> gathered = layout;
+    gathered.push_back("comm.param_dtype=bf16");
+    const TrainSummary ref = testing_support::train_keeping_params(small(layout))[0];
+    const TrainSummary got = testing_support::train_keeping_params(small(gathered))[0];
+    VerifyTolerance tol;
+    tol.loss_rel = 0x1p-6;
+    tol.weight_abs = 1e-3;
+    const VerifyRow row = compare_runs("zero3 bf16 gathers", ref, got, tol);
+    EXPECT_TRUE(row.ok) << prec << ": " << row.error << " loss rel " << row.max_loss_rel << ", weight "
+                        << row.max_weight_abs;
+    EXPECT_NE(got.losses[0], ref.losses[0]) << prec << ": the first forward must see rounded weights";
+    std::cout << "param_dtype bf16 vs fp32 (precision " << prec << ", dp2 ZeRO-3): loss rel " << row.max_loss_rel
+              << ", weight abs " << row.max_weight_abs << "\n";
+  }
+  for (const auto& [sets, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"comm.param_dtype=bf16", "parallel.dp=2", "parallel.zero=2"}, "set parallel.zero = 3 with parallel.dp >= 2"},
+           {{"comm.param_dtype=bf16"}, "parallel.zero = 0 and parallel.dp = 1"},
+           {{"comm.param_dtype=fp8"}, "comm.param_dtype = 'fp8': expected fp32 or bf16"}}) {
+    try {
+      small(sets);
+      FAIL() << "accepted " << sets[0];
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 // comm.grad_dtype = bf16 against the fp32 all-reduce of the same run: every hop of the ring
 // rounds a partial sum to bf16 (2^-8 relative, Note [Compressed all-reduce]), so each
 // averaged gradient is within (dp - 1) 2^-8 of the sum of |g| it averages. The first step's

@@ -76,7 +76,17 @@ struct CommConfig {
   double timeout_s = 300;      // bound on every collective; survivors of a dead rank exit within it
   bool check_desync = false;   // debug: group members compare every collective's descriptor first
   std::string grad_dtype = "fp32";  // bf16: the dp gradient all-reduce sends bf16 (Note [Compressed all-reduce])
+  std::string param_dtype = "fp32";  // bf16: ZeRO-3 gathers bf16 parameter copies (Note [bf16 parameter gathers])
 };
+
+// Activation recompute for one layer: none; selective = the attention core (softmax
+// probabilities, the (B,H,T,T) tensor, are recomputed in backward instead of kept);
+// full = only the block input is kept and the whole block runs again in backward. The one
+// enum the engine, the simulator and the planner share; the values index per-policy tables.
+enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
+
+// The pipeline schedules (Note [Schedules as data] in parallel/schedule.h).
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
 
 // How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:
 // pp, dp, tp (tp ranks are adjacent global ranks, as in Megatron).
@@ -96,10 +106,13 @@ struct ParallelConfig {
   // pp_layers as counts ({} when empty). Throws ConfigError on bad syntax (validate() has
   // already refused it for any loaded config).
   std::vector<int> layer_split() const;
-  // The recompute policy of each of `layers` layers ("none", "selective" or "full"): one
+  // The recompute policy of each of `layers` layers (from "none", "selective" or "full"): one
   // policy for all, or a list of policy[*count] entries covering every layer. Throws
   // ConfigError on anything else (validate() has already refused it for a loaded config).
-  std::vector<std::string> recompute_layers(int64_t layers) const;
+  std::vector<Recompute> recompute_layers(int64_t layers) const;
+  // parallel.schedule as its kind ("gpipe" | "1f1b" | "interleaved"); throws ConfigError
+  // otherwise (validate() has already refused it for a loaded config).
+  ScheduleKind schedule_kind() const;
   // ZeRO-3 per layer: true = its gathered parameters stay for the whole step (gathered once,
   // dropped after the optimizer), false = gathered per use. Empty zero_keep: all false.
   std::vector<bool> zero_keep_layers(int64_t layers) const;

@@ -176,6 +176,19 @@ void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
                    str(c.parallel.zero) + " reduce-scatters them, which has no bf16 form yet");
 }
 
+// Note [bf16 parameter gathers] (parallel/zero.h).
+void check_param_dtype(const Config& c, std::vector<std::string>& errs) {
+  const std::string& d = c.comm.param_dtype;
+  if (d != "fp32" && d != "bf16") {
+    errs.push_back("comm.param_dtype = '" + d + "': expected fp32 or bf16");
+    return;
+  }
+  if (d == "bf16" && (c.parallel.zero != 3 || c.parallel.dp < 2))
+    errs.push_back("comm.param_dtype = bf16 is the dtype of ZeRO-3's parameter all-gathers, but parallel.zero = " +
+                   str(c.parallel.zero) + " and parallel.dp = " + str(c.parallel.dp) +
+                   ": set parallel.zero = 3 with parallel.dp >= 2, or leave comm.param_dtype = fp32");
+}
+
 void check_bucketing(const Config& c, std::vector<std::string>& errs) {
   const DataConfig& d = c.data;
   const int64_t T = c.seq_len();
@@ -239,8 +252,18 @@ std::vector<std::string> per_layer_list(const std::string& key, const std::strin
 
 }  // namespace
 
-std::vector<std::string> ParallelConfig::recompute_layers(int64_t layers) const {
-  return per_layer_list("parallel.recompute", recompute, layers, {"none", "selective", "full"});
+std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {
+  std::vector<Recompute> out;
+  for (const std::string& r : per_layer_list("parallel.recompute", recompute, layers, {"none", "selective", "full"}))
+    out.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
+  return out;
+}
+
+ScheduleKind ParallelConfig::schedule_kind() const {
+  if (schedule == "gpipe") return ScheduleKind::kGPipe;
+  if (schedule == "1f1b") return ScheduleKind::k1F1B;
+  if (schedule == "interleaved") return ScheduleKind::kInterleaved1F1B;
+  throw ConfigError("parallel.schedule = '" + schedule + "': expected gpipe, 1f1b or interleaved");
 }
 
 std::vector<bool> ParallelConfig::zero_keep_layers(int64_t layers) const {
@@ -257,6 +280,7 @@ void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
   check_batch(c, errs);
   check_bucketing(c, errs);
   check_grad_dtype(c, errs);
+  check_param_dtype(c, errs);
 }
 
 }  // namespace loom

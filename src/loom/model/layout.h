@@ -77,11 +77,6 @@ struct ModelPart {
   }
 };
 
-// Activation recompute for one layer: none; selective = the attention core (softmax
-// probabilities, the (B,H,T,T) tensor, are recomputed in backward instead of kept);
-// full = only the block input is kept and the whole block runs again in backward.
-enum class Recompute { kNone, kSelective, kFull };
-
 // Floats the model carves for its activations (Note [Recompute] in model.cc): per slot the
 // chunk input, each layer's saved tensors (a full-recompute layer only its output; a
 // selective one shares one probability buffer), the embedding's tokens or the boundary

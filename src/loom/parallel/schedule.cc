@@ -68,13 +68,6 @@ const char* schedule_kind_name(ScheduleKind k) {
   return "?";
 }
 
-ScheduleKind schedule_kind_from_name(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::kGPipe;
-  if (name == "1f1b") return ScheduleKind::k1F1B;
-  if (name == "interleaved") return ScheduleKind::kInterleaved1F1B;
-  throw ConfigError(detail::cat("schedule '", name, "' is not one of gpipe, 1f1b, interleaved"));
-}
-
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
   LOOM_CHECK(m >= 1, "pipeline: micro-batches must be >= 1, got ", m);

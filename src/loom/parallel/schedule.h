@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/config.h"
+
 namespace loom::parallel {
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
+using ScheduleKind = loom::ScheduleKind;  // core/config.h: ParallelConfig::schedule_kind() parses it
 
-// "gpipe" | "1f1b" | "interleaved" (the parallel.schedule values); throws loom::Error otherwise.
-ScheduleKind schedule_kind_from_name(const std::string& name);
 const char* schedule_kind_name(ScheduleKind k);
 
 struct PipeStep {

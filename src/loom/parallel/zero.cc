@@ -28,10 +28,10 @@ DataParallelPlan plan_units(const ModelConfig& m, int dp, const ModelPart& part,
 }
 
 ParamGather::ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params,
-                         Bind bind, MemoryTracker* tracker, std::vector<bool> keep)
+                         Bind bind, MemoryTracker* tracker, std::vector<bool> keep, bool bf16)
     : dp_(dp), plan_(plan), unit_bucket_(std::move(unit_bucket)), params_(params), bind_(std::move(bind)),
       tracker_(tracker), state_(unit_bucket_.size(), State::kShard), refs_(unit_bucket_.size(), 0),
-      keep_(std::move(keep)), work_(unit_bucket_.size()), slot_of_(unit_bucket_.size(), -1) {
+      keep_(std::move(keep)), work_(unit_bucket_.size()), bf16_(bf16), slot_of_(unit_bucket_.size(), -1) {
   keep_.resize(unit_bucket_.size(), false);
   // init wrote the whole flat buffer: keep only the own pieces resident.
   for (const Bucket& b : plan_.buckets) release_unowned(b, plan_.dp, dp_.group_rank(), params_);
@@ -66,13 +66,28 @@ void ParamGather::start_gather(int unit) {
     pool_.emplace_back(size_t(b.count), 0.0f);
     slot_user_.push_back(-1);
     if (tracker_) tracker_->track(tracker_->category("params"), pool_.back().data(), b.count * int64_t(sizeof(float)));
+    if (bf16_) {
+      pool_h_.emplace_back(size_t(b.count));
+      own_h_.emplace_back(size_t(piece));
+      if (tracker_)
+        for (const auto* v : {&pool_h_.back(), &own_h_.back()})
+          tracker_->track(tracker_->category("buffers"), v->data(), int64_t(v->size() * sizeof(comm::bf16)));
+    }
   }
   std::vector<float>& buf = pool_[size_t(slot)];
   slot_user_[size_t(slot)] = unit;
   slot_of_[size_t(unit)] = slot;
   std::span<float> all(buf.data(), size_t(b.count));
   const float* own = params_ + b.offset + dp_.group_rank() * piece;
-  work_[size_t(unit)] = dp_.all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true});
+  if (bf16_) {  // Note [bf16 parameter gathers]; widened in acquire()
+    comm::bf16* own_h = own_h_[size_t(slot)].data();
+    for (int64_t i = 0; i < piece; i++) own_h[i] = comm::float_to_bf16(own[i]);
+    work_[size_t(unit)] = dp_.all_gather(std::span<const comm::bf16>(own_h, size_t(piece)),
+                                         std::span<comm::bf16>(pool_h_[size_t(slot)].data(), size_t(b.count)),
+                                         {.async = true});
+  } else {
+    work_[size_t(unit)] = dp_.all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true});
+  }
   bind_(unit, buf.data());
   state_[size_t(unit)] = State::kGathering;
   peak_units_ = std::max(peak_units_, ++gathered_);
@@ -88,6 +103,13 @@ void ParamGather::acquire(int unit) {
   if (const int next = next_unit(unit, direction); next >= 0) start_gather(next);  // prefetch
   if (state_[size_t(unit)] == State::kGathering) {
     work_[size_t(unit)].wait();
+    if (bf16_) {
+      const int slot = slot_of_[size_t(unit)];
+      const int64_t count = plan_.buckets[size_t(unit_bucket_[size_t(unit)])].count;
+      const comm::bf16* h = pool_h_[size_t(slot)].data();
+      float* f = pool_[size_t(slot)].data();
+      for (int64_t i = 0; i < count; i++) f[i] = comm::bf16_to_float(h[i]);
+    }
     state_[size_t(unit)] = State::kGathered;
   }
   refs_[size_t(unit)]++;

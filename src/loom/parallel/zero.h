@@ -13,6 +13,15 @@
 // issue the same gathers in the same order. After the optimizer updates the own pieces,
 // invalidate() drops every gathered copy. Gradients are reduce-scattered every
 // micro-batch and their non-owned parts released the same way (see GradSync).
+//
+// Note [bf16 parameter gathers]
+// comm.param_dtype = bf16 (FSDP's MixedPrecision(param_dtype=bfloat16), ZeRO-3 with bf16
+// parameters): each rank rounds its own piece to bf16 (nearest even), the unit is gathered
+// in bf16 (half the bytes) and widened into the gathered fp32 buffer, own piece included,
+// so every dp rank computes with the same rounded weights. Forward and backward then see
+// every parameter of the unit rounded to bf16 (norm weights, biases and the embedding too,
+// which train.precision = bf16 alone keeps in fp32); gradients, the fp32 masters and the
+// optimizer are unchanged, and gather_all() (checkpoints, final weights) stays exact.
 #pragma once
 
 #include <functional>
@@ -35,8 +44,9 @@ class ParamGather {
   using Bind = std::function<void(int unit, float* base)>;
   // keep[unit] (optional): the unit's gathered copy stays until invalidate() - gathered
   // once per step instead of per use (parallel.zero_keep), for memory it then holds.
+  // bf16: gather bf16 copies (Note [bf16 parameter gathers]).
   ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params, Bind bind,
-              MemoryTracker* tracker = nullptr, std::vector<bool> keep = {});
+              MemoryTracker* tracker = nullptr, std::vector<bool> keep = {}, bool bf16 = false);
   void acquire(int unit);
   void release(int unit);
   // Drops every gathered copy (after the own pieces changed).
@@ -67,6 +77,9 @@ class ParamGather {
   // Gathered copies: buffers of exact unit sizes, never resized (so the memory tracker's
   // ranges stay valid); a unit takes the smallest free one that fits, else a new one.
   std::vector<std::vector<float>> pool_;
+  // bf16 gathers: per pool buffer, the bf16 gather target and this rank's piece in bf16.
+  bool bf16_ = false;
+  std::vector<std::vector<comm::bf16>> pool_h_, own_h_;
   std::vector<int> slot_user_;            // unit using each pool buffer, -1 when free
   std::vector<int> slot_of_;              // per unit: pool buffer, -1 = none (own piece or flat)
   int last_unit_ = -1, gathered_ = 0, peak_units_ = 0;

@@ -69,7 +69,7 @@ bool refine_stages(const PlanRequest& req, PlanCandidate& c) {
   const sim::BlockCosts bc = sim::block_costs(c.plan, req.cluster);
   const auto rk = par.recompute_layers(c.plan.cfg.model.layers);
   std::vector<double> t;
-  for (const auto& r : rk) t.push_back(bc.time_s[int(sim::recompute_from_name(r))]);
+  for (const Recompute r : rk) t.push_back(bc.time_s[int(r)]);
   const StageSplit split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s);
   if (split.layers.empty()) return false;
   PlanCandidate next = c;
@@ -242,7 +242,8 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
   if (q.sp) os << " --sequence-parallel";
   if (q.zero >= 1) os << " --use-distributed-optimizer";
   const auto rk = q.recompute_layers(m.layers);
-  const int64_t full = std::count(rk.begin(), rk.end(), "full"), sel = std::count(rk.begin(), rk.end(), "selective");
+  const int64_t full = std::count(rk.begin(), rk.end(), Recompute::kFull);
+  const int64_t sel = std::count(rk.begin(), rk.end(), Recompute::kSelective);
   if (full == m.layers) os << " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
   else if (full > 0) os << " --recompute-granularity full --recompute-method block --recompute-num-layers " << full / q.pp;
   else if (sel > 0) os << " --recompute-activations";

@@ -21,13 +21,6 @@ namespace loom::sim {
 // context parallelism (s/cp query rows against s keys) follow the same derivation; for the
 // GPT shapes of the paper it reduces to its Table 2 exactly.
 
-RecomputeKind recompute_from_name(const std::string& name) {
-  if (name == "none") return RecomputeKind::kNone;
-  if (name == "selective") return RecomputeKind::kSelective;
-  if (name == "full") return RecomputeKind::kFull;
-  throw ConfigError("recompute '" + name + "' is not one of none, selective, full");
-}
-
 namespace {
 
 struct LayerTerms {
@@ -55,22 +48,22 @@ LayerTerms layer_terms(const LayerShape& x) {
 
 }  // namespace
 
-double layer_activation_bytes(const LayerShape& x, RecomputeKind r) {
+double layer_activation_bytes(const LayerShape& x, Recompute r) {
   const LayerTerms L = layer_terms(x);
   const double rep = x.sp ? L.replicated / x.t : L.replicated;
   switch (r) {
-    case RecomputeKind::kFull: return x.sp ? L.input / x.t : L.input;
-    case RecomputeKind::kSelective: return rep + L.split / x.t;
-    case RecomputeKind::kNone: break;
+    case Recompute::kFull: return x.sp ? L.input / x.t : L.input;
+    case Recompute::kSelective: return rep + L.split / x.t;
+    case Recompute::kNone: break;
   }
   return rep + (L.split + L.scores) / x.t;
 }
 
-double layer_recompute_transient_bytes(const LayerShape& x, RecomputeKind r) {
+double layer_recompute_transient_bytes(const LayerShape& x, Recompute r) {
   switch (r) {
-    case RecomputeKind::kFull: return layer_activation_bytes(x, RecomputeKind::kNone);
-    case RecomputeKind::kSelective: return layer_terms(x).scores / x.t;
-    case RecomputeKind::kNone: break;
+    case Recompute::kFull: return layer_activation_bytes(x, Recompute::kNone);
+    case Recompute::kSelective: return layer_terms(x).scores / x.t;
+    case Recompute::kNone: break;
   }
   return 0;
 }

@@ -9,15 +9,13 @@
 
 namespace loom::sim {
 
-enum class RecomputeKind { kNone = 0, kSelective = 1, kFull = 2 };
-RecomputeKind recompute_from_name(const std::string& name);  // none | selective | full
 
 // Bytes one transformer layer keeps for its backward, for one micro-batch, on one rank.
-double layer_activation_bytes(const LayerShape& x, RecomputeKind r);
+double layer_activation_bytes(const LayerShape& x, Recompute r);
 // Extra bytes the backward of one layer materialises on top (recomputed tensors alive
 // while that layer's backward runs): full -> the whole layer's stored set, selective ->
 // the attention scores, none -> 0.
-double layer_recompute_transient_bytes(const LayerShape& x, RecomputeKind r);
+double layer_recompute_transient_bytes(const LayerShape& x, Recompute r);
 // Kept per micro-batch by the embedding (GPT's dropout mask) and the head (final norm
 // input, head input, fp32 logits for the cross-entropy).
 double embedding_activation_bytes(const LayerShape& x);

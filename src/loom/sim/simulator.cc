@@ -81,12 +81,12 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
   }
 }
 
-UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, RecomputeKind r) {
+UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r) {
   UnitCost u;
   add_forward(c, pl, ops, u.fwd);
   add_backward(c, pl, ops, u.bwd);
-  if (r == RecomputeKind::kFull) add_forward(c, pl, ops, u.recompute);
-  if (r == RecomputeKind::kSelective) add_forward(c, pl, ops, u.recompute, true);
+  if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
+  if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
   return u;
 }
 
@@ -126,10 +126,11 @@ struct Setup {
   const SimPlan& plan;
   const ClusterSpec& cluster;
   int64_t tp, pp, dp, cp, vpp, V, m, seq;
-  std::vector<RecomputeKind> rk;  // per layer
+  std::vector<Recompute> rk;  // per layer
   Places pl;
   LayerShape x;
   double wbytes = 4;       // bytes of one parameter / gradient as stored for compute
+  double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
   double p2p_bytes = 0, p2p_s = 0;
   std::vector<ChunkCost> chunks;  // per virtual stage
 };
@@ -138,8 +139,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   const Config& cfg = plan.cfg;
   const ParallelConfig& par = cfg.parallel;
   Setup s{plan, cluster, par.tp, par.pp, par.dp, plan.cp, par.vpp, par.pp * par.vpp, cfg.train.grad_accum,
-          cfg.seq_len(), {}, {}, {}, 4, 0, 0, {}};
-  for (const std::string& r : par.recompute_layers(cfg.model.layers)) s.rk.push_back(recompute_from_name(r));
+          cfg.seq_len(), {}, {}, {}, 4, 4, 0, 0, {}};
+  s.rk = par.recompute_layers(cfg.model.layers);
   LOOM_CONFIG_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
   LOOM_CONFIG_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
              s.cp, " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
@@ -157,6 +158,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   if (plan.flash_attention && plan.framework == Framework::kMegatron) s.x.flash = true;
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
+  s.gather_bytes = cfg.comm.param_dtype == "bf16" ? 2.0 : s.wbytes;  // Note [bf16 parameter gathers]
   s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
   return s;
@@ -168,21 +170,21 @@ void build_chunks(Setup& s) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   // One block cost per recompute policy; each layer adds the one its policy selects.
   std::vector<UnitCost> block;
-  for (RecomputeKind r : {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull}) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r));
     block.back().act_bytes = layer_activation_bytes(s.x, r);
     block.back().transient_bytes = layer_recompute_transient_bytes(s.x, r);
   }
-  UnitCost embed = unit_cost(s.cluster, s.pl, embedding_forward_ops(s.x), RecomputeKind::kNone);
+  UnitCost embed = unit_cost(s.cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone);
   embed.act_bytes = embedding_activation_bytes(s.x);
-  UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), RecomputeKind::kNone);
+  UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), Recompute::kNone);
   head.act_bytes = head_activation_bytes(s.x);
   // ZeRO traffic per layer and micro-batch, overlapped with that layer's compute.
   const ParamCount bp = block_params(model, s.tp);
   double rs = 0, ag = 0;
   if (par.zero >= 2 && s.dp * s.cp > 1) {
     rs = collective_time_s(s.cluster, Coll::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
-    ag = par.zero >= 3 ? collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.wbytes, s.pl.dp) : 0;
+    ag = par.zero >= 3 ? collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.gather_bytes, s.pl.dp) : 0;
   }
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
@@ -266,7 +268,7 @@ bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vect
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const parallel::Schedule sched =
-      parallel::make_schedule(parallel::schedule_kind_from_name(par.schedule), int(s.pp), int(s.m), int(s.vpp));
+      parallel::make_schedule(par.schedule_kind(), int(s.pp), int(s.m), int(s.vpp));
   std::vector<std::vector<double>> fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(s.m), -1.0));
   std::vector<std::vector<double>> bdone = fdone;
   std::vector<RankState> ranks(static_cast<size_t>(s.pp));
@@ -298,7 +300,7 @@ double loom_activation_bytes(const Setup& s, int64_t r) {
   for (size_t v = 0; v < counts.size(); ++v) starts[v + 1] = starts[v] + counts[v];
   std::vector<int> peak(static_cast<size_t>(s.vpp), 1);  // per chunk: micro-batches held at once
   if (s.pp > 1) {
-    const parallel::Schedule sched = parallel::make_schedule(parallel::schedule_kind_from_name(cfg.parallel.schedule),
+    const parallel::Schedule sched = parallel::make_schedule(cfg.parallel.schedule_kind(),
                                                              int(s.pp), int(s.m), int(s.vpp));
     std::vector<int> held(static_cast<size_t>(s.vpp), 0);
     for (const parallel::PipeStep& st : sched.steps[size_t(r)]) {
@@ -306,10 +308,7 @@ double loom_activation_bytes(const Setup& s, int64_t r) {
       peak[size_t(st.chunk)] = std::max(peak[size_t(st.chunk)], held[size_t(st.chunk)]);
     }
   }
-  std::vector<Recompute> rk;
-  for (RecomputeKind k : s.rk)
-    rk.push_back(k == RecomputeKind::kFull ? Recompute::kFull : k == RecomputeKind::kSelective ? Recompute::kSelective
-                                                                                             : Recompute::kNone);
+  const std::vector<Recompute>& rk = s.rk;
   auto floats = [&](const ModelPart& part, int slots) {
     return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
                                     cfg.train.precision == "bf16"));
@@ -398,6 +397,8 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     if (par.zero >= 3) mem.params += 2 * unit, mem.grads += unit * keep;
     if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
     if (s.pp > 1) mem.buffers = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h * s.x.dtype_bytes;  // receive buffer
+    if (par.zero >= 3 && s.gather_bytes < s.wbytes)  // bf16 gather buffers beside the pool: unit + own piece, twice
+      mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.gather_bytes * (1.0 + 1.0 / G);
     rep.memory = mem;
     return rep;
   }
@@ -428,9 +429,9 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   LayerShape one = LayerShape::of(cfg.model, 1, s.seq, 1, 1, false, dev.dtype_bytes);
   one.flash = s.x.flash;
   double extra = 0;  // recomputed forward FLOPs per sequence
-  for (RecomputeKind r : s.rk) {
-    if (r == RecomputeKind::kFull) extra += flops_of(block_forward_ops(one), false);
-    if (r == RecomputeKind::kSelective) extra += flops_of(block_forward_ops(one), true);
+  for (Recompute r : s.rk) {
+    if (r == Recompute::kFull) extra += flops_of(block_forward_ops(one), false);
+    if (r == Recompute::kSelective) extra += flops_of(block_forward_ops(one), true);
   }
   res.hardware_flops = res.model_flops + extra * batch;
   const double denom = res.step_time_s * double(res.gpus);
@@ -460,28 +461,28 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
 BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   const Setup s = make_setup(plan, cluster);
   BlockCosts out;
-  for (RecomputeKind r : {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull}) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r);
     out.time_s[int(r)] = u.fwd.total() + u.bwd.total() + u.recompute.total();
     out.act_bytes[int(r)] = layer_activation_bytes(s.x, r);
     const ParallelConfig& par = plan.cfg.parallel;
     if (par.zero >= 2 && s.dp * s.cp > 1) {
-      const double unit = block_params(plan.cfg.model, s.tp).per_tp_rank * s.wbytes;
-      const double rs = collective_time_s(cluster, Coll::kReduceScatter, unit, s.pl.dp);
-      const double ag = par.zero >= 3 ? collective_time_s(cluster, Coll::kAllGather, unit, s.pl.dp) : 0;
+      const double unit = block_params(plan.cfg.model, s.tp).per_tp_rank;
+      const double rs = collective_time_s(cluster, Coll::kReduceScatter, unit * s.wbytes, s.pl.dp);
+      const double ag = par.zero >= 3 ? collective_time_s(cluster, Coll::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
       const double fwd = std::max(0.0, ag - u.fwd.compute);
       out.zero_shard_s[int(r)] = fwd + std::max(0.0, rs + ag - u.bwd.compute);
       out.zero_keep_s[int(r)] = fwd / double(s.m) + std::max(0.0, rs - u.bwd.compute);
       out.unit_bytes = unit;
     }
   }
-  const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), RecomputeKind::kNone);
-  const UnitCost h = unit_cost(cluster, s.pl, head_forward_ops(s.x), RecomputeKind::kNone);
+  const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone);
+  const UnitCost h = unit_cost(cluster, s.pl, head_forward_ops(s.x), Recompute::kNone);
   out.embed_s = e.fwd.total() + e.bwd.total();
   out.head_s = h.fwd.total() + h.bwd.total();
   const ParallelConfig& par = plan.cfg.parallel;
   const parallel::ScheduleCheck chk = parallel::validate(
-      parallel::make_schedule(parallel::schedule_kind_from_name(par.schedule), int(s.pp), int(s.m), int(s.vpp)));
+      parallel::make_schedule(par.schedule_kind(), int(s.pp), int(s.m), int(s.vpp)));
   out.in_flight = chk.peak_in_flight;
   return out;
 }

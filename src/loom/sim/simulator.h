@@ -66,7 +66,7 @@ struct SimResult {
   std::vector<std::string> warnings;            // e.g. a rank over device memory
 };
 
-// What one block costs per recompute policy (index = RecomputeKind), for the planner's
+// What one block costs per recompute policy (index = Recompute), for the planner's
 // stage DP and per-layer integer program: fwd + bwd seconds per micro-batch (recompute
 // included), bytes kept per micro-batch; the embedding's and the head's fwd + bwd; and per
 // pipeline rank the micro-batch chunks its schedule holds at once.

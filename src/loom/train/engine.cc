@@ -68,7 +68,8 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     if (rc.zero == 3) {
       gather = std::make_unique<parallel::ParamGather>(
           *rc.dp, plan, unit_bucket, model.params().data(),
-          [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory, zero_keep_units(cfg));
+          [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory, zero_keep_units(cfg),
+          cfg.comm.param_dtype == "bf16");
       model.set_param_hook([this](int unit, bool acquire) {
         if (acquire) gather->acquire(unit);
         else gather->release(unit);

@@ -49,15 +49,14 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   std::optional<parallel::Schedule> schedule;
   int act_slots = 1;
   if (p.pp > 1) {
-    schedule = parallel::make_schedule(parallel::schedule_kind_from_name(p.schedule), int(p.pp),
+    schedule = parallel::make_schedule(p.schedule_kind(), int(p.pp),
                                        int(cfg.train.grad_accum), int(p.vpp));
     const parallel::ScheduleCheck check = parallel::validate(*schedule);
     LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];
   }
   std::vector<Recompute> recompute;
-  for (const std::string& r : p.recompute_layers(cfg.model.layers))
-    recompute.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
+  recompute = p.recompute_layers(cfg.model.layers);
   std::vector<int> unit_bucket;
   parallel::DataParallelPlan dp_plan = make_dp_plan(cfg, part, &unit_bucket);
   ParamLayout layout(cfg.model, p.dp > 1 ? dp_plan.padding : LayoutPadding{}, part);

@@ -151,6 +151,20 @@ TEST(MpiTrain, Bf16ParameterGathersStayNearTheSingleProcessRun) {
                 {"train.precision=bf16"}, tol);
 }
 
+// comm.p2p_dtype = bf16 (Note [bf16 pipeline transfers]) against the single-process bf16
+// run, with the bounds of Precision.Bf16PipelineTransfersStayNearTheFp32Ones.
+TEST(MpiTrain, Bf16PipelineTransfersStayNearTheSingleProcessRun) {
+  VerifyTolerance tol;
+  tol.loss_rel = 0x1p-6;
+  tol.weight_abs = 1e-3;
+  check_layouts("gpt",
+                {{"parallel.pp=2", "train.grad_accum=2", "comm.p2p_dtype=bf16"},
+                 {"parallel.pp=3", "train.grad_accum=3", "comm.p2p_dtype=bf16"},
+                 {"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2", "comm.p2p_dtype=bf16"},
+                 {"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "train.grad_accum=2", "comm.p2p_dtype=bf16"}},
+                {"train.precision=bf16"}, tol);
+}
+
 // data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
 // rank, the loss normalised by the global batch's real targets.
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {

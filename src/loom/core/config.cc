@@ -177,6 +177,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
       LOOM_STRING_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce (zero 0/1)"),
       LOOM_STRING_KEY(comm, param_dtype, "fp32 | bf16: ZeRO-3's parameter all-gathers in bf16 (compute sees rounded weights)"),
+      LOOM_STRING_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)"),
       LOOM_INT_KEY(parallel, dp, "data-parallel degree"),
       LOOM_INT_KEY(parallel, tp, "tensor-parallel degree (divides heads, kv_heads, ffn)"),
       LOOM_INT_KEY(parallel, pp, "pipeline-parallel degree (stages)"),

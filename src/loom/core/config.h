@@ -77,6 +77,7 @@ struct CommConfig {
   bool check_desync = false;   // debug: group members compare every collective's descriptor first
   std::string grad_dtype = "fp32";  // bf16: the dp gradient all-reduce sends bf16 (Note [Compressed all-reduce])
   std::string param_dtype = "fp32";  // bf16: ZeRO-3 gathers bf16 parameter copies (Note [bf16 parameter gathers])
+  std::string p2p_dtype = "fp32";    // bf16: pipeline boundary transfers in bf16 (Note [bf16 pipeline transfers])
 };
 
 // Activation recompute for one layer: none; selective = the attention core (softmax

@@ -187,6 +187,12 @@ void check_param_dtype(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("comm.param_dtype = bf16 is the dtype of ZeRO-3's parameter all-gathers, but parallel.zero = " +
                    str(c.parallel.zero) + " and parallel.dp = " + str(c.parallel.dp) +
                    ": set parallel.zero = 3 with parallel.dp >= 2, or leave comm.param_dtype = fp32");
+  const std::string& w = c.comm.p2p_dtype;  // Note [bf16 pipeline transfers] (parallel/pipeline.h)
+  if (w != "fp32" && w != "bf16")
+    errs.push_back("comm.p2p_dtype = '" + w + "': expected fp32 or bf16");
+  else if (w == "bf16" && c.parallel.pp < 2)
+    errs.push_back("comm.p2p_dtype = bf16 is the dtype of pipeline transfers, but parallel.pp = " + str(c.parallel.pp) +
+                   ": set parallel.pp >= 2 or leave comm.p2p_dtype = fp32");
 }
 
 void check_bucketing(const Config& c, std::vector<std::string>& errs) {

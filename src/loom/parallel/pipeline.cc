@@ -74,8 +74,9 @@ PipeLinks make_pipe_links(comm::World& world, const comm::Mesh& mesh, bool wrap)
 }
 
 PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& model, PipeLinks& links, int64_t B,
-                               int64_t T)
-    : schedule_(schedule), pp_rank_(pp_rank), model_(model), links_(links), B_(B), T_(T) {
+                               int64_t T, bool bf16_wire, MemoryTracker* tracker)
+    : schedule_(schedule), pp_rank_(pp_rank), model_(model), links_(links), B_(B), T_(T), bf16_wire_(bf16_wire),
+      tracker_(tracker) {
   LOOM_CHECK(model.chunks() == schedule.vpp, "pipeline rank ", pp_rank, " model holds ", model.chunks(),
              " chunks but the schedule runs vpp = ", schedule.vpp);
   recv_buf_.resize(size_t(model.boundary_floats(B, T)));
@@ -85,6 +86,12 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
   slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches), -1));
   slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
   sends_.assign(size_t(schedule.vpp), std::vector<comm::Work>(size_t(slots)));
+  if (bf16_wire_) {
+    recv_h_.resize(recv_buf_.size());
+    if (tracker_)
+      tracker_->track(tracker_->category("buffers"), recv_h_.data(), int64_t(recv_h_.size() * sizeof(comm::bf16)));
+    send_h_.assign(size_t(schedule.vpp), std::vector<std::vector<comm::bf16>>(size_t(slots)));
+  }
 }
 
 namespace {
@@ -94,6 +101,24 @@ int peer(const comm::Group& link) { return 1 - link.group_rank(); }
 
 void PipelineRunner::wait_pending(int chunk, int slot) { sends_[size_t(chunk)][size_t(slot)].wait(); }
 
+comm::Work PipelineRunner::send(comm::Group& link, const float* src, int chunk, int slot, int tag) {
+  const size_t n = recv_buf_.size();
+  if (!bf16_wire_) return link.send(std::span<const float>(src, n), peer(link), tag, {.async = true});
+  std::vector<comm::bf16>& h = send_h_[size_t(chunk)][size_t(slot)];  // free: wait_pending(chunk, slot) ran
+  if (h.empty()) {
+    h.resize(n);
+    if (tracker_) tracker_->track(tracker_->category("buffers"), h.data(), int64_t(n * sizeof(comm::bf16)));
+  }
+  for (size_t i = 0; i < n; i++) h[i] = comm::float_to_bf16(src[i]);
+  return link.send(std::span<const comm::bf16>(h), peer(link), tag, {.async = true});
+}
+
+void PipelineRunner::recv(comm::Group& link, int tag) {
+  if (!bf16_wire_) return (void)link.recv(std::span<float>(recv_buf_), peer(link), tag);
+  link.recv(std::span<comm::bf16>(recv_h_), peer(link), tag);
+  for (size_t i = 0; i < recv_buf_.size(); i++) recv_buf_[i] = comm::bf16_to_float(recv_h_[i]);
+}
+
 void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets,
                              float grad_scale, double* loss) {
   const int v = virtual_stage(chunk);
@@ -102,7 +127,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
   if (v > 0) {
     // The sender's chunk differs from ours only across the wrap-around (rank pp-1 chunk
     // c-1 -> rank 0 chunk c): tag by the receiving chunk on both sides.
-    links_.fwd_recv->recv(std::span<float>(recv_buf_), peer(*links_.fwd_recv), tag);
+    recv(*links_.fwd_recv, tag);
     x_in = recv_buf_.data();
   }
   wait_pending(chunk, slot);  // the slot's output may still be on its way out
@@ -112,9 +137,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
     return;
   }
   const int next_tag = micro * schedule_.vpp + (pp_rank_ == schedule_.pp - 1 ? chunk + 1 : chunk);
-  comm::Group& link = *links_.fwd_send;
-  sends_[size_t(chunk)][size_t(slot)] = link.send(std::span<const float>(model_.stage_output(chunk, slot), recv_buf_.size()),
-                                                  peer(link), next_tag, {.async = true});
+  sends_[size_t(chunk)][size_t(slot)] = send(*links_.fwd_send, model_.stage_output(chunk, slot), chunk, slot, next_tag);
 }
 
 void PipelineRunner::backward(int micro, int chunk, int slot) {
@@ -122,17 +145,14 @@ void PipelineRunner::backward(int micro, int chunk, int slot) {
   const float* dy = nullptr;
   if (!is_last(chunk)) {
     const int tag = micro * schedule_.vpp + chunk;
-    links_.bwd_recv->recv(std::span<float>(recv_buf_), peer(*links_.bwd_recv), tag);
+    recv(*links_.bwd_recv, tag);
     dy = recv_buf_.data();
   }
   wait_pending(chunk, slot);
   model_.stage_backward(chunk, slot, dy, B_, T_);
   if (v == 0) return;
   const int prev_tag = micro * schedule_.vpp + (pp_rank_ == 0 ? chunk - 1 : chunk);
-  comm::Group& link = *links_.bwd_send;
-  sends_[size_t(chunk)][size_t(slot)] = link.send(
-      std::span<const float>(model_.stage_input_grad(chunk, slot), recv_buf_.size()), peer(link), prev_tag,
-      {.async = true});
+  sends_[size_t(chunk)][size_t(slot)] = send(*links_.bwd_send, model_.stage_input_grad(chunk, slot), chunk, slot, prev_tag);
 }
 
 double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward) {

@@ -17,6 +17,7 @@
 
 #include "loom/comm/group.h"
 #include "loom/comm/mesh.h"
+#include "loom/core/memory.h"
 #include "loom/model/model.h"
 #include "loom/parallel/schedule.h"
 
@@ -48,10 +49,19 @@ struct PipeLinks {
 // "pp" axis (Note [Pipeline transfers]). `wrap`: the last rank also sends to the first.
 PipeLinks make_pipe_links(comm::World& world, const comm::Mesh& mesh, bool wrap);
 
+// Note [bf16 pipeline transfers]
+// comm.p2p_dtype = bf16 (Megatron's pipeline_dtype under bf16): every boundary activation
+// and boundary gradient is rounded to bf16 (nearest even) by its sender and widened by its
+// receiver, halving the bytes on the link. The sender keeps its own fp32 values; the
+// receiving stage computes with (and saves) the rounded input, so the residual stream and
+// its gradient pick up one bf16 rounding (2^-8 relative) at each stage boundary.
 class PipelineRunner {
  public:
-  // `model` holds pipeline_part(...) of this rank with at least peak-in-flight slots.
-  PipelineRunner(const Schedule& schedule, int pp_rank, Model& model, PipeLinks& links, int64_t B, int64_t T);
+  // `model` holds pipeline_part(...) of this rank with at least peak-in-flight slots;
+  // bf16_wire: Note [bf16 pipeline transfers].
+  // tracker (optional): the bf16 wire's buffers are tracked as "buffers" when made.
+  PipelineRunner(const Schedule& schedule, int pp_rank, Model& model, PipeLinks& links, int64_t B, int64_t T,
+                 bool bf16_wire = false, MemoryTracker* tracker = nullptr);
 
   using BatchFn = std::function<void(int micro, int32_t* tokens, int32_t* targets)>;
   // One optimizer step: every step of this rank's list. Returns the sum over micro-batches
@@ -74,6 +84,10 @@ class PipelineRunner {
                double* loss);
   void backward(int micro, int chunk, int slot);
   void wait_pending(int chunk, int slot);
+  // Sends n floats from `src` to the link's peer, as bf16 through the (chunk, slot) buffer
+  // on a bf16 wire; receives into recv_buf_ (widened from bf16 on a bf16 wire).
+  comm::Work send(comm::Group& link, const float* src, int chunk, int slot, int tag);
+  void recv(comm::Group& link, int tag);
 
   const Schedule& schedule_;
   int pp_rank_;
@@ -84,6 +98,12 @@ class PipelineRunner {
   std::vector<std::vector<int>> slot_of_;      // [chunk][micro] -> activation slot, -1 when free
   std::vector<std::vector<bool>> slot_busy_;   // [chunk][slot]
   std::vector<std::vector<comm::Work>> sends_;  // [chunk][slot]: the last send from that slot
+  bool bf16_wire_ = false;
+  std::vector<comm::bf16> recv_h_;                      // bf16 wire: (B,T,C) as received
+  // bf16 wire: [chunk][slot] (B,T,C) in flight, made on the slot's first send (a chunk
+  // uses only the slots of its own peak).
+  std::vector<std::vector<std::vector<comm::bf16>>> send_h_;
+  MemoryTracker* tracker_ = nullptr;
   StepHook step_hook_;
 };
 

@@ -1,6 +1,7 @@
 #include "loom/sim/simulator.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstdio>
 
@@ -159,7 +160,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   s.gather_bytes = cfg.comm.param_dtype == "bf16" ? 2.0 : s.wbytes;  // Note [bf16 parameter gathers]
-  s.p2p_bytes = s.x.tokens() * s.x.h * s.x.dtype_bytes / double(s.tp);  // Megatron's scatter-gather
+  const double wire = cfg.comm.p2p_dtype == "bf16" ? 2.0 : s.x.dtype_bytes;  // Note [bf16 pipeline transfers]
+  s.p2p_bytes = s.x.tokens() * s.x.h * wire / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
   return s;
 }
@@ -290,6 +292,20 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   return ranks;
 }
 
+// Per chunk of pipeline rank r: the micro-batches it holds at once under the schedule.
+std::vector<int> chunk_peaks(const Setup& s, int64_t r) {
+  std::vector<int> peak(static_cast<size_t>(s.vpp), 1);
+  if (s.pp == 1) return peak;
+  const parallel::Schedule sched =
+      parallel::make_schedule(s.plan.cfg.parallel.schedule_kind(), int(s.pp), int(s.m), int(s.vpp));
+  std::vector<int> held(static_cast<size_t>(s.vpp), 0);
+  for (const parallel::PipeStep& st : sched.steps[size_t(r)]) {
+    held[size_t(st.chunk)] += st.forward ? 1 : -1;
+    peak[size_t(st.chunk)] = std::max(peak[size_t(st.chunk)], held[size_t(st.chunk)]);
+  }
+  return peak;
+}
+
 // loom's engine: the model's own activation carve (model/layout.h) for this rank's part.
 // The engine allocates the schedule's peak in flight as slots per chunk but takes the
 // lowest free slot, so only the pages of each chunk's own peak are ever resident.
@@ -298,16 +314,7 @@ double loom_activation_bytes(const Setup& s, int64_t r) {
   const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(s.V), cfg.parallel.layer_split());
   std::vector<int> starts(counts.size() + 1, 0);
   for (size_t v = 0; v < counts.size(); ++v) starts[v + 1] = starts[v] + counts[v];
-  std::vector<int> peak(static_cast<size_t>(s.vpp), 1);  // per chunk: micro-batches held at once
-  if (s.pp > 1) {
-    const parallel::Schedule sched = parallel::make_schedule(cfg.parallel.schedule_kind(),
-                                                             int(s.pp), int(s.m), int(s.vpp));
-    std::vector<int> held(static_cast<size_t>(s.vpp), 0);
-    for (const parallel::PipeStep& st : sched.steps[size_t(r)]) {
-      held[size_t(st.chunk)] += st.forward ? 1 : -1;
-      peak[size_t(st.chunk)] = std::max(peak[size_t(st.chunk)], held[size_t(st.chunk)]);
-    }
-  }
+  const std::vector<int> peak = chunk_peaks(s, r);
   const std::vector<Recompute>& rk = s.rk;
   auto floats = [&](const ModelPart& part, int slots) {
     return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
@@ -396,7 +403,12 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;
     if (par.zero >= 3) mem.params += 2 * unit, mem.grads += unit * keep;
     if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
-    if (s.pp > 1) mem.buffers = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h * s.x.dtype_bytes;  // receive buffer
+    const double boundary = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h;  // values per stage transfer
+    if (s.pp > 1) mem.buffers = boundary * s.x.dtype_bytes;  // receive buffer
+    if (s.pp > 1 && s.plan.cfg.comm.p2p_dtype == "bf16") {  // bf16 receive + one send buffer per slot in use
+      const std::vector<int> peak = chunk_peaks(s, r);
+      mem.buffers += 2 * boundary * (1 + std::accumulate(peak.begin(), peak.end(), 0));
+    }
     if (par.zero >= 3 && s.gather_bytes < s.wbytes)  // bf16 gather buffers beside the pool: unit + own piece, twice
       mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.gather_bytes * (1.0 + 1.0 / G);
     rep.memory = mem;

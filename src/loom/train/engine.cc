@@ -78,7 +78,8 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   }
   memory.category("buffers");
   if (rc.schedule) {
-    pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T);
+    pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T,
+                                                      cfg.comm.p2p_dtype == "bf16", &memory);
     memory.track(memory.category("buffers"), pipe->recv_buffer().data(),
                  int64_t(pipe->recv_buffer().size() * sizeof(float)));
   }

@@ -303,5 +303,36 @@ TEST(Published, MedianErrorWithinTenPercent) {
   EXPECT_LE(median, 0.10);
 }
 
+// The bf16 payload modes (comm.grad_dtype, comm.param_dtype, comm.p2p_dtype) carry 2-byte
+// values: on an fp32 cluster (4-byte weights and activations) over slow links, where
+// transfers are bandwidth-bound, each priced transfer takes about half as long.
+TEST(Simulator, Bf16PayloadsHalveTheirTransfers) {
+  const ClusterSpec c = load_cluster("dgx-a100",
+                                     {"cluster.device.mixed_precision=false", "cluster.device.dtype_bytes=4", "cluster.inter.gbps=1",
+                                      "cluster.intra.gbps=1", "cluster.intra.latency_us=0", "cluster.inter.latency_us=0"},
+                                     16, "");
+  auto run = [&](std::vector<std::string> sets, bool overlap = true) {
+    SimPlan p = plan_of(sets);
+    p.framework = Framework::kLoom;
+    p.dp_overlap = overlap;
+    return simulate(p, c);
+  };
+  const std::vector<std::string> dp = {"parallel.dp=16", "train.batch=16", "model.layers=4"};
+  auto with = [](std::vector<std::string> v, const std::string& s) {
+    v.push_back(s);
+    return v;
+  };
+  const double ar = run(dp, false).ranks[0].dp_exposed_s;
+  const double ar16 = run(with(dp, "comm.grad_dtype=bf16"), false).ranks[0].dp_exposed_s;
+  EXPECT_NEAR(ar16 / ar, 0.5, 0.02) << ar << " " << ar16;
+  const std::vector<std::string> z3 = with(dp, "parallel.zero=3");
+  const double g = run(z3).breakdown.zero_comm, g16 = run(with(z3, "comm.param_dtype=bf16")).breakdown.zero_comm;
+  EXPECT_GT(g, 0.0);
+  EXPECT_LT(g16, 0.75 * g) << g << " " << g16;  // the gathers halve; the reduce-scatters do not
+  const std::vector<std::string> pp = {"parallel.pp=16", "train.batch=32", "train.grad_accum=32", "model.layers=16"};
+  const double s32 = run(pp).step_time_s, s16 = run(with(pp, "comm.p2p_dtype=bf16")).step_time_s;
+  EXPECT_LT(s16, s32);
+}
+
 }  // namespace
 }  // namespace loom::sim

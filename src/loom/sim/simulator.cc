@@ -369,7 +369,10 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   const double grad_bytes = rep.params * s.wbytes;
   if (G > 1 && par.zero <= 1) {
     const Coll op = par.zero == 1 ? Coll::kReduceScatter : Coll::kAllReduce;
-    const double t = collective_time_s(s.cluster, op, grad_bytes, s.pl.dp);
+    // comm.grad_dtype = bf16 (Note [Compressed all-reduce]): the ring carries 2-byte values;
+    // the rounding passes are not priced.
+    const double wire = s.plan.cfg.comm.grad_dtype == "bf16" ? std::min(2.0, s.wbytes) : s.wbytes;
+    const double t = collective_time_s(s.cluster, op, rep.params * wire, s.pl.dp);
     const double buckets = std::max(1.0, std::ceil(grad_bytes / (par.bucket_mb * double(1 << 20))));
     rep.dp_exposed_s = s.plan.dp_overlap ? std::max(t / buckets, t - st.last_bwd_window) : t;
   }

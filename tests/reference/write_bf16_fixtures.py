@@ -4,10 +4,12 @@
 For the GPT-2 and Llama models of write_fixtures.py (same configs, seeds, weights and
 batch), two references of one forward/backward:
 
-  sem.*   loom's bf16 semantics (Note [bf16 rounding points], src/loom/core/bf16.h) in
-          float64: every linear layer and the head computes round(x) round(W)^T in fp64
-          and rounds the upstream gradient entering its GEMMs to bf16 (the bias gradient
-          keeps the unrounded one); norms, attention, softmax and the loss in fp64. loom
+  sem.*   loom's bf16 semantics (Note [bf16 rounding points], src/loom/core/bf16.h; Note
+          [bf16 activation storage], src/loom/model/model.cc) in float64: every linear
+          layer and the head computes round(x) round(W)^T in fp64 and rounds the upstream
+          gradient entering its GEMMs to bf16 (the bias gradient keeps the unrounded one);
+          q, k, v (after RoPE) and the MLP pre-activation are rounded to bf16 (their
+          gradients pass unchanged); norms, attention, softmax and the loss in fp64. loom
           differs from this only by fp32 arithmetic, so the test bound is tight.
   ac.*    real PyTorch mixed precision: the fp32 model under
           torch.autocast("cpu", dtype=torch.bfloat16), the logits cast to fp32 for the loss.
@@ -65,7 +67,7 @@ def make_fixture(name, cfg, B, T, seed):
     out["tokens"], out["targets"] = tokens.int(), targets.int()
 
     P = {k: v.double().requires_grad_(True) for k, v in P32.items()}
-    logits = forward(cfg, P, tokens, loom_bf16_linear)
+    logits = forward(cfg, P, tokens, loom_bf16_linear, RoundBf16.apply)
     loss = F.cross_entropy(logits.view(-1, cfg["vocab"]), targets.view(-1))
     loss.backward()
     out["sem.logits"], out["sem.loss"] = logits.detach().float(), loss.detach().float().view(1)

@@ -66,8 +66,9 @@ def rope_tables(T, hd, theta):
     return ang.cos().float().double(), ang.sin().float().double()  # rounded like loom's table
 
 
-def forward(cfg, P, tokens, linear=F.linear):
-    """linear(x, w, b=None): every linear layer and the head (write_bf16_fixtures.py swaps it)."""
+def forward(cfg, P, tokens, linear=F.linear, act=lambda z: z):
+    """linear(x, w, b=None): every linear layer and the head; act(z): applied to q, k, v after
+    RoPE and to the MLP pre-activation (write_bf16_fixtures.py swaps both)."""
     B, T = tokens.shape
     C, H, KV, Fh = cfg["d_model"], cfg["heads"], cfg["kv_heads"], cfg["ffn"]
     hd, eps, gpt = C // H, cfg["norm_eps"], cfg["arch"] == "gpt"
@@ -97,6 +98,7 @@ def forward(cfg, P, tokens, linear=F.linear):
                 z1, z2 = z[..., : hd // 2], z[..., hd // 2 :]
                 return torch.cat([z1 * c - z2 * s, z2 * c + z1 * s], -1)
             q, k = rot(q), rot(k)
+        q, k, v = act(q), act(k), act(v)
         k = k.repeat_interleave(H // KV, dim=1)
         v = v.repeat_interleave(H // KV, dim=1)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
@@ -104,7 +106,7 @@ def forward(cfg, P, tokens, linear=F.linear):
         y = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
         x = x + linear(y, P[p + "attn.proj.w"], P.get(p + "attn.proj.b"))
         h = norm(x, P[p + "norm2.w"], P.get(p + "norm2.b"))
-        f = linear(h, P[p + "mlp.fc.w"], P.get(p + "mlp.fc.b"))
+        f = act(linear(h, P[p + "mlp.fc.w"], P.get(p + "mlp.fc.b")))
         if gpt:
             f = F.gelu(f, approximate="tanh")
         else:

@@ -91,10 +91,11 @@ TEST(Precision, Fp16ModelMatchesItsReferenceAndStaysNearFp32) {
   check_against_reference_and_fp32(Precision::kFp16, 5e-3, 0x1p-9, 0.0125, 1e-5);
 }
 
-// Note [bf16 activation storage]: keeping the saved GEMM inputs in bf16 rounds them at the
-// point the bf16 GEMMs would, so every loss and gradient is bit-identical to keeping them
-// in fp32, with and without recompute, on both kernel sets; the carve shrinks by
-// (2C + H*hd + F) N / 2 floats per kept layer, less one (N, max(C, H*hd, F)) staging buffer.
+// Note [bf16 activation storage]: keeping the saved GEMM inputs, qkv and the MLP
+// pre-activation in bf16 (rounded at the same points either way) gives every loss and
+// gradient bit-identical to keeping them in fp32, with and without recompute, on both
+// kernel sets; the carve shrinks by (3C + F + Q + F2) N / 2 floats per kept layer (H*hd = C
+// here), less the two staging buffers.
 TEST(Precision, Bf16ActivationStorageChangesNothingButMemory) {
   std::mt19937 rng(std::random_device{}());
   for (const char* preset : {"tiny", "llama"})
@@ -125,8 +126,11 @@ TEST(Precision, Bf16ActivationStorageChangesNothingButMemory) {
         const std::string at = std::string(preset) + " recompute " + rc + (backend == KernelBackend::kCpu ? " cpu" : " ref");
         EXPECT_EQ(losses[1], losses[0]) << at;
         EXPECT_EQ(grads[1], grads[0]) << at;
-        const int64_t N = B * T, C = 64, F = 128, kept_layers = rc == "full" ? 1 : 2;  // full: the shared block
-        const int64_t saved = 4 * kept_layers * (2 * C + C + F) * N / 2 - 4 * N * std::max(C, F);
+        // Kept in bf16 per layer: norm1, norm2, atty, fcg, qkv, fch; less the two staging buffers.
+        const int64_t N = B * T, C = 64, F = 128, hd = C / 4, kept_layers = rc == "full" ? 1 : 2;  // full: shared block
+        const int64_t Q = (4 + 2 * c.model.kv_heads) * hd, F2 = c.model.arch == Arch::kGpt ? F : 2 * F;
+        const int64_t saved =
+            4 * kept_layers * (2 * C + C + F + Q + F2) * N / 2 - 4 * N * std::max(C, F) - 4 * N * std::max(Q, F2);
         EXPECT_EQ(bytes[0] - bytes[1], saved) << at;
       }
 }

@@ -177,13 +177,13 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   // One saved block: norm1 (+mean, rstd), qkv, probs, attention output, x1, norm2 (+mean,
   // rstd), MLP hidden (F2), its activation (F), block output.
   auto block = [&](bool with_probs) {
-    return gemm_input(N * C) + 2 * take(Nr) + take(N * Q) + (with_probs ? take(P) : 0) + gemm_input(N * HD) +
-           take(Nr * C) + gemm_input(N * C) + 2 * take(Nr) + take(N * F2) + gemm_input(N * F) + take(Nr * C);
+    return gemm_input(N * C) + 2 * take(Nr) + gemm_input(N * Q) + (with_probs ? take(P) : 0) + gemm_input(N * HD) +
+           take(Nr * C) + gemm_input(N * C) + 2 * take(Nr) + gemm_input(N * F2) + gemm_input(N * F) + take(Nr * C);
   };
   const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
   int64_t total = (any_full ? block(true) : 0) + (any_selective ? take(P) : 0);
-  if (bf16_gemm_inputs) total += take(N * std::max({C, HD, F}));  // the staging buffer
+  if (bf16_gemm_inputs) total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2));  // staging buffers
   const auto chunks = part.resolved_chunks(m);
   for (size_t c = 0; c < chunks.size(); ++c) {
     int64_t slot = take(Nr * C);  // input

@@ -34,6 +34,24 @@ void Model::keep(const float* f, bf16* h, int64_t n) const {
   if (h) k_.to_bf16(h, f, n);
 }
 
+void Model::round_keep(float* f, bf16* h, int64_t n) const {
+  if (!bf16_) return;
+  if (h) {
+    k_.to_bf16(h, f, n);
+    widen(f, h, n);
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) f[i] = round_bf16(f[i]);
+}
+
+const float* Model::widen(float* f, const bf16* h, int64_t n) const {
+  if (!h) return f;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) f[i] = from_bf16(h[i]);
+  return f;
+}
+
 void Model::mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const {
   if (in.h) k_.matmul_forward_bf16_in(out, in.h, w, b, N, IC, OC);
   else k_.matmul_forward(out, in.f, w, b, N, IC, OC);

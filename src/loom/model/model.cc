@@ -24,9 +24,11 @@ struct Model::Slot {
     float* fch;                              // (N,F2) fc output, pre-activation
     float* fcg;                              // (N,F) activation output
     float* out;                              // (N,C) block output = next block's input
-    // Note [bf16 activation storage]: with bf16 GEMM inputs these are the saved copies of
-    // norm1, atty, norm2 and fcg, whose float fields then point at Acts::stage.
+    // Note [bf16 activation storage]: with bf16 storage these are the saved copies of
+    // norm1, atty, norm2 and fcg, whose float fields then point at Acts::stage, and of qkv
+    // and fch, whose float fields point at Acts::stage2.
     bf16 *norm1_h = nullptr, *atty_h = nullptr, *norm2_h = nullptr, *fcg_h = nullptr;
+    bf16 *qkv_h = nullptr, *fch_h = nullptr;
   };
   float* input = nullptr;        // (N,C) chunk input: the embedding output or a copy of x_in
   std::vector<Block> blocks;     // the chunk's layers, in order
@@ -46,6 +48,7 @@ struct Model::Acts {
   float* full_tmp = nullptr;  // (N,C) sequence parallel: partial outputs, gathered gradients
   float* norm_grad_tmp = nullptr;  // (2C) sequence parallel: one micro-batch's norm gradients
   float* stage = nullptr;  // (N, max(C, H*hd, F)) bf16 storage: where a GEMM input is made before it is kept
+  float* stage2 = nullptr;  // (N, max(Q, F2)) bf16 storage: qkv / fch, made in forward, widened for backward
   // Recompute (Note [Recompute]): the block all fully recomputed layers share, and the
   // softmax probabilities all selectively recomputed layers share.
   Slot::Block recompute_block{};
@@ -66,8 +69,11 @@ struct Model::Acts {
 // the attention output and the MLP activation: (2C + H*hd + F) N of a block's saved
 // values) are kept in bf16: each is produced in fp32 into one shared staging buffer,
 // rounded once into its bf16 slot, and read from there by the forward GEMM and by the
-// backward weight-gradient GEMM. Results are bit-identical to keeping them in fp32 (the
-// rounding happens at the same point, once instead of twice); memory is what changes.
+// backward weight-gradient GEMM. Two GEMM outputs are rounded too, as autocast stores
+// them: qkv (after RoPE) and the MLP pre-activation fch are rounded to bf16 in place
+// before anything reads them (attention, GELU / SwiGLU), kept in bf16, and widened into a
+// second staging buffer for backward. Results are bit-identical to keeping all of them in
+// fp32 with the same roundings (ModelOptions::bf16_activations = false); memory changes.
 
 namespace {
 class Carver {
@@ -93,7 +99,8 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
       tp_comm_(opt.tp_comm), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
       KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
-      layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), bf16_acts_(opt.precision == Precision::kBf16 && opt.bf16_activations), max_batch_(max_batch),
+      layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), bf16_(opt.precision == Precision::kBf16),
+      bf16_acts_(bf16_ && opt.bf16_activations), max_batch_(max_batch),
       max_seq_(max_seq) {
   const ModelPart& part = opt.part;
   const int act_slots = opt.act_slots;
@@ -145,18 +152,21 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     };
     gemm_input(b.norm1, b.norm1_h, N * C);
     b.norm1_mean = c.take(Nr), b.norm1_rstd = c.take(Nr);
-    b.qkv = c.take(N * Q), b.probs = share_probs ? a.shared_probs : c.take(P);
+    if (bf16_acts_) b.qkv = a.stage2, b.qkv_h = c.take_bf16(N * Q);
+    else b.qkv = c.take(N * Q);
+    b.probs = share_probs ? a.shared_probs : c.take(P);
     gemm_input(b.atty, b.atty_h, N * HD);
     b.x1 = c.take(Nr * C);
     gemm_input(b.norm2, b.norm2_h, N * C);
     b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
-    b.fch = c.take(N * F2);
+    if (bf16_acts_) b.fch = a.stage2, b.fch_h = c.take_bf16(N * F2);
+    else b.fch = c.take(N * F2);
     gemm_input(b.fcg, b.fcg_h, N * F);
     b.out = c.take(Nr * C);
   };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
-    if (bf16_acts_) a.stage = c.take(N * std::max({C, HD, F}));
+    if (bf16_acts_) a.stage = c.take(N * std::max({C, HD, F})), a.stage2 = c.take(N * std::max(Q, F2));
     if (any_full) carve_block(c, a.recompute_block, false);
     if (any_selective) a.shared_probs = c.take(P);
     a.slots.assign(chunks_.size() * size_t(act_slots), {});
@@ -295,6 +305,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   keep(s.norm1, s.norm1_h, N * C);
   mm_forward(s.qkv, {s.norm1, s.norm1_h}, w.qkv_w, w.qkv_b, N, C, Q);  // (N,Q) column-parallel
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
+  round_keep(s.qkv, s.qkv_h, N * Q);
   k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));  // (N,H*hd)
   keep(s.atty, s.atty_h, N * H * hd);
   row_parallel(s.x1, {s.atty, s.atty_h}, w.attn_proj_w, w.attn_proj_b, N, H * hd, x0);  // x1 = x0 + atty Wo^T + bo
@@ -302,9 +313,11 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   keep(s.norm2, s.norm2_h, N * C);
   if (gpt) {
     mm_forward(s.fch, {s.norm2, s.norm2_h}, w.fc_w, w.fc_b, N, C, F);
+    round_keep(s.fch, s.fch_h, N * F);
     k_.gelu_forward(s.fcg, s.fch, N * F);
   } else {
     mm_forward(s.fch, {s.norm2, s.norm2_h}, w.fc_w, nullptr, N, C, 2 * F);  // [gate | up]
+    round_keep(s.fch, s.fch_h, N * 2 * F);
     k_.swiglu_forward(s.fcg, s.fch, N, F);
   }
   keep(s.fcg, s.fcg_h, N * F);
@@ -333,8 +346,9 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   zero(a.dfcg, N * F);
   mm_backward(a.dfcg, g.mlp_proj_w, g.mlp_proj_b, gather_grad(a.dres, N), {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
   zero(a.dfch, N * F2);
-  if (gpt) k_.gelu_backward(a.dfch, s.fch, a.dfcg, N * F);
-  else k_.swiglu_backward(a.dfch, s.fch, a.dfcg, N, F);
+  const float* fch = widen(s.fch, s.fch_h, N * F2);
+  if (gpt) k_.gelu_backward(a.dfch, fch, a.dfcg, N * F);
+  else k_.swiglu_backward(a.dfch, fch, a.dfcg, N, F);
   zero(a.dnorm, N * C);
   mm_backward(a.dnorm, g.fc_w, g.fc_b, a.dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
   reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
@@ -344,9 +358,10 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   mm_backward(a.datty, g.attn_proj_w, g.attn_proj_b, gather_grad(a.dres, N), {s.atty, s.atty_h}, w.attn_proj_w, N,
               H * hd, C);
   zero(a.dqkv, N * Q);
+  const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
   if (recompute_[size_t(l)] == Recompute::kSelective)
-    k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));
-  k_.attention_backward(a.dqkv, a.datty, s.qkv, s.probs, B, T, H, KV, hd);
+    k_.attention_forward(s.atty, s.probs, qkv, B, T, H, KV, hd, doc_starts(sl));
+  k_.attention_backward(a.dqkv, a.datty, qkv, s.probs, B, T, H, KV, hd);
   if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
   mm_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);

@@ -182,6 +182,11 @@ class Model {
   void row_parallel(float* out, GemmIn inp, const float* w, const float* b, int64_t N, int64_t K,
                     const float* residual) const;
   void keep(const float* f, bf16* h, int64_t n) const;  // h = bf16(f) when h is set
+  // bf16 precision: f rounded to bf16 in place, and kept in h when set (Note [bf16
+  // activation storage]); other precisions: nothing.
+  void round_keep(float* f, bf16* h, int64_t n) const;
+  // The fp32 values of a kept activation: f itself, or h widened into f (a staging buffer).
+  const float* widen(float* f, const bf16* h, int64_t n) const;
   void mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const;
   void mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
                    int64_t IC, int64_t OC) const;
@@ -217,6 +222,7 @@ class Model {
   int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows
   ParamLayout layout_;
   const Kernels& k_;
+  bool bf16_ = false;       // train.precision = bf16 (its rounding points)
   bool bf16_acts_ = false;  // Note [bf16 activation storage]
   int64_t max_batch_, max_seq_;
   std::vector<float> params_, grads_;

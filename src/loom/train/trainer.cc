@@ -147,6 +147,22 @@ void print_header(Reporter& rep, const Config& cfg, const TrainData& data, int64
   rep.info(os.str());
 }
 
+// Tokens per second over the steps since the last logged line, and the report of a step.
+struct StepRate {
+  Clock::time_point t0, last;
+  int64_t tokens_since = 0;
+  // Fills line's tok_s and elapsed (counting `real_tokens` for this step) and reports it.
+  void report(Reporter& rep, Reporter::StepLine& line, int64_t real_tokens) {
+    tokens_since += real_tokens;
+    const auto now = Clock::now();
+    const double window = std::chrono::duration<double>(now - last).count();
+    line.tok_s = window > 0 ? double(tokens_since) / window : 0.0;
+    line.elapsed = std::chrono::duration<double>(now - t0).count();
+    if (line.log_line) last = now, tokens_since = 0;
+    rep.step(line);
+  }
+};
+
 // Forward and backward of one optimizer step; gradients reduced as the layout says, and
 // multiplied by the loss scale S (Note [Dynamic loss scaling]). Returns this rank's share of
 // the loss: the mean over its micro-batches (0 on pipeline stages without the head).
@@ -373,8 +389,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   print_header(rep, cfg, *data, sum.params, mb, T);
 
   const auto t0 = Clock::now();
-  auto last = t0;
-  int64_t tokens_since = 0;
+  StepRate rate{t0, t0};
   StepTokens total;  // over the steps this run trains
   std::unique_ptr<Trace> trace = given.trace_path.empty() ? nullptr : start_trace(cfg, e, world);
   auto mark = [&](const std::string& name, const char* cat) {
@@ -407,19 +422,12 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     if (scaler.enabled()) sum.loss_scales.push_back(S);
     sum.losses.push_back(float(u.loss));
     sum.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
-
-    tokens_since += tokens.real;
-    const auto now = Clock::now();
-    const bool log_line = (step + 1) % cfg.train.log_every == 0 || step + 1 == cfg.train.steps;
-    const double window = std::chrono::duration<double>(now - last).count();
-    const double tok_s = window > 0 ? double(tokens_since) / window : 0.0;
-    if (log_line) last = now, tokens_since = 0;
     Reporter::StepLine line;
-    line.step = step, line.loss = u.loss, line.lr = lr, line.norm = u.norm, line.tok_s = tok_s;
-    line.elapsed = std::chrono::duration<double>(now - t0).count(), line.log_line = log_line;
+    line.step = step, line.loss = u.loss, line.lr = lr, line.norm = u.norm;
+    line.log_line = (step + 1) % cfg.train.log_every == 0 || step + 1 == cfg.train.steps;
     line.padding = buckets ? 1.0 - double(tokens.real) / double(tokens.positions) : -1.0;
     line.loss_scale = scaler.enabled() ? S : 0.0, line.skipped = !u.applied;
-    rep.step(line);
+    rate.report(rep, line, tokens.real);
 
     // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
     const bool last_step = step + 1 == cfg.train.steps;

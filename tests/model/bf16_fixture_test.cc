@@ -14,19 +14,12 @@
 
 #include "loom/model/model.h"
 #include "loom/train/safetensors.h"
+#include "support/model_fixture.h"
 
 namespace loom {
 namespace {
 
-// max |a - b| / max |b|: error relative to the tensor's scale.
-double rel_err(const float* a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); i++) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
+using testing_support::rel_err;
 
 struct Bounds {
   double logits, loss, grads;
@@ -37,11 +30,7 @@ class Bf16Fixture : public ::testing::TestWithParam<std::tuple<std::string, Kern
 TEST_P(Bf16Fixture, MatchesPyTorch) {
   const auto& [name, backend] = GetParam();
   const StFile f = read_safetensors(std::string(LOOM_FIXTURE_DIR) + "/" + name + "_bf16.safetensors");
-  const auto j = nlohmann::json::parse(f.metadata.at("model"));
-  ModelConfig m;
-  m.arch = j["arch"] == "gpt" ? Arch::kGpt : Arch::kLlama;
-  m.layers = j["layers"], m.d_model = j["d_model"], m.heads = j["heads"], m.kv_heads = j["kv_heads"];
-  m.ffn = j["ffn"], m.vocab = j["vocab"], m.ctx = j["ctx"], m.norm_eps = j["norm_eps"], m.rope_theta = j["rope_theta"];
+  const ModelConfig m = testing_support::fixture_model(f);
   const int64_t B = std::stoll(f.metadata.at("batch")), T = std::stoll(f.metadata.at("seq"));
   ModelOptions o;
   o.precision = Precision::kBf16;

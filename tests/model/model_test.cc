@@ -9,6 +9,7 @@
 #include "loom/model/model.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/safetensors.h"
+#include "support/model_fixture.h"
 
 namespace loom {
 namespace {
@@ -24,11 +25,7 @@ struct Fixture {
 Fixture load_fixture(const std::string& name) {
   Fixture f;
   f.file = read_safetensors(std::string(LOOM_FIXTURE_DIR) + "/" + name + ".safetensors");
-  auto m = nlohmann::json::parse(f.file.metadata.at("model"));
-  f.model.arch = m["arch"] == "gpt" ? Arch::kGpt : Arch::kLlama;
-  f.model.layers = m["layers"], f.model.d_model = m["d_model"], f.model.heads = m["heads"];
-  f.model.kv_heads = m["kv_heads"], f.model.ffn = m["ffn"], f.model.vocab = m["vocab"], f.model.ctx = m["ctx"];
-  f.model.norm_eps = m["norm_eps"], f.model.rope_theta = m["rope_theta"];
+  f.model = testing_support::fixture_model(f.file);
   auto o = nlohmann::json::parse(f.file.metadata.at("optim"));
   f.optim.lr = o["lr"], f.optim.beta1 = o["betas"][0], f.optim.beta2 = o["betas"][1], f.optim.eps = o["eps"];
   f.optim.weight_decay = o["weight_decay"], f.optim.grad_clip = o["grad_clip"];
@@ -46,15 +43,7 @@ void load_params(Model& model, const Fixture& f, const std::string& prefix) {
   }
 }
 
-// max |a - b| / max |b|: error relative to the tensor's scale.
-double rel_err(const float* a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); i++) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
+using testing_support::rel_err;
 
 class ModelFixture : public ::testing::TestWithParam<std::tuple<std::string, KernelBackend>> {};
 

@@ -165,7 +165,7 @@ float** view_field(ModelView& v, const std::string& name) {
 }
 
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
-                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_gemm_inputs) {
+                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations) {
   const int64_t tp = part.tp, N = micro_batch * seq, C = m.d_model, hd = m.head_dim();
   const int64_t Hl = m.heads / tp, KVl = m.kv_heads / tp, F = m.ffn / tp;
   const int64_t Q = (Hl + 2 * KVl) * hd, HD = Hl * hd, F2 = m.arch == Arch::kGpt ? F : 2 * F;
@@ -173,17 +173,17 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   const bool split = sp && tp > 1;
   const int64_t Nr = split ? N / tp : N;
   auto take = [](int64_t n) { return (n + 15) / 16 * 16; };
-  auto gemm_input = [&](int64_t n) { return bf16_gemm_inputs ? take((n + 1) / 2) : take(n); };
+  auto kept = [&](int64_t n) { return bf16_activations ? take((n + 1) / 2) : take(n); };
   // One saved block: norm1 (+mean, rstd), qkv, probs, attention output, x1, norm2 (+mean,
   // rstd), MLP hidden (F2), its activation (F), block output.
   auto block = [&](bool with_probs) {
-    return gemm_input(N * C) + 2 * take(Nr) + gemm_input(N * Q) + (with_probs ? take(P) : 0) + gemm_input(N * HD) +
-           take(Nr * C) + gemm_input(N * C) + 2 * take(Nr) + gemm_input(N * F2) + gemm_input(N * F) + take(Nr * C);
+    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs ? take(P) : 0) + kept(N * HD) +
+           take(Nr * C) + kept(N * C) + 2 * take(Nr) + kept(N * F2) + kept(N * F) + take(Nr * C);
   };
   const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
   int64_t total = (any_full ? block(true) : 0) + (any_selective ? take(P) : 0);
-  if (bf16_gemm_inputs) total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2));  // staging buffers
+  if (bf16_activations) total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2));  // staging buffers
   const auto chunks = part.resolved_chunks(m);
   for (size_t c = 0; c < chunks.size(); ++c) {
     int64_t slot = take(Nr * C);  // input

@@ -81,12 +81,12 @@ struct ModelPart {
 // chunk input, each layer's saved tensors (a full-recompute layer only its output; a
 // selective one shares one probability buffer), the embedding's tokens or the boundary
 // gradient, the head's norm; plus the shared recompute block and the backward scratch.
-// Each piece is rounded up to 16 floats. bf16_gemm_inputs (train.precision = bf16): the
+// Each piece is rounded up to 16 floats. bf16_activations (train.precision = bf16): the
 // saved GEMM inputs, qkv and the MLP pre-activation take half (Note [bf16 activation
 // storage] in model.cc), plus two fp32 staging buffers. Model's constructor checks its carve against this, and the simulator
 // prices the engine's activation memory with it.
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
-                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_gemm_inputs);
+                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations);
 
 class ParamLayout {
  public:

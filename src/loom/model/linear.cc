@@ -36,13 +36,16 @@ void Model::keep(const float* f, bf16* h, int64_t n) const {
 
 void Model::round_keep(float* f, bf16* h, int64_t n) const {
   if (!bf16_) return;
-  if (h) {
-    k_.to_bf16(h, f, n);
-    widen(f, h, n);
+  if (!h) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) f[i] = round_bf16(f[i]);
     return;
   }
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; i++) f[i] = round_bf16(f[i]);
+  for (int64_t i = 0; i < n; i++) {  // one pass: store and round in place
+    h[i] = to_bf16(f[i]);
+    f[i] = from_bf16(h[i]);
+  }
 }
 
 const float* Model::widen(float* f, const bf16* h, int64_t n) const {

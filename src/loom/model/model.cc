@@ -146,22 +146,21 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
   // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
   auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs) {
-    auto gemm_input = [&](float*& f, bf16*& h, int64_t n) {  // Note [bf16 activation storage]
-      if (bf16_acts_) f = a.stage, h = c.take_bf16(n);
+    // Note [bf16 activation storage]: a bf16 slot, the fp32 values made in `stage`.
+    auto kept = [&](float*& f, bf16*& h, int64_t n, float* stage) {
+      if (bf16_acts_) f = stage, h = c.take_bf16(n);
       else f = c.take(n);
     };
-    gemm_input(b.norm1, b.norm1_h, N * C);
+    kept(b.norm1, b.norm1_h, N * C, a.stage);
     b.norm1_mean = c.take(Nr), b.norm1_rstd = c.take(Nr);
-    if (bf16_acts_) b.qkv = a.stage2, b.qkv_h = c.take_bf16(N * Q);
-    else b.qkv = c.take(N * Q);
+    kept(b.qkv, b.qkv_h, N * Q, a.stage2);
     b.probs = share_probs ? a.shared_probs : c.take(P);
-    gemm_input(b.atty, b.atty_h, N * HD);
+    kept(b.atty, b.atty_h, N * HD, a.stage);
     b.x1 = c.take(Nr * C);
-    gemm_input(b.norm2, b.norm2_h, N * C);
+    kept(b.norm2, b.norm2_h, N * C, a.stage);
     b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
-    if (bf16_acts_) b.fch = a.stage2, b.fch_h = c.take_bf16(N * F2);
-    else b.fch = c.take(N * F2);
-    gemm_input(b.fcg, b.fcg_h, N * F);
+    kept(b.fch, b.fch_h, N * F2, a.stage2);
+    kept(b.fcg, b.fcg_h, N * F, a.stage);
     b.out = c.take(Nr * C);
   };
   for (int pass = 0; pass < 2; pass++) {

@@ -19,7 +19,7 @@
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/model/model.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/optimizer.h"
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;

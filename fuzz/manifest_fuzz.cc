@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "loom/core/error.h"
-#include "loom/train/shard_format.h"
+#include "loom/ckpt/shard_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "loom/core/error.h"
-#include "loom/train/safetensors.h"
+#include "loom/core/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

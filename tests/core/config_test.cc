@@ -119,10 +119,10 @@ TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
   EXPECT_NE(error_of({"parallel.recompute=full*x,none"}).find("no positive count"), std::string::npos);
   {
     ParallelConfig p;
-    p.recompute = "full*2,selective,none";
+    p.recompute = parse_recompute("full*2,selective,none");
     EXPECT_EQ(p.recompute_layers(4),
               (std::vector<Recompute>{Recompute::kFull, Recompute::kFull, Recompute::kSelective, Recompute::kNone}));
-    p.recompute = "selective";
+    p.recompute = parse_recompute("selective");
     EXPECT_EQ(p.recompute_layers(3), std::vector<Recompute>(3, Recompute::kSelective));
   }
   EXPECT_NE(error_of({"parallel.pp=2", "parallel.vpp=2"}).find("needs parallel.schedule = interleaved"),
@@ -166,7 +166,30 @@ TEST(Config, TomlRoundTrip) {
   EXPECT_EQ(d.optim.lr, 0.0003);
   EXPECT_EQ(d.data.path, "/x y");
   EXPECT_EQ(d.train.steps, 7);
-  EXPECT_EQ(d.parallel.pp_layers, "4,4");
+  EXPECT_EQ(pp_layers_text(d.parallel.pp_layers), "4,4");
+  EXPECT_EQ(d.parallel.pp_layers, (std::vector<int64_t>{4, 4}));
+}
+
+// Issue 13 item 2: the layout keys are values in ParallelConfig; only the schema converts
+// their text, and it prints them back as written (run-length per layer).
+TEST(Config, LayoutKeysAreTypedValuesThatPrintBackAsWritten) {
+  const Config c = load_config("", {"parallel.recompute=full*2,selective,none", "parallel.dp=2", "parallel.zero=3",
+                                    "parallel.zero_keep=keep,shard*3", "parallel.schedule=gpipe"});
+  EXPECT_EQ(c.parallel.recompute,
+            (std::vector<Recompute>{Recompute::kFull, Recompute::kFull, Recompute::kSelective, Recompute::kNone}));
+  EXPECT_EQ(c.parallel.zero_keep, (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::kGPipe);
+  const std::string toml = to_toml(c);
+  EXPECT_NE(toml.find("recompute = 'full*2,selective,none'"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("zero_keep = 'keep,shard*3'"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("schedule = 'gpipe'"), std::string::npos) << toml;
+  // Coverage is checked against the final layer count, whatever order the keys come in.
+  EXPECT_EQ(error_of({"parallel.recompute=full*6", "model.layers=6"}), "");
+  EXPECT_EQ(load_config("", {"parallel.recompute=selective"}).parallel.recompute_layers(4),
+            std::vector<Recompute>(4, Recompute::kSelective));
+  // A value that does not parse is listed with the validation's findings, not alone.
+  const std::string two = error_of({"parallel.schedule=zb", "parallel.zero=7"});
+  EXPECT_NE(two.find("2 problems"), std::string::npos) << two;
 }
 
 TEST(Config, FileSyntaxErrorNamesLine) {

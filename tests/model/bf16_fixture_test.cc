@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/model/model.h"
-#include "loom/train/safetensors.h"
+#include "loom/core/safetensors.h"
 #include "support/model_fixture.h"
 
 namespace loom {

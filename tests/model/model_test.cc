@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/model/model.h"
-#include "loom/train/optimizer.h"
-#include "loom/train/safetensors.h"
+#include "loom/optim/optimizer.h"
+#include "loom/core/safetensors.h"
 #include "support/model_fixture.h"
 
 namespace loom {

@@ -12,7 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/pipeline.h"
-#include "loom/train/checkpoint.h"
+#include "loom/ckpt/checkpoint.h"
 #include "loom/train/verify.h"
 #include "support/train_threads.h"
 

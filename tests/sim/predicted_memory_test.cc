@@ -76,7 +76,7 @@ TEST(PredictedMemory, FourteenLayoutsWithinFivePercentOfTheEngine) {
 
 #include <unistd.h>
 
-#include "loom/train/calibrate.h"
+#include "loom/sim/calibrate.h"
 
 namespace loom {
 namespace {

@@ -75,19 +75,19 @@ TEST(Costs, CurveInterpolatesInLogSize) {
 TEST(Costs, CollectiveFormulaByHand) {
   const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
   // 8 ranks in one node, 1 GB all-reduce: 2*7/8 * 1e9 / (300e9 * 0.75) + 2 * 7 * 3 us.
-  const GroupPlace node = place_group(c, 8, 1);
+  const GroupShape node = place_group(c, 8, 1);
   EXPECT_EQ(node.nodes, 1);
-  EXPECT_NEAR(collective_time_s(c, Coll::kAllReduce, 1e9, node), 1.75e9 / 225e9 + 42e-6, 1e-12);
+  EXPECT_NEAR(collective_time_s(c, OpKind::kAllReduce, 1e9, node), 1.75e9 / 225e9 + 42e-6, 1e-12);
   // 2 ranks, one per node (stride 8): p2p over one NIC, 25e9 * 0.9, plus 6 us.
-  const GroupPlace pair = place_group(c, 2, 8);
+  const GroupShape pair = place_group(c, 2, 8);
   EXPECT_EQ(pair.nodes, 2);
   EXPECT_EQ(pair.per_node, 1);
-  EXPECT_NEAR(collective_time_s(c, Coll::kP2P, 1e8, pair), 1e8 / 22.5e9 + 6e-6, 1e-12);
+  EXPECT_NEAR(collective_time_s(c, OpKind::kSend, 1e8, pair), 1e8 / 22.5e9 + 6e-6, 1e-12);
   // 16 ranks over 2 nodes, 8 per node: busbw min(225, 8 x 22.5) = 180 GB/s.
-  const GroupPlace all = place_group(c, 16, 1);
+  const GroupShape all = place_group(c, 16, 1);
   EXPECT_EQ(all.per_node, 8);
-  EXPECT_NEAR(collective_time_s(c, Coll::kAllGather, 1.6e9, all), 15.0 / 16 * 1.6e9 / 180e9 + 7 * 3e-6 + 6e-6, 1e-12);
-  EXPECT_EQ(collective_time_s(c, Coll::kAllReduce, 1e9, place_group(c, 1, 1)), 0.0);
+  EXPECT_NEAR(collective_time_s(c, OpKind::kAllGather, 1.6e9, all), 15.0 / 16 * 1.6e9 / 180e9 + 7 * 3e-6 + 6e-6, 1e-12);
+  EXPECT_EQ(collective_time_s(c, OpKind::kAllReduce, 1e9, place_group(c, 1, 1)), 0.0);
 }
 
 TEST(Costs, ParamCountsMatchTheEngineLayoutTable) {
@@ -205,7 +205,7 @@ TEST(Simulator, OneF1BBubbleIsTheFormulaWhenStagesAreEven) {
     EXPECT_NEAR(r.bubble_fraction, formula, 0.02) << "pp " << pp << " m " << m;
     // The first stage holds pp micro-batches (1F1B), GPipe all m.
     SimPlan g = p;
-    g.cfg.parallel.schedule = "gpipe";
+    g.cfg.parallel.schedule = ScheduleKind::kGPipe;
     const SimResult rg = simulate(g, free_links(pp));
     EXPECT_NEAR(rg.step_time_s, r.step_time_s, 1e-3 * r.step_time_s);  // the ends are slightly heavier
     EXPECT_GT(rg.ranks[0].memory.activations, r.ranks[0].memory.activations * (double(m) / pp) * 0.99);

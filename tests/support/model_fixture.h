@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
-#include "loom/train/safetensors.h"
+#include "loom/core/safetensors.h"
 
 namespace loom::testing_support {
 

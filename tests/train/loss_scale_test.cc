@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/loss_scale.h"
-#include "loom/train/rank_plan.h"
+#include "loom/optim/loss_scale.h"
+#include "loom/parallel/rank_plan.h"
 #include "loom/train/trainer.h"
 #include "support/train_threads.h"
 

@@ -8,7 +8,7 @@
 #include "loom/comm/world.h"
 #include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
-#include "loom/train/rank_plan.h"
+#include "loom/parallel/rank_plan.h"
 
 namespace loom {
 namespace {

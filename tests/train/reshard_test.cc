@@ -8,8 +8,8 @@
 
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/shard_ckpt.h"
+#include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/shard_ckpt.h"
 #include "loom/train/trainer.h"
 #include "support/train_threads.h"
 

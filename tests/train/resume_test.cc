@@ -12,7 +12,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
-#include "loom/train/shard_ckpt.h"
+#include "loom/ckpt/shard_ckpt.h"
 #include "loom/train/trainer.h"
 #include "support/train_threads.h"
 

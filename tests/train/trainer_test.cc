@@ -8,8 +8,8 @@
 
 #include "loom/core/error.h"
 #include "loom/model/model.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/safetensors.h"
+#include "loom/ckpt/checkpoint.h"
+#include "loom/core/safetensors.h"
 #include "loom/train/sampler.h"
 #include "loom/train/trainer.h"
 

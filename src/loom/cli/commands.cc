@@ -6,10 +6,10 @@
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/run_dir.h"
+#include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/run_dir.h"
 #include "loom/train/sampler.h"
-#include "loom/train/shard_ckpt.h"
+#include "loom/ckpt/shard_ckpt.h"
 
 namespace loom::cli {
 

@@ -12,7 +12,7 @@
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/sim/timeline.h"
-#include "loom/train/calibrate.h"
+#include "loom/sim/calibrate.h"
 
 namespace loom::cli {
 
@@ -85,7 +85,7 @@ nlohmann::json layout_json(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   return {{"dp", q.dp}, {"tp", q.tp}, {"pp", q.pp}, {"vpp", q.vpp}, {"cp", p.cp}, {"sp", q.sp}, {"zero", q.zero},
           {"micro_batch", p.cfg.micro_batch()}, {"grad_accum", p.cfg.train.grad_accum}, {"global_batch", p.cfg.train.batch},
-          {"seq", p.cfg.seq_len()}, {"schedule", q.schedule}, {"recompute", q.recompute}, {"pp_layers", q.pp_layers}};
+          {"seq", p.cfg.seq_len()}, {"schedule", schedule_name(q.schedule)}, {"recompute", recompute_text(q.recompute)}, {"pp_layers", pp_layers_text(q.pp_layers)}};
 }
 
 nlohmann::json result_json(const sim::SimResult& r) {
@@ -137,8 +137,8 @@ int run_simulate(const SimArgs& a) {
   std::ostringstream title;
   title << (in.plan.cfg.model.notes.empty() ? in.plan.cfg.model.preset : std::string("model by shape")) << " on " << in.cluster.name << " (" << r.gpus << " GPUs): dp " << q.dp << " tp "
         << q.tp << " pp " << q.pp << " vpp " << q.vpp << " cp " << in.plan.cp << (q.sp ? " sp" : "") << " zero "
-        << q.zero << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << ", " << q.schedule
-        << ", recompute " << q.recompute;
+        << q.zero << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << ", " << schedule_name(q.schedule)
+        << ", recompute " << recompute_text(q.recompute);
   if (!a.trace.empty()) sim::write_sim_trace(a.trace, r);
   if (!a.svg.empty()) sim::write_sim_svg(a.svg, r, title.str());
   if (a.json) {
@@ -171,7 +171,7 @@ int run_calibrate(const CalibrateArgs& a) {
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::ofstream f(out + ".tmp");
-  f << "# Measured by `loom calibrate` on " << date << " (Note [Calibration] in src/loom/train/calibrate.cc):\n"
+  f << "# Measured by `loom calibrate` on " << date << " (Note [Calibration] in src/loom/sim/calibrate.cc):\n"
     << "# every number below is a measurement of loom's own kernels and collectives on this machine.\n"
     << sim::cluster_to_toml(c);
   f.close();

@@ -10,7 +10,7 @@
 #include "loom/data/spm.h"
 #include "loom/data/tokenizer.h"
 #include "loom/train/data.h"
-#include "loom/train/run_dir.h"
+#include "loom/ckpt/run_dir.h"
 
 namespace loom::cli {
 

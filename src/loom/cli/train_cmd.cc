@@ -19,7 +19,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
-#include "loom/train/run_dir.h"
+#include "loom/ckpt/run_dir.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
 

@@ -16,6 +16,7 @@ constexpr int kTagBroadcast = kFirstInternalTag + 4;
 constexpr int kTagReduce = kFirstInternalTag + 5;
 constexpr int kTagAllToAll = kFirstInternalTag + 6;
 constexpr int kTagBarrier = kFirstInternalTag + 7;
+constexpr int kTagCompressed = kFirstInternalTag + 9;
 
 // Below this size recursive_all_reduce exchanges whole vectors (log2 p steps) instead of
 // halving them (2 log2 p steps): at ~5 us per step and >= 5 GB/s, sending 32 KiB twice
@@ -97,26 +98,52 @@ std::span<std::byte> Link::scratch(size_t bytes) {
   return {scratch_.data(), bytes};
 }
 
-void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op) {
+void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op,
+                     const RingCodec* codec) {
   const int n = l.size(), r = l.rank();
   if (n == 1) return;
-  const size_t es = dtype_bytes(dtype);
-  const int right = mod(r + 1, n), left = mod(r - 1, n);
-  const std::span<std::byte> tmp = l.scratch(chunk_of(count, n, 0).count * es);
+  LOOM_ASSERT(!codec || (dtype == DType::kF32 && op != ReduceOp::kMax), "a ring codec carries f32 sums only");
+  const size_t es = dtype_bytes(dtype), max_chunk = chunk_of(count, n, 0).count;
+  const int right = mod(r + 1, n), left = mod(r - 1, n), tag = codec ? kTagCompressed : kTagAllReduce;
+  // Scratch: [outgoing wire | incoming wire] (codec only; 64-byte aligned for scales and
+  // floats) | one chunk of elements.
+  const size_t wire = codec ? (codec->wire_bytes(max_chunk) + 63) / 64 * 64 : 0;
+  const std::span<std::byte> s = l.scratch(2 * wire + max_chunk * es);
+  std::byte* out_wire = s.data();
+  std::byte* in_wire = s.data() + wire;
+  std::byte* tmp = s.data() + 2 * wire;
   auto bytes_of = [&](Chunk c) { return buf.subspan(c.begin * es, c.count * es); };
+  auto floats_of = [&](Chunk c) { return reinterpret_cast<float*>(buf.data() + c.begin * es); };
   // Reduce-scatter: after step s rank r holds s + 2 contributions of chunk r - s - 1;
   // after n - 1 steps chunk r + 1 is complete here.
-  for (int s = 0; s < n - 1; ++s) {
-    const Chunk send = chunk_of(count, n, mod(r - s, n)), recv = chunk_of(count, n, mod(r - s - 1, n));
-    l.exchange(bytes_of(send), right, tmp.first(recv.count * es), left, kTagAllReduce);
-    reduce_into(dtype, op, buf.data() + recv.begin * es, tmp.data(), recv.count);
+  for (int st = 0; st < n - 1; ++st) {
+    const Chunk send = chunk_of(count, n, mod(r - st, n)), recv = chunk_of(count, n, mod(r - st - 1, n));
+    if (codec) {
+      codec->encode(floats_of(send), send.count, out_wire);
+      l.exchange({out_wire, codec->wire_bytes(send.count)}, right, {in_wire, codec->wire_bytes(recv.count)}, left,
+                 tag);
+      codec->decode(in_wire, recv.count, reinterpret_cast<float*>(tmp));
+    } else {
+      l.exchange(bytes_of(send), right, {tmp, recv.count * es}, left, tag);
+    }
+    reduce_into(dtype, op, buf.data() + recv.begin * es, tmp, recv.count);
   }
   const Chunk own = chunk_of(count, n, mod(r + 1, n));
   if (op == ReduceOp::kAvg) divide(dtype, buf.data() + own.begin * es, own.count, n);
-  // All-gather: pass complete chunks around the ring.
-  for (int s = 0; s < n - 1; ++s) {
-    const Chunk send = chunk_of(count, n, mod(r + 1 - s, n)), recv = chunk_of(count, n, mod(r - s, n));
-    l.exchange(bytes_of(send), right, bytes_of(recv), left, kTagAllReduce);
+  if (codec) {  // encode the finished chunk once; keep what the others will decode
+    codec->encode(floats_of(own), own.count, out_wire);
+    codec->decode(out_wire, own.count, floats_of(own));
+  }
+  // All-gather: pass complete chunks (or their wire bytes, unchanged) around the ring.
+  for (int st = 0; st < n - 1; ++st) {
+    const Chunk send = chunk_of(count, n, mod(r + 1 - st, n)), recv = chunk_of(count, n, mod(r - st, n));
+    if (!codec) {
+      l.exchange(bytes_of(send), right, bytes_of(recv), left, tag);
+      continue;
+    }
+    l.exchange({out_wire, codec->wire_bytes(send.count)}, right, {in_wire, codec->wire_bytes(recv.count)}, left, tag);
+    codec->decode(in_wire, recv.count, floats_of(recv));
+    std::swap(out_wire, in_wire);
   }
 }
 

@@ -79,8 +79,25 @@ struct Chunk {
 };
 Chunk chunk_of(size_t count, int parts, int i);
 
-// all_reduce in place on buf (count elements).
-void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
+// Note [Ring codecs]
+// A ring step moves a chunk in a wire format. Without a codec that is the elements' own
+// bytes: sent from and received into place, partial sums reduced in the buffer's dtype.
+// With one (f32 sum/avg only), each step encodes the outgoing partial sum, decodes the
+// incoming one into scratch and adds it in f32; the owner of a finished chunk encodes it
+// once and keeps the decoded value itself, and the all-gather forwards wire bytes
+// unchanged, so every rank ends with the same bits (Note [Compressed all-reduce]). One
+// schedule serves both; a new compression is a new codec, not a new ring.
+class RingCodec {
+ public:
+  virtual ~RingCodec() = default;
+  virtual size_t wire_bytes(size_t count) const = 0;
+  virtual void encode(const float* x, size_t count, std::byte* wire) const = 0;
+  virtual void decode(const std::byte* wire, size_t count, float* x) const = 0;
+};
+
+// all_reduce in place on buf (count elements); `codec`: the messages' wire format.
+void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op,
+                     const RingCodec* codec = nullptr);
 // Rabenseifner: fold to a power of two, recursive halving reduce-scatter, recursive
 // doubling all-gather, unfold. 2 log2(p) steps instead of the ring's 2 (p - 1).
 void recursive_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
@@ -131,6 +148,7 @@ inline constexpr size_t kQuantBlock = 256;
 size_t compressed_bytes(Compression c, size_t count);
 void compress(Compression c, const float* x, size_t count, std::byte* out);
 void decompress(Compression c, const std::byte* in, size_t count, float* x);
-void compressed_ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, ReduceOp op, Compression c);
+// The ring codec of a compression other than kNone.
+const RingCodec& ring_codec(Compression c);
 
 }  // namespace loom::comm

@@ -7,11 +7,6 @@
 #include "loom/core/error.h"
 
 namespace loom::comm {
-namespace {
-
-constexpr int kTagCompressed = kFirstInternalTag + 9;
-
-}  // namespace
 
 size_t compressed_bytes(Compression c, size_t count) {
   switch (c) {
@@ -60,39 +55,25 @@ void decompress(Compression c, const std::byte* in, size_t count, float* x) {
   }
 }
 
-void compressed_ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, ReduceOp op, Compression c) {
-  const int n = l.size(), r = l.rank();
-  if (n == 1) return;
-  float* data = reinterpret_cast<float*>(buf.data());
-  const int right = mod(r + 1, n), left = mod(r - 1, n);
-  const size_t max_chunk = chunk_of(count, n, 0).count;
-  const size_t wire = (compressed_bytes(c, max_chunk) + 63) / 64 * 64;  // keeps scales and floats aligned
-  // Scratch: outgoing wire | incoming wire | one decompressed chunk.
-  const std::span<std::byte> s = l.scratch(2 * wire + max_chunk * 4);
-  std::byte* out_wire = s.data();
-  std::byte* in_wire = s.data() + wire;
-  float* tmp = reinterpret_cast<float*>(s.data() + 2 * wire);
-  for (int st = 0; st < n - 1; ++st) {
-    const Chunk send = chunk_of(count, n, mod(r - st, n)), recv = chunk_of(count, n, mod(r - st - 1, n));
-    compress(c, data + send.begin, send.count, out_wire);
-    l.exchange({out_wire, compressed_bytes(c, send.count)}, right, {in_wire, compressed_bytes(c, recv.count)}, left,
-               kTagCompressed);
-    decompress(c, in_wire, recv.count, tmp);
-    float* acc = data + recv.begin;
-    for (size_t i = 0; i < recv.count; ++i) acc[i] += tmp[i];
-  }
-  // Own chunk is complete: scale, quantise once, keep the dequantised value too.
-  const Chunk own = chunk_of(count, n, mod(r + 1, n));
-  if (op == ReduceOp::kAvg) divide(DType::kF32, reinterpret_cast<std::byte*>(data + own.begin), own.count, n);
-  compress(c, data + own.begin, own.count, out_wire);
-  decompress(c, out_wire, own.count, data + own.begin);
-  for (int st = 0; st < n - 1; ++st) {
-    const Chunk send = chunk_of(count, n, mod(r + 1 - st, n)), recv = chunk_of(count, n, mod(r - st, n));
-    l.exchange({out_wire, compressed_bytes(c, send.count)}, right, {in_wire, compressed_bytes(c, recv.count)}, left,
-               kTagCompressed);
-    decompress(c, in_wire, recv.count, data + recv.begin);
-    std::swap(out_wire, in_wire);  // forward the received bytes unchanged
-  }
+namespace {
+
+class CompressionCodec : public RingCodec {
+ public:
+  explicit CompressionCodec(Compression c) : c_(c) {}
+  size_t wire_bytes(size_t count) const override { return compressed_bytes(c_, count); }
+  void encode(const float* x, size_t count, std::byte* wire) const override { compress(c_, x, count, wire); }
+  void decode(const std::byte* wire, size_t count, float* x) const override { decompress(c_, wire, count, x); }
+
+ private:
+  Compression c_;
+};
+
+}  // namespace
+
+const RingCodec& ring_codec(Compression c) {
+  static const CompressionCodec bf16(Compression::kBF16), int8(Compression::kInt8);
+  LOOM_ASSERT(c != Compression::kNone, "no ring codec for uncompressed messages");
+  return c == Compression::kBF16 ? bf16 : int8;
 }
 
 }  // namespace loom::comm

@@ -129,7 +129,7 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
     case OpKind::kAllReduce:
       if (a == Algorithm::kShm) shm_all_reduce(link, *transport_->shared(), d.out, d.count, d.dtype, d.reduce);
       else if (d.compression != Compression::kNone)
-        compressed_ring_all_reduce(link, d.out, d.count, d.reduce, d.compression);
+        ring_all_reduce(link, d.out, d.count, DType::kF32, d.reduce, &ring_codec(d.compression));
       else if (a == Algorithm::kRing) ring_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       else recursive_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       return;

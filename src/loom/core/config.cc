@@ -33,6 +33,12 @@ struct KeyDef {
   Getter get;
 };
 
+[[noreturn]] void throw_config_errors(const std::vector<std::string>& errs) {
+  std::string msg = errs.size() == 1 ? "invalid config: " : "invalid config (" + std::to_string(errs.size()) + " problems):";
+  for (const auto& e : errs) msg += (errs.size() == 1 ? "" : "\n  - ") + e;
+  throw ConfigError(msg);
+}
+
 [[noreturn]] void bad_value(const std::string& key, const std::string& text, const char* expected) {
   throw ConfigError("config key '" + key + "' = '" + text + "': expected " + expected);
 }
@@ -187,11 +193,20 @@ const std::vector<KeyDef>& schema() {
                                               "every tp rank (false: no vocabulary collectives, more memory)"),
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
-      LOOM_STRING_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved"),
-      LOOM_STRING_KEY(parallel, recompute, "activation recompute: none | selective | full, or per layer: \"full*20,none*4\""),
-      LOOM_STRING_KEY(parallel, zero_keep, "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
-                                           "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all"),
-      LOOM_STRING_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\"; empty = even split"),
+      // The layout keys are typed in ParallelConfig; these convert their text once.
+      KeyDef{"parallel.schedule", "pipeline schedule: gpipe | 1f1b | interleaved",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.schedule = parse_schedule(parse_string(k, v)); },
+             [](const Config& c) { return quote(schedule_name(c.parallel.schedule)); }},
+      KeyDef{"parallel.recompute", "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.recompute = parse_recompute(parse_string(k, v)); },
+             [](const Config& c) { return quote(recompute_text(c.parallel.recompute)); }},
+      KeyDef{"parallel.zero_keep", "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
+                                   "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.zero_keep = parse_zero_keep(parse_string(k, v)); },
+             [](const Config& c) { return quote(zero_keep_text(c.parallel.zero_keep)); }},
+      KeyDef{"parallel.pp_layers", "layers per pipeline stage, e.g. \"3,4\"; empty = even split",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.pp_layers = parse_pp_layers(parse_string(k, v)); },
+             [](const Config& c) { return quote(pp_layers_text(c.parallel.pp_layers)); }},
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
   };
   return keys;
@@ -317,16 +332,29 @@ Config resolve(const std::vector<Assignment>& file_values, const std::vector<Ass
       if (a.key == "model.preset") preset = parse_string(a.key, a.value), preset_named = true;
   apply_model_preset(c.model, preset);
   bool kv_given = false;
+  std::vector<std::string> bad;  // values that do not parse; reported with the validation's findings
   for (const auto* list : {&file_values, &overrides})
     for (const auto& a : *list) {
-      if (a.key != "model.preset") require_key(a.key).set(c, a.value, a.key);
+      try {
+        if (a.key != "model.preset") require_key(a.key).set(c, a.value, a.key);
+      } catch (const ConfigError& e) {
+        bad.push_back(e.what());
+      }
       kv_given |= a.key == "model.kv_heads";
     }
   // GPT has no GQA: unless kv_heads was given, it follows heads.
   if (c.model.arch == Arch::kGpt && !kv_given) c.model.kv_heads = c.model.heads;
   if (!preset_named) complete_model_by_shape(c.model, given_model_keys(file_values, overrides));
-  validate(c);
-  return c;
+  if (bad.empty()) {
+    validate(c);
+    return c;
+  }
+  // A bad value leaves its key at the default; the rest is checked as the run would be, so
+  // one pass lists every problem.
+  const std::vector<std::string> rest = validation_errors(c);
+  if (bad.size() == 1 && rest.empty()) throw ConfigError(bad.front());
+  bad.insert(bad.end(), rest.begin(), rest.end());
+  throw_config_errors(bad);
 }
 
 toml::table parse_toml_text(const std::string& text, const std::string& origin) {
@@ -413,7 +441,7 @@ bool power_of_two(double x) {
   return x > 0 && std::isfinite(x) && std::frexp(x, &e) == 0.5;
 }
 
-// Note [Dynamic loss scaling] (train/loss_scale.h).
+// Note [Dynamic loss scaling] (optim/loss_scale.h).
 void append_loss_scale_errors(const TrainConfig& t, std::vector<std::string>& errs) {
   const std::string& ls = t.loss_scale;
   const std::string why = ": loss scales are powers of two, so scaling and unscaling change no bits";
@@ -533,11 +561,7 @@ std::vector<std::string> validation_errors(const Config& c) {
 }
 
 void validate(const Config& c) {
-  auto errs = validation_errors(c);
-  if (errs.empty()) return;
-  std::string msg = errs.size() == 1 ? "invalid config: " : "invalid config (" + std::to_string(errs.size()) + " problems):";
-  for (const auto& e : errs) msg += (errs.size() == 1 ? "" : "\n  - ") + e;
-  throw ConfigError(msg);
+  if (auto errs = validation_errors(c); !errs.empty()) throw_config_errors(errs);
 }
 
 Config config_from_toml_string(const std::string& text, const std::vector<std::string>& overrides) {

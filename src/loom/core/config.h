@@ -89,6 +89,20 @@ enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
 // The pipeline schedules (Note [Schedules as data] in parallel/schedule.h).
 enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
 
+// The text forms of the typed layout keys, as TOML files, --set, plan files and reports
+// write them. The parse functions throw ConfigError naming the key, the text and the fix.
+const char* schedule_name(ScheduleKind k);  // "gpipe" | "1f1b" | "interleaved"
+ScheduleKind parse_schedule(const std::string& text);
+// "full*20,none*4" <-> {kFull x20, kNone x4}; a single policy stays one value (every layer).
+std::vector<Recompute> parse_recompute(const std::string& text);
+std::string recompute_text(const std::vector<Recompute>& layers);
+// "keep*4,shard*20" <-> {true x4, false x20}; "" <-> {} (shard every layer).
+std::vector<bool> parse_zero_keep(const std::string& text);
+std::string zero_keep_text(const std::vector<bool>& layers);
+// "3,4" <-> {3, 4}; "" <-> {}.
+std::vector<int64_t> parse_pp_layers(const std::string& text);
+std::string pp_layers_text(const std::vector<int64_t>& split);
+
 // How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:
 // pp, dp, tp (tp ranks are adjacent global ranks, as in Megatron).
 struct ParallelConfig {
@@ -98,24 +112,21 @@ struct ParallelConfig {
   bool vocab_parallel = true;  // under tp: embedding/head split by vocabulary, else replicated
   int64_t zero = 0;            // 0: plain data parallel; 1: optimizer state, 2: + gradients, 3: + params sharded
   int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
-  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved
-  std::string recompute = "none";    // none | selective | full, or one per layer: "full*20,selective*4"
-  std::string pp_layers;       // layers per pipeline stage, e.g. "3,4"; empty: as even as possible
-  std::string zero_keep;       // ZeRO-3, per layer keep | shard ("keep*4,shard*20"); empty: shard all
+  // Layout choices, typed; the schema converts them to and from their TOML text once
+  // (Note [Per-layer keys] in parallel_config.cc).
+  ScheduleKind schedule = ScheduleKind::k1F1B;       // gpipe | 1f1b | interleaved
+  std::vector<Recompute> recompute{Recompute::kNone};  // one for every layer, or one per layer
+  std::vector<int64_t> pp_layers;  // layers per pipeline stage, e.g. {3, 4}; empty: as even as possible
+  std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
   int64_t world() const { return dp * tp * pp; }
-  // pp_layers as counts ({} when empty). Throws ConfigError on bad syntax (validate() has
-  // already refused it for any loaded config).
-  std::vector<int> layer_split() const;
-  // The recompute policy of each of `layers` layers (from "none", "selective" or "full"): one
-  // policy for all, or a list of policy[*count] entries covering every layer. Throws
-  // ConfigError on anything else (validate() has already refused it for a loaded config).
+  // pp_layers as ints ({} when empty).
+  std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }
+  // The recompute policy of each of `layers` layers. Throws ConfigError when the list does
+  // not cover them (validate() has already refused that for a loaded config).
   std::vector<Recompute> recompute_layers(int64_t layers) const;
-  // parallel.schedule as its kind ("gpipe" | "1f1b" | "interleaved"); throws ConfigError
-  // otherwise (validate() has already refused it for a loaded config).
-  ScheduleKind schedule_kind() const;
   // ZeRO-3 per layer: true = its gathered parameters stay for the whole step (gathered once,
-  // dropped after the optimizer), false = gathered per use. Empty zero_keep: all false.
+  // dropped after the optimizer), false = gathered per use.
   std::vector<bool> zero_keep_layers(int64_t layers) const;
 };
 

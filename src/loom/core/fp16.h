@@ -6,7 +6,7 @@
 // values has at most 22 significant bits and an exponent far inside fp32's range, so it
 // is exact in fp32 and the same accumulation bound holds. What fp16 adds is range: a
 // gradient below 2^-24 flushes to zero and one above 65504 becomes infinity, which is
-// what dynamic loss scaling (Note [Dynamic loss scaling] in train/loss_scale.h) manages.
+// what dynamic loss scaling (Note [Dynamic loss scaling] in optim/loss_scale.h) manages.
 #pragma once
 
 #include <bit>

@@ -30,25 +30,6 @@ std::vector<int64_t> common_divisors(const std::vector<int64_t>& of) {
   return out;
 }
 
-// "3,4" -> {3, 4}; on bad syntax, {} and *error set.
-std::vector<int64_t> parse_layer_list(const std::string& text, std::string* error) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t pos = 0;
-      const long long v = std::stoll(item, &pos);
-      if (pos != item.size() || v <= 0) throw 0;
-      out.push_back(v);
-    } catch (...) {
-      *error = "parallel.pp_layers = \"" + text + "\": '" + item + "' is not a positive layer count; expected e.g. \"3,4\"";
-      return {};
-    }
-  }
-  return out;
-}
-
 void check_degrees(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
   for (auto [name, v] : {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp},
@@ -59,8 +40,6 @@ void check_degrees(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("parallel.micro_batch = " + str(p.micro_batch) + ": expected >= 0 (0 derives it from train.batch)");
   if (!(p.bucket_mb > 0 && p.bucket_mb <= 1 << 20))
     errs.push_back("parallel.bucket_mb = " + std::to_string(p.bucket_mb) + ": expected MiB in (0, 1048576]");
-  if (p.schedule != "gpipe" && p.schedule != "1f1b" && p.schedule != "interleaved")
-    errs.push_back("parallel.schedule = '" + p.schedule + "': expected gpipe, 1f1b or interleaved");
   if (c.model.layers > 0) {
     for (const auto& check : {std::function<void()>([&] { p.recompute_layers(c.model.layers); }),
                               std::function<void()>([&] { p.zero_keep_layers(c.model.layers); })}) {
@@ -72,7 +51,7 @@ void check_degrees(const Config& c, std::vector<std::string>& errs) {
     }
   }
   if (!p.zero_keep.empty() && p.zero != 3)
-    errs.push_back("parallel.zero_keep = '" + p.zero_keep + "' needs parallel.zero = 3 (it is " + str(p.zero) +
+    errs.push_back("parallel.zero_keep = '" + zero_keep_text(p.zero_keep) + "' needs parallel.zero = 3 (it is " + str(p.zero) +
                    "): only ZeRO-3 shards parameters");
 
   const ModelConfig& m = c.model;
@@ -100,10 +79,10 @@ void check_pipeline(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("parallel.pp x parallel.vpp = " + str(p.pp) + " x " + str(p.vpp) + " = " + str(stages) +
                    " stages exceeds model.layers = " + str(L) + ": every stage needs a layer; valid pp at vpp " +
                    str(p.vpp) + ": 1.." + str(L / p.vpp));
-  if (p.vpp > 1 && p.schedule != "interleaved")
+  if (p.vpp > 1 && p.schedule != ScheduleKind::kInterleaved1F1B)
     errs.push_back("parallel.vpp = " + str(p.vpp) + " needs parallel.schedule = interleaved (it is '" +
-                   p.schedule + "')");
-  if (p.schedule == "interleaved") {
+                   schedule_name(p.schedule) + "')");
+  if (p.schedule == ScheduleKind::kInterleaved1F1B) {
     if (p.vpp < 2 || p.pp < 2)
       errs.push_back("parallel.schedule = interleaved needs parallel.pp >= 2 and parallel.vpp >= 2 (have pp " +
                      str(p.pp) + ", vpp " + str(p.vpp) + "); use 1f1b otherwise");
@@ -112,17 +91,11 @@ void check_pipeline(const Config& c, std::vector<std::string>& errs) {
                      str(c.train.grad_accum) + " divisible by parallel.pp = " + str(p.pp) + "; e.g. grad_accum = " +
                      str((c.train.grad_accum / p.pp + 1) * p.pp));
   }
-  if (!p.pp_layers.empty()) {
-    std::string e;
-    const std::vector<int64_t> split = parse_layer_list(p.pp_layers, &e);
-    if (!e.empty()) {
-      errs.push_back(e);
-      return;
-    }
+  if (const std::vector<int64_t>& split = p.pp_layers; !split.empty()) {
     int64_t sum = 0;
     for (int64_t v : split) sum += v;
     if (int64_t(split.size()) != stages || sum != L)
-      errs.push_back("parallel.pp_layers = \"" + p.pp_layers + "\" lists " + str(int64_t(split.size())) +
+      errs.push_back("parallel.pp_layers = \"" + pp_layers_text(split) + "\" lists " + str(int64_t(split.size())) +
                      " stages with " + str(sum) + " layers; need " + str(stages) + " stages (pp x vpp) summing to " +
                      "model.layers = " + str(L));
   }
@@ -215,69 +188,155 @@ void check_bucketing(const Config& c, std::vector<std::string>& errs) {
 
 }  // namespace
 
-std::vector<int> ParallelConfig::layer_split() const {
-  std::string error;
-  const std::vector<int64_t> split = parse_layer_list(pp_layers, &error);
-  if (!error.empty()) throw ConfigError(error);
-  return std::vector<int>(split.begin(), split.end());
-}
+// Note [Per-layer keys]
+// parallel.recompute and parallel.zero_keep choose a policy per layer. Their text is a list
+// of policy[*count] runs ("full*20,none*4"); one policy alone (with or without a count)
+// applies to every layer. The config holds the values, one per layer or one for all, so
+// the engine, the simulator and the planner never read text, and the planner writes its
+// per-layer answer as values. Whether a list covers model.layers is checked at validation,
+// where the layer count is final (a --set may change it after the key).
 
 namespace {
 
-// "a*3,b" -> {a, a, a, b}, covering exactly `layers` entries of `allowed`; one entry alone
-// applies to every layer. Throws ConfigError naming `key`, the value and the fix.
-std::vector<std::string> per_layer_list(const std::string& key, const std::string& value, int64_t layers,
-                                        const std::vector<std::string>& allowed) {
-  std::string choices;
-  for (const auto& a : allowed) choices += (choices.empty() ? "" : ", ") + a;
-  auto bad = [&](const std::string& why) {
-    return ConfigError(key + " = '" + value + "': " + why + "; expected one of " + choices +
-                       ", or one per layer as policy[*count] entries, e.g. \"" + allowed.back() + "*" +
-                       str(layers > 1 ? layers - 1 : 1) + "," + allowed.front() + "\"");
-  };
-  std::vector<std::string> out;
-  std::stringstream ss(value);
+constexpr int64_t kMaxLayers = int64_t(1) << 20;  // bounds a list before it is expanded
+
+template <typename T>
+using Names = std::vector<std::pair<const char*, T>>;
+
+template <typename T>
+std::string choices_of(const Names<T>& names) {
+  std::string out;
+  for (const auto& [n, v] : names) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+template <typename T>
+ConfigError bad_runs(const std::string& key, const std::string& text, const std::string& why, const Names<T>& names) {
+  return ConfigError(key + " = '" + text + "': " + why + "; expected one of " + choices_of(names) +
+                     ", or one per layer as policy[*count] entries, e.g. \"" + names.back().first + "*3," +
+                     names.front().first + "\"");
+}
+
+template <typename T>
+std::vector<T> parse_runs(const std::string& key, const std::string& text, const Names<T>& names) {
+  std::vector<T> out;
+  std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
     int64_t count = 1;
     if (const size_t star = item.find('*'); star != std::string::npos) {
       const std::string n = item.substr(star + 1);
       if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 9 || std::stoll(n) < 1)
-        throw bad("'" + item + "' has no positive count after '*'");
+        throw bad_runs(key, text, "'" + item + "' has no positive count after '*'", names);
       count = std::stoll(n);
       item = item.substr(0, star);
     }
-    if (std::find(allowed.begin(), allowed.end(), item) == allowed.end()) throw bad("'" + item + "' is not a policy");
-    if (int64_t(out.size()) + count > layers) throw bad("lists more than model.layers = " + str(layers) + " layers");
-    out.insert(out.end(), size_t(count), item);
+    const auto it = std::find_if(names.begin(), names.end(), [&](const auto& nv) { return item == nv.first; });
+    if (it == names.end()) throw bad_runs(key, text, "'" + item + "' is not a policy", names);
+    if (int64_t(out.size()) + count > kMaxLayers)
+      throw bad_runs(key, text, "lists more than " + str(kMaxLayers) + " layers", names);
+    out.insert(out.end(), size_t(count), it->second);
   }
-  if (out.size() == 1) out.assign(size_t(layers), out[0]);
-  if (int64_t(out.size()) != layers)
-    throw bad("covers " + str(int64_t(out.size())) + " of model.layers = " + str(layers) + " layers");
   return out;
+}
+
+template <typename T>
+std::string runs_text(const std::vector<T>& v, const Names<T>& names) {
+  auto name = [&](T x) {
+    for (const auto& [n, value] : names)
+      if (value == x) return std::string(n);
+    return std::string("?");
+  };
+  std::string out;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j < v.size() && v[j] == v[i]) ++j;
+    out += (out.empty() ? "" : ",") + name(v[i]) + (j - i > 1 ? "*" + std::to_string(j - i) : "");
+    i = j;
+  }
+  return out;
+}
+
+// One value for every layer, or exactly one per layer.
+template <typename T>
+std::vector<T> for_layers(const std::string& key, const std::vector<T>& v, int64_t layers, const Names<T>& names) {
+  if (v.size() == 1) return std::vector<T>(size_t(std::max<int64_t>(0, layers)), v[0]);
+  if (int64_t(v.size()) == layers) return v;
+  const std::string why = int64_t(v.size()) > layers ? "lists more than model.layers = " + str(layers) + " layers"
+                                                     : "covers " + str(int64_t(v.size())) + " of model.layers = " +
+                                                           str(layers) + " layers";
+  throw bad_runs(key, runs_text(v, names), why, names);
+}
+
+const Names<Recompute>& recompute_names() {
+  static const Names<Recompute> n = {{"none", Recompute::kNone}, {"selective", Recompute::kSelective},
+                                     {"full", Recompute::kFull}};
+  return n;
+}
+
+const Names<bool>& keep_names() {
+  static const Names<bool> n = {{"shard", false}, {"keep", true}};
+  return n;
 }
 
 }  // namespace
 
-std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {
-  std::vector<Recompute> out;
-  for (const std::string& r : per_layer_list("parallel.recompute", recompute, layers, {"none", "selective", "full"}))
-    out.push_back(r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone);
+const char* schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kGPipe: return "gpipe";
+    case ScheduleKind::k1F1B: return "1f1b";
+    case ScheduleKind::kInterleaved1F1B: return "interleaved";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule(const std::string& text) {
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B})
+    if (text == schedule_name(k)) return k;
+  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b or interleaved");
+}
+
+std::vector<Recompute> parse_recompute(const std::string& text) {
+  std::vector<Recompute> v = parse_runs("parallel.recompute", text, recompute_names());
+  if (v.empty()) throw bad_runs("parallel.recompute", text, "no policy given", recompute_names());
+  return v;
+}
+
+std::string recompute_text(const std::vector<Recompute>& layers) { return runs_text(layers, recompute_names()); }
+
+std::vector<bool> parse_zero_keep(const std::string& text) { return parse_runs("parallel.zero_keep", text, keep_names()); }
+
+std::string zero_keep_text(const std::vector<bool>& layers) { return runs_text(layers, keep_names()); }
+
+std::vector<int64_t> parse_pp_layers(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      size_t pos = 0;
+      const long long v = std::stoll(item, &pos);
+      if (pos != item.size() || v <= 0 || v > kMaxLayers) throw 0;
+      out.push_back(v);
+    } catch (...) {
+      throw ConfigError("parallel.pp_layers = \"" + text + "\": '" + item +
+                        "' is not a positive layer count; expected e.g. \"3,4\"");
+    }
+  }
   return out;
 }
 
-ScheduleKind ParallelConfig::schedule_kind() const {
-  if (schedule == "gpipe") return ScheduleKind::kGPipe;
-  if (schedule == "1f1b") return ScheduleKind::k1F1B;
-  if (schedule == "interleaved") return ScheduleKind::kInterleaved1F1B;
-  throw ConfigError("parallel.schedule = '" + schedule + "': expected gpipe, 1f1b or interleaved");
+std::string pp_layers_text(const std::vector<int64_t>& split) {
+  std::string out;
+  for (int64_t v : split) out += (out.empty() ? "" : ",") + str(v);
+  return out;
+}
+
+std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {
+  return for_layers("parallel.recompute", recompute, layers, recompute_names());
 }
 
 std::vector<bool> ParallelConfig::zero_keep_layers(int64_t layers) const {
-  std::vector<bool> out(size_t(std::max<int64_t>(0, layers)), false);
-  if (zero_keep.empty()) return out;
-  const auto list = per_layer_list("parallel.zero_keep", zero_keep, layers, {"shard", "keep"});
-  for (size_t l = 0; l < list.size(); ++l) out[l] = list[l] == "keep";
-  return out;
+  if (zero_keep.empty()) return std::vector<bool>(size_t(std::max<int64_t>(0, layers)), false);
+  return for_layers("parallel.zero_keep", zero_keep, layers, keep_names());
 }
 
 void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {

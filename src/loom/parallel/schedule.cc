@@ -59,15 +59,6 @@ std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
 
 }  // namespace
 
-const char* schedule_kind_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved1F1B: return "interleaved";
-  }
-  return "?";
-}
-
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
   LOOM_CHECK(m >= 1, "pipeline: micro-batches must be >= 1, got ", m);
@@ -76,7 +67,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
     LOOM_CHECK(m % pp == 0, "schedule interleaved needs micro-batches divisible by pp = ", pp, ", got ", m,
                "; use ", (m + pp - 1) / pp * pp, " micro-batches");
   } else {
-    LOOM_CHECK(vpp == 1, "schedule ", schedule_kind_name(kind), " runs one model chunk per rank; vpp = ", vpp,
+    LOOM_CHECK(vpp == 1, "schedule ", schedule_name(kind), " runs one model chunk per rank; vpp = ", vpp,
                " needs schedule interleaved");
   }
   Schedule s{kind, pp, vpp, m, {}};

@@ -19,9 +19,7 @@
 
 namespace loom::parallel {
 
-using ScheduleKind = loom::ScheduleKind;  // core/config.h: ParallelConfig::schedule_kind() parses it
-
-const char* schedule_kind_name(ScheduleKind k);
+using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_name()
 
 struct PipeStep {
   bool forward = true;

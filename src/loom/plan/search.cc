@@ -49,17 +49,6 @@ struct Acc {
   }
 };
 
-std::string run_length(const std::vector<std::string>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size();) {
-    size_t j = i;
-    while (j < v.size() && v[j] == v[i]) ++j;
-    out += (out.empty() ? "" : ",") + v[i] + (j - i > 1 ? "*" + std::to_string(j - i) : "");
-    i = j;
-  }
-  return out;
-}
-
 bool fits(const sim::SimResult& r, const sim::ClusterSpec& c) { return r.peak_memory_bytes <= c.device.memory_bytes; }
 
 // Stage DP on a pipelined plan: per-layer fwd + bwd time, embedding and head at the ends.
@@ -73,9 +62,7 @@ bool refine_stages(const PlanRequest& req, PlanCandidate& c) {
   const StageSplit split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s);
   if (split.layers.empty()) return false;
   PlanCandidate next = c;
-  std::string list;
-  for (int n : split.layers) list += (list.empty() ? "" : ",") + std::to_string(n);
-  next.plan.cfg.parallel.pp_layers = list;
+  next.plan.cfg.parallel.pp_layers.assign(split.layers.begin(), split.layers.end());
   next.result = sim::simulate(next.plan, req.cluster);
   if (!fits(next.result, req.cluster) || next.result.step_time_s >= c.result.step_time_s) return false;
   next.how = c.how == "uniform" ? "stage DP" : c.how + " + stage DP";
@@ -99,7 +86,7 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
   // Strategies per layer: recompute none / selective / full, and under ZeRO-3 each either
   // gathered per use (shard) or kept gathered for the step (keep): index = policy + 3 keep.
   const int keeps = par.zero >= 3 ? 2 : 1;
-  static const char* kPolicy[3] = {"none", "selective", "full"};
+  static const char* kPolicy[3] = {"none", "selective", "full"};  // indexed by Recompute
   for (int64_t v = 0, l = 0; v < V; ++v)
     for (int i = 0; i < per_stage[size_t(v)]; ++i, ++l) {
       const int rank = int(v % par.pp);
@@ -117,14 +104,15 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
   ++rep.ilp_solves;
   rep.ilp_s += sol.solve_s;
   if (!sol.feasible) return false;
-  std::vector<std::string> names, kept;
+  std::vector<Recompute> policy;
+  std::vector<bool> kept;
   for (int k : sol.choice) {
-    names.push_back(kPolicy[k % 3]);
-    kept.push_back(k >= 3 ? "keep" : "shard");
+    policy.push_back(Recompute(k % 3));
+    kept.push_back(k >= 3);
   }
   PlanCandidate next = c;
-  next.plan.cfg.parallel.recompute = run_length(names);
-  if (keeps == 2 && std::count(kept.begin(), kept.end(), "keep") > 0) next.plan.cfg.parallel.zero_keep = run_length(kept);
+  next.plan.cfg.parallel.recompute = policy;
+  if (keeps == 2 && std::count(kept.begin(), kept.end(), true) > 0) next.plan.cfg.parallel.zero_keep = kept;
   next.result = sim::simulate(next.plan, req.cluster);
   if (!fits(next.result, req.cluster) || next.result.step_time_s >= c.result.step_time_s) return false;
   next.how = c.how == "uniform" ? "per-layer ILP" : c.how + " + per-layer ILP";
@@ -142,10 +130,10 @@ std::string layout_label(const sim::SimPlan& p) {
   if (p.cp > 1) os << " cp " << p.cp;
   if (q.sp) os << " sp";
   if (!q.vocab_parallel && q.tp > 1) os << " vocab-replicated";
-  os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << q.schedule
-     << " recompute " << q.recompute;
-  if (!q.pp_layers.empty()) os << " layers " << q.pp_layers;
-  if (!q.zero_keep.empty()) os << " keep " << q.zero_keep;
+  os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << schedule_name(q.schedule)
+     << " recompute " << recompute_text(q.recompute);
+  if (!q.pp_layers.empty()) os << " layers " << pp_layers_text(q.pp_layers);
+  if (!q.zero_keep.empty()) os << " keep " << zero_keep_text(q.zero_keep);
   return os.str();
 }
 
@@ -172,17 +160,17 @@ PlanReport search_plans(const PlanRequest& req) {
             continue;
           }
           plan.cfg.train.grad_accum = B / (mb * dp);
-          std::vector<std::pair<std::string, int64_t>> scheds = {{"1f1b", 1}};
+          std::vector<std::pair<ScheduleKind, int64_t>> scheds = {{ScheduleKind::k1F1B, 1}};
           if (pp > 1)
-            for (int64_t v : interleave_degrees(L, pp)) scheds.push_back({"interleaved", v});
+            for (int64_t v : interleave_degrees(L, pp)) scheds.push_back({ScheduleKind::kInterleaved1F1B, v});
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
               for (int64_t zero : {0, 1, 2, 3})
-                for (const char* rc : {"none", "selective", "full"}) {
+                for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:
                   if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
-                  q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = rc;
+                  q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc};
                   q.vocab_parallel = vocab_parallel;
                   const std::vector<std::string> errs = validation_errors(plan.cfg);
                   if (!errs.empty()) {
@@ -204,7 +192,8 @@ PlanReport search_plans(const PlanRequest& req) {
   const size_t refine_n = req.refine ? std::min<size_t>(kept.size(), size_t(std::max<int64_t>(req.top, 3))) : 0;
   for (size_t i = 0; i < refine_n; ++i) {
     refine_stages(req, kept[i]);
-    if (kept[i].plan.cfg.parallel.recompute != "none" || kept[i].plan.cfg.parallel.zero == 3)
+    const std::vector<Recompute>& rc = kept[i].plan.cfg.parallel.recompute;
+    if (std::count(rc.begin(), rc.end(), Recompute::kNone) < int64_t(rc.size()) || kept[i].plan.cfg.parallel.zero == 3)
       refine_recompute(req, kept[i], rep);
   }
   std::sort(kept.begin(), kept.end(), faster);
@@ -250,14 +239,14 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
   if (q.zero >= 2)
     os << "\n# ZeRO-" << q.zero << " has no Megatron-LM flag; the closest is --use-distributed-optimizer (ZeRO-1)";
   if (!q.pp_layers.empty())
-    os << "\n# uneven stages " << q.pp_layers << ": Megatron-LM takes --decoder-first-pipeline-num-layers / "
+    os << "\n# uneven stages " << pp_layers_text(q.pp_layers) << ": Megatron-LM takes --decoder-first-pipeline-num-layers / "
        << "--decoder-last-pipeline-num-layers for the ends";
   if (!q.vocab_parallel && q.tp > 1)
     os << "\n# parallel.vocab_parallel = false (embedding and head whole on every tp rank) has no Megatron-LM flag";
   if (!q.zero_keep.empty())
-    os << "\n# parallel.zero_keep " << q.zero_keep << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
+    os << "\n# parallel.zero_keep " << zero_keep_text(q.zero_keep) << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
   if (full > 0 && full < m.layers)
-    os << "\n# per-layer recompute " << q.recompute << " maps to block recompute of the first layers of each stage";
+    os << "\n# per-layer recompute " << recompute_text(q.recompute) << " maps to block recompute of the first layers of each stage";
   return os.str() + "\n";
 }
 

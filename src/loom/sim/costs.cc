@@ -29,15 +29,14 @@ namespace loom::sim {
 // tp splits the GEMMs and attention heads, sp splits the elementwise rows and turns the
 // two all-reduces into all-gather + reduce-scatter.
 
-const char* coll_name(Coll c) {
-  switch (c) {
-    case Coll::kNone: return "none";
-    case Coll::kAllReduce: return "all_reduce";
-    case Coll::kAllGather: return "all_gather";
-    case Coll::kReduceScatter: return "reduce_scatter";
-    case Coll::kP2P: return "p2p";
+// The op names of calibrated bus-bandwidth tables (BusbwTable::op).
+const char* busbw_name(OpKind op) {
+  switch (op) {
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    default: return "p2p";
   }
-  return "?";
 }
 
 LayerShape LayerShape::of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
@@ -64,14 +63,14 @@ namespace {
 // `batch` GEMMs of (M, K) x (K, N): 2 M N K FLOPs each; bytes = both inputs and the output
 // (a roofline: attention's batched GEMMs with K = head dim are memory-bound on GPUs).
 Op gemm(const char* name, double M, double N, double K, double dt, double batch = 1, bool core = false) {
-  Op o{name, Op::Kind::kGemm, 2 * M * N * K * batch, (M * K + K * N + M * N) * dt * batch, Coll::kNone, Axis::kTp, core};
+  Op o{name, Op::Kind::kGemm, 2 * M * N * K * batch, (M * K + K * N + M * N) * dt * batch, OpKind::kAllReduce, Axis::kTp, core};
   return o;
 }
 Op mem(const char* name, double bytes, bool core = false) {
-  Op o{name, Op::Kind::kMemory, 0, bytes, Coll::kNone, Axis::kTp, core};
+  Op o{name, Op::Kind::kMemory, 0, bytes, OpKind::kAllReduce, Axis::kTp, core};
   return o;
 }
-Op comm(const char* name, Coll c, Axis axis, double bytes) {
+Op comm(const char* name, OpKind c, Axis axis, double bytes) {
   Op o{name, Op::Kind::kComm, 0, bytes, c, axis, false};
   return o;
 }
@@ -79,10 +78,10 @@ Op comm(const char* name, Coll c, Axis axis, double bytes) {
 // The tp collective after a row-parallel GEMM (all-reduce; reduce-scatter with sp) and
 // before a column-parallel one under sp (all-gather), over the block's n x h activation.
 void tp_out(std::vector<Op>& ops, const LayerShape& x, const char* name) {
-  if (x.t > 1) ops.push_back(comm(name, x.sp ? Coll::kReduceScatter : Coll::kAllReduce, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
+  if (x.t > 1) ops.push_back(comm(name, x.sp ? OpKind::kReduceScatter : OpKind::kAllReduce, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
 }
 void tp_in(std::vector<Op>& ops, const LayerShape& x, const char* name) {
-  if (x.sp) ops.push_back(comm(name, Coll::kAllGather, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
+  if (x.sp) ops.push_back(comm(name, OpKind::kAllGather, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
 }
 
 }  // namespace
@@ -96,7 +95,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   ops.push_back(mem("norm1", 2 * ne * x.h * dt));
   tp_in(ops, x, "sp_gather1");
   ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
-  if (x.cp > 1) ops.push_back(comm("cp_kv_gather", Coll::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
+  if (x.cp > 1) ops.push_back(comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
   if (x.flash) {
     // Dao et al.: the causal half of QK^T and PV in SRAM tiles; reads Q, K, V, writes the
@@ -155,7 +154,7 @@ std::vector<Op> head_forward_ops(const LayerShape& x) {
   // Cross-entropy in fp32: read the logits, max, exp-sum, the target's logit; vocab-parallel
   // adds three small all-reduces of n floats (fused into one here).
   ops.push_back(mem("cross_entropy", n * x.V / x.vocab_t() * (dt + 3 * 4)));
-  if (x.vocab_split && x.t > 1) ops.push_back(comm("ce_reduce", Coll::kAllReduce, Axis::kTp, 3 * n * 4));
+  if (x.vocab_split && x.t > 1) ops.push_back(comm("ce_reduce", OpKind::kAllReduce, Axis::kTp, 3 * n * 4));
   return ops;
 }
 
@@ -198,13 +197,8 @@ double model_flops_per_sequence(const ModelConfig& m, int64_t seq, bool causal_a
   return 3 * fwd;
 }
 
-GroupPlace place_group(const ClusterSpec& c, int64_t ranks, int64_t stride) {
-  GroupPlace g;
-  g.ranks = ranks;
-  const int64_t dpn = c.devices_per_node;
-  g.per_node = stride >= dpn ? 1 : std::max<int64_t>(1, std::min(ranks, dpn / std::max<int64_t>(1, stride)));
-  g.nodes = (ranks + g.per_node - 1) / g.per_node;
-  return g;
+GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride) {
+  return comm::place_group(c.devices_per_node, ranks, stride);
 }
 
 double gemm_time_s(const DeviceSpec& d, double flops, double bytes) {
@@ -226,29 +220,13 @@ double kernel_time_s(const DeviceSpec& d, const Op& op) {
   return memory_time_s(d, op.bytes);
 }
 
-double collective_time_s(const ClusterSpec& c, Coll op, double bytes, const GroupPlace& g) {
-  if (g.ranks <= 1 || bytes <= 0 || op == Coll::kNone) return 0;
-  const double n = double(g.ranks);
-  double factor = 1;
-  if (op == Coll::kAllReduce) factor = 2 * (n - 1) / n;
-  if (op == Coll::kAllGather || op == Coll::kReduceScatter) factor = (n - 1) / n;
-  const std::string name = coll_name(op);
+double collective_time_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g) {
+  if (g.ranks <= 1 || bytes <= 0) return 0;
+  const std::string name = busbw_name(op);
   for (const BusbwTable& t : c.busbw)
-    if (t.op == name && t.ranks == g.ranks) return factor * bytes / (t.gbps.at(bytes) * 1e9);
-  const double intra = c.intra.bw * c.intra.efficiency, inter = c.inter.bw * c.inter.efficiency;
-  double bw = intra;
-  if (g.nodes > 1) bw = op == Coll::kP2P ? inter : std::min(intra, double(g.per_node) * inter);
-  // Steps: a ring inside the node, a tree across nodes (NCCL's choice at scale); an
-  // all-reduce is two passes (reduce-scatter + all-gather).
-  const double passes = op == Coll::kAllReduce ? 2 : 1;
-  double latency = 0;
-  if (op == Coll::kP2P) {
-    latency = g.nodes > 1 ? c.inter.latency_s : c.intra.latency_s;
-  } else {
-    latency = passes * (double(g.per_node - 1) * c.intra.latency_s +
-                        std::ceil(std::log2(double(g.nodes))) * c.inter.latency_s);
-  }
-  return factor * bytes / bw + latency;
+    if (t.op == name && t.ranks == g.ranks) return comm::bus_factor(op, g.ranks) * bytes / (t.gbps.at(bytes) * 1e9);
+  return comm::nccl_collective_s(op, bytes, g, {c.intra.bw * c.intra.efficiency, c.intra.latency_s},
+                                 {c.inter.bw * c.inter.efficiency, c.inter.latency_s});
 }
 
 }  // namespace loom::sim

@@ -7,13 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/cost.h"
 #include "loom/core/config.h"
 #include "loom/sim/cluster.h"
 
 namespace loom::sim {
 
-enum class Coll { kNone, kAllReduce, kAllGather, kReduceScatter, kP2P };
-const char* coll_name(Coll c);
+// Collectives and group shapes are comm's own types, priced by its formula library.
+using comm::GroupShape;
+using comm::OpKind;  // kAllReduce, kAllGather, kReduceScatter; kSend: a pipeline p2p message
 
 // Which mesh axis a collective runs over (Note [Mesh order]: tp innermost, then cp, dp, pp).
 enum class Axis { kTp, kCp, kDp, kPp };
@@ -25,7 +27,7 @@ struct Op {
   Kind kind = Kind::kMemory;
   double flops = 0;           // kGemm: one GEMM's FLOPs (batched GEMMs: the batch's total)
   double bytes = 0;           // kGemm, kMemory: bytes read + written; kComm: the full buffer per rank
-  Coll coll = Coll::kNone;
+  OpKind coll = OpKind::kAllReduce;  // kComm only
   Axis axis = Axis::kTp;
   bool attention_core = false;  // recomputed by selective recompute (Korthikanti et al.)
 };
@@ -72,10 +74,7 @@ double total_params(const ModelConfig& m);
 double model_flops_per_sequence(const ModelConfig& m, int64_t seq, bool causal_attention = false);
 
 // Where a group of `ranks` members at global-rank stride `stride` lies on the cluster.
-struct GroupPlace {
-  int64_t ranks = 1, nodes = 1, per_node = 1;
-};
-GroupPlace place_group(const ClusterSpec& c, int64_t ranks, int64_t stride);
+GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride);
 
 // Seconds for one kernel of the op on the device (GEMM: the slower of its FLOPs at the
 // size's efficiency and its bytes at the bandwidth's; memory-bound: bytes at the
@@ -85,6 +84,7 @@ double gemm_time_s(const DeviceSpec& d, double flops, double bytes);
 double memory_time_s(const DeviceSpec& d, double bytes);
 // Seconds for one collective whose full buffer is `bytes` per rank (all_reduce: the
 // reduced buffer; all_gather/reduce_scatter: the gathered whole; p2p: the message).
-double collective_time_s(const ClusterSpec& c, Coll op, double bytes, const GroupPlace& g);
+// A calibrated bus-bandwidth table for the op and group size wins over the formula.
+double collective_time_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g);
 
 }  // namespace loom::sim

@@ -32,7 +32,7 @@ namespace loom::sim {
 namespace {
 
 struct Places {
-  GroupPlace tp, cp, dp, p2p, tied;
+  GroupShape tp, cp, dp, p2p, tied;
 };
 
 struct Pass {
@@ -73,9 +73,9 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
     } else if (o.kind == Op::Kind::kMemory) {
       p.compute += memory_time_s(c.device, 2 * o.bytes);
     } else {
-      Coll conj = o.coll;
-      if (o.coll == Coll::kAllGather) conj = Coll::kReduceScatter;
-      else if (o.coll == Coll::kReduceScatter) conj = Coll::kAllGather;
+      OpKind conj = o.coll;
+      if (o.coll == OpKind::kAllGather) conj = OpKind::kReduceScatter;
+      else if (o.coll == OpKind::kReduceScatter) conj = OpKind::kAllGather;
       const double t = collective_time_s(c, conj, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
       (o.axis == Axis::kCp ? p.cp : p.tp) += t;
     }
@@ -162,7 +162,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.gather_bytes = cfg.comm.param_dtype == "bf16" ? 2.0 : s.wbytes;  // Note [bf16 parameter gathers]
   const double wire = cfg.comm.p2p_dtype == "bf16" ? 2.0 : s.x.dtype_bytes;  // Note [bf16 pipeline transfers]
   s.p2p_bytes = s.x.tokens() * s.x.h * wire / double(s.tp);  // Megatron's scatter-gather
-  s.p2p_s = s.pp > 1 ? collective_time_s(cluster, Coll::kP2P, s.p2p_bytes, s.pl.p2p) : 0;
+  s.p2p_s = s.pp > 1 ? collective_time_s(cluster, OpKind::kSend, s.p2p_bytes, s.pl.p2p) : 0;
   return s;
 }
 
@@ -185,8 +185,8 @@ void build_chunks(Setup& s) {
   const ParamCount bp = block_params(model, s.tp);
   double rs = 0, ag = 0;
   if (par.zero >= 2 && s.dp * s.cp > 1) {
-    rs = collective_time_s(s.cluster, Coll::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
-    ag = par.zero >= 3 ? collective_time_s(s.cluster, Coll::kAllGather, bp.per_tp_rank * s.gather_bytes, s.pl.dp) : 0;
+    rs = collective_time_s(s.cluster, OpKind::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
+    ag = par.zero >= 3 ? collective_time_s(s.cluster, OpKind::kAllGather, bp.per_tp_rank * s.gather_bytes, s.pl.dp) : 0;
   }
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
@@ -270,7 +270,7 @@ bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vect
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const parallel::Schedule sched =
-      parallel::make_schedule(par.schedule_kind(), int(s.pp), int(s.m), int(s.vpp));
+      parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp));
   std::vector<std::vector<double>> fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(s.m), -1.0));
   std::vector<std::vector<double>> bdone = fdone;
   std::vector<RankState> ranks(static_cast<size_t>(s.pp));
@@ -287,7 +287,7 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
         moved = true;
       }
     }
-    LOOM_ASSERT(moved, "simulated schedule ", par.schedule, " deadlocked; parallel::validate accepts it");
+    LOOM_ASSERT(moved, "simulated schedule ", schedule_name(par.schedule), " deadlocked; parallel::validate accepts it");
   }
   return ranks;
 }
@@ -297,7 +297,7 @@ std::vector<int> chunk_peaks(const Setup& s, int64_t r) {
   std::vector<int> peak(static_cast<size_t>(s.vpp), 1);
   if (s.pp == 1) return peak;
   const parallel::Schedule sched =
-      parallel::make_schedule(s.plan.cfg.parallel.schedule_kind(), int(s.pp), int(s.m), int(s.vpp));
+      parallel::make_schedule(s.plan.cfg.parallel.schedule, int(s.pp), int(s.m), int(s.vpp));
   std::vector<int> held(static_cast<size_t>(s.vpp), 0);
   for (const parallel::PipeStep& st : sched.steps[size_t(r)]) {
     held[size_t(st.chunk)] += st.forward ? 1 : -1;
@@ -368,7 +368,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   rep.busy_s = st.spent.total();
   const double grad_bytes = rep.params * s.wbytes;
   if (G > 1 && par.zero <= 1) {
-    const Coll op = par.zero == 1 ? Coll::kReduceScatter : Coll::kAllReduce;
+    const OpKind op = par.zero == 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
     // comm.grad_dtype = bf16 (Note [Compressed all-reduce]): the ring carries 2-byte values;
     // the rounding passes are not priced.
     const double wire = s.plan.cfg.comm.grad_dtype == "bf16" ? std::min(2.0, s.wbytes) : s.wbytes;
@@ -377,13 +377,13 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.dp_exposed_s = s.plan.dp_overlap ? std::max(t / buckets, t - st.last_bwd_window) : t;
   }
   if (tied && (r == 0 || r == s.pp - 1))
-    rep.tied_s = collective_time_s(s.cluster, Coll::kAllReduce, wte * s.wbytes, s.pl.tied);
+    rep.tied_s = collective_time_s(s.cluster, OpKind::kAllReduce, wte * s.wbytes, s.pl.tied);
   // Adam reads w, g, m, v and writes w, m, v (mixed precision also the fp16 copy and the
   // fp16 -> fp32 gradient), plus the gradient-norm pass.
   const double update_bytes_per_param = dev.mixed_precision ? 36.0 : 32.0;
   rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
   if (G > 1 && (par.zero == 1 || par.zero == 2))
-    rep.param_gather_s = collective_time_s(s.cluster, Coll::kAllGather, rep.params * s.wbytes, s.pl.dp);
+    rep.param_gather_s = collective_time_s(s.cluster, OpKind::kAllGather, rep.params * s.wbytes, s.pl.dp);
   double t = rep.pipeline_end_s;
   auto phase = [&](const char* name, const char* cat, int tid, double dur) {
     if (dur <= 0) return;
@@ -483,8 +483,8 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
     const ParallelConfig& par = plan.cfg.parallel;
     if (par.zero >= 2 && s.dp * s.cp > 1) {
       const double unit = block_params(plan.cfg.model, s.tp).per_tp_rank;
-      const double rs = collective_time_s(cluster, Coll::kReduceScatter, unit * s.wbytes, s.pl.dp);
-      const double ag = par.zero >= 3 ? collective_time_s(cluster, Coll::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
+      const double rs = collective_time_s(cluster, OpKind::kReduceScatter, unit * s.wbytes, s.pl.dp);
+      const double ag = par.zero >= 3 ? collective_time_s(cluster, OpKind::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
       const double fwd = std::max(0.0, ag - u.fwd.compute);
       out.zero_shard_s[int(r)] = fwd + std::max(0.0, rs + ag - u.bwd.compute);
       out.zero_keep_s[int(r)] = fwd / double(s.m) + std::max(0.0, rs - u.bwd.compute);
@@ -497,7 +497,7 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   out.head_s = h.fwd.total() + h.bwd.total();
   const ParallelConfig& par = plan.cfg.parallel;
   const parallel::ScheduleCheck chk = parallel::validate(
-      parallel::make_schedule(par.schedule_kind(), int(s.pp), int(s.m), int(s.vpp)));
+      parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp)));
   out.in_flight = chk.peak_in_flight;
   return out;
 }

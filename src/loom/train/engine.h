@@ -11,8 +11,8 @@
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/zero.h"
-#include "loom/train/loss_scale.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/loss_scale.h"
+#include "loom/optim/optimizer.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {

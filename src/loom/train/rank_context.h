@@ -13,7 +13,7 @@
 #include "loom/model/tp_comm.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/schedule.h"
-#include "loom/train/rank_plan.h"
+#include "loom/parallel/rank_plan.h"
 
 namespace loom {
 

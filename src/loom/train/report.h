@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "loom/train/trainer.h"
+#include "loom/train/train_options.h"
 
 namespace loom {
 

@@ -6,9 +6,9 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
-#include "loom/train/agree.h"
+#include "loom/comm/agree.h"
 #include "loom/train/report.h"
-#include "loom/train/shard_format.h"
+#include "loom/ckpt/shard_format.h"
 
 namespace loom {
 

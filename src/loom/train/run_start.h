@@ -8,8 +8,8 @@
 #include <string>
 
 #include "loom/core/config.h"
-#include "loom/train/run_dir.h"
-#include "loom/train/shard_ckpt.h"
+#include "loom/ckpt/run_dir.h"
+#include "loom/ckpt/shard_ckpt.h"
 #include "loom/train/trainer.h"
 
 namespace loom {

@@ -7,7 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/model/model.h"
-#include "loom/train/checkpoint.h"
+#include "loom/ckpt/checkpoint.h"
 #include "loom/data/tokenizer.h"
 #include "loom/train/data.h"
 

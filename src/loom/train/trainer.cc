@@ -17,23 +17,22 @@
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
-#include "loom/train/checkpoint.h"
+#include "loom/ckpt/checkpoint.h"
 #include "loom/train/data.h"
 #include "loom/train/run_start.h"
-#include "loom/train/shard_ckpt.h"
-#include "loom/train/shard_format.h"
-#include "loom/train/optimizer.h"
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
+#include "loom/optim/optimizer.h"
 #include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
-#include "loom/train/agree.h"
+#include "loom/comm/agree.h"
 #include "loom/train/report.h"
+#include "loom/train/step_observers.h"
 #include "loom/train/trace.h"
 
 namespace loom {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Every valid [parallel] layout runs; the launch must match it.
 void check_world(const Config& cfg, int world_size) {
@@ -85,22 +84,6 @@ class NullBuffer : public std::streambuf {
   int overflow(int c) override { return c; }
 };
 
-// Mean validation loss over the global validation batch. A pipeline computes it on the
-// last stage; the stats group brings it to every rank.
-double evaluate(Model& model, parallel::PipelineRunner* pipe, const DataLoader& loader, int64_t batches,
-                int64_t global_rows, int64_t T, const RankContext& rc) {
-  const int64_t rows = loader.shard_rows(global_rows);
-  std::vector<int32_t> tok(size_t(rows * T)), tgt(size_t(rows * T));
-  double sum = 0;
-  for (int64_t i = 0; i < batches; i++) {
-    loader.val_batch(i, batches, global_rows, tok.data(), tgt.data());
-    sum += pipe ? pipe->forward_only(tok.data(), tgt.data()) : model.forward_loss(tok.data(), tgt.data(), rows, T);
-  }
-  double v[1] = {sum / double(batches)};
-  rc.stats_sum(v);
-  return v[0] / (rc.dp_size * rc.tp_size);  // every dp replica's tp ranks hold one copy
-}
-
 std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   const ParallelConfig& p = cfg.parallel;
   std::ostringstream os;
@@ -122,7 +105,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
        << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "");
   if (p.pp > 1)
-    os << "\n  pipeline: schedule " << p.schedule << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
+    os << "\n  pipeline: schedule " << schedule_name(p.schedule) << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";
   return os.str();
 }
@@ -146,22 +129,6 @@ void print_header(Reporter& rep, const Config& cfg, const TrainData& data, int64
   for (const std::string& n : cfg.model.notes) os << "\n  note: " << n;
   rep.info(os.str());
 }
-
-// Tokens per second over the steps since the last logged line, and the report of a step.
-struct StepRate {
-  Clock::time_point t0, last;
-  int64_t tokens_since = 0;
-  // Fills line's tok_s and elapsed (counting `real_tokens` for this step) and reports it.
-  void report(Reporter& rep, Reporter::StepLine& line, int64_t real_tokens) {
-    tokens_since += real_tokens;
-    const auto now = Clock::now();
-    const double window = std::chrono::duration<double>(now - last).count();
-    line.tok_s = window > 0 ? double(tokens_since) / window : 0.0;
-    line.elapsed = std::chrono::duration<double>(now - t0).count();
-    if (line.log_line) last = now, tokens_since = 0;
-    rep.step(line);
-  }
-};
 
 // Forward and backward of one optimizer step; gradients reduced as the layout says, and
 // multiplied by the loss scale S (Note [Dynamic loss scaling]). Returns this rank's share of
@@ -235,29 +202,6 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
   }
   if (e.sync) e.sync->finish();
   return loss;
-}
-
-ShardState rank_state(Engine& e, Updater& updater) {
-  const RankContext& rc = e.rc;
-  const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
-  return {&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
-          rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
-          updater.adamw().steps_taken(), updater.scaler().state()};
-}
-
-// Saves step `step`, unless any rank's parameters hold a NaN or an infinity: a diverged
-// run stops with an error and the previous checkpoint stays the newest.
-void save_rank_state(const Config& cfg, int64_t step, Engine& e, Updater& updater, comm::World* world) {
-  const int rank = world ? world->global_rank() : 0;
-  comm::Group* group = world ? &world->world_group() : nullptr;
-  std::exception_ptr bad;
-  const std::vector<float>& p = e.model.params();
-  if (!std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); }))
-    bad = std::make_exception_ptr(Error("training diverged: parameters hold NaN or infinity after step " +
-                                        std::to_string(step) + "; nothing was saved over the earlier checkpoints "
-                                        "(lower optim.lr or raise optim.warmup_steps)"));
-  agree_or_throw(group, rank, bad);
-  save_shards(cfg, step, rank_state(e, updater), group, rank);
 }
 
 // --resume (Note [Resume auto]): this rank's parameters, moments and optimizer step count;
@@ -389,19 +333,17 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   print_header(rep, cfg, *data, sum.params, mb, T);
 
   const auto t0 = Clock::now();
-  StepRate rate{t0, t0};
   StepTokens total;  // over the steps this run trains
   std::unique_ptr<Trace> trace = given.trace_path.empty() ? nullptr : start_trace(cfg, e, world);
-  auto mark = [&](const std::string& name, const char* cat) {
-    if (trace) trace->begin(name, cat);
-  };
-  auto unmark = [&] {
-    if (trace) trace->end();
-  };
+  const Spans spans(trace.get());
+  StepLog log(rep, sum, cfg, t0);
+  CheckpointTrigger checkpoints(cfg, e, updater, world, spans);
+  Validation validation(cfg, e, val_data, rep, sum, data->val_bytes_per_token, spans);
+  StepObserver* const observers[] = {&log, &checkpoints, &validation};  // Note [Step observers]
   const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
   for (int64_t step = first_step; step < cfg.train.steps; step++) {
     const auto step_start = Clock::now();
-    mark("step " + std::to_string(step + 1), "step");
+    const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step");
     StepTokens tokens{cfg.train.batch * T, cfg.train.batch * T};
     LossScaler& scaler = updater.scaler();
     const double S = scaler.scale();
@@ -411,39 +353,21 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     total.real += tokens.real;
     total.positions += tokens.positions;
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    mark("optimizer", "compute");
-    const Updater::Result u = updater.step(local_loss, lr, step);
-    unmark();
+    const Updater::Result u = [&] {
+      const Spans::Scope span = spans.open("optimizer", "compute");
+      return updater.step(local_loss, lr, step);
+    }();
     if (u.applied && !std::isfinite(u.loss))
       throw Error("training diverged: loss is " + std::to_string(u.loss) + " at step " + std::to_string(step + 1) +
                   " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
     if (!scaler.event().empty()) rep.info(scaler.event());
-    if (!u.applied) sum.skipped_steps.push_back(step + 1);
-    if (scaler.enabled()) sum.loss_scales.push_back(S);
-    sum.losses.push_back(float(u.loss));
-    sum.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
-    Reporter::StepLine line;
-    line.step = step, line.loss = u.loss, line.lr = lr, line.norm = u.norm;
-    line.log_line = (step + 1) % cfg.train.log_every == 0 || step + 1 == cfg.train.steps;
-    line.padding = buckets ? 1.0 - double(tokens.real) / double(tokens.positions) : -1.0;
-    line.loss_scale = scaler.enabled() ? S : 0.0, line.skipped = !u.applied;
-    rate.report(rep, line, tokens.real);
-
-    // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
-    const bool last_step = step + 1 == cfg.train.steps;
-    const int64_t every = cfg.checkpoint.save_every;
-    if (!cfg.checkpoint.dir.empty() && ((every > 0 && (step + 1) % every == 0) || last_step)) {
-      mark("checkpoint", "io");
-      save_rank_state(cfg, step + 1, e, updater, world);
-      unmark();
-    }
-    if (last_step || (cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0)) {
-      mark("validation", "compute");
-      sum.final_val_loss = evaluate(e.model, e.pipe.get(), val_data, cfg.train.val_batches, mb * rc.dp_size, T, rc);
-      unmark();
-      rep.val(step, sum.final_val_loss, data->val_bytes_per_token);
-    }
-    unmark();
+    StepOutcome outcome;
+    outcome.step = step, outcome.loss = u.loss, outcome.lr = lr, outcome.norm = u.norm;
+    outcome.loss_scale = scaler.enabled() ? S : 0.0, outcome.applied = u.applied;
+    outcome.real_tokens = tokens.real, outcome.positions = tokens.positions;
+    outcome.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    outcome.last = step + 1 == cfg.train.steps;
+    for (StepObserver* o : observers) o->after_step(outcome);
   }
   if (trace) {
     e.model.set_span_hook(nullptr);

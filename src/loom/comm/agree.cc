@@ -1,4 +1,4 @@
-#include "loom/train/agree.h"
+#include "loom/comm/agree.h"
 
 #include <algorithm>
 #include <cstring>

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "loom/train/optimizer.h"
+#include "loom/optim/optimizer.h"
 
 namespace loom {
 namespace {

@@ -10,11 +10,11 @@
 
 #include "loom/core/error.h"
 #include "loom/model/tp_slice.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/rank_plan.h"
-#include "loom/train/run_dir.h"
-#include "loom/train/shard_ckpt.h"
-#include "loom/train/shard_format.h"
+#include "loom/ckpt/checkpoint.h"
+#include "loom/parallel/rank_plan.h"
+#include "loom/ckpt/run_dir.h"
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "loom/train/loss_scale.h"
+#include "loom/optim/loss_scale.h"
 
 #include <cmath>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "loom/train/checkpoint.h"
+#include "loom/ckpt/checkpoint.h"
 
 #include <unistd.h>
 
@@ -7,9 +7,9 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
-#include "loom/train/run_dir.h"
-#include "loom/train/safetensors.h"
-#include "loom/train/shard_ckpt.h"
+#include "loom/ckpt/run_dir.h"
+#include "loom/core/safetensors.h"
+#include "loom/ckpt/shard_ckpt.h"
 
 namespace fs = std::filesystem;
 

@@ -5,8 +5,8 @@
 
 #include "loom/core/error.h"
 #include "loom/data/tokenizer.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/safetensors.h"
+#include "loom/ckpt/checkpoint.h"
+#include "loom/core/safetensors.h"
 
 namespace fs = std::filesystem;
 

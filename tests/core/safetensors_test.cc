@@ -6,7 +6,7 @@
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/bf16.h"
-#include "loom/train/safetensors.h"
+#include "loom/core/safetensors.h"
 
 namespace loom {
 namespace {

@@ -1,5 +1,5 @@
 // Note [Rank plan] (rank_plan.h).
-#include "loom/train/rank_plan.h"
+#include "loom/parallel/rank_plan.h"
 
 #include <algorithm>
 
@@ -49,10 +49,10 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   std::optional<parallel::Schedule> schedule;
   int act_slots = 1;
   if (p.pp > 1) {
-    schedule = parallel::make_schedule(p.schedule_kind(), int(p.pp),
+    schedule = parallel::make_schedule(p.schedule, int(p.pp),
                                        int(cfg.train.grad_accum), int(p.vpp));
     const parallel::ScheduleCheck check = parallel::validate(*schedule);
-    LOOM_CHECK(check.ok, "pipeline schedule ", p.schedule, " does not finish: ", check.problem);
+    LOOM_CHECK(check.ok, "pipeline schedule ", schedule_name(p.schedule), " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];
   }
   std::vector<Recompute> recompute;

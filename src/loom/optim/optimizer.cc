@@ -1,4 +1,4 @@
-#include "loom/train/optimizer.h"
+#include "loom/optim/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "loom/train/calibrate.h"
+#include "loom/sim/calibrate.h"
 
 #include <omp.h>
 #include <unistd.h>

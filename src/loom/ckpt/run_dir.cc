@@ -1,5 +1,5 @@
 // Note [Checkpoint directory ownership] (run_dir.h).
-#include "loom/train/run_dir.h"
+#include "loom/ckpt/run_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -18,8 +18,8 @@
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
-#include "loom/train/shard_ckpt.h"
-#include "loom/train/shard_format.h"
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
 
 namespace loom {
 

@@ -34,7 +34,7 @@
 
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
-#include "loom/train/loss_scale.h"
+#include "loom/optim/loss_scale.h"
 
 namespace loom {
 

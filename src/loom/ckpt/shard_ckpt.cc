@@ -16,10 +16,10 @@
 #include "loom/comm/group.h"
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
-#include "loom/train/agree.h"
-#include "loom/train/run_dir.h"
-#include "loom/train/shard_ckpt.h"
-#include "loom/train/shard_format.h"
+#include "loom/comm/agree.h"
+#include "loom/ckpt/run_dir.h"
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
 
 namespace loom {
 

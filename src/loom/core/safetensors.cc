@@ -1,4 +1,4 @@
-#include "loom/train/safetensors.h"
+#include "loom/core/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>

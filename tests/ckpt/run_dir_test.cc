@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "loom/core/error.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/run_dir.h"
+#include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/run_dir.h"
 
 namespace loom {
 namespace {

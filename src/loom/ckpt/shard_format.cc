@@ -1,4 +1,4 @@
-#include "loom/train/shard_format.h"
+#include "loom/ckpt/shard_format.h"
 
 #include <cmath>
 
@@ -30,7 +30,7 @@ ParamLayout tp_layout(const Config& cfg, int tp_rank) {
 
 json layout_json(const ParallelConfig& p) {
   return {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"vpp", p.vpp}, {"sp", p.sp}, {"zero", p.zero},
-          {"pp_layers", p.pp_layers}, {"vocab_parallel", p.vocab_parallel}};
+          {"pp_layers", pp_layers_text(p.pp_layers)}, {"vocab_parallel", p.vocab_parallel}};
 }
 
 json rank_to_json(const RankFile& r) {

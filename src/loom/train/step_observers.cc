@@ -1,0 +1,114 @@
+#include "loom/train/step_observers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include "loom/comm/agree.h"
+#include "loom/comm/world.h"
+#include "loom/core/error.h"
+#include "loom/train/data.h"
+#include "loom/train/engine.h"
+#include "loom/train/trace.h"
+
+namespace loom {
+
+// Note [Step observers]
+// The step loop (trainer.cc) does one thing: forward, backward and the update of each
+// step. What a step then triggers is an observer, called in a fixed order with the step's
+// outcome: StepLog (report line, summary rows), CheckpointTrigger, Validation. Each decides
+// from the step number and its config keys whether it acts, and wraps its own work in a
+// trace span. The order matters only in that the log line of step s comes before that
+// step's checkpoint and validation lines, as users read them. A new per-step duty (a
+// profiler window, an early stop) is a new observer, not a new branch in the loop.
+
+Spans::Scope::~Scope() {
+  if (t_) t_->end();
+}
+
+Spans::Scope Spans::open(const std::string& name, const char* category) const {
+  if (t_) t_->begin(name, category);
+  return Scope(t_);
+}
+
+StepLog::StepLog(Reporter& rep, TrainSummary& sum, const Config& cfg, Clock::time_point t0)
+    : rep_(rep), sum_(sum), log_every_(cfg.train.log_every), steps_(cfg.train.steps),
+      bucketing_(cfg.data.bucketing), t0_(t0), last_(t0) {}
+
+void StepLog::after_step(const StepOutcome& s) {
+  if (!s.applied) sum_.skipped_steps.push_back(s.step + 1);
+  if (s.loss_scale > 0) sum_.loss_scales.push_back(s.loss_scale);
+  sum_.losses.push_back(float(s.loss));
+  sum_.step_seconds.push_back(s.seconds);
+  Reporter::StepLine line;
+  line.step = s.step, line.loss = s.loss, line.lr = s.lr, line.norm = s.norm;
+  line.log_line = (s.step + 1) % log_every_ == 0 || s.step + 1 == steps_;
+  line.padding = bucketing_ ? 1.0 - double(s.real_tokens) / double(s.positions) : -1.0;
+  line.loss_scale = s.loss_scale, line.skipped = !s.applied;
+  tokens_since_ += s.real_tokens;
+  const auto now = Clock::now();
+  const double window = std::chrono::duration<double>(now - last_).count();
+  line.tok_s = window > 0 ? double(tokens_since_) / window : 0.0;
+  line.elapsed = std::chrono::duration<double>(now - t0_).count();
+  if (line.log_line) last_ = now, tokens_since_ = 0;
+  rep_.step(line);
+}
+
+ShardState rank_state(Engine& e, Updater& updater) {
+  const RankContext& rc = e.rc;
+  const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
+  return {&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
+          rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
+          updater.adamw().steps_taken(), updater.scaler().state()};
+}
+
+// The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
+// Nothing is saved when any rank's parameters hold a NaN or an infinity: a diverged run
+// stops with an error and the previous checkpoint stays the newest.
+void CheckpointTrigger::after_step(const StepOutcome& s) {
+  const int64_t every = cfg_.checkpoint.save_every, done = s.step + 1;
+  if (cfg_.checkpoint.dir.empty() || !((every > 0 && done % every == 0) || s.last)) return;
+  const Spans::Scope span = spans_.open("checkpoint", "io");
+  const int rank = world_ ? world_->global_rank() : 0;
+  comm::Group* group = world_ ? &world_->world_group() : nullptr;
+  std::exception_ptr bad;
+  const std::vector<float>& p = e_.model.params();
+  if (!std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); }))
+    bad = std::make_exception_ptr(Error("training diverged: parameters hold NaN or infinity after step " +
+                                        std::to_string(done) + "; nothing was saved over the earlier checkpoints "
+                                        "(lower optim.lr or raise optim.warmup_steps)"));
+  agree_or_throw(group, rank, bad);
+  save_shards(cfg_, done, rank_state(e_, u_), group, rank);
+}
+
+namespace {
+
+// Mean validation loss over the global validation batch. A pipeline computes it on the
+// last stage; the stats group brings it to every rank.
+double evaluate(Engine& e, const DataLoader& loader, int64_t batches, int64_t global_rows, int64_t T) {
+  const RankContext& rc = e.rc;
+  const int64_t rows = loader.shard_rows(global_rows);
+  std::vector<int32_t> tok(size_t(rows * T)), tgt(size_t(rows * T));
+  double sum = 0;
+  for (int64_t i = 0; i < batches; i++) {
+    loader.val_batch(i, batches, global_rows, tok.data(), tgt.data());
+    sum += e.pipe ? e.pipe->forward_only(tok.data(), tgt.data())
+                  : e.model.forward_loss(tok.data(), tgt.data(), rows, T);
+  }
+  double v[1] = {sum / double(batches)};
+  rc.stats_sum(v);
+  return v[0] / (rc.dp_size * rc.tp_size);  // every dp replica's tp ranks hold one copy
+}
+
+}  // namespace
+
+void Validation::after_step(const StepOutcome& s) {
+  const int64_t every = cfg_.train.val_every;
+  if (!s.last && !(every > 0 && (s.step + 1) % every == 0)) return;
+  const Spans::Scope span = spans_.open("validation", "compute");
+  const int64_t global_rows = cfg_.micro_batch() * e_.rc.dp_size;
+  sum_.final_val_loss = evaluate(e_, val_, cfg_.train.val_batches, global_rows, cfg_.seq_len());
+  rep_.val(s.step, sum_.final_val_loss, bytes_per_token_);
+}
+
+}  // namespace loom

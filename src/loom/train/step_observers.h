@@ -1,0 +1,118 @@
+// What a training step triggers once its update is done: the report line and the summary's
+// per-step rows, checkpoints, validation (Note [Step observers]), and the trace spans
+// around each piece of work.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/train/report.h"
+#include "loom/train/train_options.h"
+
+namespace loom {
+
+namespace comm {
+class World;
+}
+struct Config;
+struct Engine;
+class Updater;
+class DataLoader;
+class Trace;
+
+using Clock = std::chrono::steady_clock;
+
+// Trace spans (Note [Trace schema]) when a trace is being written; no-ops otherwise.
+class Spans {
+ public:
+  explicit Spans(Trace* t) : t_(t) {}
+  class Scope {
+   public:
+    explicit Scope(Trace* t) : t_(t) {}
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope();
+
+   private:
+    Trace* t_;
+  };
+  // Opens a span that closes when the returned scope ends.
+  Scope open(const std::string& name, const char* category) const;
+
+ private:
+  Trace* t_;
+};
+
+// One finished optimizer step as the loop hands it to its observers.
+struct StepOutcome {
+  int64_t step = 0;  // 0-based
+  double loss = 0, lr = 0, norm = 0;
+  double loss_scale = 0;  // > 0: loss scaling is on and the step ran at this scale
+  bool applied = true;    // false: skipped for a gradient overflow
+  int64_t real_tokens = 0, positions = 0;
+  double seconds = 0;  // wall time of forward, backward and update
+  bool last = false;   // the run's final step
+};
+
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void after_step(const StepOutcome& s) = 0;
+};
+
+// The report line of every step and the summary's per-step rows (losses, step times, loss
+// scales, skipped steps); tokens per second over the steps since the last logged line.
+class StepLog : public StepObserver {
+ public:
+  StepLog(Reporter& rep, TrainSummary& sum, const Config& cfg, Clock::time_point t0);
+  void after_step(const StepOutcome& s) override;
+
+ private:
+  Reporter& rep_;
+  TrainSummary& sum_;
+  int64_t log_every_, steps_;
+  bool bucketing_;
+  Clock::time_point t0_, last_;
+  int64_t tokens_since_ = 0;
+};
+
+// Saves a sharded checkpoint every checkpoint.save_every steps and after the last step.
+class CheckpointTrigger : public StepObserver {
+ public:
+  CheckpointTrigger(const Config& cfg, Engine& e, Updater& u, comm::World* world, const Spans& spans)
+      : cfg_(cfg), e_(e), u_(u), world_(world), spans_(spans) {}
+  void after_step(const StepOutcome& s) override;
+
+ private:
+  const Config& cfg_;
+  Engine& e_;
+  Updater& u_;
+  comm::World* world_;
+  const Spans& spans_;
+};
+
+// The validation loss every train.val_every steps and after the last step.
+class Validation : public StepObserver {
+ public:
+  Validation(const Config& cfg, Engine& e, const DataLoader& val, Reporter& rep, TrainSummary& sum,
+             double bytes_per_token, const Spans& spans)
+      : cfg_(cfg), e_(e), val_(val), rep_(rep), sum_(sum), bytes_per_token_(bytes_per_token), spans_(spans) {}
+  void after_step(const StepOutcome& s) override;
+
+ private:
+  const Config& cfg_;
+  Engine& e_;
+  const DataLoader& val_;
+  Reporter& rep_;
+  TrainSummary& sum_;
+  double bytes_per_token_;
+  const Spans& spans_;
+};
+
+// What this rank's checkpoint holds: its parameters, AdamW moments and their ranges, the
+// optimizer's step count and the loss scale. Saved by CheckpointTrigger, filled by resume.
+ShardState rank_state(Engine& e, Updater& updater);
+
+}  // namespace loom

@@ -1,0 +1,56 @@
+// What a training run is asked for (TrainOptions) and what it reports back (TrainSummary):
+// the trainer's interface types, kept apart so the reporter and the step observers need
+// not include the trainer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+struct TrainOptions {
+  bool json = false;      // one JSON object per line on `out`
+  bool progress = false;  // redraw a progress bar on `err` (terminals)
+  std::ostream* out = nullptr;
+  std::ostream* err = nullptr;
+  bool keep_params = false;  // copy the final parameters (layout order, no padding) into the summary
+  std::string trace_path;    // non-empty: write a Chrome trace of the run there (Note [Trace schema])
+  // "auto": continue from checkpoint.dir's newest sharded checkpoint if there is one; a
+  // directory: from that checkpoint (Note [Sharded checkpoints]); empty: start fresh.
+  std::string resume;
+  // Not resuming into a checkpoint.dir that holds an earlier run: move its checkpoints into
+  // checkpoint.dir/replaced-<time>/ instead of refusing (Note [Checkpoint directory ownership]).
+  bool overwrite = false;
+  // Tests (fault injection): called on every rank with the step's reduced gradients (still
+  // multiplied by the loss scale) just before the update.
+  std::function<void(int64_t step, std::vector<float>& grads)> after_gradients;
+};
+
+struct TrainSummary {
+  std::vector<float> losses;  // train loss per step (the global batch's mean on every rank)
+  double final_val_loss = 0;
+  double unigram_entropy = 0;
+  double tokens_per_s = 0;      // real (target) tokens per second
+  double padding_fraction = 0;  // data.bucketing: share of the positions computed that were padding
+  std::vector<double> step_seconds;  // wall time of each step on this rank (validation excluded)
+  // Loss scaling (Note [Dynamic loss scaling]): the scale each step ran at (empty when off)
+  // and the steps (1-based) skipped for a gradient overflow.
+  std::vector<double> loss_scales;
+  std::vector<int64_t> skipped_steps;
+  int64_t params = 0;
+  // Data parallel only: share of gradient-communication time that ran during backward
+  // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.
+  double comm_hidden_fraction = -1;
+  double comm_exposed_s = 0;
+  std::vector<float> final_params;  // filled when TrainOptions::keep_params (tests)
+  // This rank's peak resident bytes per category (params, grads, optimizer, activations),
+  // measured (Note [Resident memory]), and the ZeRO formula for its model states.
+  std::vector<std::pair<std::string, int64_t>> memory_peak_bytes;
+  int64_t model_state_formula_bytes = 0;
+};
+
+}  // namespace loom

@@ -2,13 +2,15 @@
 // every rank of a live run actually allocates and holds: the model's own carve of its
 // layout (every tensor's offset and shape), the groups' ranks, the optimizer's moment
 // ranges and sizes. (The engine takes its buckets from the plan itself, so those rows only
-// check that it kept them.)
+// check that it kept them.) Its per-chunk activation peaks, counted from the schedule's
+// step order, equal what the simulator's timed replay of the same layout holds.
 #include <gtest/gtest.h>
 
 #include "loom/comm/world.h"
 #include "loom/train/engine.h"
 #include "loom/train/rank_context.h"
 #include "loom/parallel/rank_plan.h"
+#include "loom/sim/simulator.h"
 
 namespace loom {
 namespace {
@@ -32,6 +34,10 @@ TEST(RankPlan, MatchesWhatEveryRankOfALiveRunHolds) {
                                      "train.batch=8", "train.threads=1", "checkpoint.dir="};
     sets.insert(sets.end(), layout.begin(), layout.end());
     const Config cfg = load_config("", sets);
+    sim::SimPlan sp;
+    sp.framework = sim::Framework::kLoom;
+    sp.cfg = cfg;
+    const sim::SimResult predicted = sim::simulate(sp, sim::load_cluster("dgx-a100", {"cluster.devices_per_node=" + std::to_string(cfg.parallel.world())}, 0, ""));
     const auto errors = comm::run_threads(int(cfg.parallel.world()), {}, [&](comm::World& w) {
       const RankPlan plan = plan_rank(cfg, w.global_rank());
       RankContext rc = make_rank_context(cfg, &w);
@@ -42,6 +48,7 @@ TEST(RankPlan, MatchesWhatEveryRankOfALiveRunHolds) {
       EXPECT_EQ(plan.dp_rank, rc.dp_rank) << at;
       EXPECT_EQ(plan.tp_rank, rc.tp_rank) << at;
       EXPECT_EQ(plan.act_slots, rc.act_slots) << at;
+      EXPECT_EQ(plan.chunk_peaks, predicted.ranks[size_t(plan.pp_rank)].chunk_in_flight) << at;
       const ParamLayout& held = e.model.layout();
       EXPECT_EQ(plan.layout.total_floats(), held.total_floats()) << at;
       EXPECT_EQ(int64_t(e.model.params().size()), plan.layout.total_floats()) << at;

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 
 #include "loom/cli/commands.h"
@@ -98,14 +99,37 @@ void print_error(const std::string& what) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"loom: train transformer models (GPT-2, Llama) and plan their parallel training"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "loom 0.1.0");
-
+// Every subcommand's flags, bound while the parser is built and read after it ran.
+struct Args {
   loom::cli::TrainArgs train;
+  loom::cli::VerifyArgs verify;
+  loom::cli::SimArgs sim;
+  loom::cli::PlanArgs plan;
+  loom::cli::CalibrateArgs calibrate;
+  std::string cmp_pred, cmp_meas;
+  bool cmp_json = false;
+  std::string ck_dir;
+  bool ck_verify = false;
+  std::string cv_in, cv_out;
+  std::vector<std::string> cv_sets;
+  loom::cli::LayoutFlags cv_layout;
+  loom::cli::SampleArgs sample;
+  std::string ex_ck, ex_fmt = "safetensors", ex_out, ex_dtype = "fp32";
+  std::string im_in, im_fmt = "safetensors", im_ck, im_cfg, im_tok;
+  std::vector<std::string> im_sets;
+  loom::cli::BenchCommArgs bench;
+  loom::cli::TokenizerArgs tokenizer;
+  loom::cli::DataArgs data;
+};
+
+// A parsed subcommand and what runs it (its exit code).
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+void add_train_commands(CLI::App& app, Args& a, std::vector<Command>& cmds, int argc, char** argv) {
+  loom::cli::TrainArgs& train = a.train;
   auto* t = app.add_subcommand("train", "Train a model on a text corpus and save a checkpoint");
   t->add_option("--config,--plan", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm, parallel); a plan from loom plan --emit loom is one");
   t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
@@ -122,30 +146,34 @@ int main(int argc, char** argv) {
   t->add_flag("--overwrite", train.overwrite, "Start fresh in a checkpoint.dir holding an earlier run: move its "
                                               "checkpoints into checkpoint.dir/replaced-<time>/ (nothing is deleted)");
   t->footer(config_keys_footer());
+  cmds.push_back({t, [&a, argc, argv] { return loom::cli::run_train(a.train, argc, argv); }});
 
-  loom::cli::VerifyArgs ver;
+  loom::cli::VerifyArgs& ver = a.verify;
   auto* v = app.add_subcommand("verify", "Train parallel layouts and compare each with the single-process run");
   v->add_option("--configs", ver.configs, "Layouts: \"dp=2;dp=2,zero=1;dp=4\" or a file with one per line")->required();
   v->add_option("--config", ver.config_path, "TOML config for the model and run");
   v->add_option("--set", ver.sets, "Override one config key (repeatable)")->take_all();
   v->add_option("--steps", ver.steps, "Steps per run")->capture_default_str()->check(at_least(1));
   v->add_flag("--json", ver.json, "One JSON object per layout");
+  cmds.push_back({v, [&a] { return loom::cli::run_verify(a.verify); }});
+}
 
-  loom::cli::SimArgs sim;
+void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   auto* sm = app.add_subcommand("simulate", "Predict step time, MFU/HFU, bubble and per-rank memory of a layout on a cluster");
-  add_sim_flags(sm, sim);
-  sm->add_option("--trace", sim.trace, "Write the simulated step as a Chrome trace (the engine's schema)");
-  sm->add_option("--svg", sim.svg, "Write the simulated step as an SVG timeline");
+  add_sim_flags(sm, a.sim);
+  sm->add_option("--trace", a.sim.trace, "Write the simulated step as a Chrome trace (the engine's schema)");
+  sm->add_option("--svg", a.sim.svg, "Write the simulated step as an SVG timeline");
+  cmds.push_back({sm, [&a] { return loom::cli::run_simulate(a.sim); }});
 
-  loom::cli::PlanArgs pl;
   auto* pc = app.add_subcommand("plan", "Search dp/tp/pp/vpp, micro-batch, ZeRO, sp, recompute and schedule for the fastest layout that fits");
-  add_sim_flags(pc, pl.sim);
-  pc->add_option("--top", pl.top, "Plans to print, fastest first (--cp N searches context parallel 1, 2, 4 .. N)")
+  add_sim_flags(pc, a.plan.sim);
+  pc->add_option("--top", a.plan.top, "Plans to print, fastest first (--cp N searches context parallel 1, 2, 4 .. N)")
       ->capture_default_str();
-  pc->add_option("--emit", pl.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
-  pc->add_option("--out", pl.out, "Write --emit output to this file");
+  pc->add_option("--emit", a.plan.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
+  pc->add_option("--out", a.plan.out, "Write --emit output to this file");
+  cmds.push_back({pc, [&a] { return loom::cli::run_plan(a.plan); }});
 
-  loom::cli::CalibrateArgs cal;
+  loom::cli::CalibrateArgs& cal = a.calibrate;
   auto* ca = app.add_subcommand("calibrate", "Measure this machine's kernels and collectives into the `local` cluster spec");
   ca->add_option("--out", cal.out, "Where to write it (default: ~/.cache/loom/cluster-local.toml, -bf16 for bf16)");
   ca->add_option("--precision", cal.precision, "bf16: time loom's bf16 GEMMs into the `local-bf16` spec")
@@ -153,32 +181,34 @@ int main(int argc, char** argv) {
   ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)")
       ->check(at_least(0));
   ca->add_option("--ranks", cal.ranks, "Rank counts to time collectives at")->delimiter(',')->capture_default_str();
+  cmds.push_back({ca, [&a] { return loom::cli::run_calibrate(a.calibrate); }});
 
-  std::string cmp_pred, cmp_meas;
-  bool cmp_json = false;
   auto* cm = app.add_subcommand("compare", "Line up a predicted (loom simulate --trace) and a measured (loom train --trace) trace");
-  cm->add_option("PREDICTED", cmp_pred, "Trace from loom simulate --trace")->required();
-  cm->add_option("MEASURED", cmp_meas, "Trace from loom train --trace")->required();
-  cm->add_flag("--json", cmp_json, "One JSON array of {rank, category, predicted, measured, unit, error}");
+  cm->add_option("PREDICTED", a.cmp_pred, "Trace from loom simulate --trace")->required();
+  cm->add_option("MEASURED", a.cmp_meas, "Trace from loom train --trace")->required();
+  cm->add_flag("--json", a.cmp_json, "One JSON array of {rank, category, predicted, measured, unit, error}");
+  cmds.push_back({cm, [&a] { return loom::cli::run_compare(a.cmp_pred, a.cmp_meas, a.cmp_json); }});
+}
 
-  std::string ck_dir;
+void add_checkpoint_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   auto* ck = app.add_subcommand("ckpt", "Checkpoint tools");
   ck->require_subcommand(1);
   auto* cki = ck->add_subcommand("inspect", "Print a sharded checkpoint's manifest");
-  cki->add_option("DIR", ck_dir, "checkpoint.dir or one step-N directory")->required();
-  bool ck_verify = false;
-  cki->add_flag("--verify", ck_verify, "Read every piece and check its CRC-32");
-  std::string cv_in, cv_out;
-  std::vector<std::string> cv_sets;
-  loom::cli::LayoutFlags cv_layout;
+  cki->add_option("DIR", a.ck_dir, "checkpoint.dir or one step-N directory")->required();
+  cki->add_flag("--verify", a.ck_verify, "Read every piece and check its CRC-32");
+  cmds.push_back({cki, [&a] { return loom::cli::run_ckpt_inspect(a.ck_dir, a.ck_verify); }});
   auto* ckc = ck->add_subcommand("convert", "Reshard a sharded checkpoint into another layout, offline");
-  ckc->add_option("--in", cv_in, "checkpoint.dir or one step-N directory")->required();
-  ckc->add_option("--out", cv_out, "Directory to write step-N (and latest) into")->required();
-  add_layout_flags(ckc, cv_layout);
-  ckc->add_option("--set", cv_sets, "Layout override parallel.key=value (repeatable), e.g. parallel.vocab_parallel=false")
+  ckc->add_option("--in", a.cv_in, "checkpoint.dir or one step-N directory")->required();
+  ckc->add_option("--out", a.cv_out, "Directory to write step-N (and latest) into")->required();
+  add_layout_flags(ckc, a.cv_layout);
+  ckc->add_option("--set", a.cv_sets, "Layout override parallel.key=value (repeatable), e.g. parallel.vocab_parallel=false")
       ->take_all();
+  cmds.push_back({ckc, [&a] {
+                    for (auto& x : a.cv_layout.as_sets()) a.cv_sets.push_back(x);
+                    return loom::cli::run_ckpt_convert(a.cv_in, a.cv_out, a.cv_sets);
+                  }});
 
-  loom::cli::SampleArgs smp;
+  loom::cli::SampleArgs& smp = a.sample;
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint (with the tokenizer it was trained with)");
   s->add_option("--checkpoint", smp.checkpoint, "Checkpoint directory")->required();
   s->add_option("--prompt", smp.prompt, "Text to continue");
@@ -188,28 +218,31 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e6));
   s->add_option("--seed", smp.seed, "Sampling seed")->capture_default_str();
   s->add_option("--tokenizer", smp.tokenizer, "Tokenizer (default: the checkpoint's data.tokenizer, else byte)");
+  cmds.push_back({s, [&a] { return loom::cli::run_sample(a.sample); }});
+}
 
-  std::string ex_ck, ex_fmt = "safetensors", ex_out, ex_dtype = "fp32";
+void add_interop_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   auto* e = app.add_subcommand("export", "Write a checkpoint as Hugging Face-named safetensors");
-  e->add_option("--checkpoint", ex_ck, "Checkpoint directory")->required();
-  e->add_option("--format", ex_fmt, "Output format (safetensors)")->capture_default_str();
-  e->add_option("--out", ex_out, "Output file")->required();
-  e->add_option("--dtype", ex_dtype, "fp32 (the masters as they are) or bf16 (rounded to nearest-even)")
+  e->add_option("--checkpoint", a.ex_ck, "Checkpoint directory")->required();
+  e->add_option("--format", a.ex_fmt, "Output format (safetensors)")->capture_default_str();
+  e->add_option("--out", a.ex_out, "Output file")->required();
+  e->add_option("--dtype", a.ex_dtype, "fp32 (the masters as they are) or bf16 (rounded to nearest-even)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  cmds.push_back({e, [&a] { return loom::cli::run_export(a.ex_ck, a.ex_fmt, a.ex_out, a.ex_dtype); }});
 
-  std::string im_in, im_fmt = "safetensors", im_ck, im_cfg;
-  std::vector<std::string> im_sets;
   auto* im = app.add_subcommand("import", "Make a checkpoint from Hugging Face-named safetensors");
-  im->add_option("--in", im_in, "Input safetensors file")->required();
-  im->add_option("--format", im_fmt, "Input format (safetensors)")->capture_default_str();
-  im->add_option("--checkpoint", im_ck, "Checkpoint directory to write")->required();
-  im->add_option("--config", im_cfg, "TOML config for files without loom metadata (e.g. model.heads)");
-  im->add_option("--set", im_sets, "Config override section.key=value (repeatable)")->take_all();
-  std::string im_tok;
-  im->add_option("--tokenizer", im_tok, "The model's tokenizer (tokenizer.json, vocab.json + merges.txt, .model): "
-                                        "loom sample decodes with it");
+  im->add_option("--in", a.im_in, "Input safetensors file")->required();
+  im->add_option("--format", a.im_fmt, "Input format (safetensors)")->capture_default_str();
+  im->add_option("--checkpoint", a.im_ck, "Checkpoint directory to write")->required();
+  im->add_option("--config", a.im_cfg, "TOML config for files without loom metadata (e.g. model.heads)");
+  im->add_option("--set", a.im_sets, "Config override section.key=value (repeatable)")->take_all();
+  im->add_option("--tokenizer", a.im_tok, "The model's tokenizer (tokenizer.json, vocab.json + merges.txt, .model): "
+                                          "loom sample decodes with it");
+  cmds.push_back({im, [&a] { return loom::cli::run_import(a.im_fmt, a.im_in, a.im_ck, a.im_cfg, a.im_sets, a.im_tok); }});
+}
 
-  loom::cli::BenchCommArgs bc;
+void add_bench_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
+  loom::cli::BenchCommArgs& bc = a.bench;
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   auto* bcomm = bench->add_subcommand("comm", "Collective sweep (nccl-tests style); run under mpirun -np N");
@@ -229,12 +262,24 @@ int main(int argc, char** argv) {
                                      "busbw_gbps, correct");
   bcomm->add_option("--config", bc.config_path, "TOML config (only [comm] matters here)");
   bcomm->add_option("--set", bc.sets, "Config override, e.g. comm.timeout_s=30 (repeatable)")->take_all();
+  cmds.push_back({bcomm, [&a] { return loom::cli::run_bench_comm(a.bench); }});
+}
 
-  loom::cli::TokenizerArgs tk;
-  const auto tk_cmds = loom::cli::add_tokenizer_commands(app, tk);
-  loom::cli::DataArgs da;
-  const auto da_cmds = loom::cli::add_data_commands(app, da);
+}  // namespace
 
+int main(int argc, char** argv) {
+  CLI::App app{"loom: train transformer models (GPT-2, Llama) and plan their parallel training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "loom 0.1.0");
+  Args a;
+  std::vector<Command> cmds;
+  add_train_commands(app, a, cmds, argc, argv);
+  add_sim_commands(app, a, cmds);
+  add_checkpoint_commands(app, a, cmds);
+  add_interop_commands(app, a, cmds);
+  add_bench_commands(app, a, cmds);
+  const auto tk_cmds = loom::cli::add_tokenizer_commands(app, a.tokenizer);
+  const auto da_cmds = loom::cli::add_data_commands(app, a.data);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -242,23 +287,10 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
-    if (*t) return loom::cli::run_train(train, argc, argv);
-    if (*v) return loom::cli::run_verify(ver);
-    if (*sm) return loom::cli::run_simulate(sim);
-    if (*pc) return loom::cli::run_plan(pl);
-    if (*ca) return loom::cli::run_calibrate(cal);
-    if (*cm) return loom::cli::run_compare(cmp_pred, cmp_meas, cmp_json);
-    if (*cki) return loom::cli::run_ckpt_inspect(ck_dir, ck_verify);
-    if (*ckc) {
-      for (auto& x : cv_layout.as_sets()) cv_sets.push_back(x);
-      return loom::cli::run_ckpt_convert(cv_in, cv_out, cv_sets);
-    }
-    if (*s) return loom::cli::run_sample(smp);
-    if (*e) return loom::cli::run_export(ex_ck, ex_fmt, ex_out, ex_dtype);
-    if (*im) return loom::cli::run_import(im_fmt, im_in, im_ck, im_cfg, im_sets, im_tok);
-    if (*bcomm) return loom::cli::run_bench_comm(bc);
-    if (app.got_subcommand("tokenizer")) return loom::cli::run_tokenizer(tk_cmds, tk);
-    if (app.got_subcommand("data")) return loom::cli::run_data(da_cmds, da);
+    for (const Command& c : cmds)
+      if (*c.app) return c.run();
+    if (app.got_subcommand("tokenizer")) return loom::cli::run_tokenizer(tk_cmds, a.tokenizer);
+    if (app.got_subcommand("data")) return loom::cli::run_data(da_cmds, a.data);
   } catch (const loom::Error& err) {
     print_error(err.what());
     return err.kind() == loom::Error::Kind::kConfig ? 2 : 1;

@@ -125,8 +125,39 @@ std::string fmt_double(double x) {
          [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_string(k, v); }, \
          [](const Config& c) { return quote(c.sec.field); }}
 
+// [parallel]: the layout keys.
+std::vector<KeyDef> parallel_keys() {
+  return {
+      LOOM_INT_KEY(parallel, dp, "data-parallel degree"),
+      LOOM_INT_KEY(parallel, tp, "tensor-parallel degree (divides heads, kv_heads, ffn)"),
+      LOOM_INT_KEY(parallel, pp, "pipeline-parallel degree (stages)"),
+      LOOM_INT_KEY(parallel, vpp, "model chunks per pipeline rank (interleaved schedule)"),
+      LOOM_BOOL_KEY(parallel, sp, "sequence parallel in the norm/residual regions (needs tp > 1)"),
+      LOOM_BOOL_KEY(parallel, vocab_parallel, "under tp: embedding and head split by vocabulary (true) or whole on "
+                                              "every tp rank (false: no vocabulary collectives, more memory)"),
+      LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
+      LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
+      // The layout keys are typed in ParallelConfig; these convert their text once.
+      KeyDef{"parallel.schedule", "pipeline schedule: gpipe | 1f1b | interleaved",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.schedule = parse_schedule(parse_string(k, v)); },
+             [](const Config& c) { return quote(schedule_name(c.parallel.schedule)); }},
+      KeyDef{"parallel.recompute", "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.recompute = parse_recompute(parse_string(k, v)); },
+             [](const Config& c) { return quote(recompute_text(c.parallel.recompute)); }},
+      KeyDef{"parallel.zero_keep", "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
+                                   "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.zero_keep = parse_zero_keep(parse_string(k, v)); },
+             [](const Config& c) { return quote(zero_keep_text(c.parallel.zero_keep)); }},
+      KeyDef{"parallel.pp_layers", "layers per pipeline stage, e.g. \"3,4\"; empty = even split",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.pp_layers = parse_pp_layers(parse_string(k, v)); },
+             [](const Config& c) { return quote(pp_layers_text(c.parallel.pp_layers)); }},
+      LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
+  };
+}
+
 const std::vector<KeyDef>& schema() {
-  static const std::vector<KeyDef> keys = {
+  static const std::vector<KeyDef> keys = [] {
+    std::vector<KeyDef> k = {
       LOOM_STRING_KEY(model, preset, "tiny | gpt2 | gpt2-medium | llama | gpt-1.7b..gpt-1t | gpt3-175b | llama2-7b/13b/70b | llama3-8b/70b/405b | custom; sets every model key"),
       KeyDef{"model.arch", "gpt | llama",
              [](Config& c, const RawValue& v, const std::string& k) {
@@ -184,31 +215,10 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce (zero 0/1)"),
       LOOM_STRING_KEY(comm, param_dtype, "fp32 | bf16: ZeRO-3's parameter all-gathers in bf16 (compute sees rounded weights)"),
       LOOM_STRING_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)"),
-      LOOM_INT_KEY(parallel, dp, "data-parallel degree"),
-      LOOM_INT_KEY(parallel, tp, "tensor-parallel degree (divides heads, kv_heads, ffn)"),
-      LOOM_INT_KEY(parallel, pp, "pipeline-parallel degree (stages)"),
-      LOOM_INT_KEY(parallel, vpp, "model chunks per pipeline rank (interleaved schedule)"),
-      LOOM_BOOL_KEY(parallel, sp, "sequence parallel in the norm/residual regions (needs tp > 1)"),
-      LOOM_BOOL_KEY(parallel, vocab_parallel, "under tp: embedding and head split by vocabulary (true) or whole on "
-                                              "every tp rank (false: no vocabulary collectives, more memory)"),
-      LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
-      LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
-      // The layout keys are typed in ParallelConfig; these convert their text once.
-      KeyDef{"parallel.schedule", "pipeline schedule: gpipe | 1f1b | interleaved",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.schedule = parse_schedule(parse_string(k, v)); },
-             [](const Config& c) { return quote(schedule_name(c.parallel.schedule)); }},
-      KeyDef{"parallel.recompute", "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.recompute = parse_recompute(parse_string(k, v)); },
-             [](const Config& c) { return quote(recompute_text(c.parallel.recompute)); }},
-      KeyDef{"parallel.zero_keep", "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
-                                   "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.zero_keep = parse_zero_keep(parse_string(k, v)); },
-             [](const Config& c) { return quote(zero_keep_text(c.parallel.zero_keep)); }},
-      KeyDef{"parallel.pp_layers", "layers per pipeline stage, e.g. \"3,4\"; empty = even split",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.pp_layers = parse_pp_layers(parse_string(k, v)); },
-             [](const Config& c) { return quote(pp_layers_text(c.parallel.pp_layers)); }},
-      LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
-  };
+    };
+    for (KeyDef& d : parallel_keys()) k.push_back(std::move(d));
+    return k;
+  }();
   return keys;
 }
 
@@ -372,70 +382,6 @@ toml::table parse_toml_text(const std::string& text, const std::string& origin) 
 
 namespace {
 
-// Published shapes. GPT rows are Megatron-LM GPTs (learned positions, tied head, biases,
-// ffn = 4 d): Narayanan et al. SC'21 Table 1 (vocab 51,200, seq 2,048), the 22B of
-// Korthikanti et al. 2022 Table 5, and GPT-3 175B (Brown et al. 2020, vocab 50,257). Llama
-// rows are the Hugging Face configs (config.json) of Meta's Llama-2 and Llama-3(.1) models.
-struct Preset {
-  const char* name;
-  Arch arch;
-  int64_t layers, d_model, heads, kv_heads, ffn, vocab, ctx;
-  double rope_theta;
-};
-constexpr Preset kPresets[] = {
-    // name          arch          layers d_model heads kv  ffn     vocab   ctx    rope
-    {"tiny",         Arch::kGpt,   4,     128,    4,    4,  512,    256,    128,   1e4},
-    {"gpt2",         Arch::kGpt,   12,    768,    12,   12, 3072,   50257,  1024,  1e4},
-    {"gpt2-medium",  Arch::kGpt,   24,    1024,   16,   16, 4096,   50257,  1024,  1e4},
-    // A small Llama-style model for the byte tokenizer: GQA 8:2, SwiGLU width ~8/3 d.
-    {"llama",        Arch::kLlama, 8,     512,    8,    2,  1376,   256,    256,   1e4},
-    {"gpt-1.7b",     Arch::kGpt,   24,    2304,   24,   24, 9216,   51200,  2048,  1e4},
-    {"gpt-3.6b",     Arch::kGpt,   30,    3072,   32,   32, 12288,  51200,  2048,  1e4},
-    {"gpt-7.5b",     Arch::kGpt,   36,    4096,   32,   32, 16384,  51200,  2048,  1e4},
-    {"gpt-18b",      Arch::kGpt,   40,    6144,   48,   48, 24576,  51200,  2048,  1e4},
-    {"gpt-22b",      Arch::kGpt,   48,    6144,   64,   64, 24576,  51200,  2048,  1e4},
-    {"gpt-39b",      Arch::kGpt,   48,    8192,   64,   64, 32768,  51200,  2048,  1e4},
-    {"gpt-76b",      Arch::kGpt,   60,    10240,  80,   80, 40960,  51200,  2048,  1e4},
-    {"gpt-145b",     Arch::kGpt,   80,    12288,  96,   96, 49152,  51200,  2048,  1e4},
-    {"gpt3-175b",    Arch::kGpt,   96,    12288,  96,   96, 49152,  50257,  2048,  1e4},
-    {"gpt-310b",     Arch::kGpt,   96,    16384,  128,  128, 65536, 51200,  2048,  1e4},
-    {"gpt-530b",     Arch::kGpt,   105,   20480,  128,  128, 81920, 51200,  2048,  1e4},
-    {"gpt-1t",       Arch::kGpt,   128,   25600,  160,  160, 102400, 51200, 2048,  1e4},
-    {"llama2-7b",    Arch::kLlama, 32,    4096,   32,   32, 11008,  32000,  4096,  1e4},
-    {"llama2-13b",   Arch::kLlama, 40,    5120,   40,   40, 13824,  32000,  4096,  1e4},
-    {"llama2-70b",   Arch::kLlama, 80,    8192,   64,   8,  28672,  32000,  4096,  1e4},
-    {"llama3-8b",    Arch::kLlama, 32,    4096,   32,   8,  14336,  128256, 8192,  5e5},
-    {"llama3-70b",   Arch::kLlama, 80,    8192,   64,   8,  28672,  128256, 8192,  5e5},
-    {"llama3-405b",  Arch::kLlama, 126,   16384,  128,  8,  53248,  128256, 8192,  5e5},
-};
-
-}  // namespace
-
-std::vector<std::string> model_preset_names() {
-  std::vector<std::string> out;
-  for (const Preset& p : kPresets) out.push_back(p.name);
-  return out;
-}
-
-void apply_model_preset(ModelConfig& m, const std::string& preset) {
-  m.preset = preset;
-  m.norm_eps = 1e-5;
-  m.init_std = 0.02;
-  if (preset == "custom") return;  // every model key comes from the file or --set
-  for (const Preset& p : kPresets)
-    if (preset == p.name) {
-      m.arch = p.arch;
-      m.layers = p.layers, m.d_model = p.d_model, m.heads = p.heads, m.kv_heads = p.kv_heads;
-      m.ffn = p.ffn, m.vocab = p.vocab, m.ctx = p.ctx, m.rope_theta = p.rope_theta;
-      return;
-    }
-  std::string names;
-  for (const Preset& p : kPresets) names += std::string(p.name) + ", ";
-  throw ConfigError("model.preset = '" + preset + "': expected one of " + names + "custom");
-}
-
-namespace {
-
 bool power_of_two(double x) {
   int e = 0;
   return x > 0 && std::isfinite(x) && std::frexp(x, &e) == 0.5;
@@ -466,12 +412,17 @@ void append_loss_scale_errors(const TrainConfig& t, std::vector<std::string>& er
 
 }  // namespace
 
-std::vector<std::string> validation_errors(const Config& c) {
-  std::vector<std::string> errs;
-  auto positive = [&](const char* name, int64_t v) {
-    if (v <= 0) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected a positive integer");
-  };
-  const ModelConfig& m = c.model;
+namespace {
+
+void require_positive(std::vector<std::string>& errs, const char* name, int64_t v) {
+  if (v <= 0) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected a positive integer");
+}
+
+// false: the model is so far out of range that the later checks (which build per-layer
+// lists and divide by these) must not run; its errors are reported alone.
+bool check_model(const ModelConfig& m, std::vector<std::string>& errs) {
+  const size_t before = errs.size();
+  auto positive = [&](const char* name, int64_t v) { require_positive(errs, name, v); };
   positive("model.layers", m.layers);
   positive("model.d_model", m.d_model);
   positive("model.heads", m.heads);
@@ -487,7 +438,7 @@ std::vector<std::string> validation_errors(const Config& c) {
     if (v > kMaxDim) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxDim));
   // Later checks build per-layer lists and divide by these: a model this far out of range
   // is reported alone.
-  if (!errs.empty()) return errs;
+  if (errs.size() > before) return false;
   if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0)
     errs.push_back("model.heads = " + std::to_string(m.heads) + " does not divide model.d_model = " +
                    std::to_string(m.d_model) + ": choose heads so that d_model / heads is an integer");
@@ -505,6 +456,10 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!(m.rope_theta > 0)) errs.push_back("model.rope_theta = " + fmt_double(m.rope_theta) + ": expected > 0");
   if (!(m.init_std > 0)) errs.push_back("model.init_std = " + fmt_double(m.init_std) + ": expected > 0");
 
+  return true;
+}
+
+void check_io(const Config& c, std::vector<std::string>& errs) {
   if (c.checkpoint.save_every < 0)
     errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) + ": expected >= 0 (0: final only)");
   if (c.checkpoint.keep_last < 0)
@@ -522,15 +477,18 @@ std::vector<std::string> validation_errors(const Config& c) {
                    "(loom data prepare ends each document with the tokenizer's end token)");
   if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))
     errs.push_back("data.val_fraction = " + fmt_double(c.data.val_fraction) + ": expected a value in (0, 1)");
+}
 
-  const TrainConfig& t = c.train;
+// false: a size beyond any real run; the layout checks, which multiply these, must not run.
+bool check_train(const TrainConfig& t, const ModelConfig& m, std::vector<std::string>& errs) {
+  auto positive = [&](const char* name, int64_t v) { require_positive(errs, name, v); };
   // Far beyond a real run, and low enough that batch x seq x width products never overflow.
   constexpr int64_t kMaxCount = int64_t(1) << 24;
   const size_t before_bounds = errs.size();
   for (auto [name, v] : {std::pair<const char*, int64_t>{"train.batch", t.batch}, {"train.grad_accum", t.grad_accum},
                          {"train.val_batches", t.val_batches}, {"train.seq", t.seq}, {"train.threads", t.threads}})
     if (v > kMaxCount) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxCount));
-  if (errs.size() > before_bounds) return errs;  // the layout checks below multiply these
+  if (errs.size() > before_bounds) return false;  // the layout checks multiply these
   positive("train.steps", t.steps);
   positive("train.batch", t.batch);
   positive("train.grad_accum", t.grad_accum);
@@ -545,8 +503,10 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16")
     errs.push_back("train.precision = '" + t.precision + "': expected fp32, bf16 or fp16");
   append_loss_scale_errors(t, errs);
+  return true;
+}
 
-  const OptimConfig& o = c.optim;
+void check_optim(const OptimConfig& o, std::vector<std::string>& errs) {
   if (!(o.lr > 0)) errs.push_back("optim.lr = " + fmt_double(o.lr) + ": expected > 0");
   if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1))
     errs.push_back("optim.min_lr_ratio = " + fmt_double(o.min_lr_ratio) + ": expected a value in [0, 1]");
@@ -556,6 +516,16 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!(o.beta2 >= 0 && o.beta2 < 1)) errs.push_back("optim.beta2 = " + fmt_double(o.beta2) + ": expected [0, 1)");
   if (!(o.eps > 0)) errs.push_back("optim.eps = " + fmt_double(o.eps) + ": expected > 0");
   if (!(o.grad_clip >= 0)) errs.push_back("optim.grad_clip = " + fmt_double(o.grad_clip) + ": expected >= 0");
+}
+
+}  // namespace
+
+std::vector<std::string> validation_errors(const Config& c) {
+  std::vector<std::string> errs;
+  if (!check_model(c.model, errs)) return errs;
+  check_io(c, errs);
+  if (!check_train(c.train, c.model, errs)) return errs;
+  check_optim(c.optim, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

@@ -131,6 +131,14 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     if (s.name == "normf.w") normf_tensor_ = i;
   }
 
+  carve_activations(part, act_slots);
+}
+
+// Note [Recompute] and Note [bf16 activation storage]: the slots of saved activations,
+// measured in a first pass and carved from one allocation in a second.
+void Model::carve_activations(const ModelPart& part, int act_slots) {
+  const ModelConfig& cfg = cfg_;
+  const int64_t max_batch = max_batch_, max_seq = max_seq_;
   // Local (this tp rank's) widths: heads Hl_, kv heads KVl_, MLP Fl_.
   const int64_t N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
   const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd;

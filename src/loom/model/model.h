@@ -202,6 +202,7 @@ class Model {
   float* acts_losses() const;  // (N) per-row losses scratch
   float* full_tmp() const;     // (N,C) sequence-parallel scratch
   void index_units();
+  void carve_activations(const ModelPart& part, int act_slots);
   void span(const char* what, int layer, bool begin) const {
     if (span_hook_) span_hook_(what, layer, begin);
   }

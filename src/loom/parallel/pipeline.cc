@@ -9,21 +9,6 @@
 
 namespace loom::parallel {
 
-ModelPart pipeline_part(const std::vector<int>& counts, int pp, int vpp, int pp_rank) {
-  LOOM_CHECK(int(counts.size()) == pp * vpp, "pipeline part: ", counts.size(), " stage sizes for pp ", pp,
-             " x vpp ", vpp);
-  ModelPart part;
-  std::vector<int> starts(counts.size() + 1, 0);
-  for (size_t v = 0; v < counts.size(); v++) starts[v + 1] = starts[v] + counts[v];
-  for (int c = 0; c < vpp; c++) {
-    const int v = c * pp + pp_rank;
-    part.chunks.push_back({starts[size_t(v)], starts[size_t(v) + 1]});
-  }
-  part.embed = pp_rank == 0;
-  part.head = pp_rank == pp - 1;
-  return part;
-}
-
 PipeLinks make_pipe_links(comm::World& world, const comm::Mesh& mesh, bool wrap) {
   const int pp = mesh.axis_size("pp");
   PipeLinks links;

@@ -20,6 +20,7 @@
 #include "loom/core/memory.h"
 #include "loom/model/model.h"
 #include "loom/parallel/schedule.h"
+#include "loom/parallel/stage_part.h"
 
 namespace loom::comm {
 class World;
@@ -27,9 +28,6 @@ class World;
 
 namespace loom::parallel {
 
-
-// The model part of pipeline rank `pp_rank`: chunk c is virtual stage c x pp + pp_rank.
-ModelPart pipeline_part(const std::vector<int>& stage_layer_counts, int pp, int vpp, int pp_rank);
 
 struct PipeLinks {
   comm::Group *fwd_send = nullptr, *fwd_recv = nullptr, *bwd_send = nullptr, *bwd_recv = nullptr;  // null where unused

@@ -5,7 +5,7 @@
 
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
-#include "loom/parallel/pipeline.h"
+#include "loom/parallel/stage_part.h"
 #include "loom/parallel/zero.h"
 
 namespace loom {
@@ -28,32 +28,22 @@ parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part
   return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, tied_split(cfg));
 }
 
-ModelPart model_part(const Config& cfg, int pp_rank, int tp_rank) {
-  const ParallelConfig& p = cfg.parallel;
-  ModelPart part;
-  if (p.pp > 1) {
-    const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(p.pp * p.vpp), p.layer_split());
-    part = parallel::pipeline_part(counts, int(p.pp), int(p.vpp), pp_rank);
-  }
-  part.tp = int(p.tp), part.tp_rank = tp_rank;
-  part.vocab_parallel = p.vocab_parallel;
-  return part;
-}
-
 }  // namespace
 
 RankPlan plan_rank(const Config& cfg, int global_rank) {
   const ParallelConfig& p = cfg.parallel;
   const std::vector<int> c = comm::training_mesh(p).coords(global_rank);
-  const ModelPart part = model_part(cfg, c[0], c[2]);
+  const ModelPart part = parallel::rank_part(cfg, c[0], c[2]);
   std::optional<parallel::Schedule> schedule;
   int act_slots = 1;
+  std::vector<int> chunk_peaks(size_t(p.vpp), 1);
   if (p.pp > 1) {
     schedule = parallel::make_schedule(p.schedule, int(p.pp),
                                        int(cfg.train.grad_accum), int(p.vpp));
     const parallel::ScheduleCheck check = parallel::validate(*schedule);
     LOOM_CHECK(check.ok, "pipeline schedule ", schedule_name(p.schedule), " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];
+    chunk_peaks = check.chunk_peak_in_flight[size_t(c[0])];
   }
   std::vector<Recompute> recompute;
   recompute = p.recompute_layers(cfg.model.layers);
@@ -64,7 +54,7 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   const bool sharded = p.zero > 0 && p.dp > 1;
   std::vector<FlatRange> moments = sharded ? dp_plan.owned(c[1]) : all;
   std::vector<FlatRange> params = p.zero == 3 && p.dp > 1 ? moments : all;
-  return RankPlan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(recompute),
+  return RankPlan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(chunk_peaks), std::move(recompute),
                   std::move(dp_plan),
                   std::move(unit_bucket), std::move(layout), std::move(params), std::move(moments)};
 }

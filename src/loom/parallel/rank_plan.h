@@ -1,12 +1,14 @@
-// Note [Rank plan] (issue 13, first slice)
+// Note [Rank plan]
 // What one rank of a layout holds and does, from the config alone: its mesh coordinates,
-// its model part, its pipeline schedule and activation slots, its data-parallel plan
-// (buckets, ZeRO pieces, padding), its parameter layout and the ranges of parameters and
-// AdamW moments it keeps. plan_rank() is pure (no communication, no allocation of state):
-// the live context (groups), the engine and the offline checkpoint tools all take their
-// layout from it, so no two of them can disagree. Still to move here (issue 13): the
-// simulator's chunk boundaries and peaks, and the data-parallel plan into a library without
-// the communication layer, so that the simulator can consume it too.
+// its model part, its pipeline schedule, activation slots and per-chunk peaks, its
+// data-parallel plan (buckets, ZeRO pieces, padding), its parameter layout and the ranges
+// of parameters and AdamW moments it keeps. plan_rank() is pure (no communication, no
+// allocation of state): the live context (groups), the engine and the offline checkpoint
+// tools all take their layout from it, so no two of them can disagree. The simulator, which
+// must price thousands of layouts a second in the planner, takes the same pieces from the
+// same pure functions (parallel::rank_part for the part, the schedule and its validator for
+// the peaks) rather than the whole plan; it prices gradient buckets by size, not by the
+// plan's bucket list.
 #pragma once
 
 #include <optional>
@@ -29,6 +31,7 @@ struct RankPlan {
   ModelPart part;                              // whole model unless pp > 1; the tp slice
   std::optional<parallel::Schedule> schedule;  // pp > 1
   int act_slots = 1;                           // activation slots (the schedule's peak in flight)
+  std::vector<int> chunk_peaks;                // per chunk: most micro-batches it holds at once
   std::vector<Recompute> recompute;            // per layer of the whole model (parallel.recompute)
   parallel::DataParallelPlan dp_plan;          // buckets, pieces, padding (meaningful when dp > 1)
   std::vector<int> unit_bucket;                // ZeRO-3: unit -> bucket

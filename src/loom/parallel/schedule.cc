@@ -87,10 +87,12 @@ ScheduleCheck validate(const Schedule& s) {
   const int pp = s.pp, vpp = s.vpp, m = s.micro_batches, stages = pp * vpp;
   ScheduleCheck out;
   out.peak_in_flight.assign(pp, 0);
+  out.chunk_peak_in_flight.assign(pp, std::vector<int>(size_t(vpp), 0));
   // done_f[v][mb], done_b[v][mb]: has virtual stage v run forward/backward of mb.
   std::vector<std::vector<char>> done_f(stages, std::vector<char>(m, 0)), done_b = done_f;
   std::vector<size_t> next(pp, 0);
   std::vector<int> held(pp, 0);
+  std::vector<std::vector<int>> chunk_held = out.chunk_peak_in_flight;
   size_t remaining = 0;
   for (const auto& r : s.steps) remaining += r.size();
   auto ready = [&](int r, const PipeStep& st) {
@@ -122,6 +124,9 @@ ScheduleCheck validate(const Schedule& s) {
       (st.forward ? done_f : done_b)[v][st.micro_batch] = 1;
       held[r] += st.forward ? 1 : -1;
       out.peak_in_flight[r] = std::max(out.peak_in_flight[r], held[r]);
+      int& in_chunk = chunk_held[r][size_t(st.chunk)];
+      in_chunk += st.forward ? 1 : -1;
+      out.chunk_peak_in_flight[r][size_t(st.chunk)] = std::max(out.chunk_peak_in_flight[r][size_t(st.chunk)], in_chunk);
       --remaining;
     }
     ++out.ticks;

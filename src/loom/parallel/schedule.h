@@ -41,6 +41,7 @@ struct ScheduleCheck {
   bool ok = false;
   std::string problem;               // empty when ok: which ranks wait on what
   std::vector<int> peak_in_flight;   // per rank: most activations held at once
+  std::vector<std::vector<int>> chunk_peak_in_flight;  // per rank, per chunk: the same for that chunk
   int ticks = 0;                     // length of the replay in unit-time steps
 };
 ScheduleCheck validate(const Schedule& s);

@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
 #include "loom/parallel/schedule.h"
+#include "loom/parallel/stage_part.h"
 
 namespace loom::sim {
 
@@ -223,6 +224,7 @@ struct RankState {
   double free_at = 0, live = 0, peak_live = 0, recomputed = 0, last_bwd_window = 0;
   Pass spent;
   size_t next = 0;
+  std::vector<int> held, chunk_peak;  // per chunk: micro-batches in flight now, and at most
 };
 
 // Runs one step of rank r if its input is ready; false when it must wait.
@@ -247,6 +249,9 @@ bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vect
   rs.spent.tp += pass.tp;
   rs.spent.cp += pass.cp;
   rs.spent.zero += pass.zero;
+  int& held = rs.held[size_t(st.chunk)];
+  held += st.forward ? 1 : -1;
+  rs.chunk_peak[size_t(st.chunk)] = std::max(rs.chunk_peak[size_t(st.chunk)], held);
   if (st.forward) {
     rs.live += ch.act_bytes;
     rs.peak_live = std::max(rs.peak_live, rs.live);
@@ -274,6 +279,7 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   std::vector<std::vector<double>> fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(s.m), -1.0));
   std::vector<std::vector<double>> bdone = fdone;
   std::vector<RankState> ranks(static_cast<size_t>(s.pp));
+  for (RankState& rs : ranks) rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.held;
   size_t remaining = 0;
   for (const auto& r : sched.steps) remaining += r.size();
   while (remaining > 0) {
@@ -292,49 +298,33 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   return ranks;
 }
 
-// Per chunk of pipeline rank r: the micro-batches it holds at once under the schedule.
-std::vector<int> chunk_peaks(const Setup& s, int64_t r) {
-  std::vector<int> peak(static_cast<size_t>(s.vpp), 1);
-  if (s.pp == 1) return peak;
-  const parallel::Schedule sched =
-      parallel::make_schedule(s.plan.cfg.parallel.schedule, int(s.pp), int(s.m), int(s.vpp));
-  std::vector<int> held(static_cast<size_t>(s.vpp), 0);
-  for (const parallel::PipeStep& st : sched.steps[size_t(r)]) {
-    held[size_t(st.chunk)] += st.forward ? 1 : -1;
-    peak[size_t(st.chunk)] = std::max(peak[size_t(st.chunk)], held[size_t(st.chunk)]);
-  }
-  return peak;
+// Per chunk of pipeline rank r: the micro-batches it held at once in the replay (one per
+// chunk without a pipeline: the engine then runs micro-batches one after another).
+std::vector<int> chunk_peaks(const Setup& s, const RankState& st) {
+  return s.pp == 1 ? std::vector<int>(size_t(s.vpp), 1) : st.chunk_peak;
 }
 
-// loom's engine: the model's own activation carve (model/layout.h) for this rank's part.
-// The engine allocates the schedule's peak in flight as slots per chunk but takes the
-// lowest free slot, so only the pages of each chunk's own peak are ever resident.
-double loom_activation_bytes(const Setup& s, int64_t r) {
+// loom's engine: the model's own activation carve (model/layout.h) for this rank's part
+// (parallel::rank_part, as plan_rank gives it). The engine allocates the schedule's peak in
+// flight as slots per chunk but takes the lowest free slot, so only the pages of each
+// chunk's own peak are ever resident.
+double loom_activation_bytes(const Setup& s, int64_t r, const std::vector<int>& peak) {
   const Config& cfg = s.plan.cfg;
-  const std::vector<int> counts = parallel::stage_layers(int(cfg.model.layers), int(s.V), cfg.parallel.layer_split());
-  std::vector<int> starts(counts.size() + 1, 0);
-  for (size_t v = 0; v < counts.size(); ++v) starts[v + 1] = starts[v] + counts[v];
-  const std::vector<int> peak = chunk_peaks(s, r);
   const std::vector<Recompute>& rk = s.rk;
   auto floats = [&](const ModelPart& part, int slots) {
     return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
                                     cfg.train.precision == "bf16"));
   };
-  ModelPart all;
-  all.tp = int(s.tp);
+  ModelPart all = parallel::rank_part(cfg, int(r), 0);
+  all.chunks = all.resolved_chunks(cfg.model);
   double total = 0;
-  for (int64_t c = 0; c < s.vpp; ++c) {
-    const size_t v = size_t(c * s.pp + r);
-    all.chunks.push_back({starts[v], starts[v + 1]});
-    ModelPart one;  // this chunk alone: its slot bytes are floats(1) - floats(0)
-    one.chunks = {{starts[v], starts[v + 1]}};
-    one.embed = r == 0 && c == 0;
-    one.head = r == s.pp - 1 && c == s.vpp - 1;
-    one.tp = int(s.tp);
-    total += double(peak[size_t(c)]) * (floats(one, 1) - floats(one, 0));
+  for (size_t c = 0; c < all.chunks.size(); ++c) {
+    ModelPart one = all;  // this chunk alone: its slot bytes are floats(1) - floats(0)
+    one.chunks = {all.chunks[c]};
+    one.embed = all.embed && c == 0;
+    one.head = all.head && c + 1 == all.chunks.size();
+    total += double(peak[c]) * (floats(one, 1) - floats(one, 0));
   }
-  all.embed = r == 0;
-  all.head = r == s.pp - 1;
   return (total + floats(all, 0)) * s.x.dtype_bytes;  // + what every layout carves once
 }
 
@@ -343,11 +333,10 @@ double kept_layers(const Setup& s, int64_t r) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   if (par.zero < 3 || par.zero_keep.empty()) return 0;
   const std::vector<bool> keep = par.zero_keep_layers(s.plan.cfg.model.layers);
-  const std::vector<int> counts = parallel::stage_layers(int(s.plan.cfg.model.layers), int(s.V), par.layer_split());
+  const ModelPart part = parallel::rank_part(s.plan.cfg, int(r), 0);
   double n = 0;
-  for (int64_t v = 0, l = 0; v < s.V; ++v)
-    for (int i = 0; i < counts[size_t(v)]; ++i, ++l)
-      if (v % s.pp == r && keep[size_t(l)]) ++n;
+  for (const auto& [first, end] : part.resolved_chunks(s.plan.cfg.model))
+    for (int l = first; l < end; ++l) n += keep[size_t(l)] ? 1 : 0;
   return n;
 }
 
@@ -361,6 +350,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   RankReport rep;
   rep.pp_rank = r;
   rep.global_rank = r * s.tp * s.cp * s.dp;
+  rep.chunk_in_flight = chunk_peaks(s, st);
   for (int64_t c = 0; c < s.vpp; ++c) rep.params += s.chunks[size_t(c * s.pp + r)].params;
   const double wte = double(model.vocab * model.d_model) / s.x.vocab_t();
   if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
@@ -400,7 +390,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   mem.activations = st.peak_live;
   mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
   if (s.plan.framework == Framework::kLoom) {
-    mem.activations = loom_activation_bytes(s, r);
+    mem.activations = loom_activation_bytes(s, r, chunk_peaks(s, st));
     // ZeRO-3: the gather pool (current + prefetched unit), and one unit's gradients before
     // its reduce-scatter; ZeRO-2: the largest bucket's gradients before theirs.
     const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;
@@ -409,7 +399,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     const double boundary = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h;  // values per stage transfer
     if (s.pp > 1) mem.buffers = boundary * s.x.dtype_bytes;  // receive buffer
     if (s.pp > 1 && s.plan.cfg.comm.p2p_dtype == "bf16") {  // bf16 receive + one send buffer per slot in use
-      const std::vector<int> peak = chunk_peaks(s, r);
+      const std::vector<int> peak = chunk_peaks(s, st);
       mem.buffers += 2 * boundary * (1 + std::accumulate(peak.begin(), peak.end(), 0));
     }
     if (par.zero >= 3 && s.gather_bytes < s.wbytes)  // bf16 gather buffers beside the pool: unit + own piece, twice

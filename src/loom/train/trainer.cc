@@ -255,6 +255,31 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
   return trace;
 }
 
+// The step's outcome for the observers; a finite-loss check first (a diverged update stops
+// the run before anything is logged or saved from it).
+StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u, double lr, double loss_scale,
+                       const StepTokens& tokens, Clock::time_point start) {
+  if (u.applied && !std::isfinite(u.loss))
+    throw Error("training diverged: loss is " + std::to_string(u.loss) + " at step " + std::to_string(step + 1) +
+                " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
+  StepOutcome o;
+  o.step = step, o.loss = u.loss, o.lr = lr, o.norm = u.norm, o.loss_scale = loss_scale, o.applied = u.applied;
+  o.real_tokens = tokens.real, o.positions = tokens.positions;
+  o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  o.last = step + 1 == cfg.train.steps;
+  return o;
+}
+
+// Stops recording and writes the trace with the ledger's collectives and the idle gaps.
+void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string& path, Reporter& rep) {
+  e.model.set_span_hook(nullptr);
+  e.memory.set_listener(nullptr);
+  if (world) trace.add_ledger(world->ledger());
+  trace.add_idle();
+  trace.write(path, world ? &world->world_group() : nullptr);
+  rep.info("wrote trace " + path + " (open in https://ui.perfetto.dev)");
+}
+
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& sum) {
   const int64_t local_params = e.model.layout().param_count();
   sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params);
@@ -357,26 +382,11 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       const Spans::Scope span = spans.open("optimizer", "compute");
       return updater.step(local_loss, lr, step);
     }();
-    if (u.applied && !std::isfinite(u.loss))
-      throw Error("training diverged: loss is " + std::to_string(u.loss) + " at step " + std::to_string(step + 1) +
-                  " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
     if (!scaler.event().empty()) rep.info(scaler.event());
-    StepOutcome outcome;
-    outcome.step = step, outcome.loss = u.loss, outcome.lr = lr, outcome.norm = u.norm;
-    outcome.loss_scale = scaler.enabled() ? S : 0.0, outcome.applied = u.applied;
-    outcome.real_tokens = tokens.real, outcome.positions = tokens.positions;
-    outcome.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-    outcome.last = step + 1 == cfg.train.steps;
+    const StepOutcome outcome = outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start);
     for (StepObserver* o : observers) o->after_step(outcome);
   }
-  if (trace) {
-    e.model.set_span_hook(nullptr);
-    e.memory.set_listener(nullptr);
-    if (world) trace->add_ledger(world->ledger());
-    trace->add_idle();
-    trace->write(given.trace_path, world ? &world->world_group() : nullptr);
-    rep.info("wrote trace " + given.trace_path + " (open in https://ui.perfetto.dev)");
-  }
+  if (trace) finish_trace(*trace, e, world, given.trace_path, rep);
   rep.end_bar();
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);
   report_memory(rep, cfg, e, sum);

@@ -73,7 +73,7 @@ void divide(DType dtype, std::byte* data, size_t count, int divisor);
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Element range of chunk i when `count` elements are cut into `parts` near-equal chunks
-// (the first count % parts chunks get one more).
+// (core/even_split.h: the first count % parts chunks get one more).
 struct Chunk {
   size_t begin = 0, count = 0;
 };

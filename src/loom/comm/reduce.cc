@@ -5,6 +5,7 @@
 
 #include "loom/comm/algorithms.h"
 #include "loom/core/error.h"
+#include "loom/core/even_split.h"
 
 namespace loom::comm {
 namespace {
@@ -68,9 +69,8 @@ void divide(DType dtype, std::byte* data, size_t count, int divisor) {
 }
 
 Chunk chunk_of(size_t count, int parts, int i) {
-  const size_t base = count / parts, extra = count % parts;
-  const size_t ui = static_cast<size_t>(i);
-  return {ui * base + std::min(ui, extra), base + (ui < extra ? 1 : 0)};
+  const EvenChunk c = even_chunk(int64_t(count), parts, i);
+  return {size_t(c.begin), size_t(c.count)};
 }
 
 }  // namespace loom::comm

@@ -1,5 +1,6 @@
-// The collectives a tensor-parallel model calls on its tp group. The parallel layer
-// implements them over comm::Group; model code does not depend on comm.
+// The collectives a tensor-parallel model calls on its tp group. The rank context
+// (train/rank_context.cc) implements them over the tp comm::Group; model code does not
+// depend on comm.
 #pragma once
 
 #include <cstdint>

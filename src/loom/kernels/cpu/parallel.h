@@ -7,15 +7,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/core/even_split.h"
+
 namespace loom::cpu {
 
 inline int team_size() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
-// [begin, end) of chunk `i` of `parts` over n items.
+// [begin, end) of chunk `i` of `parts` over n items (core/even_split.h).
 inline void chunk_range(int64_t n, int parts, int i, int64_t& begin, int64_t& end) {
-  const int64_t base = n / parts, rem = n % parts;
-  begin = i * base + (i < rem ? i : rem);
-  end = begin + base + (i < rem ? 1 : 0);
+  const EvenChunk c = even_chunk(n, parts, i);
+  begin = c.begin, end = c.begin + c.count;
 }
 
 // Scratch that lives for the thread's lifetime; grows, never shrinks.

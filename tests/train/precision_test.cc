@@ -65,7 +65,6 @@ void check_against_reference_and_fp32(Precision p, double fast_grads, double fp3
     EXPECT_NEAR(fast.loss, ref.loss, 1e-4 * ref.loss) << name << " " << preset;
     EXPECT_LT(rel(fast.g, ref.g), fast_grads) << name << " " << preset;
     EXPECT_NEAR(ref.loss, fp32.loss, fp32_loss * fp32.loss) << name << " " << preset;
-    EXPECT_NE(ref.loss, fp32.loss) << name << " " << preset;
     EXPECT_LT(rel(ref.g, fp32.g), fp32_grads) << name << " " << preset;
     EXPECT_GT(rel(ref.g, fp32.g), min_grads) << name << " " << preset << ": the GEMM inputs must round";
   }
@@ -77,7 +76,9 @@ void check_against_reference_and_fp32(Precision p, double fast_grads, double fp3
 // loss <= 5e-7 relative, gradients <= 3.3e-3 of their scale (50 draws); bounds 1e-4 and 2e-2.
 // bf16 vs fp32: each GEMM input within 2^-8 relative: the loss within 2^-6 relative and the
 // gradients within 0.1 of their scale, but not equal (observed: loss ~1e-5, gradients
-// 2e-3 to 4e-3 of their scale).
+// 2e-3 to 4e-3 of their scale). "Not equal" is asserted on the gradients (min_grads): the
+// loss is one float whose fp16 difference (~1e-6 relative) is a few ulps, so on some fresh
+// draws it rounds to the fp32 loss exactly (seen once in CI: 5.75196 both ways).
 TEST(Precision, Bf16ModelMatchesItsReferenceAndStaysNearFp32) {
   check_against_reference_and_fp32(Precision::kBf16, 2e-2, 0x1p-6, 0.1, 1e-4);
 }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 
 namespace loom::parallel {
@@ -41,13 +43,63 @@ TEST(Schedule, InterleavedIsDeadlockFreeAndEveryStepRunsOnce) {
 TEST(Schedule, ValidatorNamesTheRanksOfADeadlock) {
   Schedule s = make_schedule(ScheduleKind::k1F1B, 2, 2);
   // Rank 1 wants the gradient of micro-batch 0 before running its forward.
-  s.steps[1] = {{false, 0, 0}, {true, 0, 0}, {true, 1, 0}, {false, 1, 0}};
+  s.steps[1] = {{Phase::kB, 0, 0}, {Phase::kF, 0, 0}, {Phase::kF, 1, 0}, {Phase::kB, 1, 0}};
   const ScheduleCheck c = validate(s);
   EXPECT_FALSE(c.ok);
   EXPECT_NE(c.problem.find("rank 1 waits to run B0"), std::string::npos) << c.problem;
   Schedule missing = make_schedule(ScheduleKind::kGPipe, 2, 2);
   missing.steps[0].pop_back();
   EXPECT_FALSE(validate(missing).ok);
+}
+
+// Zero-bubble schedules for every p and m: each (micro-batch, stage) runs one F, one B and
+// one W, W after its B (the validator's replay); W's and B's in micro-batch order on every
+// rank (so weight gradients accumulate in 1F1B's order); memory as Qi et al. state it:
+// ZB-H1 holds at most 1F1B's peak (pp micro-batches, rank 0's) on any rank with at most
+// r + 1 weight gradients pending on rank r; ZB-H2 holds 2 (pp - r) - 1 on rank r.
+TEST(Schedule, ZeroBubbleSchedulesFinishWithBoundedMemoryAndOrderedWeightGradients) {
+  for (int pp = 1; pp <= 8; ++pp)
+    for (int m = 1; m <= 16; ++m) {
+      const ScheduleCheck ref = validate(make_schedule(ScheduleKind::k1F1B, pp, m));
+      const int ref_peak = *std::max_element(ref.peak_in_flight.begin(), ref.peak_in_flight.end());
+      for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) {
+        const Schedule s = make_schedule(k, pp, m);
+        const ScheduleCheck c = validate(s);
+        const std::string at = std::string(schedule_name(k)) + " pp " + std::to_string(pp) + " m " + std::to_string(m);
+        ASSERT_TRUE(c.ok) << at << ": " << c.problem;
+        for (int r = 0; r < pp; ++r) {
+          ASSERT_EQ(s.steps[r].size(), size_t(3 * m)) << at;
+          int next[3] = {0, 0, 0};
+          for (const PipeStep& st : s.steps[r]) EXPECT_EQ(st.micro_batch, next[int(st.phase)]++) << at << " rank " << r;
+          if (k == ScheduleKind::kZbH1) {
+            EXPECT_LE(c.peak_in_flight[r], ref_peak) << at << " rank " << r;
+            EXPECT_LE(c.peak_pending_w[r], r + 1) << at << " rank " << r;
+          } else {
+            EXPECT_EQ(c.peak_in_flight[r], std::min(2 * (pp - r) - 1, m)) << at << " rank " << r;
+            EXPECT_EQ(c.peak_pending_w[r], 1) << at << " rank " << r;
+          }
+        }
+      }
+    }
+}
+
+TEST(Schedule, ValidatorRefusesMisplacedWeightGradients) {
+  Schedule s = make_schedule(ScheduleKind::kZbH1, 2, 2);
+  s.steps[1] = {{Phase::kF, 0, 0}, {Phase::kW, 0, 0}, {Phase::kB, 0, 0},  // W before its B
+                {Phase::kF, 1, 0}, {Phase::kB, 1, 0}, {Phase::kW, 1, 0}};
+  ScheduleCheck c = validate(s);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.problem.find("rank 1 waits to run W0"), std::string::npos) << c.problem;
+  Schedule joint = make_schedule(ScheduleKind::k1F1B, 2, 2);
+  joint.steps[0].push_back({Phase::kW, 0, 0});  // 1F1B's B already made the weight gradients
+  c = validate(joint);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.problem.find("has no W steps"), std::string::npos) << c.problem;
+  Schedule dropped = make_schedule(ScheduleKind::kZbH2, 3, 4);
+  dropped.steps[2].pop_back();
+  c = validate(dropped);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.problem.find("never ran the weight gradient of micro-batch 3"), std::string::npos) << c.problem;
 }
 
 TEST(Schedule, BadShapesAreRefusedWithAValidChoice) {
@@ -60,6 +112,7 @@ TEST(Schedule, BadShapesAreRefusedWithAValidChoice) {
   EXPECT_THROW(make_schedule(ScheduleKind::k1F1B, 2, 4, 2), Error);
   EXPECT_THROW(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 4, 1), Error);
   EXPECT_THROW(make_schedule(ScheduleKind::kGPipe, 0, 4), Error);
+  EXPECT_THROW(make_schedule(ScheduleKind::kZbH1, 2, 4, 2), Error);
 }
 
 }  // namespace

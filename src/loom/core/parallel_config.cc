@@ -91,6 +91,16 @@ void check_pipeline(const Config& c, std::vector<std::string>& errs) {
                      str(c.train.grad_accum) + " divisible by parallel.pp = " + str(p.pp) + "; e.g. grad_accum = " +
                      str((c.train.grad_accum / p.pp + 1) * p.pp));
   }
+  if (splits_backward(p.schedule)) {  // Note [B/W split] (model/model.h)
+    const std::string name = schedule_name(p.schedule);
+    if (p.pp < 2)
+      errs.push_back("parallel.schedule = " + name + " splits backward to fill pipeline bubbles and needs parallel.pp "
+                     ">= 2 (have " + str(p.pp) + "); use 1f1b without a pipeline");
+    if (std::find(p.recompute.begin(), p.recompute.end(), Recompute::kFull) != p.recompute.end())
+      errs.push_back("parallel.schedule = " + name + " runs each weight gradient after its backward, when a fully "
+                     "recomputed layer's inputs are gone; parallel.recompute = '" + recompute_text(p.recompute) +
+                     "' has full layers: use none or selective, or schedule 1f1b");
+  }
   if (const std::vector<int64_t>& split = p.pp_layers; !split.empty()) {
     int64_t sum = 0;
     for (int64_t v : split) sum += v;
@@ -285,14 +295,17 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::kGPipe: return "gpipe";
     case ScheduleKind::k1F1B: return "1f1b";
     case ScheduleKind::kInterleaved1F1B: return "interleaved";
+    case ScheduleKind::kZbH1: return "zb-h1";
+    case ScheduleKind::kZbH2: return "zb-h2";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule(const std::string& text) {
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B})
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
+                         ScheduleKind::kZbH1, ScheduleKind::kZbH2})
     if (text == schedule_name(k)) return k;
-  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b or interleaved");
+  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1 or zb-h2");
 }
 
 std::vector<Recompute> parse_recompute(const std::string& text) {

@@ -165,7 +165,8 @@ float** view_field(ModelView& v, const std::string& name) {
 }
 
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
-                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations) {
+                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
+                          int w_slots) {
   const int64_t tp = part.tp, N = micro_batch * seq, C = m.d_model, hd = m.head_dim();
   const int64_t Hl = m.heads / tp, KVl = m.kv_heads / tp, F = m.ffn / tp;
   const int64_t Q = (Hl + 2 * KVl) * hd, HD = Hl * hd, F2 = m.arch == Arch::kGpt ? F : 2 * F;
@@ -194,6 +195,9 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
     slot += (part.embed && c == 0) ? take(N) : take(Nr * C);  // tokens, or the boundary gradient
     if (part.head && c + 1 == chunks.size()) slot += take(N * C) + 2 * take(Nr) + take(N * C);
     total += slot * act_slots;
+    // Note [B/W split]: per W slot and layer, the upstream gradients of the four linears.
+    const int64_t wslot = (chunks[c].second - chunks[c].first) * (2 * take(N * C) + take(N * F2) + take(N * Q));
+    total += wslot * w_slots;
   }
   total += take(N);                                                            // losses
   total += 2 * take(N * C) + take(N * HD) + take(N * Q) + take(N * F2) + take(N * F);  // backward scratch

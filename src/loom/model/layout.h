@@ -83,10 +83,12 @@ struct ModelPart {
 // gradient, the head's norm; plus the shared recompute block and the backward scratch.
 // Each piece is rounded up to 16 floats. bf16_activations (train.precision = bf16): the
 // saved GEMM inputs, qkv and the MLP pre-activation take half (Note [bf16 activation
-// storage] in model.cc), plus two fp32 staging buffers. Model's constructor checks its carve against this, and the simulator
-// prices the engine's activation memory with it.
+// storage] in model.cc), plus two fp32 staging buffers. w_slots: per chunk, the W slots of
+// a split backward (Note [B/W split] in model.h). Model's constructor checks its carve
+// against this, and the simulator prices the engine's activation memory with it.
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
-                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations);
+                          int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
+                          int w_slots = 0);
 
 class ParamLayout {
  public:

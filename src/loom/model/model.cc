@@ -6,54 +6,11 @@
 #include <random>
 
 #include "loom/core/error.h"
+#include "loom/model/acts.h"
 #include "loom/model/tp_slice.h"
 
 namespace loom {
 
-// Saved activations of one chunk for one micro-batch in flight, and the shared backward
-// scratch, carved from one allocation. N = B*T rows; Q = (H + 2 KV) * hd; F2 = F (GPT)
-// or 2F (Llama gate|up).
-struct Model::Slot {
-  struct Block {
-    float *norm1, *norm1_mean, *norm1_rstd;  // (N,C), (N), (N)
-    float* qkv;                              // (N,Q), after RoPE for Llama
-    float* probs;                            // (B,H,T,T)
-    float* atty;                             // (N,H*hd)
-    float* x1;                               // (N,C) residual after attention
-    float *norm2, *norm2_mean, *norm2_rstd;
-    float* fch;                              // (N,F2) fc output, pre-activation
-    float* fcg;                              // (N,F) activation output
-    float* out;                              // (N,C) block output = next block's input
-    // Note [bf16 activation storage]: with bf16 storage these are the saved copies of
-    // norm1, atty, norm2 and fcg, whose float fields then point at Acts::stage, and of qkv
-    // and fch, whose float fields point at Acts::stage2.
-    bf16 *norm1_h = nullptr, *atty_h = nullptr, *norm2_h = nullptr, *fcg_h = nullptr;
-    bf16 *qkv_h = nullptr, *fch_h = nullptr;
-  };
-  float* input = nullptr;        // (N,C) chunk input: the embedding output or a copy of x_in
-  std::vector<Block> blocks;     // the chunk's layers, in order
-  int32_t* tokens = nullptr;     // (N) embedding chunk: the tokens, for embedding backward
-  float *normf = nullptr, *normf_mean = nullptr, *normf_rstd = nullptr;  // head chunk
-  float* dnormf = nullptr;       // (N,C) head chunk: dL/d(normf output), made in forward
-  float* dinput = nullptr;       // (N,C) dL/d(input), for the previous stage
-  std::vector<int32_t> doc_start;  // (N) document-causal mask: each position's document start; empty when off
-};
-
-struct Model::Acts {
-  std::unique_ptr<float[]> storage;
-  int64_t floats = 0;
-  std::vector<Slot> slots;  // [chunk * act_slots + slot]
-  float* losses = nullptr;  // (N)
-  float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;  // backward scratch
-  float* full_tmp = nullptr;  // (N,C) sequence parallel: partial outputs, gathered gradients
-  float* norm_grad_tmp = nullptr;  // (2C) sequence parallel: one micro-batch's norm gradients
-  float* stage = nullptr;  // (N, max(C, H*hd, F)) bf16 storage: where a GEMM input is made before it is kept
-  float* stage2 = nullptr;  // (N, max(Q, F2)) bf16 storage: qkv / fch, made in forward, widened for backward
-  // Recompute (Note [Recompute]): the block all fully recomputed layers share, and the
-  // softmax probabilities all selectively recomputed layers share.
-  Slot::Block recompute_block{};
-  float* shared_probs = nullptr;
-};
 
 // Note [Recompute]
 // A layer's saved activations are pointers into the slot's storage. Selective recompute
@@ -97,6 +54,7 @@ class Carver {
 Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
              const ModelOptions& opt)
     : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
+      w_slots_(opt.w_slots),
       tp_comm_(opt.tp_comm), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
       KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
       layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), bf16_(opt.precision == Precision::kBf16),
@@ -116,6 +74,10 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   LOOM_CHECK(max_batch > 0 && max_seq > 0 && max_seq <= cfg.ctx, "model buffers need 0 < batch (", max_batch,
              ") and 0 < seq (", max_seq, ") <= model.ctx (", cfg.ctx, ")");
   LOOM_CHECK(act_slots >= 1, "activation slots must be >= 1, got ", act_slots);
+  LOOM_CHECK(w_slots_ >= 0, "W slots must be >= 0, got ", w_slots_);
+  LOOM_CHECK(w_slots_ == 0 || std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) == 0,
+             "a split backward (zero-bubble schedules) cannot run fully recomputed layers: their inputs are gone by "
+             "the weight-gradient step; use recompute none or selective");
   for (auto [b, e] : chunks_)
     LOOM_CHECK(0 <= b && b < e && e <= cfg.layers, "model chunk [", b, ", ", e, ") is not a layer range of the ",
                cfg.layers, "-layer model");
@@ -138,11 +100,9 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
 // measured in a first pass and carved from one allocation in a second.
 void Model::carve_activations(const ModelPart& part, int act_slots) {
   const ModelConfig& cfg = cfg_;
-  const int64_t max_batch = max_batch_, max_seq = max_seq_;
+  const int64_t max_batch = max_batch_, max_seq = max_seq_, N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
   // Local (this tp rank's) widths: heads Hl_, kv heads KVl_, MLP Fl_.
-  const int64_t N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
-  const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd;
-  const int64_t F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
+  const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd, F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
   const int64_t P = max_batch * Hl_ * max_seq * max_seq;
   const int64_t Nr = rows(N);  // residual-stream rows (a shard under sequence parallel)
   LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
@@ -197,13 +157,21 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
       if (chunk_has_head(chunk))
         sl.normf = c.take(N * C), sl.normf_mean = c.take(Nr), sl.normf_rstd = c.take(Nr), sl.dnormf = c.take(N * C);
     }
+    a.wslots.assign(chunks_.size() * size_t(w_slots_), {});
+    for (size_t i = 0; i < a.wslots.size(); i++) {
+      const auto [first, last] = chunks_[i / size_t(w_slots_)];
+      a.wslots[i].blocks.resize(size_t(last - first));
+      for (WBlock& b : a.wslots[i].blocks)
+        b.dproj = c.take(N * C), b.dfch = c.take(N * F2), b.dattn = c.take(N * C), b.dqkv = c.take(N * Q);
+    }
     a.losses = c.take(N);
     a.dres = c.take(N * C), a.dnorm = c.take(N * C), a.datty = c.take(N * HD);
     a.dqkv = c.take(N * Q), a.dfch = c.take(N * F2), a.dfcg = c.take(N * F);
     if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
     if (pass == 0) {
       a.floats = c.used();
-      LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_, bf16_acts_),
+      LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_, bf16_acts_,
+                                                w_slots_),
                   "activation_floats() disagrees with the model's carve: ", a.floats);
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
     }
@@ -333,50 +301,6 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   span("forward", l, false);
 }
 
-// On entry a.dres = dL/d(block output); on exit a.dres = dL/d(block input), both (Nr,C).
-void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
-  span("backward", l, true);
-  use(l, true);
-  if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
-  const Acts& a = *acts_;
-  const Slot::Block& s = sl.blocks[size_t(i)];
-  const BlockView& w = pv_.blocks[l];
-  const BlockView& g = gv_.blocks[l];
-  const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;
-  const int64_t N = B * T, C = cfg_.d_model, H = Hl_, KV = KVl_, hd = cfg_.head_dim();
-  const int64_t Q = (H + 2 * KV) * hd, F = Fl_;
-  const bool gpt = cfg_.arch == Arch::kGpt;
-  const int64_t F2 = gpt ? F : 2 * F;
-  auto zero = [](float* p, int64_t n) { std::memset(p, 0, size_t(n) * sizeof(float)); };
-
-  // MLP: out = x1 + fcg Wp^T + bp
-  zero(a.dfcg, N * F);
-  mm_backward(a.dfcg, g.mlp_proj_w, g.mlp_proj_b, gather_grad(a.dres, N), {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
-  zero(a.dfch, N * F2);
-  const float* fch = widen(s.fch, s.fch_h, N * F2);
-  if (gpt) k_.gelu_backward(a.dfch, fch, a.dfcg, N * F);
-  else k_.swiglu_backward(a.dfch, fch, a.dfcg, N, F);
-  zero(a.dnorm, N * C);
-  mm_backward(a.dnorm, g.fc_w, g.fc_b, a.dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
-  reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
-  norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, w.norm2_w, s.norm2_mean, s.norm2_rstd, N);
-  // Attention: x1 = x0 + atty Wo^T + bo
-  zero(a.datty, N * H * hd);
-  mm_backward(a.datty, g.attn_proj_w, g.attn_proj_b, gather_grad(a.dres, N), {s.atty, s.atty_h}, w.attn_proj_w, N,
-              H * hd, C);
-  zero(a.dqkv, N * Q);
-  const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
-  if (recompute_[size_t(l)] == Recompute::kSelective)
-    k_.attention_forward(s.atty, s.probs, qkv, B, T, H, KV, hd, doc_starts(sl));
-  k_.attention_backward(a.dqkv, a.datty, qkv, s.probs, B, T, H, KV, hd);
-  if (!gpt) k_.rope_backward(a.dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
-  zero(a.dnorm, N * C);
-  mm_backward(a.dnorm, g.qkv_w, g.qkv_b, a.dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);
-  reduce_input_grad(a.dnorm, N);
-  norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
-  use(l, false);
-  span("backward", l, false);
-}
 
 // Norm of the own rows of x (Nr,C) into their place in full_out (N,C); under sequence
 // parallel the other ranks' rows are then gathered in.
@@ -389,26 +313,6 @@ void Model::norm_forward(float* full_out, float* mean, float* rstd, const float*
   if (sp_) tp_comm_->all_gather_blocks(full_out, n * C);
 }
 
-// dx (Nr,C) += dL/dx of the norm, from dfull (N,C) (its own rows); gw/gb += the norm's
-// weight gradients, summed over tp under sequence parallel (each rank saw its rows only).
-void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, const float* w,
-                          const float* mean, const float* rstd, int64_t N) const {
-  const int64_t C = cfg_.d_model, n = rows(N);
-  const float* d = dfull + row0(N) * C;
-  float* tw = gw;
-  float* tb = gb;
-  if (sp_) {
-    tw = acts_->norm_grad_tmp, tb = gb ? acts_->norm_grad_tmp + C : nullptr;
-    std::memset(tw, 0, size_t(2 * C) * sizeof(float));
-  }
-  if (cfg_.arch == Arch::kGpt) k_.layernorm_backward(dx, tw, tb, d, x, w, mean, rstd, n, C);
-  else k_.rmsnorm_backward(dx, tw, d, x, w, rstd, n, C);
-  if (!sp_) return;
-  tp_comm_->all_reduce_sum(tw, gb ? 2 * C : C);
-  for (int64_t c = 0; c < C; c++) gw[c] += tw[c];
-  if (gb)
-    for (int64_t c = 0; c < C; c++) gb[c] += tb[c];
-}
 
 namespace {
 // Throws naming the first id outside [0, vocab).
@@ -466,43 +370,6 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
   use(head_unit(), false);
 }
 
-void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T) {
-  Acts& a = *acts_;
-  const int64_t N = B * T, C = cfg_.d_model;
-  if (chunk_has_head(chunk)) {
-    // sl.dnormf holds dL/d(normf output); turn it into dL/d(x_L) in a.dres.
-    const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
-    std::memset(a.dres, 0, size_t(rows(N) * C) * sizeof(float));
-    use(head_unit(), true);
-    norm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean, sl.normf_rstd, N);
-    use(head_unit(), false);
-    // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
-    // normf are final here, each block after its backward, the embeddings (and GPT's tied
-    // head, which is wte) at the end.
-    if (grad_ready_) grad_ready_(normf_tensor_);
-  }
-  const auto [first, last] = chunks_[size_t(chunk)];
-  for (int l = last - 1; l >= first; l--) {
-    backward_block(sl, l - first, l, B, T);
-    if (grad_ready_) grad_ready_(block_first_tensor_[l]);
-  }
-  if (chunk_has_embed(chunk)) {
-    span("embedding backward", -1, true);
-    if (tied_hooks_.embedding && tied_hooks_.embedding(sl.tokens, a.dres, N)) {
-      for (int64_t n = 0; n < N; n++) {  // wpe only: wte's share was taken over
-        float* g = gv_.wpe + (n % T) * C;
-        const float* d = a.dres + n * C;
-        for (int64_t c = 0; c < C; c++) g[c] += d[c];
-      }
-    } else {
-      embed_backward(a.dres, sl.tokens, B, T);
-    }
-    span("embedding backward", -1, false);
-    if (grad_ready_) grad_ready_(0);
-  } else {
-    std::memcpy(sl.dinput, a.dres, size_t(rows(N) * C) * sizeof(float));
-  }
-}
 
 float Model::stage_forward(int chunk, int s, const int32_t* tokens, const float* x_in, const int32_t* targets,
                            int64_t B, int64_t T, float grad_scale) {
@@ -520,16 +387,6 @@ float Model::stage_forward(int chunk, int s, const int32_t* tokens, const float*
 const float* Model::stage_output(int chunk, int s) const {
   const Slot& sl = slot(chunk, s);
   return sl.blocks.empty() ? sl.input : sl.blocks.back().out;
-}
-
-void Model::stage_backward(int chunk, int s, const float* dy, int64_t B, int64_t T) {
-  Slot& sl = slot(chunk, s);
-  check_shape(B, T);
-  if (!chunk_has_head(chunk)) {
-    LOOM_CHECK(dy != nullptr, "model chunk ", chunk, " backward needs dL/d(output)");
-    std::memcpy(acts_->dres, dy, size_t(boundary_floats(B, T)) * sizeof(float));
-  }
-  backward_chunk(sl, chunk, B, T);
 }
 
 const float* Model::stage_input_grad(int chunk, int s) const {

@@ -25,6 +25,18 @@
 // input; row-parallel outputs are reduce-scattered instead of all-reduced (bias then added
 // by every rank to its rows); backward mirrors it. Norm weights see only their rows, so
 // their gradients are summed over tp per micro-batch. Pipeline stages exchange the shards.
+//
+// Note [B/W split]
+// Zero-bubble pipelines (Qi et al., ICLR 2024) split a chunk's backward into B, which makes
+// the input gradients (what the previous stage waits for), and W, which makes the weight
+// gradients of the four linear layers per block (dW = dY^T X, db = colsum dY) and can run
+// later. B runs everything the joint backward runs except those GEMMs (norm weights,
+// embedding and head gradients included) and keeps each linear's upstream gradient dY in a
+// W slot: (2C + F2 + Q) N floats per layer (sequence parallel: all N rows). W reads dY
+// from there and X from the activation slot, which therefore stays held until W. The
+// kernels make dX and dW in separate calls either way, so B then W is bit-identical to
+// the joint backward. With a split backward the grad-ready hook fires from W. Full
+// recompute is refused: its layers share one recompute block, so X is gone by W time.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +65,7 @@ struct ModelOptions {
   // kBf16: keep the saved GEMM inputs in bf16 (Note [bf16 activation storage]); false keeps
   // them in fp32 with the same results (tests check that the storage changes nothing).
   bool bf16_activations = true;
+  int w_slots = 0;  // per chunk: W slots of a split backward (Note [B/W split]); 0: backward is one step
 };
 
 class Model {
@@ -116,6 +129,11 @@ class Model {
   // unless the chunk starts with the embedding.
   void stage_backward(int chunk, int slot, const float* dy, int64_t B, int64_t T);
   const float* stage_input_grad(int chunk, int slot) const;
+  // Note [B/W split]: stage_backward less the linear layers' weight gradients, whose
+  // upstream gradients go to W slot `w` (< w_slots) of the chunk; then, any time before
+  // `slot` is reused, stage_backward_weight adds them.
+  void stage_backward_input(int chunk, int slot, int w, const float* dy, int64_t B, int64_t T);
+  void stage_backward_weight(int chunk, int slot, int w, int64_t B, int64_t T);
 
   // ZeRO-3 (Note [ZeRO-3] in parallel/zero.h): hook(unit, true) before the model reads a
   // unit's weights, hook(unit, false) after. Units: block l = l, embedding = layers,
@@ -157,6 +175,7 @@ class Model {
  private:
   struct Acts;
   struct Slot;
+  struct WSlot;
   void check_shape(int64_t B, int64_t T) const;
   const int32_t* doc_starts(const Slot& sl) const;
   void check_whole(const char* what) const;
@@ -164,7 +183,11 @@ class Model {
   // Input -> blocks -> (head chunk) final norm; the head itself is left to the caller.
   void forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const float* x_in, int64_t B, int64_t T);
   // On entry scratch dres = dL/d(chunk output) (head chunk: built from the saved dnormf).
-  void backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T);
+  // ws: B of a split backward (Note [B/W split]); nullptr: the joint backward.
+  void backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws = nullptr);
+  void weight_chunk(const Slot& sl, const WSlot& ws, int chunk, int64_t B, int64_t T);
+  WSlot& wslot(int chunk, int w) const;
+  void run_backward(int chunk, int slot, const float* dy, int64_t B, int64_t T, WSlot* ws);
   void forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
   // Sequence-parallel helpers (Note [Sequence parallel]); without sp they reduce to the
   // plain tensor-parallel all-reduces.
@@ -211,12 +234,15 @@ class Model {
   }
   int embed_unit() const { return int(cfg_.layers); }
   int head_unit() const { return int(cfg_.layers) + 1; }
-  void backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
+  struct WBlock;
+  void backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, WBlock* wb);
+  void weight_block(const Slot& sl, const WBlock& wb, int i, int l, int64_t B, int64_t T);
 
   ModelConfig cfg_;
   ModelPart part_;
   std::vector<std::pair<int, int>> chunks_;
   int act_slots_ = 1;
+  int w_slots_ = 0;
   TpComm* tp_comm_ = nullptr;
   std::vector<Recompute> recompute_;  // per layer
   bool sp_ = false;

@@ -70,6 +70,8 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
   const int slots = check.peak_in_flight[size_t(pp_rank)];
   slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches), -1));
   slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
+  w_slot_of_ = slot_of_;
+  w_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(check.peak_pending_w[size_t(pp_rank)]), false));
   sends_.assign(size_t(schedule.vpp), std::vector<comm::Work>(size_t(slots)));
   if (bf16_wire_) {
     recv_h_.resize(recv_buf_.size());
@@ -125,7 +127,8 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
   sends_[size_t(chunk)][size_t(slot)] = send(*links_.fwd_send, model_.stage_output(chunk, slot), chunk, slot, next_tag);
 }
 
-void PipelineRunner::backward(int micro, int chunk, int slot) {
+// w_slot >= 0: B of a split backward (Note [B/W split] in model/model.h).
+void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
   const int v = virtual_stage(chunk);
   const float* dy = nullptr;
   if (!is_last(chunk)) {
@@ -134,42 +137,61 @@ void PipelineRunner::backward(int micro, int chunk, int slot) {
     dy = recv_buf_.data();
   }
   wait_pending(chunk, slot);
-  model_.stage_backward(chunk, slot, dy, B_, T_);
+  if (w_slot >= 0) model_.stage_backward_input(chunk, slot, w_slot, dy, B_, T_);
+  else model_.stage_backward(chunk, slot, dy, B_, T_);
   if (v == 0) return;
   const int prev_tag = micro * schedule_.vpp + (pp_rank_ == 0 ? chunk - 1 : chunk);
   sends_[size_t(chunk)][size_t(slot)] = send(*links_.bwd_send, model_.stage_input_grad(chunk, slot), chunk, slot, prev_tag);
 }
 
+namespace {
+// The lowest free slot of `busy`, marked busy (the validator's peak bounds the slots in use).
+int take_slot(std::vector<bool>& busy) {
+  const int slot = int(std::find(busy.begin(), busy.end(), false) - busy.begin());
+  LOOM_ASSERT(slot < int(busy.size()));
+  busy[size_t(slot)] = true;
+  return slot;
+}
+}  // namespace
+
 double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward) {
   const std::vector<PipeStep>& steps = schedule_.steps[size_t(pp_rank_)];
-  int last_backward = -1;
+  const bool split = schedule_.split();
+  const Phase grads_phase = split ? Phase::kW : Phase::kB;  // the step that adds weight gradients
+  int last_grads = -1;
   for (int i = 0; i < int(steps.size()); i++)
-    if (!steps[size_t(i)].forward) last_backward = i;
+    if (steps[size_t(i)].phase == grads_phase) last_grads = i;
   const size_t n = size_t(B_ * T_);
   std::vector<int32_t> tok(n), tgt(n);
   double loss = 0;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
-    if (step_hook_) step_hook_(s.forward, s.micro_batch, s.chunk, true);
+    if (step_hook_) step_hook_(s.phase, s.micro_batch, s.chunk, true);
+    if (i == last_grads && before_last_backward) before_last_backward();
     std::vector<int>& slot_of = slot_of_[size_t(s.chunk)];
-    std::vector<bool>& busy = slot_busy_[size_t(s.chunk)];
-    if (s.forward) {
-      const int slot = int(std::find(busy.begin(), busy.end(), false) - busy.begin());
-      LOOM_ASSERT(slot < int(busy.size()));  // the validator's peak bounds the slots in use
-      busy[size_t(slot)] = true;
-      slot_of[size_t(s.micro_batch)] = slot;
+    std::vector<int>& w_slot_of = w_slot_of_[size_t(s.chunk)];
+    int& slot = slot_of[size_t(s.micro_batch)];
+    int& w_slot = w_slot_of[size_t(s.micro_batch)];
+    if (s.phase == Phase::kF) {
+      slot = take_slot(slot_busy_[size_t(s.chunk)]);
       const bool needs_data = model_.chunk_has_embed(s.chunk) || model_.chunk_has_head(s.chunk);
       if (needs_data) batch(s.micro_batch, tok.data(), tgt.data());
       forward(s.micro_batch, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
-    } else {
-      const int slot = slot_of[size_t(s.micro_batch)];
+    } else if (s.phase == Phase::kB) {
       LOOM_ASSERT(slot >= 0);
-      if (i == last_backward && before_last_backward) before_last_backward();
-      backward(s.micro_batch, s.chunk, slot);
-      busy[size_t(slot)] = false;
-      slot_of[size_t(s.micro_batch)] = -1;
+      if (split) w_slot = take_slot(w_busy_[size_t(s.chunk)]);
+      backward(s.micro_batch, s.chunk, slot, split ? w_slot : -1);
+    } else {
+      LOOM_ASSERT(slot >= 0 && w_slot >= 0);
+      model_.stage_backward_weight(s.chunk, slot, w_slot, B_, T_);
+      w_busy_[size_t(s.chunk)][size_t(w_slot)] = false;
+      w_slot = -1;
     }
-    if (step_hook_) step_hook_(s.forward, s.micro_batch, s.chunk, false);
+    if (s.phase == grads_phase) {  // the micro-batch's activations are free now
+      slot_busy_[size_t(s.chunk)][size_t(slot)] = false;
+      slot = -1;
+    }
+    if (step_hook_) step_hook_(s.phase, s.micro_batch, s.chunk, false);
   }
   for (auto& per_chunk : sends_)
     for (auto& w : per_chunk) w.wait();

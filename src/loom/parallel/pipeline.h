@@ -64,13 +64,14 @@ class PipelineRunner {
   using BatchFn = std::function<void(int micro, int32_t* tokens, int32_t* targets)>;
   // One optimizer step: every step of this rank's list. Returns the sum over micro-batches
   // of the mean loss (last stage; 0 elsewhere). `before_last_backward` runs just before the
-  // rank's final backward step (data parallel arms its gradient sync there).
+  // rank's final step that adds gradients, its last B (or W, when the schedule splits
+  // backward); data parallel arms its gradient sync there.
   double run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward);
   // Forward only, one batch through every stage (validation). Returns the mean loss on
   // the last stage, 0 elsewhere. Adds nothing to the gradients that are kept.
   double forward_only(const int32_t* tokens, const int32_t* targets);
-  // Traces: hook(forward, micro, chunk, begin) around every schedule step.
-  using StepHook = std::function<void(bool forward, int micro, int chunk, bool begin)>;
+  // Traces: hook(phase, micro, chunk, begin) around every schedule step.
+  using StepHook = std::function<void(Phase phase, int micro, int chunk, bool begin)>;
   // The receive buffer for activations and gradients (memory reports).
   const std::vector<float>& recv_buffer() const { return recv_buf_; }
   void set_step_hook(StepHook hook) { step_hook_ = std::move(hook); }
@@ -80,7 +81,7 @@ class PipelineRunner {
   bool is_last(int chunk) const { return virtual_stage(chunk) == schedule_.pp * schedule_.vpp - 1; }
   void forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
                double* loss);
-  void backward(int micro, int chunk, int slot);
+  void backward(int micro, int chunk, int slot, int w_slot);
   void wait_pending(int chunk, int slot);
   // Sends n floats from `src` to the link's peer, as bf16 through the (chunk, slot) buffer
   // on a bf16 wire; receives into recv_buf_ (widened from bf16 on a bf16 wire).
@@ -95,6 +96,8 @@ class PipelineRunner {
   std::vector<float> recv_buf_;                // (B,T,C)
   std::vector<std::vector<int>> slot_of_;      // [chunk][micro] -> activation slot, -1 when free
   std::vector<std::vector<bool>> slot_busy_;   // [chunk][slot]
+  std::vector<std::vector<int>> w_slot_of_;    // split backward: [chunk][micro] -> W slot, -1 when free
+  std::vector<std::vector<bool>> w_busy_;      // [chunk][W slot]
   std::vector<std::vector<comm::Work>> sends_;  // [chunk][slot]: the last send from that slot
   bool bf16_wire_ = false;
   std::vector<comm::bf16> recv_h_;                      // bf16 wire: (B,T,C) as received

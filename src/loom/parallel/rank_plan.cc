@@ -35,7 +35,7 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   const std::vector<int> c = comm::training_mesh(p).coords(global_rank);
   const ModelPart part = parallel::rank_part(cfg, c[0], c[2]);
   std::optional<parallel::Schedule> schedule;
-  int act_slots = 1;
+  int act_slots = 1, w_slots = 0;
   std::vector<int> chunk_peaks(size_t(p.vpp), 1);
   if (p.pp > 1) {
     schedule = parallel::make_schedule(p.schedule, int(p.pp),
@@ -44,6 +44,7 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
     LOOM_CHECK(check.ok, "pipeline schedule ", schedule_name(p.schedule), " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];
     chunk_peaks = check.chunk_peak_in_flight[size_t(c[0])];
+    w_slots = check.peak_pending_w[size_t(c[0])];
   }
   std::vector<Recompute> recompute;
   recompute = p.recompute_layers(cfg.model.layers);
@@ -54,9 +55,10 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   const bool sharded = p.zero > 0 && p.dp > 1;
   std::vector<FlatRange> moments = sharded ? dp_plan.owned(c[1]) : all;
   std::vector<FlatRange> params = p.zero == 3 && p.dp > 1 ? moments : all;
-  return RankPlan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(chunk_peaks), std::move(recompute),
-                  std::move(dp_plan),
-                  std::move(unit_bucket), std::move(layout), std::move(params), std::move(moments)};
+  return RankPlan{global_rank,       c[0],           c[1],          c[2],           part,
+                  std::move(schedule), act_slots,    std::move(chunk_peaks), std::move(recompute),
+                  std::move(dp_plan),  std::move(unit_bucket), std::move(layout), std::move(params),
+                  std::move(moments),  w_slots};
 }
 
 }  // namespace loom

@@ -38,6 +38,7 @@ struct RankPlan {
   ParamLayout layout;                          // this rank's flat layout, padded as dp_plan pads it
   std::vector<FlatRange> param_ranges;         // parameters it keeps (ZeRO-3, dp > 1: own pieces)
   std::vector<FlatRange> moment_ranges;        // AdamW moments it keeps, packed in this order
+  int w_slots = 0;  // split backward (zero-bubble schedules): W slots, the schedule's peak pending W's
 };
 
 // Throws loom::Error when the layout's schedule does not finish (the validator's problem).

@@ -13,8 +13,8 @@ namespace {
 // forward order keeps the gradient stream FIFO).
 std::vector<PipeStep> gpipe_rank(int m) {
   std::vector<PipeStep> out;
-  for (int i = 0; i < m; ++i) out.push_back({true, i, 0});
-  for (int i = 0; i < m; ++i) out.push_back({false, i, 0});
+  for (int i = 0; i < m; ++i) out.push_back({Phase::kF, i, 0});
+  for (int i = 0; i < m; ++i) out.push_back({Phase::kB, i, 0});
   return out;
 }
 
@@ -24,12 +24,34 @@ std::vector<PipeStep> one_f_one_b_rank(int r, int pp, int m) {
   const int warmup = std::min(pp - r - 1, m);
   std::vector<PipeStep> out;
   int f = 0, b = 0;
-  for (; f < warmup; ++f) out.push_back({true, f, 0});
+  for (; f < warmup; ++f) out.push_back({Phase::kF, f, 0});
   for (; f < m; ++f, ++b) {
-    out.push_back({true, f, 0});
-    out.push_back({false, b, 0});
+    out.push_back({Phase::kF, f, 0});
+    out.push_back({Phase::kB, b, 0});
   }
-  for (; b < m; ++b) out.push_back({false, b, 0});
+  for (; b < m; ++b) out.push_back({Phase::kB, b, 0});
+  return out;
+}
+
+// Zero-bubble schedules (Qi et al., "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024,
+// Sec. 3, the handcrafted ZB-H1 and ZB-H2): `warmup` forwards, then per cycle one B, its W
+// unless fewer than `defer` weight gradients would then be pending, and the next F; the
+// deferred W's run at the end, where they fill the cool-down bubble. W's and B's keep
+// micro-batch order, so every weight gradient accumulates in 1F1B's order.
+//   ZB-H1: warmup = pp - r (1F1B's), defer = r: rank r holds at most pp micro-batches
+//          from F to W (1F1B's peak, on rank 0) and leaves ~1/3 of 1F1B's bubble.
+//   ZB-H2: warmup = 2 (pp - r) - 1, defer = 0: the extra forwards fill the warm-up bubble;
+//          rank r holds 2 (pp - r) - 1 (the paper's (2p - 1) M_B on rank 0).
+std::vector<PipeStep> zero_bubble_rank(int warmup, int defer, int m) {
+  std::vector<PipeStep> out;
+  int f = 0, b = 0, w = 0;
+  for (; f < std::min(warmup, m); ++f) out.push_back({Phase::kF, f, 0});
+  for (; b < m; ++b) {
+    out.push_back({Phase::kB, b, 0});
+    if (b + 1 - w > defer) out.push_back({Phase::kW, w++, 0});
+    if (f < m) out.push_back({Phase::kF, f++, 0});
+  }
+  for (; w < m; ++w) out.push_back({Phase::kW, w, 0});
   return out;
 }
 
@@ -40,10 +62,10 @@ std::vector<PipeStep> one_f_one_b_rank(int r, int pp, int m) {
 std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
   const int total = m * vpp;
   auto fwd = [&](int k) {
-    return PipeStep{true, (k / (pp * vpp)) * pp + k % pp, (k / pp) % vpp};
+    return PipeStep{Phase::kF, (k / (pp * vpp)) * pp + k % pp, (k / pp) % vpp};
   };
   auto bwd = [&](int k) {
-    return PipeStep{false, (k / (pp * vpp)) * pp + k % pp, vpp - 1 - (k / pp) % vpp};
+    return PipeStep{Phase::kB, (k / (pp * vpp)) * pp + k % pp, vpp - 1 - (k / pp) % vpp};
   };
   const int warmup = std::min((pp - r - 1) * 2 + (vpp - 1) * pp, total);
   std::vector<PipeStep> out;
@@ -58,6 +80,8 @@ std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
 }
 
 }  // namespace
+
+char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : 'W'; }
 
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
@@ -76,6 +100,8 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
       case ScheduleKind::kGPipe: s.steps.push_back(gpipe_rank(m)); break;
       case ScheduleKind::k1F1B: s.steps.push_back(one_f_one_b_rank(r, pp, m)); break;
       case ScheduleKind::kInterleaved1F1B: s.steps.push_back(interleaved_rank(r, pp, vpp, m)); break;
+      case ScheduleKind::kZbH1: s.steps.push_back(zero_bubble_rank(pp - r, r, m)); break;
+      case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 0, m)); break;
     }
   }
   return s;
@@ -85,22 +111,34 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
 // round where no rank can move, before all finish, is a deadlock.
 ScheduleCheck validate(const Schedule& s) {
   const int pp = s.pp, vpp = s.vpp, m = s.micro_batches, stages = pp * vpp;
+  const bool split = s.split();
   ScheduleCheck out;
   out.peak_in_flight.assign(pp, 0);
   out.chunk_peak_in_flight.assign(pp, std::vector<int>(size_t(vpp), 0));
-  // done_f[v][mb], done_b[v][mb]: has virtual stage v run forward/backward of mb.
-  std::vector<std::vector<char>> done_f(stages, std::vector<char>(m, 0)), done_b = done_f;
+  out.peak_pending_w = out.peak_in_flight;
+  out.chunk_peak_pending_w = out.chunk_peak_in_flight;
+  // done[phase][v][mb]: has virtual stage v run that phase of mb.
+  std::vector<std::vector<std::vector<char>>> done(3, std::vector<std::vector<char>>(stages, std::vector<char>(m, 0)));
+  auto& done_f = done[0];
+  auto& done_b = done[1];
   std::vector<size_t> next(pp, 0);
-  std::vector<int> held(pp, 0);
-  std::vector<std::vector<int>> chunk_held = out.chunk_peak_in_flight;
+  // Per rank and chunk: micro-batches held (F run, not yet released) and W's pending.
+  std::vector<std::vector<int>> held = out.chunk_peak_in_flight, pending = held;
   size_t remaining = 0;
   for (const auto& r : s.steps) remaining += r.size();
   auto ready = [&](int r, const PipeStep& st) {
-    const int v = st.chunk * pp + r;
-    if (st.micro_batch < 0 || st.micro_batch >= m || st.chunk < 0 || st.chunk >= vpp) return false;
-    if (st.forward) return !done_f[v][st.micro_batch] && (v == 0 || done_f[v - 1][st.micro_batch]);
-    return done_f[v][st.micro_batch] && !done_b[v][st.micro_batch] &&
-           (v == stages - 1 || done_b[v + 1][st.micro_batch]);
+    const int v = st.chunk * pp + r, mb = st.micro_batch;
+    if (mb < 0 || mb >= m || st.chunk < 0 || st.chunk >= vpp || done[size_t(st.phase)][v][mb]) return false;
+    switch (st.phase) {
+      case Phase::kF: return v == 0 || done_f[v - 1][mb];
+      case Phase::kB: return done_f[v][mb] && (v == stages - 1 || done_b[v + 1][mb]);
+      case Phase::kW: return split && done_b[v][mb];
+    }
+    return false;
+  };
+  auto count = [](int& now, int& peak, int delta) {
+    now += delta;
+    peak = std::max(peak, now);
   };
   while (remaining > 0) {
     std::vector<int> movers;
@@ -112,29 +150,36 @@ ScheduleCheck validate(const Schedule& s) {
       for (int r = 0; r < pp; ++r) {
         if (next[r] >= s.steps[r].size()) continue;
         const PipeStep& st = s.steps[r][next[r]];
-        os << " rank " << r << " waits to run " << (st.forward ? "F" : "B") << st.micro_batch << " (chunk " << st.chunk
+        os << " rank " << r << " waits to run " << phase_letter(st.phase) << st.micro_batch << " (chunk " << st.chunk
            << ");";
       }
+      if (!split) os << " (schedule " << schedule_name(s.kind) << " has no W steps)";
       out.problem = os.str();
       return out;
     }
     for (int r : movers) {  // all movers' inputs were checked before this round's effects
       const PipeStep& st = s.steps[r][next[r]++];
-      const int v = st.chunk * pp + r;
-      (st.forward ? done_f : done_b)[v][st.micro_batch] = 1;
-      held[r] += st.forward ? 1 : -1;
-      out.peak_in_flight[r] = std::max(out.peak_in_flight[r], held[r]);
-      int& in_chunk = chunk_held[r][size_t(st.chunk)];
-      in_chunk += st.forward ? 1 : -1;
-      out.chunk_peak_in_flight[r][size_t(st.chunk)] = std::max(out.chunk_peak_in_flight[r][size_t(st.chunk)], in_chunk);
+      const size_t c = size_t(st.chunk);
+      done[size_t(st.phase)][st.chunk * pp + r][st.micro_batch] = 1;
+      int& h = held[r][c];
+      int& w = pending[r][c];
+      if (st.phase == Phase::kF) count(h, out.chunk_peak_in_flight[r][c], 1);
+      if (st.phase == Phase::kB && !split) count(h, out.chunk_peak_in_flight[r][c], -1);
+      if (st.phase == Phase::kB && split) count(w, out.chunk_peak_pending_w[r][c], 1);
+      if (st.phase == Phase::kW) count(h, out.chunk_peak_in_flight[r][c], -1), count(w, out.chunk_peak_pending_w[r][c], -1);
+      int all_held = 0, all_pending = 0;
+      for (int x = 0; x < vpp; ++x) all_held += held[r][size_t(x)], all_pending += pending[r][size_t(x)];
+      out.peak_in_flight[r] = std::max(out.peak_in_flight[r], all_held);
+      out.peak_pending_w[r] = std::max(out.peak_pending_w[r], all_pending);
       --remaining;
     }
     ++out.ticks;
   }
   for (int v = 0; v < stages; ++v)
     for (int mb = 0; mb < m; ++mb)
-      if (!done_f[v][mb] || !done_b[v][mb]) {
-        out.problem = detail::cat("virtual stage ", v, " never ran ", done_f[v][mb] ? "backward" : "forward",
+      if (!done_f[v][mb] || !done_b[v][mb] || (split && !done[2][v][mb])) {
+        out.problem = detail::cat("virtual stage ", v, " never ran ",
+                                  !done_f[v][mb] ? "forward" : !done_b[v][mb] ? "backward" : "the weight gradient",
                                   " of micro-batch ", mb);
         return out;
       }

@@ -2,14 +2,17 @@
 //
 // Note [Schedules as data]
 // A schedule is, for every pipeline rank, the ordered list of steps it executes: forward
-// or backward of one micro-batch on one of its model chunks (virtual stages; chunk c of
-// rank r is virtual stage c * pp + r, as in Megatron's interleaved 1F1B). Transfers are
-// implied: a forward of virtual stage v > 0 needs the activation from v - 1, a backward of
-// v < last needs the gradient from v + 1. Generators are pure functions; validate()
-// replays the lists with blocking point-to-point semantics (a step runs once its input
-// has been produced) and either proves they finish or names the ranks that wait on each
-// other, and reports each rank's peak number of activations held (forwards whose
-// backward has not run).
+// (F) or backward (B) of one micro-batch on one of its model chunks (virtual stages; chunk
+// c of rank r is virtual stage c * pp + r, as in Megatron's interleaved 1F1B). Zero-bubble
+// schedules split each backward into B, the input gradient (on the critical path), and W,
+// the weight gradient (deferrable; Note [B/W split] in model/model.h); the others' B does
+// both. Transfers are implied: a forward of virtual stage v > 0 needs the activation from
+// v - 1, a backward of v < last needs the gradient from v + 1, a W needs its own B.
+// Generators are pure functions; validate() replays the lists with blocking point-to-point
+// semantics (a step runs once its input has been produced) and either proves they finish
+// or names the ranks that wait on each other, and reports each rank's peak number of
+// activations held (forwards whose backward, or W when split, has not run) and of
+// pending weight gradients (B run, W not yet).
 #pragma once
 
 #include <string>
@@ -21,16 +24,23 @@ namespace loom::parallel {
 
 using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_name()
 
+// F: forward. B: backward; the input gradient only when the schedule splits backward.
+// W: the weight gradient of a split backward.
+enum class Phase : unsigned char { kF, kB, kW };
+char phase_letter(Phase p);  // 'F' | 'B' | 'W'
+
 struct PipeStep {
-  bool forward = true;
+  Phase phase = Phase::kF;
   int micro_batch = 0;
   int chunk = 0;  // model chunk on this rank (0 unless interleaved)
+  bool forward() const { return phase == Phase::kF; }
 };
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1, vpp = 1, micro_batches = 1;
   std::vector<std::vector<PipeStep>> steps;  // [pipeline rank] -> ordered steps
+  bool split() const { return splits_backward(kind); }  // has W steps
 };
 
 // Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,
@@ -42,6 +52,8 @@ struct ScheduleCheck {
   std::string problem;               // empty when ok: which ranks wait on what
   std::vector<int> peak_in_flight;   // per rank: most activations held at once
   std::vector<std::vector<int>> chunk_peak_in_flight;  // per rank, per chunk: the same for that chunk
+  std::vector<int> peak_pending_w;   // per rank: most weight gradients pending at once (0 unless split)
+  std::vector<std::vector<int>> chunk_peak_pending_w;  // per rank, per chunk: the same for that chunk
   int ticks = 0;                     // length of the replay in unit-time steps
 };
 ScheduleCheck validate(const Schedule& s);

@@ -28,7 +28,10 @@ namespace loom::sim {
 // first and last stage, the optimizer updates the local shard (memory-bound), and
 // ZeRO-1/2 all-gather the updated parameters. Step time is the slowest rank's end.
 // Activation memory is tracked along the replay: a forward adds its chunk's stored bytes,
-// a backward adds the recompute transient, then frees the chunk's bytes.
+// a backward adds the recompute transient, then frees the chunk's bytes. Zero-bubble
+// schedules (Note [B/W split] in model/model.h) replay B as the backward less the blocks'
+// weight-gradient GEMMs and W as those GEMMs, after its own B; the chunk's bytes stay until
+// W, and B adds the W slot's kept upstream gradients, which W frees.
 
 namespace {
 
@@ -41,9 +44,15 @@ struct Pass {
   double total() const { return compute + tp + cp + zero; }
 };
 
-// Per-micro-batch cost of one block / embedding / head: forward, backward and recompute.
+Pass minus(Pass a, const Pass& b) {
+  a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero;
+  return a;
+}
+
+// Per-micro-batch cost of one block / embedding / head: forward, backward and recompute;
+// wgt: the part of bwd that is weight-gradient GEMMs (a block's W step).
 struct UnitCost {
-  Pass fwd, bwd, recompute;
+  Pass fwd, bwd, recompute, wgt;
   double act_bytes = 0, transient_bytes = 0;
 };
 
@@ -62,7 +71,8 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
 // Backward: a GEMM becomes dX and dW (two GEMMs of its size, times the device's measured
 // gemm_backward_factor where it has one), a memory-bound kernel moves
 // about twice its bytes, a collective is replaced by its conjugate of the same size.
-void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p) {
+// wgt (optional): also add the dW GEMMs' half there.
+void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, Pass* wgt) {
   for (const Op& o : ops) {
     if (o.kind == Op::Kind::kAttention) {
       // loom's backward kernel does about twice the forward's work; flash attention's
@@ -70,7 +80,9 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
     } else if (o.kind == Op::Kind::kGemm) {
       const Curve& f = c.device.gemm_backward_factor;
-      p.compute += 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
+      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
+      p.compute += t;
+      if (wgt) wgt->compute += t / 2;
     } else if (o.kind == Op::Kind::kMemory) {
       p.compute += memory_time_s(c.device, 2 * o.bytes);
     } else {
@@ -83,10 +95,13 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
   }
 }
 
-UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r) {
+// weights: the ops are a block's, whose dW GEMMs a split backward defers to W (the head's
+// weight gradient is made in forward, with the loss).
+UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r,
+                   bool weights = false) {
   UnitCost u;
   add_forward(c, pl, ops, u.fwd);
-  add_backward(c, pl, ops, u.bwd);
+  add_backward(c, pl, ops, u.bwd, weights ? &u.wgt : nullptr);
   if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
   if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
   return u;
@@ -94,12 +109,15 @@ UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>
 
 struct ChunkCost {
   Pass fwd, bwd;        // bwd includes recompute
+  Pass wgt;             // the part of bwd a split backward runs as W
   double recompute = 0; // seconds of bwd that are recompute
   double act_bytes = 0, transient_bytes = 0, params = 0;
+  double w_bytes = 0;   // split backward: upstream gradients kept from B to W
 };
 
 void add_unit(ChunkCost& ch, const UnitCost& u, double times) {
-  for (auto [dst, src] : {std::pair{&ch.fwd, &u.fwd}, std::pair{&ch.bwd, &u.bwd}, std::pair{&ch.bwd, &u.recompute}}) {
+  for (auto [dst, src] : {std::pair{&ch.fwd, &u.fwd}, std::pair{&ch.bwd, &u.bwd}, std::pair{&ch.bwd, &u.recompute},
+                          std::pair{&ch.wgt, &u.wgt}}) {
     dst->compute += times * src->compute;
     dst->tp += times * src->tp;
     dst->cp += times * src->cp;
@@ -118,8 +136,9 @@ double flops_of(const std::vector<Op>& ops, bool core_only) {
 
 std::string step_name(const parallel::PipeStep& st, int vpp) {
   char buf[32];
-  if (vpp > 1) std::snprintf(buf, sizeof buf, "%c%d.%d", st.forward ? 'F' : 'B', st.micro_batch, st.chunk);
-  else std::snprintf(buf, sizeof buf, "%c%d", st.forward ? 'F' : 'B', st.micro_batch);
+  const char p = parallel::phase_letter(st.phase);
+  if (vpp > 1) std::snprintf(buf, sizeof buf, "%c%d.%d", p, st.micro_batch, st.chunk);
+  else std::snprintf(buf, sizeof buf, "%c%d", p, st.micro_batch);
   return buf;
 }
 
@@ -135,6 +154,7 @@ struct Setup {
   double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
   double p2p_bytes = 0, p2p_s = 0;
   std::vector<ChunkCost> chunks;  // per virtual stage
+  bool split = false;             // the schedule splits backward into B and W
 };
 
 Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
@@ -143,6 +163,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   Setup s{plan, cluster, par.tp, par.pp, par.dp, plan.cp, par.vpp, par.pp * par.vpp, cfg.train.grad_accum,
           cfg.seq_len(), {}, {}, {}, 4, 4, 0, 0, {}};
   s.rk = par.recompute_layers(cfg.model.layers);
+  s.split = splits_backward(par.schedule) && s.pp > 1;
   LOOM_CONFIG_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
   LOOM_CONFIG_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
              s.cp, " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
@@ -174,7 +195,7 @@ void build_chunks(Setup& s) {
   // One block cost per recompute policy; each layer adds the one its policy selects.
   std::vector<UnitCost> block;
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r));
+    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r, true));
     block.back().act_bytes = layer_activation_bytes(s.x, r);
     block.back().transient_bytes = layer_recompute_transient_bytes(s.x, r);
   }
@@ -207,6 +228,9 @@ void build_chunks(Setup& s) {
       ch.fwd.zero += std::max(0.0, ag - b.fwd.compute) * once;
       ch.bwd.zero += std::max(0.0, rs + (keep[size_t(l)] ? 0.0 : ag) - b.bwd.compute);
     }
+    // A block's dY per linear (model.h Note [B/W split]): 2 C + F2 + Q values per token row.
+    const double hd = s.x.h / s.x.a, f2 = (model.arch == Arch::kGpt ? 1 : 2) * s.x.f / s.x.t;
+    ch.w_bytes = double(n) * s.x.tokens() * (2 * s.x.h + f2 + (s.x.a + 2 * s.x.g) * hd / s.x.t) * s.x.dtype_bytes;
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
     if (v == 0) {
@@ -225,44 +249,54 @@ struct RankState {
   Pass spent;
   size_t next = 0;
   std::vector<int> held, chunk_peak;  // per chunk: micro-batches in flight now, and at most
+  std::vector<int> pending, pending_peak;  // per chunk: W's pending now, and at most (split backward)
 };
 
 // Runs one step of rank r if its input is ready; false when it must wait.
 bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vector<std::vector<double>>& fdone,
               std::vector<std::vector<double>>& bdone, RankState& rs, std::vector<SimEvent>* events) {
+  using parallel::Phase;
   const int64_t v = int64_t(st.chunk) * s.pp + r;
   const size_t i = size_t(st.micro_batch);
   double dep = 0;
-  if (st.forward) {
+  if (st.phase == Phase::kF) {
     if (v > 0 && fdone[size_t(v - 1)][i] < 0) return false;
     dep = v > 0 ? fdone[size_t(v - 1)][i] + s.p2p_s : 0;
-  } else {
+  } else if (st.phase == Phase::kB) {
     if (fdone[size_t(v)][i] < 0 || (v < s.V - 1 && bdone[size_t(v + 1)][i] < 0)) return false;
     dep = v < s.V - 1 ? bdone[size_t(v + 1)][i] + s.p2p_s : fdone[size_t(v)][i];
+  } else {
+    if (bdone[size_t(v)][i] < 0) return false;
+    dep = bdone[size_t(v)][i];
   }
   const ChunkCost& ch = s.chunks[size_t(v)];
-  const Pass& pass = st.forward ? ch.fwd : ch.bwd;
-  const bool sends = st.forward ? v < s.V - 1 : v > 0;
+  const Pass pass = st.phase == Phase::kF ? ch.fwd : st.phase == Phase::kW ? ch.wgt : s.split ? minus(ch.bwd, ch.wgt) : ch.bwd;
+  const bool sends = st.phase == Phase::kF ? v < s.V - 1 : st.phase == Phase::kB && v > 0;
   const double start = std::max(rs.free_at, dep), end = start + pass.total();
   const double release = end + (sends && s.plan.blocking_p2p ? s.p2p_s : 0);
   rs.spent.compute += pass.compute;
   rs.spent.tp += pass.tp;
   rs.spent.cp += pass.cp;
   rs.spent.zero += pass.zero;
-  int& held = rs.held[size_t(st.chunk)];
-  held += st.forward ? 1 : -1;
-  rs.chunk_peak[size_t(st.chunk)] = std::max(rs.chunk_peak[size_t(st.chunk)], held);
-  if (st.forward) {
+  const size_t c = size_t(st.chunk);
+  auto count = [](int& now, int& peak, int delta) { peak = std::max(peak, now += delta); };
+  if (st.phase == Phase::kF) {
+    count(rs.held[c], rs.chunk_peak[c], 1);
     rs.live += ch.act_bytes;
     rs.peak_live = std::max(rs.peak_live, rs.live);
     fdone[size_t(v)][i] = end;
-  } else {
+  } else if (st.phase == Phase::kB) {
     rs.peak_live = std::max(rs.peak_live, rs.live + ch.transient_bytes);
-    rs.live -= ch.act_bytes;
+    if (s.split) count(rs.pending[c], rs.pending_peak[c], 1), rs.live += ch.w_bytes;
+    else count(rs.held[c], rs.chunk_peak[c], -1), rs.live -= ch.act_bytes;
     rs.recomputed += ch.recompute;
     bdone[size_t(v)][i] = end;
-    if (int64_t(i) == s.m - 1) rs.last_bwd_window += pass.total();
+  } else {
+    count(rs.held[c], rs.chunk_peak[c], -1);
+    count(rs.pending[c], rs.pending_peak[c], -1);
+    rs.live -= ch.act_bytes + ch.w_bytes;
   }
+  if (st.phase != Phase::kF && int64_t(i) == s.m - 1) rs.last_bwd_window += pass.total();
   if (events) {
     const int64_t rank = r * s.tp * s.cp * s.dp;
     events->push_back({rank, 0, step_name(st, int(s.vpp)), "pipeline", start, end});
@@ -279,7 +313,8 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   std::vector<std::vector<double>> fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(s.m), -1.0));
   std::vector<std::vector<double>> bdone = fdone;
   std::vector<RankState> ranks(static_cast<size_t>(s.pp));
-  for (RankState& rs : ranks) rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.held;
+  for (RankState& rs : ranks)
+    rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.pending = rs.pending_peak = rs.held;
   size_t remaining = 0;
   for (const auto& r : sched.steps) remaining += r.size();
   while (remaining > 0) {
@@ -308,12 +343,13 @@ std::vector<int> chunk_peaks(const Setup& s, const RankState& st) {
 // (parallel::rank_part, as plan_rank gives it). The engine allocates the schedule's peak in
 // flight as slots per chunk but takes the lowest free slot, so only the pages of each
 // chunk's own peak are ever resident.
-double loom_activation_bytes(const Setup& s, int64_t r, const std::vector<int>& peak) {
+// wpeak: per chunk, the W slots of a split backward.
+double loom_activation_bytes(const Setup& s, int64_t r, const std::vector<int>& peak, const std::vector<int>& wpeak) {
   const Config& cfg = s.plan.cfg;
   const std::vector<Recompute>& rk = s.rk;
-  auto floats = [&](const ModelPart& part, int slots) {
+  auto floats = [&](const ModelPart& part, int slots, int w_slots = 0) {
     return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
-                                    cfg.train.precision == "bf16"));
+                                    cfg.train.precision == "bf16", w_slots));
   };
   ModelPart all = parallel::rank_part(cfg, int(r), 0);
   all.chunks = all.resolved_chunks(cfg.model);
@@ -323,7 +359,7 @@ double loom_activation_bytes(const Setup& s, int64_t r, const std::vector<int>& 
     one.chunks = {all.chunks[c]};
     one.embed = all.embed && c == 0;
     one.head = all.head && c + 1 == all.chunks.size();
-    total += double(peak[c]) * (floats(one, 1) - floats(one, 0));
+    total += double(peak[c]) * (floats(one, 1) - floats(one, 0)) + double(wpeak[c]) * (floats(one, 0, 1) - floats(one, 0));
   }
   return (total + floats(all, 0)) * s.x.dtype_bytes;  // + what every layout carves once
 }
@@ -390,7 +426,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   mem.activations = st.peak_live;
   mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
   if (s.plan.framework == Framework::kLoom) {
-    mem.activations = loom_activation_bytes(s, r, chunk_peaks(s, st));
+    mem.activations = loom_activation_bytes(s, r, chunk_peaks(s, st), st.pending_peak);
     // ZeRO-3: the gather pool (current + prefetched unit), and one unit's gradients before
     // its reduce-scatter; ZeRO-2: the largest bucket's gradients before theirs.
     const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;

@@ -15,6 +15,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   if (rc.dp) o.padding = plan.padding;
   o.part = rc.part;
   o.act_slots = rc.act_slots;
+  o.w_slots = rc.plan->w_slots;
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;

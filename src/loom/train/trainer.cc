@@ -63,7 +63,7 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   int64_t acts = 0;
   if (rough < double(int64_t(1) << 56)) {
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
-                                 cfg.train.precision == "bf16");
+                                 cfg.train.precision == "bf16", rc.plan->w_slots);
   }
   // Ranks of one machine share it; a launch across machines sees only its own here.
   if (states <= have && acts > 0 && states + acts <= have) return;
@@ -240,9 +240,9 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
   });
   const bool chunks = cfg.parallel.vpp > 1;
   if (e.pipe)
-    e.pipe->set_step_hook([t, chunks](bool fwd, int micro, int chunk, bool begin) {
+    e.pipe->set_step_hook([t, chunks](parallel::Phase phase, int micro, int chunk, bool begin) {
       if (!begin) return t->end();
-      std::string name(fwd ? "F" : "B");
+      std::string name(1, parallel::phase_letter(phase));
       name += std::to_string(micro);
       if (chunks) name.append(".").append(std::to_string(chunk));
       t->begin(name, "pipeline");

@@ -56,7 +56,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   if (dinp)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
   // dw(OC,IC) += dout^T(OC,N) @ inp(N,IC)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   if (dbias) add_bias_grad(dbias, dout, N, OC);
 }
 
@@ -87,14 +87,14 @@ void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* 
     to_bf16(b, w, OC * IC);
     gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 1.0f, dinp, IC);  // dinp += dout w
   }
-  gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, 1.0f, dw, IC);  // dw += dout^T inp
+  if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, 1.0f, dw, IC);  // dw += dout^T inp
   if (dbias) add_bias_grad(dbias, dout, N, OC);
 }
 
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                           int64_t N, int64_t IC, int64_t OC) {
   bf16* a = scratch_bf16(size_t(N * IC), 1);
-  to_bf16(a, inp, N * IC);
+  if (dw) to_bf16(a, inp, N * IC);
   matmul_backward_bf16_in(dinp, dw, dbias, dout, a, w, N, IC, OC);
 }
 
@@ -123,8 +123,8 @@ void matmul_backward_fp16(float* dinp, float* dw, float* dbias, const float* dou
   float* a = scratch_floats(size_t(N * IC), 2);
   float* b = scratch_floats(size_t(OC * IC), 3);
   round_fp16(d, dout, N * OC);
-  round_fp16(a, inp, N * IC);
-  round_fp16(b, w, OC * IC);
+  if (dw) round_fp16(a, inp, N * IC);
+  if (dinp) round_fp16(b, w, OC * IC);
   matmul_backward(dinp, dw, nullptr, d, a, b, N, IC, OC);
   if (dbias) add_bias_grad(dbias, dout, N, OC);  // from the unrounded upstream gradient
 }

@@ -27,7 +27,8 @@ void matmul_forward_fp16(float* out, const float* inp, const float* w, const flo
 
 void matmul_backward_fp16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                           int64_t N, int64_t IC, int64_t OC) {
-  const std::vector<float> d = rounded(dout, N * OC), a = rounded(inp, N * IC), b = rounded(w, OC * IC);
+  const std::vector<float> d = rounded(dout, N * OC);
+  const std::vector<float> a = dw ? rounded(inp, N * IC) : std::vector<float>(), b = dinp ? rounded(w, OC * IC) : std::vector<float>();
   matmul_backward(dinp, dw, nullptr, d.data(), a.data(), b.data(), N, IC, OC);
   if (dbias) detail::add_bias_grad(dbias, dout, N, OC);  // from the unrounded upstream gradient
 }

@@ -133,8 +133,8 @@ void matmul_backward(S* dinp, S* dw, S* dbias, const S* dout, const S* inp,
   for (int64_t o = 0; o < OC; o++) {
     for (int64_t k = 0; k < IC; k++) {
       double s = 0;
-      for (int64_t i = 0; i < N; i++) s += double(dout[i * OC + o]) * inp[i * IC + k];
-      dw[o * IC + k] += S(s);
+      for (int64_t i = 0; dw && i < N; i++) s += double(dout[i * OC + o]) * inp[i * IC + k];
+      if (dw) dw[o * IC + k] += S(s);
     }
     if (dbias) {
       double s = 0;

@@ -1,6 +1,14 @@
 // `loom compare PREDICTED MEASURED`: two Chrome traces of the same layout (one from
 // `loom simulate --trace`, one from `loom train --trace`) lined up per rank: step time,
-// compute, communication and idle per step, and each memory category's peak.
+// compute, communication and idle per step, each memory category's peak, and the pipeline
+// bubble of the whole pipeline (Note [Measured bubble]).
+//
+// Note [Measured bubble]
+// For step k: every rank's time from its step start to the end of the step's last
+// pipeline step on any rank, less its time in pipeline steps (F, B, W), summed over ranks,
+// over the sum of those windows: 1 - sum_r busy_r / sum_r (end_k - start_r,k), averaged
+// over the counted steps. A simulated trace is one step starting at 0, where this is the
+// simulator's bubble_fraction (1 - busy / (pp x pipeline end)).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -19,6 +27,10 @@ namespace {
 struct RankTimes {
   double step_s = 0, compute_s = 0, comm_s = 0;
   std::map<std::string, double> memory_mib;  // peak per series
+  struct PipeStep {
+    double start = 0, busy = 0, last_end = 0;  // a counted step: its start, time in pipeline steps, their end
+  };
+  std::vector<PipeStep> pipe;  // empty without pipeline steps
 };
 
 using Spans = std::vector<std::pair<double, double>>;
@@ -47,7 +59,7 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
   }
   if (!j.contains("traceEvents") || !j["traceEvents"].is_array())
     throw ConfigError("compare: '" + path + "' has no traceEvents array (write it with --trace)");
-  std::map<int64_t, Spans> steps, validation, compute, comm;
+  std::map<int64_t, Spans> steps, validation, compute, comm, pipeline;
   std::map<int64_t, double> last_end;
   std::map<int64_t, RankTimes> out;
   for (const auto& e : j["traceEvents"]) {
@@ -63,6 +75,7 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
     if (cat == "step") steps[pid].push_back({a, b});
     else if (name == "validation") validation[pid].push_back({a, b});
     else if (cat == "compute" || cat == "pipeline") compute[pid].push_back({a, b});
+    if (cat == "pipeline") pipeline[pid].push_back({a, b});
     else if (cat == "collective" || cat == "transfer") comm[pid].push_back({a, b});
   }
   for (const auto& [pid, end] : last_end) {
@@ -94,8 +107,31 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
     r.step_s = step_total / n;
     r.compute_s = union_length(in_measured_steps(compute[pid])) / n;
     r.comm_s = union_length(in_measured_steps(comm[pid])) / n;
+    // Note [Measured bubble]: each counted step's pipeline steps.
+    const Spans counted = steps[pid].empty() ? Spans{{0.0, end}} : steps[pid];
+    for (auto [a, b] : counted) {
+      RankTimes::PipeStep ps{a, 0, a};
+      for (auto [x, y] : pipeline[pid])
+        if (x >= a && y <= b) ps.busy += y - x, ps.last_end = std::max(ps.last_end, y);
+      if (ps.busy > 0) r.pipe.push_back(ps);
+    }
   }
   return out;
+}
+
+// Note [Measured bubble]; -1 when the trace has no pipeline steps.
+double pipeline_bubble(const std::map<int64_t, RankTimes>& ranks) {
+  size_t steps = SIZE_MAX;
+  for (const auto& [pid, r] : ranks) steps = std::min(steps, r.pipe.size());
+  if (ranks.size() < 2 || steps == 0 || steps == SIZE_MAX) return -1;
+  double sum = 0;
+  for (size_t k = 0; k < steps; k++) {
+    double end = 0, busy = 0, window = 0;
+    for (const auto& [pid, r] : ranks) end = std::max(end, r.pipe[k].last_end);
+    for (const auto& [pid, r] : ranks) busy += r.pipe[k].busy, window += end - r.pipe[k].start;
+    sum += 1 - busy / window;
+  }
+  return sum / double(steps);
 }
 
 }  // namespace
@@ -130,6 +166,14 @@ int run_compare(const std::string& predicted, const std::string& measured, bool 
   }
   if (matched == 0)
     throw ConfigError("compare: the traces share no rank (pids); compare a simulated and a measured run of one layout");
+  if (const double pb = pipeline_bubble(p), mb = pipeline_bubble(m); pb >= 0 && mb >= 0) {
+    rows.push_back({{"rank", "all"}, {"category", "pipeline bubble"}, {"predicted", pb}, {"measured", mb},
+                    {"unit", "fraction"}, {"error", pb - mb}});
+    if (!json)
+      std::cout << " all  pipeline bubble   " << std::setprecision(1) << std::setw(9) << 100 * pb << "% "
+                << std::setw(11) << 100 * mb << "%  " << std::showpos << std::setw(6) << 100 * (pb - mb)
+                << std::noshowpos << " points\n";
+  }
   if (json) std::cout << rows.dump() << std::endl;
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -118,6 +119,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
     x_in = recv_buf_.data();
   }
   wait_pending(chunk, slot);  // the slot's output may still be on its way out
+  if (step_hook_) step_hook_(Phase::kF, micro, chunk, true);  // the step's span starts once its input is here
   const float l = model_.stage_forward(chunk, slot, tokens, x_in, targets, B_, T_, grad_scale);
   if (is_last(chunk)) {
     *loss += l;
@@ -137,6 +139,7 @@ void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
     dy = recv_buf_.data();
   }
   wait_pending(chunk, slot);
+  if (step_hook_) step_hook_(Phase::kB, micro, chunk, true);
   if (w_slot >= 0) model_.stage_backward_input(chunk, slot, w_slot, dy, B_, T_);
   else model_.stage_backward(chunk, slot, dy, B_, T_);
   if (v == 0) return;
@@ -166,7 +169,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   double loss = 0;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
-    if (step_hook_) step_hook_(s.phase, s.micro_batch, s.chunk, true);
+    if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
     if (i == last_grads && before_last_backward) before_last_backward();
     std::vector<int>& slot_of = slot_of_[size_t(s.chunk)];
     std::vector<int>& w_slot_of = w_slot_of_[size_t(s.chunk)];
@@ -200,7 +203,9 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
 
 double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
   double loss = 0;
+  const StepHook hook = std::exchange(step_hook_, nullptr);  // validation is not a schedule step
   for (int c = 0; c < schedule_.vpp; c++) forward(0, c, 0, tokens, targets, 0.0f, &loss);
+  step_hook_ = hook;
   for (auto& per_chunk : sends_)
     for (auto& w : per_chunk) w.wait();
   return loss;

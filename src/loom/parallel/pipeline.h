@@ -70,7 +70,8 @@ class PipelineRunner {
   // Forward only, one batch through every stage (validation). Returns the mean loss on
   // the last stage, 0 elsewhere. Adds nothing to the gradients that are kept.
   double forward_only(const int32_t* tokens, const int32_t* targets);
-  // Traces: hook(phase, micro, chunk, begin) around every schedule step.
+  // Traces: hook(phase, micro, chunk, begin) around every schedule step, from the arrival
+  // of its input (a step's blocking receive is waiting, not work) to its end.
   using StepHook = std::function<void(Phase phase, int micro, int chunk, bool begin)>;
   // The receive buffer for activations and gradients (memory reports).
   const std::vector<float>& recv_buffer() const { return recv_buf_; }

@@ -40,8 +40,10 @@ std::vector<PipeStep> one_f_one_b_rank(int r, int pp, int m) {
 // micro-batch order, so every weight gradient accumulates in 1F1B's order.
 //   ZB-H1: warmup = pp - r (1F1B's), defer = r: rank r holds at most pp micro-batches
 //          from F to W (1F1B's peak, on rank 0) and leaves ~1/3 of 1F1B's bubble.
-//   ZB-H2: warmup = 2 (pp - r) - 1, defer = 0: the extra forwards fill the warm-up bubble;
-//          rank r holds 2 (pp - r) - 1 (the paper's (2p - 1) M_B on rank 0).
+//   ZB-H2: warmup = 2 (pp - r) - 1, defer = 2 r: the extra forwards fill the warm-up
+//          bubble, and the later ranks keep weight gradients for the cool-down, while the
+//          last micro-batches' B travel back to rank 0; every rank holds at most 2 pp - 1
+//          micro-batches from F to W (the paper's (2p - 1) M_B).
 std::vector<PipeStep> zero_bubble_rank(int warmup, int defer, int m) {
   std::vector<PipeStep> out;
   int f = 0, b = 0, w = 0;
@@ -101,7 +103,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
       case ScheduleKind::k1F1B: s.steps.push_back(one_f_one_b_rank(r, pp, m)); break;
       case ScheduleKind::kInterleaved1F1B: s.steps.push_back(interleaved_rank(r, pp, vpp, m)); break;
       case ScheduleKind::kZbH1: s.steps.push_back(zero_bubble_rank(pp - r, r, m)); break;
-      case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 0, m)); break;
+      case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 2 * r, m)); break;
     }
   }
   return s;

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Pipeline schedules on this machine (issue 17): for configs A and B at m = 8 micro-batches,
+# pp 2 (one rank per core) and pp 4 (oversubscribed: four ranks on two cores, labelled so),
+# each schedule's measured bubble (Note [Measured bubble] in cli/compare_cmd.cc: from the
+# run's --trace, the first step left out) and steady global tokens/s, against 1F1B in the
+# same run, and the simulator's predicted bubble for the same layout (--cluster local).
+# Needs a release build; calibrates the local cluster first unless it exists.
+# Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-6}; shift || true
+configs=${*:-A B}
+schedules=${SCHEDULES:-1f1b zb-h1 zb-h2}
+loom=build/release/loom
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+[[ -f ~/.cache/loom/cluster-local.toml ]] || env -u OPENBLAS_CORETYPE "$loom" calibrate > /dev/null
+
+model_sets() {
+  case $1 in
+    A) echo "model.preset=tiny train.batch=16" ;;
+    B) echo "model.preset=gpt2 model.layers=6 model.d_model=384 model.heads=6 model.ffn=1536 model.ctx=256 train.batch=8" ;;
+  esac
+}
+
+# Steady-state global tokens/s from the --json step lines (first 2 steps dropped).
+tok_s() {
+  /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "tokens_per_s" in l][2:]
+print(round(len(rows) / sum(1 / r["tokens_per_s"] for r in rows), 1))' "$1"
+}
+
+printf "%-4s %-14s %-7s %10s %10s %9s %10s %s\n" cfg layout sched "measured" "predicted" "tokens/s" "vs 1f1b" note
+for c in $configs; do
+  for pp in 2 4; do
+    note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
+    ref_bubble="" ref_tok=""
+    for s in $schedules; do
+      env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --grad-accum 8 --schedule "$s" \
+        --set $(model_sets "$c") checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 \
+        "train.steps=$((steps + 2))" train.threads=1 --trace "$tmp/m.json" > "$tmp/m.out" 2> "$tmp/m.err"
+      "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --grad-accum 8 --schedule "$s" \
+        --set $(model_sets "$c") --trace "$tmp/p.json" > /dev/null
+      read -r pred meas < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
+import json, sys
+row = [r for r in json.load(sys.stdin) if r["category"] == "pipeline bubble"][0]
+print(row["predicted"], row["measured"])')
+      tok=$(tok_s "$tmp/m.out")
+      [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
+      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
+        "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" "$tok" \
+        "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")" "$note"
+    done
+  done
+done

@@ -222,6 +222,29 @@ TEST(Simulator, InterleavingCutsTheBubbleByVpp) {
   EXPECT_LT(b2, b1);
 }
 
+// Zero-bubble schedules (Note [B/W split]): the same work per rank as 1F1B (B + W = the
+// joint backward), a smaller bubble (ZB-H1 below 1F1B, ZB-H2 below ZB-H1 on even stages),
+// and the kept upstream gradients on top of the activations in flight.
+TEST(Simulator, ZeroBubbleSchedulesMoveWorkIntoTheBubble) {
+  for (int m : {8, 16}) {
+    SimPlan p = plan_of({"parallel.pp=4", "train.batch=" + std::to_string(m), "train.grad_accum=" + std::to_string(m)});
+    p.framework = Framework::kLoom;
+    const SimResult ref = simulate(p, free_links(4));
+    double last = ref.bubble_fraction;
+    for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) {
+      SimPlan z = p;
+      z.cfg.parallel.schedule = k;
+      const SimResult r = simulate(z, free_links(4));
+      for (size_t i = 0; i < r.ranks.size(); i++) {
+        EXPECT_NEAR(r.ranks[i].busy_s, ref.ranks[i].busy_s, 1e-9 * ref.ranks[i].busy_s) << schedule_name(k);
+        EXPECT_GT(r.ranks[i].memory.activations, ref.ranks[i].memory.activations) << schedule_name(k) << " rank " << i;
+      }
+      EXPECT_LT(r.bubble_fraction, last) << schedule_name(k) << " m " << m;
+      last = r.bubble_fraction;
+    }
+  }
+}
+
 TEST(Simulator, SingleDeviceStepIsTheSumOfItsKernels) {
   // pp = 1, dp = 1: step = m x (fwd + bwd) of every op + optimizer, computed independently.
   const SimPlan p = plan_of({"train.batch=4", "train.grad_accum=2", "parallel.recompute=full"});

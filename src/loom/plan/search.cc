@@ -244,6 +244,9 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
   if (!q.pp_layers.empty())
     os << "\n# uneven stages " << pp_layers_text(q.pp_layers) << ": Megatron-LM takes --decoder-first-pipeline-num-layers / "
        << "--decoder-last-pipeline-num-layers for the ends";
+  if (splits_backward(q.schedule))
+    os << "\n# schedule " << schedule_name(q.schedule) << " (zero-bubble, split backward) has no Megatron-LM flag; "
+       << "loom's engine runs it (--emit loom)";
   if (!q.vocab_parallel && q.tp > 1)
     os << "\n# parallel.vocab_parallel = false (embedding and head whole on every tp rank) has no Megatron-LM flag";
   if (!q.zero_keep.empty())

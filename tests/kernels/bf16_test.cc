@@ -12,6 +12,7 @@
 #include "loom/core/bf16.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/ref/gemm_bf16.h"
+#include <vector>
 
 namespace loom {
 namespace {
@@ -99,6 +100,63 @@ TEST(Bf16, GemmMatchesTheReferenceWithinTheAccumulationBound) {
       }
   }
   std::cout << "oneDNN bf16 GEMM ISA: " << cpu::gemm_bf16_isa() << "\n";
+}
+
+// Note [bf16 attention probabilities]: the cpu kernel against the reference. The scores
+// and softmax differ by fp32 vs fp64 arithmetic (~1e-6 relative), which can flip the bf16
+// rounding of a probability by one bf16 step (one ulp, at most 2^-7 relative): every kept P
+// is a bf16 value within 2^-7 of the reference's (plus 1e-6), each output within 2^-7
+// sum_j |p_j v_j| + 1e-5. Given the same kept P, the backward matches the reference to fp32
+// rounding (1e-5 of the scale), and fp32 storage of the rounded P gives the bf16 storage's
+// results bit for bit.
+TEST(Bf16, AttentionRoundsItsProbabilitiesLikeTheReference) {
+  std::mt19937 rng(test_seed());
+  std::normal_distribution<float> nd;
+  for (auto [B, T, H, KV, hd] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{1, 1, 2, 2, 8}, {2, 13, 4, 4, 9},
+                                 {2, 13, 6, 2, 10}, {1, 64, 3, 1, 16}, {2, 33, 8, 4, 12}}) {
+    const int64_t Q = (H + 2 * KV) * hd, N = B * T, P = B * H * T * T, C = H * hd;
+    std::vector<float> qkv(size_t(N * Q)), dy(size_t(N * C));
+    for (auto& x : qkv) x = nd(rng);
+    for (auto& x : dy) x = nd(rng);
+    std::vector<int32_t> starts(static_cast<size_t>(N));  // random document boundaries
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t t = 0, s = 0; t < T; t++) {
+        if (t > 0 && nd(rng) > 1.0f) s = t;
+        starts[size_t(b * T + t)] = int32_t(s);
+      }
+    const int32_t* docs[2] = {nullptr, starts.data()};
+    for (const int32_t* doc : docs) {
+      std::vector<float> y(size_t(N * C)), y_f(y.size()), y_ref(y.size()), p_f(static_cast<size_t>(P)), p_ref(p_f.size());
+      std::vector<bf16> p(p_f.size());
+      cpu::attention_forward_bf16(y.data(), nullptr, p.data(), qkv.data(), B, T, H, KV, hd, doc);
+      cpu::attention_forward_bf16(y_f.data(), p_f.data(), nullptr, qkv.data(), B, T, H, KV, hd, doc);
+      ref::attention_forward_bf16(y_ref.data(), p_ref.data(), nullptr, qkv.data(), B, T, H, KV, hd, doc);
+      ASSERT_EQ(y, y_f);
+      for (int64_t i = 0; i < P; i++) {
+        ASSERT_EQ(from_bf16(p[size_t(i)]), p_f[size_t(i)]);
+        ASSERT_LE(std::fabs(p_f[size_t(i)] - p_ref[size_t(i)]), 0x1p-7 * std::fabs(p_ref[size_t(i)]) + 1e-6) << i;
+      }
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+          for (int64_t h = 0; h < H; h++)
+            for (int64_t e = 0; e < hd; e++) {
+              double s = 0;
+              for (int64_t j = 0; j <= t; j++)
+                s += std::fabs(double(p_ref[size_t(((b * H + h) * T + t) * T + j)]) *
+                               qkv[size_t((b * T + j) * Q + (H + KV + h / (H / KV)) * hd + e)]);
+              const size_t at = size_t((b * T + t) * C + h * hd + e);
+              ASSERT_LE(std::fabs(y[at] - y_ref[at]), 0x1p-7 * s + 1e-5) << B << "x" << T << " at " << at;
+            }
+      std::vector<float> d(size_t(N * Q), 0.3f), d_f = d, d_ref = d;
+      cpu::attention_backward_bf16(d.data(), dy.data(), qkv.data(), nullptr, p.data(), B, T, H, KV, hd);
+      cpu::attention_backward_bf16(d_f.data(), dy.data(), qkv.data(), p_f.data(), nullptr, B, T, H, KV, hd);
+      ref::attention_backward_bf16(d_ref.data(), dy.data(), qkv.data(), nullptr, p.data(), B, T, H, KV, hd);
+      ASSERT_EQ(d, d_f);
+      double scale = 0;
+      for (float x : d_ref) scale = std::max(scale, double(std::fabs(x)));
+      for (size_t i = 0; i < d.size(); i++) ASSERT_LE(std::fabs(d[i] - d_ref[i]), 1e-5 * scale) << i;
+    }
+  }
 }
 
 }  // namespace

@@ -111,11 +111,16 @@ TEST(MpiTrain, LlamaLayoutsMatchTheSingleProcessRun) {
   check_layouts("llama", layouts);
 }
 
-// train.precision = bf16 with the tolerances of Precision.Bf16LayoutsMatchTheSingleProcessBf16Run.
+// train.precision = bf16 with the loss tolerance of
+// Precision.Bf16LayoutsMatchTheSingleProcessBf16Run; the weights over 20 steps instead of 6.
+// A bf16 rounding that flips between two runs moves a weight's AdamW update by at most
+// about 2 lr_k per step (the normalised update changes sign), 2 sum_k lr_k = 1.05e-2 over
+// these 20 warm-up steps (lr 1e-3 x k / 40): the hard ceiling. Observed <= 5.4e-4 since the
+// softmax probabilities round too (Note [bf16 attention probabilities]); bound 1.5e-3.
 TEST(MpiTrain, Bf16LayoutsMatchTheSingleProcessBf16Run) {
   VerifyTolerance tol;
   tol.loss_rel = 1e-4;
-  tol.weight_abs = 4e-4;
+  tol.weight_abs = 1.5e-3;
   check_layouts("gpt",
                 {{"parallel.dp=2", "parallel.zero=2", "train.grad_accum=2"}, {"parallel.tp=3"},
                  {"parallel.dp=2", "parallel.tp=2", "parallel.zero=3", "parallel.sp=true"},

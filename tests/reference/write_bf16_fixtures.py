@@ -9,7 +9,9 @@ batch), two references of one forward/backward:
           layer and the head computes round(x) round(W)^T in fp64 and rounds the upstream
           gradient entering its GEMMs to bf16 (the bias gradient keeps the unrounded one);
           q, k, v (after RoPE) and the MLP pre-activation are rounded to bf16 (their
-          gradients pass unchanged); norms, attention, softmax and the loss in fp64. loom
+          gradients pass unchanged); the softmax probabilities are rounded to bf16 and the
+          softmax backward uses the rounded ones (Note [bf16 attention probabilities],
+          src/loom/kernels/ops_bf16.inc); norms, scores, sums and the loss in fp64. loom
           differs from this only by fp32 arithmetic, so the test bound is tight.
   ac.*    real PyTorch mixed precision: the fp32 model under
           torch.autocast("cpu", dtype=torch.bfloat16), the logits cast to fp32 for the loss.
@@ -53,6 +55,22 @@ class RoundGradBf16(torch.autograd.Function):
         return g.to(torch.bfloat16).to(g.dtype)
 
 
+class SoftmaxRoundedBf16(torch.autograd.Function):
+    """Softmax over the last axis, each probability rounded to bf16; backward with the
+    rounded probabilities p: dx = p (g - sum(p g)), as loom's bf16 attention kernels."""
+
+    @staticmethod
+    def forward(ctx, x):
+        p = x.softmax(-1).to(torch.bfloat16).to(x.dtype)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        return p * (g - (p * g).sum(-1, keepdim=True))
+
+
 def loom_bf16_linear(x, w, b=None):
     y = RoundGradBf16.apply(F.linear(RoundBf16.apply(x), RoundBf16.apply(w)))
     return y if b is None else y + b
@@ -67,7 +85,7 @@ def make_fixture(name, cfg, B, T, seed):
     out["tokens"], out["targets"] = tokens.int(), targets.int()
 
     P = {k: v.double().requires_grad_(True) for k, v in P32.items()}
-    logits = forward(cfg, P, tokens, loom_bf16_linear, RoundBf16.apply)
+    logits = forward(cfg, P, tokens, loom_bf16_linear, RoundBf16.apply, SoftmaxRoundedBf16.apply)
     loss = F.cross_entropy(logits.view(-1, cfg["vocab"]), targets.view(-1))
     loss.backward()
     out["sem.logits"], out["sem.loss"] = logits.detach().float(), loss.detach().float().view(1)

@@ -66,9 +66,10 @@ def rope_tables(T, hd, theta):
     return ang.cos().float().double(), ang.sin().float().double()  # rounded like loom's table
 
 
-def forward(cfg, P, tokens, linear=F.linear, act=lambda z: z):
+def forward(cfg, P, tokens, linear=F.linear, act=lambda z: z, softmax=lambda a: a.softmax(-1)):
     """linear(x, w, b=None): every linear layer and the head; act(z): applied to q, k, v after
-    RoPE and to the MLP pre-activation (write_bf16_fixtures.py swaps both)."""
+    RoPE and to the MLP pre-activation; softmax(a): the attention probabilities from the
+    masked scores (write_bf16_fixtures.py swaps all three)."""
     B, T = tokens.shape
     C, H, KV, Fh = cfg["d_model"], cfg["heads"], cfg["kv_heads"], cfg["ffn"]
     hd, eps, gpt = C // H, cfg["norm_eps"], cfg["arch"] == "gpt"
@@ -102,7 +103,7 @@ def forward(cfg, P, tokens, linear=F.linear, act=lambda z: z):
         k = k.repeat_interleave(H // KV, dim=1)
         v = v.repeat_interleave(H // KV, dim=1)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        att = softmax(att.masked_fill(~mask, float("-inf")))
         y = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
         x = x + linear(y, P[p + "attn.proj.w"], P.get(p + "attn.proj.b"))
         h = norm(x, P[p + "norm2.w"], P.get(p + "norm2.b"))

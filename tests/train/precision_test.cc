@@ -92,11 +92,12 @@ TEST(Precision, Fp16ModelMatchesItsReferenceAndStaysNearFp32) {
   check_against_reference_and_fp32(Precision::kFp16, 5e-3, 0x1p-9, 0.0125, 1e-5);
 }
 
-// Note [bf16 activation storage]: keeping the saved GEMM inputs, qkv and the MLP
-// pre-activation in bf16 (rounded at the same points either way) gives every loss and
-// gradient bit-identical to keeping them in fp32, with and without recompute, on both
-// kernel sets; the carve shrinks by (3C + F + Q + F2) N / 2 floats per kept layer (H*hd = C
-// here), less the two staging buffers.
+// Note [bf16 activation storage]: keeping the saved GEMM inputs, qkv, the MLP
+// pre-activation and the attention probabilities in bf16 (rounded at the same points either
+// way) gives every loss and gradient bit-identical to keeping them in fp32, with and without
+// recompute, on both kernel sets; the carve shrinks by (3C + F + Q + F2) N / 2 floats per
+// kept layer (H*hd = C here) and B H T^2 / 2 per probability buffer, less the two staging
+// buffers.
 TEST(Precision, Bf16ActivationStorageChangesNothingButMemory) {
   std::mt19937 rng(std::random_device{}());
   for (const char* preset : {"tiny", "llama"})
@@ -127,11 +128,14 @@ TEST(Precision, Bf16ActivationStorageChangesNothingButMemory) {
         const std::string at = std::string(preset) + " recompute " + rc + (backend == KernelBackend::kCpu ? " cpu" : " ref");
         EXPECT_EQ(losses[1], losses[0]) << at;
         EXPECT_EQ(grads[1], grads[0]) << at;
-        // Kept in bf16 per layer: norm1, norm2, atty, fcg, qkv, fch; less the two staging buffers.
+        // Kept in bf16 per layer: norm1, norm2, atty, fcg, qkv, fch; less the two staging
+        // buffers; and each probability buffer P = B H T^2 (one per layer, one shared under
+        // selective recompute, the shared block's under full).
         const int64_t N = B * T, C = 64, F = 128, hd = C / 4, kept_layers = rc == "full" ? 1 : 2;  // full: shared block
         const int64_t Q = (4 + 2 * c.model.kv_heads) * hd, F2 = c.model.arch == Arch::kGpt ? F : 2 * F;
-        const int64_t saved =
-            4 * kept_layers * (2 * C + C + F + Q + F2) * N / 2 - 4 * N * std::max(C, F) - 4 * N * std::max(Q, F2);
+        const int64_t P = B * 4 * T * T, prob_buffers = rc == "none" ? 2 : 1;
+        const int64_t saved = 4 * kept_layers * (2 * C + C + F + Q + F2) * N / 2 - 4 * N * std::max(C, F) -
+                              4 * N * std::max(Q, F2) + 4 * prob_buffers * P / 2;
         EXPECT_EQ(bytes[0] - bytes[1], saved) << at;
       }
 }

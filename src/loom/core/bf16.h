@@ -5,7 +5,8 @@
 // In train.precision = bf16 (issue 14) a value is rounded to bf16 where it is stored for a
 // GEMM (the GEMM inputs: weights and activations) and where an activation is kept in bf16
 // (qkv after RoPE and the MLP pre-activation, Note [bf16 activation storage] in
-// model/model.cc); norm statistics, attention scores and probabilities, softmax, the loss,
+// model/model.cc, and the softmax probabilities, Note [bf16 attention probabilities] in
+// kernels/ops_bf16.inc); norm statistics, attention scores, the softmax's sums, the loss,
 // the residual stream and every reduction stay fp32. Products of two bf16 values are
 // exact in fp32 (8 + 8 significant bits <= 24), so a bf16 GEMM differs from the exact
 // product of its rounded inputs only by its fp32 accumulation. The reference kernels round

@@ -19,10 +19,13 @@ Kernels with_gemms(Kernels k, Fwd fwd, Bwd bwd, Head head, const char* name) {
 }
 
 Kernels with_bf16_storage(Kernels k, decltype(k.matmul_forward_bf16_in) fwd, decltype(k.matmul_backward_bf16_in) bwd,
-                          decltype(k.to_bf16) store) {
+                          decltype(k.to_bf16) store, decltype(k.attention_forward_bf16) attn_fwd,
+                          decltype(k.attention_backward_bf16) attn_bwd) {
   k.matmul_forward_bf16_in = fwd;
   k.matmul_backward_bf16_in = bwd;
   k.to_bf16 = store;
+  k.attention_forward_bf16 = attn_fwd;
+  k.attention_backward_bf16 = attn_bwd;
   return k;
 }
 
@@ -37,10 +40,12 @@ const Kernels& kernels(KernelBackend backend, Precision precision) {
 #undef LOOM_KERNEL_REF
   static const Kernels cpu_bf16 = with_bf16_storage(
       with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16, &cpu::lm_head_loss_bf16, "cpu-bf16"),
-      &cpu::matmul_forward_bf16_in, &cpu::matmul_backward_bf16_in, &cpu::to_bf16);
+      &cpu::matmul_forward_bf16_in, &cpu::matmul_backward_bf16_in, &cpu::to_bf16, &cpu::attention_forward_bf16,
+      &cpu::attention_backward_bf16);
   static const Kernels ref_bf16 = with_bf16_storage(
       with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16, &ref::lm_head_loss_bf16, "ref-bf16"),
-      &ref::matmul_forward_bf16_in, &ref::matmul_backward_bf16_in, &ref::to_bf16);
+      &ref::matmul_forward_bf16_in, &ref::matmul_backward_bf16_in, &ref::to_bf16, &ref::attention_forward_bf16,
+      &ref::attention_backward_bf16);
   static const Kernels cpu_fp16 = with_gemms(cpu_set, &cpu::matmul_forward_fp16, &cpu::matmul_backward_fp16,
                                              &cpu::lm_head_loss_fp16, "cpu-fp16");
   static const Kernels ref_fp16 = with_gemms(ref_set, &ref::matmul_forward_fp16, &ref::matmul_backward_fp16,

@@ -29,12 +29,16 @@ struct Kernels {
   decltype(&cpu::matmul_forward_bf16_in) matmul_forward_bf16_in = nullptr;
   decltype(&cpu::matmul_backward_bf16_in) matmul_backward_bf16_in = nullptr;
   decltype(&cpu::to_bf16) to_bf16 = nullptr;
+  // Precision::kBf16 only: attention with bf16 probabilities (Note [bf16 attention probabilities]).
+  decltype(&cpu::attention_forward_bf16) attention_forward_bf16 = nullptr;
+  decltype(&cpu::attention_backward_bf16) attention_backward_bf16 = nullptr;
 };
 
 enum class KernelBackend { kCpu, kRef };
 // kBf16 (train.precision = bf16): matmul_forward, matmul_backward and lm_head_loss round
-// their GEMM inputs to bf16 and accumulate in fp32 (Note [bf16 rounding points]); every
-// other kernel, attention included, stays fp32. kFp16 (train.precision = fp16): the same
+// their GEMM inputs to bf16 and accumulate in fp32 (Note [bf16 rounding points]), and the
+// model runs attention_forward_bf16 / attention_backward_bf16, which round the softmax
+// probabilities (Note [bf16 attention probabilities]); every other kernel stays fp32. kFp16 (train.precision = fp16): the same
 // three kernels round to fp16 instead (core/fp16.h) and compute in fp32.
 enum class Precision { kFp32, kBf16, kFp16 };
 const Kernels& kernels(KernelBackend backend, Precision precision = Precision::kFp32);

@@ -17,7 +17,7 @@ struct Model::Slot {
   struct Block {
     float *norm1, *norm1_mean, *norm1_rstd;  // (N,C), (N), (N)
     float* qkv;                              // (N,Q), after RoPE for Llama
-    float* probs;                            // (B,H,T,T)
+    float* probs;                            // (B,H,T,T); nullptr when kept in bf16 (probs_h)
     float* atty;                             // (N,H*hd)
     float* x1;                               // (N,C) residual after attention
     float *norm2, *norm2_mean, *norm2_rstd;
@@ -29,6 +29,7 @@ struct Model::Slot {
     // and fch, whose float fields point at Acts::stage2.
     bf16 *norm1_h = nullptr, *atty_h = nullptr, *norm2_h = nullptr, *fcg_h = nullptr;
     bf16 *qkv_h = nullptr, *fch_h = nullptr;
+    bf16* probs_h = nullptr;  // Note [bf16 attention probabilities]: P kept in bf16
   };
   float* input = nullptr;        // (N,C) chunk input: the embedding output or a copy of x_in
   std::vector<Block> blocks;     // the chunk's layers, in order
@@ -67,6 +68,7 @@ struct Model::Acts {
   // softmax probabilities all selectively recomputed layers share.
   Slot::Block recompute_block{};
   float* shared_probs = nullptr;
+  bf16* shared_probs_h = nullptr;  // the same, kept in bf16
 };
 
 }  // namespace loom

@@ -54,8 +54,8 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   zero(dqkv, N * Q);
   const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
   if (recompute_[size_t(l)] == Recompute::kSelective)
-    k_.attention_forward(s.atty, s.probs, qkv, B, T, H, KV, hd, doc_starts(sl));
-  k_.attention_backward(dqkv, a.datty, qkv, s.probs, B, T, H, KV, hd);
+    attend(s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));
+  attend_backward(dqkv, a.datty, qkv, s.probs, s.probs_h, B, T);
   if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);
   mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);

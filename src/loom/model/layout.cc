@@ -178,12 +178,12 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   // One saved block: norm1 (+mean, rstd), qkv, probs, attention output, x1, norm2 (+mean,
   // rstd), MLP hidden (F2), its activation (F), block output.
   auto block = [&](bool with_probs) {
-    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs ? take(P) : 0) + kept(N * HD) +
+    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs ? kept(P) : 0) + kept(N * HD) +
            take(Nr * C) + kept(N * C) + 2 * take(Nr) + kept(N * F2) + kept(N * F) + take(Nr * C);
   };
   const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
-  int64_t total = (any_full ? block(true) : 0) + (any_selective ? take(P) : 0);
+  int64_t total = (any_full ? block(true) : 0) + (any_selective ? kept(P) : 0);
   if (bf16_activations) total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2));  // staging buffers
   const auto chunks = part.resolved_chunks(m);
   for (size_t c = 0; c < chunks.size(); ++c) {

@@ -1,6 +1,7 @@
 // The model's linear layers: GEMMs on fp32 or bf16-stored inputs (Note [bf16 activation
 // storage] in model.cc) and the tensor / sequence parallel collectives around them (Note
-// [Tensor parallel], Note [Sequence parallel] in model.h).
+// [Tensor parallel], Note [Sequence parallel] in model.h); and attention at the model's
+// precision (Note [bf16 attention probabilities] in kernels/ops_bf16.inc).
 #include <cstring>
 
 #include "loom/model/model.h"
@@ -53,6 +54,20 @@ const float* Model::widen(float* f, const bf16* h, int64_t n) const {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) f[i] = from_bf16(h[i]);
   return f;
+}
+
+void Model::attend(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
+                   const int32_t* doc_start) const {
+  const int64_t hd = cfg_.head_dim();
+  if (k_.attention_forward_bf16) k_.attention_forward_bf16(out, probs, probs_h, qkv, B, T, Hl_, KVl_, hd, doc_start);
+  else k_.attention_forward(out, probs, qkv, B, T, Hl_, KVl_, hd, doc_start);
+}
+
+void Model::attend_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, const bf16* probs_h,
+                            int64_t B, int64_t T) const {
+  const int64_t hd = cfg_.head_dim();
+  if (k_.attention_backward_bf16) k_.attention_backward_bf16(dqkv, dout, qkv, probs, probs_h, B, T, Hl_, KVl_, hd);
+  else k_.attention_backward(dqkv, dout, qkv, probs, B, T, Hl_, KVl_, hd);
 }
 
 void Model::mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const {

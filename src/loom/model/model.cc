@@ -29,8 +29,10 @@ namespace loom {
 // backward weight-gradient GEMM. Two GEMM outputs are rounded too, as autocast stores
 // them: qkv (after RoPE) and the MLP pre-activation fch are rounded to bf16 in place
 // before anything reads them (attention, GELU / SwiGLU), kept in bf16, and widened into a
-// second staging buffer for backward. Results are bit-identical to keeping all of them in
-// fp32 with the same roundings (ModelOptions::bf16_activations = false); memory changes.
+// second staging buffer for backward. The softmax probabilities P (B H T^2 per layer), which
+// the bf16 attention kernels round (Note [bf16 attention probabilities]), are kept in bf16
+// too and read there directly. Results are bit-identical to keeping all of them in fp32
+// with the same roundings (ModelOptions::bf16_activations = false); memory changes.
 
 namespace {
 class Carver {
@@ -103,15 +105,16 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
   const int64_t max_batch = max_batch_, max_seq = max_seq_, N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
   // Local (this tp rank's) widths: heads Hl_, kv heads KVl_, MLP Fl_.
   const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd, F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
-  const int64_t P = max_batch * Hl_ * max_seq * max_seq;
-  const int64_t Nr = rows(N);  // residual-stream rows (a shard under sequence parallel)
+  const int64_t P = max_batch * Hl_ * max_seq * max_seq, Nr = rows(N);  // Nr: residual-stream rows (sp: a shard)
   LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
              " rows divisible by tp = ", part.tp);
-  acts_ = std::make_unique<Acts>();
-  Acts& a = *acts_;
-  // Two passes: measure, then allocate and carve.
+  Acts& a = *(acts_ = std::make_unique<Acts>());
   const bool any_full = std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
+  auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, in bf16 with bf16 storage
+    if (bf16_acts_) f = nullptr, h = c.take_bf16(P);
+    else f = c.take(P), h = nullptr;
+  };
   // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
   auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs) {
     // Note [bf16 activation storage]: a bf16 slot, the fp32 values made in `stage`.
@@ -122,7 +125,8 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
     kept(b.norm1, b.norm1_h, N * C, a.stage);
     b.norm1_mean = c.take(Nr), b.norm1_rstd = c.take(Nr);
     kept(b.qkv, b.qkv_h, N * Q, a.stage2);
-    b.probs = share_probs ? a.shared_probs : c.take(P);
+    if (share_probs) b.probs = a.shared_probs, b.probs_h = a.shared_probs_h;
+    else take_probs(c, b.probs, b.probs_h);
     kept(b.atty, b.atty_h, N * HD, a.stage);
     b.x1 = c.take(Nr * C);
     kept(b.norm2, b.norm2_h, N * C, a.stage);
@@ -135,7 +139,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
     if (bf16_acts_) a.stage = c.take(N * std::max({C, HD, F})), a.stage2 = c.take(N * std::max(Q, F2));
     if (any_full) carve_block(c, a.recompute_block, false);
-    if (any_selective) a.shared_probs = c.take(P);
+    if (any_selective) take_probs(c, a.shared_probs, a.shared_probs_h);
     a.slots.assign(chunks_.size() * size_t(act_slots), {});
     for (size_t i = 0; i < a.slots.size(); i++) {
       Slot& sl = a.slots[i];
@@ -158,10 +162,9 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
         sl.normf = c.take(N * C), sl.normf_mean = c.take(Nr), sl.normf_rstd = c.take(Nr), sl.dnormf = c.take(N * C);
     }
     a.wslots.assign(chunks_.size() * size_t(w_slots_), {});
-    for (size_t i = 0; i < a.wslots.size(); i++) {
+    for (size_t i = 0; i < a.wslots.size(); i++) {  // Note [B/W split]
       const auto [first, last] = chunks_[i / size_t(w_slots_)];
-      a.wslots[i].blocks.resize(size_t(last - first));
-      for (WBlock& b : a.wslots[i].blocks)
+      for (WBlock& b : a.wslots[i].blocks = std::vector<WBlock>(size_t(last - first)))
         b.dproj = c.take(N * C), b.dfch = c.take(N * F2), b.dattn = c.take(N * C), b.dqkv = c.take(N * Q);
     }
     a.losses = c.take(N);
@@ -281,7 +284,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   mm_forward(s.qkv, {s.norm1, s.norm1_h}, w.qkv_w, w.qkv_b, N, C, Q);  // (N,Q) column-parallel
   if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   round_keep(s.qkv, s.qkv_h, N * Q);
-  k_.attention_forward(s.atty, s.probs, s.qkv, B, T, H, KV, hd, doc_starts(sl));  // (N,H*hd)
+  attend(s.atty, s.probs, s.probs_h, s.qkv, B, T, doc_starts(sl));  // (N,H*hd)
   keep(s.atty, s.atty_h, N * H * hd);
   row_parallel(s.x1, {s.atty, s.atty_h}, w.attn_proj_w, w.attn_proj_b, N, H * hd, x0);  // x1 = x0 + atty Wo^T + bo
   norm_forward(s.norm2, s.norm2_mean, s.norm2_rstd, s.x1, w.norm2_w, w.norm2_b, N);

@@ -210,6 +210,12 @@ class Model {
   void round_keep(float* f, bf16* h, int64_t n) const;
   // The fp32 values of a kept activation: f itself, or h widened into f (a staging buffer).
   const float* widen(float* f, const bf16* h, int64_t n) const;
+  // Attention of one block at this precision: bf16 rounds and keeps P (probs_h, or probs
+  // in fp32 storage; Note [bf16 attention probabilities]); fp32 / fp16 keep probs.
+  void attend(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
+              const int32_t* doc_start) const;
+  void attend_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, const bf16* probs_h,
+                       int64_t B, int64_t T) const;
   void mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const;
   void mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
                    int64_t IC, int64_t OC) const;

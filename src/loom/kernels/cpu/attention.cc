@@ -1,4 +1,5 @@
-// Causal (grouped-query) attention and RoPE.
+// Causal (grouped-query) attention and RoPE; the bf16 attention of Note [bf16 attention
+// probabilities] (kernels/ops_bf16.inc) shares the per-head code.
 //
 // Per (batch, head) the work is small GEMMs (T x T x hd) done by OpenBLAS inside an OpenMP
 // loop over heads; OpenBLAS runs single-threaded when called from a parallel region, so
@@ -8,54 +9,70 @@
 #include <cmath>
 #include <vector>
 
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
 #include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::cpu {
 
-void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t hd, const int32_t* doc_start) {
-  const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
+namespace {
+
+// One (batch, head) of causal attention: S = scale Q K^T into p (T,T), softmax over each
+// row's document window, then O = P V. round (Note [bf16 attention probabilities]): round
+// each probability to bf16 before P V reads it, and keep the bf16 values in `keep` when set.
+void attend_head(float* o, float* p, bool round, bf16* keep, const float* q, const float* k, const float* v,
+                 int64_t T, int64_t hd, int64_t row, int64_t C, const int32_t* doc_start) {
   const float scale = 1.0f / std::sqrt(float(hd));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, row, k, row, 0.0f, p, T);
+  for (int64_t t = 0; t < T; t++) {
+    float* pr = p + t * T;
+    const int64_t lo = doc_start ? doc_start[t] : 0;  // first key of row t's document
+    float mx = -INFINITY;
+    for (int64_t j = lo; j <= t; j++) mx = std::max(mx, pr[j]);
+    float z = 0;
+#pragma omp simd reduction(+ : z)
+    for (int64_t j = lo; j <= t; j++) {
+      const float e = exp_approx(pr[j] - mx);
+      pr[j] = e;
+      z += e;
+    }
+    const float inv = 1.0f / z;
+#pragma omp simd
+    for (int64_t j = lo; j <= t; j++) pr[j] *= inv;
+    for (int64_t j = 0; j < lo; j++) pr[j] = 0.0f;
+    for (int64_t j = t + 1; j < T; j++) pr[j] = 0.0f;
+    if (round)
+      for (int64_t j = 0; j < T; j++) {
+        const bf16 h = loom::to_bf16(pr[j]);
+        pr[j] = loom::from_bf16(h);
+        if (keep) keep[t * T + j] = h;
+      }
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, row, 0.0f, o, C);
+}
+
+// B*H (batch, head) tasks over OpenMP; probs (B,H,T,T) fp32, or per-thread scratch when the
+// probabilities are kept in bf16 (keep).
+void attend(float* out, float* probs, bool round, bf16* keep, const float* qkv, int64_t B, int64_t T, int64_t H,
+            int64_t KV, int64_t hd, const int32_t* doc_start) {
+  const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; bh++) {
     const int64_t b = bh / H, h = bh % H, kh = h / group;
-    const float* q = qkv + b * T * row + h * hd;
-    const float* k = qkv + b * T * row + (H + kh) * hd;
-    const float* v = qkv + b * T * row + (H + KV + kh) * hd;
-    float* p = probs + bh * T * T;
-    // S(T,T) = scale * Q(T,hd) K(T,hd)^T; only the lower triangle is used.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, row, k, row, 0.0f, p, T);
-    for (int64_t t = 0; t < T; t++) {
-      float* pr = p + t * T;
-      const int64_t lo = doc_start ? doc_start[b * T + t] : 0;  // first key of row t's document
-      float mx = -INFINITY;
-      for (int64_t j = lo; j <= t; j++) mx = std::max(mx, pr[j]);
-      float z = 0;
-#pragma omp simd reduction(+ : z)
-      for (int64_t j = lo; j <= t; j++) {
-        const float e = exp_approx(pr[j] - mx);
-        pr[j] = e;
-        z += e;
-      }
-      const float inv = 1.0f / z;
-#pragma omp simd
-      for (int64_t j = lo; j <= t; j++) pr[j] *= inv;
-      for (int64_t j = 0; j < lo; j++) pr[j] = 0.0f;
-      for (int64_t j = t + 1; j < T; j++) pr[j] = 0.0f;
-    }
-    // O(T,hd) = P(T,T) V(T,hd)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, row, 0.0f,
-                out + b * T * C + h * hd, C);
+    const float* base = qkv + b * T * row;
+    float* p = keep ? scratch_floats(size_t(T) * T) : probs + bh * T * T;
+    attend_head(out + b * T * C + h * hd, p, round, keep ? keep + bh * T * T : nullptr, base + h * hd,
+                base + (H + kh) * hd, base + (H + KV + kh) * hd, T, hd, row, C, doc_start ? doc_start + b * T : nullptr);
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+// Backward over (batch, kv head) tasks (the query heads of one group all add into the same
+// dK, dV); each head's P is probs (fp32) or kept (bf16, widened into scratch).
+void attend_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, const bf16* kept,
+                     int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
   const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
-  // Tasks are (batch, kv head): the query heads of one group all add into the same dK, dV.
 #pragma omp parallel for schedule(static)
   for (int64_t bk = 0; bk < B * KV; bk++) {
     const int64_t b = bk / KV, kh = bk % KV;
@@ -65,7 +82,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* dk = dqkv + b * T * row + (H + kh) * hd;
     float* dv = dqkv + b * T * row + (H + KV + kh) * hd;
     for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-      const float* p = probs + (b * H + h) * T * T;
+      const float* p = probs ? probs + (b * H + h) * T * T : nullptr;
+      if (kept) {
+        float* w = scratch_floats(size_t(T) * T, 1);
+        const bf16* kr = kept + (b * H + h) * T * T;
+#pragma omp simd
+        for (int64_t i = 0; i < T * T; i++) w[i] = loom::from_bf16(kr[i]);
+        p = w;
+      }
       const float* dy = dout + b * T * C + h * hd;
       const float* q = qkv + b * T * row + h * hd;
       float* dq = dqkv + b * T * row + h * hd;
@@ -88,6 +112,28 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, ds, T, q, row, 1.0f, dk, row);
     }
   }
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t hd, const int32_t* doc_start) {
+  attend(out, probs, false, nullptr, qkv, B, T, H, KV, hd, doc_start);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  attend_backward(dqkv, dout, qkv, probs, nullptr, B, T, H, KV, hd);
+}
+
+void attention_forward_bf16(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T, int64_t H,
+                            int64_t KV, int64_t hd, const int32_t* doc_start) {
+  attend(out, probs_h ? nullptr : probs, true, probs_h, qkv, B, T, H, KV, hd, doc_start);
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                             const bf16* probs_h, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  attend_backward(dqkv, dout, qkv, probs_h ? nullptr : probs, probs_h, B, T, H, KV, hd);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "loom/kernels/ref/ops_t.h"
 #include "loom/kernels/ref/rounded.h"
 
 namespace loom::ref {
@@ -75,6 +76,26 @@ void to_bf16(bf16* out, const float* in, int64_t n) {
 void lm_head_loss_bf16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
                        int64_t N, int64_t C, int64_t V, float dloss_scale) {
   detail::head_loss(matmul_forward_bf16, matmul_backward_bf16, losses, dx, dw, x, w, targets, N, C, V, dloss_scale);
+}
+
+}  // namespace loom::ref
+
+namespace loom::ref {
+
+// Note [bf16 attention probabilities]: the fp32 reference with each probability rounded
+// where the forward makes it, so P V and the backward read the rounded values.
+void attention_forward_bf16(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T, int64_t H,
+                            int64_t KV, int64_t hd, const int32_t* doc_start) {
+  std::vector<float> p(probs_h ? static_cast<std::size_t>(B * H * T * T) : 0);
+  float* dst = probs_h ? p.data() : probs;
+  tmpl::attention_forward<float>(out, dst, qkv, B, T, H, KV, hd, doc_start, [](float x) { return round_bf16(x); });
+  if (probs_h) to_bf16(probs_h, dst, B * H * T * T);  // exact: the values are bf16 already
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                             const bf16* probs_h, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  const std::vector<float> p = probs_h ? widened(probs_h, B * H * T * T) : std::vector<float>();
+  tmpl::attention_backward<float>(dqkv, dout, qkv, probs_h ? p.data() : probs, B, T, H, KV, hd);
 }
 
 }  // namespace loom::ref

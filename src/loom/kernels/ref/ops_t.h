@@ -220,9 +220,12 @@ void rope_backward(S* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t
   detail::rope_rotate<S>(dqkv, B, T, H, KV, hd, theta, -1.0);
 }
 
-template <typename S>
+// round_p(x): each probability as P V reads and backward sees it (identity in fp32; the
+// bf16 reference rounds it, Note [bf16 attention probabilities]).
+template <typename S, typename RoundP = S (*)(S)>
 void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t hd, const int32_t* doc_start = nullptr) {
+                       int64_t KV, int64_t hd, const int32_t* doc_start = nullptr,
+                       RoundP round_p = [](S x) { return x; }) {
   const int64_t row = (H + 2 * KV) * hd, group = H / KV;
   const double scale = 1.0 / std::sqrt(double(hd));
   std::vector<double> s(T);
@@ -243,7 +246,7 @@ void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int
         double z = 0;
         for (int64_t j = lo; j <= t; j++) z += std::exp(s[j] - mx);
         S* p = probs + ((b * H + h) * T + t) * T;
-        for (int64_t j = 0; j < T; j++) p[j] = j >= lo && j <= t ? S(std::exp(s[j] - mx) / z) : S(0);
+        for (int64_t j = 0; j < T; j++) p[j] = j >= lo && j <= t ? round_p(S(std::exp(s[j] - mx) / z)) : S(0);
         for (int64_t e = 0; e < hd; e++) {
           double acc = 0;
           for (int64_t j = 0; j <= t; j++) acc += double(p[j]) * qkv[(b * T + j) * row + (H + KV + kh) * hd + e];

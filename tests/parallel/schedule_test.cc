@@ -83,6 +83,29 @@ TEST(Schedule, ZeroBubbleSchedulesFinishWithBoundedMemoryAndOrderedWeightGradien
     }
 }
 
+// ZB-V: chunk 0 of rank r is stage r, chunk 1 stage 2 pp - 1 - r; every p and m finishes
+// with F, B and W in micro-batch order per chunk and at most 2 pp chunk activations held
+// (1F1B's peak of pp whole-stage micro-batches). Its bubble is the simulator's to check
+// (Simulator.ZeroBubbleSchedulesMoveWorkIntoTheBubble), on real step costs.
+TEST(Schedule, ZeroBubbleVFinishesWithBoundedMemory) {
+  for (int pp = 1; pp <= 8; ++pp)
+    for (int m = 1; m <= 16; ++m) {
+      const Schedule s = make_schedule(ScheduleKind::kZbV, pp, m, 2);
+      const std::string at = "zb-v pp " + std::to_string(pp) + " m " + std::to_string(m);
+      EXPECT_EQ(s.stage(0, 0), 0) << at;
+      EXPECT_EQ(s.stage(0, 1), 2 * pp - 1) << at;
+      EXPECT_EQ(s.site(pp).rank, pp - 1) << at;
+      const ScheduleCheck c = validate(s);
+      ASSERT_TRUE(c.ok) << at << ": " << c.problem;
+      for (int r = 0; r < pp; ++r) {
+        ASSERT_EQ(s.steps[r].size(), size_t(6 * m)) << at;
+        int next[2][3] = {{0, 0, 0}, {0, 0, 0}};
+        for (const PipeStep& st : s.steps[r]) EXPECT_EQ(st.micro_batch, next[st.chunk][int(st.phase)]++) << at;
+        EXPECT_LE(c.peak_in_flight[r], 2 * pp) << at << " rank " << r;
+      }
+    }
+}
+
 TEST(Schedule, ValidatorRefusesMisplacedWeightGradients) {
   Schedule s = make_schedule(ScheduleKind::kZbH1, 2, 2);
   s.steps[1] = {{Phase::kF, 0, 0}, {Phase::kW, 0, 0}, {Phase::kB, 0, 0},  // W before its B

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/model/model.h"
+#include "loom/train/verify.h"
 #include "support/train_threads.h"
 
 namespace loom {
@@ -91,13 +92,18 @@ int64_t activation_bytes(const TrainSummary& s) {
 // zb-h1 and zb-h2 against 1F1B on the same layout: the same forward and backward
 // arithmetic, weight gradients accumulated in the same micro-batch order, so every step's
 // loss and every rank's final weights are equal bit for bit.
-void expect_equal_to_1f1b(const std::vector<std::string>& layout) {
+// (zb-v runs two chunks per rank, so its ranks' parts differ from 1F1B's: the whole model's
+// final weights are compared, which every rank of a pipeline reports.)
+void expect_equal_to_1f1b(const std::vector<std::string>& layout,
+                          const std::vector<const char*>& schedules = {"zb-h1", "zb-h2"}) {
   std::vector<std::string> sets = layout;
   sets.push_back("parallel.schedule=1f1b");
   const std::vector<TrainSummary> ref = testing_support::train_keeping_params(base(sets));
-  for (const char* zb : {"zb-h1", "zb-h2"}) {
+  for (const char* zb : schedules) {
     sets.back() = std::string("parallel.schedule=") + zb;
+    if (zb == std::string("zb-v")) sets.push_back("parallel.vpp=2");
     const std::vector<TrainSummary> got = testing_support::train_keeping_params(base(sets));
+    if (zb == std::string("zb-v")) sets.pop_back();
     std::string at = zb;
     for (const std::string& s : layout) at += " " + s;
     ASSERT_EQ(got.size(), ref.size()) << at;
@@ -105,7 +111,7 @@ void expect_equal_to_1f1b(const std::vector<std::string>& layout) {
       ASSERT_EQ(ref[r].losses.size(), 3u) << at;
       EXPECT_EQ(got[r].losses, ref[r].losses) << at << " rank " << r;
       // The split ran: the last stage holds W slots (and ZB-H1 / H2 more activations) that 1F1B's does not.
-      if (r + 1 == ref.size()) EXPECT_GT(activation_bytes(got[r]), activation_bytes(ref[r])) << at;
+      if (r + 1 == ref.size() && zb != std::string("zb-v")) EXPECT_GT(activation_bytes(got[r]), activation_bytes(ref[r])) << at;
       ASSERT_EQ(got[r].final_params.size(), ref[r].final_params.size()) << at;
       size_t differ = 0;
       for (size_t i = 0; i < ref[r].final_params.size(); i++) differ += got[r].final_params[i] != ref[r].final_params[i];
@@ -143,11 +149,47 @@ TEST(ZeroBubble, EqualsOneFOneBWithDataAndTensorParallelAndLlama) {
   for (const auto& l : layouts) expect_equal_to_1f1b(l);
 }
 
+// ZB-V against 1F1B, Llama (untied head): bit for bit, for pp 2-4. Gradient clipping is off
+// here: the global norm sums each rank's squares, and zb-v's ranks hold other layers than
+// 1F1B's, so the norm (and a clip coefficient below 1) can differ in its last bit.
+TEST(ZeroBubble, VEqualsOneFOneBOnLlama) {
+  const std::vector<std::string> llama = {"model.preset=llama", "model.layers=8", "model.d_model=64", "model.heads=4",
+                                          "model.kv_heads=2", "model.ffn=96", "optim.grad_clip=0"};
+  for (int pp = 2; pp <= 4; pp++)
+    for (int m : {pp, 2 * pp}) {
+      std::vector<std::string> l = llama;
+      for (std::string s : {"parallel.pp=" + std::to_string(pp), "train.grad_accum=" + std::to_string(m),
+                            "train.batch=" + std::to_string(m)})
+        l.push_back(s);
+      expect_equal_to_1f1b(l, {"zb-v"});
+    }
+}
+
+// ZB-V on GPT: rank 0 holds both ends of the tied embedding, so wte's gradient sums the
+// head's and the embedding's contributions micro-batch by micro-batch, as the single
+// process does, where 1F1B sums each end's and then adds the two. Against the single-process
+// run with loom verify's fp32 bounds (loss 1e-5 relative, weights 1e-4), with dp and tp.
+TEST(ZeroBubble, VOnGptMatchesTheSingleProcessRun) {
+  const Config gpt = base({"model.layers=8", "train.batch=8", "train.steps=6"});
+  std::vector<std::vector<std::string>> layouts = {
+      {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v", "train.grad_accum=4"},
+      {"parallel.pp=4", "parallel.vpp=2", "parallel.schedule=zb-v", "train.grad_accum=8"},
+      {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v", "parallel.dp=2", "train.grad_accum=2"},
+      {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v", "parallel.tp=2", "train.grad_accum=4"}};
+  const std::vector<VerifyRow> rows = verify_layouts(gpt, layouts);
+  ASSERT_EQ(rows.size(), layouts.size());
+  for (size_t i = 0; i < rows.size(); i++)
+    EXPECT_TRUE(rows[i].ok && rows[i].error.empty()) << i << ": " << rows[i].error << " loss rel " << rows[i].max_loss_rel
+                                                     << ", weight " << rows[i].max_weight_abs;
+}
+
 TEST(ZeroBubble, RefusesLayoutsItCannotRunNamingTheFix) {
   for (auto [sets, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"parallel.schedule=zb-h1"}, "needs parallel.pp >= 2"},
            {{"parallel.schedule=zb-h2", "parallel.pp=2", "parallel.recompute=full"}, "use none or selective"},
-           {{"parallel.schedule=zb-h1", "parallel.pp=2", "parallel.vpp=2"}, "needs parallel.schedule = interleaved"}}) {
+           {{"parallel.schedule=zb-h1", "parallel.pp=2", "parallel.vpp=2"}, "needs parallel.schedule = interleaved or zb-v"},
+           {{"parallel.schedule=zb-v", "parallel.pp=2", "parallel.vpp=3", "model.layers=6"}, "set parallel.vpp = 2"},
+           {{"parallel.schedule=zb-v", "parallel.pp=4", "parallel.vpp=2"}, "exceeds model.layers"}}) {
     try {
       base(sets);
       ADD_FAILURE() << "accepted " << sets.back();

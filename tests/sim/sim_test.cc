@@ -224,7 +224,8 @@ TEST(Simulator, InterleavingCutsTheBubbleByVpp) {
 
 // Zero-bubble schedules (Note [B/W split]): the same work per rank as 1F1B (B + W = the
 // joint backward), a smaller bubble (ZB-H1 below 1F1B, ZB-H2 below ZB-H1 on even stages),
-// and the kept upstream gradients on top of the activations in flight.
+// and the kept upstream gradients on top of the activations in flight. ZB-V (two chunks a
+// rank, same work) below half of 1F1B's bubble.
 TEST(Simulator, ZeroBubbleSchedulesMoveWorkIntoTheBubble) {
   for (int m : {8, 16}) {
     SimPlan p = plan_of({"parallel.pp=4", "train.batch=" + std::to_string(m), "train.grad_accum=" + std::to_string(m)});
@@ -242,6 +243,11 @@ TEST(Simulator, ZeroBubbleSchedulesMoveWorkIntoTheBubble) {
       EXPECT_LT(r.bubble_fraction, last) << schedule_name(k) << " m " << m;
       last = r.bubble_fraction;
     }
+    SimPlan v = p;
+    v.cfg.parallel.schedule = ScheduleKind::kZbV, v.cfg.parallel.vpp = 2;
+    const SimResult rv = simulate(v, free_links(4));
+    for (size_t i = 0; i < rv.ranks.size(); i++) EXPECT_NEAR(rv.ranks[i].busy_s, ref.ranks[i].busy_s, 0.02 * ref.ranks[i].busy_s);
+    EXPECT_LT(rv.bubble_fraction, 0.5 * ref.bubble_fraction) << "zb-v m " << m;
   }
 }
 

@@ -138,7 +138,7 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
       // The layout keys are typed in ParallelConfig; these convert their text once.
-      KeyDef{"parallel.schedule", "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2",
+      KeyDef{"parallel.schedule", "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v",
              [](Config& c, const RawValue& v, const std::string& k) { c.parallel.schedule = parse_schedule(parse_string(k, v)); },
              [](const Config& c) { return quote(schedule_name(c.parallel.schedule)); }},
       KeyDef{"parallel.recompute", "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",

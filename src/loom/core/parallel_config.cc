@@ -79,9 +79,12 @@ void check_pipeline(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("parallel.pp x parallel.vpp = " + str(p.pp) + " x " + str(p.vpp) + " = " + str(stages) +
                    " stages exceeds model.layers = " + str(L) + ": every stage needs a layer; valid pp at vpp " +
                    str(p.vpp) + ": 1.." + str(L / p.vpp));
-  if (p.vpp > 1 && p.schedule != ScheduleKind::kInterleaved1F1B)
-    errs.push_back("parallel.vpp = " + str(p.vpp) + " needs parallel.schedule = interleaved (it is '" +
+  if (p.vpp > 1 && p.schedule != ScheduleKind::kInterleaved1F1B && p.schedule != ScheduleKind::kZbV)
+    errs.push_back("parallel.vpp = " + str(p.vpp) + " needs parallel.schedule = interleaved or zb-v (it is '" +
                    schedule_name(p.schedule) + "')");
+  if (p.schedule == ScheduleKind::kZbV && p.vpp != 2)
+    errs.push_back("parallel.schedule = zb-v runs two model chunks per rank in a V: set parallel.vpp = 2 (have " +
+                   str(p.vpp) + ")");
   if (p.schedule == ScheduleKind::kInterleaved1F1B) {
     if (p.vpp < 2 || p.pp < 2)
       errs.push_back("parallel.schedule = interleaved needs parallel.pp >= 2 and parallel.vpp >= 2 (have pp " +
@@ -297,15 +300,16 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::kInterleaved1F1B: return "interleaved";
     case ScheduleKind::kZbH1: return "zb-h1";
     case ScheduleKind::kZbH2: return "zb-h2";
+    case ScheduleKind::kZbV: return "zb-v";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule(const std::string& text) {
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZbH1, ScheduleKind::kZbH2})
+                         ScheduleKind::kZbH1, ScheduleKind::kZbH2, ScheduleKind::kZbV})
     if (text == schedule_name(k)) return k;
-  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1 or zb-h2");
+  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zb-v");
 }
 
 std::vector<Recompute> parse_recompute(const std::string& text) {

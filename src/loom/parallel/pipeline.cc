@@ -80,6 +80,24 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
       tracker_->track(tracker_->category("buffers"), recv_h_.data(), int64_t(recv_h_.size() * sizeof(comm::bf16)));
     send_h_.assign(size_t(schedule.vpp), std::vector<std::vector<comm::bf16>>(size_t(slots)));
   }
+  by_direction_ = schedule.kind == ScheduleKind::kZbV;
+  plan_receive_order();
+}
+
+// For every link into this rank, the tags its sender sends in one step, in its order.
+void PipelineRunner::plan_receive_order() {
+  const Schedule& s = schedule_;
+  const int last = s.pp * s.vpp - 1;
+  for (int from = 0; from < s.pp; ++from) {
+    if (from == pp_rank_) continue;
+    for (const PipeStep& st : s.steps[size_t(from)]) {
+      const int v = s.stage(from, st.chunk);
+      const bool fwd = st.phase == Phase::kF;
+      if (st.phase == Phase::kW || (fwd && v == last) || (!fwd && v == 0)) continue;
+      const StageSite to = s.site(fwd ? v + 1 : v - 1);
+      if (to.rank == pp_rank_) receive_order_[link(from, fwd, false)].push_back(st.micro_batch * s.vpp + to.chunk);
+    }
+  }
 }
 
 namespace {
@@ -101,22 +119,56 @@ comm::Work PipelineRunner::send(comm::Group& link, const float* src, int chunk, 
   return link.send(std::span<const comm::bf16>(h), peer(link), tag, {.async = true});
 }
 
-void PipelineRunner::recv(comm::Group& link, int tag) {
-  if (!bf16_wire_) return (void)link.recv(std::span<float>(recv_buf_), peer(link), tag);
+void PipelineRunner::recv_into(comm::Group& link, int tag, float* dst) {
+  if (!bf16_wire_) return (void)link.recv(std::span<float>(dst, recv_buf_.size()), peer(link), tag);
   link.recv(std::span<comm::bf16>(recv_h_), peer(link), tag);
-  for (size_t i = 0; i < recv_buf_.size(); i++) recv_buf_[i] = comm::bf16_to_float(recv_h_[i]);
+  for (size_t i = 0; i < recv_buf_.size(); i++) dst[i] = comm::bf16_to_float(recv_h_[i]);
+}
+
+// Note [Pipeline transfers]: messages are taken off a link in the order its sender sent
+// them; one that arrives before its step is kept aside until the step asks for it.
+void PipelineRunner::recv(comm::Group& link, int tag) {
+  auto it = expect_.find(&link);
+  if (it == expect_.end()) return recv_into(link, tag, recv_buf_.data());  // forward_only, or no schedule order
+  if (auto e = early_.find({&link, tag}); e != early_.end()) {  // taken off the link before
+    std::copy(e->second.begin(), e->second.end(), recv_buf_.begin());
+    early_.erase(e);
+    return;
+  }
+  std::deque<int>& order = it->second;
+  while (!order.empty() && order.front() != tag) {
+    std::vector<float>& early = early_[{&link, order.front()}];
+    early.resize(recv_buf_.size());
+    recv_into(link, order.front(), early.data());
+    order.pop_front();
+  }
+  LOOM_ASSERT(!order.empty(), "pipeline rank ", pp_rank_, " expects no message tagged ", tag, " on this link");
+  order.pop_front();
+  recv_into(link, tag, recv_buf_.data());
+}
+
+comm::Group* PipelineRunner::link(int peer_rank, bool activation, bool sending) const {
+  // Interleaved and one-chunk schedules: activations flow up the pipeline (wrapping around)
+  // and gradients down, each on its own links. ZB-V's chunk 1 runs the other way: a message
+  // takes the link of its direction, whatever it carries.
+  const bool up = by_direction_ ? (sending ? peer_rank == pp_rank_ + 1 : peer_rank == pp_rank_ - 1) : activation;
+  comm::Group* g = sending ? (up ? links_.fwd_send : links_.bwd_send) : (up ? links_.fwd_recv : links_.bwd_recv);
+  LOOM_ASSERT(g, "pipeline rank ", pp_rank_, " has no link ", sending ? "to" : "from", " rank ", peer_rank);
+  return g;
 }
 
 void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets,
                              float grad_scale, double* loss) {
-  const int v = virtual_stage(chunk);
-  const int tag = micro * schedule_.vpp + chunk;
+  const int v = virtual_stage(chunk), vpp = schedule_.vpp;
   const float* x_in = nullptr;
   if (v > 0) {
-    // The sender's chunk differs from ours only across the wrap-around (rank pp-1 chunk
-    // c-1 -> rank 0 chunk c): tag by the receiving chunk on both sides.
-    recv(*links_.fwd_recv, tag);
-    x_in = recv_buf_.data();
+    const StageSite from = schedule_.site(v - 1);
+    if (from.rank == pp_rank_) {  // ZB-V's turn: the other chunk's output, still held
+      x_in = model_.stage_output(from.chunk, slot_of_[size_t(from.chunk)][size_t(micro)]);
+    } else {
+      recv(*link(from.rank, true, false), micro * vpp + chunk);  // tagged by the receiving chunk
+      x_in = recv_buf_.data();
+    }
   }
   wait_pending(chunk, slot);  // the slot's output may still be on its way out
   if (step_hook_) step_hook_(Phase::kF, micro, chunk, true);  // the step's span starts once its input is here
@@ -125,26 +177,38 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
     *loss += l;
     return;
   }
-  const int next_tag = micro * schedule_.vpp + (pp_rank_ == schedule_.pp - 1 ? chunk + 1 : chunk);
-  sends_[size_t(chunk)][size_t(slot)] = send(*links_.fwd_send, model_.stage_output(chunk, slot), chunk, slot, next_tag);
+  const StageSite to = schedule_.site(v + 1);
+  if (to.rank == pp_rank_) return;
+  sends_[size_t(chunk)][size_t(slot)] =
+      send(*link(to.rank, true, true), model_.stage_output(chunk, slot), chunk, slot, micro * vpp + to.chunk);
 }
 
 // w_slot >= 0: B of a split backward (Note [B/W split] in model/model.h).
 void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
-  const int v = virtual_stage(chunk);
+  const int v = virtual_stage(chunk), vpp = schedule_.vpp;
   const float* dy = nullptr;
   if (!is_last(chunk)) {
-    const int tag = micro * schedule_.vpp + chunk;
-    recv(*links_.bwd_recv, tag);
-    dy = recv_buf_.data();
+    const StageSite from = schedule_.site(v + 1);
+    if (from.rank == pp_rank_) {
+      dy = turn_.at(micro).data();
+    } else {
+      recv(*link(from.rank, false, false), micro * vpp + chunk);
+      dy = recv_buf_.data();
+    }
   }
   wait_pending(chunk, slot);
   if (step_hook_) step_hook_(Phase::kB, micro, chunk, true);
   if (w_slot >= 0) model_.stage_backward_input(chunk, slot, w_slot, dy, B_, T_);
   else model_.stage_backward(chunk, slot, dy, B_, T_);
+  turn_.erase(micro);  // (only ZB-V's turn had one)
   if (v == 0) return;
-  const int prev_tag = micro * schedule_.vpp + (pp_rank_ == 0 ? chunk - 1 : chunk);
-  sends_[size_t(chunk)][size_t(slot)] = send(*links_.bwd_send, model_.stage_input_grad(chunk, slot), chunk, slot, prev_tag);
+  const StageSite to = schedule_.site(v - 1);
+  const float* grad = model_.stage_input_grad(chunk, slot);
+  if (to.rank == pp_rank_) {  // ZB-V's turn: kept until the other chunk's B of this micro-batch
+    turn_[micro].assign(grad, grad + recv_buf_.size());
+    return;
+  }
+  sends_[size_t(chunk)][size_t(slot)] = send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
 }
 
 namespace {
@@ -167,6 +231,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   const size_t n = size_t(B_ * T_);
   std::vector<int32_t> tok(n), tgt(n);
   double loss = 0;
+  expect_ = receive_order_;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
     if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
@@ -198,13 +263,17 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   }
   for (auto& per_chunk : sends_)
     for (auto& w : per_chunk) w.wait();
+  LOOM_ASSERT(early_.empty() && turn_.empty(), "pipeline rank ", pp_rank_, " ended a step with messages unused");
+  expect_.clear();
   return loss;
 }
 
 double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
   double loss = 0;
   const StepHook hook = std::exchange(step_hook_, nullptr);  // validation is not a schedule step
+  for (auto& of : slot_of_) of[0] = 0;  // every chunk runs micro-batch 0 on slot 0 (ZB-V's turn reads it)
   for (int c = 0; c < schedule_.vpp; c++) forward(0, c, 0, tokens, targets, 0.0f, &loss);
+  for (auto& of : slot_of_) of[0] = -1;
   step_hook_ = hook;
   for (auto& per_chunk : sends_)
     for (auto& w : per_chunk) w.wait();

@@ -7,12 +7,18 @@
 // opposite ones. Each of those four directed links is its own two-member group, so a
 // send queued on one link's worker never waits behind a receive on another: sends are
 // asynchronous (the validator's "a step runs once its input exists" model), receives
-// block the compute thread, and per link the order of sends equals the order of
-// receives (both follow the schedule). Messages carry tag = micro-batch x vpp + chunk.
+// block the compute thread. Messages carry tag = micro-batch x vpp + receiving chunk. A
+// receiver takes messages off a link in the order its sender sent them (both follow the
+// schedule, which every rank holds), keeping one that arrives before its step aside: ZB-V
+// sends activations and gradients down the same links in orders the two ends need not
+// share. ZB-V's turn (stages pp - 1 and pp, both on the last rank) is a local hand-over.
 #pragma once
 
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/group.h"
@@ -78,7 +84,7 @@ class PipelineRunner {
   void set_step_hook(StepHook hook) { step_hook_ = std::move(hook); }
 
  private:
-  int virtual_stage(int chunk) const { return chunk * schedule_.pp + pp_rank_; }
+  int virtual_stage(int chunk) const { return schedule_.stage(pp_rank_, chunk); }
   bool is_last(int chunk) const { return virtual_stage(chunk) == schedule_.pp * schedule_.vpp - 1; }
   void forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
                double* loss);
@@ -88,6 +94,10 @@ class PipelineRunner {
   // on a bf16 wire; receives into recv_buf_ (widened from bf16 on a bf16 wire).
   comm::Work send(comm::Group& link, const float* src, int chunk, int slot, int tag);
   void recv(comm::Group& link, int tag);
+  void recv_into(comm::Group& link, int tag, float* dst);
+  // The link to (sending) or from `peer_rank` for an activation or a gradient.
+  comm::Group* link(int peer_rank, bool activation, bool sending) const;
+  void plan_receive_order();
 
   const Schedule& schedule_;
   int pp_rank_;
@@ -107,6 +117,11 @@ class PipelineRunner {
   std::vector<std::vector<std::vector<comm::bf16>>> send_h_;
   MemoryTracker* tracker_ = nullptr;
   StepHook step_hook_;
+  bool by_direction_ = false;  // ZB-V: links chosen by direction, not by what they carry
+  std::map<comm::Group*, std::deque<int>> receive_order_;  // per incoming link: tags in send order, one step
+  std::map<comm::Group*, std::deque<int>> expect_;         // what is left of it this step
+  std::map<std::pair<comm::Group*, int>, std::vector<float>> early_;  // arrived before their step
+  std::map<int, std::vector<float>> turn_;  // ZB-V: micro-batch -> gradient handed from chunk 1 to chunk 0
 };
 
 }  // namespace loom::parallel

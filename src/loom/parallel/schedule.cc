@@ -1,6 +1,7 @@
 #include "loom/parallel/schedule.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <sstream>
 
@@ -81,14 +82,84 @@ std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
   return out;
 }
 
+// ZB-V (Qi et al., ICLR 2024, Sec. 6): chunk 0 of rank r is stage r and chunk 1 stage
+// 2 pp - 1 - r, so rank 0 holds both ends and each rank's two chunks together do equal
+// work. Built by list scheduling on durations F = 4, B = 5, W = 3 ticks (loom's measured
+// ratio on a GPT block, rounded: the input-gradient step carries the attention backward,
+// the weight step only the dW GEMMs): whenever a rank is free it starts one step whose
+// input is done, by priority B (the later stage first, then the smaller micro-batch), then
+// F while it holds fewer than 2 pp chunk activations (1F1B's peak: pp micro-batches of a
+// whole stage), the later stage first, then the W whose B finished first. Per chunk, F, B
+// and W each run in micro-batch order. The order only has to be good; validate() proves it.
+std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m) {
+  const int V = 2 * pp, cap = 2 * pp, cost[3] = {4, 5, 3};
+  auto stage = [&](int r, int c) { return virtual_stage(ScheduleKind::kZbV, pp, r, c); };
+  // done[phase][stage][micro]: the tick it finishes, -1 before it starts.
+  std::vector<std::vector<std::vector<int>>> done(3, std::vector<std::vector<int>>(V, std::vector<int>(m, -1)));
+  std::vector<std::array<int, 3>> next0(pp, {0, 0, 0}), next1 = next0;  // per rank: next micro per phase, chunk 0 / 1
+  std::vector<int> held(pp, 0), free_at(pp, 0);
+  std::vector<std::vector<PipeStep>> out(pp);
+  size_t left = size_t(3 * V * m);
+  for (int t = 0; left > 0; t++) {
+    LOOM_ASSERT(t < 100 * 3 * V * (m + 1), "zb-v list scheduling did not finish");
+    for (int r = 0; r < pp; r++) {
+      if (free_at[r] > t) continue;
+      auto nx = [&](int c) -> std::array<int, 3>& { return c == 0 ? next0[r] : next1[r]; };
+      auto ran_before = [&](int ph, int v, int i) { return done[ph][v][i] >= 0 && done[ph][v][i] <= t; };
+      auto ready = [&](Phase ph, int c) {
+        const int i = nx(c)[size_t(ph)], v = stage(r, c);
+        if (i >= m) return false;
+        if (ph == Phase::kF) return held[r] < cap && (v == 0 || ran_before(0, v - 1, i));
+        if (ph == Phase::kB) return ran_before(0, v, i) && (v == V - 1 || ran_before(1, v + 1, i));
+        return ran_before(1, v, i);
+      };
+      int pick_c = -1;
+      Phase pick = Phase::kF;
+      for (Phase ph : {Phase::kB, Phase::kF})
+        for (int c : {1, 0})
+          if (pick_c < 0 && ready(ph, c)) pick_c = c, pick = ph;
+      if (pick_c < 0) {  // the W whose B ran first
+        int best = -1;
+        for (int c : {0, 1})
+          if (ready(Phase::kW, c)) {
+            const int at = done[1][stage(r, c)][nx(c)[2]];
+            if (best < 0 || at < best) best = at, pick_c = c, pick = Phase::kW;
+          }
+      }
+      if (pick_c < 0) continue;
+      const int i = nx(pick_c)[size_t(pick)]++;
+      free_at[r] = done[size_t(pick)][stage(r, pick_c)][i] = t + cost[int(pick)];
+      held[r] += pick == Phase::kF ? 1 : pick == Phase::kW ? -1 : 0;
+      out[r].push_back({pick, i, pick_c});
+      --left;
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+int virtual_stage(ScheduleKind kind, int pp, int rank, int chunk) {
+  if (kind == ScheduleKind::kZbV) return chunk == 0 ? rank : 2 * pp - 1 - rank;  // the V
+  return chunk * pp + rank;
+}
+
+StageSite Schedule::site(int v) const {
+  for (int r = 0; r < pp; ++r)
+    for (int c = 0; c < vpp; ++c)
+      if (stage(r, c) == v) return {r, c};
+  LOOM_ASSERT(false, "virtual stage ", v, " outside ", pp, " x ", vpp);
+  return {};
+}
 
 char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : 'W'; }
 
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
   LOOM_CHECK(m >= 1, "pipeline: micro-batches must be >= 1, got ", m);
-  if (kind == ScheduleKind::kInterleaved1F1B) {
+  if (kind == ScheduleKind::kZbV) {
+    LOOM_CHECK(vpp == 2, "schedule zb-v runs two model chunks per rank; vpp = ", vpp, ": use vpp = 2");
+  } else if (kind == ScheduleKind::kInterleaved1F1B) {
     LOOM_CHECK(vpp >= 2, "schedule interleaved needs vpp >= 2, got ", vpp, "; use 1f1b for vpp = 1");
     LOOM_CHECK(m % pp == 0, "schedule interleaved needs micro-batches divisible by pp = ", pp, ", got ", m,
                "; use ", (m + pp - 1) / pp * pp, " micro-batches");
@@ -97,6 +168,10 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
                " needs schedule interleaved");
   }
   Schedule s{kind, pp, vpp, m, {}};
+  if (kind == ScheduleKind::kZbV) {
+    s.steps = zero_bubble_v(pp, m);
+    return s;
+  }
   for (int r = 0; r < pp; ++r) {
     switch (kind) {
       case ScheduleKind::kGPipe: s.steps.push_back(gpipe_rank(m)); break;
@@ -104,6 +179,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
       case ScheduleKind::kInterleaved1F1B: s.steps.push_back(interleaved_rank(r, pp, vpp, m)); break;
       case ScheduleKind::kZbH1: s.steps.push_back(zero_bubble_rank(pp - r, r, m)); break;
       case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 2 * r, m)); break;
+      case ScheduleKind::kZbV: break;  // above
     }
   }
   return s;
@@ -129,7 +205,7 @@ ScheduleCheck validate(const Schedule& s) {
   size_t remaining = 0;
   for (const auto& r : s.steps) remaining += r.size();
   auto ready = [&](int r, const PipeStep& st) {
-    const int v = st.chunk * pp + r, mb = st.micro_batch;
+    const int v = s.stage(r, st.chunk), mb = st.micro_batch;
     if (mb < 0 || mb >= m || st.chunk < 0 || st.chunk >= vpp || done[size_t(st.phase)][v][mb]) return false;
     switch (st.phase) {
       case Phase::kF: return v == 0 || done_f[v - 1][mb];
@@ -162,7 +238,7 @@ ScheduleCheck validate(const Schedule& s) {
     for (int r : movers) {  // all movers' inputs were checked before this round's effects
       const PipeStep& st = s.steps[r][next[r]++];
       const size_t c = size_t(st.chunk);
-      done[size_t(st.phase)][st.chunk * pp + r][st.micro_batch] = 1;
+      done[size_t(st.phase)][s.stage(r, st.chunk)][st.micro_batch] = 1;
       int& h = held[r][c];
       int& w = pending[r][c];
       if (st.phase == Phase::kF) count(h, out.chunk_peak_in_flight[r][c], 1);

@@ -36,11 +36,21 @@ struct PipeStep {
   bool forward() const { return phase == Phase::kF; }
 };
 
+// The virtual stage (position in the model, 0 = embedding end) that chunk c of pipeline
+// rank r runs: c * pp + r (Megatron's interleaving; c = 0 without chunks).
+int virtual_stage(ScheduleKind kind, int pp, int rank, int chunk);
+
+struct StageSite {
+  int rank = 0, chunk = 0;
+};
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1, vpp = 1, micro_batches = 1;
   std::vector<std::vector<PipeStep>> steps;  // [pipeline rank] -> ordered steps
   bool split() const { return splits_backward(kind); }  // has W steps
+  int stage(int rank, int chunk) const { return virtual_stage(kind, pp, rank, chunk); }
+  StageSite site(int stage) const;  // the inverse of stage()
 };
 
 // Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,

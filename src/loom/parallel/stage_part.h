@@ -10,8 +10,10 @@
 
 namespace loom::parallel {
 
-// The model part of pipeline rank `pp_rank`: chunk c is virtual stage c x pp + pp_rank.
-ModelPart pipeline_part(const std::vector<int>& stage_layer_counts, int pp, int vpp, int pp_rank);
+// The model part of pipeline rank `pp_rank`: chunk c is virtual_stage(kind, pp, pp_rank, c)
+// (schedule.h); the rank embeds if it runs stage 0 and runs the head if it runs the last.
+ModelPart pipeline_part(const std::vector<int>& stage_layer_counts, int pp, int vpp, int pp_rank,
+                        ScheduleKind kind = ScheduleKind::k1F1B);
 
 // The part pipeline rank `pp_rank`, tp rank `tp_rank` holds under cfg.parallel: the whole
 // model without a pipeline, else its chunks of parallel.pp_layers (or the even split).

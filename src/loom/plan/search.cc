@@ -164,8 +164,10 @@ PlanReport search_plans(const PlanRequest& req) {
           if (pp > 1)
             for (int64_t v : interleave_degrees(L, pp)) scheds.push_back({ScheduleKind::kInterleaved1F1B, v});
           // Zero-bubble schedules: loom's engine runs them; the Megatron runs priced here do not.
-          if (pp > 1 && req.like.framework == sim::Framework::kLoom)
+          if (pp > 1 && req.like.framework == sim::Framework::kLoom) {
             for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) scheds.push_back({k, 1});
+            if (L >= 2 * pp) scheds.push_back({ScheduleKind::kZbV, 2});
+          }
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})

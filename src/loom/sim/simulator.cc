@@ -256,22 +256,28 @@ struct RankState {
 bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vector<std::vector<double>>& fdone,
               std::vector<std::vector<double>>& bdone, RankState& rs, std::vector<SimEvent>* events) {
   using parallel::Phase;
-  const int64_t v = int64_t(st.chunk) * s.pp + r;
+  const int64_t v = parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), st.chunk);
+  // A transfer to or from a stage on the same rank (ZB-V's turn) is a local hand-over.
+  auto hop = [&](int64_t other) {
+    for (int c = 0; c < int(s.vpp); ++c)
+      if (parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), c) == other) return 0.0;
+    return s.p2p_s;
+  };
   const size_t i = size_t(st.micro_batch);
   double dep = 0;
   if (st.phase == Phase::kF) {
     if (v > 0 && fdone[size_t(v - 1)][i] < 0) return false;
-    dep = v > 0 ? fdone[size_t(v - 1)][i] + s.p2p_s : 0;
+    dep = v > 0 ? fdone[size_t(v - 1)][i] + hop(v - 1) : 0;
   } else if (st.phase == Phase::kB) {
     if (fdone[size_t(v)][i] < 0 || (v < s.V - 1 && bdone[size_t(v + 1)][i] < 0)) return false;
-    dep = v < s.V - 1 ? bdone[size_t(v + 1)][i] + s.p2p_s : fdone[size_t(v)][i];
+    dep = v < s.V - 1 ? bdone[size_t(v + 1)][i] + hop(v + 1) : fdone[size_t(v)][i];
   } else {
     if (bdone[size_t(v)][i] < 0) return false;
     dep = bdone[size_t(v)][i];
   }
   const ChunkCost& ch = s.chunks[size_t(v)];
   const Pass pass = st.phase == Phase::kF ? ch.fwd : st.phase == Phase::kW ? ch.wgt : s.split ? minus(ch.bwd, ch.wgt) : ch.bwd;
-  const bool sends = st.phase == Phase::kF ? v < s.V - 1 : st.phase == Phase::kB && v > 0;
+  const bool sends = st.phase == Phase::kF ? v < s.V - 1 && hop(v + 1) > 0 : st.phase == Phase::kB && v > 0 && hop(v - 1) > 0;
   const double start = std::max(rs.free_at, dep), end = start + pass.total();
   const double release = end + (sends && s.plan.blocking_p2p ? s.p2p_s : 0);
   rs.spent.compute += pass.compute;
@@ -381,13 +387,15 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   const ParallelConfig& par = s.plan.cfg.parallel;
   const ModelConfig& model = s.plan.cfg.model;
   const DeviceSpec& dev = s.cluster.device;
-  const bool tied = model.arch == Arch::kGpt && s.pp > 1;
+  const ScheduleKind kind = par.schedule;
+  // GPT's tied wte is copied on the first and last stage's ranks, unless one rank holds both (ZB-V).
+  const bool tied = model.arch == Arch::kGpt && s.pp > 1 && kind != ScheduleKind::kZbV;
   const double G = double(s.dp * s.cp);
   RankReport rep;
   rep.pp_rank = r;
   rep.global_rank = r * s.tp * s.cp * s.dp;
   rep.chunk_in_flight = chunk_peaks(s, st);
-  for (int64_t c = 0; c < s.vpp; ++c) rep.params += s.chunks[size_t(c * s.pp + r)].params;
+  for (int64_t c = 0; c < s.vpp; ++c) rep.params += s.chunks[size_t(parallel::virtual_stage(kind, int(s.pp), int(r), int(c)))].params;
   const double wte = double(model.vocab * model.d_model) / s.x.vocab_t();
   if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
   rep.pipeline_end_s = st.free_at;

@@ -58,7 +58,8 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     }
     LOOM_ASSERT(rc.dp_rank == rc.plan->dp_rank && rc.tp_rank == rc.plan->tp_rank, "groups disagree with the mesh");
     if (world->world_size() > 1) rc.stats = world->group(mesh, {"pp", "dp", "tp"});
-    if (pp > 1 && cfg.model.arch == Arch::kGpt) {
+    // GPT's tied wte: the first and last stage hold a copy each, unless one rank holds both (ZB-V).
+    if (pp > 1 && cfg.model.arch == Arch::kGpt && p.schedule != ScheduleKind::kZbV) {
       std::vector<std::vector<int>> partition;
       for (const auto& pipe : mesh.groups({"pp"})) {
         partition.push_back({pipe.front(), pipe.back()});
@@ -67,7 +68,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
       std::unique_ptr<comm::Group> g = world->group(partition, "embed");
       if (g->size() == 2) rc.embed = std::move(g);
     }
-    if (pp > 1) rc.links = parallel::make_pipe_links(*world, mesh, vpp > 1);
+    if (pp > 1) rc.links = parallel::make_pipe_links(*world, mesh, vpp > 1 && p.schedule == ScheduleKind::kInterleaved1F1B);
   }
   rc.part = rc.plan->part;
   rc.schedule = rc.plan->schedule;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline schedules on this machine (issue 17): for configs A and B at m = 8 micro-batches,
 # pp 2 (one rank per core) and pp 4 (oversubscribed: four ranks on two cores, labelled so),
-# each schedule's measured bubble (Note [Measured bubble] in cli/compare_cmd.cc: from the
+# (and M: B's blocks on even stages) each schedule's measured bubble (Note [Measured bubble] in cli/compare_cmd.cc: from the
 # run's --trace, the first step left out) and steady global tokens/s, against 1F1B in the
 # same run, and the simulator's predicted bubble for the same layout (--cluster local).
 # Needs a release build; calibrates the local cluster first unless it exists.
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}; shift || true
 configs=${*:-A B}
-schedules=${SCHEDULES:-1f1b zb-h1 zb-h2}
+schedules=${SCHEDULES:-1f1b zb-h1 zb-h2 zb-v}
 loom=build/release/loom
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -20,6 +20,9 @@ model_sets() {
   case $1 in
     A) echo "model.preset=tiny train.batch=16" ;;
     B) echo "model.preset=gpt2 model.layers=6 model.d_model=384 model.heads=6 model.ffn=1536 model.ctx=256 train.batch=8" ;;
+    # B's blocks with 8 layers and a 2,048-token vocabulary: stages of equal work, so the
+    # bubble is the schedule's (B's is its 50,257-row LM head on the last stage).
+    M) echo "model.preset=gpt2 model.layers=8 model.d_model=384 model.heads=6 model.ffn=1536 model.ctx=256 model.vocab=2048 train.batch=8" ;;
   esac
 }
 
@@ -37,10 +40,16 @@ for c in $configs; do
     note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
     ref_bubble="" ref_tok=""
     for s in $schedules; do
-      env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --grad-accum 8 --schedule "$s" \
+      vpp=1; [[ $s == zb-v ]] && vpp=2
+      layers=$(model_sets "$c" | { grep -o "model.layers=[0-9]*" || true; } | cut -d= -f2); layers=${layers:-4}  # tiny: 4
+      if (( layers < pp * vpp )); then
+        printf "%-4s %-14s %-7s %s\n" "$c" "pp$pp m8" "$s" "n/a: $layers layers < pp x vpp = $((pp * vpp))"
+        continue
+      fi
+      env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --vpp "$vpp" --grad-accum 8 --schedule "$s" \
         --set $(model_sets "$c") checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 \
         "train.steps=$((steps + 2))" train.threads=1 --trace "$tmp/m.json" > "$tmp/m.out" 2> "$tmp/m.err"
-      "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --grad-accum 8 --schedule "$s" \
+      "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --vpp "$vpp" --grad-accum 8 --schedule "$s" \
         --set $(model_sets "$c") --trace "$tmp/p.json" > /dev/null
       read -r pred meas < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
 import json, sys

@@ -58,7 +58,8 @@ PipeLinks make_pipe_links(comm::World& world, const comm::Mesh& mesh, bool wrap)
 // and boundary gradient is rounded to bf16 (nearest even) by its sender and widened by its
 // receiver, halving the bytes on the link. The sender keeps its own fp32 values; the
 // receiving stage computes with (and saves) the rounded input, so the residual stream and
-// its gradient pick up one bf16 rounding (2^-8 relative) at each stage boundary.
+// its gradient pick up one bf16 rounding (2^-8 relative) at each stage boundary that
+// crosses ranks (ZB-V's turn is a local hand-over and stays fp32).
 class PipelineRunner {
  public:
   // `model` holds pipeline_part(...) of this rank with at least peak-in-flight slots;

@@ -251,6 +251,22 @@ TEST(Simulator, ZeroBubbleSchedulesMoveWorkIntoTheBubble) {
   }
 }
 
+// Note [Resident memory]: loom's ZeRO-2 re-faults the gradient pages it does not own on
+// every micro-batch's backward: (1 - 1/dp) x 4 bytes x params / page_fault_bw per
+// micro-batch, on the critical path (one stage, so it adds to the step as it is).
+TEST(Simulator, LoomZero2PaysForReFaultingReleasedGradientPages) {
+  SimPlan p = plan_of({"model.layers=4", "parallel.dp=2", "parallel.zero=2", "train.batch=8", "train.grad_accum=2"});
+  p.framework = Framework::kLoom;
+  ClusterSpec c = free_links(2), faults = c;
+  faults.device.page_fault_bw = 2e9;
+  const SimResult base = simulate(p, c), with = simulate(p, faults);
+  const double params = base.ranks[0].params, expect = 2 * 0.5 * 4 * params / 2e9;
+  EXPECT_NEAR(with.step_time_s - base.step_time_s, expect, 1e-6 * base.step_time_s);
+  SimPlan z1 = p;  // ZeRO-1 keeps its gradients resident
+  z1.cfg.parallel.zero = 1;
+  EXPECT_DOUBLE_EQ(simulate(z1, faults).step_time_s, simulate(z1, c).step_time_s);
+}
+
 TEST(Simulator, SingleDeviceStepIsTheSumOfItsKernels) {
   // pp = 1, dp = 1: step = m x (fwd + bwd) of every op + optimizer, computed independently.
   const SimPlan p = plan_of({"train.batch=4", "train.grad_accum=2", "parallel.recompute=full"});

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,7 +19,9 @@ inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions 
   std::ostringstream sink;
   if (!o.out) o.out = &sink;
   if (!o.err) o.err = &sink;
-  const auto errors = comm::run_threads(int(c.parallel.world()), {}, [&](comm::World& w) {
+  comm::CommOptions copt;  // the config's bound, as loom verify and loom train use it
+  copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
+  const auto errors = comm::run_threads(int(c.parallel.world()), copt, [&](comm::World& w) {
     out[size_t(w.global_rank())] = train(c, o, w);
   });
   EXPECT_EQ(errors, std::vector<std::string>(errors.size()));

@@ -14,6 +14,7 @@
 #include "loom/comm/bench.h"
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 #include "loom/kernels/kernels.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -119,6 +120,20 @@ std::vector<std::pair<double, double>> memory_rates(const Kernels& k, double bud
   return out;
 }
 
+// Bytes/s of a read-modify-write pass (as `dw += ...`) over 64 MiB the OS has just taken
+// back, on this thread: the cost of re-faulting released ZeRO pages (DeviceSpec::page_fault_bw).
+double page_fault_rate(double budget) {
+  const size_t n = size_t(16) << 20;  // floats
+  std::vector<float> buf(n, 1.0f);
+  const double t = time_it(
+      [&] {
+        release_pages(buf.data(), int64_t(n * sizeof(float)));
+        for (size_t i = 0; i < n; i += 1024) buf[i] += 1.0f;  // one touch per 4 KiB page
+      },
+      budget);
+  return double(n * sizeof(float)) / t;
+}
+
 double launch_overhead_s(const Kernels& k, double budget) {
   std::vector<float> a(16), b(16), y(16);
   return time_it([&] { k.residual_forward(y.data(), a.data(), b.data(), 16); }, budget);
@@ -184,6 +199,8 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.memory_bw = bw;
   say("memory-bound kernels: best " + std::to_string(bw / 1e9) + " GB/s");
   c.device.kernel_overhead_s = launch_overhead_s(k, o.seconds_per_point);
+  c.device.page_fault_bw = page_fault_rate(o.seconds_per_point);
+  say("re-faulting released pages: " + std::to_string(c.device.page_fault_bw / 1e9) + " GB/s");
   c.device.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   // Links inside the one node: the formula's fallback, from the measured 2-rank all-reduce.
   c.busbw = collective_tables(o);

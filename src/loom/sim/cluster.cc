@@ -176,7 +176,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   TableReader d(root.sub("device"), "device.", origin,
                 {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
                  "gemm_efficiency", "memory_efficiency", "attention_efficiency", "gemm_backward_factor",
-                 "kernel_overhead_us", "shared"});
+                 "kernel_overhead_us", "shared", "page_fault_gbps"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -194,6 +194,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   if (root.sub("device") && root.sub("device")->get("gemm_backward_factor"))
     c.device.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
+  c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
   c.device.shared = d.boolean("shared", false);
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
@@ -259,7 +260,7 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   }
   if (c.device.shared) {  // each rank gets its share of the one processor
     const double n = double(c.devices_per_node);
-    c.device.peak_flops /= n, c.device.memory_bw /= n, c.device.memory_bytes /= n;
+    c.device.peak_flops /= n, c.device.memory_bw /= n, c.device.memory_bytes /= n, c.device.page_fault_bw /= n;
   }
   return c;
 }
@@ -291,6 +292,7 @@ std::string cluster_to_toml(const ClusterSpec& c) {
     os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
   if (!c.device.gemm_backward_factor.points.empty())
     os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
+  if (c.device.page_fault_bw > 0) os << "\npage_fault_gbps = " << c.device.page_fault_bw / 1e9;
   os << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6
      << "\nshared = " << (c.device.shared ? "true" : "false") << "\n";
   tier("intra", c.intra);

@@ -35,6 +35,10 @@ struct DeviceSpec {
   // bf16, three operand conversions); empty: 1, the two GEMMs of the same size.
   Curve gemm_backward_factor;
   double kernel_overhead_s = 0;   // added to every kernel
+  // Bytes/s of writing into pages the OS has taken back (read-modify-write, as a gradient
+  // accumulates): loom's engine releases the pieces ZeRO-2/3 do not own after each use
+  // (Note [Resident memory]), and the next write faults them in zeroed. 0: not modelled.
+  double page_fault_bw = 0;
   bool shared = false;            // the node's devices share one processor (loom ranks on a CPU):
                                   // peak, bandwidth and memory are divided among them
 };

@@ -212,6 +212,16 @@ void build_chunks(Setup& s) {
   }
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
+  // Note [Resident memory]: loom's engine hands the gradient pages of the ZeRO-2/3 pieces it
+  // does not own back to the OS after each reduction, and the next backward's `dW +=`
+  // faults them in again (its gradients are fp32 in every precision): seconds per
+  // parameter, every micro-batch without a pipeline
+  // (each reduces), once per step with one (the reduction waits for the last micro-batch).
+  // (ZeRO-3's parameter pages fault in the gathers, on the comm path; not modelled.)
+  const double G = double(s.dp * s.cp), fault_bw = s.cluster.device.page_fault_bw;
+  const double refault = s.plan.framework == Framework::kLoom && par.zero >= 2 && G > 1 && fault_bw > 0
+                             ? (1 - 1 / G) * 4.0 / fault_bw / (s.pp > 1 ? double(s.m) : 1.0)
+                             : 0.0;
   s.chunks.assign(static_cast<size_t>(s.V), ChunkCost{});
   int64_t first = 0;
   for (int64_t v = 0; v < s.V; ++v) {
@@ -241,6 +251,7 @@ void build_chunks(Setup& s) {
       add_unit(ch, head, 1);
       ch.params += head_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
     }
+    ch.bwd.compute += refault * ch.params;
   }
 }
 

@@ -1,13 +1,18 @@
-// Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine,
-// ranks as threads) step time and rank-0 peak memory for 12+ layouts of configs A and B;
-// with a bf16 spec (`loom calibrate --precision bf16`), also train.precision = bf16 rows.
+// Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine)
+// step time and rank-0 peak memory for 12+ layouts of configs A and B; with a bf16 spec
+// (`loom calibrate --precision bf16`), also train.precision = bf16 rows. The engine runs as
+// users run it, one process per rank (`loom train --nproc`, MPI); --threads runs the ranks
+// as threads of this process instead (the thread backend), where every madvise of ZeRO-2/3
+// shoots down all the ranks' TLBs and their steps come out slower than as processes.
 //   build/release/loom calibrate --out /tmp/local.toml
 //   build/release/loom calibrate --precision bf16 --out /tmp/local-bf16.toml
-//   build/release/bench/sim_vs_engine /tmp/local.toml [steps] [/tmp/local-bf16.toml]
+//   build/release/bench/sim_vs_engine /tmp/local.toml [steps] [/tmp/local-bf16.toml] [--threads]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -41,6 +46,38 @@ Measured run_engine(const loom::Config& c) {
   return m;
 }
 
+// One process per rank through `loom train --nproc`: the median step (elapsed_s deltas of
+// the --json lines, the first step left out) and rank 0's peak resident memory (its report
+// line: params, grads, optimizer, activations, buffers in MiB).
+Measured run_processes(const std::string& loom, const std::vector<std::string>& sets, int64_t world) {
+  std::string cmd = loom + " train --json --nproc " + std::to_string(world) + " --set train.log_every=1";
+  for (const auto& s : sets) cmd += " --set '" + s + "'";
+  cmd += " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) throw loom::Error("cannot run " + cmd);
+  std::vector<double> elapsed;
+  Measured m;
+  std::string all;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f)) {
+    const std::string line = buf;
+    all += line;
+    if (const size_t at = line.find("\"elapsed_s\":"); at != std::string::npos && line.find("tokens_per_s") != std::string::npos)
+      elapsed.push_back(std::strtod(line.c_str() + at + 12, nullptr));
+    if (line.rfind("memory (rank 0, peak resident MiB):", 0) == 0)
+      for (const char* k : {" params ", " grads ", " optimizer ", " activations ", " buffers "})
+        if (const size_t at = line.find(k); at != std::string::npos)
+          m.memory_bytes += std::strtod(line.c_str() + at + std::strlen(k), nullptr) * double(1 << 20);
+  }
+  if (::pclose(f) != 0 || elapsed.size() < 3 || m.memory_bytes <= 0)
+    throw loom::Error("engine run failed: " + cmd + "\n" + all.substr(all.size() > 2000 ? all.size() - 2000 : 0));
+  std::vector<double> steps;
+  for (size_t i = 2; i < elapsed.size(); i++) steps.push_back(elapsed[i] - elapsed[i - 1]);  // from step 2 on
+  std::sort(steps.begin(), steps.end());
+  m.step_s = steps[steps.size() / 2];
+  return m;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -48,11 +85,26 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The arguments with --threads taken out; *threads says whether it was given.
+static std::vector<char*> positional(int argc, char** argv, bool* threads) {
+  std::vector<char*> out;
+  for (int i = 0; i < argc; i++) {
+    if (std::strcmp(argv[i], "--threads") == 0) *threads = true;
+    else out.push_back(argv[i]);
+  }
+  return out;
+}
+
+int main(int argc_in, char** argv_in) {
+  bool threads = false;
+  std::vector<char*> args = positional(argc_in, argv_in, &threads);
+  const int argc = int(args.size());
+  char** argv = args.data();
   if (argc < 2) {
-    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps] [LOCAL_BF16_CLUSTER.toml]\n");
+    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps] [LOCAL_BF16_CLUSTER.toml] [--threads]\n");
     return 2;
   }
+  const std::string loom_bin = std::string(argv[0]).substr(0, std::string(argv[0]).rfind('/') + 1) + "../loom";
   const int steps = argc > 2 ? std::atoi(argv[2]) : 6;
   try {
     // Config A: GPT 4 x 256 (~3.4M params), B: GPT 8 x 256; sequences of 128, batch 8.
@@ -98,7 +150,7 @@ int main(int argc, char** argv) {
           plan.cfg = loom::load_config("", sets);
           const loom::sim::ClusterSpec cluster = loom::sim::load_cluster(spec, {}, plan.gpus(), spec);
           const loom::sim::SimResult r = loom::sim::simulate(plan, cluster);
-          const Measured m = run_engine(plan.cfg);
+          const Measured m = threads ? run_engine(plan.cfg) : run_processes(loom_bin, sets, world);
           const double pm = r.ranks[0].memory.total();
           (pass == 0 ? time_errs : bf16_time_errs).push_back(std::fabs(r.step_time_s / m.step_s - 1));
           mem_errs.push_back(std::fabs(pm / m.memory_bytes - 1));

@@ -2,6 +2,8 @@
 // Korthikanti et al.'s activation memory, the schedule replay, and the published runs.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <algorithm>
 #include <cmath>
 
@@ -41,6 +43,31 @@ TEST(Cluster, SetsOverrideAndRoundTripThroughToml) {
   EXPECT_EQ(back.nodes, 2);
   EXPECT_DOUBLE_EQ(back.device.memory_bytes, c.device.memory_bytes);
   EXPECT_EQ(back.device.gemm_efficiency.points, c.device.gemm_efficiency.points);
+}
+
+// A calibrated CPU (shared device) prices ranks that get at most one thread each with the
+// one-thread curves (fractions of peak / threads), and the one-process layouts with the
+// all-thread curves; the file round-trips both.
+TEST(Cluster, SharedCpuPicksTheOneThreadCurvesWhenRanksFillTheThreads) {
+  ClusterSpec cpu = load_cluster("dgx-a100", {}, 8, "");
+  cpu.device.shared = true;
+  cpu.device.threads = 2;
+  cpu.device.gemm_efficiency = {{{1e6, 0.4}, {1e9, 1.0}}};
+  cpu.device.gemm_efficiency_1t = {{{1e6, 0.7}, {1e9, 1.0}}};
+  cpu.device.attention_efficiency_1t = {{{1e6, 0.5}}};
+  cpu.device.memory_efficiency_1t = {{{1e6, 1.2}}};  // one busy core can beat half the bandwidth
+  cpu.nodes = 1, cpu.devices_per_node = 64;
+  const std::string text = cluster_to_toml(cpu);
+  const ClusterSpec back = cluster_from_toml(text, "roundtrip");
+  EXPECT_EQ(back.device.threads, 2);
+  EXPECT_EQ(back.device.memory_efficiency_1t.points, cpu.device.memory_efficiency_1t.points);
+  const std::string path = ::testing::TempDir() + "/shared_cpu.toml";
+  std::ofstream(path) << text;
+  const ClusterSpec one = load_cluster(path, {}, 1, ""), two = load_cluster(path, {}, 2, "");
+  EXPECT_DOUBLE_EQ(one.device.gemm_efficiency.at(1e6), 0.4);  // one rank, both threads
+  EXPECT_DOUBLE_EQ(two.device.gemm_efficiency.at(1e6), 0.7);  // two ranks, a thread each
+  EXPECT_DOUBLE_EQ(two.device.memory_efficiency.at(1e6), 1.2);
+  EXPECT_DOUBLE_EQ(two.device.peak_flops, one.device.peak_flops / 2);
 }
 
 TEST(Cluster, BadSpecsNameTheKey) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -30,7 +31,10 @@ namespace loom {
 // attention kernel gets its own curve (x = its FLOPs), and the linear layer's backward its
 // measured time over twice the forward's (gemm_backward_factor). Collectives are timed with loom's
 // collective layer over the thread backend (ranks in one process, like `loom verify`).
-// Every number in the written file is a measurement, with the date it was taken.
+// The kernels are timed twice: on all threads (one rank per machine) and one thread per core
+// with every core running its own copy (ranks that fill the cores, each with one thread; small
+// kernels scale worse over threads than over processes). Every number in the written file is a
+// measurement, with the date it was taken.
 
 namespace {
 
@@ -163,6 +167,44 @@ std::vector<sim::BusbwTable> collective_tables(const CalibrateOptions& o) {
   return out;
 }
 
+// The rates `fn` measures when every one of `threads` threads runs its own copy at once
+// (each single-threaded: OpenBLAS and the kernels' loops run serially inside a parallel
+// region), averaged over the threads: one rank per core, all busy.
+std::vector<std::pair<double, double>> concurrently(int threads,
+                                                    const std::function<std::vector<std::pair<double, double>>()>& fn) {
+  std::vector<std::vector<std::pair<double, double>>> per(static_cast<size_t>(threads));
+#pragma omp parallel num_threads(threads)
+  per[size_t(omp_get_thread_num())] = fn();
+  std::vector<std::pair<double, double>> out = per[0];
+  for (size_t i = 0; i < out.size(); i++) {
+    for (size_t t = 1; t < per.size(); t++) out[i].second += per[t][i].second;
+    out[i].second /= double(threads);
+  }
+  return out;
+}
+
+// Note [Calibration]: with `threads` > 1, the kernels again one thread per core with every
+// core busy, as fractions of peak / threads and bandwidth / threads
+// (DeviceSpec::*_efficiency_1t): what a rank gets when the ranks fill the cores (dp 2 on two).
+void one_thread_curves(const Kernels& k, const CalibrateOptions& o, int threads, sim::DeviceSpec& d) {
+  d.threads = threads;
+  if (threads <= 1) return;
+  auto relative = [](std::vector<std::pair<double, double>> rates, double share) {
+    std::sort(rates.begin(), rates.end());
+    sim::Curve c;
+    for (const auto& [x, rate] : rates) c.points.emplace_back(x, std::max(1e-4, rate / share));
+    return c;
+  };
+  const double b = o.seconds_per_point;
+  d.gemm_efficiency_1t = relative(concurrently(threads, [&] {
+                                    std::vector<std::pair<double, double>> unused;
+                                    return gemm_rates(k, b, unused);
+                                  }),
+                                  d.peak_flops / threads);
+  d.attention_efficiency_1t = relative(concurrently(threads, [&] { return attention_rates(k, b); }), d.peak_flops / threads);
+  d.memory_efficiency_1t = relative(concurrently(threads, [&] { return memory_rates(k, b); }), d.memory_bw / threads);
+}
+
 }  // namespace
 
 sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
@@ -199,6 +241,9 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.memory_bw = bw;
   say("memory-bound kernels: best " + std::to_string(bw / 1e9) + " GB/s");
   c.device.kernel_overhead_s = launch_overhead_s(k, o.seconds_per_point);
+  one_thread_curves(k, o, threads, c.device);
+  if (threads > 1) say("one thread: best gemm " + std::to_string(c.device.gemm_efficiency_1t.points.back().second) +
+                       " of peak / " + std::to_string(threads));
   c.device.page_fault_bw = page_fault_rate(o.seconds_per_point);
   say("re-faulting released pages: " + std::to_string(c.device.page_fault_bw / 1e9) + " GB/s");
   c.device.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));

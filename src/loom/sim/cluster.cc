@@ -176,7 +176,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   TableReader d(root.sub("device"), "device.", origin,
                 {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
                  "gemm_efficiency", "memory_efficiency", "attention_efficiency", "gemm_backward_factor",
-                 "kernel_overhead_us", "shared", "page_fault_gbps"});
+                 "kernel_overhead_us", "shared", "page_fault_gbps", "threads", "gemm_efficiency_1t",
+                 "attention_efficiency_1t", "memory_efficiency_1t"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -196,6 +197,13 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
   c.device.shared = d.boolean("shared", false);
+  c.device.threads = d.integer("threads", 0);
+  if (root.sub("device") && root.sub("device")->get("gemm_efficiency_1t")) {  // all three or none
+    const double most = double(std::max<int64_t>(1, c.device.threads));  // one thread can beat 1/threads
+    c.device.gemm_efficiency_1t = d.curve("gemm_efficiency_1t", most);
+    c.device.attention_efficiency_1t = d.curve("attention_efficiency_1t", most);
+    c.device.memory_efficiency_1t = d.curve("memory_efficiency_1t", most);
+  }
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
   if (const toml::node* b = tbl.get("busbw")) {
@@ -261,6 +269,14 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   if (c.device.shared) {  // each rank gets its share of the one processor
     const double n = double(c.devices_per_node);
     c.device.peak_flops /= n, c.device.memory_bw /= n, c.device.memory_bytes /= n, c.device.page_fault_bw /= n;
+    DeviceSpec& d = c.device;
+    if (d.threads > 1 && c.devices_per_node >= d.threads && !d.gemm_efficiency_1t.points.empty()) {
+      // At most one thread per rank: the one-thread curves. They are fractions of
+      // peak / threads; a rank holding threads / n of a thread runs at that fraction of
+      // peak / n (the share set just above), whether n equals threads or exceeds it.
+      d.gemm_efficiency = d.gemm_efficiency_1t, d.attention_efficiency = d.attention_efficiency_1t;
+      d.memory_efficiency = d.memory_efficiency_1t;
+    }
   }
   return c;
 }
@@ -293,6 +309,11 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   if (!c.device.gemm_backward_factor.points.empty())
     os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
   if (c.device.page_fault_bw > 0) os << "\npage_fault_gbps = " << c.device.page_fault_bw / 1e9;
+  if (c.device.threads > 0) os << "\nthreads = " << c.device.threads;
+  if (!c.device.gemm_efficiency_1t.points.empty())
+    os << "\ngemm_efficiency_1t = " << curve(c.device.gemm_efficiency_1t)
+       << "\nattention_efficiency_1t = " << curve(c.device.attention_efficiency_1t)
+       << "\nmemory_efficiency_1t = " << curve(c.device.memory_efficiency_1t);
   os << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6
      << "\nshared = " << (c.device.shared ? "true" : "false") << "\n";
   tier("intra", c.intra);

@@ -41,6 +41,13 @@ struct DeviceSpec {
   double page_fault_bw = 0;
   bool shared = false;            // the node's devices share one processor (loom ranks on a CPU):
                                   // peak, bandwidth and memory are divided among them
+  // Shared devices (Note [Calibration]): the processor's threads, and the curves measured
+  // with one thread, as fractions of peak / threads and memory_bw / threads. Ranks that
+  // get one thread each (at least `threads` of them) are priced with these: small kernels
+  // scale worse over threads, so one-thread ranks get more from a core than 1/threads of
+  // the all-thread rate. Empty: the all-thread curves for every rank count.
+  int64_t threads = 0;
+  Curve gemm_efficiency_1t, attention_efficiency_1t, memory_efficiency_1t;
 };
 
 struct LinkTier {

@@ -301,7 +301,8 @@ std::vector<std::string> given_model_keys(const std::vector<Assignment>& a, cons
 void complete_model_by_shape(ModelConfig& m, const std::vector<std::string>& given) {
   if (given.empty()) return;
   auto has = [&](const char* k) { return std::find(given.begin(), given.end(), k) != given.end(); };
-  if (has("model.d_model") && !has("model.ffn")) {
+  // (A d_model beyond 2^40 is left for validation to refuse: 8 x d_model must not overflow.)
+  if (has("model.d_model") && !has("model.ffn") && m.d_model > 0 && m.d_model < (int64_t(1) << 40)) {
     if (m.arch == Arch::kGpt) {
       m.ffn = 4 * m.d_model;
       m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (4 x d_model, GPT)");

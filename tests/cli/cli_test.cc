@@ -39,6 +39,9 @@ TEST(Cli, UsageAndConfigErrorsExitTwo) {
   EXPECT_EQ(run("ckpt").code, 2);                  // inspect or convert
   expect_usage_error("ckpt convert --in /nonexistent --out /tmp/x --dp 2", "holds no sharded checkpoint");
   expect_usage_error("ckpt inspect --verify /nonexistent", "holds no sharded checkpoint");
+  expect_usage_error("train --set train.device=tpu", "train.device = 'tpu': expected cpu or cuda");
+  // The default build has no CUDA backend: asked for, it says how to get one.
+  expect_usage_error("train --device cuda --precision bf16", "built without CUDA; rebuild with");
 }
 
 TEST(Cli, RuntimeErrorsExitOneWithoutPartialCheckpoints) {

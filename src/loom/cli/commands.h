@@ -33,6 +33,7 @@ struct TrainArgs {
   int64_t save_every = -1;
   bool overwrite = false;
   std::string precision;  // train.precision when given
+  std::string device;     // train.device when given
 };
 // Under mpirun (or with --nproc) trains one rank of the parallel layout.
 int run_train(const TrainArgs& a, int argc, char** argv);

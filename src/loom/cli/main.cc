@@ -142,6 +142,8 @@ void add_train_commands(CLI::App& app, Args& a, std::vector<Command>& cmds, int 
       ->check(at_least(0));
   t->add_option("--precision", train.precision, "fp32, bf16 or fp16 (train.precision; fp16 turns on dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  t->add_option("--device", train.device, "cpu or cuda (train.device; cuda: one GPU in bf16, a -DLOOM_CUDA=ON build)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   t->add_option("--resume", train.resume, "auto (newest checkpoint in checkpoint.dir that loads, if any) or a checkpoint directory");
   t->add_flag("--overwrite", train.overwrite, "Start fresh in a checkpoint.dir holding an earlier run: move its "
                                               "checkpoints into checkpoint.dir/replaced-<time>/ (nothing is deleted)");

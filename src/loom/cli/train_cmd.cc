@@ -21,6 +21,9 @@
 #include "loom/core/error.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/train/trainer.h"
+#if LOOM_CUDA
+#include "loom/cuda/train.h"
+#endif
 #include "loom/train/verify.h"
 
 namespace loom::cli {
@@ -41,6 +44,16 @@ std::vector<std::string> LayoutFlags::as_sets() const {
 
 namespace {
 
+TrainSummary train_on_device(const Config& cfg, const TrainOptions& opt) {
+#if LOOM_CUDA
+  return cuda::train(cfg, opt);
+#else
+  (void)opt;
+  throw ConfigError("train.device = " + cfg.train.device + ": this loom was built without CUDA; rebuild with "
+                    "`cmake --preset cuda && cmake --build --preset cuda` (needs nvcc), or use train.device = cpu");
+#endif
+}
+
 int train_this_rank(const TrainArgs& a, const Config& cfg) {
   TrainOptions opt;
   opt.json = a.json;
@@ -52,7 +65,11 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   opt.overwrite = a.overwrite;
   TrainSummary s;
   bool logging = true;
-  if (comm::launched_by_mpi()) {
+  if (cfg.train.device == "cuda") {
+    LOOM_CONFIG_CHECK(!comm::launched_by_mpi(), "train.device = cuda trains on one GPU in one process; launch it "
+                                                "without mpirun (multi-GPU training waits for the NCCL backend)");
+    s = train_on_device(cfg, opt);
+  } else if (comm::launched_by_mpi()) {
     join_supervisor();
     comm::CommOptions co;
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
@@ -76,6 +93,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   for (auto& s : a.layout.as_sets()) sets.push_back(s);
   if (a.save_every >= 0) sets.push_back("checkpoint.save_every=" + std::to_string(a.save_every));
   if (!a.precision.empty()) sets.push_back("train.precision=" + a.precision);
+  if (!a.device.empty()) sets.push_back("train.device=" + a.device);
   const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
   if (!comm::launched_by_mpi()) {  // refused before any launch; rank 0 checks again under the lock
     check_output_file(a.trace, "--trace");

@@ -194,6 +194,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, val_batches, "batches per validation"),
       LOOM_INT_KEY(train, log_every, "steps between log lines"),
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
+      LOOM_STRING_KEY(train, device, "cpu | cuda (one GPU, bf16; needs a build with -DLOOM_CUDA=ON)"),
       LOOM_STRING_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)"),
       LOOM_STRING_KEY(train, loss_scale, "auto (dynamic for fp16, else none) | dynamic | none | a power of two (static)"),
       LOOM_FLOAT_KEY(train, loss_scale_init, "dynamic loss scaling: the first scale (a power of two)"),
@@ -501,6 +502,8 @@ bool check_train(const TrainConfig& t, const ModelConfig& m, std::vector<std::st
   if (t.val_every < 0) errs.push_back("train.val_every = " + std::to_string(t.val_every) + ": expected >= 0");
   if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
   if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
+  if (t.device != "cpu" && t.device != "cuda")
+    errs.push_back("train.device = '" + t.device + "': expected cpu or cuda");
   if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16")
     errs.push_back("train.precision = '" + t.precision + "': expected fp32, bf16 or fp16");
   append_loss_scale_errors(t, errs);

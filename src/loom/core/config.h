@@ -48,6 +48,7 @@ struct TrainConfig {
   int64_t val_batches = 8;
   int64_t log_every = 10;
   int64_t threads = 0;         // 0: OpenMP default
+  std::string device = "cpu";      // cpu | cuda (a -DLOOM_CUDA=ON build, one GPU; Note [CUDA precision] in cuda/ops.h)
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation; Note [bf16 rounding points])
   // Note [Dynamic loss scaling]: auto (dynamic for fp16, else none) | dynamic | none | a
   // static power of two. Scales are powers of two; growth x2 and backoff x1/2 are fixed.

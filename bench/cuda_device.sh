@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine (issue 20) from the repository root, with .device/ carried
+# (scripts/cuda_bundle.sh): the CUDA tests, compute-sanitizer on them, GPU-vs-CPU parity
+# of short training runs (GPT and Llama, bf16), CPU <-> GPU checkpoint resumes, and the
+# GPT-2 124M benchmark against PyTorch eager and torch.compile on the same GPU.
+#   bench/cuda_device.sh [tests] [parity] [bench] [profile]   (default: the first three;
+#   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
+set -uo pipefail
+B=${BENCH_BATCH:-16}
+what=${*:-tests parity bench}
+out=/tmp/cuda-device; rm -rf $out; mkdir -p "$out"  # logs; the summary goes to $OUT
+root=/tmp/loom-bundle
+rm -rf $root && mkdir -p $root && tar -C $root -xJf .device/bundle.tar.xz
+export LD_LIBRARY_PATH=$root/lib
+loom=$root/loom
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+ldd $loom $root/cuda_test | grep "not found" && echo "missing libraries"
+corpus="--set data.path=$root/fortunes"
+cpu_threads=$(nproc)
+
+if [[ $what == *tests* ]]; then
+  echo "== cuda_test"; $root/cuda_test 2>&1 | tee $out/cuda_test.log | tail -25
+  echo "== compute-sanitizer memcheck"
+  compute-sanitizer --tool memcheck --error-exitcode 9 $root/cuda_test 2>&1 | tee $out/memcheck.log | tail -6
+  echo "memcheck exit ${PIPESTATUS[0]}"
+fi
+
+# Loss per step of a --json run: one "step loss" per line.
+losses() { grep '"loss"' | python3 -c 'import sys,json
+for l in sys.stdin:
+    j=json.loads(l); print(j["step"], j["loss"])'; }
+compare() {  # compare NAME FILE_A FILE_B: max relative difference of the losses
+  python3 - "$@" <<'PY'
+import sys
+name, a, b = sys.argv[1:4]
+la = [float(l.split()[1]) for l in open(a)]; lb = [float(l.split()[1]) for l in open(b)]
+n = min(len(la), len(lb)); d = max(abs(x - y) / abs(y) for x, y in zip(la[:n], lb[:n]))
+print(f"{name}: {n} steps, first {la[0]:.4f} vs {lb[0]:.4f}, last {la[n-1]:.4f} vs {lb[n-1]:.4f}, max rel diff {d:.2e}")
+PY
+}
+if [[ $what == *parity* ]]; then
+  echo "== parity: 20 steps, GPU vs CPU, both bf16"
+  for m in tiny llama; do
+    common="--set model.preset=$m --set train.steps=20 --json --precision bf16 $corpus --set train.val_every=0 --set train.log_every=1"
+    $loom train $common --set checkpoint.dir=$out/ck-$m-gpu --device cuda > $out/$m-gpu.json 2>$out/$m-gpu.err || tail -5 $out/$m-gpu.err
+    $loom train $common --set checkpoint.dir=$out/ck-$m-cpu --set train.threads=$cpu_threads > $out/$m-cpu.json 2>$out/$m-cpu.err || tail -5 $out/$m-cpu.err
+    losses < $out/$m-gpu.json > $out/$m-gpu.txt; losses < $out/$m-cpu.json > $out/$m-cpu.txt
+    compare "$m gpu vs cpu" $out/$m-gpu.txt $out/$m-cpu.txt
+  done
+  echo "== checkpoints: 10 steps on one device, resumed to 20 on the other"
+  common="--set model.preset=tiny --set train.steps=20 --json --precision bf16 $corpus --set train.val_every=0 --set train.log_every=1"
+  for first in cuda cpu; do
+    other=$([[ $first == cuda ]] && echo cpu || echo cuda)
+    d=/tmp/ck-$first; rm -rf $d
+    $loom train $common --set train.steps=10 --set checkpoint.dir=$d --device $first > /dev/null 2>$out/ck1.err || tail -5 $out/ck1.err
+    $loom train $common --set checkpoint.dir=$d --resume auto --device $other --set train.threads=$cpu_threads \
+      > $out/resume-$first.json 2>$out/ck2.err || tail -5 $out/ck2.err
+    losses < $out/resume-$first.json > $out/resume-$first.txt
+    straight=$([[ $other == cuda ]] && echo gpu || echo cpu)
+    tail -10 $out/tiny-$straight.txt > $out/straight-$other.txt
+    compare "saved on $first, resumed on $other (steps 11-20) vs $other straight" $out/resume-$first.txt $out/straight-$other.txt
+  done
+fi
+
+if [[ $what == *bench* ]]; then
+  echo "== GPT-2 124M, T 1024, batch $B: loom vs PyTorch 2.x on this GPU"
+  export PYTHONUNBUFFERED=1
+  python3 bench/cuda_torch_peer.py gemm | tee $out/gemm.json
+  $loom train --set model.preset=gpt2 --set train.steps=30 --json --precision bf16 $corpus --device cuda --set train.batch=$B \
+    --set train.val_every=0 --set train.log_every=10 --set train.seq=1024 --set checkpoint.dir=$out/ck-bench > $out/loom-bench.json 2>$out/loom-bench.err
+  tail -3 $out/loom-bench.err; grep '"step":30' $out/loom-bench.json
+  python3 bench/cuda_torch_peer.py train eager $B 1024 20 | tee $out/torch-eager.json
+  python3 bench/cuda_torch_peer.py train compile $B 1024 20 2>$out/compile.err | tee $out/torch-compile.json
+  python3 - $out <<'PY'
+import json, sys
+o = sys.argv[1]
+peak = json.load(open(f"{o}/gemm.json"))["bf16_gemm_tflops"]
+loom = [json.loads(l) for l in open(f"{o}/loom-bench.json") if '"tokens_per_s"' in l][-1]
+eager, comp = (json.load(open(f"{o}/torch-{m}.json")) for m in ("eager", "compile"))
+flops = eager["model_tflops"] * 1e12 / eager["tokens_per_s"]  # 6N + 12 L C T per token
+for name, tok in (("loom", loom["tokens_per_s"]), ("torch eager", eager["tokens_per_s"]), ("torch.compile", comp["tokens_per_s"])):
+    print(f"{name:14s} {tok:10.0f} tokens/s  MFU {tok * flops / 1e12 / peak:.3f} (of measured bf16 GEMM peak {peak:.0f} TFLOP/s)")
+print(f"loom / eager {loom['tokens_per_s'] / eager['tokens_per_s']:.2f}x, loom / compile {loom['tokens_per_s'] / comp['tokens_per_s']:.2f}x")
+PY
+fi
+if [[ $what == *profile* ]]; then
+  echo "== where a GPT-2 step's GPU time goes (Note [CUDA profile])"
+  LOOM_CUDA_PROFILE=1 $loom train --set model.preset=gpt2 --set train.steps=12 --precision bf16 $corpus --device cuda \
+    --set train.batch=$B --set train.val_every=0 --set train.val_batches=1 --set train.seq=1024 \
+    --set checkpoint.dir=$out/ck-profile --json 2>&1 | grep -A30 "cuda profile"
+fi
+[[ -n "${OUT:-}" ]] && tar -czf "$OUT/logs.tgz" -C $out --exclude='ck-*' .
+true

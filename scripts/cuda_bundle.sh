@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Packs the CUDA build (cmake --preset cuda) for a lent GPU machine (issue 20), whose CUDA
+# image lacks loom's Debian libraries: .device/bundle.tar.xz holds the loom binary, the
+# CUDA test, every shared library they load except glibc, libstdc++ and CUDA's own, and the
+# default corpus. bench/cuda_device.sh unpacks it there. .device/ is ignored by git.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=$(mktemp -d)
+mkdir -p "$stage/lib" .device
+cp build/cuda/loom build/cuda/tests/cuda_test "$stage/"
+for so in $(ldd build/cuda/loom build/cuda/tests/cuda_test | awk '/=> \//{print $3}' | sort -u); do
+  case $(basename "$so") in
+    libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libcublas*|libcudart*) ;;
+    *) cp -L "$so" "$stage/lib/" ;;
+  esac
+done
+cp -r /usr/share/games/fortunes "$stage/fortunes"
+tar -C "$stage" -cJf .device/bundle.tar.xz .
+rm -rf "$stage"
+mkdir -p .git/info; grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+ls -la .device/bundle.tar.xz

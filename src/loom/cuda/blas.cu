@@ -1,0 +1,178 @@
+#include "loom/cuda/blas.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <string>
+
+#include "loom/core/error.h"
+#include "loom/cuda/check.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int kCandidates = 8;  // heuristic results timed per shape
+
+void blas_ok(cublasStatus_t st, const char* what, const std::string& shape = "") {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(int(st)) +
+                (shape.empty() ? "" : " for " + shape));
+}
+
+cudaDataType cu(Dt t) { return t == Dt::kBf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+std::string shape_of(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  return std::string("GEMM ") + (ta ? "A^T" : "A") + (tb ? " B^T" : " B") + " M " + std::to_string(M) + " N " +
+         std::to_string(N) + " K " + std::to_string(K);
+}
+
+}  // namespace
+
+// A cuBLASLt operation for one shape: descriptors and the heuristic's first algorithm.
+struct Blas::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+Blas::Blas(cudaStream_t s) : stream_(s) {
+  cublasLtHandle_t lt;
+  blas_ok(cublasLtCreate(&lt), "cublasLtCreate");
+  lt_ = lt;
+  cublasHandle_t h;
+  blas_ok(cublasCreate(&h), "cublasCreate");
+  cublas_ = h;
+  blas_ok(cublasSetStream(h, s), "cublasSetStream");
+  LOOM_CUDA_OK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  blas_ok(cublasSetWorkspace(h, workspace_, kWorkspaceBytes), "cublasSetWorkspace");
+}
+
+Blas::~Blas() {
+  plans_.clear();
+  if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+  if (workspace_) cudaFree(workspace_);
+}
+
+// The heuristic's first answer was seen 3-4x slower than the best for some shapes here
+// (the LM head's V = 50257 columns), so each new shape times its candidates twice on a
+// scratch output (the real one may be an accumulator) and keeps the fastest.
+cublasLtMatmulAlgo_t Blas::fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const bf16* A,
+                                   const bf16* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias) {
+  if (found == 1) return res[0].algo;
+  void* scratch = nullptr;
+  LOOM_CUDA_OK(cudaMalloc(&scratch, size_t(d_elems) * (dt == Dt::kBf16 ? 2 : 4)));
+  if (bias)
+    blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "BIAS_POINTER");
+  cudaEvent_t e0, e1;
+  LOOM_CUDA_OK(cudaEventCreate(&e0));
+  LOOM_CUDA_OK(cudaEventCreate(&e1));
+  const float alpha = 1.0f;
+  int best = 0;
+  float best_ms = 1e30f;
+  for (int i = 0; i < found; i++) {
+    auto launch = [&] {
+      return cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, c ? c : scratch,
+                            p.c, scratch, p.c, &res[i].algo, workspace_, kWorkspaceBytes, stream_);
+    };
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+    LOOM_CUDA_OK(cudaEventRecord(e0, stream_));
+    for (int r = 0; r < 2; r++) launch();
+    LOOM_CUDA_OK(cudaEventRecord(e1, stream_));
+    LOOM_CUDA_OK(cudaEventSynchronize(e1));
+    float ms = 0;
+    LOOM_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    if (ms < best_ms) best_ms = ms, best = i;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  LOOM_CUDA_OK(cudaFree(scratch));
+  return res[best].algo;
+}
+
+// Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T: cuBLAS's A is our B and
+// its B our A, with the same transpose flags; its m = N, n = M.
+void Blas::lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+              int64_t ldb, const void* c, void* D, Dt dt, int64_t ldd, float beta, const void* bias) {
+  auto key = std::make_tuple(ta, tb, M, N, K, lda, ldb, ldd, int(dt), bias != nullptr, beta != 0.0f);
+  std::unique_ptr<Plan>& slot = plans_[key];
+  const std::string shape = shape_of(ta, tb, M, N, K);
+  if (!slot) {
+    auto p = std::make_unique<Plan>();
+    blas_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "TRANSA");
+    blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "TRANSB");
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "EPILOGUE");
+    }
+    // Column-major shapes: cuBLAS A (ours B) is (N x K) or stored transposed.
+    blas_ok(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb), "layout A");
+    blas_ok(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda), "layout B");
+    blas_ok(cublasLtMatrixLayoutCreate(&p->c, cu(dt), N, M, ldd), "layout C");
+    cublasLtMatmulPreference_t pref;
+    blas_ok(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+                                                 sizeof(kWorkspaceBytes)),
+            "PREF_MAX_WORKSPACE_BYTES");
+    // Views into the flat buffers are 32-byte aligned (ParamLayout::kAlignFloats halves).
+    const uint32_t align = 16;
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)), "PREF_MIN_ALIGNMENT");
+    cublasLtMatmulHeuristicResult_t res[kCandidates];
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p->op, p->a, p->b,
+                                                             p->c, p->c, pref, kCandidates, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    blas_ok(st, "MatmulAlgoGetHeuristic", shape);
+    if (found == 0) throw Error("cuBLASLt has no algorithm for " + shape);
+    p->algo = fastest(*p, res, found, A, B, c, dt, ldd * M, beta, bias);
+    slot = std::move(p);
+  }
+  Plan& p = *slot;
+  if (bias)
+    blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+            "BIAS_POINTER");
+  const float alpha = 1.0f;
+  blas_ok(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, c ? c : D, p.c, D,
+                         p.c, &p.algo, workspace_, kWorkspaceBytes, stream_),
+          "cublasLtMatmul", shape);
+}
+
+void Blas::linear_forward(void* out, Dt out_type, const bf16* inp, const bf16* w, const void* bias,
+                          const float* residual, int64_t N, int64_t IC, int64_t OC, int64_t ld) {
+  LOOM_CHECK(!residual || out_type == Dt::kF32, "a residual add needs an fp32 output");
+  lt(false, true, N, OC, IC, inp, IC, w, IC, residual, out, out_type, ld ? ld : OC, residual ? 1.0f : 0.0f, bias);
+}
+
+void Blas::linear_backward_input(void* dinp, Dt type, const bf16* dout, const bf16* w, int64_t N, int64_t IC,
+                                 int64_t OC, bool accumulate, int64_t ld) {
+  LOOM_CHECK(!accumulate || type == Dt::kF32, "accumulating GEMM outputs are fp32");
+  lt(false, false, N, IC, OC, dout, ld ? ld : OC, w, IC, nullptr, dinp, type, IC, accumulate ? 1.0f : 0.0f, nullptr);
+}
+
+void Blas::linear_backward_weight(float* dw, const bf16* dout, const bf16* inp, int64_t N, int64_t IC, int64_t OC,
+                                  int64_t ld) {
+  lt(true, false, OC, IC, N, dout, ld ? ld : OC, inp, IC, nullptr, dw, Dt::kF32, IC, 1.0f, nullptr);
+}
+
+void Blas::batched(const Batched& g) {
+  const cublasOperation_t opa = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  blas_ok(cublasGemmStridedBatchedEx(static_cast<cublasHandle_t>(cublas_), opa, opb, int(g.N), int(g.M), int(g.K),
+                                     &g.alpha, g.B, CUDA_R_16BF, int(g.ldb), g.sb, g.A, CUDA_R_16BF, int(g.lda), g.sa,
+                                     &g.beta, g.C, cu(g.ct), int(g.ldc), g.sc, int(g.batch), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx", shape_of(g.ta, g.tb, g.M, g.N, g.K));
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,61 @@
+// GPT-2 and Llama on one CUDA device (issue 20): the model of model/model.h, forward and
+// backward over the same flat parameter layout (ParamLayout), so parameters, gradients
+// and AdamW moments copy to and from the CPU engine's buffers unchanged. Precision is
+// Note [CUDA precision] in cuda/ops.h. Built only with -DLOOM_CUDA=ON.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+
+namespace loom::cuda {
+
+class CudaModel {
+ public:
+  // Allocates parameters (fp32 and their bf16 copy), gradients, AdamW moments and
+  // activations for micro-batches up to (max_batch, T) on the current device; parameters
+  // start at zero. Throws loom::Error naming the sizes when the device is too small.
+  // flash: Note [CUDA flash attention] where the head size allows it (flash_supported),
+  // else (and with false) the materialised attention of Note [CUDA attention].
+  CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash = true);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ParamLayout& layout() const { return layout_; }
+  // Host <-> device copies of the flat buffers (layout().total_floats() floats each).
+  void upload_params(const std::vector<float>& host);
+  std::vector<float> download_params() const;
+  std::vector<float> download_grads() const;
+  void upload_moments(const std::vector<float>& m, const std::vector<float>& v);
+  void download_moments(std::vector<float>& m, std::vector<float>& v) const;
+  void zero_grads();
+
+  // One micro-batch of host tokens/targets (B,T): ADDS d(grad_scale * mean loss)/dparams to
+  // the gradients and the loss sum to the step's loss (read by take_loss). Asynchronous.
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float grad_scale);
+  // Mean loss of one micro-batch, no gradients (validation). Synchronizes.
+  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  // Mean over the micro-batches since the last call of their mean losses. Synchronizes.
+  double take_loss();
+
+  // L2 norm of the gradients (synchronizes); then AdamW (kernels/ops.inc) with the
+  // gradients multiplied by grad_scale, weight decay on the layout's decayed tensors, and
+  // the bf16 copy refreshed. `step` >= 1 is the bias-correction step.
+  double grad_norm();
+  void adamw_step(const OptimConfig& o, double lr, int64_t step, double grad_scale);
+
+  int64_t device_bytes() const { return bytes_; }  // everything this model allocated
+  bool flash() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+  ParamLayout layout_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,185 @@
+#include "loom/cuda/train.h"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
+#include "loom/core/error.h"
+#include "loom/cuda/check.h"
+#include "loom/cuda/model.h"
+#include "loom/model/model.h"
+#include "loom/optim/loss_scale.h"
+#include "loom/optim/optimizer.h"
+#include "loom/train/data.h"
+#include "loom/train/report.h"
+#include "loom/train/run_start.h"
+#include "loom/train/step_observers.h"
+
+namespace loom::cuda {
+
+void check_supported(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  std::vector<std::string> no;
+  if (p.world() != 1 || p.sp)
+    no.push_back("parallel dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
+                 std::to_string(p.pp) + (p.sp ? " with sp" : "") +
+                 " (one GPU only; multi-GPU training waits for the NCCL backend)");
+  if (cfg.train.precision != "bf16")
+    no.push_back("train.precision = " + cfg.train.precision +
+                 " (the GPU trains in bf16 with fp32 master weights: set train.precision = bf16 / --precision bf16)");
+  for (Recompute r : p.recompute_layers(cfg.model.layers))
+    if (r != Recompute::kNone) {
+      no.push_back("parallel.recompute (not on the GPU yet: use none, or lower the micro-batch)");
+      break;
+    }
+  if (cfg.data.bucketing) no.push_back("data.bucketing (not on the GPU yet)");
+  if (cfg.data.doc_mask) no.push_back("data.doc_mask (not on the GPU yet)");
+  if (loss_scale_mode(cfg.train) != LossScaler::Mode::kNone)
+    no.push_back("train.loss_scale = " + cfg.train.loss_scale + " (bf16 needs none: use auto or none)");
+  if (cfg.model.arch == Arch::kLlama && cfg.model.head_dim() % 2 != 0)
+    no.push_back("an odd Llama head size " + std::to_string(cfg.model.head_dim()) + " (RoPE rotates pairs)");
+  if (no.empty()) return;
+  std::string msg = "train.device = cuda does not run:";
+  for (const std::string& n : no) msg += "\n  " + n;
+  msg += "\nit runs GPT and Llama, one GPU, train.precision = bf16, gradient accumulation, validation and "
+         "sharded checkpoints (resumable on the CPU and back)";
+  throw ConfigError(msg);
+}
+
+namespace {
+
+std::string device_line(const CudaModel& model) {
+  int dev = 0;
+  LOOM_CUDA_OK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  LOOM_CUDA_OK(cudaGetDeviceProperties(&prop, dev));
+  std::ostringstream os;
+  os << "  device cuda:" << dev << " " << prop.name << " (" << prop.multiProcessorCount << " SMs, "
+     << (prop.totalGlobalMem >> 20) << " MiB); model, optimizer and activations take "
+     << (model.device_bytes() >> 20) << " MiB there; bf16 GEMMs, fp32 master weights (Note [CUDA precision])";
+  return os.str();
+}
+
+// Host copies of what a checkpoint holds: the flat parameters and moments, whole ranges.
+struct HostState {
+  std::vector<float> params, m, v;
+  int64_t optimizer_steps = 0;
+  ShardState view(const ParamLayout& layout) {
+    const std::vector<FlatRange> all = {{0, layout.total_floats()}};
+    ShardState s{&layout, &params, &m, &v, all, all, 1, 0, optimizer_steps, LossScaleState{}};
+    return s;
+  }
+};
+
+double evaluate(CudaModel& model, const DataLoader& val, int64_t batches, int64_t rows, int64_t T) {
+  std::vector<int32_t> tok(size_t(rows * T)), tgt(size_t(rows * T));
+  double sum = 0;
+  for (int64_t i = 0; i < batches; i++) {
+    val.val_batch(i, batches, rows, tok.data(), tgt.data());
+    sum += model.forward_loss(tok.data(), tgt.data(), rows, T);
+  }
+  return sum / double(batches);
+}
+
+// Fresh weights come from the CPU model's init (the same values a CPU run starts from);
+// --resume loads a checkpoint of any layout. Returns the step to continue from.
+int64_t start_state(const Config& cfg, const TrainOptions& opt, CudaModel& model, HostState& h, Reporter& rep) {
+  const ParamLayout& layout = model.layout();
+  {  // the CPU engine's init (engine.cc), on a model sized for one token of activations
+    Model cpu(cfg.model, 1, 1);
+    cpu.init_weights(uint64_t(cfg.train.seed));
+    h.params = cpu.params();
+  }
+  h.m.assign(size_t(layout.total_floats()), 0.0f);
+  h.v.assign(size_t(layout.total_floats()), 0.0f);
+  ShardState s = h.view(layout);
+  const int64_t step = load_resume(cfg, opt.resume, s, nullptr, rep);
+  h.optimizer_steps = s.optimizer_steps;
+  model.upload_params(h.params);
+  model.upload_moments(h.m, h.v);
+  return opt.resume.empty() ? 0 : step;
+}
+
+void save(const Config& cfg, int64_t done, CudaModel& model, HostState& h) {
+  h.params = model.download_params();
+  model.download_moments(h.m, h.v);
+  for (float x : h.params)
+    if (!std::isfinite(x))
+      throw Error("training diverged: parameters hold NaN or infinity after step " + std::to_string(done) +
+                  "; nothing was saved over the earlier checkpoints (lower optim.lr or raise optim.warmup_steps)");
+  save_shards(cfg, done, h.view(model.layout()), nullptr, 0);
+}
+
+}  // namespace
+
+TrainSummary train(const Config& cfg, const TrainOptions& opt) {
+  check_supported(cfg);
+  LOOM_CONFIG_CHECK(opt.trace_path.empty(), "--trace is not recorded on the GPU yet; drop it or train on the CPU");
+  Reporter rep(opt, cfg.train.steps);
+  const int64_t T = cfg.seq_len(), mb = cfg.micro_batch(), accum = cfg.train.grad_accum;
+  const std::unique_ptr<TrainData> data = load_train_data(cfg, T);
+  const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), 0, 1, data->order);
+  const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), 0, 1, data->order);
+  const std::unique_ptr<DirLock> lock = claim_outputs(cfg, opt, nullptr, rep);
+  CudaModel model(cfg.model, mb, T);
+  HostState h;
+  const int64_t first = start_state(cfg, opt, model, h, rep);
+
+  TrainSummary sum;
+  sum.params = model.layout().param_count();
+  sum.unigram_entropy = data->unigram_entropy_nats;
+  std::ostringstream head;
+  head << "loom train: " << (cfg.model.arch == Arch::kGpt ? "gpt" : "llama") << " '" << cfg.model.preset << "' "
+       << sum.params << " params on the GPU; global batch " << cfg.train.batch << " = micro-batch " << mb << " x "
+       << accum << ", seq " << T << ", " << cfg.train.steps << " steps\n"
+       << device_line(model) << "\n  " << data->describe;
+  rep.info(head.str());
+
+  const auto t0 = Clock::now();
+  StepLog log(rep, sum, cfg, t0);
+  std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
+  for (int64_t step = first; step < cfg.train.steps; step++) {
+    const auto start = Clock::now();
+    model.zero_grads();
+    for (int64_t micro = 0; micro < accum; micro++) {
+      train_data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
+      model.forward_backward(tok.data(), tgt.data(), mb, T, float(1.0 / double(accum)));
+    }
+    const double norm = model.grad_norm();
+    const double lr = lr_at(cfg.optim, step, cfg.train.steps);
+    model.adamw_step(cfg.optim, lr, ++h.optimizer_steps, clip_coef(norm, cfg.optim.grad_clip));
+    StepOutcome o;
+    o.step = step, o.loss = model.take_loss(), o.lr = lr, o.norm = norm;
+    o.real_tokens = o.positions = cfg.train.batch * T;
+    o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    o.last = step + 1 == cfg.train.steps;
+    if (!std::isfinite(o.loss))
+      throw Error("training diverged: loss is " + std::to_string(o.loss) + " at step " + std::to_string(step + 1) +
+                  " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
+    log.after_step(o);
+    const int64_t every = cfg.checkpoint.save_every, done = step + 1;
+    if (!cfg.checkpoint.dir.empty() && ((every > 0 && done % every == 0) || o.last)) save(cfg, done, model, h);
+    if (o.last || (cfg.train.val_every > 0 && done % cfg.train.val_every == 0)) {
+      sum.final_val_loss = evaluate(model, val_data, cfg.train.val_batches, mb, T);
+      rep.val(step, sum.final_val_loss, data->val_bytes_per_token);
+    }
+  }
+  rep.end_bar();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.tokens_per_s = double((cfg.train.steps - first) * cfg.train.batch * T) / seconds;
+  if (opt.keep_params) {
+    const std::vector<float> all = model.download_params();
+    for (const ParamSpec& s : model.layout().specs())
+      sum.final_params.insert(sum.final_params.end(), all.begin() + s.offset, all.begin() + s.offset + s.numel);
+  }
+  if (!cfg.checkpoint.dir.empty() && first < cfg.train.steps)
+    rep.info("saved checkpoint " + cfg.checkpoint.dir + "/" + shard::step_name(cfg.train.steps) + " (latest)");
+  return sum;
+}
+
+}  // namespace loom::cuda

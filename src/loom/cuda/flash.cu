@@ -58,21 +58,24 @@ __device__ inline void load_a(uint32_t (&frag)[HD / 16][4], const __nv_bfloat16*
 }
 
 // Copies a (64, HD) tile of rows row0.. (stride ld in global memory; rows past `rows` are
-// zero) into shared memory row-major [64][HD + kPad] and/or transposed [HD][64 + kPad].
+// zero) into shared memory [64][HD + kPad], 16 bytes a thread at a time.
 template <int HD>
-__device__ inline void stage_tile(__nv_bfloat16* rowmajor, __nv_bfloat16* transposed, const __nv_bfloat16* base,
-                                  int64_t ld, int row0, int rows) {
+__device__ inline void stage_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t ld, int row0, int rows) {
   for (int idx = threadIdx.x; idx < kTile * HD / 8; idx += blockDim.x) {
     const int r = idx / (HD / 8), c = (idx % (HD / 8)) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row0 + r < rows) v = *reinterpret_cast<const uint4*>(base + int64_t(row0 + r) * ld + c);
-    if (rowmajor) *reinterpret_cast<uint4*>(rowmajor + r * (HD + kPad) + c) = v;
-    if (transposed) {
-      const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
-#pragma unroll
-      for (int i = 0; i < 8; i++) transposed[(c + i) * (kTile + kPad) + r] = e[i];
-    }
+    *reinterpret_cast<uint4*>(tile + r * (HD + kPad) + c) = v;
   }
+}
+
+// The B fragment (k16 x n8) of mma.m16n8k16 at rows k0.., columns n0.. of a row-major
+// [k][n] tile with row stride ld: ldmatrix .trans hands lane (g, t) the pairs
+// (k0 + 2t, 2t+1; n0 + g) and (k0 + 8 + 2t, 2t+1; n0 + g), the B layout.
+__device__ inline void ldsm_b_trans(uint32_t& b0, uint32_t& b1, const __nv_bfloat16* tile, int ld, int k0, int n0) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(tile + (k0 + lane % 16) * ld + n0));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
 // acc(16 x 64) += A(16 x HD, fragments) B^T where B is a row-major [64][HD + kPad] tile
@@ -89,19 +92,19 @@ __device__ inline void mma_abt(float (&acc)[8][4], const uint32_t (&a)[HD / 16][
     }
 }
 
-// acc(16 x HD) += P(16 x 64, as the fp32 accumulator of mma_abt) V where V is given
-// transposed [HD][64 + kPad]; P is rounded to bf16 on the way.
+// acc(16 x HD) += P(16 x 64, as the fp32 accumulator of mma_abt) V, V a row-major
+// [64][HD + kPad] tile; P is rounded to bf16 on the way.
 template <int HD>
-__device__ inline void mma_pv(float (&acc)[HD / 8][4], const float (&p)[8][4], const __nv_bfloat16* vt) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+__device__ inline void mma_pv(float (&acc)[HD / 8][4], const float (&p)[8][4], const __nv_bfloat16* v) {
 #pragma unroll
   for (int k = 0; k < 4; k++) {
     const uint32_t a[4] = {pack(p[2 * k][0], p[2 * k][1]), pack(p[2 * k][2], p[2 * k][3]),
                            pack(p[2 * k + 1][0], p[2 * k + 1][1]), pack(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
-      const __nv_bfloat16* q = vt + (n * 8 + g) * (kTile + kPad) + k * 16 + 2 * t;
-      mma(acc[n], a, ld32(q), ld32(q + 8));
+      uint32_t b0, b1;
+      ldsm_b_trans(b0, b1, v, HD + kPad, k * 16, n * 8);
+      mma(acc[n], a, b0, b1);
     }
   }
 }
@@ -119,7 +122,7 @@ template <int HD>
 __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                                                        int T, int H, int KV, float scale_log2) {
   __shared__ __align__(16) __nv_bfloat16 ks[kTile * (HD + kPad)];
-  __shared__ __align__(16) __nv_bfloat16 vt[HD * (kTile + kPad)];
+  __shared__ __align__(16) __nv_bfloat16 vs[kTile * (HD + kPad)];
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
   const int bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -132,8 +135,8 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int kt = 0; kt <= qt; kt++) {
     __syncthreads();
-    stage_tile<HD>(ks, nullptr, base + (H + kvh) * HD, ld, kt * kTile, T);
-    stage_tile<HD>(nullptr, vt, base + (H + KV + kvh) * HD, ld, kt * kTile, T);
+    stage_tile<HD>(ks, base + (H + kvh) * HD, ld, kt * kTile, T);
+    stage_tile<HD>(vs, base + (H + KV + kvh) * HD, ld, kt * kTile, T);
     __syncthreads();
     float s[8][4] = {};
     mma_abt<HD>(s, qf, ks);
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
         s[n][i] = mr == -INFINITY ? 0.0f : exp2f(s[n][i] - mr);
         l[i / 2] += s[n][i];
       }
-    mma_pv<HD>(o, s, vt);
+    mma_pv<HD>(o, s, vs);
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -193,11 +196,11 @@ __global__ void flash_delta_k(float* delta, const __nv_bfloat16* dout, const __n
   if (lane == 0) delta[(b * H + h) * T + t] = s;
 }
 
-// Dynamic shared memory of the backward: Q and dO row-major, dS [64 queries][64 keys], Q,
-// dO and K transposed (bf16), and L, D of the query tile (fp32).
+// Dynamic shared memory of the backward: Q, dO and K tiles and dS [64 queries][64 keys]
+// (bf16), and L, D of the query tile (fp32).
 template <int HD>
 constexpr int backward_smem() {
-  return (2 * kTile * (HD + kPad) + kTile * (kTile + kPad) + 3 * HD * (kTile + kPad)) * 2 + 2 * kTile * 4;
+  return (3 * kTile * (HD + kPad) + kTile * (kTile + kPad)) * 2 + 2 * kTile * 4;
 }
 
 template <int HD>
@@ -208,11 +211,9 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* dos = qs + kTile * (HD + kPad);
-  __nv_bfloat16* dss = dos + kTile * (HD + kPad);
-  __nv_bfloat16* qtr = dss + kTile * (kTile + kPad);
-  __nv_bfloat16* dotr = qtr + HD * (kTile + kPad);
-  __nv_bfloat16* ktr = dotr + HD * (kTile + kPad);
-  float* ls = reinterpret_cast<float*>(ktr + HD * (kTile + kPad));
+  __nv_bfloat16* ks = dos + kTile * (HD + kPad);
+  __nv_bfloat16* dss = ks + kTile * (HD + kPad);
+  float* ls = reinterpret_cast<float*>(dss + kTile * (kTile + kPad));
   float* ds = ls + kTile;
   const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -223,13 +224,13 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
   uint32_t kf[HD / 16][4], vf[HD / 16][4];
   load_a<HD>(kf, base + (H + kvh) * HD, ld, k0, T);
   load_a<HD>(vf, base + (H + KV + kvh) * HD, ld, k0, T);
-  stage_tile<HD>(nullptr, ktr, base + (H + kvh) * HD, ld, kt * kTile, T);
+  stage_tile<HD>(ks, base + (H + kvh) * HD, ld, kt * kTile, T);
   float dkacc[HD / 8][4] = {}, dvacc[HD / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
   for (int qt = kt; qt < tiles; qt++) {
     __syncthreads();
-    stage_tile<HD>(qs, qtr, base + h * HD, ld, qt * kTile, T);
-    stage_tile<HD>(dos, dotr, obase, ldo, qt * kTile, T);
+    stage_tile<HD>(qs, base + h * HD, ld, qt * kTile, T);
+    stage_tile<HD>(dos, obase, ldo, qt * kTile, T);
     for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
       const int q = qt * kTile + i;
       ls[i] = q < T ? lse[int64_t(bh) * T + q] : 0.0f;
@@ -248,8 +249,8 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
         p[n][i] = live ? exp2f(p[n][i] * scale_log2 - ls[qi]) : 0.0f;
         dp[n][i] = p[n][i] * (dp[n][i] - ds[qi]) * scale;  // dS^T
       }
-    mma_pv<HD>(dvacc, p, dotr);  // dV += P^T dO
-    mma_pv<HD>(dkacc, dp, qtr);  // dK += dS^T Q
+    mma_pv<HD>(dvacc, p, dos);  // dV += P^T dO
+    mma_pv<HD>(dkacc, dp, qs);   // dK += dS^T Q
     // dS as [query][key] in shared memory for dQ = dS K (all four warps' keys).
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -271,8 +272,9 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
     for (int k = 0; k < 4; k++)
 #pragma unroll
       for (int n = 0; n < HD / 8; n++) {
-        const __nv_bfloat16* q = ktr + (n * 8 + g) * (kTile + kPad) + k * 16 + 2 * t;
-        mma(dqacc[n], sf[k], ld32(q), ld32(q + 8));
+        uint32_t b0, b1;
+        ldsm_b_trans(b0, b1, ks, HD + kPad, k * 16, n * 8);
+        mma(dqacc[n], sf[k], b0, b1);
       }
 #pragma unroll
     for (int r = 0; r < 2; r++) {

@@ -80,7 +80,8 @@ struct CudaModel::Impl {
   bf16 *dres_h, *datty, *dqkv, *dfcg, *dfch;
   bf16* lnf;
   float *lnf_mean, *lnf_rstd, *dlnf;
-  float* logits;  // (head_rows, V)
+  float* logits;  // (head_rows, Vp)
+  bf16* head_h;   // (Vp, C): the head weight's bf16 copy, rows >= V zero (refresh_head)
   bf16* dlogits;
   float* losses;  // (N)
   float* colsum;  // column-sum scratch
@@ -94,6 +95,13 @@ struct CudaModel::Impl {
 
   bool gpt() const { return m.arch == Arch::kGpt; }
   bf16* h(const float* p) const { return p ? params_h + (p - params) : nullptr; }
+  // The LM head's GEMMs over V = 50257 columns (an odd count) ran at 100-125 TFLOP/s on an
+  // H100; padded to Vp rows of zeros (and dlogits with zero columns) they run as the other
+  // GEMMs do. Called wherever params_h changes.
+  void refresh_head() {
+    const float* w = gpt() ? pv.wte : pv.head_w;
+    LOOM_CUDA_OK(cudaMemcpyAsync(head_h, h(w), size_t(V * C) * 2, cudaMemcpyDeviceToDevice, s));
+  }
   void carve(Arena& a, int64_t total_floats);
   void stage_tokens(const int32_t* tokens, const int32_t* targets, int64_t N);
   void forward(int64_t B, int64_t T);
@@ -134,6 +142,7 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
   dfcg = a.take<bf16>(N * F), dfch = a.take<bf16>(N * F2);
   lnf = a.take<bf16>(N * C), lnf_mean = a.take<float>(N), lnf_rstd = a.take<float>(N), dlnf = a.take<float>(N * C);
   logits = a.take<float>(head_rows * Vp), dlogits = a.take<bf16>(head_rows * Vp);
+  head_h = a.take<bf16>(Vp * C);
   losses = a.take<float>(N);
   colsum = a.take<float>(std::max(norm_scratch_floats(N, C), bias_scratch_floats(N, std::max(Q, F2))));
   dscratch = a.take<double>(1024), norm_out = a.take<double>(1);
@@ -184,6 +193,7 @@ void CudaModel::upload_params(const std::vector<float>& host) {
              layout_.total_floats());
   LOOM_CUDA_OK(cudaMemcpyAsync(p_->params, host.data(), host.size() * 4, cudaMemcpyHostToDevice, p_->s));
   to_bf16(p_->params_h, p_->params, layout_.total_floats(), p_->s);
+  p_->refresh_head();
   LOOM_CUDA_OK(cudaStreamSynchronize(p_->s));
 }
 
@@ -282,17 +292,17 @@ void CudaModel::Impl::forward(int64_t B, int64_t T) {
 // Losses of the N rows into `losses`; with backward, dlnf = dL/d(final norm output) and
 // the head weight's gradient, from dloss = dscale per row.
 void CudaModel::Impl::head(int64_t N, bool backward, float dscale) {
-  const float* w = gpt() ? pv.wte : pv.head_w;
   float* dw = gpt() ? gv.wte : gv.head_w;
   for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
     const int64_t rows = std::min(head_rows, N - r0);
     prof->mark("head gemm");
-    blas->linear_forward(logits, Dt::kF32, lnf + r0 * C, h(w), nullptr, nullptr, rows, C, V, Vp);
+    blas->linear_forward(logits, Dt::kF32, lnf + r0 * C, head_h, nullptr, nullptr, rows, C, Vp);
     prof->mark("head loss");
     crossentropy(losses + r0, backward ? dlogits : nullptr, logits, tgt + r0, rows, V, Vp, dscale, s);
     if (!backward) continue;
-    prof->mark("head gemm");
-    blas->linear_backward_input(dlnf + r0 * C, Dt::kF32, dlogits, h(w), rows, C, V, false, Vp);
+    prof->mark("head gemm dx");
+    blas->linear_backward_input(dlnf + r0 * C, Dt::kF32, dlogits, head_h, rows, C, Vp);
+    prof->mark("head gemm dw");
     blas->linear_backward_weight(dw, dlogits, lnf + r0 * C, rows, C, V, Vp);
   }
 }
@@ -445,6 +455,7 @@ void CudaModel::adamw_step(const OptimConfig& o, double lr, int64_t step, double
           float(o.beta2), float(o.eps), wd, step, float(grad_scale), p.s);
     i = j + 1;
   }
+  p.refresh_head();
 }
 
 }  // namespace loom::cuda

@@ -212,8 +212,8 @@ __global__ void crossentropy_k(float* losses, __nv_bfloat16* dlogits, const floa
   if (!dlogits) return;
   __nv_bfloat16* d = dlogits + row * ld;
   const float inv = 1.0f / se;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float g = target < 0 ? 0.0f : (expf(l[j] - mx) * inv - (j == target ? 1.0f : 0.0f)) * dscale;
+  for (int64_t j = threadIdx.x; j < ld; j += blockDim.x) {  // columns past V: 0 (a padded GEMM reads them)
+    const float g = target < 0 || j >= V ? 0.0f : (expf(l[j] - mx) * inv - (j == target ? 1.0f : 0.0f)) * dscale;
     d[j] = __float2bfloat16_rn(g);
   }
 }

@@ -92,7 +92,8 @@ void flash_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* q
 
 // Softmax cross-entropy over rows of fp32 logits (N, V), row stride ld >= V: losses[i] =
 // logsumexp - logit[target] (0 for a negative target) and dlogits (bf16, same stride) =
-// (softmax - onehot) * dscale (0 rows for a negative target); dlogits may be null.
+// (softmax - onehot) * dscale (0 rows for a negative target, 0 columns past V); dlogits
+// may be null.
 void crossentropy(float* losses, bf16* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                   int64_t ld, float dscale, cudaStream_t s);
 

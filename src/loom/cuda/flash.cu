@@ -69,6 +69,30 @@ __device__ inline void stage_tile(__nv_bfloat16* tile, const __nv_bfloat16* base
   }
 }
 
+// The same through cp.async (16 bytes a thread, zero-filled past `rows`), so the next tile
+// loads while this one is computed on: the caller commits the group and waits for it.
+template <int HD>
+__device__ inline void stage_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t ld, int row0,
+                                        int rows) {
+  for (int idx = threadIdx.x; idx < kTile * HD / 8; idx += blockDim.x) {
+    const int r = idx / (HD / 8), c = (idx % (HD / 8)) * 8;
+    const bool valid = row0 + r < rows;
+    const __nv_bfloat16* src = base + (valid ? int64_t(row0 + r) * ld + c : 0);
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(tile + r * (HD + kPad) + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+  }
+}
+// 64 floats of a row statistic (rows past `rows` zero), 4 bytes a thread.
+__device__ inline void stage_row_async(float* dst, const float* src, int row0, int rows) {
+  if (threadIdx.x >= kTile) return;
+  const bool valid = row0 + int(threadIdx.x) < rows;
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + threadIdx.x));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src + (valid ? row0 + threadIdx.x : 0)),
+               "r"(valid ? 4 : 0));
+}
+__device__ inline void async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ inline void async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n"); }
+
 // The B fragment (k16 x n8) of mma.m16n8k16 at rows k0.., columns n0.. of a row-major
 // [k][n] tile with row stride ld: ldmatrix .trans hands lane (g, t) the pairs
 // (k0 + 2t, 2t+1; n0 + g) and (k0 + 8 + 2t, 2t+1; n0 + g), the B layout.
@@ -121,8 +145,8 @@ __device__ inline float quad_sum(float v) {
 template <int HD>
 __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                                                        int T, int H, int KV, float scale_log2) {
-  __shared__ __align__(16) __nv_bfloat16 ks[kTile * (HD + kPad)];
-  __shared__ __align__(16) __nv_bfloat16 vs[kTile * (HD + kPad)];
+  __shared__ __align__(16) __nv_bfloat16 kbuf[2][kTile * (HD + kPad)];
+  __shared__ __align__(16) __nv_bfloat16 vbuf[2][kTile * (HD + kPad)];
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
   const int bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -133,10 +157,18 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
   load_a<HD>(qf, base + h * HD, ld, q0, T);
   float o[HD / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const __nv_bfloat16 *kbase = base + (H + kvh) * HD, *vbase = base + (H + KV + kvh) * HD;
+  stage_tile_async<HD>(kbuf[0], kbase, ld, 0, T);
+  stage_tile_async<HD>(vbuf[0], vbase, ld, 0, T);
+  async_commit();
   for (int kt = 0; kt <= qt; kt++) {
-    __syncthreads();
-    stage_tile<HD>(ks, base + (H + kvh) * HD, ld, kt * kTile, T);
-    stage_tile<HD>(vs, base + (H + KV + kvh) * HD, ld, kt * kTile, T);
+    const __nv_bfloat16 *ks = kbuf[kt & 1], *vs = vbuf[kt & 1];
+    if (kt < qt) {  // the buffer it fills was last read before the previous iteration's end barrier
+      stage_tile_async<HD>(kbuf[(kt + 1) & 1], kbase, ld, (kt + 1) * kTile, T);
+      stage_tile_async<HD>(vbuf[(kt + 1) & 1], vbase, ld, (kt + 1) * kTile, T);
+    }
+    async_commit();
+    async_wait_all_but_one();
     __syncthreads();
     float s[8][4] = {};
     mma_abt<HD>(s, qf, ks);
@@ -167,6 +199,7 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
         l[i / 2] += s[n][i];
       }
     mma_pv<HD>(o, s, vs);
+    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -200,7 +233,7 @@ __global__ void flash_delta_k(float* delta, const __nv_bfloat16* dout, const __n
 // (bf16), and L, D of the query tile (fp32).
 template <int HD>
 constexpr int backward_smem() {
-  return (3 * kTile * (HD + kPad) + kTile * (kTile + kPad)) * 2 + 2 * kTile * 4;
+  return (5 * kTile * (HD + kPad) + kTile * (kTile + kPad)) * 2 + 4 * kTile * 4;
 }
 
 template <int HD>
@@ -209,12 +242,13 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
                                                         const float* delta, int T, int H, int KV, float scale_log2,
                                                         float scale) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* dos = qs + kTile * (HD + kPad);
-  __nv_bfloat16* ks = dos + kTile * (HD + kPad);
+  // Q, dO, L and D double-buffered: [2][...] each.
+  __nv_bfloat16* qbuf = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* dobuf = qbuf + 2 * kTile * (HD + kPad);
+  __nv_bfloat16* ks = dobuf + 2 * kTile * (HD + kPad);
   __nv_bfloat16* dss = ks + kTile * (HD + kPad);
-  float* ls = reinterpret_cast<float*>(dss + kTile * (kTile + kPad));
-  float* ds = ls + kTile;
+  float* lbuf = reinterpret_cast<float*>(dss + kTile * (kTile + kPad));
+  float* dbuf = lbuf + 2 * kTile;
   const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t ld = int64_t(H + 2 * KV) * HD, ldo = int64_t(H) * HD;
@@ -227,15 +261,22 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
   stage_tile<HD>(ks, base + (H + kvh) * HD, ld, kt * kTile, T);
   float dkacc[HD / 8][4] = {}, dvacc[HD / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
+  const float *lrow = lse + int64_t(bh) * T, *drow = delta + int64_t(bh) * T;
+  auto prefetch = [&](int qt, int b) {
+    stage_tile_async<HD>(qbuf + b * kTile * (HD + kPad), base + h * HD, ld, qt * kTile, T);
+    stage_tile_async<HD>(dobuf + b * kTile * (HD + kPad), obase, ldo, qt * kTile, T);
+    stage_row_async(lbuf + b * kTile, lrow, qt * kTile, T);
+    stage_row_async(dbuf + b * kTile, drow, qt * kTile, T);
+  };
+  prefetch(kt, 0);
+  async_commit();
   for (int qt = kt; qt < tiles; qt++) {
-    __syncthreads();
-    stage_tile<HD>(qs, base + h * HD, ld, qt * kTile, T);
-    stage_tile<HD>(dos, obase, ldo, qt * kTile, T);
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      const int q = qt * kTile + i;
-      ls[i] = q < T ? lse[int64_t(bh) * T + q] : 0.0f;
-      ds[i] = q < T ? delta[int64_t(bh) * T + q] : 0.0f;
-    }
+    const int b = (qt - kt) & 1;
+    const __nv_bfloat16 *qs = qbuf + b * kTile * (HD + kPad), *dos = dobuf + b * kTile * (HD + kPad);
+    const float *ls = lbuf + b * kTile, *ds = dbuf + b * kTile;
+    if (qt + 1 < tiles) prefetch(qt + 1, b ^ 1);  // b ^ 1 was last read before the previous dS barrier
+    async_commit();
+    async_wait_all_but_one();
     __syncthreads();
     float p[8][4] = {}, dp[8][4] = {};
     mma_abt<HD>(p, kf, qs);    // S^T (keys x queries)
@@ -282,10 +323,8 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
       if (q >= T) continue;
       float* dst = dq + (int64_t(bh) * T + q) * HD;
 #pragma unroll
-      for (int n = 0; n < HD / 8; n++) {
-        atomicAdd(dst + n * 8 + 2 * t, dqacc[n][2 * r]);
-        atomicAdd(dst + n * 8 + 2 * t + 1, dqacc[n][2 * r + 1]);
-      }
+      for (int n = 0; n < HD / 8; n++)  // float2 atomics: compute capability 9.x
+        atomicAdd(reinterpret_cast<float2*>(dst + n * 8 + 2 * t), make_float2(dqacc[n][2 * r], dqacc[n][2 * r + 1]));
     }
   }
 #pragma unroll

@@ -110,7 +110,7 @@ __global__ void norm_backward_input_k(float* dinp, const float* dout, const floa
 
 // Column sums in two deterministic passes: block (32, 8) of group g sums column c over
 // rows g*8 + ty, stepping by G*8, into part[g, c]; then out[c] += sum over g in order.
-constexpr int kGroups = 64;
+constexpr int kGroups = 256;  // row groups: enough blocks to fill the GPU at C = 768
 template <class F>
 __global__ void col_partials_k(float* part, int64_t N, int64_t C, F f) {
   __shared__ float sh[8][33];
@@ -133,6 +133,61 @@ __global__ void col_finish_k(float* out, const float* part, int groups, int64_t 
     out[c] += s;
   }
 }
+// The same four columns a thread (C % 4 == 0) with 16- or 8-byte loads, for a bias
+// gradient (sums of dout) or a norm's two (sums of dout xhat and of dout; kNorm).
+__device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ inline void add4(float4& acc, float4 v, float s = 1.0f) {
+  acc.x += v.x * s, acc.y += v.y * s, acc.z += v.z * s, acc.w += v.w * s;
+}
+template <class T, bool kNorm>
+__global__ void col4_partials_k(float* part_a, float* part_b, const T* dout, const float* inp, const float* mean,
+                                const float* rstd, int64_t N, int64_t C) {
+  __shared__ float4 sa[8][32], sb[8][32];
+  const int64_t c = (int64_t(blockIdx.x) * 32 + threadIdx.x) * 4;
+  float4 a = make_float4(0, 0, 0, 0), b = a;
+  if (c < C)
+    for (int64_t n = int64_t(blockIdx.y) * 8 + threadIdx.y; n < N; n += int64_t(gridDim.y) * 8) {
+      const float4 d = load4(dout + n * C + c);
+      if constexpr (kNorm) {
+        const float4 x = load4(inp + n * C + c);
+        const float mu = mean ? mean[n] : 0.0f, r = rstd[n];
+        a.x += d.x * (x.x - mu) * r, a.y += d.y * (x.y - mu) * r, a.z += d.z * (x.z - mu) * r,
+            a.w += d.w * (x.w - mu) * r;
+        add4(b, d);
+      } else {
+        add4(a, d);
+      }
+    }
+  sa[threadIdx.y][threadIdx.x] = a, sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float4 ta = make_float4(0, 0, 0, 0), tb = ta;
+  for (int i = 0; i < 8; i++) add4(ta, sa[i][threadIdx.x]), add4(tb, sb[i][threadIdx.x]);
+  *reinterpret_cast<float4*>(part_a + int64_t(blockIdx.y) * C + c) = ta;
+  if (part_b) *reinterpret_cast<float4*>(part_b + int64_t(blockIdx.y) * C + c) = tb;
+}
+int col4_groups(int64_t N) { return int(std::min<int64_t>(kGroups, std::max<int64_t>(1, (N + 7) / 8))); }
+template <class T, bool kNorm>
+void col4_sum(float* out_a, float* out_b, const T* dout, const float* inp, const float* mean, const float* rstd,
+              int64_t N, int64_t C, float* scratch, cudaStream_t s) {
+  const int groups = col4_groups(N);
+  float* part_b = out_b ? scratch + int64_t(groups) * C : nullptr;
+  col4_partials_k<T, kNorm><<<dim3(unsigned((C / 4 + 31) / 32), unsigned(groups)), dim3(32, 8), 0, s>>>(
+      scratch, part_b, dout, inp, mean, rstd, N, C);
+  LOOM_CUDA_LAUNCHED("col4_partials");
+  col_finish_k<<<blocks_for(C), kThreads, 0, s>>>(out_a, scratch, groups, C);
+  LOOM_CUDA_LAUNCHED("col_finish");
+  if (!out_b) return;
+  col_finish_k<<<blocks_for(C), kThreads, 0, s>>>(out_b, part_b, groups, C);
+  LOOM_CUDA_LAUNCHED("col_finish");
+}
+
 template <class F>
 void col_sum(float* out, int64_t N, int64_t C, float* scratch, cudaStream_t s, F f) {
   const int groups = int(std::min<int64_t>(kGroups, std::max<int64_t>(1, (N + 7) / 8)));
@@ -291,13 +346,14 @@ void norm_forward(bf16* out, float* mean, float* rstd, const float* inp, const f
   LOOM_CUDA_LAUNCHED("norm_forward");
 }
 
-int64_t norm_scratch_floats(int64_t N, int64_t C) { return int64_t(kGroups) * C; }
+int64_t norm_scratch_floats(int64_t N, int64_t C) { return 2 * int64_t(kGroups) * C; }
 
 void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch, cudaStream_t s) {
   const bool layer = db != nullptr;
   norm_backward_input_k<<<unsigned((N + 7) / 8), 256, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C, layer);
   LOOM_CUDA_LAUNCHED("norm_backward_input");
+  if (C % 4 == 0) return col4_sum<float, true>(dw, db, dout, inp, layer ? mean : nullptr, rstd, N, C, scratch, s);
   col_sum(dw, N, C, scratch, s, [=] __device__(int64_t n, int64_t c) {
     const float mu = layer ? mean[n] : 0.0f;
     return dout[n * C + c] * (inp[n * C + c] - mu) * rstd[n];
@@ -330,10 +386,12 @@ void rope(bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, fl
 
 int64_t bias_scratch_floats(int64_t N, int64_t OC) { return int64_t(kGroups) * OC; }
 void bias_backward(float* db, const float* dout, int64_t N, int64_t OC, float* scratch, cudaStream_t s) {
+  if (OC % 4 == 0) return col4_sum<float, false>(db, nullptr, dout, nullptr, nullptr, nullptr, N, OC, scratch, s);
   col_sum(db, N, OC, scratch, s, [=] __device__(int64_t n, int64_t c) { return dout[n * OC + c]; });
 }
 void bias_backward(float* db, const bf16* dout, int64_t N, int64_t OC, float* scratch, cudaStream_t s) {
   const __nv_bfloat16* d = nv(dout);
+  if (OC % 4 == 0) return col4_sum<__nv_bfloat16, false>(db, nullptr, d, nullptr, nullptr, nullptr, N, OC, scratch, s);
   col_sum(db, N, OC, scratch, s, [=] __device__(int64_t n, int64_t c) { return __bfloat162float(d[n * OC + c]); });
 }
 

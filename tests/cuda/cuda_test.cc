@@ -98,7 +98,10 @@ TEST(CudaKernels, NormsMatchTheReference) {
     EXPECT_LT(rel(drstd.get(), rstd), 1e-5) << layer;
     std::vector<float> dinp(static_cast<size_t>(N * C), 0.5f), gw(static_cast<size_t>(C), 0.25f), gb(static_cast<size_t>(C), 0.25f);
     Dev<float> ddinp(dinp), dgw(gw), dgb(gb), scratch(static_cast<size_t>(norm_scratch_floats(N, C)));
-    norm_backward(ddinp.p, dgw.p, layer ? dgb.p : nullptr, ddy.p, dx.p, dw.p, dmean.p, drstd.p, N, C, scratch.p, nullptr);
+    Dev<bf16> dinp_h(dinp.size());
+    norm_backward(ddinp.p, dgw.p, layer ? dgb.p : nullptr, ddy.p, dx.p, dw.p, dmean.p, drstd.p, N, C, scratch.p, nullptr,
+                  dinp_h.p);
+    EXPECT_EQ(dinp_h.get(), to_h(ddinp.get()));
     if (layer) ref::layernorm_backward(dinp.data(), gw.data(), gb.data(), dy.data(), x.data(), w.data(), mean.data(),
                                        rstd.data(), N, C);
     else ref::rmsnorm_backward(dinp.data(), gw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -123,6 +126,14 @@ TEST(CudaKernels, ActivationsMatchTheReference) {
   gelu_backward(dDin.p, dIn.p, dDy.p, int64_t(in.size()), nullptr);
   EXPECT_LT(rel(widen(dOut.get()), out), 4e-3);
   EXPECT_LT(rel(widen(dDin.get()), din), 4e-3);
+  // N*2F = 8580 takes the one-value-a-thread kernels; a multiple of 8 the vector ones.
+  const int64_t n8 = int64_t(in.size()) / 8 * 8;
+  ASSERT_NE(n8, int64_t(in.size()));
+  Dev<bf16> v8out(static_cast<size_t>(n8)), v8din(static_cast<size_t>(n8));
+  gelu_forward(v8out.p, dIn.p, n8, nullptr);
+  gelu_backward(v8din.p, dIn.p, dDy.p, n8, nullptr);
+  EXPECT_LT(rel(widen(v8out.get()), std::vector<float>(out.begin(), out.begin() + n8)), 4e-3);
+  EXPECT_LT(rel(widen(v8din.get()), std::vector<float>(din.begin(), din.begin() + n8)), 4e-3);
   // SwiGLU: (N, 2F) -> (N, F).
   std::vector<float> sout(static_cast<size_t>(N * F)), sdin(in.size(), 0.0f);
   const std::vector<float> sdy(dy.begin(), dy.begin() + N * F);

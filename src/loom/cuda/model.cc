@@ -336,9 +336,7 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   const BlockView& w = pv.blocks[size_t(l)];
   const BlockView& g = gv.blocks[size_t(l)];
   const LayerActs& a = acts[size_t(l)];
-  // MLP: dres = dL/d(block output).
-  prof->mark("elementwise");
-  to_bf16(dres_h, dres, N * C, s);
+  // MLP: dres = dL/d(block output), dres_h its bf16 copy (made by the norm backward before).
   prof->mark("gemm back");
   blas->linear_backward_input(dfcg, Dt::kBf16, dres_h, h(w.mlp_proj_w), N, F, C);
   blas->linear_backward_weight(g.mlp_proj_w, dres_h, a.fcg, N, F, C);
@@ -354,10 +352,8 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   if (gpt()) bias_backward(g.fc_b, dfch, N, F2, colsum, s);
   prof->mark("norm back");
   norm_backward(dres, g.norm2_w, gpt() ? g.norm2_b : nullptr, dnorm, a.x1, w.norm2_w, a.ln2_mean, a.ln2_rstd, N, C,
-                colsum, s);
+                colsum, s, dres_h);
   // Attention: dres = dL/d(x1).
-  prof->mark("elementwise");
-  to_bf16(dres_h, dres, N * C, s);
   prof->mark("gemm back");
   blas->linear_backward_input(datty, Dt::kBf16, dres_h, h(w.attn_proj_w), N, H * hd, C);
   blas->linear_backward_weight(g.attn_proj_w, dres_h, a.atty, N, H * hd, C);
@@ -373,7 +369,7 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   if (gpt()) bias_backward(g.qkv_b, dqkv, N, Q, colsum, s);
   prof->mark("norm back");
   norm_backward(dres, g.norm1_w, gpt() ? g.norm1_b : nullptr, dnorm, res[size_t(l)], w.norm1_w, a.ln1_mean,
-                a.ln1_rstd, N, C, colsum, s);
+                a.ln1_rstd, N, C, colsum, s, dres_h);
 }
 
 void CudaModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
@@ -392,7 +388,7 @@ void CudaModel::forward_backward(const int32_t* tokens, const int32_t* targets, 
   p.prof->mark("norm back");
   LOOM_CUDA_OK(cudaMemsetAsync(p.dres, 0, size_t(N * p.C) * 4, p.s));
   norm_backward(p.dres, p.gv.normf_w, p.gpt() ? p.gv.normf_b : nullptr, p.dlnf, p.res[size_t(p.m.layers)],
-                p.pv.normf_w, p.lnf_mean, p.lnf_rstd, N, p.C, p.colsum, p.s);
+                p.pv.normf_w, p.lnf_mean, p.lnf_rstd, N, p.C, p.colsum, p.s, p.dres_h);
   for (int l = int(p.m.layers) - 1; l >= 0; l--) p.backward_block(l, B, T);
   p.prof->mark("embedding back");
   embedding_backward(p.gv.wte, p.gpt() ? p.gv.wpe : nullptr, p.dres, p.tok, B, T, p.C, p.s);

@@ -38,10 +38,11 @@ void norm_forward(bf16* out, float* mean, float* rstd, const float* inp, const f
                   int64_t C, float eps, cudaStream_t s);
 // dinp += d(norm)/d(inp); dw += ..., db += ... (db null for RMSNorm). dout (N,C) fp32.
 // scratch: norm_scratch_floats(N, C) floats (per-block partial sums, so the result is
-// deterministic).
+// deterministic). dinp_h: when set, also the updated dinp in bf16.
 int64_t norm_scratch_floats(int64_t N, int64_t C);
 void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                   const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch, cudaStream_t s);
+                   const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch, cudaStream_t s,
+                   bf16* dinp_h = nullptr);
 
 // GELU (tanh form): out = gelu(inp); dinp = gelu'(inp) * dout (overwrites).
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s);

@@ -3,7 +3,8 @@
 # (scripts/cuda_bundle.sh): the CUDA tests, compute-sanitizer on them, GPU-vs-CPU parity
 # of short training runs (GPT and Llama, bf16), CPU <-> GPU checkpoint resumes, and the
 # GPT-2 124M benchmark against PyTorch eager and torch.compile on the same GPU.
-#   bench/cuda_device.sh [tests] [parity] [bench] [profile]   (default: the first three;
+#   bench/cuda_device.sh [tests] [parity] [curve] [bench] [profile]   (default: tests parity bench;
+#   curve: GPT-2 loss curves of loom and PyTorch on the GPU from the same weights and batches;
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
@@ -23,6 +24,8 @@ if [[ $what == *tests* ]]; then
   echo "== compute-sanitizer memcheck"
   compute-sanitizer --tool memcheck --error-exitcode 9 $root/cuda_test 2>&1 | tee $out/memcheck.log | tail -6
   echo "memcheck exit ${PIPESTATUS[0]}"
+  echo "== compute-sanitizer racecheck (shared-memory races) on flash attention"
+  compute-sanitizer --tool racecheck --error-exitcode 9 $root/cuda_test --gtest_filter='*Flash*' 2>&1 | tail -3
 fi
 
 # Loss per step of a --json run: one "step loss" per line.
@@ -82,6 +85,19 @@ for name, tok in (("loom", loom["tokens_per_s"]), ("torch eager", eager["tokens_
     print(f"{name:14s} {tok:10.0f} tokens/s  MFU {tok * flops / 1e12 / peak:.3f} (of measured bf16 GEMM peak {peak:.0f} TFLOP/s)")
 print(f"loom / eager {loom['tokens_per_s'] / eager['tokens_per_s']:.2f}x, loom / compile {loom['tokens_per_s'] / comp['tokens_per_s']:.2f}x")
 PY
+fi
+if [[ $what == *curve* ]]; then
+  echo "== loss curves: loom on the GPU vs PyTorch on the same GPU, same initial weights and batches"
+  d=$out/curve; mkdir -p $d
+  S="--set model.preset=gpt2 --set train.steps=20 --set train.batch=8 --set train.seq=1024 --set optim.lr=6e-4 --set optim.warmup_steps=10 $corpus"
+  $loom data batches $S --out $d/b.bin
+  python3 bench/cuda_torch_peer.py curve $d/init.safetensors $d/b.bin 50257 12 768 12 6e-4 10 0.1 0.1 > $d/torch.json
+  $loom import --in $d/init.safetensors --checkpoint $d/ck --set model.preset=gpt2 >/dev/null
+  $loom train --config $d/ck/config.toml $S --set model.preset=custom --precision bf16 --device cuda --set checkpoint.dir=$d/ck \
+    --resume auto --json --set train.log_every=1 --set train.val_every=0 2>$d/loom.err | losses > $d/loom.txt
+  python3 -c 'import json,sys; [print(i+1, l) for i, l in enumerate(json.load(open(sys.argv[1]))["losses"])]' $d/torch.json > $d/torch.txt
+  compare "gpt2 loom-gpu vs torch-gpu" $d/loom.txt $d/torch.txt
+  paste $d/loom.txt $d/torch.txt | awk 'NR==1||NR%5==0'
 fi
 if [[ $what == *profile* ]]; then
   echo "== where a GPT-2 step's GPU time goes (Note [CUDA profile])"

@@ -4,8 +4,9 @@ tied head) in bf16 autocast with fp32 master weights and AdamW, on one CUDA devi
 
   cuda_torch_peer.py gemm                       bf16 GEMM peak (8192^3, random data)
   cuda_torch_peer.py train MODE B T STEPS       MODE eager | compile: tokens/s and MFU
-  cuda_torch_peer.py curve WEIGHTS TOKENS STEPS loss per step from loom's initial weights
-                                                (safetensors) on loom's token file
+  cuda_torch_peer.py curve INIT BATCHES V L C H LR WARMUP MIN_RATIO WD
+      writes a fresh model to INIT (HF GPT-2 safetensors, for `loom import`), then prints its loss
+      per step on BATCHES (`loom data batches`) with loom's optimizer settings
 
 Model FLOPs per token (PaLM appendix B): 6 N + 12 L C T, N = all parameters; MFU divides
 by the measured bf16 GEMM peak of the same device. Prints one JSON line per result."""
@@ -29,7 +30,12 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = s.qkv(s.ln1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0 (Debian's 1.13, for trying the script on the CPU)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
         x = x + s.proj(y.transpose(1, 2).reshape(B, T, C))
         return x + s.out(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
 
@@ -101,30 +107,87 @@ def train(mode, B, T, steps):
                 params=n, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
 
 
-def curve(weights, tokens, steps):
-    """Trains from loom's exported initial weights on loom's (steps, 2, B, T) int32 token file."""
-    from safetensors.torch import load_file
+def save_hf_gpt2(model, path):
+    """The model as Hugging Face GPT-2 safetensors (Conv1D weights transposed), for `loom import`;
+    written by hand so no safetensors package is needed."""
+    import struct
+    t = {"transformer.wte.weight": model.wte.weight, "transformer.wpe.weight": model.wpe.weight,
+         "transformer.ln_f.weight": model.lnf.weight, "transformer.ln_f.bias": model.lnf.bias}
+    for i, b in enumerate(model.blocks):
+        h = f"transformer.h.{i}."
+        for name, mod in (("ln_1", b.ln1), ("ln_2", b.ln2)):
+            t[h + name + ".weight"], t[h + name + ".bias"] = mod.weight, mod.bias
+        for name, mod in (("attn.c_attn", b.qkv), ("attn.c_proj", b.proj), ("mlp.c_fc", b.fc), ("mlp.c_proj", b.out)):
+            t[h + name + ".weight"], t[h + name + ".bias"] = mod.weight.t(), mod.bias
+    header, blobs, at = {}, [], 0
+    for k, v in t.items():
+        data = v.detach().float().cpu().contiguous().numpy().tobytes()
+        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def lr_at(step, total, lr, warmup, min_ratio):
+    """loom's schedule (optim/optimizer.cc): linear warmup, then cosine to lr * min_ratio."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    decay = total - warmup
+    if decay <= 0:
+        return lr
+    p = min(1.0, (step - warmup) / decay)
+    return lr * min_ratio + 0.5 * (lr - lr * min_ratio) * (1 + math.cos(math.pi * p))
+
+
+def curve(init_path, batches, V, L, C, H, lr, warmup, min_ratio, wd):
+    """Writes a fresh GPT-2's weights for `loom import`, then trains on `loom data batches`
+    output with loom's optimizer settings (AdamW, betas 0.9/0.95, eps 1e-8, decay on matrices
+    and embeddings, clipping at 1, loom's LR schedule); bf16 autocast on CUDA."""
     import numpy as np
-    w = load_file(weights)
-    data = np.fromfile(tokens, dtype=np.int32)
-    B, T = int(data[0]), int(data[1])
-    data = torch.from_numpy(data[2:].reshape(steps, 2, B, T).astype("int64")).cuda()
-    V, C = w["wte"].shape
-    L = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blocks."))
-    model = GPT(V, w["wpe"].shape[0], L, C, int(sys.argv[5]) if len(sys.argv) > 5 else C // 64).cuda()
-    model.load_state_dict({k: v for k, v in w.items()}, strict=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=float(sys.argv[6]) if len(sys.argv) > 6 else 1e-3,
-                            betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    return dict(peer="torch-curve", losses=[step(model, opt, data[s, 0], data[s, 1]).item() for s in range(steps)])
+    raw = np.fromfile(batches, dtype=np.int32)
+    B, T = int(raw[0]), int(raw[1])
+    data = torch.from_numpy(raw[2:].reshape(-1, 2, B, T).astype("int64"))
+    steps = data.shape[0]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = GPT(V, T, L, C, H).to(dev)
+    with torch.no_grad():  # GPT-2's init, as loom's: N(0, 0.02), residual projections / sqrt(2 L)
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02 / math.sqrt(2 * L) if n.endswith(("proj.weight", "out.weight")) else 0.02)
+            elif "ln" not in n:
+                p.zero_()
+    save_hf_gpt2(model, init_path)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for s in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, steps, lr, warmup, min_ratio)
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            loss = model(data[s, 0].to(dev), data[s, 1].to(dev))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return dict(peer="torch-curve", torch=torch.__version__, losses=losses)
 
 
 if __name__ == "__main__":
     what = sys.argv[1]
-    dev = torch.cuda.get_device_name()
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     if what == "gemm":
         print(json.dumps(dict(device=dev, bf16_gemm_tflops=gemm_peak())), flush=True)
     elif what == "train":
         print(json.dumps(dict(device=dev, **train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))),
               flush=True)
-    elif what == "curve":
-        print(json.dumps(dict(device=dev, **curve(sys.argv[2], sys.argv[3], int(sys.argv[4])))), flush=True)
+    elif what == "curve":  # curve INIT.safetensors BATCHES V L C H LR WARMUP MIN_RATIO WD
+        a = sys.argv
+        r = curve(a[2], a[3], *(int(x) for x in a[4:8]), float(a[8]), int(a[9]), float(a[10]), float(a[11]))
+        print(json.dumps(dict(device=dev, **r)), flush=True)

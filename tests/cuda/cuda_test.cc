@@ -84,8 +84,10 @@ double rel(const std::vector<float>& a, const std::vector<float>& ref) {
 
 TEST(CudaKernels, NormsMatchTheReference) {
   REQUIRE_DEVICE();
-  // C = 200 takes the four-columns-a-thread column sums, C = 202 the one-column path.
-  for (auto [layer, C] : {std::pair{true, int64_t(200)}, {false, int64_t(200)}, {true, int64_t(202)}}) {
+  // C = 256 and 128 take the one-pass kernel (C % 128 == 0), 200 the four-columns-a-thread
+  // column sums, 202 the one-column path.
+  for (auto [layer, C] : {std::pair{true, int64_t(256)}, {false, int64_t(128)}, {true, int64_t(200)},
+                          {false, int64_t(200)}, {true, int64_t(202)}}) {
     const int64_t N = 67;
     const auto x = randn(static_cast<size_t>(N * C), 2.0f), w = randn(static_cast<size_t>(C)), b = randn(static_cast<size_t>(C)), dy = randn(static_cast<size_t>(N * C));
     std::vector<float> out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));

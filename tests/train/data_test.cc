@@ -3,8 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/train/data.h"
+#include "support/loom_cli.h"
 
 namespace loom {
 namespace {
@@ -110,6 +112,39 @@ TEST(Data, ByteTokenizerRoundTrips) {
   ASSERT_EQ(t.size(), s.size());
   EXPECT_EQ(t[1], 0xc3);
   EXPECT_EQ(decode_bytes(t), s);
+}
+
+// `loom data batches` writes exactly what the run's loaders read: the global batch of each
+// step, dp ranks in order, micro-batches in order (the file another framework trains on).
+TEST(Data, BatchesCommandWritesWhatTheLoadersRead) {
+  const std::string out = temp_path("batches.bin");
+  const std::vector<std::string> sets = {"model.preset=tiny", "train.batch=4", "train.seq=32", "parallel.dp=2",
+                                         "train.grad_accum=2"};
+  std::string args = "data batches --steps 3 --out " + out;
+  for (const std::string& s : sets) args += " --set " + s;
+  const auto r = testing_support::run_loom(args);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream f(out, std::ios::binary);
+  std::vector<int32_t> got;
+  int32_t v;
+  while (f.read(reinterpret_cast<char*>(&v), 4)) got.push_back(v);
+  const int64_t B = 4, T = 32, steps = 3;
+  ASSERT_EQ(int64_t(got.size()), 2 + steps * 2 * B * T);
+  EXPECT_EQ(got[0], B);
+  EXPECT_EQ(got[1], T);
+  const Config cfg = load_config("", sets);
+  const auto data = load_train_data(cfg, T);
+  std::vector<int32_t> tok(size_t(B * T)), tgt(tok.size());
+  for (int64_t step = 0; step < steps; step++) {
+    int64_t at = 0;
+    for (int r = 0; r < 2; r++) {
+      const DataLoader loader(*data->train, T, uint64_t(cfg.train.seed), r, 2, data->order);
+      for (int m = 0; m < 2; m++, at += T) loader.train_batch(step, m, 2, B, tok.data() + at, tgt.data() + at);
+    }
+    const int32_t* file = got.data() + 2 + step * 2 * B * T;
+    EXPECT_TRUE(std::equal(tok.begin(), tok.end(), file)) << step;
+    EXPECT_TRUE(std::equal(tgt.begin(), tgt.end(), file + B * T)) << step;
+  }
 }
 
 }  // namespace

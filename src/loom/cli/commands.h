@@ -136,13 +136,16 @@ int run_tokenizer(const TokenizerCommands& c, const TokenizerArgs& a);
 // `loom data prepare | inspect` (data_cmd.cc).
 struct DataArgs {
   std::string tokenizer, in, out, text_field = "text", doc_separator;
+  std::string config_path;         // batches: the training config
+  std::vector<std::string> sets;   // batches: its overrides
+  int64_t steps = 0;               // batches: steps to write (0: train.steps)
   int64_t shard_tokens = 100'000'000;
   double val_fraction = 0.05;
   int threads = 2;
   bool overwrite = false, json = false;
 };
 struct DataCommands {
-  CLI::App *prepare = nullptr, *inspect = nullptr;
+  CLI::App *prepare = nullptr, *inspect = nullptr, *batches = nullptr;
 };
 DataCommands add_data_commands(CLI::App& app, DataArgs& a);
 int run_data(const DataCommands& c, const DataArgs& a);

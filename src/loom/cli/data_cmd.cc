@@ -1,4 +1,5 @@
-// `loom data prepare | inspect`: token shards from text, and what a shard holds.
+// `loom data prepare | inspect | batches`: token shards from text, what a shard holds, and
+// the exact token batches a training run reads (to feed another framework the same data).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -6,8 +7,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "loom/cli/commands.h"
+#include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/train/data.h"
 #include "loom/data/prepare.h"
 #include "loom/data/shards.h"
 
@@ -68,6 +73,36 @@ int inspect(const DataArgs& a) {
   return 0;
 }
 
+// int32 little-endian: global batch B and seq T, then per step the tokens (B,T) and the
+// targets (B,T) the run's data-parallel ranks read, rank-major, micro-batches in order.
+int batches(const DataArgs& a) {
+  const Config cfg = load_config(a.config_path, a.sets);
+  LOOM_CONFIG_CHECK(!cfg.data.bucketing, "data.bucketing: its micro-batches have their own lengths; `loom data "
+                                         "batches` writes fixed-length batches only (set data.bucketing = false)");
+  const int64_t T = cfg.seq_len(), steps = a.steps > 0 ? a.steps : cfg.train.steps, dp = cfg.parallel.dp;
+  const int64_t accum = cfg.train.grad_accum, rows = cfg.micro_batch();
+  const auto data = load_train_data(cfg, T);
+  std::ofstream f(a.out, std::ios::binary);
+  if (!f) throw Error("cannot write '" + a.out + "'");
+  const int32_t head[2] = {int32_t(cfg.train.batch), int32_t(T)};
+  f.write(reinterpret_cast<const char*>(head), sizeof head);
+  std::vector<int32_t> tok(size_t(cfg.train.batch * T)), tgt(tok.size());
+  for (int64_t step = 0; step < steps; step++) {
+    int64_t at = 0;
+    for (int64_t r = 0; r < dp; r++) {
+      const DataLoader loader(*data->train, T, uint64_t(cfg.train.seed), int(r), int(dp), data->order);
+      for (int64_t m = 0; m < accum; m++, at += rows * T)
+        loader.train_batch(step, m, accum, cfg.train.batch, tok.data() + at, tgt.data() + at);
+    }
+    f.write(reinterpret_cast<const char*>(tok.data()), std::streamsize(tok.size() * 4));
+    f.write(reinterpret_cast<const char*>(tgt.data()), std::streamsize(tgt.size() * 4));
+  }
+  if (!f.flush()) throw Error("writing '" + a.out + "' failed");
+  std::printf("wrote %s: %lld steps of %lld x %lld tokens and targets\n", a.out.c_str(), (long long)steps,
+              (long long)cfg.train.batch, (long long)T);
+  return 0;
+}
+
 }  // namespace
 
 DataCommands add_data_commands(CLI::App& app, DataArgs& a) {
@@ -91,9 +126,18 @@ DataCommands add_data_commands(CLI::App& app, DataArgs& a) {
   c.inspect = d->add_subcommand("inspect", "Check and summarise shards (loom's or llm.c's .bin)");
   c.inspect->add_option("PATH", a.in, "A shard file or a directory of *.bin shards")->required();
   c.inspect->add_flag("--json", a.json, "One JSON array");
+  c.batches = d->add_subcommand("batches", "Write the token batches a training run reads (int32: B, T, then per step "
+                                           "tokens and targets)");
+  c.batches->add_option("--config", a.config_path, "TOML config file, as for loom train");
+  c.batches->add_option("--set", a.sets, "Config override section.key=value (repeatable)")->take_all();
+  c.batches->add_option("--steps", a.steps, "Steps to write (default train.steps)");
+  c.batches->add_option("--out", a.out, "Output file")->required();
   return c;
 }
 
-int run_data(const DataCommands& c, const DataArgs& a) { return *c.prepare ? prepare(a) : inspect(a); }
+int run_data(const DataCommands& c, const DataArgs& a) {
+  if (*c.batches) return batches(a);
+  return *c.prepare ? prepare(a) : inspect(a);
+}
 
 }  // namespace loom::cli

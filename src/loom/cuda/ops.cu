@@ -145,6 +145,73 @@ __global__ void norm_backward_input4_k(float* dinp, __nv_bfloat16* dinp_h, const
   }
 }
 
+__device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ inline void add4(float4& acc, float4 v, float s = 1.0f) {
+  acc.x += v.x * s, acc.y += v.y * s, acc.z += v.z * s, acc.w += v.w * s;
+}
+// A norm's whole backward in one pass over dout and inp when C = 128 CB (CB <= 8): warp
+// w of kNormWarps takes rows w, w + kNormWarps, ...; lane l owns the float4 columns
+// l + 32 j (j < CB), keeps w, and sums its dw and db terms in registers, written per warp to
+// part_w / part_b [kNormWarps][C] and summed over the warps in order by col_finish_k.
+constexpr int kNormWarps = 1024;
+template <int CB>
+__global__ void __launch_bounds__(256) norm_backward_fused_k(float* dinp, __nv_bfloat16* dinp_h, float* part_w,
+                                                             float* part_b, const float* dout, const float* inp,
+                                                             const float* w, const float* mean, const float* rstd,
+                                                             int64_t N) {
+  constexpr int64_t C = CB * 128;
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const bool layer = part_b != nullptr;
+  float4 wv[CB], aw[CB], ab[CB];
+  for (int j = 0; j < CB; j++) {
+    wv[j] = reinterpret_cast<const float4*>(w)[lane + 32 * j];
+    aw[j] = ab[j] = make_float4(0, 0, 0, 0);
+  }
+  for (int64_t row = warp; row < N; row += kNormWarps) {
+    const float4* x4 = reinterpret_cast<const float4*>(inp + row * C);
+    const float4* d4 = reinterpret_cast<const float4*>(dout + row * C);
+    float4 x[CB], d[CB];
+    const float mu = layer ? mean[row] : 0.0f, r = rstd[row];
+    float s1 = 0, s2 = 0;
+    for (int j = 0; j < CB; j++) {
+      x[j] = x4[lane + 32 * j], d[j] = d4[lane + 32 * j];
+      x[j] = make_float4((x[j].x - mu) * r, (x[j].y - mu) * r, (x[j].z - mu) * r, (x[j].w - mu) * r);  // xhat
+      const float4 e = make_float4(d[j].x * wv[j].x, d[j].y * wv[j].y, d[j].z * wv[j].z, d[j].w * wv[j].w);
+      s1 += e.x + e.y + e.z + e.w;
+      s2 += e.x * x[j].x + e.y * x[j].y + e.z * x[j].z + e.w * x[j].w;
+      aw[j].x += d[j].x * x[j].x, aw[j].y += d[j].y * x[j].y, aw[j].z += d[j].z * x[j].z, aw[j].w += d[j].w * x[j].w;
+      add4(ab[j], d[j]);
+    }
+    s1 = layer ? warp_sum(s1) / float(C) : 0.0f;
+    s2 = warp_sum(s2) / float(C);
+    float4* out = reinterpret_cast<float4*>(dinp + row * C);
+    for (int j = 0; j < CB; j++) {
+      float4 o = out[lane + 32 * j];
+      o.x += r * (d[j].x * wv[j].x - s1 - x[j].x * s2);
+      o.y += r * (d[j].y * wv[j].y - s1 - x[j].y * s2);
+      o.z += r * (d[j].z * wv[j].z - s1 - x[j].z * s2);
+      o.w += r * (d[j].w * wv[j].w - s1 - x[j].w * s2);
+      out[lane + 32 * j] = o;
+      if (dinp_h) {
+        __nv_bfloat162* hp = reinterpret_cast<__nv_bfloat162*>(dinp_h + row * C + 4 * (lane + 32 * j));
+        hp[0] = __floats2bfloat162_rn(o.x, o.y);
+        hp[1] = __floats2bfloat162_rn(o.z, o.w);
+      }
+    }
+  }
+  for (int j = 0; j < CB; j++) {
+    reinterpret_cast<float4*>(part_w + warp * C)[lane + 32 * j] = aw[j];
+    if (layer) reinterpret_cast<float4*>(part_b + warp * C)[lane + 32 * j] = ab[j];
+  }
+}
+
 // Column sums in two deterministic passes: block (32, 8) of group g sums column c over
 // rows g*8 + ty, stepping by G*8, into part[g, c]; then out[c] += sum over g in order.
 constexpr int kGroups = 256;  // row groups: enough blocks to fill the GPU at C = 768
@@ -172,16 +239,6 @@ __global__ void col_finish_k(float* out, const float* part, int groups, int64_t 
 }
 // The same four columns a thread (C % 4 == 0) with 16- or 8-byte loads, for a bias
 // gradient (sums of dout) or a norm's two (sums of dout xhat and of dout; kNorm).
-__device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ inline float4 load4(const __nv_bfloat16* p) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-__device__ inline void add4(float4& acc, float4 v, float s = 1.0f) {
-  acc.x += v.x * s, acc.y += v.y * s, acc.z += v.z * s, acc.w += v.w * s;
-}
 template <class T, bool kNorm>
 __global__ void col4_partials_k(float* part_a, float* part_b, const T* dout, const float* inp, const float* mean,
                                 const float* rstd, int64_t N, int64_t C) {
@@ -406,12 +463,33 @@ void norm_forward(bf16* out, float* mean, float* rstd, const float* inp, const f
   LOOM_CUDA_LAUNCHED("norm_forward");
 }
 
-int64_t norm_scratch_floats(int64_t N, int64_t C) { return 2 * int64_t(kGroups) * C; }
+int64_t norm_scratch_floats(int64_t N, int64_t C) { return 2 * int64_t(std::max(kGroups, kNormWarps)) * C; }
 
 void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch, cudaStream_t s,
                    bf16* dinp_h) {
   const bool layer = db != nullptr;
+  if (C % 128 == 0 && C <= 1024) {
+    float* part_b = layer ? scratch + int64_t(kNormWarps) * C : nullptr;
+    const unsigned blocks = kNormWarps / 8;
+    switch (C / 128) {
+#define LOOM_NORM_FUSED(cb)                                                                                         \
+  case cb:                                                                                                          \
+    norm_backward_fused_k<cb><<<blocks, 256, 0, s>>>(dinp, nv(dinp_h), scratch, part_b, dout, inp, w, mean, rstd, N); \
+    break;
+      LOOM_NORM_FUSED(1) LOOM_NORM_FUSED(2) LOOM_NORM_FUSED(3) LOOM_NORM_FUSED(4)
+      LOOM_NORM_FUSED(5) LOOM_NORM_FUSED(6) LOOM_NORM_FUSED(7) LOOM_NORM_FUSED(8)
+#undef LOOM_NORM_FUSED
+    }
+    LOOM_CUDA_LAUNCHED("norm_backward_fused");
+    col_finish_k<<<blocks_for(C), kThreads, 0, s>>>(dw, scratch, kNormWarps, C);
+    LOOM_CUDA_LAUNCHED("col_finish");
+    if (layer) {
+      col_finish_k<<<blocks_for(C), kThreads, 0, s>>>(db, part_b, kNormWarps, C);
+      LOOM_CUDA_LAUNCHED("col_finish");
+    }
+    return;
+  }
   if (C % 4 == 0) {
     norm_backward_input4_k<<<unsigned((N + 7) / 8), 256, 0, s>>>(dinp, nv(dinp_h), dout, inp, w, mean, rstd, N, C,
                                                                 layer);

@@ -115,10 +115,20 @@ void save(const Config& cfg, int64_t done, CudaModel& model, HostState& h) {
   save_shards(cfg, done, h.view(model.layout()), nullptr, 0);
 }
 
+// Before anything is read or allocated: a machine without a usable GPU gets one clear line.
+void check_device() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return;
+  throw Error(std::string("train.device = cuda: no CUDA device is usable here (") +
+              (e != cudaSuccess ? cudaGetErrorString(e) : "no devices") + "); train on the CPU with train.device = cpu");
+}
+
 }  // namespace
 
 TrainSummary train(const Config& cfg, const TrainOptions& opt) {
   check_supported(cfg);
+  check_device();
   LOOM_CONFIG_CHECK(opt.trace_path.empty(), "--trace is not recorded on the GPU yet; drop it or train on the CPU");
   Reporter rep(opt, cfg.train.steps);
   const int64_t T = cfg.seq_len(), mb = cfg.micro_batch(), accum = cfg.train.grad_accum;

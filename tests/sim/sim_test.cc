@@ -375,6 +375,38 @@ TEST(Published, MedianErrorWithinTenPercent) {
   EXPECT_LE(median, 0.10);
 }
 
+// Note [Published model shapes]: rows are read by model name (Llama, Nemotron-4 as Llama with
+// the same MLP parameters), PyTorch FSDP's sharding as its ZeRO stage, and a Llama row with
+// a step time is compared by step time (its TFLOP/s were not counted Megatron's way).
+TEST(Published, RowsAreReadByModelNameAndSharding) {
+  PublishedRun row;
+  row.fields = {{"row_id", "1"}, {"gpu_type", "H100-SXM5-80GB"}, {"num_gpus", "8"}, {"num_layers", "4"},
+                {"hidden_size", "1024"}, {"num_attention_heads", "16"}, {"num_query_groups", "4"},
+                {"ffn_hidden", "3072"}, {"vocab_size", "32000"}, {"seq_length", "2048"}, {"global_batch_size", "16"},
+                {"micro_batch_size", "1"}, {"tensor_parallel", "2"}, {"pipeline_parallel", "1"},
+                {"data_parallel", "4"}, {"tflops_per_gpu", "300"}, {"iteration_time_s", "2.5"},
+                {"model", "Llama 3 1B"}, {"zero_or_sharding", ""}};
+  PublishedCase c = published_case(row);
+  EXPECT_EQ(c.plan.cfg.model.arch, Arch::kLlama);
+  EXPECT_EQ(c.plan.cfg.model.ffn, 3072);
+  EXPECT_EQ(c.plan.cfg.model.kv_heads, 4);
+  EXPECT_EQ(c.metric, "iteration_time_s");
+  EXPECT_EQ(c.plan.cfg.parallel.zero, 0);
+  row.fields["model"] = "Nemotron-4 1B";
+  row.fields["zero_or_sharding"] = "PyTorch FSDP FULL_SHARD (~ZeRO-3)";
+  c = published_case(row);
+  EXPECT_EQ(c.plan.cfg.model.arch, Arch::kLlama);
+  EXPECT_EQ(c.plan.cfg.model.ffn, 2048);  // 2/3 of the squared-ReLU width: the same MLP parameters
+  EXPECT_EQ(c.plan.cfg.parallel.zero, 3);
+  row.fields["model"] = "GPT 1B", row.fields["num_query_groups"] = "";
+  row.fields["zero_or_sharding"] = "PyTorch FSDP SHARD_GRAD_OP (~ZeRO-2)";
+  c = published_case(row);
+  EXPECT_EQ(c.plan.cfg.model.arch, Arch::kGpt);
+  EXPECT_EQ(c.plan.cfg.model.kv_heads, 16);
+  EXPECT_EQ(c.metric, "tflops_per_gpu");
+  EXPECT_EQ(c.plan.cfg.parallel.zero, 2);
+}
+
 // The bf16 payload modes (comm.grad_dtype, comm.param_dtype, comm.p2p_dtype) carry 2-byte
 // values: on an fp32 cluster (4-byte weights and activations) over slow links, where
 // transfers are bandwidth-bound, each priced transfer takes about half as long.

@@ -64,6 +64,37 @@ int64_t interleave(const PublishedRun& r) {
   return 1;
 }
 
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+// Note [Published model shapes]
+// A row's model is read by name where its architecture is not GPT-2's: Llama rows run as
+// loom's Llama (RoPE, SwiGLU with ffn_hidden the gate/up width, grouped-query attention);
+// Nemotron-4 (grouped-query attention, a two-matrix squared-ReLU MLP) runs as Llama with
+// ffn = 2/3 ffn_hidden, the SwiGLU MLP of the same parameters and FLOPs. Everything else is
+// GPT. Returns the model's config keys.
+std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
+  const std::string name = text(row, "model");
+  const bool llama = contains(name, "Llama"), nemotron = contains(name, "Nemotron");
+  int64_t ffn = int64_t(num(row, "ffn_hidden"));
+  if (nemotron) ffn = ffn * 2 / 3;
+  return {"model.preset=custom", std::string("model.arch=") + (llama || nemotron ? "llama" : "gpt"),
+          "model.layers=" + text(row, "num_layers"), "model.d_model=" + text(row, "hidden_size"),
+          "model.heads=" + std::to_string(heads),
+          "model.kv_heads=" + std::to_string(int64_t(num(row, "num_query_groups", double(heads)))),
+          "model.ffn=" + std::to_string(ffn), "model.vocab=" + std::to_string(int64_t(num(row, "vocab_size", 51200))),
+          "model.ctx=" + text(row, "seq_length")};
+}
+
+// PyTorch FSDP and MaxText shard parameters, gradients and optimizer state (ZeRO-3;
+// SHARD_GRAD_OP keeps parameters whole, ZeRO-2); Megatron's DDP and NeMo's rows shard
+// nothing.
+int64_t zero_stage(const PublishedRun& row) {
+  const std::string z = text(row, "zero_or_sharding");
+  if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3")) return 3;
+  if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2")) return 2;
+  return 0;
+}
+
 }  // namespace
 
 std::string PublishedRun::id() const {
@@ -117,19 +148,15 @@ PublishedCase published_case(const PublishedRun& row) {
   const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size"));
   const int64_t gb = int64_t(num(row, "global_batch_size"));
   const std::string rec = text(row, "recompute");
-  std::vector<std::string> sets = {
-      "model.preset=custom", "model.arch=gpt",
-      "model.layers=" + text(row, "num_layers"), "model.d_model=" + text(row, "hidden_size"),
-      "model.heads=" + std::to_string(heads), "model.kv_heads=" + std::to_string(int64_t(num(row, "num_query_groups", double(heads)))),
-      "model.ffn=" + text(row, "ffn_hidden"), "model.vocab=" + std::to_string(int64_t(num(row, "vocab_size", 51200))),
-      "model.ctx=" + text(row, "seq_length"),
+  std::vector<std::string> sets = model_keys(row, heads);
+  sets.insert(sets.end(), {
       "train.batch=" + std::to_string(gb), "train.grad_accum=" + std::to_string(gb / (mb * dp)),
       "parallel.dp=" + std::to_string(dp), "parallel.tp=" + text(row, "tensor_parallel"),
       "parallel.pp=" + text(row, "pipeline_parallel"), "parallel.vpp=" + std::to_string(vpp),
       "parallel.schedule=" + std::string(vpp > 1 ? "interleaved" : "1f1b"),
       "parallel.sp=" + std::string(text(row, "sequence_parallel") == "yes" ? "true" : "false"),
       "parallel.recompute=" + std::string(rec.rfind("full", 0) == 0 ? "full" : rec.rfind("selective", 0) == 0 ? "selective" : "none"),
-      "parallel.micro_batch=" + std::to_string(mb)};
+      "parallel.micro_batch=" + std::to_string(mb), "parallel.zero=" + std::to_string(zero_stage(row))});
   c.plan.cfg = load_config("", sets);
   c.plan.framework = Framework::kMegatron;
   c.plan.cp = int64_t(num(row, "context_parallel", 1));
@@ -137,7 +164,10 @@ PublishedCase published_case(const PublishedRun& row) {
   c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos;
   // Megatron-LM (2021, 2022) waits for each pipeline send/receive pair before computing on.
   c.plan.blocking_p2p = text(row, "framework").rfind("Megatron", 0) == 0;
-  if (!text(row, "tflops_per_gpu").empty()) {
+  // Megatron's FLOPs count is GPT-2's; a Llama row's TFLOP/s were counted otherwise (its
+  // source's own formula), so it is compared by step time where the row has one.
+  const bool gpt = c.plan.cfg.model.arch == Arch::kGpt;
+  if (!text(row, "tflops_per_gpu").empty() && (gpt || text(row, "iteration_time_s").empty())) {
     c.metric = "tflops_per_gpu";
     c.published = num(row, "tflops_per_gpu");
   } else {

@@ -62,9 +62,10 @@ Blas::~Blas() {
   if (workspace_) cudaFree(workspace_);
 }
 
-// The heuristic's first answer was seen 3-4x slower than the best for some shapes here
-// (the LM head's V = 50257 columns), so each new shape times its candidates twice on a
-// scratch output (the real one may be an accumulator) and keeps the fastest.
+// The heuristic ranks its candidates by a model, not a measurement, so each new shape times
+// up to kCandidates of them twice on a scratch output (the real one may be an accumulator)
+// and keeps the fastest. (Not yet measured against taking the first answer alone; the LM
+// head's slow GEMMs turned out to be its odd width, fixed by padding in cuda/model.cc.)
 cublasLtMatmulAlgo_t Blas::fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const bf16* A,
                                    const bf16* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias) {
   if (found == 1) return res[0].algo;

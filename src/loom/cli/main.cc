@@ -78,6 +78,9 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
       ->check(CLI::IsMember({"on", "off"}));
   app->add_flag("--blocking-p2p", a.blocking_p2p, "Pipeline sends hold the sending rank until delivered "
                                                   "(Megatron-LM's batched isend/irecv + wait); default asynchronous");
+  app->add_option("--tp-overlap", a.tp_overlap, "on | off: tensor-parallel collectives hidden under their GEMMs "
+                                                "(Megatron-core --tp-comm-overlap). Default off")
+      ->check(CLI::IsMember({"on", "off"}));
   add_layout_flags(app, a.layout);
 }
 

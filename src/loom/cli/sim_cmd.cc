@@ -78,6 +78,9 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
     throw ConfigError("--dp-overlap '" + a.dp_overlap + "': expected on or off");
   in.plan.dp_overlap = a.dp_overlap != "off";
   in.plan.blocking_p2p = a.blocking_p2p;
+  if (!a.tp_overlap.empty() && a.tp_overlap != "on" && a.tp_overlap != "off")
+    throw ConfigError("--tp-overlap '" + a.tp_overlap + "': expected on or off");
+  in.plan.tp_overlap = a.tp_overlap == "on";
   return in;
 }
 

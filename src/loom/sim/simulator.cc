@@ -41,8 +41,19 @@ struct Places {
 
 struct Pass {
   double compute = 0, tp = 0, cp = 0, zero = 0;
+  double gemm = 0;  // the GEMM part of compute (not added to total)
   double total() const { return compute + tp + cp + zero; }
 };
+
+// Note [Tensor-parallel overlap]
+// Megatron-core's --tp-comm-overlap splits each tensor-parallel all-gather / reduce-scatter
+// (or all-reduce) into chunks pipelined with the GEMM next to it (userbuffers), so a
+// unit's tp communication costs only what its GEMMs cannot cover:
+//   tp' = max(0, tp - gemm)  per unit and pass (forward, backward, recompute),
+// e.g. a block with 3 ms of GEMMs and 1 ms of tp collectives costs 3 ms instead of 4. The
+// chunking's own overhead is not priced. Off by default (loom's engine and Megatron-LM
+// before core run them in turn).
+void hide_tp(Pass& p) { p.tp -= std::min(p.tp, p.gemm); }
 
 Pass minus(Pass a, const Pass& b) {
   a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero;
@@ -63,7 +74,9 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
       const double t = collective_time_s(c, o.coll, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
       (o.axis == Axis::kCp ? p.cp : p.tp) += t;
     } else {
-      p.compute += kernel_time_s(c.device, o);
+      const double t = kernel_time_s(c.device, o);
+      p.compute += t;
+      if (o.kind == Op::Kind::kGemm) p.gemm += t;
     }
   }
 }
@@ -82,6 +95,7 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       const Curve& f = c.device.gemm_backward_factor;
       const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
       p.compute += t;
+      p.gemm += t;
       if (wgt) wgt->compute += t / 2;
     } else if (o.kind == Op::Kind::kMemory) {
       p.compute += memory_time_s(c.device, 2 * o.bytes);
@@ -97,13 +111,15 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
 
 // weights: the ops are a block's, whose dW GEMMs a split backward defers to W (the head's
 // weight gradient is made in forward, with the loss).
-UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r,
+UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
                    bool weights = false) {
   UnitCost u;
   add_forward(c, pl, ops, u.fwd);
   add_backward(c, pl, ops, u.bwd, weights ? &u.wgt : nullptr);
   if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
   if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
+  if (tp_overlap)
+    for (Pass* p : {&u.fwd, &u.bwd, &u.recompute}) hide_tp(*p);
   return u;
 }
 
@@ -195,13 +211,13 @@ void build_chunks(Setup& s) {
   // One block cost per recompute policy; each layer adds the one its policy selects.
   std::vector<UnitCost> block;
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r, true));
+    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r, s.plan.tp_overlap, true));
     block.back().act_bytes = layer_activation_bytes(s.x, r);
     block.back().transient_bytes = layer_recompute_transient_bytes(s.x, r);
   }
-  UnitCost embed = unit_cost(s.cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone);
+  UnitCost embed = unit_cost(s.cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone, s.plan.tp_overlap);
   embed.act_bytes = embedding_activation_bytes(s.x);
-  UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), Recompute::kNone);
+  UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), Recompute::kNone, s.plan.tp_overlap);
   head.act_bytes = head_activation_bytes(s.x);
   // ZeRO traffic per layer and micro-batch, overlapped with that layer's compute.
   const ParamCount bp = block_params(model, s.tp);
@@ -522,7 +538,7 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   const Setup s = make_setup(plan, cluster);
   BlockCosts out;
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r);
+    const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r, plan.tp_overlap);
     out.time_s[int(r)] = u.fwd.total() + u.bwd.total() + u.recompute.total();
     out.act_bytes[int(r)] = layer_activation_bytes(s.x, r);
     const ParallelConfig& par = plan.cfg.parallel;
@@ -536,8 +552,8 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
       out.unit_bytes = unit;
     }
   }
-  const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone);
-  const UnitCost h = unit_cost(cluster, s.pl, head_forward_ops(s.x), Recompute::kNone);
+  const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone, plan.tp_overlap);
+  const UnitCost h = unit_cost(cluster, s.pl, head_forward_ops(s.x), Recompute::kNone, plan.tp_overlap);
   out.embed_s = e.fwd.total() + e.bwd.total();
   out.head_s = h.fwd.total() + h.bwd.total();
   const ParallelConfig& par = plan.cfg.parallel;

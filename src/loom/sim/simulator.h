@@ -26,6 +26,7 @@ struct SimPlan {
   bool flash_attention = false;  // Megatron with flash attention (2023+); the published runs had none
   bool blocking_p2p = false; // a pipeline send holds its rank until delivered (Megatron-LM's
                              // batched isend/irecv + wait); loom's sends are asynchronous
+  bool tp_overlap = false;   // Note [Tensor-parallel overlap] (Megatron-core --tp-comm-overlap)
   int64_t gpus() const { return cfg.parallel.world() * cp; }
 };
 

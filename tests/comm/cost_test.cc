@@ -1,4 +1,4 @@
-// The all-reduce cost model on hand-sized cases; each expected number shows its arithmetic.
+// The collective cost models on hand-sized cases; each expected number shows its arithmetic.
 #include "loom/comm/cost.h"
 
 #include <gtest/gtest.h>
@@ -32,6 +32,23 @@ TEST(CommCost, FormulasOnHandSizedCases) {
               (512 + mb64 / 10000) + 2 * (60 + mb64 / 2 / 1000) + (5 + mb64 / 6000), 1e-6);
   EXPECT_TRUE(std::isinf(all_reduce_estimate_us(Algorithm::kShm, 4096, two_by_two, kTable)));
   EXPECT_TRUE(std::isinf(all_reduce_estimate_us(Algorithm::kHierarchical, 4096, two_local, kTable)));
+}
+
+// The simulator's NCCL prices (Note [Collective cost formulas]): 16 nodes x 8 GPUs, 64 MiB,
+// intra 100 GB/s + 2 us a step, inter 10 GB/s + 10 us. The bus bandwidth term is the
+// inter-node link's 8 x 10 GB/s (< 100) for every op. All-reduce (NCCL's tree across
+// nodes): 2 passes x (7 intra + log2 16 = 4 inter steps); all-gather and reduce-scatter
+// (rings only): 7 intra + 15 inter steps.
+TEST(CommCost, NcclAllGatherIsARingAcrossNodes) {
+  GroupShape g;
+  g.ranks = 128, g.nodes = 16, g.per_node = 8;
+  const LinkCost intra{100e9, 2e-6}, inter{10e9, 10e-6};
+  const double bytes = 64.0 * (1 << 20), bw = 8 * 10e9;
+  EXPECT_NEAR(nccl_collective_s(OpKind::kAllReduce, bytes, g, intra, inter),
+              2 * 127.0 / 128 * bytes / bw + 2 * (7 * 2e-6 + 4 * 10e-6), 1e-12);
+  for (OpKind op : {OpKind::kAllGather, OpKind::kReduceScatter})
+    EXPECT_NEAR(nccl_collective_s(op, bytes, g, intra, inter), 127.0 / 128 * bytes / bw + 7 * 2e-6 + 15 * 10e-6,
+                1e-12);
 }
 
 TEST(CommCost, ChoicesFollowTheShape) {

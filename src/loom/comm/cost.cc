@@ -12,7 +12,8 @@ namespace loom::comm {
 // bus_factor x bytes (each member sends and receives (n-1)/n of the buffer per pass; an
 // all-reduce is two passes, reduce-scatter then all-gather). Algorithms differ in their
 // step counts: a ring takes n-1 steps per pass, recursive doubling log2 n, a tree across
-// nodes ceil(log2 nodes). comm prices each of its own algorithms step by step (below) to
+// nodes ceil(log2 nodes) (NCCL's all-reduce at scale; its all-gather and reduce-scatter
+// stay rings, nodes - 1 inter-node steps). comm prices each of its own algorithms step by step (below) to
 // choose one; the simulator prices the algorithm NCCL picks at scale (nccl_collective_s).
 
 GroupShape place_group(int64_t devices_per_node, int64_t ranks, int64_t stride) {
@@ -40,6 +41,10 @@ double nccl_collective_s(OpKind op, double bytes, const GroupShape& g, const Lin
   double latency = 0;
   if (p2p) {
     latency = g.nodes > 1 ? inter.latency_s : intra.latency_s;
+  } else if (op == OpKind::kAllGather || op == OpKind::kReduceScatter) {
+    // NCCL runs all-gather and reduce-scatter as rings only (its tree algorithm is for
+    // all-reduce), so every node of the ring adds an inter-node step: nodes - 1 of them.
+    latency = double(g.per_node - 1) * intra.latency_s + double(g.nodes - 1) * inter.latency_s;
   } else {
     latency = passes * (double(g.per_node - 1) * intra.latency_s + std::ceil(std::log2(double(g.nodes))) * inter.latency_s);
   }

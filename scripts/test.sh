@@ -12,7 +12,7 @@ ctest --preset release "$@"
 # The CUDA backend (issue 20) is off by default; where nvcc exists, at least compile it.
 if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   PATH=$PATH:/usr/local/cuda/bin cmake --preset cuda >/dev/null
-  cmake --build --preset cuda --target loom_cuda
+  cmake --build --preset cuda --target loom_cuda_kernels loom_cuda
 fi
 if [[ "${LOOM_FUZZ_SECONDS:-10}" != 0 ]]; then
   LOOM_FUZZ_SEED=${LOOM_FUZZ_SEED:-1} scripts/fuzz.sh "${LOOM_FUZZ_SECONDS:-10}"

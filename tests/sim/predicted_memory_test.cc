@@ -24,10 +24,15 @@ sim::ClusterSpec cpu(int64_t ranks) {
   return sim::cluster_from_toml(t.str(), "test");
 }
 
-double measured_rank0_bytes(const Config& c) {
+// Rank 0's measured peak, summed over its categories; `rows` gets each category's peak
+// (printed when a layout misses, to tell a flake's category).
+double measured_rank0_bytes(const Config& c, std::string& rows) {
   const std::vector<TrainSummary> out = testing_support::train_as_threads(c);
   double total = 0;
-  for (const auto& [name, bytes] : out[0].memory_peak_bytes) total += double(bytes);
+  for (const auto& [name, bytes] : out[0].memory_peak_bytes) {
+    total += double(bytes);
+    rows += name + " " + std::to_string(double(bytes) / (1 << 20)) + " MiB; ";
+  }
   return total;
 }
 
@@ -61,13 +66,14 @@ TEST(PredictedMemory, FourteenLayoutsWithinFivePercentOfTheEngine) {
     plan.framework = sim::Framework::kLoom;
     plan.cfg = load_config("", sets);
     const sim::SimResult r = sim::simulate(plan, cpu(plan.gpus()));
-    const double predicted = r.ranks[0].memory.total(), measured = measured_rank0_bytes(plan.cfg);
+    std::string rows;
+    const double predicted = r.ranks[0].memory.total(), measured = measured_rank0_bytes(plan.cfg, rows);
     std::string label = layout.empty() ? "single process " : "";
     for (const auto& s : layout) label += s + " ";
     std::printf("%-70s predicted %8.2f MiB  measured %8.2f MiB  %+.2f%%\n", label.c_str(), predicted / (1 << 20),
                 measured / (1 << 20), 100 * (predicted / measured - 1));
     EXPECT_NEAR(predicted / measured, 1.0, 0.05) << label << "predicted " << predicted / (1 << 20) << " MiB, measured "
-                                                 << measured / (1 << 20) << " MiB";
+                                                 << measured / (1 << 20) << " MiB (" << rows << ")";
   }
 }
 

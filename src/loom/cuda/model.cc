@@ -19,6 +19,7 @@
 #include "loom/cuda/check.h"
 #include "loom/cuda/ops.h"
 #include "loom/cuda/profile.h"
+#include "loom/optim/optimizer.h"
 
 namespace loom::cuda {
 
@@ -435,21 +436,14 @@ double CudaModel::grad_norm() {
   return std::sqrt(ss);
 }
 
-// Runs of equal weight decay, as AdamW in optim/optimizer.cc cuts them (padding joins the
-// run before it; it is zero and stays zero).
+// AdamW over the runs of equal weight decay that the CPU's AdamW uses (optim::decay_runs).
 void CudaModel::adamw_step(const OptimConfig& o, double lr, int64_t step, double grad_scale) {
   Impl& p = *p_;
   p.prof->mark("optimizer");
-  const std::vector<ParamSpec>& specs = layout_.specs();
-  size_t i = 0;
-  while (i < specs.size()) {
-    size_t j = i;
-    while (j + 1 < specs.size() && specs[j + 1].decay == specs[i].decay) j++;
-    const int64_t lo = specs[i].offset, hi = j + 1 < specs.size() ? specs[j + 1].offset : layout_.total_floats();
-    const float wd = specs[i].decay ? float(o.weight_decay) : 0.0f;
-    adamw(p.params + lo, p.params_h + lo, p.grads + lo, p.mom1 + lo, p.mom2 + lo, hi - lo, float(lr), float(o.beta1),
-          float(o.beta2), float(o.eps), wd, step, float(grad_scale), p.s);
-    i = j + 1;
+  for (const DecayRun& r : decay_runs(layout_, o.weight_decay)) {
+    const int64_t lo = r.offset;
+    adamw(p.params + lo, p.params_h + lo, p.grads + lo, p.mom1 + lo, p.mom2 + lo, r.count, float(lr), float(o.beta1),
+          float(o.beta2), float(o.eps), r.weight_decay, step, float(grad_scale), p.s);
   }
   p.refresh_head();
 }

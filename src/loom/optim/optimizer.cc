@@ -37,25 +37,27 @@ double clip_coef(double norm, double max_norm) {
   return coef < 1.0 ? coef : 1.0;
 }
 
-AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned)
-    : owned_(std::move(owned)), cfg_(cfg) {
-  if (owned_.empty()) owned_.push_back({0, layout.total_floats()});
-  // Runs of equal decay over the whole buffer: a new run starts wherever the decay value
-  // changes; alignment padding belongs to the run before it (padding params and grads are
-  // zero and stay zero under any decay).
-  std::vector<Run> all;
+std::vector<DecayRun> decay_runs(const ParamLayout& layout, double weight_decay) {
+  std::vector<DecayRun> all;
   for (const ParamSpec& s : layout.specs()) {
-    const float wd = s.decay ? float(cfg.weight_decay) : 0.0f;
+    const float wd = s.decay ? float(weight_decay) : 0.0f;
     if (all.empty() || all.back().weight_decay != wd) all.push_back({s.offset, 0, wd});
   }
   for (size_t i = 0; i < all.size(); i++)
     all[i].count = (i + 1 < all.size() ? all[i + 1].offset : layout.total_floats()) - all[i].offset;
+  return all;
+}
+
+AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned)
+    : owned_(std::move(owned)), cfg_(cfg) {
+  if (owned_.empty()) owned_.push_back({0, layout.total_floats()});
+  const std::vector<DecayRun> all = decay_runs(layout, cfg.weight_decay);
   // Intersect with the owned ranges, packing the moments in owned order.
   int64_t state = 0;
   for (const FlatRange& o : owned_) {
     LOOM_CHECK(o.offset >= 0 && o.count >= 0 && o.offset + o.count <= layout.total_floats(), "optimizer shard [",
                o.offset, ", ", o.offset + o.count, ") is outside the parameter buffer of ", layout.total_floats());
-    for (const Run& r : all) {
+    for (const DecayRun& r : all) {
       const int64_t lo = std::max(r.offset, o.offset), hi = std::min(r.offset + r.count, o.offset + o.count);
       if (hi > lo) runs_.push_back({lo, hi - lo, r.weight_decay, state + (lo - o.offset)});
     }

@@ -25,6 +25,15 @@ double sum_squares(const Kernels& k, const float* x, const std::vector<FlatRange
 // is < 1 (and max_norm > 0), else 1.
 double clip_coef(double norm, double max_norm);
 
+// Contiguous runs of the whole flat buffer sharing one weight-decay value (weight_decay on
+// decayed tensors, 0 elsewhere); alignment padding joins the run before it (padding params
+// and grads are zero and stay zero under any decay). AdamW and the CUDA model update by these.
+struct DecayRun {
+  int64_t offset = 0, count = 0;
+  float weight_decay = 0;
+};
+std::vector<DecayRun> decay_runs(const ParamLayout& layout, double weight_decay);
+
 class AdamW {
  public:
   // Updates the parts of the flat buffer listed in `owned` (ZeRO: this rank's shard

@@ -142,6 +142,39 @@ TEST(MpiTrain, Bf16GradientAllReduceStaysNearTheExactRun) {
                 {}, tol);
 }
 
+// parallel.compress (Note [Gradient compressors]) against the single-process run, each held
+// to its loss bound (Note [Verify tolerances]); every rank ends with the same weights.
+TEST(MpiTrain, CompressedGradientsStayNearTheExactRun) {
+  const Config base = base_config("gpt");
+  const TrainSummary ref = run(base, nullptr);
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0.01"},
+      {"parallel.dp=2", "parallel.compress=terngrad"},
+      {"parallel.dp=2", "parallel.compress=powersgd", "parallel.zero=1"},
+      {"parallel.dp=3", "parallel.compress=powersgd"},
+      {"parallel.dp=3", "parallel.compress=int8"},
+      {"parallel.dp=2", "parallel.tp=2", "parallel.compress=powersgd"},
+      {"parallel.dp=2", "parallel.pp=2", "parallel.compress=topk", "train.grad_accum=2"},
+      {"parallel.dp=4", "parallel.tp=2", "parallel.compress=terngrad"},
+  };
+  int ran = 0;
+  for (const auto& sets : layouts) {
+    const Config c = config_from_toml_string(to_toml(base), sets);
+    if (c.parallel.world() != g_world->world_size()) continue;
+    const TrainSummary got = run(c, g_world);
+    const VerifyRow row = compare_runs(sets[1], ref, got, tolerance_for(c));
+    ran++;
+    EXPECT_TRUE(row.ok) << sets[1] << " at " << c.parallel.world() << " ranks: " << row.error << " loss rel "
+                        << row.max_loss_rel << " (bound " << row.tolerance.loss_rel << ")";
+    // Replicas agree: rank 0's weights reach every rank bit for bit (the dp group's ranks
+    // hold the same replica; tp/pp ranks compare their gathered whole-model copy).
+    std::vector<float> mine = got.final_params, first = mine;
+    g_world->world_group().broadcast(std::span<float>(first), 0);
+    EXPECT_EQ(first, mine) << sets[1] << " rank " << g_world->global_rank();
+  }
+  EXPECT_GT(ran, 0) << "no layout for " << g_world->world_size() << " ranks";
+}
+
 // comm.param_dtype = bf16 (Note [bf16 parameter gathers]) against the single-process bf16
 // run, with the bounds of Precision.Bf16ParameterGathersStayNearTheFp32Ones.
 TEST(MpiTrain, Bf16ParameterGathersStayNearTheSingleProcessRun) {

@@ -46,7 +46,14 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       // the checkpoint carries the scale and its count of clean steps (a resume that lost
       // them would start again at 2^23 and differ).
       {"fp16 dp2 dynamic", {"parallel.dp=2", "train.precision=fp16", "train.loss_scale_init=8388608",
-                            "train.loss_scale_window=2"}}};
+                            "train.loss_scale_window=2"}},
+      // Note [Compressor state in checkpoints]: residuals, DGC momentum and PowerSGD's Q
+      // come back, so compressed runs resume bit for bit too (TernGrad keeps none).
+      {"topk dp2", {"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0.05",
+                    "parallel.compress_momentum=0.9"}},
+      {"powersgd dp2 zero1", {"parallel.dp=2", "parallel.zero=1", "parallel.compress=powersgd",
+                              "parallel.compress_rank=2", "parallel.bucket_mb=0.05"}},
+      {"terngrad dp2", {"parallel.dp=2", "parallel.compress=terngrad"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);
@@ -66,6 +73,43 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
     // auto picks the newest complete step (6 = train.steps: nothing left to run).
     EXPECT_EQ(*resolve_step_dir(a), a + "/step-00000006") << name;
   }
+}
+
+// A checkpoint resumed under another compressor or layout starts the compressor state at
+// zero and says so; a damaged state file is refused by name.
+TEST(Resume, CompressorStateResetsWithAWarningElsewhereAndDamageIsNamed) {
+  const std::string a = testing::TempDir() + "/resume_cmp_a", b = testing::TempDir() + "/resume_cmp_b";
+  fs::remove_all(a), fs::remove_all(b);
+  const std::vector<std::string> psgd = {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_rank=2"};
+  run(small(a, psgd));
+  ASSERT_TRUE(fs::exists(a + "/step-00000003/compress-00001.bin"));
+  std::ostringstream out;
+  TrainOptions o;
+  o.out = o.err = &out, o.resume = a + "/step-00000003";
+  testing_support::train_as_threads(small(b, {"parallel.dp=2", "parallel.compress=topk"}), o);
+  EXPECT_NE(out.str().find("warning: gradient compressor state (error feedback, momentum, PowerSGD's Q) starts at "
+                           "zero: this run's is 'topk"),
+            std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("the checkpoint's it was saved under 'powersgd"), std::string::npos) << out.str();
+  {  // flip a byte of rank 1's PowerSGD state
+    std::fstream f(a + "/step-00000003/compress-00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  const std::string msg = [&] {
+    std::ostringstream sink;
+    TrainOptions bad;
+    bad.out = bad.err = &sink, bad.resume = a + "/step-00000003";
+    fs::remove_all(b);
+    std::vector<TrainSummary> outs(2);
+    comm::CommOptions copt;
+    copt.timeout = std::chrono::milliseconds(20'000);
+    const auto errors = comm::run_threads(2, copt, [&](comm::World& w) { train(small(b, psgd), bad, w); });
+    return errors[0] + " | " + errors[1];
+  }();
+  EXPECT_NE(msg.find("compress-00001.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fails its CRC-32"), std::string::npos) << msg;
 }
 
 TEST(Resume, DamageIsRefusedNamingTheFileTensorSectionAndBytes) {

@@ -182,6 +182,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
   try {
     const shard::RankFile rf =
         shard::write_rank_file(tmp, global_rank, table, s, [&] { failpoint("shard", step, global_rank); });
+    if (!s.compressor.empty()) write_compressor_file(tmp, global_rank, s.compressor);
     write_atomically(side, shard::rank_json(rf));
   } catch (...) {
     error = std::current_exception();
@@ -191,6 +192,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
       shard::Manifest m;
       m.step = step, m.optimizer_steps = s.optimizer_steps, m.config = cfg, m.tensors = table;
       m.loss_scale = s.loss_scale;
+      if (!s.compressor.empty()) m.compressor_signature = s.compressor_signature;
       const ParallelConfig& p = cfg.parallel;
       const comm::Mesh mesh = comm::training_mesh(p);
       for (int r = 0; r < world_size; ++r) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/ckpt/compressor_state.h"
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
 #include "loom/optim/loss_scale.h"
@@ -52,6 +53,12 @@ struct ShardState {
   int tp = 1, tp_rank = 0;
   int64_t optimizer_steps = 0;
   LossScaleState loss_scale;  // the same on every rank (Note [Dynamic loss scaling])
+  // Note [Compressor state in checkpoints]: this rank's compressor buffers and the
+  // signature they are valid under (empty: none); a load that starts them at zero says
+  // why in compressor_note.
+  std::vector<NamedBuffer> compressor;
+  std::string compressor_signature;
+  std::string compressor_note;
 };
 
 // Collective over `world` (nullptr: one process). Throws loom::Error on an IO failure, on

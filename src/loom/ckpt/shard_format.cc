@@ -242,10 +242,11 @@ std::string manifest_json(const Manifest& m) {
                                             : json("none");
   const json state = {{"data_position", "step " + std::to_string(m.step) + " (row r of step s reads hash(seed, s, r))"},
                       {"lr_schedule", "lr_at(step " + std::to_string(m.step) + ")"},
-                      {"rng", "none drawn during training"}, {"loss_scale", scale}};
-  const json out = {{"format", kFormat}, {"step", m.step}, {"optimizer_steps", m.optimizer_steps}, {"state", state},
-                    {"world", m.ranks.size()}, {"layout", layout_json(m.config.parallel)},
-                    {"config", to_toml(m.config)}, {"tensors", tensors}, {"ranks", ranks}};
+                      {"rng", "none kept (TernGrad's rounding hashes seed, step, bucket and rank)"}, {"loss_scale", scale}};
+  json out = {{"format", kFormat}, {"step", m.step}, {"optimizer_steps", m.optimizer_steps}, {"state", state},
+              {"world", m.ranks.size()}, {"layout", layout_json(m.config.parallel)},
+              {"config", to_toml(m.config)}, {"tensors", tensors}, {"ranks", ranks}};
+  if (!m.compressor_signature.empty()) out["compressor"] = m.compressor_signature;
   return out.dump(1);
 }
 
@@ -265,6 +266,10 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
       throw Error("checkpoint: '" + where + "': state.loss_scale.scale is " + scale.dump() + ", expected a positive number");
     m.loss_scale.scale = scale.get<double>();
     m.loss_scale.good_steps = int_in(field(ls, "good_steps", where), 0, kMaxFloats, where, "state.loss_scale.good_steps");
+  }
+  if (j.contains("compressor")) {
+    if (!j["compressor"].is_string()) throw Error("checkpoint: '" + where + "': 'compressor' is not a string");
+    m.compressor_signature = j["compressor"].get<std::string>();
   }
   const json& cfg = field(j, "config", where);
   if (!cfg.is_string()) throw Error("checkpoint: '" + where + "': 'config' is not a string");

@@ -57,6 +57,7 @@ struct Manifest {
   Config config;  // the run that wrote it; config.parallel is the layout
   std::vector<Tensor> tensors;
   std::vector<RankFile> ranks;
+  std::string compressor_signature;  // Note [Compressor state in checkpoints]; empty: none saved
 };
 
 std::string step_name(int64_t step);

@@ -223,6 +223,18 @@ std::string layout_text(const ParallelConfig& p) {
 
 std::string shard_layout(const std::string& step_dir) { return layout_text(read_manifest(step_dir).config.parallel); }
 
+namespace {
+
+// Note [Compressor state in checkpoints]: buffers that cannot be restored start at zero.
+void reset_compressor(ShardState& s, const std::string& why) {
+  if (s.compressor.empty()) return;
+  for (const NamedBuffer& b : s.compressor) std::fill(b.data->begin(), b.data->end(), 0.0f);
+  s.compressor_note = "gradient compressor state (error feedback, momentum, PowerSGD's Q) starts at zero: this run's is '" +
+                      s.compressor_signature + "' and the checkpoint's " + why;
+}
+
+}  // namespace
+
 int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& s, int global_rank) {
   const Manifest m = read_manifest(step_dir);
   check_same_model(m.config, cfg, step_dir);
@@ -230,6 +242,10 @@ int64_t load_shards(const std::string& step_dir, const Config& cfg, ShardState& 
   fill(src, cfg.model, s);
   s.optimizer_steps = m.optimizer_steps;
   s.loss_scale = m.loss_scale;
+  if (!s.compressor.empty() && m.compressor_signature == s.compressor_signature)
+    read_compressor_file(step_dir, global_rank, s.compressor);
+  else
+    reset_compressor(s, m.compressor_signature.empty() ? "it saved none" : "it was saved under '" + m.compressor_signature + "'");
   return m.step;
 }
 
@@ -239,6 +255,7 @@ int64_t load_whole_checkpoint(const std::string& dir, const Config& cfg, ShardSt
   FlatTensors src(ck);
   fill(src, cfg.model, s);
   s.optimizer_steps = ck.m && ck.v ? ck.state.optimizer_steps : 0;
+  reset_compressor(s, "a whole-model checkpoint holds none");
   return ck.state.step;
 }
 

@@ -105,6 +105,7 @@ struct PlanArgs {
   SimArgs sim;           // model, cluster, --gpus, --global-batch, --seq, --cp, --json
   int64_t top = 5;
   std::string emit, out; // --emit loom | megatron, written to --out (stdout when empty)
+  std::string compress = "auto";  // auto | none | a list of compressors (Note [Gradient compressors])
 };
 int run_plan(const PlanArgs& a);
 

@@ -1,5 +1,6 @@
 // `loom plan`: search the layout space for a model on a cluster (Note [Plan search]).
 #include <fstream>
+#include <sstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,30 @@ namespace loom::cli {
 
 nlohmann::json layout_json(const sim::SimPlan& p);
 nlohmann::json result_json(const sim::SimResult& r);
+
+namespace {
+
+// --compress: auto (loom's engine: every stateful compressor where dp crosses nodes), none,
+// or a list tried on every dp group.
+void set_compressors(const std::string& flag, plan::PlanRequest& req) {
+  if (flag == "auto") {
+    if (req.like.framework == sim::Framework::kLoom)
+      req.compress = {CompressKind::kTopK, CompressKind::kTernGrad, CompressKind::kPowerSgd};
+    return;
+  }
+  if (flag == "none") return;
+  std::stringstream items(flag);
+  for (std::string item; std::getline(items, item, ',');) {
+    try {
+      req.compress.push_back(parse_compress(item));
+    } catch (const ConfigError& e) {
+      throw ConfigError("--compress '" + flag + "': " + e.what() + " (or auto / none)");
+    }
+  }
+  req.compress_everywhere = true;
+}
+
+}  // namespace
 
 int run_plan(const PlanArgs& a) {
   if (a.sim.gpus <= 0) throw ConfigError("loom plan needs --gpus N (the devices to plan for)");
@@ -37,6 +62,7 @@ int run_plan(const PlanArgs& a) {
   req.cp.clear();  // --cp N: context-parallel degrees 1, 2, 4, ... up to N
   for (int64_t cp = 1; cp <= a.sim.cp; cp *= 2)
     if (req.like.cfg.seq_len() % cp == 0) req.cp.push_back(cp);
+  set_compressors(a.compress, req);
   const plan::PlanReport rep = plan::search_plans(req);
   if (rep.ranked.empty()) {
     std::string why;
@@ -61,6 +87,7 @@ int run_plan(const PlanArgs& a) {
       nlohmann::json j = result_json(c.result);
       j["layout"] = layout_json(c.plan);
       j["how"] = c.how;
+      if (const std::string caveat = plan::compression_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
       std::cout << j.dump() << "\n";
     }
     nlohmann::json s = {{"evaluated", rep.evaluated}, {"ilp_solves", rep.ilp_solves}, {"ilp_s", rep.ilp_s},
@@ -82,6 +109,7 @@ int run_plan(const PlanArgs& a) {
               << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.dp_exposed
               << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
               << " GiB\n";
+    if (const std::string caveat = plan::compression_caveat(c.plan); !caveat.empty()) std::cout << "    " << caveat << "\n";
   }
   std::cout << "pruned:";
   for (const auto& [reason, n] : rep.pruned) std::cout << "\n  " << n << " " << reason << " (e.g. " << rep.example.at(reason) << ")";

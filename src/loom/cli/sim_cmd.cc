@@ -88,7 +88,8 @@ nlohmann::json layout_json(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   return {{"dp", q.dp}, {"tp", q.tp}, {"pp", q.pp}, {"vpp", q.vpp}, {"cp", p.cp}, {"sp", q.sp}, {"zero", q.zero},
           {"micro_batch", p.cfg.micro_batch()}, {"grad_accum", p.cfg.train.grad_accum}, {"global_batch", p.cfg.train.batch},
-          {"seq", p.cfg.seq_len()}, {"schedule", schedule_name(q.schedule)}, {"recompute", recompute_text(q.recompute)}, {"pp_layers", pp_layers_text(q.pp_layers)}};
+          {"seq", p.cfg.seq_len()}, {"schedule", schedule_name(q.schedule)}, {"recompute", recompute_text(q.recompute)}, {"pp_layers", pp_layers_text(q.pp_layers)},
+          {"compress", compress_name(q.compress)}};
 }
 
 nlohmann::json result_json(const sim::SimResult& r) {

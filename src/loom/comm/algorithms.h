@@ -145,7 +145,6 @@ void hierarchical_all_reduce(Link& intra, Link* inter, std::span<std::byte> buf,
 // unchanged, so all ranks end with the same bits. Error: bf16 rounds to 8 significant
 // bits per hop; int8 adds at most scale / 2 per value per hop.
 inline constexpr size_t kQuantBlock = 256;
-size_t compressed_bytes(Compression c, size_t count);
 void compress(Compression c, const float* x, size_t count, std::byte* out);
 void decompress(Compression c, const std::byte* in, size_t count, float* x);
 // The ring codec of a compression other than kNone.

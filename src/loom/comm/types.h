@@ -30,6 +30,8 @@ enum class Algorithm : uint8_t { kAuto, kRing, kRecursive, kShm, kHierarchical, 
 // Reduced-precision payloads for an f32 all_reduce (Note [Compressed all-reduce]).
 enum class Compression : uint8_t { kNone, kBF16, kInt8 };
 std::string_view compression_name(Compression c);  // "none", "bf16", "int8"
+// Bytes `count` f32 values take on the wire in compression c (Note [Compressed all-reduce]).
+size_t compressed_bytes(Compression c, size_t count);
 
 size_t dtype_bytes(DType t);
 std::string_view dtype_name(DType t);    // "f32", "bf16", ...

@@ -152,6 +152,13 @@ std::vector<KeyDef> parallel_keys() {
              [](Config& c, const RawValue& v, const std::string& k) { c.parallel.pp_layers = parse_pp_layers(parse_string(k, v)); },
              [](const Config& c) { return quote(pp_layers_text(c.parallel.pp_layers)); }},
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
+      KeyDef{"parallel.compress", "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.compress = parse_compress(parse_string(k, v)); },
+             [](const Config& c) { return quote(compress_name(c.parallel.compress)); }},
+      LOOM_FLOAT_KEY(parallel, compress_ratio, "topk: fraction of each gradient bucket sent (DGC default 0.001)"),
+      LOOM_FLOAT_KEY(parallel, compress_momentum, "topk: DGC momentum correction factor (0 = error feedback only)"),
+      LOOM_INT_KEY(parallel, compress_rank, "powersgd: low-rank approximation rank"),
+      LOOM_INT_KEY(parallel, compress_warmup_steps, "optimizer steps with exact gradients before compression"),
   };
 }
 

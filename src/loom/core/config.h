@@ -95,6 +95,10 @@ inline bool splits_backward(ScheduleKind k) {
   return k == ScheduleKind::kZbH1 || k == ScheduleKind::kZbH2 || k == ScheduleKind::kZbV;
 }
 
+// How data-parallel gradients cross the dp group (Note [Gradient compressors] in
+// parallel/compress.h): exact, a codec of the ring, or a stateful compressor.
+enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd };
+
 // The text forms of the typed layout keys, as TOML files, --set, plan files and reports
 // write them. The parse functions throw ConfigError naming the key, the text and the fix.
 const char* schedule_name(ScheduleKind k);  // "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v"
@@ -108,6 +112,8 @@ std::string zero_keep_text(const std::vector<bool>& layers);
 // "3,4" <-> {3, 4}; "" <-> {}.
 std::vector<int64_t> parse_pp_layers(const std::string& text);
 std::string pp_layers_text(const std::vector<int64_t>& split);
+const char* compress_name(CompressKind k);  // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd"
+CompressKind parse_compress(const std::string& text);
 
 // How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:
 // pp, dp, tp (tp ranks are adjacent global ranks, as in Megatron).
@@ -125,6 +131,12 @@ struct ParallelConfig {
   std::vector<int64_t> pp_layers;  // layers per pipeline stage, e.g. {3, 4}; empty: as even as possible
   std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
+  // Gradient compression (Note [Gradient compressors]); defaults are the papers'.
+  CompressKind compress = CompressKind::kNone;
+  double compress_ratio = 0.001;     // topk: fraction sent per bucket (DGC: 99.9% sparsity)
+  double compress_momentum = 0.0;    // topk: DGC momentum correction (0: plain error feedback)
+  int64_t compress_rank = 4;         // powersgd: rank (Vogels et al.'s language-model setting)
+  int64_t compress_warmup_steps = 0; // steps reduced exactly before compression starts
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }

@@ -11,6 +11,11 @@ namespace loom {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
 
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
@@ -160,6 +165,41 @@ void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
   else if (c.parallel.zero >= 2)
     errs.push_back("comm.grad_dtype = bf16 runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
                    str(c.parallel.zero) + " reduce-scatters them, which has no bf16 form yet");
+}
+
+// Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and the
+// all-reduce sync (ZeRO 0/1); the stateful ones keep residuals in gradient units, which
+// fp16's changing loss scale would corrupt.
+void check_compress(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.compress_ratio <= 0 || p.compress_ratio > 1)
+    errs.push_back("parallel.compress_ratio = " + num(p.compress_ratio) + ": expected a fraction in (0, 1]");
+  if (p.compress_momentum < 0 || p.compress_momentum >= 1)
+    errs.push_back("parallel.compress_momentum = " + num(p.compress_momentum) + ": expected [0, 1)");
+  if (p.compress_rank < 1) errs.push_back("parallel.compress_rank = " + str(p.compress_rank) + ": expected >= 1");
+  if (p.compress_warmup_steps < 0)
+    errs.push_back("parallel.compress_warmup_steps = " + str(p.compress_warmup_steps) + ": expected >= 0");
+  if (p.compress == CompressKind::kNone) return;
+  const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
+  if (c.comm.grad_dtype != "fp32")
+    errs.push_back(what + " with comm.grad_dtype = " + c.comm.grad_dtype +
+                   ": comm.grad_dtype = bf16 is parallel.compress = bf16; set only one");
+  if (p.dp < 2)
+    errs.push_back(what + " compresses the data-parallel gradients, but parallel.dp = " + str(p.dp) +
+                   ": set parallel.dp >= 2 or parallel.compress = none");
+  else if (p.zero >= 2)
+    errs.push_back(what + " runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
+                   str(p.zero) + " reduce-scatters them, which has no compressed form yet");
+  const bool stateful = p.compress == CompressKind::kTopK || p.compress == CompressKind::kTernGrad ||
+                        p.compress == CompressKind::kPowerSgd;
+  // parallel::kTernGradMaxDp: TernGrad's int8 sums hold |sum| <= dp.
+  if (p.compress == CompressKind::kTernGrad && p.dp > 127)
+    errs.push_back(what + " sums ternary values as int8, which holds up to parallel.dp = 127; parallel.dp = " +
+                   str(p.dp) + ": use powersgd or topk");
+  if (stateful && c.train.precision == "fp16")
+    errs.push_back(what + " with train.precision = fp16: its gradients carry a loss scale that changes between "
+                          "steps, which the compressor's residual and scale cannot follow; use train.precision = "
+                          "bf16 or fp32, or parallel.compress = bf16 | int8");
 }
 
 // Note [bf16 parameter gathers] (parallel/zero.h).
@@ -312,6 +352,25 @@ ScheduleKind parse_schedule(const std::string& text) {
   throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zb-v");
 }
 
+const char* compress_name(CompressKind k) {
+  switch (k) {
+    case CompressKind::kNone: return "none";
+    case CompressKind::kBf16: return "bf16";
+    case CompressKind::kInt8: return "int8";
+    case CompressKind::kTopK: return "topk";
+    case CompressKind::kTernGrad: return "terngrad";
+    case CompressKind::kPowerSgd: return "powersgd";
+  }
+  return "?";
+}
+
+CompressKind parse_compress(const std::string& text) {
+  for (CompressKind k : {CompressKind::kNone, CompressKind::kBf16, CompressKind::kInt8, CompressKind::kTopK,
+                         CompressKind::kTernGrad, CompressKind::kPowerSgd})
+    if (text == compress_name(k)) return k;
+  throw ConfigError("parallel.compress = '" + text + "': expected none, bf16, int8, topk, terngrad or powersgd");
+}
+
 std::vector<Recompute> parse_recompute(const std::string& text) {
   std::vector<Recompute> v = parse_runs("parallel.recompute", text, recompute_names());
   if (v.empty()) throw bad_runs("parallel.recompute", text, "no policy given", recompute_names());
@@ -363,6 +422,7 @@ void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
   check_bucketing(c, errs);
   check_grad_dtype(c, errs);
   check_param_dtype(c, errs);
+  check_compress(c, errs);
 }
 
 }  // namespace loom

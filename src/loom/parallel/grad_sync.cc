@@ -88,6 +88,40 @@ GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode, com
              dp.size());
 }
 
+void GradSync::set_compressors(const CompressSpec& spec, const std::vector<ParamSpec>& specs) {
+  LOOM_CHECK(!spec.stateful() || mode_ == Mode::kAllReduce, "parallel.compress = ", compress_name(spec.kind),
+             " needs the all-reduce sync (ZeRO 0 or 1)");
+  spec_ = spec;
+  specs_ = specs;
+  compressors_.clear();
+  if (!spec.stateful()) return;
+  for (size_t b = 0; b < plan_.buckets.size(); b++)
+    compressors_.push_back(make_compressor(spec, plan_.buckets[b], int(b), specs, plan_.dp));
+}
+
+void GradSync::set_step(int64_t step) {
+  step_ = step;
+  compressing_ = !compressors_.empty() && step >= spec_.warmup_steps;
+}
+
+double GradSync::exact_wire_bytes() const {
+  double bytes = 0;
+  for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(CompressKind::kNone, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
+  return bytes;
+}
+
+double GradSync::wire_bytes() const {
+  double bytes = 0;
+  if (compressing_) {
+    for (const auto& c : compressors_) bytes += c->wire_bytes();
+    return bytes;
+  }
+  if (mode_ != Mode::kAllReduce || compression_ == comm::Compression::kNone) return exact_wire_bytes();
+  const CompressKind codec = compression_ == comm::Compression::kBF16 ? CompressKind::kBf16 : CompressKind::kInt8;
+  for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(codec, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
+  return bytes;
+}
+
 void GradSync::begin(float* grads) {
   LOOM_ASSERT(grads_ == nullptr && pending_.empty());
   grads_ = grads;
@@ -96,7 +130,7 @@ void GradSync::begin(float* grads) {
 }
 
 void GradSync::on_tied_head_done() {
-  if (!grads_ || !plan_.tied_first || next_ > 0) return;
+  if (!grads_ || !plan_.tied_first || next_ > 0 || compressing_) return;
   const Bucket& b = plan_.buckets[0];
   pending_.push_back(dp_.all_reduce(std::span<float>(grads_ + b.offset, size_t(b.count)), comm::ReduceOp::kAvg,
                                     {.async = true, .compression = compression_}));
@@ -105,7 +139,7 @@ void GradSync::on_tied_head_done() {
 }
 
 bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64_t n, int64_t C) {
-  if (!grads_ || !plan_.tied_first) return false;
+  if (!grads_ || !plan_.tied_first || compressing_) return false;  // compressed: wte is a bucket like any
   LOOM_ASSERT(next_ > 0);
   const int dp = plan_.dp;
   // Ranks may hold different row counts (data.bucketing's micro-batch lengths): gather the
@@ -139,7 +173,7 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
 }
 
 void GradSync::on_ready(int first_final) {
-  if (!grads_) return;
+  if (!grads_ || compressing_) return;  // compressors run after backward, in finish()
   if (plan_.tied_first && next_ == 0) return;  // bucket 0 (wte) goes first, at head_done
   if (mode_ == Mode::kShardEveryMicro) release_done(false);
   const comm::CallOptions async{.async = true, .compression = compression_};
@@ -164,6 +198,11 @@ void GradSync::finish(bool last_micro) {
   LOOM_ASSERT(grads_ != nullptr);
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
+  if (compressing_)
+    for (size_t b = 0; b < plan_.buckets.size(); b++) {
+      const Bucket& bk = plan_.buckets[b];
+      compressors_[b]->reduce(dp_, std::span<float>(grads_ + bk.offset, size_t(bk.count)), step_);
+    }
   finishing_ = true;
   on_ready(0);
   finishing_ = false;
@@ -210,13 +249,22 @@ void GradSync::measure_standalone() {
   for (const Bucket& b : plan_.buckets) largest = std::max(largest, b.count);
   std::vector<float> scratch(size_t(largest), 0.0f);
   standalone_s_ = 0;
-  for (const Bucket& b : plan_.buckets) {
+  for (size_t bi = 0; bi < plan_.buckets.size(); bi++) {
+    const Bucket& b = plan_.buckets[bi];
     std::span<float> all(scratch.data(), size_t(b.count));
     const size_t piece = size_t(b.count / plan_.dp);
+    // A compressor is timed as a fresh copy (its state untouched) on values it cannot
+    // shortcut (zeros would make top-k's selection and PowerSGD's products trivial).
+    std::unique_ptr<BucketCompressor> probe;
+    if (!compressors_.empty()) {
+      probe = make_compressor(spec_, b, int(bi), specs_, plan_.dp);
+      for (size_t i = 0; i < all.size(); i++) all[i] = float((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    }
     double t[3];
     for (double& ti : t) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (mode_ == Mode::kAllReduce) dp_.all_reduce(all, comm::ReduceOp::kAvg, {.compression = compression_});
+      if (probe) probe->reduce(dp_, all, spec_.warmup_steps);
+      else if (mode_ == Mode::kAllReduce) dp_.all_reduce(all, comm::ReduceOp::kAvg, {.compression = compression_});
       else dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
                               comm::ReduceOp::kSum);
       ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -18,6 +18,7 @@
 #include "loom/core/memory.h"
 #include "loom/model/layout.h"
 #include "loom/parallel/buckets.h"
+#include "loom/parallel/compress.h"
 
 namespace loom::parallel {
 
@@ -62,6 +63,20 @@ class GradSync {
   GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode,
            comm::Compression compression = comm::Compression::kNone);
 
+  // Stateful compressors (Note [Gradient compressors]), one per bucket, over the model's
+  // layout `specs` (shapes of the bucket's tensors). Call before training.
+  void set_compressors(const CompressSpec& spec, const std::vector<ParamSpec>& specs);
+  // The optimizer step about to be computed: before spec.warmup_steps the exact all-reduce
+  // runs (overlapped with backward), from then on the compressors, after backward.
+  void set_step(int64_t step);
+  bool compressing() const { return compressing_; }
+  // Bytes one step's gradient reduction puts on the wire from this rank (ring all-reduce:
+  // 2 (dp - 1) / dp of the payload; Note [Gradient compressors] for the rest), and the
+  // same for the exact fp32 all-reduce of the same buckets.
+  double wire_bytes() const;
+  double exact_wire_bytes() const;
+  const std::vector<std::unique_ptr<BucketCompressor>>& compressors() const { return compressors_; }
+
   // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
   // tied embedding's two copies (first and last stage) before it is reduced.
   void hold_first_tensor(bool hold) { hold_first_ = hold; }
@@ -102,6 +117,11 @@ class GradSync {
   const DataParallelPlan& plan_;
   Mode mode_;
   comm::Compression compression_;
+  std::vector<std::unique_ptr<BucketCompressor>> compressors_;
+  CompressSpec spec_;
+  std::vector<ParamSpec> specs_;
+  int64_t step_ = 0;
+  bool compressing_ = false;
   MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;
   size_t next_ = 0;

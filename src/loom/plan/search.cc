@@ -51,6 +51,19 @@ struct Acc {
 
 bool fits(const sim::SimResult& r, const sim::ClusterSpec& c) { return r.peak_memory_bytes <= c.device.memory_bytes; }
 
+// Exact sync, plus the requested compressors where they apply: all-reduced gradients (zero
+// 0/1) over a dp group that crosses nodes (or anywhere, if asked).
+std::vector<CompressKind> compressors(const PlanRequest& req, const sim::SimPlan& plan, int64_t zero) {
+  std::vector<CompressKind> out = {CompressKind::kNone};
+  const ParallelConfig& q = plan.cfg.parallel;
+  const int64_t group = q.dp * plan.cp;
+  if (zero >= 2 || group < 2) return out;
+  if (!req.compress_everywhere && sim::place_group(req.cluster, group, q.tp).nodes < 2) return out;
+  for (CompressKind k : req.compress)
+    if (k != CompressKind::kNone) out.push_back(k);
+  return out;
+}
+
 // Stage DP on a pipelined plan: per-layer fwd + bwd time, embedding and head at the ends.
 bool refine_stages(const PlanRequest& req, PlanCandidate& c) {
   const ParallelConfig& par = c.plan.cfg.parallel;
@@ -134,7 +147,23 @@ std::string layout_label(const sim::SimPlan& p) {
      << " recompute " << recompute_text(q.recompute);
   if (!q.pp_layers.empty()) os << " layers " << pp_layers_text(q.pp_layers);
   if (!q.zero_keep.empty()) os << " keep " << zero_keep_text(q.zero_keep);
+  if (q.compress != CompressKind::kNone) os << " compress " << compress_name(q.compress);
   return os.str();
+}
+
+std::string compression_caveat(const sim::SimPlan& p) {
+  const ParallelConfig& q = p.cfg.parallel;
+  std::ostringstream os;
+  switch (q.compress) {
+    case CompressKind::kNone: return "";
+    case CompressKind::kTopK: os << "top-k, ratio " << q.compress_ratio << " (DGC)"; break;
+    case CompressKind::kPowerSgd: os << "PowerSGD, rank " << q.compress_rank; break;
+    case CompressKind::kTernGrad: os << "TernGrad, 2 bits a value"; break;
+    default: os << compress_name(q.compress) << " ring all-reduce"; break;
+  }
+  return "approximate gradients (" + os.str() +
+         "): the time is priced, the accuracy cost is not modelled; measure it with loom verify and a validation "
+         "curve (docs/benchmarks.md)";
 }
 
 PlanReport search_plans(const PlanRequest& req) {
@@ -172,11 +201,12 @@ PlanReport search_plans(const PlanRequest& req) {
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
               for (int64_t zero : {0, 1, 2, 3})
+                for (CompressKind compress : compressors(req, plan, zero))
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:
                   if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
                   q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc};
-                  q.vocab_parallel = vocab_parallel;
+                  q.vocab_parallel = vocab_parallel, q.compress = compress;
                   const std::vector<std::string> errs = validation_errors(plan.cfg);
                   if (!errs.empty()) {
                     acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
@@ -253,6 +283,8 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
     os << "\n# parallel.vocab_parallel = false (embedding and head whole on every tp rank) has no Megatron-LM flag";
   if (!q.zero_keep.empty())
     os << "\n# parallel.zero_keep " << zero_keep_text(q.zero_keep) << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
+  if (q.compress != CompressKind::kNone)
+    os << "\n# parallel.compress = " << compress_name(q.compress) << " (compressed gradients) has no Megatron-LM flag";
   if (full > 0 && full < m.layers)
     os << "\n# per-layer recompute " << recompute_text(q.recompute) << " maps to block recompute of the first layers of each stage";
   return os.str() + "\n";

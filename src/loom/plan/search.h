@@ -20,6 +20,11 @@ struct PlanRequest {
   int64_t top = 5;
   std::vector<int64_t> cp = {1};
   bool refine = true;          // stage DP + per-layer ILP on the best uniform plans
+  // Gradient compressors tried besides exact sync (Note [Gradient compressors]; zero 0/1,
+  // dp > 1, with like.cfg.parallel's compress_* parameters): only where the dp group
+  // crosses nodes (the slow links), or everywhere with compress_everywhere.
+  std::vector<CompressKind> compress;
+  bool compress_everywhere = false;
 };
 
 struct PlanCandidate {
@@ -44,6 +49,9 @@ std::string layout_label(const sim::SimPlan& p);
 // split may be uneven) and every larger vpp giving each virtual stage the same whole number
 // of layers (96 layers, pp 8: 2, 3, 4, 6, 12); never more virtual stages than layers.
 std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp);
+// "" for exact gradients; else what the plan trades away: the compressor, its parameters
+// and that its accuracy cost is not modelled.
+std::string compression_caveat(const sim::SimPlan& p);
 // A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
 std::string emit_loom_toml(const sim::SimPlan& p);
 std::string emit_megatron_args(const sim::SimPlan& p);

@@ -87,4 +87,14 @@ double memory_time_s(const DeviceSpec& d, double bytes);
 // A calibrated bus-bandwidth table for the op and group size wins over the formula.
 double collective_time_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g);
 
+// The gradient sync of pipeline rank `pp_rank` under a stateful compressor (top-k,
+// TernGrad, PowerSGD; Note [Gradient compressors]): its collectives and its encode/decode
+// passes, priced from parallel::bucket_traffic over the rank's tensors, run after backward
+// (not overlapped, as the engine runs them).
+struct CompressedSync {
+  double comm_s = 0, compute_s = 0;
+  double wire_bytes = 0, exact_wire_bytes = 0;  // per rank per step, as the engine reports them
+};
+CompressedSync compressed_sync(const ClusterSpec& c, const Config& cfg, int64_t pp_rank, const GroupShape& dp);
+
 }  // namespace loom::sim

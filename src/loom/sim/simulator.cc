@@ -409,6 +409,27 @@ double kept_layers(const Setup& s, int64_t r) {
   return n;
 }
 
+// The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
+// window: the exact ring overlapped with backward but for its last bucket, a ring codec
+// likewise, or a stateful compressor after backward (compressed_sync).
+double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  const CompressKind compress = par.compress;
+  if (compress == CompressKind::kTopK || compress == CompressKind::kTernGrad || compress == CompressKind::kPowerSgd) {
+    const CompressedSync c = compressed_sync(s.cluster, s.plan.cfg, r, s.pl.dp);
+    return c.comm_s + c.compute_s;
+  }
+  const OpKind op = par.zero == 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
+  // comm.grad_dtype = bf16 or a ring codec (Note [Compressed all-reduce]): the ring carries
+  // 2-byte values (bf16) or 1 byte and a scale per 256 (int8); the rounding passes are not
+  // priced.
+  const bool bf16 = s.plan.cfg.comm.grad_dtype == "bf16" || compress == CompressKind::kBf16;
+  const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
+  const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
+  const double buckets = std::max(1.0, std::ceil(params * s.wbytes / (par.bucket_mb * double(1 << 20))));
+  return s.plan.dp_overlap ? std::max(t / buckets, t - last_bwd_window) : t;
+}
+
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -427,16 +448,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
   rep.pipeline_end_s = st.free_at;
   rep.busy_s = st.spent.total();
-  const double grad_bytes = rep.params * s.wbytes;
-  if (G > 1 && par.zero <= 1) {
-    const OpKind op = par.zero == 1 ? OpKind::kReduceScatter : OpKind::kAllReduce;
-    // comm.grad_dtype = bf16 (Note [Compressed all-reduce]): the ring carries 2-byte values;
-    // the rounding passes are not priced.
-    const double wire = s.plan.cfg.comm.grad_dtype == "bf16" ? std::min(2.0, s.wbytes) : s.wbytes;
-    const double t = collective_time_s(s.cluster, op, rep.params * wire, s.pl.dp);
-    const double buckets = std::max(1.0, std::ceil(grad_bytes / (par.bucket_mb * double(1 << 20))));
-    rep.dp_exposed_s = s.plan.dp_overlap ? std::max(t / buckets, t - st.last_bwd_window) : t;
-  }
+  if (G > 1 && par.zero <= 1) rep.dp_exposed_s = dp_exposed_s(s, r, rep.params, st.last_bwd_window);
   if (tied && (r == 0 || r == s.pp - 1))
     rep.tied_s = collective_time_s(s.cluster, OpKind::kAllReduce, wte * s.wbytes, s.pl.tied);
   // Adam reads w, g, m, v and writes w, m, v (mixed precision also the fp16 copy and the

@@ -49,9 +49,9 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   memory.category("optimizer");
   memory.track(memory.category("activations"), model.activation_storage(), model.activation_bytes());
   if (rc.dp) {
-    const comm::Compression grad_payload =
-        cfg.comm.grad_dtype == "bf16" ? comm::Compression::kBF16 : comm::Compression::kNone;
-    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), grad_payload);
+    const parallel::CompressSpec compress = parallel::compress_spec(cfg);
+    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), compress.ring_codec());
+    sync->set_compressors(compress, model.layout().specs());
     sync->hold_first_tensor(rc.embed != nullptr);
     sync->set_tracker(&memory);
     sync->measure_standalone();

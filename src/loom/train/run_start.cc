@@ -119,6 +119,7 @@ int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s,
       if (step > cfg.train.steps)
         throw ConfigError(detail::cat("--resume: checkpoint ", c.dir, " is at step ", step, ", past train.steps = ",
                                       cfg.train.steps, "; raise train.steps to continue"));
+      if (!s.compressor_note.empty()) rep.info("warning: " + s.compressor_note);
       rep.info("resumed from " + c.dir + " at step " + std::to_string(step) +
                (c.whole ? " (whole-model checkpoint)" : [&] {
                  const std::string from = shard_layout(c.dir), here = layout_text(cfg.parallel);

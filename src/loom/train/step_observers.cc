@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <sstream>
 
 #include "loom/comm/agree.h"
 #include "loom/comm/world.h"
@@ -54,12 +55,26 @@ void StepLog::after_step(const StepOutcome& s) {
   rep_.step(line);
 }
 
-ShardState rank_state(Engine& e, Updater& updater) {
+ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
   const RankContext& rc = e.rc;
   const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
-  return {&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
-          rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
-          updater.adamw().steps_taken(), updater.scaler().state()};
+  ShardState s{&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
+               rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
+               updater.adamw().steps_taken(), updater.scaler().state()};
+  if (!e.sync) return s;
+  // Note [Compressor state in checkpoints]: valid for the same compressor, parameters,
+  // layout and buckets (the bucket plan is a function of the layout and the cap).
+  const auto& compressors = e.sync->compressors();
+  for (size_t b = 0; b < compressors.size(); b++)
+    for (const parallel::CompressorState& c : compressors[b]->state())
+      s.compressor.push_back({"bucket " + std::to_string(b) + " " + c.name, c.data});
+  const ParallelConfig& p = cfg.parallel;
+  std::ostringstream sig;
+  sig << compress_name(p.compress) << " ratio " << p.compress_ratio << " momentum " << p.compress_momentum << " rank "
+      << p.compress_rank << "; " << layout_text(p) << "; bucket_mb " << p.bucket_mb << ", " << e.plan.buckets.size()
+      << " buckets";
+  s.compressor_signature = sig.str();
+  return s;
 }
 
 // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
@@ -78,7 +93,7 @@ void CheckpointTrigger::after_step(const StepOutcome& s) {
                                         std::to_string(done) + "; nothing was saved over the earlier checkpoints "
                                         "(lower optim.lr or raise optim.warmup_steps)"));
   agree_or_throw(group, rank, bad);
-  save_shards(cfg_, done, rank_state(e_, u_), group, rank);
+  save_shards(cfg_, done, rank_state(e_, u_, cfg_), group, rank);
 }
 
 namespace {

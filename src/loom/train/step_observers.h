@@ -112,7 +112,8 @@ class Validation : public StepObserver {
 };
 
 // What this rank's checkpoint holds: its parameters, AdamW moments and their ranges, the
-// optimizer's step count and the loss scale. Saved by CheckpointTrigger, filled by resume.
-ShardState rank_state(Engine& e, Updater& updater);
+// optimizer's step count, the loss scale and its gradient compressors' buffers. Saved by
+// CheckpointTrigger, filled by resume.
+ShardState rank_state(Engine& e, Updater& updater, const Config& cfg);
 
 }  // namespace loom

@@ -84,6 +84,21 @@ class NullBuffer : public std::streambuf {
   int overflow(int c) override { return c; }
 };
 
+// ", gradients compressed by topk (ratio 0.001, ...)" or "".
+std::string compress_text(const ParallelConfig& p) {
+  std::ostringstream os;
+  switch (p.compress) {
+    case CompressKind::kNone: return "";
+    case CompressKind::kTopK: os << ", gradients compressed by topk (ratio " << p.compress_ratio << ", momentum "
+                                 << p.compress_momentum << ", error feedback)"; break;
+    case CompressKind::kPowerSgd: os << ", gradients compressed by powersgd (rank " << p.compress_rank
+                                     << ", error feedback)"; break;
+    default: os << ", gradients compressed by " << compress_name(p.compress);
+  }
+  if (p.compress_warmup_steps > 0) os << " after " << p.compress_warmup_steps << " exact steps";
+  return os.str();
+}
+
 std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   const ParallelConfig& p = cfg.parallel;
   std::ostringstream os;
@@ -103,7 +118,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
-       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "");
+       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p);
   if (p.pp > 1)
     os << "\n  pipeline: schedule " << schedule_name(p.schedule) << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";
@@ -140,6 +155,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   e.zero_grads();
   double loss = 0;
   const bool every_micro = e.sync && e.sync->every_micro();
+  if (e.sync) e.sync->set_step(step);
   auto arm = [&] {
     if (e.sync) e.sync->begin(model.grads().data());
   };
@@ -183,6 +199,7 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
   const BucketLoader::Step plan = data.plan(step);
   tokens = {plan.real_targets, plan.positions};
   Model& model = e.model;
+  if (e.sync) e.sync->set_step(step);
   e.zero_grads();
   const bool every_micro = e.sync && e.sync->every_micro();
   std::vector<int32_t> tok, tgt;
@@ -208,7 +225,7 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
 // returns the step to continue from (0 when fresh).
 int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
                      comm::World* world, Reporter& rep) {
-  ShardState s = rank_state(e, updater);
+  ShardState s = rank_state(e, updater, cfg);
   const int64_t step = load_resume(cfg, opt.resume, s, world, rep);
   if (opt.resume.empty()) return 0;
   updater.adamw().set_steps_taken(s.optimizer_steps);
@@ -321,6 +338,11 @@ void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, co
      << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
      << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (" << std::setprecision(3)
      << sum.comm_exposed_s << " s of reduction after the last rank's backward, all steps)";
+  sum.comm_wire_bytes = e.sync->wire_bytes();
+  sum.comm_exact_wire_bytes = e.sync->exact_wire_bytes();
+  os << "\n  gradients on the wire: " << std::setprecision(3) << sum.comm_wire_bytes / 1e6 << " MB per step from each rank ("
+     << std::setprecision(1) << sum.comm_exact_wire_bytes / std::max(1.0, sum.comm_wire_bytes)
+     << "x fewer than the exact fp32 all-reduce)";
   rep.info(os.str());
 }
 

@@ -1,0 +1,200 @@
+// Note [Gradient compressors] (compress.h): the spec, top-k and TernGrad. PowerSGD is in
+// powersgd.cc.
+#include "loom/parallel/compress.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/core/error.h"
+
+namespace loom::parallel {
+
+std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, int index,
+                                                const std::vector<ParamSpec>& specs);
+
+namespace {
+
+// DGC top-k with error feedback (and optional momentum correction).
+class TopK final : public BucketCompressor {
+ public:
+  TopK(const CompressSpec& spec, int64_t count)
+      : momentum_(float(spec.momentum)),
+        k_(std::clamp<int64_t>(int64_t(std::ceil(spec.ratio * double(count))), 1, count)),
+        v_(size_t(count), 0.0f), u_(spec.momentum > 0 ? size_t(count) : 0, 0.0f) {
+    LOOM_CHECK(count < (int64_t{1} << 31), "top-k indexes a bucket with int32; bucket of ", count,
+               " floats: lower parallel.bucket_mb");
+  }
+
+  void reduce(comm::Group& dp, std::span<float> g, int64_t) override {
+    const int64_t n = int64_t(g.size());
+    LOOM_ASSERT(n == int64_t(v_.size()));
+    if (u_.empty()) {
+      for (int64_t i = 0; i < n; i++) v_[size_t(i)] += g[size_t(i)];
+    } else {  // DGC Eq. 4: u <- m u + g; v <- v + u
+      for (int64_t i = 0; i < n; i++) {
+        u_[size_t(i)] = momentum_ * u_[size_t(i)] + g[size_t(i)];
+        v_[size_t(i)] += u_[size_t(i)];
+      }
+    }
+    select();
+    std::vector<float> values(static_cast<size_t>(k_));
+    for (int64_t j = 0; j < k_; j++) {
+      const size_t i = size_t(index_[size_t(j)]);
+      values[size_t(j)] = v_[i];
+      v_[i] = 0.0f;  // sent: the residual keeps the rest (sent + new v == old v + g, exactly)
+      if (!u_.empty()) u_[i] = 0.0f;  // momentum factor masking (DGC Sec. 3.2)
+    }
+    const int P = dp.size();
+    std::vector<int32_t> all_index(size_t(k_ * P));
+    std::vector<float> all_values(size_t(k_ * P));
+    dp.all_gather(std::span<const int32_t>(index_), std::span<int32_t>(all_index));
+    dp.all_gather(std::span<const float>(values), std::span<float>(all_values));
+    std::fill(g.begin(), g.end(), 0.0f);
+    for (size_t j = 0; j < all_index.size(); j++) g[size_t(all_index[j])] += all_values[j];  // rank order
+    const float inv = 1.0f / float(P);
+    for (float& x : g) x *= inv;
+  }
+
+  std::vector<CompressorState> state() override {
+    std::vector<CompressorState> s = {{"residual", &v_}};
+    if (!u_.empty()) s.push_back({"momentum", &u_});
+    return s;
+  }
+
+ private:
+  // index_ = the k_ entries of largest |v| (NaN counts as largest, so a non-finite
+  // gradient reaches the optimizer's check), ties broken by lower index; ascending.
+  void select() {
+    auto key = [](float x) { return std::isnan(x) ? INFINITY : std::fabs(x); };
+    const int64_t n = int64_t(v_.size());
+    mags_.resize(size_t(n));
+    for (int64_t i = 0; i < n; i++) mags_[size_t(i)] = key(v_[size_t(i)]);
+    std::nth_element(mags_.begin(), mags_.begin() + (k_ - 1), mags_.end(), std::greater<float>());
+    const float threshold = mags_[size_t(k_ - 1)];
+    int64_t above = 0;
+    for (int64_t i = 0; i < n; i++) above += key(v_[size_t(i)]) > threshold;
+    int64_t ties = k_ - above;  // entries equal to the threshold still to take
+    index_.clear();
+    for (int64_t i = 0; i < n; i++) {
+      const float m = key(v_[size_t(i)]);
+      if (m > threshold || (m == threshold && ties-- > 0)) index_.push_back(int32_t(i));
+    }
+    LOOM_ASSERT(int64_t(index_.size()) == k_);
+  }
+
+  float momentum_;
+  int64_t k_;
+  std::vector<float> v_, u_, mags_;
+  std::vector<int32_t> index_;
+};
+
+// splitmix64 (Steele, Lea, Flood 2014): the finaliser of a counter-based stream.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// TernGrad: stochastic ternary values with one scale shared by the dp group.
+class TernGrad final : public BucketCompressor {
+ public:
+  static constexpr double kClipSigmas = 2.5;  // TernGrad Sec. 3.3: c = 2.5
+  TernGrad(const CompressSpec& spec, int index) : seed_(spec.seed), index_(index) {}
+
+  void reduce(comm::Group& dp, std::span<float> g, int64_t step) override {
+    const int64_t n = int64_t(g.size());
+    clip(g);
+    float s[1] = {0.0f};
+    for (float x : g) s[0] = std::max(s[0], std::fabs(x));
+    if (std::isnan(s[0]) || std::any_of(g.begin(), g.end(), [](float x) { return std::isnan(x); })) s[0] = NAN;
+    dp.all_reduce(std::span<float>(s, 1), comm::ReduceOp::kMax);
+    const int P = dp.size();
+    if (!std::isfinite(s[0]) || s[0] == 0.0f) {  // every rank sees the same s
+      std::fill(g.begin(), g.end(), s[0] == 0.0f ? 0.0f : NAN);
+      return;
+    }
+    // t_i in {-1, 0, 1}, as int8 (the sums fit: |sum| <= dp <= 127).
+    std::vector<int8_t> t(size_t(n), 0);
+    const uint64_t stream = mix(seed_ ^ mix(uint64_t(step) ^ mix(uint64_t(index_) ^ mix(uint64_t(dp.group_rank())))));
+    for (int64_t i = 0; i < n; i++) {
+      const float p = std::fabs(g[size_t(i)]) / s[0];
+      const float u = float(mix(stream + uint64_t(i)) >> 40) * 0x1p-24f;  // uniform in [0, 1)
+      if (u < p) t[size_t(i)] = g[size_t(i)] > 0 ? 1 : -1;
+    }
+    if (terngrad_gathers(P)) gather_sums(dp, t);
+    else dp.all_reduce(std::span<int8_t>(t), comm::ReduceOp::kSum);  // exact integer sums
+    const float unit = s[0] / float(P);  // one rounding; the integer sums are exact
+    for (int64_t i = 0; i < n; i++) g[size_t(i)] = float(t[size_t(i)]) * unit;
+  }
+
+ private:
+  // t <- the sum over ranks of every rank's t, sent as 2-bit codes (0, +1, -1) in one
+  // all-gather and summed in rank order.
+  static void gather_sums(comm::Group& dp, std::vector<int8_t>& t) {
+    const int64_t n = int64_t(t.size()), nb = (n + 3) / 4, P = dp.size();
+    std::vector<uint8_t> packed(size_t(nb), 0), all(size_t(nb * P));
+    for (int64_t i = 0; i < n; i++)
+      if (t[size_t(i)] != 0) packed[size_t(i / 4)] |= uint8_t((t[size_t(i)] > 0 ? 1 : 2) << (2 * (i % 4)));
+    dp.all_gather(std::span<const uint8_t>(packed), std::span<uint8_t>(all));
+    for (int64_t i = 0; i < n; i++) {
+      int sum = 0;
+      for (int64_t r = 0; r < P; r++) {
+        const int code = (all[size_t(r * nb + i / 4)] >> (2 * (i % 4))) & 3;
+        sum += code == 1 ? 1 : code == 2 ? -1 : 0;
+      }
+      t[size_t(i)] = int8_t(sum);
+    }
+  }
+
+  // g <- clamp(g, -c sigma, c sigma), sigma the bucket's standard deviation (fp64).
+  static void clip(std::span<float> g) {
+    double s1 = 0, s2 = 0;
+    for (float x : g) s1 += x, s2 += double(x) * x;
+    const double n = double(g.size()), mean = s1 / n;
+    const double sigma = std::sqrt(std::max(0.0, s2 / n - mean * mean));
+    if (!(sigma > 0) || !std::isfinite(sigma)) return;
+    const float c = float(kClipSigmas * sigma);
+    for (float& x : g) x = std::clamp(x, -c, c);
+  }
+
+  uint64_t seed_;
+  int index_;
+};
+
+}  // namespace
+
+comm::Compression CompressSpec::ring_codec() const {
+  return kind == CompressKind::kBf16 ? comm::Compression::kBF16
+         : kind == CompressKind::kInt8 ? comm::Compression::kInt8
+                                       : comm::Compression::kNone;
+}
+
+CompressSpec compress_spec(const Config& cfg) {
+  CompressSpec s;
+  s.kind = cfg.parallel.compress;
+  if (s.kind == CompressKind::kNone && cfg.comm.grad_dtype == "bf16") s.kind = CompressKind::kBf16;
+  s.ratio = cfg.parallel.compress_ratio;
+  s.momentum = cfg.parallel.compress_momentum;
+  s.rank = cfg.parallel.compress_rank;
+  s.warmup_steps = cfg.parallel.compress_warmup_steps;
+  s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;  // "compress": apart from init's stream
+  return s;
+}
+
+std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket, int index,
+                                                  const std::vector<ParamSpec>& specs, int dp) {
+  std::unique_ptr<BucketCompressor> c;
+  switch (spec.kind) {
+    case CompressKind::kTopK: c = std::make_unique<TopK>(spec, bucket.count); break;
+    case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, index); break;
+    case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, index, specs); break;
+    default: LOOM_CHECK(false, "parallel.compress = ", compress_name(spec.kind), " has no bucket compressor");
+  }
+  c->traffic_ = bucket_traffic(spec.kind, spec.ratio, spec.rank, specs, bucket.first_tensor, bucket.last_tensor,
+                               bucket.count, dp);
+  c->dp_ = dp;
+  return c;
+}
+
+}  // namespace loom::parallel

@@ -1,0 +1,94 @@
+// Compressed data-parallel gradients: one compressor per bucket, with its own state.
+//
+// Note [Gradient compressors]
+// parallel.compress picks how a bucket's gradient crosses the dp group. Every compressor
+// ends with the same bits on every rank: the messages are exchanged whole (all-gather or
+// all-reduce of the compressed form) and decoded and summed in rank order.
+//   none      exact fp32 ring all-reduce, launched during backward (the reference).
+//   bf16/int8 codecs of that ring (Note [Compressed all-reduce]): stateless, overlapped.
+//   topk      DGC (Lin et al. 2018): v += g (with momentum correction, u = m u + g,
+//             v += u, Sec. 3.2, Eq. 4); send the k = ceil(ratio n) entries of largest |v|
+//             as (index, value) pairs in one sparse all-gather; the sent entries of v (and
+//             u) are zeroed (error feedback / momentum factor masking), so
+//             sent + new v == g + old v holds bit for bit.
+//   terngrad  TernGrad (Wen et al. 2017): g clipped to +-2.5 sigma (Sec. 3.3), shared scale
+//             s = max over ranks of max|g| (scaler sharing, Sec. 3.1), t = s sign(g) b with
+//             b ~ Bernoulli(|g| / s) (Eq. 3) from a counter-based stream of (seed, step,
+//             bucket, rank, index); unbiased, no residual. The ternary values travel as 2-bit
+//             codes in an all-gather up to dp 8, beyond as an all-reduce of int8 sums
+//             (terngrad_gathers); dp <= 127.
+//   powersgd  PowerSGD (Vogels et al. 2019, Alg. 1): per matrix M = G + E (E the residual),
+//             P = M Q, all-reduce P, orthogonalise P, Q = M^T P, all-reduce Q, G' = P Q^T,
+//             E = M - G'. Q is warm-started from the previous step (one power iteration per
+//             step) and starts as the same seeded Gaussian on every rank. Vectors and
+//             matrices that would not shrink 2x go in one exact fp32 all-reduce per bucket.
+// The three stateful compressors run bucket by bucket after backward (blocking
+// collectives, not overlapped with backward; a later slice chains them on the comm
+// worker). parallel.compress_warmup_steps runs the exact all-reduce first (residuals
+// untouched). They need the all-reduce sync (ZeRO 0 or 1) and a gradient scale that does
+// not change between steps (no fp16 loss scaling); config validation refuses the rest.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/core/config.h"
+#include "loom/model/layout.h"
+#include "loom/parallel/buckets.h"
+#include "loom/parallel/compress_traffic.h"
+
+namespace loom::parallel {
+
+struct CompressSpec {
+  CompressKind kind = CompressKind::kNone;
+  double ratio = 0.001;      // topk: fraction of each bucket sent (DGC: 99.9% sparsity)
+  double momentum = 0.0;     // topk: DGC momentum correction factor (0: plain error feedback)
+  int64_t rank = 4;          // powersgd: approximation rank
+  int64_t warmup_steps = 0;  // optimizer steps reduced exactly before compressing
+  uint64_t seed = 0;         // terngrad's rounding stream, powersgd's initial Q
+  // topk, terngrad, powersgd: run by a BucketCompressor after backward.
+  bool stateful() const {
+    return kind == CompressKind::kTopK || kind == CompressKind::kTernGrad || kind == CompressKind::kPowerSgd;
+  }
+  // bf16 / int8: a codec of the ring all-reduce.
+  comm::Compression ring_codec() const;
+};
+
+// parallel.compress and its parameters (comm.grad_dtype = bf16 is the same as
+// parallel.compress = bf16).
+CompressSpec compress_spec(const Config& cfg);
+
+// A named state buffer of a compressor (checkpointed with the rank's shard).
+struct CompressorState {
+  std::string name;
+  std::vector<float>* data;
+};
+
+class BucketCompressor {
+ public:
+  virtual ~BucketCompressor() = default;
+  // g: this rank's gradient of the bucket. Returns with g = the dp mean of every rank's
+  // decompressed message, the same bits on every rank. Collective over dp.
+  virtual void reduce(comm::Group& dp, std::span<float> g, int64_t step) = 0;
+  // Bytes one reduce puts on the wire from this rank (CompressTraffic::wire_bytes).
+  double wire_bytes() const { return traffic_.wire_bytes(dp_); }
+  const CompressTraffic& traffic() const { return traffic_; }
+  virtual std::vector<CompressorState> state() { return {}; }
+
+ private:
+  friend std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec&, const Bucket&, int,
+                                                           const std::vector<ParamSpec>&, int);
+  CompressTraffic traffic_;
+  int dp_ = 1;
+};
+
+// The compressor of bucket `index` (`bucket` in the layout of `specs`) for a dp group of
+// `dp` ranks.
+std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket, int index,
+                                                  const std::vector<ParamSpec>& specs, int dp);
+
+}  // namespace loom::parallel

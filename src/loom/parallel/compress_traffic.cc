@@ -1,0 +1,54 @@
+#include "loom/parallel/compress_traffic.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace loom::parallel {
+
+CompressTraffic bucket_traffic(CompressKind kind, double ratio, int64_t rank, const std::vector<ParamSpec>& specs,
+                               int first, int last, int64_t count, int64_t dp) {
+  CompressTraffic t;
+  const double n = double(count);
+  switch (kind) {
+    case CompressKind::kNone: t.reduce_bytes = 4 * n, t.collectives = 1; break;
+    case CompressKind::kBf16: t.reduce_bytes = 2 * n, t.collectives = 1, t.compute_bytes = 6 * n; break;
+    case CompressKind::kInt8:  // one f32 scale per 256 values (Note [Compressed all-reduce])
+      t.reduce_bytes = n + 4 * std::ceil(n / 256), t.collectives = 1, t.compute_bytes = 5 * n;
+      break;
+    case CompressKind::kTopK: {
+      const double k = std::clamp(std::ceil(ratio * n), 1.0, n);
+      t.gather_block_bytes = 8 * k;  // (int32 index, f32 value) pairs
+      t.collectives = 2;
+      // v += g (12 B), |v| copy and selection (~12 B), the scatter-add result (8 B)
+      t.compute_bytes = 32 * n;
+      break;
+    }
+    case CompressKind::kTernGrad:
+      if (terngrad_gathers(dp)) t.gather_block_bytes = std::ceil(n / 4);  // 2 bits per value
+      else t.reduce_bytes = n;                                          // int8 sums
+      t.reduce_bytes += 4;                                              // the shared scale (max)
+      t.collectives = 2;
+      t.compute_bytes = 24 * n;  // statistics, clip, encode, decode
+      break;
+    case CompressKind::kPowerSgd: {
+      double dense = 0;
+      t.collectives = 3;
+      for (int i = first; i <= last; i++) {
+        const ParamSpec& s = specs[size_t(i)];
+        if (!powersgd_compresses(s, rank)) {
+          dense += double(s.numel);
+          continue;
+        }
+        const double rows = double(s.shape[0]), cols = double(s.shape[1]);
+        t.reduce_bytes += 4 * double(rank) * (rows + cols);
+        t.compute_bytes += 3 * 4 * rows * cols;  // P = M Q, Q = M^T P, P Q^T: each one pass over M
+      }
+      t.reduce_bytes += 4 * dense;
+      t.compute_bytes += 20 * n;  // M = G + E, E = M - G', copies of the exact tensors
+      break;
+    }
+  }
+  return t;
+}
+
+}  // namespace loom::parallel

@@ -1,0 +1,269 @@
+// Gradient compressors (Note [Gradient compressors]) on thread ranks: the exact cases the
+// math gives (top-k with k = n, PowerSGD on rank-1 gradients), the error-feedback
+// invariant to the bit, identical bits on every rank, and TernGrad's unbiasedness.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <random>
+
+#include "loom/comm/world.h"
+#include "loom/parallel/compress.h"
+
+namespace loom::parallel {
+namespace {
+
+comm::CommOptions options() {
+  comm::CommOptions o;
+  o.timeout = std::chrono::milliseconds(20'000);
+  return o;
+}
+
+std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(rng);
+  return x;
+}
+
+// One bucket of the given tensor shapes, tensors back to back.
+struct Layout {
+  std::vector<ParamSpec> specs;
+  Bucket bucket;
+};
+Layout layout_of(const std::vector<std::vector<int64_t>>& shapes) {
+  Layout l;
+  int64_t at = 0;
+  for (const auto& s : shapes) {
+    ParamSpec p;
+    p.shape = s;
+    p.numel = 1;
+    for (int64_t d : s) p.numel *= d;
+    p.offset = at;
+    at += p.numel;
+    l.specs.push_back(p);
+  }
+  l.bucket = {0, at, 0, int(shapes.size()) - 1};
+  return l;
+}
+
+CompressSpec spec_of(CompressKind kind) {
+  CompressSpec s;
+  s.kind = kind;
+  s.seed = 7;
+  return s;
+}
+
+// Runs `steps` reductions of per-rank inputs input(rank, step) on n thread ranks; returns
+// every rank's outputs per step and (via state_after) each rank's state after each step.
+struct Rounds {
+  std::vector<std::vector<std::vector<float>>> out;  // [step][rank]
+  std::vector<std::vector<std::vector<float>>> state0;  // [step][rank]: first state buffer after the step
+};
+Rounds run_ranks(int n, const CompressSpec& spec, const Layout& l, int steps,
+              const std::function<std::vector<float>(int, int)>& input) {
+  Rounds run;
+  run.out.assign(size_t(steps), std::vector<std::vector<float>>(size_t(n)));
+  run.state0 = run.out;
+  const auto errors = comm::run_threads(n, options(), [&](comm::World& w) {
+    const int r = w.global_rank();
+    auto c = make_compressor(spec, l.bucket, 0, l.specs, n);
+    for (int s = 0; s < steps; s++) {
+      std::vector<float> g = input(r, s);
+      c->reduce(w.world_group(), std::span<float>(g), s);
+      run.out[size_t(s)][size_t(r)] = g;
+      if (!c->state().empty()) run.state0[size_t(s)][size_t(r)] = *c->state()[0].data;
+    }
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  return run;
+}
+
+void expect_same_bits_on_every_rank(const Rounds& run) {
+  for (size_t s = 0; s < run.out.size(); s++)
+    for (size_t r = 1; r < run.out[s].size(); r++)
+      ASSERT_EQ(0, std::memcmp(run.out[s][0].data(), run.out[s][r].data(), run.out[s][0].size() * 4))
+          << "step " << s << " rank " << r;
+}
+
+TEST(TopK, AllEntriesEqualsTheExactMean) {
+  for (int n : {2, 3, 5}) {
+    const Layout l = layout_of({{1000}, {37, 3}});
+    CompressSpec spec = spec_of(CompressKind::kTopK);
+    spec.ratio = 1.0;
+    const Rounds run = run_ranks(n, spec, l, 2, [&](int r, int s) { return random_vector(1111, 100 * r + s); });
+    expect_same_bits_on_every_rank(run);
+    for (int s = 0; s < 2; s++)
+      for (size_t i = 0; i < 1111; i++) {
+        double mean = 0;
+        for (int r = 0; r < n; r++) mean += random_vector(1111, 100 * r + s)[i];
+        mean /= n;
+        EXPECT_NEAR(run.out[size_t(s)][0][i], mean, 1e-6 * (1 + std::fabs(mean))) << n << " " << i;
+      }
+  }
+}
+
+// sent + new residual == input + old residual, bit for bit, with sent = x - new v (one of
+// the two is zero); the result is the rank-order sum of everyone's sent entries / dp.
+TEST(TopK, ErrorFeedbackInvariantHoldsToTheBitAndSendsTheLargest) {
+  const int n = 3, steps = 4;
+  const Layout l = layout_of({{4099}});
+  CompressSpec spec = spec_of(CompressKind::kTopK);
+  spec.ratio = 0.01;  // k = 41
+  auto input = [](int r, int s) { return random_vector(4099, 17 * r + s); };
+  const Rounds run = run_ranks(n, spec, l, steps, input);
+  expect_same_bits_on_every_rank(run);
+  std::vector<std::vector<float>> v(n, std::vector<float>(4099, 0.0f));
+  for (int s = 0; s < steps; s++) {
+    std::vector<float> expect(4099, 0.0f);
+    for (int r = 0; r < n; r++) {
+      const std::vector<float> g = input(r, s), &nv = run.state0[size_t(s)][size_t(r)];
+      int sent = 0;
+      float smallest_sent = INFINITY, largest_kept = 0;
+      for (size_t i = 0; i < g.size(); i++) {
+        const float x = v[size_t(r)][i] + g[i];
+        ASSERT_TRUE(nv[i] == 0.0f || nv[i] == x) << i;
+        const float out = x - nv[i];
+        ASSERT_EQ(out + nv[i], x);
+        if (nv[i] == 0.0f && x != 0.0f) sent++, smallest_sent = std::min(smallest_sent, std::fabs(x));
+        else largest_kept = std::max(largest_kept, std::fabs(x));
+        expect[i] += out;
+      }
+      EXPECT_EQ(sent, 41) << "rank " << r << " step " << s;
+      EXPECT_GE(smallest_sent, largest_kept);
+      v[size_t(r)] = nv;
+    }
+    for (float& e : expect) e *= 1.0f / float(n);
+    ASSERT_EQ(0, std::memcmp(expect.data(), run.out[size_t(s)][0].data(), expect.size() * 4)) << "step " << s;
+  }
+}
+
+// DGC Eq. 4 on one rank: u = m u + g, v = v + u, sent entries masked in both.
+TEST(TopK, MomentumCorrectionFollowsDgc) {
+  const Layout l = layout_of({{64}});
+  CompressSpec spec = spec_of(CompressKind::kTopK);
+  spec.ratio = 0.1, spec.momentum = 0.9;
+  std::vector<float> u(64, 0.0f), v(64, 0.0f);
+  auto input = [](int, int s) { return random_vector(64, 5 + s); };
+  const Rounds run = run_ranks(1, spec, l, 3, input);
+  for (int s = 0; s < 3; s++) {
+    const std::vector<float> g = input(0, s);
+    for (size_t i = 0; i < 64; i++) u[i] = 0.9f * u[i] + g[i], v[i] += u[i];
+    const std::vector<float>& out = run.out[size_t(s)][0];
+    for (size_t i = 0; i < 64; i++) {
+      if (out[i] != 0.0f) {
+        EXPECT_EQ(out[i], v[i]);
+        u[i] = v[i] = 0.0f;
+      }
+    }
+    EXPECT_EQ(run.state0[size_t(s)][0], v) << "step " << s;
+  }
+}
+
+// E[result] = mean of the (clipped) inputs: over many steps the average of the ternary
+// results approaches the exact mean within a few standard errors of s / sqrt(steps). At
+// dp 2 the codes are all-gathered, at dp 9 summed as int8 (terngrad_gathers).
+TEST(TernGrad, UnbiasedWithASharedScaleAndTernaryValues) {
+  for (auto [n, steps] : {std::pair{2, 400}, std::pair{9, 100}}) {
+    ASSERT_EQ(terngrad_gathers(n), n == 2);
+    const Layout l = layout_of({{50}});
+    // Small spread so the +-2.5 sigma clip leaves the values alone.
+    auto input = [](int r, int) {
+      std::vector<float> x(50);
+      for (size_t i = 0; i < 50; i++) x[i] = 0.01f * float(int(i) - 25 + r % 2);
+      return x;
+    };
+    const Rounds run = run_ranks(n, spec_of(CompressKind::kTernGrad), l, steps, input);
+    expect_same_bits_on_every_rank(run);
+    const float s = 0.01f * 25;  // max |x| over the ranks
+    std::vector<double> avg(50, 0.0);
+    for (int t = 0; t < steps; t++)
+      for (size_t i = 0; i < 50; i++) {
+        const float y = run.out[size_t(t)][0][i];
+        const double units = double(y) / (s / float(n));
+        ASSERT_NEAR(units, std::round(units), 1e-4) << "not a multiple of s / dp: " << y;
+        ASSERT_LE(std::fabs(units), n + 1e-4);
+        avg[i] += y / steps;
+      }
+    for (size_t i = 0; i < 50; i++) {
+      double mean = 0;
+      for (int r = 0; r < n; r++) mean += input(r, 0)[i] / n;
+      EXPECT_NEAR(avg[i], mean, 4.0 * s / std::sqrt(double(steps))) << "dp " << n << " " << i;
+    }
+  }
+}
+
+// Rank-1 gradients with a common left factor: M_r = a b_r^T. P Q^T reproduces their mean
+// exactly (up to rounding), so the residual stays ~0; the vector goes through exact.
+TEST(PowerSgd, RankOneGradientsGiveTheExactMean) {
+  const int n = 3;
+  const Layout l = layout_of({{64, 48}, {48}});
+  auto input = [](int r, int s) {
+    const std::vector<float> a = random_vector(64, 1), b = random_vector(48, 10 + 7 * r + s), bias = random_vector(48, 99 + r);
+    std::vector<float> x(64 * 48 + 48);
+    for (size_t i = 0; i < 64; i++)
+      for (size_t j = 0; j < 48; j++) x[i * 48 + j] = a[i] * b[j];
+    std::copy(bias.begin(), bias.end(), x.begin() + 64 * 48);
+    return x;
+  };
+  const Rounds run = run_ranks(n, spec_of(CompressKind::kPowerSgd), l, 3, input);
+  expect_same_bits_on_every_rank(run);
+  for (int s = 0; s < 3; s++) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < run.out[0][0].size(); i++) {
+      double mean = 0;
+      for (int r = 0; r < n; r++) mean += input(r, s)[i];
+      mean /= n;
+      worst = std::max(worst, std::fabs(run.out[size_t(s)][0][i] - mean));
+      scale = std::max(scale, std::fabs(mean));
+      if (i >= 64 * 48) EXPECT_NEAR(run.out[size_t(s)][0][i], mean, 1e-6 * (1 + std::fabs(mean)));  // exact path
+    }
+    EXPECT_LT(worst, 1e-5 * scale) << "step " << s;
+  }
+}
+
+// Full-rank gradients: the result is a rank-r approximation and M = G' + E holds (to
+// rounding) on every rank; the residual feeds the next step.
+TEST(PowerSgd, ErrorFeedbackKeepsWhatWasNotSent) {
+  const int n = 2;
+  const Layout l = layout_of({{40, 30}});
+  CompressSpec spec = spec_of(CompressKind::kPowerSgd);
+  spec.rank = 2;
+  auto input = [](int r, int s) { return random_vector(1200, 31 * r + s); };
+  const Rounds run = run_ranks(n, spec, l, 3, input);
+  expect_same_bits_on_every_rank(run);
+  for (int r = 0; r < n; r++) {
+    std::vector<float> e(1200, 0.0f);
+    for (int s = 0; s < 3; s++) {
+      const std::vector<float> g = input(r, s), &out = run.out[size_t(s)][0], &ne = run.state0[size_t(s)][size_t(r)];
+      double worst = 0, sent = 0, kept = 0;
+      for (size_t i = 0; i < 1200; i++) {
+        const float M = g[i] + e[i];
+        worst = std::max(worst, double(std::fabs(out[i] + ne[i] - M)));
+        sent += double(out[i]) * out[i], kept += double(ne[i]) * ne[i];
+      }
+      EXPECT_LT(worst, 1e-5) << "rank " << r << " step " << s;
+      EXPECT_GT(sent, 0);
+      EXPECT_GT(kept, sent) << "a rank-2 sketch of 40 x 30 noise leaves most of it behind";
+      e = ne;
+    }
+  }
+}
+
+TEST(CompressSpec, WireBytesShrinkAsThePapersSay) {
+  const Layout l = layout_of({{768, 768}, {768}});
+  const int64_t n = l.bucket.count;
+  const double exact = 2.0 * 0.5 * 4.0 * double(n);  // ring all-reduce at dp 2
+  CompressSpec topk = spec_of(CompressKind::kTopK);
+  topk.ratio = 0.01;
+  EXPECT_NEAR(make_compressor(topk, l.bucket, 0, l.specs, 2)->wire_bytes(), 8.0 * std::ceil(0.01 * double(n)), 1e-9);
+  EXPECT_NEAR(make_compressor(spec_of(CompressKind::kTernGrad), l.bucket, 0, l.specs, 2)->wire_bytes(),
+              double((n + 3) / 4) + 4.0, 1e-9);
+  const double psgd = make_compressor(spec_of(CompressKind::kPowerSgd), l.bucket, 0, l.specs, 2)->wire_bytes();
+  EXPECT_NEAR(psgd, 4.0 * double(768 * 4 * 2 + 768), 1e-9);
+  EXPECT_GT(exact / psgd, 20.0);
+}
+
+}  // namespace
+}  // namespace loom::parallel

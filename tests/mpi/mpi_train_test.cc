@@ -142,8 +142,9 @@ TEST(MpiTrain, Bf16GradientAllReduceStaysNearTheExactRun) {
                 {}, tol);
 }
 
-// parallel.compress (Note [Gradient compressors]) against the single-process run, each held
-// to its loss bound (Note [Verify tolerances]); every rank ends with the same weights.
+// parallel.compress (Note [Gradient compressors]) and parallel.reduce = adasum (Note
+// [Adasum]) against the single-process run, each held to its loss bound (Note [Verify
+// tolerances]); every rank ends with the same weights.
 TEST(MpiTrain, CompressedGradientsStayNearTheExactRun) {
   const Config base = base_config("gpt");
   const TrainSummary ref = run(base, nullptr);
@@ -156,6 +157,8 @@ TEST(MpiTrain, CompressedGradientsStayNearTheExactRun) {
       {"parallel.dp=2", "parallel.tp=2", "parallel.compress=powersgd"},
       {"parallel.dp=2", "parallel.pp=2", "parallel.compress=topk", "train.grad_accum=2"},
       {"parallel.dp=4", "parallel.tp=2", "parallel.compress=terngrad"},
+      {"parallel.dp=2", "parallel.reduce=adasum"},
+      {"parallel.dp=4", "parallel.reduce=adasum"},
   };
   int ran = 0;
   for (const auto& sets : layouts) {

@@ -60,6 +60,9 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.compress=powersgd", "parallel.pp=2", "train.grad_accum=2"},
       {"parallel.dp=2", "parallel.compress=int8"},
       {"parallel.dp=2", "parallel.compress=bf16"},
+      {"parallel.dp=2", "parallel.reduce=adasum"},
+      {"parallel.dp=4", "parallel.reduce=adasum", "parallel.zero=1"},
+      {"parallel.dp=2", "parallel.reduce=adasum", "parallel.tp=2"},
   };
   const std::vector<VerifyRow> rows = verify_layouts(small_config({"train.steps=8"}), layouts);
   ASSERT_EQ(rows.size(), layouts.size());
@@ -100,6 +103,11 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0"}).find("(0, 1]"),
             std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=3", "parallel.reduce=adasum"}).find("power of two >= 2 (2, 4, 8, ...)"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.reduce=adasum", "parallel.compress=powersgd"}).find("or parallel.reduce = mean"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.reduce=sum"}).find("expected mean or adasum"), std::string::npos);
 }
 
 }  // namespace

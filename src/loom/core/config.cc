@@ -159,6 +159,9 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_FLOAT_KEY(parallel, compress_momentum, "topk: DGC momentum correction factor (0 = error feedback only)"),
       LOOM_INT_KEY(parallel, compress_rank, "powersgd: low-rank approximation rank"),
       LOOM_INT_KEY(parallel, compress_warmup_steps, "optimizer steps with exact gradients before compression"),
+      KeyDef{"parallel.reduce", "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
+             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.reduce = parse_grad_reduce(parse_string(k, v)); },
+             [](const Config& c) { return quote(grad_reduce_name(c.parallel.reduce)); }},
   };
 }
 

@@ -98,6 +98,9 @@ inline bool splits_backward(ScheduleKind k) {
 // How data-parallel gradients cross the dp group (Note [Gradient compressors] in
 // parallel/compress.h): exact, a codec of the ring, or a stateful compressor.
 enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd };
+// How the dp ranks' gradients combine: their mean, or Adasum (Note [Adasum] in
+// parallel/compress.h).
+enum class GradReduce { kMean, kAdasum };
 
 // The text forms of the typed layout keys, as TOML files, --set, plan files and reports
 // write them. The parse functions throw ConfigError naming the key, the text and the fix.
@@ -114,6 +117,8 @@ std::vector<int64_t> parse_pp_layers(const std::string& text);
 std::string pp_layers_text(const std::vector<int64_t>& split);
 const char* compress_name(CompressKind k);  // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd"
 CompressKind parse_compress(const std::string& text);
+const char* grad_reduce_name(GradReduce r);  // "mean" | "adasum"
+GradReduce parse_grad_reduce(const std::string& text);
 
 // How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:
 // pp, dp, tp (tp ranks are adjacent global ranks, as in Megatron).
@@ -137,6 +142,7 @@ struct ParallelConfig {
   double compress_momentum = 0.0;    // topk: DGC momentum correction (0: plain error feedback)
   int64_t compress_rank = 4;         // powersgd: rank (Vogels et al.'s language-model setting)
   int64_t compress_warmup_steps = 0; // steps reduced exactly before compression starts
+  GradReduce reduce = GradReduce::kMean;  // adasum: Maleki et al.'s adaptive summation
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }

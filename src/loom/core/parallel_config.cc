@@ -167,6 +167,22 @@ void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
                    str(c.parallel.zero) + " reduce-scatters them, which has no bf16 form yet");
 }
 
+// Note [Adasum] (parallel/compress.h): recursive halving over a power-of-two dp group of
+// all-reduced (ZeRO 0/1), uncompressed gradients.
+void check_adasum(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.dp < 2 || (p.dp & (p.dp - 1)) != 0)
+    errs.push_back("parallel.reduce = adasum combines gradients by recursive halving, which needs parallel.dp a "
+                   "power of two >= 2 (2, 4, 8, ...); parallel.dp = " + str(p.dp));
+  if (p.zero >= 2)
+    errs.push_back("parallel.reduce = adasum runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
+                   str(p.zero));
+  if (p.compress != CompressKind::kNone || c.comm.grad_dtype != "fp32")
+    errs.push_back(std::string("parallel.reduce = adasum combines exact fp32 gradients; parallel.compress = ") +
+                   compress_name(p.compress) + ", comm.grad_dtype = " + c.comm.grad_dtype +
+                   ": set parallel.compress = none and comm.grad_dtype = fp32, or parallel.reduce = mean");
+}
+
 // Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and the
 // all-reduce sync (ZeRO 0/1); the stateful ones keep residuals in gradient units, which
 // fp16's changing loss scale would corrupt.
@@ -179,6 +195,7 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
   if (p.compress_rank < 1) errs.push_back("parallel.compress_rank = " + str(p.compress_rank) + ": expected >= 1");
   if (p.compress_warmup_steps < 0)
     errs.push_back("parallel.compress_warmup_steps = " + str(p.compress_warmup_steps) + ": expected >= 0");
+  if (p.reduce == GradReduce::kAdasum) check_adasum(c, errs);
   if (p.compress == CompressKind::kNone) return;
   const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
   if (c.comm.grad_dtype != "fp32")
@@ -362,6 +379,14 @@ const char* compress_name(CompressKind k) {
     case CompressKind::kPowerSgd: return "powersgd";
   }
   return "?";
+}
+
+const char* grad_reduce_name(GradReduce r) { return r == GradReduce::kAdasum ? "adasum" : "mean"; }
+
+GradReduce parse_grad_reduce(const std::string& text) {
+  if (text == "mean") return GradReduce::kMean;
+  if (text == "adasum") return GradReduce::kAdasum;
+  throw ConfigError("parallel.reduce = '" + text + "': expected mean or adasum");
 }
 
 CompressKind parse_compress(const std::string& text) {

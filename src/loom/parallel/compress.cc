@@ -11,6 +11,7 @@ namespace loom::parallel {
 
 std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, int index,
                                                 const std::vector<ParamSpec>& specs);
+std::unique_ptr<BucketCompressor> make_adasum(const Bucket& bucket, const std::vector<ParamSpec>& specs);
 
 namespace {
 
@@ -178,6 +179,7 @@ CompressSpec compress_spec(const Config& cfg) {
   s.momentum = cfg.parallel.compress_momentum;
   s.rank = cfg.parallel.compress_rank;
   s.warmup_steps = cfg.parallel.compress_warmup_steps;
+  s.adasum = cfg.parallel.reduce == GradReduce::kAdasum;
   s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;  // "compress": apart from init's stream
   return s;
 }
@@ -185,6 +187,14 @@ CompressSpec compress_spec(const Config& cfg) {
 std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket, int index,
                                                   const std::vector<ParamSpec>& specs, int dp) {
   std::unique_ptr<BucketCompressor> c;
+  if (spec.adasum) {
+    LOOM_CHECK(spec.kind == CompressKind::kNone, "parallel.reduce = adasum with parallel.compress = ",
+               compress_name(spec.kind), ": Adasum combines exact gradients");
+    c = make_adasum(bucket, specs);
+    c->traffic_ = adasum_traffic(bucket.first_tensor, bucket.last_tensor, bucket.count, dp);
+    c->dp_ = dp;
+    return c;
+  }
   switch (spec.kind) {
     case CompressKind::kTopK: c = std::make_unique<TopK>(spec, bucket.count); break;
     case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, index); break;

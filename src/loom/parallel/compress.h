@@ -27,6 +27,20 @@
 // worker). parallel.compress_warmup_steps runs the exact all-reduce first (residuals
 // untouched). They need the all-reduce sync (ZeRO 0 or 1) and a gradient scale that does
 // not change between steps (no fp16 loss scaling); config validation refuses the rest.
+//
+// Note [Adasum]
+// parallel.reduce = adasum combines the dp ranks' gradients by Adasum (Maleki et al., "Scaling
+// Distributed Training with Adaptive Summation", MLSys 2021, Eq. 6), per tensor:
+//   Adasum(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b,
+// so orthogonal gradients add and identical ones average. Over 2^k ranks it is applied along
+// a binary tree of rank order ((0,1), (2,3), then their results, ...), computed by vector
+// halving, distance doubling (the paper's Sec. 4 / Horovod's VHDD): at distance d each rank
+// swaps half of its current piece with rank ^ d, the lower rank's data being a; the partial
+// dot products and squared norms of its half, in fp64 per tensor, are all-gathered over the
+// dp group and summed in rank order over the 2d ranks sharing the tree node, so those ranks
+// use the same coefficients; after log2(dp) levels each rank holds 1/dp of the result, and
+// one all-gather assembles it: the same bits everywhere. Runs after backward like the
+// stateful compressors; dp must be a power of two.
 #pragma once
 
 #include <cstdint>
@@ -50,10 +64,13 @@ struct CompressSpec {
   int64_t rank = 4;          // powersgd: approximation rank
   int64_t warmup_steps = 0;  // optimizer steps reduced exactly before compressing
   uint64_t seed = 0;         // terngrad's rounding stream, powersgd's initial Q
-  // topk, terngrad, powersgd: run by a BucketCompressor after backward.
+  bool adasum = false;       // parallel.reduce = adasum (with kind kNone)
+  // topk, terngrad, powersgd: compressors with state.
   bool stateful() const {
     return kind == CompressKind::kTopK || kind == CompressKind::kTernGrad || kind == CompressKind::kPowerSgd;
   }
+  // Run by a BucketCompressor after backward: the stateful compressors and Adasum.
+  bool post_backward() const { return stateful() || adasum; }
   // bf16 / int8: a codec of the ring all-reduce.
   comm::Compression ring_codec() const;
 };

@@ -51,4 +51,15 @@ CompressTraffic bucket_traffic(CompressKind kind, double ratio, int64_t rank, co
   return t;
 }
 
+CompressTraffic adasum_traffic(int first, int last, int64_t count, int64_t dp) {
+  CompressTraffic t;
+  int levels = 0;
+  for (int64_t d = 1; d < dp; d *= 2) levels++;
+  t.reduce_bytes = 4 * double(count);
+  t.gather_block_bytes = 24.0 * double(last - first + 1) * levels;
+  t.collectives = 2 * levels + 1;
+  t.compute_bytes = 24 * double(count);  // per level: read both halves, write one (the pieces halve)
+  return t;
+}
+
 }  // namespace loom::parallel

@@ -40,4 +40,9 @@ struct CompressTraffic {
 CompressTraffic bucket_traffic(CompressKind kind, double ratio, int64_t rank, const std::vector<ParamSpec>& specs,
                                int first, int last, int64_t count, int64_t dp);
 
+// Adasum (Note [Adasum]) on a bucket of tensors [first, last], `count` floats, dp ranks: the
+// halving sends (dp - 1) / dp of the bucket and the final all-gather as much again (a ring
+// all-reduce's bytes), plus per level one all-gather of three doubles per tensor.
+CompressTraffic adasum_traffic(int first, int last, int64_t count, int64_t dp);
+
 }  // namespace loom::parallel

@@ -89,12 +89,12 @@ GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode, com
 }
 
 void GradSync::set_compressors(const CompressSpec& spec, const std::vector<ParamSpec>& specs) {
-  LOOM_CHECK(!spec.stateful() || mode_ == Mode::kAllReduce, "parallel.compress = ", compress_name(spec.kind),
-             " needs the all-reduce sync (ZeRO 0 or 1)");
+  LOOM_CHECK(!spec.post_backward() || mode_ == Mode::kAllReduce, "parallel.compress = ", compress_name(spec.kind),
+             spec.adasum ? " with parallel.reduce = adasum" : "", " needs the all-reduce sync (ZeRO 0 or 1)");
   spec_ = spec;
   specs_ = specs;
   compressors_.clear();
-  if (!spec.stateful()) return;
+  if (!spec.post_backward()) return;
   for (size_t b = 0; b < plan_.buckets.size(); b++)
     compressors_.push_back(make_compressor(spec, plan_.buckets[b], int(b), specs, plan_.dp));
 }

@@ -21,9 +21,11 @@ CompressedSync compressed_sync(const ClusterSpec& c, const Config& cfg, int64_t 
   double floats = 0;
   int per_bucket = 1;
   for (int i = 0; i < int(specs.size()); i++) {
+    const int64_t n = specs[size_t(i)].numel;
     const parallel::CompressTraffic t =
-        parallel::bucket_traffic(p.compress, p.compress_ratio, p.compress_rank, specs, i, i, specs[size_t(i)].numel,
-                                 dp.ranks);
+        p.reduce == GradReduce::kAdasum
+            ? parallel::adasum_traffic(i, i, n, dp.ranks)
+            : parallel::bucket_traffic(p.compress, p.compress_ratio, p.compress_rank, specs, i, i, n, dp.ranks);
     sum.gather_block_bytes += t.gather_block_bytes;
     sum.reduce_bytes += t.reduce_bytes;
     sum.compute_bytes += t.compute_bytes;

@@ -88,7 +88,7 @@ double memory_time_s(const DeviceSpec& d, double bytes);
 double collective_time_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g);
 
 // The gradient sync of pipeline rank `pp_rank` under a stateful compressor (top-k,
-// TernGrad, PowerSGD; Note [Gradient compressors]): its collectives and its encode/decode
+// TernGrad, PowerSGD; Note [Gradient compressors]) or Adasum: its collectives and its encode/decode
 // passes, priced from parallel::bucket_traffic over the rank's tensors, run after backward
 // (not overlapped, as the engine runs them).
 struct CompressedSync {

@@ -411,11 +411,12 @@ double kept_layers(const Setup& s, int64_t r) {
 
 // The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
 // window: the exact ring overlapped with backward but for its last bucket, a ring codec
-// likewise, or a stateful compressor after backward (compressed_sync).
+// likewise, or a stateful compressor or Adasum after backward (compressed_sync).
 double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const CompressKind compress = par.compress;
-  if (compress == CompressKind::kTopK || compress == CompressKind::kTernGrad || compress == CompressKind::kPowerSgd) {
+  if (compress == CompressKind::kTopK || compress == CompressKind::kTernGrad || compress == CompressKind::kPowerSgd ||
+      par.reduce == GradReduce::kAdasum) {
     const CompressedSync c = compressed_sync(s.cluster, s.plan.cfg, r, s.pl.dp);
     return c.comm_s + c.compute_s;
   }

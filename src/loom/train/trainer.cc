@@ -87,8 +87,9 @@ class NullBuffer : public std::streambuf {
 // ", gradients compressed by topk (ratio 0.001, ...)" or "".
 std::string compress_text(const ParallelConfig& p) {
   std::ostringstream os;
+  if (p.reduce == GradReduce::kAdasum) os << ", gradients combined by Adasum";
   switch (p.compress) {
-    case CompressKind::kNone: return "";
+    case CompressKind::kNone: return os.str();
     case CompressKind::kTopK: os << ", gradients compressed by topk (ratio " << p.compress_ratio << ", momentum "
                                  << p.compress_momentum << ", error feedback)"; break;
     case CompressKind::kPowerSgd: os << ", gradients compressed by powersgd (rank " << p.compress_rank

@@ -6,7 +6,8 @@
 # logged steps after the first two), the validation curve and the final validation loss
 # against exact's. Needs root (scripts/netns_two_hosts.sh).
 # usage: bench/compressed_dp.sh [RATE] [STEPS] [VAL_EVERY]    e.g. bench/compressed_dp.sh 1gbit 300 50
-# MODES overrides the list, e.g. MODES="none powersgd".
+# MODES overrides the list, e.g. MODES="none powersgd"; mode accordion is PowerSGD under
+# Accordion (rank 4 light, rank 1 heavy) with a window of STEPS / 6 steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-1gbit} steps=${2:-300} every=${3:-50}
@@ -18,6 +19,8 @@ model=(model.preset=gpt2 model.layers=6 model.d_model=384 model.heads=6 model.ff
 for m in $modes; do
   extra=(parallel.compress=$m)
   [ "$m" = topk ] && extra+=(parallel.compress_ratio=0.01)  # the issue's top-k 1%
+  [ "$m" = accordion ] && extra=(parallel.compress=powersgd parallel.compress_adapt=accordion
+                                 "parallel.accordion_window=$(( steps / 6 > 0 ? steps / 6 : 1 ))")
   sets=()
   for kv in "${model[@]}" "${extra[@]}" checkpoint.dir= train.threads=1 "train.steps=$steps" \
             "train.val_every=$every" train.val_batches=4 train.log_every=1; do sets+=(--set "$kv"); done

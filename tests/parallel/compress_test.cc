@@ -8,6 +8,7 @@
 #include <random>
 
 #include "loom/comm/world.h"
+#include "loom/parallel/accordion.h"
 #include "loom/parallel/compress.h"
 
 namespace loom::parallel {
@@ -249,6 +250,40 @@ TEST(PowerSgd, ErrorFeedbackKeepsWhatWasNotSent) {
       e = ne;
     }
   }
+}
+
+// Note [Accordion]: the first window is light; an unchanged window norm (change < eta) turns
+// the bucket heavy, a change >= eta turns it light again; the wire bytes follow.
+TEST(Accordion, SwitchesOnTheWindowNormsRelativeChange) {
+  const Layout l = layout_of({{1000}});
+  CompressSpec spec = spec_of(CompressKind::kTopK);
+  spec.ratio = 0.1, spec.heavy_ratio = 0.01, spec.accordion = true, spec.window = 2, spec.eta = 0.5;
+  auto c = make_compressor(spec, l.bucket, 0, l.specs, 2);
+  Accordion acc(spec, {l.bucket});
+  const double light = c->wire_bytes();
+  std::vector<float> g(1000, 1.0f);
+  auto window = [&](float scale, int64_t step) {
+    std::fill(g.begin(), g.end(), scale);
+    acc.observe(0, g, step, *c);
+    acc.observe(0, g, step + 1, *c);
+  };
+  window(1.0f, 0);  // first window: critical by definition
+  EXPECT_FALSE(c->heavy());
+  EXPECT_TRUE(acc.take_log().empty());
+  window(1.2f, 2);  // change 0.2 < 0.5: heavy
+  EXPECT_TRUE(c->heavy());
+  EXPECT_NEAR(c->wire_bytes(), light / 10, 1e-9);
+  std::vector<std::string> log = acc.take_log();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("bucket 0 -> heavy (ratio 0.01"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("after step 4"), std::string::npos) << log[0];
+  window(1.0f, 4);  // change 1/6: stays heavy, nothing logged
+  EXPECT_TRUE(c->heavy());
+  EXPECT_TRUE(acc.take_log().empty());
+  window(3.0f, 6);  // change 2 >= 0.5: light again
+  EXPECT_FALSE(c->heavy());
+  EXPECT_EQ(acc.take_log().size(), 1u);
+  EXPECT_EQ(*acc.state(0)[1].data, (std::vector<float>{float(std::sqrt(1000.0) * 6), 0.0f, 0.0f}));
 }
 
 TEST(CompressSpec, WireBytesShrinkAsThePapersSay) {

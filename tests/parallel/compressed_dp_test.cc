@@ -48,6 +48,32 @@ TEST(CompressedDataParallel, SendingEverythingEqualsExactDataParallelBitForBit) 
   }
 }
 
+// Note [Accordion]: with eta 0 every window is critical, so it is plain PowerSGD at the light
+// rank bit for bit; with a huge eta every window after the first is calm, so one switch to
+// the heavy rank is logged (after step 4 at window 2) and the run moves fewer bytes.
+TEST(CompressedDataParallel, AccordionLogsItsSwitchesAndReducesToItsSettings) {
+  const std::vector<std::string> psgd = {"parallel.compress=powersgd", "parallel.compress_rank=4",
+                                         "parallel.bucket_mb=1"};
+  const auto plain = testing_support::train_keeping_params(llama(psgd));
+  auto with = [&](const std::string& eta) {
+    std::vector<std::string> sets = psgd;
+    sets.insert(sets.end(), {"parallel.compress_adapt=accordion", "parallel.accordion_window=2",
+                             "parallel.accordion_eta=" + eta});
+    return testing_support::train_keeping_params(llama(sets));
+  };
+  const auto always_light = with("0");
+  EXPECT_EQ(always_light[0].final_params, plain[0].final_params);
+  EXPECT_TRUE(always_light[0].accordion_log.empty());
+  const auto calm = with("1e9");
+  ASSERT_FALSE(calm[0].accordion_log.empty());
+  for (const std::string& line : calm[0].accordion_log) {
+    EXPECT_NE(line.find("-> heavy (rank 1) after step 4"), std::string::npos) << line;
+  }
+  EXPECT_EQ(calm[0].accordion_log, calm[1].accordion_log);  // every rank decides alike
+  EXPECT_EQ(calm[0].final_params, calm[1].final_params);
+  EXPECT_LT(calm[0].comm_wire_bytes, plain[0].comm_wire_bytes);
+}
+
 // Every compressor, in the layouts it composes with, stays within its stated loss bound of
 // the single-process run and keeps the replicas identical (verify checks both).
 TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProcessRun) {
@@ -60,6 +86,9 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.compress=powersgd", "parallel.pp=2", "train.grad_accum=2"},
       {"parallel.dp=2", "parallel.compress=int8"},
       {"parallel.dp=2", "parallel.compress=bf16"},
+      {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_adapt=accordion", "parallel.accordion_window=2"},
+      {"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0.05", "parallel.compress_adapt=accordion",
+       "parallel.accordion_window=2"},
       {"parallel.dp=2", "parallel.reduce=adasum"},
       {"parallel.dp=4", "parallel.reduce=adasum", "parallel.zero=1"},
       {"parallel.dp=2", "parallel.reduce=adasum", "parallel.tp=2"},
@@ -108,6 +137,13 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
   EXPECT_NE(refused({"parallel.dp=2", "parallel.reduce=adasum", "parallel.compress=powersgd"}).find("or parallel.reduce = mean"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.reduce=sum"}).find("expected mean or adasum"), std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=terngrad", "parallel.compress_adapt=accordion"})
+                .find("set powersgd or topk"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_adapt=accordion",
+                     "parallel.accordion_heavy_rank=8"})
+                .find("must be in [1, parallel.compress_rank = 4]"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -53,7 +53,10 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
                     "parallel.compress_momentum=0.9"}},
       {"powersgd dp2 zero1", {"parallel.dp=2", "parallel.zero=1", "parallel.compress=powersgd",
                               "parallel.compress_rank=2", "parallel.bucket_mb=0.05"}},
-      {"terngrad dp2", {"parallel.dp=2", "parallel.compress=terngrad"}}};
+      {"terngrad dp2", {"parallel.dp=2", "parallel.compress=terngrad"}},
+      // Accordion's window (2 steps, so the save at step 3 falls inside one) and setting.
+      {"accordion dp2", {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_adapt=accordion",
+                         "parallel.accordion_window=2", "parallel.accordion_eta=1e9"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);

@@ -125,6 +125,12 @@ std::string fmt_double(double x) {
          [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse_string(k, v); }, \
          [](const Config& c) { return quote(c.sec.field); }}
 
+// A typed key with a text form: parse(text) -> value, name(value) -> text.
+#define LOOM_TEXT_KEY(sec, field, helptext, parse, name)                                                  \
+  KeyDef{#sec "." #field, helptext,                                                                       \
+         [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse(parse_string(k, v)); }, \
+         [](const Config& c) { return quote(name(c.sec.field)); }}
+
 // [parallel]: the layout keys.
 std::vector<KeyDef> parallel_keys() {
   return {
@@ -138,30 +144,31 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
       // The layout keys are typed in ParallelConfig; these convert their text once.
-      KeyDef{"parallel.schedule", "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.schedule = parse_schedule(parse_string(k, v)); },
-             [](const Config& c) { return quote(schedule_name(c.parallel.schedule)); }},
-      KeyDef{"parallel.recompute", "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.recompute = parse_recompute(parse_string(k, v)); },
-             [](const Config& c) { return quote(recompute_text(c.parallel.recompute)); }},
-      KeyDef{"parallel.zero_keep", "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
-                                   "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.zero_keep = parse_zero_keep(parse_string(k, v)); },
-             [](const Config& c) { return quote(zero_keep_text(c.parallel.zero_keep)); }},
-      KeyDef{"parallel.pp_layers", "layers per pipeline stage, e.g. \"3,4\"; empty = even split",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.pp_layers = parse_pp_layers(parse_string(k, v)); },
-             [](const Config& c) { return quote(pp_layers_text(c.parallel.pp_layers)); }},
+      LOOM_TEXT_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v",
+                    parse_schedule, schedule_name),
+      LOOM_TEXT_KEY(parallel, recompute, "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
+                    parse_recompute, recompute_text),
+      LOOM_TEXT_KEY(parallel, zero_keep, "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
+                    "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all", parse_zero_keep, zero_keep_text),
+      LOOM_TEXT_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\"; empty = even split", parse_pp_layers,
+                    pp_layers_text),
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
-      KeyDef{"parallel.compress", "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.compress = parse_compress(parse_string(k, v)); },
-             [](const Config& c) { return quote(compress_name(c.parallel.compress)); }},
+      LOOM_TEXT_KEY(parallel, compress, "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd",
+                    parse_compress, compress_name),
       LOOM_FLOAT_KEY(parallel, compress_ratio, "topk: fraction of each gradient bucket sent (DGC default 0.001)"),
       LOOM_FLOAT_KEY(parallel, compress_momentum, "topk: DGC momentum correction factor (0 = error feedback only)"),
       LOOM_INT_KEY(parallel, compress_rank, "powersgd: low-rank approximation rank"),
       LOOM_INT_KEY(parallel, compress_warmup_steps, "optimizer steps with exact gradients before compression"),
-      KeyDef{"parallel.reduce", "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
-             [](Config& c, const RawValue& v, const std::string& k) { c.parallel.reduce = parse_grad_reduce(parse_string(k, v)); },
-             [](const Config& c) { return quote(grad_reduce_name(c.parallel.reduce)); }},
+      LOOM_TEXT_KEY(parallel, compress_adapt, "none | accordion: switch each bucket between the light "
+                    "(compress_rank/ratio) and heavy setting by the change of its gradient norm",
+                    parse_compress_adapt, compress_adapt_name),
+      LOOM_INT_KEY(parallel, accordion_window, "accordion: optimizer steps per detection window"),
+      LOOM_FLOAT_KEY(parallel, accordion_eta, "accordion: relative change of a bucket's window gradient norm that "
+                                              "marks a critical regime (light compression)"),
+      LOOM_INT_KEY(parallel, accordion_heavy_rank, "accordion with powersgd: the heavy setting's rank"),
+      LOOM_FLOAT_KEY(parallel, accordion_heavy_ratio, "accordion with topk: the heavy setting's ratio (0: compress_ratio / 10)"),
+      LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
+                    parse_grad_reduce, grad_reduce_name),
   };
 }
 
@@ -307,38 +314,6 @@ std::vector<std::string> given_model_keys(const std::vector<Assignment>& a, cons
       if (x.key.rfind("model.", 0) == 0 && std::find(keys.begin(), keys.end(), x.key) == keys.end())
         keys.push_back(x.key);
   return keys;
-}
-
-void complete_model_by_shape(ModelConfig& m, const std::vector<std::string>& given) {
-  if (given.empty()) return;
-  auto has = [&](const char* k) { return std::find(given.begin(), given.end(), k) != given.end(); };
-  // (A d_model beyond 2^40 is left for validation to refuse: 8 x d_model must not overflow.)
-  if (has("model.d_model") && !has("model.ffn") && m.d_model > 0 && m.d_model < (int64_t(1) << 40)) {
-    if (m.arch == Arch::kGpt) {
-      m.ffn = 4 * m.d_model;
-      m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (4 x d_model, GPT)");
-    } else {
-      m.ffn = (8 * m.d_model / 3 + 255) / 256 * 256;
-      m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (Llama: 8/3 x d_model rounded up to 256)");
-    }
-  }
-  if (m.arch == Arch::kLlama && has("model.heads") && !has("model.kv_heads")) {
-    m.kv_heads = m.heads;
-    m.notes.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " (no GQA: = heads)");
-  }
-  const std::pair<const char*, std::string> values[] = {
-      {"model.arch", m.arch == Arch::kGpt ? "gpt" : "llama"}, {"model.layers", std::to_string(m.layers)},
-      {"model.d_model", std::to_string(m.d_model)},           {"model.heads", std::to_string(m.heads)},
-      {"model.ffn", std::to_string(m.ffn)},                   {"model.vocab", std::to_string(m.vocab)},
-      {"model.ctx", std::to_string(m.ctx)}};
-  std::string kept;  // the keys the default preset still supplies (ffn is noted above when derived)
-  for (const auto& [k, v] : values) {
-    if (has(k) || (std::string_view(k) == "model.ffn" && has("model.d_model"))) continue;
-    if (!kept.empty()) kept += ", ";
-    kept += std::string(k) + " = " + v;
-  }
-  if (!kept.empty())
-    m.notes.push_back(kept + " from the default preset '" + m.preset + "' (no model.preset named; set them or name one)");
 }
 
 Config resolve(const std::vector<Assignment>& file_values, const std::vector<Assignment>& overrides) {

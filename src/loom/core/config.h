@@ -101,6 +101,8 @@ enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd };
 // How the dp ranks' gradients combine: their mean, or Adasum (Note [Adasum] in
 // parallel/compress.h).
 enum class GradReduce { kMean, kAdasum };
+// Adaptive compression (Note [Accordion] in parallel/accordion.h).
+enum class CompressAdapt { kNone, kAccordion };
 
 // The text forms of the typed layout keys, as TOML files, --set, plan files and reports
 // write them. The parse functions throw ConfigError naming the key, the text and the fix.
@@ -119,6 +121,8 @@ const char* compress_name(CompressKind k);  // "none" | "bf16" | "int8" | "topk"
 CompressKind parse_compress(const std::string& text);
 const char* grad_reduce_name(GradReduce r);  // "mean" | "adasum"
 GradReduce parse_grad_reduce(const std::string& text);
+const char* compress_adapt_name(CompressAdapt a);  // "none" | "accordion"
+CompressAdapt parse_compress_adapt(const std::string& text);
 
 // How one run is split over ranks (Note [Global batch]). Mesh axes, outermost first:
 // pp, dp, tp (tp ranks are adjacent global ranks, as in Megatron).
@@ -143,6 +147,13 @@ struct ParallelConfig {
   int64_t compress_rank = 4;         // powersgd: rank (Vogels et al.'s language-model setting)
   int64_t compress_warmup_steps = 0; // steps reduced exactly before compression starts
   GradReduce reduce = GradReduce::kMean;  // adasum: Maleki et al.'s adaptive summation
+  // Accordion (Note [Accordion] in parallel/accordion.h): compress_rank / compress_ratio are
+  // the light setting, these the heavy one; a window of optimizer steps is its "epoch".
+  CompressAdapt compress_adapt = CompressAdapt::kNone;
+  int64_t accordion_window = 100;
+  double accordion_eta = 0.5;          // Agarwal et al.'s threshold on the norm's relative change
+  int64_t accordion_heavy_rank = 1;    // powersgd
+  double accordion_heavy_ratio = 0;    // topk; 0: compress_ratio / 10
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }
@@ -184,6 +195,9 @@ Config config_from_toml_string(const std::string& text, const std::vector<std::s
 // Applies a model preset's values to every model key.
 void apply_model_preset(ModelConfig& m, const std::string& preset);
 std::vector<std::string> model_preset_names();
+// Note [Model given by shape]: with no preset named, the keys `given` ("model.d_model", ...)
+// decide ffn and kv_heads by the architecture; the rest from the default preset are noted.
+void complete_model_by_shape(ModelConfig& m, const std::vector<std::string>& given);
 
 // Every violation, one message each; empty when valid.
 std::vector<std::string> validation_errors(const Config& c);

@@ -1,5 +1,7 @@
 // The model presets: published shapes by name (model.preset).
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/core/config.h"
@@ -69,6 +71,39 @@ void apply_model_preset(ModelConfig& m, const std::string& preset) {
   std::string names;
   for (const Preset& p : kPresets) names += std::string(p.name) + ", ";
   throw ConfigError("model.preset = '" + preset + "': expected one of " + names + "custom");
+}
+
+// Note [Model given by shape] (config.cc).
+void complete_model_by_shape(ModelConfig& m, const std::vector<std::string>& given) {
+  if (given.empty()) return;
+  auto has = [&](const char* k) { return std::find(given.begin(), given.end(), k) != given.end(); };
+  // (A d_model beyond 2^40 is left for validation to refuse: 8 x d_model must not overflow.)
+  if (has("model.d_model") && !has("model.ffn") && m.d_model > 0 && m.d_model < (int64_t(1) << 40)) {
+    if (m.arch == Arch::kGpt) {
+      m.ffn = 4 * m.d_model;
+      m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (4 x d_model, GPT)");
+    } else {
+      m.ffn = (8 * m.d_model / 3 + 255) / 256 * 256;
+      m.notes.push_back("model.ffn = " + std::to_string(m.ffn) + " (Llama: 8/3 x d_model rounded up to 256)");
+    }
+  }
+  if (m.arch == Arch::kLlama && has("model.heads") && !has("model.kv_heads")) {
+    m.kv_heads = m.heads;
+    m.notes.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " (no GQA: = heads)");
+  }
+  const std::pair<const char*, std::string> values[] = {
+      {"model.arch", m.arch == Arch::kGpt ? "gpt" : "llama"}, {"model.layers", std::to_string(m.layers)},
+      {"model.d_model", std::to_string(m.d_model)},           {"model.heads", std::to_string(m.heads)},
+      {"model.ffn", std::to_string(m.ffn)},                   {"model.vocab", std::to_string(m.vocab)},
+      {"model.ctx", std::to_string(m.ctx)}};
+  std::string kept;  // the keys the default preset still supplies (ffn is noted above when derived)
+  for (const auto& [k, v] : values) {
+    if (has(k) || (std::string_view(k) == "model.ffn" && has("model.d_model"))) continue;
+    if (!kept.empty()) kept += ", ";
+    kept += std::string(k) + " = " + v;
+  }
+  if (!kept.empty())
+    m.notes.push_back(kept + " from the default preset '" + m.preset + "' (no model.preset named; set them or name one)");
 }
 
 }  // namespace loom

@@ -183,6 +183,23 @@ void check_adasum(const Config& c, std::vector<std::string>& errs) {
                    ": set parallel.compress = none and comm.grad_dtype = fp32, or parallel.reduce = mean");
 }
 
+// Note [Accordion] (parallel/accordion.h): it switches PowerSGD's rank or top-k's ratio.
+void check_accordion(const ParallelConfig& p, std::vector<std::string>& errs) {
+  if (p.compress != CompressKind::kPowerSgd && p.compress != CompressKind::kTopK)
+    errs.push_back(std::string("parallel.compress_adapt = accordion switches powersgd's rank or topk's ratio; "
+                               "parallel.compress = ") + compress_name(p.compress) + ": set powersgd or topk");
+  if (p.accordion_window < 1)
+    errs.push_back("parallel.accordion_window = " + str(p.accordion_window) + ": expected >= 1 optimizer steps");
+  if (p.accordion_eta < 0) errs.push_back("parallel.accordion_eta = " + num(p.accordion_eta) + ": expected >= 0");
+  if (p.compress == CompressKind::kPowerSgd && (p.accordion_heavy_rank < 1 || p.accordion_heavy_rank > p.compress_rank))
+    errs.push_back("parallel.accordion_heavy_rank = " + str(p.accordion_heavy_rank) +
+                   ": the heavy setting's rank must be in [1, parallel.compress_rank = " + str(p.compress_rank) + "]");
+  if (p.compress == CompressKind::kTopK && (p.accordion_heavy_ratio < 0 || p.accordion_heavy_ratio > p.compress_ratio))
+    errs.push_back("parallel.accordion_heavy_ratio = " + num(p.accordion_heavy_ratio) +
+                   ": the heavy setting's ratio must be in (0, parallel.compress_ratio = " + num(p.compress_ratio) +
+                   "], or 0 for a tenth of it");
+}
+
 // Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and the
 // all-reduce sync (ZeRO 0/1); the stateful ones keep residuals in gradient units, which
 // fp16's changing loss scale would corrupt.
@@ -196,6 +213,7 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
   if (p.compress_warmup_steps < 0)
     errs.push_back("parallel.compress_warmup_steps = " + str(p.compress_warmup_steps) + ": expected >= 0");
   if (p.reduce == GradReduce::kAdasum) check_adasum(c, errs);
+  if (p.compress_adapt == CompressAdapt::kAccordion) check_accordion(p, errs);
   if (p.compress == CompressKind::kNone) return;
   const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
   if (c.comm.grad_dtype != "fp32")
@@ -387,6 +405,14 @@ GradReduce parse_grad_reduce(const std::string& text) {
   if (text == "mean") return GradReduce::kMean;
   if (text == "adasum") return GradReduce::kAdasum;
   throw ConfigError("parallel.reduce = '" + text + "': expected mean or adasum");
+}
+
+const char* compress_adapt_name(CompressAdapt a) { return a == CompressAdapt::kAccordion ? "accordion" : "none"; }
+
+CompressAdapt parse_compress_adapt(const std::string& text) {
+  if (text == "none") return CompressAdapt::kNone;
+  if (text == "accordion") return CompressAdapt::kAccordion;
+  throw ConfigError("parallel.compress_adapt = '" + text + "': expected none or accordion");
 }
 
 CompressKind parse_compress(const std::string& text) {

@@ -18,10 +18,12 @@ namespace {
 // DGC top-k with error feedback (and optional momentum correction).
 class TopK final : public BucketCompressor {
  public:
+  static int64_t k_of(double ratio, int64_t count) {
+    return std::clamp<int64_t>(int64_t(std::ceil(ratio * double(count))), 1, count);
+  }
   TopK(const CompressSpec& spec, int64_t count)
-      : momentum_(float(spec.momentum)),
-        k_(std::clamp<int64_t>(int64_t(std::ceil(spec.ratio * double(count))), 1, count)),
-        v_(size_t(count), 0.0f), u_(spec.momentum > 0 ? size_t(count) : 0, 0.0f) {
+      : momentum_(float(spec.momentum)), k_light_(k_of(spec.ratio, count)), k_heavy_(k_of(spec.heavy_ratio, count)),
+        k_(k_light_), v_(size_t(count), 0.0f), u_(spec.momentum > 0 ? size_t(count) : 0, 0.0f) {
     LOOM_CHECK(count < (int64_t{1} << 31), "top-k indexes a bucket with int32; bucket of ", count,
                " floats: lower parallel.bucket_mb");
   }
@@ -83,8 +85,10 @@ class TopK final : public BucketCompressor {
     LOOM_ASSERT(int64_t(index_.size()) == k_);
   }
 
+  void on_setting(bool heavy) override { k_ = heavy ? k_heavy_ : k_light_; }
+
   float momentum_;
-  int64_t k_;
+  int64_t k_light_, k_heavy_, k_;
   std::vector<float> v_, u_, mags_;
   std::vector<int32_t> index_;
 };
@@ -180,6 +184,12 @@ CompressSpec compress_spec(const Config& cfg) {
   s.rank = cfg.parallel.compress_rank;
   s.warmup_steps = cfg.parallel.compress_warmup_steps;
   s.adasum = cfg.parallel.reduce == GradReduce::kAdasum;
+  const ParallelConfig& p = cfg.parallel;
+  s.accordion = p.compress_adapt == CompressAdapt::kAccordion;
+  s.heavy_rank = p.accordion_heavy_rank;
+  s.heavy_ratio = p.accordion_heavy_ratio > 0 ? p.accordion_heavy_ratio : p.compress_ratio / 10;
+  s.window = p.accordion_window;
+  s.eta = p.accordion_eta;
   s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;  // "compress": apart from init's stream
   return s;
 }
@@ -191,7 +201,7 @@ std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, cons
     LOOM_CHECK(spec.kind == CompressKind::kNone, "parallel.reduce = adasum with parallel.compress = ",
                compress_name(spec.kind), ": Adasum combines exact gradients");
     c = make_adasum(bucket, specs);
-    c->traffic_ = adasum_traffic(bucket.first_tensor, bucket.last_tensor, bucket.count, dp);
+    c->traffic_[0] = c->traffic_[1] = adasum_traffic(bucket.first_tensor, bucket.last_tensor, bucket.count, dp);
     c->dp_ = dp;
     return c;
   }
@@ -201,8 +211,11 @@ std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, cons
     case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, index, specs); break;
     default: LOOM_CHECK(false, "parallel.compress = ", compress_name(spec.kind), " has no bucket compressor");
   }
-  c->traffic_ = bucket_traffic(spec.kind, spec.ratio, spec.rank, specs, bucket.first_tensor, bucket.last_tensor,
-                               bucket.count, dp);
+  c->traffic_[0] = bucket_traffic(spec.kind, spec.ratio, spec.rank, specs, bucket.first_tensor, bucket.last_tensor,
+                                  bucket.count, dp);
+  c->traffic_[1] = spec.accordion ? bucket_traffic(spec.kind, spec.heavy_ratio, spec.heavy_rank, specs,
+                                                   bucket.first_tensor, bucket.last_tensor, bucket.count, dp)
+                                  : c->traffic_[0];
   c->dp_ = dp;
   return c;
 }

@@ -65,6 +65,12 @@ struct CompressSpec {
   int64_t warmup_steps = 0;  // optimizer steps reduced exactly before compressing
   uint64_t seed = 0;         // terngrad's rounding stream, powersgd's initial Q
   bool adasum = false;       // parallel.reduce = adasum (with kind kNone)
+  // Accordion (Note [Accordion]): rank / ratio above are the light setting, these the heavy.
+  bool accordion = false;
+  int64_t heavy_rank = 1;
+  double heavy_ratio = 0.0001;
+  int64_t window = 100;
+  double eta = 0.5;
   // topk, terngrad, powersgd: compressors with state.
   bool stateful() const {
     return kind == CompressKind::kTopK || kind == CompressKind::kTernGrad || kind == CompressKind::kPowerSgd;
@@ -91,15 +97,25 @@ class BucketCompressor {
   // g: this rank's gradient of the bucket. Returns with g = the dp mean of every rank's
   // decompressed message, the same bits on every rank. Collective over dp.
   virtual void reduce(comm::Group& dp, std::span<float> g, int64_t step) = 0;
-  // Bytes one reduce puts on the wire from this rank (CompressTraffic::wire_bytes).
-  double wire_bytes() const { return traffic_.wire_bytes(dp_); }
-  const CompressTraffic& traffic() const { return traffic_; }
+  // Bytes one reduce puts on the wire from this rank at the current setting
+  // (CompressTraffic::wire_bytes).
+  double wire_bytes() const { return traffic_[heavy_].wire_bytes(dp_); }
   virtual std::vector<CompressorState> state() { return {}; }
+  // Accordion: the heavy (true) or the light setting for the next reduce.
+  void set_heavy(bool heavy) {
+    heavy_ = heavy;
+    on_setting(heavy);
+  }
+  bool heavy() const { return heavy_; }
+
+ protected:
+  virtual void on_setting(bool) {}
 
  private:
   friend std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec&, const Bucket&, int,
                                                            const std::vector<ParamSpec>&, int);
-  CompressTraffic traffic_;
+  CompressTraffic traffic_[2];  // light, heavy
+  bool heavy_ = false;
   int dp_ = 1;
 };
 

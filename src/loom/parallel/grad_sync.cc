@@ -94,14 +94,17 @@ void GradSync::set_compressors(const CompressSpec& spec, const std::vector<Param
   spec_ = spec;
   specs_ = specs;
   compressors_.clear();
+  accordion_.reset();
   if (!spec.post_backward()) return;
   for (size_t b = 0; b < plan_.buckets.size(); b++)
     compressors_.push_back(make_compressor(spec, plan_.buckets[b], int(b), specs, plan_.dp));
+  if (spec.accordion) accordion_ = std::make_unique<Accordion>(spec, plan_.buckets);
 }
 
 void GradSync::set_step(int64_t step) {
   step_ = step;
   compressing_ = !compressors_.empty() && step >= spec_.warmup_steps;
+  if (compressing_ && accordion_) accordion_->apply(compressors_);  // the settings a resume restored too
 }
 
 double GradSync::exact_wire_bytes() const {
@@ -198,10 +201,13 @@ void GradSync::finish(bool last_micro) {
   LOOM_ASSERT(grads_ != nullptr);
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
+  if (last_micro) wire_sent_ += wire_bytes(), steps_++;
   if (compressing_)
     for (size_t b = 0; b < plan_.buckets.size(); b++) {
       const Bucket& bk = plan_.buckets[b];
-      compressors_[b]->reduce(dp_, std::span<float>(grads_ + bk.offset, size_t(bk.count)), step_);
+      const std::span<float> g(grads_ + bk.offset, size_t(bk.count));
+      compressors_[b]->reduce(dp_, g, step_);
+      if (accordion_) accordion_->observe(b, g, step_, *compressors_[b]);
     }
   finishing_ = true;
   on_ready(0);

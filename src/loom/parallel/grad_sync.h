@@ -17,6 +17,7 @@
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
 #include "loom/model/layout.h"
+#include "loom/parallel/accordion.h"
 #include "loom/parallel/buckets.h"
 #include "loom/parallel/compress.h"
 
@@ -75,7 +76,13 @@ class GradSync {
   // same for the exact fp32 all-reduce of the same buckets.
   double wire_bytes() const;
   double exact_wire_bytes() const;
+  // wire_bytes() averaged over the steps finished so far (warm-up and Accordion's settings
+  // change it from step to step).
+  double mean_wire_bytes() const { return steps_ ? wire_sent_ / double(steps_) : wire_bytes(); }
   const std::vector<std::unique_ptr<BucketCompressor>>& compressors() const { return compressors_; }
+  // Accordion (Note [Accordion]) when spec.accordion, else null; its switches since the last call.
+  Accordion* accordion() { return accordion_.get(); }
+  std::vector<std::string> take_accordion_log() { return accordion_ ? accordion_->take_log() : std::vector<std::string>{}; }
 
   // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
   // tied embedding's two copies (first and last stage) before it is reduced.
@@ -118,9 +125,11 @@ class GradSync {
   Mode mode_;
   comm::Compression compression_;
   std::vector<std::unique_ptr<BucketCompressor>> compressors_;
+  std::unique_ptr<Accordion> accordion_;
   CompressSpec spec_;
   std::vector<ParamSpec> specs_;
-  int64_t step_ = 0;
+  int64_t step_ = 0, steps_ = 0;
+  double wire_sent_ = 0;
   bool compressing_ = false;
   MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;

@@ -2,6 +2,7 @@
 // warm start; Note [Gradient compressors] in compress.h.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -12,10 +13,12 @@ namespace loom::parallel {
 
 namespace {
 
-// One matrix of the bucket, (rows, cols) row-major at `offset` (relative to the bucket).
+// One matrix of the bucket, (rows, cols) row-major at `offset` (relative to the bucket),
+// compressed at the smaller of the two ranks; its Q has a slot of cols x r_max at q_at
+// (row stride r_max; the current rank uses the first r columns).
 struct Matrix {
-  int64_t offset = 0, rows = 0, cols = 0;
-  int64_t p_at = 0, q_at = 0;  // into p_ (rows x r) and q_ (cols x r), row-major
+  int64_t offset = 0, rows = 0, cols = 0, q_at = 0;
+  int64_t numel() const { return rows * cols; }
 };
 
 // Columns of P (rows x r, row-major) made orthonormal by Gram-Schmidt in fp64, in order,
@@ -45,21 +48,25 @@ void orthonormalise(float* P, int64_t rows, int64_t r) {
   }
 }
 
+// Under Accordion (Note [Accordion]) the rank switches between the light and the heavy
+// setting; the residual carries over, a matrix that would not shrink at the current rank
+// goes exact (its residual with it), and Q keeps a slot for the larger rank so that its
+// columns stay warm across switches.
 class PowerSgd final : public BucketCompressor {
  public:
   PowerSgd(const CompressSpec& spec, const Bucket& bucket, int index, const std::vector<ParamSpec>& specs)
-      : r_(spec.rank), count_(bucket.count) {
-    LOOM_CHECK(r_ >= 1, "parallel.compress_rank = ", r_, ": PowerSGD needs a rank >= 1");
+      : light_(spec.rank), heavy_(spec.accordion ? spec.heavy_rank : spec.rank), r_(light_),
+        r_max_(std::max(light_, heavy_)), count_(bucket.count) {
+    LOOM_CHECK(light_ >= 1 && heavy_ >= 1, "parallel.compress_rank = ", light_, ": PowerSGD needs a rank >= 1");
+    const int64_t r_min = std::min(light_, heavy_);
     for (int t = bucket.first_tensor; t <= bucket.last_tensor; t++) {
       const ParamSpec& s = specs[size_t(t)];
       const int64_t at = s.offset - bucket.offset;
-      if (powersgd_compresses(s, r_)) {
-        matrices_.push_back({at, s.shape[0], s.shape[1], p_count_, q_count_});
-        p_count_ += s.shape[0] * r_;
-        q_count_ += s.shape[1] * r_;
+      if (powersgd_compresses(s, r_min)) {
+        matrices_.push_back({at, s.shape[0], s.shape[1], q_count_});
+        q_count_ += s.shape[1] * r_max_;
       } else {
         dense_.push_back({at, s.numel});
-        dense_count_ += s.numel;
       }
     }
     e_.assign(size_t(count_), 0.0f);
@@ -72,45 +79,71 @@ class PowerSgd final : public BucketCompressor {
 
   void reduce(comm::Group& dp, std::span<float> g, int64_t) override {
     LOOM_ASSERT(int64_t(g.size()) == count_);
-    std::vector<float> p(static_cast<size_t>(p_count_)), dense(static_cast<size_t>(dense_count_));
-    for (const Matrix& m : matrices_) {  // e <- M = G + E; P = M Q
-      float* M = e_.data() + m.offset;
-      for (int64_t i = 0; i < m.rows * m.cols; i++) M[i] += g[size_t(m.offset + i)];
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m.rows), int(r_), int(m.cols), 1.0f, M,
-                  int(m.cols), q_.data() + m.q_at, int(r_), 0.0f, p.data() + m.p_at, int(r_));
+    std::vector<const Matrix*> low;      // compressed at rank r_
+    std::vector<FlatRange> exact = dense_;  // the rest, all-reduced exactly
+    for (const Matrix& m : matrices_) {
+      if ((m.rows + m.cols) * r_ * 2 <= m.numel()) low.push_back(&m);  // powersgd_compresses at r_
+      else exact.push_back({m.offset, m.numel()});
     }
+    int64_t p_count = 0, q_count = 0, exact_count = 0;
+    for (const Matrix* m : low) p_count += m->rows * r_, q_count += m->cols * r_;
+    for (const FlatRange& d : exact) exact_count += d.count;
+    std::vector<float> p(static_cast<size_t>(p_count)), q(static_cast<size_t>(q_count)),
+        dense(static_cast<size_t>(exact_count));
     int64_t at = 0;
-    for (const FlatRange& d : dense_)
-      for (int64_t i = 0; i < d.count; i++) dense[size_t(at++)] = g[size_t(d.offset + i)];
-    if (p_count_) dp.all_reduce(std::span<float>(p), comm::ReduceOp::kAvg);
-    for (const Matrix& m : matrices_) {  // Q = M^T P_hat
-      orthonormalise(p.data() + m.p_at, m.rows, r_);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m.cols), int(r_), int(m.rows), 1.0f,
-                  e_.data() + m.offset, int(m.cols), p.data() + m.p_at, int(r_), 0.0f, q_.data() + m.q_at, int(r_));
+    for (const FlatRange& d : exact)  // with any residual a matrix kept at another rank (else g as is, -0 too)
+      for (int64_t i = d.offset; i < d.offset + d.count; i++)
+        dense[size_t(at++)] = e_[size_t(i)] != 0.0f ? g[size_t(i)] + e_[size_t(i)] : g[size_t(i)];
+    for (const FlatRange& d : exact) std::fill_n(e_.begin() + d.offset, d.count, 0.0f);
+    at = 0;
+    for (const Matrix* m : low) {  // e <- M = G + E; P = M Q
+      float* M = e_.data() + m->offset;
+      for (int64_t i = 0; i < m->numel(); i++) M[i] += g[size_t(m->offset + i)];
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m->rows), int(r_), int(m->cols), 1.0f, M,
+                  int(m->cols), q_.data() + m->q_at, int(r_max_), 0.0f, p.data() + at, int(r_));
+      at += m->rows * r_;
     }
-    if (q_count_) dp.all_reduce(std::span<float>(q_), comm::ReduceOp::kAvg);
-    if (dense_count_) dp.all_reduce(std::span<float>(dense), comm::ReduceOp::kAvg);
+    if (p_count) dp.all_reduce(std::span<float>(p), comm::ReduceOp::kAvg);
+    project_q(low, p, q);
+    if (q_count) dp.all_reduce(std::span<float>(q), comm::ReduceOp::kAvg);
+    if (exact_count) dp.all_reduce(std::span<float>(dense), comm::ReduceOp::kAvg);
     std::fill(g.begin(), g.end(), 0.0f);  // padding between tensors stays zero
-    for (const Matrix& m : matrices_) {  // G' = P_hat Q^T; E = M - G'
-      float* out = g.data() + m.offset;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m.rows), int(m.cols), int(r_), 1.0f,
-                  p.data() + m.p_at, int(r_), q_.data() + m.q_at, int(r_), 0.0f, out, int(m.cols));
-      float* M = e_.data() + m.offset;
-      for (int64_t i = 0; i < m.rows * m.cols; i++) M[i] -= out[i];
+    int64_t pa = 0, qa = 0;
+    for (const Matrix* m : low) {  // Q back into its slot (warm start); G' = P_hat Q^T; E = M - G'
+      for (int64_t k = 0; k < m->cols; k++) std::copy_n(q.begin() + qa + k * r_, r_, q_.begin() + m->q_at + k * r_max_);
+      float* out = g.data() + m->offset;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m->rows), int(m->cols), int(r_), 1.0f, p.data() + pa,
+                  int(r_), q.data() + qa, int(r_), 0.0f, out, int(m->cols));
+      float* M = e_.data() + m->offset;
+      for (int64_t i = 0; i < m->numel(); i++) M[i] -= out[i];
+      pa += m->rows * r_, qa += m->cols * r_;
     }
     at = 0;
-    for (const FlatRange& d : dense_)
+    for (const FlatRange& d : exact)
       for (int64_t i = 0; i < d.count; i++) g[size_t(d.offset + i)] = dense[size_t(at++)];
   }
 
   std::vector<CompressorState> state() override { return {{"residual", &e_}, {"q", &q_}}; }
 
  private:
-  int64_t r_, count_;
-  std::vector<Matrix> matrices_;
-  std::vector<FlatRange> dense_;  // vectors and small matrices: exact all-reduce
-  int64_t p_count_ = 0, q_count_ = 0, dense_count_ = 0;
-  std::vector<float> e_, q_;  // residual (bucket-sized; zero outside matrices), warm-started Q
+  void on_setting(bool heavy) override { r_ = heavy ? heavy_ : light_; }
+
+  // P_hat = orthonormalised P; q = M^T P_hat, packed (cols x r_ per matrix, in order).
+  void project_q(const std::vector<const Matrix*>& low, std::vector<float>& p, std::vector<float>& q) {
+    int64_t pa = 0, qa = 0;
+    for (const Matrix* m : low) {
+      orthonormalise(p.data() + pa, m->rows, r_);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m->cols), int(r_), int(m->rows), 1.0f,
+                  e_.data() + m->offset, int(m->cols), p.data() + pa, int(r_), 0.0f, q.data() + qa, int(r_));
+      pa += m->rows * r_, qa += m->cols * r_;
+    }
+  }
+
+  int64_t light_, heavy_, r_, r_max_, count_;
+  std::vector<Matrix> matrices_;  // compressed at the smaller rank
+  std::vector<FlatRange> dense_;  // vectors and small matrices: always exact
+  int64_t q_count_ = 0;
+  std::vector<float> e_, q_;      // residual (bucket-sized; zero outside compressed matrices), Q slots
 };
 
 }  // namespace

@@ -65,14 +65,21 @@ ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
   // Note [Compressor state in checkpoints]: valid for the same compressor, parameters,
   // layout and buckets (the bucket plan is a function of the layout and the cap).
   const auto& compressors = e.sync->compressors();
-  for (size_t b = 0; b < compressors.size(); b++)
-    for (const parallel::CompressorState& c : compressors[b]->state())
-      s.compressor.push_back({"bucket " + std::to_string(b) + " " + c.name, c.data});
+  parallel::Accordion* accordion = e.sync->accordion();
+  for (size_t b = 0; b < compressors.size(); b++) {
+    std::vector<parallel::CompressorState> all = compressors[b]->state();
+    if (accordion)
+      for (const parallel::CompressorState& c : accordion->state(b)) all.push_back(c);
+    for (const parallel::CompressorState& c : all) s.compressor.push_back({"bucket " + std::to_string(b) + " " + c.name, c.data});
+  }
   const ParallelConfig& p = cfg.parallel;
   std::ostringstream sig;
   sig << compress_name(p.compress) << " ratio " << p.compress_ratio << " momentum " << p.compress_momentum << " rank "
-      << p.compress_rank << "; " << layout_text(p) << "; bucket_mb " << p.bucket_mb << ", " << e.plan.buckets.size()
-      << " buckets";
+      << p.compress_rank;
+  if (accordion)
+    sig << " accordion window " << p.accordion_window << " eta " << p.accordion_eta << " heavy rank "
+        << p.accordion_heavy_rank << " ratio " << p.accordion_heavy_ratio;
+  sig << "; " << layout_text(p) << "; bucket_mb " << p.bucket_mb << ", " << e.plan.buckets.size() << " buckets";
   s.compressor_signature = sig.str();
   return s;
 }

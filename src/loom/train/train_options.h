@@ -46,7 +46,8 @@ struct TrainSummary {
   // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.
   double comm_hidden_fraction = -1;
   double comm_exposed_s = 0;
-  double comm_wire_bytes = 0, comm_exact_wire_bytes = 0;  // per step from each rank (after compression warm-up)
+  double comm_wire_bytes = 0, comm_exact_wire_bytes = 0;  // per step from each rank (mean over the run; exact's)
+  std::vector<std::string> accordion_log;  // Note [Accordion]: its switches, in order
   std::vector<float> final_params;  // filled when TrainOptions::keep_params (tests)
   // This rank's peak resident bytes per category (params, grads, optimizer, activations),
   // measured (Note [Resident memory]), and the ZeRO formula for its model states.

@@ -97,7 +97,21 @@ std::string compress_text(const ParallelConfig& p) {
     default: os << ", gradients compressed by " << compress_name(p.compress);
   }
   if (p.compress_warmup_steps > 0) os << " after " << p.compress_warmup_steps << " exact steps";
+  if (p.compress_adapt == CompressAdapt::kAccordion)
+    os << ", Accordion: heavy " << (p.compress == CompressKind::kPowerSgd ? "rank " : "ratio ")
+       << (p.compress == CompressKind::kPowerSgd ? double(p.accordion_heavy_rank)
+                                                 : p.accordion_heavy_ratio > 0 ? p.accordion_heavy_ratio
+                                                                               : p.compress_ratio / 10)
+       << " outside critical regimes (window " << p.accordion_window << " steps, eta " << p.accordion_eta << ")";
   return os.str();
+}
+
+// Note [Accordion]: its switches are logged.
+void log_accordion(Reporter& rep, parallel::GradSync& sync, TrainSummary& sum) {
+  for (std::string& line : sync.take_accordion_log()) {
+    rep.info(line);
+    sum.accordion_log.push_back(std::move(line));
+  }
 }
 
 std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
@@ -339,7 +353,7 @@ void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, co
      << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
      << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (" << std::setprecision(3)
      << sum.comm_exposed_s << " s of reduction after the last rank's backward, all steps)";
-  sum.comm_wire_bytes = e.sync->wire_bytes();
+  sum.comm_wire_bytes = e.sync->mean_wire_bytes();
   sum.comm_exact_wire_bytes = e.sync->exact_wire_bytes();
   os << "\n  gradients on the wire: " << std::setprecision(3) << sum.comm_wire_bytes / 1e6 << " MB per step from each rank ("
      << std::setprecision(1) << sum.comm_exact_wire_bytes / std::max(1.0, sum.comm_wire_bytes)
@@ -406,6 +420,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       return updater.step(local_loss, lr, step);
     }();
     if (!scaler.event().empty()) rep.info(scaler.event());
+    if (e.sync) log_accordion(rep, *e.sync, sum);
     const StepOutcome outcome = outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start);
     for (StepObserver* o : observers) o->after_step(outcome);
   }

@@ -40,6 +40,9 @@ for m in modes:
     err = open(f"{tmp}/{m}.err").read()
     wire = re.search(r"gradients on the wire: ([0-9.]+) MB per step from each rank \(([0-9.]+)x fewer", err)
     runs[m] = dict(val=val, step_s=step_s, mb=float(wire.group(1)), fewer=float(wire.group(2)))
+    switches = [l for l in err.splitlines() if l.startswith("accordion:")]
+    if switches:
+        print(f"{m}: {len(switches)} accordion switches, e.g.\n  " + "\n  ".join(switches[:3]))
 ref = runs.get("none")
 print(f"config B, dp 2 across two hosts at {rate} each way, {max(ref['val']) if ref else '?'} steps")
 print(f"{'mode':<10}{'MB/step':>10}{'x fewer':>9}{'step s':>9}{'speedup':>9}{'val loss':>10}{'vs exact':>10}")

@@ -195,6 +195,21 @@ TEST(TernGrad, UnbiasedWithASharedScaleAndTernaryValues) {
   }
 }
 
+// A NaN on one rank reaches every rank (the optimizer then skips or stops the step), at any
+// position of that rank in the max's order.
+TEST(TernGrad, ANonFiniteGradientOnAnyRankReachesEveryRank) {
+  for (int bad = 0; bad < 3; bad++) {
+    const Layout l = layout_of({{40}});
+    const Rounds run = run_ranks(3, spec_of(CompressKind::kTernGrad), l, 1, [&](int r, int) {
+      std::vector<float> x = random_vector(40, 5 + r);
+      if (r == bad) x[7] = NAN;
+      return x;
+    });
+    for (int r = 0; r < 3; r++)
+      EXPECT_TRUE(std::isnan(run.out[0][size_t(r)][0])) << "bad rank " << bad << ", rank " << r;
+  }
+}
+
 // Rank-1 gradients with a common left factor: M_r = a b_r^T. P Q^T reproduces their mean
 // exactly (up to rounding), so the residual stays ~0; the vector goes through exact.
 TEST(PowerSgd, RankOneGradientsGiveTheExactMean) {

@@ -112,7 +112,9 @@ class TernGrad final : public BucketCompressor {
     clip(g);
     float s[1] = {0.0f};
     for (float x : g) s[0] = std::max(s[0], std::fabs(x));
-    if (std::isnan(s[0]) || std::any_of(g.begin(), g.end(), [](float x) { return std::isnan(x); })) s[0] = NAN;
+    // A non-finite gradient on any rank must reach every rank's optimizer check: +inf
+    // survives a max whichever order the ranks' values meet in (a NaN need not).
+    if (std::any_of(g.begin(), g.end(), [](float x) { return !std::isfinite(x); })) s[0] = INFINITY;
     dp.all_reduce(std::span<float>(s, 1), comm::ReduceOp::kMax);
     const int P = dp.size();
     if (!std::isfinite(s[0]) || s[0] == 0.0f) {  // every rank sees the same s

@@ -7,7 +7,8 @@
 # against exact's. Needs root (scripts/netns_two_hosts.sh).
 # usage: bench/compressed_dp.sh [RATE] [STEPS] [VAL_EVERY]    e.g. bench/compressed_dp.sh 1gbit 300 50
 # MODES overrides the list, e.g. MODES="none powersgd"; mode accordion is PowerSGD under
-# Accordion (rank 4 light, rank 1 heavy) with a window of STEPS / 6 steps.
+# Accordion (rank 4 light, rank 1 heavy) with a window of STEPS / 6 steps. EXTRA adds --set
+# keys to every mode, e.g. EXTRA="parallel.compress_warmup_steps=20".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-1gbit} steps=${2:-300} every=${3:-50}
@@ -22,7 +23,7 @@ for m in $modes; do
   [ "$m" = accordion ] && extra=(parallel.compress=powersgd parallel.compress_adapt=accordion
                                  "parallel.accordion_window=$(( steps / 6 > 0 ? steps / 6 : 1 ))")
   sets=()
-  for kv in "${model[@]}" "${extra[@]}" checkpoint.dir= train.threads=1 "train.steps=$steps" \
+  for kv in "${model[@]}" "${extra[@]}" ${EXTRA:-} checkpoint.dir= train.threads=1 "train.steps=$steps" \
             "train.val_every=$every" train.val_batches=4 train.log_every=1; do sets+=(--set "$kv"); done
   scripts/netns_two_hosts.sh run 1 -- "$PWD/build/release/loom" train --dp 2 --json "${sets[@]}" \
     >"$tmp/$m.jsonl" 2>"$tmp/$m.err" || { echo "$m failed:"; tail -5 "$tmp/$m.err"; exit 1; }

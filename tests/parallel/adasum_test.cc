@@ -35,7 +35,7 @@ Bucketed bucket_of(const std::vector<int64_t>& sizes) {
   return b;
 }
 
-// Adasum of two vectors per tensor, in fp64 (Maleki et al. Eq. 6).
+// Adasum of two vectors per tensor, in fp64 (Maleki et al. 2021).
 std::vector<double> combine(const std::vector<double>& a, const std::vector<double>& b, const Bucketed& l) {
   std::vector<double> out(a.size(), 0.0);
   for (const ParamSpec& s : l.specs) {

@@ -140,7 +140,7 @@ TEST(TopK, ErrorFeedbackInvariantHoldsToTheBitAndSendsTheLargest) {
   }
 }
 
-// DGC Eq. 4 on one rank: u = m u + g, v = v + u, sent entries masked in both.
+// DGC's momentum correction on one rank: u = m u + g, v = v + u, sent entries masked in both.
 TEST(TopK, MomentumCorrectionFollowsDgc) {
   const Layout l = layout_of({{64}});
   CompressSpec spec = spec_of(CompressKind::kTopK);

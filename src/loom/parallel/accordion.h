@@ -2,7 +2,7 @@
 //
 // Note [Accordion]
 // Agarwal, Wang, Papailiopoulos, Venkataraman, "Accordion: Adaptive Gradient Communication
-// via Critical Learning Regime Identification" (MLSys 2021), Algorithm 1: every interval,
+// via Critical Learning Regime Identification" (MLSys 2021), its detection rule: every interval,
 // each layer's accumulated gradient norm |D_w| is compared with the previous interval's;
 // a relative change |D_{w-1}| - |D_w| of at least eta (0.5) marks a critical regime, in
 // which the layer is compressed lightly (PowerSGD rank / top-k ratio as configured), else

@@ -33,7 +33,7 @@ class TopK final : public BucketCompressor {
     LOOM_ASSERT(n == int64_t(v_.size()));
     if (u_.empty()) {
       for (int64_t i = 0; i < n; i++) v_[size_t(i)] += g[size_t(i)];
-    } else {  // DGC Eq. 4: u <- m u + g; v <- v + u
+    } else {  // DGC's momentum correction: u <- m u + g; v <- v + u
       for (int64_t i = 0; i < n; i++) {
         u_[size_t(i)] = momentum_ * u_[size_t(i)] + g[size_t(i)];
         v_[size_t(i)] += u_[size_t(i)];
@@ -45,7 +45,7 @@ class TopK final : public BucketCompressor {
       const size_t i = size_t(index_[size_t(j)]);
       values[size_t(j)] = v_[i];
       v_[i] = 0.0f;  // sent: the residual keeps the rest (sent + new v == old v + g, exactly)
-      if (!u_.empty()) u_[i] = 0.0f;  // momentum factor masking (DGC Sec. 3.2)
+      if (!u_.empty()) u_[i] = 0.0f;  // DGC's momentum factor masking
     }
     const int P = dp.size();
     std::vector<int32_t> all_index(size_t(k_ * P));
@@ -104,7 +104,7 @@ uint64_t mix(uint64_t x) {
 // TernGrad: stochastic ternary values with one scale shared by the dp group.
 class TernGrad final : public BucketCompressor {
  public:
-  static constexpr double kClipSigmas = 2.5;  // TernGrad Sec. 3.3: c = 2.5
+  static constexpr double kClipSigmas = 2.5;  // TernGrad's gradient clipping at c = 2.5
   TernGrad(const CompressSpec& spec, int index) : seed_(spec.seed), index_(index) {}
 
   void reduce(comm::Group& dp, std::span<float> g, int64_t step) override {

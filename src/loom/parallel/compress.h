@@ -6,14 +6,14 @@
 // all-reduce of the compressed form) and decoded and summed in rank order.
 //   none      exact fp32 ring all-reduce, launched during backward (the reference).
 //   bf16/int8 codecs of that ring (Note [Compressed all-reduce]): stateless, overlapped.
-//   topk      DGC (Lin et al. 2018): v += g (with momentum correction, u = m u + g,
-//             v += u, Sec. 3.2, Eq. 4); send the k = ceil(ratio n) entries of largest |v|
+//   topk      DGC (Lin et al., ICLR 2018): v += g (with its momentum correction,
+//             u = m u + g, v += u); send the k = ceil(ratio n) entries of largest |v|
 //             as (index, value) pairs in one sparse all-gather; the sent entries of v (and
 //             u) are zeroed (error feedback / momentum factor masking), so
 //             sent + new v == g + old v holds bit for bit.
-//   terngrad  TernGrad (Wen et al. 2017): g clipped to +-2.5 sigma (Sec. 3.3), shared scale
-//             s = max over ranks of max|g| (scaler sharing, Sec. 3.1), t = s sign(g) b with
-//             b ~ Bernoulli(|g| / s) (Eq. 3) from a counter-based stream of (seed, step,
+//   terngrad  TernGrad (Wen et al., NeurIPS 2017): g clipped to +-2.5 sigma (its gradient
+//             clipping), shared scale s = max over ranks of max|g| (its scaler sharing),
+//             t = s sign(g) b, b ~ Bernoulli(|g| / s), from a counter-based stream of (seed, step,
 //             bucket, rank, index); unbiased, no residual. The ternary values travel as 2-bit
 //             codes in an all-gather up to dp 8, beyond as an all-reduce of int8 sums
 //             (terngrad_gathers); dp <= 127.
@@ -30,11 +30,11 @@
 //
 // Note [Adasum]
 // parallel.reduce = adasum combines the dp ranks' gradients by Adasum (Maleki et al., "Scaling
-// Distributed Training with Adaptive Summation", MLSys 2021, Eq. 6), per tensor:
+// Distributed Training with Adaptive Summation", MLSys 2021), per tensor:
 //   Adasum(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b,
 // so orthogonal gradients add and identical ones average. Over 2^k ranks it is applied along
 // a binary tree of rank order ((0,1), (2,3), then their results, ...), computed by vector
-// halving, distance doubling (the paper's Sec. 4 / Horovod's VHDD): at distance d each rank
+// halving, distance doubling (as Horovod's Adasum does): at distance d each rank
 // swaps half of its current piece with rank ^ d, the lower rank's data being a; the partial
 // dot products and squared norms of its half, in fp64 per tensor, are all-gathered over the
 // dp group and summed in rank order over the 2d ranks sharing the tree node, so those ranks

@@ -98,6 +98,11 @@ inline bool splits_backward(ScheduleKind k) {
 // How data-parallel gradients cross the dp group (Note [Gradient compressors] in
 // parallel/compress.h): exact, a codec of the ring, or a stateful compressor.
 enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd };
+// topk, terngrad, powersgd: compressors with state that run after backward (bf16 and int8
+// are codecs of the ring).
+inline bool compress_has_state(CompressKind k) {
+  return k == CompressKind::kTopK || k == CompressKind::kTernGrad || k == CompressKind::kPowerSgd;
+}
 // How the dp ranks' gradients combine: their mean, or Adasum (Note [Adasum] in
 // parallel/compress.h).
 enum class GradReduce { kMean, kAdasum };
@@ -153,7 +158,8 @@ struct ParallelConfig {
   int64_t accordion_window = 100;
   double accordion_eta = 0.5;          // Agarwal et al.'s threshold on the norm's relative change
   int64_t accordion_heavy_rank = 1;    // powersgd
-  double accordion_heavy_ratio = 0;    // topk; 0: compress_ratio / 10
+  double accordion_heavy_ratio = 0;    // topk; 0: compress_ratio / 10 (heavy_ratio())
+  double heavy_ratio() const { return accordion_heavy_ratio > 0 ? accordion_heavy_ratio : compress_ratio / 10; }
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }

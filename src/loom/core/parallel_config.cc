@@ -225,8 +225,7 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
   else if (p.zero >= 2)
     errs.push_back(what + " runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
                    str(p.zero) + " reduce-scatters them, which has no compressed form yet");
-  const bool stateful = p.compress == CompressKind::kTopK || p.compress == CompressKind::kTernGrad ||
-                        p.compress == CompressKind::kPowerSgd;
+  const bool stateful = compress_has_state(p.compress);
   // parallel::kTernGradMaxDp: TernGrad's int8 sums hold |sum| <= dp.
   if (p.compress == CompressKind::kTernGrad && p.dp > 127)
     errs.push_back(what + " sums ternary values as int8, which holds up to parallel.dp = 127; parallel.dp = " +

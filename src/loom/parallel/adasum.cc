@@ -13,6 +13,13 @@ struct Triple {
   double dot = 0, aa = 0, bb = 0;
 };
 
+// The halving at distance d: of a piece, the lower rank of a pair (rank < rank ^ d) keeps
+// the first half, the upper the second; `kept` false gives the half sent away.
+FlatRange half_of(FlatRange p, bool lower, bool kept = true) {
+  const FlatRange first{p.offset, p.count / 2}, second{p.offset + first.count, p.count - first.count};
+  return lower == kept ? first : second;
+}
+
 class Adasum final : public BucketCompressor {
  public:
   static constexpr int kTag = 0x2164;  // the halving exchange's point-to-point tag (tags < 16384)
@@ -31,8 +38,7 @@ class Adasum final : public BucketCompressor {
     for (int d = 1; d < P; d *= 2) {
       const int partner = me ^ d;
       const bool lower = me < partner;  // the lower rank's data is a and keeps the first half
-      const FlatRange first{piece.offset, piece.count / 2}, second{piece.offset + first.count, piece.count - first.count};
-      const FlatRange keep = lower ? first : second, give = lower ? second : first;
+      const FlatRange keep = half_of(piece, lower), give = half_of(piece, lower, false);
       theirs.resize(size_t(keep.count));
       dp.batch({comm::isend_op(std::span<const float>(g.data() + give.offset, size_t(give.count)), partner, kTag),
                 comm::irecv_op(std::span<float>(theirs), partner, kTag)});
@@ -95,10 +101,7 @@ class Adasum final : public BucketCompressor {
     int64_t longest = 0;
     for (int r = 0; r < P; r++) {
       FlatRange p{0, count_};
-      for (int d = 1; d < P; d *= 2) {
-        const FlatRange first{p.offset, p.count / 2}, second{p.offset + first.count, p.count - first.count};
-        p = r < (r ^ d) ? first : second;
-      }
+      for (int d = 1; d < P; d *= 2) p = half_of(p, r < (r ^ d));
       pieces.push_back(p);
       longest = std::max(longest, p.count);
     }

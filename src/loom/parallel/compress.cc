@@ -189,7 +189,7 @@ CompressSpec compress_spec(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   s.accordion = p.compress_adapt == CompressAdapt::kAccordion;
   s.heavy_rank = p.accordion_heavy_rank;
-  s.heavy_ratio = p.accordion_heavy_ratio > 0 ? p.accordion_heavy_ratio : p.compress_ratio / 10;
+  s.heavy_ratio = p.heavy_ratio();
   s.window = p.accordion_window;
   s.eta = p.accordion_eta;
   s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;  // "compress": apart from init's stream

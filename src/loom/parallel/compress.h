@@ -72,9 +72,7 @@ struct CompressSpec {
   int64_t window = 100;
   double eta = 0.5;
   // topk, terngrad, powersgd: compressors with state.
-  bool stateful() const {
-    return kind == CompressKind::kTopK || kind == CompressKind::kTernGrad || kind == CompressKind::kPowerSgd;
-  }
+  bool stateful() const { return compress_has_state(kind); }
   // Run by a BucketCompressor after backward: the stateful compressors and Adasum.
   bool post_backward() const { return stateful() || adasum; }
   // bf16 / int8: a codec of the ring all-reduce.

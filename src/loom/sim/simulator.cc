@@ -415,8 +415,7 @@ double kept_layers(const Setup& s, int64_t r) {
 double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const CompressKind compress = par.compress;
-  if (compress == CompressKind::kTopK || compress == CompressKind::kTernGrad || compress == CompressKind::kPowerSgd ||
-      par.reduce == GradReduce::kAdasum) {
+  if (compress_has_state(compress) || par.reduce == GradReduce::kAdasum) {
     const CompressedSync c = compressed_sync(s.cluster, s.plan.cfg, r, s.pl.dp);
     return c.comm_s + c.compute_s;
   }

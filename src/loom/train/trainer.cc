@@ -99,9 +99,7 @@ std::string compress_text(const ParallelConfig& p) {
   if (p.compress_warmup_steps > 0) os << " after " << p.compress_warmup_steps << " exact steps";
   if (p.compress_adapt == CompressAdapt::kAccordion)
     os << ", Accordion: heavy " << (p.compress == CompressKind::kPowerSgd ? "rank " : "ratio ")
-       << (p.compress == CompressKind::kPowerSgd ? double(p.accordion_heavy_rank)
-                                                 : p.accordion_heavy_ratio > 0 ? p.accordion_heavy_ratio
-                                                                               : p.compress_ratio / 10)
+       << (p.compress == CompressKind::kPowerSgd ? double(p.accordion_heavy_rank) : p.heavy_ratio())
        << " outside critical regimes (window " << p.accordion_window << " steps, eta " << p.accordion_eta << ")";
   return os.str();
 }

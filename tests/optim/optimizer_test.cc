@@ -55,5 +55,41 @@ TEST(Optimizer, AdamWDecaysMatricesOnlyAndMatchesClosedForm) {
   EXPECT_EQ(fresh.steps_taken(), 1);
 }
 
+// Note [1-bit Adam]: with the reduced update u left as momentum_to_update made it, the two
+// halves are AdamW's step with v (and 1 - b2^T_w) frozen, against the formula in fp64;
+// entries whose v is 0 only decay; m keeps its momentum units.
+TEST(Optimizer, OneBitAdamHalvesAreAdamWithTheVarianceFrozen) {
+  ModelConfig mc;
+  apply_model_preset(mc, "tiny");
+  mc.layers = 1;
+  ParamLayout layout(mc);
+  OptimConfig o;
+  AdamW opt(layout, o);
+  const size_t n = size_t(layout.total_floats());
+  std::vector<float> p(n), g(n);
+  for (size_t i = 0; i < n; i++) p[i] = std::sin(0.37 * double(i)), g[i] = 0.01f * float(std::cos(0.11 * double(i)));
+  const int64_t warm = 3;
+  for (int s = 0; s < warm; s++) opt.step(kernels(KernelBackend::kCpu), p, g, 0.01);
+  opt.v()[5] = 0.0f;  // as if entry 5 saw no gradient in the warm-up
+  const std::vector<float> m0 = opt.m(), v0 = opt.v(), p0 = p;
+  std::vector<float> u = g;
+  for (float& x : u) x *= -0.5f;
+  opt.momentum_to_update(u, warm);
+  opt.step_with_update(p, u, 0.02, warm);
+  EXPECT_EQ(opt.v(), v0);
+  EXPECT_EQ(opt.steps_taken(), warm + 1);
+  const double bc1 = 1 - std::pow(o.beta1, warm + 1.0), bc2 = 1 - std::pow(o.beta2, double(warm));
+  for (const ParamSpec& s : layout.specs())
+    for (int64_t i = s.offset; i < s.offset + s.numel; i++) {
+      const double m = o.beta1 * m0[size_t(i)] + (1 - o.beta1) * (-0.5 * g[size_t(i)]);
+      const double v = v0[size_t(i)], wd = s.decay ? o.weight_decay : 0.0;
+      const double adam = v > 0 ? (m / bc1) / (std::sqrt(v / bc2) + o.eps) : 0.0;
+      const double want = p0[size_t(i)] - 0.02 * (adam + wd * p0[size_t(i)]);
+      // a few float roundings of each term
+      ASSERT_NEAR(p[size_t(i)], want, 1e-6 * (std::fabs(p0[size_t(i)]) + 0.02 * (std::fabs(adam) + 1))) << s.name << " " << i;
+      if (v > 0) ASSERT_NEAR(opt.m()[size_t(i)], m, 1e-6 * std::fabs(m) + 1e-12) << s.name << " " << i;
+    }
+}
+
 }  // namespace
 }  // namespace loom

@@ -313,6 +313,79 @@ TEST(CompressSpec, WireBytesShrinkAsThePapersSay) {
   const double psgd = make_compressor(spec_of(CompressKind::kPowerSgd), l.bucket, 0, l.specs, 2)->wire_bytes();
   EXPECT_NEAR(psgd, 4.0 * double(768 * 4 * 2 + 768), 1e-9);
   EXPECT_GT(exact / psgd, 20.0);
+  // 1-bit Adam: per tensor, a chunk's signs and one scale in the all-to-all and again in the
+  // all-gather.
+  const double onebit = make_compressor(spec_of(CompressKind::kOneBitAdam), l.bucket, 0, l.specs, 2)->wire_bytes();
+  EXPECT_NEAR(onebit, 2.0 * (768 * 768 / 2 / 8 + 4 + 768 / 2 / 8 + 4), 1e-9);
+  EXPECT_GT(exact / onebit, 30.0);
+}
+
+// Two tensors with 12 floats of alignment padding between them (the gap is never sent or
+// written); the value 7 marks it.
+Layout padded_pair() {
+  Layout l = layout_of({{37, 5}, {100}});
+  l.specs[1].offset = 197;
+  l.bucket.count = 297;
+  return l;
+}
+
+// Note [1-bit Adam]: inputs of one magnitude per tensor, the same on every rank, pass
+// bit for bit (rms(+-c) = c for c a power of two, so no residual is left at either hop).
+TEST(OneBit, OneMagnitudePerTensorPassesExactly) {
+  for (int n : {2, 4}) {
+    const Layout l = padded_pair();
+    auto input = [&](int, int s) {
+      std::vector<float> x(297, 7.0f);
+      for (int i = 0; i < 185; i++) x[size_t(i)] = (i * 7 + s) % 3 ? 0.25f : -0.25f;
+      for (int i = 197; i < 297; i++) x[size_t(i)] = (i + s) % 2 ? 0.0625f : -0.0625f;
+      return x;
+    };
+    const Rounds run = run_ranks(n, spec_of(CompressKind::kOneBitAdam), l, 3, input);
+    expect_same_bits_on_every_rank(run);
+    for (int s = 0; s < 3; s++) {
+      EXPECT_EQ(run.out[size_t(s)][0], input(0, s)) << n << " ranks, step " << s;
+      EXPECT_EQ(run.state0[size_t(s)][0], std::vector<float>(297, 0.0f));
+    }
+  }
+}
+
+// Worker error feedback: sent + new residual = input + old residual, where the sent chunk
+// is rms(y) sign(y) of y = input + old residual (up to the one rounding of y - sent); the
+// padding's residual stays 0; every rank ends with the same bits.
+TEST(OneBit, WorkerErrorFeedbackSendsTheScaledSigns) {
+  const int n = 3, steps = 3;
+  const Layout l = padded_pair();
+  auto input = [](int r, int s) {
+    std::vector<float> x = random_vector(297, 31 * r + s);
+    std::fill(x.begin() + 185, x.begin() + 197, 0.0f);
+    return x;
+  };
+  const Rounds run = run_ranks(n, spec_of(CompressKind::kOneBitAdam), l, steps, input);
+  expect_same_bits_on_every_rank(run);
+  // Tensor chunks: (offset, length) of chunk j is (at + j L, ...), L = ceil(numel / 3).
+  const std::vector<std::pair<int64_t, int64_t>> tensors = {{0, 185}, {197, 100}};
+  for (int r = 0; r < n; r++) {
+    std::vector<float> e(297, 0.0f);
+    for (int s = 0; s < steps; s++) {
+      const std::vector<float> x = input(r, s), &ne = run.state0[size_t(s)][size_t(r)];
+      for (const auto& [at, numel] : tensors) {
+        const int64_t L = (numel + 2) / 3;
+        for (int64_t lo = at; lo < at + numel; lo += L) {
+          const int64_t hi = std::min(at + numel, lo + L);
+          double ss = 0;
+          for (int64_t i = lo; i < hi; i++) ss += double(x[size_t(i)] + e[size_t(i)]) * (x[size_t(i)] + e[size_t(i)]);
+          const double scale = std::sqrt(ss / double(hi - lo));
+          for (int64_t i = lo; i < hi; i++) {
+            const float y = x[size_t(i)] + e[size_t(i)];
+            const double sent = double(y) - double(ne[size_t(i)]);
+            ASSERT_NEAR(sent, y >= 0 ? scale : -scale, 1e-6 * scale) << "rank " << r << " step " << s << " at " << i;
+          }
+        }
+      }
+      for (int64_t i = 185; i < 197; i++) ASSERT_EQ(ne[size_t(i)], 0.0f);
+      e = ne;
+    }
+  }
 }
 
 }  // namespace

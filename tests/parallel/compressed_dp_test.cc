@@ -39,7 +39,9 @@ TEST(CompressedDataParallel, SendingEverythingEqualsExactDataParallelBitForBit) 
        std::vector<std::vector<std::string>>{{"parallel.compress=topk", "parallel.compress_ratio=1"},
                                              {"parallel.compress=topk", "parallel.compress_ratio=1",
                                               "parallel.compress_warmup_steps=3"},
-                                             {"parallel.compress=powersgd", "parallel.compress_rank=1000"}}) {
+                                             {"parallel.compress=powersgd", "parallel.compress_rank=1000"},
+                                             // 1-bit Adam compresses only after its warm-up
+                                             {"parallel.compress=onebit_adam", "parallel.compress_warmup_steps=6"}}) {
     const auto out = testing_support::train_keeping_params(llama(sets));
     EXPECT_EQ(out[0].final_params, exact) << sets[0] << " " << sets[1];
     if (sets[0] == "parallel.compress=topk")  // (index, value) pairs: twice exact's bytes
@@ -92,6 +94,10 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.reduce=adasum"},
       {"parallel.dp=4", "parallel.reduce=adasum", "parallel.zero=1"},
       {"parallel.dp=2", "parallel.reduce=adasum", "parallel.tp=2"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam"},
+      {"parallel.dp=4", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=3"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.tp=2"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.pp=2", "train.grad_accum=2"},
   };
   const std::vector<VerifyRow> rows = verify_layouts(small_config({"train.steps=8"}), layouts);
   ASSERT_EQ(rows.size(), layouts.size());
@@ -115,6 +121,12 @@ TEST(CompressedDataParallel, SummaryReportsTheBytesOnTheWire) {
   const auto psgd = testing_support::train_as_threads(
       small_config({"parallel.dp=2", "train.steps=2", "parallel.compress=powersgd", "parallel.compress_rank=1"}));
   EXPECT_GT(psgd[0].comm_exact_wire_bytes / psgd[0].comm_wire_bytes, 5.0);
+  // 1-bit Adam: the exact warm-up step, then signs and a scale per tensor chunk (about 32x
+  // fewer bytes): the mean over the two steps is under half of exact's.
+  const auto onebit = testing_support::train_as_threads(small_config(
+      {"parallel.dp=2", "train.steps=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=1"}));
+  EXPECT_LT(onebit[0].comm_wire_bytes, 0.55 * onebit[0].comm_exact_wire_bytes);
+  EXPECT_GT(onebit[0].comm_wire_bytes, 0.5 * onebit[0].comm_exact_wire_bytes);
 }
 
 TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes) {
@@ -128,7 +140,12 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=int8", "comm.grad_dtype=bf16"}).find("set only one"),
             std::string::npos);
-  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zip"}).find("none, bf16, int8, topk, terngrad or powersgd"),
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zip"}).find("topk, terngrad, powersgd or onebit_adam"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=1", "parallel.compress=onebit_adam"}).find("set parallel.zero = 0"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=0"})
+                .find("set it >= 1, or -1 for 15% of train.steps = 1"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0"}).find("(0, 1]"),
             std::string::npos);

@@ -22,7 +22,8 @@ namespace {
 void set_compressors(const std::string& flag, plan::PlanRequest& req) {
   if (flag == "auto") {
     if (req.like.framework == sim::Framework::kLoom)
-      req.compress = {CompressKind::kTopK, CompressKind::kTernGrad, CompressKind::kPowerSgd};
+      req.compress = {CompressKind::kTopK, CompressKind::kTernGrad, CompressKind::kPowerSgd,
+                     CompressKind::kOneBitAdam};
     return;
   }
   if (flag == "none") return;

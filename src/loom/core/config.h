@@ -96,12 +96,22 @@ inline bool splits_backward(ScheduleKind k) {
 }
 
 // How data-parallel gradients cross the dp group (Note [Gradient compressors] in
-// parallel/compress.h): exact, a codec of the ring, or a stateful compressor.
-enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd };
-// topk, terngrad, powersgd: compressors with state that run after backward (bf16 and int8
-// are codecs of the ring).
+// parallel/compress.h): exact, a codec of the ring, a stateful compressor, or 1-bit Adam
+// (an optimizer mode that compresses the momentum; Note [1-bit Adam]).
+enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd, kOneBitAdam };
+// topk, terngrad, powersgd, onebit_adam: compressors with state that run after backward
+// (bf16 and int8 are codecs of the ring).
 inline bool compress_has_state(CompressKind k) {
-  return k == CompressKind::kTopK || k == CompressKind::kTernGrad || k == CompressKind::kPowerSgd;
+  return k == CompressKind::kTopK || k == CompressKind::kTernGrad || k == CompressKind::kPowerSgd ||
+         k == CompressKind::kOneBitAdam;
+}
+// onebit_adam: the gradients stay local after the warm-up and the optimizer reduces the
+// momentum instead.
+inline bool compress_in_optimizer(CompressKind k) { return k == CompressKind::kOneBitAdam; }
+// 1-bit Adam's default warm-up: 15% of the run (rounded up, >= 1), the low end of the 15-25%
+// DeepSpeed's 1-bit Adam tutorial suggests.
+inline int64_t onebit_default_warmup(int64_t train_steps) {
+  return train_steps * 15 / 100 + (train_steps * 15 % 100 != 0) + (train_steps <= 0);
 }
 // How the dp ranks' gradients combine: their mean, or Adasum (Note [Adasum] in
 // parallel/compress.h).
@@ -122,7 +132,7 @@ std::string zero_keep_text(const std::vector<bool>& layers);
 // "3,4" <-> {3, 4}; "" <-> {}.
 std::vector<int64_t> parse_pp_layers(const std::string& text);
 std::string pp_layers_text(const std::vector<int64_t>& split);
-const char* compress_name(CompressKind k);  // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd"
+const char* compress_name(CompressKind k);  // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd" | "onebit_adam"
 CompressKind parse_compress(const std::string& text);
 const char* grad_reduce_name(GradReduce r);  // "mean" | "adasum"
 GradReduce parse_grad_reduce(const std::string& text);
@@ -150,7 +160,10 @@ struct ParallelConfig {
   double compress_ratio = 0.001;     // topk: fraction sent per bucket (DGC: 99.9% sparsity)
   double compress_momentum = 0.0;    // topk: DGC momentum correction (0: plain error feedback)
   int64_t compress_rank = 4;         // powersgd: rank (Vogels et al.'s language-model setting)
-  int64_t compress_warmup_steps = 0; // steps reduced exactly before compression starts
+  // Steps reduced exactly before compression starts; -1: the compressor's default (0, and
+  // for onebit_adam onebit_default_warmup).
+  int64_t compress_warmup_steps = -1;
+  int64_t compress_warmup(int64_t train_steps) const;
   GradReduce reduce = GradReduce::kMean;  // adasum: Maleki et al.'s adaptive summation
   // Accordion (Note [Accordion] in parallel/accordion.h): compress_rank / compress_ratio are
   // the light setting, these the heavy one; a window of optimizer steps is its "epoch".

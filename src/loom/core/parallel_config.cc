@@ -200,6 +200,19 @@ void check_accordion(const ParallelConfig& p, std::vector<std::string>& errs) {
                    "], or 0 for a tenth of it");
 }
 
+// Note [1-bit Adam] (parallel/compress.h): the optimizer keeps every rank's whole momentum
+// (ZeRO 0) and freezes a variance the warm-up must have filled.
+void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.zero != 0)
+    errs.push_back("parallel.compress = onebit_adam compresses the momentum each rank holds whole; parallel.zero = " +
+                   str(p.zero) + " shards it: set parallel.zero = 0, or use topk | terngrad | powersgd with zero 1");
+  if (p.compress_warmup_steps == 0)
+    errs.push_back("parallel.compress = onebit_adam freezes Adam's variance after parallel.compress_warmup_steps "
+                   "exact steps; 0 would freeze it at zero: set it >= 1, or -1 for 15% of train.steps = " +
+                   str(onebit_default_warmup(c.train.steps)));
+}
+
 // Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and the
 // all-reduce sync (ZeRO 0/1); the stateful ones keep residuals in gradient units, which
 // fp16's changing loss scale would corrupt.
@@ -210,8 +223,9 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
   if (p.compress_momentum < 0 || p.compress_momentum >= 1)
     errs.push_back("parallel.compress_momentum = " + num(p.compress_momentum) + ": expected [0, 1)");
   if (p.compress_rank < 1) errs.push_back("parallel.compress_rank = " + str(p.compress_rank) + ": expected >= 1");
-  if (p.compress_warmup_steps < 0)
-    errs.push_back("parallel.compress_warmup_steps = " + str(p.compress_warmup_steps) + ": expected >= 0");
+  if (p.compress_warmup_steps < -1)
+    errs.push_back("parallel.compress_warmup_steps = " + str(p.compress_warmup_steps) +
+                   ": expected >= 0, or -1 for the compressor's default");
   if (p.reduce == GradReduce::kAdasum) check_adasum(c, errs);
   if (p.compress_adapt == CompressAdapt::kAccordion) check_accordion(p, errs);
   if (p.compress == CompressKind::kNone) return;
@@ -230,6 +244,7 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
   if (p.compress == CompressKind::kTernGrad && p.dp > 127)
     errs.push_back(what + " sums ternary values as int8, which holds up to parallel.dp = 127; parallel.dp = " +
                    str(p.dp) + ": use powersgd or topk");
+  if (compress_in_optimizer(p.compress)) check_onebit_adam(c, errs);
   if (stateful && c.train.precision == "fp16")
     errs.push_back(what + " with train.precision = fp16: its gradients carry a loss scale that changes between "
                           "steps, which the compressor's residual and scale cannot follow; use train.precision = "
@@ -394,6 +409,7 @@ const char* compress_name(CompressKind k) {
     case CompressKind::kTopK: return "topk";
     case CompressKind::kTernGrad: return "terngrad";
     case CompressKind::kPowerSgd: return "powersgd";
+    case CompressKind::kOneBitAdam: return "onebit_adam";
   }
   return "?";
 }
@@ -416,9 +432,10 @@ CompressAdapt parse_compress_adapt(const std::string& text) {
 
 CompressKind parse_compress(const std::string& text) {
   for (CompressKind k : {CompressKind::kNone, CompressKind::kBf16, CompressKind::kInt8, CompressKind::kTopK,
-                         CompressKind::kTernGrad, CompressKind::kPowerSgd})
+                         CompressKind::kTernGrad, CompressKind::kPowerSgd, CompressKind::kOneBitAdam})
     if (text == compress_name(k)) return k;
-  throw ConfigError("parallel.compress = '" + text + "': expected none, bf16, int8, topk, terngrad or powersgd");
+  throw ConfigError("parallel.compress = '" + text +
+                    "': expected none, bf16, int8, topk, terngrad, powersgd or onebit_adam");
 }
 
 std::vector<Recompute> parse_recompute(const std::string& text) {
@@ -454,6 +471,11 @@ std::string pp_layers_text(const std::vector<int64_t>& split) {
   std::string out;
   for (int64_t v : split) out += (out.empty() ? "" : ",") + str(v);
   return out;
+}
+
+int64_t ParallelConfig::compress_warmup(int64_t train_steps) const {
+  if (compress_warmup_steps >= 0) return compress_warmup_steps;
+  return compress_in_optimizer(compress) ? onebit_default_warmup(train_steps) : 0;
 }
 
 std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {

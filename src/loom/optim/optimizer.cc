@@ -75,4 +75,52 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
                    float(cfg_.eps), r.weight_decay, t_);
 }
 
+namespace {
+
+// sqrt(v / (1 - b2^frozen_at)) + eps, in the fast kernel's float order.
+struct FrozenScale {
+  float bc2_sqrt, eps;
+  float operator()(float v) const { return std::sqrt(v) / bc2_sqrt + eps; }
+};
+
+FrozenScale frozen_scale(const OptimConfig& c, int64_t frozen_at) {
+  LOOM_CHECK(frozen_at >= 1, "1-bit Adam freezes a variance the warm-up filled; frozen at step ", frozen_at);
+  return {float(std::sqrt(1.0 - std::pow(c.beta2, double(frozen_at)))), float(c.eps)};
+}
+
+}  // namespace
+
+void AdamW::momentum_to_update(std::vector<float>& grads, int64_t frozen_at) {
+  const FrozenScale d = frozen_scale(cfg_, frozen_at);
+  const float b1 = float(cfg_.beta1);
+  for (const Run& r : runs_) {
+    float* g = grads.data() + r.offset;
+    float* m = m_.data() + r.state_offset;
+    const float* v = v_.data() + r.state_offset;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      g[i] = v[i] > 0.0f ? m[i] / d(v[i]) : 0.0f;
+    }
+  }
+}
+
+void AdamW::step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at) {
+  const FrozenScale d = frozen_scale(cfg_, frozen_at);
+  t_++;
+  const float step_size = float(lr) / float(1.0 - std::pow(cfg_.beta1, double(t_)));
+  for (const Run& r : runs_) {
+    float* p = params.data() + r.offset;
+    const float* x = u.data() + r.offset;
+    float* m = m_.data() + r.state_offset;
+    const float* v = v_.data() + r.state_offset;
+    const float decay = 1.0f - float(lr) * r.weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) {
+      m[i] = x[i] * d(v[i]);
+      p[i] = p[i] * decay - step_size * x[i];
+    }
+  }
+}
+
 }  // namespace loom

@@ -41,6 +41,15 @@ class AdamW {
   AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned = {});
   // One update with learning rate `lr`; increments the step count (bias correction uses it).
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr);
+  // 1-bit Adam (Note [1-bit Adam] in parallel/compress.h), in two halves around the
+  // caller's compressed all-reduce of the update u, with v and its bias correction
+  // 1 - b2^frozen_at held where the warm-up left them: D = sqrt(v / (1 - b2^frozen_at)) + eps.
+  // momentum_to_update: m = b1 m + (1 - b1) g, then grads <- u = m / D (0 where v == 0: no
+  // gradient in the warm-up, nothing to scale by).
+  void momentum_to_update(std::vector<float>& grads, int64_t frozen_at);
+  // step_with_update: t += 1; m = u D (the reduced u back in momentum units);
+  // p = p (1 - lr wd) - lr u / (1 - b1^t). With u = m / D this is AdamW's step.
+  void step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   // Moments of the owned parts, packed in `owned` order (the whole layout when unsharded).

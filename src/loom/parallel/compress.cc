@@ -12,6 +12,7 @@ namespace loom::parallel {
 std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, int index,
                                                 const std::vector<ParamSpec>& specs);
 std::unique_ptr<BucketCompressor> make_adasum(const Bucket& bucket, const std::vector<ParamSpec>& specs);
+std::unique_ptr<BucketCompressor> make_onebit(const Bucket& bucket, const std::vector<ParamSpec>& specs, int dp);
 
 namespace {
 
@@ -184,7 +185,7 @@ CompressSpec compress_spec(const Config& cfg) {
   s.ratio = cfg.parallel.compress_ratio;
   s.momentum = cfg.parallel.compress_momentum;
   s.rank = cfg.parallel.compress_rank;
-  s.warmup_steps = cfg.parallel.compress_warmup_steps;
+  s.warmup_steps = cfg.parallel.compress_warmup(cfg.train.steps);
   s.adasum = cfg.parallel.reduce == GradReduce::kAdasum;
   const ParallelConfig& p = cfg.parallel;
   s.accordion = p.compress_adapt == CompressAdapt::kAccordion;
@@ -211,6 +212,7 @@ std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, cons
     case CompressKind::kTopK: c = std::make_unique<TopK>(spec, bucket.count); break;
     case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, index); break;
     case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, index, specs); break;
+    case CompressKind::kOneBitAdam: c = make_onebit(bucket, specs, dp); break;
     default: LOOM_CHECK(false, "parallel.compress = ", compress_name(spec.kind), " has no bucket compressor");
   }
   c->traffic_[0] = bucket_traffic(spec.kind, spec.ratio, spec.rank, specs, bucket.first_tensor, bucket.last_tensor,

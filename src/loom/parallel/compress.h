@@ -28,6 +28,32 @@
 // untouched). They need the all-reduce sync (ZeRO 0 or 1) and a gradient scale that does
 // not change between steps (no fp16 loss scaling); config validation refuses the rest.
 //
+// Note [1-bit Adam]
+// parallel.compress = onebit_adam is 1-bit Adam (Tang et al., "1-bit Adam: Communication
+// Efficient Large-Scale Training with Adam's Convergence Speed", ICML 2021, Algorithm 1), an
+// optimizer mode: parallel.compress_warmup_steps T_w exact AdamW steps (default 15% of
+// train.steps), then v is frozen, D = sqrt(v / (1 - b2^T_w)) + eps with it, and each step
+// every rank i, from its own (clipped) gradient g_i and the shared momentum m:
+//   u_i = (b1 m + (1 - b1) g_i) / D     its momentum, preconditioned
+//   u   = CompressedAllReduce(u_i)     the same bits on every rank
+//   m   = u D;  p -= lr (u / (1 - b1^t) + wd p)
+// which is AdamW's step with v frozen when the all-reduce is exact. The gradients are never
+// all-reduced. loom compresses the preconditioned momentum u where the paper compresses m:
+// D is frozen and the same on every rank, so the exact mean is the same, but a sign
+// compressor gives each entry of a chunk the chunk's rms, and for m that sends an entry
+// whose v is tiny (GPT's key bias, whose gradient is rounding noise: softmax ignores it)
+// the rms of the whole tensor divided by its tiny D. On loom verify's tiny run that blew
+// weights up by 20-60 (m compressed) where u stays within 0.13 (same loss distance).
+// CompressedAllReduce, per bucket over P ranks, per tensor (one scale per tensor chunk, as
+// DeepSpeed compresses per parameter tensor; alignment padding is left out): chunk j of
+// every tensor goes to rank j. Worker: y = x + e_w, C(y) = rms(y) sign(y) (sign(0) = +1),
+// e_w = y - C(y); signs as bits plus the scale, all-to-all. Server j: the mean of the P
+// decoded chunks in rank order, z = mean + e_s, C(z), e_s = z - C(z), all-gathered and
+// decoded by every rank. Each hop sends 1/32 of fp32's bytes plus the scales: about 32x
+// fewer than the exact ring. The residuals e_w (a bucket) and e_s (the served chunks) are
+// checkpointed. The norm for clipping is the root mean square of the ranks' local norms
+// (no gradient is reduced to measure the global one), one coefficient on every rank.
+//
 // Note [Adasum]
 // parallel.reduce = adasum combines the dp ranks' gradients by Adasum (Maleki et al., "Scaling
 // Distributed Training with Adaptive Summation", MLSys 2021), per tensor:
@@ -65,13 +91,15 @@ struct CompressSpec {
   int64_t warmup_steps = 0;  // optimizer steps reduced exactly before compressing
   uint64_t seed = 0;         // terngrad's rounding stream, powersgd's initial Q
   bool adasum = false;       // parallel.reduce = adasum (with kind kNone)
+  // onebit_adam (Note [1-bit Adam]): the optimizer reduces the momentum, not GradSync the gradients.
+  bool in_optimizer() const { return compress_in_optimizer(kind); }
   // Accordion (Note [Accordion]): rank / ratio above are the light setting, these the heavy.
   bool accordion = false;
   int64_t heavy_rank = 1;
   double heavy_ratio = 0.0001;
   int64_t window = 100;
   double eta = 0.5;
-  // topk, terngrad, powersgd: compressors with state.
+  // topk, terngrad, powersgd, onebit_adam: compressors with state.
   bool stateful() const { return compress_has_state(kind); }
   // Run by a BucketCompressor after backward: the stateful compressors and Adasum.
   bool post_backward() const { return stateful() || adasum; }

@@ -30,6 +30,14 @@ CompressTraffic bucket_traffic(CompressKind kind, double ratio, int64_t rank, co
       t.collectives = 2;
       t.compute_bytes = 24 * n;  // statistics, clip, encode, decode
       break;
+    case CompressKind::kOneBitAdam:  // Note [1-bit Adam]: per tensor a chunk's signs and scale, twice
+      for (int i = first; i <= last; i++)
+        t.gather_block_bytes += 2 * (std::ceil(std::ceil(double(specs[size_t(i)].numel) / double(dp)) / 8) + 4);
+      t.collectives = 4;
+      // the momentum update (12 B), the worker's encode (residual in, out, signs: ~9 B) and
+      // decode (4 B), the server's share (~9 B / dp, rounded up to a pass)
+      t.compute_bytes = 32 * n;
+      break;
     case CompressKind::kPowerSgd: {
       double dense = 0;
       t.collectives = 3;

@@ -202,7 +202,7 @@ void GradSync::finish(bool last_micro) {
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
   if (last_micro) wire_sent_ += wire_bytes(), steps_++;
-  if (compressing_)
+  if (compressing_ && !local_gradients())
     for (size_t b = 0; b < plan_.buckets.size(); b++) {
       const Bucket& bk = plan_.buckets[b];
       const std::span<float> g(grads_ + bk.offset, size_t(bk.count));
@@ -229,6 +229,14 @@ void GradSync::finish(bool last_micro) {
   pending_bucket_.clear();
   released_ = 0;
   grads_ = nullptr;
+}
+
+void GradSync::reduce_update(float* u) {
+  LOOM_ASSERT(local_gradients());
+  for (size_t b = 0; b < plan_.buckets.size(); b++) {
+    const Bucket& bk = plan_.buckets[b];
+    compressors_[b]->reduce(dp_, std::span<float>(u + bk.offset, size_t(bk.count)), step_);
+  }
 }
 
 // Hands back the non-owned part of every reduced bucket, in launch order, stopping at the

@@ -71,6 +71,11 @@ class GradSync {
   // runs (overlapped with backward), from then on the compressors, after backward.
   void set_step(int64_t step);
   bool compressing() const { return compressing_; }
+  // 1-bit Adam past its warm-up (Note [1-bit Adam]): finish() leaves each rank's own
+  // gradients, and the optimizer calls reduce_update on its preconditioned momentum (in
+  // the gradient buffer) instead. Collective over dp.
+  bool local_gradients() const { return compressing_ && spec_.in_optimizer(); }
+  void reduce_update(float* u);
   // Bytes one step's gradient reduction puts on the wire from this rank (ring all-reduce:
   // 2 (dp - 1) / dp of the payload; Note [Gradient compressors] for the rest), and the
   // same for the exact fp32 all-reduce of the same buckets.

@@ -60,7 +60,7 @@ std::vector<CompressKind> compressors(const PlanRequest& req, const sim::SimPlan
   if (zero >= 2 || group < 2) return out;
   if (!req.compress_everywhere && sim::place_group(req.cluster, group, q.tp).nodes < 2) return out;
   for (CompressKind k : req.compress)
-    if (k != CompressKind::kNone) out.push_back(k);
+    if (k != CompressKind::kNone && (zero == 0 || !compress_in_optimizer(k))) out.push_back(k);  // 1-bit Adam: zero 0
   return out;
 }
 
@@ -159,6 +159,7 @@ std::string compression_caveat(const sim::SimPlan& p) {
     case CompressKind::kTopK: os << "top-k, ratio " << q.compress_ratio << " (DGC)"; break;
     case CompressKind::kPowerSgd: os << "PowerSGD, rank " << q.compress_rank; break;
     case CompressKind::kTernGrad: os << "TernGrad, 2 bits a value"; break;
+    case CompressKind::kOneBitAdam: os << "1-bit Adam, momentum as signs after an exact warm-up"; break;
     default: os << compress_name(q.compress) << " ring all-reduce"; break;
   }
   return "approximate gradients (" + os.str() +

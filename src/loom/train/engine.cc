@@ -123,6 +123,8 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   r.loss = v[0] / (rc.dp_size * rc.tp_size);  // each dp replica's tp ranks hold one copy
   const bool sharded = rc.zero > 0 && rc.dp;
   const double S = scaler_.scale();  // a power of two: dividing by it is exact
+  // Unsharded: every dp rank counted its gradients, the same after the reduction; 1-bit
+  // Adam's local ones make this the root mean square of the ranks' norms.
   r.norm = std::sqrt(sharded ? v[1] : v[1] / rc.dp_size) / S;
   r.applied = scaler_.update(std::isfinite(r.norm), step);
   if (!r.applied) return r;
@@ -130,7 +132,15 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   // clipping the unscaled gradients.
   if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S; coef != 1.0)
     for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
-  adamw_.step(k, model.params(), model.grads(), lr);
+  if (e_.sync && e_.sync->local_gradients()) {  // Note [1-bit Adam]: reduce the momentum instead
+    LOOM_ASSERT(!sharded && adamw_.owned().size() == 1 && adamw_.owned()[0].offset == 0);
+    const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps);
+    adamw_.momentum_to_update(model.grads(), frozen_at);
+    e_.sync->reduce_update(model.grads().data());
+    adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
+  } else {
+    adamw_.step(k, model.params(), model.grads(), lr);
+  }
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
   else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;

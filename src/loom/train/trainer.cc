@@ -85,7 +85,7 @@ class NullBuffer : public std::streambuf {
 };
 
 // ", gradients compressed by topk (ratio 0.001, ...)" or "".
-std::string compress_text(const ParallelConfig& p) {
+std::string compress_text(const ParallelConfig& p, int64_t train_steps) {
   std::ostringstream os;
   if (p.reduce == GradReduce::kAdasum) os << ", gradients combined by Adasum";
   switch (p.compress) {
@@ -94,9 +94,11 @@ std::string compress_text(const ParallelConfig& p) {
                                  << p.compress_momentum << ", error feedback)"; break;
     case CompressKind::kPowerSgd: os << ", gradients compressed by powersgd (rank " << p.compress_rank
                                      << ", error feedback)"; break;
+    case CompressKind::kOneBitAdam: os << ", 1-bit Adam (variance frozen, momentum sent as signs with worker and "
+                                          "server error feedback)"; break;
     default: os << ", gradients compressed by " << compress_name(p.compress);
   }
-  if (p.compress_warmup_steps > 0) os << " after " << p.compress_warmup_steps << " exact steps";
+  if (const int64_t w = p.compress_warmup(train_steps); w > 0) os << " after " << w << " exact steps";
   if (p.compress_adapt == CompressAdapt::kAccordion)
     os << ", Accordion: heavy " << (p.compress == CompressKind::kPowerSgd ? "rank " : "ratio ")
        << (p.compress == CompressKind::kPowerSgd ? double(p.accordion_heavy_rank) : p.heavy_ratio())
@@ -131,7 +133,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
-       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p);
+       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p, cfg.train.steps);
   if (p.pp > 1)
     os << "\n  pipeline: schedule " << schedule_name(p.schedule) << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";

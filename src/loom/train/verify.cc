@@ -53,6 +53,7 @@ double compressed_loss_rel(CompressKind k) {
     case CompressKind::kPowerSgd: return 0.03;
     case CompressKind::kTernGrad: return 0.1;
     case CompressKind::kTopK: return 0.3;
+    case CompressKind::kOneBitAdam: return 0.4;
   }
   return 0;
 }

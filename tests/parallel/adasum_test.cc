@@ -66,7 +66,7 @@ std::vector<std::vector<float>> run(int n, const Bucketed& l, const std::functio
   o.timeout = std::chrono::milliseconds(60'000);
   const auto errors = comm::run_threads(n, o, [&](comm::World& w) {
     std::vector<float> g = input(w.global_rank());
-    make_compressor(spec, l.bucket, 0, l.specs, n)->reduce(w.world_group(), std::span<float>(g), 0);
+    make_compressor(spec, l.bucket, l.specs, n)->reduce(w.world_group(), std::span<float>(g), 0);
     out[size_t(w.global_rank())] = g;
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
@@ -133,7 +133,7 @@ TEST(Adasum, TrafficIsARingAllReducePlusTheTriples) {
   CompressSpec spec;
   spec.adasum = true;
   const double ring = 2.0 * 3 / 4 * 4 * double(l.bucket.count);
-  EXPECT_NEAR(make_compressor(spec, l.bucket, 0, l.specs, 4)->wire_bytes(), ring + 3 * 24.0 * 2 * 2, 1e-9);
+  EXPECT_NEAR(make_compressor(spec, l.bucket, l.specs, 4)->wire_bytes(), ring + 3 * 24.0 * 2 * 2, 1e-9);
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ Rounds run_ranks(int n, const CompressSpec& spec, const Layout& l, int steps,
   run.state0 = run.out;
   const auto errors = comm::run_threads(n, options(), [&](comm::World& w) {
     const int r = w.global_rank();
-    auto c = make_compressor(spec, l.bucket, 0, l.specs, n);
+    auto c = make_compressor(spec, l.bucket, l.specs, n);
     for (int s = 0; s < steps; s++) {
       std::vector<float> g = input(r, s);
       c->reduce(w.world_group(), std::span<float>(g), s);
@@ -273,7 +273,7 @@ TEST(Accordion, SwitchesOnTheWindowNormsRelativeChange) {
   const Layout l = layout_of({{1000}});
   CompressSpec spec = spec_of(CompressKind::kTopK);
   spec.ratio = 0.1, spec.heavy_ratio = 0.01, spec.accordion = true, spec.window = 2, spec.eta = 0.5;
-  auto c = make_compressor(spec, l.bucket, 0, l.specs, 2);
+  auto c = make_compressor(spec, l.bucket, l.specs, 2);
   Accordion acc(spec, {l.bucket});
   const double light = c->wire_bytes();
   std::vector<float> g(1000, 1.0f);
@@ -307,15 +307,15 @@ TEST(CompressSpec, WireBytesShrinkAsThePapersSay) {
   const double exact = 2.0 * 0.5 * 4.0 * double(n);  // ring all-reduce at dp 2
   CompressSpec topk = spec_of(CompressKind::kTopK);
   topk.ratio = 0.01;
-  EXPECT_NEAR(make_compressor(topk, l.bucket, 0, l.specs, 2)->wire_bytes(), 8.0 * std::ceil(0.01 * double(n)), 1e-9);
-  EXPECT_NEAR(make_compressor(spec_of(CompressKind::kTernGrad), l.bucket, 0, l.specs, 2)->wire_bytes(),
+  EXPECT_NEAR(make_compressor(topk, l.bucket, l.specs, 2)->wire_bytes(), 8.0 * std::ceil(0.01 * double(n)), 1e-9);
+  EXPECT_NEAR(make_compressor(spec_of(CompressKind::kTernGrad), l.bucket, l.specs, 2)->wire_bytes(),
               double((n + 3) / 4) + 4.0, 1e-9);
-  const double psgd = make_compressor(spec_of(CompressKind::kPowerSgd), l.bucket, 0, l.specs, 2)->wire_bytes();
+  const double psgd = make_compressor(spec_of(CompressKind::kPowerSgd), l.bucket, l.specs, 2)->wire_bytes();
   EXPECT_NEAR(psgd, 4.0 * double(768 * 4 * 2 + 768), 1e-9);
   EXPECT_GT(exact / psgd, 20.0);
   // 1-bit Adam: per tensor, a chunk's signs and one scale in the all-to-all and again in the
   // all-gather.
-  const double onebit = make_compressor(spec_of(CompressKind::kOneBitAdam), l.bucket, 0, l.specs, 2)->wire_bytes();
+  const double onebit = make_compressor(spec_of(CompressKind::kOneBitAdam), l.bucket, l.specs, 2)->wire_bytes();
   EXPECT_NEAR(onebit, 2.0 * (768 * 768 / 2 / 8 + 4 + 768 / 2 / 8 + 4), 1e-9);
   EXPECT_GT(exact / onebit, 30.0);
 }

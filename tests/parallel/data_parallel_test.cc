@@ -64,7 +64,7 @@ TEST(DataParallelPlan, BucketsSplitEvenlyAndOwnedPiecesTileTheBuffer) {
 
 TEST(DataParallelPlan, TiedEmbeddingGetsTheFirstBucketAlone) {
   const Config c = gpt_config();
-  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(c.model, 2, {}, false, {}, true);
+  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(c.model, 2, {}, false, {}, parallel::WteBucket::kTiedFirst);
   const ParamLayout layout(c.model, plan.padding);
   ASSERT_TRUE(plan.tied_first);
   ASSERT_GE(plan.buckets.size(), 2u);

@@ -56,7 +56,10 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       {"terngrad dp2", {"parallel.dp=2", "parallel.compress=terngrad"}},
       // Accordion's window (2 steps, so the save at step 3 falls inside one) and setting.
       {"accordion dp2", {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_adapt=accordion",
-                         "parallel.accordion_window=2", "parallel.accordion_eta=1e9"}}};
+                         "parallel.accordion_window=2", "parallel.accordion_eta=1e9"}},
+      // 1-bit Adam compressing from step 3: the frozen variance and shared momentum are the
+      // AdamW moments; the worker and server residuals are the compressor's state.
+      {"onebit_adam dp2", {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);

@@ -9,7 +9,7 @@
 
 namespace loom::parallel {
 
-std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, int index,
+std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, uint64_t key,
                                                 const std::vector<ParamSpec>& specs);
 std::unique_ptr<BucketCompressor> make_adasum(const Bucket& bucket, const std::vector<ParamSpec>& specs);
 std::unique_ptr<BucketCompressor> make_onebit(const Bucket& bucket, const std::vector<ParamSpec>& specs, int dp);
@@ -106,7 +106,7 @@ uint64_t mix(uint64_t x) {
 class TernGrad final : public BucketCompressor {
  public:
   static constexpr double kClipSigmas = 2.5;  // TernGrad's gradient clipping at c = 2.5
-  TernGrad(const CompressSpec& spec, int index) : seed_(spec.seed), index_(index) {}
+  TernGrad(const CompressSpec& spec, uint64_t key) : seed_(spec.seed), key_(key) {}
 
   void reduce(comm::Group& dp, std::span<float> g, int64_t step) override {
     const int64_t n = int64_t(g.size());
@@ -124,7 +124,7 @@ class TernGrad final : public BucketCompressor {
     }
     // t_i in {-1, 0, 1}, as int8 (the sums fit: |sum| <= dp <= 127).
     std::vector<int8_t> t(size_t(n), 0);
-    const uint64_t stream = mix(seed_ ^ mix(uint64_t(step) ^ mix(uint64_t(index_) ^ mix(uint64_t(dp.group_rank())))));
+    const uint64_t stream = mix(seed_ ^ mix(uint64_t(step) ^ mix(key_ ^ mix(uint64_t(dp.group_rank())))));
     for (int64_t i = 0; i < n; i++) {
       const float p = std::fabs(g[size_t(i)]) / s[0];
       const float u = float(mix(stream + uint64_t(i)) >> 40) * 0x1p-24f;  // uniform in [0, 1)
@@ -166,8 +166,7 @@ class TernGrad final : public BucketCompressor {
     for (float& x : g) x = std::clamp(x, -c, c);
   }
 
-  uint64_t seed_;
-  int index_;
+  uint64_t seed_, key_;
 };
 
 }  // namespace
@@ -197,8 +196,10 @@ CompressSpec compress_spec(const Config& cfg) {
   return s;
 }
 
-std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket, int index,
+std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket,
                                                   const std::vector<ParamSpec>& specs, int dp) {
+  uint64_t key = 0xcbf29ce484222325ull;  // FNV-1a of the first tensor's name
+  for (char ch : specs[size_t(bucket.first_tensor)].name) key = (key ^ uint8_t(ch)) * 0x100000001b3ull;
   std::unique_ptr<BucketCompressor> c;
   if (spec.adasum) {
     LOOM_CHECK(spec.kind == CompressKind::kNone, "parallel.reduce = adasum with parallel.compress = ",
@@ -210,8 +211,8 @@ std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, cons
   }
   switch (spec.kind) {
     case CompressKind::kTopK: c = std::make_unique<TopK>(spec, bucket.count); break;
-    case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, index); break;
-    case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, index, specs); break;
+    case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, key); break;
+    case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, key, specs); break;
     case CompressKind::kOneBitAdam: c = make_onebit(bucket, specs, dp); break;
     default: LOOM_CHECK(false, "parallel.compress = ", compress_name(spec.kind), " has no bucket compressor");
   }

@@ -138,16 +138,18 @@ class BucketCompressor {
   virtual void on_setting(bool) {}
 
  private:
-  friend std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec&, const Bucket&, int,
+  friend std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec&, const Bucket&,
                                                            const std::vector<ParamSpec>&, int);
   CompressTraffic traffic_[2];  // light, heavy
   bool heavy_ = false;
   int dp_ = 1;
 };
 
-// The compressor of bucket `index` (`bucket` in the layout of `specs`) for a dp group of
-// `dp` ranks.
-std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket, int index,
+// The compressor of `bucket` (in the layout of `specs`) for a dp group of `dp` ranks. Its
+// random streams (TernGrad's rounding, PowerSGD's first Q) are keyed by the name of the
+// bucket's first tensor, so a bucket holding the same tensors on two pipeline stages (GPT's
+// tied wte, WteBucket::kAloneLast) draws the same numbers on both.
+std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, const Bucket& bucket,
                                                   const std::vector<ParamSpec>& specs, int dp);
 
 }  // namespace loom::parallel

@@ -63,20 +63,22 @@ DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, c
 }
 
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
-                                    const ModelPart& part, bool tied_first) {
+                                    const ModelPart& part, WteBucket wte) {
   const ParamLayout base(m, {}, part);
   std::vector<TensorExtent> extents;
   for (const ParamSpec& s : base.specs()) extents.push_back({s.offset, s.numel});
-  if (!tied_first) return plan_from_buckets(m, dp, sharded, part, assign_buckets(extents, caps));
-  LOOM_CHECK(base.specs().size() > 1 && base.specs()[0].name == "wte", "a tied-embedding plan needs wte first");
-  // wte alone first; the rest as usual, tensor indices shifted past wte.
-  std::vector<Bucket> buckets = {Bucket{0, 0, 0, 0}};
+  if (wte == WteBucket::kShared) return plan_from_buckets(m, dp, sharded, part, assign_buckets(extents, caps));
+  LOOM_CHECK(base.specs().size() > 1 && base.specs()[0].name == "wte", "a plan with wte alone needs wte first");
+  // wte alone, first or last; the rest as usual, tensor indices shifted past wte.
+  std::vector<Bucket> buckets;
   for (Bucket b : assign_buckets(std::vector<TensorExtent>(extents.begin() + 1, extents.end()), caps)) {
     b.first_tensor++, b.last_tensor++;
     buckets.push_back(b);
   }
+  const bool first = wte == WteBucket::kTiedFirst;
+  buckets.insert(first ? buckets.begin() : buckets.end(), Bucket{0, 0, 0, 0});
   DataParallelPlan plan = plan_from_buckets(m, dp, sharded, part, std::move(buckets));
-  plan.tied_first = true;
+  plan.tied_first = first;
   return plan;
 }
 
@@ -97,7 +99,7 @@ void GradSync::set_compressors(const CompressSpec& spec, const std::vector<Param
   accordion_.reset();
   if (!spec.post_backward()) return;
   for (size_t b = 0; b < plan_.buckets.size(); b++)
-    compressors_.push_back(make_compressor(spec, plan_.buckets[b], int(b), specs, plan_.dp));
+    compressors_.push_back(make_compressor(spec, plan_.buckets[b], specs, plan_.dp));
   if (spec.accordion) accordion_ = std::make_unique<Accordion>(spec, plan_.buckets);
 }
 
@@ -271,7 +273,7 @@ void GradSync::measure_standalone() {
     // shortcut (zeros would make top-k's selection and PowerSGD's products trivial).
     std::unique_ptr<BucketCompressor> probe;
     if (!compressors_.empty()) {
-      probe = make_compressor(spec_, b, int(bi), specs_, plan_.dp);
+      probe = make_compressor(spec_, b, specs_, plan_.dp);
       for (size_t i = 0; i < all.size(); i++) all[i] = float((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
     }
     double t[3];

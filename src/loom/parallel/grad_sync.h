@@ -23,6 +23,17 @@
 
 namespace loom::parallel {
 
+// Where GPT's tied embedding wte goes among the buckets.
+enum class WteBucket {
+  kShared,     // with its neighbours, like any tensor
+  kTiedFirst,  // alone, bucket 0, reduced through Note [Tied embedding reduction]'s hooks
+  // Alone, launched last. A GPT pipeline keeps a wte copy on its first and last stage and
+  // sums their gradients before the dp reduction; a compressor decides per bucket (top-k's
+  // selection, TernGrad's scale), so both copies must sit in the same bucket to get the
+  // same update and stay tied.
+  kAloneLast,
+};
+
 struct DataParallelPlan {
   std::vector<Bucket> buckets;  // launch order; offsets in the padded layout
   bool tied_first = false;      // buckets[0] is wte alone (Note [Tied embedding reduction])
@@ -33,11 +44,10 @@ struct DataParallelPlan {
 };
 
 // Buckets of model `m`'s flat gradient buffer. `sharded`: pad each bucket to split evenly
-// over dp (Note [Sharded buckets]). `tied_first`: wte (tensor 0) gets bucket 0 of its own,
-// launched right after the head's backward (Note [Tied embedding reduction]). Pure: every
-// rank computes the same plan.
+// over dp (Note [Sharded buckets]). `wte` (tensor 0): WteBucket. Pure: every rank computes
+// the same plan.
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
-                                    const ModelPart& part = {}, bool tied_first = false);
+                                    const ModelPart& part = {}, WteBucket wte = WteBucket::kShared);
 
 // Makes everything of bucket `b` outside dp rank `rank`'s piece read zero and leave memory
 // (Note [Resident memory]); `base` is the flat buffer.

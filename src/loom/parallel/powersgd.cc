@@ -54,7 +54,7 @@ void orthonormalise(float* P, int64_t rows, int64_t r) {
 // columns stay warm across switches.
 class PowerSgd final : public BucketCompressor {
  public:
-  PowerSgd(const CompressSpec& spec, const Bucket& bucket, int index, const std::vector<ParamSpec>& specs)
+  PowerSgd(const CompressSpec& spec, const Bucket& bucket, uint64_t key, const std::vector<ParamSpec>& specs)
       : light_(spec.rank), heavy_(spec.accordion ? spec.heavy_rank : spec.rank), r_(light_),
         r_max_(std::max(light_, heavy_)), count_(bucket.count) {
     LOOM_CHECK(light_ >= 1 && heavy_ >= 1, "parallel.compress_rank = ", light_, ": PowerSGD needs a rank >= 1");
@@ -70,8 +70,8 @@ class PowerSgd final : public BucketCompressor {
       }
     }
     e_.assign(size_t(count_), 0.0f);
-    // Q0 ~ N(0, 1), the same on every rank: seeded by (seed, bucket), not by rank.
-    std::mt19937_64 rng(spec.seed ^ (uint64_t(index) * 0x9e3779b97f4a7c15ull));
+    // Q0 ~ N(0, 1), the same on every rank: seeded by (seed, bucket key), not by rank.
+    std::mt19937_64 rng(spec.seed ^ (key * 0x9e3779b97f4a7c15ull));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     q_.resize(size_t(q_count_));
     for (float& x : q_) x = normal(rng);
@@ -148,9 +148,9 @@ class PowerSgd final : public BucketCompressor {
 
 }  // namespace
 
-std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, int index,
+std::unique_ptr<BucketCompressor> make_powersgd(const CompressSpec& spec, const Bucket& bucket, uint64_t key,
                                                 const std::vector<ParamSpec>& specs) {
-  return std::make_unique<PowerSgd>(spec, bucket, index, specs);
+  return std::make_unique<PowerSgd>(spec, bucket, key, specs);
 }
 
 }  // namespace loom::parallel

@@ -19,13 +19,21 @@ bool tied_split(const Config& cfg) {
   return cfg.model.arch == Arch::kGpt && p.dp > 1 && p.tp == 1 && p.pp == 1 && p.zero <= 1;
 }
 
+parallel::WteBucket wte_bucket(const Config& cfg) {
+  if (tied_split(cfg)) return parallel::WteBucket::kTiedFirst;
+  const ParallelConfig& p = cfg.parallel;
+  const bool per_bucket = compress_has_state(p.compress) || p.reduce == GradReduce::kAdasum;
+  if (cfg.model.arch == Arch::kGpt && p.pp > 1 && p.dp > 1 && per_bucket) return parallel::WteBucket::kAloneLast;
+  return parallel::WteBucket::kShared;
+}
+
 parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part, std::vector<int>* unit_bucket) {
   const int dp = int(cfg.parallel.dp);
   if (cfg.parallel.zero == 3) return parallel::plan_units(cfg.model, dp, part, unit_bucket);
   parallel::BucketCaps caps;
   caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
   caps.first_cap_bytes = std::min(caps.first_cap_bytes, caps.cap_bytes);
-  return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, tied_split(cfg));
+  return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, wte_bucket(cfg));
 }
 
 }  // namespace

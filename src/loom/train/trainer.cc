@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <iomanip>
 #include <memory>
@@ -250,6 +251,24 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   return step;
 }
 
+// A GPT pipeline's two wte copies get the same summed gradient and, with the same sync
+// (WteBucket::kAloneLast under a per-bucket compressor), the same update: an invariant,
+// checked bit for bit at the end of the run (ZeRO-3 keeps only pieces; not checked there).
+void check_tied_copies(const Engine& e, const RankContext& rc) {
+  if (!rc.embed || e.gather) return;
+  const ParamSpec& w = e.model.layout().at("wte");
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the copy's bytes
+  for (const float& x : std::span<const float>(e.model.params().data() + w.offset, size_t(w.numel))) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    h = (h ^ bits) * 0x100000001b3ull;
+  }
+  const int64_t mine[1] = {int64_t(h)};
+  int64_t both[2];
+  rc.embed->all_gather(std::span<const int64_t>(mine, 1), std::span<int64_t>(both, 2));
+  LOOM_ASSERT(both[0] == both[1], "the first and last pipeline stage's tied wte copies differ");
+}
+
 std::vector<float> final_params(const Config& cfg, Engine& e, const RankContext& rc) {
   e.materialize_params();
   if (rc.pp_size == 1 && rc.tp_size == 1) return unpadded_params(e.model);
@@ -434,6 +453,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
        << " steps skipped for a gradient overflow; scale now " << ls.scale();
     rep.info(os.str());
   }
+  check_tied_copies(e, rc);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)
     rep.info("saved checkpoint " + cfg.checkpoint.dir + "/" + shard::step_name(cfg.train.steps) + " (latest)");

@@ -8,7 +8,9 @@
 # usage: bench/compressed_dp.sh [RATE] [STEPS] [VAL_EVERY]    e.g. bench/compressed_dp.sh 1gbit 300 50
 # MODES overrides the list, e.g. MODES="none powersgd"; mode accordion is PowerSGD under
 # Accordion (rank 4 light, rank 1 heavy) with a window of STEPS / 6 steps. EXTRA adds --set
-# keys to every mode, e.g. EXTRA="parallel.compress_warmup_steps=20".
+# keys to every mode, e.g. EXTRA="parallel.compress_warmup_steps=20". Modes zero3, qwz, qgz,
+# hpz and zeropp (all three) run ZeRO-3 and ZeRO++ against zero3, e.g.
+# MODES="zero3 qwz qgz hpz zeropp" bench/compressed_dp.sh 1gbit 20 20.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-1gbit} steps=${2:-300} every=${3:-50}
@@ -22,6 +24,11 @@ for m in $modes; do
   [ "$m" = topk ] && extra+=(parallel.compress_ratio=0.01)  # the issue's top-k 1%
   [ "$m" = accordion ] && extra=(parallel.compress=powersgd parallel.compress_adapt=accordion
                                  "parallel.accordion_window=$(( steps / 6 > 0 ? steps / 6 : 1 ))")
+  case $m in  # ZeRO-3 and ZeRO++ (issue 16 item 4): zero3 is their reference
+    zero3) extra=(parallel.zero=3) ;;
+    qwz|qgz|hpz) extra=(parallel.zero=3 "parallel.zeropp_$m=true") ;;
+    zeropp) extra=(parallel.zero=3 parallel.zeropp_qwz=true parallel.zeropp_qgz=true parallel.zeropp_hpz=true) ;;
+  esac
   sets=()
   for kv in "${model[@]}" "${extra[@]}" ${EXTRA:-} checkpoint.dir= train.threads=1 "train.steps=$steps" \
             "train.val_every=$every" train.val_batches=4 train.log_every=1; do sets+=(--set "$kv"); done
@@ -44,7 +51,7 @@ for m in modes:
     switches = [l for l in err.splitlines() if l.startswith("accordion:")]
     if switches:
         print(f"{m}: {len(switches)} accordion switches, e.g.\n  " + "\n  ".join(switches[:3]))
-ref = runs.get("none")
+ref = runs.get("none") or runs.get("zero3")
 print(f"config B, dp 2 across two hosts at {rate} each way, {max(ref['val']) if ref else '?'} steps")
 print(f"{'mode':<10}{'MB/step':>10}{'x fewer':>9}{'step s':>9}{'speedup':>9}{'val loss':>10}{'vs exact':>10}")
 for m, r in runs.items():

@@ -159,9 +159,10 @@ TEST(MpiTrain, CompressedGradientsStayNearTheExactRun) {
       {"parallel.dp=4", "parallel.tp=2", "parallel.compress=terngrad"},
       {"parallel.dp=2", "parallel.reduce=adasum"},
       {"parallel.dp=4", "parallel.reduce=adasum"},
-      {"parallel.dp=2", "parallel.compress=onebit_adam"},
-      {"parallel.dp=4", "parallel.compress=onebit_adam"},
-      {"parallel.dp=2", "parallel.pp=2", "parallel.compress=onebit_adam", "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=3"},
+      {"parallel.dp=4", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=3"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.pp=2", "train.grad_accum=2",
+       "parallel.compress_warmup_steps=3"},
       {"parallel.dp=2", "parallel.pp=2", "parallel.compress=terngrad", "train.grad_accum=2"},
   };
   int ran = 0;

@@ -94,10 +94,11 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.reduce=adasum"},
       {"parallel.dp=4", "parallel.reduce=adasum", "parallel.zero=1"},
       {"parallel.dp=2", "parallel.reduce=adasum", "parallel.tp=2"},
-      {"parallel.dp=2", "parallel.compress=onebit_adam"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2"},
       {"parallel.dp=4", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=3"},
-      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.tp=2"},
-      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.pp=2", "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2", "parallel.tp=2"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2", "parallel.pp=2",
+       "train.grad_accum=2"},
   };
   const std::vector<VerifyRow> rows = verify_layouts(small_config({"train.steps=8"}), layouts);
   ASSERT_EQ(rows.size(), layouts.size());
@@ -145,7 +146,7 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
   EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=1", "parallel.compress=onebit_adam"}).find("set parallel.zero = 0"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=0"})
-                .find("set it >= 1, or -1 for 15% of train.steps = 1"),
+                .find("or -1 for the larger of 15% of train.steps and optim.warmup_steps = 40"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0"}).find("(0, 1]"),
             std::string::npos);

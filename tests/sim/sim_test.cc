@@ -454,9 +454,41 @@ TEST(Simulator, Bf16PayloadsHalveTheirTransfers) {
   const double g = run(z3).breakdown.zero_comm, g16 = run(with(z3, "comm.param_dtype=bf16")).breakdown.zero_comm;
   EXPECT_GT(g, 0.0);
   EXPECT_LT(g16, 0.75 * g) << g << " " << g16;  // the gathers halve; the reduce-scatters do not
+  const double g8 = run(with(z3, "parallel.zeropp_qwz=true")).breakdown.zero_comm;  // ZeRO++ qwZ
+  EXPECT_LT(g8, g16) << g16 << " " << g8;
+  EXPECT_GT(g8, 0.5 * g) << g << " " << g8;  // the reduce-scatters stay fp32
+  const double q8 = run(with(with(z3, "parallel.zeropp_qwz=true"), "parallel.zeropp_qgz=true")).breakdown.zero_comm;
+  EXPECT_NEAR(q8 / g, (1 + 4.0 / 256) / 4, 0.05) << g << " " << q8;  // ZeRO++ qwZ + qgZ: both int8
   const std::vector<std::string> pp = {"parallel.pp=16", "train.batch=32", "train.grad_accum=32", "model.layers=16"};
   const double s32 = run(pp).step_time_s, s16 = run(with(pp, "comm.p2p_dtype=bf16")).step_time_s;
   EXPECT_LT(s16, s32);
+}
+
+}  // namespace
+}  // namespace loom::sim
+
+namespace loom::sim {
+namespace {
+
+// Note [hpZ]: on 2 nodes of 8 with slow links between them (0.1 Gbit/s a NIC, 100x slower
+// than the node's), backward's ZeRO-3 gathers, a third of the ZeRO traffic, move onto the
+// node, for the secondary pieces' memory (1/8 of the parameters).
+TEST(Simulator, HpzMovesBackwardGathersOntoTheNode) {
+  const ClusterSpec c = load_cluster("dgx-a100",
+                                     {"cluster.device.mixed_precision=false", "cluster.device.dtype_bytes=4",
+                                      "cluster.inter.gbps=0.1", "cluster.intra.gbps=10"},
+                                     16, "");
+  auto run = [&](std::vector<std::string> sets) {
+    SimPlan p = plan_of(sets);
+    p.framework = Framework::kLoom;
+    return simulate(p, c);
+  };
+  const std::vector<std::string> z3 = {"parallel.dp=16", "train.batch=16", "model.layers=4", "parallel.zero=3"};
+  std::vector<std::string> hpz = z3;
+  hpz.push_back("parallel.zeropp_hpz=true");
+  const SimResult a = run(z3), b = run(hpz);
+  EXPECT_LT(b.breakdown.zero_comm, 0.75 * a.breakdown.zero_comm) << a.breakdown.zero_comm << " " << b.breakdown.zero_comm;
+  EXPECT_GT(b.peak_memory_bytes, a.peak_memory_bytes);
 }
 
 }  // namespace

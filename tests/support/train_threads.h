@@ -14,7 +14,9 @@
 
 namespace loom::testing_support {
 
-inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions o = {}) {
+// `hosts` (one per rank) makes the ranks pretend to sit on those hosts.
+inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions o = {},
+                                                  std::vector<std::string> hosts = {}) {
   std::vector<TrainSummary> out(size_t(c.parallel.world()));
   std::ostringstream sink;
   if (!o.out) o.out = &sink;
@@ -23,7 +25,7 @@ inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions 
   copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
   const auto errors = comm::run_threads(int(c.parallel.world()), copt, [&](comm::World& w) {
     out[size_t(w.global_rank())] = train(c, o, w);
-  });
+  }, std::move(hosts));
   EXPECT_EQ(errors, std::vector<std::string>(errors.size()));
   return out;
 }

@@ -179,7 +179,7 @@ TEST(Precision, Bf16LayoutsMatchTheSingleProcessBf16Run) {
 // model's bounds: the loss within 2^-6 relative and, after 6 AdamW steps (each moving a
 // weight by about lr = 1e-3 whatever its gradient), the weights within lr. The first loss
 // must differ (the mode rounds something before it). Prints what it saw.
-void expect_near_exact(std::vector<std::string> layout, const std::string& approx) {
+void expect_near_exact(std::vector<std::string> layout, const std::string& approx, bool rounds_forward = true) {
   std::string name;
   for (const std::string& set : layout) name += (name.empty() ? "" : " ") + set;
   const TrainSummary ref = testing_support::train_keeping_params(small(layout))[0];
@@ -191,7 +191,10 @@ void expect_near_exact(std::vector<std::string> layout, const std::string& appro
   const VerifyRow row = compare_runs(approx, ref, got, tol);
   EXPECT_TRUE(row.ok) << name << ": " << row.error << " loss rel " << row.max_loss_rel << ", weight "
                       << row.max_weight_abs;
-  EXPECT_NE(got.losses[0], ref.losses[0]) << name << ": " << approx << " must round something in the first step";
+  if (rounds_forward)
+    EXPECT_NE(got.losses[0], ref.losses[0]) << name << ": " << approx << " must round something in the first step";
+  else  // it rounds gradients: the first update differs
+    EXPECT_NE(got.final_params, ref.final_params) << name << ": " << approx << " must round something";
   std::cout << approx << " vs exact (" << name << "): loss rel " << row.max_loss_rel << ", weight abs "
             << row.max_weight_abs << "\n";
 }
@@ -229,6 +232,28 @@ TEST(Precision, Bf16ParameterGathersStayNearTheFp32Ones) {
                  "set parallel.zero = 3 with parallel.dp >= 2");
   expect_refused({"comm.param_dtype=bf16"}, "parallel.zero = 0 and parallel.dp = 1");
   expect_refused({"comm.param_dtype=fp8"}, "comm.param_dtype = 'fp8': expected fp32 or bf16");
+}
+
+// ZeRO++ qgZ (Note [qgZ]): each reduced gradient within the other ranks' half quantisation
+// steps, ~0.4% of a block's largest value, within the same bounds.
+TEST(Precision, QgzReduceScattersStayNearTheFp32Ones) {
+  expect_near_exact({"parallel.dp=2", "parallel.zero=2", "train.grad_accum=2"}, "parallel.zeropp_qgz=true", false);
+  expect_near_exact({"parallel.dp=2", "parallel.zero=3", "parallel.zeropp_qwz=true"}, "parallel.zeropp_qgz=true", false);
+  expect_near_exact({"parallel.dp=2", "parallel.pp=2", "parallel.zero=2", "train.grad_accum=2"},
+                    "parallel.zeropp_qgz=true", false);
+  expect_refused({"parallel.zeropp_qgz=true", "parallel.dp=2", "parallel.zero=1"},
+                 "set parallel.zero = 2 or 3 with parallel.dp >= 2 (for zero 0/1 use parallel.compress = int8)");
+}
+
+// ZeRO++ qwZ (Note [bf16 parameter gathers]): int8 blocks put each weight within
+// max|block| / 254 of itself, ~0.4% of a block's largest weight, within the same bounds.
+TEST(Precision, QwzParameterGathersStayNearTheFp32Ones) {
+  expect_near_exact({"parallel.dp=2", "parallel.zero=3", "train.grad_accum=2"}, "parallel.zeropp_qwz=true");
+  expect_near_exact({"parallel.dp=2", "parallel.tp=2", "parallel.zero=3"}, "parallel.zeropp_qwz=true");
+  expect_refused({"parallel.zeropp_qwz=true", "parallel.dp=2", "parallel.zero=2"},
+                 "set parallel.zero = 3 with parallel.dp >= 2, or leave parallel.zeropp_qwz = false");
+  expect_refused({"parallel.zeropp_qwz=true", "parallel.dp=2", "parallel.zero=3", "comm.param_dtype=bf16"},
+                 "set only one");
 }
 
 // comm.grad_dtype = bf16 against the fp32 all-reduce of the same run: every hop of the ring

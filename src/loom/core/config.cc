@@ -158,7 +158,7 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_FLOAT_KEY(parallel, compress_ratio, "topk: fraction of each gradient bucket sent (DGC default 0.001)"),
       LOOM_FLOAT_KEY(parallel, compress_momentum, "topk: DGC momentum correction factor (0 = error feedback only)"),
       LOOM_INT_KEY(parallel, compress_rank, "powersgd: low-rank approximation rank"),
-      LOOM_INT_KEY(parallel, compress_warmup_steps, "optimizer steps with exact gradients before compression; -1 = the compressor's default (onebit_adam: 15% of train.steps, else 0)"),
+      LOOM_INT_KEY(parallel, compress_warmup_steps, "optimizer steps with exact gradients before compression; -1 = the compressor's default (onebit_adam: the larger of 15% of train.steps and optim.warmup_steps, else 0)"),
       LOOM_TEXT_KEY(parallel, compress_adapt, "none | accordion: switch each bucket between the light "
                     "(compress_rank/ratio) and heavy setting by the change of its gradient norm",
                     parse_compress_adapt, compress_adapt_name),
@@ -167,6 +167,12 @@ std::vector<KeyDef> parallel_keys() {
                                               "marks a critical regime (light compression)"),
       LOOM_INT_KEY(parallel, accordion_heavy_rank, "accordion with powersgd: the heavy setting's rank"),
       LOOM_FLOAT_KEY(parallel, accordion_heavy_ratio, "accordion with topk: the heavy setting's ratio (0: compress_ratio / 10)"),
+      LOOM_BOOL_KEY(parallel, zeropp_qwz, "ZeRO++ qwZ: ZeRO-3's parameter all-gathers as int8 blocks with a scale each "
+                    "(a quarter of fp32's bytes; compute sees the rounded weights)"),
+      LOOM_BOOL_KEY(parallel, zeropp_qgz, "ZeRO++ qgZ: ZeRO-2/3's gradient reduce-scatters as an all-to-all of int8 "
+                    "blocks with a scale each"),
+      LOOM_BOOL_KEY(parallel, zeropp_hpz, "ZeRO++ hpZ: ZeRO-3 keeps a secondary parameter piece per host so "
+                    "backward's gathers stay on the host (exact; costs the unit / ranks-per-host in memory)"),
       LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
                     parse_grad_reduce, grad_reduce_name),
   };

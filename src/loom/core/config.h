@@ -5,6 +5,7 @@
 // validate() lists every violation at once, each with the value and the expected form.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -109,9 +110,11 @@ inline bool compress_has_state(CompressKind k) {
 // momentum instead.
 inline bool compress_in_optimizer(CompressKind k) { return k == CompressKind::kOneBitAdam; }
 // 1-bit Adam's default warm-up: 15% of the run (rounded up, >= 1), the low end of the 15-25%
-// DeepSpeed's 1-bit Adam tutorial suggests.
-inline int64_t onebit_default_warmup(int64_t train_steps) {
-  return train_steps * 15 / 100 + (train_steps * 15 % 100 != 0) + (train_steps <= 0);
+// DeepSpeed's 1-bit Adam tutorial suggests, and not before the learning-rate warm-up ends
+// (v moves most while the learning rate ramps; DeepSpeed's 0/1 Adam freezes it there).
+inline int64_t onebit_default_warmup(int64_t train_steps, int64_t lr_warmup_steps) {
+  const int64_t share = train_steps * 15 / 100 + (train_steps * 15 % 100 != 0);
+  return std::max<int64_t>({share, lr_warmup_steps, 1});
 }
 // How the dp ranks' gradients combine: their mean, or Adasum (Note [Adasum] in
 // parallel/compress.h).
@@ -163,8 +166,17 @@ struct ParallelConfig {
   // Steps reduced exactly before compression starts; -1: the compressor's default (0, and
   // for onebit_adam onebit_default_warmup).
   int64_t compress_warmup_steps = -1;
-  int64_t compress_warmup(int64_t train_steps) const;
+  int64_t compress_warmup(int64_t train_steps, int64_t lr_warmup_steps) const;
   GradReduce reduce = GradReduce::kMean;  // adasum: Maleki et al.'s adaptive summation
+  // ZeRO++ (Wang et al. 2023): qwZ, ZeRO-3's parameter all-gathers in int8 blocks (Note [bf16
+  // parameter gathers] in parallel/zero.h).
+  bool zeropp_qwz = false;
+  // qgZ: ZeRO-2/3's gradient reduce-scatters as an all-to-all of int8 blocks (Note [qgZ] in
+  // parallel/qgz.h).
+  bool zeropp_qgz = false;
+  // hpZ: a secondary parameter piece per host so ZeRO-3's backward gathers stay on the host
+  // (Note [hpZ] in parallel/zero.h).
+  bool zeropp_hpz = false;
   // Accordion (Note [Accordion] in parallel/accordion.h): compress_rank / compress_ratio are
   // the light setting, these the heavy one; a window of optimizer steps is its "epoch".
   CompressAdapt compress_adapt = CompressAdapt::kNone;

@@ -209,8 +209,9 @@ void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
                    str(p.zero) + " shards it: set parallel.zero = 0, or use topk | terngrad | powersgd with zero 1");
   if (p.compress_warmup_steps == 0)
     errs.push_back("parallel.compress = onebit_adam freezes Adam's variance after parallel.compress_warmup_steps "
-                   "exact steps; 0 would freeze it at zero: set it >= 1, or -1 for 15% of train.steps = " +
-                   str(onebit_default_warmup(c.train.steps)));
+                   "exact steps; 0 would freeze it at zero: set it >= 1, or -1 for the larger of 15% of train.steps and "
+                   "optim.warmup_steps = " +
+                   str(onebit_default_warmup(c.train.steps, c.optim.warmup_steps)));
 }
 
 // Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and the
@@ -249,6 +250,27 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(what + " with train.precision = fp16: its gradients carry a loss scale that changes between "
                           "steps, which the compressor's residual and scale cannot follow; use train.precision = "
                           "bf16 or fp32, or parallel.compress = bf16 | int8");
+}
+
+// ZeRO++ (Note [bf16 parameter gathers] in parallel/zero.h, Note [qgZ] in parallel/qgz.h):
+// qwZ quantises ZeRO-3's parameter gathers, qgZ ZeRO-2/3's gradient reduce-scatters.
+void check_zeropp(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.zeropp_qwz && (p.zero != 3 || p.dp < 2))
+    errs.push_back("parallel.zeropp_qwz quantises ZeRO-3's parameter all-gathers, but parallel.zero = " +
+                   str(p.zero) + " and parallel.dp = " + str(p.dp) +
+                   ": set parallel.zero = 3 with parallel.dp >= 2, or leave parallel.zeropp_qwz = false");
+  else if (p.zeropp_qwz && c.comm.param_dtype == "bf16")
+    errs.push_back("parallel.zeropp_qwz gathers int8 parameters, comm.param_dtype = bf16 gathers bf16 ones: set only one");
+  if (p.zeropp_hpz && (p.zero != 3 || p.dp < 2))
+    errs.push_back("parallel.zeropp_hpz keeps secondary pieces of ZeRO-3's parameters, but parallel.zero = " +
+                   str(p.zero) + " and parallel.dp = " + str(p.dp) +
+                   ": set parallel.zero = 3 with parallel.dp >= 2, or leave parallel.zeropp_hpz = false");
+  if (p.zeropp_qgz && (p.zero < 2 || p.dp < 2))
+    errs.push_back("parallel.zeropp_qgz quantises ZeRO-2/3's gradient reduce-scatters, but parallel.zero = " +
+                   str(p.zero) + " and parallel.dp = " + str(p.dp) +
+                   ": set parallel.zero = 2 or 3 with parallel.dp >= 2 (for zero 0/1 use parallel.compress = int8), "
+                   "or leave parallel.zeropp_qgz = false");
 }
 
 // Note [bf16 parameter gathers] (parallel/zero.h).
@@ -473,9 +495,9 @@ std::string pp_layers_text(const std::vector<int64_t>& split) {
   return out;
 }
 
-int64_t ParallelConfig::compress_warmup(int64_t train_steps) const {
+int64_t ParallelConfig::compress_warmup(int64_t train_steps, int64_t lr_warmup_steps) const {
   if (compress_warmup_steps >= 0) return compress_warmup_steps;
-  return compress_in_optimizer(compress) ? onebit_default_warmup(train_steps) : 0;
+  return compress_in_optimizer(compress) ? onebit_default_warmup(train_steps, lr_warmup_steps) : 0;
 }
 
 std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {
@@ -494,6 +516,7 @@ void append_parallel_errors(const Config& c, std::vector<std::string>& errs) {
   check_bucketing(c, errs);
   check_grad_dtype(c, errs);
   check_param_dtype(c, errs);
+  check_zeropp(c, errs);
   check_compress(c, errs);
 }
 

@@ -184,7 +184,7 @@ CompressSpec compress_spec(const Config& cfg) {
   s.ratio = cfg.parallel.compress_ratio;
   s.momentum = cfg.parallel.compress_momentum;
   s.rank = cfg.parallel.compress_rank;
-  s.warmup_steps = cfg.parallel.compress_warmup(cfg.train.steps);
+  s.warmup_steps = cfg.parallel.compress_warmup(cfg.train.steps, cfg.optim.warmup_steps);
   s.adasum = cfg.parallel.reduce == GradReduce::kAdasum;
   const ParallelConfig& p = cfg.parallel;
   s.accordion = p.compress_adapt == CompressAdapt::kAccordion;

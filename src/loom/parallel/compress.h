@@ -31,8 +31,8 @@
 // Note [1-bit Adam]
 // parallel.compress = onebit_adam is 1-bit Adam (Tang et al., "1-bit Adam: Communication
 // Efficient Large-Scale Training with Adam's Convergence Speed", ICML 2021, Algorithm 1), an
-// optimizer mode: parallel.compress_warmup_steps T_w exact AdamW steps (default 15% of
-// train.steps), then v is frozen, D = sqrt(v / (1 - b2^T_w)) + eps with it, and each step
+// optimizer mode: parallel.compress_warmup_steps T_w exact AdamW steps (default: the larger
+// of 15% of train.steps and optim.warmup_steps, onebit_default_warmup), then v is frozen, D = sqrt(v / (1 - b2^T_w)) + eps with it, and each step
 // every rank i, from its own (clipped) gradient g_i and the shared momentum m:
 //   u_i = (b1 m + (1 - b1) g_i) / D     its momentum, preconditioned
 //   u   = CompressedAllReduce(u_i)     the same bits on every rank

@@ -103,6 +103,12 @@ void GradSync::set_compressors(const CompressSpec& spec, const std::vector<Param
   if (spec.accordion) accordion_ = std::make_unique<Accordion>(spec, plan_.buckets);
 }
 
+void GradSync::set_qgz(bool on) {
+  LOOM_CHECK(!on || mode_ != Mode::kAllReduce, "parallel.zeropp_qgz quantises ZeRO-2/3's reduce-scatter; this sync "
+                                               "all-reduces (ZeRO 0/1)");
+  qgz_ = on;
+}
+
 void GradSync::set_step(int64_t step) {
   step_ = step;
   compressing_ = !compressors_.empty() && step >= spec_.warmup_steps;
@@ -112,13 +118,17 @@ void GradSync::set_step(int64_t step) {
 double GradSync::exact_wire_bytes() const {
   double bytes = 0;
   for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(CompressKind::kNone, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
-  return bytes;
+  return mode_ == Mode::kAllReduce ? bytes : bytes / 2;  // a reduce-scatter is half a ring all-reduce
 }
 
 double GradSync::wire_bytes() const {
   double bytes = 0;
   if (compressing_) {
     for (const auto& c : compressors_) bytes += c->wire_bytes();
+    return bytes;
+  }
+  if (qgz_) {
+    for (const Bucket& b : plan_.buckets) bytes += QgzScatter::wire_bytes(b.count, plan_.dp);
     return bytes;
   }
   if (mode_ != Mode::kAllReduce || compression_ == comm::Compression::kNone) return exact_wire_bytes();
@@ -188,6 +198,10 @@ void GradSync::on_ready(int first_final) {
     std::span<float> all(grads_ + b.offset, size_t(b.count));
     if (mode_ == Mode::kAllReduce) {
       pending_.push_back(dp_.all_reduce(all, comm::ReduceOp::kAvg, async));
+    } else if (qgz_) {
+      qgz_pending_.resize(pending_.size());
+      qgz_pending_.push_back(std::make_unique<QgzScatter>(dp_, all));
+      pending_.push_back(qgz_pending_.back()->take_work());
     } else {
       const size_t piece = size_t(b.count / plan_.dp);
       std::span<float> own = all.subspan(size_t(dp_.group_rank()) * piece, piece);
@@ -203,7 +217,8 @@ void GradSync::finish(bool last_micro) {
   LOOM_ASSERT(grads_ != nullptr);
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
-  if (last_micro) wire_sent_ += wire_bytes(), steps_++;
+  if (last_micro || every_micro()) wire_sent_ += wire_bytes();  // kShardEveryMicro reduces every micro-batch
+  if (last_micro) steps_++;
   if (compressing_ && !local_gradients())
     for (size_t b = 0; b < plan_.buckets.size(); b++) {
       const Bucket& bk = plan_.buckets[b];
@@ -214,7 +229,7 @@ void GradSync::finish(bool last_micro) {
   finishing_ = true;
   on_ready(0);
   finishing_ = false;
-  for (comm::Work& w : pending_) w.wait();
+  for (size_t i = 0; i < pending_.size(); i++) complete(i);
   if (tracker_) tracker_->sample();
   if (mode_ == Mode::kShardEveryMicro) {
     release_done(true);
@@ -229,6 +244,7 @@ void GradSync::finish(bool last_micro) {
   windows_.push_back({begin_us_, backward_end, done});
   pending_.clear();
   pending_bucket_.clear();
+  qgz_pending_.clear();
   released_ = 0;
   grads_ = nullptr;
 }
@@ -246,9 +262,19 @@ void GradSync::reduce_update(float* u) {
 void GradSync::release_done(bool wait_all) {
   for (; released_ < pending_.size(); released_++) {
     if (!wait_all && !pending_[released_].done()) return;
-    pending_[released_].wait();
+    complete(released_);
     release_unowned(plan_.buckets[pending_bucket_[released_]], plan_.dp, dp_.group_rank(), grads_);
   }
+}
+
+void GradSync::complete(size_t i) {
+  pending_[i].wait();
+  if (i >= qgz_pending_.size() || !qgz_pending_[i]) return;
+  const Bucket& b = plan_.buckets[pending_bucket_[i]];
+  const int64_t piece = b.count / plan_.dp;
+  // kReduceScatter averages here; kShardEveryMicro sums and finish() divides at the end.
+  const float scale = mode_ == Mode::kReduceScatter ? 1.0f / float(plan_.dp) : 1.0f;
+  qgz_pending_[i]->complete(std::span<float>(grads_ + b.offset + dp_.group_rank() * piece, size_t(piece)), scale);
 }
 
 // Note [Overlap]
@@ -281,7 +307,11 @@ void GradSync::measure_standalone() {
       const auto t0 = std::chrono::steady_clock::now();
       if (probe) probe->reduce(dp_, all, spec_.warmup_steps);
       else if (mode_ == Mode::kAllReduce) dp_.all_reduce(all, comm::ReduceOp::kAvg, {.compression = compression_});
-      else dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
+      else if (qgz_) {
+        QgzScatter q(dp_, all);
+        q.take_work().wait();
+        q.complete(all.subspan(size_t(dp_.group_rank()) * piece, piece), 1.0f);
+      } else dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
                               comm::ReduceOp::kSum);
       ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }

@@ -20,6 +20,7 @@
 #include "loom/parallel/accordion.h"
 #include "loom/parallel/buckets.h"
 #include "loom/parallel/compress.h"
+#include "loom/parallel/qgz.h"
 
 namespace loom::parallel {
 
@@ -99,6 +100,8 @@ class GradSync {
   Accordion* accordion() { return accordion_.get(); }
   std::vector<std::string> take_accordion_log() { return accordion_ ? accordion_->take_log() : std::vector<std::string>{}; }
 
+  // ZeRO++ qgZ (Note [qgZ]): the reduce-scatter modes send int8 blocks by all-to-all.
+  void set_qgz(bool on);
   // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
   // tied embedding's two copies (first and last stage) before it is reduced.
   void hold_first_tensor(bool hold) { hold_first_ = hold; }
@@ -152,6 +155,9 @@ class GradSync {
   bool hold_first_ = false, finishing_ = false;
   std::vector<comm::Work> pending_;
   std::vector<size_t> pending_bucket_;   // bucket of each pending_ entry
+  bool qgz_ = false;
+  std::vector<std::unique_ptr<QgzScatter>> qgz_pending_;  // per pending_ entry under qgZ
+  void complete(size_t i);  // waits for pending_[i] (and finishes its qgZ sum)
   size_t released_ = 0;                  // kShardEveryMicro: pending_[0, released_) handed back
   void release_done(bool wait_all);
   // Per step: ledger time when backward ended and when the last bucket finished.

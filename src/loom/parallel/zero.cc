@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "loom/comm/algorithms.h"
 #include "loom/core/error.h"
 
 namespace loom::parallel {
@@ -28,11 +29,26 @@ DataParallelPlan plan_units(const ModelConfig& m, int dp, const ModelPart& part,
 }
 
 ParamGather::ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params,
-                         Bind bind, MemoryTracker* tracker, std::vector<bool> keep, bool bf16)
+                         Bind bind, MemoryTracker* tracker, std::vector<bool> keep, comm::Compression codec,
+                         comm::Group* node)
     : dp_(dp), plan_(plan), unit_bucket_(std::move(unit_bucket)), params_(params), bind_(std::move(bind)),
       tracker_(tracker), state_(unit_bucket_.size(), State::kShard), refs_(unit_bucket_.size(), 0),
-      keep_(std::move(keep)), work_(unit_bucket_.size()), bf16_(bf16), slot_of_(unit_bucket_.size(), -1) {
+      keep_(std::move(keep)), work_(unit_bucket_.size()), codec_(codec), slot_of_(unit_bucket_.size(), -1) {
   keep_.resize(unit_bucket_.size(), false);
+  node_ = node;
+  has_secondary_.assign(unit_bucket_.size(), false);
+  decode_.assign(unit_bucket_.size(), false);
+  secondary_.resize(unit_bucket_.size());
+  for (int u = 0; node_ && u < int(unit_bucket_.size()); u++) {
+    if (unit_bucket_[size_t(u)] < 0 || keep_[size_t(u)]) continue;
+    const int64_t count = plan_.buckets[size_t(unit_bucket_[size_t(u)])].count;
+    LOOM_CHECK(count % node_->size() == 0, "hpZ splits a unit of ", count, " floats over ", node_->size(),
+               " ranks of a host; it needs a dp group with the same number of ranks on every host");
+    secondary_[size_t(u)].assign(size_t(count / node_->size()), 0.0f);
+    if (tracker_)
+      tracker_->track(tracker_->category("params"), secondary_[size_t(u)].data(),
+                      int64_t(secondary_[size_t(u)].size() * sizeof(float)));
+  }
   // init wrote the whole flat buffer: keep only the own pieces resident.
   for (const Bucket& b : plan_.buckets) release_unowned(b, plan_.dp, dp_.group_rank(), params_);
 }
@@ -66,12 +82,13 @@ void ParamGather::start_gather(int unit) {
     pool_.emplace_back(size_t(b.count), 0.0f);
     slot_user_.push_back(-1);
     if (tracker_) tracker_->track(tracker_->category("params"), pool_.back().data(), b.count * int64_t(sizeof(float)));
-    if (bf16_) {
-      pool_h_.emplace_back(size_t(b.count));
-      own_h_.emplace_back(size_t(piece));
+    if (codec_ != comm::Compression::kNone) {
+      const size_t wire = comm::compressed_bytes(codec_, size_t(piece));
+      pool_w_.emplace_back(wire * size_t(plan_.dp));
+      own_w_.emplace_back(wire);
       if (tracker_)
-        for (const auto* v : {&pool_h_.back(), &own_h_.back()})
-          tracker_->track(tracker_->category("buffers"), v->data(), int64_t(v->size() * sizeof(comm::bf16)));
+        for (const auto* v : {&pool_w_.back(), &own_w_.back()})
+          tracker_->track(tracker_->category("buffers"), v->data(), int64_t(v->size()));
     }
   }
   std::vector<float>& buf = pool_[size_t(slot)];
@@ -79,11 +96,16 @@ void ParamGather::start_gather(int unit) {
   slot_of_[size_t(unit)] = slot;
   std::span<float> all(buf.data(), size_t(b.count));
   const float* own = params_ + b.offset + dp_.group_rank() * piece;
-  if (bf16_) {  // Note [bf16 parameter gathers]; widened in acquire()
-    comm::bf16* own_h = own_h_[size_t(slot)].data();
-    for (int64_t i = 0; i < piece; i++) own_h[i] = comm::float_to_bf16(own[i]);
-    work_[size_t(unit)] = dp_.all_gather(std::span<const comm::bf16>(own_h, size_t(piece)),
-                                         std::span<comm::bf16>(pool_h_[size_t(slot)].data(), size_t(b.count)),
+  decode_[size_t(unit)] = codec_ != comm::Compression::kNone && !from_node(unit);
+  (from_node(unit) ? host_gathers_ : dp_gathers_)++;
+  if (from_node(unit)) {  // Note [hpZ]: this step's values, from the host's ranks
+    work_[size_t(unit)] = node_->all_gather(std::span<const float>(secondary_[size_t(unit)]), all, {.async = true});
+  } else if (codec_ != comm::Compression::kNone) {  // Note [bf16 parameter gathers]; decoded in acquire()
+    const size_t wire = comm::compressed_bytes(codec_, size_t(piece));
+    uint8_t* own_w = own_w_[size_t(slot)].data();
+    comm::compress(codec_, own, size_t(piece), reinterpret_cast<std::byte*>(own_w));
+    work_[size_t(unit)] = dp_.all_gather(std::span<const uint8_t>(own_w, wire),
+                                         std::span<uint8_t>(pool_w_[size_t(slot)].data(), wire * size_t(plan_.dp)),
                                          {.async = true});
   } else {
     work_[size_t(unit)] = dp_.all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true});
@@ -103,12 +125,14 @@ void ParamGather::acquire(int unit) {
   if (const int next = next_unit(unit, direction); next >= 0) start_gather(next);  // prefetch
   if (state_[size_t(unit)] == State::kGathering) {
     work_[size_t(unit)].wait();
-    if (bf16_) {
+    if (decode_[size_t(unit)]) {  // every rank's piece, own included
       const int slot = slot_of_[size_t(unit)];
-      const int64_t count = plan_.buckets[size_t(unit_bucket_[size_t(unit)])].count;
-      const comm::bf16* h = pool_h_[size_t(slot)].data();
-      float* f = pool_[size_t(slot)].data();
-      for (int64_t i = 0; i < count; i++) f[i] = comm::bf16_to_float(h[i]);
+      const int64_t piece = plan_.buckets[size_t(unit_bucket_[size_t(unit)])].count / plan_.dp;
+      const size_t wire = comm::compressed_bytes(codec_, size_t(piece));
+      for (int r = 0; r < plan_.dp; r++)
+        comm::decompress(codec_, reinterpret_cast<const std::byte*>(pool_w_[size_t(slot)].data()) + size_t(r) * wire,
+                         size_t(piece),
+                         pool_[size_t(slot)].data() + r * piece);
     }
     state_[size_t(unit)] = State::kGathered;
   }
@@ -126,6 +150,14 @@ void ParamGather::release(int unit) {
 void ParamGather::drop(int unit) {
   work_[size_t(unit)].wait();
   if (const int slot = slot_of_[size_t(unit)]; slot >= 0) {
+    // hpZ: keep this rank's slice of the gathered unit for the step's later gathers.
+    if (node_ && !has_secondary_[size_t(unit)] && !secondary_[size_t(unit)].empty() &&
+        state_[size_t(unit)] == State::kGathered) {
+      std::vector<float>& sec = secondary_[size_t(unit)];
+      const float* from = pool_[size_t(slot)].data() + size_t(node_->group_rank()) * sec.size();
+      std::copy(from, from + sec.size(), sec.begin());
+      has_secondary_[size_t(unit)] = true;
+    }
     slot_user_[size_t(slot)] = -1;
     slot_of_[size_t(unit)] = -1;
     bind_(unit, nullptr);
@@ -142,6 +174,7 @@ void ParamGather::invalidate() {
     LOOM_ASSERT(refs_[size_t(u)] == 0);
     drop(u);
   }
+  has_secondary_.assign(has_secondary_.size(), false);
   last_unit_ = -1;
 }
 

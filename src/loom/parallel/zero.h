@@ -22,6 +22,23 @@
 // every parameter of the unit rounded to bf16 (norm weights, biases and the embedding too,
 // which train.precision = bf16 alone keeps in fp32); gradients, the fp32 masters and the
 // optimizer are unchanged, and gather_all() (checkpoints, final weights) stays exact.
+// parallel.zeropp_qwz = true is ZeRO++'s qwZ (Wang et al., "ZeRO++: Extremely Efficient
+// Collective Communication for Giant Model Training", 2023): the same path with the int8
+// codec of Note [Compressed all-reduce] - per block of kQuantBlock values one fp32 scale
+// max|x| / 127 and q = round(x / scale) - so each weight is off by at most half a step,
+// max|block| / 254, and the gather moves 1 + 4/256 bytes a parameter (a quarter of fp32).
+//
+// Note [hpZ]
+// parallel.zeropp_hpz = true is ZeRO++'s hierarchical partitioning (hpZ): besides its primary
+// piece (1/dp of each unit), a rank keeps a secondary piece, 1/L of the unit where L is the
+// number of its dp group's ranks on its host, node-rank k holding slice k. The first gather
+// of a unit in a step (forward) runs over the whole dp group as before; when the unit is
+// dropped, the rank copies its slice of the gathered unit into its secondary piece, and every
+// later gather in the step (backward, recomputed forward) all-gathers the secondary pieces
+// over the host's ranks only, so it never crosses the network. The values are the ones the
+// first gather delivered (qwZ/bf16-rounded when those are on), so hpZ computes exactly what
+// the run without it computes, on one host or many; it costs the secondary pieces' memory
+// (the unit / L for every unit not kept gathered). invalidate() forgets them.
 #pragma once
 
 #include <functional>
@@ -44,9 +61,10 @@ class ParamGather {
   using Bind = std::function<void(int unit, float* base)>;
   // keep[unit] (optional): the unit's gathered copy stays until invalidate() - gathered
   // once per step instead of per use (parallel.zero_keep), for memory it then holds.
-  // bf16: gather bf16 copies (Note [bf16 parameter gathers]).
+  // codec kBF16 / kInt8: gather rounded copies (Note [bf16 parameter gathers]).
   ParamGather(comm::Group& dp, const DataParallelPlan& plan, std::vector<int> unit_bucket, float* params, Bind bind,
-              MemoryTracker* tracker = nullptr, std::vector<bool> keep = {}, bool bf16 = false);
+              MemoryTracker* tracker = nullptr, std::vector<bool> keep = {},
+              comm::Compression codec = comm::Compression::kNone, comm::Group* node = nullptr);
   void acquire(int unit);
   void release(int unit);
   // Drops every gathered copy (after the own pieces changed).
@@ -56,10 +74,14 @@ class ParamGather {
   void gather_all();
   // Units gathered at most at once, and the floats they held beyond the own pieces.
   int peak_units() const { return peak_units_; }
+  // Unit gathers so far over the dp group, and from hpZ's secondary pieces on the host.
+  int64_t dp_gathers() const { return dp_gathers_; }
+  int64_t host_gathers() const { return host_gathers_; }
   int64_t pool_bytes() const;
 
  private:
   enum class State { kShard, kGathering, kGathered };
+  bool from_node(int unit) const { return node_ && has_secondary_[size_t(unit)]; }
   void start_gather(int unit);
   int next_unit(int unit, int direction) const;
   void drop(int unit);
@@ -77,12 +99,19 @@ class ParamGather {
   // Gathered copies: buffers of exact unit sizes, never resized (so the memory tracker's
   // ranges stay valid); a unit takes the smallest free one that fits, else a new one.
   std::vector<std::vector<float>> pool_;
-  // bf16 gathers: per pool buffer, the bf16 gather target and this rank's piece in bf16.
-  bool bf16_ = false;
-  std::vector<std::vector<comm::bf16>> pool_h_, own_h_;
+  // Rounded gathers: per pool buffer, the encoded gather target (dp messages of
+  // compressed_bytes(codec_, piece)) and this rank's encoded piece.
+  comm::Compression codec_ = comm::Compression::kNone;
+  std::vector<std::vector<uint8_t>> pool_w_, own_w_;
+  // hpZ (Note [hpZ]): the host's dp ranks, each unit's secondary piece and whether it holds
+  // this step's values.
+  comm::Group* node_ = nullptr;
+  std::vector<std::vector<float>> secondary_;
+  std::vector<bool> has_secondary_, decode_;  // decode_: the pending gather is encoded
   std::vector<int> slot_user_;            // unit using each pool buffer, -1 when free
   std::vector<int> slot_of_;              // per unit: pool buffer, -1 = none (own piece or flat)
   int last_unit_ = -1, gathered_ = 0, peak_units_ = 0;
+  int64_t dp_gathers_ = 0, host_gathers_ = 0;
 };
 
 }  // namespace loom::parallel

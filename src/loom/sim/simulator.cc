@@ -9,6 +9,7 @@
 #include "loom/model/layout.h"
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/stage_part.h"
+#include "loom/sim/unit_cost.h"
 
 namespace loom::sim {
 
@@ -35,121 +36,6 @@ namespace loom::sim {
 
 namespace {
 
-struct Places {
-  GroupShape tp, cp, dp, p2p, tied;
-};
-
-struct Pass {
-  double compute = 0, tp = 0, cp = 0, zero = 0;
-  double gemm = 0;  // the GEMM part of compute (not added to total)
-  double total() const { return compute + tp + cp + zero; }
-};
-
-// Note [Tensor-parallel overlap]
-// Megatron-core's --tp-comm-overlap splits each tensor-parallel all-gather / reduce-scatter
-// (or all-reduce) into chunks pipelined with the GEMM next to it (userbuffers), so a
-// unit's tp communication costs only what its GEMMs cannot cover:
-//   tp' = max(0, tp - gemm)  per unit and pass (forward, backward, recompute),
-// e.g. a block with 3 ms of GEMMs and 1 ms of tp collectives costs 3 ms instead of 4. The
-// chunking's own overhead is not priced. Off by default (loom's engine and Megatron-LM
-// before core run them in turn).
-void hide_tp(Pass& p) { p.tp -= std::min(p.tp, p.gemm); }
-
-Pass minus(Pass a, const Pass& b) {
-  a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero;
-  return a;
-}
-
-// Per-micro-batch cost of one block / embedding / head: forward, backward and recompute;
-// wgt: the part of bwd that is weight-gradient GEMMs (a block's W step).
-struct UnitCost {
-  Pass fwd, bwd, recompute, wgt;
-  double act_bytes = 0, transient_bytes = 0;
-};
-
-void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, bool core_only = false) {
-  for (const Op& o : ops) {
-    if (core_only && !o.attention_core) continue;
-    if (o.kind == Op::Kind::kComm) {
-      const double t = collective_time_s(c, o.coll, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
-      (o.axis == Axis::kCp ? p.cp : p.tp) += t;
-    } else {
-      const double t = kernel_time_s(c.device, o);
-      p.compute += t;
-      if (o.kind == Op::Kind::kGemm) p.gemm += t;
-    }
-  }
-}
-
-// Backward: a GEMM becomes dX and dW (two GEMMs of its size, times the device's measured
-// gemm_backward_factor where it has one), a memory-bound kernel moves
-// about twice its bytes, a collective is replaced by its conjugate of the same size.
-// wgt (optional): also add the dW GEMMs' half there.
-void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, Pass* wgt) {
-  for (const Op& o : ops) {
-    if (o.kind == Op::Kind::kAttention) {
-      // loom's backward kernel does about twice the forward's work; flash attention's
-      // recomputes the scores too (2.5x, Dao et al.).
-      p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
-    } else if (o.kind == Op::Kind::kGemm) {
-      const Curve& f = c.device.gemm_backward_factor;
-      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
-      p.compute += t;
-      p.gemm += t;
-      if (wgt) wgt->compute += t / 2;
-    } else if (o.kind == Op::Kind::kMemory) {
-      p.compute += memory_time_s(c.device, 2 * o.bytes);
-    } else {
-      OpKind conj = o.coll;
-      if (o.coll == OpKind::kAllGather) conj = OpKind::kReduceScatter;
-      else if (o.coll == OpKind::kReduceScatter) conj = OpKind::kAllGather;
-      const double t = collective_time_s(c, conj, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
-      (o.axis == Axis::kCp ? p.cp : p.tp) += t;
-    }
-  }
-}
-
-// weights: the ops are a block's, whose dW GEMMs a split backward defers to W (the head's
-// weight gradient is made in forward, with the loss).
-UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
-                   bool weights = false) {
-  UnitCost u;
-  add_forward(c, pl, ops, u.fwd);
-  add_backward(c, pl, ops, u.bwd, weights ? &u.wgt : nullptr);
-  if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
-  if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
-  if (tp_overlap)
-    for (Pass* p : {&u.fwd, &u.bwd, &u.recompute}) hide_tp(*p);
-  return u;
-}
-
-struct ChunkCost {
-  Pass fwd, bwd;        // bwd includes recompute
-  Pass wgt;             // the part of bwd a split backward runs as W
-  double recompute = 0; // seconds of bwd that are recompute
-  double act_bytes = 0, transient_bytes = 0, params = 0;
-  double w_bytes = 0;   // split backward: upstream gradients kept from B to W
-};
-
-void add_unit(ChunkCost& ch, const UnitCost& u, double times) {
-  for (auto [dst, src] : {std::pair{&ch.fwd, &u.fwd}, std::pair{&ch.bwd, &u.bwd}, std::pair{&ch.bwd, &u.recompute},
-                          std::pair{&ch.wgt, &u.wgt}}) {
-    dst->compute += times * src->compute;
-    dst->tp += times * src->tp;
-    dst->cp += times * src->cp;
-  }
-  ch.recompute += times * u.recompute.total();
-  ch.act_bytes += times * u.act_bytes;
-  ch.transient_bytes = std::max(ch.transient_bytes, u.transient_bytes);
-}
-
-double flops_of(const std::vector<Op>& ops, bool core_only) {
-  double f = 0;
-  for (const Op& o : ops)
-    if (!core_only || o.attention_core) f += o.flops;
-  return f;
-}
-
 std::string step_name(const parallel::PipeStep& st, int vpp) {
   char buf[32];
   const char p = parallel::phase_letter(st.phase);
@@ -168,10 +54,21 @@ struct Setup {
   LayerShape x;
   double wbytes = 4;       // bytes of one parameter / gradient as stored for compute
   double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
+  double scatter_bytes = 4;  // and of one gradient in ZeRO-2/3's reduce-scatters (Note [qgZ])
   double p2p_bytes = 0, p2p_s = 0;
   std::vector<ChunkCost> chunks;  // per virtual stage
   bool split = false;             // the schedule splits backward into B and W
 };
+
+// ZeRO-3's gathers of `params` parameters in backward: as forward's (`forward_s`), or under
+// hpZ (Note [hpZ]) an fp32 all-gather of the secondary pieces among the dp group's ranks on
+// one node.
+double backward_gather_s(const Setup& s, double params, double forward_s) {
+  if (!s.plan.cfg.parallel.zeropp_hpz) return forward_s;
+  GroupShape host = s.pl.dp;
+  host.ranks = host.per_node, host.nodes = 1;
+  return collective_time_s(s.cluster, OpKind::kAllGather, params * s.wbytes, host);
+}
 
 Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   const Config& cfg = plan.cfg;
@@ -197,7 +94,12 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   if (plan.flash_attention && plan.framework == Framework::kMegatron) s.x.flash = true;
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
-  s.gather_bytes = cfg.comm.param_dtype == "bf16" ? 2.0 : s.wbytes;  // Note [bf16 parameter gathers]
+  // Note [bf16 parameter gathers]: bf16, or qwZ's int8 with an fp32 scale per block
+  s.gather_bytes = cfg.comm.param_dtype == "bf16" ? 2.0
+                   : cfg.parallel.zeropp_qwz      ? 1.0 + 4.0 / 256  // comm::kQuantBlock
+                                                  : s.wbytes;
+  // Note [qgZ]: an all-to-all of int8 blocks sends as many bytes as a reduce-scatter of them
+  s.scatter_bytes = cfg.parallel.zeropp_qgz ? 1.0 + 4.0 / 256 : s.wbytes;
   const double wire = cfg.comm.p2p_dtype == "bf16" ? 2.0 : s.x.dtype_bytes;  // Note [bf16 pipeline transfers]
   s.p2p_bytes = s.x.tokens() * s.x.h * wire / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, OpKind::kSend, s.p2p_bytes, s.pl.p2p) : 0;
@@ -221,10 +123,11 @@ void build_chunks(Setup& s) {
   head.act_bytes = head_activation_bytes(s.x);
   // ZeRO traffic per layer and micro-batch, overlapped with that layer's compute.
   const ParamCount bp = block_params(model, s.tp);
-  double rs = 0, ag = 0;
+  double rs = 0, ag = 0, ag_bwd = 0;
   if (par.zero >= 2 && s.dp * s.cp > 1) {
-    rs = collective_time_s(s.cluster, OpKind::kReduceScatter, bp.per_tp_rank * s.wbytes, s.pl.dp);
+    rs = collective_time_s(s.cluster, OpKind::kReduceScatter, bp.per_tp_rank * s.scatter_bytes, s.pl.dp);
     ag = par.zero >= 3 ? collective_time_s(s.cluster, OpKind::kAllGather, bp.per_tp_rank * s.gather_bytes, s.pl.dp) : 0;
+    ag_bwd = backward_gather_s(s, bp.per_tp_rank, ag);
   }
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
@@ -252,7 +155,7 @@ void build_chunks(Setup& s) {
       // compute cannot hide is charged.
       const double once = keep[size_t(l)] ? 1.0 / double(s.m) : 1.0;
       ch.fwd.zero += std::max(0.0, ag - b.fwd.compute) * once;
-      ch.bwd.zero += std::max(0.0, rs + (keep[size_t(l)] ? 0.0 : ag) - b.bwd.compute);
+      ch.bwd.zero += std::max(0.0, rs + (keep[size_t(l)] ? 0.0 : ag_bwd) - b.bwd.compute);
     }
     // A block's dY per linear (model.h Note [B/W split]): 2 C + F2 + Q values per token row.
     const double hd = s.x.h / s.x.a, f2 = (model.arch == Arch::kGpt ? 1 : 2) * s.x.f / s.x.t;
@@ -478,6 +381,9 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     // its reduce-scatter; ZeRO-2: the largest bucket's gradients before theirs.
     const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;
     if (par.zero >= 3) mem.params += 2 * unit, mem.grads += unit * keep;
+    if (par.zero >= 3 && par.zeropp_hpz)  // Note [hpZ]: the secondary pieces of the units not kept
+      mem.params += (rep.params - kept_layers(s, r) * block_params(model, s.tp).per_tp_rank) * s.wbytes /
+                    double(std::max<int64_t>(1, s.pl.dp.per_node));
     if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
     const double boundary = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h;  // values per stage transfer
     if (s.pp > 1) mem.buffers = boundary * s.x.dtype_bytes;  // receive buffer
@@ -556,10 +462,10 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
     const ParallelConfig& par = plan.cfg.parallel;
     if (par.zero >= 2 && s.dp * s.cp > 1) {
       const double unit = block_params(plan.cfg.model, s.tp).per_tp_rank;
-      const double rs = collective_time_s(cluster, OpKind::kReduceScatter, unit * s.wbytes, s.pl.dp);
+      const double rs = collective_time_s(cluster, OpKind::kReduceScatter, unit * s.scatter_bytes, s.pl.dp);
       const double ag = par.zero >= 3 ? collective_time_s(cluster, OpKind::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
       const double fwd = std::max(0.0, ag - u.fwd.compute);
-      out.zero_shard_s[int(r)] = fwd + std::max(0.0, rs + ag - u.bwd.compute);
+      out.zero_shard_s[int(r)] = fwd + std::max(0.0, rs + backward_gather_s(s, unit, ag) - u.bwd.compute);
       out.zero_keep_s[int(r)] = fwd / double(s.m) + std::max(0.0, rs - u.bwd.compute);
       out.unit_bytes = unit;
     }

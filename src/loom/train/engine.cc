@@ -52,6 +52,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     const parallel::CompressSpec compress = parallel::compress_spec(cfg);
     sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), compress.ring_codec());
     sync->set_compressors(compress, model.layout().specs());
+    sync->set_qgz(cfg.parallel.zeropp_qgz);
     sync->hold_first_tensor(rc.embed != nullptr);
     sync->set_tracker(&memory);
     sync->measure_standalone();
@@ -70,7 +71,10 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
       gather = std::make_unique<parallel::ParamGather>(
           *rc.dp, plan, unit_bucket, model.params().data(),
           [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory, zero_keep_units(cfg),
-          cfg.comm.param_dtype == "bf16");
+          cfg.comm.param_dtype == "bf16" ? comm::Compression::kBF16
+          : cfg.parallel.zeropp_qwz      ? comm::Compression::kInt8
+                                         : comm::Compression::kNone,
+          rc.dp_node.get());
       model.set_param_hook([this](int unit, bool acquire) {
         if (acquire) gather->acquire(unit);
         else gather->release(unit);
@@ -134,7 +138,7 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
     for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
   if (e_.sync && e_.sync->local_gradients()) {  // Note [1-bit Adam]: reduce the momentum instead
     LOOM_ASSERT(!sharded && adamw_.owned().size() == 1 && adamw_.owned()[0].offset == 0);
-    const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps);
+    const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps, cfg_.optim.warmup_steps);
     adamw_.momentum_to_update(model.grads(), frozen_at);
     e_.sync->reduce_update(model.grads().data());
     adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);

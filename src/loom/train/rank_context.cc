@@ -1,6 +1,7 @@
 #include "loom/train/rank_context.h"
 
 #include <algorithm>
+#include <string>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -30,6 +31,28 @@ class GroupTpComm : public TpComm {
 };
 
 
+// Note [hpZ]: every dp group split by host, each part in dp order; every host must hold the
+// same number of each dp group's ranks (the secondary pieces split units evenly).
+std::unique_ptr<comm::Group> host_group(comm::World& world, const comm::Mesh& mesh) {
+  std::vector<std::vector<int>> partition;
+  for (const std::vector<int>& dp : mesh.groups({"dp"})) {
+    std::vector<std::string> hosts;
+    std::vector<std::vector<int>> parts;
+    for (int r : dp) {
+      const std::string& h = world.hosts()[size_t(r)];
+      const size_t i = size_t(std::find(hosts.begin(), hosts.end(), h) - hosts.begin());
+      if (i == hosts.size()) hosts.push_back(h), parts.emplace_back();
+      parts[i].push_back(r);
+    }
+    for (size_t i = 1; i < parts.size(); i++)
+      LOOM_CHECK(parts[i].size() == parts[0].size(), "parallel.zeropp_hpz needs the same number of a dp group's ",
+                 "ranks on every host; host ", hosts[i], " has ", parts[i].size(), " and host ", hosts[0], " has ",
+                 parts[0].size(), ": place ranks evenly or leave parallel.zeropp_hpz = false");
+    partition.insert(partition.end(), parts.begin(), parts.end());
+  }
+  return world.group(partition, "dp_node");
+}
+
 }  // namespace
 
 void RankContext::stats_sum(std::span<double> x) const {
@@ -51,6 +74,7 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
       rc.dp = world->group(mesh, {"dp"});
       rc.dp_rank = rc.dp->group_rank(), rc.dp_size = rc.dp->size();
     }
+    if (p.dp > 1 && p.zeropp_hpz) rc.dp_node = host_group(*world, mesh);
     if (p.tp > 1) {
       rc.tp = world->group(mesh, {"tp"});
       rc.tp_rank = rc.tp->group_rank(), rc.tp_size = rc.tp->size();

@@ -22,6 +22,7 @@ struct RankContext {
   int dp_rank = 0, dp_size = 1, pp_rank = 0, pp_size = 1, tp_rank = 0, tp_size = 1, zero = 0;
   bool logging = true;                   // global rank 0 writes the log
   std::unique_ptr<comm::Group> dp;       // null when dp == 1
+  std::unique_ptr<comm::Group> dp_node;  // ZeRO++ hpZ: this dp group's ranks on this host (Note [hpZ])
   std::unique_ptr<comm::Group> tp;       // null when tp == 1
   std::unique_ptr<TpComm> tp_comm;       // the model's view of `tp`
   std::unique_ptr<comm::Group> stats;    // every rank (pp x dp x tp): loss and norm sums; null single-process

@@ -48,6 +48,8 @@ struct TrainSummary {
   double comm_exposed_s = 0;
   double comm_wire_bytes = 0, comm_exact_wire_bytes = 0;  // per step from each rank (mean over the run; exact's)
   std::vector<std::string> accordion_log;  // Note [Accordion]: its switches, in order
+  // ZeRO-3: unit gathers over the dp group and, under hpZ (Note [hpZ]), within the host.
+  int64_t param_gathers = 0, param_gathers_on_host = 0;
   std::vector<float> final_params;  // filled when TrainOptions::keep_params (tests)
   // This rank's peak resident bytes per category (params, grads, optimizer, activations),
   // measured (Note [Resident memory]), and the ZeRO formula for its model states.

@@ -86,7 +86,7 @@ class NullBuffer : public std::streambuf {
 };
 
 // ", gradients compressed by topk (ratio 0.001, ...)" or "".
-std::string compress_text(const ParallelConfig& p, int64_t train_steps) {
+std::string compress_text(const ParallelConfig& p, const Config& cfg) {
   std::ostringstream os;
   if (p.reduce == GradReduce::kAdasum) os << ", gradients combined by Adasum";
   switch (p.compress) {
@@ -99,7 +99,7 @@ std::string compress_text(const ParallelConfig& p, int64_t train_steps) {
                                           "server error feedback)"; break;
     default: os << ", gradients compressed by " << compress_name(p.compress);
   }
-  if (const int64_t w = p.compress_warmup(train_steps); w > 0) os << " after " << w << " exact steps";
+  if (const int64_t w = p.compress_warmup(cfg.train.steps, cfg.optim.warmup_steps); w > 0) os << " after " << w << " exact steps";
   if (p.compress_adapt == CompressAdapt::kAccordion)
     os << ", Accordion: heavy " << (p.compress == CompressKind::kPowerSgd ? "rank " : "ratio ")
        << (p.compress == CompressKind::kPowerSgd ? double(p.accordion_heavy_rank) : p.heavy_ratio())
@@ -134,7 +134,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
-       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p, cfg.train.steps);
+       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
   if (p.pp > 1)
     os << "\n  pipeline: schedule " << schedule_name(p.schedule) << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";
@@ -364,6 +364,13 @@ void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, co
        << sum.tokens_per_s << " real tokens/s";
     rep.info(os.str());
   }
+  if (e.gather) {
+    sum.param_gathers = e.gather->dp_gathers(), sum.param_gathers_on_host = e.gather->host_gathers();
+    if (sum.param_gathers_on_host > 0)
+      rep.info("ZeRO++ hpZ: " + std::to_string(sum.param_gathers_on_host) + " of " +
+               std::to_string(sum.param_gathers + sum.param_gathers_on_host) +
+               " parameter gathers stayed on the host (secondary pieces)");
+  }
   if (!e.sync) return;
   sum.comm_hidden_fraction = e.sync->hidden_fraction();
   sum.comm_exposed_s = e.sync->exposed_wait_s();
@@ -376,7 +383,7 @@ void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, co
   sum.comm_exact_wire_bytes = e.sync->exact_wire_bytes();
   os << "\n  gradients on the wire: " << std::setprecision(3) << sum.comm_wire_bytes / 1e6 << " MB per step from each rank ("
      << std::setprecision(1) << sum.comm_exact_wire_bytes / std::max(1.0, sum.comm_wire_bytes)
-     << "x fewer than the exact fp32 all-reduce)";
+     << "x fewer than exact fp32)";
   rep.info(os.str());
 }
 

@@ -33,8 +33,9 @@ struct VerifyRow {
 // every step's loss within compressed_loss_rel(kind) of the exact run's. The bounds are
 // measured distances over loom verify's default run (tiny, 20 steps, dp 2) with margin:
 //   bf16 7.6e-7 -> 1e-4; int8 2.2e-5 -> 1e-3; powersgd (rank 4) 1.0e-2 -> 0.03;
-//   terngrad 5.3e-2 -> 0.1; topk (ratio 0.001) 0.185 -> 0.3; onebit_adam (3 warm-up steps,
-//   its default for 20) 0.272 (dp 4: 0.256) -> 0.4. 1-bit Adam's distance there is the frozen
+//   terngrad 5.3e-2 -> 0.1; topk (ratio 0.001) 0.185 -> 0.3; onebit_adam
+//   (compress_warmup_steps = 3; its default on that run, optim.warmup_steps = 40, would never
+//   compress) 0.272 (dp 4: 0.256) -> 0.4. 1-bit Adam's distance there is the frozen
 //   variance more than the signs: the same run with an exact mean in place of its compressed
 //   all-reduce (Adam with v frozen after 3 of 40 learning-rate warm-up steps) was 2.4 from
 //   AdamW, and with 10 warm-up steps the compressed run is 0.0195.

@@ -1,0 +1,101 @@
+// Note [Tensor-parallel overlap] and the per-op pricing of a unit's passes (unit_cost.h).
+#include "loom/sim/unit_cost.h"
+
+#include <algorithm>
+
+namespace loom::sim {
+
+namespace {
+
+// Note [Tensor-parallel overlap]
+// Megatron-core's --tp-comm-overlap splits each tensor-parallel all-gather / reduce-scatter
+// (or all-reduce) into chunks pipelined with the GEMM next to it (userbuffers), so a
+// unit's tp communication costs only what its GEMMs cannot cover:
+//   tp' = max(0, tp - gemm)  per unit and pass (forward, backward, recompute),
+// e.g. a block with 3 ms of GEMMs and 1 ms of tp collectives costs 3 ms instead of 4. The
+// chunking's own overhead is not priced. Off by default (loom's engine and Megatron-LM
+// before core run them in turn).
+void hide_tp(Pass& p) { p.tp -= std::min(p.tp, p.gemm); }
+
+void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, bool core_only = false) {
+  for (const Op& o : ops) {
+    if (core_only && !o.attention_core) continue;
+    if (o.kind == Op::Kind::kComm) {
+      const double t = collective_time_s(c, o.coll, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
+      (o.axis == Axis::kCp ? p.cp : p.tp) += t;
+    } else {
+      const double t = kernel_time_s(c.device, o);
+      p.compute += t;
+      if (o.kind == Op::Kind::kGemm) p.gemm += t;
+    }
+  }
+}
+
+// Backward: a GEMM becomes dX and dW (two GEMMs of its size, times the device's measured
+// gemm_backward_factor where it has one), a memory-bound kernel moves
+// about twice its bytes, a collective is replaced by its conjugate of the same size.
+// wgt (optional): also add the dW GEMMs' half there.
+void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, Pass* wgt) {
+  for (const Op& o : ops) {
+    if (o.kind == Op::Kind::kAttention) {
+      // loom's backward kernel does about twice the forward's work; flash attention's
+      // recomputes the scores too (2.5x, Dao et al.).
+      p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
+    } else if (o.kind == Op::Kind::kGemm) {
+      const Curve& f = c.device.gemm_backward_factor;
+      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
+      p.compute += t;
+      p.gemm += t;
+      if (wgt) wgt->compute += t / 2;
+    } else if (o.kind == Op::Kind::kMemory) {
+      p.compute += memory_time_s(c.device, 2 * o.bytes);
+    } else {
+      OpKind conj = o.coll;
+      if (o.coll == OpKind::kAllGather) conj = OpKind::kReduceScatter;
+      else if (o.coll == OpKind::kReduceScatter) conj = OpKind::kAllGather;
+      const double t = collective_time_s(c, conj, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
+      (o.axis == Axis::kCp ? p.cp : p.tp) += t;
+    }
+  }
+}
+
+}  // namespace
+
+Pass minus(Pass a, const Pass& b) {
+  a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero;
+  return a;
+}
+
+UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
+                   bool weights) {
+  UnitCost u;
+  add_forward(c, pl, ops, u.fwd);
+  add_backward(c, pl, ops, u.bwd, weights ? &u.wgt : nullptr);
+  if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
+  if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
+  if (tp_overlap)
+    for (Pass* p : {&u.fwd, &u.bwd, &u.recompute}) hide_tp(*p);
+  return u;
+}
+
+void add_unit(ChunkCost& ch, const UnitCost& u, double times) {
+  for (auto [dst, src] : {std::pair{&ch.fwd, &u.fwd}, std::pair{&ch.bwd, &u.bwd}, std::pair{&ch.bwd, &u.recompute},
+                          std::pair{&ch.wgt, &u.wgt}}) {
+    dst->compute += times * src->compute;
+    dst->tp += times * src->tp;
+    dst->cp += times * src->cp;
+  }
+  ch.recompute += times * u.recompute.total();
+  ch.act_bytes += times * u.act_bytes;
+  ch.transient_bytes = std::max(ch.transient_bytes, u.transient_bytes);
+}
+
+double flops_of(const std::vector<Op>& ops, bool core_only) {
+  double f = 0;
+  for (const Op& o : ops)
+    if (!core_only || o.attention_core) f += o.flops;
+  return f;
+}
+
+
+}  // namespace loom::sim

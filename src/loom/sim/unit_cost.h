@@ -1,0 +1,55 @@
+// What one unit (a block, the embedding, the head) costs per micro-batch: its forward,
+// backward and recompute passes priced op by op (Note [Cost model] in costs.h), and the
+// per-virtual-stage sums the simulator's replay charges (Note [Simulated step]).
+#pragma once
+
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/sim/cluster.h"
+#include "loom/sim/costs.h"
+
+namespace loom::sim {
+
+// Where the collectives of a unit's ops run.
+struct Places {
+  GroupShape tp, cp, dp, p2p, tied;
+};
+
+struct Pass {
+  double compute = 0, tp = 0, cp = 0, zero = 0;
+  double gemm = 0;  // the GEMM part of compute (not added to total)
+  double total() const { return compute + tp + cp + zero; }
+};
+
+// a - b, term by term (a split backward's B is its bwd less its wgt).
+Pass minus(Pass a, const Pass& b);
+
+// Per-micro-batch cost of one block / embedding / head: forward, backward and recompute;
+// wgt: the part of bwd that is weight-gradient GEMMs (a block's W step).
+struct UnitCost {
+  Pass fwd, bwd, recompute, wgt;
+  double act_bytes = 0, transient_bytes = 0;
+};
+
+// One virtual stage's units summed: what a pipeline step of its chunk costs.
+struct ChunkCost {
+  Pass fwd, bwd;        // bwd includes recompute
+  Pass wgt;             // the part of bwd a split backward runs as W
+  double recompute = 0; // seconds of bwd that are recompute
+  double act_bytes = 0, transient_bytes = 0, params = 0;
+  double w_bytes = 0;   // split backward: upstream gradients kept from B to W
+};
+
+// Adds a unit's passes `times` over to a virtual stage's sums.
+void add_unit(ChunkCost& ch, const UnitCost& u, double times);
+// The FLOPs of `ops` (with core_only, the attention core's only: selective recompute).
+double flops_of(const std::vector<Op>& ops, bool core_only);
+// The passes of the unit made of `ops` under recompute `r`, its tp collectives hidden
+// behind its GEMMs with tp_overlap (Note [Tensor-parallel overlap]). weights: the ops are a
+// block's, whose dW GEMMs a split backward defers to W (the head's weight gradient is made
+// in forward, with the loss).
+UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
+                   bool weights = false);
+
+}  // namespace loom::sim

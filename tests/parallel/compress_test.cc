@@ -3,6 +3,7 @@
 // invariant to the bit, identical bits on every rank, and TernGrad's unbiasedness.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <mutex>
 #include <random>
@@ -386,6 +387,47 @@ TEST(OneBit, WorkerErrorFeedbackSendsTheScaledSigns) {
       e = ne;
     }
   }
+}
+
+}  // namespace
+}  // namespace loom::parallel
+
+namespace loom::parallel {
+namespace {
+
+// Note [0/1 Adam]: the schedule's pure functions against DeepSpeed's counters run step by
+// step (var_interval doubling after var_scaler updates, local_step_interval after
+// local_scaler local steps, clipped), for several settings and 400 steps.
+TEST(ZeroOneAdam, ScheduleFollowsDeepSpeedsCounters) {
+  for (const auto& [kappa, freeze, scaler, clip] : std::vector<std::array<int64_t, 4>>{
+           {16, 100, 32678, 16}, {2, 50, 3, 4}, {1, 200, 1, 16}, {3, 0, 5, 2}}) {
+    CompressSpec s;
+    s.kind = CompressKind::kZeroOneAdam;
+    s.var_freeze = freeze, s.var_scaler = kappa, s.local_scaler = scaler, s.local_clip = clip;
+    int64_t var_interval = 1, var_counter = 0, local_interval = 1, local_counter = 0, updates = 0;
+    for (int64_t t = 1; t <= 400; t++) {
+      const std::string at = "kappa " + std::to_string(kappa) + " t " + std::to_string(t);
+      if (t <= freeze) {
+        const bool var = t % var_interval == 0;
+        updates += var;
+        ASSERT_EQ(s.variance_step(t - 1), var) << at;
+        ASSERT_EQ(s.sync_at(t - 1), var ? StepSync::kExact : StepSync::kLocal) << at;
+        if (var && ++var_counter == kappa) var_counter = 0, var_interval *= 2;
+      } else {
+        ASSERT_EQ(s.sync_at(t - 1), StepSync::kLocal) << at;
+        ASSERT_FALSE(s.variance_step(t - 1)) << at;
+        ASSERT_EQ(s.local_sync(t - 1), t % local_interval == 0) << at;
+        if (++local_counter == scaler) local_counter = 0, local_interval = std::min(clip, local_interval * 2);
+      }
+      ASSERT_EQ(s.variance_updates(t - 1), updates) << at;
+    }
+  }
+  // Checkpoints, validation and the last step always synchronise.
+  CompressSpec s;
+  s.kind = CompressKind::kZeroOneAdam;
+  s.var_freeze = 0, s.local_scaler = 1, s.local_clip = 64, s.train_steps = 100, s.save_every = 30, s.val_every = 25;
+  EXPECT_FALSE(s.local_sync(40));  // t = 41 at interval 64
+  for (int64_t t : {25, 30, 50, 60, 75, 90, 100}) EXPECT_TRUE(s.local_sync(t - 1)) << t;
 }
 
 }  // namespace

@@ -41,7 +41,10 @@ TEST(CompressedDataParallel, SendingEverythingEqualsExactDataParallelBitForBit) 
                                               "parallel.compress_warmup_steps=3"},
                                              {"parallel.compress=powersgd", "parallel.compress_rank=1000"},
                                              // 1-bit Adam compresses only after its warm-up
-                                             {"parallel.compress=onebit_adam", "parallel.compress_warmup_steps=6"}}) {
+                                             {"parallel.compress=onebit_adam", "parallel.compress_warmup_steps=6"},
+                                             // 0/1 Adam with every step a variance step: AdamW
+                                             {"parallel.compress=zero_one_adam", "parallel.zero_one_var_scaler=6",
+                                              "parallel.zero_one_var_freeze_steps=6"}}) {
     const auto out = testing_support::train_keeping_params(llama(sets));
     EXPECT_EQ(out[0].final_params, exact) << sets[0] << " " << sets[1];
     if (sets[0] == "parallel.compress=topk")  // (index, value) pairs: twice exact's bytes
@@ -99,6 +102,12 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2", "parallel.tp=2"},
       {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2", "parallel.pp=2",
        "train.grad_accum=2"},
+      // 0/1 Adam over 8 steps: variance steps 1, 2, 4 (exact), step 3 compressed, local steps
+      // 5-8 synchronising after 5, 6 and 8 (the last).
+      {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=4",
+       "parallel.zero_one_var_scaler=2", "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"},
+      {"parallel.dp=2", "parallel.tp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=4",
+       "parallel.zero_one_var_scaler=2", "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"},
   };
   const std::vector<VerifyRow> rows = verify_layouts(small_config({"train.steps=8"}), layouts);
   ASSERT_EQ(rows.size(), layouts.size());
@@ -141,9 +150,17 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=int8", "comm.grad_dtype=bf16"}).find("set only one"),
             std::string::npos);
-  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zip"}).find("topk, terngrad, powersgd or onebit_adam"),
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zip"}).find("topk, terngrad, powersgd, onebit_adam or zero_one_adam"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=1", "parallel.compress=onebit_adam"}).find("set parallel.zero = 0"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=2", "parallel.compress=zero_one_adam"}).find("set parallel.zero = 0"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.compress_warmup_steps=5"})
+                .find("has no exact warm-up"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_local_clip=0"})
+                .find("parallel.zero_one_local_clip = 0: expected >= 1"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=0"})
                 .find("or -1 for the larger of 15% of train.steps and optim.warmup_steps = 40"),

@@ -59,7 +59,11 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
                          "parallel.accordion_window=2", "parallel.accordion_eta=1e9"}},
       // 1-bit Adam compressing from step 3: the frozen variance and shared momentum are the
       // AdamW moments; the worker and server residuals are the compressor's state.
-      {"onebit_adam dp2", {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2"}}};
+      {"onebit_adam dp2", {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2"}},
+      // 0/1 Adam in local steps from step 3 (intervals 1, 2, 4): the save at 3 synchronises,
+      // so the parameters, m, v and the residuals are all a resume needs.
+      {"zero_one_adam dp2", {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=2",
+                             "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);

@@ -23,7 +23,7 @@ void set_compressors(const std::string& flag, plan::PlanRequest& req) {
   if (flag == "auto") {
     if (req.like.framework == sim::Framework::kLoom)
       req.compress = {CompressKind::kTopK, CompressKind::kTernGrad, CompressKind::kPowerSgd,
-                     CompressKind::kOneBitAdam};
+                     CompressKind::kOneBitAdam, CompressKind::kZeroOneAdam};
     return;
   }
   if (flag == "none") return;

@@ -153,7 +153,7 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_TEXT_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\"; empty = even split", parse_pp_layers,
                     pp_layers_text),
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
-      LOOM_TEXT_KEY(parallel, compress, "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd | onebit_adam",
+      LOOM_TEXT_KEY(parallel, compress, "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd | onebit_adam | zero_one_adam",
                     parse_compress, compress_name),
       LOOM_FLOAT_KEY(parallel, compress_ratio, "topk: fraction of each gradient bucket sent (DGC default 0.001)"),
       LOOM_FLOAT_KEY(parallel, compress_momentum, "topk: DGC momentum correction factor (0 = error feedback only)"),
@@ -167,6 +167,11 @@ std::vector<KeyDef> parallel_keys() {
                                               "marks a critical regime (light compression)"),
       LOOM_INT_KEY(parallel, accordion_heavy_rank, "accordion with powersgd: the heavy setting's rank"),
       LOOM_FLOAT_KEY(parallel, accordion_heavy_ratio, "accordion with topk: the heavy setting's ratio (0: compress_ratio / 10)"),
+      LOOM_INT_KEY(parallel, zero_one_var_freeze_steps, "0/1 Adam: the last step whose variance may update "
+                   "(-1 = optim.warmup_steps)"),
+      LOOM_INT_KEY(parallel, zero_one_var_scaler, "0/1 Adam: variance updates per interval before it doubles (kappa)"),
+      LOOM_INT_KEY(parallel, zero_one_local_scaler, "0/1 Adam: steps per local-step interval before it doubles"),
+      LOOM_INT_KEY(parallel, zero_one_local_clip, "0/1 Adam: the longest local-step interval (H)"),
       LOOM_BOOL_KEY(parallel, zeropp_qwz, "ZeRO++ qwZ: ZeRO-3's parameter all-gathers as int8 blocks with a scale each "
                     "(a quarter of fp32's bytes; compute sees the rounded weights)"),
       LOOM_BOOL_KEY(parallel, zeropp_qgz, "ZeRO++ qgZ: ZeRO-2/3's gradient reduce-scatters as an all-to-all of int8 "

@@ -97,18 +97,20 @@ inline bool splits_backward(ScheduleKind k) {
 }
 
 // How data-parallel gradients cross the dp group (Note [Gradient compressors] in
-// parallel/compress.h): exact, a codec of the ring, a stateful compressor, or 1-bit Adam
-// (an optimizer mode that compresses the momentum; Note [1-bit Adam]).
-enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd, kOneBitAdam };
-// topk, terngrad, powersgd, onebit_adam: compressors with state that run after backward
-// (bf16 and int8 are codecs of the ring).
+// parallel/compress.h): exact, a codec of the ring, a stateful compressor, or 1-bit / 0/1
+// Adam (optimizer modes; Note [1-bit Adam], Note [0/1 Adam]).
+enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd, kOneBitAdam, kZeroOneAdam };
+// topk, terngrad, powersgd, onebit_adam, zero_one_adam: compressors with state that run
+// after backward (bf16 and int8 are codecs of the ring).
 inline bool compress_has_state(CompressKind k) {
   return k == CompressKind::kTopK || k == CompressKind::kTernGrad || k == CompressKind::kPowerSgd ||
-         k == CompressKind::kOneBitAdam;
+         k == CompressKind::kOneBitAdam || k == CompressKind::kZeroOneAdam;
 }
-// onebit_adam: the gradients stay local after the warm-up and the optimizer reduces the
-// momentum instead.
-inline bool compress_in_optimizer(CompressKind k) { return k == CompressKind::kOneBitAdam; }
+// onebit_adam, zero_one_adam: the optimizer decides what crosses the dp group (momentum,
+// parameter moves) on the steps whose gradients it keeps local.
+inline bool compress_in_optimizer(CompressKind k) {
+  return k == CompressKind::kOneBitAdam || k == CompressKind::kZeroOneAdam;
+}
 // 1-bit Adam's default warm-up: 15% of the run (rounded up, >= 1), the low end of the 15-25%
 // DeepSpeed's 1-bit Adam tutorial suggests, and not before the learning-rate warm-up ends
 // (v moves most while the learning rate ramps; DeepSpeed's 0/1 Adam freezes it there).
@@ -135,7 +137,8 @@ std::string zero_keep_text(const std::vector<bool>& layers);
 // "3,4" <-> {3, 4}; "" <-> {}.
 std::vector<int64_t> parse_pp_layers(const std::string& text);
 std::string pp_layers_text(const std::vector<int64_t>& split);
-const char* compress_name(CompressKind k);  // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd" | "onebit_adam"
+// "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd" | "onebit_adam" | "zero_one_adam"
+const char* compress_name(CompressKind k);
 CompressKind parse_compress(const std::string& text);
 const char* grad_reduce_name(GradReduce r);  // "mean" | "adasum"
 GradReduce parse_grad_reduce(const std::string& text);
@@ -168,6 +171,14 @@ struct ParallelConfig {
   int64_t compress_warmup_steps = -1;
   int64_t compress_warmup(int64_t train_steps, int64_t lr_warmup_steps) const;
   GradReduce reduce = GradReduce::kMean;  // adasum: Maleki et al.'s adaptive summation
+  // 0/1 Adam (Note [0/1 Adam] in parallel/compress.h), DeepSpeed's defaults: the last step
+  // whose variance may update (-1: optim.warmup_steps), the variance updates per interval
+  // before it doubles (kappa), the steps per local-step interval before it doubles, and the
+  // longest interval (H).
+  int64_t zero_one_var_freeze_steps = -1;
+  int64_t zero_one_var_scaler = 16;
+  int64_t zero_one_local_scaler = 32678;
+  int64_t zero_one_local_clip = 16;
   // ZeRO++ (Wang et al. 2023): qwZ, ZeRO-3's parameter all-gathers in int8 blocks (Note [bf16
   // parameter gathers] in parallel/zero.h).
   bool zeropp_qwz = false;

@@ -204,9 +204,24 @@ void check_accordion(const ParallelConfig& p, std::vector<std::string>& errs) {
 // (ZeRO 0) and freezes a variance the warm-up must have filled.
 void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
+  const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
   if (p.zero != 0)
-    errs.push_back("parallel.compress = onebit_adam compresses the momentum each rank holds whole; parallel.zero = " +
-                   str(p.zero) + " shards it: set parallel.zero = 0, or use topk | terngrad | powersgd with zero 1");
+    errs.push_back(what + " keeps each rank's whole momentum and parameters; parallel.zero = " + str(p.zero) +
+                   " shards them: set parallel.zero = 0, or use topk | terngrad | powersgd with zero 1");
+  if (p.compress == CompressKind::kZeroOneAdam) {
+    for (const auto& [key, v] : {std::pair{"zero_one_var_scaler", p.zero_one_var_scaler},
+                                 std::pair{"zero_one_local_scaler", p.zero_one_local_scaler},
+                                 std::pair{"zero_one_local_clip", p.zero_one_local_clip}})
+      if (v < 1) errs.push_back(std::string("parallel.") + key + " = " + str(v) + ": expected >= 1");
+    if (p.compress_warmup_steps > 0)
+      errs.push_back("parallel.compress = zero_one_adam has no exact warm-up (its variance steps are the exact ones, "
+                     "until parallel.zero_one_var_freeze_steps); parallel.compress_warmup_steps = " +
+                     str(p.compress_warmup_steps) + ": leave it at -1 or 0");
+    if (p.zero_one_var_freeze_steps < -1)
+      errs.push_back("parallel.zero_one_var_freeze_steps = " + str(p.zero_one_var_freeze_steps) +
+                     ": expected >= 0, or -1 for optim.warmup_steps");
+    return;
+  }
   if (p.compress_warmup_steps == 0)
     errs.push_back("parallel.compress = onebit_adam freezes Adam's variance after parallel.compress_warmup_steps "
                    "exact steps; 0 would freeze it at zero: set it >= 1, or -1 for the larger of 15% of train.steps and "
@@ -432,6 +447,7 @@ const char* compress_name(CompressKind k) {
     case CompressKind::kTernGrad: return "terngrad";
     case CompressKind::kPowerSgd: return "powersgd";
     case CompressKind::kOneBitAdam: return "onebit_adam";
+    case CompressKind::kZeroOneAdam: return "zero_one_adam";
   }
   return "?";
 }
@@ -454,10 +470,11 @@ CompressAdapt parse_compress_adapt(const std::string& text) {
 
 CompressKind parse_compress(const std::string& text) {
   for (CompressKind k : {CompressKind::kNone, CompressKind::kBf16, CompressKind::kInt8, CompressKind::kTopK,
-                         CompressKind::kTernGrad, CompressKind::kPowerSgd, CompressKind::kOneBitAdam})
+                         CompressKind::kTernGrad, CompressKind::kPowerSgd, CompressKind::kOneBitAdam,
+                         CompressKind::kZeroOneAdam})
     if (text == compress_name(k)) return k;
   throw ConfigError("parallel.compress = '" + text +
-                    "': expected none, bf16, int8, topk, terngrad, powersgd or onebit_adam");
+                    "': expected none, bf16, int8, topk, terngrad, powersgd, onebit_adam or zero_one_adam");
 }
 
 std::vector<Recompute> parse_recompute(const std::string& text) {
@@ -497,7 +514,7 @@ std::string pp_layers_text(const std::vector<int64_t>& split) {
 
 int64_t ParallelConfig::compress_warmup(int64_t train_steps, int64_t lr_warmup_steps) const {
   if (compress_warmup_steps >= 0) return compress_warmup_steps;
-  return compress_in_optimizer(compress) ? onebit_default_warmup(train_steps, lr_warmup_steps) : 0;
+  return compress == CompressKind::kOneBitAdam ? onebit_default_warmup(train_steps, lr_warmup_steps) : 0;
 }
 
 std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {

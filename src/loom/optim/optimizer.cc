@@ -77,15 +77,16 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
 
 namespace {
 
-// sqrt(v / (1 - b2^frozen_at)) + eps, in the fast kernel's float order.
+// sqrt(v / (1 - b2^frozen_at)) + eps, in the fast kernel's float order (betas as the floats it
+// receives).
 struct FrozenScale {
   float bc2_sqrt, eps;
   float operator()(float v) const { return std::sqrt(v) / bc2_sqrt + eps; }
 };
 
 FrozenScale frozen_scale(const OptimConfig& c, int64_t frozen_at) {
-  LOOM_CHECK(frozen_at >= 1, "1-bit Adam freezes a variance the warm-up filled; frozen at step ", frozen_at);
-  return {float(std::sqrt(1.0 - std::pow(c.beta2, double(frozen_at)))), float(c.eps)};
+  LOOM_CHECK(frozen_at >= 1, "a frozen Adam variance needs at least one update before it; got ", frozen_at);
+  return {float(std::sqrt(1.0 - std::pow(double(float(c.beta2)), double(frozen_at)))), float(c.eps)};
 }
 
 }  // namespace
@@ -105,10 +106,64 @@ void AdamW::momentum_to_update(std::vector<float>& grads, int64_t frozen_at) {
   }
 }
 
+double AdamW::step_counted(std::vector<float>& params, const std::vector<float>& grads, double lr, bool update_v,
+                           int64_t v_updates) {
+  const FrozenScale d = frozen_scale(cfg_, v_updates);
+  t_++;
+  const float step_size = float(lr) / float(1.0 - std::pow(double(float(cfg_.beta1)), double(t_)));
+  const float b1 = float(cfg_.beta1), b2 = update_v ? float(cfg_.beta2) : 1.0f;
+  for (const Run& r : runs_) {
+    float* p = params.data() + r.offset;
+    const float* g = grads.data() + r.offset;
+    float* m = m_.data() + r.state_offset;
+    float* v = v_.data() + r.state_offset;
+    const float decay = 1.0f - float(lr) * r.weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      if (update_v) v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      p[i] = p[i] * decay - (v[i] > 0.0f ? step_size * m[i] / d(v[i]) : 0.0f);
+    }
+  }
+  return step_size;
+}
+
+void AdamW::to_update_units(std::vector<float>& g, int64_t v_updates) const {
+  const FrozenScale D = frozen_scale(cfg_, v_updates);
+  for (const Run& r : runs_) {
+    float* x = g.data() + r.offset;
+    const float* v = v_.data() + r.state_offset;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) x[i] = v[i] > 0.0f ? x[i] / D(v[i]) : 0.0f;
+  }
+}
+
+void AdamW::from_update_units(std::vector<float>& g, int64_t v_updates) const {
+  const FrozenScale D = frozen_scale(cfg_, v_updates);
+  for (const Run& r : runs_) {
+    float* x = g.data() + r.offset;
+    const float* v = v_.data() + r.state_offset;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) x[i] *= D(v[i]);
+  }
+}
+
+void AdamW::momentum_from_move(const float* d, double lr_sum, int64_t v_updates) {
+  const FrozenScale D = frozen_scale(cfg_, v_updates);
+  const float inv = float(-1.0 / lr_sum);
+  for (const Run& r : runs_) {
+    const float* x = d + r.offset;
+    float* m = m_.data() + r.state_offset;
+    const float* v = v_.data() + r.state_offset;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) m[i] = x[i] * D(v[i]) * inv;
+  }
+}
+
 void AdamW::step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at) {
   const FrozenScale d = frozen_scale(cfg_, frozen_at);
   t_++;
-  const float step_size = float(lr) / float(1.0 - std::pow(cfg_.beta1, double(t_)));
+  const float step_size = float(lr) / float(1.0 - std::pow(double(float(cfg_.beta1)), double(t_)));
   for (const Run& r : runs_) {
     float* p = params.data() + r.offset;
     const float* x = u.data() + r.offset;

@@ -50,6 +50,20 @@ class AdamW {
   // step_with_update: t += 1; m = u D (the reduced u back in momentum units);
   // p = p (1 - lr wd) - lr u / (1 - b1^t). With u = m / D this is AdamW's step.
   void step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at);
+  // 0/1 Adam (Note [0/1 Adam] in parallel/compress.h): t += 1; m = b1 m + (1 - b1) g; v too
+  // when update_v; p moves by AdamW's rule with bias corrections 1 - b1^t and 1 - b2^k, k =
+  // v_updates (the variance updates so far, this one included). Returns lr / (1 - b1^t).
+  double step_counted(std::vector<float>& params, const std::vector<float>& grads, double lr, bool update_v,
+                    int64_t v_updates);
+  // g <- g / D (0 where v is 0) and back, g <- g D: a gradient in update units for 0/1
+  // Adam's compressed all-reduce, D = sqrt(v / (1 - b2^v_updates)) + eps.
+  void to_update_units(std::vector<float>& g, int64_t v_updates) const;
+  void from_update_units(std::vector<float>& g, int64_t v_updates) const;
+  // After a synchronisation: m = -d D / lr_sum, d the mean parameter move over the steps
+  // since the last one (laid out as the parameters), lr_sum those steps' step_counted
+  // results (so the bias corrections are not folded into m), D = sqrt(v / (1 - b2^v_updates))
+  // + eps. The weight decay in d leaves wd p D in m (as in DeepSpeed's 0/1 Adam).
+  void momentum_from_move(const float* d, double lr_sum, int64_t v_updates);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   // Moments of the owned parts, packed in `owned` order (the whole layout when unsharded).

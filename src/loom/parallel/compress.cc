@@ -192,7 +192,11 @@ CompressSpec compress_spec(const Config& cfg) {
   s.heavy_ratio = p.heavy_ratio();
   s.window = p.accordion_window;
   s.eta = p.accordion_eta;
-  s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;  // "compress": apart from init's stream
+  s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;
+  s.var_freeze = p.zero_one_var_freeze_steps >= 0 ? p.zero_one_var_freeze_steps : cfg.optim.warmup_steps;
+  s.var_scaler = p.zero_one_var_scaler, s.local_scaler = p.zero_one_local_scaler, s.local_clip = p.zero_one_local_clip;
+  s.train_steps = cfg.train.steps, s.save_every = cfg.checkpoint.dir.empty() ? 0 : cfg.checkpoint.save_every;
+  s.val_every = cfg.train.val_every;  // "compress": apart from init's stream
   return s;
 }
 
@@ -213,7 +217,8 @@ std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, cons
     case CompressKind::kTopK: c = std::make_unique<TopK>(spec, bucket.count); break;
     case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, key); break;
     case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, key, specs); break;
-    case CompressKind::kOneBitAdam: c = make_onebit(bucket, specs, dp); break;
+    case CompressKind::kOneBitAdam:
+    case CompressKind::kZeroOneAdam: c = make_onebit(bucket, specs, dp); break;
     default: LOOM_CHECK(false, "parallel.compress = ", compress_name(spec.kind), " has no bucket compressor");
   }
   c->traffic_[0] = bucket_traffic(spec.kind, spec.ratio, spec.rank, specs, bucket.first_tensor, bucket.last_tensor,

@@ -54,6 +54,34 @@
 // checkpointed. The norm for clipping is the root mean square of the ranks' local norms
 // (no gradient is reduced to measure the global one), one coefficient on every rank.
 //
+// Note [0/1 Adam]
+// parallel.compress = zero_one_adam is 0/1 Adam (Lu et al., "Maximizing Communication
+// Efficiency for Large-scale Training via 0/1 Adam", ICLR 2023; the schedule as DeepSpeed's
+// ZeroOneAdam runs it). No exact warm-up; two phases over the 1-based optimizer step t:
+//  - t <= T_v (zero_one_var_freeze_steps, default optim.warmup_steps): adaptive variance
+//    freezing. v updates only on variance steps, t % I == 0 with I starting at 1 and doubling
+//    after every kappa (zero_one_var_scaler) updates; those steps all-reduce the gradients
+//    exactly, the others send g / D through the compressed all-reduce of Note [1-bit Adam]
+//    and use its mean times D, D = sqrt(v / (1 - b2^k)) + eps (k the variance updates so far;
+//    0 where v is 0); m updates every step; p moves by AdamW's rule with bias corrections
+//    1 - b1^t and 1 - b2^k.
+//  - t > T_v: 1-bit local steps. Gradients stay local; each rank takes AdamW steps with v
+//    frozen from its own gradients; every J steps (J starts at 1 and doubles every
+//    zero_one_local_scaler steps up to zero_one_local_clip = H) the ranks synchronise: each
+//    sends its move since the last synchronisation, d = p - p_sync, through the compressed
+//    all-reduce, then p = p_sync + mean(d) (the same bits on every rank), p_sync = p, and
+//    m = -mean(d) D / (sum of lr / (1 - b1^t) since), m's lr-weighted mean (the weight
+//    decay in d leaves wd p D in it, as in DeepSpeed, whose wd defaults to 0).
+//    A step that saves a checkpoint, validates or ends the run always synchronises, so
+//    checkpoints and validation see one model and a resume is exact.
+// loom sends g / D where DeepSpeed sends g, and the move d in parameter units where it sends
+// d D, for the reason 1-bit Adam sends u (Note [1-bit Adam]): signs scaled by a tensor chunk's
+// rms are noise of that size on every entry, and divided by a tiny D (GPT's key bias) they
+// move weights by thousands (measured: 251 on loom verify's run, 0.0xx this way). It keeps
+// p_sync (one parameter copy) so the replicas meet bit for bit instead of rolling back by
+// subtraction. The compressor's residuals are zeroed at the first local step: they change
+// units there (DeepSpeed resets its error buffers at the freeze as well).
+//
 // Note [Adasum]
 // parallel.reduce = adasum combines the dp ranks' gradients by Adasum (Maleki et al., "Scaling
 // Distributed Training with Adaptive Summation", MLSys 2021), per tensor:
@@ -83,6 +111,13 @@
 
 namespace loom::parallel {
 
+// What a step's gradients do across the dp group (CompressSpec::sync_at).
+enum class StepSync {
+  kExact,       // the exact all-reduce (or the ring codec), overlapped with backward
+  kCompressed,  // the bucket compressors, after backward
+  kLocal,       // nothing: the optimizer mode reduces what it needs (1-bit / 0/1 Adam)
+};
+
 struct CompressSpec {
   CompressKind kind = CompressKind::kNone;
   double ratio = 0.001;      // topk: fraction of each bucket sent (DGC: 99.9% sparsity)
@@ -93,6 +128,17 @@ struct CompressSpec {
   bool adasum = false;       // parallel.reduce = adasum (with kind kNone)
   // onebit_adam (Note [1-bit Adam]): the optimizer reduces the momentum, not GradSync the gradients.
   bool in_optimizer() const { return compress_in_optimizer(kind); }
+  // 0/1 Adam (Note [0/1 Adam]): its schedule, and the steps that must synchronise (every
+  // save_every-th, val_every-th and the last of train_steps; 0 = none).
+  int64_t var_freeze = 0, var_scaler = 16, local_scaler = 32678, local_clip = 16;
+  int64_t train_steps = 0, save_every = 0, val_every = 0;
+  // The 0-based optimizer step `step`'s sync.
+  StepSync sync_at(int64_t step) const;
+  // 0/1 Adam: does step update v (a variance step), how many variance updates steps
+  // 0..step made, and does a local step synchronise the parameters.
+  bool variance_step(int64_t step) const;
+  int64_t variance_updates(int64_t step) const;
+  bool local_sync(int64_t step) const;
   // Accordion (Note [Accordion]): rank / ratio above are the light setting, these the heavy.
   bool accordion = false;
   int64_t heavy_rank = 1;

@@ -31,6 +31,7 @@ CompressTraffic bucket_traffic(CompressKind kind, double ratio, int64_t rank, co
       t.compute_bytes = 24 * n;  // statistics, clip, encode, decode
       break;
     case CompressKind::kOneBitAdam:  // Note [1-bit Adam]: per tensor a chunk's signs and scale, twice
+    case CompressKind::kZeroOneAdam:
       for (int i = first; i <= last; i++)
         t.gather_block_bytes += 2 * (std::ceil(std::ceil(double(specs[size_t(i)].numel) / double(dp)) / 8) + 4);
       t.collectives = 4;

@@ -111,7 +111,9 @@ void GradSync::set_qgz(bool on) {
 
 void GradSync::set_step(int64_t step) {
   step_ = step;
-  compressing_ = !compressors_.empty() && step >= spec_.warmup_steps;
+  const StepSync sync = compressors_.empty() ? StepSync::kExact : spec_.sync_at(step);
+  compressing_ = sync != StepSync::kExact;
+  local_ = sync == StepSync::kLocal;
   if (compressing_ && accordion_) accordion_->apply(compressors_);  // the settings a resume restored too
 }
 
@@ -217,7 +219,8 @@ void GradSync::finish(bool last_micro) {
   LOOM_ASSERT(grads_ != nullptr);
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
-  if (last_micro || every_micro()) wire_sent_ += wire_bytes();  // kShardEveryMicro reduces every micro-batch
+  // kShardEveryMicro reduces every micro-batch; local steps send in reduce_update, if at all
+  if ((last_micro || every_micro()) && !local_) wire_sent_ += wire_bytes();
   if (last_micro) steps_++;
   if (compressing_ && !local_gradients())
     for (size_t b = 0; b < plan_.buckets.size(); b++) {
@@ -251,10 +254,16 @@ void GradSync::finish(bool last_micro) {
 
 void GradSync::reduce_update(float* u) {
   LOOM_ASSERT(local_gradients());
+  wire_sent_ += wire_bytes();
   for (size_t b = 0; b < plan_.buckets.size(); b++) {
     const Bucket& bk = plan_.buckets[b];
     compressors_[b]->reduce(dp_, std::span<float>(u + bk.offset, size_t(bk.count)), step_);
   }
+}
+
+void GradSync::reset_compressor_state() {
+  for (const auto& c : compressors_)
+    for (const CompressorState& s : c->state()) std::fill(s.data->begin(), s.data->end(), 0.0f);
 }
 
 // Hands back the non-owned part of every reduced bucket, in launch order, stopping at the

@@ -85,8 +85,11 @@ class GradSync {
   // 1-bit Adam past its warm-up (Note [1-bit Adam]): finish() leaves each rank's own
   // gradients, and the optimizer calls reduce_update on its preconditioned momentum (in
   // the gradient buffer) instead. Collective over dp.
-  bool local_gradients() const { return compressing_ && spec_.in_optimizer(); }
+  bool local_gradients() const { return local_; }
+  const CompressSpec& spec() const { return spec_; }
   void reduce_update(float* u);
+  // Zeroes every compressor's state (0/1 Adam's residuals change units between its phases).
+  void reset_compressor_state();
   // Bytes one step's gradient reduction puts on the wire from this rank (ring all-reduce:
   // 2 (dp - 1) / dp of the payload; Note [Gradient compressors] for the rest), and the
   // same for the exact fp32 all-reduce of the same buckets.
@@ -148,7 +151,7 @@ class GradSync {
   std::vector<ParamSpec> specs_;
   int64_t step_ = 0, steps_ = 0;
   double wire_sent_ = 0;
-  bool compressing_ = false;
+  bool compressing_ = false, local_ = false;
   MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;
   size_t next_ = 0;

@@ -160,6 +160,7 @@ std::string compression_caveat(const sim::SimPlan& p) {
     case CompressKind::kPowerSgd: os << "PowerSGD, rank " << q.compress_rank; break;
     case CompressKind::kTernGrad: os << "TernGrad, 2 bits a value"; break;
     case CompressKind::kOneBitAdam: os << "1-bit Adam, momentum as signs after an exact warm-up"; break;
+    case CompressKind::kZeroOneAdam: os << "0/1 Adam, signs and local steps"; break;
     default: os << compress_name(q.compress) << " ring all-reduce"; break;
   }
   return "approximate gradients (" + os.str() +

@@ -136,7 +136,9 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   // clipping the unscaled gradients.
   if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S; coef != 1.0)
     for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
-  if (e_.sync && e_.sync->local_gradients()) {  // Note [1-bit Adam]: reduce the momentum instead
+  if (cfg_.parallel.compress == CompressKind::kZeroOneAdam) {
+    step_zero_one(lr, step);
+  } else if (e_.sync && e_.sync->local_gradients()) {  // Note [1-bit Adam]: reduce the momentum instead
     LOOM_ASSERT(!sharded && adamw_.owned().size() == 1 && adamw_.owned()[0].offset == 0);
     const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps, cfg_.optim.warmup_steps);
     adamw_.momentum_to_update(model.grads(), frozen_at);
@@ -148,6 +150,42 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
   else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;
+}
+
+// Note [0/1 Adam]: gradients all-reduced (exactly or compressed) before the variance
+// freezes; local steps after, with the parameter moves synchronised on the schedule's steps.
+void Updater::step_zero_one(double lr, int64_t step) {
+  const parallel::CompressSpec& spec = e_.sync->spec();
+  const int64_t k = spec.variance_updates(step);
+  std::vector<float>& p = e_.model.params();
+  std::vector<float>& g = e_.model.grads();
+  if (!e_.sync->local_gradients()) {  // a variance step: g all-reduced exactly
+    adamw_.step_counted(p, g, lr, true, k);
+    return;
+  }
+  if (step + 1 <= spec.var_freeze) {  // before the freeze: g / D compressed, v unchanged
+    adamw_.to_update_units(g, k);
+    e_.sync->reduce_update(g.data());
+    adamw_.from_update_units(g, k);
+    adamw_.step_counted(p, g, lr, false, k);
+    return;
+  }
+  // The residuals held g / D until now and hold parameter moves from here (DeepSpeed resets
+  // its error buffers at the freeze too); a pure function of the step, so a resume agrees.
+  if (step == spec.var_freeze) e_.sync->reset_compressor_state();
+  if (p_sync_.empty()) {  // the first local step since the start: p is the same on every rank
+    p_sync_ = p;
+    e_.memory.track(e_.memory.category("optimizer"), p_sync_.data(), int64_t(p_sync_.size() * sizeof(float)));
+  }
+  lr_sum_ += adamw_.step_counted(p, g, lr, false, k);
+  if (!spec.local_sync(step)) return;
+  std::vector<float>& d = g;  // scratch: the move since the last synchronisation
+  for (size_t i = 0; i < p.size(); i++) d[i] = p[i] - p_sync_[i];
+  e_.sync->reduce_update(d.data());
+  for (size_t i = 0; i < p.size(); i++) p[i] = p_sync_[i] + d[i];
+  p_sync_ = p;
+  adamw_.momentum_from_move(d.data(), lr_sum_, k);
+  lr_sum_ = 0;
 }
 
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {

@@ -63,6 +63,11 @@ class Updater {
   AdamW adamw_;
   LossScaler scaler_;
   std::vector<FlatRange> norm_ranges_;
+  // 0/1 Adam (Note [0/1 Adam]): the parameters at the last synchronisation and the
+  // bias-corrected learning rates summed since.
+  std::vector<float> p_sync_;
+  double lr_sum_ = 0;
+  void step_zero_one(double lr, int64_t step);
 };
 
 // The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32

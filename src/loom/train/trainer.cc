@@ -97,6 +97,11 @@ std::string compress_text(const ParallelConfig& p, const Config& cfg) {
                                      << ", error feedback)"; break;
     case CompressKind::kOneBitAdam: os << ", 1-bit Adam (variance frozen, momentum sent as signs with worker and "
                                           "server error feedback)"; break;
+    case CompressKind::kZeroOneAdam:
+      os << ", 0/1 Adam (variance updated at doubling intervals until step "
+         << (p.zero_one_var_freeze_steps >= 0 ? p.zero_one_var_freeze_steps : cfg.optim.warmup_steps)
+         << ", gradients and then parameter moves sent as signs; local steps up to " << p.zero_one_local_clip << ")";
+      break;
     default: os << ", gradients compressed by " << compress_name(p.compress);
   }
   if (const int64_t w = p.compress_warmup(cfg.train.steps, cfg.optim.warmup_steps); w > 0) os << " after " << w << " exact steps";

@@ -54,6 +54,7 @@ double compressed_loss_rel(CompressKind k) {
     case CompressKind::kTernGrad: return 0.1;
     case CompressKind::kTopK: return 0.3;
     case CompressKind::kOneBitAdam: return 0.4;
+    case CompressKind::kZeroOneAdam: return 0.4;
   }
   return 0;
 }

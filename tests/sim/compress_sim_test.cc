@@ -3,6 +3,8 @@
 // group's links are slow, and chosen by loom plan there with its accuracy caveat.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "loom/plan/search.h"
 #include "loom/sim/costs.h"
 #include "loom/sim/simulator.h"
@@ -75,6 +77,43 @@ TEST(Planner, ChoosesCompressionOnlyWhereDpCrossesSlowLinks) {
   req.cluster = two_nodes(0.125), req.global_batch = 64, req.compress.clear();
   for (const plan::PlanCandidate& c : plan::search_plans(req).ranked)
     EXPECT_EQ(c.plan.cfg.parallel.compress, CompressKind::kNone) << plan::layout_label(c.plan);
+}
+
+// ZeRO++ in loom plan: across the slow link the fastest ZeRO-3 candidate whose dp group spans
+// both nodes (dp 16) uses it; not asked for, or on one node, no candidate does; an
+// approximate one carries the caveat, hpZ alone (exact) none.
+TEST(Planner, TriesZeroPlusPlusWhereDpCrossesSlowLinks) {
+  plan::PlanRequest req;
+  req.like = gpt2_dp16(CompressKind::kNone);
+  req.global_batch = 64;
+  req.top = 1000;
+  req.refine = false;
+  req.zeropp = true;
+  req.cluster = two_nodes(0.125);
+  auto zeropp = [](const SimPlan& p) {
+    return p.cfg.parallel.zeropp_qwz || p.cfg.parallel.zeropp_qgz || p.cfg.parallel.zeropp_hpz;
+  };
+  const plan::PlanReport slow = plan::search_plans(req);
+  const auto z3 = std::find_if(slow.ranked.begin(), slow.ranked.end(),
+                               [](const plan::PlanCandidate& c) {
+                                 return c.plan.cfg.parallel.zero == 3 && c.plan.cfg.parallel.dp == 16;
+                               });
+  ASSERT_NE(z3, slow.ranked.end());
+  EXPECT_TRUE(zeropp(z3->plan)) << plan::layout_label(z3->plan);
+  bool caveat = false, exact_hpz = false;
+  for (const plan::PlanCandidate& c : slow.ranked) {
+    const ParallelConfig& q = c.plan.cfg.parallel;
+    if (q.zeropp_qwz || q.zeropp_qgz) caveat |= plan::compression_caveat(c.plan).find("ZeRO++ int8") != std::string::npos;
+    if (q.zeropp_hpz && !q.zeropp_qwz && !q.zeropp_qgz) exact_hpz |= plan::compression_caveat(c.plan).empty();
+  }
+  EXPECT_TRUE(caveat);
+  EXPECT_TRUE(exact_hpz);
+  req.zeropp = false;
+  for (const plan::PlanCandidate& c : plan::search_plans(req).ranked) EXPECT_FALSE(zeropp(c.plan)) << plan::layout_label(c.plan);
+  req.zeropp = true;
+  req.cluster = load_cluster("dgx-a100", {}, 8, "");
+  req.global_batch = 32;
+  for (const plan::PlanCandidate& c : plan::search_plans(req).ranked) EXPECT_FALSE(zeropp(c.plan)) << plan::layout_label(c.plan);
 }
 
 }  // namespace

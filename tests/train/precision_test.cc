@@ -235,7 +235,8 @@ TEST(Precision, Bf16ParameterGathersStayNearTheFp32Ones) {
 }
 
 // ZeRO++ qgZ (Note [qgZ]): each reduced gradient within the other ranks' half quantisation
-// steps, ~0.4% of a block's largest value, within the same bounds.
+// steps, ~0.4% of a block's largest value, within the same bounds. Observed (6 steps): loss
+// 5.2e-6, 1.0e-5 (with qwZ) and 5.0e-6 (pp 2) relative, weights 5.1e-4 to 5.7e-4.
 TEST(Precision, QgzReduceScattersStayNearTheFp32Ones) {
   expect_near_exact({"parallel.dp=2", "parallel.zero=2", "train.grad_accum=2"}, "parallel.zeropp_qgz=true", false);
   expect_near_exact({"parallel.dp=2", "parallel.zero=3", "parallel.zeropp_qwz=true"}, "parallel.zeropp_qgz=true", false);
@@ -247,6 +248,7 @@ TEST(Precision, QgzReduceScattersStayNearTheFp32Ones) {
 
 // ZeRO++ qwZ (Note [bf16 parameter gathers]): int8 blocks put each weight within
 // max|block| / 254 of itself, ~0.4% of a block's largest weight, within the same bounds.
+// Observed (6 steps): loss 4.6e-4 relative (dp 2, and dp 2 x tp 2), weights 3.1e-4, 3.3e-4.
 TEST(Precision, QwzParameterGathersStayNearTheFp32Ones) {
   expect_near_exact({"parallel.dp=2", "parallel.zero=3", "train.grad_accum=2"}, "parallel.zeropp_qwz=true");
   expect_near_exact({"parallel.dp=2", "parallel.tp=2", "parallel.zero=3"}, "parallel.zeropp_qwz=true");

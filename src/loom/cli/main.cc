@@ -177,8 +177,9 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   pc->add_option("--emit", a.plan.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
   pc->add_option("--out", a.plan.out, "Write --emit output to this file");
   pc->add_option("--compress", a.plan.compress,
-                 "Gradient compressors to try: auto (loom's engine: topk, terngrad, powersgd where dp crosses nodes), "
-                 "none, or a list tried on every dp group, e.g. powersgd,topk")
+                 "Gradient compressors to try: auto (loom's engine: topk, terngrad, powersgd, onebit_adam, "
+                 "zero_one_adam and ZeRO++ where dp crosses nodes), none, or a list tried on every dp group, e.g. "
+                 "powersgd,topk,zeropp")
       ->capture_default_str();
   cmds.push_back({pc, [&a] { return loom::cli::run_plan(a.plan); }});
 

@@ -17,22 +17,27 @@ nlohmann::json result_json(const sim::SimResult& r);
 
 namespace {
 
-// --compress: auto (loom's engine: every stateful compressor where dp crosses nodes), none,
-// or a list tried on every dp group.
+// --compress: auto (loom's engine: every stateful compressor and ZeRO++ where dp crosses
+// nodes), none, or a list tried on every dp group ("zeropp" names the ZeRO++ modes).
 void set_compressors(const std::string& flag, plan::PlanRequest& req) {
   if (flag == "auto") {
     if (req.like.framework == sim::Framework::kLoom)
       req.compress = {CompressKind::kTopK, CompressKind::kTernGrad, CompressKind::kPowerSgd,
                      CompressKind::kOneBitAdam, CompressKind::kZeroOneAdam};
+    req.zeropp = req.like.framework == sim::Framework::kLoom;
     return;
   }
   if (flag == "none") return;
   std::stringstream items(flag);
   for (std::string item; std::getline(items, item, ',');) {
+    if (item == "zeropp") {
+      req.zeropp = true;
+      continue;
+    }
     try {
       req.compress.push_back(parse_compress(item));
     } catch (const ConfigError& e) {
-      throw ConfigError("--compress '" + flag + "': " + e.what() + " (or auto / none)");
+      throw ConfigError("--compress '" + flag + "': " + e.what() + " (or zeropp, auto, none)");
     }
   }
   req.compress_everywhere = true;

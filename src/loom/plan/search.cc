@@ -51,16 +51,33 @@ struct Acc {
 
 bool fits(const sim::SimResult& r, const sim::ClusterSpec& c) { return r.peak_memory_bytes <= c.device.memory_bytes; }
 
-// Exact sync, plus the requested compressors where they apply: all-reduced gradients (zero
-// 0/1) over a dp group that crosses nodes (or anywhere, if asked).
-std::vector<CompressKind> compressors(const PlanRequest& req, const sim::SimPlan& plan, int64_t zero) {
-  std::vector<CompressKind> out = {CompressKind::kNone};
+// How a candidate's dp group communicates besides exactly: a compressor (zero 0/1) or ZeRO++
+// (zero 2/3).
+struct SyncChoice {
+  CompressKind compress = CompressKind::kNone;
+  bool qwz = false, qgz = false, hpz = false;
+};
+
+// Exact sync, plus the requested compressors or ZeRO++ modes where they apply, over a dp
+// group that crosses nodes (or anywhere, if asked): compressors on all-reduced gradients
+// (zero 0/1; the Adam modes zero 0), ZeRO++ on reduce-scattered ones.
+std::vector<SyncChoice> sync_choices(const PlanRequest& req, const sim::SimPlan& plan, int64_t zero) {
+  std::vector<SyncChoice> out = {SyncChoice{}};
   const ParallelConfig& q = plan.cfg.parallel;
   const int64_t group = q.dp * plan.cp;
-  if (zero >= 2 || group < 2) return out;
+  if (group < 2) return out;
   if (!req.compress_everywhere && sim::place_group(req.cluster, group, q.tp).nodes < 2) return out;
-  for (CompressKind k : req.compress)
-    if (k != CompressKind::kNone && (zero == 0 || !compress_in_optimizer(k))) out.push_back(k);  // 1-bit Adam: zero 0
+  if (zero <= 1) {
+    for (CompressKind k : req.compress)
+      if (k != CompressKind::kNone && (zero == 0 || !compress_in_optimizer(k))) out.push_back({k});
+  } else if (req.zeropp) {
+    out.push_back({CompressKind::kNone, false, true, false});
+    if (zero == 3)
+      for (const SyncChoice c : {SyncChoice{CompressKind::kNone, false, false, true},
+                                 SyncChoice{CompressKind::kNone, true, true, false},
+                                 SyncChoice{CompressKind::kNone, true, true, true}})
+        out.push_back(c);
+  }
   return out;
 }
 
@@ -148,14 +165,22 @@ std::string layout_label(const sim::SimPlan& p) {
   if (!q.pp_layers.empty()) os << " layers " << pp_layers_text(q.pp_layers);
   if (!q.zero_keep.empty()) os << " keep " << zero_keep_text(q.zero_keep);
   if (q.compress != CompressKind::kNone) os << " compress " << compress_name(q.compress);
+  if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz)
+    os << " zero++" << (q.zeropp_qwz ? " qwz" : "") << (q.zeropp_qgz ? " qgz" : "") << (q.zeropp_hpz ? " hpz" : "");
   return os.str();
 }
 
 std::string compression_caveat(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   std::ostringstream os;
+  if (q.compress == CompressKind::kNone && (q.zeropp_qwz || q.zeropp_qgz)) {
+    os << "ZeRO++ int8 blocks:" << (q.zeropp_qwz ? " parameter gathers (qwZ)" : "")
+       << (q.zeropp_qgz ? " gradient reduce-scatters (qgZ)" : "");
+    return "approximate " + os.str() + ": the time is priced, the accuracy cost is not modelled; measure it with "
+           "loom verify (docs/benchmarks.md)";
+  }
   switch (q.compress) {
-    case CompressKind::kNone: return "";
+    case CompressKind::kNone: return "";  // hpZ alone is exact
     case CompressKind::kTopK: os << "top-k, ratio " << q.compress_ratio << " (DGC)"; break;
     case CompressKind::kPowerSgd: os << "PowerSGD, rank " << q.compress_rank; break;
     case CompressKind::kTernGrad: os << "TernGrad, 2 bits a value"; break;
@@ -203,12 +228,13 @@ PlanReport search_plans(const PlanRequest& req) {
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
               for (int64_t zero : {0, 1, 2, 3})
-                for (CompressKind compress : compressors(req, plan, zero))
+                for (const SyncChoice& sync : sync_choices(req, plan, zero))
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:
                   if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
                   q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc};
-                  q.vocab_parallel = vocab_parallel, q.compress = compress;
+                  q.vocab_parallel = vocab_parallel, q.compress = sync.compress;
+                  q.zeropp_qwz = sync.qwz, q.zeropp_qgz = sync.qgz, q.zeropp_hpz = sync.hpz;
                   const std::vector<std::string> errs = validation_errors(plan.cfg);
                   if (!errs.empty()) {
                     acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
@@ -287,6 +313,7 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
     os << "\n# parallel.zero_keep " << zero_keep_text(q.zero_keep) << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
   if (q.compress != CompressKind::kNone)
     os << "\n# parallel.compress = " << compress_name(q.compress) << " (compressed gradients) has no Megatron-LM flag";
+  if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz) os << "\n# ZeRO++ (parallel.zeropp_*) has no Megatron-LM flag";
   if (full > 0 && full < m.layers)
     os << "\n# per-layer recompute " << recompute_text(q.recompute) << " maps to block recompute of the first layers of each stage";
   return os.str() + "\n";

@@ -25,6 +25,9 @@ struct PlanRequest {
   // crosses nodes (the slow links), or everywhere with compress_everywhere.
   std::vector<CompressKind> compress;
   bool compress_everywhere = false;
+  // ZeRO++ tried on the same dp groups: qgZ for ZeRO-2; qwZ + qgZ, hpZ, and all three for
+  // ZeRO-3 (Note [bf16 parameter gathers], [qgZ], [hpZ] in parallel/).
+  bool zeropp = false;
 };
 
 struct PlanCandidate {

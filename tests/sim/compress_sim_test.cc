@@ -26,6 +26,17 @@ SimPlan gpt2_dp16(CompressKind k) {
   return p;
 }
 
+// loom plan for GPT-2 small at global batch 64 on the slow two-node cluster, keeping `top`.
+plan::PlanRequest gpt2_request(int64_t top) {
+  plan::PlanRequest req;
+  req.like = gpt2_dp16(CompressKind::kNone);
+  req.global_batch = 64;
+  req.top = top;
+  req.refine = false;
+  req.cluster = two_nodes(0.125);
+  return req;
+}
+
 // Bytes from the formula: PowerSGD rank 4 and top-k 1% send >= 20x less than the exact ring
 // (the traffic target, on GPT-2 small's 768-wide matrices).
 TEST(CompressedSync, PowerSgdAndTopKMoveTwentyTimesFewerBytes) {
@@ -59,13 +70,8 @@ TEST(Simulator, CompressionPaysOnSlowLinksOnly) {
 // loom plan on the slow two-node cluster picks a compressor and says what that costs; on
 // one node, or with compression not asked for, it never does.
 TEST(Planner, ChoosesCompressionOnlyWhereDpCrossesSlowLinks) {
-  plan::PlanRequest req;
-  req.like = gpt2_dp16(CompressKind::kNone);
-  req.global_batch = 64;
-  req.top = 3;
-  req.refine = false;
+  plan::PlanRequest req = gpt2_request(3);
   req.compress = {CompressKind::kTopK, CompressKind::kPowerSgd};
-  req.cluster = two_nodes(0.125);
   const plan::PlanReport slow = plan::search_plans(req);
   ASSERT_FALSE(slow.ranked.empty());
   EXPECT_NE(slow.ranked.front().plan.cfg.parallel.compress, CompressKind::kNone) << plan::layout_label(slow.ranked.front().plan);
@@ -83,13 +89,8 @@ TEST(Planner, ChoosesCompressionOnlyWhereDpCrossesSlowLinks) {
 // both nodes (dp 16) uses it; not asked for, or on one node, no candidate does; an
 // approximate one carries the caveat, hpZ alone (exact) none.
 TEST(Planner, TriesZeroPlusPlusWhereDpCrossesSlowLinks) {
-  plan::PlanRequest req;
-  req.like = gpt2_dp16(CompressKind::kNone);
-  req.global_batch = 64;
-  req.top = 1000;
-  req.refine = false;
+  plan::PlanRequest req = gpt2_request(1000);
   req.zeropp = true;
-  req.cluster = two_nodes(0.125);
   auto zeropp = [](const SimPlan& p) {
     return p.cfg.parallel.zeropp_qwz || p.cfg.parallel.zeropp_qgz || p.cfg.parallel.zeropp_hpz;
   };

@@ -91,6 +91,11 @@ FrozenScale frozen_scale(const OptimConfig& c, int64_t frozen_at) {
 
 }  // namespace
 
+float AdamW::next_step_size(double lr) {
+  t_++;
+  return float(lr) / float(1.0 - std::pow(double(float(cfg_.beta1)), double(t_)));
+}
+
 void AdamW::momentum_to_update(std::vector<float>& grads, int64_t frozen_at) {
   const FrozenScale d = frozen_scale(cfg_, frozen_at);
   const float b1 = float(cfg_.beta1);
@@ -109,8 +114,7 @@ void AdamW::momentum_to_update(std::vector<float>& grads, int64_t frozen_at) {
 double AdamW::step_counted(std::vector<float>& params, const std::vector<float>& grads, double lr, bool update_v,
                            int64_t v_updates) {
   const FrozenScale d = frozen_scale(cfg_, v_updates);
-  t_++;
-  const float step_size = float(lr) / float(1.0 - std::pow(double(float(cfg_.beta1)), double(t_)));
+  const float step_size = next_step_size(lr);
   const float b1 = float(cfg_.beta1), b2 = update_v ? float(cfg_.beta2) : 1.0f;
   for (const Run& r : runs_) {
     float* p = params.data() + r.offset;
@@ -128,23 +132,13 @@ double AdamW::step_counted(std::vector<float>& params, const std::vector<float>&
   return step_size;
 }
 
-void AdamW::to_update_units(std::vector<float>& g, int64_t v_updates) const {
+void AdamW::update_units(std::vector<float>& g, int64_t v_updates, bool to) const {
   const FrozenScale D = frozen_scale(cfg_, v_updates);
   for (const Run& r : runs_) {
     float* x = g.data() + r.offset;
     const float* v = v_.data() + r.state_offset;
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < r.count; i++) x[i] = v[i] > 0.0f ? x[i] / D(v[i]) : 0.0f;
-  }
-}
-
-void AdamW::from_update_units(std::vector<float>& g, int64_t v_updates) const {
-  const FrozenScale D = frozen_scale(cfg_, v_updates);
-  for (const Run& r : runs_) {
-    float* x = g.data() + r.offset;
-    const float* v = v_.data() + r.state_offset;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < r.count; i++) x[i] *= D(v[i]);
+    for (int64_t i = 0; i < r.count; i++) x[i] = to ? (v[i] > 0.0f ? x[i] / D(v[i]) : 0.0f) : x[i] * D(v[i]);
   }
 }
 
@@ -162,8 +156,7 @@ void AdamW::momentum_from_move(const float* d, double lr_sum, int64_t v_updates)
 
 void AdamW::step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at) {
   const FrozenScale d = frozen_scale(cfg_, frozen_at);
-  t_++;
-  const float step_size = float(lr) / float(1.0 - std::pow(double(float(cfg_.beta1)), double(t_)));
+  const float step_size = next_step_size(lr);
   for (const Run& r : runs_) {
     float* p = params.data() + r.offset;
     const float* x = u.data() + r.offset;

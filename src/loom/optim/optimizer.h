@@ -55,10 +55,9 @@ class AdamW {
   // v_updates (the variance updates so far, this one included). Returns lr / (1 - b1^t).
   double step_counted(std::vector<float>& params, const std::vector<float>& grads, double lr, bool update_v,
                     int64_t v_updates);
-  // g <- g / D (0 where v is 0) and back, g <- g D: a gradient in update units for 0/1
+  // to: g <- g / D (0 where v is 0), else back, g <- g D: a gradient in update units for 0/1
   // Adam's compressed all-reduce, D = sqrt(v / (1 - b2^v_updates)) + eps.
-  void to_update_units(std::vector<float>& g, int64_t v_updates) const;
-  void from_update_units(std::vector<float>& g, int64_t v_updates) const;
+  void update_units(std::vector<float>& g, int64_t v_updates, bool to) const;
   // After a synchronisation: m = -d D / lr_sum, d the mean parameter move over the steps
   // since the last one (laid out as the parameters), lr_sum those steps' step_counted
   // results (so the bias corrections are not folded into m), D = sqrt(v / (1 - b2^v_updates))
@@ -84,6 +83,8 @@ class AdamW {
   OptimConfig cfg_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
+  // t += 1; lr / (1 - b1^t) with b1 as the float the fast kernel receives.
+  float next_step_size(double lr);
 };
 
 }  // namespace loom

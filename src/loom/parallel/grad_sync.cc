@@ -111,10 +111,8 @@ void GradSync::set_qgz(bool on) {
 
 void GradSync::set_step(int64_t step) {
   step_ = step;
-  const StepSync sync = compressors_.empty() ? StepSync::kExact : spec_.sync_at(step);
-  compressing_ = sync != StepSync::kExact;
-  local_ = sync == StepSync::kLocal;
-  if (compressing_ && accordion_) accordion_->apply(compressors_);  // the settings a resume restored too
+  sync_ = compressors_.empty() ? StepSync::kExact : spec_.sync_at(step);
+  if (compressing() && accordion_) accordion_->apply(compressors_);  // the settings a resume restored too
 }
 
 double GradSync::exact_wire_bytes() const {
@@ -125,7 +123,7 @@ double GradSync::exact_wire_bytes() const {
 
 double GradSync::wire_bytes() const {
   double bytes = 0;
-  if (compressing_) {
+  if (compressing()) {
     for (const auto& c : compressors_) bytes += c->wire_bytes();
     return bytes;
   }
@@ -147,7 +145,7 @@ void GradSync::begin(float* grads) {
 }
 
 void GradSync::on_tied_head_done() {
-  if (!grads_ || !plan_.tied_first || next_ > 0 || compressing_) return;
+  if (!grads_ || !plan_.tied_first || next_ > 0 || compressing()) return;
   const Bucket& b = plan_.buckets[0];
   pending_.push_back(dp_.all_reduce(std::span<float>(grads_ + b.offset, size_t(b.count)), comm::ReduceOp::kAvg,
                                     {.async = true, .compression = compression_}));
@@ -156,7 +154,7 @@ void GradSync::on_tied_head_done() {
 }
 
 bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64_t n, int64_t C) {
-  if (!grads_ || !plan_.tied_first || compressing_) return false;  // compressed: wte is a bucket like any
+  if (!grads_ || !plan_.tied_first || compressing()) return false;  // compressed: wte is a bucket like any
   LOOM_ASSERT(next_ > 0);
   const int dp = plan_.dp;
   // Ranks may hold different row counts (data.bucketing's micro-batch lengths): gather the
@@ -190,7 +188,7 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
 }
 
 void GradSync::on_ready(int first_final) {
-  if (!grads_ || compressing_) return;  // compressors run after backward, in finish()
+  if (!grads_ || compressing()) return;  // compressors run after backward, in finish()
   if (plan_.tied_first && next_ == 0) return;  // bucket 0 (wte) goes first, at head_done
   if (mode_ == Mode::kShardEveryMicro) release_done(false);
   const comm::CallOptions async{.async = true, .compression = compression_};
@@ -220,9 +218,9 @@ void GradSync::finish(bool last_micro) {
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
   // kShardEveryMicro reduces every micro-batch; local steps send in reduce_update, if at all
-  if ((last_micro || every_micro()) && !local_) wire_sent_ += wire_bytes();
+  if ((last_micro || every_micro()) && !local_gradients()) wire_sent_ += wire_bytes();
   if (last_micro) steps_++;
-  if (compressing_ && !local_gradients())
+  if (sync_ == StepSync::kCompressed)
     for (size_t b = 0; b < plan_.buckets.size(); b++) {
       const Bucket& bk = plan_.buckets[b];
       const std::span<float> g(grads_ + bk.offset, size_t(bk.count));

@@ -81,11 +81,11 @@ class GradSync {
   // The optimizer step about to be computed: before spec.warmup_steps the exact all-reduce
   // runs (overlapped with backward), from then on the compressors, after backward.
   void set_step(int64_t step);
-  bool compressing() const { return compressing_; }
+  bool compressing() const { return sync_ != StepSync::kExact; }
   // 1-bit Adam past its warm-up (Note [1-bit Adam]): finish() leaves each rank's own
   // gradients, and the optimizer calls reduce_update on its preconditioned momentum (in
   // the gradient buffer) instead. Collective over dp.
-  bool local_gradients() const { return local_; }
+  bool local_gradients() const { return sync_ == StepSync::kLocal; }
   const CompressSpec& spec() const { return spec_; }
   void reduce_update(float* u);
   // Zeroes every compressor's state (0/1 Adam's residuals change units between its phases).
@@ -151,7 +151,7 @@ class GradSync {
   std::vector<ParamSpec> specs_;
   int64_t step_ = 0, steps_ = 0;
   double wire_sent_ = 0;
-  bool compressing_ = false, local_ = false;
+  StepSync sync_ = StepSync::kExact;  // this step's (set_step)
   MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;
   size_t next_ = 0;

@@ -164,9 +164,9 @@ void Updater::step_zero_one(double lr, int64_t step) {
     return;
   }
   if (step + 1 <= spec.var_freeze) {  // before the freeze: g / D compressed, v unchanged
-    adamw_.to_update_units(g, k);
+    adamw_.update_units(g, k, true);
     e_.sync->reduce_update(g.data());
-    adamw_.from_update_units(g, k);
+    adamw_.update_units(g, k, false);
     adamw_.step_counted(p, g, lr, false, k);
     return;
   }

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "loom/comm/world.h"
+#include "loom/train/verify.h"
 #include "support/train_threads.h"
 
 namespace loom {
@@ -41,6 +42,24 @@ TEST(ZeroPP, HpzComputesExactlyWhatZero3Computes) {
       EXPECT_EQ(got[0].param_gathers + got[0].param_gathers_on_host, ref[0].param_gathers) << what;
     }
   }
+}
+
+// loom verify holds qwZ / qgZ to their loss bound (Note [Verify tolerances]) and hpZ alone
+// to the exact one.
+TEST(ZeroPP, VerifyHoldsInt8ModesToTheirBoundAndHpzToExact) {
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.dp=2", "parallel.zero=3", "parallel.zeropp_qwz=true"},
+      {"parallel.dp=2", "parallel.zero=2", "parallel.zeropp_qgz=true"},
+      {"parallel.dp=2", "parallel.zero=3", "parallel.zeropp_hpz=true"}};
+  Config base = zero3({});
+  base.parallel = ParallelConfig{};
+  base.train.grad_accum = 1;
+  const std::vector<VerifyRow> rows = verify_layouts(base, layouts);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const VerifyRow& r : rows) EXPECT_TRUE(r.ok) << r.layout << ": " << r.error << " loss rel " << r.max_loss_rel;
+  EXPECT_EQ(rows[0].tolerance.loss_rel, kZeroPlusPlusLossRel);
+  EXPECT_GT(rows[0].max_loss_rel, 0.0);
+  EXPECT_EQ(rows[2].tolerance.loss_rel, VerifyTolerance{}.loss_rel);
 }
 
 TEST(ZeroPP, HpzRefusesUnevenHosts) {

@@ -61,6 +61,7 @@ double compressed_loss_rel(CompressKind k) {
 
 VerifyTolerance tolerance_for(const Config& c) {
   if (c.parallel.reduce == GradReduce::kAdasum) return {kAdasumLossRel, INFINITY};
+  if (c.parallel.zeropp_qwz || c.parallel.zeropp_qgz) return {kZeroPlusPlusLossRel, kZeroPlusPlusWeightAbs};
   const CompressKind k = c.comm.grad_dtype == "bf16" ? CompressKind::kBf16 : c.parallel.compress;
   if (k == CompressKind::kNone) return {};
   // bf16's ring rounds each hop to 8 bits: Precision.Bf16GradientAllReduceStaysNearTheFp32One

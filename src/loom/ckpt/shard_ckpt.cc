@@ -100,21 +100,21 @@ RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Ten
   RankFile rf;
   rf.file = rank_file_name(rank);
   rf.pieces = pieces_of(table, *s.layout, s.param_ranges, s.moment_ranges);
-  const std::vector<float>* sections[kSections] = {s.params, s.m, s.v};
+  const std::span<const float> sections[kSections] = {*s.params, s.m, s.v};
   int64_t start[kSections] = {kHeaderBytes, 0, 0};
   for (int i = 0; i < kSections; ++i) {
-    rf.floats[i] = int64_t(sections[i]->size());
+    rf.floats[i] = int64_t(sections[i].size());
     if (i > 0) start[i] = start[i - 1] + 4 * rf.floats[i - 1];
   }
   for (Piece& p : rf.pieces)
-    p.crc = crc_of(sections[p.section]->data() + (p.byte_offset - start[p.section]) / 4, size_t(p.count));
+    p.crc = crc_of(sections[p.section].data() + (p.byte_offset - start[p.section]) / 4, size_t(p.count));
   const std::string path = (fs::path(dir) / rf.file).string();
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(kMagic, sizeof kMagic);
   f.write(reinterpret_cast<const char*>(rf.floats), sizeof rf.floats);
-  for (const auto* sec : sections) {
-    f.write(reinterpret_cast<const char*>(sec->data()), std::streamsize(sec->size() * sizeof(float)));
-    if (sec == s.params && mid_write) {
+  for (int i = 0; i < kSections; ++i) {
+    f.write(reinterpret_cast<const char*>(sections[i].data()), std::streamsize(sections[i].size() * sizeof(float)));
+    if (i == 0 && mid_write) {
       f.flush();
       mid_write();
     }

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,9 @@ class Group;
 struct ShardState {
   const ParamLayout* layout = nullptr;   // this rank's layout (a tp slice, a pipeline part)
   std::vector<float>* params = nullptr;  // flat parameters over `layout`
-  std::vector<float>* m = nullptr;       // AdamW moments covering moment_ranges, packed
-  std::vector<float>* v = nullptr;
+  // AdamW moments covering moment_ranges, packed (AdamW::moment: in memory, or a mapping of
+  // the optimizer-offload file).
+  std::span<float> m, v;
   std::vector<FlatRange> param_ranges;   // the parts of params this rank holds (ZeRO-3: own pieces)
   std::vector<FlatRange> moment_ranges;  // AdamW::owned()
   int tp = 1, tp_rank = 0;

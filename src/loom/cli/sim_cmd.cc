@@ -130,6 +130,9 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
   }
   os << "peak " << std::setprecision(2) << r.peak_memory_bytes / gib << " GiB on rank " << r.peak_rank << " of "
      << device_bytes / gib << " GiB per device\n";
+  if (const double io = r.ranks.empty() ? 0 : r.ranks.front().offload_io_s; io > 0)
+    os << "optimizer offload: the AdamW moments stream from the offload tier in " << std::setprecision(3) << io
+       << " s per step (inside the optimizer phase, overlapping its update)\n";
   for (const std::string& w : r.warnings) os << "warning: " << w << "\n";
 }
 

@@ -9,13 +9,14 @@
 #include <string_view>
 #include <toml++/toml.h>
 
+#include "loom/core/config_text.h"
 #include "loom/core/error.h"
 
 namespace loom {
 
 namespace {
 
-constexpr const char* kSections = "model, data, train, optim, checkpoint, comm, parallel";
+constexpr const char* kSections = "model, data, train, optim, checkpoint, comm, parallel, memory, offload";
 
 // A config value as it arrives: from TOML (typed) or from --set (text).
 struct RawValue {
@@ -33,11 +34,15 @@ struct KeyDef {
   Getter get;
 };
 
-[[noreturn]] void throw_config_errors(const std::vector<std::string>& errs) {
+}  // namespace
+
+void throw_config_errors(const std::vector<std::string>& errs) {
   std::string msg = errs.size() == 1 ? "invalid config: " : "invalid config (" + std::to_string(errs.size()) + " problems):";
   for (const auto& e : errs) msg += (errs.size() == 1 ? "" : "\n  - ") + e;
   throw ConfigError(msg);
 }
+
+namespace {
 
 [[noreturn]] void bad_value(const std::string& key, const std::string& text, const char* expected) {
   throw ConfigError("config key '" + key + "' = '" + text + "': expected " + expected);
@@ -99,6 +104,8 @@ std::string quote(const std::string& s) {
   return os.str();
 }
 
+}  // namespace
+
 std::string fmt_double(double x) {
   std::ostringstream os;
   os.precision(17);
@@ -107,6 +114,8 @@ std::string fmt_double(double x) {
   if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
   return s;
 }
+
+namespace {
 
 #define LOOM_INT_KEY(sec, field, helptext)                                                      \
   KeyDef{#sec "." #field, helptext,                                                             \
@@ -246,6 +255,14 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)"),
     };
     for (KeyDef& d : parallel_keys()) k.push_back(std::move(d));
+    for (KeyDef& d : std::vector<KeyDef>{
+             LOOM_FLOAT_KEY(memory, limit_gib, "per-rank budget for loom's resident state (GiB); 0 = the machine's memory"),
+             LOOM_STRING_KEY(offload, optimizer, "none | disk: AdamW moments in a scratch file under offload.dir, streamed"),
+             LOOM_STRING_KEY(offload, dir, "existing writable directory for the offload scratch files"),
+             LOOM_FLOAT_KEY(offload, sub_group_mb, "MiB of each moment per streamed sub-group"),
+             LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),
+         })
+      k.push_back(std::move(d));
     return k;
   }();
   return keys;
@@ -377,162 +394,6 @@ toml::table parse_toml_text(const std::string& text, const std::string& origin) 
 }
 
 }  // namespace
-
-namespace {
-
-bool power_of_two(double x) {
-  int e = 0;
-  return x > 0 && std::isfinite(x) && std::frexp(x, &e) == 0.5;
-}
-
-// Note [Dynamic loss scaling] (optim/loss_scale.h).
-void append_loss_scale_errors(const TrainConfig& t, std::vector<std::string>& errs) {
-  const std::string& ls = t.loss_scale;
-  const std::string why = ": loss scales are powers of two, so scaling and unscaling change no bits";
-  if (ls != "auto" && ls != "dynamic" && ls != "none") {
-    char* end = nullptr;
-    const double v = std::strtod(ls.c_str(), &end);
-    if (ls.empty() || end != ls.c_str() + ls.size())
-      errs.push_back("train.loss_scale = '" + ls + "': expected auto, dynamic, none or a number (a static scale)");
-    else if (!power_of_two(v))
-      errs.push_back("train.loss_scale = " + ls + ": expected a power of two (e.g. 1024)" + why);
-  }
-  if (!power_of_two(t.loss_scale_min))
-    errs.push_back("train.loss_scale_min = " + fmt_double(t.loss_scale_min) + ": expected a power of two" + why);
-  if (!power_of_two(t.loss_scale_init))
-    errs.push_back("train.loss_scale_init = " + fmt_double(t.loss_scale_init) + ": expected a power of two" + why);
-  else if (t.loss_scale_init < t.loss_scale_min)
-    errs.push_back("train.loss_scale_init = " + fmt_double(t.loss_scale_init) + " is below train.loss_scale_min = " +
-                   fmt_double(t.loss_scale_min));
-  if (t.loss_scale_window < 1)
-    errs.push_back("train.loss_scale_window = " + std::to_string(t.loss_scale_window) + ": expected >= 1");
-}
-
-}  // namespace
-
-namespace {
-
-void require_positive(std::vector<std::string>& errs, const char* name, int64_t v) {
-  if (v <= 0) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected a positive integer");
-}
-
-// false: the model is so far out of range that the later checks (which build per-layer
-// lists and divide by these) must not run; its errors are reported alone.
-bool check_model(const ModelConfig& m, std::vector<std::string>& errs) {
-  const size_t before = errs.size();
-  auto positive = [&](const char* name, int64_t v) { require_positive(errs, name, v); };
-  positive("model.layers", m.layers);
-  positive("model.d_model", m.d_model);
-  positive("model.heads", m.heads);
-  positive("model.kv_heads", m.kv_heads);
-  positive("model.ffn", m.ffn);
-  positive("model.vocab", m.vocab);
-  positive("model.ctx", m.ctx);
-  // Far beyond any real model, and low enough that shapes and their products never overflow.
-  constexpr int64_t kMaxDim = int64_t(1) << 24;
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"model.layers", m.layers}, {"model.d_model", m.d_model},
-                         {"model.heads", m.heads}, {"model.kv_heads", m.kv_heads}, {"model.ffn", m.ffn},
-                         {"model.vocab", m.vocab}, {"model.ctx", m.ctx}})
-    if (v > kMaxDim) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxDim));
-  // Later checks build per-layer lists and divide by these: a model this far out of range
-  // is reported alone.
-  if (errs.size() > before) return false;
-  if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0)
-    errs.push_back("model.heads = " + std::to_string(m.heads) + " does not divide model.d_model = " +
-                   std::to_string(m.d_model) + ": choose heads so that d_model / heads is an integer");
-  if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads == 0 && m.head_dim() % 2 != 0 && m.arch == Arch::kLlama)
-    errs.push_back("head dim d_model/heads = " + std::to_string(m.head_dim()) + ": RoPE needs an even head dim");
-  if (m.kv_heads > 0 && m.heads > 0 && m.heads % m.kv_heads != 0)
-    errs.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " does not divide model.heads = " +
-                   std::to_string(m.heads));
-  if (m.arch == Arch::kGpt && m.kv_heads != m.heads && m.kv_heads > 0)
-    errs.push_back("model.kv_heads = " + std::to_string(m.kv_heads) + " with arch gpt: GPT-2 has no grouped-query "
-                   "attention, set kv_heads = heads = " + std::to_string(m.heads));
-  if (m.vocab > 0 && m.vocab < 256)
-    errs.push_back("model.vocab = " + std::to_string(m.vocab) + ": the byte tokenizer needs vocab >= 256");
-  if (!(m.norm_eps > 0)) errs.push_back("model.norm_eps = " + fmt_double(m.norm_eps) + ": expected > 0");
-  if (!(m.rope_theta > 0)) errs.push_back("model.rope_theta = " + fmt_double(m.rope_theta) + ": expected > 0");
-  if (!(m.init_std > 0)) errs.push_back("model.init_std = " + fmt_double(m.init_std) + ": expected > 0");
-
-  return true;
-}
-
-void check_io(const Config& c, std::vector<std::string>& errs) {
-  if (c.checkpoint.save_every < 0)
-    errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) + ": expected >= 0 (0: final only)");
-  if (c.checkpoint.keep_last < 0)
-    errs.push_back("checkpoint.keep_last = " + std::to_string(c.checkpoint.keep_last) + ": expected >= 0 (0: keep all)");
-  if (c.checkpoint.save_every > 0 && c.checkpoint.dir.empty())
-    errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) +
-                   " needs checkpoint.dir (where to save)");
-  if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
-    errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds in (0, 1e9)");
-  if (!c.data.shards.empty() && !c.data.path.empty())
-    errs.push_back("data.path = '" + c.data.path + "' and data.shards = '" + c.data.shards +
-                   "' are both set: give one (shards carry their own validation split)");
-  if (c.data.doc_mask && c.data.shards.empty())
-    errs.push_back("data.doc_mask = true needs data.shards: the text corpus has no document boundaries "
-                   "(loom data prepare ends each document with the tokenizer's end token)");
-  if (!(c.data.val_fraction > 0 && c.data.val_fraction < 1))
-    errs.push_back("data.val_fraction = " + fmt_double(c.data.val_fraction) + ": expected a value in (0, 1)");
-}
-
-// false: a size beyond any real run; the layout checks, which multiply these, must not run.
-bool check_train(const TrainConfig& t, const ModelConfig& m, std::vector<std::string>& errs) {
-  auto positive = [&](const char* name, int64_t v) { require_positive(errs, name, v); };
-  // Far beyond a real run, and low enough that batch x seq x width products never overflow.
-  constexpr int64_t kMaxCount = int64_t(1) << 24;
-  const size_t before_bounds = errs.size();
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"train.batch", t.batch}, {"train.grad_accum", t.grad_accum},
-                         {"train.val_batches", t.val_batches}, {"train.seq", t.seq}, {"train.threads", t.threads}})
-    if (v > kMaxCount) errs.push_back(std::string(name) + " = " + std::to_string(v) + ": expected at most " + std::to_string(kMaxCount));
-  if (errs.size() > before_bounds) return false;  // the layout checks multiply these
-  positive("train.steps", t.steps);
-  positive("train.batch", t.batch);
-  positive("train.grad_accum", t.grad_accum);
-  positive("train.val_batches", t.val_batches);
-  positive("train.log_every", t.log_every);
-  if (t.seq < 0) errs.push_back("train.seq = " + std::to_string(t.seq) + ": expected >= 0 (0 means model.ctx)");
-  if (t.seq > m.ctx && m.ctx > 0)
-    errs.push_back("train.seq = " + std::to_string(t.seq) + " exceeds model.ctx = " + std::to_string(m.ctx));
-  if (t.val_every < 0) errs.push_back("train.val_every = " + std::to_string(t.val_every) + ": expected >= 0");
-  if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
-  if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
-  if (t.device != "cpu" && t.device != "cuda")
-    errs.push_back("train.device = '" + t.device + "': expected cpu or cuda");
-  if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16")
-    errs.push_back("train.precision = '" + t.precision + "': expected fp32, bf16 or fp16");
-  append_loss_scale_errors(t, errs);
-  return true;
-}
-
-void check_optim(const OptimConfig& o, std::vector<std::string>& errs) {
-  if (!(o.lr > 0)) errs.push_back("optim.lr = " + fmt_double(o.lr) + ": expected > 0");
-  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1))
-    errs.push_back("optim.min_lr_ratio = " + fmt_double(o.min_lr_ratio) + ": expected a value in [0, 1]");
-  if (o.warmup_steps < 0) errs.push_back("optim.warmup_steps = " + std::to_string(o.warmup_steps) + ": expected >= 0");
-  if (!(o.weight_decay >= 0)) errs.push_back("optim.weight_decay = " + fmt_double(o.weight_decay) + ": expected >= 0");
-  if (!(o.beta1 >= 0 && o.beta1 < 1)) errs.push_back("optim.beta1 = " + fmt_double(o.beta1) + ": expected [0, 1)");
-  if (!(o.beta2 >= 0 && o.beta2 < 1)) errs.push_back("optim.beta2 = " + fmt_double(o.beta2) + ": expected [0, 1)");
-  if (!(o.eps > 0)) errs.push_back("optim.eps = " + fmt_double(o.eps) + ": expected > 0");
-  if (!(o.grad_clip >= 0)) errs.push_back("optim.grad_clip = " + fmt_double(o.grad_clip) + ": expected >= 0");
-}
-
-}  // namespace
-
-std::vector<std::string> validation_errors(const Config& c) {
-  std::vector<std::string> errs;
-  if (!check_model(c.model, errs)) return errs;
-  check_io(c, errs);
-  if (!check_train(c.train, c.model, errs)) return errs;
-  check_optim(c.optim, errs);
-  append_parallel_errors(c, errs);
-  return errs;
-}
-
-void validate(const Config& c) {
-  if (auto errs = validation_errors(c); !errs.empty()) throw_config_errors(errs);
-}
 
 Config config_from_toml_string(const std::string& text, const std::vector<std::string>& overrides) {
   toml::table tbl = parse_toml_text(text, "<string>");

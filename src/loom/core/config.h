@@ -207,6 +207,25 @@ struct ParallelConfig {
   std::vector<bool> zero_keep_layers(int64_t layers) const;
 };
 
+// Note [Memory budget] (train/memory_budget.h).
+struct MemoryConfig {
+  double limit_gib = 0;  // per rank: loom's resident state at most this; 0: no budget (the machine's memory)
+};
+
+// Note [Optimizer offload] (optim/offload.h).
+struct OffloadConfig {
+  std::string optimizer = "none";  // none | disk: AdamW's moments in a scratch file under dir, streamed
+  std::string dir;                 // an existing writable directory (local disk) for the scratch files
+  double sub_group_mb = 16;        // MiB of each moment per streamed sub-group
+  int64_t slots = 3;               // sub-group buffers: one updated while the others read ahead and write behind
+  // Resident bytes of the buffers streaming `state_floats` floats of each moment (a
+  // sub-group is never larger than the state).
+  int64_t buffer_bytes(int64_t state_floats) const {
+    const int64_t group = std::max<int64_t>(1, int64_t(sub_group_mb * double(1 << 20)) / 4);
+    return slots * 2 * std::min(group, std::max<int64_t>(state_floats, 1)) * 4;
+  }
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -215,6 +234,8 @@ struct Config {
   CheckpointConfig checkpoint;
   CommConfig comm;
   ParallelConfig parallel;
+  MemoryConfig memory;
+  OffloadConfig offload;
 
   // Note [Global batch]: train.batch is the global batch (sequences per optimizer step) in
   // every layout: batch = micro_batch() x train.grad_accum x parallel.dp, checked by

@@ -73,7 +73,9 @@ void MemoryTracker::track(int category, const void* p, int64_t bytes) {
 void MemoryTracker::sample() {
   std::fill(now_.begin(), now_.end(), 0);
   for (const Range& r : ranges_) now_[size_t(r.category)] += resident_bytes(r.p, r.bytes);
-  for (size_t i = 0; i < now_.size(); i++) peak_[i] = std::max(peak_[i], now_[i]);
+  int64_t total = 0;
+  for (size_t i = 0; i < now_.size(); i++) peak_[i] = std::max(peak_[i], now_[i]), total += now_[i];
+  peak_total_ = std::max(peak_total_, total);
   if (listener_) listener_(*this);
 }
 

@@ -33,6 +33,8 @@ class MemoryTracker {
     int64_t peak_bytes = 0, now_bytes = 0;
   };
   std::vector<Row> rows() const;
+  // The largest sum over all categories at one sample (what the rank held at once).
+  int64_t peak_total() const { return peak_total_; }
   // Called after every sample (traces draw memory counters from it).
   void set_listener(std::function<void(const MemoryTracker&)> fn) { listener_ = std::move(fn); }
 
@@ -44,6 +46,7 @@ class MemoryTracker {
   };
   std::vector<std::string> names_;
   std::vector<int64_t> peak_, now_;
+  int64_t peak_total_ = 0;
   std::vector<Range> ranges_;
   std::function<void(const MemoryTracker&)> listener_;
 };

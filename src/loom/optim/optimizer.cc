@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "loom/core/error.h"
+#include "loom/optim/offload.h"
 
 namespace loom {
 
@@ -67,12 +68,49 @@ AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<Flat
   v_.assign(size_t(state), 0.0f);
 }
 
+AdamW::~AdamW() = default;
+AdamW::AdamW(AdamW&&) noexcept = default;
+
+int64_t AdamW::state_floats() const {
+  int64_t n = 0;
+  for (const FlatRange& o : owned_) n += o.count;
+  return n;
+}
+
+void AdamW::offload(std::unique_ptr<MomentFile> file) {
+  LOOM_CHECK(file && file->state() == state_floats(), "the offload file holds ", file ? file->state() : -1,
+             " floats of state, AdamW ", state_floats());
+  // Before any step or restore the moments are zeros, as the freshly allocated file reads.
+  LOOM_CHECK(t_ == 0, "optimizer offload starts before the first step; ", t_, " steps taken");
+  file_ = std::move(file);
+  std::vector<float>().swap(m_);
+  std::vector<float>().swap(v_);
+}
+
+std::span<float> AdamW::moment(int which) {
+  if (file_) return file_->map(which);
+  return which == 0 ? std::span<float>(m_) : std::span<float>(v_);
+}
+
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr) {
   t_++;
-  for (const Run& r : runs_)
-    k.adamw_update(params.data() + r.offset, grads.data() + r.offset, m_.data() + r.state_offset,
-                   v_.data() + r.state_offset, r.count, float(lr), float(cfg_.beta1), float(cfg_.beta2),
-                   float(cfg_.eps), r.weight_decay, t_);
+  auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v) {  // state [lo, hi) of run r
+    const int64_t at = r.offset + (lo - r.state_offset);
+    k.adamw_update(params.data() + at, grads.data() + at, m, v, hi - lo, float(lr), float(cfg_.beta1),
+                   float(cfg_.beta2), float(cfg_.eps), r.weight_decay, t_);
+  };
+  if (!file_) {
+    for (const Run& r : runs_) update(r, r.state_offset, r.state_offset + r.count, m_.data() + r.state_offset,
+                                      v_.data() + r.state_offset);
+    return;
+  }
+  // Note [Optimizer offload]: the runs cut by sub-group; elementwise, so the same bits.
+  file_->for_each([&](int64_t begin, int64_t count, float* m, float* v) {
+    for (const Run& r : runs_) {
+      const int64_t lo = std::max(begin, r.state_offset), hi = std::min(begin + count, r.state_offset + r.count);
+      if (hi > lo) update(r, lo, hi, m + (lo - begin), v + (lo - begin));
+    }
+  });
 }
 
 namespace {

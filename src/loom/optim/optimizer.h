@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "loom/core/config.h"
@@ -9,6 +11,8 @@
 #include "loom/model/layout.h"
 
 namespace loom {
+
+class MomentFile;
 
 // Linear warmup from lr/warmup to lr over warmup_steps, then cosine decay to lr*min_lr_ratio
 // at total_steps. `step` is 0-based (the step about to be taken).
@@ -39,6 +43,17 @@ class AdamW {
   // Updates the parts of the flat buffer listed in `owned` (ZeRO: this rank's shard
   // pieces; empty: the whole buffer) and keeps moments for those parts only.
   AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned = {});
+  ~AdamW();
+  AdamW(AdamW&&) noexcept;
+  // Note [Optimizer offload]: from now on the moments live in `file` (sized for
+  // state_floats()); the in-memory ones are dropped. step() streams them; the 1-bit and 0/1
+  // Adam methods need them in memory (refused by the config check).
+  void offload(std::unique_ptr<MomentFile> file);
+  MomentFile* offload_file() const { return file_.get(); }
+  int64_t state_floats() const;
+  // m (0) or v (1), packed in `owned` order, wherever it lives: in memory, or a mapping of
+  // the offload file (checkpoint save and load; valid until the next step).
+  std::span<float> moment(int which);
   // One update with learning rate `lr`; increments the step count (bias correction uses it).
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr);
   // 1-bit Adam (Note [1-bit Adam] in parallel/compress.h), in two halves around the
@@ -82,6 +97,7 @@ class AdamW {
   std::vector<Run> runs_;
   OptimConfig cfg_;
   std::vector<float> m_, v_;
+  std::unique_ptr<MomentFile> file_;
   int64_t t_ = 0;
   // t += 1; lr / (1 - b1^t) with b1 as the float the fast kernel receives.
   float next_step_size(double lr);

@@ -152,6 +152,23 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
 
 }  // namespace
 
+// Note [Optimizer offload]: `c` again with its moments on the cluster's offload tier;
+// true (and c replaced) when that fits device memory and the tier's capacity.
+bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
+  if (!req.offload || !(req.cluster.offload.read_bw > 0) || c.plan.cfg.offload.optimizer == "disk") return false;
+  sim::SimPlan o = c.plan;
+  o.cfg.offload.optimizer = "disk";
+  o.cfg.offload.dir = req.offload_dir;
+  PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
+  ++rep.evaluated;
+  double most = 0;  // parameters on the fullest pipeline rank; its moments are what the tier must hold
+  for (const sim::RankReport& r : next.result.ranks) most = std::max(most, r.params);
+  const double shards = o.cfg.parallel.zero >= 1 ? double(o.cfg.parallel.dp * o.cp) : 1.0;
+  if (!fits(next.result, req.cluster) || 8 * most / shards > req.cluster.offload.capacity_bytes) return false;
+  c = std::move(next);
+  return true;
+}
+
 std::string layout_label(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   std::ostringstream os;
@@ -167,6 +184,7 @@ std::string layout_label(const sim::SimPlan& p) {
   if (q.compress != CompressKind::kNone) os << " compress " << compress_name(q.compress);
   if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz)
     os << " zero++" << (q.zeropp_qwz ? " qwz" : "") << (q.zeropp_qgz ? " qgz" : "") << (q.zeropp_hpz ? " hpz" : "");
+  if (p.cfg.offload.optimizer == "disk") os << " optimizer-offload";
   return os.str();
 }
 
@@ -242,7 +260,7 @@ PlanReport search_plans(const PlanRequest& req) {
                   }
                   PlanCandidate c{plan, sim::simulate(plan, req.cluster), "uniform"};
                   ++rep.evaluated;
-                  if (!fits(c.result, req.cluster)) {
+                  if (!fits(c.result, req.cluster) && !offloaded(req, c, rep)) {
                     acc.prune("out of memory", layout_label(plan));
                     continue;
                   }

@@ -28,6 +28,11 @@ struct PlanRequest {
   // ZeRO++ tried on the same dp groups: qgZ for ZeRO-2; qwZ + qgZ, hpZ, and all three for
   // ZeRO-3 (Note [bf16 parameter gathers], [qgZ], [hpZ] in parallel/).
   bool zeropp = false;
+  // A layout that does not fit device memory is tried again with its AdamW moments offloaded
+  // (Note [Optimizer offload]) when the cluster has an offload tier; the plan's
+  // offload.dir is this (an existing directory on the tier).
+  bool offload = true;
+  std::string offload_dir = "/var/tmp";
 };
 
 struct PlanCandidate {

@@ -168,7 +168,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
     throw ConfigError(os.str());
   }
   for (const auto& s : sets) apply_set(tbl, s);
-  TableReader root(&tbl, "", origin, {"name", "nodes", "devices_per_node", "device", "intra", "inter", "busbw"});
+  TableReader root(&tbl, "", origin,
+                   {"name", "nodes", "devices_per_node", "device", "intra", "inter", "offload", "busbw"});
   ClusterSpec c;
   c.name = root.text("name", origin);
   c.nodes = root.integer("nodes", 1);
@@ -206,6 +207,13 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   }
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
+  if (root.sub("offload")) {  // all three keys, or no [offload] table
+    TableReader o(root.sub("offload"), "offload.", origin, {"read_gbps", "write_gbps", "capacity_gib"});
+    for (const char* k : {"read_gbps", "write_gbps", "capacity_gib"})
+      if (!(o.number(k, 0, false) > 0)) bad(origin, std::string("offload.") + k, "is missing (> 0)");
+    c.offload = {o.number("read_gbps", 0) * 1e9, o.number("write_gbps", 0) * 1e9,
+                 o.number("capacity_gib", 0) * double(int64_t(1) << 30)};
+  }
   if (const toml::node* b = tbl.get("busbw")) {
     const toml::array* arr = b->as_array();
     if (!arr || !arr->is_array_of_tables()) bad(origin, "busbw", "must be an array of tables ([[busbw]])");
@@ -318,6 +326,9 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "\nshared = " << (c.device.shared ? "true" : "false") << "\n";
   tier("intra", c.intra);
   tier("inter", c.inter);
+  if (c.offload.read_bw > 0)
+    os << "\n[offload]\nread_gbps = " << c.offload.read_bw / 1e9 << "\nwrite_gbps = " << c.offload.write_bw / 1e9
+       << "\ncapacity_gib = " << c.offload.capacity_bytes / double(int64_t(1) << 30) << "\n";
   for (const auto& b : c.busbw)
     os << "\n[[busbw]]\nop = \"" << b.op << "\"\nranks = " << b.ranks << "\ngbps = " << curve(b.gbps) << "\n";
   return os.str();

@@ -65,11 +65,20 @@ struct BusbwTable {
   Curve gbps;         // x: bytes per rank -> busbw in 1e9 bytes/s
 };
 
+// A slower tier for offloaded optimizer state (Note [Optimizer offload] in
+// optim/offload.h): a node's NVMe drives, or loom's local disk. Per device: its share of the
+// node's drives. read_bw == 0: the cluster has none.
+struct OffloadTier {
+  double read_bw = 0, write_bw = 0;  // bytes/s
+  double capacity_bytes = 0;
+};
+
 struct ClusterSpec {
   std::string name;
   int64_t nodes = 1, devices_per_node = 1;
   DeviceSpec device;
   LinkTier intra, inter;
+  OffloadTier offload;
   std::vector<BusbwTable> busbw;  // empty unless calibrated
   int64_t devices() const { return nodes * devices_per_node; }
 };

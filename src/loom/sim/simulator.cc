@@ -83,6 +83,9 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
+  LOOM_CONFIG_CHECK(cfg.offload.optimizer != "disk" || cluster.offload.read_bw > 0, "offload.optimizer = disk: cluster ",
+                    cluster.name, " has no offload tier; give it one (--set cluster.offload.read_gbps=R --set "
+                    "cluster.offload.write_gbps=W --set cluster.offload.capacity_gib=C) or drop the offload");
   s.pl.tp = place_group(cluster, s.tp, 1);
   s.pl.cp = place_group(cluster, s.cp, s.tp);
   s.pl.dp = place_group(cluster, s.dp * s.cp, s.tp);  // gradients are reduced over dp x cp
@@ -358,6 +361,14 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // fp16 -> fp32 gradient), plus the gradient-norm pass.
   const double update_bytes_per_param = dev.mixed_precision ? 36.0 : 32.0;
   rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
+  // Note [Optimizer offload]: the moments stream through the offload tier while the update
+  // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
+  const bool offload = s.plan.cfg.offload.optimizer == "disk";
+  const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
+  if (offload) {
+    rep.offload_io_s = 4 * moment_floats * (1 / s.cluster.offload.read_bw + 1 / s.cluster.offload.write_bw);
+    rep.optimizer_s = std::max(rep.optimizer_s, rep.offload_io_s);
+  }
   if (G > 1 && (par.zero == 1 || par.zero == 2))
     rep.param_gather_s = collective_time_s(s.cluster, OpKind::kAllGather, rep.params * s.wbytes, s.pl.dp);
   double t = rep.pipeline_end_s;
@@ -373,6 +384,8 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   rep.step_end_s = t;
 
   MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, dev);
+  if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
+    mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;
   mem.activations = st.peak_live;
   mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
   if (s.plan.framework == Framework::kLoom) {

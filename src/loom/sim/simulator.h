@@ -45,6 +45,7 @@ struct RankReport {
   double pipeline_end_s = 0;     // end of its last backward
   double busy_s = 0;             // compute inside the pipeline phase
   double dp_exposed_s = 0, optimizer_s = 0, tied_s = 0, param_gather_s = 0;
+  double offload_io_s = 0;       // Note [Optimizer offload]: moment traffic (inside optimizer_s)
   double step_end_s = 0;
   std::vector<int> chunk_in_flight;  // per chunk: most micro-batches held at once in the replay
 };

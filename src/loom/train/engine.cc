@@ -5,6 +5,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/optim/offload.h"
 
 namespace loom {
 
@@ -112,9 +113,18 @@ Updater::Updater(const Config& cfg, Engine& e)
   norm_ranges_ = adamw_.owned();
   for (const ParamSpec& s : e.model.layout().specs())
     if (!e.rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
+  if (cfg.offload.optimizer == "disk") return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");
   e.memory.track(opt, adamw_.m().data(), int64_t(adamw_.m().size() * sizeof(float)));
   e.memory.track(opt, adamw_.v().data(), int64_t(adamw_.v().size() * sizeof(float)));
+}
+
+void Updater::offload_optimizer(int global_rank) {
+  const OffloadConfig& o = cfg_.offload;
+  const int64_t group = std::max<int64_t>(1, int64_t(o.sub_group_mb * double(1 << 20)) / int64_t(sizeof(float)));
+  adamw_.offload(std::make_unique<MomentFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots)));
+  const MomentFile& f = *adamw_.offload_file();
+  for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
 
 Updater::Result Updater::step(double local_loss, double lr, int64_t step) {

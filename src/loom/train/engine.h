@@ -56,6 +56,9 @@ class Updater {
   const AdamW& adamw() const { return adamw_; }
   AdamW& adamw() { return adamw_; }  // restoring a checkpoint
   LossScaler& scaler() { return scaler_; }
+  // Note [Optimizer offload]: the moments move to a scratch file under offload.dir (before
+  // the first step or a restore). Throws loom::Error naming the directory when it cannot.
+  void offload_optimizer(int global_rank);
 
  private:
   const Config& cfg_;

@@ -58,7 +58,7 @@ void StepLog::after_step(const StepOutcome& s) {
 ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
   const RankContext& rc = e.rc;
   const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
-  ShardState s{&e.model.layout(), &e.model.params(), &updater.adamw().m(), &updater.adamw().v(),
+  ShardState s{&e.model.layout(), &e.model.params(), updater.adamw().moment(0), updater.adamw().moment(1),
                rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
                updater.adamw().steps_taken(), updater.scaler().state()};
   if (!e.sync) return s;

@@ -55,6 +55,9 @@ struct TrainSummary {
   // measured (Note [Resident memory]), and the ZeRO formula for its model states.
   std::vector<std::pair<std::string, int64_t>> memory_peak_bytes;
   int64_t model_state_formula_bytes = 0;
+  int64_t memory_peak_total_bytes = 0;  // the most held at once (Note [Memory budget])
+  // Note [Optimizer offload]: this rank's bytes read from and written to its offload file.
+  int64_t offload_read_bytes = 0, offload_written_bytes = 0;
 };
 
 }  // namespace loom

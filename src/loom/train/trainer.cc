@@ -25,6 +25,8 @@
 #include "loom/ckpt/shard_format.h"
 #include "loom/optim/optimizer.h"
 #include "loom/train/engine.h"
+#include "loom/train/memory_budget.h"
+#include "loom/optim/offload.h"
 #include "loom/train/rank_context.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
@@ -44,40 +46,6 @@ void check_world(const Config& cfg, int world_size) {
                 std::to_string(world_size) + (world_size == 1 ? " process runs" : " were launched") +
                 "; launch with `mpirun -np " + std::to_string(p.world()) + " loom train ...` or `loom train --nproc " +
                 std::to_string(p.world()) + "`, or set parallel.dp = " + std::to_string(world_size));
-}
-
-// Refuses, before allocating, a run whose weights, gradients, AdamW moments and
-// activations do not fit in this machine's memory. The activations are the model's own
-// carve (activation_floats), after a floating-point estimate has ruled out sizes whose
-// integer products would overflow.
-void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T) {
-  const int64_t params = ParamLayout(cfg.model, {}, rc.part).param_count();
-  const int64_t states = zero_model_state_bytes(rc.zero, rc.dp_size, params);
-  const int64_t have = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
-  if (have <= 0) return;
-  const ModelConfig& m = cfg.model;
-  // Per layer and slot at least: the residual stream, qkv, the ffn activations, the
-  // attention probabilities (B, H, T, T); the logits (B, T, V) once.
-  const double rough = double(mb) * double(T) *
-                       (double(m.layers) * (4.0 * double(m.d_model) + double(m.ffn) + double(m.heads) * double(T)) +
-                        double(m.vocab)) * 4.0 * double(std::max(1, rc.act_slots));
-  int64_t acts = 0;
-  if (rough < double(int64_t(1) << 56)) {
-    acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
-                                 cfg.train.precision == "bf16", rc.plan->w_slots);
-  }
-  // Ranks of one machine share it; a launch across machines sees only its own here.
-  if (states <= have && acts > 0 && states + acts <= have) return;
-  std::ostringstream os;
-  os << "model.preset '" << m.preset << "': this rank's part holds " << params << " parameters, whose fp32 weights, "
-     << "gradients and AdamW moments need " << (states >> 20) << " MiB (ZeRO-" << rc.zero << ", dp " << rc.dp_size
-     << "), and its activations at micro-batch " << mb << " x seq " << T << " need "
-     << (acts > 0 ? std::to_string(acts >> 20) : "more than " + std::to_string(int64_t(rough / double(1 << 20))))
-     << " MiB, but this machine has " << (have >> 20) << " MiB; ";
-  os << (states > have ? "split the model (parallel.tp / pp / dp with zero = 3) or size it first with the simulator"
-                       : "lower the micro-batch (raise train.grad_accum, or lower train.batch / train.seq) or set "
-                         "parallel.recompute = full");
-  throw ConfigError(os.str());
 }
 
 class NullBuffer : public std::streambuf {
@@ -128,6 +96,10 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
      << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
   const std::string& prec = cfg.train.precision;
   if (prec != "fp32") os << ", precision " << prec << " (GEMM inputs " << prec << ", fp32 accumulation and master weights)";
+  if (cfg.offload.optimizer == "disk")
+    os << ", AdamW moments offloaded to " << cfg.offload.dir << " (sub-groups of " << cfg.offload.sub_group_mb
+       << " MiB, " << cfg.offload.slots << " buffers)";
+  if (cfg.memory.limit_gib > 0) os << ", memory budget " << cfg.memory.limit_gib << " GiB per rank";
   switch (loss_scale_mode(cfg.train)) {
     case LossScaler::Mode::kDynamic:
       os << ", dynamic loss scale from " << cfg.train.loss_scale_init << " (x2 after " << cfg.train.loss_scale_window
@@ -336,7 +308,7 @@ void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string
   rep.info("wrote trace " + path + " (open in https://ui.perfetto.dev)");
 }
 
-void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& sum) {
+void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u, TrainSummary& sum) {
   const int64_t local_params = e.model.layout().param_count();
   sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params);
   int64_t states = 0;
@@ -353,6 +325,15 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, TrainSummary& su
   if (e.gather)
     os << " (+ gathered units: " << e.gather->peak_units() << " at once, pool of "
        << double(e.gather->pool_bytes()) / (1 << 20) << " MiB)";
+  sum.memory_peak_total_bytes = e.memory.peak_total();
+  os << "; at most " << bytes_text(sum.memory_peak_total_bytes) << " at once";
+  if (cfg.memory.limit_gib > 0) os << " (budget memory.limit_gib = " << cfg.memory.limit_gib << ")";
+  if (const MomentFile* f = u.adamw().offload_file()) {
+    sum.offload_read_bytes = f->bytes_read(), sum.offload_written_bytes = f->bytes_written();
+    os << "; optimizer offload: " << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
+       << " written in sub-groups of " << cfg.offload.sub_group_mb << " MiB per moment through " << f->slot_count()
+       << " buffers";
+  }
   rep.info(os.str());
 }
 
@@ -392,6 +373,25 @@ void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, co
   rep.info(os.str());
 }
 
+// Note [Optimizer offload]: a directory may fail on some ranks only, so they agree first.
+void offload_optimizer(Updater& updater, comm::Group* everyone, int global_rank) {
+  std::exception_ptr failed;
+  try {
+    updater.offload_optimizer(global_rank);
+  } catch (const Error&) {
+    failed = std::current_exception();
+  }
+  agree_or_throw(everyone, global_rank, failed);
+}
+
+void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
+  if (!ls.enabled()) return;
+  std::ostringstream os;
+  os << "loss scaling: " << ls.skipped() << " of " << steps << " steps skipped for a gradient overflow; scale now "
+     << ls.scale();
+  rep.info(os.str());
+}
+
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
   LOOM_ASSERT(given.out && given.err);
   check_world(cfg, world ? world->world_size() : 1);
@@ -419,6 +419,9 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   Engine e(cfg, rc, mb, T);
   if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);
+  comm::Group* const everyone = world ? &world->world_group() : nullptr;
+  const int global_rank = world ? world->global_rank() : 0;
+  if (cfg.offload.optimizer == "disk") offload_optimizer(updater, everyone, global_rank);
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count();
@@ -452,19 +455,15 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     }();
     if (!scaler.event().empty()) rep.info(scaler.event());
     if (e.sync) log_accordion(rep, *e.sync, sum);
+    check_budget(cfg, e.memory, everyone, global_rank);  // Note [Memory budget]
     const StepOutcome outcome = outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start);
     for (StepObserver* o : observers) o->after_step(outcome);
   }
   if (trace) finish_trace(*trace, e, world, given.trace_path, rep);
   rep.end_bar();
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);
-  report_memory(rep, cfg, e, sum);
-  if (const LossScaler& ls = updater.scaler(); ls.enabled()) {
-    std::ostringstream os;
-    os << "loss scaling: " << ls.skipped() << " of " << cfg.train.steps - first_step
-       << " steps skipped for a gradient overflow; scale now " << ls.scale();
-    rep.info(os.str());
-  }
+  report_memory(rep, cfg, e, updater, sum);
+  report_loss_scaling(rep, updater.scaler(), cfg.train.steps - first_step);
   check_tied_copies(e, rc);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)

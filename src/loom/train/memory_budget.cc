@@ -1,0 +1,122 @@
+#include "loom/train/memory_budget.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "loom/comm/agree.h"
+#include "loom/core/error.h"
+#include "loom/model/layout.h"
+#include "loom/train/rank_context.h"
+
+namespace loom {
+
+std::string bytes_text(int64_t bytes) {
+  char buf[32];
+  if (bytes >= (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1 << 30));
+  else std::snprintf(buf, sizeof buf, "%.0f MiB", double(bytes) / double(1 << 20));
+  return buf;
+}
+
+MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes) {
+  const int64_t p4 = params * int64_t(sizeof(float));  // fp32 params, grads, each moment
+  const int64_t shards = dp > 1 ? dp : 1;
+  MemoryEstimate e;
+  e.params = zero >= 3 ? p4 / shards : p4;
+  e.grads = zero >= 2 ? p4 / shards : p4;
+  e.optimizer_in_memory = 2 * (zero >= 1 ? p4 / shards : p4);
+  e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
+                                                : e.optimizer_in_memory;
+  e.activations = activation_bytes;
+  return e;
+}
+
+namespace {
+
+// What would shrink an estimate that does not fit: the remedy of the largest category
+// first; splitting the model last.
+std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstimate& e) {
+  std::vector<std::pair<int64_t, std::string>> out;  // (bytes of the category it shrinks, text)
+  if (cfg.offload.optimizer != "disk" && e.optimizer > 0) {
+    // Sub-groups small enough that the buffers take at most half of the state: the
+    // configured size, else the largest power of two (in MiB) with buffers <= a quarter.
+    OffloadConfig o = cfg.offload;
+    const int64_t state = e.optimizer_in_memory / 8;
+    if (o.buffer_bytes(state) * 2 > e.optimizer_in_memory) {
+      const double quarter_mb = double(state) * 4 / (4.0 * double(o.slots)) / double(1 << 20);
+      o.sub_group_mb = std::exp2(std::max(-10.0, std::floor(std::log2(std::max(quarter_mb, 1e-6)))));
+    }
+    out.push_back({e.optimizer, "set offload.optimizer = disk with offload.dir (optimizer " + bytes_text(e.optimizer) +
+                                    " -> " + bytes_text(o.buffer_bytes(state)) +
+                                    " of buffers at offload.sub_group_mb = " + detail::cat(o.sub_group_mb) + ")"});
+  }
+  if (rc.dp_size > 1 && rc.zero < 3)
+    out.push_back({rc.zero == 0 ? e.optimizer : rc.zero == 1 ? e.grads : e.params,
+                   "set parallel.zero = " + std::to_string(rc.zero + 1) + " (shards " +
+                       (rc.zero == 0 ? "the optimizer state" : rc.zero == 1 ? "the gradients" : "the parameters") +
+                       " over dp " + std::to_string(rc.dp_size) + ")"});
+  if (e.activations > 0)
+    out.push_back({e.activations, "lower the micro-batch (raise train.grad_accum, or lower train.batch / train.seq) "
+                                  "or set parallel.recompute = full (activations " + bytes_text(e.activations) + ")"});
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string s;
+  for (const auto& [bytes, text] : out) s += text + "; or ";
+  return s + "split the model (parallel.tp / pp), or size it first with `loom simulate`";
+}
+
+}  // namespace
+
+// The activations are the model's own carve (activation_floats), after a floating-point
+// estimate has ruled out sizes whose integer products would overflow.
+void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T) {
+  const int64_t params = ParamLayout(cfg.model, {}, rc.part).param_count();
+  const ModelConfig& m = cfg.model;
+  // Per layer and slot at least: the residual stream, qkv, the ffn activations, the
+  // attention probabilities (B, H, T, T); the logits (B, T, V) once.
+  const double rough = double(mb) * double(T) *
+                       (double(m.layers) * (4.0 * double(m.d_model) + double(m.ffn) + double(m.heads) * double(T)) +
+                        double(m.vocab)) * 4.0 * double(std::max(1, rc.act_slots));
+  int64_t acts = -1;  // unknown: beyond any memory
+  if (rough < double(int64_t(1) << 56))
+    acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
+                                 cfg.train.precision == "bf16", rc.plan->w_slots);
+  const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0));
+  const bool budget = cfg.memory.limit_gib > 0;
+  const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
+                              : int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
+  if (have <= 0) return;
+  // Ranks of one machine share it; a launch across machines sees only its own here.
+  if (acts >= 0 && e.total() <= have) return;
+  std::ostringstream os;
+  os << "model.preset '" << m.preset << "': this rank's part holds " << params << " parameters (ZeRO-" << rc.zero
+     << ", dp " << rc.dp_size << "); its resident state needs params " << bytes_text(e.params) << ", grads "
+     << bytes_text(e.grads) << ", optimizer " << bytes_text(e.optimizer) << ", activations at micro-batch " << mb
+     << " x seq " << T << " "
+     << (acts >= 0 ? bytes_text(acts) : "more than " + bytes_text(int64_t(std::min(rough, 9e18)))) << " = "
+     << (acts >= 0 ? bytes_text(e.total()) : std::string("too much")) << ", but "
+     << (budget ? "memory.limit_gib allows " : "this machine has ") << bytes_text(have) << "; "
+     << remedies(cfg, rc, e);
+  throw ConfigError(os.str());
+}
+
+void check_budget(const Config& cfg, const MemoryTracker& memory, comm::Group* group, int group_rank) {
+  if (!(cfg.memory.limit_gib > 0)) return;
+  const int64_t budget = int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30));
+  std::exception_ptr over;
+  if (memory.peak_total() > budget) {
+    std::ostringstream os;
+    os << "memory.limit_gib = " << cfg.memory.limit_gib << ": this rank held " << bytes_text(memory.peak_total())
+       << " at its peak, over the budget of " << bytes_text(budget) << " (peaks:";
+    for (const MemoryTracker::Row& r : memory.rows()) os << " " << r.name << " " << bytes_text(r.peak_bytes);
+    os << "); raise memory.limit_gib, or shrink the largest category (offload.optimizer = disk, parallel.zero, a "
+          "smaller micro-batch, parallel.recompute = full)";
+    over = std::make_exception_ptr(Error(os.str()));
+  }
+  agree_or_throw(group, group_rank, over);
+}
+
+}  // namespace loom

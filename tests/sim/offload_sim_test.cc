@@ -1,0 +1,79 @@
+// Optimizer offload in the simulator and the planner (Note [Optimizer offload]): the
+// moments priced on the cluster's offload tier, and loom plan offering offload where a
+// model does not fit otherwise.
+#include <gtest/gtest.h>
+
+#include "loom/core/error.h"
+#include "loom/plan/search.h"
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+namespace {
+
+SimPlan gpt(const std::string& preset, int64_t gpus, bool offload) {
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=" + preset, "parallel.dp=" + std::to_string(gpus), "train.batch=8",
+                           "train.grad_accum=" + std::to_string(8 / gpus), "parallel.recompute=full"});
+  if (offload) p.cfg.offload.optimizer = "disk", p.cfg.offload.dir = "/var/tmp";
+  p.framework = Framework::kLoom;
+  return p;
+}
+
+// GPT 1.7B on 8 A100s, ZeRO-1: the moments (8 bytes a parameter, sharded over dp 8) leave
+// device memory for 3 x 2 x 16 MiB of buffers, and the optimizer phase lasts as long as
+// reading them at 3.5 GB/s and writing them at 1.9 GB/s (dgx-a100's [offload] tier).
+TEST(Simulator, OptimizerOffloadPricesTheMomentsOnTheTier) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  SimPlan in_memory = gpt("gpt-1.7b", 8, false), offload = gpt("gpt-1.7b", 8, true);
+  in_memory.cfg.parallel.zero = offload.cfg.parallel.zero = 1;
+  const SimResult a = simulate(in_memory, c), b = simulate(offload, c);
+  const double params = a.ranks[0].params, moment_bytes = 8 * params / 8;
+  EXPECT_NEAR(a.ranks[0].memory.optimizer - b.ranks[0].memory.optimizer, moment_bytes - 3 * 2 * 16 * double(1 << 20), 1);
+  EXPECT_NEAR(b.ranks[0].offload_io_s, moment_bytes / 3.5e9 + moment_bytes / 1.9e9, 1e-9);
+  EXPECT_DOUBLE_EQ(b.ranks[0].optimizer_s, std::max(a.ranks[0].optimizer_s, b.ranks[0].offload_io_s));
+  EXPECT_NEAR(b.step_time_s - a.step_time_s, b.ranks[0].optimizer_s - a.ranks[0].optimizer_s, 1e-9);
+  EXPECT_EQ(a.ranks[0].offload_io_s, 0.0);
+}
+
+TEST(Simulator, OptimizerOffloadNeedsATier) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  ClusterSpec none = c;
+  none.offload = OffloadTier{};
+  try {
+    simulate(gpt("gpt-1.7b", 8, true), none);
+    FAIL() << "priced offload on a cluster without a tier";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no offload tier; give it one (--set cluster.offload.read_gbps=R"),
+              std::string::npos)
+        << e.what();
+  }
+  // The tier round-trips through the spec's TOML; a partial [offload] table is refused.
+  const ClusterSpec back = cluster_from_toml(cluster_to_toml(c), "round trip");
+  EXPECT_DOUBLE_EQ(back.offload.write_bw, 1.9e9);
+  EXPECT_DOUBLE_EQ(back.offload.capacity_bytes, c.offload.capacity_bytes);
+  EXPECT_THROW(load_cluster("dgx-a100", {"cluster.offload.capacity_gib=0"}, 8, ""), ConfigError);
+}
+
+// GPT 7.5B on one A100 80GB: 16 bytes a parameter (120 GB) cannot fit; with the moments
+// offloaded (8 bytes a parameter left, 60 GB) it can, and loom plan says so.
+TEST(Planner, OffersOptimizerOffloadWhereNothingElseFits) {
+  plan::PlanRequest req;
+  req.like = gpt("gpt-7.5b", 1, false);
+  req.global_batch = 8;
+  req.top = 3;
+  req.refine = false;
+  req.cluster = load_cluster("dgx-a100", {}, 1, "");
+  const plan::PlanReport with = plan::search_plans(req);
+  ASSERT_FALSE(with.ranked.empty());
+  for (const plan::PlanCandidate& c : with.ranked) {
+    EXPECT_EQ(c.plan.cfg.offload.optimizer, "disk");
+    EXPECT_NE(plan::layout_label(c.plan).find("optimizer-offload"), std::string::npos);
+    EXPECT_LE(c.result.peak_memory_bytes, req.cluster.device.memory_bytes);
+  }
+  EXPECT_NE(plan::emit_loom_toml(with.ranked[0].plan).find("optimizer = 'disk'"), std::string::npos);
+  req.offload = false;
+  EXPECT_TRUE(plan::search_plans(req).ranked.empty());
+}
+
+}  // namespace
+}  // namespace loom::sim

@@ -1,0 +1,172 @@
+// Optimizer offload in training (Note [Optimizer offload]) and the per-rank memory budget
+// (Note [Memory budget]).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/train/memory_budget.h"
+#include "loom/train/trainer.h"
+#include "support/temp_dir.h"
+#include "support/train_threads.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::TempDir;
+
+Config small(std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"model.layers=2", "model.d_model=64", "model.heads=4", "model.ffn=256",
+                                   "model.ctx=32", "train.batch=12", "train.steps=4", "train.val_batches=1",
+                                   "train.val_every=0", "train.threads=1", "checkpoint.dir=", "comm.timeout_s=60",
+                                   "optim.warmup_steps=2"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config("", sets);
+}
+
+// Offloaded training equals in-memory training bit for bit: GPT and Llama, grad_accum 1
+// and 3, one process, dp 2 and ZeRO-1/2/3 (ranks as threads). Sub-groups of 0.01 MiB
+// (2,621 floats) cut every tensor's run of moments many times.
+TEST(OptimizerOffload, TrainingEqualsInMemoryBitForBit) {
+  TempDir dir("loom-offload");
+  const std::vector<std::string> offload = {"offload.optimizer=disk", "offload.dir=" + dir.path.string(),
+                                            "offload.sub_group_mb=0.01"};
+  const std::vector<std::vector<std::string>> layouts = {
+      {}, {"train.grad_accum=3"}, {"model.arch=llama", "model.kv_heads=2", "model.ffn=128", "train.grad_accum=3"},
+      {"parallel.dp=2"}, {"parallel.dp=2", "parallel.zero=1", "train.grad_accum=3"},
+      {"parallel.dp=2", "parallel.zero=2"}, {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3"}};
+  for (const std::vector<std::string>& layout : layouts) {
+    const std::vector<TrainSummary> mem = testing_support::train_keeping_params(small(layout));
+    std::vector<std::string> sets = layout;
+    sets.insert(sets.end(), offload.begin(), offload.end());
+    const std::vector<TrainSummary> off = testing_support::train_keeping_params(small(sets));
+    std::string what;
+    for (const std::string& s : layout) what += s + " ";
+    ASSERT_EQ(off[0].losses.size(), 4u) << what;
+    EXPECT_EQ(off[0].losses, mem[0].losses) << what;
+    EXPECT_EQ(off[0].final_params, mem[0].final_params) << what;
+    for (const TrainSummary& s : off) {  // every step read and wrote each rank's moments once
+      EXPECT_GT(s.offload_written_bytes, 0) << what;
+      EXPECT_EQ(s.offload_written_bytes % 4, 0) << what;
+    }
+    EXPECT_EQ(mem[0].offload_written_bytes, 0) << what;
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path)) << "the scratch files are unlinked at once";
+}
+
+// A resume with offload on or off continues the same run: the checkpoint holds the
+// moments, not the scratch file.
+TEST(OptimizerOffload, ResumeWithOffloadOnOrOffIsTheSameRun) {
+  TempDir dir("loom-offload");
+  const std::vector<std::string> offload = {"offload.optimizer=disk", "offload.dir=" + dir.path.string(),
+                                            "offload.sub_group_mb=0.01"};
+  auto with = [&](const std::string& ckpt, bool off) {
+    std::vector<std::string> sets = {"parallel.dp=2", "parallel.zero=1", "train.steps=6", "checkpoint.save_every=3",
+                                     "checkpoint.dir=" + (dir / ckpt)};
+    if (off) sets.insert(sets.end(), offload.begin(), offload.end());
+    return small(sets);
+  };
+  const std::vector<TrainSummary> whole = testing_support::train_keeping_params(with("whole", false));
+  for (const bool first : {true, false})
+    for (const bool second : {true, false}) {
+      const std::string a = std::string("a") + (first ? "1" : "0") + (second ? "1" : "0"), b = a + "b";
+      testing_support::train_keeping_params(with(a, first));
+      const std::vector<TrainSummary> resumed =
+          testing_support::train_keeping_params(with(b, second), dir / a + "/step-00000003");
+      ASSERT_EQ(resumed[0].losses.size(), 3u);
+      EXPECT_EQ(resumed[0].losses, std::vector<float>(whole[0].losses.begin() + 3, whole[0].losses.end()))
+          << "offload " << first << " then " << second;
+      EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << "offload " << first << " then " << second;
+    }
+}
+
+std::string train_error(const Config& c) {
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  try {
+    train(c, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A budget below the in-memory need is refused up front naming the categories and
+// offload; with the optimizer offloaded the same budget fits, the run equals the
+// in-memory one, and its measured peak (mincore) stays within the budget.
+TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
+  TempDir dir("loom-offload");
+  // ~3.2M parameters: 12.6 MiB per fp32 copy, 25 MiB of moments; small activations.
+  const std::vector<std::string> model = {"model.layers=4", "model.d_model=256", "model.heads=4", "model.ffn=1024",
+                                          "train.batch=2", "train.steps=2", "memory.limit_gib=0.045"};
+  const std::string refused = train_error(small(model));
+  EXPECT_NE(refused.find("memory.limit_gib allows 46 MiB"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("optimizer 25 MiB"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("set offload.optimizer = disk with offload.dir (optimizer 25 MiB -> 6 MiB of buffers at offload.sub_group_mb = 1)"),
+            std::string::npos)
+      << refused;
+  std::vector<std::string> sets = model;
+  for (const std::string& s : std::vector<std::string>{"offload.optimizer=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=1"})
+    sets.push_back(s);
+  TrainOptions keep;
+  keep.keep_params = true;
+  std::ostringstream sink;
+  keep.out = keep.err = &sink;
+  const TrainSummary off = train(small(sets), keep);
+  std::vector<std::string> unbounded = model;
+  unbounded.back() = "memory.limit_gib=0";
+  keep.out = keep.err = &sink;
+  const TrainSummary mem = train(small(unbounded), keep);
+  EXPECT_EQ(off.final_params, mem.final_params);
+  EXPECT_GT(off.memory_peak_total_bytes, 0);
+  EXPECT_LE(off.memory_peak_total_bytes, int64_t(0.045 * double(int64_t(1) << 30)));
+  EXPECT_GT(mem.memory_peak_total_bytes, int64_t(0.045 * double(int64_t(1) << 30)));
+}
+
+// While training, a rank whose measured state passes the budget stops with the peaks named.
+TEST(MemoryBudget, MeasuredPeakOverTheBudgetStopsTheRun) {
+  Config c = small({"memory.limit_gib=0.01"});
+  MemoryTracker t;
+  std::vector<float> big(size_t(4) << 20, 1.0f);  // 16 MiB, resident
+  t.track(t.category("activations"), big.data(), int64_t(big.size() * sizeof(float)));
+  t.sample();
+  try {
+    check_budget(c, t, nullptr, 0);
+    FAIL() << "a 16 MiB peak passed a 10 MiB budget";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("this rank held 16 MiB at its peak, over the budget of 10 MiB (peaks: "
+                                         "activations 16 MiB)"),
+              std::string::npos)
+        << e.what();
+  }
+  c.memory.limit_gib = 0.02;
+  EXPECT_NO_THROW(check_budget(c, t, nullptr, 0));
+}
+
+TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
+  auto errors = [](std::vector<std::string> sets) {
+    try {
+      small(sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(errors({"offload.optimizer=disk"}).find("offload.optimizer = disk needs offload.dir"), std::string::npos);
+  EXPECT_NE(errors({"offload.optimizer=nvme"}).find("offload.optimizer = 'nvme': expected none or disk"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.slots=1"}).find("offload.slots = 1: expected 2 to 64"), std::string::npos);
+  EXPECT_NE(errors({"memory.limit_gib=-1"}).find("memory.limit_gib = -1.0: expected >= 0"), std::string::npos);
+  EXPECT_NE(errors({"offload.optimizer=disk", "offload.dir=/tmp", "parallel.dp=2", "parallel.compress=onebit_adam"})
+                .find("offload works with compress = none"),
+            std::string::npos);
+  // A directory that is not there is refused before the first step, by every rank.
+  const std::string missing = train_error(small({"offload.optimizer=disk", "offload.dir=/nonexistent/loom"}));
+  EXPECT_NE(missing.find("offload.dir '/nonexistent/loom': no such directory"), std::string::npos) << missing;
+}
+
+}  // namespace
+}  // namespace loom

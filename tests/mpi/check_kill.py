@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Kills loom ranks for real (SIGKILL under mpirun) and checks that nothing is lost.
 
-usage: check_kill.py LOOM mid-step | during-save
+usage: check_kill.py LOOM mid-step | during-save | offload
 
 mid-step:    a dp3 run is SIGKILLed on rank 1 while it trains; the survivors must exit
              within comm.timeout_s naming rank 1 and the collective they were in; then
              `--resume auto` finishes the run and its final checkpoint is byte-identical
              to the uninterrupted run's.
+offload:     mid-step with the AdamW moments and the parameters offloaded (Notes [Optimizer
+             offload], [Parameter offload]) in the killed run and its resume, against the
+             in-memory reference: the final checkpoint is byte-identical, and the killed
+             ranks' scratch files are gone.
 during-save: the writer is killed inside a save at each failpoint (Note [Failpoints]:
              rank 1 half way through its shard; rank 0 after the manifest; rank 0 after
              the rename, before `latest`); the previous checkpoint must still verify,
@@ -57,8 +61,8 @@ def same_files(a, b, step):
     return None
 
 
-def resume_and_compare(loom, ckpt, ref, expect_from):
-    rc, out = run(args(loom, ckpt, ["--resume", "auto", "--save-every", str(EVERY)]))
+def resume_and_compare(loom, ckpt, ref, expect_from, extra=()):
+    rc, out = run(args(loom, ckpt, ["--resume", "auto", "--save-every", str(EVERY), *extra]))
     if rc != 0:
         fail(f"--resume auto exited {rc}", out)
     if f"resumed from {ckpt}/step-{expect_from:08d}" not in out:
@@ -68,9 +72,9 @@ def resume_and_compare(loom, ckpt, ref, expect_from):
         fail(f"after the resume the final checkpoint is not the uninterrupted run's: {diff}")
 
 
-def mid_step(loom, tmp, ref):
+def mid_step(loom, tmp, ref, extra=()):
     ckpt = os.path.join(tmp, "killed")
-    proc = subprocess.Popen(args(loom, ckpt, ["--save-every", str(EVERY)]), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(args(loom, ckpt, ["--save-every", str(EVERY), *extra]), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(ckpt, "latest")):  # a step is saved: training runs
@@ -101,7 +105,16 @@ def mid_step(loom, tmp, ref):
         fail("no survivor names the pending collective")
     with open(os.path.join(ckpt, "latest")) as f:
         newest = int(f.read().strip().split("-")[1])
-    resume_and_compare(loom, ckpt, ref, newest)
+    resume_and_compare(loom, ckpt, ref, newest, extra)
+
+
+def offload(loom, tmp, ref):
+    scratch = os.path.join(tmp, "scratch")
+    os.makedirs(scratch)
+    mid_step(loom, tmp, ref, ["--set", "offload.optimizer=disk", "offload.params=disk", f"offload.dir={scratch}",
+                              "offload.sub_group_mb=0.05"])
+    if os.listdir(scratch):
+        fail(f"offload scratch files outlived their processes: {os.listdir(scratch)}")
 
 
 def during_save(loom, tmp, ref):
@@ -132,7 +145,7 @@ def main():
         rc, out = run(args(loom, ref, ["--save-every", str(EVERY)]))
         if rc != 0:
             fail(f"the uninterrupted run exited {rc}", out)
-        {"mid-step": mid_step, "during-save": during_save}[mode](loom, tmp, ref)
+        {"mid-step": mid_step, "during-save": during_save, "offload": offload}[mode](loom, tmp, ref)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")

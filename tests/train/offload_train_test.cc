@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -26,17 +27,11 @@ Config small(std::vector<std::string> extra) {
   return load_config("", sets);
 }
 
-// Offloaded training equals in-memory training bit for bit: GPT and Llama, grad_accum 1
-// and 3, one process, dp 2 and ZeRO-1/2/3 (ranks as threads). Sub-groups of 0.01 MiB
-// (2,621 floats) cut every tensor's run of moments many times.
-TEST(OptimizerOffload, TrainingEqualsInMemoryBitForBit) {
-  TempDir dir("loom-offload");
-  const std::vector<std::string> offload = {"offload.optimizer=disk", "offload.dir=" + dir.path.string(),
-                                            "offload.sub_group_mb=0.01"};
-  const std::vector<std::vector<std::string>> layouts = {
-      {}, {"train.grad_accum=3"}, {"model.arch=llama", "model.kv_heads=2", "model.ffn=128", "train.grad_accum=3"},
-      {"parallel.dp=2"}, {"parallel.dp=2", "parallel.zero=1", "train.grad_accum=3"},
-      {"parallel.dp=2", "parallel.zero=2"}, {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3"}};
+// Trains each layout in memory and with `offload` added; expects the same losses and
+// final weights bit for bit, and calls check(in memory, offloaded, what) for the rest.
+void expect_offload_equals_in_memory(
+    const std::vector<std::vector<std::string>>& layouts, const std::vector<std::string>& offload,
+    const std::function<void(const TrainSummary&, const TrainSummary&, const std::string&)>& check) {
   for (const std::vector<std::string>& layout : layouts) {
     const std::vector<TrainSummary> mem = testing_support::train_keeping_params(small(layout));
     std::vector<std::string> sets = layout;
@@ -47,38 +42,78 @@ TEST(OptimizerOffload, TrainingEqualsInMemoryBitForBit) {
     ASSERT_EQ(off[0].losses.size(), 4u) << what;
     EXPECT_EQ(off[0].losses, mem[0].losses) << what;
     EXPECT_EQ(off[0].final_params, mem[0].final_params) << what;
-    for (const TrainSummary& s : off) {  // every step read and wrote each rank's moments once
-      EXPECT_GT(s.offload_written_bytes, 0) << what;
-      EXPECT_EQ(s.offload_written_bytes % 4, 0) << what;
-    }
-    EXPECT_EQ(mem[0].offload_written_bytes, 0) << what;
+    for (size_t r = 0; r < off.size(); r++) check(mem[r], off[r], what);
   }
+}
+
+// Offloaded training equals in-memory training bit for bit: GPT and Llama, grad_accum 1
+// and 3, one process, dp 2 and ZeRO-1/2/3 (ranks as threads). Sub-groups of 0.01 MiB
+// (2,621 floats) cut every tensor's run of moments many times.
+TEST(OptimizerOffload, TrainingEqualsInMemoryBitForBit) {
+  TempDir dir("loom-offload");
+  expect_offload_equals_in_memory(
+      {{}, {"train.grad_accum=3"}, {"model.arch=llama", "model.kv_heads=2", "model.ffn=128", "train.grad_accum=3"},
+       {"parallel.dp=2"}, {"parallel.dp=2", "parallel.zero=1", "train.grad_accum=3"},
+       {"parallel.dp=2", "parallel.zero=2"}, {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3"},
+       {"offload.direct=true"}},  // O_DIRECT (ignored by the in-memory run)
+      {"offload.optimizer=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
+      [](const TrainSummary& mem, const TrainSummary& off, const std::string& what) {
+        EXPECT_GT(off.offload_written_bytes, 0) << what;  // every rank streamed its moments
+        EXPECT_EQ(off.offload_written_bytes % 4, 0) << what;
+        EXPECT_EQ(mem.offload_written_bytes, 0) << what;
+      });
   EXPECT_TRUE(fs::is_empty(dir.path)) << "the scratch files are unlinked at once";
 }
 
+// Parameter offload (Note [Parameter offload]) equals in-memory training bit for bit: GPT
+// and Llama, grad_accum 1 and 3, full recompute (units read again in backward), dp 2 (ZeRO
+// 0), tp 2, and a GPT pipeline whose stages each hold a copy of the tied embedding.
+TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
+  TempDir dir("loom-offload");
+  auto params_peak = [](const TrainSummary& t) {
+    for (const auto& [name, bytes] : t.memory_peak_bytes)
+      if (name == "params") return bytes;
+    return int64_t(-1);
+  };
+  expect_offload_equals_in_memory(
+      {{}, {"train.grad_accum=3", "parallel.recompute=full"},
+       {"model.arch=llama", "model.kv_heads=2", "model.ffn=128", "train.grad_accum=3"},
+       {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=3"}},
+      {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
+      [&](const TrainSummary& mem, const TrainSummary& off, const std::string& what) {
+        // At most the whole buffer resident (the budget test shows a few units of a larger model).
+        EXPECT_LE(params_peak(off), params_peak(mem)) << what;
+        EXPECT_GT(params_peak(off), 0) << what;
+      });
+}
+
 // A resume with offload on or off continues the same run: the checkpoint holds the
-// moments, not the scratch file.
+// parameters and moments, not the scratch file. Modes: 0 in memory, 1 optimizer offload,
+// 2 optimizer and parameter offload; every pair (the save under one, the resume under the
+// other), dp 2 with ZeRO-0 (parameter offload's layouts).
 TEST(OptimizerOffload, ResumeWithOffloadOnOrOffIsTheSameRun) {
   TempDir dir("loom-offload");
-  const std::vector<std::string> offload = {"offload.optimizer=disk", "offload.dir=" + dir.path.string(),
-                                            "offload.sub_group_mb=0.01"};
-  auto with = [&](const std::string& ckpt, bool off) {
-    std::vector<std::string> sets = {"parallel.dp=2", "parallel.zero=1", "train.steps=6", "checkpoint.save_every=3",
+  auto with = [&](const std::string& ckpt, int mode) {
+    std::vector<std::string> sets = {"parallel.dp=2", "train.steps=6", "checkpoint.save_every=3",
                                      "checkpoint.dir=" + (dir / ckpt)};
-    if (off) sets.insert(sets.end(), offload.begin(), offload.end());
+    if (mode >= 1)
+      for (const std::string& s : {std::string("offload.optimizer=disk"), "offload.dir=" + dir.path.string(),
+                                   std::string("offload.sub_group_mb=0.01")})
+        sets.push_back(s);
+    if (mode == 2) sets.push_back("offload.params=disk");
     return small(sets);
   };
-  const std::vector<TrainSummary> whole = testing_support::train_keeping_params(with("whole", false));
-  for (const bool first : {true, false})
-    for (const bool second : {true, false}) {
-      const std::string a = std::string("a") + (first ? "1" : "0") + (second ? "1" : "0"), b = a + "b";
+  const std::vector<TrainSummary> whole = testing_support::train_keeping_params(with("whole", 0));
+  for (const int first : {0, 1, 2})
+    for (const int second : {0, 1, 2}) {
+      const std::string a = "a" + std::to_string(first) + std::to_string(second), b = a + "b";
       testing_support::train_keeping_params(with(a, first));
       const std::vector<TrainSummary> resumed =
           testing_support::train_keeping_params(with(b, second), dir / a + "/step-00000003");
       ASSERT_EQ(resumed[0].losses.size(), 3u);
       EXPECT_EQ(resumed[0].losses, std::vector<float>(whole[0].losses.begin() + 3, whole[0].losses.end()))
-          << "offload " << first << " then " << second;
-      EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << "offload " << first << " then " << second;
+          << "offload mode " << first << " then " << second;
+      EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << "offload mode " << first << " then " << second;
     }
 }
 
@@ -124,6 +159,18 @@ TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
   EXPECT_GT(off.memory_peak_total_bytes, 0);
   EXPECT_LE(off.memory_peak_total_bytes, int64_t(0.045 * double(int64_t(1) << 30)));
   EXPECT_GT(mem.memory_peak_total_bytes, int64_t(0.045 * double(int64_t(1) << 30)));
+  // Lower still (30 MiB: 12.3 MiB of parameters, as much of gradients, 5 of activations):
+  // refused with optimizer offload alone, naming parameter offload; fits with it.
+  sets.back() = "offload.sub_group_mb=0.25";
+  sets[6] = "memory.limit_gib=0.0293";
+  const std::string refused_again = train_error(small(sets));
+  EXPECT_NE(refused_again.find("set offload.params = disk with offload.optimizer = disk (params 12 MiB -> "),
+            std::string::npos)
+      << refused_again;
+  sets.push_back("offload.params=disk");
+  const TrainSummary both = train(small(sets), keep);
+  EXPECT_EQ(both.final_params, mem.final_params);
+  EXPECT_LE(both.memory_peak_total_bytes, int64_t(0.0293 * double(int64_t(1) << 30)));
 }
 
 // While training, a rank whose measured state passes the budget stops with the peaks named.
@@ -159,6 +206,12 @@ TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
   EXPECT_NE(errors({"offload.optimizer=nvme"}).find("offload.optimizer = 'nvme': expected none or disk"),
             std::string::npos);
   EXPECT_NE(errors({"offload.slots=1"}).find("offload.slots = 1: expected 2 to 64"), std::string::npos);
+  EXPECT_NE(errors({"offload.params=disk", "offload.dir=/tmp"}).find("offload.params = disk needs offload.optimizer = disk"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.optimizer=disk", "offload.params=disk", "offload.dir=/tmp", "parallel.dp=2",
+                    "parallel.zero=1"})
+                .find("parameter offload runs with zero = 0"),
+            std::string::npos);
   EXPECT_NE(errors({"memory.limit_gib=-1"}).find("memory.limit_gib = -1.0: expected >= 0"), std::string::npos);
   EXPECT_NE(errors({"offload.optimizer=disk", "offload.dir=/tmp", "parallel.dp=2", "parallel.compress=onebit_adam"})
                 .find("offload works with compress = none"),

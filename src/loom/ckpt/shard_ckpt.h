@@ -46,7 +46,7 @@ class Group;
 
 struct ShardState {
   const ParamLayout* layout = nullptr;   // this rank's layout (a tp slice, a pipeline part)
-  std::vector<float>* params = nullptr;  // flat parameters over `layout`
+  std::span<float> params;  // flat parameters over `layout` (a mapping of the offload file under parameter offload)
   // AdamW moments covering moment_ranges, packed (AdamW::moment: in memory, or a mapping of
   // the optimizer-offload file).
   std::span<float> m, v;

@@ -189,7 +189,7 @@ void fill(Source& src, const ModelConfig& model, ShardState& s) {
     for (int sec = 0; sec < shard::kSections; ++sec) {
       const bool moments = sec > 0;
       const std::vector<FlatRange>& ranges = moments ? s.moment_ranges : s.param_ranges;
-      float* dst = moments ? (sec == 1 ? s.m : s.v).data() : s.params->data();
+      float* dst = moments ? (sec == 1 ? s.m : s.v).data() : s.params.data();
       bool loaded = false;
       int64_t q = 0;  // packed position of range r (moments)
       for (const FlatRange& r : ranges) {
@@ -287,7 +287,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
     int64_t packed = 0;
     for (const FlatRange& x : shape.moment_ranges) packed += x.count;
     mom_m.assign(size_t(packed), 0.0f), mom_v.assign(size_t(packed), 0.0f);
-    ShardState s{&shape.layout, &params, mom_m, mom_v, shape.param_ranges, shape.moment_ranges,
+    ShardState s{&shape.layout, params, mom_m, mom_v, shape.param_ranges, shape.moment_ranges,
                  int(target.tp), shape.tp_rank, m.optimizer_steps, m.loss_scale};
     WholeTensors src(*dir, m, r);
     fill(src, cfg.model, s);
@@ -309,7 +309,7 @@ WholeState load_whole(const std::string& where) {
   const RankPlan shape = plan_rank(single, 0);
   w.params.assign(size_t(shape.layout.total_floats()), 0.0f);
   w.m = w.params, w.v = w.params;
-  ShardState s{&shape.layout, &w.params, w.m, w.v, shape.param_ranges, shape.moment_ranges, 1, 0, 0, {}};
+  ShardState s{&shape.layout, w.params, w.m, w.v, shape.param_ranges, shape.moment_ranges, 1, 0, 0, {}};
   WholeTensors src(*dir, m, 0);
   fill(src, m.config.model, s);
   return w;

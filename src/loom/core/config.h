@@ -215,14 +215,17 @@ struct MemoryConfig {
 // Note [Optimizer offload] (optim/offload.h).
 struct OffloadConfig {
   std::string optimizer = "none";  // none | disk: AdamW's moments in a scratch file under dir, streamed
+  std::string params = "none";     // none | disk: the parameters there too, units read just in time (Note [Parameter offload])
   std::string dir;                 // an existing writable directory (local disk) for the scratch files
   double sub_group_mb = 16;        // MiB of each moment per streamed sub-group
   int64_t slots = 3;               // sub-group buffers: one updated while the others read ahead and write behind
+  bool direct = false;             // O_DIRECT: bypass the page cache (the disk's own speed; no cached copy)
   // Resident bytes of the buffers streaming `state_floats` floats of each moment (a
-  // sub-group is never larger than the state).
+  // sub-group is never larger than the state; each moment's part of a buffer is rounded
+  // up to 4 KiB).
   int64_t buffer_bytes(int64_t state_floats) const {
     const int64_t group = std::max<int64_t>(1, int64_t(sub_group_mb * double(1 << 20)) / 4);
-    return slots * 2 * std::min(group, std::max<int64_t>(state_floats, 1)) * 4;
+    return slots * (params == "disk" ? 3 : 2) * ((std::min(group, std::max<int64_t>(state_floats, 1)) + 1023) / 1024 * 1024) * 4;
   }
 };
 

@@ -163,6 +163,12 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
   if (o.slots < 2 || o.slots > 64)
     errs.push_back("offload.slots = " + std::to_string(o.slots) + ": expected 2 to 64 (one sub-group updated while "
                    "the others are read ahead and written behind)");
+  if (o.params != "none" && o.params != "disk") errs.push_back("offload.params = '" + o.params + "': expected none or disk");
+  if (o.params == "disk" && o.optimizer != "disk")
+    errs.push_back("offload.params = disk needs offload.optimizer = disk (the parameters stream with the moments)");
+  if (o.params == "disk" && c.parallel.zero != 0)
+    errs.push_back("offload.params = disk with parallel.zero = " + std::to_string(c.parallel.zero) +
+                   ": parameter offload runs with zero = 0 (any dp, tp, pp); with ZeRO it is not built yet");
   if (o.optimizer == "none") return;
   if (o.dir.empty())
     errs.push_back("offload.optimizer = disk needs offload.dir: an existing writable directory on a local disk");

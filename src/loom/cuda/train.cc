@@ -71,7 +71,7 @@ struct HostState {
   int64_t optimizer_steps = 0;
   ShardState view(const ParamLayout& layout) {
     const std::vector<FlatRange> all = {{0, layout.total_floats()}};
-    ShardState s{&layout, &params, m, v, all, all, 1, 0, optimizer_steps, LossScaleState{}};
+    ShardState s{&layout, params, m, v, all, all, 1, 0, optimizer_steps, LossScaleState{}};
     return s;
   }
 };

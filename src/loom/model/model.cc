@@ -192,6 +192,7 @@ void Model::index_units() {
   const int L = int(cfg_.layers), n = int(specs.size());
   unit_fields_.assign(size_t(L + 2), {});
   unit_offset_.assign(size_t(L + 2), -1);
+  unit_end_.assign(size_t(L + 2), -1);
   int first_block = n;
   for (int i = 0; i < n && first_block == n; i++)
     if (specs[size_t(i)].layer >= 0) first_block = i;
@@ -199,6 +200,7 @@ void Model::index_units() {
     const ParamSpec& s = specs[size_t(i)];
     const int u = s.layer >= 0 ? s.layer : i < first_block ? L : L + 1;
     if (unit_offset_[size_t(u)] < 0) unit_offset_[size_t(u)] = s.offset;
+    unit_end_[size_t(u)] = std::max(unit_end_[size_t(u)], s.offset + s.numel);
     const int64_t at = s.offset - unit_offset_[size_t(u)];
     if (float** f = view_field(pv_, s.name)) unit_fields_[size_t(u)].push_back({f, at});
     if (s.name == "wte" && cfg_.arch == Arch::kGpt && pv_.head_w == pv_.wte)

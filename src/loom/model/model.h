@@ -144,6 +144,12 @@ class Model {
   // flat buffer, from the unit's first tensor on (a gathered copy elsewhere); nullptr points
   // them back at params().
   void bind_unit_params(int unit, float* base);
+  // The flat range from a unit's first tensor to the end of its last ({0, 0}: not in this part).
+  FlatRange unit_range(int unit) const {
+    return unit_offset_[size_t(unit)] < 0 ? FlatRange{0, 0}
+                                          : FlatRange{unit_offset_[size_t(unit)], unit_end_[size_t(unit)] - unit_offset_[size_t(unit)]};
+  }
+  int units() const { return int(unit_offset_.size()); }
   // GPT's tied embedding under data parallelism (Note [Tied embedding reduction] in
   // parallel/grad_sync.h): head_done() runs once the head's gradient for this micro-batch
   // is in wte's gradient; embedding(tokens, dout, N) may take over the embedding's wte
@@ -266,7 +272,7 @@ class Model {
   ParamHook param_hook_;
   // Per unit: (view field, offset from the unit's first tensor) of every tensor it holds.
   std::vector<std::vector<std::pair<float**, int64_t>>> unit_fields_;
-  std::vector<int64_t> unit_offset_;
+  std::vector<int64_t> unit_offset_, unit_end_;
   TiedEmbeddingHooks tied_hooks_;
   SpanHook span_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor

@@ -74,72 +74,99 @@ namespace {
 
 }  // namespace
 
-MomentFile::MomentFile(const std::string& dir, int rank, int64_t state, int64_t group, int slots)
-    : state_(state), group_(std::max<int64_t>(1, std::min(group, std::max<int64_t>(state, 1)))) {
+namespace {
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+StateFile::StateFile(const std::string& dir, int rank, int64_t state, int64_t group, int slots, bool direct,
+                     int arrays)
+    : arrays_(arrays), state_(state), group_(std::max<int64_t>(1, std::min(group, std::max<int64_t>(state, 1)))) {
   LOOM_CHECK(slots >= 2, "optimizer offload needs at least 2 sub-group buffers; got ", slots);
+  LOOM_CHECK(arrays == 2 || arrays == 3, "an offload file holds m and v, or m, v and p; got ", arrays, " arrays");
+  constexpr int64_t kPage = 4096;
+  if (direct) align_ = kPage, group_ = round_up(group_, kPage / int64_t(sizeof(float)));
+  stride_ = round_up(group_, kPage / int64_t(sizeof(float)));
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) refuse_dir(dir, "no such directory");
   path_ = (fs::path(dir) / ("loom-optimizer-rank" + std::to_string(rank) + "-" + std::to_string(::getpid()) + ".bin"))
               .string();
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+  if (fd_ < 0 && direct && errno == EINVAL)
+    refuse_dir(dir, "its file system does not support O_DIRECT (offload.direct = true); use a local disk file system "
+                    "or offload.direct = false");
   if (fd_ < 0) refuse_dir(dir, std::string("cannot create a scratch file there: ") + std::strerror(errno));
+  fd_cached_ = direct ? ::open(path_.c_str(), O_RDONLY | O_CLOEXEC) : ::dup(fd_);
   ::unlink(path_.c_str());  // scratch: gone with the process, however it ends
-  v_at_ = (state_ * int64_t(sizeof(float)) + 4095) / 4096 * 4096;  // page-aligned, so v can be mapped
-  const int64_t bytes = v_at_ + state_ * int64_t(sizeof(float));
+  if (fd_cached_ < 0) {
+    ::close(fd_);
+    refuse_dir(dir, std::string("cannot open its scratch file twice: ") + std::strerror(errno));
+  }
+  array_bytes_ = round_up(state_ * int64_t(sizeof(float)), kPage);  // page-aligned: each array can be mapped
+  const int64_t bytes = arrays_ * array_bytes_;  // each padded: the last transfer may run to the page's end
   if (state_ > 0)
     if (const int rc = ::posix_fallocate(fd_, 0, off_t(bytes)); rc != 0) {
-      ::close(fd_);
-      fd_ = -1;
-      refuse_dir(dir, "cannot allocate " + std::to_string(bytes >> 20) + " MiB for this rank's AdamW moments (" +
-                          std::strerror(rc) + ")");
+      ::close(fd_), ::close(fd_cached_);  // no destructor runs for a constructor that throws
+      refuse_dir(dir, "cannot allocate " + std::to_string(bytes >> 20) + " MiB for this rank's offloaded " +
+                          (arrays_ == 3 ? "parameters and AdamW moments (" : "AdamW moments (") + std::strerror(rc) + ")");
     }
+  const size_t block_bytes = size_t(slots) * size_t(slot_bytes());
+  block_.reset(static_cast<float*>(std::aligned_alloc(size_t(kPage), block_bytes)));
+  LOOM_CHECK(block_, "optimizer offload: cannot allocate ", block_bytes, " bytes of sub-group buffers");
+  std::memset(block_.get(), 0, block_bytes);  // resident from the start, as the tracker counts them
   slots_.resize(size_t(slots));
-  for (Slot& s : slots_) s.buf.assign(size_t(2 * group_), 0.0f);
+  for (int s = 0; s < slots; s++) slots_[size_t(s)].buf = block_.get() + int64_t(s) * arrays_ * stride_;
 }
 
-MomentFile::~MomentFile() {
+StateFile::~StateFile() {
   try {
     io_.wait_all(path_);
   } catch (const Error&) {  // a destructor reports nothing; the step that used it did
   }
-  for (int i = 0; i < 2; i++)
-    if (map_[i]) ::munmap(map_[i], size_t(state_) * sizeof(float));
-  if (fd_ >= 0) ::close(fd_);
+  unmap();
+  for (int fd : {fd_, fd_cached_})
+    if (fd >= 0) ::close(fd);
 }
 
-int64_t MomentFile::count_of(int64_t g) const { return std::min(group_, state_ - g * group_); }
+void StateFile::unmap() {
+  for (void*& m : map_)
+    if (m) {  // a checkpoint mapped the file: its writes are in the page cache, which pread sees
+      ::munmap(m, size_t(state_) * sizeof(float));
+      m = nullptr;
+    }
+}
 
-MomentFile::Slot* MomentFile::slot_of(int64_t g) {
+int64_t StateFile::count_of(int64_t g) const { return std::min(group_, state_ - g * group_); }
+
+int64_t StateFile::transfer_bytes(int64_t g) const { return round_up(count_of(g) * int64_t(sizeof(float)), align_); }
+
+StateFile::Slot* StateFile::slot_of(int64_t g) {
   for (Slot& s : slots_)
     if (s.group == g) return &s;
   return nullptr;
 }
 
-void MomentFile::read_into(int s, int64_t g) {
+void StateFile::read_into(int s, int64_t g) {
   Slot& slot = slots_[size_t(s)];
   slot.group = g;
-  const int64_t n = count_of(g), at = g * group_ * int64_t(sizeof(float)), bytes = n * int64_t(sizeof(float));
-  io_.submit(fd_, false, slot.buf.data(), bytes, at);
-  slot.ticket = io_.submit(fd_, false, slot.buf.data() + group_, bytes, v_at_ + at);
-  read_ += 2 * bytes;
+  const int64_t at = g * group_ * int64_t(sizeof(float)), bytes = transfer_bytes(g);
+  for (int a = 0; a < arrays_; a++)
+    slot.ticket = io_.submit(fd_, false, slot.buf + a * stride_, bytes, a * array_bytes_ + at);
+  read_ += arrays_ * bytes;
 }
 
-void MomentFile::write_from(int s) {
+void StateFile::write_from(int s) {
   Slot& slot = slots_[size_t(s)];
-  const int64_t n = count_of(slot.group), at = slot.group * group_ * int64_t(sizeof(float));
-  const int64_t bytes = n * int64_t(sizeof(float));
-  io_.submit(fd_, true, slot.buf.data(), bytes, at);
-  slot.ticket = io_.submit(fd_, true, slot.buf.data() + group_, bytes, v_at_ + at);
-  written_ += 2 * bytes;
+  const int64_t at = slot.group * group_ * int64_t(sizeof(float)), bytes = transfer_bytes(slot.group);
+  for (int a = 0; a < arrays_; a++)
+    slot.ticket = io_.submit(fd_, true, slot.buf + a * stride_, bytes, a * array_bytes_ + at);
+  written_ += arrays_ * bytes;
 }
 
-void MomentFile::for_each(const std::function<void(int64_t, int64_t, float*, float*)>& fn) {
-  for (int i = 0; i < 2; i++)
-    if (map_[i]) {  // a checkpoint mapped the file: its writes are in the page cache, which pread sees
-      ::munmap(map_[i], size_t(state_) * sizeof(float));
-      map_[i] = nullptr;
-    }
+void StateFile::for_each(const GroupFn& fn) {
+  unmap();
   const int64_t n = groups();
   const int k = int(slots_.size());
   // Sub-group g always lives in slot g % k, so a slot's read of g + k queues behind its
@@ -151,7 +178,7 @@ void MomentFile::for_each(const std::function<void(int64_t, int64_t, float*, flo
     Slot& slot = slots_[size_t(s)];
     LOOM_ASSERT(slot.group == g);
     io_.wait(slot.ticket, "optimizer offload file " + path_);
-    fn(g * group_, count_of(g), slot.buf.data(), slot.buf.data() + group_);
+    fn(g * group_, count_of(g), slot.buf, slot.buf + stride_, arrays_ == 3 ? slot.buf + 2 * stride_ : nullptr);
     write_from(s);
     if (g + k < n) read_into(s, g + k);
   }
@@ -160,18 +187,27 @@ void MomentFile::for_each(const std::function<void(int64_t, int64_t, float*, flo
     if (!slot_of(g)) read_into(int(g % k), g);
 }
 
-void MomentFile::quiesce() {
+int64_t StateFile::fetch(int64_t at, int64_t count, float* dst) {
+  LOOM_ASSERT(arrays_ == 3 && at >= 0 && at + count <= state_);
+  read_ += count * int64_t(sizeof(float));
+  return io_.submit(fd_cached_, false, dst, count * int64_t(sizeof(float)),
+                    2 * array_bytes_ + at * int64_t(sizeof(float)));
+}
+
+void StateFile::wait(int64_t ticket) { io_.wait(ticket, "parameter offload file " + path_); }
+
+void StateFile::quiesce() {
   io_.wait_all("optimizer offload file " + path_);
   for (Slot& s : slots_) s.group = -1;
 }
 
-std::span<float> MomentFile::map(int which) {
-  LOOM_CHECK(which == 0 || which == 1, "moment index ", which);
+std::span<float> StateFile::map(int which) {
+  LOOM_CHECK(which >= 0 && which < arrays_, "offload array ", which, " of ", arrays_);
   quiesce();
   if (state_ == 0) return {};
   if (!map_[which]) {
     void* p = ::mmap(nullptr, size_t(state_) * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
-                     off_t(which == 0 ? 0 : v_at_));
+                     off_t(which * array_bytes_));
     if (p == MAP_FAILED) throw Error("optimizer offload file " + path_ + ": cannot map it: " + std::strerror(errno));
     map_[which] = p;
   }

@@ -1,5 +1,6 @@
-// Optimizer offload: AdamW's moments in a scratch file, streamed through a few sub-group
-// buffers (ZeRO-Offload / ZeRO-Infinity's optimizer tier on a CPU engine).
+// Optimizer and parameter offload: AdamW's moments (and with parameter offload the fp32
+// parameters) in a scratch file, streamed through a few sub-group buffers (ZeRO-Offload /
+// ZeRO-Infinity's slow tier on a CPU engine).
 //
 // Note [Optimizer offload]
 // With offload.optimizer = disk, m and v (S floats each, packed in AdamW::owned() order)
@@ -19,6 +20,16 @@
 // elements in the same order as the in-memory AdamW (each element's update reads only that
 // element), so offloaded training equals in-memory training bit for bit.
 //
+// With parameter offload (Note [Parameter offload] in train/param_offload.h) the file holds a
+// third array, the parameters, from the page boundary after v; the update streams p with m
+// and v, and the model's units are read from it with fetch().
+//
+// With `direct` (offload.direct) the file is opened O_DIRECT: transfers bypass the page
+// cache, so the moments take no memory beyond the slots even where the kernel would cache
+// them, and the disk's own speed is what the step sees. Buffers, offsets and lengths are
+// then multiples of 4 KiB: sub-groups are rounded up to 1,024 floats and the last one's
+// transfer to the next 4 KiB (the file is allocated with that padding).
+//
 // Why a thread and pread/pwrite, not io_uring: each sub-group is one large sequential
 // request per moment, so there is nothing for io_uring's batching to save; the FIFO thread
 // gives the read-after-write order for free, and it works where io_uring is disabled
@@ -28,7 +39,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -68,30 +81,40 @@ class IoQueue {
   std::thread thread_;
 };
 
-class MomentFile {
+class StateFile {
  public:
-  // `state` floats of m and of v; sub-groups of `group` floats; `slots` buffers (>= 2).
-  // Creates the scratch file under `dir` and allocates it; throws loom::Error when the
-  // directory is missing, not writable or too small, naming it and the bytes needed.
-  MomentFile(const std::string& dir, int rank, int64_t state, int64_t group, int slots);
-  ~MomentFile();
-  MomentFile(const MomentFile&) = delete;
-  MomentFile& operator=(const MomentFile&) = delete;
+  // `state` floats of m and of v (and of p when `arrays` is 3); sub-groups of `group`
+  // floats; `slots` buffers (>= 2); `direct`: O_DIRECT (fetch() reads through the page cache
+  // still: it fills arbitrary addresses). Creates the scratch file under `dir` and allocates it; throws
+  // loom::Error when the directory is missing, not writable, too small or (direct) on a file
+  // system without O_DIRECT, naming it and the bytes needed.
+  StateFile(const std::string& dir, int rank, int64_t state, int64_t group, int slots, bool direct = false,
+            int arrays = 2);
+  ~StateFile();
+  StateFile(const StateFile&) = delete;
+  StateFile& operator=(const StateFile&) = delete;
 
   int64_t state() const { return state_; }
   int64_t groups() const { return (state_ + group_ - 1) / group_; }
-  // Streams every sub-group in order through fn(begin, count, m, v): m and v hold state
-  // [begin, begin + count); what fn leaves there is written back.
-  void for_each(const std::function<void(int64_t begin, int64_t count, float* m, float* v)>& fn);
+  int arrays() const { return arrays_; }
+  // Streams every sub-group in order through fn(begin, count, m, v, p): m, v (and p, else
+  // nullptr) hold state [begin, begin + count); what fn leaves there is written back.
+  using GroupFn = std::function<void(int64_t begin, int64_t count, float* m, float* v, float* p)>;
+  void for_each(const GroupFn& fn);
+  // Queues a read of p[at, at + count) into dst (behind every write queued so far); wait()
+  // for its ticket before using dst.
+  int64_t fetch(int64_t at, int64_t count, float* dst);
+  void wait(int64_t ticket);
   // Waits for every transfer and forgets prefetched sub-groups (before the file is read or
   // written another way).
   void quiesce();
-  // The whole m or v as a shared mapping of the file (checkpoint save and load); valid
-  // until the next for_each. Its pages are page cache, not the process's own memory.
+  // The whole m (0), v (1) or p (2) as a shared mapping of the file (initial values,
+  // checkpoint save and load); valid until the next for_each. Its pages are page cache, not
+  // the process's own memory.
   std::span<float> map(int which);
   // The slot buffers (the resident part of the optimizer state).
-  const float* slot_data(int s) const { return slots_[size_t(s)].buf.data(); }
-  int64_t slot_bytes() const { return 2 * group_ * int64_t(sizeof(float)); }
+  const float* slot_data(int s) const { return slots_[size_t(s)].buf; }
+  int64_t slot_bytes() const { return arrays_ * stride_ * int64_t(sizeof(float)); }
   int slot_count() const { return int(slots_.size()); }
   int64_t bytes_read() const { return read_; }
   int64_t bytes_written() const { return written_; }
@@ -99,8 +122,8 @@ class MomentFile {
 
  private:
   struct Slot {
-    std::vector<float> buf;  // m (group floats) then v
-    int64_t group = -1;      // the sub-group it holds or is being read into; -1 none
+    float* buf = nullptr;  // m (stride_ floats), v (and p), inside block_
+    int64_t group = -1;    // the sub-group it holds or is being read into; -1 none
     int64_t ticket = 0;      // the last transfer touching it
   };
   // Issues the read of sub-group g into slot s.
@@ -108,15 +131,22 @@ class MomentFile {
   void write_from(int s);
   Slot* slot_of(int64_t g);
   int64_t count_of(int64_t g) const;
+  int64_t transfer_bytes(int64_t g) const;  // count_of(g) floats, rounded up to the alignment
 
   std::string path_;
   int fd_ = -1;
+  int fd_cached_ = -1;  // the same file without O_DIRECT (fetch)
+  int arrays_ = 2;
   int64_t state_, group_;
-  int64_t v_at_ = 0;  // v's byte offset in the file (m's is 0)
+  int64_t align_ = 1;   // bytes every transfer is a multiple of (4096 with O_DIRECT)
+  int64_t stride_ = 0;  // floats from a slot's m to its v: group_ rounded up to the alignment
+  int64_t array_bytes_ = 0;  // bytes per array in the file, page-aligned: array i starts at i array_bytes_
+  std::unique_ptr<float, void (*)(void*)> block_{nullptr, &std::free};  // every slot's buffer, page-aligned
   std::vector<Slot> slots_;
   IoQueue io_;
   int64_t read_ = 0, written_ = 0;
-  void* map_[2] = {nullptr, nullptr};
+  void* map_[3] = {nullptr, nullptr, nullptr};
+  void unmap();
 };
 
 }  // namespace loom

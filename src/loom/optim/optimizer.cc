@@ -77,11 +77,14 @@ int64_t AdamW::state_floats() const {
   return n;
 }
 
-void AdamW::offload(std::unique_ptr<MomentFile> file) {
+void AdamW::offload(std::unique_ptr<StateFile> file) {
   LOOM_CHECK(file && file->state() == state_floats(), "the offload file holds ", file ? file->state() : -1,
              " floats of state, AdamW ", state_floats());
   // Before any step or restore the moments are zeros, as the freshly allocated file reads.
   LOOM_CHECK(t_ == 0, "optimizer offload starts before the first step; ", t_, " steps taken");
+  // With the parameters in the file too, its state order must be the flat order.
+  LOOM_CHECK(file->arrays() == 2 || (owned_.size() == 1 && owned_[0].offset == 0),
+             "parameter offload needs the whole flat buffer owned (no ZeRO sharding)");
   file_ = std::move(file);
   std::vector<float>().swap(m_);
   std::vector<float>().swap(v_);
@@ -94,21 +97,23 @@ std::span<float> AdamW::moment(int which) {
 
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr) {
   t_++;
-  auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v) {  // state [lo, hi) of run r
+  // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
+  auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v, float* p) {
     const int64_t at = r.offset + (lo - r.state_offset);
-    k.adamw_update(params.data() + at, grads.data() + at, m, v, hi - lo, float(lr), float(cfg_.beta1),
+    k.adamw_update(p ? p : params.data() + at, grads.data() + at, m, v, hi - lo, float(lr), float(cfg_.beta1),
                    float(cfg_.beta2), float(cfg_.eps), r.weight_decay, t_);
   };
   if (!file_) {
-    for (const Run& r : runs_) update(r, r.state_offset, r.state_offset + r.count, m_.data() + r.state_offset,
-                                      v_.data() + r.state_offset);
+    for (const Run& r : runs_)
+      update(r, r.state_offset, r.state_offset + r.count, m_.data() + r.state_offset, v_.data() + r.state_offset,
+             nullptr);
     return;
   }
   // Note [Optimizer offload]: the runs cut by sub-group; elementwise, so the same bits.
-  file_->for_each([&](int64_t begin, int64_t count, float* m, float* v) {
+  file_->for_each([&](int64_t begin, int64_t count, float* m, float* v, float* p) {
     for (const Run& r : runs_) {
       const int64_t lo = std::max(begin, r.state_offset), hi = std::min(begin + count, r.state_offset + r.count);
-      if (hi > lo) update(r, lo, hi, m + (lo - begin), v + (lo - begin));
+      if (hi > lo) update(r, lo, hi, m + (lo - begin), v + (lo - begin), p ? p + (lo - begin) : nullptr);
     }
   });
 }

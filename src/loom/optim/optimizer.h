@@ -12,7 +12,7 @@
 
 namespace loom {
 
-class MomentFile;
+class StateFile;
 
 // Linear warmup from lr/warmup to lr over warmup_steps, then cosine decay to lr*min_lr_ratio
 // at total_steps. `step` is 0-based (the step about to be taken).
@@ -48,8 +48,8 @@ class AdamW {
   // Note [Optimizer offload]: from now on the moments live in `file` (sized for
   // state_floats()); the in-memory ones are dropped. step() streams them; the 1-bit and 0/1
   // Adam methods need them in memory (refused by the config check).
-  void offload(std::unique_ptr<MomentFile> file);
-  MomentFile* offload_file() const { return file_.get(); }
+  void offload(std::unique_ptr<StateFile> file);
+  StateFile* offload_file() const { return file_.get(); }
   int64_t state_floats() const;
   // m (0) or v (1), packed in `owned` order, wherever it lives: in memory, or a mapping of
   // the offload file (checkpoint save and load; valid until the next step).
@@ -97,7 +97,7 @@ class AdamW {
   std::vector<Run> runs_;
   OptimConfig cfg_;
   std::vector<float> m_, v_;
-  std::unique_ptr<MomentFile> file_;
+  std::unique_ptr<StateFile> file_;
   int64_t t_ = 0;
   // t += 1; lr / (1 - b1^t) with b1 as the float the fast kernel receives.
   float next_step_size(double lr);

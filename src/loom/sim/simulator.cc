@@ -83,6 +83,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
+  LOOM_CONFIG_CHECK(cfg.offload.params != "disk", "offload.params = disk: the simulator does not price parameter "
+                    "offload yet; simulate offload.optimizer = disk alone");
   LOOM_CONFIG_CHECK(cfg.offload.optimizer != "disk" || cluster.offload.read_bw > 0, "offload.optimizer = disk: cluster ",
                     cluster.name, " has no offload tier; give it one (--set cluster.offload.read_gbps=R --set "
                     "cluster.offload.write_gbps=W --set cluster.offload.capacity_gib=C) or drop the offload");

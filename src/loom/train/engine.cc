@@ -102,6 +102,27 @@ void Engine::zero_grads() {
 
 void Engine::materialize_params() {
   if (gather) gather->gather_all();
+  if (fetch) fetch->materialize();
+}
+
+void Engine::offload_params(StateFile& file) {
+  std::vector<float>& p = model.params();
+  const std::span<float> home = file.map(2);
+  std::copy(p.begin(), p.end(), home.begin());  // the initial weights (a resume overwrites them there)
+  release_pages(p.data(), int64_t(p.size() * sizeof(float)));
+  std::vector<FlatRange> units;
+  for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
+  fetch = std::make_unique<ParamFetch>(file, p.data(), std::move(units), &memory);
+  param_file = &file;
+  model.set_param_hook([this](int unit, bool acquire) {
+    if (acquire) fetch->acquire(unit);
+    else fetch->release(unit);
+  });
+}
+
+std::span<float> Engine::param_view() {
+  if (param_file) return param_file->map(2);
+  return model.params();
 }
 
 Updater::Updater(const Config& cfg, Engine& e)
@@ -122,8 +143,11 @@ Updater::Updater(const Config& cfg, Engine& e)
 void Updater::offload_optimizer(int global_rank) {
   const OffloadConfig& o = cfg_.offload;
   const int64_t group = std::max<int64_t>(1, int64_t(o.sub_group_mb * double(1 << 20)) / int64_t(sizeof(float)));
-  adamw_.offload(std::make_unique<MomentFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots)));
-  const MomentFile& f = *adamw_.offload_file();
+  const bool params = o.params == "disk";  // Note [Parameter offload]: p as the file's third array
+  adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
+                                             params ? 3 : 2));
+  if (params) e_.offload_params(*adamw_.offload_file());
+  const StateFile& f = *adamw_.offload_file();
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
 
@@ -155,6 +179,7 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
     e_.sync->reduce_update(model.grads().data());
     adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
   } else {
+    if (e_.fetch) e_.fetch->drop_all();  // Note [Parameter offload]: p streams with m and v
     adamw_.step(k, model.params(), model.grads(), lr);
   }
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now

@@ -13,6 +13,7 @@
 #include "loom/parallel/zero.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
+#include "loom/train/param_offload.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
@@ -23,8 +24,15 @@ struct Engine {
   // Zeroes the gradients a step accumulates into (under per-micro-batch sharding only
   // the own pieces hold anything; the rest already reads zero).
   void zero_grads();
-  // Every unit gathered (ZeRO-3), so params() is the whole local part; no-op otherwise.
+  // Every unit gathered (ZeRO-3) or read back (parameter offload), so params() is the whole
+  // local part; no-op otherwise.
   void materialize_params();
+  // Note [Parameter offload]: the parameters move to `file` (its third array); the flat
+  // buffer then holds only the units in use.
+  void offload_params(StateFile& file);
+  // The parameters wherever they live: params(), or a mapping of the offload file (saving,
+  // loading, the finite check; valid until the next update).
+  std::span<float> param_view();
 
   const RankContext& rc;
   std::vector<int> unit_bucket;  // ZeRO-3: unit -> bucket
@@ -34,6 +42,8 @@ struct Engine {
   std::unique_ptr<parallel::GradSync> sync;
   std::unique_ptr<parallel::ParamGather> gather;  // ZeRO-3 with dp > 1
   std::unique_ptr<parallel::PipelineRunner> pipe;
+  std::unique_ptr<ParamFetch> fetch;  // parameter offload
+  StateFile* param_file = nullptr;
 };
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):

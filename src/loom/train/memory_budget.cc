@@ -11,6 +11,7 @@
 #include "loom/comm/agree.h"
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
+#include "loom/parallel/zero.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
@@ -22,11 +23,16 @@ std::string bytes_text(int64_t bytes) {
   return buf;
 }
 
-MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes) {
+MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
+                               int64_t largest_unit) {
   const int64_t p4 = params * int64_t(sizeof(float));  // fp32 params, grads, each moment
   const int64_t shards = dp > 1 ? dp : 1;
   MemoryEstimate e;
   e.params = zero >= 3 ? p4 / shards : p4;
+  // Note [Parameter offload]: the units in use and the one read ahead (GPT's tied head holds
+  // the embedding too): at most three of the largest.
+  e.params_offloaded = std::min(p4, 3 * largest_unit * int64_t(sizeof(float)));
+  if (cfg.offload.params == "disk") e.params = e.params_offloaded;
   e.grads = zero >= 2 ? p4 / shards : p4;
   e.optimizer_in_memory = 2 * (zero >= 1 ? p4 / shards : p4);
   e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
@@ -54,6 +60,9 @@ std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstim
                                     " -> " + bytes_text(o.buffer_bytes(state)) +
                                     " of buffers at offload.sub_group_mb = " + detail::cat(o.sub_group_mb) + ")"});
   }
+  if (cfg.offload.params != "disk" && rc.zero == 0 && e.params > e.params_offloaded)
+    out.push_back({e.params, "set offload.params = disk with offload.optimizer = disk (params " + bytes_text(e.params) +
+                                 " -> " + bytes_text(e.params_offloaded) + ": the units in use and the one read ahead)"});
   if (rc.dp_size > 1 && rc.zero < 3)
     out.push_back({rc.zero == 0 ? e.optimizer : rc.zero == 1 ? e.grads : e.params,
                    "set parallel.zero = " + std::to_string(rc.zero + 1) + " (shards " +
@@ -84,7 +93,11 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   if (rough < double(int64_t(1) << 56))
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
                                  cfg.train.precision == "bf16", rc.plan->w_slots);
-  const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0));
+  std::vector<int> unit_bucket;
+  int64_t largest = 0;
+  for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets)
+    largest = std::max(largest, b.count);
+  const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0), largest);
   const bool budget = cfg.memory.limit_gib > 0;
   const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
                               : int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));

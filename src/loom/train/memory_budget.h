@@ -30,11 +30,14 @@ class Group;
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
   int64_t optimizer_in_memory = 0;  // what the optimizer state would take without offload
+  int64_t params_offloaded = 0;     // what the parameters would take with offload.params = disk
   int64_t total() const { return params + grads + optimizer + activations; }
 };
 
-// The estimate for `params` parameters on this rank; activations: the model's carve.
-MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes);
+// The estimate for `params` parameters on this rank; activations: the model's carve;
+// largest_unit: the floats of its largest unit (parameter offload holds a few at once).
+MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
+                               int64_t largest_unit);
 
 // Throws ConfigError when the estimate does not fit memory.limit_gib (or, without a budget,
 // this machine's memory), naming the categories and the settings that would shrink them.

@@ -58,7 +58,7 @@ void StepLog::after_step(const StepOutcome& s) {
 ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
   const RankContext& rc = e.rc;
   const std::vector<FlatRange> all = {{0, e.model.layout().total_floats()}};
-  ShardState s{&e.model.layout(), &e.model.params(), updater.adamw().moment(0), updater.adamw().moment(1),
+  ShardState s{&e.model.layout(), e.param_view(), updater.adamw().moment(0), updater.adamw().moment(1),
                rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
                updater.adamw().steps_taken(), updater.scaler().state()};
   if (!e.sync) return s;
@@ -94,7 +94,7 @@ void CheckpointTrigger::after_step(const StepOutcome& s) {
   const int rank = world_ ? world_->global_rank() : 0;
   comm::Group* group = world_ ? &world_->world_group() : nullptr;
   std::exception_ptr bad;
-  const std::vector<float>& p = e_.model.params();
+  const std::span<const float> p = e_.param_view();
   if (!std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); }))
     bad = std::make_exception_ptr(Error("training diverged: parameters hold NaN or infinity after step " +
                                         std::to_string(done) + "; nothing was saved over the earlier checkpoints "

@@ -231,11 +231,11 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
 // A GPT pipeline's two wte copies get the same summed gradient and, with the same sync
 // (WteBucket::kAloneLast under a per-bucket compressor), the same update: an invariant,
 // checked bit for bit at the end of the run (ZeRO-3 keeps only pieces; not checked there).
-void check_tied_copies(const Engine& e, const RankContext& rc) {
+void check_tied_copies(Engine& e, const RankContext& rc) {
   if (!rc.embed || e.gather) return;
   const ParamSpec& w = e.model.layout().at("wte");
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the copy's bytes
-  for (const float& x : std::span<const float>(e.model.params().data() + w.offset, size_t(w.numel))) {
+  for (const float& x : e.param_view().subspan(size_t(w.offset), size_t(w.numel))) {
     uint32_t bits;
     std::memcpy(&bits, &x, 4);
     h = (h ^ bits) * 0x100000001b3ull;
@@ -328,7 +328,7 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u
   sum.memory_peak_total_bytes = e.memory.peak_total();
   os << "; at most " << bytes_text(sum.memory_peak_total_bytes) << " at once";
   if (cfg.memory.limit_gib > 0) os << " (budget memory.limit_gib = " << cfg.memory.limit_gib << ")";
-  if (const MomentFile* f = u.adamw().offload_file()) {
+  if (const StateFile* f = u.adamw().offload_file()) {
     sum.offload_read_bytes = f->bytes_read(), sum.offload_written_bytes = f->bytes_written();
     os << "; optimizer offload: " << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
        << " written in sub-groups of " << cfg.offload.sub_group_mb << " MiB per moment through " << f->slot_count()

@@ -90,7 +90,7 @@ TEST(OptimizerOffload, AdamWOverTheFileEqualsAdamWInMemory) {
   const int64_t n = layout.total_floats();
   const Kernels& k = kernels(KernelBackend::kCpu);
   for (const std::vector<FlatRange>& owned : {std::vector<FlatRange>{}, {{3, n / 3}, {n / 2, n / 2 - 5}}}) {
-    AdamW mem(layout, OptimConfig{}, owned), off(layout, OptimConfig{}, owned);
+    AdamW mem(layout, OptimConfig{}, owned), off(layout, OptimConfig{}, owned, true);
     off.offload(std::make_unique<StateFile>(dir.path.string(), 1, off.state_floats(), 1237, 3));
     std::mt19937 rng(7);
     std::normal_distribution<float> dist;

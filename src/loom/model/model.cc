@@ -6,6 +6,7 @@
 #include <random>
 
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 #include "loom/model/acts.h"
 #include "loom/model/tp_slice.h"
 
@@ -84,6 +85,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
     LOOM_CHECK(0 <= b && b < e && e <= cfg.layers, "model chunk [", b, ", ", e, ") is not a layer range of the ",
                cfg.layers, "-layer model");
   params_.assign(layout_.total_floats(), 0.0f);
+  if (opt.params_elsewhere) release_pages(params_.data(), int64_t(params_.size() * sizeof(float)));
   grads_.assign(layout_.total_floats(), 0.0f);
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
@@ -219,7 +221,8 @@ const void* Model::activation_storage() const { return acts_->storage.get(); }
 
 int64_t Model::activation_bytes() const { return acts_->floats * int64_t(sizeof(float)); }
 
-void Model::init_weights(uint64_t seed) {
+void Model::init_weights(uint64_t seed, float* into, const std::function<void(int64_t, int64_t)>& written) {
+  float* const base = into ? into : params_.data();
   std::mt19937_64 rng(seed);
   const float std_proj = float(cfg_.init_std / std::sqrt(2.0 * double(cfg_.layers)));
   const ParamLayout whole(cfg_);
@@ -229,18 +232,20 @@ void Model::init_weights(uint64_t seed) {
     // A split tensor is drawn whole, then this rank's slice is kept.
     const bool slice = mine && mine->split_dim >= 0 && part_.tp > 1;
     if (!mine || slice) discard.assign(size_t(s.numel), 0.0f);
-    float* p = mine && !slice ? params_.data() + mine->offset : discard.data();
+    float* p = mine && !slice ? base + mine->offset : discard.data();
     const bool is_norm = s.name.find("norm") != std::string::npos;
     if (s.shape.size() == 1) {
       std::fill(p, p + s.numel, is_norm && s.name.back() == 'w' ? 1.0f : 0.0f);
-      if (slice) slice_to_local(*mine, s.shape, discard.data(), params_.data() + mine->offset, part_.tp, part_.tp_rank);
+      if (slice) slice_to_local(*mine, s.shape, discard.data(), base + mine->offset, part_.tp, part_.tp_rank);
+      if (mine && written) written(mine->offset, mine->numel);
       continue;
     }
     const bool residual_out = s.name.find("attn.proj.w") != std::string::npos ||
                               s.name.find("mlp.proj.w") != std::string::npos;
     std::normal_distribution<float> dist(0.0f, residual_out ? std_proj : float(cfg_.init_std));
     for (int64_t i = 0; i < s.numel; i++) p[i] = dist(rng);
-    if (slice) slice_to_local(*mine, s.shape, discard.data(), params_.data() + mine->offset, part_.tp, part_.tp_rank);
+    if (slice) slice_to_local(*mine, s.shape, discard.data(), base + mine->offset, part_.tp, part_.tp_rank);
+    if (mine && written) written(mine->offset, mine->numel);
   }
 }
 

@@ -66,6 +66,10 @@ struct ModelOptions {
   // them in fp32 with the same results (tests check that the storage changes nothing).
   bool bf16_activations = true;
   int w_slots = 0;  // per chunk: W slots of a split backward (Note [B/W split]); 0: backward is one step
+  // Note [Parameter offload]: the parameters live elsewhere; the flat buffer's pages are
+  // handed back as soon as it is allocated (before the gradients are), so a model larger
+  // than memory can be built.
+  bool params_elsewhere = false;
 };
 
 class Model {
@@ -99,7 +103,10 @@ class Model {
   // scaled by 1/sqrt(2 * layers), biases 0, norm weights 1. Deterministic from the seed,
   // and the same values for a tensor whichever part holds it (the whole model's random
   // stream is walked; tensors not held are skipped).
-  void init_weights(uint64_t seed);
+  // Draws the initial weights into `into` (laid out as params(); nullptr: params()); calls
+  // written(offset, count) after each tensor of this part is complete there.
+  void init_weights(uint64_t seed, float* into = nullptr,
+                    const std::function<void(int64_t offset, int64_t count)>& written = {});
   void zero_grads();
 
   // One micro-batch, tokens/targets (B,T). Returns the mean loss over B*T tokens and ADDS

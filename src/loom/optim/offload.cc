@@ -194,6 +194,17 @@ int64_t StateFile::fetch(int64_t at, int64_t count, float* dst) {
                     2 * array_bytes_ + at * int64_t(sizeof(float)));
 }
 
+void StateFile::flush(int which, int64_t at, int64_t count) {
+  LOOM_ASSERT(map_[which] && at >= 0 && at + count <= state_);
+  const int64_t page = 4096;
+  char* const base = static_cast<char*>(map_[which]);
+  const int64_t lo = at * int64_t(sizeof(float)) / page * page;
+  const int64_t hi = std::min(round_up((at + count) * int64_t(sizeof(float)), page), array_bytes_);
+  if (::msync(base + lo, size_t(hi - lo), MS_SYNC) != 0)
+    throw Error("offload file " + path_ + ": cannot write back its mapping: " + std::strerror(errno));
+  ::madvise(base + lo, size_t(hi - lo), MADV_DONTNEED);
+}
+
 void StateFile::wait(int64_t ticket) { io_.wait(ticket, "parameter offload file " + path_); }
 
 void StateFile::quiesce() {

@@ -112,6 +112,10 @@ class StateFile {
   // checkpoint save and load); valid until the next for_each. Its pages are page cache, not
   // the process's own memory.
   std::span<float> map(int which);
+  // Writes [at, at + count) of mapped array `which` to the file and drops those pages from
+  // the process (they stay in the page cache, clean and reclaimable): a mapping written
+  // whole (the initial parameters of a model larger than memory) never holds it all.
+  void flush(int which, int64_t at, int64_t count);
   // The slot buffers (the resident part of the optimizer state).
   const float* slot_data(int s) const { return slots_[size_t(s)].buf; }
   int64_t slot_bytes() const { return arrays_ * stride_ * int64_t(sizeof(float)); }

@@ -49,7 +49,7 @@ std::vector<DecayRun> decay_runs(const ParamLayout& layout, double weight_decay)
   return all;
 }
 
-AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned)
+AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned, bool offloaded)
     : owned_(std::move(owned)), cfg_(cfg) {
   if (owned_.empty()) owned_.push_back({0, layout.total_floats()});
   const std::vector<DecayRun> all = decay_runs(layout, cfg.weight_decay);
@@ -64,6 +64,8 @@ AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<Flat
     }
     state += o.count;
   }
+  awaiting_file_ = offloaded;
+  if (offloaded) return;  // offload() brings the file; the moments never touch memory
   m_.assign(size_t(state), 0.0f);
   v_.assign(size_t(state), 0.0f);
 }
@@ -86,16 +88,19 @@ void AdamW::offload(std::unique_ptr<StateFile> file) {
   LOOM_CHECK(file->arrays() == 2 || (owned_.size() == 1 && owned_[0].offset == 0),
              "parameter offload needs the whole flat buffer owned (no ZeRO sharding)");
   file_ = std::move(file);
+  awaiting_file_ = false;
   std::vector<float>().swap(m_);
   std::vector<float>().swap(v_);
 }
 
 std::span<float> AdamW::moment(int which) {
+  LOOM_ASSERT(!awaiting_file_, "AdamW built for offload is used before offload()");
   if (file_) return file_->map(which);
   return which == 0 ? std::span<float>(m_) : std::span<float>(v_);
 }
 
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr) {
+  LOOM_ASSERT(!awaiting_file_, "AdamW built for offload steps before offload()");
   t_++;
   // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
   auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v, float* p) {

@@ -42,7 +42,8 @@ class AdamW {
  public:
   // Updates the parts of the flat buffer listed in `owned` (ZeRO: this rank's shard
   // pieces; empty: the whole buffer) and keeps moments for those parts only.
-  AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned = {});
+  // offloaded: the moments are not allocated; offload() must come before any use.
+  AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<FlatRange> owned = {}, bool offloaded = false);
   ~AdamW();
   AdamW(AdamW&&) noexcept;
   // Note [Optimizer offload]: from now on the moments live in `file` (sized for
@@ -98,6 +99,7 @@ class AdamW {
   OptimConfig cfg_;
   std::vector<float> m_, v_;
   std::unique_ptr<StateFile> file_;
+  bool awaiting_file_ = false;  // built for offload, offload() not yet called
   int64_t t_ = 0;
   // t += 1; lr / (1 - b1^t) with b1 as the float the fast kernel receives.
   float next_step_size(double lr);

@@ -20,6 +20,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;
+  o.params_elsewhere = cfg.offload.params == "disk";  // Note [Parameter offload]
   o.precision = cfg.train.precision == "bf16"   ? Precision::kBf16
                 : cfg.train.precision == "fp16" ? Precision::kFp16
                                                 : Precision::kFp32;
@@ -43,7 +44,7 @@ std::vector<bool> zero_keep_units(const Config& cfg) {
 Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     : rc(rc_), unit_bucket(rc_.plan->unit_bucket), plan(rc_.plan->dp_plan),
       model(cfg.model, mb, T, KernelBackend::kCpu, model_options(cfg, rc_, plan)) {
-  model.init_weights(uint64_t(cfg.train.seed));
+  if (cfg.offload.params != "disk") model.init_weights(uint64_t(cfg.train.seed));  // else into the file
   const int64_t state_bytes = int64_t(model.params().size() * sizeof(float));
   memory.track(memory.category("params"), model.params().data(), state_bytes);
   memory.track(memory.category("grads"), model.grads().data(), state_bytes);
@@ -105,11 +106,12 @@ void Engine::materialize_params() {
   if (fetch) fetch->materialize();
 }
 
-void Engine::offload_params(StateFile& file) {
+void Engine::offload_params(StateFile& file, uint64_t seed) {
   std::vector<float>& p = model.params();
-  const std::span<float> home = file.map(2);
-  std::copy(p.begin(), p.end(), home.begin());  // the initial weights (a resume overwrites them there)
-  release_pages(p.data(), int64_t(p.size() * sizeof(float)));
+  // The initial weights straight into the file, each tensor written back and dropped from
+  // the process as it completes (a resume overwrites them there); the flat buffer was never
+  // touched.
+  model.init_weights(seed, file.map(2).data(), [&file](int64_t at, int64_t n) { file.flush(2, at, n); });
   std::vector<FlatRange> units;
   for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
   fetch = std::make_unique<ParamFetch>(file, p.data(), std::move(units), &memory);
@@ -127,7 +129,8 @@ std::span<float> Engine::param_view() {
 
 Updater::Updater(const Config& cfg, Engine& e)
     : cfg_(cfg), e_(e),
-      adamw_(e.model.layout(), cfg.optim, e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank) : std::vector<FlatRange>{}),
+      adamw_(e.model.layout(), cfg.optim, e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank) : std::vector<FlatRange>{},
+             cfg.offload.optimizer == "disk"),
       scaler_(cfg.train) {
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
   // ranks other than 0, the replicated tensors are left out.
@@ -146,7 +149,7 @@ void Updater::offload_optimizer(int global_rank) {
   const bool params = o.params == "disk";  // Note [Parameter offload]: p as the file's third array
   adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
                                              params ? 3 : 2));
-  if (params) e_.offload_params(*adamw_.offload_file());
+  if (params) e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed));
   const StateFile& f = *adamw_.offload_file();
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }

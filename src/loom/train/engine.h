@@ -29,7 +29,7 @@ struct Engine {
   void materialize_params();
   // Note [Parameter offload]: the parameters move to `file` (its third array); the flat
   // buffer then holds only the units in use.
-  void offload_params(StateFile& file);
+  void offload_params(StateFile& file, uint64_t seed);
   // The parameters wherever they live: params(), or a mapping of the offload file (saving,
   // loading, the finite check; valid until the next update).
   std::span<float> param_view();

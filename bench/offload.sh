@@ -35,7 +35,7 @@ def parse(name):
     mem = re.search(r"memory \(rank 0, peak resident MiB\):(.*)", err).group(1)
     opt = float(re.search(r"optimizer ([0-9.]+)", mem).group(1))
     total = re.search(r"at most ([0-9.]+ [GM]iB)", mem).group(1)
-    io = re.search(r"optimizer offload: ([0-9.]+) (GiB|MiB) read, ([0-9.]+) (GiB|MiB) written", mem)
+    io = re.search(r"offload: ([0-9.]+) (GiB|MiB) read, ([0-9.]+) (GiB|MiB) written", mem)
     scale = lambda v, u: float(v) * (1024 if u == "GiB" else 1)
     rd = scale(io.group(1), io.group(2)) if io else 0.0
     wr = scale(io.group(3), io.group(4)) if io else 0.0

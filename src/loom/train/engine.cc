@@ -115,7 +115,6 @@ void Engine::offload_params(StateFile& file, uint64_t seed) {
   std::vector<FlatRange> units;
   for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
   fetch = std::make_unique<ParamFetch>(file, p.data(), std::move(units), &memory);
-  param_file = &file;
   model.set_param_hook([this](int unit, bool acquire) {
     if (acquire) fetch->acquire(unit);
     else fetch->release(unit);
@@ -123,7 +122,7 @@ void Engine::offload_params(StateFile& file, uint64_t seed) {
 }
 
 std::span<float> Engine::param_view() {
-  if (param_file) return param_file->map(2);
+  if (fetch) return fetch->file().map(2);
   return model.params();
 }
 

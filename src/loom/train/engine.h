@@ -42,8 +42,9 @@ struct Engine {
   std::unique_ptr<parallel::GradSync> sync;
   std::unique_ptr<parallel::ParamGather> gather;  // ZeRO-3 with dp > 1
   std::unique_ptr<parallel::PipelineRunner> pipe;
-  std::unique_ptr<ParamFetch> fetch;  // parameter offload
-  StateFile* param_file = nullptr;
+  // Parameter offload; reads the Updater's offload file, so it is used only while the
+  // Updater lives (the trainer's step loop and run end).
+  std::unique_ptr<ParamFetch> fetch;
 };
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):

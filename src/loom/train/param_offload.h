@@ -40,6 +40,7 @@ class ParamFetch {
   // Reads every unit into the flat buffer and keeps them (final weights at the run's end).
   void materialize();
   int peak_units() const { return peak_; }
+  StateFile& file() const { return file_; }
 
  private:
   enum class State { kOut, kReading, kIn };

@@ -325,12 +325,13 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u
   if (e.gather)
     os << " (+ gathered units: " << e.gather->peak_units() << " at once, pool of "
        << double(e.gather->pool_bytes()) / (1 << 20) << " MiB)";
+  if (e.fetch) os << " (parameter offload: at most " << e.fetch->peak_units() << " units resident at once)";
   sum.memory_peak_total_bytes = e.memory.peak_total();
   os << "; at most " << bytes_text(sum.memory_peak_total_bytes) << " at once";
   if (cfg.memory.limit_gib > 0) os << " (budget memory.limit_gib = " << cfg.memory.limit_gib << ")";
   if (const StateFile* f = u.adamw().offload_file()) {
     sum.offload_read_bytes = f->bytes_read(), sum.offload_written_bytes = f->bytes_written();
-    os << "; optimizer offload: " << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
+    os << (e.fetch ? "; optimizer and parameter offload: " : "; optimizer offload: ") << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
        << " written in sub-groups of " << cfg.offload.sub_group_mb << " MiB per moment through " << f->slot_count()
        << " buffers";
   }

@@ -1,6 +1,10 @@
 // Note [Optimizer offload]: the streamed moment file and AdamW over it.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
 #include <random>
 
 #include "loom/core/error.h"
@@ -77,6 +81,30 @@ TEST(OptimizerOffload, RefusesAMissingDirectoryNamingIt) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot create a scratch file there"), std::string::npos) << e.what();
   }
+}
+
+// A disk too small for the file is refused before any step, naming the directory and the
+// MiB needed: RLIMIT_FSIZE stands in for a full disk (posix_fallocate fails with EFBIG, as it
+// would with ENOSPC).
+TEST(OptimizerOffload, RefusesADiskTooSmallBeforeTheFirstStep) {
+  TempDir dir("loom-offload");
+  struct rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);  // else the kernel kills the process
+  struct rlimit small = old;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string what;
+  try {
+    StateFile f(dir.path.string(), 0, int64_t(4) << 20, 1 << 20, 3);  // 2 x 16 MiB of moments
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_NE(what.find("cannot allocate 32 MiB for this rank's offloaded AdamW moments"), std::string::npos) << what;
+  EXPECT_NE(what.find(dir.path.string()), std::string::npos) << what;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path)) << "the scratch file is unlinked even when refused";
 }
 
 // AdamW with its moments offloaded takes the same steps bit for bit as in memory: every

@@ -85,6 +85,16 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
         EXPECT_LE(params_peak(off), params_peak(mem)) << what;
         EXPECT_GT(params_peak(off), 0) << what;
       });
+  // Note [Chunk manager]: 40 KiB chunks cutting across units, kept under a budget that holds
+  // them all, through the pipeline's interleaved micro-batches, recompute and tp.
+  expect_offload_equals_in_memory(
+      {{"train.grad_accum=3", "parallel.recompute=full"}, {"parallel.tp=2"},
+       {"parallel.pp=2", "train.grad_accum=3"}, {"parallel.pp=2", "parallel.schedule=1f1b", "train.grad_accum=4"}},
+      {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(),
+       "offload.sub_group_mb=0.01", "offload.chunk_mb=0.04", "memory.limit_gib=0.25"},
+      [&](const TrainSummary&, const TrainSummary& off, const std::string& what) {
+        EXPECT_GT(off.param_chunk_read_bytes, 0) << what;
+      });
 }
 
 // A resume with offload on or off continues the same run: the checkpoint holds the
@@ -173,6 +183,48 @@ TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
   EXPECT_LE(both.memory_peak_total_bytes, int64_t(0.0293 * double(int64_t(1) << 30)));
 }
 
+// Note [Chunk manager]: parameter offload in 128 KiB chunks under a budget (8 blocks of
+// 0.75 MiB). Per replayed step (the bytes a fifth step adds over four), a budget that holds
+// every chunk reads none (the update refreshes the resident chunks); one that leaves room
+// for 60% of them reads at least the 40% it cannot hold, and less than no budget does (every unit at each use, the next one kept); each run equals
+// in-memory training bit for bit and its measured peak stays within its budget.
+TEST(ParameterOffload, ChunksUnderABudgetReadLessAndStayWithinIt) {
+  TempDir dir("loom-offload");
+  const std::vector<std::string> model = {"model.layers=8", "model.d_model=128", "model.heads=4", "model.ffn=512",
+                                          "train.batch=2", "offload.optimizer=disk", "offload.params=disk",
+                                          "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.25",
+                                          "offload.chunk_mb=0.125"};
+  TrainOptions keep;
+  keep.keep_params = true;
+  std::ostringstream sink;
+  keep.out = keep.err = &sink;
+  auto run = [&](double limit_gib, int steps, bool offload = true) {
+    std::vector<std::string> sets = offload ? model : std::vector<std::string>(model.begin(), model.begin() + 5);
+    sets.push_back("train.steps=" + std::to_string(steps));
+    sets.push_back("memory.limit_gib=" + std::to_string(limit_gib));
+    return train(small(sets), keep);
+  };
+  const TrainSummary mem = run(0, 4, false);
+  const int64_t param_bytes = int64_t(mem.final_params.size() * sizeof(float));
+  auto per_step = [&](double limit_gib, TrainSummary* four) {
+    *four = run(limit_gib, 4);
+    EXPECT_EQ(four->final_params, mem.final_params) << "memory.limit_gib " << limit_gib;
+    if (limit_gib > 0) EXPECT_LE(four->memory_peak_total_bytes, int64_t(limit_gib * double(int64_t(1) << 30)));
+    return run(limit_gib, 5).param_chunk_read_bytes - four->param_chunk_read_bytes;
+  };
+  TrainSummary none, all, half;
+  const int64_t unbudgeted = per_step(0, &none);
+  EXPECT_EQ(per_step(0.5, &all), 0);
+  int64_t non_model = 0;
+  for (const auto& [name, bytes] : all.memory_peak_bytes)
+    if (name != "params") non_model += bytes;
+  const double tight = double(non_model + param_bytes * 6 / 10) / double(int64_t(1) << 30);
+  const int64_t halved = per_step(tight, &half);
+  EXPECT_GT(halved, param_bytes / 4);
+  EXPECT_LT(halved, unbudgeted);
+  EXPECT_GT(half.param_chunk_evictions, none.param_chunk_evictions / 4);
+}
+
 // While training, a rank whose measured state passes the budget stops with the peaks named.
 TEST(MemoryBudget, MeasuredPeakOverTheBudgetStopsTheRun) {
   Config c = small({"memory.limit_gib=0.01"});
@@ -211,6 +263,11 @@ TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
   EXPECT_NE(errors({"offload.optimizer=disk", "offload.params=disk", "offload.dir=/tmp", "parallel.dp=2",
                     "parallel.zero=1"})
                 .find("parameter offload runs with zero = 0"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.chunk_mb=4"}).find("offload.chunk_mb = 4.0 sizes parameter offload's chunks: set "
+                                                "offload.params = disk"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.chunk_mb=-1"}).find("offload.chunk_mb = -1.0: expected MiB in [0, 65536]"),
             std::string::npos);
   EXPECT_NE(errors({"memory.limit_gib=-1"}).find("memory.limit_gib = -1.0: expected >= 0"), std::string::npos);
   EXPECT_NE(errors({"offload.optimizer=disk", "offload.dir=/tmp", "parallel.dp=2", "parallel.compress=onebit_adam"})

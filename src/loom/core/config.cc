@@ -263,6 +263,7 @@ const std::vector<KeyDef>& schema() {
              LOOM_FLOAT_KEY(offload, sub_group_mb, "MiB of each moment per streamed sub-group"),
              LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),
              LOOM_BOOL_KEY(offload, direct, "O_DIRECT: the offload file bypasses the page cache"),
+             LOOM_FLOAT_KEY(offload, chunk_mb, "parameter offload's chunk size in MiB (0: one chunk per unit)"),
          })
       k.push_back(std::move(d));
     return k;

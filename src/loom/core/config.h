@@ -220,6 +220,10 @@ struct OffloadConfig {
   double sub_group_mb = 16;        // MiB of each moment per streamed sub-group
   int64_t slots = 3;               // sub-group buffers: one updated while the others read ahead and write behind
   bool direct = false;             // O_DIRECT: bypass the page cache (the disk's own speed; no cached copy)
+  // Parameter offload's chunks (Note [Chunk manager]): MiB each, rounded to whole 4 KiB
+  // pages; 0: one chunk per unit (block, embedding, head).
+  double chunk_mb = 0;
+  int64_t chunk_floats() const { return chunk_mb <= 0 ? 0 : std::max<int64_t>(1024, int64_t(chunk_mb * double(1 << 18)) / 1024 * 1024); }
   // Resident bytes of the buffers streaming `state_floats` floats of each moment (a
   // sub-group is never larger than the state; each moment's part of a buffer is rounded
   // up to 4 KiB).

@@ -166,6 +166,12 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
   if (o.params != "none" && o.params != "disk") errs.push_back("offload.params = '" + o.params + "': expected none or disk");
   if (o.params == "disk" && o.optimizer != "disk")
     errs.push_back("offload.params = disk needs offload.optimizer = disk (the parameters stream with the moments)");
+  if (!(o.chunk_mb >= 0 && o.chunk_mb <= 65536))
+    errs.push_back("offload.chunk_mb = " + fmt_double(o.chunk_mb) + ": expected MiB in [0, 65536] (0: one chunk per unit)");
+  else if (o.chunk_mb > 0 && o.params != "disk")
+    errs.push_back("offload.chunk_mb = " + fmt_double(o.chunk_mb) +
+                   " sizes parameter offload's chunks: set offload.params = disk (with offload.optimizer = disk), or "
+                   "leave chunk_mb at 0");
   if (o.params == "disk" && c.parallel.zero != 0)
     errs.push_back("offload.params = disk with parallel.zero = " + std::to_string(c.parallel.zero) +
                    ": parameter offload runs with zero = 0 (any dp, tp, pp); with ZeRO it is not built yet");

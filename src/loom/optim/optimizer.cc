@@ -99,7 +99,8 @@ std::span<float> AdamW::moment(int which) {
   return which == 0 ? std::span<float>(m_) : std::span<float>(v_);
 }
 
-void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr) {
+void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
+                 const UpdatedFn& updated) {
   LOOM_ASSERT(!awaiting_file_, "AdamW built for offload steps before offload()");
   t_++;
   // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
@@ -120,6 +121,7 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
       const int64_t lo = std::max(begin, r.state_offset), hi = std::min(begin + count, r.state_offset + r.count);
       if (hi > lo) update(r, lo, hi, m + (lo - begin), v + (lo - begin), p ? p + (lo - begin) : nullptr);
     }
+    if (p && updated) updated(begin, count, p);
   });
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -56,7 +57,11 @@ class AdamW {
   // the offload file (checkpoint save and load; valid until the next step).
   std::span<float> moment(int which);
   // One update with learning rate `lr`; increments the step count (bias correction uses it).
-  void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr);
+  // With parameter offload, updated(begin, count, p) sees each sub-group's new parameters
+  // (state [begin, begin + count)) before they are written back (Note [Chunk manager]).
+  using UpdatedFn = std::function<void(int64_t begin, int64_t count, const float* p)>;
+  void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
+            const UpdatedFn& updated = {});
   // 1-bit Adam (Note [1-bit Adam] in parallel/compress.h), in two halves around the
   // caller's compressed all-reduce of the update u, with v and its bias correction
   // 1 - b2^frozen_at held where the warm-up left them: D = sqrt(v / (1 - b2^frozen_at)) + eps.

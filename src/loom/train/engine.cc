@@ -92,7 +92,8 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   }
 }
 
-void Engine::zero_grads() {
+void Engine::begin_step() {
+  if (chunks) chunks->begin_step();
   if (!sync || !sync->every_micro()) {
     model.zero_grads();
     return;
@@ -103,10 +104,10 @@ void Engine::zero_grads() {
 
 void Engine::materialize_params() {
   if (gather) gather->gather_all();
-  if (fetch) fetch->materialize();
+  if (chunks) chunks->materialize();
 }
 
-void Engine::offload_params(StateFile& file, uint64_t seed) {
+void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes) {
   std::vector<float>& p = model.params();
   // The initial weights straight into the file, each tensor written back and dropped from
   // the process as it completes (a resume overwrites them there); the flat buffer was never
@@ -114,15 +115,16 @@ void Engine::offload_params(StateFile& file, uint64_t seed) {
   model.init_weights(seed, file.map(2).data(), [&file](int64_t at, int64_t n) { file.flush(2, at, n); });
   std::vector<FlatRange> units;
   for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
-  fetch = std::make_unique<ParamFetch>(file, p.data(), std::move(units), &memory);
+  chunks = std::make_unique<ChunkManager>(file, p.data(), int64_t(p.size()), std::move(units), chunk_floats,
+                                          budget_bytes, &memory);
   model.set_param_hook([this](int unit, bool acquire) {
-    if (acquire) fetch->acquire(unit);
-    else fetch->release(unit);
+    if (acquire) chunks->acquire(unit);
+    else chunks->release(unit);
   });
 }
 
 std::span<float> Engine::param_view() {
-  if (fetch) return fetch->file().map(2);
+  if (chunks) return chunks->file().map(2);
   return model.params();
 }
 
@@ -148,7 +150,9 @@ void Updater::offload_optimizer(int global_rank) {
   const bool params = o.params == "disk";  // Note [Parameter offload]: p as the file's third array
   adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
                                              params ? 3 : 2));
-  if (params) e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed));
+  if (params)
+    e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed), o.chunk_floats(),
+                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)));
   const StateFile& f = *adamw_.offload_file();
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
@@ -181,8 +185,13 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
     e_.sync->reduce_update(model.grads().data());
     adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
   } else {
-    if (e_.fetch) e_.fetch->drop_all();  // Note [Parameter offload]: p streams with m and v
-    adamw_.step(k, model.params(), model.grads(), lr);
+    if (!e_.chunks) {
+      adamw_.step(k, model.params(), model.grads(), lr);
+    } else {  // Note [Chunk manager]: p streams with m and v, and refreshes the resident chunks
+      e_.chunks->end_step();
+      adamw_.step(k, model.params(), model.grads(), lr,
+                  [this](int64_t begin, int64_t count, const float* p) { e_.chunks->refresh(begin, count, p); });
+    }
   }
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
   else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2

@@ -13,7 +13,7 @@
 #include "loom/parallel/zero.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
-#include "loom/train/param_offload.h"
+#include "loom/train/chunk_manager.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
@@ -21,15 +21,16 @@ namespace loom {
 struct Engine {
   Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T);
 
-  // Zeroes the gradients a step accumulates into (under per-micro-batch sharding only
-  // the own pieces hold anything; the rest already reads zero).
-  void zero_grads();
+  // A step's forward and backward begin: zeroes the gradients it accumulates into (under
+  // per-micro-batch sharding only the own pieces hold anything; the rest already reads
+  // zero) and starts the chunk manager's step (Note [Chunk manager]).
+  void begin_step();
   // Every unit gathered (ZeRO-3) or read back (parameter offload), so params() is the whole
   // local part; no-op otherwise.
   void materialize_params();
   // Note [Parameter offload]: the parameters move to `file` (its third array); the flat
-  // buffer then holds only the units in use.
-  void offload_params(StateFile& file, uint64_t seed);
+  // buffer then holds only the chunks the manager keeps within `budget_bytes` (<= 0: none).
+  void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes);
   // The parameters wherever they live: params(), or a mapping of the offload file (saving,
   // loading, the finite check; valid until the next update).
   std::span<float> param_view();
@@ -44,7 +45,7 @@ struct Engine {
   std::unique_ptr<parallel::PipelineRunner> pipe;
   // Parameter offload; reads the Updater's offload file, so it is used only while the
   // Updater lives (the trainer's step loop and run end).
-  std::unique_ptr<ParamFetch> fetch;
+  std::unique_ptr<ChunkManager> chunks;
 };
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):

@@ -29,9 +29,12 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   const int64_t shards = dp > 1 ? dp : 1;
   MemoryEstimate e;
   e.params = zero >= 3 ? p4 / shards : p4;
-  // Note [Parameter offload]: the units in use and the one read ahead (GPT's tied head holds
-  // the embedding too): at most three of the largest.
-  e.params_offloaded = std::min(p4, 3 * largest_unit * int64_t(sizeof(float)));
+  // Note [Chunk manager]: at the least the units in use and the one read ahead (GPT's tied
+  // head holds the embedding too): three of the largest, each rounded out to whole chunks
+  // (a unit touches at most two chunks beyond its own length). The manager keeps more where
+  // the budget leaves room.
+  const int64_t unit_chunks = largest_unit + 2 * cfg.offload.chunk_floats();
+  e.params_offloaded = std::min(p4, 3 * unit_chunks * int64_t(sizeof(float)));
   if (cfg.offload.params == "disk") e.params = e.params_offloaded;
   e.grads = zero >= 2 ? p4 / shards : p4;
   e.optimizer_in_memory = 2 * (zero >= 1 ? p4 / shards : p4);

@@ -58,6 +58,8 @@ struct TrainSummary {
   int64_t memory_peak_total_bytes = 0;  // the most held at once (Note [Memory budget])
   // Note [Optimizer offload]: this rank's bytes read from and written to its offload file.
   int64_t offload_read_bytes = 0, offload_written_bytes = 0;
+  // Note [Chunk manager]: parameter chunk reads (bytes) and evictions over the run.
+  int64_t param_chunk_read_bytes = 0, param_chunk_evictions = 0;
 };
 
 }  // namespace loom

@@ -145,7 +145,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
                          int64_t mb, int64_t T, double S) {
   const int64_t accum = cfg.train.grad_accum;
   Model& model = e.model;
-  e.zero_grads();
+  e.begin_step();
   double loss = 0;
   const bool every_micro = e.sync && e.sync->every_micro();
   if (e.sync) e.sync->set_step(step);
@@ -193,7 +193,7 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
   tokens = {plan.real_targets, plan.positions};
   Model& model = e.model;
   if (e.sync) e.sync->set_step(step);
-  e.zero_grads();
+  e.begin_step();
   const bool every_micro = e.sync && e.sync->every_micro();
   std::vector<int32_t> tok, tgt;
   double loss = 0;
@@ -221,6 +221,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   ShardState s = rank_state(e, updater, cfg);
   const int64_t step = load_resume(cfg, opt.resume, s, world, rep);
   if (opt.resume.empty()) return 0;
+  if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
   updater.adamw().set_steps_taken(s.optimizer_steps);
   updater.scaler().restore(s.loss_scale);
   if (rc.zero == 3)  // keep only the own pieces resident, as the engine does from the start
@@ -308,6 +309,23 @@ void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string
   rep.info("wrote trace " + path + " (open in https://ui.perfetto.dev)");
 }
 
+// Note [Chunk manager]: what parameter offload's chunks did over the run.
+void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, TrainSummary& sum) {
+  const ChunkManager::Stats& s = m.stats();
+  sum.param_chunk_read_bytes = s.read_bytes, sum.param_chunk_evictions = s.evictions;
+  os << " (parameter offload: " << m.chunks() << " chunks of "
+     << (s.chunk_floats > 0 ? bytes_text(s.chunk_floats * int64_t(sizeof(float))) : std::string("one unit"))
+     << ", at most " << bytes_text(s.peak_resident_bytes) << " resident at once; " << s.reads << " reads ("
+     << bytes_text(s.read_bytes) << "), " << s.hits << " of " << s.acquires << " acquires found resident, "
+     << s.evictions << " evictions; warm-up: " << s.trace_events << " accesses, non-model memory "
+     << bytes_text(s.peak_non_model_bytes);
+  if (s.replayed_steps > 0)
+    os << "; after it " << bytes_text(s.replayed_read_bytes / s.replayed_steps) << " read per step";
+  if (cfg.memory.limit_gib > 0 && s.over_budget_events > 0)
+    os << "; " << s.over_budget_events << " acquires needed more than the budget left for chunks";
+  os << ")";
+}
+
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u, TrainSummary& sum) {
   const int64_t local_params = e.model.layout().param_count();
   sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params);
@@ -325,13 +343,13 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u
   if (e.gather)
     os << " (+ gathered units: " << e.gather->peak_units() << " at once, pool of "
        << double(e.gather->pool_bytes()) / (1 << 20) << " MiB)";
-  if (e.fetch) os << " (parameter offload: at most " << e.fetch->peak_units() << " units resident at once)";
+  if (e.chunks) report_chunks(os, *e.chunks, cfg, sum);
   sum.memory_peak_total_bytes = e.memory.peak_total();
   os << "; at most " << bytes_text(sum.memory_peak_total_bytes) << " at once";
   if (cfg.memory.limit_gib > 0) os << " (budget memory.limit_gib = " << cfg.memory.limit_gib << ")";
   if (const StateFile* f = u.adamw().offload_file()) {
     sum.offload_read_bytes = f->bytes_read(), sum.offload_written_bytes = f->bytes_written();
-    os << (e.fetch ? "; optimizer and parameter offload: " : "; optimizer offload: ") << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
+    os << (e.chunks ? "; optimizer and parameter offload: " : "; optimizer offload: ") << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
        << " written in sub-groups of " << cfg.offload.sub_group_mb << " MiB per moment through " << f->slot_count()
        << " buffers";
   }

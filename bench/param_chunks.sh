@@ -34,7 +34,7 @@ def parse(name):
     t = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(st[1:], st[2:])]  # steps 3..N
     err = open(f"{out}/{name}.err").read()
     total = re.search(r"at most ([0-9.]+) ([KMG]iB) at once", err)
-    per = re.search(r"after it ([0-9.]+) ([KMG]iB) read per step", err)
+    per = re.search(r"read per step, ([0-9.]+) ([KMG]i?B) in the last", err)
     ev = re.search(r"(\d+) evictions", err)
     nm = re.search(r"non-model memory ([0-9.]+) ([KMG]iB)", err)
     params = int(re.search(r"' (\d+) params", err).group(1))
@@ -45,12 +45,12 @@ mem = parse("memory")
 pm = 4 * mem["params"] / 2**20
 print(f"config C (GPT-2 124M, seq 256, batch 4), {steps} steps, parameter offload in {chunk} MiB chunks; "
       f"parameters {pm:.0f} MiB")
-print(f"{'run':<18}{'s/step':>8}{'vs memory':>11}{'peak MiB':>10}{'param MiB read/step':>21}{'evictions':>11}{'last loss':>11}")
-print(f"{'in memory':<18}{mem['s']:>8.2f}{1.0:>11.2f}{mem['peak']:>10.0f}{0:>21.0f}{0:>11}{mem['loss']:>11.4f}")
+print(f"{'run':<18}{'s/step':>8}{'vs memory':>11}{'peak MiB':>10}{'param MiB read, last step':>27}{'evictions':>11}{'last loss':>11}")
+print(f"{'in memory':<18}{mem['s']:>8.2f}{1.0:>11.2f}{mem['peak']:>10.0f}{0:>27.0f}{0:>11}{mem['loss']:>11.4f}")
 for b in budgets:
     r = parse(f"budget-{b}")
     name = "no budget" if float(b) == 0 else f"limit {b} GiB"
-    print(f"{name:<18}{r['s']:>8.2f}{r['s'] / mem['s']:>11.2f}{r['peak']:>10.0f}{r['read']:>21.0f}{r['ev']:>11}"
+    print(f"{name:<18}{r['s']:>8.2f}{r['s'] / mem['s']:>11.2f}{r['peak']:>10.0f}{r['read']:>27.0f}{r['ev']:>11}"
           f"{r['loss']:>11.4f}{'' if r['loss'] == mem['loss'] else '  DIFFERS'}")
 print(f"warm-up non-model memory: {r['nm']:.0f} MiB (activations, gradients, optimizer buffers)")
 PY

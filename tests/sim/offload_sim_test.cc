@@ -75,5 +75,56 @@ TEST(Planner, OffersOptimizerOffloadWhereNothingElseFits) {
   EXPECT_TRUE(plan::search_plans(req).ranked.empty());
 }
 
+// Note [Chunk manager]: GPT 1.7B on one A100, ZeRO-0, 8 micro-batches. With the parameters
+// offloaded as well, a budget that holds them all reads nothing per step (the update
+// refreshes the resident chunks) and the update streams p with m and v (1.5x the moments'
+// traffic); a budget that leaves room for half of them reads the other half in each of the
+// 16 sweeps (forward and backward of 8 micro-batches), and the step pays what compute does
+// not hide.
+TEST(Simulator, ParameterOffloadReadsWhatTheBudgetCannotHold) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 1, "");
+  SimPlan moments = gpt("gpt-1.7b", 1, true), params = moments;
+  params.cfg.offload.params = "disk";
+  const SimResult a = simulate(moments, c), b = simulate(params, c);
+  const RankReport& all = b.ranks[0];
+  EXPECT_DOUBLE_EQ(all.memory.params, a.ranks[0].memory.params);
+  EXPECT_EQ(all.param_read_bytes, 0.0);
+  EXPECT_NEAR(all.offload_io_s, 1.5 * a.ranks[0].offload_io_s, 1e-9);
+  const double P = all.memory.params, rest = all.memory.total() - P;
+  params.cfg.memory.limit_gib = (rest + P / 2) / double(int64_t(1) << 30);
+  const SimResult h = simulate(params, c);
+  const RankReport& half = h.ranks[0];
+  EXPECT_NEAR(half.memory.params, P / 2, 8192);  // the page of slack
+  EXPECT_NEAR(half.param_read_bytes, 2 * 8 * P / 2, 16 * 8192);
+  EXPECT_NEAR(half.param_read_s, half.param_read_bytes / 3.5e9, 1e-9);
+  EXPECT_GT(half.param_fetch_exposed_s, 0.0);  // 55 GB at 3.5 GB/s outlasts the compute
+  EXPECT_NEAR(half.param_fetch_exposed_s, half.param_read_s - half.busy_s, 1e-9);
+  EXPECT_NEAR(h.step_time_s - b.step_time_s, half.param_fetch_exposed_s, 1e-9);
+  EXPECT_NEAR(h.breakdown.param_fetch, half.param_fetch_exposed_s, 1e-12);
+  SimPlan megatron = params;
+  megatron.framework = Framework::kMegatron;
+  EXPECT_THROW(simulate(megatron, c), ConfigError);
+}
+
+// GPT 7.5B on one A100 cut to 48 GiB (mixed precision): with the moments offloaded the fp32
+// masters stay (4 bytes a parameter beside 2 + 2 of weights and gradients: 60 GB); with the
+// parameters offloaded too the file's p is the master, and loom plan offers that.
+TEST(Planner, OffersParameterOffloadWhereOptimizerOffloadIsNotEnough) {
+  plan::PlanRequest req;
+  req.like = gpt("gpt-7.5b", 1, false);
+  req.global_batch = 8;
+  req.top = 3;
+  req.refine = false;
+  req.cluster = load_cluster("dgx-a100", {"cluster.device.memory_gib=48"}, 1, "");
+  const plan::PlanReport with = plan::search_plans(req);
+  ASSERT_FALSE(with.ranked.empty());
+  for (const plan::PlanCandidate& c : with.ranked) {
+    EXPECT_EQ(c.plan.cfg.offload.params, "disk");
+    EXPECT_NE(plan::layout_label(c.plan).find("optimizer-offload param-offload"), std::string::npos);
+    EXPECT_LE(c.result.peak_memory_bytes, req.cluster.device.memory_bytes);
+  }
+  EXPECT_NE(plan::emit_loom_toml(with.ranked[0].plan).find("params = 'disk'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace loom::sim

@@ -99,13 +99,15 @@ nlohmann::json result_json(const sim::SimResult& r) {
     ranks.push_back({{"pp_rank", k.pp_rank}, {"global_rank", k.global_rank}, {"params_bytes", k.memory.params},
                      {"grads_bytes", k.memory.grads}, {"optimizer_bytes", k.memory.optimizer},
                      {"activations_bytes", k.memory.activations}, {"buffers_bytes", k.memory.buffers},
-                     {"total_bytes", k.memory.total()}, {"step_end_s", k.step_end_s}});
+                     {"total_bytes", k.memory.total()}, {"step_end_s", k.step_end_s},
+                     {"param_read_bytes", k.param_read_bytes}});
   return {{"step_time_s", r.step_time_s}, {"tokens_per_s", r.tokens_per_s}, {"tflops_per_gpu", r.tflops_per_gpu},
           {"mfu", r.mfu}, {"hfu", r.hfu}, {"bubble_fraction", r.bubble_fraction},
           {"peak_memory_bytes", r.peak_memory_bytes}, {"peak_rank", r.peak_rank}, {"gpus", r.gpus},
           {"breakdown", {{"compute_s", b.compute}, {"recompute_s", b.recompute}, {"tp_comm_s", b.tp_comm},
                          {"cp_comm_s", b.cp_comm}, {"zero_comm_s", b.zero_comm}, {"pipeline_idle_s", b.pp_idle},
-                         {"dp_exposed_s", b.dp_exposed}, {"optimizer_s", b.optimizer}}},
+                         {"dp_exposed_s", b.dp_exposed}, {"optimizer_s", b.optimizer},
+                         {"param_fetch_exposed_s", b.param_fetch}}},
           {"memory", ranks}, {"warnings", r.warnings}};
 }
 
@@ -119,8 +121,9 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
      << "%\n"
      << std::setprecision(3) << "slowest rank (s): compute " << b.compute << " (recompute " << b.recompute << ") | tp comm "
      << b.tp_comm << " | cp comm " << b.cp_comm << " | zero comm " << b.zero_comm << " | pipeline idle " << b.pp_idle
-     << " | dp exposed " << b.dp_exposed << " | optimizer " << b.optimizer << "\n"
-     << "memory per pipeline rank (GiB):   params    grads optimizer activations buffers    total\n";
+     << " | dp exposed " << b.dp_exposed << " | optimizer " << b.optimizer;
+  if (b.param_fetch > 0) os << " | parameter fetch (exposed) " << b.param_fetch;
+  os << "\nmemory per pipeline rank (GiB):   params    grads optimizer activations buffers    total\n";
   for (const sim::RankReport& k : r.ranks) {
     const sim::MemoryBreakdown& m = k.memory;
     os << "  pp " << std::setw(3) << k.pp_rank << " (rank " << std::setw(5) << k.global_rank << ")       "
@@ -133,6 +136,11 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
   if (const double io = r.ranks.empty() ? 0 : r.ranks.front().offload_io_s; io > 0)
     os << "optimizer offload: the AdamW moments stream from the offload tier in " << std::setprecision(3) << io
        << " s per step (inside the optimizer phase, overlapping its update)\n";
+  for (const sim::RankReport& k : r.ranks)
+    if (k.param_read_bytes > 0)
+      os << "parameter offload (pp " << k.pp_rank << "): " << std::setprecision(3) << k.param_read_bytes / gib
+         << " GiB read per step from the offload tier in " << k.param_read_s << " s, " << k.param_fetch_exposed_s
+         << " s of it not hidden by compute\n";
   for (const std::string& w : r.warnings) os << "warning: " << w << "\n";
 }
 

@@ -152,21 +152,29 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
 
 }  // namespace
 
-// Note [Optimizer offload]: `c` again with its moments on the cluster's offload tier;
-// true (and c replaced) when that fits device memory and the tier's capacity.
+// Note [Optimizer offload], Note [Chunk manager]: `c` again with its moments on the
+// cluster's offload tier, then (ZeRO-0 on loom's engine) with its parameters there too; true
+// (and c replaced) by the first that fits device memory and the tier's capacity (8 bytes a
+// parameter for the moments, 12 with the parameters).
 bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
   if (!req.offload || !(req.cluster.offload.read_bw > 0) || c.plan.cfg.offload.optimizer == "disk") return false;
   sim::SimPlan o = c.plan;
   o.cfg.offload.optimizer = "disk";
   o.cfg.offload.dir = req.offload_dir;
-  PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
-  ++rep.evaluated;
-  double most = 0;  // parameters on the fullest pipeline rank; its moments are what the tier must hold
-  for (const sim::RankReport& r : next.result.ranks) most = std::max(most, r.params);
-  const double shards = o.cfg.parallel.zero >= 1 ? double(o.cfg.parallel.dp * o.cp) : 1.0;
-  if (!fits(next.result, req.cluster) || 8 * most / shards > req.cluster.offload.capacity_bytes) return false;
-  c = std::move(next);
-  return true;
+  for (const bool params : {false, true}) {
+    if (params && (o.cfg.parallel.zero != 0 || o.framework != sim::Framework::kLoom)) return false;
+    if (params) o.cfg.offload.params = "disk";
+    PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
+    ++rep.evaluated;
+    double most = 0;  // parameters on the fullest pipeline rank; its state is what the tier must hold
+    for (const sim::RankReport& r : next.result.ranks) most = std::max(most, r.params);
+    const double shards = o.cfg.parallel.zero >= 1 ? double(o.cfg.parallel.dp * o.cp) : 1.0;
+    if (fits(next.result, req.cluster) && (params ? 12 : 8) * most / shards <= req.cluster.offload.capacity_bytes) {
+      c = std::move(next);
+      return true;
+    }
+  }
+  return false;
 }
 
 std::string layout_label(const sim::SimPlan& p) {
@@ -185,6 +193,7 @@ std::string layout_label(const sim::SimPlan& p) {
   if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz)
     os << " zero++" << (q.zeropp_qwz ? " qwz" : "") << (q.zeropp_qgz ? " qgz" : "") << (q.zeropp_hpz ? " hpz" : "");
   if (p.cfg.offload.optimizer == "disk") os << " optimizer-offload";
+  if (p.cfg.offload.params == "disk") os << " param-offload";
   return os.str();
 }
 

@@ -83,8 +83,9 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
-  LOOM_CONFIG_CHECK(cfg.offload.params != "disk", "offload.params = disk: the simulator does not price parameter "
-                    "offload yet; simulate offload.optimizer = disk alone");
+  LOOM_CONFIG_CHECK(cfg.offload.params != "disk" || plan.framework == Framework::kLoom,
+                    "offload.params = disk is loom's chunk manager (Note [Chunk manager]): simulate it with "
+                    "--framework loom, or drop offload.params");
   LOOM_CONFIG_CHECK(cfg.offload.optimizer != "disk" || cluster.offload.read_bw > 0, "offload.optimizer = disk: cluster ",
                     cluster.name, " has no offload tier; give it one (--set cluster.offload.read_gbps=R --set "
                     "cluster.offload.write_gbps=W --set cluster.offload.capacity_gib=C) or drop the offload");
@@ -338,6 +339,68 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   return s.plan.dp_overlap ? std::max(t / buckets, t - last_bwd_window) : t;
 }
 
+// Pipeline rank r's memory at its peak (rep: its params so far).
+MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, const RankReport& rep) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  const ModelConfig& model = s.plan.cfg.model;
+  const double G = double(s.dp * s.cp);
+  const bool offload = s.plan.cfg.offload.optimizer == "disk";
+  const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
+  MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device);
+  if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
+    mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;
+  if (s.plan.cfg.offload.params == "disk" && s.cluster.device.mixed_precision)  // the masters are the file's p
+    mem.optimizer -= 4 * moment_floats / 2;
+  mem.activations = st.peak_live;
+  mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
+  if (s.plan.framework == Framework::kLoom) {
+    mem.activations = loom_activation_bytes(s, r, chunk_peaks(s, st), st.pending_peak);
+    // ZeRO-3: the gather pool (current + prefetched unit), and one unit's gradients before
+    // its reduce-scatter; ZeRO-2: the largest bucket's gradients before theirs.
+    const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;
+    if (par.zero >= 3) mem.params += 2 * unit, mem.grads += unit * keep;
+    if (par.zero >= 3 && par.zeropp_hpz)  // Note [hpZ]: the secondary pieces of the units not kept
+      mem.params += (rep.params - kept_layers(s, r) * block_params(model, s.tp).per_tp_rank) * s.wbytes /
+                    double(std::max<int64_t>(1, s.pl.dp.per_node));
+    if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
+    const double boundary = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h;  // values per stage transfer
+    if (s.pp > 1) mem.buffers = boundary * s.x.dtype_bytes;  // receive buffer
+    if (s.pp > 1 && s.plan.cfg.comm.p2p_dtype == "bf16") {  // bf16 receive + one send buffer per slot in use
+      const std::vector<int> peak = chunk_peaks(s, st);
+      mem.buffers += 2 * boundary * (1 + std::accumulate(peak.begin(), peak.end(), 0));
+    }
+    if (par.zero >= 3 && s.gather_bytes < s.wbytes)  // bf16 gather buffers beside the pool: unit + own piece, twice
+      mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.gather_bytes * (1.0 + 1.0 / G);
+    return mem;
+  }
+  if (s.pp > 1) mem.buffers += 2 * s.p2p_bytes;                              // send + receive
+  if (s.x.sp) mem.buffers += s.x.tokens() * s.x.h * s.x.dtype_bytes;         // sp all-gather output
+  if (par.zero >= 3) mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.wbytes;  // unit + prefetch
+  return mem;
+}
+
+// Note [Chunk manager]: the manager keeps what the budget (device memory, or
+// memory.limit_gib when smaller) leaves beside the rest of the rank's memory, never less
+// than the units in flight (the embedding and two blocks) rounded out to whole chunks; under Belady's MIN each sweep
+// over the units (a forward or a backward of each micro-batch: 2 m per step; recompute
+// reuses the unit just read) reads what it does not hold, and the update refreshes what it
+// holds. The reads run one unit ahead of compute, so the pipeline hides them until they
+// outlast it.
+void price_param_offload(const Setup& s, RankReport& rep) {
+  const Config& cfg = s.plan.cfg;
+  MemoryBreakdown& mem = rep.memory;
+  const double all = mem.params;
+  double budget = s.cluster.device.memory_bytes;
+  if (cfg.memory.limit_gib > 0) budget = std::min(budget, cfg.memory.limit_gib * double(int64_t(1) << 30));
+  const double embedding = double(cfg.model.vocab * cfg.model.d_model) / s.x.vocab_t();
+  const double units = embedding + 2 * block_params(cfg.model, s.tp).per_tp_rank;
+  const double least = std::min(all, (units + 6 * double(cfg.offload.chunk_floats())) * s.wbytes);
+  mem.params = std::clamp(budget - (mem.total() - all) - 4096, least, all);  // a page of slack for rounding
+  rep.param_read_bytes = 2 * double(s.m) * (all - mem.params);
+  rep.param_read_s = rep.param_read_bytes / s.cluster.offload.read_bw;
+  rep.param_fetch_exposed_s = std::max(0.0, rep.param_read_s - rep.busy_s);
+}
+
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -367,54 +430,28 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
-  if (offload) {
-    rep.offload_io_s = 4 * moment_floats * (1 / s.cluster.offload.read_bw + 1 / s.cluster.offload.write_bw);
+  if (offload) {  // with parameter offload p streams with m and v: three arrays, not two
+    const double arrays = s.plan.cfg.offload.params == "disk" ? 1.5 : 1.0;
+    rep.offload_io_s =
+        4 * moment_floats * arrays * (1 / s.cluster.offload.read_bw + 1 / s.cluster.offload.write_bw);
     rep.optimizer_s = std::max(rep.optimizer_s, rep.offload_io_s);
   }
   if (G > 1 && (par.zero == 1 || par.zero == 2))
     rep.param_gather_s = collective_time_s(s.cluster, OpKind::kAllGather, rep.params * s.wbytes, s.pl.dp);
+  rep.memory = rank_memory(s, r, st, rep);
+  if (s.plan.cfg.offload.params == "disk") price_param_offload(s, rep);
   double t = rep.pipeline_end_s;
   auto phase = [&](const char* name, const char* cat, int tid, double dur) {
     if (dur <= 0) return;
     if (events) events->push_back({rep.global_rank, tid, name, cat, t, t + dur});
     t += dur;
   };
+  phase("param_fetch (exposed)", "io", 0, rep.param_fetch_exposed_s);
   phase("grad_sync (exposed)", "collective", 1, rep.dp_exposed_s);
   phase("tied_embedding_sync", "collective", 1, rep.tied_s);
   phase("optimizer", "compute", 0, rep.optimizer_s);
   phase("param_gather", "collective", 1, rep.param_gather_s);
   rep.step_end_s = t;
-
-  MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, dev);
-  if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
-    mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;
-  mem.activations = st.peak_live;
-  mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
-  if (s.plan.framework == Framework::kLoom) {
-    mem.activations = loom_activation_bytes(s, r, chunk_peaks(s, st), st.pending_peak);
-    // ZeRO-3: the gather pool (current + prefetched unit), and one unit's gradients before
-    // its reduce-scatter; ZeRO-2: the largest bucket's gradients before theirs.
-    const double unit = block_params(model, s.tp).per_tp_rank * s.wbytes, keep = 1.0 - 1.0 / G;
-    if (par.zero >= 3) mem.params += 2 * unit, mem.grads += unit * keep;
-    if (par.zero >= 3 && par.zeropp_hpz)  // Note [hpZ]: the secondary pieces of the units not kept
-      mem.params += (rep.params - kept_layers(s, r) * block_params(model, s.tp).per_tp_rank) * s.wbytes /
-                    double(std::max<int64_t>(1, s.pl.dp.per_node));
-    if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
-    const double boundary = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h;  // values per stage transfer
-    if (s.pp > 1) mem.buffers = boundary * s.x.dtype_bytes;  // receive buffer
-    if (s.pp > 1 && s.plan.cfg.comm.p2p_dtype == "bf16") {  // bf16 receive + one send buffer per slot in use
-      const std::vector<int> peak = chunk_peaks(s, st);
-      mem.buffers += 2 * boundary * (1 + std::accumulate(peak.begin(), peak.end(), 0));
-    }
-    if (par.zero >= 3 && s.gather_bytes < s.wbytes)  // bf16 gather buffers beside the pool: unit + own piece, twice
-      mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.gather_bytes * (1.0 + 1.0 / G);
-    rep.memory = mem;
-    return rep;
-  }
-  if (s.pp > 1) mem.buffers += 2 * s.p2p_bytes;                              // send + receive
-  if (s.x.sp) mem.buffers += s.x.tokens() * s.x.h * s.x.dtype_bytes;         // sp all-gather output
-  if (par.zero >= 3) mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.wbytes;  // unit + prefetch
-  rep.memory = mem;
   return rep;
 }
 
@@ -459,6 +496,7 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   b.pp_idle = w.pipeline_end_s - w.busy_s;
   b.dp_exposed = w.dp_exposed_s + w.tied_s;
   b.optimizer = w.optimizer_s;
+  b.param_fetch = w.param_fetch_exposed_s;
   for (const RankReport& r : res.ranks)
     if (r.memory.total() > dev.memory_bytes)
       res.warnings.push_back(detail::cat("pipeline rank ", r.pp_rank, " needs ", r.memory.total() / double(1 << 30),

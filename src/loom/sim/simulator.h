@@ -46,13 +46,16 @@ struct RankReport {
   double busy_s = 0;             // compute inside the pipeline phase
   double dp_exposed_s = 0, optimizer_s = 0, tied_s = 0, param_gather_s = 0;
   double offload_io_s = 0;       // Note [Optimizer offload]: moment traffic (inside optimizer_s)
+  // Note [Chunk manager]: parameter bytes read from the offload tier per step, their time,
+  // and the part of it the pipeline's compute does not hide.
+  double param_read_bytes = 0, param_read_s = 0, param_fetch_exposed_s = 0;
   double step_end_s = 0;
   std::vector<int> chunk_in_flight;  // per chunk: most micro-batches held at once in the replay
 };
 
 struct Breakdown {  // seconds of the slowest rank's step
   double compute = 0, recompute = 0, tp_comm = 0, cp_comm = 0, zero_comm = 0;
-  double pp_idle = 0, dp_exposed = 0, optimizer = 0;
+  double pp_idle = 0, dp_exposed = 0, optimizer = 0, param_fetch = 0;
 };
 
 struct SimResult {

@@ -161,6 +161,7 @@ void ChunkManager::begin_step() {
   measure_non_model();  // buffers the update touched first (the optimizer's slots) count too
   phase_ = recorded_ ? Phase::kReplaying : Phase::kRecording;
   if (recorded_) stats_.replayed_steps++;
+  step_reads_from_ = stats_.replayed_read_bytes;
   pos_ = 0;
 }
 
@@ -220,6 +221,7 @@ void ChunkManager::end_step() {
     finish_read(c);  // before the update's values are copied in
   }
   if (phase_ == Phase::kRecording) end_recording();
+  if (phase_ == Phase::kReplaying) stats_.last_step_read_bytes = stats_.replayed_read_bytes - step_reads_from_;
   phase_ = Phase::kIdle;
 }
 

@@ -71,6 +71,7 @@ class ChunkManager {
     int64_t acquires = 0, hits = 0;   // chunk acquisitions, and those already resident
     int64_t reads = 0, read_bytes = 0;  // chunk reads from the file
     int64_t replayed_steps = 0, replayed_read_bytes = 0;  // the steps after the warm-up, their reads
+    int64_t last_step_read_bytes = 0;  // the last replayed step's reads (the steady state)
     int64_t evictions = 0;
     int64_t peak_resident_bytes = 0;  // chunk bytes resident at once
     int64_t peak_non_model_bytes = 0;  // the warm-up's measurement
@@ -137,6 +138,7 @@ class ChunkManager {
   enum class Phase { kIdle, kRecording, kReplaying } phase_ = Phase::kIdle;
   bool recorded_ = false;
   int pos_ = 0;  // replaying: the trace event the next acquire is expected at
+  int64_t step_reads_from_ = 0;
 };
 
 }  // namespace loom

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <numeric>
 #include <sstream>
 #include <vector>
 
@@ -24,17 +26,16 @@ std::string bytes_text(int64_t bytes) {
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
-                               int64_t largest_unit) {
+                               int64_t units_in_flight) {
   const int64_t p4 = params * int64_t(sizeof(float));  // fp32 params, grads, each moment
   const int64_t shards = dp > 1 ? dp : 1;
   MemoryEstimate e;
   e.params = zero >= 3 ? p4 / shards : p4;
   // Note [Chunk manager]: at the least the units in use and the one read ahead (GPT's tied
-  // head holds the embedding too): three of the largest, each rounded out to whole chunks
-  // (a unit touches at most two chunks beyond its own length). The manager keeps more where
-  // the budget leaves room.
-  const int64_t unit_chunks = largest_unit + 2 * cfg.offload.chunk_floats();
-  e.params_offloaded = std::min(p4, 3 * unit_chunks * int64_t(sizeof(float)));
+  // head holds the embedding too), each rounded out to whole chunks (a unit touches at most
+  // two chunks beyond its own length). The manager keeps more where the budget leaves room.
+  const int64_t in_flight = units_in_flight + 6 * cfg.offload.chunk_floats();
+  e.params_offloaded = std::min(p4, in_flight * int64_t(sizeof(float)));
   if (cfg.offload.params == "disk") e.params = e.params_offloaded;
   e.grads = zero >= 2 ? p4 / shards : p4;
   e.optimizer_in_memory = 2 * (zero >= 1 ? p4 / shards : p4);
@@ -97,10 +98,12 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
                                  cfg.train.precision == "bf16", rc.plan->w_slots);
   std::vector<int> unit_bucket;
-  int64_t largest = 0;
-  for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets)
-    largest = std::max(largest, b.count);
-  const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0), largest);
+  std::vector<int64_t> units;
+  for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets) units.push_back(b.count);
+  std::sort(units.begin(), units.end(), std::greater<>());
+  units.resize(std::min<size_t>(units.size(), 3));
+  const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
+                                           std::accumulate(units.begin(), units.end(), int64_t(0)));
   const bool budget = cfg.memory.limit_gib > 0;
   const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
                               : int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));

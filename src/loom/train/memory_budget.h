@@ -35,9 +35,10 @@ struct MemoryEstimate {
 };
 
 // The estimate for `params` parameters on this rank; activations: the model's carve;
-// largest_unit: the floats of its largest unit (parameter offload holds a few at once).
+// units_in_flight: the floats of its three largest units (parameter offload holds at least
+// the unit in use, the one read ahead and GPT's tied embedding).
 MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
-                               int64_t largest_unit);
+                               int64_t units_in_flight);
 
 // Throws ConfigError when the estimate does not fit memory.limit_gib (or, without a budget,
 // this machine's memory), naming the categories and the settings that would shrink them.

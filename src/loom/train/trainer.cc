@@ -320,7 +320,8 @@ void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, T
      << s.evictions << " evictions; warm-up: " << s.trace_events << " accesses, non-model memory "
      << bytes_text(s.peak_non_model_bytes);
   if (s.replayed_steps > 0)
-    os << "; after it " << bytes_text(s.replayed_read_bytes / s.replayed_steps) << " read per step";
+    os << "; after it " << bytes_text(s.replayed_read_bytes / s.replayed_steps) << " read per step, "
+       << bytes_text(s.last_step_read_bytes) << " in the last";
   if (cfg.memory.limit_gib > 0 && s.over_budget_events > 0)
     os << "; " << s.over_budget_events << " acquires needed more than the budget left for chunks";
   os << ")";

@@ -106,6 +106,37 @@ TEST(Simulator, ParameterOffloadReadsWhatTheBudgetCannotHold) {
   EXPECT_THROW(simulate(megatron, c), ConfigError);
 }
 
+// Note [Gradient chunks]: with the gradients offloaded too they share the chunk budget, and
+// the parameters (next needed a step later) give way first: a budget short by half the
+// gradients' size takes it all from the parameters; one short of everything the parameters
+// can give spills gradients, each byte written once per micro-batch and read back m + 1
+// times, all of it on the step.
+TEST(Simulator, GradientChunksShareTheBudgetAndParametersGiveWayFirst) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 1, "");
+  SimPlan plan = gpt("gpt-1.7b", 1, true);
+  plan.cfg.offload.params = plan.cfg.offload.grads = "disk";
+  plan.cfg.offload.chunk_mb = 16;
+  const RankReport all = simulate(plan, c).ranks[0];
+  const double P = all.memory.params, G = all.memory.grads, rest = all.memory.total() - P - G;
+  EXPECT_EQ(all.grad_spill_bytes, 0.0);
+  const double gib = double(int64_t(1) << 30);
+  plan.cfg.memory.limit_gib = (rest + P + G / 2) / gib;
+  const RankReport half = simulate(plan, c).ranks[0];
+  EXPECT_NEAR(half.memory.grads, G, 1);
+  EXPECT_NEAR(half.memory.params, P - G / 2, 8192);
+  EXPECT_EQ(half.grad_spill_bytes, 0.0);
+  plan.cfg.memory.limit_gib = (rest + 0.2 * (P + G)) / gib;  // below what the parameters alone can give
+  const SimResult tight = simulate(plan, c);
+  const RankReport& t = tight.ranks[0];
+  const double short_g = G - t.memory.grads;
+  EXPECT_GT(short_g, 0.0);
+  EXPECT_LT(t.memory.params, 0.2 * P);  // at its least: the units in flight
+  EXPECT_NEAR(t.grad_spill_bytes, 8 * short_g, 1);
+  EXPECT_NEAR(t.param_fetch_exposed_s,
+              std::max(0.0, t.param_read_s - t.busy_s) + 8 * short_g / 1.9e9 + 9 * short_g / 3.5e9, 1e-9);
+  EXPECT_LE(t.memory.total(), plan.cfg.memory.limit_gib * gib);
+}
+
 // GPT 7.5B on one A100 cut to 48 GiB (mixed precision): with the moments offloaded the fp32
 // masters stay (4 bytes a parameter beside 2 + 2 of weights and gradients: 60 GB); with the
 // parameters offloaded too the file's p is the master, and loom plan offers that.

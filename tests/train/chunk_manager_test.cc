@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "loom/kernels/kernels.h"
 #include "loom/optim/offload.h"
+#include "loom/optim/optimizer.h"
 #include "loom/train/chunk_manager.h"
 #include "support/temp_dir.h"
 
@@ -144,6 +146,51 @@ TEST(ChunkManager, AllowanceIsTheBudgetLessTheMeasuredNonModelMemory) {
   EXPECT_LE(m.stats().peak_resident_bytes, 12288);
   EXPECT_GT(m.stats().reads - warm, 6);  // not everything fits: some chunks are read twice
   EXPECT_LT(m.stats().reads - warm, 12);  // fewer than the warm-up's every-use reads
+}
+
+// Note [Gradient chunks]: three 1 MiB gradient chunks under units that cut across them.
+// A chunk never written reads as zero and is stored nowhere; without a budget a released
+// chunk is spilled to the file and read back when its unit writes again; the norm pass sums
+// the same pieces in the same order as sum_squares over the whole buffer (the same double);
+// the update takes the chunks sub-group by sub-group and the step's end leaves none.
+TEST(ChunkManager, GradientChunksSpillReadBackAndSumLikeTheWholeBuffer) {
+  constexpr int64_t n = 3 * kNormPiece;
+  const std::vector<FlatRange> units = {{100000, 300000}, {400000, 300000}, {0, 100000}, {700000, n - 700000}};
+  TempDir dir("loom-chunks");
+  StateFile file(dir.path.string(), 0, n, 65536, 2, false, 3, true);
+  std::vector<float> params(static_cast<size_t>(n)), grads(static_cast<size_t>(n), 7.0f),
+      expect(static_cast<size_t>(n), 0.0f);
+  ChunkManager m(file, params.data(), n, units, kNormPiece, 0, nullptr, grads.data());
+  ASSERT_EQ(m.chunks(ChunkManager::kGrads), 3);
+  const Kernels& k = kernels(KernelBackend::kCpu);
+  for (int step = 0; step < 2; step++) {
+    m.begin_step();
+    for (int c = 0; c < 3; c++) EXPECT_EQ(m.tier(c, ChunkManager::kGrads), ChunkManager::Tier::kNone);
+    for (const int u : {3, 1, 0, 2, 1}) {  // block 1 twice: its second pass adds to what was spilled
+      m.acquire_grads(u);
+      const FlatRange r = units[size_t(u)];
+      for (int64_t i = r.offset; i < r.offset + r.count; i++) {
+        ASSERT_EQ(grads[size_t(i)], expect[size_t(i)]) << "step " << step << " unit " << u << " at " << i;
+        grads[size_t(i)] += float(i % 13) + 0.5f;
+        expect[size_t(i)] = grads[size_t(i)];
+      }
+      m.release_grads(u);
+      if (step == 0)  // the warm-up keeps nothing (later steps keep what the next access needs)
+        EXPECT_EQ(m.tier(int(r.offset / kNormPiece), ChunkManager::kGrads), ChunkManager::Tier::kDisk);
+    }
+    m.begin_update();
+    const std::vector<FlatRange> ranges = {{5, 400000}, {500000, n - 500001}};
+    EXPECT_EQ(m.grad_sum_squares(k, ranges), sum_squares(k, expect.data(), ranges));
+    for (int64_t at = 0; at < n; at += 100000) {
+      m.grads_for_update(at, std::min<int64_t>(100000, n - at));
+      for (int64_t i = at; i < std::min(n, at + 100000); i++) ASSERT_EQ(grads[size_t(i)], expect[size_t(i)]);
+    }
+    m.end_step();
+    for (int c = 0; c < 3; c++) EXPECT_EQ(m.tier(c, ChunkManager::kGrads), ChunkManager::Tier::kNone);
+    std::fill(expect.begin(), expect.end(), 0.0f);
+  }
+  EXPECT_GT(m.stats().grad_written_bytes, 0);
+  EXPECT_GT(m.stats().grad_read_bytes, 0);
 }
 
 }  // namespace

@@ -184,10 +184,11 @@ TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
 }
 
 // Note [Chunk manager]: parameter offload in 128 KiB chunks under a budget (8 blocks of
-// 0.75 MiB). Per replayed step (the bytes a fifth step adds over four), a budget that holds
-// every chunk reads none (the update refreshes the resident chunks); one that leaves room
-// for 60% of them reads at least the 40% it cannot hold, and less than no budget does (every unit at each use, the next one kept); each run equals
-// in-memory training bit for bit and its measured peak stays within its budget.
+// 0.75 MiB). In the last of 4 steps (the steady state after the warm-up), a budget that
+// holds every chunk reads none (the update refreshes the resident chunks); one that leaves
+// room for 60% of them reads at least the 40% it cannot hold, and less than no budget does
+// (every unit at each use, the next one kept); each run equals in-memory training bit for
+// bit and its measured peak stays within its budget.
 TEST(ParameterOffload, ChunksUnderABudgetReadLessAndStayWithinIt) {
   TempDir dir("loom-offload");
   const std::vector<std::string> model = {"model.layers=8", "model.d_model=128", "model.heads=4", "model.ffn=512",
@@ -210,7 +211,7 @@ TEST(ParameterOffload, ChunksUnderABudgetReadLessAndStayWithinIt) {
     *four = run(limit_gib, 4);
     EXPECT_EQ(four->final_params, mem.final_params) << "memory.limit_gib " << limit_gib;
     if (limit_gib > 0) EXPECT_LE(four->memory_peak_total_bytes, int64_t(limit_gib * double(int64_t(1) << 30)));
-    return run(limit_gib, 5).param_chunk_read_bytes - four->param_chunk_read_bytes;
+    return four->param_chunk_last_step_read_bytes;
   };
   TrainSummary none, all, half;
   const int64_t unbudgeted = per_step(0, &none);
@@ -223,6 +224,45 @@ TEST(ParameterOffload, ChunksUnderABudgetReadLessAndStayWithinIt) {
   EXPECT_GT(halved, param_bytes / 4);
   EXPECT_LT(halved, unbudgeted);
   EXPECT_GT(half.param_chunk_evictions, none.param_chunk_evictions / 4);
+}
+
+// Note [Gradient chunks]: gradients in 1 MiB chunks too (8 blocks of 3 MiB: 25 chunks),
+// spilled to the offload file and read back. Without a budget (GPT, one micro-batch) every
+// chunk is spilled after each use; under a budget below parameters plus gradients some stay. Each run equals
+// in-memory training bit for bit (GPT and Llama, grad_accum 1 and 3, full recompute, the
+// norm clipping the first steps), and the budgeted one stays within its budget.
+TEST(GradientChunks, TrainingEqualsInMemoryBitForBit) {
+  TempDir dir("loom-offload");
+  const std::vector<std::string> model = {"model.layers=8", "model.d_model=256", "model.heads=4", "model.ffn=1024",
+                                          "train.batch=2", "train.steps=3", "optim.grad_clip=0.5"};
+  const std::vector<std::string> offload = {"offload.optimizer=disk", "offload.params=disk", "offload.grads=disk",
+                                            "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.25",
+                                            "offload.chunk_mb=1"};
+  TrainOptions keep;
+  keep.keep_params = true;
+  std::ostringstream sink;
+  keep.out = keep.err = &sink;
+  for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+           {}, {"train.batch=3", "train.grad_accum=3", "parallel.recompute=full"},
+           {"model.arch=llama", "model.kv_heads=2", "model.ffn=512", "train.batch=3", "train.grad_accum=3"}}) {
+    std::vector<std::string> sets = model;
+    sets.insert(sets.end(), layout.begin(), layout.end());
+    const TrainSummary mem = train(small(sets), keep);
+    sets.insert(sets.end(), offload.begin(), offload.end());
+    std::vector<std::string> what = layout;
+    for (const double limit_gib : {0.0, 0.042}) {
+      if (limit_gib == 0 && !layout.empty()) continue;  // spilling every use: one layout is enough
+      sets.push_back("memory.limit_gib=" + std::to_string(limit_gib));
+      const TrainSummary off = train(small(sets), keep);
+      sets.pop_back();
+      std::string where = "memory.limit_gib " + std::to_string(limit_gib);
+      for (const std::string& s : layout) where += " " + s;
+      EXPECT_EQ(off.losses, mem.losses) << where;
+      EXPECT_EQ(off.final_params, mem.final_params) << where;
+      EXPECT_GT(off.grad_chunk_written_bytes, 0) << where;  // some gradients went to disk and back
+      if (limit_gib > 0) EXPECT_LE(off.memory_peak_total_bytes, int64_t(limit_gib * double(int64_t(1) << 30))) << where;
+    }
+  }
 }
 
 // While training, a rank whose measured state passes the budget stops with the peaks named.
@@ -268,6 +308,17 @@ TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
                                                 "offload.params = disk"),
             std::string::npos);
   EXPECT_NE(errors({"offload.chunk_mb=-1"}).find("offload.chunk_mb = -1.0: expected MiB in [0, 65536]"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.optimizer=disk", "offload.params=disk", "offload.grads=disk", "offload.dir=/tmp",
+                    "offload.chunk_mb=0.5"})
+                .find("gradient chunks are a whole number of MiB"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.optimizer=disk", "offload.params=disk", "offload.grads=disk", "offload.dir=/tmp",
+                    "offload.chunk_mb=1", "parallel.dp=2"})
+                .find("gradient chunks run in one process"),
+            std::string::npos);
+  EXPECT_NE(errors({"offload.optimizer=disk", "offload.grads=disk", "offload.dir=/tmp", "offload.chunk_mb=1"})
+                .find("offload.grads = disk needs offload.params = disk"),
             std::string::npos);
   EXPECT_NE(errors({"memory.limit_gib=-1"}).find("memory.limit_gib = -1.0: expected >= 0"), std::string::npos);
   EXPECT_NE(errors({"offload.optimizer=disk", "offload.dir=/tmp", "parallel.dp=2", "parallel.compress=onebit_adam"})

@@ -141,6 +141,10 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
       os << "parameter offload (pp " << k.pp_rank << "): " << std::setprecision(3) << k.param_read_bytes / gib
          << " GiB read per step from the offload tier in " << k.param_read_s << " s, " << k.param_fetch_exposed_s
          << " s of it not hidden by compute\n";
+  for (const sim::RankReport& k : r.ranks)
+    if (k.grad_spill_bytes > 0)
+      os << "gradient chunks (pp " << k.pp_rank << "): " << std::setprecision(3) << k.grad_spill_bytes / gib
+         << " GiB spilled to the offload tier per step (and read back), on the step\n";
   for (const std::string& w : r.warnings) os << "warning: " << w << "\n";
 }
 

@@ -259,6 +259,7 @@ const std::vector<KeyDef>& schema() {
              LOOM_FLOAT_KEY(memory, limit_gib, "per-rank budget for loom's resident state (GiB); 0 = the machine's memory"),
              LOOM_STRING_KEY(offload, optimizer, "none | disk: AdamW moments in a scratch file under offload.dir, streamed"),
              LOOM_STRING_KEY(offload, params, "none | disk: parameters in the offload file too, each unit read just in time"),
+             LOOM_STRING_KEY(offload, grads, "none | disk: gradients in chunks too, spilled to the offload file (one process)"),
              LOOM_STRING_KEY(offload, dir, "existing writable directory for the offload scratch files"),
              LOOM_FLOAT_KEY(offload, sub_group_mb, "MiB of each moment per streamed sub-group"),
              LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),

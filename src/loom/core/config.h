@@ -216,6 +216,7 @@ struct MemoryConfig {
 struct OffloadConfig {
   std::string optimizer = "none";  // none | disk: AdamW's moments in a scratch file under dir, streamed
   std::string params = "none";     // none | disk: the parameters there too, units read just in time (Note [Parameter offload])
+  std::string grads = "none";      // none | disk: the gradients in chunks too, spilled there (Note [Gradient chunks])
   std::string dir;                 // an existing writable directory (local disk) for the scratch files
   double sub_group_mb = 16;        // MiB of each moment per streamed sub-group
   int64_t slots = 3;               // sub-group buffers: one updated while the others read ahead and write behind

@@ -172,6 +172,18 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("offload.chunk_mb = " + fmt_double(o.chunk_mb) +
                    " sizes parameter offload's chunks: set offload.params = disk (with offload.optimizer = disk), or "
                    "leave chunk_mb at 0");
+  if (o.grads != "none" && o.grads != "disk") errs.push_back("offload.grads = '" + o.grads + "': expected none or disk");
+  if (o.grads == "disk" && o.params != "disk")
+    errs.push_back("offload.grads = disk needs offload.params = disk (gradient chunks share the parameters' chunk "
+                   "manager and budget)");
+  if (o.grads == "disk" && !(o.chunk_mb >= 1 && o.chunk_mb == std::floor(o.chunk_mb)))
+    errs.push_back("offload.grads = disk with offload.chunk_mb = " + fmt_double(o.chunk_mb) +
+                   ": gradient chunks are a whole number of MiB (the gradient norm's 1 MiB pieces must not straddle "
+                   "one); set offload.chunk_mb = 1 or more, whole");
+  if (o.grads == "disk" && c.parallel.world() != 1)
+    errs.push_back("offload.grads = disk with dp x tp x pp = " + std::to_string(c.parallel.world()) +
+                   ": gradient chunks run in one process (dp = tp = pp = 1); with more ranks offload the optimizer "
+                   "and parameters only");
   if (o.params == "disk" && c.parallel.zero != 0)
     errs.push_back("offload.params = disk with parallel.zero = " + std::to_string(c.parallel.zero) +
                    ": parameter offload runs with zero = 0 (any dp, tp, pp); with ZeRO it is not built yet");

@@ -14,6 +14,7 @@ namespace loom {
 void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, WBlock* wb) {
   span("backward", l, true);
   use(l, true);
+  writes(l, true);
   if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
   const Acts& a = *acts_;
   const Slot::Block& s = sl.blocks[size_t(i)];
@@ -61,6 +62,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
+  writes(l, false);
   use(l, false);
   span("backward", l, false);
 }
@@ -69,6 +71,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
 // the slot's saved GEMM inputs. Reads no weights (ZeRO-3 needs no gather here).
 void Model::weight_block(const Slot& sl, const WBlock& wb, int i, int l, int64_t B, int64_t T) {
   span("weight", l, true);
+  writes(l, true);
   const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& g = gv_.blocks[l];
   const int64_t N = B * T, C = cfg_.d_model, hd = cfg_.head_dim(), Q = (Hl_ + 2 * KVl_) * hd, F = Fl_;
@@ -77,6 +80,7 @@ void Model::weight_block(const Slot& sl, const WBlock& wb, int i, int l, int64_t
   mm_backward(nullptr, g.fc_w, g.fc_b, wb.dfch, {s.norm2, s.norm2_h}, nullptr, N, C, F2);
   mm_backward(nullptr, g.attn_proj_w, g.attn_proj_b, wb.dattn, {s.atty, s.atty_h}, nullptr, N, Hl_ * hd, C);
   mm_backward(nullptr, g.qkv_w, g.qkv_b, wb.dqkv, {s.norm1, s.norm1_h}, nullptr, N, C, Q);
+  writes(l, false);
   span("weight", l, false);
 }
 
@@ -113,7 +117,9 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
     const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
     std::memset(a.dres, 0, size_t(rows(N) * C) * sizeof(float));
     use(head_unit(), true);
+    writes(head_unit(), true);
     norm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean, sl.normf_rstd, N);
+    writes(head_unit(), false);
     use(head_unit(), false);
     // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and
     // normf are final here, each block after its backward, the embeddings (and GPT's tied
@@ -127,6 +133,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
   }
   if (chunk_has_embed(chunk)) {
     span("embedding backward", -1, true);
+    writes(embed_unit(), true);
     if (tied_hooks_.embedding && tied_hooks_.embedding(sl.tokens, a.dres, N)) {
       for (int64_t n = 0; n < N; n++) {  // wpe only: wte's share was taken over
         float* g = gv_.wpe + (n % T) * C;
@@ -136,6 +143,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
     } else {
       embed_backward(a.dres, sl.tokens, B, T);
     }
+    writes(embed_unit(), false);
     span("embedding backward", -1, false);
     ready(0);
   } else {

@@ -87,6 +87,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   params_.assign(layout_.total_floats(), 0.0f);
   if (opt.params_elsewhere) release_pages(params_.data(), int64_t(params_.size() * sizeof(float)));
   grads_.assign(layout_.total_floats(), 0.0f);
+  if (opt.grads_elsewhere) release_pages(grads_.data(), int64_t(grads_.size() * sizeof(float)));
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
   index_units();

@@ -70,6 +70,7 @@ struct ModelOptions {
   // handed back as soon as it is allocated (before the gradients are), so a model larger
   // than memory can be built.
   bool params_elsewhere = false;
+  bool grads_elsewhere = false;  // Note [Gradient chunks]: the same for the gradient buffer
 };
 
 class Model {
@@ -147,6 +148,9 @@ class Model {
   // final norm + head = layers + 1 (GPT's tied head also reads the embedding unit).
   using ParamHook = std::function<void(int unit, bool acquire)>;
   void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
+  // Gradient chunks (Note [Gradient chunks] in train/chunk_manager.h): hook(unit, true)
+  // before the model writes a unit's gradients, hook(unit, false) after.
+  void set_grad_hook(ParamHook hook) { grad_hook_ = std::move(hook); }
   // Points the parameter views of `unit` at `base`: the unit's values laid out as in the
   // flat buffer, from the unit's first tensor on (a gathered copy elsewhere); nullptr points
   // them back at params().
@@ -251,6 +255,9 @@ class Model {
   void use(int unit, bool acquire) const {
     if (param_hook_) param_hook_(unit, acquire);
   }
+  void writes(int unit, bool begin) const {
+    if (grad_hook_) grad_hook_(unit, begin);
+  }
   int embed_unit() const { return int(cfg_.layers); }
   int head_unit() const { return int(cfg_.layers) + 1; }
   struct WBlock;
@@ -276,7 +283,7 @@ class Model {
   std::unique_ptr<Acts> acts_;
   int32_t doc_mask_token_ = -1;  // Note [Document-causal mask]; -1: plain causal
   GradReadyHook grad_ready_;
-  ParamHook param_hook_;
+  ParamHook param_hook_, grad_hook_;
   // Per unit: (view field, offset from the unit's first tensor) of every tensor it holds.
   std::vector<std::vector<std::pair<float**, int64_t>>> unit_fields_;
   std::vector<int64_t> unit_offset_, unit_end_;

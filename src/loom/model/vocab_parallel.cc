@@ -88,6 +88,8 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
   span("head", -1, true);
   use(head_unit(), true);
   if (tied) use(embed_unit(), true);
+  if (dx) writes(head_unit(), true);  // the head's gradients (GPT's tied head: wte's)
+  if (dx && tied) writes(embed_unit(), true);
   if (!part_.vocab_split()) {
     // Whole head (tp = 1, or replicated over tp: x is whole on every rank, so each computes
     // the same loss, dx and head gradient).
@@ -138,6 +140,8 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
       tp_sum(dx + r0 * C, rows * C);  // each rank's columns give part of dL/dx
     }
   }
+  if (dx && tied) writes(embed_unit(), false);
+  if (dx) writes(head_unit(), false);
   if (tied) use(embed_unit(), false);
   use(head_unit(), false);
   span("head", -1, false);

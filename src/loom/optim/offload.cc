@@ -81,8 +81,8 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 }  // namespace
 
 StateFile::StateFile(const std::string& dir, int rank, int64_t state, int64_t group, int slots, bool direct,
-                     int arrays)
-    : arrays_(arrays), state_(state), group_(std::max<int64_t>(1, std::min(group, std::max<int64_t>(state, 1)))) {
+                     int arrays, bool spill)
+    : arrays_(arrays), spill_(spill), state_(state), group_(std::max<int64_t>(1, std::min(group, std::max<int64_t>(state, 1)))) {
   LOOM_CHECK(slots >= 2, "optimizer offload needs at least 2 sub-group buffers; got ", slots);
   LOOM_CHECK(arrays == 2 || arrays == 3, "an offload file holds m and v, or m, v and p; got ", arrays, " arrays");
   constexpr int64_t kPage = 4096;
@@ -98,14 +98,15 @@ StateFile::StateFile(const std::string& dir, int rank, int64_t state, int64_t gr
     refuse_dir(dir, "its file system does not support O_DIRECT (offload.direct = true); use a local disk file system "
                     "or offload.direct = false");
   if (fd_ < 0) refuse_dir(dir, std::string("cannot create a scratch file there: ") + std::strerror(errno));
-  fd_cached_ = direct ? ::open(path_.c_str(), O_RDONLY | O_CLOEXEC) : ::dup(fd_);
+  fd_cached_ = direct ? ::open(path_.c_str(), O_RDWR | O_CLOEXEC) : ::dup(fd_);
   ::unlink(path_.c_str());  // scratch: gone with the process, however it ends
   if (fd_cached_ < 0) {
     ::close(fd_);
     refuse_dir(dir, std::string("cannot open its scratch file twice: ") + std::strerror(errno));
   }
   array_bytes_ = round_up(state_ * int64_t(sizeof(float)), kPage);  // page-aligned: each array can be mapped
-  const int64_t bytes = arrays_ * array_bytes_;  // each padded: the last transfer may run to the page's end
+  // Each array padded (the last transfer may run to the page's end), the spill array after.
+  const int64_t bytes = (arrays_ + (spill_ ? 1 : 0)) * array_bytes_;
   if (state_ > 0)
     if (const int rc = ::posix_fallocate(fd_, 0, off_t(bytes)); rc != 0) {
       ::close(fd_), ::close(fd_cached_);  // no destructor runs for a constructor that throws
@@ -192,6 +193,13 @@ int64_t StateFile::fetch(int64_t at, int64_t count, float* dst) {
   read_ += count * int64_t(sizeof(float));
   return io_.submit(fd_cached_, false, dst, count * int64_t(sizeof(float)),
                     2 * array_bytes_ + at * int64_t(sizeof(float)));
+}
+
+int64_t StateFile::spill(bool write, int64_t at, int64_t count, float* buf) {
+  LOOM_ASSERT(spill_ && at >= 0 && at + count <= state_);
+  (write ? written_ : read_) += count * int64_t(sizeof(float));
+  return io_.submit(fd_cached_, write, buf, count * int64_t(sizeof(float)),
+                    arrays_ * array_bytes_ + at * int64_t(sizeof(float)));
 }
 
 void StateFile::flush(int which, int64_t at, int64_t count) {

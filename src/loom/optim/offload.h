@@ -87,9 +87,10 @@ class StateFile {
   // floats; `slots` buffers (>= 2); `direct`: O_DIRECT (fetch() reads through the page cache
   // still: it fills arbitrary addresses). Creates the scratch file under `dir` and allocates it; throws
   // loom::Error when the directory is missing, not writable, too small or (direct) on a file
-  // system without O_DIRECT, naming it and the bytes needed.
+  // system without O_DIRECT, naming it and the bytes needed. `spill`: one more array of
+  // `state` floats, not streamed, for gradient chunks (Note [Gradient chunks]).
   StateFile(const std::string& dir, int rank, int64_t state, int64_t group, int slots, bool direct = false,
-            int arrays = 2);
+            int arrays = 2, bool spill = false);
   ~StateFile();
   StateFile(const StateFile&) = delete;
   StateFile& operator=(const StateFile&) = delete;
@@ -105,6 +106,9 @@ class StateFile {
   // for its ticket before using dst.
   int64_t fetch(int64_t at, int64_t count, float* dst);
   void wait(int64_t ticket);
+  // Queues a write (or read) of the spill array's [at, at + count) from (into) buf; wait()
+  // for its ticket before reusing buf.
+  int64_t spill(bool write, int64_t at, int64_t count, float* buf);
   // Waits for every transfer and forgets prefetched sub-groups (before the file is read or
   // written another way).
   void quiesce();
@@ -139,8 +143,9 @@ class StateFile {
 
   std::string path_;
   int fd_ = -1;
-  int fd_cached_ = -1;  // the same file without O_DIRECT (fetch)
+  int fd_cached_ = -1;  // the same file without O_DIRECT (fetch, spill)
   int arrays_ = 2;
+  bool spill_ = false;
   int64_t state_, group_;
   int64_t align_ = 1;   // bytes every transfer is a multiple of (4096 with O_DIRECT)
   int64_t stride_ = 0;  // floats from a slot's m to its v: group_ rounded up to the alignment

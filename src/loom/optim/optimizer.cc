@@ -26,9 +26,17 @@ double clip_grad_norm(const Kernels& k, std::vector<float>& grads, double max_no
   return norm;
 }
 
+void add_sum_squares(const Kernels& k, const float* x, const FlatRange& r, double& s) {
+  for (int64_t at = r.offset, end = r.offset + r.count; at < end;) {
+    const int64_t next = std::min(end, (at / kNormPiece + 1) * kNormPiece);
+    s += k.sum_squares(x + at, next - at);
+    at = next;
+  }
+}
+
 double sum_squares(const Kernels& k, const float* x, const std::vector<FlatRange>& ranges) {
   double s = 0;
-  for (const FlatRange& r : ranges) s += k.sum_squares(x + r.offset, r.count);
+  for (const FlatRange& r : ranges) add_sum_squares(k, x, r, s);
   return s;
 }
 
@@ -100,7 +108,7 @@ std::span<float> AdamW::moment(int which) {
 }
 
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
-                 const UpdatedFn& updated) {
+                 const UpdatedFn& updated, const GroupFn& before) {
   LOOM_ASSERT(!awaiting_file_, "AdamW built for offload steps before offload()");
   t_++;
   // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
@@ -117,6 +125,7 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
   }
   // Note [Optimizer offload]: the runs cut by sub-group; elementwise, so the same bits.
   file_->for_each([&](int64_t begin, int64_t count, float* m, float* v, float* p) {
+    if (before) before(begin, count);
     for (const Run& r : runs_) {
       const int64_t lo = std::max(begin, r.state_offset), hi = std::min(begin + count, r.state_offset + r.count);
       if (hi > lo) update(r, lo, hi, m + (lo - begin), v + (lo - begin), p ? p + (lo - begin) : nullptr);

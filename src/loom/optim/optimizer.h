@@ -24,7 +24,16 @@ double lr_at(const OptimConfig& o, int64_t step, int64_t total_steps);
 // Returns the norm before clipping. max_norm <= 0 only measures.
 double clip_grad_norm(const Kernels& k, std::vector<float>& grads, double max_norm);
 
-// Sum of squares over some ranges of a flat buffer (a ZeRO shard's pieces).
+// Note [Norm pieces]
+// Sums of squares run over pieces: each range cut at every multiple of kNormPiece elements
+// of the flat buffer, one kernel call per piece (the kernel's threads split a piece, so the
+// rounding depends only on the piece), added in offset order into one double. A pass that
+// holds the buffer a whole number of pieces at a time (gradient chunks, Note [Gradient
+// chunks]) makes the same additions in the same order, hence the same bits.
+inline constexpr int64_t kNormPiece = int64_t(1) << 18;  // 1 MiB of floats
+// s += the squares of x over r, piece by piece.
+void add_sum_squares(const Kernels& k, const float* x, const FlatRange& r, double& s);
+// Sum of squares over some ranges of a flat buffer (a ZeRO shard's pieces), in order.
 double sum_squares(const Kernels& k, const float* x, const std::vector<FlatRange>& ranges);
 // Clipping coefficient as clip_grad_norm applies it: max_norm / (norm + 1e-6) when that
 // is < 1 (and max_norm > 0), else 1.
@@ -59,9 +68,11 @@ class AdamW {
   // One update with learning rate `lr`; increments the step count (bias correction uses it).
   // With parameter offload, updated(begin, count, p) sees each sub-group's new parameters
   // (state [begin, begin + count)) before they are written back (Note [Chunk manager]).
+  // before(begin, count) runs ahead of each sub-group's update (gradient chunks).
   using UpdatedFn = std::function<void(int64_t begin, int64_t count, const float* p)>;
+  using GroupFn = std::function<void(int64_t begin, int64_t count)>;
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
-            const UpdatedFn& updated = {});
+            const UpdatedFn& updated = {}, const GroupFn& before = {});
   // 1-bit Adam (Note [1-bit Adam] in parallel/compress.h), in two halves around the
   // caller's compressed all-reduce of the update u, with v and its bias correction
   // 1 - b2^frozen_at held where the warm-up left them: D = sqrt(v / (1 - b2^frozen_at)) + eps.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -153,23 +154,27 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
 }  // namespace
 
 // Note [Optimizer offload], Note [Chunk manager]: `c` again with its moments on the
-// cluster's offload tier, then (ZeRO-0 on loom's engine) with its parameters there too; true
-// (and c replaced) by the first that fits device memory and the tier's capacity (8 bytes a
-// parameter for the moments, 12 with the parameters).
+// cluster's offload tier, then (ZeRO-0 on loom's engine) with its parameters there too, then
+// (one device) its gradients; true (and c replaced) by the first that fits device memory and
+// the tier's capacity (8 bytes a parameter for the moments, 12 with the parameters, 16 with
+// the gradients).
 bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
   if (!req.offload || !(req.cluster.offload.read_bw > 0) || c.plan.cfg.offload.optimizer == "disk") return false;
   sim::SimPlan o = c.plan;
   o.cfg.offload.optimizer = "disk";
   o.cfg.offload.dir = req.offload_dir;
-  for (const bool params : {false, true}) {
+  for (const int level : {0, 1, 2}) {
+    const bool params = level >= 1;
     if (params && (o.cfg.parallel.zero != 0 || o.framework != sim::Framework::kLoom)) return false;
+    if (level == 2 && (o.cfg.parallel.world() != 1 || o.cp != 1)) return false;
     if (params) o.cfg.offload.params = "disk";
+    if (level == 2) o.cfg.offload.grads = "disk", o.cfg.offload.chunk_mb = std::max(1.0, std::floor(o.cfg.offload.chunk_mb));
     PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
     ++rep.evaluated;
     double most = 0;  // parameters on the fullest pipeline rank; its state is what the tier must hold
     for (const sim::RankReport& r : next.result.ranks) most = std::max(most, r.params);
     const double shards = o.cfg.parallel.zero >= 1 ? double(o.cfg.parallel.dp * o.cp) : 1.0;
-    if (fits(next.result, req.cluster) && (params ? 12 : 8) * most / shards <= req.cluster.offload.capacity_bytes) {
+    if (fits(next.result, req.cluster) && (8 + 4 * level) * most / shards <= req.cluster.offload.capacity_bytes) {
       c = std::move(next);
       return true;
     }
@@ -194,6 +199,7 @@ std::string layout_label(const sim::SimPlan& p) {
     os << " zero++" << (q.zeropp_qwz ? " qwz" : "") << (q.zeropp_qgz ? " qgz" : "") << (q.zeropp_hpz ? " hpz" : "");
   if (p.cfg.offload.optimizer == "disk") os << " optimizer-offload";
   if (p.cfg.offload.params == "disk") os << " param-offload";
+  if (p.cfg.offload.grads == "disk") os << " grad-offload";
   return os.str();
 }
 

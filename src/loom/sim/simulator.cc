@@ -86,6 +86,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   LOOM_CONFIG_CHECK(cfg.offload.params != "disk" || plan.framework == Framework::kLoom,
                     "offload.params = disk is loom's chunk manager (Note [Chunk manager]): simulate it with "
                     "--framework loom, or drop offload.params");
+  LOOM_CONFIG_CHECK(cfg.offload.grads != "disk" || plan.cp == 1, "offload.grads = disk runs in one process; --cp ",
+                    plan.cp, " needs cp = 1");
   LOOM_CONFIG_CHECK(cfg.offload.optimizer != "disk" || cluster.offload.read_bw > 0, "offload.optimizer = disk: cluster ",
                     cluster.name, " has no offload tier; give it one (--set cluster.offload.read_gbps=R --set "
                     "cluster.offload.write_gbps=W --set cluster.offload.capacity_gib=C) or drop the offload");
@@ -381,24 +383,37 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
 
 // Note [Chunk manager]: the manager keeps what the budget (device memory, or
 // memory.limit_gib when smaller) leaves beside the rest of the rank's memory, never less
-// than the units in flight (the embedding and two blocks) rounded out to whole chunks; under Belady's MIN each sweep
-// over the units (a forward or a backward of each micro-batch: 2 m per step; recompute
-// reuses the unit just read) reads what it does not hold, and the update refreshes what it
-// holds. The reads run one unit ahead of compute, so the pipeline hides them until they
-// outlast it.
+// than the units in flight (the embedding and two blocks) rounded out to whole chunks;
+// under Belady's MIN each sweep over the units (a forward or a backward of each
+// micro-batch: 2 m per step; recompute reuses the unit just read) reads the parameters it
+// does not hold, and the update refreshes what it holds. The reads run one unit ahead of
+// compute, so the pipeline hides them until they outlast it. Note [Gradient chunks]: the
+// gradients draw on the same budget; parameters (next needed a step later) give way first,
+// and a gradient chunk that does not fit is written once per micro-batch and read back
+// m - 1 times in backward and twice at the update (norm, update), on the compute thread.
 void price_param_offload(const Setup& s, RankReport& rep) {
   const Config& cfg = s.plan.cfg;
   MemoryBreakdown& mem = rep.memory;
-  const double all = mem.params;
+  const bool grads = cfg.offload.grads == "disk";
+  const double P = mem.params, G = grads ? mem.grads : 0;
   double budget = s.cluster.device.memory_bytes;
   if (cfg.memory.limit_gib > 0) budget = std::min(budget, cfg.memory.limit_gib * double(int64_t(1) << 30));
   const double embedding = double(cfg.model.vocab * cfg.model.d_model) / s.x.vocab_t();
   const double units = embedding + 2 * block_params(cfg.model, s.tp).per_tp_rank;
-  const double least = std::min(all, (units + 6 * double(cfg.offload.chunk_floats())) * s.wbytes);
-  mem.params = std::clamp(budget - (mem.total() - all) - 4096, least, all);  // a page of slack for rounding
-  rep.param_read_bytes = 2 * double(s.m) * (all - mem.params);
+  const double least = std::min(P, (units + 6 * double(cfg.offload.chunk_floats())) * s.wbytes);
+  const double least_g = grads ? std::min(G, least) : 0;
+  // Chunks held: what the budget leaves (a page of slack for rounding), the least to the most.
+  const double held = std::clamp(budget - (mem.total() - P - G) - 4096, least + least_g, P + G);
+  const double short_p = std::min(P + G - held, P - least), short_g = P + G - held - short_p;
+  mem.params = P - short_p;
+  if (grads) mem.grads = G - short_g;
+  const double m = double(s.m);
+  rep.param_read_bytes = 2 * m * short_p;
   rep.param_read_s = rep.param_read_bytes / s.cluster.offload.read_bw;
   rep.param_fetch_exposed_s = std::max(0.0, rep.param_read_s - rep.busy_s);
+  rep.grad_spill_bytes = m * short_g;
+  rep.param_fetch_exposed_s +=
+      rep.grad_spill_bytes / s.cluster.offload.write_bw + (m + 1) * short_g / s.cluster.offload.read_bw;
 }
 
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.

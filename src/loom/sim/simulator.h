@@ -49,6 +49,7 @@ struct RankReport {
   // Note [Chunk manager]: parameter bytes read from the offload tier per step, their time,
   // and the part of it the pipeline's compute does not hide.
   double param_read_bytes = 0, param_read_s = 0, param_fetch_exposed_s = 0;
+  double grad_spill_bytes = 0;  // Note [Gradient chunks]: gradient bytes written per step (exposed, with their reads)
   double step_end_s = 0;
   std::vector<int> chunk_in_flight;  // per chunk: most micro-batches held at once in the replay
 };

@@ -7,16 +7,17 @@
 #include <limits>
 
 #include "loom/core/error.h"
+#include "loom/kernels/kernels.h"
 #include "loom/optim/offload.h"
+#include "loom/optim/optimizer.h"
 
 namespace loom {
 
 namespace {
 
-// Chunk starts: every `chunk_floats` from the buffer's first page boundary (so a dropped
-// chunk hands back all its pages: a page shared by two chunks would stay resident), or (0)
-// each unit's start and end.
-std::vector<int64_t> chunk_bounds(const float* params, const std::vector<FlatRange>& units, int64_t total,
+// Parameter chunk starts: every `chunk_floats` from the buffer's first page boundary (so a
+// dropped chunk hands back all its pages), or (0) each unit's start and end.
+std::vector<int64_t> param_bounds(const float* params, const std::vector<FlatRange>& units, int64_t total,
                                   int64_t chunk_floats) {
   std::vector<int64_t> b = {0, total};
   if (chunk_floats > 0) {
@@ -32,63 +33,116 @@ std::vector<int64_t> chunk_bounds(const float* params, const std::vector<FlatRan
   return b;
 }
 
+// Gradient chunk starts: every `chunk_floats` from element 0 (Note [Gradient chunks]).
+std::vector<int64_t> grad_bounds(int64_t total, int64_t chunk_floats) {
+  std::vector<int64_t> b;
+  for (int64_t at = 0; at < total; at += chunk_floats) b.push_back(at);
+  b.push_back(total);
+  return b;
+}
+
 }  // namespace
 
 ChunkManager::ChunkManager(StateFile& file, float* params, int64_t total, std::vector<FlatRange> units,
-                           int64_t chunk_floats, int64_t budget_bytes, MemoryTracker* tracker)
-    : file_(file), params_(params), units_(std::move(units)), bounds_(chunk_bounds(params, units_, total, chunk_floats)),
-      budget_(budget_bytes), tracker_(tracker) {
+                           int64_t chunk_floats, int64_t budget_bytes, MemoryTracker* tracker, float* grads)
+    : file_(file), params_(params), grads_(grads), units_(std::move(units)), budget_(budget_bytes),
+      tracker_(tracker) {
   LOOM_ASSERT(units_.size() >= 2 && total > 0 && chunk_floats >= 0);
-  const size_t n = bounds_.size() - 1;
-  state_.assign(n, State::kFree);
-  refs_.assign(n, 0);
-  ticket_.assign(n, 0);
-  uses_.resize(n);
+  bounds_[0] = param_bounds(params, units_, total, chunk_floats);
+  grads_first_ = int(bounds_[0].size()) - 1;
+  int n = grads_first_;
+  if (grads_) {
+    LOOM_ASSERT(chunk_floats > 0 && chunk_floats % kNormPiece == 0, "gradient chunks of ", chunk_floats, " floats");
+    bounds_[1] = grad_bounds(total, chunk_floats);
+    n += int(bounds_[1].size()) - 1;
+    release_pages(grads_, total * int64_t(sizeof(float)));  // zero, stored nowhere
+  }
+  state_.assign(size_t(n), State::kFree);
+  refs_.assign(size_t(n), 0);
+  ticket_.assign(size_t(n), 0);
+  spilled_.assign(size_t(n), false);
+  uses_.resize(size_t(n));
   stats_.chunk_floats = chunk_floats;
   if (tracker_) params_row_ = tracker_->category("params");
+  if (tracker_ && grads_) grads_row_ = tracker_->category("grads");
 }
 
-int64_t ChunkManager::chunk_bytes(int c) const {
-  return (bounds_[size_t(c) + 1] - bounds_[size_t(c)]) * int64_t(sizeof(float));
+ChunkManager::Tier ChunkManager::tier(int c, Kind k) const {
+  const int g = id(k, c);
+  if (state_[size_t(g)] != State::kFree) return Tier::kMemory;
+  return is_grad(g) && !spilled_[size_t(g)] ? Tier::kNone : Tier::kDisk;
 }
 
-int ChunkManager::first_chunk(int unit) const {
-  const int64_t at = units_[size_t(unit)].offset;
-  return int(std::upper_bound(bounds_.begin(), bounds_.end(), at) - bounds_.begin()) - 1;
+std::pair<int, int> ChunkManager::ids(const Event& e) const {
+  if (e.kind == kUpdateGrads) return {id(kGrads, e.key), id(kGrads, e.key) + 1};
+  const FlatRange& r = units_[size_t(e.key)];
+  const std::vector<int64_t>& b = bounds_[e.kind == kUnitGrads ? 1 : 0];
+  const int first = int(std::upper_bound(b.begin(), b.end(), r.offset) - b.begin()) - 1;
+  const int last = int(std::lower_bound(b.begin(), b.end(), r.offset + r.count) - b.begin());
+  const int shift = e.kind == kUnitGrads ? grads_first_ : 0;
+  return {first + shift, last + shift};
 }
 
-int ChunkManager::last_chunk(int unit) const {
-  const FlatRange& r = units_[size_t(unit)];
-  return int(std::lower_bound(bounds_.begin(), bounds_.end(), r.offset + r.count) - bounds_.begin());
-}
+// A chunk not resident has values to read: a parameter chunk always (the file holds them),
+// a gradient chunk when it was spilled this step.
+bool ChunkManager::needs_read(int g) const { return !is_grad(g) || spilled_[size_t(g)]; }
 
-void ChunkManager::start(int c) {
-  LOOM_ASSERT(state_[size_t(c)] == State::kFree);
-  const int64_t at = bounds_[size_t(c)], n = bounds_[size_t(c) + 1] - at;
-  ticket_[size_t(c)] = file_.fetch(at, n, params_ + at);
-  state_[size_t(c)] = State::kReading;
-  resident_ += chunk_bytes(c);
-  stats_.reads++, stats_.read_bytes += chunk_bytes(c);
-  if (phase_ == Phase::kReplaying) stats_.replayed_read_bytes += chunk_bytes(c);
+void ChunkManager::bring(int g) {
+  LOOM_ASSERT(state_[size_t(g)] == State::kFree);
+  resident_ += chunk_bytes(g);
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_);
+  if (!needs_read(g)) {  // zero pages, touched as the model writes
+    state_[size_t(g)] = refs_[size_t(g)] > 0 ? State::kInUse : State::kHeld;
+    return;
+  }
+  const int64_t at = begin_of(g), n = end_of(g) - at;
+  state_[size_t(g)] = State::kReading;
+  if (is_grad(g)) {
+    ticket_[size_t(g)] = file_.spill(false, at, n, grads_ + at);
+    stats_.grad_read_bytes += chunk_bytes(g);
+    return;
+  }
+  ticket_[size_t(g)] = file_.fetch(at, n, params_ + at);
+  stats_.reads++, stats_.read_bytes += chunk_bytes(g);
+  if (phase_ == Phase::kReplaying) stats_.replayed_read_bytes += chunk_bytes(g);
 }
 
-void ChunkManager::finish_read(int c) {
-  if (state_[size_t(c)] != State::kReading) return;
-  file_.wait(ticket_[size_t(c)]);
-  state_[size_t(c)] = refs_[size_t(c)] > 0 ? State::kInUse : State::kHeld;
+void ChunkManager::finish_read(int g) {
+  if (state_[size_t(g)] != State::kReading) return;
+  file_.wait(ticket_[size_t(g)]);
+  state_[size_t(g)] = refs_[size_t(g)] > 0 ? State::kInUse : State::kHeld;
 }
 
-// The chunk's pages go back to the OS (its values are in the file). Partial pages at its
-// ends are zeroed in place only within its range, so a neighbour being read is untouched.
-void ChunkManager::drop(int c) {
-  if (state_[size_t(c)] == State::kFree) return;
-  LOOM_ASSERT(refs_[size_t(c)] == 0, "chunk ", c, " dropped while in use");
-  finish_read(c);
-  const int64_t at = bounds_[size_t(c)];
-  release_pages(params_ + at, chunk_bytes(c));
-  resident_ -= chunk_bytes(c);
-  state_[size_t(c)] = State::kFree;
+// The chunk's pages go back to the OS. keep_values: a gradient chunk is spilled first
+// (parameters are always in the file); else its values are dead (consumed, or zeroed).
+// Pages it shares with a free neighbour go too (a free chunk's bytes are never read
+// before it is brought back); partial pages otherwise are zeroed in place within its range.
+void ChunkManager::drop(int g, bool keep_values) {
+  if (state_[size_t(g)] == State::kFree) return;
+  LOOM_ASSERT(refs_[size_t(g)] == 0, "chunk ", g, " dropped while in use");
+  finish_read(g);
+  int64_t lo = begin_of(g), hi = end_of(g);
+  if (is_grad(g)) {
+    spilled_[size_t(g)] = keep_values;
+    if (keep_values) {
+      file_.wait(file_.spill(true, lo, hi - lo, grads_ + lo));
+      stats_.grad_written_bytes += chunk_bytes(g);
+    }
+  }
+  // Out to the page boundaries (in address space) inside a free neighbour; never zeroing a
+  // free neighbour's bytes in a page that stays, which would make that page resident again.
+  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const auto addr = [&](int64_t i) { return reinterpret_cast<uintptr_t>(base(g) + i); };
+  const int first = is_grad(g) ? grads_first_ : 0, last = is_grad(g) ? int(state_.size()) : grads_first_;
+  if (const uintptr_t down = addr(lo) / page * page;
+      g > first && state_[size_t(g) - 1] == State::kFree && down >= addr(begin_of(g - 1)))
+    lo -= int64_t((addr(lo) - down) / sizeof(float));
+  if (const uintptr_t up = (addr(hi) + page - 1) / page * page;
+      g + 1 < last && state_[size_t(g) + 1] == State::kFree && up <= addr(end_of(g + 1)))
+    hi += int64_t((up - addr(hi)) / sizeof(float));
+  release_pages(base(g) + lo, (hi - lo) * int64_t(sizeof(float)));
+  resident_ -= chunk_bytes(g);
+  state_[size_t(g)] = State::kFree;
 }
 
 int64_t ChunkManager::allowance() const {
@@ -96,9 +150,9 @@ int64_t ChunkManager::allowance() const {
   return std::max<int64_t>(0, budget_ - stats_.peak_non_model_bytes);
 }
 
-// The trace event at or after pos_ that next uses chunk c (max: not again this step).
-int64_t ChunkManager::next_use(int c) const {
-  const std::vector<int>& u = uses_[size_t(c)];
+// The trace event at or after pos_ that next uses chunk g (max: not again this step).
+int64_t ChunkManager::next_use(int g) const {
+  const std::vector<int>& u = uses_[size_t(g)];
   const auto it = std::lower_bound(u.begin(), u.end(), pos_);
   return it == u.end() ? std::numeric_limits<int64_t>::max() : *it;
 }
@@ -109,30 +163,34 @@ void ChunkManager::make_room(int64_t extra) {
   while (resident_ + extra > limit) {
     int victim = -1;
     int64_t far = -1;
-    for (int c = 0; c < chunks(); c++) {
-      if (state_[size_t(c)] != State::kHeld) continue;
-      const int64_t next = replay ? next_use(c) : std::numeric_limits<int64_t>::max();
+    for (int g = 0; g < int(state_.size()); g++) {
+      if (state_[size_t(g)] != State::kHeld) continue;
+      const int64_t next = replay ? next_use(g) : std::numeric_limits<int64_t>::max();
       if (replay && next == pos_) continue;  // the next event's: read ahead, kept
-      if (next > far) far = next, victim = c;
+      if (next > far) far = next, victim = g;
     }
     if (victim < 0) return;
-    drop(victim);
+    drop(victim, true);
     stats_.evictions++;
   }
 }
 
-void ChunkManager::record(int unit) { trace_.push_back(unit); }
-
-// Replaying: the expected event, or the unit searched forward (then from the start).
-void ChunkManager::follow(int unit) {
+// Recording: appends the event. Replaying: the expected event, or the event searched
+// forward (then from the start).
+void ChunkManager::note(const Event& e) {
+  if (phase_ == Phase::kRecording) {
+    trace_.push_back(e);
+    return;
+  }
+  if (phase_ != Phase::kReplaying) return;
   const int n = int(trace_.size());
-  if (pos_ < n && trace_[size_t(pos_)] == unit) {
+  if (pos_ < n && trace_[size_t(pos_)] == e) {
     pos_++;
     return;
   }
   for (int k = 1; k <= n; k++) {
     const int j = (pos_ + k) % n;
-    if (trace_[size_t(j)] == unit) {
+    if (trace_[size_t(j)] == e) {
       pos_ = j + 1;
       return;
     }
@@ -143,107 +201,157 @@ void ChunkManager::follow(int unit) {
 // a budget always, as one event ahead is part of the minimum).
 void ChunkManager::read_ahead() {
   if (phase_ != Phase::kReplaying || pos_ >= int(trace_.size())) return;
-  const int unit = trace_[size_t(pos_)];
+  const auto [a, b] = ids(trace_[size_t(pos_)]);
   int64_t need = 0;
-  for (int c = first_chunk(unit); c < last_chunk(unit); c++)
-    if (state_[size_t(c)] == State::kFree) need += chunk_bytes(c);
+  for (int g = a; g < b; g++)
+    if (state_[size_t(g)] == State::kFree && needs_read(g)) need += chunk_bytes(g);
   if (need == 0) return;
   if (budget_ > 0) {
     make_room(need);
     if (resident_ + need > allowance()) return;
   }
-  for (int c = first_chunk(unit); c < last_chunk(unit); c++)
-    if (state_[size_t(c)] == State::kFree) start(c);
+  for (int g = a; g < b; g++)
+    if (state_[size_t(g)] == State::kFree && needs_read(g)) bring(g);
 }
 
 void ChunkManager::begin_step() {
   if (phase_ == Phase::kRecording) end_recording();
+  for (int g = grads_first_; g < int(state_.size()); g++) {  // gradients start at zero
+    LOOM_ASSERT(refs_[size_t(g)] == 0);
+    drop(g, false);
+    spilled_[size_t(g)] = false;
+  }
   measure_non_model();  // buffers the update touched first (the optimizer's slots) count too
   phase_ = recorded_ ? Phase::kReplaying : Phase::kRecording;
   if (recorded_) stats_.replayed_steps++;
   step_reads_from_ = stats_.replayed_read_bytes;
   pos_ = 0;
+  update_done_ = update_next_ = 0;
 }
 
 void ChunkManager::end_recording() {
-  for (int i = 0; i < int(trace_.size()); i++)
-    for (int c = first_chunk(trace_[size_t(i)]); c < last_chunk(trace_[size_t(i)]); c++) uses_[size_t(c)].push_back(i);
+  for (int i = 0; i < int(trace_.size()); i++) {
+    const auto [a, b] = ids(trace_[size_t(i)]);
+    for (int g = a; g < b; g++) uses_[size_t(g)].push_back(i);
+  }
   stats_.trace_events = int(trace_.size());
   recorded_ = true;
 }
 
-void ChunkManager::acquire(int unit) {
-  LOOM_ASSERT(unit >= 0 && unit < int(units_.size()) && units_[size_t(unit)].count > 0);
-  if (phase_ == Phase::kRecording) record(unit);
-  else if (phase_ == Phase::kReplaying) follow(unit);
-  const int a = first_chunk(unit), b = last_chunk(unit);
+void ChunkManager::use(const Event& e, bool acquire) {
+  LOOM_ASSERT(e.kind == kUpdateGrads || (e.key >= 0 && e.key < int(units_.size()) && units_[size_t(e.key)].count > 0));
+  LOOM_ASSERT(e.kind == kUnitParams || grads_, "gradient chunks are not managed");
+  const auto [a, b] = ids(e);
+  if (!acquire) {
+    for (int g = a; g < b; g++) {
+      LOOM_ASSERT(refs_[size_t(g)] > 0, "chunk ", g, " released more often than acquired");
+      if (--refs_[size_t(g)] == 0 && state_[size_t(g)] == State::kInUse) state_[size_t(g)] = State::kHeld;
+    }
+    make_room(0);
+    return;
+  }
+  note(e);
   int64_t need = 0;
-  for (int c = a; c < b; c++) {
+  for (int g = a; g < b; g++) {
     stats_.acquires++;
-    if (refs_[size_t(c)]++ == 0 && state_[size_t(c)] == State::kHeld) state_[size_t(c)] = State::kInUse;
-    if (state_[size_t(c)] == State::kFree) need += chunk_bytes(c);
+    if (refs_[size_t(g)]++ == 0 && state_[size_t(g)] == State::kHeld) state_[size_t(g)] = State::kInUse;
+    if (state_[size_t(g)] == State::kFree) need += chunk_bytes(g);
     else stats_.hits++;
   }
   make_room(need);
   if (budget_ > 0 && phase_ == Phase::kReplaying && resident_ + need > allowance()) stats_.over_budget_events++;
-  for (int c = a; c < b; c++)
-    if (state_[size_t(c)] == State::kFree) start(c);
+  for (int g = a; g < b; g++)
+    if (state_[size_t(g)] == State::kFree) bring(g);
   read_ahead();
-  for (int c = a; c < b; c++) finish_read(c);
+  for (int g = a; g < b; g++) finish_read(g);
   if (phase_ == Phase::kRecording) measure_non_model();
   else if (tracker_) tracker_->sample();
 }
 
-// What the rank holds besides parameters now: the tracker's total less its params row.
+// What the rank holds besides the managed chunks now: the tracker's total less its params
+// (and managed grads) rows.
 void ChunkManager::measure_non_model() {
   if (!tracker_) return;
   tracker_->sample();
-  int64_t all = 0, params = 0;
+  int64_t all = 0, managed = 0;
   const std::vector<MemoryTracker::Row> rows = tracker_->rows();
   for (size_t r = 0; r < rows.size(); r++) {
     all += rows[r].now_bytes;
-    if (int(r) == params_row_) params = rows[r].now_bytes;
+    if (int(r) == params_row_ || int(r) == grads_row_) managed += rows[r].now_bytes;
   }
-  stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, all - params);
+  stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, all - managed);
 }
 
-void ChunkManager::release(int unit) {
-  for (int c = first_chunk(unit); c < last_chunk(unit); c++) {
-    LOOM_ASSERT(refs_[size_t(c)] > 0, "chunk ", c, " of unit ", unit, " released more often than acquired");
-    if (--refs_[size_t(c)] == 0 && state_[size_t(c)] == State::kInUse) state_[size_t(c)] = State::kHeld;
+void ChunkManager::begin_update() {
+  for (int g = 0; g < int(state_.size()); g++) {
+    LOOM_ASSERT(refs_[size_t(g)] == 0, "chunk ", g, " is still in use at the update");
+    finish_read(g);  // before the update's values are copied in
   }
-  make_room(0);
+}
+
+// Note [Norm pieces]: the pieces of each range, in order, never straddle a chunk (chunks are
+// a whole number of pieces from element 0), so the running double sees the same additions.
+double ChunkManager::grad_sum_squares(const Kernels& k, const std::vector<FlatRange>& ranges) {
+  LOOM_ASSERT(grads_);
+  double s = 0;
+  for (int c = 0; c < chunks(kGrads); c++) {
+    const int g = id(kGrads, c);
+    std::vector<FlatRange> in;  // the ranges' parts inside the chunk, in order
+    for (const FlatRange& r : ranges) {
+      const int64_t lo = std::max(r.offset, begin_of(g)), hi = std::min(r.offset + r.count, end_of(g));
+      if (hi > lo) in.push_back({lo, hi - lo});
+    }
+    if (in.empty()) continue;
+    use({kUpdateGrads, c}, true);
+    for (const FlatRange& r : in) add_sum_squares(k, grads_, r, s);
+    use({kUpdateGrads, c}, false);
+  }
+  return s;
+}
+
+void ChunkManager::grads_for_update(int64_t begin, int64_t count) {
+  LOOM_ASSERT(grads_);
+  for (; update_done_ < update_next_ && end_of(id(kGrads, update_done_)) <= begin; update_done_++) {
+    refs_[size_t(id(kGrads, update_done_))]--;
+    state_[size_t(id(kGrads, update_done_))] = State::kHeld;
+    drop(id(kGrads, update_done_), false);  // consumed
+  }
+  for (; update_next_ < chunks(kGrads) && begin_of(id(kGrads, update_next_)) < begin + count; update_next_++)
+    use({kUpdateGrads, update_next_}, true);
+}
+
+void ChunkManager::refresh(int64_t begin, int64_t count, const float* p) {
+  const std::vector<int64_t>& b = bounds_[0];
+  const int first = int(std::upper_bound(b.begin(), b.end(), begin) - b.begin()) - 1;
+  for (int c = first; c < grads_first_ && b[size_t(c)] < begin + count; c++) {
+    if (state_[size_t(c)] == State::kFree) continue;
+    LOOM_ASSERT(state_[size_t(c)] == State::kHeld, "chunk ", c, " is read or used during the update");
+    const int64_t lo = std::max(begin, b[size_t(c)]), hi = std::min(begin + count, b[size_t(c) + 1]);
+    std::memcpy(params_ + lo, p + (lo - begin), size_t(hi - lo) * sizeof(float));
+  }
 }
 
 void ChunkManager::end_step() {
-  for (int c = 0; c < chunks(); c++) {
-    LOOM_ASSERT(refs_[size_t(c)] == 0, "chunk ", c, " is still in use at the update");
-    finish_read(c);  // before the update's values are copied in
+  for (; update_done_ < update_next_; update_done_++) {  // the update's last gradient chunks, consumed
+    refs_[size_t(id(kGrads, update_done_))]--;
+    state_[size_t(id(kGrads, update_done_))] = State::kHeld;
   }
+  begin_update();
+  for (int g = grads_first_; g < int(state_.size()); g++) drop(g, false);  // the step's gradients are dead
   if (phase_ == Phase::kRecording) end_recording();
   if (phase_ == Phase::kReplaying) stats_.last_step_read_bytes = stats_.replayed_read_bytes - step_reads_from_;
   phase_ = Phase::kIdle;
 }
 
-void ChunkManager::refresh(int64_t begin, int64_t count, const float* p) {
-  const int first = int(std::upper_bound(bounds_.begin(), bounds_.end(), begin) - bounds_.begin()) - 1;
-  for (int c = first; c < chunks() && bounds_[size_t(c)] < begin + count; c++) {
-    if (state_[size_t(c)] == State::kFree) continue;
-    LOOM_ASSERT(state_[size_t(c)] == State::kHeld, "chunk ", c, " is read or used during the update");
-    const int64_t lo = std::max(begin, bounds_[size_t(c)]), hi = std::min(begin + count, bounds_[size_t(c) + 1]);
-    std::memcpy(params_ + lo, p + (lo - begin), size_t(hi - lo) * sizeof(float));
-  }
-}
-
 void ChunkManager::drop_all() {
   end_step();
-  for (int c = 0; c < chunks(); c++) drop(c);
+  for (int g = 0; g < int(state_.size()); g++) drop(g, false);
 }
 
 void ChunkManager::materialize() {
   drop_all();
-  for (int c = 0; c < chunks(); c++) start(c);
-  for (int c = 0; c < chunks(); c++) finish_read(c);
+  for (int c = 0; c < grads_first_; c++) bring(c);
+  for (int c = 0; c < grads_first_; c++) finish_read(c);
 }
 
 }  // namespace loom

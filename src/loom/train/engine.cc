@@ -21,6 +21,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;
   o.params_elsewhere = cfg.offload.params == "disk";  // Note [Parameter offload]
+  o.grads_elsewhere = cfg.offload.grads == "disk";    // Note [Gradient chunks]
   o.precision = cfg.train.precision == "bf16"   ? Precision::kBf16
                 : cfg.train.precision == "fp16" ? Precision::kFp16
                                                 : Precision::kFp32;
@@ -94,6 +95,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
 
 void Engine::begin_step() {
   if (chunks) chunks->begin_step();
+  if (chunks && chunks->manages_grads()) return;  // zeroed by dropping their pages
   if (!sync || !sync->every_micro()) {
     model.zero_grads();
     return;
@@ -107,7 +109,8 @@ void Engine::materialize_params() {
   if (chunks) chunks->materialize();
 }
 
-void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes) {
+void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes,
+                            bool grads) {
   std::vector<float>& p = model.params();
   // The initial weights straight into the file, each tensor written back and dropped from
   // the process as it completes (a resume overwrites them there); the flat buffer was never
@@ -116,11 +119,16 @@ void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats
   std::vector<FlatRange> units;
   for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
   chunks = std::make_unique<ChunkManager>(file, p.data(), int64_t(p.size()), std::move(units), chunk_floats,
-                                          budget_bytes, &memory);
+                                          budget_bytes, &memory, grads ? model.grads().data() : nullptr);
   model.set_param_hook([this](int unit, bool acquire) {
     if (acquire) chunks->acquire(unit);
     else chunks->release(unit);
   });
+  if (grads)
+    model.set_grad_hook([this](int unit, bool begin) {
+      if (begin) chunks->acquire_grads(unit);
+      else chunks->release_grads(unit);
+    });
 }
 
 std::span<float> Engine::param_view() {
@@ -149,10 +157,10 @@ void Updater::offload_optimizer(int global_rank) {
   const int64_t group = std::max<int64_t>(1, int64_t(o.sub_group_mb * double(1 << 20)) / int64_t(sizeof(float)));
   const bool params = o.params == "disk";  // Note [Parameter offload]: p as the file's third array
   adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
-                                             params ? 3 : 2));
+                                             params ? 3 : 2, o.grads == "disk"));
   if (params)
     e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed), o.chunk_floats(),
-                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)));
+                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == "disk");
   const StateFile& f = *adamw_.offload_file();
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
@@ -161,7 +169,11 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   const RankContext& rc = e_.rc;
   Model& model = e_.model;
   const Kernels& k = model.ops();
-  double v[2] = {local_loss, sum_squares(k, model.grads().data(), norm_ranges_)};
+  ChunkManager* chunks = e_.chunks.get();
+  if (chunks) chunks->begin_update();
+  const bool chunked_grads = chunks && chunks->manages_grads();  // Note [Gradient chunks]
+  double v[2] = {local_loss, chunked_grads ? chunks->grad_sum_squares(k, norm_ranges_)
+                                           : sum_squares(k, model.grads().data(), norm_ranges_)};
   rc.stats_sum(v);  // every rank: one non-finite gradient anywhere makes v[1] non-finite
   Result r;
   r.loss = v[0] / (rc.dp_size * rc.tp_size);  // each dp replica's tp ranks hold one copy
@@ -171,10 +183,14 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   // Adam's local ones make this the root mean square of the ranks' norms.
   r.norm = std::sqrt(sharded ? v[1] : v[1] / rc.dp_size) / S;
   r.applied = scaler_.update(std::isfinite(r.norm), step);
-  if (!r.applied) return r;
+  if (!r.applied) {
+    if (chunks) chunks->end_step();
+    return r;
+  }
   // Unscale and clip in one pass: g <- g (coef / S); coef / S is exact, so this equals
-  // clipping the unscaled gradients.
-  if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S; coef != 1.0)
+  // clipping the unscaled gradients. Gradient chunks are scaled as the update takes them.
+  const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S;
+  if (coef != 1.0 && !chunked_grads)
     for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
   if (cfg_.parallel.compress == CompressKind::kZeroOneAdam) {
     step_zero_one(lr, step);
@@ -184,18 +200,30 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
     adamw_.momentum_to_update(model.grads(), frozen_at);
     e_.sync->reduce_update(model.grads().data());
     adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
+  } else if (!chunks) {
+    adamw_.step(k, model.params(), model.grads(), lr);
   } else {
-    if (!e_.chunks) {
-      adamw_.step(k, model.params(), model.grads(), lr);
-    } else {  // Note [Chunk manager]: p streams with m and v, and refreshes the resident chunks
-      e_.chunks->end_step();
-      adamw_.step(k, model.params(), model.grads(), lr,
-                  [this](int64_t begin, int64_t count, const float* p) { e_.chunks->refresh(begin, count, p); });
-    }
+    step_chunked(k, lr, coef);
   }
   if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
   else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;
+}
+
+// Note [Chunk manager]: p streams with m and v and refreshes the resident chunks; managed
+// gradients (Note [Gradient chunks]) are made resident and clipped a sub-group at a time.
+void Updater::step_chunked(const Kernels& k, double lr, double coef) {
+  ChunkManager& chunks = *e_.chunks;
+  float* g = e_.model.grads().data();
+  AdamW::GroupFn before;
+  if (chunks.manages_grads())
+    before = [&](int64_t begin, int64_t count) {
+      chunks.grads_for_update(begin, count);
+      if (coef != 1.0) k.scale_inplace(g + begin, count, float(coef));
+    };
+  adamw_.step(k, e_.model.params(), e_.model.grads(), lr,
+              [&](int64_t begin, int64_t count, const float* p) { chunks.refresh(begin, count, p); }, before);
+  chunks.end_step();
 }
 
 // Note [0/1 Adam]: gradients all-reduced (exactly or compressed) before the variance

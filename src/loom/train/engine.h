@@ -29,8 +29,9 @@ struct Engine {
   // local part; no-op otherwise.
   void materialize_params();
   // Note [Parameter offload]: the parameters move to `file` (its third array); the flat
-  // buffer then holds only the chunks the manager keeps within `budget_bytes` (<= 0: none).
-  void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes);
+  // buffer then holds only the chunks the manager keeps within `budget_bytes` (<= 0: none),
+  // and with `grads` the gradient buffer too (Note [Gradient chunks]).
+  void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes, bool grads);
   // The parameters wherever they live: params(), or a mapping of the offload file (saving,
   // loading, the finite check; valid until the next update).
   std::span<float> param_view();
@@ -83,6 +84,7 @@ class Updater {
   std::vector<float> p_sync_;
   double lr_sum_ = 0;
   void step_zero_one(double lr, int64_t step);
+  void step_chunked(const Kernels& k, double lr, double coef);
 };
 
 // The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32

@@ -38,6 +38,7 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   e.params_offloaded = std::min(p4, in_flight * int64_t(sizeof(float)));
   if (cfg.offload.params == "disk") e.params = e.params_offloaded;
   e.grads = zero >= 2 ? p4 / shards : p4;
+  if (cfg.offload.grads == "disk") e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
   e.optimizer_in_memory = 2 * (zero >= 1 ? p4 / shards : p4);
   e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
                                                 : e.optimizer_in_memory;
@@ -67,6 +68,9 @@ std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstim
   if (cfg.offload.params != "disk" && rc.zero == 0 && e.params > e.params_offloaded)
     out.push_back({e.params, "set offload.params = disk with offload.optimizer = disk (params " + bytes_text(e.params) +
                                  " -> " + bytes_text(e.params_offloaded) + ": the units in use and the one read ahead)"});
+  if (cfg.offload.grads != "disk" && cfg.parallel.world() == 1 && e.grads > e.params_offloaded)
+    out.push_back({e.grads, "set offload.grads = disk with offload.params = disk and a whole offload.chunk_mb (grads " +
+                                bytes_text(e.grads) + " -> " + bytes_text(e.params_offloaded) + ")"});
   if (rc.dp_size > 1 && rc.zero < 3)
     out.push_back({rc.zero == 0 ? e.optimizer : rc.zero == 1 ? e.grads : e.params,
                    "set parallel.zero = " + std::to_string(rc.zero + 1) + " (shards " +

@@ -60,6 +60,8 @@ struct TrainSummary {
   int64_t offload_read_bytes = 0, offload_written_bytes = 0;
   // Note [Chunk manager]: parameter chunk reads (bytes) and evictions over the run.
   int64_t param_chunk_read_bytes = 0, param_chunk_evictions = 0;
+  int64_t param_chunk_last_step_read_bytes = 0;  // the last step's (after the warm-up: the steady state)
+  int64_t grad_chunk_written_bytes = 0;  // Note [Gradient chunks]: spilled to the offload file
 };
 
 }  // namespace loom

@@ -313,6 +313,8 @@ void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string
 void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, TrainSummary& sum) {
   const ChunkManager::Stats& s = m.stats();
   sum.param_chunk_read_bytes = s.read_bytes, sum.param_chunk_evictions = s.evictions;
+  sum.grad_chunk_written_bytes = s.grad_written_bytes;
+  sum.param_chunk_last_step_read_bytes = s.last_step_read_bytes;
   os << " (parameter offload: " << m.chunks() << " chunks of "
      << (s.chunk_floats > 0 ? bytes_text(s.chunk_floats * int64_t(sizeof(float))) : std::string("one unit"))
      << ", at most " << bytes_text(s.peak_resident_bytes) << " resident at once; " << s.reads << " reads ("
@@ -322,6 +324,9 @@ void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, T
   if (s.replayed_steps > 0)
     os << "; after it " << bytes_text(s.replayed_read_bytes / s.replayed_steps) << " read per step, "
        << bytes_text(s.last_step_read_bytes) << " in the last";
+  if (m.manages_grads())
+    os << "; gradients in " << m.chunks(ChunkManager::kGrads) << " chunks: " << bytes_text(s.grad_written_bytes)
+       << " spilled, " << bytes_text(s.grad_read_bytes) << " read back";
   if (cfg.memory.limit_gib > 0 && s.over_budget_events > 0)
     os << "; " << s.over_budget_events << " acquires needed more than the budget left for chunks";
   os << ")";

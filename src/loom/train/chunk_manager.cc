@@ -61,6 +61,7 @@ ChunkManager::ChunkManager(StateFile& file, float* params, int64_t total, std::v
   refs_.assign(size_t(n), 0);
   ticket_.assign(size_t(n), 0);
   spilled_.assign(size_t(n), false);
+  dirty_.assign(size_t(n), false);
   uses_.resize(size_t(n));
   stats_.chunk_floats = chunk_floats;
   if (tracker_) params_row_ = tracker_->category("params");
@@ -113,8 +114,9 @@ void ChunkManager::finish_read(int g) {
   state_[size_t(g)] = refs_[size_t(g)] > 0 ? State::kInUse : State::kHeld;
 }
 
-// The chunk's pages go back to the OS. keep_values: a gradient chunk is spilled first
-// (parameters are always in the file); else its values are dead (consumed, or zeroed).
+// The chunk's pages go back to the OS. keep_values: a gradient chunk written since its last
+// spill is spilled first (parameters are always in the file; a clean gradient chunk is zero
+// or its spill is current); else its values are dead (consumed, or a new step).
 // Pages it shares with a free neighbour go too (a free chunk's bytes are never read
 // before it is brought back); partial pages otherwise are zeroed in place within its range.
 void ChunkManager::drop(int g, bool keep_values) {
@@ -123,11 +125,13 @@ void ChunkManager::drop(int g, bool keep_values) {
   finish_read(g);
   int64_t lo = begin_of(g), hi = end_of(g);
   if (is_grad(g)) {
-    spilled_[size_t(g)] = keep_values;
-    if (keep_values) {
+    if (keep_values && dirty_[size_t(g)]) {
       file_.wait(file_.spill(true, lo, hi - lo, grads_ + lo));
       stats_.grad_written_bytes += chunk_bytes(g);
+      spilled_[size_t(g)] = true;
     }
+    if (!keep_values) spilled_[size_t(g)] = false;
+    dirty_[size_t(g)] = false;
   }
   // Out to the page boundaries (in address space) inside a free neighbour; never zeroing a
   // free neighbour's bytes in a page that stays, which would make that page resident again.
@@ -218,8 +222,10 @@ void ChunkManager::begin_step() {
   if (phase_ == Phase::kRecording) end_recording();
   for (int g = grads_first_; g < int(state_.size()); g++) {  // gradients start at zero
     LOOM_ASSERT(refs_[size_t(g)] == 0);
-    drop(g, false);
-    spilled_[size_t(g)] = false;
+    finish_read(g);
+    if (state_[size_t(g)] != State::kFree)  // kept resident: zeroed in place, as zero_grads does
+      std::memset(grads_ + begin_of(g), 0, size_t(chunk_bytes(g)));
+    spilled_[size_t(g)] = dirty_[size_t(g)] = false;
   }
   measure_non_model();  // buffers the update touched first (the optimizer's slots) count too
   phase_ = recorded_ ? Phase::kReplaying : Phase::kRecording;
@@ -254,6 +260,7 @@ void ChunkManager::use(const Event& e, bool acquire) {
   int64_t need = 0;
   for (int g = a; g < b; g++) {
     stats_.acquires++;
+    if (e.kind == kUnitGrads) dirty_[size_t(g)] = true;  // the model writes it
     if (refs_[size_t(g)]++ == 0 && state_[size_t(g)] == State::kHeld) state_[size_t(g)] = State::kInUse;
     if (state_[size_t(g)] == State::kFree) need += chunk_bytes(g);
     else stats_.hits++;
@@ -314,7 +321,8 @@ void ChunkManager::grads_for_update(int64_t begin, int64_t count) {
   for (; update_done_ < update_next_ && end_of(id(kGrads, update_done_)) <= begin; update_done_++) {
     refs_[size_t(id(kGrads, update_done_))]--;
     state_[size_t(id(kGrads, update_done_))] = State::kHeld;
-    drop(id(kGrads, update_done_), false);  // consumed
+    dirty_[size_t(id(kGrads, update_done_))] = false;  // consumed: its pages stay for the next step's zeroing
+    make_room(0);                                      // where the budget has room
   }
   for (; update_next_ < chunks(kGrads) && begin_of(id(kGrads, update_next_)) < begin + count; update_next_++)
     use({kUpdateGrads, update_next_}, true);
@@ -337,7 +345,9 @@ void ChunkManager::end_step() {
     state_[size_t(id(kGrads, update_done_))] = State::kHeld;
   }
   begin_update();
-  for (int g = grads_first_; g < int(state_.size()); g++) drop(g, false);  // the step's gradients are dead
+  for (int g = grads_first_; g < int(state_.size()); g++)  // the step's gradients are dead (kept pages: zeroed next)
+    spilled_[size_t(g)] = dirty_[size_t(g)] = false;
+  make_room(0);
   if (phase_ == Phase::kRecording) end_recording();
   if (phase_ == Phase::kReplaying) stats_.last_step_read_bytes = stats_.replayed_read_bytes - step_reads_from_;
   phase_ = Phase::kIdle;

@@ -50,6 +50,7 @@
 // Chunks need not align with tensors: the flat buffer is contiguous, so a chunk may hold
 // the end of one tensor and the start of the next, and any chunk size works (PatrickStar
 // requires chunks at least as large as the largest tensor because it never splits one).
+//
 // Note [Gradient chunks]
 // offload.grads = disk (one process: dp = tp = pp = 1) puts the gradients in chunks too, with
 // the parameters' budget: the flat gradient buffer keeps its addresses, cut every chunk_mb
@@ -57,12 +58,14 @@
 // optim/optimizer.h, never straddle a chunk). The model brackets every gradient write with
 // the gradient hook (a block's backward, the head's fused loss and its norm's backward, the
 // embedding's backward); a chunk it acquires is read back from the file's spill array if it
-// was evicted this step, and otherwise reads as zero (a chunk never written this step holds
-// nothing anywhere: the step starts by dropping every gradient page). Evicting a gradient
-// chunk writes it to the spill array first. The update takes the chunks in order twice -
-// the norm pass, then the update pass, which clips each sub-group as it goes and drops each
-// chunk once consumed - and both passes are trace events, so Belady's MIN sees that the
-// update needs the gradients before the next step needs the parameters.
+// was evicted this step, and otherwise reads as zero (the step starts with the chunks kept
+// resident zeroed in place, as zero_grads does, and the others stored nowhere). Evicting a
+// gradient chunk written since its last spill writes it to the spill array first; a clean one
+// (zero, or its spill current, or consumed) just goes. The update takes the chunks in order
+// twice - the norm pass, then the update pass, which clips each sub-group as it goes - and
+// both passes are trace events, so Belady's MIN sees that the update needs the gradients
+// before the next step needs the parameters; consumed chunks keep their pages for the next
+// step's zeroing (no page faults where the budget holds them).
 // PatrickStar's chunk reuse (a parameter chunk's memory holds its gradients once its
 // backward is done) is the budget's here: both kinds of chunk draw on one allowance, and a
 // parameter chunk past its last use this step is the first evicted, handing its bytes to the
@@ -182,6 +185,7 @@ class ChunkManager {
   std::vector<int> refs_;
   std::vector<int64_t> ticket_;
   std::vector<bool> spilled_;  // gradient chunks: values in the spill array
+  std::vector<bool> dirty_;    // gradient chunks: written since their last spill (else zero, or spilled)
   int64_t resident_ = 0;  // bytes of chunks reading, held or in use
   Stats stats_;
   // The trace: every event of the warm-up step in order, and per chunk the sorted events using it.

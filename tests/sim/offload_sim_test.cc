@@ -19,6 +19,28 @@ SimPlan gpt(const std::string& preset, int64_t gpus, bool offload) {
   return p;
 }
 
+// GPT 7.5B, global batch 8, on one A100 (`cluster` overrides its spec): the 3 best plans.
+plan::PlanRequest gpt_7_5b_on_one_a100(const std::vector<std::string>& cluster) {
+  plan::PlanRequest req;
+  req.like = gpt("gpt-7.5b", 1, false);
+  req.global_batch = 8;
+  req.top = 3;
+  req.refine = false;
+  req.cluster = load_cluster("dgx-a100", cluster, 1, "");
+  return req;
+}
+
+// Every plan found offloads what `label` names and fits the device; the best emits `toml`.
+void expect_offloading(const plan::PlanRequest& req, const std::string& label, const std::string& toml) {
+  const plan::PlanReport found = plan::search_plans(req);
+  ASSERT_FALSE(found.ranked.empty());
+  for (const plan::PlanCandidate& c : found.ranked) {
+    EXPECT_NE(plan::layout_label(c.plan).find(label), std::string::npos) << plan::layout_label(c.plan);
+    EXPECT_LE(c.result.peak_memory_bytes, req.cluster.device.memory_bytes);
+  }
+  EXPECT_NE(plan::emit_loom_toml(found.ranked[0].plan).find(toml), std::string::npos);
+}
+
 // GPT 1.7B on 8 A100s, ZeRO-1: the moments (8 bytes a parameter, sharded over dp 8) leave
 // device memory for 3 x 2 x 16 MiB of buffers, and the optimizer phase lasts as long as
 // reading them at 3.5 GB/s and writing them at 1.9 GB/s (dgx-a100's [offload] tier).
@@ -57,20 +79,8 @@ TEST(Simulator, OptimizerOffloadNeedsATier) {
 // GPT 7.5B on one A100 80GB: 16 bytes a parameter (120 GB) cannot fit; with the moments
 // offloaded (8 bytes a parameter left, 60 GB) it can, and loom plan says so.
 TEST(Planner, OffersOptimizerOffloadWhereNothingElseFits) {
-  plan::PlanRequest req;
-  req.like = gpt("gpt-7.5b", 1, false);
-  req.global_batch = 8;
-  req.top = 3;
-  req.refine = false;
-  req.cluster = load_cluster("dgx-a100", {}, 1, "");
-  const plan::PlanReport with = plan::search_plans(req);
-  ASSERT_FALSE(with.ranked.empty());
-  for (const plan::PlanCandidate& c : with.ranked) {
-    EXPECT_EQ(c.plan.cfg.offload.optimizer, "disk");
-    EXPECT_NE(plan::layout_label(c.plan).find("optimizer-offload"), std::string::npos);
-    EXPECT_LE(c.result.peak_memory_bytes, req.cluster.device.memory_bytes);
-  }
-  EXPECT_NE(plan::emit_loom_toml(with.ranked[0].plan).find("optimizer = 'disk'"), std::string::npos);
+  plan::PlanRequest req = gpt_7_5b_on_one_a100({});
+  expect_offloading(req, "optimizer-offload", "optimizer = 'disk'");
   req.offload = false;
   EXPECT_TRUE(plan::search_plans(req).ranked.empty());
 }
@@ -141,20 +151,8 @@ TEST(Simulator, GradientChunksShareTheBudgetAndParametersGiveWayFirst) {
 // masters stay (4 bytes a parameter beside 2 + 2 of weights and gradients: 60 GB); with the
 // parameters offloaded too the file's p is the master, and loom plan offers that.
 TEST(Planner, OffersParameterOffloadWhereOptimizerOffloadIsNotEnough) {
-  plan::PlanRequest req;
-  req.like = gpt("gpt-7.5b", 1, false);
-  req.global_batch = 8;
-  req.top = 3;
-  req.refine = false;
-  req.cluster = load_cluster("dgx-a100", {"cluster.device.memory_gib=48"}, 1, "");
-  const plan::PlanReport with = plan::search_plans(req);
-  ASSERT_FALSE(with.ranked.empty());
-  for (const plan::PlanCandidate& c : with.ranked) {
-    EXPECT_EQ(c.plan.cfg.offload.params, "disk");
-    EXPECT_NE(plan::layout_label(c.plan).find("optimizer-offload param-offload"), std::string::npos);
-    EXPECT_LE(c.result.peak_memory_bytes, req.cluster.device.memory_bytes);
-  }
-  EXPECT_NE(plan::emit_loom_toml(with.ranked[0].plan).find("params = 'disk'"), std::string::npos);
+  expect_offloading(gpt_7_5b_on_one_a100({"cluster.device.memory_gib=48"}), "optimizer-offload param-offload",
+                    "params = 'disk'");
 }
 
 }  // namespace

@@ -139,6 +139,15 @@ std::string train_error(const Config& c) {
   return "";
 }
 
+// One process, its output swallowed, its final parameters kept.
+TrainSummary train_keeping(const Config& c) {
+  TrainOptions o;
+  o.keep_params = true;
+  std::ostringstream sink;
+  o.out = o.err = &sink;
+  return train(c, o);
+}
+
 // A budget below the in-memory need is refused up front naming the categories and
 // offload; with the optimizer offloaded the same budget fits, the run equals the
 // in-memory one, and its measured peak (mincore) stays within the budget.
@@ -156,15 +165,10 @@ TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
   std::vector<std::string> sets = model;
   for (const std::string& s : std::vector<std::string>{"offload.optimizer=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=1"})
     sets.push_back(s);
-  TrainOptions keep;
-  keep.keep_params = true;
-  std::ostringstream sink;
-  keep.out = keep.err = &sink;
-  const TrainSummary off = train(small(sets), keep);
+  const TrainSummary off = train_keeping(small(sets));
   std::vector<std::string> unbounded = model;
   unbounded.back() = "memory.limit_gib=0";
-  keep.out = keep.err = &sink;
-  const TrainSummary mem = train(small(unbounded), keep);
+  const TrainSummary mem = train_keeping(small(unbounded));
   EXPECT_EQ(off.final_params, mem.final_params);
   EXPECT_GT(off.memory_peak_total_bytes, 0);
   EXPECT_LE(off.memory_peak_total_bytes, int64_t(0.045 * double(int64_t(1) << 30)));
@@ -178,7 +182,7 @@ TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
             std::string::npos)
       << refused_again;
   sets.push_back("offload.params=disk");
-  const TrainSummary both = train(small(sets), keep);
+  const TrainSummary both = train_keeping(small(sets));
   EXPECT_EQ(both.final_params, mem.final_params);
   EXPECT_LE(both.memory_peak_total_bytes, int64_t(0.0293 * double(int64_t(1) << 30)));
 }
@@ -195,15 +199,11 @@ TEST(ParameterOffload, ChunksUnderABudgetReadLessAndStayWithinIt) {
                                           "train.batch=2", "offload.optimizer=disk", "offload.params=disk",
                                           "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.25",
                                           "offload.chunk_mb=0.125"};
-  TrainOptions keep;
-  keep.keep_params = true;
-  std::ostringstream sink;
-  keep.out = keep.err = &sink;
   auto run = [&](double limit_gib, int steps, bool offload = true) {
     std::vector<std::string> sets = offload ? model : std::vector<std::string>(model.begin(), model.begin() + 5);
     sets.push_back("train.steps=" + std::to_string(steps));
     sets.push_back("memory.limit_gib=" + std::to_string(limit_gib));
-    return train(small(sets), keep);
+    return train_keeping(small(sets));
   };
   const TrainSummary mem = run(0, 4, false);
   const int64_t param_bytes = int64_t(mem.final_params.size() * sizeof(float));
@@ -238,22 +238,18 @@ TEST(GradientChunks, TrainingEqualsInMemoryBitForBit) {
   const std::vector<std::string> offload = {"offload.optimizer=disk", "offload.params=disk", "offload.grads=disk",
                                             "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.25",
                                             "offload.chunk_mb=1"};
-  TrainOptions keep;
-  keep.keep_params = true;
-  std::ostringstream sink;
-  keep.out = keep.err = &sink;
   for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
            {}, {"train.batch=3", "train.grad_accum=3", "parallel.recompute=full"},
            {"model.arch=llama", "model.kv_heads=2", "model.ffn=512", "train.batch=3", "train.grad_accum=3"}}) {
     std::vector<std::string> sets = model;
     sets.insert(sets.end(), layout.begin(), layout.end());
-    const TrainSummary mem = train(small(sets), keep);
+    const TrainSummary mem = train_keeping(small(sets));
     sets.insert(sets.end(), offload.begin(), offload.end());
     std::vector<std::string> what = layout;
     for (const double limit_gib : {0.0, 0.042}) {
       if (limit_gib == 0 && !layout.empty()) continue;  // spilling every use: one layout is enough
       sets.push_back("memory.limit_gib=" + std::to_string(limit_gib));
-      const TrainSummary off = train(small(sets), keep);
+      const TrainSummary off = train_keeping(small(sets));
       sets.pop_back();
       std::string where = "memory.limit_gib " + std::to_string(limit_gib);
       for (const std::string& s : layout) where += " " + s;

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <functional>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
 #include "loom/train/memory_budget.h"
@@ -259,6 +263,27 @@ TEST(GradientChunks, TrainingEqualsInMemoryBitForBit) {
       if (limit_gib > 0) EXPECT_LE(off.memory_peak_total_bytes, int64_t(limit_gib * double(int64_t(1) << 30))) << where;
     }
   }
+}
+
+// The engine's trace shows the chunk manager's transfers as "io" spans on the compute thread
+// (Note [Trace schema]): parameter reads, gradient spills and read-backs.
+TEST(GradientChunks, TraceShowsTheChunkTransfers) {
+  TempDir dir("loom-offload");
+  TrainOptions o;
+  std::ostringstream sink;
+  o.out = o.err = &sink;
+  o.trace_path = dir / "trace.json";
+  train(small({"offload.optimizer=disk", "offload.params=disk", "offload.grads=disk", "offload.dir=" + dir.path.string(),
+               "offload.chunk_mb=1"}),
+        o);
+  std::ifstream f(o.trace_path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::map<std::string, int> io;
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("cat") == "io") io[e.at("name").get<std::string>()]++;
+  EXPECT_GT(io["parameter read"], 0);
+  EXPECT_GT(io["gradient spill"], 0);
+  EXPECT_GT(io["gradient read-back"], 0);
 }
 
 // While training, a rank whose measured state passes the budget stops with the peaks named.

@@ -108,9 +108,15 @@ void ChunkManager::bring(int g) {
   if (phase_ == Phase::kReplaying) stats_.replayed_read_bytes += chunk_bytes(g);
 }
 
+void ChunkManager::wait(int64_t ticket, const char* what) {
+  if (span_) span_(what, true);
+  file_.wait(ticket);
+  if (span_) span_(what, false);
+}
+
 void ChunkManager::finish_read(int g) {
   if (state_[size_t(g)] != State::kReading) return;
-  file_.wait(ticket_[size_t(g)]);
+  wait(ticket_[size_t(g)], is_grad(g) ? "gradient read-back" : "parameter read");
   state_[size_t(g)] = refs_[size_t(g)] > 0 ? State::kInUse : State::kHeld;
 }
 
@@ -126,7 +132,7 @@ void ChunkManager::drop(int g, bool keep_values) {
   int64_t lo = begin_of(g), hi = end_of(g);
   if (is_grad(g)) {
     if (keep_values && dirty_[size_t(g)]) {
-      file_.wait(file_.spill(true, lo, hi - lo, grads_ + lo));
+      wait(file_.spill(true, lo, hi - lo, grads_ + lo), "gradient spill");
       stats_.grad_written_bytes += chunk_bytes(g);
       spilled_[size_t(g)] = true;
     }

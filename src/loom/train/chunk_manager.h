@@ -74,6 +74,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "loom/core/memory.h"
@@ -140,6 +141,11 @@ class ChunkManager {
   Tier tier(int c, Kind k = kParams) const;
   const Stats& stats() const { return stats_; }
   StateFile& file() const { return file_; }
+  // Traces (Note [Trace schema]): hook(what, true) when the compute thread starts waiting on
+  // a chunk transfer ("parameter read", "gradient read-back", "gradient spill"), false when
+  // it is done.
+  using SpanHook = std::function<void(const char* what, bool begin)>;
+  void set_span_hook(SpanHook hook) { span_ = std::move(hook); }
 
  private:
   // A trace event: a unit's parameters or gradients, or one gradient chunk at the update.
@@ -196,6 +202,8 @@ class ChunkManager {
   int pos_ = 0;  // replaying: the trace event the next one is expected at
   int64_t step_reads_from_ = 0;
   int update_done_ = 0, update_next_ = 0;  // gradient chunks the update dropped / took so far
+  SpanHook span_;
+  void wait(int64_t ticket, const char* what);
 };
 
 }  // namespace loom

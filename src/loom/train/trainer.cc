@@ -267,6 +267,11 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
     if (begin) t->begin(layer >= 0 ? std::string(what) + " " + std::to_string(layer) : std::string(what), "compute");
     else t->end();
   });
+  if (e.chunks)  // Note [Chunk manager]: waits on chunk transfers
+    e.chunks->set_span_hook([t](const char* what, bool begin) {
+      if (begin) t->begin(what, "io");
+      else t->end();
+    });
   const bool chunks = cfg.parallel.vpp > 1;
   if (e.pipe)
     e.pipe->set_step_hook([t, chunks](parallel::Phase phase, int micro, int chunk, bool begin) {
@@ -302,6 +307,7 @@ StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u
 // Stops recording and writes the trace with the ledger's collectives and the idle gaps.
 void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string& path, Reporter& rep) {
   e.model.set_span_hook(nullptr);
+  if (e.chunks) e.chunks->set_span_hook(nullptr);
   e.memory.set_listener(nullptr);
   if (world) trace.add_ledger(world->ledger());
   trace.add_idle();

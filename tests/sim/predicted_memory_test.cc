@@ -91,8 +91,17 @@ TEST(Calibrate, WritesASpecTheSimulatorLoadsAndUses) {
   CalibrateOptions o;
   o.seconds_per_point = 0.001;
   o.ranks = {2};
+  o.offload_dir = testing::TempDir();
   const sim::ClusterSpec c = calibrate_local(o);
   EXPECT_TRUE(c.device.shared);
+  // The offload tier where the temp directory's file system takes O_DIRECT (tmpfs does not:
+  // then none, and the simulator refuses offload on this spec, naming the missing tier).
+  if (c.offload.read_bw > 0) {
+    EXPECT_GT(c.offload.write_bw, 0);
+    EXPECT_GT(c.offload.capacity_bytes, 0);
+  }
+  EXPECT_EQ(measure_offload_tier("/nonexistent/loom").read_bw, 0);
+  EXPECT_EQ(measure_offload_tier("").read_bw, 0);
   EXPECT_GT(c.device.peak_flops, 1e8);   // any CPU's BLAS does more than 0.1 GFLOP/s
   EXPECT_GT(c.device.memory_bw, 1e8);
   EXPECT_FALSE(c.device.attention_efficiency.points.empty());

@@ -114,6 +114,7 @@ struct CalibrateArgs {
   int threads = 0;
   std::vector<int> ranks = {2, 4};
   std::string precision = "fp32";  // bf16: the `local-bf16` spec (CalibrateOptions::bf16)
+  std::string offload_dir = "/var/tmp";  // CalibrateOptions::offload_dir
 };
 int run_calibrate(const CalibrateArgs& a);
 

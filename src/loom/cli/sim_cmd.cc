@@ -182,6 +182,7 @@ int run_calibrate(const CalibrateArgs& a) {
   o.bf16 = bf16;
   o.threads = a.threads;
   o.ranks = a.ranks;
+  o.offload_dir = a.offload_dir;
   o.progress = [](const std::string& line) { std::cerr << "calibrate: " << line << "\n"; };
   const sim::ClusterSpec c = calibrate_local(o);
   const std::string dir = out.substr(0, out.find_last_of('/'));

@@ -19,9 +19,15 @@ struct CalibrateOptions {
   // train.precision = bf16 runs it; everything else stays fp32, as in that engine. The
   // spec is then named "local-bf16".
   bool bf16 = false;
+  // A directory on the disk offload files would use: its read and write rates and free bytes
+  // become the spec's [offload] tier (empty, or not a writable directory: no tier).
+  std::string offload_dir;
 };
 
 // The machine as one node whose devices are loom ranks sharing its cores (device.shared).
 sim::ClusterSpec calibrate_local(const CalibrateOptions& o);
+// The [offload] tier an offload file under `dir` would see: the disk's O_DIRECT read and
+// write rates and the file system's free bytes; zeros where `dir` takes no such file.
+sim::OffloadTier measure_offload_tier(const std::string& dir);
 
 }  // namespace loom

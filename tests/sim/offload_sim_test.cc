@@ -95,6 +95,8 @@ TEST(Simulator, ParameterOffloadReadsWhatTheBudgetCannotHold) {
   const ClusterSpec c = load_cluster("dgx-a100", {}, 1, "");
   SimPlan moments = gpt("gpt-1.7b", 1, true), params = moments;
   params.cfg.offload.params = "disk";
+  SimPlan unbudgeted = params;
+  params.cfg.memory.limit_gib = 80;  // the device's memory
   const SimResult a = simulate(moments, c), b = simulate(params, c);
   const RankReport& all = b.ranks[0];
   EXPECT_DOUBLE_EQ(all.memory.params, a.ranks[0].memory.params);
@@ -111,6 +113,9 @@ TEST(Simulator, ParameterOffloadReadsWhatTheBudgetCannotHold) {
   EXPECT_NEAR(half.param_fetch_exposed_s, half.param_read_s - half.busy_s, 1e-9);
   EXPECT_NEAR(h.step_time_s - b.step_time_s, half.param_fetch_exposed_s, 1e-9);
   EXPECT_NEAR(h.breakdown.param_fetch, half.param_fetch_exposed_s, 1e-12);
+  // No budget keeps nothing beyond the units in flight (as the engine): every sweep reads it all.
+  const RankReport none = simulate(unbudgeted, c).ranks[0];
+  EXPECT_NEAR(none.param_read_bytes, 2 * 8 * P, 1);
   SimPlan megatron = params;
   megatron.framework = Framework::kMegatron;
   EXPECT_THROW(simulate(megatron, c), ConfigError);
@@ -126,6 +131,7 @@ TEST(Simulator, GradientChunksShareTheBudgetAndParametersGiveWayFirst) {
   SimPlan plan = gpt("gpt-1.7b", 1, true);
   plan.cfg.offload.params = plan.cfg.offload.grads = "disk";
   plan.cfg.offload.chunk_mb = 16;
+  plan.cfg.memory.limit_gib = 80;  // the device's memory
   const RankReport all = simulate(plan, c).ranks[0];
   const double P = all.memory.params, G = all.memory.grads, rest = all.memory.total() - P - G;
   EXPECT_EQ(all.grad_spill_bytes, 0.0);

@@ -168,6 +168,8 @@ bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
     if (params && (o.cfg.parallel.zero != 0 || o.framework != sim::Framework::kLoom)) return false;
     if (level == 2 && (o.cfg.parallel.world() != 1 || o.cp != 1)) return false;
     if (params) o.cfg.offload.params = "disk";
+    if (params && !(o.cfg.memory.limit_gib > 0))  // the chunk manager's budget: the device
+      o.cfg.memory.limit_gib = 0.97 * req.cluster.device.memory_bytes / double(int64_t(1) << 30);
     if (level == 2) o.cfg.offload.grads = "disk", o.cfg.offload.chunk_mb = std::max(1.0, std::floor(o.cfg.offload.chunk_mb));
     PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
     ++rep.evaluated;

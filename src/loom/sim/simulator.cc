@@ -381,34 +381,35 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   return mem;
 }
 
-// Note [Chunk manager]: the manager keeps what the budget (device memory, or
-// memory.limit_gib when smaller) leaves beside the rest of the rank's memory, never less
-// than the units in flight (the embedding and two blocks) rounded out to whole chunks;
-// under Belady's MIN each sweep over the units (a forward or a backward of each
-// micro-batch: 2 m per step; recompute reuses the unit just read) reads the parameters it
-// does not hold, and the update refreshes what it holds. The reads run one unit ahead of
-// compute, so the pipeline hides them until they outlast it. Note [Gradient chunks]: the
-// gradients draw on the same budget; parameters (next needed a step later) give way first,
-// and a gradient chunk that does not fit is written once per micro-batch and read back
-// m - 1 times in backward and twice at the update (norm, update), on the compute thread.
+// Note [Chunk manager]: the manager may keep K = budget - the rest of the rank's memory
+// (budget: memory.limit_gib, at most the device's memory; none: K = 0, as in the engine), and
+// holds at least the units in flight (the embedding and two blocks, rounded out to whole
+// chunks). Under Belady's MIN each sweep over the units (a forward or a backward of each
+// micro-batch: 2 m per step; recompute reuses the unit just read) finds the bytes the last
+// one left and reads the others: P - K; the update refreshes what is kept, so K >= P reads
+// nothing. The reads run one unit ahead of compute, hidden until they outlast it.
+// Note [Gradient chunks]: the gradients draw on the same K, first after the parameters'
+// units in flight (the parameters, next needed a step later, give way); a gradient byte that
+// does not fit is written once per micro-batch and read back m - 1 times in backward and
+// twice at the update, on the step.
 void price_param_offload(const Setup& s, RankReport& rep) {
   const Config& cfg = s.plan.cfg;
   MemoryBreakdown& mem = rep.memory;
   const bool grads = cfg.offload.grads == "disk";
   const double P = mem.params, G = grads ? mem.grads : 0;
-  double budget = s.cluster.device.memory_bytes;
-  if (cfg.memory.limit_gib > 0) budget = std::min(budget, cfg.memory.limit_gib * double(int64_t(1) << 30));
+  const double budget =
+      cfg.memory.limit_gib > 0 ? std::min(s.cluster.device.memory_bytes, cfg.memory.limit_gib * double(int64_t(1) << 30)) : 0;
   const double embedding = double(cfg.model.vocab * cfg.model.d_model) / s.x.vocab_t();
   const double units = embedding + 2 * block_params(cfg.model, s.tp).per_tp_rank;
   const double least = std::min(P, (units + 6 * double(cfg.offload.chunk_floats())) * s.wbytes);
-  const double least_g = grads ? std::min(G, least) : 0;
-  // Chunks held: what the budget leaves (a page of slack for rounding), the least to the most.
-  const double held = std::clamp(budget - (mem.total() - P - G) - 4096, least + least_g, P + G);
-  const double short_p = std::min(P + G - held, P - least), short_g = P + G - held - short_p;
-  mem.params = P - short_p;
-  if (grads) mem.grads = G - short_g;
+  const double K = budget - (mem.total() - P - G) - 4096;  // a page of slack for rounding
+  // The gradients first (after the parameters' units in flight), the parameters what is left.
+  const double kept_g = grads ? std::clamp(K - least, std::min(G, least), G) : 0;
+  const double kept_p = std::clamp(K - kept_g, 0.0, P), short_g = G - kept_g;
+  mem.params = std::max(least, kept_p);
+  if (grads) mem.grads = kept_g;
   const double m = double(s.m);
-  rep.param_read_bytes = 2 * m * short_p;
+  rep.param_read_bytes = 2 * m * (P - kept_p);
   rep.param_read_s = rep.param_read_bytes / s.cluster.offload.read_bw;
   rep.param_fetch_exposed_s = std::max(0.0, rep.param_read_s - rep.busy_s);
   rep.grad_spill_bytes = m * short_g;

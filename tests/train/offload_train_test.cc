@@ -166,6 +166,12 @@ TEST(MemoryBudget, RefusedUpFrontThenFitsWithOffloadAndStaysWithinIt) {
   EXPECT_NE(refused.find("set offload.optimizer = disk with offload.dir (optimizer 25 MiB -> 6 MiB of buffers at offload.sub_group_mb = 1)"),
             std::string::npos)
       << refused;
+  // Offload on at the default 16 MiB sub-groups: the buffers outweigh the moments they stream.
+  std::vector<std::string> big_groups = model;
+  big_groups.insert(big_groups.end(), {"offload.optimizer=disk", "offload.dir=" + dir.path.string()});
+  const std::string buffers = train_error(small(big_groups));
+  EXPECT_NE(buffers.find("lower offload.sub_group_mb to 1 (optimizer buffers 74 MiB -> 6 MiB)"), std::string::npos)
+      << buffers;
   std::vector<std::string> sets = model;
   for (const std::string& s : std::vector<std::string>{"offload.optimizer=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=1"})
     sets.push_back(s);

@@ -52,19 +52,23 @@ namespace {
 // first; splitting the model last.
 std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstimate& e) {
   std::vector<std::pair<int64_t, std::string>> out;  // (bytes of the category it shrinks, text)
-  if (cfg.offload.optimizer != "disk" && e.optimizer > 0) {
-    // Sub-groups small enough that the buffers take at most half of the state: the
-    // configured size, else the largest power of two (in MiB) with buffers <= a quarter.
-    OffloadConfig o = cfg.offload;
-    const int64_t state = e.optimizer_in_memory / 8;
-    if (o.buffer_bytes(state) * 2 > e.optimizer_in_memory) {
-      const double quarter_mb = double(state) * 4 / (4.0 * double(o.slots)) / double(1 << 20);
-      o.sub_group_mb = std::exp2(std::max(-10.0, std::floor(std::log2(std::max(quarter_mb, 1e-6)))));
-    }
+  // Sub-groups small enough that the buffers take at most half of the state: the
+  // configured size, else the largest power of two (in MiB) with buffers <= a quarter.
+  OffloadConfig o = cfg.offload;
+  o.optimizer = "disk";
+  const int64_t state = e.optimizer_in_memory / 8;
+  const bool too_big = o.buffer_bytes(state) * 2 > e.optimizer_in_memory;
+  if (too_big) {
+    const double quarter_mb = double(state) * 4 / (4.0 * double(o.slots)) / double(1 << 20);
+    o.sub_group_mb = std::exp2(std::max(-10.0, std::floor(std::log2(std::max(quarter_mb, 1e-6)))));
+  }
+  if (cfg.offload.optimizer != "disk" && e.optimizer > 0)
     out.push_back({e.optimizer, "set offload.optimizer = disk with offload.dir (optimizer " + bytes_text(e.optimizer) +
                                     " -> " + bytes_text(o.buffer_bytes(state)) +
                                     " of buffers at offload.sub_group_mb = " + detail::cat(o.sub_group_mb) + ")"});
-  }
+  else if (cfg.offload.optimizer == "disk" && too_big)  // the buffers outweigh the state they stream
+    out.push_back({e.optimizer, "lower offload.sub_group_mb to " + detail::cat(o.sub_group_mb) + " (optimizer buffers " +
+                                    bytes_text(e.optimizer) + " -> " + bytes_text(o.buffer_bytes(state)) + ")"});
   if (cfg.offload.params != "disk" && rc.zero == 0 && e.params > e.params_offloaded)
     out.push_back({e.params, "set offload.params = disk with offload.optimizer = disk (params " + bytes_text(e.params) +
                                  " -> " + bytes_text(e.params_offloaded) + ": the units in use and the one read ahead)"});

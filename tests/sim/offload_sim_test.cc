@@ -5,6 +5,7 @@
 
 #include "loom/core/error.h"
 #include "loom/plan/search.h"
+#include "loom/sim/costs.h"
 #include "loom/sim/simulator.h"
 
 namespace loom::sim {
@@ -151,6 +152,29 @@ TEST(Simulator, GradientChunksShareTheBudgetAndParametersGiveWayFirst) {
   EXPECT_NEAR(t.param_fetch_exposed_s,
               std::max(0.0, t.param_read_s - t.busy_s) + 8 * short_g / 1.9e9 + 9 * short_g / 3.5e9, 1e-9);
   EXPECT_LE(t.memory.total(), plan.cfg.memory.limit_gib * gib);
+}
+
+// Note [Page-cached offload]: on a shared (CPU) device whose memory holds the offload file
+// beside everything else, the file's transfers are memory copies, and parameter reads fault
+// their pages in on the cores compute uses (nothing hidden); with too little memory for the
+// file the tier's rates apply, as on GPUs.
+TEST(Simulator, PageCachedOffloadOnACpuCopiesAndFaults) {
+  ClusterSpec cpu = load_cluster("dgx-a100", {}, 1, "");
+  cpu.device.shared = true;
+  cpu.device.page_fault_bw = 1e9;
+  cpu.device.memory_bytes = 1e12;
+  SimPlan plan = gpt("gpt-1.7b", 1, true);
+  plan.cfg.offload.params = "disk";  // no budget: every sweep reads the parameters
+  const RankReport cached = simulate(plan, cpu).ranks[0];
+  const double reads = cached.param_read_bytes, moments = 4 * 2 * cached.params * 1.5;
+  ASSERT_GT(reads, 0);
+  EXPECT_NEAR(cached.param_read_s, memory_time_s(cpu.device, reads) + reads / 1e9, 1e-9);
+  EXPECT_NEAR(cached.param_fetch_exposed_s, cached.param_read_s, 1e-9);
+  EXPECT_NEAR(cached.offload_io_s, 2 * memory_time_s(cpu.device, moments), 1e-9);
+  cpu.device.memory_bytes = cached.memory.total();  // no room for the file
+  const RankReport disk = simulate(plan, cpu).ranks[0];
+  EXPECT_NEAR(disk.param_read_s, reads / 3.5e9, 1e-9);
+  EXPECT_NEAR(disk.offload_io_s, moments / 3.5e9 + moments / 1.9e9, 1e-9);
 }
 
 // GPT 7.5B on one A100 cut to 48 GiB (mixed precision): with the moments offloaded the fp32

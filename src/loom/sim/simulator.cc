@@ -381,6 +381,20 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   return mem;
 }
 
+// Note [Page-cached offload]
+// On a calibrated CPU (a shared device) the offload file lives in the page cache whenever it
+// fits beside the rank's memory: its transfers are then memory copies (memory_bw), not disk
+// transfers, and reading into pages the engine handed back faults them in (page_fault_bw,
+// measured by loom calibrate). The offload tier's rates apply otherwise, and always on GPU
+// clusters (their host memory is not the device's).
+bool page_cached(const Setup& s, const RankReport& rep) {
+  const Config& cfg = s.plan.cfg;
+  if (!s.cluster.device.shared || s.cluster.device.page_fault_bw <= 0) return false;
+  const double shards = cfg.parallel.zero >= 1 ? double(s.dp * s.cp) : 1.0;
+  const double arrays = 2.0 + (cfg.offload.params == "disk") + (cfg.offload.grads == "disk");
+  return rep.memory.total() + 4 * arrays * rep.params / shards <= s.cluster.device.memory_bytes;
+}
+
 // Note [Chunk manager]: the manager may keep K = budget - the rest of the rank's memory
 // (budget: memory.limit_gib, at most the device's memory; none: K = 0, as in the engine), and
 // holds at least the units in flight (the embedding and two blocks, rounded out to whole
@@ -395,7 +409,7 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
 void price_param_offload(const Setup& s, RankReport& rep) {
   const Config& cfg = s.plan.cfg;
   MemoryBreakdown& mem = rep.memory;
-  const bool grads = cfg.offload.grads == "disk";
+  const bool grads = cfg.offload.grads == "disk", cached = page_cached(s, rep);  // as the optimizer phase saw it
   const double P = mem.params, G = grads ? mem.grads : 0;
   const double budget =
       cfg.memory.limit_gib > 0 ? std::min(s.cluster.device.memory_bytes, cfg.memory.limit_gib * double(int64_t(1) << 30)) : 0;
@@ -410,11 +424,19 @@ void price_param_offload(const Setup& s, RankReport& rep) {
   if (grads) mem.grads = kept_g;
   const double m = double(s.m);
   rep.param_read_bytes = 2 * m * (P - kept_p);
+  rep.grad_spill_bytes = m * short_g;
+  const double back = (m + 1) * short_g;  // gradient bytes read back
+  if (cached) {
+    // Note [Page-cached offload]: copies at memory speed into pages faulted in fresh, on the
+    // cores compute uses: nothing hidden.
+    const DeviceSpec& d = s.cluster.device;
+    rep.param_read_s = memory_time_s(d, rep.param_read_bytes) + rep.param_read_bytes / d.page_fault_bw;
+    rep.param_fetch_exposed_s = rep.param_read_s + memory_time_s(d, rep.grad_spill_bytes + back) + back / d.page_fault_bw;
+    return;
+  }
   rep.param_read_s = rep.param_read_bytes / s.cluster.offload.read_bw;
   rep.param_fetch_exposed_s = std::max(0.0, rep.param_read_s - rep.busy_s);
-  rep.grad_spill_bytes = m * short_g;
-  rep.param_fetch_exposed_s +=
-      rep.grad_spill_bytes / s.cluster.offload.write_bw + (m + 1) * short_g / s.cluster.offload.read_bw;
+  rep.param_fetch_exposed_s += rep.grad_spill_bytes / s.cluster.offload.write_bw + back / s.cluster.offload.read_bw;
 }
 
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
@@ -446,15 +468,15 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
+  rep.memory = rank_memory(s, r, st, rep);
   if (offload) {  // with parameter offload p streams with m and v: three arrays, not two
-    const double arrays = s.plan.cfg.offload.params == "disk" ? 1.5 : 1.0;
-    rep.offload_io_s =
-        4 * moment_floats * arrays * (1 / s.cluster.offload.read_bw + 1 / s.cluster.offload.write_bw);
+    const double bytes = 4 * moment_floats * (s.plan.cfg.offload.params == "disk" ? 1.5 : 1.0);
+    rep.offload_io_s = page_cached(s, rep) ? 2 * memory_time_s(dev, bytes)  // Note [Page-cached offload]
+                                           : bytes * (1 / s.cluster.offload.read_bw + 1 / s.cluster.offload.write_bw);
     rep.optimizer_s = std::max(rep.optimizer_s, rep.offload_io_s);
   }
   if (G > 1 && (par.zero == 1 || par.zero == 2))
     rep.param_gather_s = collective_time_s(s.cluster, OpKind::kAllGather, rep.params * s.wbytes, s.pl.dp);
-  rep.memory = rank_memory(s, r, st, rep);
   if (s.plan.cfg.offload.params == "disk") price_param_offload(s, rep);
   double t = rep.pipeline_end_s;
   auto phase = [&](const char* name, const char* cat, int tid, double dur) {

@@ -95,7 +95,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
 
 void Engine::begin_step() {
   if (chunks) chunks->begin_step();
-  if (chunks && chunks->manages_grads()) return;  // zeroed by dropping their pages
+  if (chunks && chunks->manages_grads()) return;  // zeroed by the chunk manager (Note [Gradient chunks])
   if (!sync || !sync->every_micro()) {
     model.zero_grads();
     return;

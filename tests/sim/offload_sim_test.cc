@@ -3,6 +3,8 @@
 // model does not fit otherwise.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "loom/core/error.h"
 #include "loom/plan/search.h"
 #include "loom/sim/costs.h"
@@ -175,6 +177,24 @@ TEST(Simulator, PageCachedOffloadOnACpuCopiesAndFaults) {
   const RankReport disk = simulate(plan, cpu).ranks[0];
   EXPECT_NEAR(disk.param_read_s, reads / 3.5e9, 1e-9);
   EXPECT_NEAR(disk.offload_io_s, moments / 3.5e9 + moments / 1.9e9, 1e-9);
+}
+
+// Refining two uniform candidates can produce one layout ("recompute none" and a per-layer
+// "none*40"); the ranking lists it once. Llama 2.2B on one A100 cut to 24 GiB.
+TEST(Planner, RanksEachLayoutOnce) {
+  plan::PlanRequest req;
+  req.like.framework = Framework::kLoom;
+  req.like.cfg = load_config("", {"model.arch=llama", "model.layers=40", "model.d_model=2048", "model.heads=16",
+                                  "model.kv_heads=16", "model.ffn=5632", "model.vocab=32000", "model.ctx=128",
+                                  "train.seq=128", "train.batch=1"});
+  req.global_batch = 1;
+  req.top = 3;
+  req.cluster = load_cluster("dgx-a100", {"cluster.device.memory_gib=24"}, 1, "");
+  const plan::PlanReport found = plan::search_plans(req);
+  ASSERT_FALSE(found.ranked.empty());
+  std::set<std::string> keys;
+  for (const plan::PlanCandidate& c : found.ranked)
+    EXPECT_TRUE(keys.insert(plan::layout_key(c.plan)).second) << plan::layout_label(c.plan) << " listed twice";
 }
 
 // GPT 7.5B on one A100 cut to 48 GiB (mixed precision): with the moments offloaded the fp32

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -205,6 +206,15 @@ std::string layout_label(const sim::SimPlan& p) {
   return os.str();
 }
 
+// Two plans are one layout when their labels agree once a per-layer recompute that is the
+// same everywhere is written as that one policy ("none*40" is "none").
+std::string layout_key(const sim::SimPlan& p) {
+  sim::SimPlan q = p;
+  std::vector<Recompute>& rc = q.cfg.parallel.recompute;
+  if (!rc.empty() && std::all_of(rc.begin(), rc.end(), [&](Recompute r) { return r == rc.front(); })) rc.resize(1);
+  return layout_label(q);
+}
+
 std::string compression_caveat(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   std::ostringstream os;
@@ -295,9 +305,11 @@ PlanReport search_plans(const PlanRequest& req) {
       refine_recompute(req, kept[i], rep);
   }
   std::sort(kept.begin(), kept.end(), faster);
-  for (size_t i = 0; i < kept.size(); ++i) {
-    if (i < size_t(req.top)) rep.ranked.push_back(kept[i]);
-    else acc.prune("slower than the top " + std::to_string(req.top), layout_label(kept[i].plan));
+  std::set<std::string> seen;  // refining can turn two candidates into one layout
+  for (const PlanCandidate& c : kept) {
+    if (!seen.insert(layout_key(c.plan)).second) acc.prune("the same layout as a faster plan", layout_label(c.plan));
+    else if (rep.ranked.size() < size_t(req.top)) rep.ranked.push_back(c);
+    else acc.prune("slower than the top " + std::to_string(req.top), layout_label(c.plan));
   }
   rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;

@@ -53,6 +53,9 @@ PlanReport search_plans(const PlanRequest& req);
 
 // "dp 16 tp 8 pp 8 vpp 3 sp zero 1 mb 1 x 96 interleaved recompute selective"
 std::string layout_label(const sim::SimPlan& p);
+// The label with a per-layer recompute that is the same everywhere written as that policy:
+// equal keys are one layout (the ranking lists each once).
+std::string layout_key(const sim::SimPlan& p);
 // The interleaving degrees the search tries for `layers` on `pp` stages: vpp 2..4 (the stage
 // split may be uneven) and every larger vpp giving each virtual stage the same whole number
 // of layers (96 layers, pp 8: 2, 3, 4, 6, 12); never more virtual stages than layers.

@@ -322,14 +322,18 @@ double ChunkManager::grad_sum_squares(const Kernels& k, const std::vector<FlatRa
   return s;
 }
 
+// Gradient chunk c, taken by the update, is used up: clean (its values are dead, so evicting
+// it spills nothing) and released; its pages stay for the next step's zeroing where the
+// budget has room.
+void ChunkManager::consumed(int c) {
+  dirty_[size_t(id(kGrads, c))] = false;
+  use({kUpdateGrads, c}, false);
+}
+
 void ChunkManager::grads_for_update(int64_t begin, int64_t count) {
   LOOM_ASSERT(grads_);
-  for (; update_done_ < update_next_ && end_of(id(kGrads, update_done_)) <= begin; update_done_++) {
-    refs_[size_t(id(kGrads, update_done_))]--;
-    state_[size_t(id(kGrads, update_done_))] = State::kHeld;
-    dirty_[size_t(id(kGrads, update_done_))] = false;  // consumed: its pages stay for the next step's zeroing
-    make_room(0);                                      // where the budget has room
-  }
+  for (; update_done_ < update_next_ && end_of(id(kGrads, update_done_)) <= begin; update_done_++)
+    consumed(update_done_);
   for (; update_next_ < chunks(kGrads) && begin_of(id(kGrads, update_next_)) < begin + count; update_next_++)
     use({kUpdateGrads, update_next_}, true);
 }
@@ -346,10 +350,7 @@ void ChunkManager::refresh(int64_t begin, int64_t count, const float* p) {
 }
 
 void ChunkManager::end_step() {
-  for (; update_done_ < update_next_; update_done_++) {  // the update's last gradient chunks, consumed
-    refs_[size_t(id(kGrads, update_done_))]--;
-    state_[size_t(id(kGrads, update_done_))] = State::kHeld;
-  }
+  for (; update_done_ < update_next_; update_done_++) consumed(update_done_);  // the update's last ones
   begin_update();
   for (int g = grads_first_; g < int(state_.size()); g++)  // the step's gradients are dead (kept pages: zeroed next)
     spilled_[size_t(g)] = dirty_[size_t(g)] = false;

@@ -177,6 +177,7 @@ class ChunkManager {
   void note(const Event& e);
   void end_recording();
   void read_ahead();
+  void consumed(int c);
 
   StateFile& file_;
   float* params_;

@@ -6,7 +6,9 @@
 # (GPT-2 124M, seq 256, batch 4) on the fortunes corpus, fp32, 2 threads, 16 MiB chunks.
 # Budgets are memory.limit_gib values; 0 is no budget (the units in use and one read ahead).
 # GRADS=1 puts the gradients in chunks too (Note [Gradient chunks]; chunk_mb whole).
-# Usage: [GRADS=1] bench/param_chunks.sh [steps] [offload_dir] [chunk_mb] [budgets...]
+# LAYOUT adds arguments to every run, e.g. LAYOUT="--nproc 2 --dp 2 --set parallel.zero=3
+# --set train.threads=1" (Note [ZeRO-3 offload]: each rank's own pieces; rank 0 reports).
+# Usage: [GRADS=1] [LAYOUT=...] bench/param_chunks.sh [steps] [offload_dir] [chunk_mb] [budgets...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -20,6 +22,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 common=(--set model.preset=gpt2 --set model.ctx=256 --set train.seq=256 --set train.batch=4 --set "train.steps=$steps"
         --set train.val_every=0 --set train.val_batches=1 --set train.log_every=1 --set checkpoint.dir= --json)
+read -r -a layout <<<"${LAYOUT:-}"
+common+=("${layout[@]}")
 $loom train "${common[@]}" >"$out/memory.jsonl" 2>"$out/memory.err"
 grads=()
 [[ "${GRADS:-0}" == 1 ]] && grads=(--set offload.grads=disk)
@@ -27,9 +31,10 @@ for b in "${budgets[@]}"; do
   $loom train "${common[@]}" "${grads[@]}" --set offload.optimizer=disk --set offload.params=disk --set "offload.dir=$dir" \
     --set "offload.chunk_mb=$chunk" --set "memory.limit_gib=$b" >"$out/budget-$b.jsonl" 2>"$out/budget-$b.err"
 done
-python3 - "$out" "$steps" "$chunk" "${GRADS:-0}" "${budgets[@]}" <<'PY'
+python3 - "$out" "$steps" "$chunk" "${GRADS:-0}" "${#budgets[@]}" "${budgets[@]}" "${layout[@]}" <<'PY'
 import json, re, sys
-out, steps, chunk, grads, budgets = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5:]
+out, steps, chunk, grads = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+budgets = sys.argv[6:6 + int(sys.argv[5])]
 def mib(v, u):
     return float(v) * {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[u]
 def parse(name):
@@ -50,7 +55,7 @@ mem = parse("memory")
 pm = 4 * mem["params"] / 2**20
 what = "parameters and gradients" if grads else "parameters"
 print(f"config C (GPT-2 124M, seq 256, batch 4), {steps} steps, {what} offloaded in {chunk} MiB chunks; "
-      f"parameters {pm:.0f} MiB")
+      f"parameters {pm:.0f} MiB; layout: {' '.join(sys.argv[6 + len(budgets):]) or 'one process'}")
 print(f"{'run':<18}{'s/step':>8}{'vs memory':>11}{'peak MiB':>10}{'param MiB read, last step':>27}{'evictions':>11}{'last loss':>11}")
 print(f"{'in memory':<18}{mem['s']:>8.2f}{1.0:>11.2f}{mem['peak']:>10.0f}{0:>27.0f}{0:>11}{mem['loss']:>11.4f}")
 for b in budgets:

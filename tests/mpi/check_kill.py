@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kills loom ranks for real (SIGKILL under mpirun) and checks that nothing is lost.
 
-usage: check_kill.py LOOM mid-step | during-save | offload
+usage: check_kill.py LOOM mid-step | during-save | offload | offload-zero3
 
 mid-step:    a dp3 run is SIGKILLed on rank 1 while it trains; the survivors must exit
              within comm.timeout_s naming rank 1 and the collective they were in; then
@@ -11,6 +11,9 @@ offload:     mid-step with the AdamW moments and the parameters offloaded (Notes
              offload], [Parameter offload]) in the killed run and its resume, against the
              in-memory reference: the final checkpoint is byte-identical, and the killed
              ranks' scratch files are gone.
+offload-zero3: the same with ZeRO-3 (each rank's own pieces in its file, Note [ZeRO-3
+             offload]), against an uninterrupted run of the same layout (its rank files
+             hold the packed own pieces).
 during-save: the writer is killed inside a save at each failpoint (Note [Failpoints]:
              rank 1 half way through its shard; rank 0 after the manifest; rank 0 after
              the rename, before `latest`); the previous checkpoint must still verify,
@@ -108,11 +111,16 @@ def mid_step(loom, tmp, ref, extra=()):
     resume_and_compare(loom, ckpt, ref, newest, extra)
 
 
-def offload(loom, tmp, ref):
+def offload_args(tmp, zero):
     scratch = os.path.join(tmp, "scratch")
-    os.makedirs(scratch)
-    mid_step(loom, tmp, ref, ["--set", "offload.optimizer=disk", "offload.params=disk", f"offload.dir={scratch}",
-                              "offload.sub_group_mb=0.05"])
+    os.makedirs(scratch, exist_ok=True)
+    return ["--set", "offload.optimizer=disk", "offload.params=disk", f"offload.dir={scratch}",
+            "offload.sub_group_mb=0.05", f"parallel.zero={zero}"]
+
+
+def offload(loom, tmp, ref, zero=0):
+    mid_step(loom, tmp, ref, offload_args(tmp, zero))
+    scratch = os.path.join(tmp, "scratch")
     if os.listdir(scratch):
         fail(f"offload scratch files outlived their processes: {os.listdir(scratch)}")
 
@@ -142,10 +150,12 @@ def main():
     tmp = tempfile.mkdtemp(prefix="loom-kill-")
     try:
         ref = os.path.join(tmp, "reference")
-        rc, out = run(args(loom, ref, ["--save-every", str(EVERY)]))
+        zero3 = mode == "offload-zero3"
+        rc, out = run(args(loom, ref, ["--save-every", str(EVERY), *(offload_args(tmp, 3) if zero3 else [])]))
         if rc != 0:
             fail(f"the uninterrupted run exited {rc}", out)
-        {"mid-step": mid_step, "during-save": during_save, "offload": offload}[mode](loom, tmp, ref)
+        {"mid-step": mid_step, "during-save": during_save, "offload": offload,
+         "offload-zero3": lambda loom, tmp, ref: offload(loom, tmp, ref, 3)}[mode](loom, tmp, ref)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")

@@ -26,6 +26,10 @@ constexpr int kEmbed = 2, kHead = 3;
 // One step's accesses: forward embedding, blocks, head; backward head, blocks, embedding.
 const std::vector<int> kStep = {kEmbed, 0, 1, kHead, kHead, 1, 0, kEmbed};
 
+// A budget whose allowance (less the manager's 1% slack) is at least `bytes` and less than
+// a chunk more.
+int64_t with_slack(int64_t bytes) { return bytes * 100 / 99 + 100; }
+
 struct Fixture {
   TempDir dir{"loom-chunks"};
   StateFile file{dir.path.string(), 0, kTotal, 1024, 2, false, 3};
@@ -104,7 +108,7 @@ TEST(ChunkManager, FixedSizeChunksFollowTheirUnitsStates) {
 // bytes resident never exceed the budget.
 TEST(ChunkManager, BudgetEvictsFurthestNextUseFirst) {
   Fixture f;
-  ChunkManager m(f.file, f.params, kTotal, kUnits, 0, 20480, nullptr);
+  ChunkManager m(f.file, f.params, kTotal, kUnits, 0, with_slack(20480), nullptr);
   f.step(m, 0.0f);
   const int64_t warm = m.stats().reads, warm_evictions = m.stats().evictions;
   EXPECT_EQ(warm_evictions, 8);  // the warm-up drops every unit at its release
@@ -114,7 +118,7 @@ TEST(ChunkManager, BudgetEvictsFurthestNextUseFirst) {
   EXPECT_LE(m.stats().peak_resident_bytes, 20480);
   EXPECT_EQ(m.stats().over_budget_events, 0);
   // The whole model fits a larger budget: each chunk read once per step.
-  ChunkManager all(f.file, f.params, kTotal, kUnits, 1024, kTotal * 4, nullptr);
+  ChunkManager all(f.file, f.params, kTotal, kUnits, 1024, with_slack(kTotal * 4), nullptr);
   f.step(all, 0.0f);
   const int64_t warm_all = all.stats().reads;
   f.step(all, 0.0f);
@@ -138,7 +142,7 @@ TEST(ChunkManager, AllowanceIsTheBudgetLessTheMeasuredNonModelMemory) {
   std::memset(acts, 1, 4096 * sizeof(float));
   tracker.track(tracker.category("params"), f.params, kTotal * 4);
   tracker.track(tracker.category("activations"), acts, 4096 * 4);
-  ChunkManager m(f.file, f.params, kTotal, kUnits, 1024, 16384 + 12288, &tracker);
+  ChunkManager m(f.file, f.params, kTotal, kUnits, 1024, with_slack(16384 + 12288), &tracker);
   f.step(m, 0.0f);
   EXPECT_EQ(m.stats().peak_non_model_bytes, 16384);
   const int64_t warm = m.stats().reads;

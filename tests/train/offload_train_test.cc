@@ -82,7 +82,10 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
   expect_offload_equals_in_memory(
       {{}, {"train.grad_accum=3", "parallel.recompute=full"},
        {"model.arch=llama", "model.kv_heads=2", "model.ffn=128", "train.grad_accum=3"},
-       {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=3"}},
+       {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=3"},
+       // Note [ZeRO-3 offload]: each rank's own pieces in its file, gathered from there.
+       {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3", "parallel.recompute=full"},
+       {"parallel.dp=2", "parallel.zero=3", "model.arch=llama", "model.kv_heads=2", "model.ffn=128"}},
       {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
       [&](const TrainSummary& mem, const TrainSummary& off, const std::string& what) {
         // At most the whole buffer resident (the budget test shows a few units of a larger model).
@@ -93,7 +96,8 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
   // them all, through the pipeline's interleaved micro-batches, recompute and tp.
   expect_offload_equals_in_memory(
       {{"train.grad_accum=3", "parallel.recompute=full"}, {"parallel.tp=2"},
-       {"parallel.pp=2", "train.grad_accum=3"}, {"parallel.pp=2", "parallel.schedule=1f1b", "train.grad_accum=4"}},
+       {"parallel.pp=2", "train.grad_accum=3"}, {"parallel.pp=2", "parallel.schedule=1f1b", "train.grad_accum=4"},
+       {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3"}, {"parallel.dp=2", "parallel.zero=3", "parallel.pp=2"}},
       {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(),
        "offload.sub_group_mb=0.01", "offload.chunk_mb=0.04", "memory.limit_gib=0.25"},
       [&](const TrainSummary&, const TrainSummary& off, const std::string& what) {
@@ -104,12 +108,14 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
 // A resume with offload on or off continues the same run: the checkpoint holds the
 // parameters and moments, not the scratch file. Modes: 0 in memory, 1 optimizer offload,
 // 2 optimizer and parameter offload; every pair (the save under one, the resume under the
-// other), dp 2 with ZeRO-0 (parameter offload's layouts).
+// other), dp 2 with ZeRO-0 and with ZeRO-3 (parameter offload's layouts; under ZeRO-3 the
+// checkpoint is written from the offload file's packed own pieces), and a ZeRO-3 offloaded
+// save resumed by ZeRO-0 and back (resharding).
 TEST(OptimizerOffload, ResumeWithOffloadOnOrOffIsTheSameRun) {
   TempDir dir("loom-offload");
-  auto with = [&](const std::string& ckpt, int mode) {
-    std::vector<std::string> sets = {"parallel.dp=2", "train.steps=6", "checkpoint.save_every=3",
-                                     "checkpoint.dir=" + (dir / ckpt)};
+  auto with = [&](const std::string& ckpt, int mode, int zero) {
+    std::vector<std::string> sets = {"parallel.dp=2", "parallel.zero=" + std::to_string(zero), "train.steps=6",
+                                     "checkpoint.save_every=3", "checkpoint.dir=" + (dir / ckpt)};
     if (mode >= 1)
       for (const std::string& s : {std::string("offload.optimizer=disk"), "offload.dir=" + dir.path.string(),
                                    std::string("offload.sub_group_mb=0.01")})
@@ -117,18 +123,39 @@ TEST(OptimizerOffload, ResumeWithOffloadOnOrOffIsTheSameRun) {
     if (mode == 2) sets.push_back("offload.params=disk");
     return small(sets);
   };
-  const std::vector<TrainSummary> whole = testing_support::train_keeping_params(with("whole", 0));
-  for (const int first : {0, 1, 2})
-    for (const int second : {0, 1, 2}) {
-      const std::string a = "a" + std::to_string(first) + std::to_string(second), b = a + "b";
-      testing_support::train_keeping_params(with(a, first));
-      const std::vector<TrainSummary> resumed =
-          testing_support::train_keeping_params(with(b, second), dir / a + "/step-00000003");
-      ASSERT_EQ(resumed[0].losses.size(), 3u);
-      EXPECT_EQ(resumed[0].losses, std::vector<float>(whole[0].losses.begin() + 3, whole[0].losses.end()))
-          << "offload mode " << first << " then " << second;
-      EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << "offload mode " << first << " then " << second;
-    }
+  // The run saved under (first, zero_first) and resumed under (second, zero_second).
+  auto resumed = [&](int first, int zero_first, int second, int zero_second) {
+    const std::string a = "a" + std::to_string(first) + std::to_string(zero_first) + std::to_string(second) +
+                          std::to_string(zero_second);
+    testing_support::train_keeping_params(with(a, first, zero_first));
+    return testing_support::train_keeping_params(with(a + "b", second, zero_second), dir / a + "/step-00000003")[0];
+  };
+  auto expect_same = [](const TrainSummary& got, const TrainSummary& want, const std::string& what) {
+    ASSERT_EQ(got.losses.size(), 3u) << what;
+    EXPECT_EQ(got.losses, std::vector<float>(want.losses.end() - 3, want.losses.end())) << what;
+    EXPECT_EQ(got.final_params, want.final_params) << what;
+  };
+  for (const int zero : {0, 3}) {
+    const TrainSummary whole = testing_support::train_keeping_params(with("whole" + std::to_string(zero), 0, zero))[0];
+    for (const int first : {0, 1, 2})
+      for (const int second : {0, 1, 2})
+        expect_same(resumed(first, zero, second, zero), whole,
+                    "zero " + std::to_string(zero) + ", offload mode " + std::to_string(first) + " then " +
+                        std::to_string(second));
+  }
+  // Under ZeRO-3 parameter offload a rank file holds its own pieces packed: as many floats of
+  // parameters as of each moment (in memory, the whole flat buffer).
+  for (const auto& [ckpt, packed] : {std::pair{"a2323", true}, std::pair{"a0303", false}}) {
+    std::ifstream in(dir / ckpt + "/step-00000003/manifest.json");
+    const nlohmann::json m = nlohmann::json::parse(in);
+    ASSERT_EQ(m.at("ranks").size(), 2u);
+    for (const auto& r : m.at("ranks"))
+      EXPECT_EQ(r.at("floats").at("params") == r.at("floats").at("m"), packed) << ckpt << ": " << r.dump();
+  }
+  // Resharding: as the same change of layout in memory (ZeRO-3 and ZeRO-0 agree on the
+  // losses, not on every last bit of the parameters).
+  expect_same(resumed(2, 3, 2, 0), resumed(0, 3, 0, 0), "zero 3 offloaded, then zero 0 offloaded");
+  expect_same(resumed(2, 0, 2, 3), resumed(0, 0, 0, 3), "zero 0 offloaded, then zero 3 offloaded");
 }
 
 std::string train_error(const Config& c) {
@@ -236,6 +263,44 @@ TEST(ParameterOffload, ChunksUnderABudgetReadLessAndStayWithinIt) {
   EXPECT_GT(half.param_chunk_evictions, none.param_chunk_evictions / 4);
 }
 
+// Note [ZeRO-3 offload]: under a budget below what ZeRO-3 holds in memory (each rank's own
+// pieces and the gather pool), the own pieces are read from each rank's file, every rank
+// stays within the budget, and training equals in-memory ZeRO-3 bit for bit.
+TEST(ParameterOffload, ZeroThreeOwnPiecesUnderABudget) {
+  TempDir dir("loom-offload");
+  const std::vector<std::string> layout = {"model.layers=16", "model.d_model=128", "model.heads=4", "model.ffn=512",
+                                           "train.batch=2", "parallel.dp=2", "parallel.zero=3"};
+  std::vector<std::string> offload = layout;
+  for (const std::string& s : std::vector<std::string>{"offload.optimizer=disk", "offload.params=disk",
+                                                        "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.25",
+                                                        "offload.chunk_mb=0.0625"})
+    offload.push_back(s);
+  auto under = [&](double limit_gib) {
+    std::vector<std::string> sets = offload;
+    sets.push_back("memory.limit_gib=" + std::to_string(limit_gib));
+    return testing_support::train_keeping_params(small(sets));
+  };
+  const std::vector<TrainSummary> mem = testing_support::train_keeping_params(small(layout));
+  const std::vector<TrainSummary> roomy = under(0.5);  // every own piece stays
+  ASSERT_EQ(roomy.size(), 2u);
+  // Each rank's own pieces: half the parameters. A budget half of them below the roomy peak.
+  const int64_t own = int64_t(mem[0].final_params.size() * sizeof(float)) / 2;
+  int64_t tight = 0;
+  for (const TrainSummary& r : roomy) {
+    EXPECT_EQ(r.param_chunk_last_step_read_bytes, 0);
+    tight = std::max(tight, r.memory_peak_total_bytes - own / 2);
+  }
+  const std::vector<TrainSummary> off = under(double(tight) / double(int64_t(1) << 30));
+  for (const std::vector<TrainSummary>* run : {&roomy, &off}) {
+    EXPECT_EQ((*run)[0].losses, mem[0].losses);
+    EXPECT_EQ((*run)[0].final_params, mem[0].final_params);
+  }
+  for (const TrainSummary& r : off) {
+    EXPECT_LE(r.memory_peak_total_bytes, tight);
+    EXPECT_GT(r.param_chunk_last_step_read_bytes, own / 4);  // what the budget cannot hold is read each step
+  }
+}
+
 // Note [Gradient chunks]: gradients in 1 MiB chunks too (8 blocks of 3 MiB: 25 chunks),
 // spilled to the offload file and read back. Without a budget (GPT, one micro-batch) every
 // chunk is spilled after each use; under a budget below parameters plus gradients some stay. Each run equals
@@ -329,7 +394,8 @@ TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
             std::string::npos);
   EXPECT_NE(errors({"offload.optimizer=disk", "offload.params=disk", "offload.dir=/tmp", "parallel.dp=2",
                     "parallel.zero=1"})
-                .find("parameter offload runs with zero = 0"),
+                .find("offload.params = disk with parallel.zero = 1: ZeRO-1/2 keep every parameter on every dp "
+                      "rank"),
             std::string::npos);
   EXPECT_NE(errors({"offload.chunk_mb=4"}).find("offload.chunk_mb = 4.0 sizes parameter offload's chunks: set "
                                                 "offload.params = disk"),

@@ -99,7 +99,7 @@ RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Ten
                          const std::function<void()>& mid_write) {
   RankFile rf;
   rf.file = rank_file_name(rank);
-  rf.pieces = pieces_of(table, *s.layout, s.param_ranges, s.moment_ranges);
+  rf.pieces = pieces_of(table, *s.layout, s.param_ranges, s.moment_ranges, s.params_packed);
   const std::span<const float> sections[kSections] = {s.params, s.m, s.v};
   int64_t start[kSections] = {kHeaderBytes, 0, 0};
   for (int i = 0; i < kSections; ++i) {

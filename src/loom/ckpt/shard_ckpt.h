@@ -61,6 +61,9 @@ struct ShardState {
   std::vector<NamedBuffer> compressor;
   std::string compressor_signature;
   std::string compressor_note;
+  // params holds param_ranges packed one after another, not the flat buffer (ZeRO-3 with
+  // parameter offload: the offload file's packed view, Note [ZeRO-3 offload]).
+  bool params_packed = false;
 };
 
 // Collective over `world` (nullptr: one process). Throws loom::Error on an IO failure, on

@@ -196,13 +196,16 @@ std::vector<Tensor> tensor_table(const Config& cfg) {
 }
 
 std::vector<Piece> pieces_of(const std::vector<Tensor>& table, const ParamLayout& layout,
-                             const std::vector<FlatRange>& param_ranges, const std::vector<FlatRange>& moment_ranges) {
+                             const std::vector<FlatRange>& param_ranges, const std::vector<FlatRange>& moment_ranges,
+                             bool params_packed) {
   std::map<std::string, int> index;
   for (size_t i = 0; i < table.size(); ++i) index[table[i].name] = int(i);
-  int64_t packed = 0;
+  int64_t packed = 0, params = 0;
   for (const FlatRange& r : moment_ranges) packed += r.count;
-  const int64_t section_start[kSections] = {kHeaderBytes, kHeaderBytes + 4 * layout.total_floats(),
-                                            kHeaderBytes + 4 * (layout.total_floats() + packed)};
+  for (const FlatRange& r : param_ranges) params += r.count;
+  if (!params_packed) params = layout.total_floats();
+  const int64_t section_start[kSections] = {kHeaderBytes, kHeaderBytes + 4 * params,
+                                            kHeaderBytes + 4 * (params + packed)};
   std::vector<Piece> out;
   // Section `sec` holds `ranges` of the flat buffer packed one after another.
   auto add = [&](int sec, const std::vector<FlatRange>& ranges, bool packed_section) {
@@ -217,7 +220,7 @@ std::vector<Piece> pieces_of(const std::vector<Tensor>& table, const ParamLayout
       q += r.count;
     }
   };
-  add(0, param_ranges, false);
+  add(0, param_ranges, params_packed);
   add(1, moment_ranges, true);
   add(2, moment_ranges, true);
   return out;

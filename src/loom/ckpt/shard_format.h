@@ -67,11 +67,13 @@ uint32_t crc_of(const float* p, size_t n);
 // The whole model's tensor table for `cfg` (names, whole shapes, placements).
 std::vector<Tensor> tensor_table(const Config& cfg);
 
-// The pieces of one rank's state: its flat parameters restricted to `param_ranges`, its
-// packed moments covering `moment_ranges` (in that order), over `layout` (a tp slice
-// `tp_rank`). CRCs are left 0; byte offsets assume the file layout above.
+// The pieces of one rank's state: its flat parameters restricted to `param_ranges` (or,
+// params_packed, those ranges packed one after another), its packed moments covering
+// `moment_ranges` (in that order), over `layout` (a tp slice `tp_rank`). CRCs are left 0;
+// byte offsets assume the file layout above.
 std::vector<Piece> pieces_of(const std::vector<Tensor>& table, const ParamLayout& layout,
-                             const std::vector<FlatRange>& param_ranges, const std::vector<FlatRange>& moment_ranges);
+                             const std::vector<FlatRange>& param_ranges, const std::vector<FlatRange>& moment_ranges,
+                             bool params_packed = false);
 
 // JSON text <-> Manifest. parse_manifest throws loom::Error naming `where` and the field
 // for anything malformed or inconsistent with the model (a piece outside its tensor or

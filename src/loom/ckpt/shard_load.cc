@@ -187,11 +187,11 @@ void fill(Source& src, const ModelConfig& model, ShardState& s) {
     const std::vector<int64_t>& shape = whole.at(spec.name).shape;
     std::vector<float> local(size_t(spec.numel));
     for (int sec = 0; sec < shard::kSections; ++sec) {
-      const bool moments = sec > 0;
+      const bool moments = sec > 0, packed = moments || s.params_packed;
       const std::vector<FlatRange>& ranges = moments ? s.moment_ranges : s.param_ranges;
       float* dst = moments ? (sec == 1 ? s.m : s.v).data() : s.params.data();
       bool loaded = false;
-      int64_t q = 0;  // packed position of range r (moments)
+      int64_t q = 0;  // packed position of range r
       for (const FlatRange& r : ranges) {
         const int64_t lo = std::max(r.offset, spec.offset), hi = std::min(r.offset + r.count, spec.offset + spec.numel);
         if (hi > lo) {
@@ -201,7 +201,7 @@ void fill(Source& src, const ModelConfig& model, ShardState& s) {
             loaded = true;
           }
           std::copy(local.begin() + (lo - spec.offset), local.begin() + (hi - spec.offset),
-                    dst + (moments ? q + (lo - r.offset) : lo));
+                    dst + (packed ? q + (lo - r.offset) : lo));
         }
         q += r.count;
       }

@@ -11,14 +11,10 @@
 
 namespace loom {
 
-namespace {
-
 int64_t page_bytes() {
   static const int64_t page = ::sysconf(_SC_PAGESIZE);
   return page;
 }
-
-}  // namespace
 
 void release_pages(void* p, int64_t bytes) {
   const int64_t page = page_bytes();
@@ -76,8 +72,12 @@ void MemoryTracker::sample() {
   int64_t total = 0;
   for (size_t i = 0; i < now_.size(); i++) peak_[i] = std::max(peak_[i], now_[i]), total += now_[i];
   peak_total_ = std::max(peak_total_, total);
+  for (const Range& r : managed_) total -= resident_bytes(r.p, r.bytes);
+  peak_rest_ = std::max(peak_rest_, total);
   if (listener_) listener_(*this);
 }
+
+void MemoryTracker::manage(const void* p, int64_t bytes) { managed_.push_back({-1, p, bytes}); }
 
 std::vector<MemoryTracker::Row> MemoryTracker::rows() const {
   std::vector<Row> out;

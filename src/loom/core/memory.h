@@ -20,6 +20,8 @@ namespace loom {
 void release_pages(void* p, int64_t bytes);
 // Bytes of the whole pages of [p, p + bytes) that are resident.
 int64_t resident_bytes(const void* p, int64_t bytes);
+// The OS page size.
+int64_t page_bytes();
 
 // Per-category peaks of resident memory, sampled at the caller's chosen moments.
 class MemoryTracker {
@@ -35,6 +37,11 @@ class MemoryTracker {
   std::vector<Row> rows() const;
   // The largest sum over all categories at one sample (what the rank held at once).
   int64_t peak_total() const { return peak_total_; }
+  // Note [Chunk manager]: buffers (inside tracked ones) whose pages an owner keeps within a
+  // budget; peak_rest() is the largest sum at one sample less their resident pages - what
+  // the rank held besides them, measured at every sample.
+  void manage(const void* p, int64_t bytes);
+  int64_t peak_rest() const { return peak_rest_; }
   // Called after every sample (traces draw memory counters from it).
   void set_listener(std::function<void(const MemoryTracker&)> fn) { listener_ = std::move(fn); }
 
@@ -46,8 +53,8 @@ class MemoryTracker {
   };
   std::vector<std::string> names_;
   std::vector<int64_t> peak_, now_;
-  int64_t peak_total_ = 0;
-  std::vector<Range> ranges_;
+  int64_t peak_total_ = 0, peak_rest_ = 0;
+  std::vector<Range> ranges_, managed_;
   std::function<void(const MemoryTracker&)> listener_;
 };
 

@@ -92,9 +92,8 @@ void AdamW::offload(std::unique_ptr<StateFile> file) {
              " floats of state, AdamW ", state_floats());
   // Before any step or restore the moments are zeros, as the freshly allocated file reads.
   LOOM_CHECK(t_ == 0, "optimizer offload starts before the first step; ", t_, " steps taken");
-  // With the parameters in the file too, its state order must be the flat order.
-  LOOM_CHECK(file->arrays() == 2 || (owned_.size() == 1 && owned_[0].offset == 0),
-             "parameter offload needs the whole flat buffer owned (no ZeRO sharding)");
+  // With the parameters in the file too, they are packed in `owned` order like the moments
+  // (the whole flat buffer unsharded; Note [ZeRO-3 offload] in train/engine.cc otherwise).
   file_ = std::move(file);
   awaiting_file_ = false;
   std::vector<float>().swap(m_);

@@ -96,6 +96,7 @@ void ParamGather::start_gather(int unit) {
   slot_of_[size_t(unit)] = slot;
   std::span<float> all(buf.data(), size_t(b.count));
   const float* own = params_ + b.offset + dp_.group_rank() * piece;
+  if (own_ && !from_node(unit)) own = own_(unit, true), own_held_[size_t(unit)] = true;
   decode_[size_t(unit)] = codec_ != comm::Compression::kNone && !from_node(unit);
   (from_node(unit) ? host_gathers_ : dp_gathers_)++;
   if (from_node(unit)) {  // Note [hpZ]: this step's values, from the host's ranks
@@ -124,7 +125,7 @@ void ParamGather::acquire(int unit) {
   start_gather(unit);
   if (const int next = next_unit(unit, direction); next >= 0) start_gather(next);  // prefetch
   if (state_[size_t(unit)] == State::kGathering) {
-    work_[size_t(unit)].wait();
+    finish_gather(unit);
     if (decode_[size_t(unit)]) {  // every rank's piece, own included
       const int slot = slot_of_[size_t(unit)];
       const int64_t piece = plan_.buckets[size_t(unit_bucket_[size_t(unit)])].count / plan_.dp;
@@ -140,6 +141,20 @@ void ParamGather::acquire(int unit) {
   if (tracker_) tracker_->sample();
 }
 
+void ParamGather::set_own_pieces(OwnPiece own) {
+  LOOM_ASSERT(gathered_ == 0, "the own pieces move while ", gathered_, " units are gathered");
+  own_ = std::move(own);
+  own_held_.assign(unit_bucket_.size(), false);
+}
+
+void ParamGather::finish_gather(int unit) {
+  work_[size_t(unit)].wait();
+  if (own_ && own_held_[size_t(unit)]) {
+    own_held_[size_t(unit)] = false;
+    own_(unit, false);
+  }
+}
+
 void ParamGather::release(int unit) {
   LOOM_ASSERT(refs_[size_t(unit)] > 0);
   if (--refs_[size_t(unit)] == 0 && state_[size_t(unit)] != State::kShard && !keep_[size_t(unit)]) drop(unit);
@@ -148,7 +163,7 @@ void ParamGather::release(int unit) {
 // Back to the own piece: the pool buffer is freed for the next unit, or (after
 // gather_all) the rest of the unit's flat range reads zero and leaves memory.
 void ParamGather::drop(int unit) {
-  work_[size_t(unit)].wait();
+  finish_gather(unit);
   if (const int slot = slot_of_[size_t(unit)]; slot >= 0) {
     // hpZ: keep this rank's slice of the gathered unit for the step's later gathers.
     if (node_ && !has_secondary_[size_t(unit)] && !secondary_[size_t(unit)].empty() &&
@@ -184,9 +199,9 @@ int64_t ParamGather::pool_bytes() const {
   return n;
 }
 
-void ParamGather::gather_all() {
+void ParamGather::gather_all(const float* packed) {
   invalidate();
-  gather_pieces(dp_, plan_, params_, nullptr);
+  gather_pieces(dp_, plan_, params_, packed);
   for (int u = 0; u < int(unit_bucket_.size()); u++)
     if (unit_bucket_[size_t(u)] >= 0) state_[size_t(u)] = State::kGathered, gathered_++;
 }

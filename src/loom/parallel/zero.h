@@ -70,8 +70,13 @@ class ParamGather {
   // Drops every gathered copy (after the own pieces changed).
   void invalidate();
   // Gathers every unit into the flat buffer itself and keeps them (saving, final weights);
-  // invalidate() undoes it.
-  void gather_all();
+  // invalidate() undoes it. packed: the own pieces in owned order (else in the flat buffer).
+  void gather_all(const float* packed = nullptr);
+  // Note [Parameter offload] with ZeRO-3: the own pieces live elsewhere (the chunk manager's
+  // packed buffer). own(unit, true) returns the unit's own piece, resident until own(unit,
+  // false), which comes once the gather that sends it is done.
+  using OwnPiece = std::function<const float*(int unit, bool acquire)>;
+  void set_own_pieces(OwnPiece own);
   // Units gathered at most at once, and the floats they held beyond the own pieces.
   int peak_units() const { return peak_units_; }
   // Unit gathers so far over the dp group, and from hpZ's secondary pieces on the host.
@@ -83,6 +88,7 @@ class ParamGather {
   enum class State { kShard, kGathering, kGathered };
   bool from_node(int unit) const { return node_ && has_secondary_[size_t(unit)]; }
   void start_gather(int unit);
+  void finish_gather(int unit);  // the unit's gather done, its own piece handed back
   int next_unit(int unit, int direction) const;
   void drop(int unit);
 
@@ -110,6 +116,8 @@ class ParamGather {
   std::vector<bool> has_secondary_, decode_;  // decode_: the pending gather is encoded
   std::vector<int> slot_user_;            // unit using each pool buffer, -1 when free
   std::vector<int> slot_of_;              // per unit: pool buffer, -1 = none (own piece or flat)
+  OwnPiece own_;
+  std::vector<bool> own_held_;            // per unit: own_ lent its piece to a pending gather
   int last_unit_ = -1, gathered_ = 0, peak_units_ = 0;
   int64_t dp_gathers_ = 0, host_gathers_ = 0;
 };

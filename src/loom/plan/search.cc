@@ -155,7 +155,7 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
 }  // namespace
 
 // Note [Optimizer offload], Note [Chunk manager]: `c` again with its moments on the
-// cluster's offload tier, then (ZeRO-0 on loom's engine) with its parameters there too, then
+// cluster's offload tier, then (ZeRO-0 or ZeRO-3 on loom's engine) with its parameters there too, then
 // (one device) its gradients; true (and c replaced) by the first that fits device memory and
 // the tier's capacity (8 bytes a parameter for the moments, 12 with the parameters, 16 with
 // the gradients).
@@ -166,7 +166,8 @@ bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
   o.cfg.offload.dir = req.offload_dir;
   for (const int level : {0, 1, 2}) {
     const bool params = level >= 1;
-    if (params && (o.cfg.parallel.zero != 0 || o.framework != sim::Framework::kLoom)) return false;
+    if (params && (o.cfg.parallel.zero == 1 || o.cfg.parallel.zero == 2 || o.framework != sim::Framework::kLoom))
+      return false;
     if (level == 2 && (o.cfg.parallel.world() != 1 || o.cp != 1)) return false;
     if (params) o.cfg.offload.params = "disk";
     if (params && !(o.cfg.memory.limit_gib > 0))  // the chunk manager's budget: the device

@@ -406,21 +406,28 @@ bool page_cached(const Setup& s, const RankReport& rep) {
 // units in flight (the parameters, next needed a step later, give way); a gradient byte that
 // does not fit is written once per micro-batch and read back m - 1 times in backward and
 // twice at the update, on the step.
+// Note [ZeRO-3 offload]: with ZeRO-3 the chunks are the own pieces (1/dp of every unit); the
+// gather pool, kept layers and hpZ's secondary pieces stay beside them, and the engine leaves
+// a unit's gradients of slack (their reduce-scatter ends at a varying moment).
 void price_param_offload(const Setup& s, RankReport& rep) {
   const Config& cfg = s.plan.cfg;
   MemoryBreakdown& mem = rep.memory;
   const bool grads = cfg.offload.grads == "disk", cached = page_cached(s, rep);  // as the optimizer phase saw it
-  const double P = mem.params, G = grads ? mem.grads : 0;
+  const bool zero3 = cfg.parallel.zero >= 3 && s.dp * s.cp > 1;
+  const double shards = zero3 ? double(s.dp * s.cp) : 1.0;
+  const double P = zero3 ? rep.params * s.wbytes / shards : mem.params, G = grads ? mem.grads : 0;
+  const double beside = mem.params - P;  // ZeRO-3's pool, kept layers, secondary pieces
   const double budget =
       cfg.memory.limit_gib > 0 ? std::min(s.cluster.device.memory_bytes, cfg.memory.limit_gib * double(int64_t(1) << 30)) : 0;
   const double embedding = double(cfg.model.vocab * cfg.model.d_model) / s.x.vocab_t();
-  const double units = embedding + 2 * block_params(cfg.model, s.tp).per_tp_rank;
-  const double least = std::min(P, (units + 6 * double(cfg.offload.chunk_floats())) * s.wbytes);
-  const double K = budget - (mem.total() - P - G) - 4096;  // a page of slack for rounding
+  const double block = block_params(cfg.model, s.tp).per_tp_rank;
+  const double least = std::min(P, ((embedding + 2 * block) / shards + 6 * double(cfg.offload.chunk_floats())) * s.wbytes);
+  // The engine's slack: 1% of the budget, and with ZeRO-3 a unit's gradients.
+  const double K = budget * 0.99 - (zero3 ? 4 * std::max(block, embedding) : 0) - (mem.total() - P - G);
   // The gradients first (after the parameters' units in flight), the parameters what is left.
   const double kept_g = grads ? std::clamp(K - least, std::min(G, least), G) : 0;
   const double kept_p = std::clamp(K - kept_g, 0.0, P), short_g = G - kept_g;
-  mem.params = std::max(least, kept_p);
+  mem.params = beside + std::max(least, kept_p);
   if (grads) mem.grads = kept_g;
   const double m = double(s.m);
   rep.param_read_bytes = 2 * m * (P - kept_p);

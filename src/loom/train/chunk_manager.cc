@@ -1,6 +1,5 @@
 #include "loom/train/chunk_manager.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -21,7 +20,7 @@ std::vector<int64_t> param_bounds(const float* params, const std::vector<FlatRan
                                   int64_t chunk_floats) {
   std::vector<int64_t> b = {0, total};
   if (chunk_floats > 0) {
-    const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const auto page = uintptr_t(page_bytes());
     const int64_t first = int64_t((page - reinterpret_cast<uintptr_t>(params) % page) % page / sizeof(float));
     for (int64_t at = first; at < total; at += chunk_floats) b.push_back(at);
   } else {
@@ -64,8 +63,10 @@ ChunkManager::ChunkManager(StateFile& file, float* params, int64_t total, std::v
   dirty_.assign(size_t(n), false);
   uses_.resize(size_t(n));
   stats_.chunk_floats = chunk_floats;
-  if (tracker_) params_row_ = tracker_->category("params");
-  if (tracker_ && grads_) grads_row_ = tracker_->category("grads");
+  if (tracker_) {
+    tracker_->manage(params_, total * int64_t(sizeof(float)));
+    if (grads_) tracker_->manage(grads_, total * int64_t(sizeof(float)));
+  }
 }
 
 ChunkManager::Tier ChunkManager::tier(int c, Kind k) const {
@@ -141,7 +142,7 @@ void ChunkManager::drop(int g, bool keep_values) {
   }
   // Out to the page boundaries (in address space) inside a free neighbour; never zeroing a
   // free neighbour's bytes in a page that stays, which would make that page resident again.
-  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const auto page = uintptr_t(page_bytes());
   const auto addr = [&](int64_t i) { return reinterpret_cast<uintptr_t>(base(g) + i); };
   const int first = is_grad(g) ? grads_first_ : 0, last = is_grad(g) ? int(state_.size()) : grads_first_;
   if (const uintptr_t down = addr(lo) / page * page;
@@ -157,7 +158,9 @@ void ChunkManager::drop(int g, bool keep_values) {
 
 int64_t ChunkManager::allowance() const {
   if (!recorded_ || phase_ == Phase::kRecording || budget_ <= 0) return 0;
-  return std::max<int64_t>(0, budget_ - stats_.peak_non_model_bytes);
+  // 1% of the budget is slack: the rest moves by a few pages from step to step (ZeRO-3
+  // hands a unit's gradient pages back a little earlier or later).
+  return std::max<int64_t>(0, budget_ - budget_ / 100 - stats_.peak_non_model_bytes);
 }
 
 // The trace event at or after pos_ that next uses chunk g (max: not again this step).
@@ -281,18 +284,13 @@ void ChunkManager::use(const Event& e, bool acquire) {
   else if (tracker_) tracker_->sample();
 }
 
-// What the rank holds besides the managed chunks now: the tracker's total less its params
-// (and managed grads) rows.
+// What the rank held besides the managed chunks at any sample so far (the tracker measures
+// the rest at every sample - the trainer's, the gradient sync's, ours - so the moments
+// between acquires count: with ZeRO-3 a unit's whole gradients before their reduce-scatter).
 void ChunkManager::measure_non_model() {
   if (!tracker_) return;
   tracker_->sample();
-  int64_t all = 0, managed = 0;
-  const std::vector<MemoryTracker::Row> rows = tracker_->rows();
-  for (size_t r = 0; r < rows.size(); r++) {
-    all += rows[r].now_bytes;
-    if (int(r) == params_row_ || int(r) == grads_row_) managed += rows[r].now_bytes;
-  }
-  stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, all - managed);
+  stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, tracker_->peak_rest());
 }
 
 void ChunkManager::begin_update() {

@@ -29,7 +29,7 @@
 // parameters (the tracker's total less its params row: activations, gradients, buffers), as
 // PatrickStar's tracer measures non-model memory per operator. Later steps replay the trace
 // with chunks allowed
-//   allowance = budget - peak non-model memory of the warm-up
+//   allowance = budget - peak non-model memory of the warm-up - 1% of the budget (slack)
 // (budget: memory.limit_gib; none: 0, i.e. only what is in use and one event read ahead).
 // PatrickStar's allowance varies per moment because PyTorch allocates activations as it
 // goes; loom's activations are one storage carved up front, resident from its first touch
@@ -187,7 +187,6 @@ class ChunkManager {
   int grads_first_ = 0;             // global ids: parameter chunks, then gradient chunks
   int64_t budget_;
   MemoryTracker* tracker_;
-  int params_row_ = -1, grads_row_ = -1;
   std::vector<State> state_;
   std::vector<int> refs_;
   std::vector<int64_t> ticket_;

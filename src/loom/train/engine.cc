@@ -1,5 +1,6 @@
 #include "loom/train/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -105,21 +106,40 @@ void Engine::begin_step() {
 }
 
 void Engine::materialize_params() {
-  if (gather) gather->gather_all();
-  if (chunks) chunks->materialize();
+  if (gather) gather->gather_all(chunks ? chunks->file().map(2).data() : nullptr);  // Note [ZeRO-3 offload]
+  else if (chunks) chunks->materialize();
 }
 
 void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes,
                             bool grads) {
-  std::vector<float>& p = model.params();
-  // The initial weights straight into the file, each tensor written back and dropped from
-  // the process as it completes (a resume overwrites them there); the flat buffer was never
-  // touched.
-  model.init_weights(seed, file.map(2).data(), [&file](int64_t at, int64_t n) { file.flush(2, at, n); });
   std::vector<FlatRange> units;
-  for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
-  chunks = std::make_unique<ChunkManager>(file, p.data(), int64_t(p.size()), std::move(units), chunk_floats,
-                                          budget_bytes, &memory, grads ? model.grads().data() : nullptr);
+  float* managed = model.params().data();
+  int64_t total = int64_t(model.params().size());
+  if (gather) {  // Note [ZeRO-3 offload]
+    units = pack_own_pieces(file, seed);
+    managed = own_pieces.data(), total = int64_t(own_pieces.size());
+    // A unit's whole gradients stay until its reduce-scatter is done, a moment that moves with
+    // the other ranks: the memory besides the chunks varies by up to the largest unit.
+    int64_t largest = 0;
+    for (const parallel::Bucket& b : plan.buckets) largest = std::max(largest, b.count);
+    if (budget_bytes > 0) budget_bytes = std::max<int64_t>(1, budget_bytes - largest * int64_t(sizeof(float)));
+  } else {
+    // The initial weights straight into the file, each tensor written back and dropped from
+    // the process as it completes (a resume overwrites them there); the flat buffer was never
+    // touched.
+    model.init_weights(seed, file.map(2).data(), [&file](int64_t at, int64_t n) { file.flush(2, at, n); });
+    for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
+  }
+  chunks = std::make_unique<ChunkManager>(file, managed, total, units, chunk_floats, budget_bytes, &memory,
+                                          grads ? model.grads().data() : nullptr);
+  if (gather) {
+    gather->set_own_pieces([this, units](int unit, bool acquire) -> const float* {
+      if (!acquire) return chunks->release(unit), nullptr;
+      chunks->acquire(unit);
+      return own_pieces.data() + units[size_t(unit)].offset;
+    });
+    return;
+  }
   model.set_param_hook([this](int unit, bool acquire) {
     if (acquire) chunks->acquire(unit);
     else chunks->release(unit);
@@ -129,6 +149,48 @@ void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats
       if (begin) chunks->acquire_grads(unit);
       else chunks->release_grads(unit);
     });
+}
+
+// Note [ZeRO-3 offload]
+// Parameter offload with ZeRO-3 (ZeRO-Infinity's layout): a rank's file holds its own pieces
+// of every unit packed in owned order - the order of its moments, so the update streams p
+// with m and v as without ZeRO - and the chunk manager keeps them in own_pieces under the
+// budget. A unit's gather takes its own piece from the manager (read from the file if it
+// was evicted), sends it, and hands it back once the all-gather is done; the gathered copy
+// lives in the gather pool as before. The initial weights are drawn tensor by tensor into
+// the (untouched) flat buffer, this rank's slices copied into the file, the tensor's pages
+// handed back: the process never holds more than one tensor of them. Checkpoints save and
+// load the packed view (ShardState::params_packed). Returns each unit's packed range.
+std::vector<FlatRange> Engine::pack_own_pieces(StateFile& file, uint64_t seed) {
+  const std::vector<FlatRange> owned = plan.owned(rc.dp_rank);
+  int64_t n = 0;
+  for (const FlatRange& r : owned) n += r.count;
+  own_pieces.assign(size_t(n), 0.0f);
+  release_pages(own_pieces.data(), n * int64_t(sizeof(float)));
+  memory.track(memory.category("params"), own_pieces.data(), n * int64_t(sizeof(float)));
+  float* const flat = model.params().data();
+  const std::span<float> packed = file.map(2);
+  model.init_weights(seed, flat, [&](int64_t at, int64_t count) {
+    int64_t q = 0;  // packed position of range r
+    for (const FlatRange& r : owned) {
+      const int64_t lo = std::max(at, r.offset), hi = std::min(at + count, r.offset + r.count);
+      if (hi > lo) {
+        std::copy(flat + lo, flat + hi, packed.data() + q + (lo - r.offset));
+        file.flush(2, q + (lo - r.offset), hi - lo);
+      }
+      q += r.count;
+    }
+    release_pages(flat + at, count * int64_t(sizeof(float)));
+  });
+  release_pages(flat, int64_t(model.params().size() * sizeof(float)));  // the pages tensors shared at their ends
+  std::vector<FlatRange> units(unit_bucket.size(), FlatRange{0, 0});
+  int64_t q = 0;
+  for (size_t b = 0; b < plan.buckets.size(); b++) {
+    for (size_t u = 0; u < unit_bucket.size(); u++)
+      if (unit_bucket[u] == int(b)) units[u] = {q, owned[b].count};
+    q += owned[b].count;
+  }
+  return units;
 }
 
 std::span<float> Engine::param_view() {
@@ -170,6 +232,9 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   Model& model = e_.model;
   const Kernels& k = model.ops();
   ChunkManager* chunks = e_.chunks.get();
+  // Stage 3: gathered copies go stale with the update; dropping them first also hands back
+  // own pieces a prefetch still holds (Note [ZeRO-3 offload]).
+  if (e_.gather) e_.gather->invalidate();
   if (chunks) chunks->begin_update();
   const bool chunked_grads = chunks && chunks->manages_grads();  // Note [Gradient chunks]
   double v[2] = {local_loss, chunked_grads ? chunks->grad_sum_squares(k, norm_ranges_)
@@ -205,8 +270,7 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
   } else {
     step_chunked(k, lr, coef);
   }
-  if (e_.gather) e_.gather->invalidate();            // stage 3: gathered copies are stale now
-  else if (sharded) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
+  if (sharded && !e_.gather) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;
 }
 

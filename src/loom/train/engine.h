@@ -30,11 +30,14 @@ struct Engine {
   void materialize_params();
   // Note [Parameter offload]: the parameters move to `file` (its third array); the flat
   // buffer then holds only the chunks the manager keeps within `budget_bytes` (<= 0: none),
-  // and with `grads` the gradient buffer too (Note [Gradient chunks]).
+  // and with `grads` the gradient buffer too (Note [Gradient chunks]). With ZeRO-3 the file
+  // and the chunks hold the own pieces, packed in owned order (Note [ZeRO-3 offload]).
   void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes, bool grads);
   // The parameters wherever they live: params(), or a mapping of the offload file (saving,
-  // loading, the finite check; valid until the next update).
+  // loading, the finite check; valid until the next update). packed_params(): the view holds
+  // the own pieces packed in owned order (ZeRO-3 with parameter offload), not the flat buffer.
   std::span<float> param_view();
+  bool packed_params() const { return chunks && gather; }
 
   const RankContext& rc;
   std::vector<int> unit_bucket;  // ZeRO-3: unit -> bucket
@@ -47,6 +50,12 @@ struct Engine {
   // Parameter offload; reads the Updater's offload file, so it is used only while the
   // Updater lives (the trainer's step loop and run end).
   std::unique_ptr<ChunkManager> chunks;
+  // ZeRO-3 with parameter offload: the chunks' buffer, the own pieces packed in owned order
+  // (only what the manager keeps is resident).
+  std::vector<float> own_pieces;
+
+ private:
+  std::vector<FlatRange> pack_own_pieces(StateFile& file, uint64_t seed);
 };
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):

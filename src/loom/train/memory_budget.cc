@@ -30,12 +30,16 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   const int64_t p4 = params * int64_t(sizeof(float));  // fp32 params, grads, each moment
   const int64_t shards = dp > 1 ? dp : 1;
   MemoryEstimate e;
-  e.params = zero >= 3 ? p4 / shards : p4;
+  // ZeRO-3: the own pieces and the gather pool (the units in flight, whole).
+  const bool gathers = zero >= 3 && dp > 1;
+  const int64_t pool = gathers ? std::min(p4, units_in_flight * int64_t(sizeof(float))) : 0;
+  e.params = gathers ? p4 / shards + pool : p4;
   // Note [Chunk manager]: at the least the units in use and the one read ahead (GPT's tied
   // head holds the embedding too), each rounded out to whole chunks (a unit touches at most
   // two chunks beyond its own length). The manager keeps more where the budget leaves room.
-  const int64_t in_flight = units_in_flight + 6 * cfg.offload.chunk_floats();
-  e.params_offloaded = std::min(p4, in_flight * int64_t(sizeof(float)));
+  // With ZeRO-3 it holds their own pieces (Note [ZeRO-3 offload]), beside the pool.
+  const int64_t in_flight = units_in_flight / (gathers ? shards : 1) + 6 * cfg.offload.chunk_floats();
+  e.params_offloaded = std::min(e.params - pool, in_flight * int64_t(sizeof(float))) + pool;
   if (cfg.offload.params == "disk") e.params = e.params_offloaded;
   e.grads = zero >= 2 ? p4 / shards : p4;
   if (cfg.offload.grads == "disk") e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
@@ -69,7 +73,7 @@ std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstim
   else if (cfg.offload.optimizer == "disk" && too_big)  // the buffers outweigh the state they stream
     out.push_back({e.optimizer, "lower offload.sub_group_mb to " + detail::cat(o.sub_group_mb) + " (optimizer buffers " +
                                     bytes_text(e.optimizer) + " -> " + bytes_text(o.buffer_bytes(state)) + ")"});
-  if (cfg.offload.params != "disk" && rc.zero == 0 && e.params > e.params_offloaded)
+  if (cfg.offload.params != "disk" && (rc.zero == 0 || rc.zero == 3) && e.params > e.params_offloaded)
     out.push_back({e.params, "set offload.params = disk with offload.optimizer = disk (params " + bytes_text(e.params) +
                                  " -> " + bytes_text(e.params_offloaded) + ": the units in use and the one read ahead)"});
   if (cfg.offload.grads != "disk" && cfg.parallel.world() == 1 && e.grads > e.params_offloaded)

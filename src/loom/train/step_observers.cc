@@ -61,6 +61,7 @@ ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
   ShardState s{&e.model.layout(), e.param_view(), updater.adamw().moment(0), updater.adamw().moment(1),
                rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
                updater.adamw().steps_taken(), updater.scaler().state()};
+  s.params_packed = e.packed_params();
   if (!e.sync) return s;
   // Note [Compressor state in checkpoints]: valid for the same compressor, parameters,
   // layout and buckets (the bucket plan is a function of the layout and the cap).

@@ -83,9 +83,11 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
       {{}, {"train.grad_accum=3", "parallel.recompute=full"},
        {"model.arch=llama", "model.kv_heads=2", "model.ffn=128", "train.grad_accum=3"},
        {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=3"},
-       // Note [ZeRO-3 offload]: each rank's own pieces in its file, gathered from there.
+       // Note [ZeRO-3 offload]: each rank's own pieces in its file, gathered from there (also
+       // bf16 gathers with a kept layer).
        {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3", "parallel.recompute=full"},
-       {"parallel.dp=2", "parallel.zero=3", "model.arch=llama", "model.kv_heads=2", "model.ffn=128"}},
+       {"parallel.dp=2", "parallel.zero=3", "model.arch=llama", "model.kv_heads=2", "model.ffn=128"},
+       {"parallel.dp=2", "parallel.zero=3", "comm.param_dtype=bf16", "parallel.zero_keep=keep,shard"}},
       {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
       [&](const TrainSummary& mem, const TrainSummary& off, const std::string& what) {
         // At most the whole buffer resident (the budget test shows a few units of a larger model).

@@ -27,6 +27,37 @@ TEST(Schedule, GPipeAnd1F1BAreDeadlockFreeWithTheKnownMemory) {
     }
 }
 
+// Note [PipeDream-2BW]: a step that starts and flushes the stream is 1F1B's list; three
+// steps (first, steady, flushing) replay as one 1F1B stream over 3 m micro-batches - no
+// bubble between steps (three flushing 1F1B steps take 6 (m + pp - 1) ticks) - holding
+// 1F1B's pp - r activations; fewer micro-batches than stages are refused.
+TEST(Schedule, TwoBwRunsOneStreamAcrossStepsWithOneFOneBsMemory) {
+  for (int pp = 1; pp <= 8; ++pp) {
+    for (int m = pp; m <= 16; ++m) {
+      const Schedule s = make_schedule(ScheduleKind::k2BW, pp, m);
+      const Schedule one = make_schedule(ScheduleKind::k1F1B, pp, m);
+      const ScheduleCheck c = validate(s);
+      ASSERT_TRUE(c.ok) << c.problem;
+      EXPECT_EQ(c.ticks, 2 * (3 * m + pp - 1)) << "2bw pp " << pp << " m " << m;
+      for (int r = 0; r < pp; ++r) {
+        EXPECT_EQ(c.peak_in_flight[r], pp - r) << "pp " << pp << " m " << m << " rank " << r;
+        const std::vector<PipeStep> alone = two_bw_steps(s, r, true, true);
+        ASSERT_EQ(alone.size(), one.steps[size_t(r)].size());
+        for (size_t i = 0; i < alone.size(); ++i) {
+          EXPECT_EQ(alone[i].phase, one.steps[size_t(r)][i].phase);
+          EXPECT_EQ(alone[i].micro_batch, one.steps[size_t(r)][i].micro_batch);
+        }
+        // The steady step: m forwards and m backwards, w = pp - r - 1 of them trailing.
+        int trailing = 0;
+        for (const PipeStep& st : s.steps[size_t(r)]) trailing += st.micro_batch < 0;
+        EXPECT_EQ(trailing, pp - r - 1);
+        EXPECT_EQ(s.steps[size_t(r)].size(), size_t(2 * m));
+      }
+    }
+    if (pp > 1) EXPECT_THROW(make_schedule(ScheduleKind::k2BW, pp, pp - 1), Error);
+  }
+}
+
 TEST(Schedule, InterleavedIsDeadlockFreeAndEveryStepRunsOnce) {
   for (int pp = 2; pp <= 4; ++pp)
     for (int vpp = 2; vpp <= 3; ++vpp)

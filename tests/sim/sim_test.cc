@@ -299,6 +299,32 @@ TEST(Simulator, ZeroBubbleSchedulesMoveWorkIntoTheBubble) {
   }
 }
 
+// Note [Simulated 2BW]: the steady 2bw step does 1F1B's work per rank without its drain;
+// what is left is the forwards' ramp after the step's barrier (the update's global norm):
+// (p - 1) F of m (F + B) + (p - 1) F, a third of 1F1B's (p - 1)(F + B) at B = 2 F. It holds
+// 1F1B's activations and two weight versions and gradients.
+TEST(Simulator, TwoBwRemovesTheFlushBubble) {
+  for (int m : {4, 8}) {
+    SimPlan p = plan_of({"parallel.pp=4", "train.batch=" + std::to_string(m), "train.grad_accum=" + std::to_string(m)});
+    p.framework = Framework::kLoom;
+    SimPlan two = p;
+    two.cfg.parallel.schedule = ScheduleKind::k2BW;
+    const SimResult ref = simulate(p, free_links(4)), r = simulate(two, free_links(4), true);
+    EXPECT_NEAR(ref.bubble_fraction, 3.0 / (m + 3), 0.02);
+    EXPECT_NEAR(r.bubble_fraction, 3.0 / (3 * m + 3), 0.02) << "m " << m;
+    EXPECT_LT(r.step_time_s, ref.step_time_s);
+    for (size_t i = 0; i < r.ranks.size(); i++) {
+      EXPECT_NEAR(r.ranks[i].busy_s, ref.ranks[i].busy_s, 1e-9 * ref.ranks[i].busy_s);
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.activations, ref.ranks[i].memory.activations);
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.params, 2 * ref.ranks[i].memory.params);
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.grads, 2 * ref.ranks[i].memory.grads);
+    }
+    size_t steps = 0;  // the trace holds the steady step: m forwards and m backwards a rank
+    for (const SimEvent& e : r.events) steps += e.cat == "pipeline";
+    EXPECT_EQ(steps, size_t(2 * m * 4));
+  }
+}
+
 // Note [Resident memory]: loom's ZeRO-2 re-faults the gradient pages it does not own on
 // every micro-batch's backward: (1 - 1/dp) x 4 bytes x params / page_fault_bw per
 // micro-batch, on the critical path (one stage, so it adds to the step as it is).

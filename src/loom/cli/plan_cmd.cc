@@ -93,7 +93,7 @@ int run_plan(const PlanArgs& a) {
       nlohmann::json j = result_json(c.result);
       j["layout"] = layout_json(c.plan);
       j["how"] = c.how;
-      if (const std::string caveat = plan::compression_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
+      if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
       std::cout << j.dump() << "\n";
     }
     nlohmann::json s = {{"evaluated", rep.evaluated}, {"ilp_solves", rep.ilp_solves}, {"ilp_s", rep.ilp_s},
@@ -115,7 +115,7 @@ int run_plan(const PlanArgs& a) {
               << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.dp_exposed
               << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
               << " GiB\n";
-    if (const std::string caveat = plan::compression_caveat(c.plan); !caveat.empty()) std::cout << "    " << caveat << "\n";
+    if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) std::cout << "    " << caveat << "\n";
   }
   std::cout << "pruned:";
   for (const auto& [reason, n] : rep.pruned) std::cout << "\n  " << n << " " << reason << " (e.g. " << rep.example.at(reason) << ")";

@@ -153,7 +153,7 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
       // The layout keys are typed in ParallelConfig; these convert their text once.
-      LOOM_TEXT_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v",
+      LOOM_TEXT_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw (PipeDream-2BW: no flush, one-step-delayed updates)",
                     parse_schedule, schedule_name),
       LOOM_TEXT_KEY(parallel, recompute, "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
                     parse_recompute, recompute_text),

@@ -91,7 +91,7 @@ enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
 // The pipeline schedules (Note [Schedules as data] in parallel/schedule.h). The zero-bubble
 // ones split each backward into its input-gradient (B) and weight-gradient (W) steps
 // (Note [B/W split] in model/model.h).
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZbH1, kZbH2, kZbV };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZbH1, kZbH2, kZbV, k2BW };
 inline bool splits_backward(ScheduleKind k) {
   return k == ScheduleKind::kZbH1 || k == ScheduleKind::kZbH2 || k == ScheduleKind::kZbV;
 }
@@ -126,7 +126,7 @@ enum class CompressAdapt { kNone, kAccordion };
 
 // The text forms of the typed layout keys, as TOML files, --set, plan files and reports
 // write them. The parse functions throw ConfigError naming the key, the text and the fix.
-const char* schedule_name(ScheduleKind k);  // "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v"
+const char* schedule_name(ScheduleKind k);  // "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "2bw"
 ScheduleKind parse_schedule(const std::string& text);
 // "full*20,none*4" <-> {kFull x20, kNone x4}; a single policy stays one value (every layer).
 std::vector<Recompute> parse_recompute(const std::string& text);
@@ -156,7 +156,7 @@ struct ParallelConfig {
   int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
   // Layout choices, typed; the schema converts them to and from their TOML text once
   // (Note [Per-layer keys] in parallel_config.cc).
-  ScheduleKind schedule = ScheduleKind::k1F1B;       // gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v
+  ScheduleKind schedule = ScheduleKind::k1F1B;       // gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw
   std::vector<Recompute> recompute{Recompute::kNone};  // one for every layer, or one per layer
   std::vector<int64_t> pp_layers;  // layers per pipeline stage, e.g. {3, 4}; empty: as even as possible
   std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all

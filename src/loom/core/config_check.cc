@@ -200,6 +200,29 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("offload.optimizer = disk with train.device = " + c.train.device + ": offload runs on the CPU engine");
 }
 
+// Note [PipeDream-2BW] (parallel/schedule.h): what 2bw composes with.
+void check_two_bw(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.schedule != ScheduleKind::k2BW) return;
+  const std::string is = "parallel.schedule = 2bw ";
+  if (p.pp >= 2 && c.train.grad_accum < p.pp)
+    errs.push_back(is + "keeps at most two weight versions only with at least as many micro-batches per step as "
+                   "stages: train.grad_accum = " + std::to_string(c.train.grad_accum) + " < parallel.pp = " +
+                   std::to_string(p.pp) + "; set train.grad_accum >= " + std::to_string(p.pp));
+  if (p.dp > 1)
+    errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) +
+                   ": 2BW runs one pipeline (dp = 1, with tp, sp and recompute); with data parallelism use 1f1b, "
+                   "interleaved or a zero-bubble schedule");
+  if (c.train.precision == "fp16")
+    errs.push_back(is + "with train.precision = fp16: a skipped update (loss scaling) would break the one-step delay; "
+                   "use fp32 or bf16");
+  if (c.offload.optimizer != "none")
+    errs.push_back(is + "with offload.optimizer = " + c.offload.optimizer + ": 2BW keeps a second weight version and "
+                   "a pending gradient in memory; offload runs with the flushing schedules");
+  if (c.data.bucketing) errs.push_back(is + "with data.bucketing: 2BW's micro-batches have one shape; set data.bucketing = false");
+  if (c.train.device != "cpu") errs.push_back(is + "with train.device = " + c.train.device + ": 2BW runs on the CPU engine");
+}
+
 }  // namespace
 
 std::vector<std::string> validation_errors(const Config& c) {
@@ -209,6 +232,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!check_train(c.train, c.model, errs)) return errs;
   check_optim(c.optim, errs);
   check_memory(c, errs);
+  check_two_bw(c, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

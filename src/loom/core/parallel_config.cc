@@ -427,15 +427,16 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::kZbH1: return "zb-h1";
     case ScheduleKind::kZbH2: return "zb-h2";
     case ScheduleKind::kZbV: return "zb-v";
+    case ScheduleKind::k2BW: return "2bw";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule(const std::string& text) {
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZbH1, ScheduleKind::kZbH2, ScheduleKind::kZbV})
+                         ScheduleKind::kZbH1, ScheduleKind::kZbH2, ScheduleKind::kZbV, ScheduleKind::k2BW})
     if (text == schedule_name(k)) return k;
-  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zb-v");
+  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v or 2bw");
 }
 
 const char* compress_name(CompressKind k) {

@@ -69,7 +69,9 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
   const ScheduleCheck check = validate(schedule);
   LOOM_CHECK(check.ok, "pipeline schedule does not finish: ", check.problem);
   const int slots = check.peak_in_flight[size_t(pp_rank)];
-  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches), -1));
+  const bool two_bw = schedule.kind == ScheduleKind::k2BW;
+  slot_base_ = two_bw ? schedule.micro_batches : 0;
+  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches + slot_base_), -1));
   slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
   w_slot_of_ = slot_of_;
   w_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(check.peak_pending_w[size_t(pp_rank)]), false));
@@ -81,7 +83,30 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
     send_h_.assign(size_t(schedule.vpp), std::vector<std::vector<comm::bf16>>(size_t(slots)));
   }
   by_direction_ = schedule.kind == ScheduleKind::kZbV;
-  plan_receive_order();
+  // 2bw's links carry one stream across steps, received in the order sent: no per-step plan.
+  if (!two_bw) plan_receive_order();
+}
+
+// Note [PipeDream-2BW]: a micro-batch's tag on the wire - this step's set of m, or (trailing,
+// negative) the previous step's - so a message sent in one step and received in the next
+// keeps its tag.
+int PipelineRunner::wire_micro(int micro) const {
+  if (schedule_.kind != ScheduleKind::k2BW) return micro;
+  const int m = schedule_.micro_batches;
+  return micro < 0 ? (1 - parity_) * m + (micro + m) : parity_ * m + micro;
+}
+
+void PipelineRunner::end_two_bw_step(bool flush) {
+  const int m = schedule_.micro_batches;
+  for (std::vector<int>& of : slot_of_) {
+    for (int i = 0; i < m; ++i) {
+      LOOM_ASSERT(of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " kept micro-batch ", i - m, " past its step");
+      of[size_t(i)] = of[size_t(i + m)];
+      of[size_t(i + m)] = -1;
+      LOOM_ASSERT(!flush || of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " flushed with micro-batch ", i, " in flight");
+    }
+  }
+  parity_ ^= 1;
 }
 
 // For every link into this rank, the tags its sender sends in one step, in its order.
@@ -221,8 +246,11 @@ int take_slot(std::vector<bool>& busy) {
 }
 }  // namespace
 
-double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward) {
-  const std::vector<PipeStep>& steps = schedule_.steps[size_t(pp_rank_)];
+double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
+                                const TwoBw* two_bw) {
+  LOOM_ASSERT((schedule_.kind == ScheduleKind::k2BW) == (two_bw != nullptr));
+  const std::vector<PipeStep> steps = two_bw ? two_bw_steps(schedule_, pp_rank_, two_bw->first, two_bw->flush)
+                                             : schedule_.steps[size_t(pp_rank_)];
   const bool split = schedule_.split();
   const Phase grads_phase = split ? Phase::kW : Phase::kB;  // the step that adds weight gradients
   int last_grads = -1;
@@ -232,23 +260,33 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   std::vector<int32_t> tok(n), tgt(n);
   double loss = 0;
   expect_ = receive_order_;
+  // 2bw: the version bound, and the step before which the previous step's gradient is complete
+  // (after its last trailing backward; the last stage's forwards add the head's gradients, so
+  // nothing of this step's batch may run before it).
+  bool previous = false;
+  int carried_done = 0;
+  for (int i = 0; two_bw && i < int(steps.size()); i++)
+    if (steps[size_t(i)].micro_batch < 0) carried_done = i + 1;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
     if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
     if (i == last_grads && before_last_backward) before_last_backward();
-    std::vector<int>& slot_of = slot_of_[size_t(s.chunk)];
-    std::vector<int>& w_slot_of = w_slot_of_[size_t(s.chunk)];
-    int& slot = slot_of[size_t(s.micro_batch)];
-    int& w_slot = w_slot_of[size_t(s.micro_batch)];
+    if (two_bw) {  // Note [PipeDream-2BW]
+      if (const bool prev = s.micro_batch < 0; prev != previous) two_bw->weights(previous = prev);
+      if (i == carried_done) two_bw->batch_gradients();
+    }
+    int& slot = slot_of_[size_t(s.chunk)][size_t(index_of(s.micro_batch))];
+    int& w_slot = w_slot_of_[size_t(s.chunk)][size_t(index_of(s.micro_batch))];
+    const int wire = wire_micro(s.micro_batch);
     if (s.phase == Phase::kF) {
       slot = take_slot(slot_busy_[size_t(s.chunk)]);
       const bool needs_data = model_.chunk_has_embed(s.chunk) || model_.chunk_has_head(s.chunk);
       if (needs_data) batch(s.micro_batch, tok.data(), tgt.data());
-      forward(s.micro_batch, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
+      forward(wire, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
     } else if (s.phase == Phase::kB) {
       LOOM_ASSERT(slot >= 0);
       if (split) w_slot = take_slot(w_busy_[size_t(s.chunk)]);
-      backward(s.micro_batch, s.chunk, slot, split ? w_slot : -1);
+      backward(wire, s.chunk, slot, split ? w_slot : -1);
     } else {
       LOOM_ASSERT(slot >= 0 && w_slot >= 0);
       model_.stage_backward_weight(s.chunk, slot, w_slot, B_, T_);
@@ -261,10 +299,16 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
     }
     if (step_hook_) step_hook_(s.phase, s.micro_batch, s.chunk, false);
   }
-  for (auto& per_chunk : sends_)
-    for (auto& w : per_chunk) w.wait();
+  if (two_bw && previous) two_bw->weights(false);
+  // 2bw between flushes: a send may be received only in the next step (its trailing
+  // backward), so it is not waited for here - a rendezvous send would hold this rank out of
+  // the step's end; its slot's next use waits for it (wait_pending).
+  if (!two_bw || two_bw->flush)
+    for (auto& per_chunk : sends_)
+      for (auto& w : per_chunk) w.wait();
   LOOM_ASSERT(early_.empty() && turn_.empty(), "pipeline rank ", pp_rank_, " ended a step with messages unused");
   expect_.clear();
+  if (two_bw) end_two_bw_step(two_bw->flush);
   return loss;
 }
 

@@ -139,7 +139,29 @@ std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m) {
   return out;
 }
 
+// Note [PipeDream-2BW]: the steady step of rank r: F(i), then B(i - w).
+std::vector<PipeStep> two_bw_rank(int r, int pp, int m) {
+  const int w = pp - r - 1;
+  std::vector<PipeStep> out;
+  for (int i = 0; i < m; ++i) {
+    out.push_back({Phase::kF, i, 0});
+    out.push_back({Phase::kB, i - w, 0});
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<PipeStep> two_bw_steps(const Schedule& s, int rank, bool first, bool flush) {
+  LOOM_ASSERT(s.kind == ScheduleKind::k2BW && rank >= 0 && rank < s.pp);
+  std::vector<PipeStep> out;
+  for (const PipeStep& st : s.steps[size_t(rank)])
+    if (!first || st.micro_batch >= 0) out.push_back(st);
+  const int w = s.pp - rank - 1;
+  if (flush)
+    for (int i = s.micro_batches - w; i < s.micro_batches; ++i) out.push_back({Phase::kB, i, 0});
+  return out;
+}
 
 int virtual_stage(ScheduleKind kind, int pp, int rank, int chunk) {
   if (kind == ScheduleKind::kZbV) return chunk == 0 ? rank : 2 * pp - 1 - rank;  // the V
@@ -169,6 +191,8 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
     LOOM_CHECK(vpp == 1, "schedule ", schedule_name(kind), " runs one model chunk per rank; vpp = ", vpp,
                " needs schedule interleaved");
   }
+  LOOM_CHECK(kind != ScheduleKind::k2BW || m >= pp, "schedule 2bw needs at least as many micro-batches as stages (",
+             m, " < pp = ", pp, "): use ", pp, " or more");
   Schedule s{kind, pp, vpp, m, {}};
   if (kind == ScheduleKind::kZbV) {
     s.steps = zero_bubble_v(pp, m);
@@ -182,14 +206,34 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
       case ScheduleKind::kZbH1: s.steps.push_back(zero_bubble_rank(pp - r, r, m)); break;
       case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 2 * r, m)); break;
       case ScheduleKind::kZbV: break;  // above
+      case ScheduleKind::k2BW: s.steps.push_back(two_bw_rank(r, pp, m)); break;
     }
   }
   return s;
 }
 
+namespace {
+
+// Note [PipeDream-2BW]: three steps - the first, a steady one, a flushing one - as one list
+// of 3 m micro-batches (step k's micro-batch i is k m + i; a trailing -j is the previous
+// step's), which validate() replays like any flushing schedule.
+Schedule two_bw_stream(const Schedule& s) {
+  Schedule out{ScheduleKind::k1F1B, s.pp, 1, 3 * s.micro_batches, std::vector<std::vector<PipeStep>>(size_t(s.pp))};
+  for (int r = 0; r < s.pp; ++r)
+    for (int k = 0; k < 3; ++k)
+      for (PipeStep st : two_bw_steps(s, r, k == 0, k == 2)) {
+        st.micro_batch += k * s.micro_batches;
+        out.steps[size_t(r)].push_back(st);
+      }
+  return out;
+}
+
+}  // namespace
+
 // Replay in rounds: in each round every rank whose next step has its inputs runs it. A
 // round where no rank can move, before all finish, is a deadlock.
 ScheduleCheck validate(const Schedule& s) {
+  if (s.kind == ScheduleKind::k2BW) return validate(two_bw_stream(s));
   const int pp = s.pp, vpp = s.vpp, m = s.micro_batches, stages = pp * vpp;
   const bool split = s.split();
   ScheduleCheck out;

@@ -13,6 +13,25 @@
 // or names the ranks that wait on each other, and reports each rank's peak number of
 // activations held (forwards whose backward, or W when split, has not run) and of
 // pending weight gradients (B run, W not yet).
+//
+// Note [PipeDream-2BW]
+// Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021, Sec. 3.
+// parallel.schedule = 2bw never flushes between steps: rank r (w = pp - r - 1 warm-up
+// forwards) runs each step as m pairs F(i), B(i - w), i = 0..m-1, where a negative i - w is
+// micro-batch m + i - w of the previous step (a "trailing" backward): the steady state of one
+// 1F1B stream over every step's micro-batches. Its update rule (their Eq. 1) is
+//   W(t+1) = W(t) - lr * grad f(W(t-1)):
+// step t's batch computes (forward and backward) on W(t-1), and the gradient it yields is
+// applied to W(t). Each stage holds two weight versions: W(t-1), which the step's forwards
+// and its own backwards use, and W(t-2), which the previous step's trailing backwards use; a
+// step ends (when the previous step's gradient is complete everywhere) with W(t) =
+// AdamW(W(t-1), g(t-1)). With m >= pp a step's trailing backwards all belong to the step
+// before it, so two versions suffice, as the paper proves. A flush (checkpoint, validation
+// and the last step) ends its step with the cool-down backwards and applies both pending
+// gradients; the next step starts the stream again as the first did (its batch computes on
+// the current weights, W(-1) = W(0)), so a checkpoint is the ordinary format and a resume
+// continues bit for bit. make_schedule() holds the steady step; two_bw_steps() the first and
+// flushing variants. With pp = 1 nothing is in flight: plain training.
 #pragma once
 
 #include <string>
@@ -54,8 +73,14 @@ struct Schedule {
 };
 
 // Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,
-// vpp >= 2 only for interleaved (which also needs micro_batches % pp == 0).
+// vpp >= 2 only for interleaved (which also needs micro_batches % pp == 0), 2bw with
+// micro_batches >= pp.
 Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1);
+
+// Note [PipeDream-2BW]: rank r's list for a step that starts the stream (`first`: no
+// trailing backwards) and/or flushes it (`flush`: the step's own last backwards appended).
+// Micro-batch -j (j = 1..w) is the previous step's m - j.
+std::vector<PipeStep> two_bw_steps(const Schedule& s, int rank, bool first, bool flush);
 
 struct ScheduleCheck {
   bool ok = false;
@@ -66,6 +91,7 @@ struct ScheduleCheck {
   std::vector<std::vector<int>> chunk_peak_pending_w;  // per rank, per chunk: the same for that chunk
   int ticks = 0;                     // length of the replay in unit-time steps
 };
+// 2bw: replays three steps as one stream (first, steady, flushing).
 ScheduleCheck validate(const Schedule& s);
 
 // Layers of each virtual stage: `split` (pp x vpp entries, summing to layers) or, when

@@ -216,8 +216,12 @@ std::string layout_key(const sim::SimPlan& p) {
   return layout_label(q);
 }
 
-std::string compression_caveat(const sim::SimPlan& p) {
+std::string approximation_caveat(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
+  if (q.schedule == ScheduleKind::k2BW && q.pp > 1)  // Note [PipeDream-2BW]
+    return "one-step-delayed updates (PipeDream-2BW, W(t+1) = W(t) - lr grad f(W(t-1))) change the optimisation: "
+           "the steady step is priced (no flush; checkpoint and validation steps flush), the accuracy cost is not "
+           "modelled; compare validation curves against 1f1b";
   std::ostringstream os;
   if (q.compress == CompressKind::kNone && (q.zeropp_qwz || q.zeropp_qgz)) {
     os << "ZeRO++ int8 blocks:" << (q.zeropp_qwz ? " parameter gathers (qwZ)" : "")
@@ -269,6 +273,7 @@ PlanReport search_plans(const PlanRequest& req) {
           if (pp > 1 && req.like.framework == sim::Framework::kLoom) {
             for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) scheds.push_back({k, 1});
             if (L >= 2 * pp) scheds.push_back({ScheduleKind::kZbV, 2});
+            scheds.push_back({ScheduleKind::k2BW, 1});  // asynchronous: its caveat says so
           }
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})

@@ -60,9 +60,9 @@ std::string layout_key(const sim::SimPlan& p);
 // split may be uneven) and every larger vpp giving each virtual stage the same whole number
 // of layers (96 layers, pp 8: 2, 3, 4, 6, 12); never more virtual stages than layers.
 std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp);
-// "" for exact gradients; else what the plan trades away: the compressor, its parameters
-// and that its accuracy cost is not modelled.
-std::string compression_caveat(const sim::SimPlan& p);
+// "" for exact training; else what the plan trades away (a compressor and its parameters,
+// or 2bw's delayed updates) and that its accuracy cost is not modelled.
+std::string approximation_caveat(const sim::SimPlan& p);
 // A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
 std::string emit_loom_toml(const sim::SimPlan& p);
 std::string emit_megatron_args(const sim::SimPlan& p);

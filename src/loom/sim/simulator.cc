@@ -9,6 +9,7 @@
 #include "loom/model/layout.h"
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/stage_part.h"
+#include "loom/sim/replay.h"
 #include "loom/sim/unit_cost.h"
 
 namespace loom::sim {
@@ -35,30 +36,6 @@ namespace loom::sim {
 // W, and B adds the W slot's kept upstream gradients, which W frees.
 
 namespace {
-
-std::string step_name(const parallel::PipeStep& st, int vpp) {
-  char buf[32];
-  const char p = parallel::phase_letter(st.phase);
-  if (vpp > 1) std::snprintf(buf, sizeof buf, "%c%d.%d", p, st.micro_batch, st.chunk);
-  else std::snprintf(buf, sizeof buf, "%c%d", p, st.micro_batch);
-  return buf;
-}
-
-// Everything the per-rank phases need, fixed for one plan.
-struct Setup {
-  const SimPlan& plan;
-  const ClusterSpec& cluster;
-  int64_t tp, pp, dp, cp, vpp, V, m, seq;
-  std::vector<Recompute> rk;  // per layer
-  Places pl;
-  LayerShape x;
-  double wbytes = 4;       // bytes of one parameter / gradient as stored for compute
-  double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
-  double scatter_bytes = 4;  // and of one gradient in ZeRO-2/3's reduce-scatters (Note [qgZ])
-  double p2p_bytes = 0, p2p_s = 0;
-  std::vector<ChunkCost> chunks;  // per virtual stage
-  bool split = false;             // the schedule splits backward into B and W
-};
 
 // ZeRO-3's gathers of `params` parameters in backward: as forward's (`forward_s`), or under
 // hpZ (Note [hpZ]) an fp32 all-gather of the secondary pieces among the dp group's ranks on
@@ -182,101 +159,6 @@ void build_chunks(Setup& s) {
   }
 }
 
-struct RankState {
-  double free_at = 0, live = 0, peak_live = 0, recomputed = 0, last_bwd_window = 0;
-  Pass spent;
-  size_t next = 0;
-  std::vector<int> held, chunk_peak;  // per chunk: micro-batches in flight now, and at most
-  std::vector<int> pending, pending_peak;  // per chunk: W's pending now, and at most (split backward)
-};
-
-// Runs one step of rank r if its input is ready; false when it must wait.
-bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vector<std::vector<double>>& fdone,
-              std::vector<std::vector<double>>& bdone, RankState& rs, std::vector<SimEvent>* events) {
-  using parallel::Phase;
-  const int64_t v = parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), st.chunk);
-  // A transfer to or from a stage on the same rank (ZB-V's turn) is a local hand-over.
-  auto hop = [&](int64_t other) {
-    for (int c = 0; c < int(s.vpp); ++c)
-      if (parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), c) == other) return 0.0;
-    return s.p2p_s;
-  };
-  const size_t i = size_t(st.micro_batch);
-  double dep = 0;
-  if (st.phase == Phase::kF) {
-    if (v > 0 && fdone[size_t(v - 1)][i] < 0) return false;
-    dep = v > 0 ? fdone[size_t(v - 1)][i] + hop(v - 1) : 0;
-  } else if (st.phase == Phase::kB) {
-    if (fdone[size_t(v)][i] < 0 || (v < s.V - 1 && bdone[size_t(v + 1)][i] < 0)) return false;
-    dep = v < s.V - 1 ? bdone[size_t(v + 1)][i] + hop(v + 1) : fdone[size_t(v)][i];
-  } else {
-    if (bdone[size_t(v)][i] < 0) return false;
-    dep = bdone[size_t(v)][i];
-  }
-  const ChunkCost& ch = s.chunks[size_t(v)];
-  const Pass pass = st.phase == Phase::kF ? ch.fwd : st.phase == Phase::kW ? ch.wgt : s.split ? minus(ch.bwd, ch.wgt) : ch.bwd;
-  const bool sends = st.phase == Phase::kF ? v < s.V - 1 && hop(v + 1) > 0 : st.phase == Phase::kB && v > 0 && hop(v - 1) > 0;
-  const double start = std::max(rs.free_at, dep), end = start + pass.total();
-  const double release = end + (sends && s.plan.blocking_p2p ? s.p2p_s : 0);
-  rs.spent.compute += pass.compute;
-  rs.spent.tp += pass.tp;
-  rs.spent.cp += pass.cp;
-  rs.spent.zero += pass.zero;
-  const size_t c = size_t(st.chunk);
-  auto count = [](int& now, int& peak, int delta) { peak = std::max(peak, now += delta); };
-  if (st.phase == Phase::kF) {
-    count(rs.held[c], rs.chunk_peak[c], 1);
-    rs.live += ch.act_bytes;
-    rs.peak_live = std::max(rs.peak_live, rs.live);
-    fdone[size_t(v)][i] = end;
-  } else if (st.phase == Phase::kB) {
-    rs.peak_live = std::max(rs.peak_live, rs.live + ch.transient_bytes);
-    if (s.split) count(rs.pending[c], rs.pending_peak[c], 1), rs.live += ch.w_bytes;
-    else count(rs.held[c], rs.chunk_peak[c], -1), rs.live -= ch.act_bytes;
-    rs.recomputed += ch.recompute;
-    bdone[size_t(v)][i] = end;
-  } else {
-    count(rs.held[c], rs.chunk_peak[c], -1);
-    count(rs.pending[c], rs.pending_peak[c], -1);
-    rs.live -= ch.act_bytes + ch.w_bytes;
-  }
-  if (st.phase != Phase::kF && int64_t(i) == s.m - 1) rs.last_bwd_window += pass.total();
-  if (events) {
-    const int64_t rank = r * s.tp * s.cp * s.dp;
-    events->push_back({rank, 0, step_name(st, int(s.vpp)), "pipeline", start, end});
-    if (sends) events->push_back({rank, 1, "send " + step_name(st, int(s.vpp)), "transfer", end, end + s.p2p_s});
-  }
-  rs.free_at = release;
-  return true;
-}
-
-std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
-  const ParallelConfig& par = s.plan.cfg.parallel;
-  const parallel::Schedule sched =
-      parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp));
-  std::vector<std::vector<double>> fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(s.m), -1.0));
-  std::vector<std::vector<double>> bdone = fdone;
-  std::vector<RankState> ranks(static_cast<size_t>(s.pp));
-  for (RankState& rs : ranks)
-    rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.pending = rs.pending_peak = rs.held;
-  size_t remaining = 0;
-  for (const auto& r : sched.steps) remaining += r.size();
-  while (remaining > 0) {
-    bool moved = false;
-    for (int64_t r = 0; r < s.pp; ++r) {
-      RankState& rs = ranks[size_t(r)];
-      const auto& steps = sched.steps[size_t(r)];
-      while (rs.next < steps.size() && try_step(s, r, steps[rs.next], fdone, bdone, rs, events)) {
-        ++rs.next;
-        --remaining;
-        moved = true;
-      }
-    }
-    LOOM_ASSERT(moved, "simulated schedule ", schedule_name(par.schedule), " deadlocked; parallel::validate accepts it");
-  }
-  return ranks;
-}
-
 // Per chunk of pipeline rank r: the micro-batches it held at once in the replay (one per
 // chunk without a pipeline: the engine then runs micro-batches one after another).
 std::vector<int> chunk_peaks(const Setup& s, const RankState& st) {
@@ -349,6 +231,8 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
   MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device);
+  if (par.schedule == ScheduleKind::k2BW && s.pp > 1)  // Note [PipeDream-2BW]: a second weight version
+    mem.params *= 2, mem.grads *= 2;                    // and a pending gradient
   if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
     mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;
   if (s.plan.cfg.offload.params == "disk" && s.cluster.device.mixed_precision)  // the masters are the file's p

@@ -91,10 +91,12 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
                                                       cfg.comm.p2p_dtype == "bf16", &memory);
     memory.track(memory.category("buffers"), pipe->recv_buffer().data(),
                  int64_t(pipe->recv_buffer().size() * sizeof(float)));
+    if (rc.schedule->kind == ScheduleKind::k2BW) two_bw = std::make_unique<TwoBwState>(model, memory, true);
   }
 }
 
 void Engine::begin_step() {
+  if (two_bw && !two_bw->starts_stream()) return;  // the gradient carries over (Note [PipeDream-2BW])
   if (chunks) chunks->begin_step();
   if (chunks && chunks->manages_grads()) return;  // zeroed by the chunk manager (Note [Gradient chunks])
   if (!sync || !sync->every_micro()) {
@@ -227,7 +229,8 @@ void Updater::offload_optimizer(int global_rank) {
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
 
-Updater::Result Updater::step(double local_loss, double lr, int64_t step) {
+Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool flush) {
+  if (e_.two_bw) return step_two_bw(local_loss, step, flush);
   const RankContext& rc = e_.rc;
   Model& model = e_.model;
   const Kernels& k = model.ops();
@@ -288,6 +291,32 @@ void Updater::step_chunked(const Kernels& k, double lr, double coef) {
   adamw_.step(k, e_.model.params(), e_.model.grads(), lr,
               [&](int64_t begin, int64_t count, const float* p) { chunks.refresh(begin, count, p); }, before);
   chunks.end_step();
+}
+
+// Note [PipeDream-2BW]: the gradients complete at this step's end (none, the previous step's,
+// and on a flush also this step's), each clipped by its own global norm and applied with its
+// own step's learning rate, in order. Nothing is skipped (2bw refuses fp16 loss scaling).
+Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush) {
+  const RankContext& rc = e_.rc;
+  const Kernels& k = e_.model.ops();
+  TwoBwState& s = *e_.two_bw;
+  const std::vector<TwoBwState::Update> updates = s.updates(step, flush);
+  s.before_updates(flush);
+  double loss[2] = {local_loss, 0};
+  rc.stats_sum(loss);
+  Result r;
+  r.loss = loss[0] / (rc.dp_size * rc.tp_size);
+  for (const TwoBwState::Update& u : updates) {
+    std::vector<float>& g = *u.grads;
+    double v[2] = {0, sum_squares(k, g.data(), norm_ranges_)};
+    rc.stats_sum(v);
+    r.norm = std::sqrt(v[1]);
+    if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip); coef != 1.0)
+      for (const FlatRange& o : adamw_.owned()) k.scale_inplace(g.data() + o.offset, o.count, float(coef));
+    adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps));
+  }
+  s.after_updates(flush);
+  return r;
 }
 
 // Note [0/1 Adam]: gradients all-reduced (exactly or compressed) before the variance

@@ -15,6 +15,7 @@
 #include "loom/optim/optimizer.h"
 #include "loom/train/chunk_manager.h"
 #include "loom/train/rank_context.h"
+#include "loom/train/two_bw.h"
 
 namespace loom {
 
@@ -53,6 +54,8 @@ struct Engine {
   // ZeRO-3 with parameter offload: the chunks' buffer, the own pieces packed in owned order
   // (only what the manager keeps is resident).
   std::vector<float> own_pieces;
+  // Note [PipeDream-2BW]: a 2bw pipeline stage, or the single-process reference.
+  std::unique_ptr<TwoBwState> two_bw;
 
  private:
   std::vector<FlatRange> pack_own_pieces(StateFile& file, uint64_t seed);
@@ -74,7 +77,8 @@ class Updater {
     double norm = 0;     // global gradient norm before clipping, unscaled (infinite when skipped)
     bool applied = true;  // false: overflow, the step was skipped
   };
-  Result step(double local_loss, double lr, int64_t step);
+  // flush: Note [PipeDream-2BW] (2bw only: the step ends the pipeline's stream).
+  Result step(double local_loss, double lr, int64_t step, bool flush = true);
   const AdamW& adamw() const { return adamw_; }
   AdamW& adamw() { return adamw_; }  // restoring a checkpoint
   LossScaler& scaler() { return scaler_; }
@@ -94,6 +98,7 @@ class Updater {
   double lr_sum_ = 0;
   void step_zero_one(double lr, int64_t step);
   void step_chunked(const Kernels& k, double lr, double coef);
+  Result step_two_bw(double local_loss, int64_t step, bool flush);
 };
 
 // The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32

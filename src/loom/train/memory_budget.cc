@@ -47,6 +47,8 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
                                                 : e.optimizer_in_memory;
   e.activations = activation_bytes;
+  if (cfg.parallel.schedule == ScheduleKind::k2BW && cfg.parallel.pp > 1)  // Note [PipeDream-2BW]: a second
+    e.params *= 2, e.grads *= 2;                                          // weight version, a pending gradient
   return e;
 }
 

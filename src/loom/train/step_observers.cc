@@ -88,9 +88,21 @@ ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
 // The run's end is a sharded step like any other (Note [Checkpoint directory ownership]).
 // Nothing is saved when any rank's parameters hold a NaN or an infinity: a diverged run
 // stops with an error and the previous checkpoint stays the newest.
+bool saves_checkpoint(const Config& cfg, int64_t step) {
+  const int64_t every = cfg.checkpoint.save_every, done = step + 1;
+  return !cfg.checkpoint.dir.empty() && ((every > 0 && done % every == 0) || done == cfg.train.steps);
+}
+
+bool validates(const Config& cfg, int64_t step) {
+  const int64_t every = cfg.train.val_every;
+  return step + 1 == cfg.train.steps || (every > 0 && (step + 1) % every == 0);
+}
+
+bool flushes_pipeline(const Config& cfg, int64_t step) { return validates(cfg, step) || saves_checkpoint(cfg, step); }
+
 void CheckpointTrigger::after_step(const StepOutcome& s) {
-  const int64_t every = cfg_.checkpoint.save_every, done = s.step + 1;
-  if (cfg_.checkpoint.dir.empty() || !((every > 0 && done % every == 0) || s.last)) return;
+  if (!saves_checkpoint(cfg_, s.step)) return;
+  const int64_t done = s.step + 1;
   const Spans::Scope span = spans_.open("checkpoint", "io");
   const int rank = world_ ? world_->global_rank() : 0;
   comm::Group* group = world_ ? &world_->world_group() : nullptr;
@@ -126,8 +138,7 @@ double evaluate(Engine& e, const DataLoader& loader, int64_t batches, int64_t gl
 }  // namespace
 
 void Validation::after_step(const StepOutcome& s) {
-  const int64_t every = cfg_.train.val_every;
-  if (!s.last && !(every > 0 && (s.step + 1) % every == 0)) return;
+  if (!validates(cfg_, s.step)) return;
   const Spans::Scope span = spans_.open("validation", "compute");
   const int64_t global_rows = cfg_.micro_batch() * e_.rc.dp_size;
   sum_.final_val_loss = evaluate(e_, val_, cfg_.train.val_batches, global_rows, cfg_.seq_len());

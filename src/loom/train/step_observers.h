@@ -56,6 +56,12 @@ struct StepOutcome {
   bool last = false;   // the run's final step
 };
 
+// Whether step `step` (0-based) ends with a checkpoint, a validation pass, or either (or is
+// the last): the steps where a 2bw pipeline flushes (Note [PipeDream-2BW]).
+bool saves_checkpoint(const Config& cfg, int64_t step);
+bool validates(const Config& cfg, int64_t step);
+bool flushes_pipeline(const Config& cfg, int64_t step);
+
 class StepObserver {
  public:
   virtual ~StepObserver() = default;

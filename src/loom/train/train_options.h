@@ -28,6 +28,10 @@ struct TrainOptions {
   // Tests (fault injection): called on every rank with the step's reduced gradients (still
   // multiplied by the loss scale) just before the update.
   std::function<void(int64_t step, std::vector<float>& grads)> after_gradients;
+  // Tests: train as the reference of a 2bw pipeline (one-step-delayed updates; Note
+  // [PipeDream-2BW]) with flushing steps: one process, or a flushing pipeline schedule (the
+  // same layout's gradient-norm grouping, so clipping agrees to the bit).
+  bool two_bw_reference = false;
 };
 
 struct TrainSummary {

@@ -142,7 +142,7 @@ void print_header(Reporter& rep, const Config& cfg, const TrainData& data, int64
 // multiplied by the loss scale S (Note [Dynamic loss scaling]). Returns this rank's share of
 // the loss: the mean over its micro-batches (0 on pipeline stages without the head).
 double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& data, const Config& cfg, int64_t step,
-                         int64_t mb, int64_t T, double S) {
+                         int64_t mb, int64_t T, double S, bool flush) {
   const int64_t accum = cfg.train.grad_accum;
   Model& model = e.model;
   e.begin_step();
@@ -156,9 +156,17 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
     auto batch = [&](int micro, int32_t* tok, int32_t* tgt) {
       data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
     };
-    loss = e.pipe->run_step(batch, float(S / double(accum)), arm);
+    if (rc.schedule->kind == ScheduleKind::k2BW) {  // Note [PipeDream-2BW]
+      const parallel::PipelineRunner::TwoBw o = e.two_bw->executor(flush);
+      loss = e.pipe->run_step(batch, float(S / double(accum)), arm, &o);
+    } else {
+      if (e.two_bw) e.two_bw->begin_reference_step();
+      loss = e.pipe->run_step(batch, float(S / double(accum)), arm);
+      if (e.two_bw) e.two_bw->end_reference_step();
+    }
     e.memory.sample();
   } else {
+    if (e.two_bw) e.two_bw->begin_reference_step();
     std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
     for (int64_t micro = 0; micro < accum; micro++) {
       const bool last = micro + 1 == accum;
@@ -168,10 +176,17 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
       if (every_micro && !last) e.sync->finish(false);
       e.memory.sample();
     }
+    if (e.two_bw) e.two_bw->end_reference_step();
   }
   if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
     const ParamSpec& w = model.layout().at("wte");
-    rc.embed->all_reduce(std::span<float>(model.grads().data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
+    std::vector<std::vector<float>*> complete = {&model.grads()};
+    if (e.two_bw) {  // 2bw: the gradients this step completed (the previous step's; this one's on a flush)
+      complete.clear();
+      for (const TwoBwState::Update& u : e.two_bw->updates(step, flush)) complete.push_back(u.grads);
+    }
+    for (std::vector<float>* g : complete)
+      rc.embed->all_reduce(std::span<float>(g->data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
   }
   if (e.sync) e.sync->finish();
   return loss / double(accum);
@@ -415,6 +430,13 @@ void offload_optimizer(Updater& updater, comm::Group* everyone, int global_rank)
   agree_or_throw(everyone, global_rank, failed);
 }
 
+// TrainOptions::two_bw_reference (Note [PipeDream-2BW]): flushing steps with the delayed updates.
+void attach_two_bw_reference(const Config& cfg, Engine& e) {
+  LOOM_CHECK(!e.two_bw && cfg.parallel.dp == 1, "the 2bw reference runs flushing steps without dp (pp = 1, or a "
+             "flushing pipeline schedule); got schedule ", schedule_name(cfg.parallel.schedule), " dp ", cfg.parallel.dp);
+  e.two_bw = std::make_unique<TwoBwState>(e.model, e.memory, false);
+}
+
 void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
   if (!ls.enabled()) return;
   std::ostringstream os;
@@ -448,6 +470,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   check_fits(cfg, rc, mb, T);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
+  if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
   if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);
   comm::Group* const everyone = world ? &world->world_group() : nullptr;
@@ -474,15 +497,16 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     StepTokens tokens{cfg.train.batch * T, cfg.train.batch * T};
     LossScaler& scaler = updater.scaler();
     const double S = scaler.scale();
+    const bool flush = flushes_pipeline(cfg, step);  // Note [PipeDream-2BW]
     const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens, S)
-                                      : compute_gradients(e, rc, train_data, cfg, step, mb, T, S);
+                                      : compute_gradients(e, rc, train_data, cfg, step, mb, T, S, flush);
     if (given.after_gradients) given.after_gradients(step, e.model.grads());
     total.real += tokens.real;
     total.positions += tokens.positions;
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
     const Updater::Result u = [&] {
       const Spans::Scope span = spans.open("optimizer", "compute");
-      return updater.step(local_loss, lr, step);
+      return updater.step(local_loss, lr, step, flush);
     }();
     if (!scaler.event().empty()) rep.info(scaler.event());
     if (e.sync) log_accordion(rep, *e.sync, sum);

@@ -1,0 +1,167 @@
+#include "loom/sim/replay.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom::sim {
+namespace {
+
+std::string step_name(const parallel::PipeStep& st, int vpp) {
+  char buf[32];
+  const char p = parallel::phase_letter(st.phase);
+  if (vpp > 1) std::snprintf(buf, sizeof buf, "%c%d.%d", p, st.micro_batch, st.chunk);
+  else std::snprintf(buf, sizeof buf, "%c%d", p, st.micro_batch);
+  return buf;
+}
+
+// Runs one step of rank r if its input is ready; false when it must wait.
+bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vector<std::vector<double>>& fdone,
+              std::vector<std::vector<double>>& bdone, RankState& rs, std::vector<SimEvent>* events) {
+  using parallel::Phase;
+  const int64_t v = parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), st.chunk);
+  // A transfer to or from a stage on the same rank (ZB-V's turn) is a local hand-over.
+  auto hop = [&](int64_t other) {
+    for (int c = 0; c < int(s.vpp); ++c)
+      if (parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), c) == other) return 0.0;
+    return s.p2p_s;
+  };
+  const size_t i = size_t(st.micro_batch);
+  double dep = 0;
+  if (st.phase == Phase::kF) {
+    if (v > 0 && fdone[size_t(v - 1)][i] < 0) return false;
+    dep = v > 0 ? fdone[size_t(v - 1)][i] + hop(v - 1) : 0;
+  } else if (st.phase == Phase::kB) {
+    if (fdone[size_t(v)][i] < 0 || (v < s.V - 1 && bdone[size_t(v + 1)][i] < 0)) return false;
+    dep = v < s.V - 1 ? bdone[size_t(v + 1)][i] + hop(v + 1) : fdone[size_t(v)][i];
+  } else {
+    if (bdone[size_t(v)][i] < 0) return false;
+    dep = bdone[size_t(v)][i];
+  }
+  const ChunkCost& ch = s.chunks[size_t(v)];
+  const Pass pass = st.phase == Phase::kF ? ch.fwd : st.phase == Phase::kW ? ch.wgt : s.split ? minus(ch.bwd, ch.wgt) : ch.bwd;
+  const bool sends = st.phase == Phase::kF ? v < s.V - 1 && hop(v + 1) > 0 : st.phase == Phase::kB && v > 0 && hop(v - 1) > 0;
+  const double start = std::max(rs.free_at, dep), end = start + pass.total();
+  const double release = end + (sends && s.plan.blocking_p2p ? s.p2p_s : 0);
+  rs.spent.compute += pass.compute;
+  rs.spent.tp += pass.tp;
+  rs.spent.cp += pass.cp;
+  rs.spent.zero += pass.zero;
+  const size_t c = size_t(st.chunk);
+  auto count = [](int& now, int& peak, int delta) { peak = std::max(peak, now += delta); };
+  if (st.phase == Phase::kF) {
+    count(rs.held[c], rs.chunk_peak[c], 1);
+    rs.live += ch.act_bytes;
+    rs.peak_live = std::max(rs.peak_live, rs.live);
+    fdone[size_t(v)][i] = end;
+  } else if (st.phase == Phase::kB) {
+    rs.peak_live = std::max(rs.peak_live, rs.live + ch.transient_bytes);
+    if (s.split) count(rs.pending[c], rs.pending_peak[c], 1), rs.live += ch.w_bytes;
+    else count(rs.held[c], rs.chunk_peak[c], -1), rs.live -= ch.act_bytes;
+    rs.recomputed += ch.recompute;
+    bdone[size_t(v)][i] = end;
+  } else {
+    count(rs.held[c], rs.chunk_peak[c], -1);
+    count(rs.pending[c], rs.pending_peak[c], -1);
+    rs.live -= ch.act_bytes + ch.w_bytes;
+  }
+  if (st.phase != Phase::kF && int64_t(i) == s.m - 1) rs.last_bwd_window += pass.total();
+  if (events) {
+    const int64_t rank = r * s.tp * s.cp * s.dp;
+    events->push_back({rank, 0, step_name(st, int(s.vpp)), "pipeline", start, end});
+    if (sends) events->push_back({rank, 1, "send " + step_name(st, int(s.vpp)), "transfer", end, end + s.p2p_s});
+  }
+  rs.free_at = release;
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+using Lists = std::vector<std::vector<parallel::PipeStep>>;
+using Done = std::vector<std::vector<double>>;
+
+// Every rank runs its list (from rs.next = 0) as far as inputs allow, until all are done.
+void run_lists(const Setup& s, const Lists& lists, Done& fdone, Done& bdone, std::vector<RankState>& ranks,
+               std::vector<SimEvent>* events) {
+  size_t remaining = 0;
+  for (size_t r = 0; r < lists.size(); ++r) remaining += lists[r].size(), ranks[r].next = 0;
+  while (remaining > 0) {
+    bool moved = false;
+    for (int64_t r = 0; r < s.pp; ++r) {
+      RankState& rs = ranks[size_t(r)];
+      const auto& steps = lists[size_t(r)];
+      while (rs.next < steps.size() && try_step(s, r, steps[rs.next], fdone, bdone, rs, events)) {
+        ++rs.next;
+        --remaining;
+        moved = true;
+      }
+    }
+    LOOM_ASSERT(moved, "simulated schedule ", schedule_name(s.plan.cfg.parallel.schedule),
+                " deadlocked; parallel::validate accepts it");
+  }
+}
+
+// Note [Simulated 2BW]
+// parallel.schedule = 2bw (Note [PipeDream-2BW] in parallel/schedule.h) is one stream across
+// steps, each step ending at a barrier (the update's gradient norm over every rank). The
+// replay runs three steps - the first, a steady one, a flushing one - each rank's lists as
+// the engine runs them (micro-batch k m + i is step k's i), every rank starting a step at
+// the slowest rank's end of the one before, and reports the steady step: its busy time, each
+// rank's end from the step's start, its trace; the memory peaks are the whole stream's
+// (1F1B's). The barrier is the engine's: after it the forwards ramp up again, (p - 1) F of
+// idle on the last stage, which is what remains of 1F1B's (p - 1)(F + B) bubble. A flushing
+// step (checkpoint, validation, the last) costs about a 1F1B step.
+std::vector<RankState> replay_two_bw(const Setup& s, const parallel::Schedule& sched, Done& fdone, Done& bdone,
+                                     std::vector<RankState> ranks, std::vector<SimEvent>* events) {
+  std::vector<SimEvent> steady;
+  std::vector<RankState> out;
+  double start = 0;
+  for (int k = 0; k < 3; ++k) {
+    Lists lists(size_t(s.pp));
+    for (int r = 0; r < int(s.pp); ++r)
+      for (parallel::PipeStep st : parallel::two_bw_steps(sched, r, k == 0, k == 2))
+        st.micro_batch += k * int(s.m), lists[size_t(r)].push_back(st);
+    const std::vector<RankState> before = ranks;
+    run_lists(s, lists, fdone, bdone, ranks, k == 1 && events ? &steady : nullptr);
+    if (k == 1) {
+      out = ranks;
+      for (size_t r = 0; r < out.size(); ++r) {
+        out[r].free_at -= start;
+        out[r].spent = minus(ranks[r].spent, before[r].spent);
+        out[r].recomputed -= before[r].recomputed;
+      }
+    }
+    double barrier = 0;
+    for (const RankState& rs : ranks) barrier = std::max(barrier, rs.free_at);
+    for (RankState& rs : ranks) rs.free_at = barrier;
+    if (k == 0) start = barrier;
+  }
+  for (size_t r = 0; r < out.size(); ++r)  // the stream's peaks
+    out[r].peak_live = ranks[r].peak_live, out[r].chunk_peak = ranks[r].chunk_peak;
+  if (events)
+    for (SimEvent e : steady) e.t0_s -= start, e.t1_s -= start, events->push_back(e);
+  return out;
+}
+
+}  // namespace
+
+std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp));
+  const bool two_bw = par.schedule == ScheduleKind::k2BW && s.pp > 1;
+  Done fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(two_bw ? 3 * s.m : s.m), -1.0));
+  Done bdone = fdone;
+  std::vector<RankState> ranks(static_cast<size_t>(s.pp));
+  for (RankState& rs : ranks)
+    rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.pending = rs.pending_peak = rs.held;
+  if (two_bw) return replay_two_bw(s, sched, fdone, bdone, std::move(ranks), events);
+  run_lists(s, sched.steps, fdone, bdone, ranks, events);
+  return ranks;
+}
+
+}  // namespace loom::sim

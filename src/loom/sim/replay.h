@@ -1,0 +1,41 @@
+// The simulator's replay of one step's schedule (Note [Simulated step] in simulator.cc):
+// the plan's fixed setup, and each pipeline rank's state along the replay.
+#pragma once
+
+#include <vector>
+
+#include "loom/sim/costs.h"
+#include "loom/sim/simulator.h"
+#include "loom/sim/unit_cost.h"
+
+namespace loom::sim {
+
+// Everything the per-rank phases need, fixed for one plan.
+struct Setup {
+  const SimPlan& plan;
+  const ClusterSpec& cluster;
+  int64_t tp, pp, dp, cp, vpp, V, m, seq;
+  std::vector<Recompute> rk;  // per layer
+  Places pl;
+  LayerShape x;
+  double wbytes = 4;       // bytes of one parameter / gradient as stored for compute
+  double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
+  double scatter_bytes = 4;  // and of one gradient in ZeRO-2/3's reduce-scatters (Note [qgZ])
+  double p2p_bytes = 0, p2p_s = 0;
+  std::vector<ChunkCost> chunks;  // per virtual stage
+  bool split = false;             // the schedule splits backward into B and W
+};
+
+struct RankState {
+  double free_at = 0, live = 0, peak_live = 0, recomputed = 0, last_bwd_window = 0;
+  Pass spent;
+  size_t next = 0;
+  std::vector<int> held, chunk_peak;  // per chunk: micro-batches in flight now, and at most
+  std::vector<int> pending, pending_peak;  // per chunk: W's pending now, and at most (split backward)
+};
+
+// Replays the plan's schedule (2bw: Note [Simulated 2BW]) and returns each pipeline rank's
+// state at the step's end; `events` (optional) receives the trace.
+std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
+
+}  // namespace loom::sim

@@ -1,0 +1,66 @@
+#include "loom/train/two_bw.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace loom {
+
+TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
+    : model_(model), pipeline_(pipeline), stash_(model.params().size(), 0.0f) {
+  memory.track(memory.category("params"), stash_.data(), int64_t(stash_.size() * sizeof(float)));
+  if (pipeline_) {
+    pending_.assign(model.grads().size(), 0.0f);
+    memory.track(memory.category("grads"), pending_.data(), int64_t(pending_.size() * sizeof(float)));
+  }
+}
+
+void TwoBwState::bind(bool previous) {
+  for (int u = 0; u < model_.units(); u++)
+    if (model_.unit_range(u).count > 0)
+      model_.bind_unit_params(u, previous ? stash_.data() + model_.unit_range(u).offset : nullptr);
+}
+
+parallel::PipelineRunner::TwoBw TwoBwState::executor(bool flush) {
+  parallel::PipelineRunner::TwoBw o;
+  o.first = !started_;
+  o.flush = flush;
+  o.weights = [this](bool previous) { bind(previous); };
+  o.batch_gradients = [this] {
+    if (!started_) return;  // the stream starts: nothing carried over
+    std::vector<float>& g = model_.grads();
+    std::copy(g.begin(), g.end(), pending_.begin());
+    std::fill(g.begin(), g.end(), 0.0f);
+    has_pending_ = true;
+  };
+  return o;
+}
+
+void TwoBwState::begin_reference_step() {
+  if (stash_valid_) bind(true);
+}
+
+void TwoBwState::end_reference_step() {
+  if (stash_valid_) bind(false);
+}
+
+std::vector<TwoBwState::Update> TwoBwState::updates(int64_t step, bool flush) {
+  if (!pipeline_) return {{&model_.grads(), step}};
+  std::vector<Update> out;
+  if (has_pending_) out.push_back({&pending_, step - 1});
+  if (flush) out.push_back({&model_.grads(), step});
+  return out;
+}
+
+void TwoBwState::before_updates(bool flush) {
+  if (flush) return;  // the next step starts the stream on the updated weights
+  std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
+  stash_valid_ = true;
+}
+
+void TwoBwState::after_updates(bool flush) {
+  has_pending_ = false;
+  started_ = !flush;
+  if (flush) stash_valid_ = false;
+}
+
+}  // namespace loom

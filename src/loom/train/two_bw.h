@@ -1,0 +1,67 @@
+// PipeDream-2BW in the engine (Note [PipeDream-2BW] in parallel/schedule.h): the second
+// weight version, the pending gradient, and which gradients each step's end applies.
+//
+// In a 2bw pipeline (pp >= 2) step t runs the previous step's trailing backwards on W(t-2)
+// (the stash) and its own forwards and backwards on W(t-1) (the parameters). The gradient
+// buffer carries over between steps (the trailing backwards finish the previous step's
+// gradient); before the step's first own backward that complete gradient moves to the
+// pending buffer. At the step's end: stash <- W(t-1), then W(t) = AdamW(W(t-1), pending).
+// A flushing step also finishes its own gradient (the cool-down backwards) and applies it
+// after the pending one; the next step starts the stream again.
+//
+// The reference (TrainOptions::two_bw_reference: one process, or a flushing pipeline of the
+// same layout) applies the same updates in the same order with the same values, one step
+// earlier in wall time: step t
+// computes on the stash (W(t-1); the parameters themselves on a stream's first step), then
+// stash <- W(t) and W(t+1) = AdamW(W(t), g(t)); a flushing step leaves no stash.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/core/memory.h"
+#include "loom/model/model.h"
+#include "loom/parallel/pipeline.h"
+
+namespace loom {
+
+class TwoBwState {
+ public:
+  // pipeline: this rank runs a 2bw pipeline stage; otherwise the single-process reference.
+  TwoBwState(Model& model, MemoryTracker& memory, bool pipeline);
+
+  // The step's gradients start at zero (the reference's always; a pipeline's when its step
+  // starts the stream, else they carry the previous step's over).
+  bool starts_stream() const { return !pipeline_ || !started_; }
+  // Pipeline: the executor's part of a step.
+  parallel::PipelineRunner::TwoBw executor(bool flush);
+  // Reference: computes the step on the stash (when there is one) until end_reference_step().
+  void begin_reference_step();
+  void end_reference_step();
+  // The gradients complete at this step's end, in the order they are applied, each with the
+  // step whose batch made it (its learning rate).
+  struct Update {
+    std::vector<float>* grads;
+    int64_t batch;
+  };
+  std::vector<Update> updates(int64_t step, bool flush);
+  // Around the updates of a step's end.
+  void before_updates(bool flush);
+  void after_updates(bool flush);
+
+  const std::vector<float>& stash() const { return stash_; }
+
+ private:
+  void bind(bool previous);
+
+  Model& model_;
+  bool pipeline_;
+  std::vector<float> stash_;    // the other weight version (laid out as the parameters)
+  std::vector<float> pending_;  // pipeline: the previous step's complete gradient
+  bool started_ = false;        // the previous step did not flush
+  bool has_pending_ = false;
+  bool stash_valid_ = false;    // reference: the step computes on the stash
+};
+
+}  // namespace loom

@@ -1,0 +1,147 @@
+// PipeDream-2BW (Note [PipeDream-2BW] in parallel/schedule.h): the flush-free pipeline
+// against its single-process reference with one-step-delayed updates.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "support/temp_dir.h"
+#include "support/train_threads.h"
+
+namespace loom {
+namespace {
+
+Config base(std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"model.layers=4", "model.d_model=64", "model.heads=4", "model.ffn=128",
+                                   "model.ctx=32", "train.steps=5", "train.val_batches=1", "train.val_every=0",
+                                   "train.threads=1", "checkpoint.dir=", "comm.timeout_s=60",
+                                   "optim.warmup_steps=2", "optim.grad_clip=0.5"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config("", sets);
+}
+
+// The reference (TrainOptions::two_bw_reference): the same layout with flushing 1F1B steps
+// (the same gradient-norm grouping, so clipping agrees to the bit), or `single`: one
+// process, schedule 2bw at pp = 1 (clipping off: its norm sums in another grouping).
+TrainSummary reference(std::vector<std::string> sets, bool single = false) {
+  sets.push_back(single ? "parallel.schedule=2bw" : "parallel.schedule=1f1b");
+  Config c = base(sets);
+  if (single) c.parallel.pp = c.parallel.tp = 1, c.parallel.sp = false, c.optim.grad_clip = 0;
+  TrainOptions o;
+  o.keep_params = true;
+  o.two_bw_reference = true;
+  return testing_support::train_as_threads(c, o)[0];
+}
+
+int64_t peak(const TrainSummary& s, const std::string& category) {
+  for (const auto& [name, bytes] : s.memory_peak_bytes)
+    if (name == category) return bytes;
+  return -1;
+}
+
+// Every rank of the 2bw pipeline `layout` reports the reference's losses and whole-model
+// final weights, bit for bit; returns the pipeline's summaries.
+std::vector<TrainSummary> expect_equal_to_reference(const std::vector<std::string>& layout, bool single = false) {
+  std::vector<std::string> sets = layout;
+  sets.push_back("parallel.schedule=2bw");
+  if (single) sets.push_back("optim.grad_clip=0");
+  const std::vector<TrainSummary> got = testing_support::train_keeping_params(base(sets));
+  const TrainSummary want = reference(layout, single);
+  std::string at;
+  for (const std::string& s : layout) at += s + " ";
+  for (size_t r = 0; r < got.size(); r++) {
+    EXPECT_EQ(got[r].losses, want.losses) << at << "rank " << r;
+    EXPECT_EQ(got[r].final_params.size(), want.final_params.size()) << at;
+    if (got[r].final_params.size() != want.final_params.size()) continue;
+    size_t differ = 0;
+    for (size_t i = 0; i < want.final_params.size(); i++) differ += got[r].final_params[i] != want.final_params[i];
+    EXPECT_EQ(differ, 0u) << at << "rank " << r << ": weights differing from the delayed-update reference";
+  }
+  return got;
+}
+
+// Pipeline depths 2-4 with m in {p, 2p}, GPT and Llama, recompute, tp: the flush-free
+// pipeline applies W(t+1) = AdamW(W(t), g(W(t-1))) exactly as the reference does (clipping
+// active: grad_clip 0.5), and as the single-process reference without clipping. Each stage
+// holds two weight versions and one pending gradient.
+TEST(TwoBw, EqualsTheDelayedUpdateReferenceBitForBit) {
+  const std::vector<std::string> llama = {"model.preset=llama", "model.layers=4", "model.d_model=64", "model.heads=4",
+                                          "model.kv_heads=2", "model.ffn=96"};
+  for (int pp = 2; pp <= 4; pp++)
+    for (int m : {pp, 2 * pp}) {
+      const std::vector<std::string> layout = {"parallel.pp=" + std::to_string(pp), "train.grad_accum=" + std::to_string(m),
+                                               "train.batch=" + std::to_string(m)};
+      const std::vector<TrainSummary> got = expect_equal_to_reference(layout);
+      if (m == pp) {  // one process: Llama (GPT's two tied wte copies sum their gradients in another order)
+        std::vector<std::string> untied = layout;
+        untied.insert(untied.end(), llama.begin(), llama.end());
+        expect_equal_to_reference(untied, true);
+      }
+      const std::vector<TrainSummary> flushing = testing_support::train_keeping_params(
+          base({"parallel.pp=" + std::to_string(pp), "train.grad_accum=" + std::to_string(m),
+                "train.batch=" + std::to_string(m), "parallel.schedule=1f1b"}));
+      for (size_t r = 0; r < got.size(); r++) {
+        EXPECT_EQ(peak(got[r], "params"), 2 * peak(flushing[r], "params")) << "pp " << pp << " rank " << r;
+        EXPECT_EQ(peak(got[r], "grads"), 2 * peak(flushing[r], "grads")) << "pp " << pp << " rank " << r;
+        EXPECT_EQ(peak(got[r], "activations"), peak(flushing[r], "activations")) << "pp " << pp << " rank " << r;
+      }
+      // Not a renamed 1F1B: the delayed gradient changes the run from step 2 on.
+      EXPECT_EQ(got[0].losses[0], flushing[0].losses[0]);
+      EXPECT_NE(got[0].losses[2], flushing[0].losses[2]);
+    }
+  for (std::vector<std::string> layout : std::vector<std::vector<std::string>>{
+           {"parallel.pp=2", "train.grad_accum=3", "train.batch=6", "parallel.recompute=full"},
+           {"parallel.pp=2", "parallel.tp=2", "train.grad_accum=2", "train.batch=2"},
+           {"parallel.pp=3", "train.grad_accum=4", "train.batch=4", "parallel.recompute=selective"}}) {
+    expect_equal_to_reference(layout);
+    layout.insert(layout.end(), llama.begin(), llama.end());
+    expect_equal_to_reference(layout);
+  }
+}
+
+// Validation and checkpoints flush the stream: the reference flushes at the same steps, a
+// resume from a mid-run checkpoint continues the run bit for bit, and pp = 1 is plain
+// training (nothing in flight to delay).
+TEST(TwoBw, FlushesAtCheckpointsAndResumesBitForBit) {
+  testing_support::TempDir dir("loom-2bw");
+  const std::vector<std::string> layout = {"parallel.pp=2", "train.grad_accum=2", "train.batch=4",
+                                           "train.val_every=2", "train.steps=6"};
+  expect_equal_to_reference(layout);
+  std::vector<std::string> saving = layout;
+  saving.push_back("parallel.schedule=2bw");
+  saving.push_back("checkpoint.save_every=3");
+  saving.push_back("checkpoint.dir=" + (dir / "whole"));
+  const std::vector<TrainSummary> whole = testing_support::train_keeping_params(base(saving));
+  saving.back() = "checkpoint.dir=" + (dir / "resumed");
+  const std::vector<TrainSummary> resumed =
+      testing_support::train_keeping_params(base(saving), dir / "whole" + "/step-00000003");
+  ASSERT_EQ(resumed[0].losses.size(), 3u);
+  EXPECT_EQ(resumed[0].losses, std::vector<float>(whole[0].losses.begin() + 3, whole[0].losses.end()));
+  EXPECT_EQ(resumed[0].final_params, whole[0].final_params);
+  const std::vector<TrainSummary> one = testing_support::train_keeping_params(base({"parallel.schedule=2bw"}));
+  const std::vector<TrainSummary> plain = testing_support::train_keeping_params(base({}));
+  EXPECT_EQ(one[0].losses, plain[0].losses);
+  EXPECT_EQ(one[0].final_params, plain[0].final_params);
+}
+
+TEST(TwoBw, RefusesWhatItDoesNotRun) {
+  auto error = [](std::vector<std::string> sets) {
+    sets.push_back("parallel.schedule=2bw");
+    try {
+      base(sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error({"parallel.pp=4", "train.grad_accum=3", "train.batch=3"}).find("set train.grad_accum >= 4"),
+            std::string::npos);
+  EXPECT_NE(error({"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2"}).find("2BW runs one pipeline (dp = 1"),
+            std::string::npos);
+  EXPECT_NE(error({"parallel.pp=2", "train.grad_accum=2", "train.precision=fp16"}).find("use fp32 or bf16"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

@@ -39,8 +39,9 @@ int64_t resident_bytes(const void* p, int64_t bytes) {
   if (bytes <= 0) return 0;
   std::vector<unsigned char> vec(size_t((hi - lo) / uintptr_t(page)));
   // mincore may fail with EAGAIN ("temporarily out of resources"), and counting the whole
-  // buffer then inflates the peak, so it is retried. (A +19 MiB peak of unknown cause was
-  // seen once on an interleaved layout in PredictedMemory; this is one candidate.)
+  // buffer then inflates the peak, so it is retried. (A buffer the allocator serves from heap
+  // pages an earlier one touched reads as resident too: allocations counted this way hand
+  // their pages back first, as the model's activation storage does.)
   int rc = -1;
   for (int attempt = 0; attempt < 8 && rc != 0; attempt++) {
     rc = ::mincore(reinterpret_cast<void*>(lo), hi - lo, vec.data());

@@ -99,6 +99,9 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   }
 
   carve_activations(part, act_slots);
+  // Heap pages an earlier buffer touched and freed may back the storage (glibc serves blocks
+  // below its adaptive mmap threshold from the heap) and would read as resident: handed back.
+  release_pages(acts_->storage.get(), activation_bytes());
 }
 
 // Note [Recompute] and Note [bf16 activation storage]: the slots of saved activations,

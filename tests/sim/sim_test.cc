@@ -299,10 +299,9 @@ TEST(Simulator, ZeroBubbleSchedulesMoveWorkIntoTheBubble) {
   }
 }
 
-// Note [Simulated 2BW]: the steady 2bw step does 1F1B's work per rank without its drain;
-// what is left is the forwards' ramp after the step's barrier (the update's global norm):
-// (p - 1) F of m (F + B) + (p - 1) F, a third of 1F1B's (p - 1)(F + B) at B = 2 F. It holds
-// 1F1B's activations and two weight versions and gradients.
+// Note [Simulated 2BW]: the steady 2bw step does 1F1B's work per rank with no drain and no
+// barrier, so on even stages nearly nothing is left of 1F1B's bubble (the transfers' latency:
+// free links here); it holds 1F1B's activations and two weight versions and gradients.
 TEST(Simulator, TwoBwRemovesTheFlushBubble) {
   for (int m : {4, 8}) {
     SimPlan p = plan_of({"parallel.pp=4", "train.batch=" + std::to_string(m), "train.grad_accum=" + std::to_string(m)});
@@ -311,7 +310,7 @@ TEST(Simulator, TwoBwRemovesTheFlushBubble) {
     two.cfg.parallel.schedule = ScheduleKind::k2BW;
     const SimResult ref = simulate(p, free_links(4)), r = simulate(two, free_links(4), true);
     EXPECT_NEAR(ref.bubble_fraction, 3.0 / (m + 3), 0.02);
-    EXPECT_NEAR(r.bubble_fraction, 3.0 / (3 * m + 3), 0.02) << "m " << m;
+    EXPECT_LT(r.bubble_fraction, 0.1 * ref.bubble_fraction) << "m " << m;
     EXPECT_LT(r.step_time_s, ref.step_time_s);
     for (size_t i = 0; i < r.ranks.size(); i++) {
       EXPECT_NEAR(r.ranks[i].busy_s, ref.ranks[i].busy_s, 1e-9 * ref.ranks[i].busy_s);

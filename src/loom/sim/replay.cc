@@ -108,43 +108,40 @@ void run_lists(const Setup& s, const Lists& lists, Done& fdone, Done& bdone, std
 
 // Note [Simulated 2BW]
 // parallel.schedule = 2bw (Note [PipeDream-2BW] in parallel/schedule.h) is one stream across
-// steps, each step ending at a barrier (the update's gradient norm over every rank). The
-// replay runs three steps - the first, a steady one, a flushing one - each rank's lists as
-// the engine runs them (micro-batch k m + i is step k's i), every rank starting a step at
-// the slowest rank's end of the one before, and reports the steady step: its busy time, each
-// rank's end from the step's start, its trace; the memory peaks are the whole stream's
-// (1F1B's). The barrier is the engine's: after it the forwards ramp up again, (p - 1) F of
-// idle on the last stage, which is what remains of 1F1B's (p - 1)(F + B) bubble. A flushing
-// step (checkpoint, validation, the last) costs about a 1F1B step.
+// steps with no barrier between them (Note [2BW without a barrier] in train/engine.cc: the
+// sums a step's end needs were started earlier). The replay runs three steps - the first, a
+// steady one, a flushing one - as one stream, each rank's lists as the engine runs them
+// (micro-batch k m + i is step k's i), and reports the steady step: each rank's time from the
+// end of its first step's list to the end of its steady one, its busy time and its trace from
+// that start; the memory peaks are the whole stream's (1F1B's). On even stages only the
+// transfers' latency is left of 1F1B's bubble. A flushing step (checkpoint, validation, the
+// last) costs about a 1F1B step.
 std::vector<RankState> replay_two_bw(const Setup& s, const parallel::Schedule& sched, Done& fdone, Done& bdone,
                                      std::vector<RankState> ranks, std::vector<SimEvent>* events) {
   std::vector<SimEvent> steady;
-  std::vector<RankState> out;
-  double start = 0;
+  std::vector<RankState> out, before;
   for (int k = 0; k < 3; ++k) {
     Lists lists(size_t(s.pp));
     for (int r = 0; r < int(s.pp); ++r)
       for (parallel::PipeStep st : parallel::two_bw_steps(sched, r, k == 0, k == 2))
         st.micro_batch += k * int(s.m), lists[size_t(r)].push_back(st);
-    const std::vector<RankState> before = ranks;
+    if (k == 1) before = ranks;
     run_lists(s, lists, fdone, bdone, ranks, k == 1 && events ? &steady : nullptr);
-    if (k == 1) {
-      out = ranks;
-      for (size_t r = 0; r < out.size(); ++r) {
-        out[r].free_at -= start;
-        out[r].spent = minus(ranks[r].spent, before[r].spent);
-        out[r].recomputed -= before[r].recomputed;
-      }
-    }
-    double barrier = 0;
-    for (const RankState& rs : ranks) barrier = std::max(barrier, rs.free_at);
-    for (RankState& rs : ranks) rs.free_at = barrier;
-    if (k == 0) start = barrier;
+    if (k == 1) out = ranks;
   }
-  for (size_t r = 0; r < out.size(); ++r)  // the stream's peaks
-    out[r].peak_live = ranks[r].peak_live, out[r].chunk_peak = ranks[r].chunk_peak;
+  for (size_t r = 0; r < out.size(); ++r) {
+    out[r].free_at -= before[r].free_at;
+    out[r].spent = minus(out[r].spent, before[r].spent);
+    out[r].recomputed -= before[r].recomputed;
+    out[r].peak_live = ranks[r].peak_live, out[r].chunk_peak = ranks[r].chunk_peak;  // the stream's peaks
+  }
+  const int64_t stride = s.tp * s.cp * s.dp;  // SimEvent::rank is pipeline rank x stride
   if (events)
-    for (SimEvent e : steady) e.t0_s -= start, e.t1_s -= start, events->push_back(e);
+    for (SimEvent e : steady) {
+      const double start = before[size_t(e.rank / stride)].free_at;
+      e.t0_s -= start, e.t1_s -= start;
+      events->push_back(e);
+    }
   return out;
 }
 

@@ -210,6 +210,7 @@ Updater::Updater(const Config& cfg, Engine& e)
   norm_ranges_ = adamw_.owned();
   for (const ParamSpec& s : e.model.layout().specs())
     if (!e.rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
+  if (e.two_bw && e.two_bw->pipeline()) e.two_bw->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
   if (cfg.offload.optimizer == "disk") return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");
   e.memory.track(opt, adamw_.m().data(), int64_t(adamw_.m().size() * sizeof(float)));
@@ -296,27 +297,79 @@ void Updater::step_chunked(const Kernels& k, double lr, double coef) {
 // Note [PipeDream-2BW]: the gradients complete at this step's end (none, the previous step's,
 // and on a flush also this step's), each clipped by its own global norm and applied with its
 // own step's learning rate, in order. Nothing is skipped (2bw refuses fp16 loss scaling).
+//
+// Note [2BW without a barrier]
+// Summing the loss and the norms over every rank at the step's end would make the end a
+// barrier, after which the forwards ramp up again ((p - 1) F of idle on the last stage, a
+// third of 1F1B's bubble at B = 2 F). So a 2bw pipeline starts the pending gradient's sums
+// the moment it is complete - the tied wte's all-reduce between the first and last stage,
+// then the norm's - on their groups' workers, and takes them at the step's end, by when every
+// rank has long started them; and it reports a step's loss one step late (its sum started at
+// the step's end, taken at the next). A flush sums synchronously. Same sums, same order on
+// every rank: the numbers do not change.
 Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush) {
   const RankContext& rc = e_.rc;
   const Kernels& k = e_.model.ops();
   TwoBwState& s = *e_.two_bw;
   const std::vector<TwoBwState::Update> updates = s.updates(step, flush);
   s.before_updates(flush);
-  double loss[2] = {local_loss, 0};
-  rc.stats_sum(loss);
   Result r;
-  r.loss = loss[0] / (rc.dp_size * rc.tp_size);
+  take_earlier_loss(r);
+  if (flush || !rc.stats) {
+    double loss[2] = {local_loss, 0};
+    rc.stats_sum(loss);
+    r.loss = loss[0] / (rc.dp_size * rc.tp_size);
+  } else {
+    loss_buf_[0] = local_loss;
+    loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 1), comm::ReduceOp::kSum, {.async = true});
+    loss_started_ = r.deferred = true;
+  }
   for (const TwoBwState::Update& u : updates) {
     std::vector<float>& g = *u.grads;
-    double v[2] = {0, sum_squares(k, g.data(), norm_ranges_)};
-    rc.stats_sum(v);
-    r.norm = std::sqrt(v[1]);
+    double ss = 0;
+    if (norm_started_ && &g != &e_.model.grads()) {
+      ss = take_pending_norm();
+    } else {
+      double v[2] = {0, sum_squares(k, g.data(), norm_ranges_)};
+      rc.stats_sum(v);
+      ss = v[1];
+    }
+    r.norm = std::sqrt(ss);
     if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip); coef != 1.0)
       for (const FlatRange& o : adamw_.owned()) k.scale_inplace(g.data() + o.offset, o.count, float(coef));
     adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps));
   }
   s.after_updates(flush);
   return r;
+}
+
+void Updater::start_pending_norm(std::vector<float>& g) {
+  const RankContext& rc = e_.rc;
+  if (rc.embed) {  // GPT pipeline: the two tied wte copies' gradients summed
+    const ParamSpec& w = e_.model.layout().at("wte");
+    wte_work_ = rc.embed->all_reduce(std::span<float>(g.data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum,
+                                     {.async = true});
+    // The head's copy is left out of the norm (norm_ranges_), the embedding's counted: summed first.
+    if (!rc.holds_tied_copy(cfg_.model)) wte_work_.wait();
+  }
+  norm_buf_[0] = sum_squares(e_.model.ops(), g.data(), norm_ranges_);
+  norm_work_ = rc.stats->all_reduce(std::span<double>(norm_buf_, 1), comm::ReduceOp::kSum, {.async = true});
+  norm_started_ = true;
+}
+
+double Updater::take_pending_norm() {
+  wte_work_.wait();
+  norm_work_.wait();
+  norm_started_ = false;
+  return norm_buf_[0];
+}
+
+void Updater::take_earlier_loss(Result& r) {
+  if (!loss_started_) return;
+  loss_work_.wait();
+  loss_started_ = false;
+  r.has_earlier = true;
+  r.earlier_loss = loss_buf_[0] / (e_.rc.dp_size * e_.rc.tp_size);
 }
 
 // Note [0/1 Adam]: gradients all-reduced (exactly or compressed) before the variance

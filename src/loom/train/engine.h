@@ -76,6 +76,10 @@ class Updater {
     double loss = 0;     // mean loss of the global batch
     double norm = 0;     // global gradient norm before clipping, unscaled (infinite when skipped)
     bool applied = true;  // false: overflow, the step was skipped
+    // Note [2BW without a barrier]: between flushes a 2bw step's loss arrives with the next
+    // step's result (deferred: `loss` unknown yet); earlier_loss is the previous step's.
+    bool deferred = false, has_earlier = false;
+    double earlier_loss = 0;
   };
   // flush: Note [PipeDream-2BW] (2bw only: the step ends the pipeline's stream).
   Result step(double local_loss, double lr, int64_t step, bool flush = true);
@@ -99,6 +103,14 @@ class Updater {
   void step_zero_one(double lr, int64_t step);
   void step_chunked(const Kernels& k, double lr, double coef);
   Result step_two_bw(double local_loss, int64_t step, bool flush);
+  // Note [2BW without a barrier]: the pending gradient's tied-wte sum and norm, started as
+  // soon as it is complete; a step's loss sum, started at its end and taken at the next.
+  void start_pending_norm(std::vector<float>& g);
+  double take_pending_norm();
+  void take_earlier_loss(Result& r);
+  comm::Work wte_work_, norm_work_, loss_work_;
+  double norm_buf_[1] = {0}, loss_buf_[1] = {0};
+  bool norm_started_ = false, loss_started_ = false;
 };
 
 // The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32

@@ -181,9 +181,9 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
     const ParamSpec& w = model.layout().at("wte");
     std::vector<std::vector<float>*> complete = {&model.grads()};
-    if (e.two_bw) {  // 2bw: the gradients this step completed (the previous step's; this one's on a flush)
-      complete.clear();
-      for (const TwoBwState::Update& u : e.two_bw->updates(step, flush)) complete.push_back(u.grads);
+    if (e.two_bw && e.two_bw->pipeline()) {  // 2bw: this step's own gradient when it flushes (the
+      complete.clear();                         // pending one's is summed as it completes)
+      if (flush) complete.push_back(&model.grads());
     }
     for (std::vector<float>* g : complete)
       rc.embed->all_reduce(std::span<float>(g->data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
@@ -306,11 +306,15 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
 
 // The step's outcome for the observers; a finite-loss check first (a diverged update stops
 // the run before anything is logged or saved from it).
+void check_finite_loss(const Config& cfg, int64_t step, double loss) {
+  if (!std::isfinite(loss))
+    throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
+}
+
 StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u, double lr, double loss_scale,
                        const StepTokens& tokens, Clock::time_point start) {
-  if (u.applied && !std::isfinite(u.loss))
-    throw Error("training diverged: loss is " + std::to_string(u.loss) + " at step " + std::to_string(step + 1) +
-                " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
+  if (u.applied && !u.deferred) check_finite_loss(cfg, step, u.loss);
   StepOutcome o;
   o.step = step, o.loss = u.loss, o.lr = lr, o.norm = u.norm, o.loss_scale = loss_scale, o.applied = u.applied;
   o.real_tokens = tokens.real, o.positions = tokens.positions;
@@ -430,6 +434,28 @@ void offload_optimizer(Updater& updater, comm::Group* everyone, int global_rank)
   agree_or_throw(everyone, global_rank, failed);
 }
 
+// Reports of an update, and the budget check (Note [Memory budget]; collective).
+void after_update(const Config& cfg, Engine& e, const LossScaler& scaler, Reporter& rep, TrainSummary& sum,
+                  comm::Group* everyone, int global_rank) {
+  if (!scaler.event().empty()) rep.info(scaler.event());
+  if (e.sync) log_accordion(rep, *e.sync, sum);
+  check_budget(cfg, e.memory, everyone, global_rank);
+}
+
+// Hands a finished step to the observers (Note [Step observers]). A 2bw step whose loss comes
+// with the next step's result (Note [2BW without a barrier]) is held until then.
+void publish(const Config& cfg, const Updater::Result& u, const StepOutcome& outcome, StepOutcome& held,
+             std::span<StepObserver* const> observers) {
+  if (u.has_earlier) {
+    held.loss = u.earlier_loss;
+    check_finite_loss(cfg, held.step, held.loss);
+    for (StepObserver* o : observers) o->after_step(held);
+  }
+  if (u.deferred) held = outcome;
+  else
+    for (StepObserver* o : observers) o->after_step(outcome);
+}
+
 // TrainOptions::two_bw_reference (Note [PipeDream-2BW]): flushing steps with the delayed updates.
 void attach_two_bw_reference(const Config& cfg, Engine& e) {
   LOOM_CHECK(!e.two_bw && cfg.parallel.dp == 1, "the 2bw reference runs flushing steps without dp (pp = 1, or a "
@@ -491,6 +517,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   Validation validation(cfg, e, val_data, rep, sum, data->val_bytes_per_token, spans);
   StepObserver* const observers[] = {&log, &checkpoints, &validation};  // Note [Step observers]
   const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
+  StepOutcome held;  // a 2bw step whose loss comes with the next step's result
   for (int64_t step = first_step; step < cfg.train.steps; step++) {
     const auto step_start = Clock::now();
     const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step");
@@ -508,11 +535,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       const Spans::Scope span = spans.open("optimizer", "compute");
       return updater.step(local_loss, lr, step, flush);
     }();
-    if (!scaler.event().empty()) rep.info(scaler.event());
-    if (e.sync) log_accordion(rep, *e.sync, sum);
-    check_budget(cfg, e.memory, everyone, global_rank);  // Note [Memory budget]
-    const StepOutcome outcome = outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start);
-    for (StepObserver* o : observers) o->after_step(outcome);
+    after_update(cfg, e, scaler, rep, sum, everyone, global_rank);
+    publish(cfg, u, outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start), held, observers);
   }
   if (trace) finish_trace(*trace, e, world, given.trace_path, rep);
   rep.end_bar();

@@ -31,6 +31,7 @@ parallel::PipelineRunner::TwoBw TwoBwState::executor(bool flush) {
     std::copy(g.begin(), g.end(), pending_.begin());
     std::fill(g.begin(), g.end(), 0.0f);
     has_pending_ = true;
+    if (on_pending) on_pending(pending_);
   };
   return o;
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "loom/core/config.h"
@@ -51,6 +52,10 @@ class TwoBwState {
   void after_updates(bool flush);
 
   const std::vector<float>& stash() const { return stash_; }
+  bool pipeline() const { return pipeline_; }
+  // Pipeline: called with the pending gradient as soon as it is complete (mid-step), so its
+  // norm can be summed over the ranks while the step goes on (Note [2BW without a barrier]).
+  std::function<void(std::vector<float>& pending)> on_pending;
 
  private:
   void bind(bool previous);

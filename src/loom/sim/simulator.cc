@@ -355,6 +355,8 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // fp16 -> fp32 gradient), plus the gradient-norm pass.
   const double update_bytes_per_param = dev.mixed_precision ? 36.0 : 32.0;
   rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
+  if (kind == ScheduleKind::k2BW && s.pp > 1)  // Note [PipeDream-2BW]: stash <- W, pending <- g, g <- 0
+    rep.optimizer_s += memory_time_s(dev, 5 * rep.params * s.wbytes);
   // Note [Optimizer offload]: the moments stream through the offload tier while the update
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == "disk";

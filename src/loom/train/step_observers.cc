@@ -47,7 +47,7 @@ void StepLog::after_step(const StepOutcome& s) {
   line.padding = bucketing_ ? 1.0 - double(s.real_tokens) / double(s.positions) : -1.0;
   line.loss_scale = s.loss_scale, line.skipped = !s.applied;
   tokens_since_ += s.real_tokens;
-  const auto now = Clock::now();
+  const auto now = s.end;  // not the publishing moment: Note [2BW without a barrier] publishes late
   const double window = std::chrono::duration<double>(now - last_).count();
   line.tok_s = window > 0 ? double(tokens_since_) / window : 0.0;
   line.elapsed = std::chrono::duration<double>(now - t0_).count();

@@ -53,6 +53,7 @@ struct StepOutcome {
   bool applied = true;    // false: skipped for a gradient overflow
   int64_t real_tokens = 0, positions = 0;
   double seconds = 0;  // wall time of forward, backward and update
+  Clock::time_point end = Clock::now();  // when the step finished (2bw publishes a step later)
   bool last = false;   // the run's final step
 };
 

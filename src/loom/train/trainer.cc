@@ -318,7 +318,8 @@ StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u
   StepOutcome o;
   o.step = step, o.loss = u.loss, o.lr = lr, o.norm = u.norm, o.loss_scale = loss_scale, o.applied = u.applied;
   o.real_tokens = tokens.real, o.positions = tokens.positions;
-  o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  o.end = Clock::now();
+  o.seconds = std::chrono::duration<double>(o.end - start).count();
   o.last = step + 1 == cfg.train.steps;
   return o;
 }

@@ -7,8 +7,11 @@
 // For step k: every rank's time from its step start to the end of the step's last
 // pipeline step on any rank, less its time in pipeline steps (F, B, W), summed over ranks,
 // over the sum of those windows: 1 - sum_r busy_r / sum_r (end_k - start_r,k), averaged
-// over the counted steps. A simulated trace is one step starting at 0, where this is the
-// simulator's bubble_fraction (1 - busy / (pp x pipeline end)).
+// over the counted steps. A rank's window stops where its next step starts, if that comes
+// first: 2bw's steps overlap across ranks (Note [PipeDream-2BW]), and time a rank spends on
+// its next step is not this step's idle (flushing schedules start the next step after the
+// update, so nothing changes for them). A simulated trace is one step starting at 0, where
+// this is the simulator's bubble_fraction (1 - busy / (pp x pipeline end)).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -128,7 +131,10 @@ double pipeline_bubble(const std::map<int64_t, RankTimes>& ranks) {
   for (size_t k = 0; k < steps; k++) {
     double end = 0, busy = 0, window = 0;
     for (const auto& [pid, r] : ranks) end = std::max(end, r.pipe[k].last_end);
-    for (const auto& [pid, r] : ranks) busy += r.pipe[k].busy, window += end - r.pipe[k].start;
+    for (const auto& [pid, r] : ranks) {
+      const double stop = k + 1 < r.pipe.size() ? std::min(end, r.pipe[k + 1].start) : end;
+      busy += r.pipe[k].busy, window += stop - r.pipe[k].start;
+    }
     sum += 1 - busy / window;
   }
   return sum / double(steps);

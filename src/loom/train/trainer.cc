@@ -152,6 +152,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   auto arm = [&] {
     if (e.sync) e.sync->begin(model.grads().data());
   };
+  if (e.two_bw) e.two_bw->begin_reference_step();  // the reference computes on the stash
   if (e.pipe) {
     auto batch = [&](int micro, int32_t* tok, int32_t* tgt) {
       data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
@@ -160,13 +161,10 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
       const parallel::PipelineRunner::TwoBw o = e.two_bw->executor(flush);
       loss = e.pipe->run_step(batch, float(S / double(accum)), arm, &o);
     } else {
-      if (e.two_bw) e.two_bw->begin_reference_step();
       loss = e.pipe->run_step(batch, float(S / double(accum)), arm);
-      if (e.two_bw) e.two_bw->end_reference_step();
     }
     e.memory.sample();
   } else {
-    if (e.two_bw) e.two_bw->begin_reference_step();
     std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
     for (int64_t micro = 0; micro < accum; micro++) {
       const bool last = micro + 1 == accum;
@@ -176,17 +174,13 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
       if (every_micro && !last) e.sync->finish(false);
       e.memory.sample();
     }
-    if (e.two_bw) e.two_bw->end_reference_step();
   }
+  if (e.two_bw) e.two_bw->end_reference_step();
   if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
     const ParamSpec& w = model.layout().at("wte");
-    std::vector<std::vector<float>*> complete = {&model.grads()};
-    if (e.two_bw && e.two_bw->pipeline()) {  // 2bw: this step's own gradient when it flushes (the
-      complete.clear();                         // pending one's is summed as it completes)
-      if (flush) complete.push_back(&model.grads());
-    }
-    for (std::vector<float>* g : complete)
-      rc.embed->all_reduce(std::span<float>(g->data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
+    // 2bw: this step's gradient is complete only on a flush (the pending one's is summed as it completes).
+    if (!(e.two_bw && e.two_bw->pipeline()) || flush)
+      rc.embed->all_reduce(std::span<float>(model.grads().data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
   }
   if (e.sync) e.sync->finish();
   return loss / double(accum);

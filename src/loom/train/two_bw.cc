@@ -37,11 +37,11 @@ parallel::PipelineRunner::TwoBw TwoBwState::executor(bool flush) {
 }
 
 void TwoBwState::begin_reference_step() {
-  if (stash_valid_) bind(true);
+  if (!pipeline_ && stash_valid_) bind(true);
 }
 
 void TwoBwState::end_reference_step() {
-  if (stash_valid_) bind(false);
+  if (!pipeline_ && stash_valid_) bind(false);
 }
 
 std::vector<TwoBwState::Update> TwoBwState::updates(int64_t step, bool flush) {

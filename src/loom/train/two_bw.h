@@ -37,7 +37,8 @@ class TwoBwState {
   bool starts_stream() const { return !pipeline_ || !started_; }
   // Pipeline: the executor's part of a step.
   parallel::PipelineRunner::TwoBw executor(bool flush);
-  // Reference: computes the step on the stash (when there is one) until end_reference_step().
+  // Reference: computes the step on the stash (when there is one) until end_reference_step();
+  // no-ops for a pipeline.
   void begin_reference_step();
   void end_reference_step();
   // The gradients complete at this step's end, in the order they are applied, each with the

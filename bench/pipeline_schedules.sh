@@ -26,13 +26,17 @@ model_sets() {
   esac
 }
 
-# Steady-state global tokens/s from the --json step lines (first 2 steps dropped).
+# Steady-state global tokens/s from the --json step lines (the first $2 steps dropped).
 tok_s() {
   /usr/bin/python3 -c '
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "tokens_per_s" in l][2:]
-print(round(len(rows) / sum(1 / r["tokens_per_s"] for r in rows), 1))' "$1"
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "tokens_per_s" in l][int(sys.argv[2]):]
+print(round(len(rows) / sum(1 / r["tokens_per_s"] for r in rows), 1))' "$1" "$2"
 }
+
+# pipedream / pipemare update after every minibatch: one micro-batch per step (the same
+# micro-batch as the others' m = 8), 8 times the steps, no clipping (no global norm exists).
+per_batch() { [[ $1 == pipedream || $1 == pipemare ]]; }
 
 printf "%-4s %-14s %-7s %10s %10s %9s %10s %s\n" cfg layout sched "measured" "predicted" "tokens/s" "vs 1f1b" note
 for c in $configs; do
@@ -46,16 +50,21 @@ for c in $configs; do
         printf "%-4s %-14s %-7s %s\n" "$c" "pp$pp m8" "$s" "n/a: $layers layers < pp x vpp = $((pp * vpp))"
         continue
       fi
-      env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --vpp "$vpp" --grad-accum 8 --schedule "$s" \
-        --set $(model_sets "$c") checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 \
-        "train.steps=$((steps + 2))" train.threads=1 --trace "$tmp/m.json" > "$tmp/m.out" 2> "$tmp/m.err"
-      "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --vpp "$vpp" --grad-accum 8 --schedule "$s" \
-        --set $(model_sets "$c") --trace "$tmp/p.json" > /dev/null
+      ga=8 n=$((steps + 2)) drop=2 extra=""
+      if per_batch "$s"; then
+        batch=$(model_sets "$c" | grep -o "train.batch=[0-9]*" | cut -d= -f2)
+        ga=1 n=$((8 * (steps + 2))) drop=16 extra="train.batch=$((batch / 8)) optim.grad_clip=0"
+      fi
+      env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" --schedule "$s" \
+        --set $(model_sets "$c") $extra checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 \
+        "train.steps=$n" train.threads=1 --trace "$tmp/m.json" > "$tmp/m.out" 2> "$tmp/m.err"
+      "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" --schedule "$s" \
+        --set $(model_sets "$c") $extra --trace "$tmp/p.json" > /dev/null
       read -r pred meas < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
 import json, sys
 row = [r for r in json.load(sys.stdin) if r["category"] == "pipeline bubble"][0]
 print(row["predicted"], row["measured"])')
-      tok=$(tok_s "$tmp/m.out")
+      tok=$(tok_s "$tmp/m.out" "$drop")
       [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
       printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
         "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" "$tok" \

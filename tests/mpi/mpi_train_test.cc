@@ -262,6 +262,30 @@ TEST(MpiTrain, TwoBwMatchesItsDelayedUpdateReference) {
   EXPECT_EQ(got.final_params, want.final_params);
 }
 
+// Note [PipeDream weight stashing], Note [PipeMare]: under real processes (the tied wte's
+// two links between the first and last stage included) each mode equals its reference.
+TEST(MpiTrain, PipeDreamAndPipeMareMatchTheirReference) {
+  const int n = g_world->world_size();
+  if (n < 2 || n > 4) GTEST_SKIP() << "a pipeline of 2 to 4 stages";
+  for (const std::string kind : {"pipedream", "pipemare"}) {
+    const Config c = config_from_toml_string(
+        to_toml(base_config("gpt")), {"model.d_model=128", "model.ctx=64", "model.layers=" + std::to_string(n),
+                                      "parallel.pp=" + std::to_string(n), "train.grad_accum=1", "train.batch=4",
+                                      "train.steps=" + std::to_string(2 * n + 2), "optim.grad_clip=0",
+                                      "parallel.schedule=" + kind});
+    Config ref = c;
+    ref.parallel.schedule = ScheduleKind::k1F1B;
+    std::ostringstream sink;
+    TrainOptions o;
+    o.out = o.err = &sink, o.keep_params = true;
+    const TrainSummary got = train(c, o, *g_world);
+    o.async_reference = kind;
+    const TrainSummary want = train(ref, o, *g_world);
+    EXPECT_EQ(got.losses, want.losses) << kind;
+    EXPECT_EQ(got.final_params, want.final_params) << kind;
+  }
+}
+
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {
   testing_support::TempDir d{"loom-mpi-bucketing"};  // each rank prepares its own copy
   testing_support::prepare_fortune_shards("fortunes-1k.model", d / "shards");

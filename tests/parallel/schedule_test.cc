@@ -41,7 +41,7 @@ TEST(Schedule, TwoBwRunsOneStreamAcrossStepsWithOneFOneBsMemory) {
       EXPECT_EQ(c.ticks, 2 * (3 * m + pp - 1)) << "2bw pp " << pp << " m " << m;
       for (int r = 0; r < pp; ++r) {
         EXPECT_EQ(c.peak_in_flight[r], pp - r) << "pp " << pp << " m " << m << " rank " << r;
-        const std::vector<PipeStep> alone = two_bw_steps(s, r, true, true);
+        const std::vector<PipeStep> alone = stream_steps(s, r, 0, true);
         ASSERT_EQ(alone.size(), one.steps[size_t(r)].size());
         for (size_t i = 0; i < alone.size(); ++i) {
           EXPECT_EQ(alone[i].phase, one.steps[size_t(r)][i].phase);

@@ -137,7 +137,7 @@ TEST(TwoBw, RefusesWhatItDoesNotRun) {
   };
   EXPECT_NE(error({"parallel.pp=4", "train.grad_accum=3", "train.batch=3"}).find("set train.grad_accum >= 4"),
             std::string::npos);
-  EXPECT_NE(error({"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2"}).find("2BW runs one pipeline (dp = 1"),
+  EXPECT_NE(error({"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2"}).find("2bw runs one pipeline (dp = 1"),
             std::string::npos);
   EXPECT_NE(error({"parallel.pp=2", "train.grad_accum=2", "train.precision=fp16"}).find("use fp32 or bf16"),
             std::string::npos);

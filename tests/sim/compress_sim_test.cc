@@ -108,6 +108,29 @@ TEST(Planner, OffersTwoBwWithItsCaveat) {
   EXPECT_GT(two_bw, 0);
 }
 
+// pipedream and pipemare in loom plan: searched where the run allows them (one micro-batch per
+// step, no clipping), each with the caveat that its asynchronous updates change the
+// optimisation; with clipping on, none is offered (validation_errors prunes them).
+TEST(Planner, OffersAsynchronousPipelinesOnlyWhereTheyRun) {
+  plan::PlanRequest req = gpt2_request(100000);
+  req.cluster = load_cluster("dgx-a100", {}, 4, "");
+  req.global_batch = 4;
+  auto count = [](const plan::PlanReport& rep) {
+    int n = 0;
+    for (const plan::PlanCandidate& c : rep.ranked) {
+      const ParallelConfig& q = c.plan.cfg.parallel;
+      if (!updates_per_batch(q.schedule)) continue;
+      ++n;
+      EXPECT_EQ(c.plan.cfg.train.grad_accum, 1) << plan::layout_label(c.plan);
+      EXPECT_NE(plan::approximation_caveat(c.plan).find("asynchronous updates"), std::string::npos);
+    }
+    return n;
+  };
+  EXPECT_EQ(count(plan::search_plans(req)), 0);  // grad_clip 1.0
+  req.like.cfg.optim.grad_clip = 0;
+  EXPECT_GT(count(plan::search_plans(req)), 0);
+}
+
 // ZeRO++ in loom plan: across the slow link the fastest ZeRO-3 candidate whose dp group spans
 // both nodes (dp 16) uses it; not asked for, or on one node, no candidate does; an
 // approximate one carries the caveat, hpZ alone (exact) none.

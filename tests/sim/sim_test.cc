@@ -324,6 +324,32 @@ TEST(Simulator, TwoBwRemovesTheFlushBubble) {
   }
 }
 
+// Note [Simulated 2BW] for pipedream and pipemare: one minibatch per step, pp of them in
+// flight; the steady step is one forward and one backward a rank with nearly no idle time
+// (1F1B at one micro-batch idles 3/4 of a pp 4 step). Stage r holds pp - r weight versions
+// (pipedream) or W, the velocity and the corrected weights where its delay is > 0 (pipemare),
+// one gradient buffer and 1F1B-at-m >= pp's activations.
+TEST(Simulator, AsynchronousPipelinesRunTheSteadyStreamWithTheirWeightCopies) {
+  SimPlan p = plan_of({"parallel.pp=4", "train.batch=1", "train.grad_accum=1", "optim.grad_clip=0"});
+  p.framework = Framework::kLoom;
+  SimPlan deep = plan_of({"parallel.pp=4", "train.batch=4", "train.grad_accum=4"});  // 1F1B, pp in flight
+  deep.framework = Framework::kLoom;
+  const SimResult ref = simulate(p, free_links(4)), held = simulate(deep, free_links(4));
+  EXPECT_GT(ref.bubble_fraction, 0.7);
+  for (ScheduleKind k : {ScheduleKind::kPipeDream, ScheduleKind::kPipeMare}) {
+    SimPlan a = p;
+    a.cfg.parallel.schedule = k;
+    const SimResult r = simulate(a, free_links(4), true);
+    EXPECT_LT(r.bubble_fraction, 0.05) << schedule_name(k);
+    for (size_t i = 0; i < r.ranks.size(); i++) {
+      const double copies = k == ScheduleKind::kPipeDream ? double(4 - i) : i < 3 ? 3.0 : 1.0;
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.params, copies * ref.ranks[i].memory.params) << schedule_name(k) << i;
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.grads, ref.ranks[i].memory.grads);
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.activations, held.ranks[i].memory.activations);
+    }
+  }
+}
+
 // Note [Resident memory]: loom's ZeRO-2 re-faults the gradient pages it does not own on
 // every micro-batch's backward: (1 - 1/dp) x 4 bytes x params / page_fault_bw per
 // micro-batch, on the critical path (one stage, so it adds to the step as it is).

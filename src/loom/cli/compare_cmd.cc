@@ -5,7 +5,8 @@
 //
 // Note [Measured bubble]
 // For step k: every rank's time from its step start to the end of the step's last
-// pipeline step on any rank, less its time in pipeline steps (F, B, W), summed over ranks,
+// pipeline step on any rank, less its time in pipeline steps (F, B, W, and the per-minibatch
+// updates U of pipedream / pipemare, which run inside the stream), summed over ranks,
 // over the sum of those windows: 1 - sum_r busy_r / sum_r (end_k - start_r,k), averaged
 // over the counted steps. A rank's window stops where its next step starts, if that comes
 // first: 2bw's steps overlap across ranks (Note [PipeDream-2BW]), and time a rank spends on

@@ -49,7 +49,7 @@ void add_layout_flags(CLI::App* app, loom::cli::LayoutFlags& f) {
   app->add_option("--zero", f.zero, "ZeRO stage 0-3 (parallel.zero)")->check(at_least(0, 3));
   app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch per dp rank (parallel.micro_batch)")->check(at_least(0));
   app->add_option("--grad-accum", f.grad_accum, "micro-batches per step (train.grad_accum)")->check(at_least(1));
-  app->add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw (parallel.schedule)");
+  app->add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw | pipedream | pipemare (parallel.schedule)");
   app->add_option("--recompute", f.recompute, "none | selective | full (parallel.recompute)");
   app->add_option("--pp-layers", f.pp_layers, "layers per stage, e.g. 3,4 (parallel.pp_layers)");
 }

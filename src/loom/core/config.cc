@@ -153,7 +153,9 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),
       // The layout keys are typed in ParallelConfig; these convert their text once.
-      LOOM_TEXT_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw (PipeDream-2BW: no flush, one-step-delayed updates)",
+      LOOM_TEXT_KEY(parallel, schedule, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw (PipeDream-2BW: no flush, "
+                    "one-step-delayed updates) | pipedream (weight stashing, an update per minibatch) | pipemare "
+                    "(asynchronous, no stash)",
                     parse_schedule, schedule_name),
       LOOM_TEXT_KEY(parallel, recompute, "activation recompute: none | selective | full, or per layer: \"full*20,none*4\"",
                     parse_recompute, recompute_text),
@@ -187,6 +189,10 @@ std::vector<KeyDef> parallel_keys() {
                     "blocks with a scale each"),
       LOOM_BOOL_KEY(parallel, zeropp_hpz, "ZeRO++ hpZ: ZeRO-3 keeps a secondary parameter piece per host so "
                     "backward's gathers stay on the host (exact; costs the unit / ranks-per-host in memory)"),
+      LOOM_INT_KEY(parallel, pipemare_lr_steps, "pipemare: steps over which the per-stage learning-rate "
+                   "rescheduling (lr / delay^p, p from 1 to 0) anneals away; -1 = optim.warmup_steps"),
+      LOOM_FLOAT_KEY(parallel, pipemare_decay, "pipemare: decay D of the weight-velocity estimate per step of delay "
+                     "(discrepancy correction; 0 = off)"),
       LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
                     parse_grad_reduce, grad_reduce_name),
   };

@@ -91,10 +91,31 @@ enum class Recompute { kNone = 0, kSelective = 1, kFull = 2 };
 // The pipeline schedules (Note [Schedules as data] in parallel/schedule.h). The zero-bubble
 // ones split each backward into its input-gradient (B) and weight-gradient (W) steps
 // (Note [B/W split] in model/model.h).
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZbH1, kZbH2, kZbV, k2BW };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZbH1, kZbH2, kZbV, k2BW, kPipeDream, kPipeMare };
 inline bool splits_backward(ScheduleKind k) {
   return k == ScheduleKind::kZbH1 || k == ScheduleKind::kZbH2 || k == ScheduleKind::kZbV;
 }
+// 2bw, pipedream, pipemare: one 1F1B stream across steps, no flush between them (Note
+// [Pipeline streams] in parallel/schedule.h); the weights a micro-batch computes on are older
+// than the ones it updates, which changes the optimisation.
+inline bool streams(ScheduleKind k) {
+  return k == ScheduleKind::k2BW || k == ScheduleKind::kPipeDream || k == ScheduleKind::kPipeMare;
+}
+// pipedream, pipemare: each stage updates after every minibatch's backward on it (Note
+// [PipeDream weight stashing], Note [PipeMare] in train/async_pipe.h).
+inline bool updates_per_batch(ScheduleKind k) { return k == ScheduleKind::kPipeDream || k == ScheduleKind::kPipeMare; }
+// Parameter-sized fp32 buffers a stream's pipeline rank holds in the "params" and "grads"
+// categories: 2bw two of each (a stash, a pending gradient); pipedream one weight version
+// per minibatch in flight (pp - rank); pipemare W, the velocity and the corrected weights
+// where the stage's delay pp - 1 - rank is > 0; one each otherwise.
+inline int stream_param_copies(ScheduleKind k, int pp, int pp_rank) {
+  if (pp <= 1) return 1;
+  if (k == ScheduleKind::k2BW) return 2;
+  if (k == ScheduleKind::kPipeDream) return pp - pp_rank;
+  if (k == ScheduleKind::kPipeMare) return pp - 1 - pp_rank > 0 ? 3 : 1;
+  return 1;
+}
+inline int stream_grad_copies(ScheduleKind k, int pp) { return pp > 1 && k == ScheduleKind::k2BW ? 2 : 1; }
 
 // How data-parallel gradients cross the dp group (Note [Gradient compressors] in
 // parallel/compress.h): exact, a codec of the ring, a stateful compressor, or 1-bit / 0/1
@@ -126,7 +147,7 @@ enum class CompressAdapt { kNone, kAccordion };
 
 // The text forms of the typed layout keys, as TOML files, --set, plan files and reports
 // write them. The parse functions throw ConfigError naming the key, the text and the fix.
-const char* schedule_name(ScheduleKind k);  // "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "2bw"
+const char* schedule_name(ScheduleKind k);  // "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "2bw" | "pipedream" | "pipemare"
 ScheduleKind parse_schedule(const std::string& text);
 // "full*20,none*4" <-> {kFull x20, kNone x4}; a single policy stays one value (every layer).
 std::vector<Recompute> parse_recompute(const std::string& text);
@@ -156,7 +177,7 @@ struct ParallelConfig {
   int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
   // Layout choices, typed; the schema converts them to and from their TOML text once
   // (Note [Per-layer keys] in parallel_config.cc).
-  ScheduleKind schedule = ScheduleKind::k1F1B;       // gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw
+  ScheduleKind schedule = ScheduleKind::k1F1B;       // gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw | pipedream | pipemare
   std::vector<Recompute> recompute{Recompute::kNone};  // one for every layer, or one per layer
   std::vector<int64_t> pp_layers;  // layers per pipeline stage, e.g. {3, 4}; empty: as even as possible
   std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all
@@ -196,6 +217,14 @@ struct ParallelConfig {
   int64_t accordion_heavy_rank = 1;    // powersgd
   double accordion_heavy_ratio = 0;    // topk; 0: compress_ratio / 10 (heavy_ratio())
   double heavy_ratio() const { return accordion_heavy_ratio > 0 ? accordion_heavy_ratio : compress_ratio / 10; }
+  // PipeMare (Note [PipeMare] in train/async_pipe.h): the steps over which the learning-rate
+  // rescheduling anneals away (T1; -1: optim.warmup_steps, at least 1), and D, the decay of
+  // the weight-velocity estimate per step of delay (T2; 0 turns the correction off).
+  int64_t pipemare_lr_steps = -1;
+  double pipemare_decay = 0.1;
+  int64_t pipemare_anneal(int64_t lr_warmup_steps) const {
+    return pipemare_lr_steps >= 0 ? std::max<int64_t>(pipemare_lr_steps, 1) : std::max<int64_t>(lr_warmup_steps, 1);
+  }
   int64_t world() const { return dp * tp * pp; }
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }

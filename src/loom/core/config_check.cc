@@ -200,27 +200,50 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("offload.optimizer = disk with train.device = " + c.train.device + ": offload runs on the CPU engine");
 }
 
-// Note [PipeDream-2BW] (parallel/schedule.h): what 2bw composes with.
-void check_two_bw(const Config& c, std::vector<std::string>& errs) {
+// Note [Pipeline streams] (parallel/schedule.h): what 2bw, pipedream and pipemare compose with.
+void check_streams(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
-  if (p.schedule != ScheduleKind::k2BW) return;
-  const std::string is = "parallel.schedule = 2bw ";
-  if (p.pp >= 2 && c.train.grad_accum < p.pp)
+  if (!streams(p.schedule)) return;
+  const std::string name = schedule_name(p.schedule);
+  const std::string is = "parallel.schedule = " + name + " ";
+  const std::string grad_accum = std::to_string(c.train.grad_accum);
+  if (p.schedule == ScheduleKind::k2BW && p.pp >= 2 && c.train.grad_accum < p.pp)
     errs.push_back(is + "keeps at most two weight versions only with at least as many micro-batches per step as "
-                   "stages: train.grad_accum = " + std::to_string(c.train.grad_accum) + " < parallel.pp = " +
-                   std::to_string(p.pp) + "; set train.grad_accum >= " + std::to_string(p.pp));
+                   "stages: train.grad_accum = " + grad_accum + " < parallel.pp = " +
+                   std::to_string(p.pp) + "; set train.grad_accum >= " + std::to_string(p.pp) +
+                   ", or use pipedream / pipemare with grad_accum = 1");
+  if (updates_per_batch(p.schedule)) {
+    if (c.train.grad_accum != 1)
+      errs.push_back(is + "updates every stage after each minibatch (a step's batch, pp of them in flight): "
+                     "train.grad_accum = " + grad_accum + "; set train.grad_accum = 1, or use 2bw to accumulate "
+                     ">= pp micro-batches per update");
+    if (c.optim.grad_clip > 0)
+      errs.push_back(is + "with optim.grad_clip = " + fmt_double(c.optim.grad_clip) + ": each stage updates "
+                     "as soon as its own gradient is done, so no global gradient norm exists to clip by; set "
+                     "optim.grad_clip = 0, or use 2bw or a flushing schedule");
+  }
+  if (p.schedule == ScheduleKind::kPipeMare) {
+    if (p.pipemare_decay < 0 || p.pipemare_decay >= 1)
+      errs.push_back("parallel.pipemare_decay = " + fmt_double(p.pipemare_decay) + ": the velocity estimate's "
+                     "decay is in [0, 1) (0: no discrepancy correction; 0.1 is the default)");
+    if (p.pipemare_lr_steps < -1)
+      errs.push_back("parallel.pipemare_lr_steps = " + std::to_string(p.pipemare_lr_steps) +
+                     ": steps >= 0, or -1 for optim.warmup_steps");
+  }
   if (p.dp > 1)
-    errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) +
-                   ": 2BW runs one pipeline (dp = 1, with tp, sp and recompute); with data parallelism use 1f1b, "
+    errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) + ": " + name +
+                   " runs one pipeline (dp = 1, with tp, sp and recompute); with data parallelism use 1f1b, "
                    "interleaved or a zero-bubble schedule");
   if (c.train.precision == "fp16")
-    errs.push_back(is + "with train.precision = fp16: a skipped update (loss scaling) would break the one-step delay; "
-                   "use fp32 or bf16");
+    errs.push_back(is + "with train.precision = fp16: a skipped update (loss scaling) would break the delayed "
+                   "updates; use fp32 or bf16");
   if (c.offload.optimizer != "none")
-    errs.push_back(is + "with offload.optimizer = " + c.offload.optimizer + ": 2BW keeps a second weight version and "
-                   "a pending gradient in memory; offload runs with the flushing schedules");
-  if (c.data.bucketing) errs.push_back(is + "with data.bucketing: 2BW's micro-batches have one shape; set data.bucketing = false");
-  if (c.train.device != "cpu") errs.push_back(is + "with train.device = " + c.train.device + ": 2BW runs on the CPU engine");
+    errs.push_back(is + "with offload.optimizer = " + c.offload.optimizer + ": " + name + " keeps its weight versions "
+                   "and gradients in memory; offload runs with the flushing schedules");
+  if (c.data.bucketing)
+    errs.push_back(is + "with data.bucketing: the stream's micro-batches have one shape; set data.bucketing = false");
+  if (c.train.device != "cpu")
+    errs.push_back(is + "with train.device = " + c.train.device + ": " + name + " runs on the CPU engine");
 }
 
 }  // namespace
@@ -232,7 +255,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   if (!check_train(c.train, c.model, errs)) return errs;
   check_optim(c.optim, errs);
   check_memory(c, errs);
-  check_two_bw(c, errs);
+  check_streams(c, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

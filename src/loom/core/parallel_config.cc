@@ -428,15 +428,19 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::kZbH2: return "zb-h2";
     case ScheduleKind::kZbV: return "zb-v";
     case ScheduleKind::k2BW: return "2bw";
+    case ScheduleKind::kPipeDream: return "pipedream";
+    case ScheduleKind::kPipeMare: return "pipemare";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule(const std::string& text) {
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZbH1, ScheduleKind::kZbH2, ScheduleKind::kZbV, ScheduleKind::k2BW})
+                         ScheduleKind::kZbH1, ScheduleKind::kZbH2, ScheduleKind::kZbV, ScheduleKind::k2BW,
+                         ScheduleKind::kPipeDream, ScheduleKind::kPipeMare})
     if (text == schedule_name(k)) return k;
-  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v or 2bw");
+  throw ConfigError("parallel.schedule = '" + text + "': expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, 2bw, "
+                    "pipedream or pipemare");
 }
 
 const char* compress_name(CompressKind k) {

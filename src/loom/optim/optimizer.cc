@@ -133,6 +133,19 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
   });
 }
 
+void AdamW::step_ranges(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
+                        int64_t t, const std::vector<FlatRange>& ranges) {
+  LOOM_ASSERT(!file_ && !awaiting_file_, "AdamW::step_ranges runs on in-memory moments");
+  for (const Run& r : runs_)
+    for (const FlatRange& q : ranges) {
+      const int64_t lo = std::max(r.offset, q.offset), hi = std::min(r.offset + r.count, q.offset + q.count);
+      if (hi <= lo) continue;
+      const int64_t s = r.state_offset + (lo - r.offset);
+      k.adamw_update(params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, float(lr),
+                     float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), r.weight_decay, t);
+    }
+}
+
 namespace {
 
 // sqrt(v / (1 - b2^frozen_at)) + eps, in the fast kernel's float order (betas as the floats it

@@ -73,6 +73,12 @@ class AdamW {
   using GroupFn = std::function<void(int64_t begin, int64_t count)>;
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
             const UpdatedFn& updated = {}, const GroupFn& before = {});
+  // The same update on the parts of `ranges` only (flat offsets; in memory, no offload), with
+  // step count t for the bias correction; the count kept is left alone. Elementwise, so a
+  // range updated alone gets the bits a whole step would give it (Note [PipeDream weight
+  // stashing]: tied weights updated on their own schedule).
+  void step_ranges(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
+                   int64_t t, const std::vector<FlatRange>& ranges);
   // 1-bit Adam (Note [1-bit Adam] in parallel/compress.h), in two halves around the
   // caller's compressed all-reduce of the update u, with v and its bias correction
   // 1 - b2^frozen_at held where the warm-up left them: D = sqrt(v / (1 - b2^frozen_at)) + eps.

@@ -69,9 +69,9 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
   const ScheduleCheck check = validate(schedule);
   LOOM_CHECK(check.ok, "pipeline schedule does not finish: ", check.problem);
   const int slots = check.peak_in_flight[size_t(pp_rank)];
-  const bool two_bw = schedule.kind == ScheduleKind::k2BW;
-  slot_base_ = two_bw ? schedule.micro_batches : 0;
-  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches + slot_base_), -1));
+  streams_ = streams(schedule.kind);
+  depth_ = streams_ ? stream_depth(schedule) : 0;
+  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches * (1 + depth_)), -1));
   slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
   w_slot_of_ = slot_of_;
   w_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(check.peak_pending_w[size_t(pp_rank)]), false));
@@ -83,30 +83,31 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
     send_h_.assign(size_t(schedule.vpp), std::vector<std::vector<comm::bf16>>(size_t(slots)));
   }
   by_direction_ = schedule.kind == ScheduleKind::kZbV;
-  // 2bw's links carry one stream across steps, received in the order sent: no per-step plan.
-  if (!two_bw) plan_receive_order();
+  // A stream's links carry it across steps, received in the order sent: no per-step plan.
+  if (!streams_) plan_receive_order();
 }
 
-// Note [PipeDream-2BW]: a micro-batch's tag on the wire - this step's set of m, or (trailing,
-// negative) the previous step's - so a message sent in one step and received in the next
+// Note [Pipeline streams]: a micro-batch's tag on the wire - its step's set of m, the sets
+// cycling over depth + 1 steps - so a message sent in one step and received in a later one
 // keeps its tag.
 int PipelineRunner::wire_micro(int micro) const {
-  if (schedule_.kind != ScheduleKind::k2BW) return micro;
-  const int m = schedule_.micro_batches;
-  return micro < 0 ? (1 - parity_) * m + (micro + m) : parity_ * m + micro;
+  if (!streams_) return micro;
+  const int m = schedule_.micro_batches, back = steps_back(micro, m), sets = depth_ + 1;
+  const int set = int(((stream_step_ - back) % sets + sets) % sets);
+  return set * m + (micro + back * m);
 }
 
-void PipelineRunner::end_two_bw_step(bool flush) {
+void PipelineRunner::end_stream_step(bool flush) {
   const int m = schedule_.micro_batches;
   for (std::vector<int>& of : slot_of_) {
-    for (int i = 0; i < m; ++i) {
-      LOOM_ASSERT(of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " kept micro-batch ", i - m, " past its step");
-      of[size_t(i)] = of[size_t(i + m)];
-      of[size_t(i + m)] = -1;
-      LOOM_ASSERT(!flush || of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " flushed with micro-batch ", i, " in flight");
-    }
+    for (int i = 0; i < m; ++i)
+      LOOM_ASSERT(of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " kept micro-batch ", i - depth_ * m, " past its step");
+    std::copy(of.begin() + m, of.end(), of.begin());
+    std::fill(of.end() - m, of.end(), -1);
+    for (int i = 0; flush && i < int(of.size()); ++i)
+      LOOM_ASSERT(of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " flushed with micro-batch ", i, " in flight");
   }
-  parity_ ^= 1;
+  ++stream_step_;
 }
 
 // For every link into this rank, the tags its sender sends in one step, in its order.
@@ -247,10 +248,10 @@ int take_slot(std::vector<bool>& busy) {
 }  // namespace
 
 double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
-                                const TwoBw* two_bw) {
-  LOOM_ASSERT((schedule_.kind == ScheduleKind::k2BW) == (two_bw != nullptr));
-  const std::vector<PipeStep> steps = two_bw ? two_bw_steps(schedule_, pp_rank_, two_bw->first, two_bw->flush)
-                                             : schedule_.steps[size_t(pp_rank_)];
+                                const Stream* stream) {
+  LOOM_ASSERT(!streams_ || stream != nullptr);
+  const std::vector<PipeStep> steps = streams_ ? stream_steps(schedule_, pp_rank_, stream->age, stream->flush)
+                                               : schedule_.steps[size_t(pp_rank_)];
   const bool split = schedule_.split();
   const Phase grads_phase = split ? Phase::kW : Phase::kB;  // the step that adds weight gradients
   int last_grads = -1;
@@ -260,21 +261,20 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   std::vector<int32_t> tok(n), tgt(n);
   double loss = 0;
   expect_ = receive_order_;
-  // 2bw: the version bound, and the step before which the previous step's gradient is complete
-  // (after its last trailing backward; the last stage's forwards add the head's gradients, so
-  // nothing of this step's batch may run before it).
-  bool previous = false;
+  // Streams: the weights bound, and (2bw) the step before which the previous step's gradient
+  // is complete (after its last trailing backward; the last stage's forwards add the head's
+  // gradients, so nothing of this step's batch may run before it).
+  const int m = schedule_.micro_batches;
   int carried_done = 0;
-  for (int i = 0; two_bw && i < int(steps.size()); i++)
+  for (int i = 0; streams_ && i < int(steps.size()); i++)
     if (steps[size_t(i)].micro_batch < 0) carried_done = i + 1;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
     if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
     if (i == last_grads && before_last_backward) before_last_backward();
-    if (two_bw) {  // Note [PipeDream-2BW]
-      if (const bool prev = s.micro_batch < 0; prev != previous) two_bw->weights(previous = prev);
-      if (i == carried_done) two_bw->batch_gradients();
-    }
+    if (stream && stream->weights && s.phase != Phase::kW)  // Note [Pipeline streams]
+      stream->weights(steps_back(s.micro_batch, m), s.phase == Phase::kF);
+    if (streams_ && i == carried_done && stream->batch_gradients) stream->batch_gradients();
     int& slot = slot_of_[size_t(s.chunk)][size_t(index_of(s.micro_batch))];
     int& w_slot = w_slot_of_[size_t(s.chunk)][size_t(index_of(s.micro_batch))];
     const int wire = wire_micro(s.micro_batch);
@@ -298,17 +298,18 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
       slot = -1;
     }
     if (step_hook_) step_hook_(s.phase, s.micro_batch, s.chunk, false);
+    if (streams_ && s.phase == Phase::kB && stream->after_backward) stream->after_backward(steps_back(s.micro_batch, m));
   }
-  if (two_bw && previous) two_bw->weights(false);
-  // 2bw between flushes: a send may be received only in the next step (its trailing
+  if (stream && stream->weights) stream->weights(-1, true);
+  // A stream between flushes: a send may be received only in a later step (its trailing
   // backward), so it is not waited for here - a rendezvous send would hold this rank out of
   // the step's end; its slot's next use waits for it (wait_pending).
-  if (!two_bw || two_bw->flush)
+  if (!streams_ || stream->flush)
     for (auto& per_chunk : sends_)
       for (auto& w : per_chunk) w.wait();
   LOOM_ASSERT(early_.empty() && turn_.empty(), "pipeline rank ", pp_rank_, " ended a step with messages unused");
   expect_.clear();
-  if (two_bw) end_two_bw_step(two_bw->flush);
+  if (streams_) end_stream_step(stream->flush);
   return loss;
 }
 

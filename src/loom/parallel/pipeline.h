@@ -73,18 +73,23 @@ class PipelineRunner {
   // of the mean loss (last stage; 0 elsewhere). `before_last_backward` runs just before the
   // rank's final step that adds gradients, its last B (or W, when the schedule splits
   // backward); data parallel arms its gradient sync there.
-  // Note [PipeDream-2BW] (schedule 2bw): which step of the stream this is, and what the
-  // engine does for it. weights(previous) binds the weight version the next step runs on
-  // (previous: the one the trailing backwards use); batch_gradients() runs once the previous
-  // step's gradient is complete (after the last trailing backward, or first), before any step
-  // that adds to this step's.
-  struct TwoBw {
-    bool first = true, flush = true;
-    std::function<void(bool previous)> weights;
+  // Note [Pipeline streams] (2bw, pipedream, pipemare): which step of the stream this is, and
+  // what the engine does around its schedule steps. weights(back, forward) binds the weights
+  // the next forward or backward computes on (its micro-batch is `back` steps old; a forward
+  // is always this step's); it is called before each, and with back = -1 after the last (the
+  // current weights again). 2bw: batch_gradients() runs once the previous step's gradient is complete (after
+  // the last trailing backward, or first), before any step that adds to this step's.
+  // pipedream / pipemare: after_backward(back) runs after each backward (its micro-batch is
+  // `back` steps old). A flushing schedule given a Stream (a reference) gets weights() only.
+  struct Stream {
+    int age = 0;
+    bool flush = true;
+    std::function<void(int back, bool forward)> weights;
     std::function<void()> batch_gradients;
+    std::function<void(int back)> after_backward;
   };
   double run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
-                  const TwoBw* two_bw = nullptr);
+                  const Stream* stream = nullptr);
   // Forward only, one batch through every stage (validation). Returns the mean loss on
   // the last stage, 0 elsewhere. Adds nothing to the gradients that are kept.
   double forward_only(const int32_t* tokens, const int32_t* targets);
@@ -134,13 +139,14 @@ class PipelineRunner {
   std::map<comm::Group*, std::deque<int>> expect_;         // what is left of it this step
   std::map<std::pair<comm::Group*, int>, std::vector<float>> early_;  // arrived before their step
   std::map<int, std::vector<float>> turn_;  // ZB-V: micro-batch -> gradient handed from chunk 1 to chunk 0
-  // 2bw: slot_of_ is indexed by micro-batch + m (the previous step's trailing ones below m),
-  // and tags alternate between two sets of m micro-batches, step by step.
-  int slot_base_ = 0;
-  int parity_ = 0;
-  int index_of(int micro) const { return micro + slot_base_; }
+  // Streams: slot_of_ is indexed by micro-batch + depth m (earlier steps' below depth m), and
+  // tags cycle through depth + 1 sets of m micro-batches, step by step.
+  bool streams_ = false;
+  int depth_ = 0;
+  int64_t stream_step_ = 0;
+  int index_of(int micro) const { return micro + depth_ * schedule_.micro_batches; }
   int wire_micro(int micro) const;
-  void end_two_bw_step(bool flush);
+  void end_stream_step(bool flush);
 };
 
 }  // namespace loom::parallel

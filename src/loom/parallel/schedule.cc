@@ -139,8 +139,8 @@ std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m) {
   return out;
 }
 
-// Note [PipeDream-2BW]: the steady step of rank r: F(i), then B(i - w).
-std::vector<PipeStep> two_bw_rank(int r, int pp, int m) {
+// Note [Pipeline streams]: the steady step of rank r: F(i), then B(i - w).
+std::vector<PipeStep> stream_rank(int r, int pp, int m) {
   const int w = pp - r - 1;
   std::vector<PipeStep> out;
   for (int i = 0; i < m; ++i) {
@@ -152,14 +152,20 @@ std::vector<PipeStep> two_bw_rank(int r, int pp, int m) {
 
 }  // namespace
 
-std::vector<PipeStep> two_bw_steps(const Schedule& s, int rank, bool first, bool flush) {
-  LOOM_ASSERT(s.kind == ScheduleKind::k2BW && rank >= 0 && rank < s.pp);
+int steps_back(int micro, int m) { return micro >= 0 ? 0 : (-micro + m - 1) / m; }
+
+int stream_depth(const Schedule& s) { return steps_back(1 - s.pp, s.micro_batches); }
+
+std::vector<PipeStep> stream_steps(const Schedule& s, int rank, int age, bool flush) {
+  LOOM_ASSERT(streams(s.kind) && rank >= 0 && rank < s.pp && age >= 0);
+  const int m = s.micro_batches;
   std::vector<PipeStep> out;
   for (const PipeStep& st : s.steps[size_t(rank)])
-    if (!first || st.micro_batch >= 0) out.push_back(st);
+    if (steps_back(st.micro_batch, m) <= age) out.push_back(st);
   const int w = s.pp - rank - 1;
   if (flush)
-    for (int i = s.micro_batches - w; i < s.micro_batches; ++i) out.push_back({Phase::kB, i, 0});
+    for (int i = m - w; i < m; ++i)
+      if (steps_back(i, m) <= age) out.push_back({Phase::kB, i, 0});
   return out;
 }
 
@@ -193,6 +199,8 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   }
   LOOM_CHECK(kind != ScheduleKind::k2BW || m >= pp, "schedule 2bw needs at least as many micro-batches as stages (",
              m, " < pp = ", pp, "): use ", pp, " or more");
+  LOOM_CHECK(!updates_per_batch(kind) || m == 1, "schedule ", schedule_name(kind), " updates after every minibatch: ",
+             "it runs one micro-batch per step, got ", m, "; use 1 (or 2bw to accumulate >= pp micro-batches)");
   Schedule s{kind, pp, vpp, m, {}};
   if (kind == ScheduleKind::kZbV) {
     s.steps = zero_bubble_v(pp, m);
@@ -206,7 +214,9 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
       case ScheduleKind::kZbH1: s.steps.push_back(zero_bubble_rank(pp - r, r, m)); break;
       case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 2 * r, m)); break;
       case ScheduleKind::kZbV: break;  // above
-      case ScheduleKind::k2BW: s.steps.push_back(two_bw_rank(r, pp, m)); break;
+      case ScheduleKind::k2BW:
+      case ScheduleKind::kPipeDream:
+      case ScheduleKind::kPipeMare: s.steps.push_back(stream_rank(r, pp, m)); break;
     }
   }
   return s;
@@ -214,14 +224,15 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
 
 namespace {
 
-// Note [PipeDream-2BW]: three steps - the first, a steady one, a flushing one - as one list
-// of 3 m micro-batches (step k's micro-batch i is k m + i; a trailing -j is the previous
-// step's), which validate() replays like any flushing schedule.
-Schedule two_bw_stream(const Schedule& s) {
-  Schedule out{ScheduleKind::k1F1B, s.pp, 1, 3 * s.micro_batches, std::vector<std::vector<PipeStep>>(size_t(s.pp))};
+// Note [Pipeline streams]: the steps of one stream - ages 0 .. depth, then a flushing one - as
+// one list of (depth + 2) m micro-batches (step k's micro-batch i is k m + i; a negative i is
+// an earlier step's), which validate() replays like any flushing schedule.
+Schedule stream_list(const Schedule& s) {
+  const int steps = std::max(stream_depth(s), 1) + 2;  // a steady step even at pp = 1
+  Schedule out{ScheduleKind::k1F1B, s.pp, 1, steps * s.micro_batches, std::vector<std::vector<PipeStep>>(size_t(s.pp))};
   for (int r = 0; r < s.pp; ++r)
-    for (int k = 0; k < 3; ++k)
-      for (PipeStep st : two_bw_steps(s, r, k == 0, k == 2)) {
+    for (int k = 0; k < steps; ++k)
+      for (PipeStep st : stream_steps(s, r, k, k == steps - 1)) {
         st.micro_batch += k * s.micro_batches;
         out.steps[size_t(r)].push_back(st);
       }
@@ -233,7 +244,7 @@ Schedule two_bw_stream(const Schedule& s) {
 // Replay in rounds: in each round every rank whose next step has its inputs runs it. A
 // round where no rank can move, before all finish, is a deadlock.
 ScheduleCheck validate(const Schedule& s) {
-  if (s.kind == ScheduleKind::k2BW) return validate(two_bw_stream(s));
+  if (streams(s.kind)) return validate(stream_list(s));
   const int pp = s.pp, vpp = s.vpp, m = s.micro_batches, stages = pp * vpp;
   const bool split = s.split();
   ScheduleCheck out;

@@ -30,8 +30,18 @@
 // and the last step) ends its step with the cool-down backwards and applies both pending
 // gradients; the next step starts the stream again as the first did (its batch computes on
 // the current weights, W(-1) = W(0)), so a checkpoint is the ordinary format and a resume
-// continues bit for bit. make_schedule() holds the steady step; two_bw_steps() the first and
+// continues bit for bit. make_schedule() holds the steady step; stream_steps() the first and
 // flushing variants. With pp = 1 nothing is in flight: plain training.
+//
+// Note [Pipeline streams]
+// 2bw, pipedream and pipemare (streams(kind)) run one 1F1B stream over every step's
+// micro-batches: rank r's steady step is m pairs F(i), B(i - w), w = pp - r - 1, and a
+// negative i - w names micro-batch (i - w) mod m of the step steps_back(i - w) before this one.
+// A stream starts at age 0 (no backward of an earlier step exists yet: those are left out
+// until the stream is old enough) and ends with a flushing step, which appends the
+// cool-down backwards B(m - w) .. B(m - 1) (for m < w also earlier steps'). The deepest
+// backward reaches stream_depth() = ceil((pp - 1) / m) steps back: 1 for 2bw (m >= pp),
+// pp - 1 for pipedream and pipemare (m = 1: each step is one minibatch).
 #pragma once
 
 #include <string>
@@ -74,13 +84,15 @@ struct Schedule {
 
 // Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,
 // vpp >= 2 only for interleaved (which also needs micro_batches % pp == 0), 2bw with
-// micro_batches >= pp.
+// micro_batches >= pp, pipedream and pipemare with micro_batches = 1.
 Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1);
 
-// Note [PipeDream-2BW]: rank r's list for a step that starts the stream (`first`: no
-// trailing backwards) and/or flushes it (`flush`: the step's own last backwards appended).
-// Micro-batch -j (j = 1..w) is the previous step's m - j.
-std::vector<PipeStep> two_bw_steps(const Schedule& s, int rank, bool first, bool flush);
+// Note [Pipeline streams]: rank r's list for the step `age` steps after its stream started
+// (0: it starts it), flushing the stream when `flush`. steps_back(i, m): how many steps
+// before the current one micro-batch index i (negative: an earlier step's) belongs to.
+std::vector<PipeStep> stream_steps(const Schedule& s, int rank, int age, bool flush);
+int steps_back(int micro, int m);
+int stream_depth(const Schedule& s);
 
 struct ScheduleCheck {
   bool ok = false;
@@ -91,7 +103,7 @@ struct ScheduleCheck {
   std::vector<std::vector<int>> chunk_peak_pending_w;  // per rank, per chunk: the same for that chunk
   int ticks = 0;                     // length of the replay in unit-time steps
 };
-// 2bw: replays three steps as one stream (first, steady, flushing).
+// Streams: replays ages 0 .. stream_depth() and a flushing step as one list.
 ScheduleCheck validate(const Schedule& s);
 
 // Layers of each virtual stage: `split` (pp x vpp entries, summing to layers) or, when

@@ -222,6 +222,11 @@ std::string approximation_caveat(const sim::SimPlan& p) {
     return "one-step-delayed updates (PipeDream-2BW, W(t+1) = W(t) - lr grad f(W(t-1))) change the optimisation: "
            "the steady step is priced (no flush; checkpoint and validation steps flush), the accuracy cost is not "
            "modelled; compare validation curves against 1f1b";
+  if (updates_per_batch(q.schedule) && q.pp > 1)  // Note [PipeDream weight stashing], Note [PipeMare]
+    return std::string("asynchronous updates (") +
+           (q.schedule == ScheduleKind::kPipeDream ? "PipeDream weight stashing" : "PipeMare, no stash") +
+           ": each stage updates per minibatch on gradients pp - 1 - r updates stale) change the optimisation: the "
+           "steady step is priced, the accuracy cost is not modelled; compare validation curves against 1f1b";
   std::ostringstream os;
   if (q.compress == CompressKind::kNone && (q.zeropp_qwz || q.zeropp_qgz)) {
     os << "ZeRO++ int8 blocks:" << (q.zeropp_qwz ? " parameter gathers (qwZ)" : "")
@@ -273,7 +278,10 @@ PlanReport search_plans(const PlanRequest& req) {
           if (pp > 1 && req.like.framework == sim::Framework::kLoom) {
             for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) scheds.push_back({k, 1});
             if (L >= 2 * pp) scheds.push_back({ScheduleKind::kZbV, 2});
-            scheds.push_back({ScheduleKind::k2BW, 1});  // asynchronous: its caveat says so
+            // Asynchronous: their caveats say so; pipedream / pipemare need one micro-batch per
+            // step and no clipping (validation_errors prunes the rest, saying why).
+            for (ScheduleKind k : {ScheduleKind::k2BW, ScheduleKind::kPipeDream, ScheduleKind::kPipeMare})
+              scheds.push_back({k, 1});
           }
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})

@@ -107,27 +107,33 @@ void run_lists(const Setup& s, const Lists& lists, Done& fdone, Done& bdone, std
 }
 
 // Note [Simulated 2BW]
-// parallel.schedule = 2bw (Note [PipeDream-2BW] in parallel/schedule.h) is one stream across
-// steps with no barrier between them (Note [2BW without a barrier] in train/engine.cc: the
-// sums a step's end needs were started earlier). The replay runs three steps - the first, a
-// steady one, a flushing one - as one stream, each rank's lists as the engine runs them
-// (micro-batch k m + i is step k's i), and reports the steady step: each rank's time from the
-// end of its first step's list to the end of its steady one, its busy time and its trace from
-// that start; the memory peaks are the whole stream's (1F1B's). On even stages only the
-// transfers' latency is left of 1F1B's bubble. A flushing step (checkpoint, validation, the
-// last) costs about a 1F1B step.
-std::vector<RankState> replay_two_bw(const Setup& s, const parallel::Schedule& sched, Done& fdone, Done& bdone,
+// The streams (2bw, pipedream, pipemare: Note [Pipeline streams] in parallel/schedule.h) run
+// across steps with no barrier between them (Note [2BW without a barrier] in
+// train/engine.cc: the sums a step's end needs were started earlier). The replay runs a
+// stream - ages 0 .. 2 depth, then a flushing step - each rank's lists as the engine runs them
+// (micro-batch k m + i is step k's i), and reports a steady step (age 2 depth): each rank's
+// time from the end of its previous step's list to the end of the steady one, its busy
+// time and its trace from that start; the memory peaks are the whole stream's (1F1B's). On
+// even stages only the transfers' latency is left of 1F1B's bubble. A flushing step
+// (checkpoint, validation, the last) costs about a 1F1B step.
+// The step the replay reports: past the ages where backwards are still missing (depth), and
+// as many again for the start's timing to wash out (with one micro-batch a step the ranks'
+// offsets are a whole step).
+int steady_stream_age(const parallel::Schedule& sched) { return 2 * parallel::stream_depth(sched); }
+
+std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& sched, Done& fdone, Done& bdone,
                                      std::vector<RankState> ranks, std::vector<SimEvent>* events) {
   std::vector<SimEvent> steady;
   std::vector<RankState> out, before;
-  for (int k = 0; k < 3; ++k) {
+  const int steady_age = steady_stream_age(sched);
+  for (int k = 0; k < steady_age + 2; ++k) {
     Lists lists(size_t(s.pp));
     for (int r = 0; r < int(s.pp); ++r)
-      for (parallel::PipeStep st : parallel::two_bw_steps(sched, r, k == 0, k == 2))
+      for (parallel::PipeStep st : parallel::stream_steps(sched, r, k, k == steady_age + 1))
         st.micro_batch += k * int(s.m), lists[size_t(r)].push_back(st);
-    if (k == 1) before = ranks;
-    run_lists(s, lists, fdone, bdone, ranks, k == 1 && events ? &steady : nullptr);
-    if (k == 1) out = ranks;
+    if (k == steady_age) before = ranks;
+    run_lists(s, lists, fdone, bdone, ranks, k == steady_age && events ? &steady : nullptr);
+    if (k == steady_age) out = ranks;
   }
   for (size_t r = 0; r < out.size(); ++r) {
     out[r].free_at -= before[r].free_at;
@@ -150,13 +156,14 @@ std::vector<RankState> replay_two_bw(const Setup& s, const parallel::Schedule& s
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp));
-  const bool two_bw = par.schedule == ScheduleKind::k2BW && s.pp > 1;
-  Done fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(two_bw ? 3 * s.m : s.m), -1.0));
+  const bool stream = streams(par.schedule) && s.pp > 1;
+  const int64_t steps = stream ? steady_stream_age(sched) + 2 : 1;
+  Done fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(steps * s.m), -1.0));
   Done bdone = fdone;
   std::vector<RankState> ranks(static_cast<size_t>(s.pp));
   for (RankState& rs : ranks)
     rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.pending = rs.pending_peak = rs.held;
-  if (two_bw) return replay_two_bw(s, sched, fdone, bdone, std::move(ranks), events);
+  if (stream) return replay_stream(s, sched, fdone, bdone, std::move(ranks), events);
   run_lists(s, sched.steps, fdone, bdone, ranks, events);
   return ranks;
 }

@@ -231,8 +231,10 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
   MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device);
-  if (par.schedule == ScheduleKind::k2BW && s.pp > 1)  // Note [PipeDream-2BW]: a second weight version
-    mem.params *= 2, mem.grads *= 2;                    // and a pending gradient
+  // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
+  // pipemare's velocity and corrected weights.
+  mem.params *= stream_param_copies(par.schedule, int(s.pp), int(r));
+  mem.grads *= stream_grad_copies(par.schedule, int(s.pp));
   if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
     mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;
   if (s.plan.cfg.offload.params == "disk" && s.cluster.device.mixed_precision)  // the masters are the file's p
@@ -355,13 +357,23 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // fp16 -> fp32 gradient), plus the gradient-norm pass.
   const double update_bytes_per_param = dev.mixed_precision ? 36.0 : 32.0;
   rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
-  if (kind == ScheduleKind::k2BW && s.pp > 1)  // Note [PipeDream-2BW]: stash <- W, pending <- g, g <- 0
-    rep.optimizer_s += memory_time_s(dev, 5 * rep.params * s.wbytes);
+  // Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
+  // g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
+  // corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).
+  const int64_t tau = s.pp - 1 - r;
+  const double copies = s.pp <= 1 ? 0
+                        : kind == ScheduleKind::k2BW                   ? 5
+                        : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
+                        : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
+                                                                       : 0;
+  rep.optimizer_s += memory_time_s(dev, copies * rep.params * s.wbytes);
   // Note [Optimizer offload]: the moments stream through the offload tier while the update
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
   rep.memory = rank_memory(s, r, st, rep);
+  // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
+  if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;
   if (offload) {  // with parameter offload p streams with m and v: three arrays, not two
     const double bytes = 4 * moment_floats * (s.plan.cfg.offload.params == "disk" ? 1.5 : 1.0);
     rep.offload_io_s = page_cached(s, rep) ? 2 * memory_time_s(dev, bytes)  // Note [Page-cached offload]

@@ -92,11 +92,15 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     memory.track(memory.category("buffers"), pipe->recv_buffer().data(),
                  int64_t(pipe->recv_buffer().size() * sizeof(float)));
     if (rc.schedule->kind == ScheduleKind::k2BW) two_bw = std::make_unique<TwoBwState>(model, memory, true);
+    if (updates_per_batch(rc.schedule->kind))
+      async = std::make_unique<AsyncPipeState>(cfg, rc.schedule->kind, model, memory, rc.pp_rank, rc.pp_size, true,
+                                               rc.embed && rc.holds_tied_copy(cfg.model));
   }
 }
 
 void Engine::begin_step() {
   if (two_bw && !two_bw->starts_stream()) return;  // the gradient carries over (Note [PipeDream-2BW])
+  if (async && async->pipeline() && !async->starts_stream()) return;  // zeroed after each update
   if (chunks) chunks->begin_step();
   if (chunks && chunks->manages_grads()) return;  // zeroed by the chunk manager (Note [Gradient chunks])
   if (!sync || !sync->every_micro()) {
@@ -211,6 +215,7 @@ Updater::Updater(const Config& cfg, Engine& e)
   for (const ParamSpec& s : e.model.layout().specs())
     if (!e.rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
   if (e.two_bw && e.two_bw->pipeline()) e.two_bw->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
+  if (e.async) attach_async();
   if (cfg.offload.optimizer == "disk") return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");
   e.memory.track(opt, adamw_.m().data(), int64_t(adamw_.m().size() * sizeof(float)));
@@ -232,6 +237,8 @@ void Updater::offload_optimizer(int global_rank) {
 
 Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool flush) {
   if (e_.two_bw) return step_two_bw(local_loss, step, flush);
+  if (e_.async) return e_.async->pipeline() ? step_async(local_loss, step, flush)
+                                            : step_async_reference(local_loss, lr, step, flush);
   const RankContext& rc = e_.rc;
   Model& model = e_.model;
   const Kernels& k = model.ops();
@@ -314,16 +321,7 @@ Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush
   const std::vector<TwoBwState::Update> updates = s.updates(step, flush);
   s.before_updates(flush);
   Result r;
-  take_earlier_loss(r);
-  if (flush || !rc.stats) {
-    double loss[2] = {local_loss, 0};
-    rc.stats_sum(loss);
-    r.loss = loss[0] / (rc.dp_size * rc.tp_size);
-  } else {
-    loss_buf_[0] = local_loss;
-    loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 1), comm::ReduceOp::kSum, {.async = true});
-    loss_started_ = r.deferred = true;
-  }
+  sum_loss(r, local_loss, 0, flush);
   for (const TwoBwState::Update& u : updates) {
     std::vector<float>& g = *u.grads;
     double ss = 0;
@@ -370,6 +368,22 @@ void Updater::take_earlier_loss(Result& r) {
   loss_started_ = false;
   r.has_earlier = true;
   r.earlier_loss = loss_buf_[0] / (e_.rc.dp_size * e_.rc.tp_size);
+  r.earlier_norm = std::sqrt(loss_buf_[1]);
+}
+
+void Updater::sum_loss(Result& r, double local_loss, double sq, bool flush) {
+  const RankContext& rc = e_.rc;
+  take_earlier_loss(r);
+  if (flush || !rc.stats) {
+    double v[2] = {local_loss, sq};
+    rc.stats_sum(v);
+    r.loss = v[0] / (rc.dp_size * rc.tp_size);
+    r.norm = std::sqrt(v[1]);
+  } else {
+    loss_buf_[0] = local_loss, loss_buf_[1] = sq;
+    loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 2), comm::ReduceOp::kSum, {.async = true});
+    loss_started_ = r.deferred = true;
+  }
 }
 
 // Note [0/1 Adam]: gradients all-reduced (exactly or compressed) before the variance

@@ -15,6 +15,7 @@
 #include "loom/optim/optimizer.h"
 #include "loom/train/chunk_manager.h"
 #include "loom/train/rank_context.h"
+#include "loom/train/async_pipe.h"
 #include "loom/train/two_bw.h"
 
 namespace loom {
@@ -56,6 +57,9 @@ struct Engine {
   std::vector<float> own_pieces;
   // Note [PipeDream-2BW]: a 2bw pipeline stage, or the single-process reference.
   std::unique_ptr<TwoBwState> two_bw;
+  // Note [PipeDream weight stashing], Note [PipeMare]: a pipedream / pipemare stage, or a
+  // rank of their reference.
+  std::unique_ptr<AsyncPipeState> async;
 
  private:
   std::vector<FlatRange> pack_own_pieces(StateFile& file, uint64_t seed);
@@ -79,7 +83,7 @@ class Updater {
     // Note [2BW without a barrier]: between flushes a 2bw step's loss arrives with the next
     // step's result (deferred: `loss` unknown yet); earlier_loss is the previous step's.
     bool deferred = false, has_earlier = false;
-    double earlier_loss = 0;
+    double earlier_loss = 0, earlier_norm = 0;
   };
   // flush: Note [PipeDream-2BW] (2bw only: the step ends the pipeline's stream).
   Result step(double local_loss, double lr, int64_t step, bool flush = true);
@@ -108,8 +112,27 @@ class Updater {
   void start_pending_norm(std::vector<float>& g);
   double take_pending_norm();
   void take_earlier_loss(Result& r);
+  // Note [PipeDream weight stashing] (train/async_update.cc): one minibatch's update on a
+  // pipedream / pipemare stage (after its backward), the tied wte updates a last stage owes,
+  // the step's end, and the reference's update.
+  void attach_async();
+  void update_batch(int64_t batch);
+  void catch_up_tied(int64_t until);
+  Result step_async(double local_loss, int64_t step, bool flush);
+  Result step_async_reference(double local_loss, double lr, int64_t step, bool flush);
+  // Starts summing this step's loss (and [1]: a squared norm) over the ranks, to be taken
+  // with the next step's result (Note [2BW without a barrier]); a flush sums at once.
+  void sum_loss(Result& r, double local_loss, double sq, bool flush);
+  std::vector<FlatRange> untied_;  // a tied head's ranges but wte
+  int64_t next_tied_ = 0;          // a tied head: the next minibatch whose wte update is owed
+  double applied_sq_ = 0;          // squared norm of the gradients applied in this step
+  struct TiedSend {
+    std::vector<float> buf;
+    comm::Work work;
+  };
+  std::vector<TiedSend> tied_sends_;  // a tied stage's wte gradients in flight, by minibatch mod pp
   comm::Work wte_work_, norm_work_, loss_work_;
-  double norm_buf_[1] = {0}, loss_buf_[1] = {0};
+  double norm_buf_[1] = {0}, loss_buf_[2] = {0, 0};
   bool norm_started_ = false, loss_started_ = false;
 };
 

@@ -26,7 +26,7 @@ std::string bytes_text(int64_t bytes) {
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
-                               int64_t units_in_flight) {
+                               int64_t units_in_flight, int pp_rank) {
   const int64_t p4 = params * int64_t(sizeof(float));  // fp32 params, grads, each moment
   const int64_t shards = dp > 1 ? dp : 1;
   MemoryEstimate e;
@@ -47,8 +47,11 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
                                                 : e.optimizer_in_memory;
   e.activations = activation_bytes;
-  if (cfg.parallel.schedule == ScheduleKind::k2BW && cfg.parallel.pp > 1)  // Note [PipeDream-2BW]: a second
-    e.params *= 2, e.grads *= 2;                                          // weight version, a pending gradient
+  // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
+  // pipemare's velocity and corrected weights.
+  const ParallelConfig& par = cfg.parallel;
+  e.params *= stream_param_copies(par.schedule, int(par.pp), pp_rank);
+  e.grads *= stream_grad_copies(par.schedule, int(par.pp));
   return e;
 }
 
@@ -117,7 +120,7 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   std::sort(units.begin(), units.end(), std::greater<>());
   units.resize(std::min<size_t>(units.size(), 3));
   const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
-                                           std::accumulate(units.begin(), units.end(), int64_t(0)));
+                                           std::accumulate(units.begin(), units.end(), int64_t(0)), rc.pp_rank);
   const bool budget = cfg.memory.limit_gib > 0;
   const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
                               : int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));

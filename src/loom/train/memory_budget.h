@@ -36,9 +36,10 @@ struct MemoryEstimate {
 
 // The estimate for `params` parameters on this rank; activations: the model's carve;
 // units_in_flight: the floats of its three largest units (parameter offload holds at least
-// the unit in use, the one read ahead and GPT's tied embedding).
+// the unit in use, the one read ahead and GPT's tied embedding); pp_rank: its pipeline rank
+// (the streams' weight versions differ by stage).
 MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
-                               int64_t units_in_flight);
+                               int64_t units_in_flight, int pp_rank);
 
 // Throws ConfigError when the estimate does not fit memory.limit_gib (or, without a budget,
 // this machine's memory), naming the categories and the settings that would shrink them.

@@ -91,6 +91,10 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
       }
       std::unique_ptr<comm::Group> g = world->group(partition, "embed");
       if (g->size() == 2) rc.embed = std::move(g);
+      if (updates_per_batch(p.schedule)) {
+        std::unique_ptr<comm::Group> down = world->group(partition, "tied_down");
+        if (down->size() == 2) rc.tied_down = std::move(down);
+      }
     }
     if (pp > 1) rc.links = parallel::make_pipe_links(*world, mesh, vpp > 1 && p.schedule == ScheduleKind::kInterleaved1F1B);
   }

@@ -27,6 +27,9 @@ struct RankContext {
   std::unique_ptr<TpComm> tp_comm;       // the model's view of `tp`
   std::unique_ptr<comm::Group> stats;    // every rank (pp x dp x tp): loss and norm sums; null single-process
   std::unique_ptr<comm::Group> embed;    // GPT pipelines: first and last stage (tied wte)
+  // pipedream / pipemare GPT pipelines: the same pair, for the first stage's sends (embed
+  // carries the last stage's; Note [PipeDream weight stashing]).
+  std::unique_ptr<comm::Group> tied_down;
   parallel::PipeLinks links;
   std::shared_ptr<const RankPlan> plan;  // Note [Rank plan]: what this rank holds and does
   ModelPart part;                        // plan->part

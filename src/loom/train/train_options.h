@@ -32,6 +32,12 @@ struct TrainOptions {
   // [PipeDream-2BW]) with flushing steps: one process, or a flushing pipeline schedule (the
   // same layout's gradient-norm grouping, so clipping agrees to the bit).
   bool two_bw_reference = false;
+  // Tests: "pipedream" | "pipemare": train as the reference of that pipeline (Note [PipeDream
+  // weight stashing]): the same layout with a flushing schedule, one micro-batch per step, no
+  // clipping. on_weight_version: every forward and backward of a pipedream / pipemare stage
+  // (or its reference) reports its minibatch and the weight version it computes on.
+  std::string async_reference;
+  std::function<void(int stage, int64_t batch, bool forward, int64_t version)> on_weight_version;
 };
 
 struct TrainSummary {

@@ -158,7 +158,10 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
       data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
     };
     if (rc.schedule->kind == ScheduleKind::k2BW) {  // Note [PipeDream-2BW]
-      const parallel::PipelineRunner::TwoBw o = e.two_bw->executor(flush);
+      const parallel::PipelineRunner::Stream o = e.two_bw->executor(flush);
+      loss = e.pipe->run_step(batch, float(S / double(accum)), arm, &o);
+    } else if (e.async) {  // Note [PipeDream weight stashing], Note [PipeMare]; or their reference
+      const parallel::PipelineRunner::Stream o = e.async->executor(step, flush);
       loss = e.pipe->run_step(batch, float(S / double(accum)), arm, &o);
     } else {
       loss = e.pipe->run_step(batch, float(S / double(accum)), arm);
@@ -178,8 +181,10 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   if (e.two_bw) e.two_bw->end_reference_step();
   if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
     const ParamSpec& w = model.layout().at("wte");
-    // 2bw: this step's gradient is complete only on a flush (the pending one's is summed as it completes).
-    if (!(e.two_bw && e.two_bw->pipeline()) || flush)
+    // 2bw: this step's gradient is complete only on a flush (the pending one's is summed as it
+    // completes); pipedream / pipemare: each update sums its own.
+    const bool summed_elsewhere = (e.two_bw && e.two_bw->pipeline() && !flush) || (e.async && e.async->pipeline());
+    if (!summed_elsewhere)
       rc.embed->all_reduce(std::span<float>(model.grads().data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
   }
   if (e.sync) e.sync->finish();
@@ -290,6 +295,11 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
       if (chunks) name.append(".").append(std::to_string(chunk));
       t->begin(name, "pipeline");
     });
+  if (e.async && e.async->pipeline())  // Note [PipeDream weight stashing]: updates inside the stream
+    e.async->trace_update = [t](int micro, bool begin) {
+      if (begin) t->begin("U" + std::to_string(micro), "pipeline");
+      else t->end();
+    };
   e.memory.set_listener([t](const MemoryTracker& m) {
     std::vector<std::pair<std::string, int64_t>> now;
     for (const auto& r : m.rows()) now.push_back({r.name, r.now_bytes});
@@ -443,6 +453,7 @@ void publish(const Config& cfg, const Updater::Result& u, const StepOutcome& out
              std::span<StepObserver* const> observers) {
   if (u.has_earlier) {
     held.loss = u.earlier_loss;
+    if (updates_per_batch(cfg.parallel.schedule)) held.norm = u.earlier_norm;  // 2bw's was known at its step
     check_finite_loss(cfg, held.step, held.loss);
     for (StepObserver* o : observers) o->after_step(held);
   }
@@ -456,6 +467,21 @@ void attach_two_bw_reference(const Config& cfg, Engine& e) {
   LOOM_CHECK(!e.two_bw && cfg.parallel.dp == 1, "the 2bw reference runs flushing steps without dp (pp = 1, or a "
              "flushing pipeline schedule); got schedule ", schedule_name(cfg.parallel.schedule), " dp ", cfg.parallel.dp);
   e.two_bw = std::make_unique<TwoBwState>(e.model, e.memory, false);
+}
+
+// TrainOptions::async_reference (Note [PipeDream weight stashing]): a flushing pipeline of the
+// same layout, one minibatch per step, binding the versions the stream would.
+void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind) {
+  const ParallelConfig& p = cfg.parallel;
+  LOOM_CHECK(!e.async && p.pp > 1 && p.dp == 1 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
+                 cfg.optim.grad_clip == 0,
+             "the pipedream / pipemare reference is a flushing pipeline (pp > 1, dp 1) with one micro-batch per step "
+             "and no clipping; got schedule ", schedule_name(p.schedule), " pp ", p.pp, " dp ", p.dp, " grad_accum ",
+             cfg.train.grad_accum, " grad_clip ", cfg.optim.grad_clip);
+  const ScheduleKind k = parse_schedule(kind);
+  LOOM_CHECK(updates_per_batch(k), "async_reference = ", kind, ": expected pipedream or pipemare");
+  e.async = std::make_unique<AsyncPipeState>(cfg, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
+                                             rc.embed && rc.holds_tied_copy(cfg.model));
 }
 
 void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
@@ -492,6 +518,8 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
   if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
+  if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
+  if (e.async) e.async->on_version = given.on_weight_version;
   if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);
   comm::Group* const everyone = world ? &world->world_group() : nullptr;

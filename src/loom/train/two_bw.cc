@@ -20,11 +20,13 @@ void TwoBwState::bind(bool previous) {
       model_.bind_unit_params(u, previous ? stash_.data() + model_.unit_range(u).offset : nullptr);
 }
 
-parallel::PipelineRunner::TwoBw TwoBwState::executor(bool flush) {
-  parallel::PipelineRunner::TwoBw o;
-  o.first = !started_;
+parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
+  parallel::PipelineRunner::Stream o;
+  o.age = started_ ? 1 : 0;
   o.flush = flush;
-  o.weights = [this](bool previous) { bind(previous); };
+  o.weights = [this](int back, bool) {  // back = -1: the step is over
+    if ((back > 0) != bound_previous_) bind(bound_previous_ = back > 0);
+  };
   o.batch_gradients = [this] {
     if (!started_) return;  // the stream starts: nothing carried over
     std::vector<float>& g = model_.grads();

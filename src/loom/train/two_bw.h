@@ -36,7 +36,7 @@ class TwoBwState {
   // starts the stream, else they carry the previous step's over).
   bool starts_stream() const { return !pipeline_ || !started_; }
   // Pipeline: the executor's part of a step.
-  parallel::PipelineRunner::TwoBw executor(bool flush);
+  parallel::PipelineRunner::Stream executor(bool flush);
   // Reference: computes the step on the stash (when there is one) until end_reference_step();
   // no-ops for a pipeline.
   void begin_reference_step();
@@ -68,6 +68,7 @@ class TwoBwState {
   bool started_ = false;        // the previous step did not flush
   bool has_pending_ = false;
   bool stash_valid_ = false;    // reference: the step computes on the stash
+  bool bound_previous_ = false;  // pipeline: the stash is bound
 };
 
 }  // namespace loom

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kills loom ranks for real (SIGKILL under mpirun) and checks that nothing is lost.
 
-usage: check_kill.py LOOM mid-step | during-save | offload | offload-zero3
+usage: check_kill.py LOOM mid-step | during-save | offload | offload-zero3 | ps-server | ps-worker
 
 mid-step:    a dp3 run is SIGKILLed on rank 1 while it trains; the survivors must exit
              within comm.timeout_s naming rank 1 and the collective they were in; then
@@ -18,6 +18,9 @@ during-save: the writer is killed inside a save at each failpoint (Note [Failpoi
              rank 1 half way through its shard; rank 0 after the manifest; rank 0 after
              the rename, before `latest`); the previous checkpoint must still verify,
              hold exactly the uninterrupted run's bytes, and resume to the same end.
+ps-server, ps-worker: a parameter-server job (2 workers, 1 server: Note [Parameter server])
+             loses its server (rank 2) or a worker (rank 1) mid-run; the survivors must exit
+             within comm.timeout_s naming the dead rank.
 """
 import os
 import re
@@ -145,9 +148,50 @@ def during_save(loom, tmp, ref):
         resume_and_compare(loom, ckpt, ref, 2 * EVERY if point == "latest" else EVERY)
 
 
+def ps_kill(loom, tmp, victim):
+    marker = os.path.join(tmp, "ps")  # names the job's processes; nothing is saved there
+    cmd = [loom, "train", "--nproc", "3", "--dp", "2", "--set", "parallel.ps_servers=1", "train.batch=8",
+           "train.seq=64", "train.steps=100000", "model.layers=2", "train.val_every=0", "train.val_batches=1",
+           "train.threads=1", f"checkpoint.dir={marker}", "train.log_every=1", f"comm.timeout_s={TIMEOUT_S}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while True:  # training runs once the workers log a step
+        line = proc.stdout.readline()
+        if not line or time.time() > deadline:
+            fail("the run ended or stalled before its first step", line + proc.communicate()[0])
+        if re.match(r"step \d+/", line):
+            break
+    time.sleep(random.uniform(0.2, 0.8))
+    pid = rank_pid(victim, marker)
+    if pid is None:
+        fail(f"rank {victim}'s process was not found", proc.communicate()[0])
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    out = proc.communicate(timeout=TIMEOUT_S * 4)[0]
+    took = time.time() - killed
+    print(out[-4000:])
+    print(f"rank {victim} (pid {pid}) SIGKILLed; the job exited {proc.returncode} {took:.2f} s later "
+          f"(comm.timeout_s = {TIMEOUT_S})")
+    if proc.returncode == 0:
+        fail("the job exited 0 after a rank was killed")
+    if took >= TIMEOUT_S:
+        fail(f"the survivors took {took:.1f} s, more than comm.timeout_s")
+    if f"rank {victim}: left no exit code" not in out:
+        fail(f"output lacks: rank {victim}: left no exit code")
+    if not re.search(rf"rank [0-9, ]*\b{victim}\b[0-9, ]* died", out) and f"rank {victim} (group rank" not in out:
+        fail(f"no survivor names rank {victim} as dead or missing")
+
+
 def main():
     loom, mode = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="loom-kill-")
+    if mode.startswith("ps-"):
+        try:
+            ps_kill(loom, tmp, 2 if mode == "ps-server" else 1)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print("PASS")
+        return
     try:
         ref = os.path.join(tmp, "reference")
         zero3 = mode == "offload-zero3"

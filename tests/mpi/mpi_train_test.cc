@@ -286,6 +286,23 @@ TEST(MpiTrain, PipeDreamAndPipeMareMatchTheirReference) {
   }
 }
 
+// Note [Parameter server]: workers and servers as real processes train as the
+// single process does (loom verify's tolerances); every worker ends with the same weights.
+TEST(MpiTrain, ParameterServerMatchesTheSingleProcessRun) {
+  const int n = g_world->world_size();
+  if (n < 3) GTEST_SKIP() << "two workers and a server";
+  const Config base = config_from_toml_string(to_toml(base_config("gpt")), {"train.batch=12", "train.steps=6"});
+  const TrainSummary ref = run(base, nullptr);
+  int dp = n - 1;  // the most workers that divide the batch, the other ranks servers
+  while (12 % dp != 0) --dp;
+  const Config c = config_from_toml_string(to_toml(base), {"parallel.dp=" + std::to_string(dp),
+                                                           "parallel.ps_servers=" + std::to_string(n - dp)});
+  const TrainSummary got = run(c, g_world);
+  if (g_world->global_rank() >= dp) return;  // servers report no losses
+  const VerifyRow row = compare_runs("ps", ref, got, tolerance_for(c));
+  EXPECT_TRUE(row.ok) << row.error << " loss rel " << row.max_loss_rel << ", weight " << row.max_weight_abs;
+}
+
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {
   testing_support::TempDir d{"loom-mpi-bucketing"};  // each rank prepares its own copy
   testing_support::prepare_fortune_shards("fortunes-1k.model", d / "shards");

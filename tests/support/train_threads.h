@@ -17,13 +17,13 @@ namespace loom::testing_support {
 // `hosts` (one per rank) makes the ranks pretend to sit on those hosts.
 inline std::vector<TrainSummary> train_as_threads(const Config& c, TrainOptions o = {},
                                                   std::vector<std::string> hosts = {}) {
-  std::vector<TrainSummary> out(size_t(c.parallel.world()));
+  std::vector<TrainSummary> out(size_t(c.parallel.ranks()));
   std::ostringstream sink;
   if (!o.out) o.out = &sink;
   if (!o.err) o.err = &sink;
   comm::CommOptions copt;  // the config's bound, as loom verify and loom train use it
   copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
-  const auto errors = comm::run_threads(int(c.parallel.world()), copt, [&](comm::World& w) {
+  const auto errors = comm::run_threads(int(c.parallel.ranks()), copt, [&](comm::World& w) {
     out[size_t(w.global_rank())] = train(c, o, w);
   }, std::move(hosts));
   EXPECT_EQ(errors, std::vector<std::string>(errors.size()));

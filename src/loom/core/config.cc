@@ -193,6 +193,7 @@ std::vector<KeyDef> parallel_keys() {
                    "rescheduling (lr / delay^p, p from 1 to 0) anneals away; -1 = optim.warmup_steps"),
       LOOM_FLOAT_KEY(parallel, pipemare_decay, "pipemare: decay D of the weight-velocity estimate per step of delay "
                      "(discrepancy correction; 0 = off)"),
+      LOOM_INT_KEY(parallel, ps_servers, "parameter servers added to the dp workers (0: collective data parallel)"),
       LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
                     parse_grad_reduce, grad_reduce_name),
   };
@@ -271,6 +272,7 @@ const std::vector<KeyDef>& schema() {
              LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),
              LOOM_BOOL_KEY(offload, direct, "O_DIRECT: the offload file bypasses the page cache"),
              LOOM_FLOAT_KEY(offload, chunk_mb, "parameter offload's chunk size in MiB (0: one chunk per unit)"),
+             LOOM_STRING_KEY(ps, mode, "parameter servers (parallel.ps_servers > 0): sync (bulk synchronous)"),
          })
       k.push_back(std::move(d));
     return k;

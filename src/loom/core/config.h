@@ -225,7 +225,10 @@ struct ParallelConfig {
   int64_t pipemare_anneal(int64_t lr_warmup_steps) const {
     return pipemare_lr_steps >= 0 ? std::max<int64_t>(pipemare_lr_steps, 1) : std::max<int64_t>(lr_warmup_steps, 1);
   }
-  int64_t world() const { return dp * tp * pp; }
+  // Note [Parameter server] (parallel/ps.h): > 0 adds that many server ranks to dp workers.
+  int64_t ps_servers = 0;
+  int64_t world() const { return dp * tp * pp; }  // the training mesh (a PS job's workers)
+  int64_t ranks() const { return world() + ps_servers; }  // every rank the job launches
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }
   // The recompute policy of each of `layers` layers. Throws ConfigError when the list does
@@ -263,6 +266,11 @@ struct OffloadConfig {
   }
 };
 
+// Note [Parameter server] (parallel/ps.h): how servers apply the workers' pushes.
+struct PsConfig {
+  std::string mode = "sync";  // sync: bulk synchronous (the only mode built so far)
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -273,6 +281,7 @@ struct Config {
   ParallelConfig parallel;
   MemoryConfig memory;
   OffloadConfig offload;
+  PsConfig ps;
 
   // Note [Global batch]: train.batch is the global batch (sequences per optimizer step) in
   // every layout: batch = micro_batch() x train.grad_accum x parallel.dp, checked by

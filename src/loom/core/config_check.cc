@@ -246,6 +246,32 @@ void check_streams(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "with train.device = " + c.train.device + ": " + name + " runs on the CPU engine");
 }
 
+// Note [Parameter server] (parallel/ps.h): what a PS job composes with so far.
+void check_ps(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.ps_servers < 0) errs.push_back("parallel.ps_servers = " + std::to_string(p.ps_servers) + ": expected >= 0");
+  if (c.ps.mode != "sync")
+    errs.push_back("ps.mode = '" + c.ps.mode + "': only sync (bulk synchronous) is built; async and ssp are not yet");
+  if (p.ps_servers <= 0) return;
+  const std::string is = "parallel.ps_servers = " + std::to_string(p.ps_servers) + " ";
+  if (p.tp != 1 || p.pp != 1)
+    errs.push_back(is + "with tp " + std::to_string(p.tp) + ", pp " + std::to_string(p.pp) +
+                   ": parameter-server workers run data parallel only so far (tp = pp = 1)");
+  if (p.zero != 0 || p.compress != CompressKind::kNone || p.reduce != GradReduce::kMean)
+    errs.push_back(is + "with parallel.zero / compress / reduce: the servers hold the optimizer state and average "
+                   "exact gradients; set zero = 0, compress = none, reduce = mean");
+  if (c.checkpoint.save_every > 0)
+    errs.push_back(is + "with checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) +
+                   ": PS checkpoints are not built yet; set checkpoint.save_every = 0");
+  if (c.train.precision == "fp16")
+    errs.push_back(is + "with train.precision = fp16: loss scaling's skipped steps are not built for servers; use "
+                   "fp32 or bf16");
+  if (c.offload.optimizer != "none" || c.offload.params != "none" || c.offload.grads != "none")
+    errs.push_back(is + "with offload: the servers keep their state in memory; set offload.* = none");
+  if (c.data.bucketing) errs.push_back(is + "with data.bucketing: set data.bucketing = false");
+  if (c.train.device != "cpu") errs.push_back(is + "with train.device = " + c.train.device + ": PS runs on the CPU engine");
+}
+
 }  // namespace
 
 std::vector<std::string> validation_errors(const Config& c) {
@@ -256,6 +282,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   check_optim(c.optim, errs);
   check_memory(c, errs);
   check_streams(c, errs);
+  check_ps(c, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

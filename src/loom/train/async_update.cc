@@ -20,7 +20,7 @@ int peer(const comm::Group& g) { return 1 - g.group_rank(); }
 
 // Tags of the tied wte messages: the minibatch, wrapped (each link delivers in order; the tag
 // catches a mix-up).
-int tied_tag(int64_t batch) { return int(batch % 32749); }
+int tied_tag(int64_t batch) { return int(batch % 16381); }  // tags are < 16384
 
 }  // namespace
 

@@ -86,6 +86,10 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     }
   }
   memory.category("buffers");
+  if (rc.ps)  // Note [Parameter server]
+    ps = std::make_unique<parallel::PsWorker>(*rc.ps, parallel::ps_partition(int64_t(model.params().size()),
+                                                                              int(cfg.parallel.ps_servers)),
+                                              int(cfg.parallel.dp));
   if (rc.schedule) {
     pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T,
                                                       cfg.comm.p2p_dtype == "bf16", &memory);
@@ -206,7 +210,10 @@ std::span<float> Engine::param_view() {
 
 Updater::Updater(const Config& cfg, Engine& e)
     : cfg_(cfg), e_(e),
-      adamw_(e.model.layout(), cfg.optim, e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank) : std::vector<FlatRange>{},
+      adamw_(e.model.layout(), cfg.optim,
+             e.ps                       ? std::vector<FlatRange>{{0, 0}}  // Note [Parameter server]: the servers'
+             : e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank)
+                                        : std::vector<FlatRange>{},
              cfg.offload.optimizer == "disk"),
       scaler_(cfg.train) {
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
@@ -237,6 +244,7 @@ void Updater::offload_optimizer(int global_rank) {
 
 Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool flush) {
   if (e_.two_bw) return step_two_bw(local_loss, step, flush);
+  if (e_.ps) return step_ps(local_loss, step);
   if (e_.async) return e_.async->pipeline() ? step_async(local_loss, step, flush)
                                             : step_async_reference(local_loss, lr, step, flush);
   const RankContext& rc = e_.rc;
@@ -338,6 +346,17 @@ Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush
     adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps));
   }
   s.after_updates(flush);
+  return r;
+}
+
+// Note [Parameter server]: the workers' mean loss; the servers average the gradients, clip
+// by their global norm and update; the pull brings the new weights and that norm.
+Updater::Result Updater::step_ps(double local_loss, int64_t step) {
+  Result r;
+  double v[2] = {local_loss, 0};
+  e_.rc.stats_sum(v);
+  r.loss = v[0] / e_.rc.dp_size;
+  r.norm = e_.ps->push_pull(e_.model.grads().data(), e_.model.params().data(), step);
   return r;
 }
 

@@ -10,6 +10,7 @@
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/pipeline.h"
+#include "loom/parallel/ps.h"
 #include "loom/parallel/zero.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
@@ -60,6 +61,8 @@ struct Engine {
   // Note [PipeDream weight stashing], Note [PipeMare]: a pipedream / pipemare stage, or a
   // rank of their reference.
   std::unique_ptr<AsyncPipeState> async;
+  // Note [Parameter server]: a PS worker's pushes and pulls.
+  std::unique_ptr<parallel::PsWorker> ps;
 
  private:
   std::vector<FlatRange> pack_own_pieces(StateFile& file, uint64_t seed);
@@ -107,6 +110,7 @@ class Updater {
   void step_zero_one(double lr, int64_t step);
   void step_chunked(const Kernels& k, double lr, double coef);
   Result step_two_bw(double local_loss, int64_t step, bool flush);
+  Result step_ps(double local_loss, int64_t step);
   // Note [2BW without a barrier]: the pending gradient's tied-wte sum and norm, started as
   // soon as it is complete; a step's loss sum, started at its end and taken at the next.
   void start_pending_norm(std::vector<float>& g);

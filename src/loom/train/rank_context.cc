@@ -6,6 +6,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/model/tp_slice.h"
+#include "loom/parallel/ps.h"
 
 namespace loom {
 
@@ -55,6 +56,11 @@ std::unique_ptr<comm::Group> host_group(comm::World& world, const comm::Mesh& me
 
 }  // namespace
 
+comm::Group* everyone(const RankContext& rc) {
+  if (rc.ps) return rc.stats.get();
+  return rc.world ? &rc.world->world_group() : nullptr;
+}
+
 void RankContext::stats_sum(std::span<double> x) const {
   if (stats) stats->all_reduce(x, comm::ReduceOp::kSum);
 }
@@ -66,7 +72,12 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
   rc.zero = int(p.zero);
   rc.plan = std::make_shared<const RankPlan>(plan_rank(cfg, world ? world->global_rank() : 0));
   const int pp = int(p.pp), vpp = int(p.vpp);
-  if (world) {
+  if (world && p.ps_servers > 0) {  // Note [Parameter server]: a worker; no collective dp group
+    rc.logging = world->global_rank() == 0;
+    rc.dp_rank = world->global_rank(), rc.dp_size = int(p.dp);
+    rc.stats = parallel::ps_role_group(*world, int(p.dp), int(p.ps_servers));
+    rc.ps = &world->world_group();
+  } else if (world) {
     const comm::Mesh mesh = comm::training_mesh(p);
     rc.pp_rank = rc.plan->pp_rank, rc.pp_size = pp;
     rc.logging = world->global_rank() == 0;

@@ -31,6 +31,8 @@ struct RankContext {
   // carries the last stage's; Note [PipeDream weight stashing]).
   std::unique_ptr<comm::Group> tied_down;
   parallel::PipeLinks links;
+  // Note [Parameter server]: a PS worker's path to the servers (the world group); null otherwise.
+  comm::Group* ps = nullptr;
   std::shared_ptr<const RankPlan> plan;  // Note [Rank plan]: what this rank holds and does
   ModelPart part;                        // plan->part
   std::optional<parallel::Schedule> schedule;  // plan->schedule (pp > 1)
@@ -45,6 +47,10 @@ struct RankContext {
     return !(s.name == "wte" && holds_tied_copy(m)) && (s.split_dim >= 0 || tp_rank == 0);
   }
 };
+
+// Every rank that trains: the world, or a parameter-server job's workers (Note [Parameter
+// server]); null single-process. Run-wide agreements (outputs, budgets) are collective over it.
+comm::Group* everyone(const RankContext& rc);
 
 // Builds the groups (collective over the world: every rank makes the same calls).
 RankContext make_rank_context(const Config& cfg, comm::World* world);

@@ -14,9 +14,8 @@ namespace loom {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::World* world, Reporter& rep) {
-  const int rank = world ? world->global_rank() : 0;
-  comm::Group* group = world ? &world->world_group() : nullptr;
+std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::Group* group, Reporter& rep) {
+  const int rank = group ? group->group_rank() : 0;
   std::unique_ptr<DirLock> lock;
   std::exception_ptr error;
   if (rank == 0) try {
@@ -84,10 +83,9 @@ int64_t load_one(const Candidate& c, const Config& cfg, ShardState& s, int rank)
 
 }  // namespace
 
-int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s, comm::World* world, Reporter& rep) {
+int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s, comm::Group* group, Reporter& rep) {
   if (resume.empty()) return 0;
-  const int rank = world ? world->global_rank() : 0;
-  comm::Group* group = world ? &world->world_group() : nullptr;
+  const int rank = group ? group->group_rank() : 0;
   const bool is_auto = resume == "auto";
   const std::string where = is_auto ? cfg.checkpoint.dir : resume;
   if (where.empty()) throw ConfigError("--resume auto needs checkpoint.dir (where the checkpoints are)");

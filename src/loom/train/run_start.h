@@ -15,15 +15,15 @@
 namespace loom {
 
 namespace comm {
-class World;
+class Group;
 }
 class Reporter;
 
-// Collective. Global rank 0 checks every output path, locks checkpoint.dir, moves an
+// Collective over `everyone` (every training rank; null: one process). Its rank 0 checks every output path, locks checkpoint.dir, moves an
 // earlier run aside under --overwrite and removes unfinished saves; every rank learns the
 // outcome before the first step (a refusal is thrown on every rank, naming the problem).
 // Returns rank 0's lock (nullptr elsewhere, or without checkpoint.dir).
-std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::World* world, Reporter& rep);
+std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::Group* everyone, Reporter& rep);
 
 // Note [Resume auto]
 // --resume auto takes checkpoint.dir's complete steps newest first (whatever `latest`
@@ -35,7 +35,7 @@ std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& op
 // to resume from starts at step 0; candidates that all fail are an error listing each.
 // --resume DIR is strict: that checkpoint or an error.
 //
-// Collective. Loads into `s`; returns the step to continue from (0 when starting fresh).
-int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s, comm::World* world, Reporter& rep);
+// Collective over `everyone`. Loads into `s`; returns the step to continue from (0 when starting fresh).
+int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s, comm::Group* everyone, Reporter& rep);
 
 }  // namespace loom

@@ -38,6 +38,8 @@ struct TrainOptions {
   // (or its reference) reports its minibatch and the weight version it computes on.
   std::string async_reference;
   std::function<void(int stage, int64_t batch, bool forward, int64_t version)> on_weight_version;
+  // Tests: a parameter-server worker runs this before each push (injected delays).
+  std::function<void(int64_t step)> before_ps_push;
 };
 
 struct TrainSummary {

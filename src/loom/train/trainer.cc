@@ -1,4 +1,5 @@
 #include "loom/train/trainer.h"
+#include "loom/train/ps_server.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -40,12 +41,13 @@ namespace {
 // Every valid [parallel] layout runs; the launch must match it.
 void check_world(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
-  if (world_size != p.world())
+  if (world_size != p.ranks())
     throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
-                std::to_string(p.pp) + " needs " + std::to_string(p.world()) + " ranks but " +
+                std::to_string(p.pp) + (p.ps_servers > 0 ? " + " + std::to_string(p.ps_servers) + " servers" : "") +
+                " needs " + std::to_string(p.ranks()) + " ranks but " +
                 std::to_string(world_size) + (world_size == 1 ? " process runs" : " were launched") +
-                "; launch with `mpirun -np " + std::to_string(p.world()) + " loom train ...` or `loom train --nproc " +
-                std::to_string(p.world()) + "`, or set parallel.dp = " + std::to_string(world_size));
+                "; launch with `mpirun -np " + std::to_string(p.ranks()) + " loom train ...` or `loom train --nproc " +
+                std::to_string(p.ranks()) + "`, or set parallel.dp = " + std::to_string(world_size - p.ps_servers));
 }
 
 class NullBuffer : public std::streambuf {
@@ -112,6 +114,9 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
        << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
+  if (p.ps_servers > 0)
+    os << "\n  parameter servers: " << p.ps_servers << " (ps.mode " << cfg.ps.mode << "), workers pull the weights and "
+       << "push gradients each step";
   if (p.pp > 1)
     os << "\n  pipeline: schedule " << schedule_name(p.schedule) << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";
@@ -233,7 +238,7 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
 int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
                      comm::World* world, Reporter& rep) {
   ShardState s = rank_state(e, updater, cfg);
-  const int64_t step = load_resume(cfg, opt.resume, s, world, rep);
+  const int64_t step = load_resume(cfg, opt.resume, s, everyone(rc), rep);
   if (opt.resume.empty()) return 0;
   if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
   updater.adamw().set_steps_taken(s.optimizer_steps);
@@ -335,7 +340,7 @@ void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string
   e.memory.set_listener(nullptr);
   if (world) trace.add_ledger(world->ledger());
   trace.add_idle();
-  trace.write(path, world ? &world->world_group() : nullptr);
+  trace.write(path, everyone(e.rc));
   rep.info("wrote trace " + path + " (open in https://ui.perfetto.dev)");
 }
 
@@ -484,6 +489,19 @@ void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e,
                                              rc.embed && rc.holds_tied_copy(cfg.model));
 }
 
+// What the engine needs before the first step beyond the layout: the references tests ask
+// for (Note [PipeDream-2BW], Note [PipeDream weight stashing]), their hooks, and a PS job's
+// initial weights on the servers (Note [Parameter server]).
+void prepare_engine(const Config& cfg, const TrainOptions& given, const RankContext& rc, Engine& e) {
+  if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
+  if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
+  if (e.async) e.async->on_version = given.on_weight_version;
+  if (e.ps) {
+    e.ps->before_push = given.before_ps_push;
+    if (rc.dp_rank == 0) e.ps->init_servers(e.model.params().data());
+  }
+}
+
 void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
   if (!ls.enabled()) return;
   std::ostringstream os;
@@ -495,6 +513,7 @@ void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
   LOOM_ASSERT(given.out && given.err);
   check_world(cfg, world ? world->world_size() : 1);
+  if (world && world->global_rank() >= cfg.parallel.world()) return run_ps_server(cfg, *world);
   if (cfg.train.threads > 0) {
     omp_set_num_threads(int(cfg.train.threads));
     openblas_set_num_threads(int(cfg.train.threads));
@@ -515,16 +534,14 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const std::unique_ptr<BucketLoader> buckets =
       cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.dp_rank, rc.dp_size) : nullptr;
   check_fits(cfg, rc, mb, T);
-  const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, world, rep);  // held to the end of the run
+  const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, everyone(rc), rep);  // held to the end of the run
   Engine e(cfg, rc, mb, T);
-  if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
-  if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
-  if (e.async) e.async->on_version = given.on_weight_version;
+  prepare_engine(cfg, given, rc, e);
   if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);
-  comm::Group* const everyone = world ? &world->world_group() : nullptr;
+  comm::Group* const all_ranks = everyone(rc);
   const int global_rank = world ? world->global_rank() : 0;
-  if (cfg.offload.optimizer == "disk") offload_optimizer(updater, everyone, global_rank);
+  if (cfg.offload.optimizer == "disk") offload_optimizer(updater, all_ranks, global_rank);
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count();
@@ -558,7 +575,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       const Spans::Scope span = spans.open("optimizer", "compute");
       return updater.step(local_loss, lr, step, flush);
     }();
-    after_update(cfg, e, scaler, rep, sum, everyone, global_rank);
+    after_update(cfg, e, scaler, rep, sum, all_ranks, global_rank);
     publish(cfg, u, outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start), held, observers);
   }
   if (trace) finish_trace(*trace, e, world, given.trace_path, rep);

@@ -88,17 +88,18 @@ std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std:
       c.checkpoint.dir.clear();
       LOOM_CHECK(c.train.batch == base.train.batch, "layout '", row.layout, "' changes train.batch from ",
                  base.train.batch, " to ", c.train.batch, ": compare layouts at one global batch");
-      std::vector<TrainSummary> out(size_t(c.parallel.world()));
+      std::vector<TrainSummary> out(size_t(c.parallel.ranks()));
       comm::CommOptions copt;
       copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
-      const std::vector<std::string> errors = comm::run_threads(int(c.parallel.world()), copt, [&](comm::World& w) {
+      const std::vector<std::string> errors = comm::run_threads(int(c.parallel.ranks()), copt, [&](comm::World& w) {
         out[size_t(w.global_rank())] = train(c, o, w);
       });
       for (size_t r = 0; r < errors.size(); r++)
         if (!errors[r].empty()) throw Error("rank " + std::to_string(r) + ": " + errors[r]);
       row = compare_runs(row.layout, ref, out[0], tol ? *tol : tolerance_for(c));
-      // Every rank must end with the same weights (replicated state stays replicated).
-      for (size_t r = 1; r < out.size() && row.ok; r++)
+      // Every rank must end with the same weights (replicated state stays replicated); a
+      // parameter server's ranks (after the workers) keep theirs to themselves.
+      for (size_t r = 1; r < size_t(c.parallel.world()) && row.ok; r++)
         if (out[r].final_params != out[0].final_params) {
           row.ok = false;
           row.error = "rank " + std::to_string(r) + " ends with different weights from rank 0";

@@ -48,11 +48,12 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   const ParallelConfig& q = probe.parallel;
   const bool dp_given = a.layout.dp > 0 || (q.dp != 1 && q.dp != 0);
   if (!dp_given && a.gpus > 0) {
-    const int64_t used = q.tp * q.pp * a.cp;
-    if (used <= 0 || a.gpus % used != 0)
-      throw ConfigError("--gpus " + std::to_string(a.gpus) + " is not divisible by tp x pp x cp = " +
+    const int64_t used = q.tp * q.pp * a.cp, workers = a.gpus - q.ps_servers;  // servers take a device each
+    if (used <= 0 || workers <= 0 || workers % used != 0)
+      throw ConfigError("--gpus " + std::to_string(a.gpus) + (q.ps_servers > 0 ? " less " + std::to_string(q.ps_servers) +
+                        " parameter servers" : "") + " is not divisible by tp x pp x cp = " +
                         std::to_string(used) + "; set --dp or change the layout");
-    layout.dp = a.gpus / used;
+    layout.dp = workers / used;
   }
   // Micro-batch 1 unless the layout says otherwise; then grad_accum = batch / (mb x dp).
   if (layout.micro_batch < 0 && layout.grad_accum < 0 && q.micro_batch == 0 && probe.train.grad_accum == 1)

@@ -223,6 +223,22 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   return s.plan.dp_overlap ? std::max(t / buckets, t - last_bwd_window) : t;
 }
 
+// Note [Simulated parameter server]
+// parallel.ps_servers = S (Note [Parameter server] in parallel/ps.h): each of the W workers
+// pushes its fp32 gradient (P floats) and pulls the updated weights; server s takes W P / S
+// floats in and sends as many out. A direction costs the slower of a worker's link (P) and a
+// server's (W P / S) at the link's bandwidth - the intra-node tier when every rank fits one
+// node, else the inter-node one - plus its latency; between them the servers run AdamW on
+// P / S parameters (32 bytes each: read w, g, m, v, write w, m, v). Nothing overlaps:
+// a sync round starts after backward and the next step waits for the pull.
+double ps_round_s(const Setup& s, double params) {
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  const double W = double(s.dp), S = double(par.ps_servers), bytes = params * 4;
+  const LinkTier& link = par.ranks() <= s.cluster.devices_per_node ? s.cluster.intra : s.cluster.inter;
+  const double one_way = std::max(bytes, W * bytes / S) / (link.bw * link.efficiency) + link.latency_s;
+  return 2 * one_way + memory_time_s(s.cluster.device, params / S * 32.0);
+}
+
 // Pipeline rank r's memory at its peak (rep: its params so far).
 MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, const RankReport& rep) {
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -350,7 +366,8 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
   rep.pipeline_end_s = st.free_at;
   rep.busy_s = st.spent.total();
-  if (G > 1 && par.zero <= 1) rep.dp_exposed_s = dp_exposed_s(s, r, rep.params, st.last_bwd_window);
+  if (G > 1 && par.zero <= 1 && par.ps_servers == 0)
+    rep.dp_exposed_s = dp_exposed_s(s, r, rep.params, st.last_bwd_window);
   if (tied && (r == 0 || r == s.pp - 1))
     rep.tied_s = collective_time_s(s.cluster, OpKind::kAllReduce, wte * s.wbytes, s.pl.tied);
   // Adam reads w, g, m, v and writes w, m, v (mixed precision also the fp16 copy and the
@@ -371,7 +388,12 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
+  if (par.ps_servers > 0) {  // Note [Simulated parameter server]: the servers hold the optimizer
+    rep.ps_s = ps_round_s(s, rep.params);
+    rep.optimizer_s = 0;
+  }
   rep.memory = rank_memory(s, r, st, rep);
+  if (par.ps_servers > 0) rep.memory.optimizer = 0;
   // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
   if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;
   if (offload) {  // with parameter offload p streams with m and v: three arrays, not two
@@ -393,6 +415,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   phase("grad_sync (exposed)", "collective", 1, rep.dp_exposed_s);
   phase("tied_embedding_sync", "collective", 1, rep.tied_s);
   phase("optimizer", "compute", 0, rep.optimizer_s);
+  phase("ps_push_update_pull", "collective", 1, rep.ps_s);
   phase("param_gather", "collective", 1, rep.param_gather_s);
   rep.step_end_s = t;
   return rep;
@@ -437,7 +460,7 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   b.cp_comm = sp.cp;
   b.zero_comm = sp.zero + w.param_gather_s;
   b.pp_idle = w.pipeline_end_s - w.busy_s;
-  b.dp_exposed = w.dp_exposed_s + w.tied_s;
+  b.dp_exposed = w.dp_exposed_s + w.tied_s + w.ps_s;
   b.optimizer = w.optimizer_s;
   b.param_fetch = w.param_fetch_exposed_s;
   for (const RankReport& r : res.ranks)

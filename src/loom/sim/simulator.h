@@ -27,7 +27,7 @@ struct SimPlan {
   bool blocking_p2p = false; // a pipeline send holds its rank until delivered (Megatron-LM's
                              // batched isend/irecv + wait); loom's sends are asynchronous
   bool tp_overlap = false;   // Note [Tensor-parallel overlap] (Megatron-core --tp-comm-overlap)
-  int64_t gpus() const { return cfg.parallel.world() * cp; }
+  int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 
 // One span of the timeline (Note [Trace schema] of train/trace.h: tid 0 compute, 1 comm).
@@ -45,6 +45,7 @@ struct RankReport {
   double pipeline_end_s = 0;     // end of its last backward
   double busy_s = 0;             // compute inside the pipeline phase
   double dp_exposed_s = 0, optimizer_s = 0, tied_s = 0, param_gather_s = 0;
+  double ps_s = 0;  // Note [Simulated parameter server]: push, the servers' update, pull
   double offload_io_s = 0;       // Note [Optimizer offload]: moment traffic (inside optimizer_s)
   // Note [Chunk manager]: parameter bytes read from the offload tier per step, their time,
   // and the part of it the pipeline's compute does not hide.

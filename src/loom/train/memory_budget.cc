@@ -43,7 +43,8 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   if (cfg.offload.params == "disk") e.params = e.params_offloaded;
   e.grads = zero >= 2 ? p4 / shards : p4;
   if (cfg.offload.grads == "disk") e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
-  e.optimizer_in_memory = 2 * (zero >= 1 ? p4 / shards : p4);
+  // A parameter server's workers hold no optimizer state (Note [Parameter server]).
+  e.optimizer_in_memory = cfg.parallel.ps_servers > 0 ? 0 : 2 * (zero >= 1 ? p4 / shards : p4);
   e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
                                                 : e.optimizer_in_memory;
   e.activations = activation_bytes;

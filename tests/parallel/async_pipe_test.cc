@@ -12,6 +12,7 @@
 
 #include "loom/core/error.h"
 #include "loom/parallel/schedule.h"
+#include "support/error_message.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
 
@@ -150,12 +151,7 @@ TEST(AsyncPipe, ResumesBitForBitAndIsPlainTrainingAtPpOne) {
 
 TEST(AsyncPipe, RefusesWhatItDoesNotRun) {
   auto error = [](std::vector<std::string> sets) {
-    try {
-      base(sets);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return testing_support::error_message([&] { base(sets); });
   };
   EXPECT_NE(error({"parallel.pp=2", "parallel.schedule=pipedream", "train.grad_accum=2"}).find("set train.grad_accum = 1"),
             std::string::npos);

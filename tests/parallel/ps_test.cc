@@ -12,6 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/parallel/ps.h"
 #include "loom/train/verify.h"
+#include "support/error_message.h"
 #include "support/train_threads.h"
 
 namespace loom {
@@ -79,12 +80,7 @@ TEST(ParameterServer, SyncEqualsTheSingleProcessRunWithShuffledArrivals) {
 
 TEST(ParameterServer, RefusesWhatItDoesNotRunYet) {
   auto error = [](std::vector<std::string> sets) {
-    try {
-      base(sets);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return testing_support::error_message([&] { base(sets); });
   };
   EXPECT_NE(error({"parallel.ps_servers=1", "parallel.tp=2"}).find("data parallel only so far"), std::string::npos);
   EXPECT_NE(error({"parallel.ps_servers=1", "ps.mode=async"}).find("only sync"), std::string::npos);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "support/error_message.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
 
@@ -128,12 +129,7 @@ TEST(TwoBw, FlushesAtCheckpointsAndResumesBitForBit) {
 TEST(TwoBw, RefusesWhatItDoesNotRun) {
   auto error = [](std::vector<std::string> sets) {
     sets.push_back("parallel.schedule=2bw");
-    try {
-      base(sets);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return testing_support::error_message([&] { base(sets); });
   };
   EXPECT_NE(error({"parallel.pp=4", "train.grad_accum=3", "train.batch=3"}).find("set train.grad_accum >= 4"),
             std::string::npos);

@@ -13,6 +13,7 @@
 #include "loom/core/error.h"
 #include "loom/train/memory_budget.h"
 #include "loom/train/trainer.h"
+#include "support/error_message.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
 
@@ -381,12 +382,7 @@ TEST(MemoryBudget, MeasuredPeakOverTheBudgetStopsTheRun) {
 
 TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
   auto errors = [](std::vector<std::string> sets) {
-    try {
-      small(sets);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return testing_support::error_message([&] { small(sets); });
   };
   EXPECT_NE(errors({"offload.optimizer=disk"}).find("offload.optimizer = disk needs offload.dir"), std::string::npos);
   EXPECT_NE(errors({"offload.optimizer=nvme"}).find("offload.optimizer = 'nvme': expected none or disk"),

@@ -9,7 +9,7 @@ namespace loom {
 
 AsyncPipeState::AsyncPipeState(const Config& cfg, ScheduleKind kind, Model& model, MemoryTracker& memory, int pp_rank,
                                int pp, bool pipeline, bool tied_head)
-    : optim_(cfg.optim), kind_(kind), model_(model), pp_(pp), tau_(pp - 1 - pp_rank), pipeline_(pipeline),
+    : kind_(kind), model_(model), pp_(pp), tau_(pp - 1 - pp_rank), pipeline_(pipeline),
       tied_head_(tied_head) {
   LOOM_ASSERT(updates_per_batch(kind) && pp_rank >= 0 && pp_rank < pp);
   if (kind == ScheduleKind::kPipeMare) {

@@ -113,7 +113,6 @@ class AsyncPipeState {
   void reference_bind(int64_t batch, float* base);
   float* version(int d);
 
-  const OptimConfig& optim_;
   ScheduleKind kind_;
   Model& model_;
   int pp_, tau_;

@@ -303,6 +303,27 @@ TEST(MpiTrain, ParameterServerMatchesTheSingleProcessRun) {
   EXPECT_TRUE(row.ok) << row.error << " loss rel " << row.max_loss_rel << ", weight " << row.max_weight_abs;
 }
 
+// Note [Asynchronous parameter server] across processes: two workers (the second 2x slower)
+// and the other ranks servers under ssp with bound 1: every rank agrees on the pushes
+// applied, none was staler than the bound, and both modes train.
+TEST(MpiTrain, ParameterServerSspHoldsItsBoundAcrossProcesses) {
+  const int n = g_world->world_size();
+  if (n < 3) GTEST_SKIP() << "two workers and a server";
+  const Config base = config_from_toml_string(to_toml(base_config("gpt")), {"train.batch=12", "train.steps=10"});
+  for (const char* mode : {"ps.mode=ssp", "ps.mode=async"}) {
+    const Config c = config_from_toml_string(
+        to_toml(base), {"parallel.dp=2", "parallel.ps_servers=" + std::to_string(n - 2), mode, "ps.staleness=1",
+                        "ps.slow_worker=1", "ps.slow_factor=2"});
+    const TrainSummary got = run(c, g_world);
+    EXPECT_GE(got.ps_pushes, 20) << mode;
+    EXPECT_LE(got.ps_pushes, 21) << mode;
+    if (std::string(mode) == "ps.mode=ssp") EXPECT_LE(got.ps_max_staleness, 1);
+    if (g_world->global_rank() >= 2) continue;  // servers report no losses
+    ASSERT_FALSE(got.losses.empty()) << mode;
+    EXPECT_LT(got.losses.back(), got.losses.front()) << mode;
+  }
+}
+
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {
   testing_support::TempDir d{"loom-mpi-bucketing"};  // each rank prepares its own copy
   testing_support::prepare_fortune_shards("fortunes-1k.model", d / "shards");

@@ -1,14 +1,20 @@
-// Parameter-server data parallelism (Note [Parameter server] in parallel/ps.h): the key
-// partition, synchronous training against the single-process run with pushes arriving in
-// shuffled order, and refusals.
+// Parameter-server data parallelism (Note [Parameter server], Note [Asynchronous parameter
+// server] in parallel/ps.h): the key partition, synchronous training against the
+// single-process run with pushes arriving in shuffled order, async / ssp against sync and
+// their staleness records, and refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "loom/ckpt/shard_ckpt.h"
 #include "loom/core/error.h"
 #include "loom/parallel/ps.h"
 #include "loom/train/verify.h"
@@ -78,13 +84,128 @@ TEST(ParameterServer, SyncEqualsTheSingleProcessRunWithShuffledArrivals) {
   }
 }
 
+// With one worker there is nothing to be stale against: async and ssp (bound 0) apply the
+// same gradients in the same order at the same learning rates as sync, so the runs agree bit
+// for bit (no clipping: sync clips by the servers' norm sum, async by the worker's own).
+TEST(ParameterServer, AsyncWithOneWorkerIsSyncBitForBit) {
+  TrainOptions o;
+  o.keep_params = true;
+  const std::vector<std::string> one = {"parallel.dp=1", "parallel.ps_servers=2", "optim.grad_clip=0"};
+  const TrainSummary sync = testing_support::train_as_threads(base(one), o)[0];
+  for (const char* mode : {"ps.mode=async", "ps.mode=ssp"}) {
+    std::vector<std::string> sets = one;
+    sets.insert(sets.end(), {mode, "ps.staleness=0"});
+    const TrainSummary got = testing_support::train_as_threads(base(sets), o)[0];
+    EXPECT_EQ(got.losses, sync.losses) << mode;
+    EXPECT_EQ(got.final_params, sync.final_params) << mode;
+    EXPECT_EQ(got.ps_pushes, 8) << mode;
+    EXPECT_EQ(got.ps_max_staleness, 0) << mode;
+  }
+}
+
+// Every applied push as the servers recorded it (Note [Asynchronous parameter server]).
+struct Applied {
+  std::mutex mu;
+  std::map<int, std::vector<std::pair<int, int64_t>>> by_server;  // (worker, clock) in applying order
+  int64_t most_stale = -1;
+  TrainOptions options() {
+    TrainOptions o;
+    o.on_ps_apply = [this](int server, int worker, int64_t clock, int64_t version) {
+      std::lock_guard<std::mutex> lock(mu);
+      by_server[server].push_back({worker, clock});
+      most_stale = std::max(most_stale, clock - version);
+    };
+    return o;
+  }
+};
+
+// Runs a free-running layout of W workers (worker W - 1 slowed by `slow`) and checks what
+// holds whatever the timing: every server applied the same pushes (each worker's clocks 0, 1,
+// ... in order), between W x steps and W x steps + W - 1 of them; returns the records.
+void expect_consistent_pushes(Applied& a, const std::vector<TrainSummary>& got, int W, int S, int64_t steps) {
+  ASSERT_EQ(int(a.by_server.size()), S);
+  std::vector<std::pair<int, int64_t>> first = a.by_server[0];
+  EXPECT_GE(int64_t(first.size()), W * steps);
+  EXPECT_LT(int64_t(first.size()), W * steps + W);
+  std::vector<int64_t> next(size_t(W), 0);
+  for (const auto& [w, c] : first) EXPECT_EQ(c, next[size_t(w)]++) << "worker " << w << "'s pushes out of order";
+  std::sort(first.begin(), first.end());
+  for (int s = 1; s < S; ++s) {
+    std::vector<std::pair<int, int64_t>> other = a.by_server[s];
+    std::sort(other.begin(), other.end());
+    EXPECT_EQ(other, first) << "server " << s << " applied other pushes than server 0";
+  }
+  for (int w = 0; w < W; ++w) EXPECT_EQ(got[size_t(w)].ps_worker_pushes, next[size_t(w)]) << "worker " << w;
+  for (const TrainSummary& g : got) EXPECT_EQ(g.ps_pushes, int64_t(a.by_server[0].size()));
+}
+
+// SSP's bound holds with a worker running 3x slower: every applied gradient was computed
+// from weights at most tau = 1 rounds behind its own clock, and so no worker got more than
+// tau + 1 pushes ahead of another.
+TEST(ParameterServer, SspBoundsStalenessWithASlowWorker) {
+  Applied a;
+  const Config c = base({"parallel.dp=3", "parallel.ps_servers=2", "ps.mode=ssp", "ps.staleness=1",
+                         "ps.slow_worker=2", "ps.slow_factor=3"});
+  const std::vector<TrainSummary> got = testing_support::train_as_threads(c, a.options());
+  expect_consistent_pushes(a, got, 3, 2, 8);
+  EXPECT_LE(a.most_stale, 1);
+  for (const TrainSummary& g : got) EXPECT_LE(g.ps_max_staleness, 1);
+  int64_t most = 0, least = INT64_MAX;
+  for (int w = 0; w < 3; ++w) most = std::max(most, got[size_t(w)].ps_worker_pushes),
+                              least = std::min(least, got[size_t(w)].ps_worker_pushes);
+  EXPECT_LE(most - least, 2);
+}
+
+// Async lets a fast worker run ahead (a 4x slower peer leaves it stale gradients on the
+// server, and it pushes more than its share), and still trains: the loss falls.
+TEST(ParameterServer, AsyncRunsAheadOfASlowWorkerAndTrains) {
+  Applied a;
+  const Config c = base({"parallel.dp=2", "parallel.ps_servers=1", "ps.mode=async", "ps.slow_worker=1",
+                         "ps.slow_factor=4", "train.steps=12"});
+  const std::vector<TrainSummary> got = testing_support::train_as_threads(c, a.options());
+  expect_consistent_pushes(a, got, 2, 1, 12);
+  EXPECT_GT(a.most_stale, 0);
+  EXPECT_GT(got[0].ps_worker_pushes, got[1].ps_worker_pushes);
+  ASSERT_FALSE(got[0].losses.empty());
+  EXPECT_LT(got[0].losses.back(), got[0].losses.front());
+  EXPECT_GT(got[0].final_val_loss, 0);
+}
+
+// Note [PS checkpoints] under ssp: the end is saved as step train.steps; a run resumed from
+// it goes on with every clock at that step (staleness still within the bound, counted from
+// the resumed weights) and starts from the trained weights.
+TEST(ParameterServer, FreeRunningCheckpointResumesWithinTheBound) {
+  const std::string a = ::testing::TempDir() + "/ps_free_a", b = ::testing::TempDir() + "/ps_free_b";
+  std::filesystem::remove_all(a), std::filesystem::remove_all(b);
+  const std::vector<std::string> ssp = {"parallel.dp=2", "parallel.ps_servers=1", "ps.mode=ssp", "ps.staleness=1"};
+  std::vector<std::string> first_sets = ssp, next_sets = ssp;
+  first_sets.push_back("checkpoint.dir=" + a);
+  next_sets.insert(next_sets.end(), {"checkpoint.dir=" + b, "train.steps=12"});
+  const TrainSummary first = testing_support::train_as_threads(base(first_sets))[0];
+  ASSERT_EQ(resolve_step_dir(a), a + "/step-00000008");
+  Applied rec;
+  TrainOptions o = rec.options();
+  o.resume = a;
+  const std::vector<TrainSummary> next = testing_support::train_as_threads(base(next_sets), o);
+  EXPECT_LE(rec.most_stale, 1);
+  for (const auto& [w, clock] : rec.by_server[0]) EXPECT_GE(clock, 8) << "worker " << w;
+  EXPECT_GE(next[0].ps_pushes, 8);
+  EXPECT_LE(next[0].ps_pushes, 9);
+  ASSERT_FALSE(next[0].losses.empty());
+  EXPECT_LT(next[0].losses.front(), first.losses.front());
+  EXPECT_EQ(resolve_step_dir(b), b + "/step-00000012");
+}
+
 TEST(ParameterServer, RefusesWhatItDoesNotRunYet) {
   auto error = [](std::vector<std::string> sets) {
     return testing_support::error_message([&] { base(sets); });
   };
   EXPECT_NE(error({"parallel.ps_servers=1", "parallel.tp=2"}).find("data parallel only so far"), std::string::npos);
-  EXPECT_NE(error({"parallel.ps_servers=1", "ps.mode=async"}).find("only sync"), std::string::npos);
-  EXPECT_NE(error({"parallel.ps_servers=1", "checkpoint.save_every=2"}).find("set checkpoint.save_every = 0"),
+  EXPECT_NE(error({"parallel.ps_servers=1", "ps.mode=hogwild"}).find("expected sync"), std::string::npos);
+  EXPECT_NE(error({"parallel.ps_servers=1", "ps.staleness=-1"}).find("ps.staleness = -1"), std::string::npos);
+  EXPECT_NE(error({"parallel.ps_servers=1", "ps.slow_worker=1"}).find("a worker 0 .. 0"), std::string::npos);
+  EXPECT_NE(error({"parallel.ps_servers=1", "ps.mode=ssp", "checkpoint.save_every=2"})
+                .find("set checkpoint.save_every = 0 or ps.mode = sync"),
             std::string::npos);
   EXPECT_NE(error({"parallel.ps_servers=1", "parallel.dp=2", "parallel.zero=1"}).find("set zero = 0"), std::string::npos);
 }

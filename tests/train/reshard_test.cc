@@ -60,6 +60,12 @@ const std::vector<Pair>& pairs() {
        {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved"}, {"parallel.dp=2", "parallel.zero=2"}},
       {"llama GQA tp2 x pp2 -> zero3 dp2 x tp2", {"model.arch=llama", "model.kv_heads=2"},
        {"parallel.tp=2", "parallel.pp=2"}, {"parallel.dp=2", "parallel.zero=3", "parallel.tp=2"}},
+      // Note [PS checkpoints]: a parameter-server job's servers' shards into collective dp and back.
+      // (ckpt convert applies the target's settings over the source's: ps_servers, zero named.)
+      {"ps 2 workers + 3 servers -> zero1 dp2", {}, {"parallel.dp=2", "parallel.ps_servers=3"},
+       {"parallel.dp=2", "parallel.zero=1", "parallel.ps_servers=0"}},
+      {"zero2 dp2 -> ps 2 workers + 1 server", {}, {"parallel.dp=2", "parallel.zero=2"},
+       {"parallel.dp=2", "parallel.ps_servers=1", "parallel.zero=0"}},
   };
   return p;
 }

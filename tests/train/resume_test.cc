@@ -63,7 +63,9 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       // 0/1 Adam in local steps from step 3 (intervals 1, 2, 4): the save at 3 synchronises,
       // so the parameters, m, v and the residuals are all a resume needs.
       {"zero_one_adam dp2", {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=2",
-                             "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"}}};
+                             "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"}},
+      // Note [PS checkpoints]: the servers' ranges of parameters and moments.
+      {"ps 2 workers + 2 servers", {"parallel.dp=2", "parallel.ps_servers=2"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);

@@ -188,17 +188,23 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
     error = std::current_exception();
   }
   agree_or_throw(world, global_rank, error);
+  // The optimizer's step count, from the ranks that step it (a parameter-server job's
+  // workers hold no optimizer: Note [Parameter server]).
+  int64_t optimizer_steps = s.optimizer_steps;
+  if (world && cfg.parallel.ps_servers > 0) {
+    double most[1] = {double(optimizer_steps)};
+    world->all_reduce(std::span<double>(most, 1), comm::ReduceOp::kMax);
+    optimizer_steps = int64_t(most[0]);
+  }
   if (global_rank == 0) try {
       shard::Manifest m;
-      m.step = step, m.optimizer_steps = s.optimizer_steps, m.config = cfg, m.tensors = table;
+      m.step = step, m.optimizer_steps = optimizer_steps, m.config = cfg, m.tensors = table;
       m.loss_scale = s.loss_scale;
       if (!s.compressor.empty()) m.compressor_signature = s.compressor_signature;
-      const ParallelConfig& p = cfg.parallel;
-      const comm::Mesh mesh = comm::training_mesh(p);
       for (int r = 0; r < world_size; ++r) {
         const std::string path = (fs::path(tmp) / ("rank-" + std::to_string(r) + ".json")).string();
         m.ranks.push_back(shard::parse_rank(read_text(path), path));
-        const std::vector<int> c = mesh.coords(r);
+        const std::vector<int> c = shard::rank_coords(cfg.parallel, r);
         m.ranks.back().pp_rank = c[0], m.ranks.back().dp_rank = c[1], m.ranks.back().tp_rank = c[2];
         fs::remove(path);
       }

@@ -30,7 +30,8 @@ ParamLayout tp_layout(const Config& cfg, int tp_rank) {
 
 json layout_json(const ParallelConfig& p) {
   return {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"vpp", p.vpp}, {"sp", p.sp}, {"zero", p.zero},
-          {"pp_layers", pp_layers_text(p.pp_layers)}, {"vocab_parallel", p.vocab_parallel}};
+          {"pp_layers", pp_layers_text(p.pp_layers)}, {"vocab_parallel", p.vocab_parallel},
+          {"ps_servers", p.ps_servers}};
 }
 
 json rank_to_json(const RankFile& r) {
@@ -169,6 +170,11 @@ std::string step_name(int64_t step) {
   return b;
 }
 
+std::vector<int> rank_coords(const ParallelConfig& p, int r) {
+  if (r >= p.world()) return {0, r, 0};
+  return comm::training_mesh(p).coords(r);
+}
+
 std::string rank_file_name(int rank) {
   char b[32];
   std::snprintf(b, sizeof b, "rank-%05d.bin", rank);
@@ -299,24 +305,23 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
                   json(want.shape).dump() + " " + placement + " as its model has it");
   }
   const ParallelConfig& p = m.config.parallel;
-  const comm::Mesh mesh = comm::training_mesh(p);
+  const int64_t world = p.ranks();
   const json& ranks = field(j, "ranks", where);
-  if (!ranks.is_array() || int64_t(ranks.size()) != mesh.world_size())
-    throw Error(detail::cat("checkpoint: '", where, "': 'ranks' does not list the ", mesh.world_size(),
-                            " ranks of its layout"));
+  if (!ranks.is_array() || int64_t(ranks.size()) != world)
+    throw Error(detail::cat("checkpoint: '", where, "': 'ranks' does not list the ", world, " ranks of its layout"));
   for (size_t r = 0; r < ranks.size(); ++r) {
     const std::string at = "'" + where + "' rank " + std::to_string(r);
     m.ranks.push_back(rank_from_json(ranks[r], at));
     const RankFile& f = m.ranks.back();
-    const std::vector<int> c = mesh.coords(int(r));
+    const std::vector<int> c = rank_coords(p, int(r));
     if (f.file != rank_file_name(int(r)))
       throw Error("checkpoint: " + at + " names file '" + f.file + "', expected " + rank_file_name(int(r)));
     if (f.pp_rank != c[0] || f.dp_rank != c[1] || f.tp_rank != c[2])
       throw Error("checkpoint: " + at + " has mesh coordinates that are not its layout's");
   }
-  if (j.contains("world") && j["world"] != json(mesh.world_size()))
+  if (j.contains("world") && j["world"] != json(world))
     throw Error(detail::cat("checkpoint: '", where, "': 'world' = ", j["world"].dump(), " but its layout has ",
-                            mesh.world_size(), " ranks"));
+                            world, " ranks"));
   check_pieces(m, where);
   check_coverage(m, where);
   return m;

@@ -11,6 +11,7 @@
 #include "loom/core/error.h"
 #include "loom/model/tp_slice.h"
 #include "loom/ckpt/checkpoint.h"
+#include "loom/parallel/ps.h"
 #include "loom/parallel/rank_plan.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/ckpt/shard_ckpt.h"
@@ -218,7 +219,8 @@ void check_same_model(const Config& saved, const Config& cfg, const std::string&
 
 std::string layout_text(const ParallelConfig& p) {
   return detail::cat("dp ", p.dp, " tp ", p.tp, " pp ", p.pp, " vpp ", p.vpp, " zero ", p.zero, p.sp ? " sp" : "",
-                     " on ", p.dp * p.tp * p.pp, " ranks");
+                     p.ps_servers > 0 ? detail::cat(" + ", p.ps_servers, " parameter servers") : std::string(), " on ",
+                     p.ranks(), " ranks");
 }
 
 std::string shard_layout(const std::string& step_dir) { return layout_text(read_manifest(step_dir).config.parallel); }
@@ -259,6 +261,26 @@ int64_t load_whole_checkpoint(const std::string& dir, const Config& cfg, ShardSt
   return ck.state.step;
 }
 
+namespace {
+
+// What rank r of `cfg` saves (Note [Sharded checkpoints]): its rank plan's ranges, or in a
+// parameter-server layout (Note [Parameter server]) nothing on a worker and the server's key
+// range of the whole model's parameters and moments on a server.
+RankPlan ps_checkpoint_shape(const Config& cfg, int r) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.ps_servers == 0) return plan_rank(cfg, r);
+  RankPlan shape = plan_rank(cfg, 0);
+  shape.layout = ParamLayout(cfg.model);
+  shape.param_ranges.clear(), shape.moment_ranges.clear();
+  if (r >= p.world()) {
+    const FlatRange own = parallel::ps_partition(shape.layout.total_floats(), int(p.ps_servers))[size_t(r - p.world())];
+    shape.param_ranges = shape.moment_ranges = {own};
+  }
+  return shape;
+}
+
+}  // namespace
+
 std::string convert_shards(const std::string& in, const std::string& out, const std::vector<std::string>& sets) {
   for (const std::string& s : sets)
     if (s.rfind("parallel.", 0) != 0 && s.rfind("train.grad_accum=", 0) != 0)
@@ -280,9 +302,8 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   fs::create_directories(out);
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  const int world = int(target.dp * target.tp * target.pp);
-  for (int r = 0; r < world; ++r) {
-    RankPlan shape = plan_rank(cfg, r);
+  for (int r = 0; r < int(target.ranks()); ++r) {
+    RankPlan shape = ps_checkpoint_shape(cfg, r);
     std::vector<float> params(size_t(shape.layout.total_floats()), 0.0f), mom_m, mom_v;
     int64_t packed = 0;
     for (const FlatRange& x : shape.moment_ranges) packed += x.count;
@@ -292,8 +313,8 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
     WholeTensors src(*dir, m, r);
     fill(src, cfg.model, s);
     outm.ranks.push_back(shard::write_rank_file(tmp, r, outm.tensors, s));
-    outm.ranks.back().dp_rank = shape.dp_rank, outm.ranks.back().tp_rank = shape.tp_rank;
-    outm.ranks.back().pp_rank = shape.pp_rank;
+    const std::vector<int> c = shard::rank_coords(target, r);
+    outm.ranks.back().pp_rank = c[0], outm.ranks.back().dp_rank = c[1], outm.ranks.back().tp_rank = c[2];
   }
   shard::publish(out, tmp, outm, 0);
   return (fs::path(out) / shard::step_name(m.step)).string();

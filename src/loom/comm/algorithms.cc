@@ -39,7 +39,8 @@ void Link::wait(std::span<const TransferId> ids, const char* what, int peer) {
   std::vector<char> big_done(ids.size() > 8 ? ids.size() : 0, 0);
   char* const flags = ids.size() > 8 ? big_done.data() : small_done;
   auto done = [&](size_t i) -> char& { return flags[i]; };
-  Clock::time_point next_hook = Clock::now() + std::chrono::milliseconds(10);
+  const Clock::time_point started = Clock::now();
+  Clock::time_point next_hook = started + std::chrono::milliseconds(10);
   for (;;) {
     bool all = true;
     for (size_t i = 0; i < ids.size(); ++i)
@@ -64,7 +65,7 @@ void Link::wait(std::span<const TransferId> ids, const char* what, int peer) {
       }
       next_hook = now + std::chrono::milliseconds(10);
     }
-    t_.idle(std::min(deadline_, now + std::chrono::milliseconds(1)));
+    t_.idle(std::min(deadline_, now + std::chrono::milliseconds(1)), now - started);
   }
 }
 

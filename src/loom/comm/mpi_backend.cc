@@ -157,7 +157,14 @@ class MpiTransport final : public Transport, public NativeCollectives {
     pending_.erase(it);
   }
 
-  void idle(Clock::time_point) override { std::this_thread::yield(); }
+  // Note [Polling backoff]: a wait polls MPI with yields for its first 10 ms (transfers and
+  // collectives in flight progress at full speed), then sleeps 20 us between polls, so a rank
+  // that waits long (a parameter server's receive per worker, a peer still computing) leaves
+  // the cores to the ranks that compute instead of spinning on them.
+  void idle(Clock::time_point, Clock::duration waited) override {
+    if (waited < std::chrono::milliseconds(10)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
   NativeCollectives* native() override { return this; }
   SharedSegment* shared() override { return segment_.get(); }
 

@@ -163,7 +163,7 @@ class ThreadTransport final : public Transport {
 
   void cancel(TransferId id) override { pending_.erase(id); }
 
-  void idle(Clock::time_point until) override {
+  void idle(Clock::time_point until, Clock::duration) override {
     std::unique_lock<std::mutex> lock(inbox_.mu);
     inbox_.cv.wait_until(lock, until, [&] { return inbox_.version != seen_version_; });
   }

@@ -89,7 +89,8 @@ class Transport {
   // Gives up a transfer that will never complete (after a timeout): afterwards the
   // transport no longer touches its buffer.
   virtual void cancel(TransferId id) = 0;
-  virtual void idle(Clock::time_point until) = 0;
+  // waited: how long the caller has been waiting for this completion.
+  virtual void idle(Clock::time_point until, Clock::duration waited) = 0;
   // Optional entry: nullptr when the backend has no collectives of its own.
   virtual NativeCollectives* native() { return nullptr; }
   // Optional entry: the group's shared segment, or nullptr when the members do not share

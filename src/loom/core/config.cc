@@ -199,6 +199,25 @@ std::vector<KeyDef> parallel_keys() {
   };
 }
 
+// Where state lives (memory budget, offload) and how parameter servers apply pushes.
+std::vector<KeyDef> state_keys() {
+  return {
+      LOOM_FLOAT_KEY(memory, limit_gib, "per-rank budget for loom's resident state (GiB); 0 = the machine's memory"),
+      LOOM_STRING_KEY(offload, optimizer, "none | disk: AdamW moments in a scratch file under offload.dir, streamed"),
+      LOOM_STRING_KEY(offload, params, "none | disk: parameters in the offload file too, each unit read just in time"),
+      LOOM_STRING_KEY(offload, grads, "none | disk: gradients in chunks too, spilled to the offload file (one process)"),
+      LOOM_STRING_KEY(offload, dir, "existing writable directory for the offload scratch files"),
+      LOOM_FLOAT_KEY(offload, sub_group_mb, "MiB of each moment per streamed sub-group"),
+      LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),
+      LOOM_BOOL_KEY(offload, direct, "O_DIRECT: the offload file bypasses the page cache"),
+      LOOM_FLOAT_KEY(offload, chunk_mb, "parameter offload's chunk size in MiB (0: one chunk per unit)"),
+      LOOM_STRING_KEY(ps, mode, "parameter servers (parallel.ps_servers > 0): sync | async | ssp"),
+      LOOM_INT_KEY(ps, staleness, "ps.mode = ssp: steps a worker may run ahead of the slowest (>= 0)"),
+      LOOM_INT_KEY(ps, slow_worker, "benchmarks: this worker runs ps.slow_factor times slower (-1: none)"),
+      LOOM_FLOAT_KEY(ps, slow_factor, "benchmarks: the slowed worker's compute time multiplier (>= 1)"),
+  };
+}
+
 const std::vector<KeyDef>& schema() {
   static const std::vector<KeyDef> keys = [] {
     std::vector<KeyDef> k = {
@@ -262,19 +281,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)"),
     };
     for (KeyDef& d : parallel_keys()) k.push_back(std::move(d));
-    for (KeyDef& d : std::vector<KeyDef>{
-             LOOM_FLOAT_KEY(memory, limit_gib, "per-rank budget for loom's resident state (GiB); 0 = the machine's memory"),
-             LOOM_STRING_KEY(offload, optimizer, "none | disk: AdamW moments in a scratch file under offload.dir, streamed"),
-             LOOM_STRING_KEY(offload, params, "none | disk: parameters in the offload file too, each unit read just in time"),
-             LOOM_STRING_KEY(offload, grads, "none | disk: gradients in chunks too, spilled to the offload file (one process)"),
-             LOOM_STRING_KEY(offload, dir, "existing writable directory for the offload scratch files"),
-             LOOM_FLOAT_KEY(offload, sub_group_mb, "MiB of each moment per streamed sub-group"),
-             LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),
-             LOOM_BOOL_KEY(offload, direct, "O_DIRECT: the offload file bypasses the page cache"),
-             LOOM_FLOAT_KEY(offload, chunk_mb, "parameter offload's chunk size in MiB (0: one chunk per unit)"),
-             LOOM_STRING_KEY(ps, mode, "parameter servers (parallel.ps_servers > 0): sync (bulk synchronous)"),
-         })
-      k.push_back(std::move(d));
+    for (KeyDef& d : state_keys()) k.push_back(std::move(d));
     return k;
   }();
   return keys;

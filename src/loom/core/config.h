@@ -268,7 +268,13 @@ struct OffloadConfig {
 
 // Note [Parameter server] (parallel/ps.h): how servers apply the workers' pushes.
 struct PsConfig {
-  std::string mode = "sync";  // sync: bulk synchronous (the only mode built so far)
+  std::string mode = "sync";  // sync (bulk synchronous) | async (each push on arrival) | ssp (bounded staleness)
+  int64_t staleness = 2;      // ssp: a worker may run at most this many steps ahead of the slowest
+  // Benchmarks and tests: worker slow_worker (-1: none) sleeps (slow_factor - 1) x its
+  // compute time before each push, a straggler running slow_factor times slower.
+  int64_t slow_worker = -1;
+  double slow_factor = 1.0;
+  bool free_running() const { return mode != "sync"; }  // workers never meet per step
 };
 
 struct Config {

@@ -250,8 +250,15 @@ void check_streams(const Config& c, std::vector<std::string>& errs) {
 void check_ps(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
   if (p.ps_servers < 0) errs.push_back("parallel.ps_servers = " + std::to_string(p.ps_servers) + ": expected >= 0");
-  if (c.ps.mode != "sync")
-    errs.push_back("ps.mode = '" + c.ps.mode + "': only sync (bulk synchronous) is built; async and ssp are not yet");
+  if (c.ps.mode != "sync" && c.ps.mode != "async" && c.ps.mode != "ssp")
+    errs.push_back("ps.mode = '" + c.ps.mode + "': expected sync (bulk synchronous), async (each push applied on "
+                   "arrival) or ssp (stale synchronous, bound ps.staleness)");
+  if (c.ps.staleness < 0) errs.push_back("ps.staleness = " + std::to_string(c.ps.staleness) + ": expected >= 0");
+  if (c.ps.slow_worker < -1 || (p.ps_servers > 0 && c.ps.slow_worker >= p.dp))
+    errs.push_back("ps.slow_worker = " + std::to_string(c.ps.slow_worker) + ": expected -1 (none) or a worker 0 .. " +
+                   std::to_string(p.dp - 1));
+  if (!(c.ps.slow_factor >= 1.0))
+    errs.push_back("ps.slow_factor = " + std::to_string(c.ps.slow_factor) + ": expected >= 1");
   if (p.ps_servers <= 0) return;
   const std::string is = "parallel.ps_servers = " + std::to_string(p.ps_servers) + " ";
   if (p.tp != 1 || p.pp != 1)
@@ -260,9 +267,10 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
   if (p.zero != 0 || p.compress != CompressKind::kNone || p.reduce != GradReduce::kMean)
     errs.push_back(is + "with parallel.zero / compress / reduce: the servers hold the optimizer state and average "
                    "exact gradients; set zero = 0, compress = none, reduce = mean");
-  if (c.checkpoint.save_every > 0)
-    errs.push_back(is + "with checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) +
-                   ": PS checkpoints are not built yet; set checkpoint.save_every = 0");
+  if (c.checkpoint.save_every > 0 && c.ps.free_running())
+    errs.push_back(is + "with ps.mode = " + c.ps.mode + " and checkpoint.save_every = " +
+                   std::to_string(c.checkpoint.save_every) + ": free-running workers reach a step at different "
+                   "times, so only the end is saved; set checkpoint.save_every = 0 or ps.mode = sync");
   if (c.train.precision == "fp16")
     errs.push_back(is + "with train.precision = fp16: loss scaling's skipped steps are not built for servers; use "
                    "fp32 or bf16");

@@ -35,39 +35,69 @@ std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int 
   return world.group(std::vector<std::vector<int>>{w, s}, "ps_role");
 }
 
-int ps_tag(int64_t step) { return int(step % kPsInitTag); }
+std::vector<std::unique_ptr<comm::Group>> ps_links(comm::World& world, int workers, int servers) {
+  std::vector<std::unique_ptr<comm::Group>> out;
+  const bool server = world.global_rank() >= workers;
+  for (int w = 0; w < workers; ++w) {
+    std::vector<std::vector<int>> partition(1, {w});
+    for (int s = 0; s < servers; ++s) partition[0].push_back(workers + s);
+    for (int o = 0; o < workers; ++o)
+      if (o != w) partition.push_back({o});
+    std::unique_ptr<comm::Group> g = world.group(partition, "ps_link");
+    if (server || w == world.global_rank()) out.push_back(std::move(g));
+  }
+  return out;
+}
 
-PsWorker::PsWorker(comm::Group& all, std::vector<FlatRange> ranges, int first_server)
-    : all_(all), ranges_(std::move(ranges)), first_server_(first_server) {
+int ps_tag(int64_t clock) { return int(clock % kPsInitTag); }
+
+PsWorker::PsWorker(comm::Group& link, std::vector<FlatRange> ranges)
+    : link_(link), ranges_(std::move(ranges)), versions_(ranges_.size(), 0.0f) {
+  LOOM_ASSERT(link_.size() == int(ranges_.size()) + 1, "a PS link holds the worker and every server");
   int64_t most = 0;
   for (const FlatRange& r : ranges_) most = std::max(most, r.count);
-  pulled_.resize(size_t(most + 1));
+  out_.resize(size_t(most + PsPush::kTrailer));
+  in_.resize(size_t(most + PsAnswer::kTrailer));
 }
 
 void PsWorker::init_servers(const float* params) {
-  std::vector<comm::Work> sent;
   for (size_t s = 0; s < ranges_.size(); ++s)
-    sent.push_back(all_.send(std::span<const float>(params + ranges_[s].offset, size_t(ranges_[s].count)),
-                             first_server_ + int(s), kPsInitTag, {.async = true}));
-  for (comm::Work& w : sent) w.wait();
+    link_.send(std::span<const float>(params + ranges_[s].offset, size_t(ranges_[s].count)), 1 + int(s), kPsInitTag);
 }
 
-double PsWorker::push_pull(const float* grads, float* params, int64_t step) {
-  if (before_push) before_push(step);
-  std::vector<comm::Work> pushed;
-  for (size_t s = 0; s < ranges_.size(); ++s)
-    pushed.push_back(all_.send(std::span<const float>(grads + ranges_[s].offset, size_t(ranges_[s].count)),
-                               first_server_ + int(s), ps_tag(step), {.async = true}));
-  double norm_sq = 0;
-  for (size_t s = 0; s < ranges_.size(); ++s) {
+PsReply PsWorker::push_pull(const float* grads, float* params, int64_t clock, double norm_sq) {
+  if (before_push) before_push(clock);
+  const size_t S = ranges_.size();
+  // Sends go one server after another from one buffer; the answers come back in server order.
+  for (size_t s = 0; s < S; ++s) {
     const FlatRange& r = ranges_[s];
-    const std::span<float> in(pulled_.data(), size_t(r.count + 1));
-    all_.recv(in, first_server_ + int(s), ps_tag(step));
-    std::copy(in.begin(), in.end() - 1, params + r.offset);
-    if (s == 0) norm_sq = double(in.back());
+    std::copy(grads + r.offset, grads + r.offset + r.count, out_.begin());
+    float* t = out_.data() + r.count;
+    t[PsPush::kClock] = float(clock), t[PsPush::kVersion] = versions_[s], t[PsPush::kNormSq] = float(norm_sq);
+    link_.send(std::span<const float>(out_.data(), size_t(r.count + PsPush::kTrailer)), 1 + int(s), ps_tag(clock));
   }
-  for (comm::Work& w : pushed) w.wait();
-  return std::sqrt(norm_sq);
+  PsReply reply;
+  std::vector<bool> stopped(S, false);
+  for (size_t s = 0; s < S; ++s) {
+    const FlatRange& r = ranges_[s];
+    const std::span<float> in(in_.data(), size_t(r.count + PsAnswer::kTrailer));
+    link_.recv(in, 1 + int(s), ps_tag(clock));
+    std::copy(in.begin(), in.begin() + r.count, params + r.offset);
+    const float* t = in.data() + r.count;
+    versions_[s] = t[PsAnswer::kVersion];
+    stopped[s] = t[PsAnswer::kStop] != 0;
+    reply.stop = reply.stop || stopped[s];
+    if (s == 0) reply.norm = std::sqrt(double(t[PsAnswer::kNormSq])), reply.lr = double(t[PsAnswer::kLr]);
+  }
+  if (reply.stop)  // a bye to every server still waiting for our next push
+    for (size_t s = 0; s < S; ++s) {
+      if (stopped[s]) continue;
+      float* t = out_.data() + ranges_[s].count;
+      t[PsPush::kClock] = -1;
+      link_.send(std::span<const float>(out_.data(), size_t(ranges_[s].count + PsPush::kTrailer)), 1 + int(s),
+                 ps_tag(clock + 1));
+    }
+  return reply;
 }
 
 }  // namespace loom::parallel

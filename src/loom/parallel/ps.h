@@ -15,11 +15,46 @@
 // bits do not depend on timing; averages them, sums the squared norm of the mean over the
 // servers (the global norm, for clipping and the log), applies AdamW and answers the pulls.
 // That is dp all-reduce training up to the order of the gradient sum. Worker 0 sends the
-// initial weights (every worker draws the same ones from the seed). Every transfer goes
-// through the world group's point-to-point path, so the ledger, comm.timeout_s and the
-// diagnosis of a dead or stalled rank cover it as they cover collectives.
+// initial weights (every worker draws the same ones from the seed).
+//
+// Note [Asynchronous parameter server]
+// Ho et al., "More Effective Distributed ML via a Stale Synchronous Parallel Parameter
+// Server", NIPS 2013 (SSP); Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012
+// (asynchronous SGD). Under ps.mode = async a server applies each push as it arrives: one
+// AdamW step on its range with the pushing worker's own gradient, clipped by that
+// gradient's norm (the worker has the whole gradient and sends its norm), at learning rate
+// lr(t) / W, t = pushes applied / W - W such updates move the weights about as far as one
+// synchronous step of the mean. Its answer holds the range as it is then. A worker's clock
+// c_w counts its pushes a server applied; the answer's version v = min over the workers
+// still running of c_w (rounds every worker finished). The next push of that worker has
+// clock c = c_w and carries v: its gradient saw every worker's first v pushes, so its
+// staleness is c - v (0 under BSP). ps.mode = ssp (bound tau = ps.staleness) holds a
+// worker's answer until c_w - min c <= tau, so every applied gradient has staleness <= tau;
+// the slowest worker is never held, so no one waits forever. Servers record (worker, c, v)
+// of every applied push.
+// The run ends by pushes, not by each worker's steps: after W x train.steps pushes a server
+// answers every request with "stop", so a fast worker trains more steps than a slow one.
+// Every server applies every push it gets (pushes go to all servers; only their order
+// differs), so all ranges have seen the same gradients when the run ends; a worker that
+// hears "stop" from one server sends a "bye" to the servers that did not say it yet.
+//
+// Note [PS checkpoints]
+// A PS job saves the sharded format (Note [Sharded checkpoints]) with a rank file per rank: a
+// server's holds its key range of the parameters and of both AdamW moments, a worker's nothing
+// (its weights copy the servers', stale ones under async). The manifest lists all dp + S ranks
+// (server r at mesh coordinates (0, r, 0)) and the servers' optimizer step count. Loading
+// assembles tensors from whatever pieces cover them, so a PS checkpoint resumes any layout and
+// any layout's checkpoint resumes a PS job (servers load their ranges, workers whole weights).
+// Sync saves every checkpoint.save_every steps; async / ssp only at the end, as step
+// train.steps, and a resume from step k starts with W x k pushes done and every clock at k.
+//
+// Every transfer goes through point-to-point calls on a link group per worker (the worker
+// and the servers; the server runs one receive per link at once, so it sees pushes in
+// arrival order), so the ledger, comm.timeout_s and the diagnosis of a dead or stalled rank
+// cover them as they cover collectives.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,29 +79,53 @@ std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_flo
 // Collective over the world: the group of this rank's role (the workers, or the servers).
 std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int servers);
 
+// Collective over the world: worker w's link (group {w, servers...}; the worker is member 0,
+// server s member 1 + s). On a worker the one element is its link; on a server, one per
+// worker in worker order.
+std::vector<std::unique_ptr<comm::Group>> ps_links(comm::World& world, int workers, int servers);
+
+// The messages (Note [Asynchronous parameter server]): a push is a slice and kPushTrailer
+// floats, an answer a slice and kAnswerTrailer floats.
+struct PsPush {
+  enum : int { kClock, kVersion, kNormSq, kTrailer };  // clock -1: bye
+};
+struct PsAnswer {
+  enum : int { kNormSq, kVersion, kStop, kLr, kTrailer };
+};
+
+// What an answer told the worker (the first server's norm and learning rate).
+struct PsReply {
+  double norm = 0;  // sync: the mean gradient's global norm; else the worker's own
+  double lr = 0;
+  bool stop = false;
+};
+
 // A worker's side of Note [Parameter server].
 class PsWorker {
  public:
-  // `all`: the world group; servers are global ranks first_server ...
-  PsWorker(comm::Group& all, std::vector<FlatRange> ranges, int first_server);
+  // `link`: this worker's link group (ps_links).
+  PsWorker(comm::Group& link, std::vector<FlatRange> ranges);
   // Worker 0: the initial weights to every server.
   void init_servers(const float* params);
-  // One synchronous step: pushes `grads`' slices, pulls the updated slices into `params`.
-  // Returns the global gradient norm (before clipping) the servers computed.
-  double push_pull(const float* grads, float* params, int64_t step);
+  // A resumed run (Note [PS checkpoints]): the weights are every worker's first `clock` pushes.
+  void start_at(int64_t clock) { std::fill(versions_.begin(), versions_.end(), float(clock)); }
+  // One push and pull: `grads`' slices (norm_sq: their whole squared norm, for async / ssp)
+  // go out, the answered slices land in `params`. After a stop, the servers that did not
+  // say it get a bye.
+  PsReply push_pull(const float* grads, float* params, int64_t clock, double norm_sq);
   // Tests: runs before each push (an injected delay reorders arrivals).
   std::function<void(int64_t step)> before_push;
 
  private:
-  comm::Group& all_;
+  comm::Group& link_;
   std::vector<FlatRange> ranges_;
-  int first_server_;
-  std::vector<float> pulled_;  // one server's slice and the norm's square after it
+  std::vector<float> out_, in_;          // one slice and its trailer
+  std::vector<float> versions_;          // per server: the version of the slice we hold
 };
 
-// Tags of a step's messages (each link delivers in order; the tag catches a mix-up), and of
+// Tags of a clock's messages (each link delivers in order; the tag catches a mix-up), and of
 // the initial weights.
-int ps_tag(int64_t step);
+int ps_tag(int64_t clock);
 inline constexpr int kPsInitTag = 16383;  // tags are < 16384 (the comm layer's bound)
 
 }  // namespace loom::parallel

@@ -1,12 +1,15 @@
 #include "loom/train/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/optim/offload.h"
+#include "loom/train/train_options.h"
 
 namespace loom {
 
@@ -88,8 +91,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   memory.category("buffers");
   if (rc.ps)  // Note [Parameter server]
     ps = std::make_unique<parallel::PsWorker>(*rc.ps, parallel::ps_partition(int64_t(model.params().size()),
-                                                                              int(cfg.parallel.ps_servers)),
-                                              int(cfg.parallel.dp));
+                                                                              int(cfg.parallel.ps_servers)));
   if (rc.schedule) {
     pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T,
                                                       cfg.comm.p2p_dtype == "bf16", &memory);
@@ -349,14 +351,25 @@ Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush
   return r;
 }
 
-// Note [Parameter server]: the workers' mean loss; the servers average the gradients, clip
-// by their global norm and update; the pull brings the new weights and that norm.
+// Note [Parameter server]: under sync the workers' mean loss; the servers average the
+// gradients, clip by their global norm and update; the pull brings the new weights and that
+// norm. Under async / ssp (Note [Asynchronous parameter server]) this worker's own loss and
+// norm; the servers may answer "stop" (the run's pushes are done). ps.slow_worker sleeps
+// (slow_factor - 1) x the time since the last answer first (a straggler for benchmarks).
 Updater::Result Updater::step_ps(double local_loss, int64_t step) {
   Result r;
+  const bool free = cfg_.ps.free_running();
   double v[2] = {local_loss, 0};
-  e_.rc.stats_sum(v);
-  r.loss = v[0] / e_.rc.dp_size;
-  r.norm = e_.ps->push_pull(e_.model.grads().data(), e_.model.params().data(), step);
+  if (!free) e_.rc.stats_sum(v);
+  r.loss = free ? local_loss : v[0] / e_.rc.dp_size;
+  if (e_.rc.dp_rank == cfg_.ps.slow_worker)
+    std::this_thread::sleep_for((std::chrono::steady_clock::now() - ps_answered_) * (cfg_.ps.slow_factor - 1.0));
+  const std::vector<float>& g = e_.model.grads();
+  const double norm_sq = free ? sum_squares(e_.model.ops(), g.data(), {{0, int64_t(g.size())}}) : 0.0;
+  const parallel::PsReply reply = e_.ps->push_pull(g.data(), e_.model.params().data(), step, norm_sq);
+  ps_answered_ = std::chrono::steady_clock::now();
+  r.norm = reply.norm;
+  r.stop = free && reply.stop;
   return r;
 }
 
@@ -448,6 +461,45 @@ int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {
     case 1: return 2 * p + 2 * p / dp;          // moments sharded
     case 2: return p + 3 * p / dp;              // + grads sharded
     default: return 4 * p / dp;                 // + params sharded
+  }
+}
+
+// TrainOptions::two_bw_reference (Note [PipeDream-2BW]): flushing steps with the delayed updates.
+namespace {
+
+void attach_two_bw_reference(const Config& cfg, Engine& e) {
+  LOOM_CHECK(!e.two_bw && cfg.parallel.dp == 1, "the 2bw reference runs flushing steps without dp (pp = 1, or a "
+             "flushing pipeline schedule); got schedule ", schedule_name(cfg.parallel.schedule), " dp ", cfg.parallel.dp);
+  e.two_bw = std::make_unique<TwoBwState>(e.model, e.memory, false);
+}
+
+// TrainOptions::async_reference (Note [PipeDream weight stashing]): a flushing pipeline of the
+// same layout, one minibatch per step, binding the versions the stream would.
+void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind) {
+  const ParallelConfig& p = cfg.parallel;
+  LOOM_CHECK(!e.async && p.pp > 1 && p.dp == 1 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
+                 cfg.optim.grad_clip == 0,
+             "the pipedream / pipemare reference is a flushing pipeline (pp > 1, dp 1) with one micro-batch per step "
+             "and no clipping; got schedule ", schedule_name(p.schedule), " pp ", p.pp, " dp ", p.dp, " grad_accum ",
+             cfg.train.grad_accum, " grad_clip ", cfg.optim.grad_clip);
+  const ScheduleKind k = parse_schedule(kind);
+  LOOM_CHECK(updates_per_batch(k), "async_reference = ", kind, ": expected pipedream or pipemare");
+  e.async = std::make_unique<AsyncPipeState>(cfg, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
+                                             rc.embed && rc.holds_tied_copy(cfg.model));
+}
+
+}  // namespace
+
+// What the engine needs before the first step beyond the layout: the references tests ask
+// for (Note [PipeDream-2BW], Note [PipeDream weight stashing]), their hooks, and a PS job's
+// initial weights on the servers (Note [Parameter server]).
+void prepare_engine(const Config& cfg, const TrainOptions& given, const RankContext& rc, Engine& e) {
+  if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
+  if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
+  if (e.async) e.async->on_version = given.on_weight_version;
+  if (e.ps) {
+    e.ps->before_push = given.before_ps_push;
+    if (rc.dp_rank == 0) e.ps->init_servers(e.model.params().data());
   }
 }
 

@@ -2,6 +2,7 @@
 // parameter gathering, optimizer and memory tracking; and the gradient -> update path.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "loom/train/two_bw.h"
 
 namespace loom {
+
+struct TrainOptions;
 
 struct Engine {
   Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T);
@@ -87,6 +90,8 @@ class Updater {
     // step's result (deferred: `loss` unknown yet); earlier_loss is the previous step's.
     bool deferred = false, has_earlier = false;
     double earlier_loss = 0, earlier_norm = 0;
+    // Note [Asynchronous parameter server]: the servers ended the run with this step.
+    bool stop = false;
   };
   // flush: Note [PipeDream-2BW] (2bw only: the step ends the pipeline's stream).
   Result step(double local_loss, double lr, int64_t step, bool flush = true);
@@ -111,6 +116,7 @@ class Updater {
   void step_chunked(const Kernels& k, double lr, double coef);
   Result step_two_bw(double local_loss, int64_t step, bool flush);
   Result step_ps(double local_loss, int64_t step);
+  std::chrono::steady_clock::time_point ps_answered_ = std::chrono::steady_clock::now();
   // Note [2BW without a barrier]: the pending gradient's tied-wte sum and norm, started as
   // soon as it is complete; a step's loss sum, started at its end and taken at the next.
   void start_pending_norm(std::vector<float>& g);
@@ -143,5 +149,9 @@ class Updater {
 // The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two fp32
 // moments: 16 bytes per parameter unsharded), for `params` parameters on the rank.
 int64_t zero_model_state_bytes(int zero, int dp, int64_t params);
+
+// What the engine needs before the first step beyond the layout (the references tests ask
+// for, their hooks, a PS job's initial weights on the servers).
+void prepare_engine(const Config& cfg, const TrainOptions& given, const RankContext& rc, Engine& e);
 
 }  // namespace loom

@@ -1,9 +1,15 @@
-// A parameter server's run (Note [Parameter server] in parallel/ps.h): its key range's
-// weights and AdamW moments, one synchronous round per training step.
+// A parameter server's run (Note [Parameter server], Note [Asynchronous parameter server] in
+// parallel/ps.h): its key range's weights and AdamW moments; synchronous rounds, or pushes
+// applied as they arrive.
 #include "loom/train/ps_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <functional>
+#include <iomanip>
+#include <sstream>
+#include <thread>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -12,47 +18,241 @@
 #include "loom/model/layout.h"
 #include "loom/optim/optimizer.h"
 #include "loom/parallel/ps.h"
+#include "loom/train/rank_context.h"
+#include "loom/train/run_start.h"
+#include "loom/train/step_observers.h"
+#include "loom/train/report.h"
 
 namespace loom {
+namespace {
 
-TrainSummary run_ps_server(const Config& cfg, comm::World& world) {
-  const int workers = int(cfg.parallel.dp), servers = int(cfg.parallel.ps_servers);
-  const std::unique_ptr<comm::Group> peers = parallel::ps_role_group(world, workers, servers);  // the servers
-  const int me = world.global_rank() - workers;
-  const ParamLayout layout(cfg.model);
-  const FlatRange own = parallel::ps_partition(layout.total_floats(), servers)[size_t(me)];
+using parallel::PsAnswer;
+using parallel::PsPush;
+
+class PsServer {
+ public:
+  PsServer(const Config& cfg, const TrainOptions& opt, comm::World& world);
+  // Note [PS checkpoints]: with the workers' load (collective over the world); returns the
+  // step to go on from.
+  int64_t resume();
+  void run_sync(int64_t first);
+  void run_free(int64_t first);  // async / ssp
+  double pushes = 0, max_stale = 0, sum_stale = 0;
+
+ private:
+  // One AdamW step on the range from the gradient in g_, clipped by the global `norm`.
+  void apply(double norm, double lr);
+  // Answers worker w with the range as it is now (async: the send runs on w's link).
+  comm::Work answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async);
+  void record(int w, const float* trailer);
+  ShardState state();
+  void save(int64_t done);
+
+  const Config& cfg_;
+  const TrainOptions& opt_;
+  comm::World& world_;
+  const int W_, me_;
+  const std::unique_ptr<comm::Group> peers_;  // the servers
+  std::vector<std::unique_ptr<comm::Group>> links_;
+  const ParamLayout layout_;
+  const FlatRange own_;
   // Whole-buffer vectors indexed by flat offset (AdamW's convention); only the own range is
   // ever written, the rest of the pages are handed back untouched.
-  std::vector<float> params(size_t(layout.total_floats())), mean(params.size());
-  release_pages(params.data(), int64_t(params.size() * sizeof(float)));
-  release_pages(mean.data(), int64_t(mean.size() * sizeof(float)));
-  AdamW adamw(layout, cfg.optim, {own});
-  const Kernels& k = kernels(KernelBackend::kCpu);
-  comm::Group& all = world.world_group();
-  const std::span<float> p(params.data() + own.offset, size_t(own.count)), g(mean.data() + own.offset, size_t(own.count));
-  all.recv(p, 0, parallel::kPsInitTag);  // worker 0's initial weights
-  std::vector<float> pushed(size_t(own.count)), answer(size_t(own.count + 1));
-  TrainSummary sum;
-  sum.params = layout.param_count();
-  for (int64_t step = 0; step < cfg.train.steps; ++step) {
-    // Every worker's push, in worker order (Note [Parameter server]).
-    for (int w = 0; w < workers; ++w) {
-      all.recv(w == 0 ? g : std::span<float>(pushed), w, parallel::ps_tag(step));
-      if (w > 0) std::transform(g.begin(), g.end(), pushed.begin(), g.begin(), std::plus<float>());
-    }
-    const float inv = 1.0f / float(workers);
-    for (float& x : g) x *= inv;
-    double norm_sq[1] = {sum_squares(k, mean.data(), {own})};
-    peers->all_reduce(std::span<double>(norm_sq, 1), comm::ReduceOp::kSum);
-    const double norm = std::sqrt(norm_sq[0]);
-    if (const double coef = clip_coef(norm, cfg.optim.grad_clip); coef != 1.0)
-      k.scale_inplace(g.data(), own.count, float(coef));
-    adamw.step(k, params, mean, lr_at(cfg.optim, step, cfg.train.steps));
-    std::copy(p.begin(), p.end(), answer.begin());
-    answer.back() = float(norm_sq[0]);
-    for (int w = 0; w < workers; ++w) all.send(std::span<const float>(answer), w, parallel::ps_tag(step));
+  std::vector<float> params_, grad_;
+  AdamW adamw_;
+  std::span<float> p_, g_;
+  std::vector<std::vector<float>> in_, out_;  // per worker: its push, its answer
+};
+
+PsServer::PsServer(const Config& cfg, const TrainOptions& opt, comm::World& world)
+    : cfg_(cfg),
+      opt_(opt),
+      world_(world),
+      W_(int(cfg.parallel.dp)),
+      me_(world.global_rank() - W_),
+      peers_(parallel::ps_role_group(world, W_, int(cfg.parallel.ps_servers))),
+      links_(parallel::ps_links(world, W_, int(cfg.parallel.ps_servers))),
+      layout_(cfg.model),
+      own_(parallel::ps_partition(layout_.total_floats(), int(cfg.parallel.ps_servers))[size_t(me_)]),
+      params_(size_t(layout_.total_floats())),
+      grad_(params_.size()),
+      adamw_(layout_, cfg.optim, {own_}),
+      p_(params_.data() + own_.offset, size_t(own_.count)),
+      g_(grad_.data() + own_.offset, size_t(own_.count)) {
+  release_pages(params_.data(), int64_t(params_.size() * sizeof(float)));
+  release_pages(grad_.data(), int64_t(grad_.size() * sizeof(float)));
+  for (int w = 0; w < W_; ++w) {
+    in_.emplace_back(size_t(own_.count + PsPush::kTrailer));
+    out_.emplace_back(size_t(own_.count + PsAnswer::kTrailer));
   }
+  links_[0]->recv(p_, 0, parallel::kPsInitTag);  // worker 0's initial weights
+}
+
+void PsServer::apply(double norm, double lr) {
+  const Kernels& k = kernels(KernelBackend::kCpu);
+  if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef != 1.0)
+    k.scale_inplace(g_.data(), own_.count, float(coef));
+  adamw_.step(k, params_, grad_, lr);
+}
+
+comm::Work PsServer::answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async) {
+  std::vector<float>& out = out_[size_t(w)];
+  std::copy(p_.begin(), p_.end(), out.begin());
+  float* t = out.data() + own_.count;
+  t[PsAnswer::kNormSq] = float(norm_sq), t[PsAnswer::kVersion] = float(version);
+  t[PsAnswer::kStop] = stop ? 1.0f : 0.0f, t[PsAnswer::kLr] = float(lr);
+  const int64_t clock = int64_t(in_[size_t(w)][size_t(own_.count) + PsPush::kClock]);
+  return links_[size_t(w)]->send(std::span<const float>(out), 0, parallel::ps_tag(clock), {.async = async});
+}
+
+void PsServer::record(int w, const float* t) {
+  const int64_t clock = int64_t(t[PsPush::kClock]), version = int64_t(t[PsPush::kVersion]);
+  const double stale = double(clock - version);
+  pushes += 1, sum_stale += stale, max_stale = std::max(max_stale, stale);
+  if (opt_.on_ps_apply) opt_.on_ps_apply(me_, w, clock, version);
+}
+
+// Note [PS checkpoints]: a server's shard is its key range of the parameters and both
+// moments (a worker's is empty).
+ShardState PsServer::state() {
+  return ShardState{&layout_, params_, adamw_.moment(0), adamw_.moment(1), {own_}, adamw_.owned(),
+                    1, 0, adamw_.steps_taken(), {}};
+}
+
+void PsServer::save(int64_t done) {
+  save_checked(cfg_, done, state(), p_, &world_.world_group(), world_.global_rank());
+}
+
+int64_t PsServer::resume() {
+  if (opt_.resume.empty()) return 0;
+  std::ostringstream sink;  // the workers report the resume
+  TrainOptions quiet;
+  quiet.out = quiet.err = &sink;
+  Reporter rep(quiet, cfg_.train.steps);
+  ShardState s = state();
+  const int64_t step = load_resume(cfg_, opt_.resume, s, &world_.world_group(), rep);
+  adamw_.set_steps_taken(s.optimizer_steps);
+  return step;
+}
+
+// Note [Parameter server]: every worker's push, in worker order; the mean's global norm over
+// the servers clips it.
+void PsServer::run_sync(int64_t first) {
+  const Kernels& k = kernels(KernelBackend::kCpu);
+  const float inv = 1.0f / float(W_);
+  for (int64_t step = first; step < cfg_.train.steps; ++step) {
+    for (int w = 0; w < W_; ++w) {
+      std::vector<float>& in = in_[size_t(w)];
+      links_[size_t(w)]->recv(std::span<float>(in), 0, parallel::ps_tag(step));
+      LOOM_ASSERT(int64_t(in[size_t(own_.count) + PsPush::kClock]) == step, "a sync push out of its round");
+      record(w, in.data() + own_.count);
+      if (w == 0) std::copy(in.begin(), in.begin() + own_.count, g_.begin());
+      else std::transform(g_.begin(), g_.end(), in.begin(), g_.begin(), std::plus<float>());
+    }
+    for (float& x : g_) x *= inv;
+    double norm_sq[1] = {sum_squares(k, grad_.data(), {own_})};
+    peers_->all_reduce(std::span<double>(norm_sq, 1), comm::ReduceOp::kSum);
+    const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
+    apply(std::sqrt(norm_sq[0]), lr);
+    std::vector<comm::Work> sent;
+    for (int w = 0; w < W_; ++w) sent.push_back(answer(w, norm_sq[0], step + 1, step + 1 == cfg_.train.steps, lr, true));
+    for (comm::Work& s : sent) s.wait();
+    if (saves_checkpoint(cfg_, step)) save(step + 1);
+  }
+}
+
+// Note [Asynchronous parameter server]: one receive per running link at once; each push is
+// applied as it lands; answers are held while ssp's bound says so.
+void PsServer::run_free(int64_t first) {
+  const bool ssp = cfg_.ps.mode == "ssp";
+  const int64_t budget = W_ * cfg_.train.steps;
+  if (first >= cfg_.train.steps) return;  // the workers run no step either
+  std::vector<comm::Work> rx(static_cast<size_t>(W_)), tx(static_cast<size_t>(W_));
+  std::vector<int64_t> clock(size_t(W_), first);  // a resumed run's pushes go on from its step
+  std::vector<char> running(size_t(W_), 1), held(size_t(W_), 0);
+  auto post = [&](int w) { rx[size_t(w)] = links_[size_t(w)]->recv(std::span<float>(in_[size_t(w)]), 0,
+                                                                   parallel::ps_tag(clock[size_t(w)]), {.async = true}); };
+  for (int w = 0; w < W_; ++w) post(w);
+  int64_t applied = W_ * first;
+  int turn = 0;
+  for (int left = W_; left > 0;) {
+    bool moved = false;
+    for (int w = 0; w < W_; ++w) {
+      if (!running[size_t(w)] || held[size_t(w)] || !rx[size_t(w)].done()) continue;
+      rx[size_t(w)].wait();  // rethrows a failed receive's diagnosis
+      moved = true;
+      const float* t = in_[size_t(w)].data() + own_.count;
+      if (t[PsPush::kClock] < 0) {  // bye: the worker heard "stop" from another server
+        running[size_t(w)] = 0, --left;
+        continue;
+      }
+      LOOM_ASSERT(int64_t(t[PsPush::kClock]) == clock[size_t(w)], "a push out of its worker's order");
+      record(w, t);
+      std::copy(in_[size_t(w)].begin(), in_[size_t(w)].begin() + own_.count, g_.begin());
+      const double lr = lr_at(cfg_.optim, applied / W_, cfg_.train.steps) / W_;
+      apply(std::sqrt(double(t[PsPush::kNormSq])), lr);
+      ++applied, ++clock[size_t(w)], held[size_t(w)] = 1;
+    }
+    const bool stop = applied >= budget;
+    int64_t slowest = INT64_MAX;
+    for (int w = 0; w < W_; ++w)
+      if (running[size_t(w)]) slowest = std::min(slowest, clock[size_t(w)]);
+    for (int w = 0; w < W_; ++w) {
+      if (!held[size_t(w)] || (ssp && !stop && clock[size_t(w)] - slowest > cfg_.ps.staleness)) continue;
+      const float* t = in_[size_t(w)].data() + own_.count;
+      tx[size_t(w)] = answer(w, double(t[PsPush::kNormSq]), slowest, stop,
+                             lr_at(cfg_.optim, (applied - 1) / W_, cfg_.train.steps), true);
+      held[size_t(w)] = 0, moved = true;
+      if (stop) running[size_t(w)] = 0, --left;
+      else post(w);
+    }
+    if (moved) continue;
+    // Nothing landed: block (no spinning; a step takes milliseconds) on one pending receive
+    // for up to a millisecond, taking the links in turn.
+    bool waited = false;
+    for (int i = 0; i < W_ && !waited; ++i, turn = (turn + 1) % W_)
+      if (running[size_t(turn)] && !held[size_t(turn)]) waited = true, rx[size_t(turn)].wait_for(std::chrono::milliseconds(1));
+    if (!waited) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (comm::Work& s : tx) s.wait();
+  if (!cfg_.checkpoint.dir.empty()) save(cfg_.train.steps);
+}
+
+}  // namespace
+
+TrainSummary run_ps_server(const Config& cfg, const TrainOptions& opt, comm::World& world) {
+  PsServer server(cfg, opt, world);
+  const int64_t first = server.resume();
+  if (cfg.ps.free_running()) server.run_free(first);
+  else server.run_sync(first);
+  TrainSummary sum;
+  sum.params = ParamLayout(cfg.model).param_count();
+  agree_ps_figures(world.world_group(), sum, server.pushes, server.max_stale,
+                   server.pushes > 0 ? server.sum_stale / server.pushes : 0.0);
   return sum;
+}
+
+void agree_ps_figures(comm::Group& world_group, TrainSummary& sum, double pushes, double max_stale,
+                      double mean_stale) {
+  double v[3] = {pushes, max_stale, mean_stale};
+  world_group.all_reduce(std::span<double>(v, 3), comm::ReduceOp::kMax);
+  sum.ps_pushes = int64_t(v[0]), sum.ps_max_staleness = v[1], sum.ps_mean_staleness = v[2];
+}
+
+void finish_ps_worker(const Config& cfg, const RankContext& rc, Reporter& rep, TrainSummary& sum, int64_t& tokens) {
+  if (cfg.ps.free_running()) {
+    double t[1] = {double(tokens)};
+    everyone(rc)->all_reduce(std::span<double>(t, 1), comm::ReduceOp::kSum);
+    tokens = int64_t(t[0]);
+  }
+  agree_ps_figures(rc.world->world_group(), sum, 0, 0, 0);
+  sum.ps_worker_pushes = int64_t(sum.losses.size());
+  std::ostringstream os;
+  os << "parameter servers (ps.mode " << cfg.ps.mode << "): " << sum.ps_pushes << " pushes applied, worker 0 made "
+     << sum.ps_worker_pushes << "; gradient staleness max " << sum.ps_max_staleness << ", mean " << std::fixed
+     << std::setprecision(2) << sum.ps_mean_staleness << " steps";
+  if (cfg.ps.mode == "ssp") os << " (bound ps.staleness = " << cfg.ps.staleness << ")";
+  rep.info(os.str());
 }
 
 }  // namespace loom

@@ -1,17 +1,33 @@
-// A parameter server's part of a training run (Note [Parameter server] in parallel/ps.h).
+// A parameter-server job's two sides beyond the protocol (Note [Parameter server] and Note
+// [Asynchronous parameter server] in parallel/ps.h): the server's run, and the run-wide
+// figures every rank agrees on at the end.
 #pragma once
+
+#include <cstdint>
 
 #include "loom/core/config.h"
 #include "loom/train/train_options.h"
 
 namespace loom::comm {
 class World;
-}
+class Group;
+}  // namespace loom::comm
 
 namespace loom {
 
-// Serves its key range for train.steps synchronous rounds; returns a summary with no losses
-// (the workers report them).
-TrainSummary run_ps_server(const Config& cfg, comm::World& world);
+class Reporter;
+struct RankContext;
+
+// Serves its key range until the run ends (train.steps rounds under sync; W x train.steps
+// pushes otherwise); returns a summary with no losses (the workers report them).
+TrainSummary run_ps_server(const Config& cfg, const TrainOptions& opt, comm::World& world);
+
+// Collective over the world, every rank at its end: fills sum.ps_pushes and the staleness
+// figures from the servers' records (a worker passes zeros).
+void agree_ps_figures(comm::Group& world_group, TrainSummary& sum, double pushes, double max_stale, double mean_stale);
+
+// A worker after its last step: under async / ssp `tokens` (this worker's) becomes the
+// workers' sum; the servers' figures are agreed and logged.
+void finish_ps_worker(const Config& cfg, const RankContext& rc, Reporter& rep, TrainSummary& sum, int64_t& tokens);
 
 }  // namespace loom

@@ -57,7 +57,7 @@ std::unique_ptr<comm::Group> host_group(comm::World& world, const comm::Mesh& me
 }  // namespace
 
 comm::Group* everyone(const RankContext& rc) {
-  if (rc.ps) return rc.stats.get();
+  if (rc.ps) return rc.stats ? rc.stats.get() : rc.ps_workers.get();
   return rc.world ? &rc.world->world_group() : nullptr;
 }
 
@@ -75,8 +75,9 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
   if (world && p.ps_servers > 0) {  // Note [Parameter server]: a worker; no collective dp group
     rc.logging = world->global_rank() == 0;
     rc.dp_rank = world->global_rank(), rc.dp_size = int(p.dp);
-    rc.stats = parallel::ps_role_group(*world, int(p.dp), int(p.ps_servers));
-    rc.ps = &world->world_group();
+    std::unique_ptr<comm::Group> workers = parallel::ps_role_group(*world, int(p.dp), int(p.ps_servers));
+    (cfg.ps.free_running() ? rc.ps_workers : rc.stats) = std::move(workers);
+    rc.ps = std::move(parallel::ps_links(*world, int(p.dp), int(p.ps_servers))[0]);
   } else if (world) {
     const comm::Mesh mesh = comm::training_mesh(p);
     rc.pp_rank = rc.plan->pp_rank, rc.pp_size = pp;

@@ -31,8 +31,10 @@ struct RankContext {
   // carries the last stage's; Note [PipeDream weight stashing]).
   std::unique_ptr<comm::Group> tied_down;
   parallel::PipeLinks links;
-  // Note [Parameter server]: a PS worker's path to the servers (the world group); null otherwise.
-  comm::Group* ps = nullptr;
+  // Note [Parameter server]: a PS worker's link to the servers (parallel::ps_links); null
+  // otherwise. Under ps.mode = sync `stats` is the workers' group; under async / ssp the
+  // workers never meet per step: `stats` is null and ps_workers holds that group.
+  std::unique_ptr<comm::Group> ps, ps_workers;
   std::shared_ptr<const RankPlan> plan;  // Note [Rank plan]: what this rank holds and does
   ModelPart part;                        // plan->part
   std::optional<parallel::Schedule> schedule;  // plan->schedule (pp > 1)

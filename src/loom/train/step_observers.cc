@@ -100,20 +100,25 @@ bool validates(const Config& cfg, int64_t step) {
 
 bool flushes_pipeline(const Config& cfg, int64_t step) { return validates(cfg, step) || saves_checkpoint(cfg, step); }
 
-void CheckpointTrigger::after_step(const StepOutcome& s) {
-  if (!saves_checkpoint(cfg_, s.step)) return;
-  const int64_t done = s.step + 1;
-  const Spans::Scope span = spans_.open("checkpoint", "io");
-  const int rank = world_ ? world_->global_rank() : 0;
-  comm::Group* group = world_ ? &world_->world_group() : nullptr;
+void save_checked(const Config& cfg, int64_t done, const ShardState& state, std::span<const float> params,
+                  comm::Group* world, int global_rank) {
   std::exception_ptr bad;
-  const std::span<const float> p = e_.param_view();
-  if (!std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); }))
+  if (!std::all_of(params.begin(), params.end(), [](float x) { return std::isfinite(x); }))
     bad = std::make_exception_ptr(Error("training diverged: parameters hold NaN or infinity after step " +
                                         std::to_string(done) + "; nothing was saved over the earlier checkpoints "
                                         "(lower optim.lr or raise optim.warmup_steps)"));
-  agree_or_throw(group, rank, bad);
-  save_shards(cfg_, done, rank_state(e_, u_, cfg_), group, rank);
+  agree_or_throw(world, global_rank, bad);
+  save_shards(cfg, done, state, world, global_rank);
+}
+
+void CheckpointTrigger::after_step(const StepOutcome& s) {
+  const bool free_ps = e_.rc.ps && cfg_.ps.free_running();
+  if (free_ps ? !(s.last && !cfg_.checkpoint.dir.empty()) : !saves_checkpoint(cfg_, s.step)) return;
+  const Spans::Scope span = spans_.open("checkpoint", "io");
+  ShardState state = rank_state(e_, u_, cfg_);
+  if (e_.rc.ps) state.param_ranges.clear();  // Note [PS checkpoints]: the servers save the state
+  save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, state, e_.param_view(),
+               world_ ? &world_->world_group() : nullptr, world_ ? world_->global_rank() : 0);
 }
 
 namespace {
@@ -132,16 +137,23 @@ double evaluate(Engine& e, const DataLoader& loader, int64_t batches, int64_t gl
   }
   double v[1] = {sum / double(batches)};
   rc.stats_sum(v);
-  return v[0] / (rc.dp_size * rc.tp_size);  // every dp replica's tp ranks hold one copy
+  // Every dp replica's tp ranks hold one copy; without a stats group (one process, or a
+  // free-running PS worker validating the whole batch alone) the sum is this rank's own.
+  return rc.stats ? v[0] / (rc.dp_size * rc.tp_size) : v[0];
 }
 
 }  // namespace
 
 void Validation::after_step(const StepOutcome& s) {
-  if (!validates(cfg_, s.step)) return;
+  if (!validates(cfg_, s.step) && !s.last) return;
+  // A free-running PS worker 0 validates alone (its loader is shard 0 of 1): the same rows
+  // as the workers together, as dp_size times the batches of one micro-batch each.
+  const bool alone = e_.rc.ps && cfg_.ps.free_running();
+  if (alone && e_.rc.dp_rank != 0) return;
   const Spans::Scope span = spans_.open("validation", "compute");
-  const int64_t global_rows = cfg_.micro_batch() * e_.rc.dp_size;
-  sum_.final_val_loss = evaluate(e_, val_, cfg_.train.val_batches, global_rows, cfg_.seq_len());
+  const int64_t global_rows = cfg_.micro_batch() * (alone ? 1 : e_.rc.dp_size);
+  const int64_t batches = cfg_.train.val_batches * (alone ? e_.rc.dp_size : 1);
+  sum_.final_val_loss = evaluate(e_, val_, batches, global_rows, cfg_.seq_len());
   rep_.val(s.step, sum_.final_val_loss, bytes_per_token_);
 }
 

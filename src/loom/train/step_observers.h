@@ -85,7 +85,13 @@ class StepLog : public StepObserver {
   int64_t tokens_since_ = 0;
 };
 
-// Saves a sharded checkpoint every checkpoint.save_every steps and after the last step.
+// Collective over `world` (every rank of the job, a parameter server's included): refuses
+// non-finite `params` on any rank, then saves `state` as step `done`.
+void save_checked(const Config& cfg, int64_t done, const ShardState& state, std::span<const float> params,
+                  comm::Group* world, int global_rank);
+
+// Saves a sharded checkpoint every checkpoint.save_every steps and after the last step (a
+// free-running PS job: after its last push only, as step train.steps; Note [PS checkpoints]).
 class CheckpointTrigger : public StepObserver {
  public:
   CheckpointTrigger(const Config& cfg, Engine& e, Updater& u, comm::World* world, const Spans& spans)

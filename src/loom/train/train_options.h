@@ -40,6 +40,9 @@ struct TrainOptions {
   std::function<void(int stage, int64_t batch, bool forward, int64_t version)> on_weight_version;
   // Tests: a parameter-server worker runs this before each push (injected delays).
   std::function<void(int64_t step)> before_ps_push;
+  // Tests: a parameter server runs this for every push it applies (Note [Asynchronous
+  // parameter server]): the worker, its clock and the version its gradient was computed from.
+  std::function<void(int server, int worker, int64_t clock, int64_t version)> on_ps_apply;
 };
 
 struct TrainSummary {
@@ -54,6 +57,11 @@ struct TrainSummary {
   std::vector<double> loss_scales;
   std::vector<int64_t> skipped_steps;
   int64_t params = 0;
+  // Parameter servers (Note [Asynchronous parameter server]), on every rank at the end: pushes
+  // applied, the largest staleness of an applied gradient and the mean (over the servers' means,
+  // the largest). This worker's pushes.
+  int64_t ps_pushes = 0, ps_worker_pushes = 0;
+  double ps_max_staleness = 0, ps_mean_staleness = 0;
   // Data parallel only: share of gradient-communication time that ran during backward
   // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.
   double comm_hidden_fraction = -1;

@@ -115,8 +115,11 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
        << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
   if (p.ps_servers > 0)
-    os << "\n  parameter servers: " << p.ps_servers << " (ps.mode " << cfg.ps.mode << "), workers pull the weights and "
-       << "push gradients each step";
+    os << "\n  parameter servers: " << p.ps_servers << " (ps.mode " << cfg.ps.mode
+       << (cfg.ps.mode == "ssp" ? ", staleness <= " + std::to_string(cfg.ps.staleness) : std::string())
+       << "), workers push gradients and pull the weights each step"
+       << (cfg.ps.free_running() ? "; the run ends after " + std::to_string(p.dp * cfg.train.steps) + " pushes"
+                                 : std::string());
   if (p.pp > 1)
     os << "\n  pipeline: schedule " << schedule_name(p.schedule) << ", " << p.pp << " ranks x " << p.vpp << " chunks, "
        << cfg.train.grad_accum << " micro-batches per step";
@@ -199,6 +202,10 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
 // Targets and computed positions of one global batch (they differ by padding).
 struct StepTokens {
   int64_t real = 0, positions = 0;
+  StepTokens& operator+=(const StepTokens& o) {
+    real += o.real, positions += o.positions;
+    return *this;
+  }
 };
 
 // data.bucketing (Note [Length bucketing]): this rank's micro-batches, each at its own
@@ -238,8 +245,10 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
 int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
                      comm::World* world, Reporter& rep) {
   ShardState s = rank_state(e, updater, cfg);
-  const int64_t step = load_resume(cfg, opt.resume, s, everyone(rc), rep);
+  // A PS job's servers load their shards alongside (Note [PS checkpoints]).
+  const int64_t step = load_resume(cfg, opt.resume, s, rc.ps ? &world->world_group() : everyone(rc), rep);
   if (opt.resume.empty()) return 0;
+  if (e.ps) e.ps->start_at(step);
   if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
   updater.adamw().set_steps_taken(s.optimizer_steps);
   updater.scaler().restore(s.loss_scale);
@@ -329,7 +338,7 @@ StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u
   o.real_tokens = tokens.real, o.positions = tokens.positions;
   o.end = Clock::now();
   o.seconds = std::chrono::duration<double>(o.end - start).count();
-  o.last = step + 1 == cfg.train.steps;
+  o.last = u.stop || (!cfg.ps.free_running() && step + 1 == cfg.train.steps);
   return o;
 }
 
@@ -467,41 +476,6 @@ void publish(const Config& cfg, const Updater::Result& u, const StepOutcome& out
     for (StepObserver* o : observers) o->after_step(outcome);
 }
 
-// TrainOptions::two_bw_reference (Note [PipeDream-2BW]): flushing steps with the delayed updates.
-void attach_two_bw_reference(const Config& cfg, Engine& e) {
-  LOOM_CHECK(!e.two_bw && cfg.parallel.dp == 1, "the 2bw reference runs flushing steps without dp (pp = 1, or a "
-             "flushing pipeline schedule); got schedule ", schedule_name(cfg.parallel.schedule), " dp ", cfg.parallel.dp);
-  e.two_bw = std::make_unique<TwoBwState>(e.model, e.memory, false);
-}
-
-// TrainOptions::async_reference (Note [PipeDream weight stashing]): a flushing pipeline of the
-// same layout, one minibatch per step, binding the versions the stream would.
-void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind) {
-  const ParallelConfig& p = cfg.parallel;
-  LOOM_CHECK(!e.async && p.pp > 1 && p.dp == 1 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
-                 cfg.optim.grad_clip == 0,
-             "the pipedream / pipemare reference is a flushing pipeline (pp > 1, dp 1) with one micro-batch per step "
-             "and no clipping; got schedule ", schedule_name(p.schedule), " pp ", p.pp, " dp ", p.dp, " grad_accum ",
-             cfg.train.grad_accum, " grad_clip ", cfg.optim.grad_clip);
-  const ScheduleKind k = parse_schedule(kind);
-  LOOM_CHECK(updates_per_batch(k), "async_reference = ", kind, ": expected pipedream or pipemare");
-  e.async = std::make_unique<AsyncPipeState>(cfg, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
-                                             rc.embed && rc.holds_tied_copy(cfg.model));
-}
-
-// What the engine needs before the first step beyond the layout: the references tests ask
-// for (Note [PipeDream-2BW], Note [PipeDream weight stashing]), their hooks, and a PS job's
-// initial weights on the servers (Note [Parameter server]).
-void prepare_engine(const Config& cfg, const TrainOptions& given, const RankContext& rc, Engine& e) {
-  if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
-  if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
-  if (e.async) e.async->on_version = given.on_weight_version;
-  if (e.ps) {
-    e.ps->before_push = given.before_ps_push;
-    if (rc.dp_rank == 0) e.ps->init_servers(e.model.params().data());
-  }
-}
-
 void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
   if (!ls.enabled()) return;
   std::ostringstream os;
@@ -510,14 +484,17 @@ void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
   rep.info(os.str());
 }
 
+void set_thread_count(const Config& cfg) {
+  if (cfg.train.threads <= 0) return;
+  omp_set_num_threads(int(cfg.train.threads));
+  openblas_set_num_threads(int(cfg.train.threads));
+}
+
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
   LOOM_ASSERT(given.out && given.err);
   check_world(cfg, world ? world->world_size() : 1);
-  if (world && world->global_rank() >= cfg.parallel.world()) return run_ps_server(cfg, *world);
-  if (cfg.train.threads > 0) {
-    omp_set_num_threads(int(cfg.train.threads));
-    openblas_set_num_threads(int(cfg.train.threads));
-  }
+  set_thread_count(cfg);  // a parameter server's too
+  if (world && world->global_rank() >= cfg.parallel.world()) return run_ps_server(cfg, given, *world);
   RankContext rc = make_rank_context(cfg, world);
   NullBuffer null_buf;
   std::ostream null_out(&null_buf);
@@ -529,7 +506,9 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const int64_t T = cfg.seq_len(), mb = cfg.micro_batch();
   const std::unique_ptr<TrainData> data = load_train_data(cfg, T);
   const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
-  const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
+  const bool free_ps = rc.ps && cfg.ps.free_running();  // Note [Asynchronous parameter server]: worker 0
+  const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), free_ps ? 0 : rc.dp_rank,  // validates alone
+                            free_ps ? 1 : rc.dp_size, data->order);
   static_assert(data::kPadTarget == kIgnoreTarget);
   const std::unique_ptr<BucketLoader> buckets =
       cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.dp_rank, rc.dp_size) : nullptr;
@@ -558,18 +537,18 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   StepObserver* const observers[] = {&log, &checkpoints, &validation};  // Note [Step observers]
   const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
   StepOutcome held;  // a 2bw step whose loss comes with the next step's result
-  for (int64_t step = first_step; step < cfg.train.steps; step++) {
+  for (int64_t step = first_step; step < cfg.train.steps || (free_ps && first_step < cfg.train.steps); step++) {
     const auto step_start = Clock::now();
     const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step");
-    StepTokens tokens{cfg.train.batch * T, cfg.train.batch * T};
+    const int64_t rows = free_ps ? cfg.train.batch / rc.dp_size : cfg.train.batch;  // free PS: this worker's
+    StepTokens tokens{rows * T, rows * T};
     LossScaler& scaler = updater.scaler();
     const double S = scaler.scale();
     const bool flush = flushes_pipeline(cfg, step);  // Note [PipeDream-2BW]
     const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens, S)
                                       : compute_gradients(e, rc, train_data, cfg, step, mb, T, S, flush);
     if (given.after_gradients) given.after_gradients(step, e.model.grads());
-    total.real += tokens.real;
-    total.positions += tokens.positions;
+    total += tokens;
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
     const Updater::Result u = [&] {
       const Spans::Scope span = spans.open("optimizer", "compute");
@@ -577,7 +556,9 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     }();
     after_update(cfg, e, scaler, rep, sum, all_ranks, global_rank);
     publish(cfg, u, outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start), held, observers);
+    if (u.stop) break;
   }
+  if (rc.ps) finish_ps_worker(cfg, rc, rep, sum, total.real);
   if (trace) finish_trace(*trace, e, world, given.trace_path, rep);
   rep.end_bar();
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);

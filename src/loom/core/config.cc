@@ -213,6 +213,7 @@ std::vector<KeyDef> state_keys() {
       LOOM_FLOAT_KEY(offload, chunk_mb, "parameter offload's chunk size in MiB (0: one chunk per unit)"),
       LOOM_STRING_KEY(ps, mode, "parameter servers (parallel.ps_servers > 0): sync | async | ssp"),
       LOOM_INT_KEY(ps, staleness, "ps.mode = ssp: steps a worker may run ahead of the slowest (>= 0)"),
+      LOOM_BOOL_KEY(ps, sparse_embedding, "push / pull only the embedding rows a step reads; lazy AdamW (Llama, sync)"),
       LOOM_INT_KEY(ps, slow_worker, "benchmarks: this worker runs ps.slow_factor times slower (-1: none)"),
       LOOM_FLOAT_KEY(ps, slow_factor, "benchmarks: the slowed worker's compute time multiplier (>= 1)"),
   };

@@ -270,6 +270,8 @@ struct OffloadConfig {
 struct PsConfig {
   std::string mode = "sync";  // sync (bulk synchronous) | async (each push on arrival) | ssp (bounded staleness)
   int64_t staleness = 2;      // ssp: a worker may run at most this many steps ahead of the slowest
+  // Note [Sparse embeddings] (parallel/ps_sparse.h): the embedding's touched rows only, lazy AdamW.
+  bool sparse_embedding = false;
   // Benchmarks and tests: worker slow_worker (-1: none) sleeps (slow_factor - 1) x its
   // compute time before each push, a straggler running slow_factor times slower.
   int64_t slow_worker = -1;

@@ -259,7 +259,12 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
                    std::to_string(p.dp - 1));
   if (!(c.ps.slow_factor >= 1.0))
     errs.push_back("ps.slow_factor = " + std::to_string(c.ps.slow_factor) + ": expected >= 1");
-  if (p.ps_servers <= 0) return;
+  if (p.ps_servers <= 0) {
+    if (c.ps.mode != "sync" || c.ps.sparse_embedding || c.ps.slow_worker >= 0)
+      errs.push_back("ps.mode = " + c.ps.mode + ", ps.sparse_embedding, ps.slow_worker: parameter-server settings "
+                     "need servers; set parallel.ps_servers > 0 or leave them at their defaults");
+    return;
+  }
   const std::string is = "parallel.ps_servers = " + std::to_string(p.ps_servers) + " ";
   if (p.tp != 1 || p.pp != 1)
     errs.push_back(is + "with tp " + std::to_string(p.tp) + ", pp " + std::to_string(p.pp) +
@@ -277,6 +282,15 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
   if (c.offload.optimizer != "none" || c.offload.params != "none" || c.offload.grads != "none")
     errs.push_back(is + "with offload: the servers keep their state in memory; set offload.* = none");
   if (c.data.bucketing) errs.push_back(is + "with data.bucketing: set data.bucketing = false");
+  if (c.ps.sparse_embedding && c.model.arch != Arch::kLlama)
+    errs.push_back("ps.sparse_embedding = true with model.arch = gpt: GPT's wte is also its output layer, whose "
+                   "gradient touches every row; use model.arch = llama (an untied embedding) or sparse_embedding = false");
+  if (c.ps.sparse_embedding && c.ps.free_running())
+    errs.push_back("ps.sparse_embedding = true with ps.mode = " + c.ps.mode + ": sparse rows run under ps.mode = sync "
+                   "only so far (a free-running worker cannot know its last step to pull the whole table)");
+  if (c.ps.sparse_embedding && c.model.vocab >= (int64_t(1) << 24))
+    errs.push_back("ps.sparse_embedding = true with model.vocab = " + std::to_string(c.model.vocab) +
+                   ": row ids travel as floats, exact below 2^24 rows");
   if (c.train.device != "cpu") errs.push_back(is + "with train.device = " + c.train.device + ": PS runs on the CPU engine");
 }
 

@@ -63,6 +63,7 @@
 #include "loom/comm/group.h"
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
+#include "loom/parallel/ps_sparse.h"
 
 namespace loom::comm {
 class World;
@@ -92,6 +93,12 @@ struct PsPush {
 struct PsAnswer {
   enum : int { kNormSq, kVersion, kStop, kLr, kTrailer };
 };
+// Note [Sparse embeddings]: a push is this header, then the row ids (push rows, pull rows,
+// one pad), then the dense pieces and push rows' floats; the answer is the dense pieces, the
+// pulled rows' floats (kPullRows -1: the whole table's part) and PsAnswer's trailer.
+struct PsSparseHeader {
+  enum : int { kClock, kVersion, kNormSq, kPushRows, kPullRows, kSize };
+};
 
 // What an answer told the worker (the first server's norm and learning rate).
 struct PsReply {
@@ -116,11 +123,31 @@ class PsWorker {
   // Tests: runs before each push (an injected delay reorders arrivals).
   std::function<void(int64_t step)> before_push;
 
+  // Note [Sparse embeddings]: the embedding table (counted apart in the bytes), row-sparse
+  // when `sparse`; then before each push_pull, the rows the step touched and the rows the
+  // next step reads (pull_all: the whole table).
+  void set_table(PsTable t, bool sparse) { table_ = t, sparse_ = sparse; }
+  bool sparse() const { return sparse_; }
+  void set_rows(std::vector<int32_t> push, std::vector<int32_t> pull, bool pull_all);
+  // Bytes this worker sent plus received, all and the embedding table's share, per push_pull.
+  double bytes_per_step() const { return calls_ ? bytes_ / double(calls_) : 0.0; }
+  double table_bytes_per_step() const { return calls_ ? table_bytes_ / double(calls_) : 0.0; }
+
  private:
+  PsReply push_pull_sparse(const float* grads, float* params, int64_t clock, double norm_sq);
+  void read_answer(size_t s, std::span<const float> in, PsReply& reply, std::vector<bool>& stopped);
+  void send_byes(int64_t clock, const std::vector<bool>& stopped);
+
   comm::Group& link_;
   std::vector<FlatRange> ranges_;
   std::vector<float> out_, in_;          // one slice and its trailer
   std::vector<float> versions_;          // per server: the version of the slice we hold
+  PsTable table_;
+  bool sparse_ = false;
+  std::vector<int32_t> push_rows_, pull_rows_;
+  bool pull_all_ = true;
+  double bytes_ = 0, table_bytes_ = 0;
+  int64_t calls_ = 0;
 };
 
 // Tags of a clock's messages (each link delivers in order; the tag catches a mix-up), and of

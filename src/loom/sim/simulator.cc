@@ -231,12 +231,26 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
 // node, else the inter-node one - plus its latency; between them the servers run AdamW on
 // P / S parameters (32 bytes each: read w, g, m, v, write w, m, v). Nothing overlaps:
 // a sync round starts after backward and the next step waits for the pull.
+// Under ps.sparse_embedding (Note [Sparse embeddings]) the table's V d floats move as the U
+// rows a worker's step reads, U = V (1 - (1 - 1/V)^n) for its n tokens per step (uniform
+// draws: an upper bound for text, whose Zipf tail repeats tokens), d + 1 floats each (the
+// id), each way; the servers' lazy AdamW updates the union of the W workers' rows, at most
+// min(V, W U) of them.
 double ps_round_s(const Setup& s, double params) {
-  const ParallelConfig& par = s.plan.cfg.parallel;
-  const double W = double(s.dp), S = double(par.ps_servers), bytes = params * 4;
+  const Config& cfg = s.plan.cfg;
+  const ParallelConfig& par = cfg.parallel;
+  const double W = double(s.dp), S = double(par.ps_servers);
+  double moved = params, updated = params;  // floats each way per worker; floats the servers update
+  if (cfg.ps.sparse_embedding) {
+    const double V = double(cfg.model.vocab), d = double(cfg.model.d_model);
+    const double n = double(cfg.micro_batch() * cfg.train.grad_accum * s.seq);
+    const double U = V * (1.0 - std::pow(1.0 - 1.0 / V, n));
+    moved = params - V * d + U * (d + 1), updated = params - V * d + std::min(V, W * U) * d;
+  }
   const LinkTier& link = par.ranks() <= s.cluster.devices_per_node ? s.cluster.intra : s.cluster.inter;
+  const double bytes = moved * 4;
   const double one_way = std::max(bytes, W * bytes / S) / (link.bw * link.efficiency) + link.latency_s;
-  return 2 * one_way + memory_time_s(s.cluster.device, params / S * 32.0);
+  return 2 * one_way + memory_time_s(s.cluster.device, updated / S * 32.0);
 }
 
 // Pipeline rank r's memory at its peak (rep: its params so far).

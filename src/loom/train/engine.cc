@@ -89,9 +89,12 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     }
   }
   memory.category("buffers");
-  if (rc.ps)  // Note [Parameter server]
+  if (rc.ps) {  // Note [Parameter server]
     ps = std::make_unique<parallel::PsWorker>(*rc.ps, parallel::ps_partition(int64_t(model.params().size()),
                                                                               int(cfg.parallel.ps_servers)));
+    const ParamSpec& wte = model.layout().at("wte");  // Note [Sparse embeddings]
+    ps->set_table({wte.offset, wte.shape[0], wte.shape[1]}, cfg.ps.sparse_embedding);
+  }
   if (rc.schedule) {
     pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T,
                                                       cfg.comm.p2p_dtype == "bf16", &memory);

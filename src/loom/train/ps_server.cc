@@ -18,6 +18,7 @@
 #include "loom/model/layout.h"
 #include "loom/optim/optimizer.h"
 #include "loom/parallel/ps.h"
+#include "loom/train/data.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/run_start.h"
 #include "loom/train/step_observers.h"
@@ -40,8 +41,13 @@ class PsServer {
   double pushes = 0, max_stale = 0, sum_stale = 0;
 
  private:
-  // One AdamW step on the range from the gradient in g_, clipped by the global `norm`.
-  void apply(double norm, double lr);
+  // One AdamW step on `ranges` of the range from the gradient in grad_, clipped by the global
+  // `norm` (lazy for the table's rows: Note [Sparse embeddings]).
+  void apply(double norm, double lr, const std::vector<FlatRange>& ranges);
+  // A sync round's pushes summed into grad_, in worker order; returns the ranges they cover.
+  std::vector<FlatRange> take_dense(int64_t step);
+  std::vector<FlatRange> take_sparse(int64_t step);
+  comm::Work answer_sparse(int w, double norm_sq, int64_t version, bool stop, double lr);
   // Answers worker w with the range as it is now (async: the send runs on w's link).
   comm::Work answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async);
   void record(int w, const float* trailer);
@@ -62,6 +68,12 @@ class PsServer {
   AdamW adamw_;
   std::span<float> p_, g_;
   std::vector<std::vector<float>> in_, out_;  // per worker: its push, its answer
+  // Note [Sparse embeddings]: the table, the step's touched rows (marks over the table) and
+  // each worker's pull request (rows; pull_all_ the whole part).
+  parallel::PsTable table_;
+  std::vector<char> touched_;
+  std::vector<std::vector<int32_t>> pulls_;
+  std::vector<char> pull_all_;
 };
 
 PsServer::PsServer(const Config& cfg, const TrainOptions& opt, comm::World& world)
@@ -86,13 +98,21 @@ PsServer::PsServer(const Config& cfg, const TrainOptions& opt, comm::World& worl
     out_.emplace_back(size_t(own_.count + PsAnswer::kTrailer));
   }
   links_[0]->recv(p_, 0, parallel::kPsInitTag);  // worker 0's initial weights
+  if (cfg.ps.sparse_embedding) {
+    const ParamSpec& wte = layout_.at("wte");
+    table_ = {wte.offset, wte.shape[0], wte.shape[1]};
+    touched_.assign(size_t(table_.rows), 0);
+    pulls_.resize(size_t(W_)), pull_all_.assign(size_t(W_), 0);
+  }
 }
 
-void PsServer::apply(double norm, double lr) {
+void PsServer::apply(double norm, double lr, const std::vector<FlatRange>& ranges) {
   const Kernels& k = kernels(KernelBackend::kCpu);
   if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef != 1.0)
-    k.scale_inplace(g_.data(), own_.count, float(coef));
-  adamw_.step(k, params_, grad_, lr);
+    for (const FlatRange& r : ranges) k.scale_inplace(grad_.data() + r.offset, r.count, float(coef));
+  const int64_t t = adamw_.steps_taken() + 1;
+  adamw_.step_ranges(k, params_, grad_, lr, t, ranges);
+  adamw_.set_steps_taken(t);
 }
 
 comm::Work PsServer::answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async) {
@@ -141,24 +161,86 @@ void PsServer::run_sync(int64_t first) {
   const Kernels& k = kernels(KernelBackend::kCpu);
   const float inv = 1.0f / float(W_);
   for (int64_t step = first; step < cfg_.train.steps; ++step) {
-    for (int w = 0; w < W_; ++w) {
-      std::vector<float>& in = in_[size_t(w)];
-      links_[size_t(w)]->recv(std::span<float>(in), 0, parallel::ps_tag(step));
-      LOOM_ASSERT(int64_t(in[size_t(own_.count) + PsPush::kClock]) == step, "a sync push out of its round");
-      record(w, in.data() + own_.count);
-      if (w == 0) std::copy(in.begin(), in.begin() + own_.count, g_.begin());
-      else std::transform(g_.begin(), g_.end(), in.begin(), g_.begin(), std::plus<float>());
-    }
-    for (float& x : g_) x *= inv;
-    double norm_sq[1] = {sum_squares(k, grad_.data(), {own_})};
+    const std::vector<FlatRange> ranges = table_.on() ? take_sparse(step) : take_dense(step);
+    for (const FlatRange& r : ranges)
+      for (float& x : std::span<float>(grad_.data() + r.offset, size_t(r.count))) x *= inv;
+    double norm_sq[1] = {sum_squares(k, grad_.data(), ranges)};
     peers_->all_reduce(std::span<double>(norm_sq, 1), comm::ReduceOp::kSum);
     const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
-    apply(std::sqrt(norm_sq[0]), lr);
+    apply(std::sqrt(norm_sq[0]), lr, ranges);
+    const bool last = step + 1 == cfg_.train.steps;
     std::vector<comm::Work> sent;
-    for (int w = 0; w < W_; ++w) sent.push_back(answer(w, norm_sq[0], step + 1, step + 1 == cfg_.train.steps, lr, true));
+    for (int w = 0; w < W_; ++w)
+      sent.push_back(table_.on() ? answer_sparse(w, norm_sq[0], step + 1, last, lr)
+                                 : answer(w, norm_sq[0], step + 1, last, lr, true));
     for (comm::Work& s : sent) s.wait();
+    if (table_.on())  // the touched rows' gradient back to zero for the next round's sums
+      for (const FlatRange& r : ranges) std::fill_n(grad_.data() + r.offset, r.count, 0.0f);
     if (saves_checkpoint(cfg_, step)) save(step + 1);
   }
+}
+
+std::vector<FlatRange> PsServer::take_dense(int64_t step) {
+  for (int w = 0; w < W_; ++w) {
+    std::vector<float>& in = in_[size_t(w)];
+    links_[size_t(w)]->recv(std::span<float>(in), 0, parallel::ps_tag(step));
+    LOOM_ASSERT(int64_t(in[size_t(own_.count) + PsPush::kClock]) == step, "a sync push out of its round");
+    record(w, in.data() + own_.count);
+    if (w == 0) std::copy(in.begin(), in.begin() + own_.count, g_.begin());
+    else std::transform(g_.begin(), g_.end(), in.begin(), g_.begin(), std::plus<float>());
+  }
+  return {own_};
+}
+
+// Note [Sparse embeddings]: grad_ is zero on the table between rounds; every push adds its
+// dense pieces and rows (x + 0 is x: the first worker's bits as a copy would give them).
+std::vector<FlatRange> PsServer::take_sparse(int64_t step) {
+  using parallel::PsSparseHeader;
+  std::vector<FlatRange> ranges = parallel::dense_pieces(own_, table_);
+  for (const FlatRange& r : ranges) std::fill_n(grad_.data() + r.offset, r.count, 0.0f);
+  std::vector<int32_t> rows;
+  for (int w = 0; w < W_; ++w) {
+    comm::Group& link = *links_[size_t(w)];
+    float head[PsSparseHeader::kSize];
+    link.recv(std::span<float>(head, PsSparseHeader::kSize), 0, parallel::ps_tag(step));
+    LOOM_ASSERT(int64_t(head[PsSparseHeader::kClock]) == step, "a sync push out of its round");
+    record(w, head);
+    const int64_t n_push = int64_t(head[PsSparseHeader::kPushRows]), n_pull = int64_t(head[PsSparseHeader::kPullRows]);
+    std::vector<float> ids(size_t(n_push + std::max<int64_t>(n_pull, 0) + 1));
+    link.recv(std::span<float>(ids), 0, parallel::ps_tag(step));
+    const std::vector<int32_t> push(ids.begin(), ids.begin() + n_push);
+    pulls_[size_t(w)].assign(ids.begin() + n_push, ids.end() - 1);
+    pull_all_[size_t(w)] = n_pull < 0;
+    std::vector<FlatRange> pieces = parallel::dense_pieces(own_, table_);
+    const std::vector<FlatRange> pushed = parallel::row_pieces(push, own_, table_);
+    pieces.insert(pieces.end(), pushed.begin(), pushed.end());
+    std::vector<float> payload(size_t(parallel::floats_of(pieces)));
+    link.recv(std::span<float>(payload), 0, parallel::ps_tag(step));
+    const float* at = payload.data();
+    for (const FlatRange& r : pieces)
+      for (int64_t i = 0; i < r.count; ++i) grad_[size_t(r.offset + i)] += *at++;
+    for (int32_t r : push)
+      if (!touched_[size_t(r)]) touched_[size_t(r)] = 1, rows.push_back(r);
+  }
+  std::sort(rows.begin(), rows.end());
+  for (int32_t r : rows) touched_[size_t(r)] = 0;
+  const std::vector<FlatRange> touched = parallel::row_pieces(rows, own_, table_);
+  ranges.insert(ranges.end(), touched.begin(), touched.end());
+  return ranges;
+}
+
+comm::Work PsServer::answer_sparse(int w, double norm_sq, int64_t version, bool stop, double lr) {
+  std::vector<FlatRange> pieces = parallel::dense_pieces(own_, table_);
+  const std::vector<FlatRange> pulled = pull_all_[size_t(w)] ? parallel::table_part(own_, table_)
+                                                             : parallel::row_pieces(pulls_[size_t(w)], own_, table_);
+  pieces.insert(pieces.end(), pulled.begin(), pulled.end());
+  std::vector<float>& out = out_[size_t(w)];
+  out.resize(size_t(parallel::floats_of(pieces) + PsAnswer::kTrailer));
+  parallel::gather_ranges(params_.data(), pieces, out.data());
+  float* t = out.data() + out.size() - PsAnswer::kTrailer;
+  t[PsAnswer::kNormSq] = float(norm_sq), t[PsAnswer::kVersion] = float(version);
+  t[PsAnswer::kStop] = stop ? 1.0f : 0.0f, t[PsAnswer::kLr] = float(lr);
+  return links_[size_t(w)]->send(std::span<const float>(out), 0, parallel::ps_tag(version - 1), {.async = true});
 }
 
 // Note [Asynchronous parameter server]: one receive per running link at once; each push is
@@ -190,7 +272,7 @@ void PsServer::run_free(int64_t first) {
       record(w, t);
       std::copy(in_[size_t(w)].begin(), in_[size_t(w)].begin() + own_.count, g_.begin());
       const double lr = lr_at(cfg_.optim, applied / W_, cfg_.train.steps) / W_;
-      apply(std::sqrt(double(t[PsPush::kNormSq])), lr);
+      apply(std::sqrt(double(t[PsPush::kNormSq])), lr, {own_});
       ++applied, ++clock[size_t(w)], held[size_t(w)] = 1;
     }
     const bool stop = applied >= budget;
@@ -239,7 +321,8 @@ void agree_ps_figures(comm::Group& world_group, TrainSummary& sum, double pushes
   sum.ps_pushes = int64_t(v[0]), sum.ps_max_staleness = v[1], sum.ps_mean_staleness = v[2];
 }
 
-void finish_ps_worker(const Config& cfg, const RankContext& rc, Reporter& rep, TrainSummary& sum, int64_t& tokens) {
+void finish_ps_worker(const Config& cfg, const RankContext& rc, const parallel::PsWorker& ps, Reporter& rep,
+                      TrainSummary& sum, int64_t& tokens) {
   if (cfg.ps.free_running()) {
     double t[1] = {double(tokens)};
     everyone(rc)->all_reduce(std::span<double>(t, 1), comm::ReduceOp::kSum);
@@ -247,12 +330,32 @@ void finish_ps_worker(const Config& cfg, const RankContext& rc, Reporter& rep, T
   }
   agree_ps_figures(rc.world->world_group(), sum, 0, 0, 0);
   sum.ps_worker_pushes = int64_t(sum.losses.size());
+  sum.ps_bytes_per_step = ps.bytes_per_step(), sum.ps_table_bytes_per_step = ps.table_bytes_per_step();
   std::ostringstream os;
-  os << "parameter servers (ps.mode " << cfg.ps.mode << "): " << sum.ps_pushes << " pushes applied, worker 0 made "
-     << sum.ps_worker_pushes << "; gradient staleness max " << sum.ps_max_staleness << ", mean " << std::fixed
-     << std::setprecision(2) << sum.ps_mean_staleness << " steps";
+  os << "parameter servers (ps.mode " << cfg.ps.mode << (cfg.ps.sparse_embedding ? ", sparse embedding" : "")
+     << "): " << sum.ps_pushes << " pushes applied, worker 0 made " << sum.ps_worker_pushes << "; gradient staleness max "
+     << sum.ps_max_staleness << ", mean " << std::fixed << std::setprecision(2) << sum.ps_mean_staleness << " steps";
   if (cfg.ps.mode == "ssp") os << " (bound ps.staleness = " << cfg.ps.staleness << ")";
+  os << "; worker 0 sent + received " << sum.ps_bytes_per_step / 1e6 << " MB per step, the embedding table's "
+     << sum.ps_table_bytes_per_step / 1e6 << " MB";
   rep.info(os.str());
+}
+
+void choose_ps_rows(const Config& cfg, const DataLoader& data, parallel::PsWorker& ps, int64_t step, int64_t mb,
+                    int64_t T) {
+  const int64_t accum = cfg.train.grad_accum;
+  parallel::RowSet set(cfg.model.vocab);
+  std::vector<int32_t> tok(size_t(mb * T)), tgt(tok.size());
+  auto rows_of = [&](int64_t s) {
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      const int64_t rows = data.train_batch(s, micro, accum, cfg.train.batch, tok.data(), tgt.data());
+      set.add(tok.data(), rows * T);
+    }
+    return set.take();
+  };
+  std::vector<int32_t> push = rows_of(step);
+  const bool all = validates(cfg, step) || step + 1 == cfg.train.steps;
+  ps.set_rows(std::move(push), all ? std::vector<int32_t>{} : rows_of(step + 1), all);
 }
 
 }  // namespace loom

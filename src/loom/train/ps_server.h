@@ -13,8 +13,13 @@ class World;
 class Group;
 }  // namespace loom::comm
 
+namespace loom::parallel {
+class PsWorker;
+}
+
 namespace loom {
 
+class DataLoader;
 class Reporter;
 struct RankContext;
 
@@ -28,6 +33,13 @@ void agree_ps_figures(comm::Group& world_group, TrainSummary& sum, double pushes
 
 // A worker after its last step: under async / ssp `tokens` (this worker's) becomes the
 // workers' sum; the servers' figures are agreed and logged.
-void finish_ps_worker(const Config& cfg, const RankContext& rc, Reporter& rep, TrainSummary& sum, int64_t& tokens);
+void finish_ps_worker(const Config& cfg, const RankContext& rc, const parallel::PsWorker& ps, Reporter& rep,
+                      TrainSummary& sum, int64_t& tokens);
+
+// Note [Sparse embeddings]: before step `step`'s push, the rows its batch read (every
+// micro-batch of this worker) and the rows the next step reads, or the whole table before a
+// validation and at the end.
+void choose_ps_rows(const Config& cfg, const DataLoader& data, parallel::PsWorker& ps, int64_t step, int64_t mb,
+                    int64_t T);
 
 }  // namespace loom

@@ -62,6 +62,9 @@ struct TrainSummary {
   // the largest). This worker's pushes.
   int64_t ps_pushes = 0, ps_worker_pushes = 0;
   double ps_max_staleness = 0, ps_mean_staleness = 0;
+  // This worker's bytes sent plus received per step, all and the embedding table's share
+  // (Note [Sparse embeddings]: the touched and pulled rows and their ids).
+  double ps_bytes_per_step = 0, ps_table_bytes_per_step = 0;
   // Data parallel only: share of gradient-communication time that ran during backward
   // (Note [Overlap] in parallel/grad_sync.h) and the seconds waited for it afterwards.
   double comm_hidden_fraction = -1;

@@ -176,6 +176,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
     }
     e.memory.sample();
   } else {
+    if (e.ps && e.ps->sparse()) choose_ps_rows(cfg, data, *e.ps, step, mb, T);  // Note [Sparse embeddings]
     std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
     for (int64_t micro = 0; micro < accum; micro++) {
       const bool last = micro + 1 == accum;
@@ -558,7 +559,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     publish(cfg, u, outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start), held, observers);
     if (u.stop) break;
   }
-  if (rc.ps) finish_ps_worker(cfg, rc, rep, sum, total.real);
+  if (rc.ps) finish_ps_worker(cfg, rc, *e.ps, rep, sum, total.real);
   if (trace) finish_trace(*trace, e, world, given.trace_path, rep);
   rep.end_bar();
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);

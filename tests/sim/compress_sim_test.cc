@@ -131,6 +131,43 @@ TEST(Planner, OffersAsynchronousPipelinesOnlyWhereTheyRun) {
   EXPECT_GT(count(plan::search_plans(req)), 0);
 }
 
+// Parameter-server layouts in loom plan (Note [Simulated parameter server]): only when asked,
+// S servers and 4 - S workers on 4 GPUs, each priced as loom simulate prices it; sparse rows
+// (a Llama) carry lazy AdamW's caveat and move less than the dense rounds.
+TEST(Planner, OffersParameterServersWhenAsked) {
+  plan::PlanRequest req = gpt2_request(100000);
+  req.cluster = load_cluster("dgx-a100", {}, 4, "");
+  req.global_batch = 12;
+  auto ps_layouts = [](const plan::PlanReport& rep) {
+    std::vector<const plan::PlanCandidate*> out;
+    for (const plan::PlanCandidate& c : rep.ranked)
+      if (c.plan.cfg.parallel.ps_servers > 0) out.push_back(&c);
+    return out;
+  };
+  EXPECT_TRUE(ps_layouts(plan::search_plans(req)).empty());
+  req.ps = true;
+  const plan::PlanReport dense = plan::search_plans(req);
+  ASSERT_FALSE(ps_layouts(dense).empty());
+  for (const plan::PlanCandidate* c : ps_layouts(dense)) {
+    const ParallelConfig& q = c->plan.cfg.parallel;
+    EXPECT_EQ(q.dp + q.ps_servers, 4) << plan::layout_label(c->plan);
+    EXPECT_EQ(q.tp * q.pp, 1);
+    EXPECT_NE(plan::layout_label(c->plan).find("parameter servers"), std::string::npos);
+    EXPECT_DOUBLE_EQ(c->result.step_time_s, simulate(c->plan, req.cluster).step_time_s);
+    EXPECT_GT(c->result.ranks[0].ps_s, 0.0);
+  }
+  req.like.cfg = load_config("", {"model.preset=llama", "model.vocab=50257", "train.batch=12"});
+  req.ps_sparse = true;
+  const plan::PlanReport sparse = plan::search_plans(req);
+  ASSERT_FALSE(ps_layouts(sparse).empty());
+  for (const plan::PlanCandidate* c : ps_layouts(sparse)) {
+    EXPECT_NE(plan::approximation_caveat(c->plan).find("lazy AdamW"), std::string::npos);
+    SimPlan as_dense = c->plan;
+    as_dense.cfg.ps.sparse_embedding = false;
+    EXPECT_LT(c->result.ranks[0].ps_s, simulate(as_dense, req.cluster).ranks[0].ps_s) << plan::layout_label(c->plan);
+  }
+}
+
 // ZeRO++ in loom plan: across the slow link the fastest ZeRO-3 candidate whose dp group spans
 // both nodes (dp 16) uses it; not asked for, or on one node, no candidate does; an
 // approximate one carries the caveat, hpZ alone (exact) none.

@@ -106,6 +106,7 @@ struct PlanArgs {
   int64_t top = 5;
   std::string emit, out; // --emit loom | megatron, written to --out (stdout when empty)
   std::string compress = "auto";  // auto | none | a list of compressors (Note [Gradient compressors])
+  std::string ps;                 // "" | dense | sparse: parameter-server layouts tried too
 };
 int run_plan(const PlanArgs& a);
 

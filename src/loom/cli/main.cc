@@ -174,6 +174,9 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   add_sim_flags(pc, a.plan.sim);
   pc->add_option("--top", a.plan.top, "Plans to print, fastest first (--cp N searches context parallel 1, 2, 4 .. N)")
       ->capture_default_str();
+  pc->add_option("--ps", a.plan.ps,
+                 "Also try parameter-server layouts (1, 2, 4 .. servers taking GPUs, the rest dp workers, ps.mode sync): "
+                 "dense, or sparse (a Llama's embedding rows, Note [Sparse embeddings])");
   pc->add_option("--emit", a.plan.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
   pc->add_option("--out", a.plan.out, "Write --emit output to this file");
   pc->add_option("--compress", a.plan.compress,

@@ -43,6 +43,13 @@ void set_compressors(const std::string& flag, plan::PlanRequest& req) {
   req.compress_everywhere = true;
 }
 
+// --ps dense | sparse: parameter-server layouts searched too (empty: not).
+void set_ps(const std::string& flag, plan::PlanRequest& req) {
+  if (!flag.empty() && flag != "dense" && flag != "sparse")
+    throw ConfigError("--ps '" + flag + "': expected dense or sparse (parameter-server layouts to try)");
+  req.ps = !flag.empty(), req.ps_sparse = flag == "sparse";
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& a) {
@@ -69,6 +76,7 @@ int run_plan(const PlanArgs& a) {
   for (int64_t cp = 1; cp <= a.sim.cp; cp *= 2)
     if (req.like.cfg.seq_len() % cp == 0) req.cp.push_back(cp);
   set_compressors(a.compress, req);
+  set_ps(a.ps, req);
   const plan::PlanReport rep = plan::search_plans(req);
   if (rep.ranked.empty()) {
     std::string why;

@@ -201,6 +201,8 @@ std::string layout_label(const sim::SimPlan& p) {
   if (q.compress != CompressKind::kNone) os << " compress " << compress_name(q.compress);
   if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz)
     os << " zero++" << (q.zeropp_qwz ? " qwz" : "") << (q.zeropp_qgz ? " qgz" : "") << (q.zeropp_hpz ? " hpz" : "");
+  if (q.ps_servers > 0)
+    os << " + " << q.ps_servers << " parameter servers" << (p.cfg.ps.sparse_embedding ? " (sparse embedding)" : "");
   if (p.cfg.offload.optimizer == "disk") os << " optimizer-offload";
   if (p.cfg.offload.params == "disk") os << " param-offload";
   if (p.cfg.offload.grads == "disk") os << " grad-offload";
@@ -218,6 +220,10 @@ std::string layout_key(const sim::SimPlan& p) {
 
 std::string approximation_caveat(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
+  if (q.ps_servers > 0 && p.cfg.ps.sparse_embedding)  // Note [Sparse embeddings]
+    return "lazy AdamW on the embedding rows (untouched rows keep their weights and moments) changes the "
+           "optimisation; the rows a batch reads are priced as uniform draws (an upper bound); compare validation "
+           "curves against dense parameter servers";
   if (q.schedule == ScheduleKind::k2BW && q.pp > 1)  // Note [PipeDream-2BW]
     return "one-step-delayed updates (PipeDream-2BW, W(t+1) = W(t) - lr grad f(W(t-1))) change the optimisation: "
            "the steady step is priced (no flush; checkpoint and validation steps flush), the accuracy cost is not "
@@ -248,13 +254,45 @@ std::string approximation_caveat(const sim::SimPlan& p) {
          "curve (docs/benchmarks.md)";
 }
 
+// PlanRequest::ps: S servers and gpus - S data-parallel workers (tp = pp = 1, zero 0), each
+// micro-batch and recompute policy the batch allows (none unless asked).
+std::vector<PlanCandidate> ps_candidates(const PlanRequest& req, Acc& acc, PlanReport& rep) {
+  std::vector<PlanCandidate> kept;
+  if (!req.ps) return kept;
+  const int64_t gpus = req.cluster.devices(), B = req.global_batch;
+  for (int64_t S = 1; S < gpus; S *= 2)
+    for (int64_t mb : {1, 2, 4, 8})
+      for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+        sim::SimPlan plan = req.like;
+        ParallelConfig& q = plan.cfg.parallel;
+        q.tp = 1, q.pp = 1, q.dp = gpus - S, q.ps_servers = S, q.micro_batch = mb, q.zero = 0, q.recompute = {rc};
+        q.schedule = ScheduleKind::k1F1B, q.vpp = 1, q.compress = CompressKind::kNone;
+        plan.cfg.ps.mode = "sync", plan.cfg.ps.sparse_embedding = req.ps_sparse;
+        plan.cfg.train.batch = B;
+        if (B % (mb * q.dp) != 0) {
+          acc.prune("indivisible: global batch not a multiple of micro-batch x dp", layout_label(plan));
+          continue;
+        }
+        plan.cfg.train.grad_accum = B / (mb * q.dp);
+        if (const std::vector<std::string> errs = validation_errors(plan.cfg); !errs.empty()) {
+          acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
+          continue;
+        }
+        PlanCandidate c{plan, sim::simulate(plan, req.cluster), "uniform"};
+        ++rep.evaluated;
+        if (!fits(c.result, req.cluster)) acc.prune("out of memory", layout_label(plan));
+        else kept.push_back(std::move(c));
+      }
+  return kept;
+}
+
 PlanReport search_plans(const PlanRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   PlanReport rep;
   Acc acc{rep};
   const int64_t gpus = req.cluster.devices(), B = req.global_batch, L = req.like.cfg.model.layers;
   LOOM_CHECK(B > 0, "--global-batch is required (sequences per optimizer step)");
-  std::vector<PlanCandidate> kept;
+  std::vector<PlanCandidate> kept = ps_candidates(req, acc, rep);
   for (int64_t tp : divisors(gpus, req.cluster.devices_per_node))
     for (int64_t pp : divisors(gpus / tp, L))
       for (int64_t cp : req.cp) {
@@ -374,6 +412,8 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
     os << "\n# parallel.zero_keep " << zero_keep_text(q.zero_keep) << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
   if (q.compress != CompressKind::kNone)
     os << "\n# parallel.compress = " << compress_name(q.compress) << " (compressed gradients) has no Megatron-LM flag";
+  if (q.ps_servers > 0)
+    os << "\n# parallel.ps_servers = " << q.ps_servers << " (parameter servers) has no Megatron-LM flag";
   if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz) os << "\n# ZeRO++ (parallel.zeropp_*) has no Megatron-LM flag";
   if (full > 0 && full < m.layers)
     os << "\n# per-layer recompute " << recompute_text(q.recompute) << " maps to block recompute of the first layers of each stage";

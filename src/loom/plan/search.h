@@ -33,6 +33,10 @@ struct PlanRequest {
   // offload.dir is this (an existing directory on the tier).
   bool offload = true;
   std::string offload_dir = "/var/tmp";
+  // Parameter-server layouts (Note [Parameter server]) tried besides collective ones: S = 1,
+  // 2, 4, ... < devices servers taking device slots, the rest dp workers (tp = pp = 1, zero 0,
+  // ps.mode sync), with sparse embedding rows when ps_sparse (a Llama).
+  bool ps = false, ps_sparse = false;
 };
 
 struct PlanCandidate {

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/optim/optimizer.h"
@@ -53,6 +54,37 @@ TEST(Optimizer, AdamWDecaysMatricesOnlyAndMatchesClosedForm) {
   fresh.step(kernels(KernelBackend::kCpu), p, g, 0.1);
   EXPECT_NEAR(p[layout.at("h.0.norm1.b").offset], -0.1, 1e-6);
   EXPECT_EQ(fresh.steps_taken(), 1);
+}
+
+// Note [SGD with momentum]: three steps against torch.optim.SGD's rule in fp64 (coupled L2 on
+// the matrices only, dampening 0); v stays zero and the step count advances.
+TEST(Optimizer, SgdWithMomentumFollowsTorchsRule) {
+  ModelConfig m;
+  apply_model_preset(m, "tiny");
+  m.layers = 1;
+  const ParamLayout layout(m);
+  OptimConfig o;
+  o.name = "sgd", o.momentum = 0.8, o.weight_decay = 0.25;
+  AdamW opt(layout, o);
+  const int64_t n = layout.total_floats();
+  std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  std::vector<double> want_p(static_cast<size_t>(n)), buf(static_cast<size_t>(n), 0.0);
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::sin(double(i))), want_p[size_t(i)] = p[size_t(i)];
+  const int64_t mat = layout.at("h.0.attn.qkv.w").offset, norm = layout.at("h.0.norm1.w").offset;
+  for (int step = 0; step < 3; ++step) {
+    for (int64_t i = 0; i < n; ++i) g[size_t(i)] = float(std::cos(double(i + 7 * step)));
+    const double lr = 0.05 * (step + 1);
+    opt.step(kernels(KernelBackend::kCpu), p, g, lr);
+    for (int64_t i : {mat, mat + 5, norm, norm + 3}) {
+      const double wd = i == mat || i == mat + 5 ? 0.25 : 0.0;  // the norm weights are not decayed
+      buf[size_t(i)] = 0.8 * buf[size_t(i)] + (double(g[size_t(i)]) + wd * want_p[size_t(i)]);
+      want_p[size_t(i)] -= lr * buf[size_t(i)];
+    }
+  }
+  for (int64_t i : {mat, mat + 5, norm, norm + 3}) EXPECT_NEAR(p[size_t(i)], want_p[size_t(i)], 1e-6) << i;
+  EXPECT_EQ(opt.steps_taken(), 3);
+  const std::span<float> v = opt.moment(1);
+  EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
 }
 
 // Note [1-bit Adam]: with the reduced update u left as momentum_to_update made it, the two

@@ -84,6 +84,20 @@ TEST(ParameterServer, SyncEqualsTheSingleProcessRunWithShuffledArrivals) {
   }
 }
 
+// Note [SGD with momentum] on the servers: sync PS with optim.name = sgd is the single-process
+// SGD run within loom verify's tolerances (the servers keep the momentum; clipping on).
+TEST(ParameterServer, SyncServersRunSgdAsTheSingleProcessDoes) {
+  const std::vector<std::string> sgd = {"optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.05"};
+  const TrainSummary ref = testing_support::train_keeping_params(base(sgd))[0];
+  std::vector<std::string> sets = sgd;
+  sets.insert(sets.end(), {"parallel.dp=2", "parallel.ps_servers=2"});
+  const Config c = base(sets);
+  const TrainSummary got = testing_support::train_keeping_params(c)[0];
+  const VerifyRow row = compare_runs("ps sgd", ref, got, tolerance_for(c));
+  EXPECT_TRUE(row.ok) << row.error << " loss rel " << row.max_loss_rel << ", weight " << row.max_weight_abs;
+  EXPECT_LT(got.losses.back(), got.losses.front());
+}
+
 // With one worker there is nothing to be stale against: async and ssp (bound 0) apply the
 // same gradients in the same order at the same learning rates as sync, so the runs agree bit
 // for bit (no clipping: sync clips by the servers' norm sum, async by the worker's own).

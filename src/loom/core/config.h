@@ -66,6 +66,14 @@ struct OptimConfig {
   double weight_decay = 0.1;   // decoupled; applied to matrices only (not norms/biases)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;      // global L2 norm; 0 disables
+  // adamw | sgd (Note [SGD with momentum] in optim/optimizer.h: torch.optim.SGD's rule with
+  // `momentum`, coupled L2 weight decay on the decayed tensors; beta1/beta2/eps unused).
+  std::string name = "adamw";
+  double momentum = 0.9;
+  bool sgd() const { return name == "sgd"; }
+  // Bytes a parameter's update reads and writes (AdamW: w, g, m, v in, w, m, v out; SGD:
+  // w, g, m in, w, m out), for the simulator's optimizer and server times.
+  double update_bytes() const { return sgd() ? 20.0 : 32.0; }
 };
 
 struct CheckpointConfig {

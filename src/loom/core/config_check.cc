@@ -147,6 +147,8 @@ void check_optim(const OptimConfig& o, std::vector<std::string>& errs) {
   if (!(o.beta2 >= 0 && o.beta2 < 1)) errs.push_back("optim.beta2 = " + fmt_double(o.beta2) + ": expected [0, 1)");
   if (!(o.eps > 0)) errs.push_back("optim.eps = " + fmt_double(o.eps) + ": expected > 0");
   if (!(o.grad_clip >= 0)) errs.push_back("optim.grad_clip = " + fmt_double(o.grad_clip) + ": expected >= 0");
+  if (o.name != "adamw" && o.name != "sgd") errs.push_back("optim.name = '" + o.name + "': expected adamw or sgd");
+  if (!(o.momentum >= 0 && o.momentum < 1)) errs.push_back("optim.momentum = " + fmt_double(o.momentum) + ": expected [0, 1)");
 }
 
 // Note [Memory budget], Note [Optimizer offload].
@@ -246,6 +248,16 @@ void check_streams(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "with train.device = " + c.train.device + ": " + name + " runs on the CPU engine");
 }
 
+// Note [SGD with momentum] (optim/optimizer.h): the modes that are Adam's own refuse it.
+void check_sgd(const Config& c, std::vector<std::string>& errs) {
+  if (!c.optim.sgd()) return;
+  if (compress_in_optimizer(c.parallel.compress))
+    errs.push_back(std::string("optim.name = sgd with parallel.compress = ") + compress_name(c.parallel.compress) +
+                   ": 1-bit and 0/1 Adam are Adam's update; use optim.name = adamw, or another compressor");
+  if (c.train.device != "cpu")
+    errs.push_back("optim.name = sgd with train.device = " + c.train.device + ": the CUDA backend runs AdamW only");
+}
+
 // Note [Parameter server] (parallel/ps.h): what a PS job composes with so far.
 void check_ps(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
@@ -305,6 +317,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   check_memory(c, errs);
   check_streams(c, errs);
   check_ps(c, errs);
+  check_sgd(c, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

@@ -106,6 +106,19 @@ std::span<float> AdamW::moment(int which) {
   return which == 0 ? std::span<float>(m_) : std::span<float>(v_);
 }
 
+void AdamW::update_run(const Kernels& k, float* p, const float* g, float* m, float* v, int64_t n, double lr, float wd,
+                       int64_t t) const {
+  if (!cfg_.sgd()) {
+    k.adamw_update(p, g, m, v, n, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t);
+    return;
+  }
+  const float mu = float(cfg_.momentum), step = float(lr);  // Note [SGD with momentum]
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = mu * m[i] + (g[i] + wd * p[i]);
+    p[i] -= step * m[i];
+  }
+}
+
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
                  const UpdatedFn& updated, const GroupFn& before) {
   LOOM_ASSERT(!awaiting_file_, "AdamW built for offload steps before offload()");
@@ -113,8 +126,7 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
   // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
   auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v, float* p) {
     const int64_t at = r.offset + (lo - r.state_offset);
-    k.adamw_update(p ? p : params.data() + at, grads.data() + at, m, v, hi - lo, float(lr), float(cfg_.beta1),
-                   float(cfg_.beta2), float(cfg_.eps), r.weight_decay, t_);
+    update_run(k, p ? p : params.data() + at, grads.data() + at, m, v, hi - lo, lr, r.weight_decay, t_);
   };
   if (!file_) {
     for (const Run& r : runs_)
@@ -141,8 +153,7 @@ void AdamW::step_ranges(const Kernels& k, std::vector<float>& params, const std:
       const int64_t lo = std::max(r.offset, q.offset), hi = std::min(r.offset + r.count, q.offset + q.count);
       if (hi <= lo) continue;
       const int64_t s = r.state_offset + (lo - r.offset);
-      k.adamw_update(params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, float(lr),
-                     float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), r.weight_decay, t);
+      update_run(k, params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, lr, r.weight_decay, t);
     }
 }
 

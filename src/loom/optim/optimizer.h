@@ -48,6 +48,13 @@ struct DecayRun {
 };
 std::vector<DecayRun> decay_runs(const ParamLayout& layout, double weight_decay);
 
+// Note [SGD with momentum]
+// optim.name = sgd runs torch.optim.SGD's rule (dampening 0, not Nesterov) in AdamW's state:
+//   g' = g + wd p   (coupled L2, on the tensors AdamW decays: matrices, not norms or biases)
+//   m  = mu m + g'  (m = g' at the first step, as m starts at zero)
+//   p  = p - lr m
+// v stays zero, so checkpoints keep their two sections and every layout, ZeRO stage, offload
+// and parameter server steps it through the same class.
 class AdamW {
  public:
   // Updates the parts of the flat buffer listed in `owned` (ZeRO: this rank's shard
@@ -116,6 +123,9 @@ class AdamW {
     float weight_decay;
     int64_t state_offset = 0;
   };
+  // One run's update, AdamW's or SGD's (Note [SGD with momentum]).
+  void update_run(const Kernels& k, float* p, const float* g, float* m, float* v, int64_t n, double lr, float wd,
+                  int64_t t) const;
   std::vector<FlatRange> owned_;
   std::vector<Run> runs_;
   OptimConfig cfg_;

@@ -229,7 +229,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
 // floats in and sends as many out. A direction costs the slower of a worker's link (P) and a
 // server's (W P / S) at the link's bandwidth - the intra-node tier when every rank fits one
 // node, else the inter-node one - plus its latency; between them the servers run AdamW on
-// P / S parameters (32 bytes each: read w, g, m, v, write w, m, v). Nothing overlaps:
+// P / S parameters (32 bytes each: read w, g, m, v, write w, m, v; SGD 20). Nothing overlaps:
 // a sync round starts after backward and the next step waits for the pull.
 // Under ps.sparse_embedding (Note [Sparse embeddings]) the table's V d floats move as the U
 // rows a worker's step reads, U = V (1 - (1 - 1/V)^n) for its n tokens per step (uniform
@@ -250,7 +250,7 @@ double ps_round_s(const Setup& s, double params) {
   const LinkTier& link = par.ranks() <= s.cluster.devices_per_node ? s.cluster.intra : s.cluster.inter;
   const double bytes = moved * 4;
   const double one_way = std::max(bytes, W * bytes / S) / (link.bw * link.efficiency) + link.latency_s;
-  return 2 * one_way + memory_time_s(s.cluster.device, updated / S * 32.0);
+  return 2 * one_way + memory_time_s(s.cluster.device, updated / S * cfg.optim.update_bytes());
 }
 
 // Pipeline rank r's memory at its peak (rep: its params so far).
@@ -384,9 +384,9 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.dp_exposed_s = dp_exposed_s(s, r, rep.params, st.last_bwd_window);
   if (tied && (r == 0 || r == s.pp - 1))
     rep.tied_s = collective_time_s(s.cluster, OpKind::kAllReduce, wte * s.wbytes, s.pl.tied);
-  // Adam reads w, g, m, v and writes w, m, v (mixed precision also the fp16 copy and the
-  // fp16 -> fp32 gradient), plus the gradient-norm pass.
-  const double update_bytes_per_param = dev.mixed_precision ? 36.0 : 32.0;
+  // Adam reads w, g, m, v and writes w, m, v (SGD: w, g, m and w, m; Note [SGD with
+  // momentum]); mixed precision also the fp16 copy and the fp16 -> fp32 gradient.
+  const double update_bytes_per_param = s.plan.cfg.optim.update_bytes() + (dev.mixed_precision ? 4.0 : 0.0);
   rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
   // Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
   // g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the

@@ -96,6 +96,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   os << "  global batch " << cfg.train.batch << " = micro-batch " << mb << " x " << cfg.train.grad_accum
      << " micro-batches x dp " << p.dp << ", seq " << T << ", " << cfg.train.batch * T << " tokens/step, "
      << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
+  if (cfg.optim.sgd()) os << ", SGD with momentum " << cfg.optim.momentum;  // Note [SGD with momentum]
   const std::string& prec = cfg.train.precision;
   if (prec != "fp32") os << ", precision " << prec << " (GEMM inputs " << prec << ", fp32 accumulation and master weights)";
   if (cfg.offload.optimizer == "disk")

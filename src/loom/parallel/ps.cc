@@ -1,6 +1,7 @@
 #include "loom/parallel/ps.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
@@ -52,12 +53,9 @@ std::vector<std::unique_ptr<comm::Group>> ps_links(comm::World& world, int worke
 int ps_tag(int64_t clock) { return int(clock % kPsInitTag); }
 
 PsWorker::PsWorker(comm::Group& link, std::vector<FlatRange> ranges)
-    : link_(link), ranges_(std::move(ranges)), versions_(ranges_.size(), 0.0f) {
+    : link_(link), ranges_(std::move(ranges)), versions_(ranges_.size(), 0.0f), heads_(ranges_.size()),
+      tails_(ranges_.size()), payloads_(ranges_.size()), answers_(ranges_.size()), back_(ranges_.size()) {
   LOOM_ASSERT(link_.size() == int(ranges_.size()) + 1, "a PS link holds the worker and every server");
-  int64_t most = 0;
-  for (const FlatRange& r : ranges_) most = std::max(most, r.count);
-  out_.resize(size_t(most + PsPush::kTrailer));
-  in_.resize(size_t(most + PsAnswer::kTrailer));
 }
 
 void PsWorker::init_servers(const float* params) {
@@ -65,51 +63,74 @@ void PsWorker::init_servers(const float* params) {
     link_.send(std::span<const float>(params + ranges_[s].offset, size_t(ranges_[s].count)), 1 + int(s), kPsInitTag);
 }
 
-void PsWorker::read_answer(size_t s, std::span<const float> in, PsReply& reply, std::vector<bool>& stopped) {
-  const float* t = in.data() + in.size() - PsAnswer::kTrailer;
-  versions_[s] = t[PsAnswer::kVersion];
-  stopped[s] = t[PsAnswer::kStop] != 0;
-  reply.stop = reply.stop || stopped[s];
-  if (s == 0) reply.norm = std::sqrt(double(t[PsAnswer::kNormSq])), reply.lr = double(t[PsAnswer::kLr]);
-}
-
-// A bye to every server still waiting for our next push (clock + 1).
-void PsWorker::send_byes(int64_t clock, const std::vector<bool>& stopped) {
-  for (size_t s = 0; s < ranges_.size(); ++s) {
-    if (stopped[s]) continue;
-    float* t = out_.data() + ranges_[s].count;
-    t[PsPush::kClock] = -1;
-    link_.send(std::span<const float>(out_.data(), size_t(ranges_[s].count + PsPush::kTrailer)), 1 + int(s),
-               ps_tag(clock + 1));
-  }
-}
-
-PsReply PsWorker::push_pull(const float* grads, float* params, int64_t clock, double norm_sq) {
+// Note [Parameter server]: per server, the push's head (clock, version, norm) and then its
+// slice of `grads`, sent from where they lie; both queue on the link's thread, so `grads`
+// stays untouched until wait().
+int64_t PsWorker::push(const float* grads, int64_t clock, double norm_sq) {
   if (before_push) before_push(clock);
-  if (sparse_) return push_pull_sparse(grads, params, clock, norm_sq);
-  const size_t S = ranges_.size();
-  // Sends go one server after another from one buffer; the answers come back in server order.
-  for (size_t s = 0; s < S; ++s) {
+  LOOM_ASSERT(pending_.empty(), "a PS push before the last one's wait");
+  if (sparse_) return push_sparse(grads, clock, norm_sq);
+  for (size_t s = 0; s < ranges_.size(); ++s) {
     const FlatRange& r = ranges_[s];
-    std::copy(grads + r.offset, grads + r.offset + r.count, out_.begin());
-    float* t = out_.data() + r.count;
-    t[PsPush::kClock] = float(clock), t[PsPush::kVersion] = versions_[s], t[PsPush::kNormSq] = float(norm_sq);
-    link_.send(std::span<const float>(out_.data(), size_t(r.count + PsPush::kTrailer)), 1 + int(s), ps_tag(clock));
+    heads_[s] = {float(clock), versions_[s], float(norm_sq)};
+    pending_.push_back(link_.send(std::span<const float>(heads_[s]), 1 + int(s), ps_tag(clock), {.async = true}));
+    pending_.push_back(link_.send(std::span<const float>(grads + r.offset, size_t(r.count)), 1 + int(s), ps_tag(clock),
+                                  {.async = true}));
+    back_[s] = {r};
     bytes_ += 4.0 * double(2 * r.count + PsPush::kTrailer + PsAnswer::kTrailer);
     table_bytes_ += 8.0 * double(floats_of(table_part(r, table_)));
   }
-  PsReply reply;
-  std::vector<bool> stopped(S, false);
-  for (size_t s = 0; s < S; ++s) {
+  return pushed_ = clock;
+}
+
+// The answers to push `pushed_`: each server's floats straight into `params` (its slice, or
+// under sparse embeddings its dense pieces and the pulled rows), then its tail.
+int64_t PsWorker::pull(float* params) {
+  pulled_into_ = params;
+  for (size_t s = 0; s < ranges_.size(); ++s) {
+    if (sparse_) {  // one packed answer, scattered by wait()
+      answers_[s].resize(size_t(floats_of(back_[s]) + PsAnswer::kTrailer));
+      pending_.push_back(link_.recv(std::span<float>(answers_[s]), 1 + int(s), ps_tag(pushed_), {.async = true}));
+      continue;
+    }
     const FlatRange& r = ranges_[s];
-    const std::span<float> in(in_.data(), size_t(r.count + PsAnswer::kTrailer));
-    link_.recv(in, 1 + int(s), ps_tag(clock));
-    std::copy(in.begin(), in.begin() + r.count, params + r.offset);
-    read_answer(s, in, reply, stopped);
+    pending_.push_back(link_.recv(std::span<float>(params + r.offset, size_t(r.count)), 1 + int(s), ps_tag(pushed_),
+                                  {.async = true}));
+    pending_.push_back(link_.recv(std::span<float>(tails_[s]), 1 + int(s), ps_tag(pushed_), {.async = true}));
   }
+  return pushed_;
+}
+
+PsReply PsWorker::wait(int64_t ts) {
+  LOOM_ASSERT(ts == pushed_, "a PS wait for a pull that was not the last");
+  for (comm::Work& w : pending_) w.wait();
+  pending_.clear();
   calls_++;
-  if (reply.stop) send_byes(clock, stopped);
+  PsReply reply;
+  std::vector<bool> stopped(ranges_.size(), false);
+  for (size_t s = 0; s < ranges_.size(); ++s) {
+    if (sparse_) {
+      const int64_t n = scatter_ranges(answers_[s].data(), back_[s], pulled_into_);
+      std::copy_n(answers_[s].data() + n, PsAnswer::kTrailer, tails_[s].begin());
+    }
+    const std::array<float, PsAnswer::kTrailer>& t = tails_[s];
+    versions_[s] = t[PsAnswer::kVersion];
+    stopped[s] = t[PsAnswer::kStop] != 0;
+    reply.stop = reply.stop || stopped[s];
+    if (s == 0) reply.norm = std::sqrt(double(t[PsAnswer::kNormSq])), reply.lr = double(t[PsAnswer::kLr]);
+  }
+  // A bye (a head with clock -1) to every server still waiting for our next push.
+  for (size_t s = 0; s < ranges_.size() && reply.stop; ++s)
+    if (!stopped[s]) {
+      LOOM_ASSERT(!sparse_, "sparse embeddings run under ps.mode = sync only: every server stops together");
+      heads_[s] = {-1.0f, versions_[s], 0.0f};
+      link_.send(std::span<const float>(heads_[s]), 1 + int(s), ps_tag(ts + 1));
+    }
   return reply;
+}
+
+PsReply PsWorker::push_pull(const float* grads, float* params, int64_t clock, double norm_sq) {
+  return wait(pull((push(grads, clock, norm_sq), params)));
 }
 
 void PsWorker::set_rows(std::vector<int32_t> push, std::vector<int32_t> pull, bool pull_all) {
@@ -117,16 +138,14 @@ void PsWorker::set_rows(std::vector<int32_t> push, std::vector<int32_t> pull, bo
 }
 
 // Note [Sparse embeddings]: per server, the header, the ids of its rows, then the dense
-// pieces and the pushed rows; the answer brings the dense pieces and the pulled rows.
-PsReply PsWorker::push_pull_sparse(const float* grads, float* params, int64_t clock, double norm_sq) {
-  const size_t S = ranges_.size();
-  std::vector<std::vector<FlatRange>> back(S);  // where each answer's floats land
-  for (size_t s = 0; s < S; ++s) {
+// pieces and the pushed rows (packed: they stay in payloads_ until wait()); the answer
+// brings the dense pieces and the pulled rows.
+int64_t PsWorker::push_sparse(const float* grads, int64_t clock, double norm_sq) {
+  for (size_t s = 0; s < ranges_.size(); ++s) {
     const FlatRange& r = ranges_[s];
     const std::vector<int32_t> push = rows_within(push_rows_, r, table_), pull = rows_within(pull_rows_, r, table_);
-    float head[PsSparseHeader::kSize] = {float(clock), versions_[s], float(norm_sq), float(push.size()),
-                                         pull_all_ ? -1.0f : float(pull.size())};
-    link_.send(std::span<const float>(head, PsSparseHeader::kSize), 1 + int(s), ps_tag(clock));
+    sparse_head_ = {float(clock), versions_[s], float(norm_sq), float(push.size()), pull_all_ ? -1.0f : float(pull.size())};
+    link_.send(std::span<const float>(sparse_head_), 1 + int(s), ps_tag(clock));
     std::vector<float> ids(push.begin(), push.end());
     if (!pull_all_) ids.insert(ids.end(), pull.begin(), pull.end());
     ids.push_back(0.0f);  // never empty
@@ -134,28 +153,17 @@ PsReply PsWorker::push_pull_sparse(const float* grads, float* params, int64_t cl
     std::vector<FlatRange> pieces = dense_pieces(r, table_);
     const std::vector<FlatRange> pushed = row_pieces(push, r, table_);
     pieces.insert(pieces.end(), pushed.begin(), pushed.end());
-    std::vector<float> payload(size_t(floats_of(pieces)));
-    gather_ranges(grads, pieces, payload.data());
-    link_.send(std::span<const float>(payload), 1 + int(s), ps_tag(clock));
-    back[s] = dense_pieces(r, table_);
+    payloads_[s].resize(size_t(floats_of(pieces)));
+    gather_ranges(grads, pieces, payloads_[s].data());
+    pending_.push_back(link_.send(std::span<const float>(payloads_[s]), 1 + int(s), ps_tag(clock), {.async = true}));
+    back_[s] = dense_pieces(r, table_);
     const std::vector<FlatRange> pulled = pull_all_ ? table_part(r, table_) : row_pieces(pull, r, table_);
-    back[s].insert(back[s].end(), pulled.begin(), pulled.end());
-    bytes_ += 4.0 * double(PsSparseHeader::kSize + int64_t(ids.size()) + int64_t(payload.size()) + floats_of(back[s]) +
-                           PsAnswer::kTrailer);
+    back_[s].insert(back_[s].end(), pulled.begin(), pulled.end());
+    bytes_ += 4.0 * double(PsSparseHeader::kSize + int64_t(ids.size()) + int64_t(payloads_[s].size()) +
+                           floats_of(back_[s]) + PsAnswer::kTrailer);
     table_bytes_ += 4.0 * double(floats_of(pushed) + floats_of(pulled) + int64_t(ids.size()));
   }
-  PsReply reply;
-  std::vector<bool> stopped(S, false);
-  for (size_t s = 0; s < S; ++s) {
-    std::vector<float> in(size_t(floats_of(back[s]) + PsAnswer::kTrailer));
-    link_.recv(std::span<float>(in), 1 + int(s), ps_tag(clock));
-    scatter_ranges(in.data(), back[s], params);
-    read_answer(s, in, reply, stopped);
-  }
-  calls_++;
-  LOOM_ASSERT(!reply.stop || std::all_of(stopped.begin(), stopped.end(), [](bool b) { return b; }),
-              "sparse embeddings run under ps.mode = sync only: every server stops together");
-  return reply;
+  return pushed_ = clock;
 }
 
 }  // namespace loom::parallel

@@ -55,6 +55,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -85,8 +86,9 @@ std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int 
 // worker in worker order.
 std::vector<std::unique_ptr<comm::Group>> ps_links(comm::World& world, int workers, int servers);
 
-// The messages (Note [Asynchronous parameter server]): a push is a slice and kPushTrailer
-// floats, an answer a slice and kAnswerTrailer floats.
+// The messages (Note [Asynchronous parameter server]): a push is a head of kTrailer floats
+// and then the slice (a bye: the head alone, clock -1); an answer is the slice and then a
+// tail of PsAnswer::kTrailer floats. Slices go from and to the workers' own buffers.
 struct PsPush {
   enum : int { kClock, kVersion, kNormSq, kTrailer };  // clock -1: bye
 };
@@ -116,9 +118,16 @@ class PsWorker {
   void init_servers(const float* params);
   // A resumed run (Note [PS checkpoints]): the weights are every worker's first `clock` pushes.
   void start_at(int64_t clock) { std::fill(versions_.begin(), versions_.end(), float(clock)); }
-  // One push and pull: `grads`' slices (norm_sq: their whole squared norm, for async / ssp)
-  // go out, the answered slices land in `params`. After a stop, the servers that did not
+  // The push / pull API (Li et al. 2014, section 3): push sends `grads`' slices with this
+  // worker's clock (norm_sq: their whole squared norm, for async / ssp) and returns the
+  // timestamp ts = clock; pull asks for the answers to the last push, landing in `params`,
+  // and returns its ts; wait(ts) blocks until they are in. A server answers a push only after
+  // applying it, so a pull sees this worker's own push ("my pull sees my own earlier push").
+  // `grads` and `params` stay untouched until wait(). After a stop, the servers that did not
   // say it get a bye.
+  int64_t push(const float* grads, int64_t clock, double norm_sq);
+  int64_t pull(float* params);
+  PsReply wait(int64_t ts);
   PsReply push_pull(const float* grads, float* params, int64_t clock, double norm_sq);
   // Tests: runs before each push (an injected delay reorders arrivals).
   std::function<void(int64_t step)> before_push;
@@ -134,14 +143,21 @@ class PsWorker {
   double table_bytes_per_step() const { return calls_ ? table_bytes_ / double(calls_) : 0.0; }
 
  private:
-  PsReply push_pull_sparse(const float* grads, float* params, int64_t clock, double norm_sq);
-  void read_answer(size_t s, std::span<const float> in, PsReply& reply, std::vector<bool>& stopped);
-  void send_byes(int64_t clock, const std::vector<bool>& stopped);
+  int64_t push_sparse(const float* grads, int64_t clock, double norm_sq);
 
   comm::Group& link_;
   std::vector<FlatRange> ranges_;
-  std::vector<float> out_, in_;          // one slice and its trailer
-  std::vector<float> versions_;          // per server: the version of the slice we hold
+  std::vector<float> versions_;  // per server: the version of the slice we hold
+  // Per server, alive until wait(): the push's head, the answer's tail, the packed sparse
+  // payload, and where the answer's floats land.
+  std::vector<std::array<float, PsPush::kTrailer>> heads_;
+  std::vector<std::array<float, PsAnswer::kTrailer>> tails_;
+  std::array<float, PsSparseHeader::kSize> sparse_head_{};  // sent before push_sparse returns
+  std::vector<std::vector<float>> payloads_, answers_;
+  std::vector<std::vector<FlatRange>> back_;
+  float* pulled_into_ = nullptr;
+  std::vector<comm::Work> pending_;
+  int64_t pushed_ = -1;
   PsTable table_;
   bool sparse_ = false;
   std::vector<int32_t> push_rows_, pull_rows_;

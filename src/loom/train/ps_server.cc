@@ -48,6 +48,7 @@ class PsServer {
   std::vector<FlatRange> take_dense(int64_t step);
   std::vector<FlatRange> take_sparse(int64_t step);
   comm::Work answer_sparse(int w, double norm_sq, int64_t version, bool stop, double lr);
+  std::span<float> head_of(int w);
   // Answers worker w with the range as it is now (async: the send runs on w's link).
   comm::Work answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async);
   void record(int w, const float* trailer);
@@ -122,7 +123,16 @@ comm::Work PsServer::answer(int w, double norm_sq, int64_t version, bool stop, d
   t[PsAnswer::kNormSq] = float(norm_sq), t[PsAnswer::kVersion] = float(version);
   t[PsAnswer::kStop] = stop ? 1.0f : 0.0f, t[PsAnswer::kLr] = float(lr);
   const int64_t clock = int64_t(in_[size_t(w)][size_t(own_.count) + PsPush::kClock]);
-  return links_[size_t(w)]->send(std::span<const float>(out), 0, parallel::ps_tag(clock), {.async = async});
+  // The slice, then the tail (the worker receives the slice straight into its weights); the
+  // link runs them in order, so the tail's Work completes last.
+  comm::Group& link = *links_[size_t(w)];
+  link.send(std::span<const float>(out.data(), size_t(own_.count)), 0, parallel::ps_tag(clock), {.async = async});
+  return link.send(std::span<const float>(t, PsAnswer::kTrailer), 0, parallel::ps_tag(clock), {.async = async});
+}
+
+// A push's head (clock, version, norm) lands after the slice in in_[w].
+std::span<float> PsServer::head_of(int w) {
+  return std::span<float>(in_[size_t(w)].data() + own_.count, PsPush::kTrailer);
 }
 
 void PsServer::record(int w, const float* t) {
@@ -183,11 +193,12 @@ void PsServer::run_sync(int64_t first) {
 std::vector<FlatRange> PsServer::take_dense(int64_t step) {
   for (int w = 0; w < W_; ++w) {
     std::vector<float>& in = in_[size_t(w)];
-    links_[size_t(w)]->recv(std::span<float>(in), 0, parallel::ps_tag(step));
-    LOOM_ASSERT(int64_t(in[size_t(own_.count) + PsPush::kClock]) == step, "a sync push out of its round");
-    record(w, in.data() + own_.count);
-    if (w == 0) std::copy(in.begin(), in.begin() + own_.count, g_.begin());
-    else std::transform(g_.begin(), g_.end(), in.begin(), g_.begin(), std::plus<float>());
+    comm::Group& link = *links_[size_t(w)];
+    link.recv(head_of(w), 0, parallel::ps_tag(step));
+    LOOM_ASSERT(int64_t(head_of(w)[PsPush::kClock]) == step, "a sync push out of its round");
+    record(w, head_of(w).data());
+    link.recv(w == 0 ? g_ : std::span<float>(in.data(), size_t(own_.count)), 0, parallel::ps_tag(step));
+    if (w > 0) std::transform(g_.begin(), g_.end(), in.begin(), g_.begin(), std::plus<float>());
   }
   return {own_};
 }
@@ -252,8 +263,9 @@ void PsServer::run_free(int64_t first) {
   std::vector<comm::Work> rx(static_cast<size_t>(W_)), tx(static_cast<size_t>(W_));
   std::vector<int64_t> clock(size_t(W_), first);  // a resumed run's pushes go on from its step
   std::vector<char> running(size_t(W_), 1), held(size_t(W_), 0);
-  auto post = [&](int w) { rx[size_t(w)] = links_[size_t(w)]->recv(std::span<float>(in_[size_t(w)]), 0,
-                                                                   parallel::ps_tag(clock[size_t(w)]), {.async = true}); };
+  auto post = [&](int w) {  // the next head; its slice follows it (a bye has none)
+    rx[size_t(w)] = links_[size_t(w)]->recv(head_of(w), 0, parallel::ps_tag(clock[size_t(w)]), {.async = true});
+  };
   for (int w = 0; w < W_; ++w) post(w);
   int64_t applied = W_ * first;
   int turn = 0;
@@ -270,7 +282,7 @@ void PsServer::run_free(int64_t first) {
       }
       LOOM_ASSERT(int64_t(t[PsPush::kClock]) == clock[size_t(w)], "a push out of its worker's order");
       record(w, t);
-      std::copy(in_[size_t(w)].begin(), in_[size_t(w)].begin() + own_.count, g_.begin());
+      links_[size_t(w)]->recv(g_, 0, parallel::ps_tag(clock[size_t(w)]));
       const double lr = lr_at(cfg_.optim, applied / W_, cfg_.train.steps) / W_;
       apply(std::sqrt(double(t[PsPush::kNormSq])), lr, {own_});
       ++applied, ++clock[size_t(w)], held[size_t(w)] = 1;

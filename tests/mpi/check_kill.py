@@ -19,8 +19,9 @@ during-save: the writer is killed inside a save at each failpoint (Note [Failpoi
              the rename, before `latest`); the previous checkpoint must still verify,
              hold exactly the uninterrupted run's bytes, and resume to the same end.
 ps-server, ps-worker: a parameter-server job (2 workers, 1 server: Note [Parameter server])
-             loses its server (rank 2) or a worker (rank 1) mid-run; the survivors must exit
-             within comm.timeout_s naming the dead rank.
+             loses its server (rank 2, ps.mode sync) or a worker (rank 1, ps.mode async: the
+             server has a receive open per worker); the survivors must exit within
+             comm.timeout_s naming the dead rank.
 """
 import os
 import re
@@ -148,9 +149,9 @@ def during_save(loom, tmp, ref):
         resume_and_compare(loom, ckpt, ref, 2 * EVERY if point == "latest" else EVERY)
 
 
-def ps_kill(loom, tmp, victim):
+def ps_kill(loom, tmp, victim, mode):
     marker = os.path.join(tmp, "ps")  # names the job's processes; nothing is saved there
-    cmd = [loom, "train", "--nproc", "3", "--dp", "2", "--set", "parallel.ps_servers=1", "train.batch=8",
+    cmd = [loom, "train", "--nproc", "3", "--dp", "2", "--set", "parallel.ps_servers=1", f"ps.mode={mode}", "train.batch=8",
            "train.seq=64", "train.steps=100000", "model.layers=2", "train.val_every=0", "train.val_batches=1",
            "train.threads=1", f"checkpoint.dir={marker}", "train.log_every=1", f"comm.timeout_s={TIMEOUT_S}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -187,7 +188,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="loom-kill-")
     if mode.startswith("ps-"):
         try:
-            ps_kill(loom, tmp, 2 if mode == "ps-server" else 1)
+            ps_kill(loom, tmp, *((2, "sync") if mode == "ps-server" else (1, "async")))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         print("PASS")

@@ -315,10 +315,20 @@ void PsServer::run_free(int64_t first) {
 }  // namespace
 
 TrainSummary run_ps_server(const Config& cfg, const TrainOptions& opt, comm::World& world) {
-  PsServer server(cfg, opt, world);
-  const int64_t first = server.resume();
-  if (cfg.ps.free_running()) server.run_free(first);
-  else server.run_sync(first);
+  auto owned = std::make_unique<PsServer>(cfg, opt, world);
+  PsServer& server = *owned;
+  try {
+    const int64_t first = server.resume();
+    if (cfg.ps.free_running()) server.run_free(first);
+    else server.run_sync(first);
+  } catch (...) {
+    // A failed link (a dead worker) leaves the other links' receives posted into this
+    // server's buffers, and their threads wait in them: freeing the buffers would let a live
+    // worker's next push land in freed memory, and joining the threads could wait out the
+    // timeout. The run is over; the server is left to the process's exit.
+    (void)owned.release();
+    throw;
+  }
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count();
   agree_ps_figures(world.world_group(), sum, server.pushes, server.max_stale,

@@ -89,6 +89,7 @@ struct SimArgs {
   std::string dp_overlap;     // on (default) | off: gradient reduction overlapped with backward
   bool blocking_p2p = false;  // pipeline sends hold the sender until delivered (Megatron-LM 2021-22)
   std::string tp_overlap;     // on | off (default): Note [Tensor-parallel overlap] in sim/simulator.cc
+  std::string param_gather_overlap;  // on | off (default): Note [Parameter-gather overlap]
 };
 struct SimInputs {
   sim::SimPlan plan;

@@ -81,6 +81,10 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--tp-overlap", a.tp_overlap, "on | off: tensor-parallel collectives hidden under their GEMMs "
                                                 "(Megatron-core --tp-comm-overlap). Default off")
       ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--param-gather-overlap", a.param_gather_overlap,
+                  "on | off: ZeRO-1/2's parameter all-gather hidden under the next step's forward but for its first "
+                  "bucket (Megatron-core --overlap-param-gather). Default off")
+      ->check(CLI::IsMember({"on", "off"}));
   add_layout_flags(app, a.layout);
 }
 

@@ -82,6 +82,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   if (!a.tp_overlap.empty() && a.tp_overlap != "on" && a.tp_overlap != "off")
     throw ConfigError("--tp-overlap '" + a.tp_overlap + "': expected on or off");
   in.plan.tp_overlap = a.tp_overlap == "on";
+  in.plan.param_gather_overlap = a.param_gather_overlap == "on";
   return in;
 }
 

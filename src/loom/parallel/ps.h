@@ -6,8 +6,9 @@
 // workers (each trains on its share of the global batch, as dp rank r), ranks dp .. dp + S - 1
 // servers. The flat parameter buffer is cut into keys of key_floats floats and server s holds
 // a contiguous run of them (ps_partition: the runs' lengths differ by at most one key, so the
-// bytes balance within one key); it keeps their fp32 weights and AdamW moments and runs the
-// optimizer on them. Workers keep whole weights to compute with and no optimizer state.
+// bytes balance within one key); it keeps their fp32 weights and AdamW moments (SGD's
+// momentum under optim.name = sgd) and runs the optimizer on them. Workers keep whole
+// weights to compute with and no optimizer state.
 //
 // One step under ps.mode = sync (bulk synchronous parallel): every worker pushes its
 // gradient's slice to each server and pulls the slice back updated; a server takes the

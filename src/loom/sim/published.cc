@@ -160,10 +160,17 @@ PublishedCase published_case(const PublishedRun& row) {
   c.plan.cfg = load_config("", sets);
   c.plan.framework = Framework::kMegatron;
   c.plan.cp = int64_t(num(row, "context_parallel", 1));
-  // Megatron's DDP overlapped nothing until 2023; torch DDP (impl=torch) overlaps.
-  c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos;
-  // Megatron-LM (2021, 2022) waits for each pipeline send/receive pair before computing on.
-  c.plan.blocking_p2p = text(row, "framework").rfind("Megatron", 0) == 0;
+  // Megatron's DDP overlapped nothing until 2023; torch DDP (impl=torch) overlaps; a row whose
+  // notes name Megatron-core's overlap flags ran with them (Note [Parameter-gather overlap],
+  // Note [Tensor-parallel overlap]).
+  const std::string notes = text(row, "notes");
+  auto flag = [&](const char* f) { return notes.find(f) != std::string::npos; };
+  c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos || flag("--overlap-grad-reduce");
+  c.plan.param_gather_overlap = flag("--overlap-param-gather");
+  c.plan.tp_overlap = flag("--tp-comm-overlap");
+  // Megatron-LM (2021, 2022) waits for each pipeline send/receive pair before computing on;
+  // Megatron-core overlaps its pipeline communication by default.
+  c.plan.blocking_p2p = text(row, "framework").rfind("Megatron-LM", 0) == 0;
   // Megatron's FLOPs count is GPT-2's; a Llama row's TFLOP/s were counted otherwise (its
   // source's own formula), so it is compared by step time where the row has one.
   const bool gpt = c.plan.cfg.model.arch == Arch::kGpt;

@@ -69,6 +69,7 @@ bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vect
     rs.live -= ch.act_bytes + ch.w_bytes;
   }
   if (st.phase != Phase::kF && int64_t(i) == s.m - 1) rs.last_bwd_window += pass.total();
+  if (st.phase == Phase::kF && i == 0) rs.first_fwd_window += pass.total();
   if (events) {
     const int64_t rank = r * s.tp * s.cp * s.dp;
     events->push_back({rank, 0, step_name(st, int(s.vpp)), "pipeline", start, end});

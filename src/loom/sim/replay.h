@@ -28,6 +28,7 @@ struct Setup {
 
 struct RankState {
   double free_at = 0, live = 0, peak_live = 0, recomputed = 0, last_bwd_window = 0;
+  double first_fwd_window = 0;  // micro-batch 0's forward passes (Note [Parameter-gather overlap])
   Pass spent;
   size_t next = 0;
   std::vector<int> held, chunk_peak;  // per chunk: micro-batches in flight now, and at most

@@ -223,6 +223,21 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   return s.plan.dp_overlap ? std::max(t / buckets, t - last_bwd_window) : t;
 }
 
+// Note [Parameter-gather overlap]
+// ZeRO-1/2 (Megatron's distributed optimizer) all-gather the updated parameters after the
+// optimizer. With Megatron-core's --overlap-param-gather the gather of each bucket is issued
+// then and waited for only by the next step's forward of that bucket's layers: the forward
+// starts once the first bucket is in, and the rest gathers under micro-batch 0's forward, as
+// the gradient reduction hides under the last backward (dp_exposed_s). Exposed:
+// max(t / buckets, t - window), window = this pipeline rank's forward passes of micro-batch 0
+// (the next step's, the same in the steady state). Without the flag the gather is exposed whole.
+double param_gather_s(const Setup& s, double params, double first_fwd_window) {
+  const double t = collective_time_s(s.cluster, OpKind::kAllGather, params * s.wbytes, s.pl.dp);
+  if (!s.plan.param_gather_overlap) return t;
+  const double buckets = std::max(1.0, std::ceil(params * s.wbytes / (s.plan.cfg.parallel.bucket_mb * double(1 << 20))));
+  return std::max(t / buckets, t - first_fwd_window);
+}
+
 // Note [Simulated parameter server]
 // parallel.ps_servers = S (Note [Parameter server] in parallel/ps.h): each of the W workers
 // pushes its fp32 gradient (P floats) and pulls the updated weights; server s takes W P / S
@@ -416,8 +431,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
                                            : bytes * (1 / s.cluster.offload.read_bw + 1 / s.cluster.offload.write_bw);
     rep.optimizer_s = std::max(rep.optimizer_s, rep.offload_io_s);
   }
-  if (G > 1 && (par.zero == 1 || par.zero == 2))
-    rep.param_gather_s = collective_time_s(s.cluster, OpKind::kAllGather, rep.params * s.wbytes, s.pl.dp);
+  if (G > 1 && (par.zero == 1 || par.zero == 2)) rep.param_gather_s = param_gather_s(s, rep.params, st.first_fwd_window);
   if (s.plan.cfg.offload.params == "disk") price_param_offload(s, rep);
   double t = rep.pipeline_end_s;
   auto phase = [&](const char* name, const char* cat, int tid, double dur) {

@@ -27,6 +27,7 @@ struct SimPlan {
   bool blocking_p2p = false; // a pipeline send holds its rank until delivered (Megatron-LM's
                              // batched isend/irecv + wait); loom's sends are asynchronous
   bool tp_overlap = false;   // Note [Tensor-parallel overlap] (Megatron-core --tp-comm-overlap)
+  bool param_gather_overlap = false;  // Note [Parameter-gather overlap] (--overlap-param-gather)
   int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 

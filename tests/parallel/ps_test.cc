@@ -214,8 +214,9 @@ TEST(ParameterServer, SspBoundsStalenessWithASlowWorker) {
 // server, and it pushes more than its share), and still trains: the loss falls.
 TEST(ParameterServer, AsyncRunsAheadOfASlowWorkerAndTrains) {
   Applied a;
+  // (memory.limit_gib: the per-step budget check must not make the workers meet each step.)
   const Config c = base({"parallel.dp=2", "parallel.ps_servers=1", "ps.mode=async", "ps.slow_worker=1",
-                         "ps.slow_factor=4", "train.steps=12"});
+                         "ps.slow_factor=4", "train.steps=12", "memory.limit_gib=64"});
   const std::vector<TrainSummary> got = testing_support::train_as_threads(c, a.options());
   expect_consistent_pushes(a, got, 2, 1, 12);
   EXPECT_GT(a.most_stale, 0);

@@ -556,7 +556,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       const Spans::Scope span = spans.open("optimizer", "compute");
       return updater.step(local_loss, lr, step, flush);
     }();
-    after_update(cfg, e, scaler, rep, sum, all_ranks, global_rank);
+    after_update(cfg, e, scaler, rep, sum, free_ps ? nullptr : all_ranks, global_rank);  // free PS: no per-step meeting
     publish(cfg, u, outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start), held, observers);
     if (u.stop) break;
   }

@@ -133,8 +133,8 @@ PsReply PsWorker::push_pull(const float* grads, float* params, int64_t clock, do
   return wait(pull((push(grads, clock, norm_sq), params)));
 }
 
-void PsWorker::set_rows(std::vector<int32_t> push, std::vector<int32_t> pull, bool pull_all) {
-  push_rows_ = std::move(push), pull_rows_ = std::move(pull), pull_all_ = pull_all;
+void PsWorker::set_rows(int64_t step, std::vector<int32_t> push, std::vector<int32_t> pull, bool pull_all) {
+  push_rows_ = std::move(push), pull_rows_ = std::move(pull), pull_all_ = pull_all, pulls_step_ = step + 1;
 }
 
 // Note [Sparse embeddings]: per server, the header, the ids of its rows, then the dense

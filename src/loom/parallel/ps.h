@@ -138,7 +138,11 @@ class PsWorker {
   // next step reads (pull_all: the whole table).
   void set_table(PsTable t, bool sparse) { table_ = t, sparse_ = sparse; }
   bool sparse() const { return sparse_; }
-  void set_rows(std::vector<int32_t> push, std::vector<int32_t> pull, bool pull_all);
+  void set_rows(int64_t step, std::vector<int32_t> push, std::vector<int32_t> pull, bool pull_all);
+  // The rows step `step` reads when the last set_rows already named them as its pulls.
+  const std::vector<int32_t>* rows_known_for(int64_t step) const {
+    return !pull_all_ && pulls_step_ == step ? &pull_rows_ : nullptr;
+  }
   // Bytes this worker sent plus received, all and the embedding table's share, per push_pull.
   double bytes_per_step() const { return calls_ ? bytes_ / double(calls_) : 0.0; }
   double table_bytes_per_step() const { return calls_ ? table_bytes_ / double(calls_) : 0.0; }
@@ -163,6 +167,7 @@ class PsWorker {
   bool sparse_ = false;
   std::vector<int32_t> push_rows_, pull_rows_;
   bool pull_all_ = true;
+  int64_t pulls_step_ = -1;  // the step pull_rows_ were read for
   double bytes_ = 0, table_bytes_ = 0;
   int64_t calls_ = 0;
 };

@@ -202,6 +202,11 @@ double kept_layers(const Setup& s, int64_t r) {
   return n;
 }
 
+// The dp buckets of `params` parameters (parallel.bucket_mb each, at least one).
+double dp_buckets(const Setup& s, double params) {
+  return std::max(1.0, std::ceil(params * s.wbytes / (s.plan.cfg.parallel.bucket_mb * double(1 << 20))));
+}
+
 // The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
 // window: the exact ring overlapped with backward but for its last bucket, a ring codec
 // likewise, or a stateful compressor or Adasum after backward (compressed_sync).
@@ -219,8 +224,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   const bool bf16 = s.plan.cfg.comm.grad_dtype == "bf16" || compress == CompressKind::kBf16;
   const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
   const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
-  const double buckets = std::max(1.0, std::ceil(params * s.wbytes / (par.bucket_mb * double(1 << 20))));
-  return s.plan.dp_overlap ? std::max(t / buckets, t - last_bwd_window) : t;
+  return s.plan.dp_overlap ? std::max(t / dp_buckets(s, params), t - last_bwd_window) : t;
 }
 
 // Note [Parameter-gather overlap]
@@ -234,8 +238,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
 double param_gather_s(const Setup& s, double params, double first_fwd_window) {
   const double t = collective_time_s(s.cluster, OpKind::kAllGather, params * s.wbytes, s.pl.dp);
   if (!s.plan.param_gather_overlap) return t;
-  const double buckets = std::max(1.0, std::ceil(params * s.wbytes / (s.plan.cfg.parallel.bucket_mb * double(1 << 20))));
-  return std::max(t / buckets, t - first_fwd_window);
+  return std::max(t / dp_buckets(s, params), t - first_fwd_window);
 }
 
 // Note [Simulated parameter server]

@@ -49,8 +49,8 @@ class PsServer {
   std::vector<FlatRange> take_sparse(int64_t step);
   comm::Work answer_sparse(int w, double norm_sq, int64_t version, bool stop, double lr);
   std::span<float> head_of(int w);
-  // Answers worker w with the range as it is now (async: the send runs on w's link).
-  comm::Work answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async);
+  // Answers worker w with the range as it is now; the sends run on w's link.
+  comm::Work answer(int w, double norm_sq, int64_t version, bool stop, double lr);
   void record(int w, const float* trailer);
   ShardState state();
   void save(int64_t done);
@@ -116,7 +116,7 @@ void PsServer::apply(double norm, double lr, const std::vector<FlatRange>& range
   adamw_.set_steps_taken(t);
 }
 
-comm::Work PsServer::answer(int w, double norm_sq, int64_t version, bool stop, double lr, bool async) {
+comm::Work PsServer::answer(int w, double norm_sq, int64_t version, bool stop, double lr) {
   std::vector<float>& out = out_[size_t(w)];
   std::copy(p_.begin(), p_.end(), out.begin());
   float* t = out.data() + own_.count;
@@ -126,8 +126,8 @@ comm::Work PsServer::answer(int w, double norm_sq, int64_t version, bool stop, d
   // The slice, then the tail (the worker receives the slice straight into its weights); the
   // link runs them in order, so the tail's Work completes last.
   comm::Group& link = *links_[size_t(w)];
-  link.send(std::span<const float>(out.data(), size_t(own_.count)), 0, parallel::ps_tag(clock), {.async = async});
-  return link.send(std::span<const float>(t, PsAnswer::kTrailer), 0, parallel::ps_tag(clock), {.async = async});
+  link.send(std::span<const float>(out.data(), size_t(own_.count)), 0, parallel::ps_tag(clock), {.async = true});
+  return link.send(std::span<const float>(t, PsAnswer::kTrailer), 0, parallel::ps_tag(clock), {.async = true});
 }
 
 // A push's head (clock, version, norm) lands after the slice in in_[w].
@@ -182,7 +182,7 @@ void PsServer::run_sync(int64_t first) {
     std::vector<comm::Work> sent;
     for (int w = 0; w < W_; ++w)
       sent.push_back(table_.on() ? answer_sparse(w, norm_sq[0], step + 1, last, lr)
-                                 : answer(w, norm_sq[0], step + 1, last, lr, true));
+                                 : answer(w, norm_sq[0], step + 1, last, lr));
     for (comm::Work& s : sent) s.wait();
     if (table_.on())  // the touched rows' gradient back to zero for the next round's sums
       for (const FlatRange& r : ranges) std::fill_n(grad_.data() + r.offset, r.count, 0.0f);
@@ -295,7 +295,7 @@ void PsServer::run_free(int64_t first) {
       if (!held[size_t(w)] || (ssp && !stop && clock[size_t(w)] - slowest > cfg_.ps.staleness)) continue;
       const float* t = in_[size_t(w)].data() + own_.count;
       tx[size_t(w)] = answer(w, double(t[PsPush::kNormSq]), slowest, stop,
-                             lr_at(cfg_.optim, (applied - 1) / W_, cfg_.train.steps), true);
+                             lr_at(cfg_.optim, (applied - 1) / W_, cfg_.train.steps));
       held[size_t(w)] = 0, moved = true;
       if (stop) running[size_t(w)] = 0, --left;
       else post(w);
@@ -375,9 +375,11 @@ void choose_ps_rows(const Config& cfg, const DataLoader& data, parallel::PsWorke
     }
     return set.take();
   };
-  std::vector<int32_t> push = rows_of(step);
+  // The last step's pulls were this step's rows: read the batch again only when it pulled all.
+  const std::vector<int32_t>* known = ps.rows_known_for(step);
+  std::vector<int32_t> push = known ? *known : rows_of(step);
   const bool all = validates(cfg, step) || step + 1 == cfg.train.steps;
-  ps.set_rows(std::move(push), all ? std::vector<int32_t>{} : rows_of(step + 1), all);
+  ps.set_rows(step, std::move(push), all ? std::vector<int32_t>{} : rows_of(step + 1), all);
 }
 
 }  // namespace loom

@@ -169,4 +169,10 @@ TEST(Cli, SimulateOverlapFlagsChangeWhatTheyModel) {
   const std::string pp = "--model gpt-18b --gpus 64 --global-batch 512 --tp 8 --pp 4";
   EXPECT_GT(field(pp + " --blocking-p2p", "step_time_s"), field(pp, "step_time_s"));
   expect_usage_error("simulate " + dp + " --dp-overlap maybe", "--dp-overlap");
+  // Note [Fused attention kernels]: a Hopper kernel beats FlashAttention-2 at 16k tokens on
+  // H100; an unknown kernel, or a Megatron kernel for loom's engine, is refused by name.
+  const std::string seq = "--model gpt-7.5b --cluster dgx-h100 --gpus 8 --global-batch 8 --tp 8 --set model.ctx=16384";
+  EXPECT_LT(field(seq + " --attention flash3", "step_time_s"), field(seq + " --attention flash2", "step_time_s"));
+  expect_usage_error("simulate " + seq + " --attention flash4", "--attention");
+  expect_usage_error("simulate " + seq + " --attention flash2 --framework loom", "--framework megatron");
 }

@@ -419,7 +419,7 @@ TEST(Simulator, FlashAttentionDropsTheScoresAndCountsTheCausalHalf) {
   p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=32768", "train.batch=8", "parallel.tp=8"});
   const ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
   const SimResult plain = simulate(p, c);
-  p.flash_attention = true;
+  p.attention = Attention::kFlash2;
   const SimResult flash = simulate(p, c);
   EXPECT_LT(flash.ranks[0].memory.activations, 0.2 * plain.ranks[0].memory.activations);
   EXPECT_LT(flash.step_time_s, plain.step_time_s);

@@ -85,7 +85,7 @@ struct SimArgs {
   bool json = false;
   std::string trace, svg;
   std::string framework;  // megatron | loom; empty: loom on a shared-device (CPU) cluster, else megatron
-  bool flash_attention = false;
+  std::string attention;  // unfused | flash2 | flash3 (Megatron only)
   std::string dp_overlap;     // on (default) | off: gradient reduction overlapped with backward
   bool blocking_p2p = false;  // pipeline sends hold the sender until delivered (Megatron-LM 2021-22)
   std::string tp_overlap;     // on | off (default): Note [Tensor-parallel overlap] in sim/simulator.cc

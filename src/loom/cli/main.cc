@@ -70,8 +70,11 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                                   "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
   app->add_option("--framework", a.framework, "loom | megatron: whose activations, dropout and precision to model "
                                               "(default: loom on a calibrated CPU cluster, megatron on GPU presets)");
-  app->add_flag("--flash-attention", a.flash_attention, "Megatron with flash attention: causal-only attention "
-                                                        "FLOPs, no (s, s) scores kept (the published runs had none)");
+  app->add_option("--attention", a.attention, "unfused | flash1 | flash2 | flash3: Megatron's attention kernel: "
+                                              "unfused (Megatron-LM 2021-22, the default), FlashAttention-1 or -2, "
+                                              "or a Hopper kernel (FlashAttention-3, Transformer Engine's cuDNN); "
+                                              "flash kernels count causal-half FLOPs and keep no (s, s) scores")
+      ->check(CLI::IsMember({"unfused", "flash1", "flash2", "flash3"}));
   app->add_option("--dp-overlap", a.dp_overlap, "on | off: data-parallel gradient reduction overlapped with "
                                                 "backward (Megatron-core --overlap-grad-reduce, torch DDP: on; "
                                                 "Megatron-LM's 2021-22 local DDP: off). Default on")

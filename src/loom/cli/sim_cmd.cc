@@ -71,9 +71,12 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   const std::string fw = a.framework.empty() ? (in.cluster.device.shared ? "loom" : "megatron") : a.framework;
   if (fw != "loom" && fw != "megatron") throw ConfigError("--framework '" + fw + "': expected loom or megatron");
   in.plan.framework = fw == "loom" ? sim::Framework::kLoom : sim::Framework::kMegatron;
-  if (a.flash_attention && in.plan.framework != sim::Framework::kMegatron)
-    throw ConfigError("--flash-attention models Megatron-LM's flash attention; loom's engine has its own kernel");
-  in.plan.flash_attention = a.flash_attention;
+  if (!a.attention.empty() && a.attention != "unfused" && in.plan.framework != sim::Framework::kMegatron)
+    throw ConfigError("--attention " + a.attention + " models Megatron's kernels; loom's engine has its own (drop "
+                      "--attention, or simulate with --framework megatron)");
+  in.plan.attention = a.attention.size() == 6 && a.attention.rfind("flash", 0) == 0
+                          ? sim::Attention(a.attention[5] - '0')  // flash1..3, checked by the option
+                          : sim::Attention::kUnfused;
   // Issue 24: how the framework overlaps its communication is the user's to state.
   if (!a.dp_overlap.empty() && a.dp_overlap != "on" && a.dp_overlap != "off")
     throw ConfigError("--dp-overlap '" + a.dp_overlap + "': expected on or off");

@@ -176,7 +176,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.devices_per_node = root.integer("devices_per_node", 1);
   TableReader d(root.sub("device"), "device.", origin,
                 {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
-                 "gemm_efficiency", "memory_efficiency", "attention_efficiency", "gemm_backward_factor",
+                 "gemm_efficiency", "memory_efficiency", "attention_efficiency", "flash1_efficiency",
+                 "flash2_efficiency", "flash3_efficiency", "gemm_backward_factor",
                  "kernel_overhead_us", "shared", "page_fault_gbps", "threads", "gemm_efficiency_1t",
                  "attention_efficiency_1t", "memory_efficiency_1t"});
   c.device.name = d.text("name", "device");
@@ -193,6 +194,9 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.memory_efficiency = d.curve("memory_efficiency", 1.0);
   if (root.sub("device") && root.sub("device")->get("attention_efficiency"))
     c.device.attention_efficiency = d.curve("attention_efficiency", 1.0);
+  for (int g = 1; g <= 3; ++g)
+    if (const std::string key = "flash" + std::to_string(g) + "_efficiency"; root.sub("device") && root.sub("device")->get(key))
+      c.device.flash_efficiency[g] = d.curve(key, 1.0);
   if (root.sub("device") && root.sub("device")->get("gemm_backward_factor"))
     c.device.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
@@ -314,6 +318,9 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "\nmemory_efficiency = " << curve(c.device.memory_efficiency);
   if (!c.device.attention_efficiency.points.empty())
     os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
+  for (int g = 1; g <= 3; ++g)
+    if (!c.device.flash_efficiency[g].points.empty())
+      os << "\nflash" << g << "_efficiency = " << curve(c.device.flash_efficiency[g]);
   if (!c.device.gemm_backward_factor.points.empty())
     os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
   if (c.device.page_fault_bw > 0) os << "\npage_fault_gbps = " << c.device.page_fault_bw / 1e9;

@@ -30,6 +30,11 @@ struct DeviceSpec {
   Curve gemm_efficiency;          // x: FLOPs of one GEMM -> fraction of peak_flops
   Curve memory_efficiency;        // x: bytes moved by one kernel -> fraction of memory_bw
   Curve attention_efficiency;     // x: FLOPs of one fused attention kernel (empty: GEMM roofline)
+  // Note [Fused attention kernels]: per flash generation (index 1: FlashAttention-1, 2:
+  // FlashAttention-2, 3: the Hopper kernels), x: sequence length -> fraction of peak of a
+  // causal forward + backward (head dim 128). Empty: the next older generation's curve,
+  // and below flash1 the GEMM roofline.
+  Curve flash_efficiency[4];
   // x: FLOPs of a forward GEMM -> (its backward's time) / (2 x its forward's time), as
   // measured by `loom calibrate` (loom's backward kernel adds a bias reduction and, in
   // bf16, three operand conversions); empty: 1, the two GEMMs of the same size.

@@ -97,11 +97,13 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
   if (x.cp > 1) ops.push_back(comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
-  if (x.flash) {
+  if (x.flash()) {
     // Dao et al.: the causal half of QK^T and PV in SRAM tiles; reads Q, K, V, writes the
     // output and the row log-sum-exp. FLOPs are the causal half of the full product.
     Op a = gemm("flash_attention", rows, x.s, hd, dt, heads, true);
     a.kind = Op::Kind::kAttention;
+    a.kernel = x.attention;
+    a.seq = x.s;
     a.bytes = 2 * n * (x.h + 2 * kv) / x.t * dt + n * x.a / x.t * 4;
     ops.push_back(a);
   } else if (x.fused_attention) {
@@ -190,7 +192,7 @@ double total_params(const ModelConfig& m) {
 
 double model_flops_per_sequence(const ModelConfig& m, int64_t seq, bool causal_attention) {
   LayerShape x = LayerShape::of(m, 1, seq, 1, 1, false, 2);
-  x.flash = causal_attention;
+  if (causal_attention) x.attention = Attention::kFlash2;
   double fwd = 0;
   for (const Op& o : block_forward_ops(x)) fwd += o.flops * double(m.layers);
   for (const Op& o : head_forward_ops(x)) fwd += o.flops;
@@ -213,7 +215,31 @@ double memory_time_s(const DeviceSpec& d, double bytes) {
   return bytes / (d.memory_bw * d.memory_efficiency.at(bytes)) + d.kernel_overhead_s;
 }
 
+// Note [Fused attention kernels]
+// A flash kernel's speed is set by how well its tiles keep the tensor cores fed, which grows
+// with the sequence its rows sweep (short sequences are dominated by the causal diagonal's
+// partial tiles and the softmax's non-matmul work), not by its total FLOPs: a device preset
+// gives, per kernel, the fraction of peak a causal forward + backward reaches by sequence
+// length (head dim 128), counted as the papers count it (backward = 2.5 x forward FLOPs,
+// which is what the backward pass is priced at):
+//   t_fwd = F / (peak x e(s)),  t_bwd = 2.5 F / (peak x e(s)),  F = the causal half.
+// Sources in the presets: FlashAttention-1 reaches 25-40% of A100 peak and FlashAttention-2
+// 50-73% (Dao 2023, FlashAttention-2, abstract); FlashAttention-2 ~35% of H100's (Shah et al.
+// 2024, FlashAttention-3, abstract); the Hopper kernels (FlashAttention-3; cuDNN's, which
+// Transformer Engine runs) up to 75%. A generation the preset has no curve for takes the
+// next older one's (FlashAttention-3 is Hopper-only: flash3 on A100 runs as flash2), and
+// below flash1 the GEMM roofline. Frameworks choose their kernel (Note [Published frameworks]).
+namespace {
+const Curve* flash_curve(const DeviceSpec& d, Attention k) {
+  for (int g = int(k); g >= 1; --g)
+    if (!d.flash_efficiency[g].points.empty()) return &d.flash_efficiency[g];
+  return nullptr;
+}
+}  // namespace
+
 double kernel_time_s(const DeviceSpec& d, const Op& op) {
+  if (op.kind == Op::Kind::kAttention && op.kernel != Attention::kUnfused)
+    if (const Curve* c = flash_curve(d, op.kernel)) return op.flops / (d.peak_flops * c->at(op.seq)) + d.kernel_overhead_s;
   if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
     return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
   if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes);

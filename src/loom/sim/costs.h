@@ -17,6 +17,13 @@ namespace loom::sim {
 using comm::GroupShape;
 using comm::OpKind;  // kAllReduce, kAllGather, kReduceScatter; kSend: a pipeline p2p message
 
+// Which fused attention kernel the framework runs (Note [Fused attention kernels] in
+// costs.cc): none (Megatron-LM 2021-22: QK^T, softmax, dropout and PV as separate kernels
+// over the (s, s) scores), FlashAttention-1 (and the Triton kernels of its time),
+// FlashAttention-2, or a Hopper kernel (FlashAttention-3, and cuDNN's fused attention as
+// Transformer Engine runs it). The value is the flash generation (DeviceSpec::flash_efficiency).
+enum class Attention { kUnfused = 0, kFlash1 = 1, kFlash2 = 2, kFlash3 = 3 };
+
 // Which mesh axis a collective runs over (Note [Mesh order]: tp innermost, then cp, dp, pp).
 enum class Axis { kTp, kCp, kDp, kPp };
 
@@ -30,6 +37,8 @@ struct Op {
   OpKind coll = OpKind::kAllReduce;  // kComm only
   Axis axis = Axis::kTp;
   bool attention_core = false;  // recomputed by selective recompute (Korthikanti et al.)
+  Attention kernel = Attention::kUnfused;  // kAttention: a flash kernel is priced by its curve at `seq`
+  double seq = 0;                          // kAttention: the key length its tiles sweep
 };
 
 // The shape one rank works on: micro-batch b, sequence s (whole), hidden h, heads a, kv
@@ -41,9 +50,10 @@ struct LayerShape {
   bool sp = false;
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
-  bool flash = false;           // flash attention: causal tiles only, no (s, s) scores kept
+  Attention attention = Attention::kUnfused;  // flash: causal tiles only, no (s, s) scores kept
   bool vocab_split = true;      // under tp: embedding/head split by vocabulary (else whole per rank)
   double vocab_t() const { return vocab_split ? t : 1; }
+  bool flash() const { return attention != Attention::kUnfused; }
   double dtype_bytes = 2;
   static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
                        int64_t dtype_bytes);
@@ -78,7 +88,8 @@ GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride);
 
 // Seconds for one kernel of the op on the device (GEMM: the slower of its FLOPs at the
 // size's efficiency and its bytes at the bandwidth's; memory-bound: bytes at the
-// bandwidth's efficiency; both plus the launch overhead).
+// bandwidth's efficiency; a flash kernel: its FLOPs at its curve's efficiency for the
+// sequence length; each plus the launch overhead).
 double kernel_time_s(const DeviceSpec& d, const Op& op);
 double gemm_time_s(const DeviceSpec& d, double flops, double bytes);
 double memory_time_s(const DeviceSpec& d, double bytes);

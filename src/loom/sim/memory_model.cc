@@ -41,7 +41,7 @@ LayerTerms layer_terms(const LayerShape& x) {
   L.split = n * (x.h * dt + 2 * kv * dt + x.h * dt) + n * x.f * (gpt ? 2 * dt : 3 * dt);
   // softmax output; for GPT also its dropout mask and dropout output
   L.scores = n * x.s * x.a * (x.dropout ? 2 * dt + mask : dt);
-  if (x.flash) L.scores = n * x.a * 4;  // flash attention keeps the fp32 row log-sum-exp, not the scores
+  if (x.flash()) L.scores = n * x.a * 4;  // flash attention keeps the fp32 row log-sum-exp, not the scores
   L.input = n * x.h * dt;
   return L;
 }

@@ -95,6 +95,27 @@ int64_t zero_stage(const PublishedRun& row) {
   return 0;
 }
 
+// Note [Published frameworks]
+// The attention kernel a row's stack ran (Note [Fused attention kernels]), read from its
+// framework column: Megatron-LM 2021-22 computed QK^T, softmax, dropout and PV as separate
+// kernels (Narayanan et al. 2021; Korthikanti et al. 2022); llm-foundry names FlashAttention
+// (its 2023 benchmark table ran FlashAttention-2-class kernels, not Hopper ones);
+// Megatron-core under NeMo runs Transformer Engine's fused attention, cuDNN's Hopper kernel
+// on H100; MaxText on GPUs runs cuDNN's flash attention through Transformer Engine as
+// well. A stack the row does not name keeps the unfused kernels.
+Attention published_attention(const PublishedRun& row) {
+  const std::string fw = text(row, "framework");
+  if (fw.rfind("Megatron-LM", 0) == 0) return Attention::kUnfused;
+  if (contains(fw, "NeMo") || contains(fw, "Megatron-Core") || contains(fw, "MaxText")) return Attention::kFlash3;
+  if (contains(fw, "FlashAttention")) return Attention::kFlash1;
+  return Attention::kUnfused;
+}
+
+// Whether the row's TFLOP/s count the recomputed forward (Narayanan et al. 2021's 96-form
+// count, `metric_counts_recompute` = "yes ..."); the rest (llm-foundry's "model TFLOP/s",
+// MFU-based rows) count 3 x the forward.
+bool counts_recompute(const PublishedRun& row) { return text(row, "metric_counts_recompute").rfind("yes", 0) == 0; }
+
 }  // namespace
 
 std::string PublishedRun::id() const {
@@ -133,7 +154,10 @@ std::vector<PublishedRun> read_published_runs(const std::string& path) {
   return rows;
 }
 
-double megatron_flops_per_iteration(double B, double s, double l, double h, double V) {
+double megatron_flops_per_iteration(double B, double s, double l, double h, double V, bool recompute_forward) {
+  // 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) is 3 x the forward (the MFU count); the
+  // recomputed forward adds one more forward of the layers (not the head): 96 and V/(16 l h).
+  if (!recompute_forward) return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
   return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
 }
 
@@ -171,6 +195,7 @@ PublishedCase published_case(const PublishedRun& row) {
   // Megatron-LM (2021, 2022) waits for each pipeline send/receive pair before computing on;
   // Megatron-core overlaps its pipeline communication by default.
   c.plan.blocking_p2p = text(row, "framework").rfind("Megatron-LM", 0) == 0;
+  c.plan.attention = published_attention(row);
   // Megatron's FLOPs count is GPT-2's; a Llama row's TFLOP/s were counted otherwise (its
   // source's own formula), so it is compared by step time where the row has one.
   const bool gpt = c.plan.cfg.model.arch == Arch::kGpt;
@@ -190,7 +215,7 @@ PublishedCheck check_published(const PublishedRun& row) {
   if (c.metric == "tflops_per_gpu") {
     const ModelConfig& m = c.plan.cfg.model;
     const double F = megatron_flops_per_iteration(double(c.plan.cfg.train.batch), double(m.ctx), double(m.layers),
-                                                  double(m.d_model), double(m.vocab));
+                                                  double(m.d_model), double(m.vocab), counts_recompute(row));
     out.predicted = F / out.result.step_time_s / double(c.plan.gpus()) / 1e12;
   } else {
     out.predicted = out.result.step_time_s;

@@ -39,8 +39,9 @@ struct PublishedCheck {
 };
 PublishedCheck check_published(const PublishedRun& row);
 
-// Megatron's per-iteration FLOP count of Narayanan et al. (with the recompute forward):
-// 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
-double megatron_flops_per_iteration(double B, double s, double l, double h, double V);
+// Megatron's per-iteration FLOP count of Narayanan et al. (2021), eq. (3): with the
+// recompute forward 96 B s l h^2 (1 + s/(6h) + V/(16 l h)); without it (model FLOPs, the
+// count MFU and llm-foundry's "model TFLOP/s" use) 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
+double megatron_flops_per_iteration(double B, double s, double l, double h, double V, bool recompute_forward = true);
 
 }  // namespace loom::sim

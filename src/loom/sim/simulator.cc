@@ -76,7 +76,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true;
-  if (plan.flash_attention && plan.framework == Framework::kMegatron) s.x.flash = true;
+  if (plan.framework == Framework::kMegatron) s.x.attention = plan.attention;
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   // Note [bf16 parameter gathers]: bf16, or qwZ's int8 with an fp32 scale per block
@@ -468,9 +468,9 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   res.bubble_fraction = pipe_end > 0 ? 1.0 - busy / (double(s.pp) * pipe_end) : 0;
   const double batch = double(cfg.train.batch);
   res.tokens_per_s = batch * double(s.seq) / res.step_time_s;
-  res.model_flops = model_flops_per_sequence(cfg.model, s.seq, s.x.flash) * batch;
+  res.model_flops = model_flops_per_sequence(cfg.model, s.seq, s.x.flash()) * batch;
   LayerShape one = LayerShape::of(cfg.model, 1, s.seq, 1, 1, false, dev.dtype_bytes);
-  one.flash = s.x.flash;
+  one.attention = s.x.attention;
   double extra = 0;  // recomputed forward FLOPs per sequence
   for (Recompute r : s.rk) {
     if (r == Recompute::kFull) extra += flops_of(block_forward_ops(one), false);

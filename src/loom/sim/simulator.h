@@ -23,7 +23,9 @@ struct SimPlan {
   Config cfg;                // model, train.batch (global), train.grad_accum, train.seq, parallel.*
   int64_t cp = 1;            // context parallel (simulator and planner only)
   bool dp_overlap = true;    // gradient reduction overlapped with the last backward (loom, torch DDP)
-  bool flash_attention = false;  // Megatron with flash attention (2023+); the published runs had none
+  // Megatron's attention kernel (Note [Fused attention kernels]): unfused (Megatron-LM
+  // 2021-22), FlashAttention-2, or a Hopper kernel (Megatron-core with Transformer Engine).
+  Attention attention = Attention::kUnfused;
   bool blocking_p2p = false; // a pipeline send holds its rank until delivered (Megatron-LM's
                              // batched isend/irecv + wait); loom's sends are asynchronous
   bool tp_overlap = false;   // Note [Tensor-parallel overlap] (Megatron-core --tp-comm-overlap)

@@ -1,0 +1,121 @@
+// Fused attention kernels (Note [Fused attention kernels]) and what the published-run reader
+// takes from a row's framework (Note [Published frameworks]) and metric columns, with the
+// arithmetic shown.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loom/core/config.h"
+#include "loom/sim/costs.h"
+#include "loom/sim/published.h"
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+namespace {
+
+// The flash op of one block, on a GPT layer of b = 2, s = 4096, h = 2048, a = 16 (head dim 128).
+Op flash_op(Attention k) {
+  ModelConfig m = load_config("", {"model.preset=gpt2", "model.d_model=2048", "model.heads=16", "model.ctx=4096"}).model;
+  LayerShape x = LayerShape::of(m, 2, 4096, 1, 1, false, 2);
+  x.attention = k;
+  for (const Op& o : block_forward_ops(x))
+    if (o.kind == Op::Kind::kAttention) return o;
+  ADD_FAILURE() << "no attention op";
+  return {};
+}
+
+// A flash kernel costs its causal-half FLOPs at its curve's efficiency for the sequence:
+// F = 2 x (b a) x s^2 hd (QK^T and PV, 2 s^2 hd each, halved by the causal mask)
+//   = 2 x 32 x 4096^2 x 128 = 1.374e11 FLOP; at 0.5 of 989 TFLOP/s that is 0.2779 ms (+ 4 us).
+TEST(FusedAttention, FlashKernelCostsItsCausalFlopsAtItsCurveForTheSequence) {
+  ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
+  c.device.flash_efficiency[2] = {{{1024, 0.25}, {4096, 0.5}, {16384, 0.6}}};
+  c.device.flash_efficiency[1] = {}, c.device.flash_efficiency[3] = {};
+  const Op o = flash_op(Attention::kFlash2);
+  const double F = 2.0 * 32 * 4096.0 * 4096.0 * 128;
+  EXPECT_NEAR(o.flops, F, 1e-6 * F);
+  EXPECT_EQ(o.seq, 4096);
+  const double want = F / (989e12 * 0.5) + c.device.kernel_overhead_s;
+  EXPECT_NEAR(kernel_time_s(c.device, o), want, 1e-12);
+  // flash3 without a curve of its own runs as flash2 (FlashAttention-3 is Hopper-only).
+  EXPECT_NEAR(kernel_time_s(c.device, flash_op(Attention::kFlash3)), want, 1e-12);
+  // flash1 without a curve, and nothing older: the GEMM roofline of the same op.
+  const Op o1 = flash_op(Attention::kFlash1);
+  EXPECT_NEAR(kernel_time_s(c.device, o1), gemm_time_s(c.device, o1.flops, o1.bytes), 1e-15);
+}
+
+// The presets order the generations as the papers do: on H100, FlashAttention-1 < -2 < the
+// Hopper kernels at every length; on A100 flash3 runs as flash2.
+TEST(FusedAttention, PresetsOrderTheKernelGenerations) {
+  const ClusterSpec h = load_cluster("dgx-h100", {}, 8, ""), a = load_cluster("dgx-a100", {}, 8, "");
+  for (double s : {512.0, 2048.0, 8192.0, 32768.0}) {
+    EXPECT_LT(h.device.flash_efficiency[1].at(s), h.device.flash_efficiency[2].at(s)) << s;
+    EXPECT_LT(h.device.flash_efficiency[2].at(s), h.device.flash_efficiency[3].at(s)) << s;
+    EXPECT_LT(a.device.flash_efficiency[1].at(s), a.device.flash_efficiency[2].at(s)) << s;
+  }
+  EXPECT_TRUE(a.device.flash_efficiency[3].points.empty());
+  EXPECT_NEAR(kernel_time_s(a.device, flash_op(Attention::kFlash3)), kernel_time_s(a.device, flash_op(Attention::kFlash2)),
+              1e-15);
+  // The curves survive the TOML round trip (`loom calibrate` writes clusters this way).
+  const ClusterSpec back = cluster_from_toml(cluster_to_toml(h), "round trip");
+  for (int g = 1; g <= 3; ++g) EXPECT_EQ(back.device.flash_efficiency[g].points, h.device.flash_efficiency[g].points);
+}
+
+// A faster kernel generation makes the same long-sequence step faster, and only attention
+// changes: the step's model FLOPs (causal half) stay the same.
+TEST(FusedAttention, NewerKernelsShortenALongSequenceStep) {
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=16384", "train.batch=8", "parallel.tp=8"});
+  const ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
+  double last = 1e300, flops = -1;
+  for (Attention k : {Attention::kFlash1, Attention::kFlash2, Attention::kFlash3}) {
+    p.attention = k;
+    const SimResult r = simulate(p, c);
+    EXPECT_LT(r.step_time_s, last) << int(k);
+    if (flops >= 0) EXPECT_EQ(r.model_flops, flops);
+    last = r.step_time_s, flops = r.model_flops;
+  }
+}
+
+PublishedRun row_of(const std::string& framework, const std::string& counts) {
+  PublishedRun row;
+  row.fields = {{"row_id", "1"}, {"gpu_type", "H100-80GB"}, {"num_gpus", "8"}, {"num_layers", "4"},
+                {"hidden_size", "1024"}, {"num_attention_heads", "8"}, {"ffn_hidden", "4096"},
+                {"vocab_size", "50368"}, {"seq_length", "2048"}, {"global_batch_size", "16"},
+                {"micro_batch_size", "2"}, {"tensor_parallel", "1"}, {"pipeline_parallel", "1"},
+                {"data_parallel", "8"}, {"tflops_per_gpu", "300"}, {"model", "GPT 1B"},
+                {"framework", framework}, {"metric_counts_recompute", counts}};
+  return row;
+}
+
+// Note [Published frameworks]: the attention kernel comes from the row's framework column.
+TEST(Published, AttentionKernelFollowsTheRowsFramework) {
+  EXPECT_EQ(published_case(row_of("Megatron-LM (2021)", "")).plan.attention, Attention::kUnfused);
+  EXPECT_EQ(published_case(row_of("NeMo (NeMo Launcher / Megatron-Core), container 24.12", "")).plan.attention,
+            Attention::kFlash3);
+  EXPECT_EQ(published_case(row_of("Megatron-Core r0.8.0", "")).plan.attention, Attention::kFlash3);
+  EXPECT_EQ(published_case(row_of("MaxText (JAX/XLA)", "")).plan.attention, Attention::kFlash3);
+  EXPECT_EQ(published_case(row_of("llm-foundry / Composer (PyTorch FSDP, FlashAttention)", "")).plan.attention,
+            Attention::kFlash1);
+  EXPECT_EQ(published_case(row_of("somebody's trainer", "")).plan.attention, Attention::kUnfused);
+}
+
+// Narayanan et al. (2021) eq. (3) counts the recomputed forward: 96 B s l h^2 (1 + s/6h +
+// V/16lh) = 4 passes of the layers and 3 of the head; model FLOPs (MFU, llm-foundry's
+// "model TFLOP/s") are 72 B s l h^2 (1 + s/6h + V/12lh) = 3 passes of both. Per sequence of
+// s = 2048, l = 4, h = 1024, V = 50368:
+//   72 s l h^2 = 6.185e11, 12 s^2 l h = 2.062e11, 6 s V h = 6.338e11 -> 1.4585e12 FLOP;
+// with recompute the layers' 8.247e11 count 4/3 times: 1.0996e12 + 6.338e11 = 1.7335e12.
+TEST(Published, TflopsCountTheRecomputeOnlyWhereTheRowSaysSo) {
+  const double s = 2048, l = 4, h = 1024, V = 50368;
+  const double layers = 72 * s * l * h * h + 12 * s * s * l * h, head = 6 * s * V * h;
+  EXPECT_NEAR(megatron_flops_per_iteration(1, s, l, h, V, false), layers + head, 1e-9 * (layers + head));
+  EXPECT_NEAR(megatron_flops_per_iteration(1, s, l, h, V, true), layers * 4 / 3 + head, 1e-9 * (layers + head));
+  // The reader picks the count from metric_counts_recompute.
+  const PublishedCheck yes = check_published(row_of("Megatron-LM (2021)", "yes (Megatron formula 96*B*s*l*h^2...)"));
+  const PublishedCheck no = check_published(row_of("Megatron-LM (2021)", "both given: ...; tflops column = model TFLOP/s"));
+  EXPECT_NEAR(yes.predicted / no.predicted, (layers * 4 / 3 + head) / (layers + head), 1e-9);
+}
+
+}  // namespace
+}  // namespace loom::sim

@@ -20,6 +20,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/sim/simulator.h"
+#include "loom/sim/validation.h"
 #include "loom/train/trainer.h"
 
 namespace {
@@ -95,6 +96,25 @@ static std::vector<char*> positional(int argc, char** argv, bool* threads) {
   return out;
 }
 
+// The medians, and each pass's step-time errors written beside its cluster file (Note [Error
+// bands]: `loom plan`'s bands on that cluster).
+static void report(const std::vector<double>& time_errs, const std::vector<double>& mem_errs,
+                   const std::vector<double>& bf16_time_errs, const std::vector<loom::sim::ValidationPoint> points[2],
+                   const char* fp32_cluster, const char* bf16_cluster) {
+  const bool with_bf16 = bf16_cluster != nullptr;
+  std::printf("configs %zu  median |step time error| %.1f%%  median |memory error| %.2f%%\n", time_errs.size(),
+              100 * median(time_errs), 100 * median(mem_errs));
+  if (with_bf16)
+    std::printf("bf16 configs %zu  median |step time error| %.1f%%\n", bf16_time_errs.size(),
+                100 * median(bf16_time_errs));
+  // Beside each cluster file, for `loom plan`'s error bands on it.
+  for (int pass = 0; pass < (with_bf16 ? 2 : 1); pass++) {
+    const std::string path = loom::sim::validation_path_for(pass == 0 ? fp32_cluster : bf16_cluster);
+    loom::sim::write_engine_points(path, points[pass]);
+    std::printf("wrote %zu step-time errors to %s (loom plan's error bands)\n", points[pass].size(), path.c_str());
+  }
+}
+
 int main(int argc_in, char** argv_in) {
   bool threads = false;
   std::vector<char*> args = positional(argc_in, argv_in, &threads);
@@ -127,6 +147,7 @@ int main(int argc_in, char** argv_in) {
     const std::vector<std::vector<std::string>> bf16_layouts = {
         {}, {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=4"}};
     std::vector<double> time_errs, mem_errs, bf16_time_errs;
+    std::vector<loom::sim::ValidationPoint> points[2];  // Note [Error bands]: fp32, bf16
     std::printf("%-3s %-40s %12s %12s %8s %12s %12s %8s\n", "cfg", "layout", "pred step s", "meas step s", "error",
                 "pred MiB", "meas MiB", "error");
     const bool with_bf16 = argc > 3;
@@ -153,6 +174,8 @@ int main(int argc_in, char** argv_in) {
           const Measured m = threads ? run_engine(plan.cfg) : run_processes(loom_bin, sets, world);
           const double pm = r.ranks[0].memory.total();
           (pass == 0 ? time_errs : bf16_time_errs).push_back(std::fabs(r.step_time_s / m.step_s - 1));
+          points[pass].push_back({loom::sim::layout_kind(plan), loom::sim::device_family(cluster.device.name),
+                                  r.step_time_s / m.step_s - 1});
           mem_errs.push_back(std::fabs(pm / m.memory_bytes - 1));
           std::string label = pass == 1 ? "bf16 " : "";
           for (const auto& s : layout) label += s.substr(s.find('.') + 1) + " ";
@@ -163,11 +186,7 @@ int main(int argc_in, char** argv_in) {
           std::fflush(stdout);
         }
     }
-    std::printf("configs %zu  median |step time error| %.1f%%  median |memory error| %.2f%%\n", time_errs.size(),
-                100 * median(time_errs), 100 * median(mem_errs));
-    if (with_bf16)
-      std::printf("bf16 configs %zu  median |step time error| %.1f%%\n", bf16_time_errs.size(),
-                  100 * median(bf16_time_errs));
+    report(time_errs, mem_errs, bf16_time_errs, points, argv[1], with_bf16 ? argv[3] : nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sim_vs_engine: %s\n", e.what());
     return 1;

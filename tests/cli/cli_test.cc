@@ -176,3 +176,19 @@ TEST(Cli, SimulateOverlapFlagsChangeWhatTheyModel) {
   expect_usage_error("simulate " + seq + " --attention flash4", "--attention");
   expect_usage_error("simulate " + seq + " --attention flash2 --framework loom", "--framework megatron");
 }
+
+// Issue 21 item 4: every plan line carries the simulator's expected error for its kind of
+// layout (Note [Error bands]), in text and JSON, and --explain compares #1 with #2 term by
+// term (Note [Plan explanation]).
+TEST(Cli, PlanLinesCarryErrorBandsAndExplainComparesTheFirstTwo) {
+  const std::string args = "plan --model gpt-1.7b --gpus 16 --global-batch 64 --top 2";
+  auto r = loom::testing_support::run_loom(args + " --explain");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("expected error: step time"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("published sharded data-parallel runs on A100"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("why #1 ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("peak memory:"), std::string::npos) << r.output;
+  r = loom::testing_support::run_loom(args + " --json");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"error_band\":{\"basis\":"), std::string::npos) << r.output;
+}

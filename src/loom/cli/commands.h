@@ -108,6 +108,7 @@ struct PlanArgs {
   std::string emit, out; // --emit loom | megatron, written to --out (stdout when empty)
   std::string compress = "auto";  // auto | none | a list of compressors (Note [Gradient compressors])
   std::string ps;                 // "" | dense | sparse: parameter-server layouts tried too
+  bool explain = false;           // why #1 beats #2 (Note [Plan explanation])
 };
 int run_plan(const PlanArgs& a);
 

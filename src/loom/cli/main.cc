@@ -184,6 +184,9 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   pc->add_option("--ps", a.plan.ps,
                  "Also try parameter-server layouts (1, 2, 4 .. servers taking GPUs, the rest dp workers, ps.mode sync): "
                  "dense, or sparse (a Llama's embedding rows, Note [Sparse embeddings])");
+  pc->add_flag("--explain", a.plan.explain,
+               "Say why #1 beats #2: their step-time terms side by side, memory, and whether the gap is inside the "
+               "simulator's expected error (Note [Plan explanation])");
   pc->add_option("--emit", a.plan.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
   pc->add_option("--out", a.plan.out, "Write --emit output to this file");
   pc->add_option("--compress", a.plan.compress,

@@ -1,5 +1,6 @@
 // `loom plan`: search the layout space for a model on a cluster (Note [Plan search]).
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <iomanip>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "loom/cli/commands.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/plan/explain.h"
 #include "loom/plan/search.h"
 
 namespace loom::cli {
@@ -43,11 +45,55 @@ void set_compressors(const std::string& flag, plan::PlanRequest& req) {
   req.compress_everywhere = true;
 }
 
+nlohmann::json band_json(const sim::ErrorBand& b) {
+  return {{"rows", b.rows}, {"median", b.median}, {"median_abs", b.median_abs}, {"max_abs", b.max_abs}, {"basis", b.basis}};
+}
+
+// Note [Error bands]: "step time -4.2% median (|error| 6.3% median, 31.8% max) over 20 ...".
+std::string band_text(const sim::ErrorBand& b) {
+  if (b.rows == 0) return "expected error: unknown (" + b.basis + ")";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << "expected error: step time " << std::showpos << 100 * b.median
+     << std::noshowpos << "% median (|error| " << 100 * b.median_abs << "% median, " << 100 * b.max_abs
+     << "% max) over " << b.basis;
+  return os.str();
+}
+
 // --ps dense | sparse: parameter-server layouts searched too (empty: not).
 void set_ps(const std::string& flag, plan::PlanRequest& req) {
   if (!flag.empty() && flag != "dense" && flag != "sparse")
     throw ConfigError("--ps '" + flag + "': expected dense or sparse (parameter-server layouts to try)");
   req.ps = !flag.empty(), req.ps_sparse = flag == "sparse";
+}
+
+// The ranked plans as text, each with its error band; --explain's comparison; what was pruned.
+void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const PlanArgs& a,
+                const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band) {
+  const double gib = double(int64_t(1) << 30);
+  std::cout << "loom plan: " << req.like.cfg.model.preset << " on " << a.sim.gpus << " x " << req.cluster.device.name
+            << " (" << req.cluster.name << "), global batch " << req.global_batch << " x seq " << req.like.cfg.seq_len()
+            << "\n";
+  int i = 0;
+  for (const plan::PlanCandidate& c : rep.ranked) {
+    const sim::SimResult& r = c.result;
+    const sim::Breakdown& b = r.breakdown;
+    std::cout << std::fixed << "#" << ++i << "  " << plan::layout_label(c.plan) << "  [" << c.how << "]\n"
+              << std::setprecision(3) << "    step " << r.step_time_s << " s, MFU " << r.mfu << ", HFU " << r.hfu
+              << ", " << std::setprecision(1) << r.tflops_per_gpu << " TFLOP/s/GPU; compute " << std::setprecision(3)
+              << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.dp_exposed
+              << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
+              << " GiB\n";
+    std::cout << "    " << band_text(band(c)) << "\n";
+    if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) std::cout << "    " << caveat << "\n";
+  }
+  if (a.explain && rep.ranked.size() > 1)
+    std::cout << plan::explain_choice(rep.ranked[0], rep.ranked[1], band(rep.ranked[0]), band(rep.ranked[1]));
+  else if (a.explain)
+    std::cout << "--explain: only one layout fits, nothing to compare it with\n";
+  std::cout << "pruned:";
+  for (const auto& [reason, n] : rep.pruned) std::cout << "\n  " << n << " " << reason << " (e.g. " << rep.example.at(reason) << ")";
+  std::cout << "\n" << rep.evaluated << " layouts simulated, " << rep.ilp_solves << " ILP solves (" << std::setprecision(3)
+            << rep.ilp_s << " s), search " << rep.total_s << " s\n";
 }
 
 }  // namespace
@@ -78,6 +124,13 @@ int run_plan(const PlanArgs& a) {
   set_compressors(a.compress, req);
   set_ps(a.ps, req);
   const plan::PlanReport rep = plan::search_plans(req);
+  const std::vector<sim::ValidationPoint> points = plan::validation_points(
+      req.like.framework, sim::cluster_file_path(a.sim.cluster, a.sim.local_path.empty() ? default_local_cluster_path()
+                                                                                            : a.sim.local_path));
+  auto band = [&](const plan::PlanCandidate& c) {
+    return sim::error_band(points, sim::layout_kind(c.plan), sim::device_family(req.cluster.device.name),
+                           plan::validation_what(req.like.framework));
+  };
   if (rep.ranked.empty()) {
     std::string why;
     for (const auto& [reason, n] : rep.pruned) why += "\n  " + std::to_string(n) + " " + reason + " (e.g. " + rep.example.at(reason) + ")";
@@ -101,6 +154,7 @@ int run_plan(const PlanArgs& a) {
       nlohmann::json j = result_json(c.result);
       j["layout"] = layout_json(c.plan);
       j["how"] = c.how;
+      j["error_band"] = band_json(band(c));
       if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
       std::cout << j.dump() << "\n";
     }
@@ -109,26 +163,7 @@ int run_plan(const PlanArgs& a) {
     std::cout << nlohmann::json{{"summary", s}}.dump() << std::endl;
     return 0;
   }
-  const double gib = double(int64_t(1) << 30);
-  std::cout << "loom plan: " << req.like.cfg.model.preset << " on " << a.sim.gpus << " x " << req.cluster.device.name
-            << " (" << req.cluster.name << "), global batch " << req.global_batch << " x seq " << req.like.cfg.seq_len()
-            << "\n";
-  int i = 0;
-  for (const plan::PlanCandidate& c : rep.ranked) {
-    const sim::SimResult& r = c.result;
-    const sim::Breakdown& b = r.breakdown;
-    std::cout << std::fixed << "#" << ++i << "  " << plan::layout_label(c.plan) << "  [" << c.how << "]\n"
-              << std::setprecision(3) << "    step " << r.step_time_s << " s, MFU " << r.mfu << ", HFU " << r.hfu
-              << ", " << std::setprecision(1) << r.tflops_per_gpu << " TFLOP/s/GPU; compute " << std::setprecision(3)
-              << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.dp_exposed
-              << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
-              << " GiB\n";
-    if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) std::cout << "    " << caveat << "\n";
-  }
-  std::cout << "pruned:";
-  for (const auto& [reason, n] : rep.pruned) std::cout << "\n  " << n << " " << reason << " (e.g. " << rep.example.at(reason) << ")";
-  std::cout << "\n" << rep.evaluated << " layouts simulated, " << rep.ilp_solves << " ILP solves (" << std::setprecision(3)
-            << rep.ilp_s << " s), search " << rep.total_s << " s\n";
+  print_text(rep, req, a, band);
   return 0;
 }
 

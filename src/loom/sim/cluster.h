@@ -98,6 +98,8 @@ const char* cluster_preset_toml(const std::string& name);  // nullptr if not com
 // Throws ConfigError naming the problem.
 ClusterSpec load_cluster(const std::string& source, const std::vector<std::string>& sets, int64_t gpus,
                          const std::string& local_path);
+// The file `source` is read from ("" for a compiled-in preset or an unknown name).
+std::string cluster_file_path(const std::string& source, const std::string& local_path);
 ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
                               const std::vector<std::string>& sets = {});
 

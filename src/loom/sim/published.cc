@@ -138,14 +138,17 @@ std::vector<PublishedRun> read_published_runs(const std::string& path) {
   LOOM_CHECK(f, "cannot read published runs file ", path);
   std::stringstream ss;
   ss << f.rdbuf();
-  const std::string all = ss.str();
+  return parse_published_runs(ss.str(), path);
+}
+
+std::vector<PublishedRun> parse_published_runs(const std::string& all, const std::string& origin) {
   size_t pos = 0;
   std::vector<std::string> header, rec;
-  LOOM_CHECK(next_record(all, pos, header) && header.size() > 1, path, ": no CSV header");
+  LOOM_CHECK(next_record(all, pos, header) && header.size() > 1, origin, ": no CSV header");
   std::vector<PublishedRun> rows;
   for (int line = 2; next_record(all, pos, rec); ++line) {
     if (rec.size() == 1 && rec[0].empty()) continue;
-    LOOM_CHECK(rec.size() == header.size(), path, ": record ", line, " has ", rec.size(), " fields, the header ",
+    LOOM_CHECK(rec.size() == header.size(), origin, ": record ", line, " has ", rec.size(), " fields, the header ",
                header.size());
     PublishedRun r;
     for (size_t i = 0; i < header.size(); ++i) r.fields[header[i]] = rec[i];

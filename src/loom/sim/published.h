@@ -18,6 +18,7 @@ struct PublishedRun {
 
 // RFC 4180 CSV with a header row. Throws loom::Error naming the file and line.
 std::vector<PublishedRun> read_published_runs(const std::string& path);
+std::vector<PublishedRun> parse_published_runs(const std::string& text, const std::string& origin);
 
 // The row's configuration as a plan on its cluster preset (dgx-a100 for A100 rows).
 // Missing vocabulary: 51,200 (the Megatron papers' padded GPT-2 vocabulary). Rows whose

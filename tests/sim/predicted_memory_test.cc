@@ -105,6 +105,10 @@ TEST(Calibrate, WritesASpecTheSimulatorLoadsAndUses) {
   EXPECT_GT(c.device.peak_flops, 1e8);   // any CPU's BLAS does more than 0.1 GFLOP/s
   EXPECT_GT(c.device.memory_bw, 1e8);
   EXPECT_FALSE(c.device.attention_efficiency.points.empty());
+  // The optimizer pass (norm + AdamW), as a fraction of the memory-bound kernels' best rate:
+  // it moves the same bytes with more arithmetic, so at most that rate.
+  ASSERT_EQ(c.device.optimizer_efficiency.points.size(), 5u);
+  for (const auto& [bytes, e] : c.device.optimizer_efficiency.points) EXPECT_TRUE(e > 0 && e <= 1) << bytes;
   ASSERT_FALSE(c.busbw.empty());
   for (const auto& t : c.busbw) EXPECT_EQ(t.ranks, 2);
   // Efficiency curves are fractions of the best measured rate: the best point is 1.

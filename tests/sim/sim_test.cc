@@ -68,6 +68,12 @@ TEST(Cluster, SharedCpuPicksTheOneThreadCurvesWhenRanksFillTheThreads) {
   EXPECT_DOUBLE_EQ(two.device.gemm_efficiency.at(1e6), 0.7);  // two ranks, a thread each
   EXPECT_DOUBLE_EQ(two.device.memory_efficiency.at(1e6), 1.2);
   EXPECT_DOUBLE_EQ(two.device.peak_flops, one.device.peak_flops / 2);
+  // The measured optimizer pass (norm + AdamW) round-trips and switches the same way.
+  cpu.device.optimizer_efficiency = {{{1e6, 0.2}}};
+  cpu.device.optimizer_efficiency_1t = {{{1e6, 0.3}}};
+  std::ofstream(path) << cluster_to_toml(cpu);
+  EXPECT_DOUBLE_EQ(load_cluster(path, {}, 1, "").device.optimizer_efficiency.at(1e6), 0.2);
+  EXPECT_DOUBLE_EQ(load_cluster(path, {}, 2, "").device.optimizer_efficiency.at(1e6), 0.3);
 }
 
 TEST(Cluster, BadSpecsNameTheKey) {
@@ -388,6 +394,12 @@ TEST(Simulator, SingleDeviceStepIsTheSumOfItsKernels) {
   const double micro = L * (2 * fwd(blk) + bwd(blk)) + fwd(emb) + bwd(emb) + fwd(head) + bwd(head);
   const double opt = memory_time_s(c.device, total_params(p.cfg.model) * 36);
   EXPECT_NEAR(r.step_time_s, 2 * micro + opt, 1e-9 * r.step_time_s);
+  // Where `loom calibrate` measured the optimizer pass, its curve prices the update's bytes:
+  // 36 per parameter (AdamW's 32 and the mixed-precision copy) at 0.25 of the bandwidth.
+  ClusterSpec measured = c;
+  measured.device.optimizer_efficiency = {{{1e3, 0.25}, {1e12, 0.25}}};
+  const double opt_measured = total_params(p.cfg.model) * 36 / (c.device.memory_bw * 0.25) + c.device.kernel_overhead_s;
+  EXPECT_NEAR(simulate(p, measured).step_time_s, 2 * micro + opt_measured, 1e-9 * r.step_time_s);
   EXPECT_DOUBLE_EQ(r.bubble_fraction, 0.0);
   // Full recompute runs every block's forward twice: hardware FLOPs add one forward.
   double block_flops = 0;

@@ -129,6 +129,26 @@ std::vector<std::pair<double, double>> memory_rates(const Kernels& k, double bud
   return out;
 }
 
+// Bytes/s of the engine's optimizer pass (Note [Calibration]): the gradient norm's sum of
+// squares, then AdamW, over n parameters; bytes counted as the simulator counts the update
+// (OptimConfig::update_bytes: 32 per parameter), so its price is bytes / this rate.
+std::vector<std::pair<double, double>> optimizer_rates(const Kernels& k, double budget) {
+  std::vector<std::pair<double, double>> out;
+  for (int64_t n : {int64_t(1) << 14, int64_t(1) << 17, int64_t(1) << 20, int64_t(1) << 22, int64_t(1) << 24}) {
+    auto p = random_floats(size_t(n)), m = random_floats(size_t(n)), v = random_floats(size_t(n));
+    const auto g = random_floats(size_t(n));
+    for (float& x : v) x = x * x;  // second moments are non-negative
+    int64_t step = 0;
+    const double t = time_it([&] {
+      volatile double norm = k.sum_squares(g.data(), n);
+      (void)norm;
+      k.adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step);
+    }, budget);
+    out.emplace_back(32.0 * double(n), 32.0 * double(n) / t);
+  }
+  return out;
+}
+
 // Bytes/s of a read-modify-write pass (as `dw += ...`) over 64 MiB the OS has just taken
 // back, on this thread: the cost of re-faulting released ZeRO pages (DeviceSpec::page_fault_bw).
 double page_fault_rate(double budget) {
@@ -211,6 +231,7 @@ void one_thread_curves(const Kernels& k, const CalibrateOptions& o, int threads,
                                   d.peak_flops / threads);
   d.attention_efficiency_1t = relative(concurrently(threads, [&] { return attention_rates(k, b); }), d.peak_flops / threads);
   d.memory_efficiency_1t = relative(concurrently(threads, [&] { return memory_rates(k, b); }), d.memory_bw / threads);
+  d.optimizer_efficiency_1t = relative(concurrently(threads, [&] { return optimizer_rates(k, b); }), d.memory_bw / threads);
 }
 
 }  // namespace
@@ -285,6 +306,11 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.memory_efficiency = normalise(memory_rates(k, o.seconds_per_point), &bw);
   c.device.memory_bw = bw;
   say("memory-bound kernels: best " + std::to_string(bw / 1e9) + " GB/s");
+  for (const auto& [bytes, rate] : optimizer_rates(k, o.seconds_per_point))
+    c.device.optimizer_efficiency.points.emplace_back(bytes, std::clamp(rate / bw, 1e-4, 1.0));
+  std::sort(c.device.optimizer_efficiency.points.begin(), c.device.optimizer_efficiency.points.end());
+  say("optimizer pass (norm + AdamW): " + std::to_string(c.device.optimizer_efficiency.points.back().second * bw / 1e9) +
+      " GB/s at " + std::to_string(int64_t(c.device.optimizer_efficiency.points.back().first / 32)) + " parameters");
   c.device.kernel_overhead_s = launch_overhead_s(k, o.seconds_per_point);
   one_thread_curves(k, o, threads, c.device);
   if (threads > 1) say("one thread: best gemm " + std::to_string(c.device.gemm_efficiency_1t.points.back().second) +

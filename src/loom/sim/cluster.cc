@@ -179,7 +179,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "gemm_efficiency", "memory_efficiency", "attention_efficiency", "flash1_efficiency",
                  "flash2_efficiency", "flash3_efficiency", "gemm_backward_factor",
                  "kernel_overhead_us", "shared", "page_fault_gbps", "threads", "gemm_efficiency_1t",
-                 "attention_efficiency_1t", "memory_efficiency_1t"});
+                 "attention_efficiency_1t", "memory_efficiency_1t", "optimizer_efficiency",
+                 "optimizer_efficiency_1t"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -194,6 +195,10 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.memory_efficiency = d.curve("memory_efficiency", 1.0);
   if (root.sub("device") && root.sub("device")->get("attention_efficiency"))
     c.device.attention_efficiency = d.curve("attention_efficiency", 1.0);
+  const double most_1t = double(std::max<int64_t>(1, d.integer("threads", 0)));
+  for (auto [key, curve, most] : {std::tuple{"optimizer_efficiency", &c.device.optimizer_efficiency, 1.0},
+                                  std::tuple{"optimizer_efficiency_1t", &c.device.optimizer_efficiency_1t, most_1t}})
+    if (root.sub("device") && root.sub("device")->get(key)) *curve = d.curve(key, most);
   for (int g = 1; g <= 3; ++g)
     if (const std::string key = "flash" + std::to_string(g) + "_efficiency"; root.sub("device") && root.sub("device")->get(key))
       c.device.flash_efficiency[g] = d.curve(key, 1.0);
@@ -289,6 +294,7 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
       // peak / n (the share set just above), whether n equals threads or exceeds it.
       d.gemm_efficiency = d.gemm_efficiency_1t, d.attention_efficiency = d.attention_efficiency_1t;
       d.memory_efficiency = d.memory_efficiency_1t;
+      if (!d.optimizer_efficiency_1t.points.empty()) d.optimizer_efficiency = d.optimizer_efficiency_1t;
     }
   }
   return c;
@@ -319,6 +325,10 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "\nmemory_efficiency = " << curve(c.device.memory_efficiency);
   if (!c.device.attention_efficiency.points.empty())
     os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
+  if (!c.device.optimizer_efficiency.points.empty())
+    os << "\noptimizer_efficiency = " << curve(c.device.optimizer_efficiency);
+  if (!c.device.optimizer_efficiency_1t.points.empty())
+    os << "\noptimizer_efficiency_1t = " << curve(c.device.optimizer_efficiency_1t);
   for (int g = 1; g <= 3; ++g)
     if (!c.device.flash_efficiency[g].points.empty())
       os << "\nflash" << g << "_efficiency = " << curve(c.device.flash_efficiency[g]);

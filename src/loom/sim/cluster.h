@@ -53,6 +53,10 @@ struct DeviceSpec {
   // the all-thread rate. Empty: the all-thread curves for every rank count.
   int64_t threads = 0;
   Curve gemm_efficiency_1t, attention_efficiency_1t, memory_efficiency_1t;
+  // loom's optimizer pass (gradient norm + AdamW) as measured by `loom calibrate`: x: its
+  // bytes (32 per parameter, OptimConfig::update_bytes) -> fraction of memory_bw (of
+  // memory_bw / threads for the _1t curve). Empty: the memory-bound curve prices it.
+  Curve optimizer_efficiency, optimizer_efficiency_1t;
 };
 
 struct LinkTier {

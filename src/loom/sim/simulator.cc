@@ -405,7 +405,10 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // Adam reads w, g, m, v and writes w, m, v (SGD: w, g, m and w, m; Note [SGD with
   // momentum]); mixed precision also the fp16 copy and the fp16 -> fp32 gradient.
   const double update_bytes_per_param = s.plan.cfg.optim.update_bytes() + (dev.mixed_precision ? 4.0 : 0.0);
-  rep.optimizer_s = memory_time_s(dev, rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param);
+  const double update_bytes = rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param;
+  rep.optimizer_s = dev.optimizer_efficiency.points.empty()
+                        ? memory_time_s(dev, update_bytes)
+                        : update_bytes / (dev.memory_bw * dev.optimizer_efficiency.at(update_bytes)) + dev.kernel_overhead_s;
   // Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
   // g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
   // corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).

@@ -13,9 +13,11 @@
 namespace loom::sim {
 namespace {
 
-// The flash op of one block, on a GPT layer of b = 2, s = 4096, h = 2048, a = 16 (head dim 128).
-Op flash_op(Attention k) {
-  ModelConfig m = load_config("", {"model.preset=gpt2", "model.d_model=2048", "model.heads=16", "model.ctx=4096"}).model;
+// The flash op of one block, on a GPT layer of b = 2, s = 4096, h = 2048, a = 16 (head dim
+// 128; 32 heads: 64).
+Op flash_op(Attention k, int heads = 16) {
+  ModelConfig m = load_config("", {"model.preset=gpt2", "model.d_model=2048", "model.heads=" + std::to_string(heads),
+                                   "model.ctx=4096"}).model;
   LayerShape x = LayerShape::of(m, 2, 4096, 1, 1, false, 2);
   x.attention = k;
   for (const Op& o : block_forward_ops(x))
@@ -44,6 +46,27 @@ TEST(FusedAttention, FlashKernelCostsItsCausalFlopsAtItsCurveForTheSequence) {
   EXPECT_NEAR(kernel_time_s(c.device, o1), gemm_time_s(c.device, o1.flops, o1.bytes), 1e-15);
 }
 
+// Note [Fused attention kernels], head size: FlashAttention-1/2 run the softmax's exponentials
+// between the matmuls, r(hd) = peak e / (7 hd sfu) of the matmul time. On H100 at e = 0.35:
+// r(128) = 989 x 0.35 / (7 x 128 x 3.9) = 0.0991, r(64) = 0.1981, so hd 64 takes
+// 1.1981 / 1.0991 = 1.090x the time per FLOP; the Hopper kernels overlap them (1x).
+TEST(FusedAttention, SmallerHeadsPayForTheSoftmaxExponentialsInPreHopperKernels) {
+  ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
+  EXPECT_DOUBLE_EQ(c.device.special_function_rate, 3.9e12);
+  c.device.kernel_overhead_s = 0;
+  for (int g = 1; g <= 3; ++g) c.device.flash_efficiency[g] = {{{512, 0.35}, {65536, 0.35}}};
+  auto per_flop = [&](Attention k, int heads) {
+    const Op o = flash_op(k, heads);
+    return kernel_time_s(c.device, o) / o.flops;
+  };
+  const double r128 = 989.0 * 0.35 / (7 * 128 * 3.9), r64 = 989.0 * 0.35 / (7 * 64 * 3.9);
+  EXPECT_NEAR(per_flop(Attention::kFlash2, 32) / per_flop(Attention::kFlash2, 16), (1 + r64) / (1 + r128), 1e-12);
+  EXPECT_NEAR(per_flop(Attention::kFlash2, 16), 1 / (989e12 * 0.35), 1e-27);  // hd 128: the curve itself
+  EXPECT_NEAR(per_flop(Attention::kFlash3, 32), per_flop(Attention::kFlash3, 16), 1e-27);
+  c.device.special_function_rate = 0;  // a spec without the rate: every head dim as 128's
+  EXPECT_NEAR(per_flop(Attention::kFlash2, 32), per_flop(Attention::kFlash2, 16), 1e-27);
+}
+
 // The presets order the generations as the papers do: on H100, FlashAttention-1 < -2 < the
 // Hopper kernels at every length; on A100 flash3 runs as flash2.
 TEST(FusedAttention, PresetsOrderTheKernelGenerations) {
@@ -59,6 +82,7 @@ TEST(FusedAttention, PresetsOrderTheKernelGenerations) {
   // The curves survive the TOML round trip (`loom calibrate` writes clusters this way).
   const ClusterSpec back = cluster_from_toml(cluster_to_toml(h), "round trip");
   for (int g = 1; g <= 3; ++g) EXPECT_EQ(back.device.flash_efficiency[g].points, h.device.flash_efficiency[g].points);
+  EXPECT_DOUBLE_EQ(back.device.special_function_rate, h.device.special_function_rate);
 }
 
 // A faster kernel generation makes the same long-sequence step faster, and only attention

@@ -180,7 +180,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "flash2_efficiency", "flash3_efficiency", "gemm_backward_factor",
                  "kernel_overhead_us", "shared", "page_fault_gbps", "threads", "gemm_efficiency_1t",
                  "attention_efficiency_1t", "memory_efficiency_1t", "optimizer_efficiency",
-                 "optimizer_efficiency_1t"});
+                 "optimizer_efficiency_1t", "special_function_tops"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -205,6 +205,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   if (root.sub("device") && root.sub("device")->get("gemm_backward_factor"))
     c.device.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
+  c.device.special_function_rate = d.number("special_function_tops", 0, false) * 1e12;
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
   c.device.shared = d.boolean("shared", false);
   c.device.threads = d.integer("threads", 0);
@@ -325,6 +326,7 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "\nmemory_efficiency = " << curve(c.device.memory_efficiency);
   if (!c.device.attention_efficiency.points.empty())
     os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
+  if (c.device.special_function_rate > 0) os << "\nspecial_function_tops = " << c.device.special_function_rate / 1e12;
   if (!c.device.optimizer_efficiency.points.empty())
     os << "\noptimizer_efficiency = " << curve(c.device.optimizer_efficiency);
   if (!c.device.optimizer_efficiency_1t.points.empty())

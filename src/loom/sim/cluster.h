@@ -35,6 +35,8 @@ struct DeviceSpec {
   // causal forward + backward (head dim 128). Empty: the next older generation's curve,
   // and below flash1 the GEMM roofline.
   Curve flash_efficiency[4];
+  double special_function_rate = 0;  // exponentials/s (SFUs); 0: head dims priced as 128's
+
   // x: FLOPs of a forward GEMM -> (its backward's time) / (2 x its forward's time), as
   // measured by `loom calibrate` (loom's backward kernel adds a bias reduction and, in
   // bf16, three operand conversions); empty: 1, the two GEMMs of the same size.

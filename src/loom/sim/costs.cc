@@ -104,6 +104,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
     a.kind = Op::Kind::kAttention;
     a.kernel = x.attention;
     a.seq = x.s;
+    a.head_dim = hd;
     a.bytes = 2 * n * (x.h + 2 * kv) / x.t * dt + n * x.a / x.t * 4;
     ops.push_back(a);
   } else if (x.fused_attention) {
@@ -229,17 +230,36 @@ double memory_time_s(const DeviceSpec& d, double bytes) {
 // Transformer Engine runs) up to 75%. A generation the preset has no curve for takes the
 // next older one's (FlashAttention-3 is Hopper-only: flash3 on A100 runs as flash2), and
 // below flash1 the GEMM roofline. Frameworks choose their kernel (Note [Published frameworks]).
+//
+// Head size: the curves are at head dim 128. FlashAttention-1 and -2 compute a tile's
+// softmax exponentials between its two matmuls on the special-function units, not beside
+// them (the Hopper kernels overlap the two: Shah et al. 2024, Sections 3.1-3.2, which also
+// give the H100's rates: 989 TFLOP/s of matmul against 3.9 TFLOP/s of special functions).
+// Per (batch, head) a causal forward + backward takes s^2 exponentials (s^2 / 2 each way,
+// the backward recomputing P) against 7 s^2 hd matmul FLOPs (2 s^2 hd forward, 2.5x that
+// backward), so exponentials add r(hd) = peak e / (7 hd sfu) of the matmul time, and a head
+// dim other than 128 scales the time by (1 + r(hd)) / (1 + r(128)): on H100 at e = 0.35,
+// r(128) = 0.10 and r(64) = 0.20, so hd 64 runs 9% slower per FLOP.
 namespace {
 const Curve* flash_curve(const DeviceSpec& d, Attention k) {
   for (int g = int(k); g >= 1; --g)
     if (!d.flash_efficiency[g].points.empty()) return &d.flash_efficiency[g];
   return nullptr;
 }
+
+double head_dim_factor(const DeviceSpec& d, Attention k, double e, double hd) {
+  if (k == Attention::kFlash3 || d.special_function_rate <= 0 || hd <= 0) return 1.0;
+  auto r = [&](double h) { return d.peak_flops * e / (7 * h * d.special_function_rate); };
+  return (1 + r(hd)) / (1 + r(128));
+}
 }  // namespace
 
 double kernel_time_s(const DeviceSpec& d, const Op& op) {
   if (op.kind == Op::Kind::kAttention && op.kernel != Attention::kUnfused)
-    if (const Curve* c = flash_curve(d, op.kernel)) return op.flops / (d.peak_flops * c->at(op.seq)) + d.kernel_overhead_s;
+    if (const Curve* c = flash_curve(d, op.kernel)) {
+      const double e = c->at(op.seq);
+      return op.flops / (d.peak_flops * e) * head_dim_factor(d, op.kernel, e, op.head_dim) + d.kernel_overhead_s;
+    }
   if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
     return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
   if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes);

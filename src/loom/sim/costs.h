@@ -39,6 +39,7 @@ struct Op {
   bool attention_core = false;  // recomputed by selective recompute (Korthikanti et al.)
   Attention kernel = Attention::kUnfused;  // kAttention: a flash kernel is priced by its curve at `seq`
   double seq = 0;                          // kAttention: the key length its tiles sweep
+  double head_dim = 0;                     // kAttention: h / a
 };
 
 // The shape one rank works on: micro-batch b, sequence s (whole), hidden h, heads a, kv

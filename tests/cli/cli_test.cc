@@ -188,7 +188,10 @@ TEST(Cli, PlanLinesCarryErrorBandsAndExplainComparesTheFirstTwo) {
   EXPECT_NE(r.output.find("published sharded data-parallel runs on A100"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("why #1 ("), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("peak memory:"), std::string::npos) << r.output;
-  r = loom::testing_support::run_loom(args + " --json");
+  r = loom::testing_support::run_loom(args + " --json --explain");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("\"error_band\":{\"basis\":"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"explain\":{\"gap_rel\":"), std::string::npos) << r.output;
+  // The plan alone on stdout has no room for the explanation: refused, naming the fix.
+  expect_usage_error(args + " --explain --emit loom", "add --out FILE");
 }

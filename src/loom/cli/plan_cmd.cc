@@ -66,6 +66,32 @@ void set_ps(const std::string& flag, plan::PlanRequest& req) {
   req.ps = !flag.empty(), req.ps_sparse = flag == "sparse";
 }
 
+// One JSON object per plan (with its error band), then the summary (with --explain's
+// comparison of #1 and #2).
+void print_json(const plan::PlanReport& rep, const PlanArgs& a,
+                const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band) {
+  for (const plan::PlanCandidate& c : rep.ranked) {
+    nlohmann::json j = result_json(c.result);
+    j["layout"] = layout_json(c.plan);
+    j["how"] = c.how;
+    j["error_band"] = band_json(band(c));
+    if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
+    std::cout << j.dump() << "\n";
+  }
+  nlohmann::json s = {{"evaluated", rep.evaluated}, {"ilp_solves", rep.ilp_solves}, {"ilp_s", rep.ilp_s},
+                      {"search_s", rep.total_s}, {"pruned", rep.pruned}};
+  if (a.explain && rep.ranked.size() > 1) {
+    const plan::Comparison c = plan::compare(rep.ranked[0], rep.ranked[1], band(rep.ranked[0]), band(rep.ranked[1]));
+    nlohmann::json terms = nlohmann::json::array();
+    for (const plan::TermDelta& t : c.terms) terms.push_back({{"term", t.name}, {"first_s", t.first_s}, {"second_s", t.second_s}});
+    s["explain"] = {{"gap_s", c.gap_s}, {"gap_rel", c.gap_rel}, {"terms", terms}, {"validated", c.validated},
+                    {"median_abs_error", c.noise}, {"reliable", c.reliable}};
+  } else if (a.explain) {
+    s["explain"] = "only one layout fits, nothing to compare it with";
+  }
+  std::cout << nlohmann::json{{"summary", s}}.dump() << std::endl;
+}
+
 // The ranked plans as text, each with its error band; --explain's comparison; what was pruned.
 void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const PlanArgs& a,
                 const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band) {
@@ -103,6 +129,9 @@ int run_plan(const PlanArgs& a) {
   if (!a.emit.empty() && a.emit != "loom" && a.emit != "megatron")
     throw ConfigError("--emit '" + a.emit + "': expected loom or megatron");
   if (a.top < 1) throw ConfigError("--top " + std::to_string(a.top) + ": expected >= 1");
+  if (a.explain && !a.emit.empty() && a.out.empty())
+    throw ConfigError("--explain with --emit " + a.emit + " and no --out: the plan goes to stdout alone; add --out FILE "
+                      "(the list and the explanation follow), or drop --emit");
   SimArgs base = a.sim;
   base.layout = LayoutFlags{};  // the layout is what is searched
   base.layout.micro_batch = 1;
@@ -150,17 +179,7 @@ int run_plan(const PlanArgs& a) {
     if (a.out.empty()) return 0;
   }
   if (a.sim.json) {
-    for (const plan::PlanCandidate& c : rep.ranked) {
-      nlohmann::json j = result_json(c.result);
-      j["layout"] = layout_json(c.plan);
-      j["how"] = c.how;
-      j["error_band"] = band_json(band(c));
-      if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
-      std::cout << j.dump() << "\n";
-    }
-    nlohmann::json s = {{"evaluated", rep.evaluated}, {"ilp_solves", rep.ilp_solves}, {"ilp_s", rep.ilp_s},
-                        {"search_s", rep.total_s}, {"pruned", rep.pruned}};
-    std::cout << nlohmann::json{{"summary", s}}.dump() << std::endl;
+    print_json(rep, a, band);
     return 0;
   }
   print_text(rep, req, a, band);

@@ -38,32 +38,40 @@ std::vector<TermDelta> term_deltas(const sim::SimResult& first, const sim::SimRe
   return out;
 }
 
+Comparison compare(const PlanCandidate& first, const PlanCandidate& second, const sim::ErrorBand& first_band,
+                   const sim::ErrorBand& second_band) {
+  Comparison c;
+  c.gap_s = second.result.step_time_s - first.result.step_time_s;
+  c.gap_rel = second.result.step_time_s > 0 ? c.gap_s / second.result.step_time_s : 0;
+  c.terms = term_deltas(first.result, second.result);
+  c.validated = first_band.rows > 0 && second_band.rows > 0;
+  c.noise = std::max(first_band.median_abs, second_band.median_abs);
+  c.reliable = c.validated && std::fabs(c.gap_rel) >= c.noise;
+  return c;
+}
+
 std::string explain_choice(const PlanCandidate& first, const PlanCandidate& second, const sim::ErrorBand& first_band,
                            const sim::ErrorBand& second_band) {
-  const sim::SimResult &a = first.result, &b = second.result;
-  const double gap = b.step_time_s - a.step_time_s, rel = b.step_time_s > 0 ? gap / b.step_time_s : 0;
+  const Comparison c = compare(first, second, first_band, second_band);
   const double gib = double(int64_t(1) << 30);
   std::ostringstream os;
   os << std::fixed << std::setprecision(4) << "why #1 (" << layout_label(first.plan) << ") over #2 ("
-     << layout_label(second.plan) << "): its step is " << gap << " s shorter (" << std::setprecision(1) << 100 * rel
-     << "%)\n";
+     << layout_label(second.plan) << "): its step is " << c.gap_s << " s shorter (" << std::setprecision(1)
+     << 100 * c.gap_rel << "%)\n";
   os << "  term (slowest rank, s per step)            #1         #2     #1 - #2\n";
-  for (const TermDelta& t : term_deltas(a, b))
+  for (const TermDelta& t : c.terms)
     os << "  " << std::left << std::setw(40) << t.name << std::right << std::setprecision(4) << std::setw(9)
        << t.first_s << std::setw(11) << t.second_s << std::showpos << std::setw(12) << t.delta() << std::noshowpos
        << "\n";
-  os << std::setprecision(1) << "  peak memory: " << a.peak_memory_bytes / gib << " vs " << b.peak_memory_bytes / gib
-     << " GiB\n";
-  if (first_band.rows == 0 || second_band.rows == 0) {
+  os << std::setprecision(1) << "  peak memory: " << first.result.peak_memory_bytes / gib << " vs "
+     << second.result.peak_memory_bytes / gib << " GiB\n";
+  if (!c.validated)
     os << "  no validation for " << (first_band.rows == 0 ? first_band.basis : second_band.basis)
        << ": how far this ranking can be trusted is unknown\n";
-  } else {
-    const double noise = std::max(first_band.median_abs, second_band.median_abs);
-    os << "  the gap is " << (std::fabs(rel) < noise ? "inside" : "outside") << " the simulator's median |error| for "
-       << "these kinds (" << 100 * noise << "%): "
-       << (std::fabs(rel) < noise ? "the order of #1 and #2 is not reliable" : "the order should hold")
+  else
+    os << "  the gap is " << (c.reliable ? "outside" : "inside") << " the simulator's median |error| for these kinds ("
+       << 100 * c.noise << "%): " << (c.reliable ? "the order should hold" : "the order of #1 and #2 is not reliable")
        << "\n";
-  }
   return os.str();
 }
 

@@ -21,8 +21,20 @@ struct TermDelta {
 // zero omitted).
 std::vector<TermDelta> term_deltas(const sim::SimResult& first, const sim::SimResult& second);
 
-// The explanation `loom plan --explain` prints: the step-time gap, the terms that make it,
-// the memory of each, and whether the gap is inside the error bands of the two kinds.
+// #1 against #2: the step-time gap (second - first), the terms that make it, and whether the
+// gap is outside the simulator's usual error for the two kinds (Note [Plan explanation]).
+struct Comparison {
+  double gap_s = 0, gap_rel = 0;  // gap_rel: of the second's step time
+  std::vector<TermDelta> terms;
+  bool validated = false;         // both kinds have measured runs
+  double noise = 0;               // the larger median |error| of the two kinds
+  bool reliable = false;          // validated and |gap_rel| >= noise
+};
+Comparison compare(const PlanCandidate& first, const PlanCandidate& second, const sim::ErrorBand& first_band,
+                   const sim::ErrorBand& second_band);
+
+// The explanation `loom plan --explain` prints: the comparison above as text, with the
+// memory of each.
 std::string explain_choice(const PlanCandidate& first, const PlanCandidate& second, const sim::ErrorBand& first_band,
                            const sim::ErrorBand& second_band);
 

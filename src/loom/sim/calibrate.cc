@@ -33,7 +33,8 @@ namespace loom {
 // rate loom's own matmul reaches on this machine and "bandwidth" the best rate of loom's
 // own elementwise kernels (layernorm, GELU, residual), so the curves are fractions of
 // what loom's kernels do at their best, measured at the sizes a model uses; the fused
-// attention kernel gets its own curve (x = its FLOPs), and the linear layer's backward its
+// attention kernel gets its own curve (x = its FLOPs), the optimizer pass (gradient norm +
+// AdamW) its own as a fraction of that bandwidth, and the linear layer's backward its
 // measured time over twice the forward's (gemm_backward_factor). Collectives are timed with loom's
 // collective layer over the thread backend (ranks in one process, like `loom verify`).
 // The kernels are timed twice: on all threads (one rank per machine) and one thread per core

@@ -252,7 +252,9 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   std::string text, origin = source;
   if (const char* preset = cluster_preset_toml(source)) {
     text = preset;
-  } else if (const std::string path = cluster_file_path(source, local_path); !path.empty()) {
+  } else if (source == "local" || source == "local-bf16" ||
+             (source.size() > 5 && source.substr(source.size() - 5) == ".toml")) {
+    const std::string path = cluster_file_path(source, local_path);
     std::ifstream f(path);
     if (!f) {
       if (source == "local" || source == "local-bf16")

@@ -233,8 +233,8 @@ double memory_time_s(const DeviceSpec& d, double bytes) {
 //
 // Head size: the curves are at head dim 128. FlashAttention-1 and -2 compute a tile's
 // softmax exponentials between its two matmuls on the special-function units, not beside
-// them (the Hopper kernels overlap the two: Shah et al. 2024, Sections 3.1-3.2, which also
-// give the H100's rates: 989 TFLOP/s of matmul against 3.9 TFLOP/s of special functions).
+// them (the Hopper kernels overlap the two: Shah et al. 2024, FlashAttention-3, which also
+// gives the H100's rates: 989 TFLOP/s of matmul against 3.9 TFLOP/s of special functions).
 // Per (batch, head) a causal forward + backward takes s^2 exponentials (s^2 / 2 each way,
 // the backward recomputing P) against 7 s^2 hd matmul FLOPs (2 s^2 hd forward, 2.5x that
 // backward), so exponentials add r(hd) = peak e / (7 hd sfu) of the matmul time, and a head

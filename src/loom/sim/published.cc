@@ -98,11 +98,14 @@ int64_t zero_stage(const PublishedRun& row) {
 // Note [Published frameworks]
 // The attention kernel a row's stack ran (Note [Fused attention kernels]), read from its
 // framework column: Megatron-LM 2021-22 computed QK^T, softmax, dropout and PV as separate
-// kernels (Narayanan et al. 2021; Korthikanti et al. 2022); llm-foundry names FlashAttention
-// (its 2023 benchmark table ran FlashAttention-2-class kernels, not Hopper ones);
+// kernels (Narayanan et al. 2021; Korthikanti et al. 2022); llm-foundry names FlashAttention,
+// and its 2023 tables predate FlashAttention-2 (released July 2023; the README notes its
+// numbers were taken before its torch 2.0 update), so its MPT configs ran FlashAttention-1-class
+// kernels (flash-attn 1.x or MPT's Triton port);
 // Megatron-core under NeMo runs Transformer Engine's fused attention, cuDNN's Hopper kernel
-// on H100; MaxText on GPUs runs cuDNN's flash attention through Transformer Engine as
-// well. A stack the row does not name keeps the unfused kernels.
+// on H100; MaxText on GPUs is taken to run cuDNN's flash attention through Transformer
+// Engine too (its cudnn_flash_te attention; the rows do not say). A stack the row does not
+// name keeps the unfused kernels.
 Attention published_attention(const PublishedRun& row) {
   const std::string fw = text(row, "framework");
   if (fw.rfind("Megatron-LM", 0) == 0) return Attention::kUnfused;

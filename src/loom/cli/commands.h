@@ -118,6 +118,7 @@ struct CalibrateArgs {
   std::vector<int> ranks = {2, 4};
   std::string precision = "fp32";  // bf16: the `local-bf16` spec (CalibrateOptions::bf16)
   std::string offload_dir = "/var/tmp";  // CalibrateOptions::offload_dir
+  int passes = 3;                        // CalibrateOptions::passes
 };
 int run_calibrate(const CalibrateArgs& a);
 

@@ -188,6 +188,7 @@ int run_calibrate(const CalibrateArgs& a) {
   o.threads = a.threads;
   o.ranks = a.ranks;
   o.offload_dir = a.offload_dir;
+  o.passes = a.passes;
   o.progress = [](const std::string& line) { std::cerr << "calibrate: " << line << "\n"; };
   const sim::ClusterSpec c = calibrate_local(o);
   const std::string dir = out.substr(0, out.find_last_of('/'));

@@ -209,6 +209,50 @@ std::vector<std::pair<double, double>> concurrently(int threads,
   return out;
 }
 
+using Rates = std::vector<std::pair<double, double>>;
+
+// Each point's median rate over the passes (every pass measures the same sizes).
+Rates median_rates(const std::vector<Rates>& passes) {
+  Rates out = passes.front();
+  for (size_t i = 0; i < out.size(); i++) {
+    std::vector<double> v;
+    for (const Rates& p : passes) v.push_back(p[i].second);
+    std::sort(v.begin(), v.end());
+    out[i].second = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  }
+  return out;
+}
+
+Rates median_of(int passes, const std::function<Rates()>& fn) {
+  std::vector<Rates> all;
+  for (int p = 0; p < std::max(1, passes); p++) all.push_back(fn());
+  return median_rates(all);
+}
+
+// Note [Calibration], passes: this VM's speed drifts by about 10% over minutes (one kernel
+// point read 0.81 and 0.91 of peak in two calibrations a minute apart), so the kernel
+// families are timed `passes` times, interleaved (GEMM, attention, memory-bound, optimizer,
+// then again), and each point keeps the median of its passes.
+struct KernelRates {
+  Rates gemm, backward, attention, memory, optimizer;
+};
+KernelRates measure_kernels(const Kernels& k, double budget, int passes) {
+  std::vector<KernelRates> all(static_cast<size_t>(std::max(1, passes)));
+  for (KernelRates& r : all) {
+    r.gemm = gemm_rates(k, budget, r.backward);
+    r.attention = attention_rates(k, budget);
+    r.memory = memory_rates(k, budget);
+    r.optimizer = optimizer_rates(k, budget);
+  }
+  auto field = [&](Rates KernelRates::*f) {
+    std::vector<Rates> v;
+    for (const KernelRates& r : all) v.push_back(r.*f);
+    return median_rates(v);
+  };
+  return {field(&KernelRates::gemm), field(&KernelRates::backward), field(&KernelRates::attention),
+          field(&KernelRates::memory), field(&KernelRates::optimizer)};
+}
+
 // Note [Calibration]: with `threads` > 1, the kernels again one thread per core with every
 // core busy, as fractions of peak / threads and bandwidth / threads
 // (DeviceSpec::*_efficiency_1t): what a rank gets when the ranks fill the cores (dp 2 on two).
@@ -225,14 +269,17 @@ void one_thread_curves(const Kernels& k, const CalibrateOptions& o, int threads,
     return c;
   };
   const double b = o.seconds_per_point;
-  d.gemm_efficiency_1t = relative(concurrently(threads, [&] {
-                                    std::vector<std::pair<double, double>> unused;
+  auto busy = [&](const std::function<Rates()>& fn) {  // the median over passes of all cores busy
+    return median_of(o.passes, [&] { return concurrently(threads, fn); });
+  };
+  d.gemm_efficiency_1t = relative(busy([&] {
+                                    Rates unused;
                                     return gemm_rates(k, b, unused);
                                   }),
                                   d.peak_flops / threads);
-  d.attention_efficiency_1t = relative(concurrently(threads, [&] { return attention_rates(k, b); }), d.peak_flops / threads);
-  d.memory_efficiency_1t = relative(concurrently(threads, [&] { return memory_rates(k, b); }), d.memory_bw / threads);
-  d.optimizer_efficiency_1t = relative(concurrently(threads, [&] { return optimizer_rates(k, b); }), d.memory_bw / threads);
+  d.attention_efficiency_1t = relative(busy([&] { return attention_rates(k, b); }), d.peak_flops / threads);
+  d.memory_efficiency_1t = relative(busy([&] { return memory_rates(k, b); }), d.memory_bw / threads);
+  d.optimizer_efficiency_1t = relative(busy([&] { return optimizer_rates(k, b); }), d.memory_bw / threads);
 }
 
 }  // namespace
@@ -291,11 +338,11 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.mixed_precision = false;
   c.device.shared = true;
   double gemm_best = 0, attn_best = 0, bw = 0;
-  std::vector<std::pair<double, double>> backward;
-  const sim::Curve gemm = normalise(gemm_rates(k, o.seconds_per_point, backward), &gemm_best);
-  std::sort(backward.begin(), backward.end());
-  c.device.gemm_backward_factor.points = backward;
-  const sim::Curve attn = normalise(attention_rates(k, o.seconds_per_point), &attn_best);
+  KernelRates rates = measure_kernels(k, o.seconds_per_point, o.passes);
+  const sim::Curve gemm = normalise(rates.gemm, &gemm_best);
+  std::sort(rates.backward.begin(), rates.backward.end());
+  c.device.gemm_backward_factor.points = rates.backward;
+  const sim::Curve attn = normalise(rates.attention, &attn_best);
   // Peak: the best rate either kernel reached (on a busy machine attention can beat a
   // GEMM timing), so both curves stay fractions <= 1 of it.
   const double peak = std::max(gemm_best, attn_best);
@@ -304,10 +351,10 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.peak_flops = peak;
   say(std::string(o.bf16 ? "bf16 " : "") + "gemm: best " + std::to_string(gemm_best / 1e9) + " GFLOP/s; attention: best " +
       std::to_string(attn_best / 1e9) + " GFLOP/s");
-  c.device.memory_efficiency = normalise(memory_rates(k, o.seconds_per_point), &bw);
+  c.device.memory_efficiency = normalise(rates.memory, &bw);
   c.device.memory_bw = bw;
   say("memory-bound kernels: best " + std::to_string(bw / 1e9) + " GB/s");
-  for (const auto& [bytes, rate] : optimizer_rates(k, o.seconds_per_point))
+  for (const auto& [bytes, rate] : rates.optimizer)
     c.device.optimizer_efficiency.points.emplace_back(bytes, std::clamp(rate / bw, 1e-4, 1.0));
   std::sort(c.device.optimizer_efficiency.points.begin(), c.device.optimizer_efficiency.points.end());
   say("optimizer pass (norm + AdamW): " + std::to_string(c.device.optimizer_efficiency.points.back().second * bw / 1e9) +

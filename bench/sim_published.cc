@@ -2,8 +2,10 @@
 // vs published (TFLOP/s per GPU in Megatron's count, or iteration time), the error per
 // row and the median absolute error (issue 5's target: <= 10%); then the planner per row.
 //   build/release/bench/sim_published [CSV] [--by-source] [--no-plan]
-// --by-source: per source_id, the rows, median and max |error| and the median signed error
-// (whether a source is predicted too fast or too slow), after the per-row table.
+// --by-source: per source_id, then per parallelism category and per GPU, the rows, median and
+// max |error| and the median signed error, all in step time (predicted / measured - 1:
+// negative is predicted too fast; a TFLOP/s row's is published / predicted - 1), after the
+// per-row table, whose error is in each row's own metric (issue 21's validation report).
 // --no-plan: skip the planner rows (slow on the 91 handed-over rows).
 #include <algorithm>
 #include <cmath>
@@ -25,15 +27,22 @@ double median(std::vector<double> v) {
   return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-void print_by_source(const std::map<std::string, std::vector<double>>& by_source) {
-  std::printf("%-8s %5s %14s %14s %16s\n", "source", "rows", "median |error|", "max |error|", "median error");
-  for (const auto& [source, errs] : by_source) {
+using Groups = std::map<std::string, std::vector<double>>;  // group -> signed errors
+
+void print_groups(const char* title, const Groups& groups) {
+  std::printf("%-36s %5s %14s %14s %16s\n", title, "rows", "median |error|", "max |error|", "median signed");
+  for (const auto& [name, errs] : groups) {
     std::vector<double> abs_errs;
     for (double e : errs) abs_errs.push_back(std::fabs(e));
-    std::printf("%-8s %5zu %13.1f%% %13.1f%% %+15.1f%%\n", source.c_str(), errs.size(), 100 * median(abs_errs),
-                100 * *std::max_element(abs_errs.begin(), abs_errs.end()), 100 * median(errs));
+    std::printf("%-36s %5zu %13.1f%% %13.1f%% %+15.1f%%\n", name.substr(0, 36).c_str(), errs.size(),
+                100 * median(abs_errs), 100 * *std::max_element(abs_errs.begin(), abs_errs.end()), 100 * median(errs));
   }
   std::printf("\n");
+}
+
+std::string field(const loom::sim::PublishedRun& row, const char* key) {
+  const auto it = row.fields.find(key);
+  return it == row.fields.end() || it->second.empty() ? "?" : it->second;
 }
 
 }  // namespace
@@ -49,7 +58,7 @@ int main(int argc, char** argv) {
   }
   try {
     std::vector<double> errs;
-    std::map<std::string, std::vector<double>> per_source;  // source_id -> signed errors
+    Groups per_source, per_category, per_gpu;
     std::printf("%-4s %-52s %-17s %10s %10s %8s %6s %6s %6s %7s\n", "row", "configuration", "metric", "published",
                 "predicted", "error", "mfu", "hfu", "bubble", "mem GiB");
     int skipped = 0;
@@ -63,7 +72,12 @@ int main(int argc, char** argv) {
         continue;
       }
       errs.push_back(std::fabs(c.error()));
-      per_source[row.fields.count("source_id") ? row.fields.at("source_id") : "?"].push_back(c.error());
+      // Groups compare in one sense: step time, predicted / measured - 1 (negative: too fast).
+      const double step_err = c.metric == "tflops_per_gpu" ? c.published / c.predicted - 1 : c.error();
+      per_source[field(row, "source_id")].push_back(step_err);
+      per_category[field(row, "parallelism_category")].push_back(step_err);
+      const std::string gpu = field(row, "gpu_type");
+      per_gpu[gpu.substr(0, gpu.find('-'))].push_back(step_err);
       std::printf("%-4s %-52s %-17s %10.2f %10.2f %+7.1f%% %6.3f %6.3f %6.3f %7.1f\n", c.id.c_str(), c.label.c_str(),
                   c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.result.mfu, c.result.hfu,
                   c.result.bubble_fraction, c.result.peak_memory_bytes / double(1 << 30));
@@ -71,7 +85,11 @@ int main(int argc, char** argv) {
     std::sort(errs.begin(), errs.end());
     std::printf("rows %zu (%d skipped)  median |error| %.1f%%  max |error| %.1f%%\n\n", errs.size(), skipped,
                 100 * median(errs), 100 * errs.back());
-    if (by_source) print_by_source(per_source);
+    if (by_source) {
+      print_groups("source", per_source);
+      print_groups("parallelism category", per_category);
+      print_groups("gpu", per_gpu);
+    }
     if (!plan) return 0;
     // The planner on each row's model, GPU count and global batch, against the published layout.
     std::printf("%-4s %-14s %12s %12s %7s %9s %6s  %s\n", "row", "model", "published s", "planned s", "gain",

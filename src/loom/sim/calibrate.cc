@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -78,21 +79,50 @@ sim::Curve normalise(std::vector<std::pair<double, double>> points, double* best
   return c;
 }
 
+// Bytes of the last-level cache (sysconf, else sysfs, else 32 MiB).
+double llc_bytes() {
+  if (const long b = ::sysconf(_SC_LEVEL3_CACHE_SIZE); b > 0) return double(b);
+  std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  std::string text;
+  if (f >> text && !text.empty()) {
+    const double v = std::atof(text.c_str());
+    const char unit = text.back();
+    if (v > 0) return v * (unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0);
+  }
+  return 32.0 * 1048576.0;
+}
+
 // Forward GEMM rates by FLOPs; `backward` gets (FLOPs, backward time / (2 x forward time)).
+// Note [Calibration], cold operands: a training step's weights, saved activations and
+// outputs were last touched a layer or more ago, out of the caches; only the operand the
+// previous kernel just wrote is warm (the forward's input, the backward's dY). So each timed
+// call takes the next of `copies` sets of the cold operands, together twice the last-level
+// cache. Timed hot, a small GPT's GEMMs ran about 10% faster alone than inside its steps
+// (LOOM_KERNEL_PROFILE; docs/benchmarks.md).
 std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budget,
                                                   std::vector<std::pair<double, double>>& backward) {
   std::vector<std::pair<double, double>> out;
   // (N, IC, OC): squares and the transformer shapes (tokens x C x 3C, x 4C).
   for (auto [N, IC, OC] : {std::tuple{16, 64, 64}, {64, 64, 64}, {128, 128, 384}, {256, 256, 256}, {512, 128, 512},
                            {512, 256, 1024}, {1024, 512, 512}, {1024, 768, 2304}, {2048, 1024, 1024}}) {
-    const auto x = random_floats(size_t(N) * IC), w = random_floats(size_t(OC) * IC);
-    std::vector<float> y(size_t(N) * OC);
-    const double s = time_it([&] { k.matmul_forward(y.data(), x.data(), w.data(), nullptr, N, IC, OC); }, budget);
+    const size_t nx = size_t(N) * IC, nw = size_t(OC) * IC, ny = size_t(N) * OC;
+    const double cold_bytes = 4.0 * double(nw + ny + nx + nw + nx);  // w, y; backward also x, dw, dx
+    const size_t copies = size_t(std::clamp(std::ceil(2 * llc_bytes() / cold_bytes), 1.0, 4096.0));
+    const auto x0 = random_floats(nx);
+    std::vector<std::vector<float>> x(copies, x0), w(copies, random_floats(nw)), y(copies, std::vector<float>(ny));
+    std::vector<std::vector<float>> dx(copies, std::vector<float>(nx)), dw(copies, std::vector<float>(nw));
+    std::vector<float> db(static_cast<size_t>(OC));
+    size_t i = 0;
+    const double s = time_it([&] {
+      i = (i + 1) % copies;
+      k.matmul_forward(y[i].data(), x0.data(), w[i].data(), nullptr, N, IC, OC);
+    }, budget);
     const double flops = 2.0 * N * IC * OC;
     out.emplace_back(flops, flops / s);
-    std::vector<float> dx(size_t(N) * IC), dw(size_t(OC) * IC), db(static_cast<size_t>(OC));
-    const double sb = time_it(
-        [&] { k.matmul_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), N, IC, OC); }, budget);
+    const double sb = time_it([&] {
+      i = (i + 1) % copies;
+      k.matmul_backward(dx[i].data(), dw[i].data(), db.data(), y[0].data(), x[i].data(), w[i].data(), N, IC, OC);
+    }, budget);
     backward.emplace_back(flops, std::clamp(sb / (2 * s), 0.25, 8.0));
   }
   return out;

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/kernels/kernels.h"
 #include "loom/kernels/profile.h"
 
@@ -28,6 +29,9 @@ TEST(KernelProfile, TimedTableGivesTheSameResultsAndCountsTheCalls) {
   EXPECT_EQ(x, y);
   EXPECT_GE(calls("scale_inplace"), 1);
   EXPECT_NE(kernel_profile_text().find("sum_squares"), std::string::npos);
+  // Wrapping the same table again is fine; another table would redirect this one's calls.
+  EXPECT_NO_THROW(profiled_kernels(plain));
+  EXPECT_THROW(profiled_kernels(kernels(KernelBackend::kCpu)), Error);
 }
 
 }  // namespace

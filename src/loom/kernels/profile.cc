@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "loom/core/error.h"
 #include "loom/kernels/kernels.h"
 
 namespace loom {
@@ -55,6 +56,11 @@ struct Timed<I, R (*)(A...)> {
 template <int I, typename F>
 void wrap(F& field, const char* name) {
   if (!field) return;
+  // The slot holds one real pointer: a second, different table would silently redirect the
+  // first one's calls to its kernels.
+  const F held = Timed<I, F>::real;
+  LOOM_CHECK(!held || held == field, "LOOM_KERNEL_PROFILE times one kernel table per process; ", name,
+             " is already wrapped for another table");
   names[I] = name;
   Timed<I, F>::real = field;
   field = &Timed<I, F>::call;

@@ -72,8 +72,7 @@ int main(int argc, char** argv) {
         continue;
       }
       errs.push_back(std::fabs(c.error()));
-      // Groups compare in one sense: step time, predicted / measured - 1 (negative: too fast).
-      const double step_err = c.metric == "tflops_per_gpu" ? c.published / c.predicted - 1 : c.error();
+      const double step_err = c.step_time_error();  // groups compare in one sense
       per_source[field(row, "source_id")].push_back(step_err);
       per_category[field(row, "parallelism_category")].push_back(step_err);
       const std::string gpu = field(row, "gpu_type");

@@ -238,9 +238,12 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   return c;
 }
 
+namespace {
+bool toml(const std::string& p) { return p.size() > 5 && p.substr(p.size() - 5) == ".toml"; }
+}  // namespace
+
 std::string cluster_file_path(const std::string& source, const std::string& local_path) {
   if (cluster_preset_toml(source)) return "";
-  auto toml = [](const std::string& p) { return p.size() > 5 && p.substr(p.size() - 5) == ".toml"; };
   if (source == "local") return local_path;
   // local-bf16 (`loom calibrate --precision bf16`) sits beside local: cluster-local-bf16.toml.
   if (source == "local-bf16") return toml(local_path) ? local_path.substr(0, local_path.size() - 5) + "-bf16.toml" : local_path + "-bf16";
@@ -252,8 +255,7 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   std::string text, origin = source;
   if (const char* preset = cluster_preset_toml(source)) {
     text = preset;
-  } else if (source == "local" || source == "local-bf16" ||
-             (source.size() > 5 && source.substr(source.size() - 5) == ".toml")) {
+  } else if (source == "local" || source == "local-bf16" || toml(source)) {
     const std::string path = cluster_file_path(source, local_path);
     std::ifstream f(path);
     if (!f) {

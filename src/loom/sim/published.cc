@@ -217,7 +217,7 @@ PublishedCase published_case(const PublishedRun& row) {
 
 PublishedCheck check_published(const PublishedRun& row) {
   const PublishedCase c = published_case(row);
-  PublishedCheck out{row.id(), row.label(), c.metric, c.published, 0, simulate(c.plan, c.cluster)};
+  PublishedCheck out{row.id(), row.label(), c.metric, c.published, 0, simulate(c.plan, c.cluster), c.plan};
   if (c.metric == "tflops_per_gpu") {
     const ModelConfig& m = c.plan.cfg.model;
     const double F = megatron_flops_per_iteration(double(c.plan.cfg.train.batch), double(m.ctx), double(m.layers),

@@ -35,8 +35,12 @@ PublishedCase published_case(const PublishedRun& row);
 struct PublishedCheck {
   std::string id, label, metric;
   double published = 0, predicted = 0;
-  double error() const { return (predicted - published) / published; }
+  double error() const { return (predicted - published) / published; }  // in the row's metric
+  // In step time whatever the metric (predicted / measured - 1; negative: predicted too fast):
+  // a TFLOP/s row's is published / predicted - 1.
+  double step_time_error() const { return metric == "tflops_per_gpu" ? published / predicted - 1 : error(); }
   SimResult result;
+  SimPlan plan;  // the row as simulated
 };
 PublishedCheck check_published(const PublishedRun& row);
 

@@ -70,16 +70,13 @@ const std::vector<ValidationPoint>& published_points() {
     std::vector<ValidationPoint> out;
     for (const PublishedRun& row : parse_published_runs(embedded_published_runs(), "configs/validation/published_runs.csv")) {
       PublishedCheck c;
-      LayoutKind kind;
       try {
-        kind = layout_kind(published_case(row).plan);
         c = check_published(row);
       } catch (const Error&) {
         continue;  // a row the reader cannot express (bench/sim_published prints why)
       }
-      const double e = c.metric == "tflops_per_gpu" ? c.published / c.predicted - 1 : c.predicted / c.published - 1;
       const auto gpu = row.fields.find("gpu_type");
-      out.push_back({kind, device_family(gpu == row.fields.end() ? "" : gpu->second), e});
+      out.push_back({layout_kind(c.plan), device_family(gpu == row.fields.end() ? "" : gpu->second), c.step_time_error()});
     }
     return out;
   }();

@@ -181,7 +181,7 @@ TEST(Cli, SimulateOverlapFlagsChangeWhatTheyModel) {
 // layout (Note [Error bands]), in text and JSON, and --explain compares #1 with #2 term by
 // term (Note [Plan explanation]).
 TEST(Cli, PlanLinesCarryErrorBandsAndExplainComparesTheFirstTwo) {
-  const std::string args = "plan --model gpt-1.7b --gpus 16 --global-batch 64 --top 2";
+  const std::string args = "plan --model gpt-1.7b --gpus 16 --global-batch 64 --top 2 --framework fsdp";
   auto r = loom::testing_support::run_loom(args + " --explain");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("expected error: step time"), std::string::npos) << r.output;

@@ -68,8 +68,11 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--cp", a.cp, "Context-parallel degree (modelled; the engine runs cp = 1)")->capture_default_str();
   app->add_flag("--json", a.json, "One JSON object per result (step_time_s, tokens_per_s, tflops_per_gpu, mfu, hfu, "
                                   "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
-  app->add_option("--framework", a.framework, "loom | megatron: whose activations, dropout and precision to model "
-                                              "(default: loom on a calibrated CPU cluster, megatron on GPU presets)");
+  app->add_option("--framework", a.framework,
+                  "loom | megatron | fsdp | deepspeed-2021: whose activations, dropout, precision and ZeRO to model "
+                  "(megatron: ZeRO 0-1; fsdp: PyTorch FSDP, ZeRO 0/2/3 coalesced and prefetched; deepspeed-2021: "
+                  "DeepSpeed's 2021 ZeRO-3, per-tensor and unoverlapped). Default: loom on a calibrated CPU "
+                  "cluster, megatron on GPU presets");
   app->add_option("--attention", a.attention, "unfused | flash1 | flash2 | flash3: Megatron's attention kernel: "
                                               "unfused (Megatron-LM 2021-22, the default), FlashAttention-1 or -2, "
                                               "or a Hopper kernel (FlashAttention-3, Transformer Engine's cuDNN); "

@@ -69,11 +69,10 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, a.local_path.empty() ? default_local_cluster_path() : a.local_path);
   // A calibrated CPU (shared device) runs loom's engine; GPU clusters Megatron-LM.
   const std::string fw = a.framework.empty() ? (in.cluster.device.shared ? "loom" : "megatron") : a.framework;
-  if (fw != "loom" && fw != "megatron") throw ConfigError("--framework '" + fw + "': expected loom or megatron");
-  in.plan.framework = fw == "loom" ? sim::Framework::kLoom : sim::Framework::kMegatron;
-  if (!a.attention.empty() && a.attention != "unfused" && in.plan.framework != sim::Framework::kMegatron)
-    throw ConfigError("--attention " + a.attention + " models Megatron's kernels; loom's engine has its own (drop "
-                      "--attention, or simulate with --framework megatron)");
+  in.plan.framework = sim::parse_framework(fw);
+  if (!a.attention.empty() && a.attention != "unfused" && in.plan.framework == sim::Framework::kLoom)
+    throw ConfigError("--attention " + a.attention + " models the GPU frameworks' kernels; loom's engine has its own "
+                      "(drop --attention, or simulate with --framework megatron, fsdp or deepspeed-2021)");
   in.plan.attention = a.attention.size() == 6 && a.attention.rfind("flash", 0) == 0
                           ? sim::Attention(a.attention[5] - '0')  // flash1..3, checked by the option
                           : sim::Attention::kUnfused;

@@ -43,8 +43,9 @@ double nccl_collective_s(OpKind op, double bytes, const GroupShape& g, const Lin
     latency = g.nodes > 1 ? inter.latency_s : intra.latency_s;
   } else if (op == OpKind::kAllGather || op == OpKind::kReduceScatter) {
     // NCCL runs all-gather and reduce-scatter as rings only (its tree algorithm is for
-    // all-reduce), so every node of the ring adds an inter-node step: nodes - 1 of them.
-    latency = double(g.per_node - 1) * intra.latency_s + double(g.nodes - 1) * inter.latency_s;
+    // all-reduce): a piece travels ranks - 1 hops, nodes - 1 of them between nodes and the
+    // rest inside one (NCCL's own tuning model counts its ring steps so: src/graph/tuning.cc).
+    latency = double(g.ranks - g.nodes) * intra.latency_s + double(g.nodes - 1) * inter.latency_s;
   } else {
     latency = passes * (double(g.per_node - 1) * intra.latency_s + std::ceil(std::log2(double(g.nodes))) * inter.latency_s);
   }

@@ -117,7 +117,7 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
   }
   // Strategies per layer: recompute none / selective / full, and under ZeRO-3 each either
   // gathered per use (shard) or kept gathered for the step (keep): index = policy + 3 keep.
-  const int keeps = par.zero >= 3 ? 2 : 1;
+  const int keeps = par.zero >= 3 && c.plan.framework != sim::Framework::kDeepSpeed2021 ? 2 : 1;
   static const char* kPolicy[3] = {"none", "selective", "full"};  // indexed by Recompute
   for (int64_t v = 0, l = 0; v < V; ++v)
     for (int i = 0; i < per_stage[size_t(v)]; ++i, ++l) {
@@ -324,7 +324,7 @@ PlanReport search_plans(const PlanRequest& req) {
           for (const auto& [sched, vpp] : scheds)
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
-              for (int64_t zero : {0, 1, 2, 3})
+              for (int64_t zero : sim::framework_zero_stages(req.like.framework))  // Note [Sharding implementations]
                 for (const SyncChoice& sync : sync_choices(req, plan, zero))
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:

@@ -175,6 +175,14 @@ ParamCount block_params(const ModelConfig& m, int64_t tp) {
   return {split + rep, split / t + rep};
 }
 
+std::vector<double> block_tensors(const ModelConfig& m, int64_t tp) {
+  const double h = double(m.d_model), f = double(m.ffn), t = double(tp);
+  if (m.arch == Arch::kGpt)
+    return {h, h, 3 * h * h / t, 3 * h / t, h * h / t, h, h, h, h * f / t, f / t, f * h / t, h};
+  const double kv = double(m.kv_heads > 0 ? m.kv_heads : m.heads) * double(m.head_dim());
+  return {h, h * h / t, h * kv / t, h * kv / t, h * h / t, h, h * f / t, h * f / t, f * h / t};
+}
+
 ParamCount embedding_params(const ModelConfig& m, int64_t tp) {
   const double h = double(m.d_model), V = double(m.vocab);
   const double pos = m.arch == Arch::kGpt ? double(m.ctx) * h : 0;  // learned positions, replicated

@@ -74,6 +74,10 @@ struct ParamCount {
   double whole = 0, per_tp_rank = 0;
 };
 ParamCount block_params(const ModelConfig& m, int64_t tp);
+// One block's parameter tensors as one tp rank holds them, in module order (GPT: ln1 w, b;
+// qkv w, b; proj w, b; ln2 w, b; fc1 w, b; fc2 w, b. Llama: norm1; q, k, v, o; norm2; gate,
+// up, down); they sum to block_params(m, tp).per_tp_rank.
+std::vector<double> block_tensors(const ModelConfig& m, int64_t tp);
 ParamCount embedding_params(const ModelConfig& m, int64_t tp);
 ParamCount head_params(const ModelConfig& m, int64_t tp);
 double total_params(const ModelConfig& m);

@@ -114,6 +114,18 @@ Attention published_attention(const PublishedRun& row) {
   return Attention::kUnfused;
 }
 
+// Whose ZeRO ran the row (Note [Sharding implementations]): rows that shard gradients or
+// parameters ran PyTorch FSDP (llm-foundry), an FSDP-like stack (MaxText), or DeepSpeed; a
+// DeepSpeed row of 2020-21 ran the per-tensor, synchronizing ZeRO-3 of those releases, a
+// later one gathers through _all_gather_base without the per-rank copies or the device
+// synchronize and is priced as coalesced. The rest ran Megatron (ZeRO 0-1).
+Framework published_framework(const PublishedRun& row) {
+  if (zero_stage(row) < 2) return Framework::kMegatron;
+  const std::string fw = text(row, "framework");
+  const bool early = contains(fw, "2020") || contains(fw, "2021");
+  return contains(fw, "DeepSpeed") && early ? Framework::kDeepSpeed2021 : Framework::kFsdp;
+}
+
 // Whether the row's TFLOP/s count the recomputed forward (Narayanan et al. 2021's 96-form
 // count, `metric_counts_recompute` = "yes ..."); the rest (llm-foundry's "model TFLOP/s",
 // MFU-based rows) count 3 x the forward.
@@ -188,7 +200,7 @@ PublishedCase published_case(const PublishedRun& row) {
       "parallel.recompute=" + std::string(rec.rfind("full", 0) == 0 ? "full" : rec.rfind("selective", 0) == 0 ? "selective" : "none"),
       "parallel.micro_batch=" + std::to_string(mb), "parallel.zero=" + std::to_string(zero_stage(row))});
   c.plan.cfg = load_config("", sets);
-  c.plan.framework = Framework::kMegatron;
+  c.plan.framework = published_framework(row);
   c.plan.cp = int64_t(num(row, "context_parallel", 1));
   // Megatron's DDP overlapped nothing until 2023; torch DDP (impl=torch) overlaps; a row whose
   // notes name Megatron-core's overlap flags ran with them (Note [Parameter-gather overlap],

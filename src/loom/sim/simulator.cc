@@ -11,6 +11,7 @@
 #include "loom/parallel/stage_part.h"
 #include "loom/sim/replay.h"
 #include "loom/sim/unit_cost.h"
+#include "loom/sim/zero_cost.h"
 
 namespace loom::sim {
 
@@ -37,16 +38,6 @@ namespace loom::sim {
 
 namespace {
 
-// ZeRO-3's gathers of `params` parameters in backward: as forward's (`forward_s`), or under
-// hpZ (Note [hpZ]) an fp32 all-gather of the secondary pieces among the dp group's ranks on
-// one node.
-double backward_gather_s(const Setup& s, double params, double forward_s) {
-  if (!s.plan.cfg.parallel.zeropp_hpz) return forward_s;
-  GroupShape host = s.pl.dp;
-  host.ranks = host.per_node, host.nodes = 1;
-  return collective_time_s(s.cluster, OpKind::kAllGather, params * s.wbytes, host);
-}
-
 Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   const Config& cfg = plan.cfg;
   const ParallelConfig& par = cfg.parallel;
@@ -60,6 +51,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
+  check_framework_zero(plan);
   LOOM_CONFIG_CHECK(cfg.offload.params != "disk" || plan.framework == Framework::kLoom,
                     "offload.params = disk is loom's chunk manager (Note [Chunk manager]): simulate it with "
                     "--framework loom, or drop offload.params");
@@ -76,7 +68,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true;
-  if (plan.framework == Framework::kMegatron) s.x.attention = plan.attention;
+  if (plan.framework != Framework::kLoom) s.x.attention = plan.attention;
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   // Note [bf16 parameter gathers]: bf16, or qwZ's int8 with an fp32 scale per block
@@ -106,14 +98,7 @@ void build_chunks(Setup& s) {
   embed.act_bytes = embedding_activation_bytes(s.x);
   UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), Recompute::kNone, s.plan.tp_overlap);
   head.act_bytes = head_activation_bytes(s.x);
-  // ZeRO traffic per layer and micro-batch, overlapped with that layer's compute.
   const ParamCount bp = block_params(model, s.tp);
-  double rs = 0, ag = 0, ag_bwd = 0;
-  if (par.zero >= 2 && s.dp * s.cp > 1) {
-    rs = collective_time_s(s.cluster, OpKind::kReduceScatter, bp.per_tp_rank * s.scatter_bytes, s.pl.dp);
-    ag = par.zero >= 3 ? collective_time_s(s.cluster, OpKind::kAllGather, bp.per_tp_rank * s.gather_bytes, s.pl.dp) : 0;
-    ag_bwd = backward_gather_s(s, bp.per_tp_rank, ag);
-  }
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
   // Note [Resident memory]: loom's engine hands the gradient pages of the ZeRO-2/3 pieces it
@@ -136,11 +121,11 @@ void build_chunks(Setup& s) {
       add_unit(ch, b, 1);
       // ZeRO-2/3 per micro-batch: the gradients' reduce-scatter in backward; ZeRO-3 also
       // gathers the layer's parameters in forward and backward, or (parallel.zero_keep)
-      // once per step, spread here over the step's micro-batches. Only what the layer's
-      // compute cannot hide is charged.
-      const double once = keep[size_t(l)] ? 1.0 / double(s.m) : 1.0;
-      ch.fwd.zero += std::max(0.0, ag - b.fwd.compute) * once;
-      ch.bwd.zero += std::max(0.0, rs + (keep[size_t(l)] ? 0.0 : ag_bwd) - b.bwd.compute);
+      // once per step, spread here over the step's micro-batches; charged as the
+      // framework runs them (Note [Sharding implementations]).
+      const ZeroLayerCost z = zero_layer_cost(s, b, s.rk[size_t(l)], keep[size_t(l)]);
+      ch.fwd.zero += z.fwd;
+      ch.bwd.zero += z.bwd;
     }
     // A block's dY per linear (model.h Note [B/W split]): 2 C + F2 + Q values per token row.
     const double hd = s.x.h / s.x.a, f2 = (model.arch == Arch::kGpt ? 1 : 2) * s.x.f / s.x.t;
@@ -514,13 +499,15 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
     out.act_bytes[int(r)] = layer_activation_bytes(s.x, r);
     const ParallelConfig& par = plan.cfg.parallel;
     if (par.zero >= 2 && s.dp * s.cp > 1) {
-      const double unit = block_params(plan.cfg.model, s.tp).per_tp_rank;
-      const double rs = collective_time_s(cluster, OpKind::kReduceScatter, unit * s.scatter_bytes, s.pl.dp);
-      const double ag = par.zero >= 3 ? collective_time_s(cluster, OpKind::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
-      const double fwd = std::max(0.0, ag - u.fwd.compute);
-      out.zero_shard_s[int(r)] = fwd + std::max(0.0, rs + backward_gather_s(s, unit, ag) - u.bwd.compute);
-      out.zero_keep_s[int(r)] = fwd / double(s.m) + std::max(0.0, rs - u.bwd.compute);
-      out.unit_bytes = unit;
+      const ZeroLayerCost shard = zero_layer_cost(s, u, r, false);
+      out.zero_shard_s[int(r)] = shard.fwd + shard.bwd;
+      if (par.zero >= 3 && plan.framework != Framework::kDeepSpeed2021) {
+        const ZeroLayerCost keep = zero_layer_cost(s, u, r, true);
+        out.zero_keep_s[int(r)] = keep.fwd + keep.bwd;
+      } else {
+        out.zero_keep_s[int(r)] = out.zero_shard_s[int(r)];  // nothing to keep (ZeRO-2, or not offered)
+      }
+      out.unit_bytes = block_params(plan.cfg.model, s.tp).per_tp_rank;
     }
   }
   const UnitCost e = unit_cost(cluster, s.pl, embedding_forward_ops(s.x), Recompute::kNone, plan.tp_overlap);

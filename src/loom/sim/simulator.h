@@ -13,10 +13,19 @@
 
 namespace loom::sim {
 
-// Which software runs the plan: Megatron-LM (fp16/bf16 mixed precision, dropout, the
-// Korthikanti activation set) or loom's engine (dtype of the cluster, no dropout, its own
-// activation layout from model/layout.h).
-enum class Framework { kMegatron, kLoom };
+// Which software runs the plan: loom's engine (dtype of the cluster, no dropout, its own
+// activation layout from model/layout.h) or a GPU framework (fp16/bf16 mixed precision,
+// dropout, the Korthikanti activation set): Megatron-LM / Megatron-core (ZeRO 0-1: its
+// distributed optimizer), PyTorch FSDP and FSDP-like stacks (ZeRO 0, 2, 3), or DeepSpeed
+// as released in 2021 (ZeRO 0-3; Note [Sharding implementations] in sim/zero_cost.cc).
+enum class Framework { kMegatron, kLoom, kFsdp, kDeepSpeed2021 };
+
+const char* framework_name(Framework f);  // "megatron", "loom", "fsdp", "deepspeed-2021"
+// The framework named `name`, or ConfigError naming the valid ones.
+Framework parse_framework(const std::string& name);
+// The ZeRO stages `f` implements, and the frameworks that implement stage `zero` (for errors).
+std::vector<int64_t> framework_zero_stages(Framework f);
+std::string frameworks_with_zero(int64_t zero);
 
 struct SimPlan {
   Framework framework = Framework::kMegatron;

@@ -1,5 +1,5 @@
 // Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine)
-// step time and rank-0 peak memory for 12+ layouts of configs A and B; with a bf16 spec
+// step time and rank-0 peak memory for 14 layouts of configs A and B (28 rows); with a bf16 spec
 // (`loom calibrate --precision bf16`), also train.precision = bf16 rows. The engine runs as
 // users run it, one process per rank (`loom train --nproc`, MPI); --threads runs the ranks
 // as threads of this process instead (the thread backend), where every madvise of ZeRO-2/3
@@ -109,6 +109,28 @@ static std::vector<char*> positional(int argc, char** argv, bool* threads, int* 
   return out;
 }
 
+// The fp32 rows' layouts (each on configs A and B).
+static std::vector<std::vector<std::string>> fp32_layouts() {
+  return {
+      {},
+      {"parallel.recompute=full"},
+      {"parallel.dp=2"},
+      {"parallel.dp=2", "parallel.zero=1"},
+      {"parallel.dp=2", "parallel.zero=2"},
+      {"parallel.dp=2", "parallel.zero=3"},
+      {"parallel.tp=2"},
+      {"parallel.tp=2", "parallel.sp=true"},
+      {"parallel.pp=2", "train.grad_accum=4"},
+      {"parallel.dp=2", "parallel.tp=2"},
+      // The capabilities since (issue 21 item 3): a zero-bubble schedule, ZB-V's two chunks
+      // a rank, a compressed gradient sync, and the optimizer state offloaded to disk.
+      {"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=zb-h1"},
+      {"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=zb-v", "parallel.vpp=2"},
+      {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_warmup_steps=0"},
+      {"offload.optimizer=disk", "offload.dir=/var/tmp"},
+  };
+}
+
 // The medians, and each pass's step-time errors written beside its cluster file (Note [Error
 // bands]: `loom plan`'s bands on that cluster).
 static void report(const std::vector<double>& time_errs, const std::vector<double>& mem_errs,
@@ -145,18 +167,7 @@ int main(int argc_in, char** argv_in) {
     const std::vector<std::pair<const char*, std::vector<std::string>>> models = {
         {"A", {"model.layers=4", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}},
         {"B", {"model.layers=8", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}}};
-    const std::vector<std::vector<std::string>> layouts = {
-        {},
-        {"parallel.recompute=full"},
-        {"parallel.dp=2"},
-        {"parallel.dp=2", "parallel.zero=1"},
-        {"parallel.dp=2", "parallel.zero=2"},
-        {"parallel.dp=2", "parallel.zero=3"},
-        {"parallel.tp=2"},
-        {"parallel.tp=2", "parallel.sp=true"},
-        {"parallel.pp=2", "train.grad_accum=4"},
-        {"parallel.dp=2", "parallel.tp=2"},
-    };
+    const std::vector<std::vector<std::string>> layouts = fp32_layouts();
     // bf16 rows: the layouts whose GEMM split differs (whole, dp, tp, pp).
     const std::vector<std::vector<std::string>> bf16_layouts = {
         {}, {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=4"}};

@@ -182,8 +182,9 @@ TEST(Simulator, ZeroThreeParameterOffloadReadsOwnPieces) {
 }
 
 // Note [Page-cached offload]: on a shared (CPU) device whose memory holds the offload file
-// beside everything else, the file's transfers are memory copies, and parameter reads fault
-// their pages in on the cores compute uses (nothing hidden); with too little memory for the
+// beside everything else, the file's transfers are the page cache's copies (at memory speed,
+// or at the cluster's measured cached rates), added to the step on the cores compute uses,
+// and parameter reads fault their pages in (nothing hidden); with too little memory for the
 // file the tier's rates apply, as on GPUs.
 TEST(Simulator, PageCachedOffloadOnACpuCopiesAndFaults) {
   ClusterSpec cpu = load_cluster("dgx-a100", {}, 1, "");
@@ -198,6 +199,15 @@ TEST(Simulator, PageCachedOffloadOnACpuCopiesAndFaults) {
   EXPECT_NEAR(cached.param_read_s, memory_time_s(cpu.device, reads) + reads / 1e9, 1e-9);
   EXPECT_NEAR(cached.param_fetch_exposed_s, cached.param_read_s, 1e-9);
   EXPECT_NEAR(cached.offload_io_s, 2 * memory_time_s(cpu.device, moments), 1e-9);
+  // With the page cache's measured copy rates: reads at 12 GB/s, writes at 8; the copies run
+  // on the update's cores, so the update's own time (optimizer - io) is unchanged beside them.
+  ClusterSpec measured = cpu;
+  measured.offload.cached_read_bw = 12e9, measured.offload.cached_write_bw = 8e9;
+  const RankReport copied = simulate(plan, measured).ranks[0];
+  EXPECT_NEAR(copied.param_read_s, reads / 12e9 + reads / 1e9, 1e-9);
+  EXPECT_NEAR(copied.offload_io_s, moments / 12e9 + moments / 8e9, 1e-9);
+  EXPECT_NEAR(copied.optimizer_s - copied.offload_io_s, cached.optimizer_s - cached.offload_io_s, 1e-9);
+  EXPECT_GT(cached.optimizer_s - cached.offload_io_s, 0.0);
   cpu.device.memory_bytes = cached.memory.total();  // no room for the file
   const RankReport disk = simulate(plan, cpu).ranks[0];
   EXPECT_NEAR(disk.param_read_s, reads / 3.5e9, 1e-9);

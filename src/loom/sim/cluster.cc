@@ -155,6 +155,17 @@ void apply_set(toml::table& tbl, const std::string& set) {
   at->insert_or_assign(rest, *parsed.get("v"));
 }
 
+// [offload]: the three tier keys, and the page cache's rates if measured.
+OffloadTier read_offload(const TableReader& root, const std::string& origin) {
+  TableReader o(root.sub("offload"), "offload.", origin,
+                {"read_gbps", "write_gbps", "capacity_gib", "cached_read_gbps", "cached_write_gbps"});
+  for (const char* k : {"read_gbps", "write_gbps", "capacity_gib"})
+    if (!(o.number(k, 0, false) > 0)) bad(origin, std::string("offload.") + k, "is missing (> 0)");
+  return {o.number("read_gbps", 0) * 1e9, o.number("write_gbps", 0) * 1e9,
+          o.number("capacity_gib", 0) * double(int64_t(1) << 30), o.number("cached_read_gbps", 0) * 1e9,
+          o.number("cached_write_gbps", 0) * 1e9};
+}
+
 }  // namespace
 
 ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
@@ -217,13 +228,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   }
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
-  if (root.sub("offload")) {  // all three keys, or no [offload] table
-    TableReader o(root.sub("offload"), "offload.", origin, {"read_gbps", "write_gbps", "capacity_gib"});
-    for (const char* k : {"read_gbps", "write_gbps", "capacity_gib"})
-      if (!(o.number(k, 0, false) > 0)) bad(origin, std::string("offload.") + k, "is missing (> 0)");
-    c.offload = {o.number("read_gbps", 0) * 1e9, o.number("write_gbps", 0) * 1e9,
-                 o.number("capacity_gib", 0) * double(int64_t(1) << 30)};
-  }
+  if (root.sub("offload")) c.offload = read_offload(root, origin);
   if (const toml::node* b = tbl.get("busbw")) {
     const toml::array* arr = b->as_array();
     if (!arr || !arr->is_array_of_tables()) bad(origin, "busbw", "must be an array of tables ([[busbw]])");
@@ -353,6 +358,9 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   if (c.offload.read_bw > 0)
     os << "\n[offload]\nread_gbps = " << c.offload.read_bw / 1e9 << "\nwrite_gbps = " << c.offload.write_bw / 1e9
        << "\ncapacity_gib = " << c.offload.capacity_bytes / double(int64_t(1) << 30) << "\n";
+  if (c.offload.read_bw > 0 && c.offload.cached_read_bw > 0)
+    os << "cached_read_gbps = " << c.offload.cached_read_bw / 1e9 << "\ncached_write_gbps = "
+       << c.offload.cached_write_bw / 1e9 << "\n";
   for (const auto& b : c.busbw)
     os << "\n[[busbw]]\nop = \"" << b.op << "\"\nranks = " << b.ranks << "\ngbps = " << curve(b.gbps) << "\n";
   return os.str();

@@ -82,6 +82,9 @@ struct BusbwTable {
 struct OffloadTier {
   double read_bw = 0, write_bw = 0;  // bytes/s
   double capacity_bytes = 0;
+  // Through the page cache (a file the kernel holds in memory): the copy rates of pread and
+  // pwrite, bytes/s, as loom calibrate measures them; 0 = not measured (Note [Page-cached offload]).
+  double cached_read_bw = 0, cached_write_bw = 0;
 };
 
 struct ClusterSpec {

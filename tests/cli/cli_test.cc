@@ -104,6 +104,15 @@ TEST(Cli, SimulatePrintsOneJsonObjectWithTheIssueFields) {
   EXPECT_NE(pic.find("<svg"), std::string::npos);
 }
 
+// --ops itemizes the cost model per op; the block's GEMMs, attention and norms are there,
+// and each row's step column is its forward + backward times the blocks and micro-batches.
+TEST(Cli, SimulateOpsItemizesTheCostModel) {
+  Result r = run("simulate --model gpt-1.7b --gpus 8 --tp 8 --global-batch 8 --ops");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* op : {"cost model per op", "block     qkv", "block     norm1", "head      logits", "total per step"})
+    EXPECT_NE(r.output.find(op), std::string::npos) << op << "\n" << r.output;
+}
+
 TEST(Cli, SimulateNamesWhatDoesNotFit) {
   expect_usage_error("simulate --model gpt3-175b --gpus 12 --tp 8", "--gpus 12");
   expect_usage_error("simulate --model gpt3-175b --gpus 64 --tp 8 --pp 4 --dp 4", "set --gpus 128");

@@ -82,9 +82,9 @@ struct SimArgs {
   std::vector<std::string> sets;
   LayoutFlags layout;
   int64_t global_batch = 0, seq = 0, cp = 1, gpus = 0;
-  bool json = false;
+  bool json = false, ops = false;  // ops: the cost model's per-op itemization (simulate --ops)
   std::string trace, svg;
-  std::string framework;  // megatron | loom; empty: loom on a shared-device (CPU) cluster, else megatron
+  std::string framework;  // loom | megatron | fsdp | deepspeed-2021; empty: loom on a shared-device (CPU) cluster, else megatron
   std::string attention;  // unfused | flash2 | flash3 (Megatron only)
   std::string dp_overlap;     // on (default) | off: gradient reduction overlapped with backward
   bool blocking_p2p = false;  // pipeline sends hold the sender until delivered (Megatron-LM 2021-22)

@@ -177,6 +177,8 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   auto* sm = app.add_subcommand("simulate", "Predict step time, MFU/HFU, bubble and per-rank memory of a layout on a cluster");
   add_sim_flags(sm, a.sim);
   sm->add_option("--trace", a.sim.trace, "Write the simulated step as a Chrome trace (the engine's schema)");
+  sm->add_flag("--ops", a.sim.ops, "Also print what the cost model charges each op of a block, the embedding and the "
+                                   "head per micro-batch (forward, backward), to set beside LOOM_KERNEL_PROFILE");
   sm->add_option("--svg", a.sim.svg, "Write the simulated step as an SVG timeline");
   cmds.push_back({sm, [&a] { return loom::cli::run_simulate(a.sim); }});
 

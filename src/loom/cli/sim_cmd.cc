@@ -152,6 +152,26 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
   for (const std::string& w : r.warnings) os << "warning: " << w << "\n";
 }
 
+// simulate --ops: per op of one unit, per micro-batch, and the step's sum over the layers
+// this rank runs (pipeline rank 0's count of blocks, every micro-batch).
+void print_ops(std::ostream& os, const SimInputs& in, const sim::SimResult& r) {
+  const std::vector<sim::OpCost> ops = sim::op_costs(in.plan, in.cluster);
+  const double layers = double(in.plan.cfg.model.layers) / double(in.plan.cfg.parallel.pp);
+  os << "cost model per op (ms per micro-batch; step: x " << r.micro_batches << " micro-batches"
+     << ", blocks x " << layers << "):\n"
+     << std::fixed << std::setprecision(3);
+  double fwd = 0, bwd = 0;
+  for (const sim::OpCost& o : ops) {
+    const double times = double(r.micro_batches) * (o.unit == "block" ? layers : 1.0);
+    os << "  " << std::left << std::setw(10) << o.unit << std::setw(18) << o.name << std::right << " fwd "
+       << std::setw(9) << 1e3 * o.fwd_s << "  bwd " << std::setw(9) << 1e3 * o.bwd_s << "  step " << std::setw(9)
+       << 1e3 * times * (o.fwd_s + o.bwd_s) << "\n";
+    fwd += times * o.fwd_s, bwd += times * o.bwd_s;
+  }
+  os << "  total per step: forward " << 1e3 * fwd << " ms, backward " << 1e3 * bwd << " ms (no recompute, no optimizer)\n";
+  os.unsetf(std::ios::fixed);
+}
+
 int run_simulate(const SimArgs& a) {
   const SimInputs in = resolve_sim_inputs(a);
   const bool events = !a.trace.empty() || !a.svg.empty();
@@ -175,6 +195,7 @@ int run_simulate(const SimArgs& a) {
     std::cout << title.str() << "\n";
     for (const std::string& n : in.plan.cfg.model.notes) std::cout << "note: " << n << "\n";
     print_result(std::cout, r, in.cluster.device.memory_bytes);
+    if (a.ops) print_ops(std::cout, in, r);
   }
   return 0;
 }

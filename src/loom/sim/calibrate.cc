@@ -160,6 +160,52 @@ std::vector<std::pair<double, double>> memory_rates(const Kernels& k, double bud
   return out;
 }
 
+// Note [Memory-bound kernel classes] (sim/costs.cc): one class's forward bytes/s by size (the
+// bytes as the cost model counts them), and with `backward` its backward time over the
+// forward's. The outputs (and backward's saved input) rotate through copies twice the last-level
+// cache, as a step leaves them; the input the previous kernel wrote (backward: dY) stays warm.
+// The rotating outputs and saved inputs: twice the last-level cache each, kept per thread
+// across calls (faulting them in afresh each call cost more than the timing).
+float* cold_pool(size_t floats) {
+  thread_local std::vector<float> pool;
+  if (pool.size() < floats) pool.assign(floats, 0.5f);
+  return pool.data();
+}
+
+std::vector<std::pair<double, double>> class_rates(const Kernels& k, double budget, sim::MemClass cls,
+                                                   std::vector<std::pair<double, double>>* backward) {
+  std::vector<std::pair<double, double>> out;
+  constexpr int64_t C = 256;  // a norm's row
+  const size_t half = size_t(std::ceil(2 * llc_bytes() / 4)) + (size_t(1) << 22);  // floats: >= 2 LLC and one n
+  float* pool = cold_pool(2 * half);
+  for (int64_t n : {int64_t(1) << 14, int64_t(1) << 17, int64_t(1) << 20, int64_t(1) << 22}) {
+    const size_t copies = std::max<size_t>(1, half / size_t(n));
+    std::vector<float*> y(copies), saved(copies);
+    for (size_t c = 0; c < copies; ++c) y[c] = pool + c * size_t(n), saved[c] = pool + half + c * size_t(n);
+    const auto x = random_floats(size_t(n)), dy = random_floats(size_t(n)), w = random_floats(size_t(C));
+    std::vector<float> mean(static_cast<size_t>(n / C)), rstd(static_cast<size_t>(n / C));
+    std::vector<float> dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+    k.layernorm_forward(y[0], mean.data(), rstd.data(), x.data(), w.data(), w.data(), n / C, C, 1e-5f);
+    size_t i = 0;
+    std::function<void()> fwd, bwd;
+    double bytes = 2.0 * double(n) * 4;
+    if (cls == sim::MemClass::kNorm) {
+      fwd = [&] { k.layernorm_forward(y[i], mean.data(), rstd.data(), x.data(), w.data(), w.data(), n / C, C, 1e-5f); };
+      bwd = [&] { k.layernorm_backward(y[i], dw.data(), db.data(), dy.data(), saved[i], w.data(), mean.data(), rstd.data(), n / C, C); };
+    } else if (cls == sim::MemClass::kActivation) {
+      fwd = [&] { k.gelu_forward(y[i], x.data(), n); };
+      bwd = [&] { k.gelu_backward(y[i], saved[i], dy.data(), n); };
+    } else {
+      bytes = 3.0 * double(n) * 4;
+      fwd = [&] { k.residual_forward(y[i], x.data(), dy.data(), n); };
+    }
+    const double tf = time_it([&] { i = (i + 1) % copies, fwd(); }, budget);
+    out.emplace_back(bytes, bytes / tf);
+    if (backward && bwd) backward->emplace_back(bytes, std::clamp(time_it([&] { i = (i + 1) % copies, bwd(); }, budget) / tf, 0.1, 16.0));
+  }
+  return out;
+}
+
 // Bytes/s of the engine's optimizer pass (Note [Calibration]): the gradient norm's sum of
 // squares, then AdamW, over n parameters; bytes counted as the simulator counts the update
 // (OptimConfig::update_bytes: 32 per parameter), so its price is bytes / this rate.
@@ -265,6 +311,7 @@ Rates median_of(int passes, const std::function<Rates()>& fn) {
 // then again), and each point keeps the median of its passes.
 struct KernelRates {
   Rates gemm, backward, attention, memory, optimizer;
+  Rates cls[sim::kMemClasses], cls_backward[sim::kMemClasses];  // Note [Memory-bound kernel classes]
 };
 KernelRates measure_kernels(const Kernels& k, double budget, int passes) {
   std::vector<KernelRates> all(static_cast<size_t>(std::max(1, passes)));
@@ -273,14 +320,21 @@ KernelRates measure_kernels(const Kernels& k, double budget, int passes) {
     r.attention = attention_rates(k, budget);
     r.memory = memory_rates(k, budget);
     r.optimizer = optimizer_rates(k, budget);
+    for (int c = 1; c < sim::kMemClasses; ++c) r.cls[c] = class_rates(k, budget, sim::MemClass(c), &r.cls_backward[c]);
   }
-  auto field = [&](Rates KernelRates::*f) {
+  auto median = [&](auto pick) {
     std::vector<Rates> v;
-    for (const KernelRates& r : all) v.push_back(r.*f);
-    return median_rates(v);
+    for (const KernelRates& r : all) v.push_back(pick(r));
+    return v.front().empty() ? Rates{} : median_rates(v);
   };
-  return {field(&KernelRates::gemm), field(&KernelRates::backward), field(&KernelRates::attention),
-          field(&KernelRates::memory), field(&KernelRates::optimizer)};
+  KernelRates m{median([](const KernelRates& r) { return r.gemm; }), median([](const KernelRates& r) { return r.backward; }),
+                median([](const KernelRates& r) { return r.attention; }), median([](const KernelRates& r) { return r.memory; }),
+                median([](const KernelRates& r) { return r.optimizer; }), {}, {}};
+  for (int c = 1; c < sim::kMemClasses; ++c) {
+    m.cls[c] = median([c](const KernelRates& r) { return r.cls[c]; });
+    m.cls_backward[c] = median([c](const KernelRates& r) { return r.cls_backward[c]; });
+  }
+  return m;
 }
 
 // Note [Calibration]: with `threads` > 1, the kernels again one thread per core with every
@@ -310,6 +364,17 @@ void one_thread_curves(const Kernels& k, const CalibrateOptions& o, int threads,
   d.attention_efficiency_1t = relative(busy([&] { return attention_rates(k, b); }), d.peak_flops / threads);
   d.memory_efficiency_1t = relative(busy([&] { return memory_rates(k, b); }), d.memory_bw / threads);
   d.optimizer_efficiency_1t = relative(busy([&] { return optimizer_rates(k, b); }), d.memory_bw / threads);
+  for (int c = 1; c < sim::kMemClasses; ++c)
+    d.class_efficiency_1t[c] = relative(busy([&] { return class_rates(k, b, sim::MemClass(c), nullptr); }), d.memory_bw / threads);
+}
+
+// Note [Memory-bound kernel classes]: the all-thread class curves as fractions of memory_bw
+// (the averaged curve's best rate), and their backward factors.
+void class_curves(KernelRates& rates, sim::DeviceSpec& d) {
+  for (int c = 1; c < sim::kMemClasses; ++c) {
+    for (const auto& [bytes, rate] : rates.cls[c]) d.class_efficiency[c].points.emplace_back(bytes, std::clamp(rate / d.memory_bw, 1e-4, 8.0));
+    d.class_backward[c].points = rates.cls_backward[c];
+  }
 }
 
 }  // namespace
@@ -421,6 +486,7 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   std::sort(c.device.optimizer_efficiency.points.begin(), c.device.optimizer_efficiency.points.end());
   say("optimizer pass (norm + AdamW): " + std::to_string(c.device.optimizer_efficiency.points.back().second * bw / 1e9) +
       " GB/s at " + std::to_string(int64_t(c.device.optimizer_efficiency.points.back().first / 32)) + " parameters");
+  class_curves(rates, c.device);
   c.device.kernel_overhead_s = launch_overhead_s(k, o.seconds_per_point);
   one_thread_curves(k, o, threads, c.device);
   if (threads > 1) say("one thread: best gemm " + std::to_string(c.device.gemm_efficiency_1t.points.back().second) +

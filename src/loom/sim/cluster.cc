@@ -155,6 +155,20 @@ void apply_set(toml::table& tbl, const std::string& set) {
   at->insert_or_assign(rest, *parsed.get("v"));
 }
 
+// Note [Memory-bound kernel classes]: <class>_efficiency, <class>_efficiency_1t and
+// <class>_backward where present. A class curve is relative to memory_bw, which is the best
+// of the classes' mean, so a fast class may pass 1.
+void read_class_curves(const TableReader& root, const TableReader& d, DeviceSpec& dev) {
+  const double most_1t = 8.0 * double(std::max<int64_t>(1, dev.threads));
+  auto has = [&](const std::string& n) { return root.sub("device") && root.sub("device")->get(n); };
+  for (int k = 1; k < kMemClasses; ++k) {
+    const std::string key = mem_class_key(MemClass(k));
+    if (has(key + "_efficiency")) dev.class_efficiency[k] = d.curve(key + "_efficiency", 8.0);
+    if (has(key + "_efficiency_1t")) dev.class_efficiency_1t[k] = d.curve(key + "_efficiency_1t", most_1t);
+    if (has(key + "_backward")) dev.class_backward[k] = d.curve(key + "_backward", 16.0);
+  }
+}
+
 // [offload]: the three tier keys, and the page cache's rates if measured.
 OffloadTier read_offload(const TableReader& root, const std::string& origin) {
   TableReader o(root.sub("offload"), "offload.", origin,
@@ -167,6 +181,15 @@ OffloadTier read_offload(const TableReader& root, const std::string& origin) {
 }
 
 }  // namespace
+
+const char* mem_class_key(MemClass c) {
+  switch (c) {
+    case MemClass::kNorm: return "norm";
+    case MemClass::kActivation: return "activation";
+    case MemClass::kResidual: return "residual";
+    default: return "";
+  }
+}
 
 ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
                               const std::vector<std::string>& sets) {
@@ -191,7 +214,9 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "flash2_efficiency", "flash3_efficiency", "gemm_backward_factor",
                  "kernel_overhead_us", "shared", "page_fault_gbps", "threads", "gemm_efficiency_1t",
                  "attention_efficiency_1t", "memory_efficiency_1t", "optimizer_efficiency",
-                 "optimizer_efficiency_1t", "special_function_tops"});
+                 "optimizer_efficiency_1t", "special_function_tops", "norm_efficiency", "norm_efficiency_1t",
+                 "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
+                 "residual_efficiency", "residual_efficiency_1t", "residual_backward"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -226,6 +251,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
     c.device.attention_efficiency_1t = d.curve("attention_efficiency_1t", most);
     c.device.memory_efficiency_1t = d.curve("memory_efficiency_1t", most);
   }
+  read_class_curves(root, d, c.device);
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
   if (root.sub("offload")) c.offload = read_offload(root, origin);
@@ -305,6 +331,8 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
       d.gemm_efficiency = d.gemm_efficiency_1t, d.attention_efficiency = d.attention_efficiency_1t;
       d.memory_efficiency = d.memory_efficiency_1t;
       if (!d.optimizer_efficiency_1t.points.empty()) d.optimizer_efficiency = d.optimizer_efficiency_1t;
+      for (int k = 1; k < kMemClasses; ++k)
+        if (!d.class_efficiency_1t[k].points.empty()) d.class_efficiency[k] = d.class_efficiency_1t[k];
     }
   }
   return c;
@@ -351,6 +379,13 @@ std::string cluster_to_toml(const ClusterSpec& c) {
     os << "\ngemm_efficiency_1t = " << curve(c.device.gemm_efficiency_1t)
        << "\nattention_efficiency_1t = " << curve(c.device.attention_efficiency_1t)
        << "\nmemory_efficiency_1t = " << curve(c.device.memory_efficiency_1t);
+  for (int k = 1; k < kMemClasses; ++k) {
+    const std::string key = mem_class_key(MemClass(k));
+    const Curve* curves[3] = {&c.device.class_efficiency[k], &c.device.class_efficiency_1t[k], &c.device.class_backward[k]};
+    const char* suffix[3] = {"_efficiency", "_efficiency_1t", "_backward"};
+    for (int i = 0; i < 3; ++i)
+      if (!curves[i]->points.empty()) os << "\n" << key << suffix[i] << " = " << curve(*curves[i]);
+  }
   os << "\nkernel_overhead_us = " << c.device.kernel_overhead_s * 1e6
      << "\nshared = " << (c.device.shared ? "true" : "false") << "\n";
   tier("intra", c.intra);

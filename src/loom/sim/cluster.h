@@ -20,6 +20,11 @@ struct Curve {
   double at(double x) const;
 };
 
+// Note [Memory-bound kernel classes] (sim/costs.cc): the memory-bound ops a device may
+// price by their own measured curves; kGeneric ops take memory_efficiency.
+enum class MemClass { kGeneric, kNorm, kActivation, kResidual };
+inline constexpr int kMemClasses = 4;
+
 struct DeviceSpec {
   std::string name;
   double peak_flops = 0;          // dense FLOP/s at the training dtype
@@ -59,7 +64,15 @@ struct DeviceSpec {
   // bytes (32 per parameter, OptimConfig::update_bytes) -> fraction of memory_bw (of
   // memory_bw / threads for the _1t curve). Empty: the memory-bound curve prices it.
   Curve optimizer_efficiency, optimizer_efficiency_1t;
+  // Note [Memory-bound kernel classes], indexed by MemClass (kGeneric unused): x: the
+  // forward's bytes as the cost model counts them -> fraction of memory_bw (of memory_bw /
+  // threads for _1t), and the backward's time over the forward's. Empty: memory_efficiency,
+  // and a backward moving twice the bytes.
+  Curve class_efficiency[kMemClasses], class_efficiency_1t[kMemClasses], class_backward[kMemClasses];
 };
+
+// The TOML key of a class's curves: "norm", "activation", "residual" (kGeneric: "").
+const char* mem_class_key(MemClass c);
 
 struct LinkTier {
   double bw = 0;           // bytes/s per device, one direction

@@ -66,8 +66,15 @@ Op gemm(const char* name, double M, double N, double K, double dt, double batch 
   Op o{name, Op::Kind::kGemm, 2 * M * N * K * batch, (M * K + K * N + M * N) * dt * batch, OpKind::kAllReduce, Axis::kTp, core};
   return o;
 }
-Op mem(const char* name, double bytes, bool core = false) {
+Op mem(const char* name, double bytes, bool core = false, MemClass cls = MemClass::kGeneric) {
   Op o{name, Op::Kind::kMemory, 0, bytes, OpKind::kAllReduce, Axis::kTp, core};
+  o.mem_class = cls;
+  return o;
+}
+// A residual add; in loom's engine its gradient is added by the norm's backward, no kernel.
+Op residual(const char* name, double bytes, const LayerShape& x) {
+  Op o = mem(name, bytes, false, MemClass::kResidual);
+  o.backward = !x.fused_residual_grad;
   return o;
 }
 Op comm(const char* name, OpKind c, Axis axis, double bytes) {
@@ -92,7 +99,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   const bool gpt = x.arch == Arch::kGpt;
   const double probs = n * x.s * x.a / x.t;  // attention scores this rank holds: (b, a/t, s/cp, s)
   std::vector<Op> ops;
-  ops.push_back(mem("norm1", 2 * ne * x.h * dt));
+  ops.push_back(mem("norm1", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather1");
   ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
   if (x.cp > 1) ops.push_back(comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
@@ -121,19 +128,19 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   }
   ops.push_back(gemm("proj", n, x.h, x.h / x.t, dt));
   tp_out(ops, x, "tp_reduce1");
-  ops.push_back(mem("residual1", ne * x.h * (3 * dt + (x.dropout ? 1 : 0))));
-  ops.push_back(mem("norm2", 2 * ne * x.h * dt));
+  ops.push_back(residual("residual1", ne * x.h * (3 * dt + (x.dropout ? 1 : 0)), x));
+  ops.push_back(mem("norm2", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather2");
   if (gpt) {
     ops.push_back(gemm("fc1", n, x.f / x.t, x.h, dt));
-    ops.push_back(mem("gelu", 2 * n * x.f / x.t * dt));
+    ops.push_back(mem("gelu", 2 * n * x.f / x.t * dt, false, MemClass::kActivation));
   } else {
     ops.push_back(gemm("gate_up", n, 2 * x.f / x.t, x.h, dt));
-    ops.push_back(mem("swiglu", 3 * n * x.f / x.t * dt));
+    ops.push_back(mem("swiglu", 3 * n * x.f / x.t * dt, false, MemClass::kActivation));
   }
   ops.push_back(gemm("fc2", n, x.h, x.f / x.t, dt));
   tp_out(ops, x, "tp_reduce2");
-  ops.push_back(mem("residual2", ne * x.h * (3 * dt + (x.dropout ? 1 : 0))));
+  ops.push_back(residual("residual2", ne * x.h * (3 * dt + (x.dropout ? 1 : 0)), x));
   return ops;
 }
 
@@ -151,7 +158,7 @@ std::vector<Op> embedding_forward_ops(const LayerShape& x) {
 std::vector<Op> head_forward_ops(const LayerShape& x) {
   const double n = x.tokens(), ne = x.sp ? n / x.t : n, dt = x.dtype_bytes;
   std::vector<Op> ops;
-  ops.push_back(mem("final_norm", 2 * ne * x.h * dt));
+  ops.push_back(mem("final_norm", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather_head");
   ops.push_back(gemm("logits", n, x.V / x.vocab_t(), x.h, dt));
   // Cross-entropy in fp32: read the logits, max, exp-sum, the target's logit; vocab-parallel
@@ -262,6 +269,28 @@ double head_dim_factor(const DeviceSpec& d, Attention k, double e, double hd) {
 }
 }  // namespace
 
+// Note [Memory-bound kernel classes]
+// One memory curve averages kernels that differ per byte by several times: loom's GELU
+// evaluates a tanh per element and its layer norm makes two passes per row (one for the
+// statistics), while a residual add streams three arrays once; inside a step each writes
+// its output into an activation buffer last touched a layer ago. Measured inside a step of
+// config A (LOOM_KERNEL_PROFILE, docs/benchmarks.md) the norms, GELU and residual adds took
+// 3-4x what the averaged, hot-buffer curve charged. So `loom calibrate` times each class
+// (norm: layer norm; activation: GELU; residual: the add) forward and backward with cold
+// outputs and saved inputs, and a device that has a class's curves prices its ops by them:
+//   t_fwd = bytes / (memory_bw x e_class(bytes)),   t_bwd = b_class(bytes) x t_fwd,
+// where bytes are the forward's as the op counts them. Without them the averaged curve
+// prices the forward and a backward moving twice the bytes. loom's residual adds have no
+// backward kernel (the norms' backward adds the residual's gradient into dx).
+double memory_class_time_s(const DeviceSpec& d, const Op& op, bool backward) {
+  const int k = int(op.mem_class);
+  if (op.mem_class == MemClass::kGeneric || d.class_efficiency[k].points.empty() || op.bytes <= 0)
+    return backward ? memory_time_s(d, 2 * op.bytes) : memory_time_s(d, op.bytes);
+  const double fwd = op.bytes / (d.memory_bw * d.class_efficiency[k].at(op.bytes)) + d.kernel_overhead_s;
+  if (!backward) return fwd;
+  return d.class_backward[k].points.empty() ? 2 * fwd : d.class_backward[k].at(op.bytes) * fwd;
+}
+
 double kernel_time_s(const DeviceSpec& d, const Op& op) {
   if (op.kind == Op::Kind::kAttention && op.kernel != Attention::kUnfused)
     if (const Curve* c = flash_curve(d, op.kernel)) {
@@ -271,7 +300,7 @@ double kernel_time_s(const DeviceSpec& d, const Op& op) {
   if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
     return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
   if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes);
-  return memory_time_s(d, op.bytes);
+  return memory_class_time_s(d, op, false);
 }
 
 double collective_time_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g) {

@@ -40,6 +40,8 @@ struct Op {
   Attention kernel = Attention::kUnfused;  // kAttention: a flash kernel is priced by its curve at `seq`
   double seq = 0;                          // kAttention: the key length its tiles sweep
   double head_dim = 0;                     // kAttention: h / a
+  MemClass mem_class = MemClass::kGeneric;  // kMemory: Note [Memory-bound kernel classes]
+  bool backward = true;  // kMemory: has a backward kernel of its own (loom's residual adds do not)
 };
 
 // The shape one rank works on: micro-batch b, sequence s (whole), hidden h, heads a, kv
@@ -51,6 +53,7 @@ struct LayerShape {
   bool sp = false;
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
+  bool fused_residual_grad = false;  // loom's engine: the norms' backward adds the residual's gradient
   Attention attention = Attention::kUnfused;  // flash: causal tiles only, no (s, s) scores kept
   bool vocab_split = true;      // under tp: embedding/head split by vocabulary (else whole per rank)
   double vocab_t() const { return vocab_split ? t : 1; }
@@ -96,6 +99,8 @@ GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride);
 // bandwidth's efficiency; a flash kernel: its FLOPs at its curve's efficiency for the
 // sequence length; each plus the launch overhead).
 double kernel_time_s(const DeviceSpec& d, const Op& op);
+// A memory-bound op's forward or backward (Note [Memory-bound kernel classes]).
+double memory_class_time_s(const DeviceSpec& d, const Op& op, bool backward);
 double gemm_time_s(const DeviceSpec& d, double flops, double bytes);
 double memory_time_s(const DeviceSpec& d, double bytes);
 // Seconds for one collective whose full buffer is `bytes` per rank (all_reduce: the

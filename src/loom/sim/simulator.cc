@@ -67,7 +67,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.p2p = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride);
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
-  if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true;
+  if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true, s.x.fused_residual_grad = true;
   if (plan.framework != Framework::kLoom) s.x.attention = plan.attention;
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
@@ -534,6 +534,21 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   const parallel::ScheduleCheck chk = parallel::validate(
       parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp)));
   out.in_flight = chk.peak_in_flight;
+  return out;
+}
+
+std::vector<OpCost> op_costs(const SimPlan& plan, const ClusterSpec& cluster) {
+  const Setup s = make_setup(plan, cluster);
+  std::vector<OpCost> out;
+  auto add = [&](const char* unit, const std::vector<Op>& ops, bool weights) {
+    for (const Op& o : ops) {
+      const UnitCost u = unit_cost(cluster, s.pl, {o}, Recompute::kNone, plan.tp_overlap, weights);
+      out.push_back({unit, o.name, u.fwd.total(), u.bwd.total()});
+    }
+  };
+  add("embedding", embedding_forward_ops(s.x), false);
+  add("block", block_forward_ops(s.x), true);
+  add("head", head_forward_ops(s.x), false);
   return out;
 }
 

@@ -102,6 +102,15 @@ struct BlockCosts {
 };
 BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster);
 
+// Each op of one block, the embedding and the head, per micro-batch on this layout's shapes:
+// the forward and backward seconds the cost model charges it (its collectives included) —
+// what `loom simulate --ops` prints beside the engine's LOOM_KERNEL_PROFILE.
+struct OpCost {
+  std::string unit, name;
+  double fwd_s = 0, bwd_s = 0;
+};
+std::vector<OpCost> op_costs(const SimPlan& plan, const ClusterSpec& cluster);
+
 // Throws ConfigError when the plan does not fit the cluster (world != devices, memory is
 // only reported, not refused: the planner prunes on it).
 SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events = false);

@@ -48,7 +48,7 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       p.gemm += t;
       if (wgt) wgt->compute += t / 2;
     } else if (o.kind == Op::Kind::kMemory) {
-      p.compute += memory_time_s(c.device, 2 * o.bytes);
+      if (o.backward) p.compute += memory_class_time_s(c.device, o, true);
     } else {
       OpKind conj = o.coll;
       if (o.coll == OpKind::kAllGather) conj = OpKind::kReduceScatter;

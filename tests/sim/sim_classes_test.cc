@@ -1,0 +1,95 @@
+// Memory-bound ops priced by their class's measured curves (Note [Memory-bound kernel
+// classes] in sim/costs.cc), with the arithmetic shown.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/sim/costs.h"
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+namespace {
+
+Curve flat(double y) {
+  Curve c;
+  c.points = {{1e3, y}, {1e9, y}};
+  return c;
+}
+
+Op block_op(const std::vector<Op>& ops, const std::string& name) {
+  for (const Op& o : ops)
+    if (o.name == name) return o;
+  ADD_FAILURE() << "no op " << name;
+  return {};
+}
+
+// A device at 100 GB/s whose averaged curve reads 0.8 and whose norm class reads 0.25 with
+// a backward 1.5x its forward: a 2 MB norm costs 2e6 / (100e9 x 0.25) = 80 us (+ 1 us
+// overhead) forward and 1.5 x 81 us backward; a generic op keeps 2e6 / 80e9 + 1 us forward
+// and twice the bytes backward.
+TEST(MemoryClasses, ClassCurvesPriceTheirOpsForwardAndBackward) {
+  DeviceSpec d;
+  d.memory_bw = 100e9, d.kernel_overhead_s = 1e-6;
+  d.memory_efficiency = flat(0.8);
+  d.class_efficiency[int(MemClass::kNorm)] = flat(0.25);
+  d.class_backward[int(MemClass::kNorm)] = flat(1.5);
+  Op norm;
+  norm.kind = Op::Kind::kMemory, norm.bytes = 2e6, norm.mem_class = MemClass::kNorm;
+  EXPECT_NEAR(kernel_time_s(d, norm), 80e-6 + 1e-6, 1e-12);
+  EXPECT_NEAR(memory_class_time_s(d, norm, true), 1.5 * 81e-6, 1e-12);
+  Op plain = norm;
+  plain.mem_class = MemClass::kGeneric;
+  EXPECT_NEAR(kernel_time_s(d, plain), 2e6 / 80e9 + 1e-6, 1e-12);
+  EXPECT_NEAR(memory_class_time_s(d, plain, true), 4e6 / 80e9 + 1e-6, 1e-12);
+  Op gelu = norm;  // a class without curves: the averaged curve
+  gelu.mem_class = MemClass::kActivation;
+  EXPECT_NEAR(kernel_time_s(d, gelu), 2e6 / 80e9 + 1e-6, 1e-12);
+}
+
+// The block's ops carry their classes; loom's residual adds have no backward kernel (the
+// norms' backward adds their gradient), Megatron's do.
+TEST(MemoryClasses, BlockOpsCarryClassesAndLoomsResidualHasNoBackward) {
+  ModelConfig m;
+  apply_model_preset(m, "gpt2");
+  LayerShape x = LayerShape::of(m, 1, 128, 1, 1, false, 4);
+  const std::vector<Op> megatron = block_forward_ops(x);
+  EXPECT_EQ(block_op(megatron, "norm1").mem_class, MemClass::kNorm);
+  EXPECT_EQ(block_op(megatron, "gelu").mem_class, MemClass::kActivation);
+  EXPECT_EQ(block_op(megatron, "residual2").mem_class, MemClass::kResidual);
+  EXPECT_TRUE(block_op(megatron, "residual1").backward);
+  x.fused_residual_grad = true;
+  EXPECT_FALSE(block_op(block_forward_ops(x), "residual1").backward);
+}
+
+// loom calibrate writes the class curves; the spec reads them back, and a one-thread rank
+// (dp 2 on two threads) takes the _1t curve.
+TEST(MemoryClasses, ClassCurvesRoundTripAndOneThreadRanksTakeTheirs) {
+  ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  c.device.shared = true, c.device.threads = 2;
+  c.device.gemm_efficiency_1t = c.device.attention_efficiency_1t = c.device.memory_efficiency_1t = flat(0.5);
+  c.devices_per_node = 64, c.nodes = 1;
+  c.device.class_efficiency[int(MemClass::kActivation)] = flat(0.3);
+  c.device.class_efficiency_1t[int(MemClass::kActivation)] = flat(0.4);
+  c.device.class_backward[int(MemClass::kActivation)] = flat(1.6);
+  const std::string text = cluster_to_toml(c);
+  EXPECT_NE(text.find("activation_efficiency_1t = "), std::string::npos) << text;
+  const ClusterSpec back = cluster_from_toml(text, "test", {});
+  EXPECT_DOUBLE_EQ(back.device.class_efficiency[int(MemClass::kActivation)].at(1e6), 0.3);
+  EXPECT_DOUBLE_EQ(back.device.class_backward[int(MemClass::kActivation)].at(1e6), 1.6);
+  EXPECT_TRUE(back.device.class_efficiency[int(MemClass::kNorm)].points.empty());
+  const std::string path = ::testing::TempDir() + "/classes.toml";
+  {
+    std::ofstream f(path);
+    f << text;
+  }
+  const ClusterSpec two = load_cluster(path, {}, 2, "");
+  EXPECT_DOUBLE_EQ(two.device.class_efficiency[int(MemClass::kActivation)].at(1e6), 0.4);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace loom::sim

@@ -491,6 +491,14 @@ TEST(Published, RowsAreReadByModelNameAndSharding) {
   EXPECT_EQ(c.plan.cfg.model.kv_heads, 16);
   EXPECT_EQ(c.metric, "tflops_per_gpu");
   EXPECT_EQ(c.plan.cfg.parallel.zero, 2);
+  // Whose ZeRO ran it (Note [Sharding implementations]): FSDP rows as fsdp, a 2021 DeepSpeed
+  // ZeRO-3 row as deepspeed-2021, unsharded rows as Megatron.
+  EXPECT_EQ(c.plan.framework, Framework::kFsdp);
+  row.fields["zero_or_sharding"] = "ZeRO-3", row.fields["framework"] = "DeepSpeed",
+  row.fields["source_detail"] = "Narayanan et al. SC21 Table 2";
+  EXPECT_EQ(published_case(row).plan.framework, Framework::kDeepSpeed2021);
+  row.fields["zero_or_sharding"] = "";
+  EXPECT_EQ(published_case(row).plan.framework, Framework::kMegatron);
 }
 
 // The bf16 payload modes (comm.grad_dtype, comm.param_dtype, comm.p2p_dtype) carry 2-byte

@@ -121,8 +121,9 @@ Attention published_attention(const PublishedRun& row) {
 // synchronize and is priced as coalesced. The rest ran Megatron (ZeRO 0-1).
 Framework published_framework(const PublishedRun& row) {
   if (zero_stage(row) < 2) return Framework::kMegatron;
-  const std::string fw = text(row, "framework");
-  const bool early = contains(fw, "2020") || contains(fw, "2021");
+  const std::string fw = text(row, "framework"), source = text(row, "source_detail");
+  const bool early = contains(fw, "2020") || contains(fw, "2021") || contains(source, "2021") || contains(source, "SC21") ||
+                     contains(source, "SC'21");
   return contains(fw, "DeepSpeed") && early ? Framework::kDeepSpeed2021 : Framework::kFsdp;
 }
 

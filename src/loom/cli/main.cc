@@ -209,7 +209,7 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   ca->add_option("--threads", cal.threads, "Threads for the kernel timings (default: all cores)")
       ->check(at_least(0));
   ca->add_option("--ranks", cal.ranks, "Rank counts to time collectives at")->delimiter(',')->capture_default_str();
-  ca->add_option("--passes", cal.passes, "Times each kernel table is measured, interleaved; each point keeps the median")
+  ca->add_option("--passes", cal.passes, "Times each kernel table is measured, interleaved; each rate keeps its fastest pass (the VM's drift is slowdowns), each backward ratio the median")
       ->capture_default_str()->check(at_least(1, 15));
   ca->add_option("--offload-dir", cal.offload_dir,
                  "Directory whose disk offload files would use: its O_DIRECT rates become the [offload] tier ('' : none)")

@@ -14,7 +14,7 @@ struct CalibrateOptions {
   int threads = 0;            // OpenMP/BLAS threads for the kernel timings; 0: all cores
   std::vector<int> ranks = {2, 4};
   double seconds_per_point = 0.05;
-  int passes = 3;             // kernel timings repeated, interleaved; each point the median (Note [Calibration])
+  int passes = 3;             // kernel timings repeated, interleaved; each rate its fastest, each ratio the median (Note [Calibration])
   std::function<void(const std::string&)> progress;  // one line per measured table
   // bf16: the GEMM curve and peak are loom's bf16 linear kernel (conversions included), as
   // train.precision = bf16 runs it; everything else stays fp32, as in that engine. The

@@ -311,6 +311,7 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
 // cost 5.3 and 10.6 ms, and the offloaded steps were 4.2 and 11.5 ms slower than in memory).
 // The offload tier's rates apply otherwise, and always on GPU clusters (their host memory is
 // not the device's), where the transfers overlap the update.
+
 // Seconds of the page cache's copies: `read` bytes out of it and `written` bytes into it.
 double cached_copy_s(const Setup& s, double read, double written) {
   const OffloadTier& o = s.cluster.offload;

@@ -34,7 +34,10 @@ namespace loom::sim {
 //      launches per tensor per collective, at the device's per-kernel overhead k, and the
 //      copies' 2 x bytes of memory traffic:  L(op, b) = op(b) + n k + mem(2 b).
 //  (c) _allgather_param calls torch.cuda.synchronize() before each gather, draining every
-//      stream: no gather overlaps compute or another collective, so nothing is hidden:
+//      stream: a gather can overlap only the compute queued after it (the one-bucket
+//      prefetch), never a reduce-scatter or an earlier layer; priced as overlapping nothing
+//      (an upper bound on its cost; Table 2's step times, which stop falling as the GPUs
+//      double, show little overlap):
 //   fwd = sum_big L(AG, b_t),   bwd = (1 + [full recompute]) sum_big L(AG, b_t) + sum_all L(RS, b_t).
 // At a fixed global batch the compute per GPU halves as n doubles while every tensor still
 // costs n launches and a ring of n - 1 hops: the reason Table 2's ZeRO-3 throughput per GPU

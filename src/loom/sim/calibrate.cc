@@ -191,7 +191,9 @@ std::vector<std::pair<double, double>> class_rates(const Kernels& k, double budg
     double bytes = 2.0 * double(n) * 4;
     if (cls == sim::MemClass::kNorm) {
       fwd = [&] { k.layernorm_forward(y[i], mean.data(), rstd.data(), x.data(), w.data(), w.data(), n / C, C, 1e-5f); };
-      bwd = [&] { k.layernorm_backward(y[i], dw.data(), db.data(), dy.data(), saved[i], w.data(), mean.data(), rstd.data(), n / C, C); };
+      bwd = [&] {
+        k.layernorm_backward(y[i], dw.data(), db.data(), dy.data(), saved[i], w.data(), mean.data(), rstd.data(), n / C, C);
+      };
     } else if (cls == sim::MemClass::kActivation) {
       fwd = [&] { k.gelu_forward(y[i], x.data(), n); };
       bwd = [&] { k.gelu_backward(y[i], saved[i], dy.data(), n); };
@@ -201,7 +203,10 @@ std::vector<std::pair<double, double>> class_rates(const Kernels& k, double budg
     }
     const double tf = time_it([&] { i = (i + 1) % copies, fwd(); }, budget);
     out.emplace_back(bytes, bytes / tf);
-    if (backward && bwd) backward->emplace_back(bytes, std::clamp(time_it([&] { i = (i + 1) % copies, bwd(); }, budget) / tf, 0.1, 16.0));
+    if (backward && bwd) {
+      const double tb = time_it([&] { i = (i + 1) % copies, bwd(); }, budget);
+      backward->emplace_back(bytes, std::clamp(tb / tf, 0.1, 16.0));
+    }
   }
   return out;
 }
@@ -371,14 +376,16 @@ void one_thread_curves(const Kernels& k, const CalibrateOptions& o, int threads,
   d.memory_efficiency_1t = relative(busy([&] { return memory_rates(k, b); }), d.memory_bw / threads);
   d.optimizer_efficiency_1t = relative(busy([&] { return optimizer_rates(k, b); }), d.memory_bw / threads);
   for (int c = 1; c < sim::kMemClasses; ++c)
-    d.class_efficiency_1t[c] = relative(busy([&] { return class_rates(k, b, sim::MemClass(c), nullptr); }), d.memory_bw / threads);
+    d.class_efficiency_1t[c] =
+        relative(busy([&] { return class_rates(k, b, sim::MemClass(c), nullptr); }), d.memory_bw / threads);
 }
 
 // Note [Memory-bound kernel classes]: the all-thread class curves as fractions of memory_bw
 // (the averaged curve's best rate), and their backward factors.
 void class_curves(KernelRates& rates, sim::DeviceSpec& d) {
   for (int c = 1; c < sim::kMemClasses; ++c) {
-    for (const auto& [bytes, rate] : rates.cls[c]) d.class_efficiency[c].points.emplace_back(bytes, std::clamp(rate / d.memory_bw, 1e-4, 8.0));
+    for (const auto& [bytes, rate] : rates.cls[c])
+      d.class_efficiency[c].points.emplace_back(bytes, std::clamp(rate / d.memory_bw, 1e-4, 8.0));
     d.class_backward[c].points = rates.cls_backward[c];
   }
 }

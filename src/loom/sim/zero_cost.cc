@@ -75,7 +75,8 @@ ZeroLayerCost coalesced(const Setup& s, const UnitCost& b, bool keep) {
 ZeroLayerCost deepspeed_2021(const Setup& s, Recompute r) {
   double gather = 0, scatter = 0;
   for (double t : block_tensors(s.plan.cfg.model, s.tp)) {
-    if (t >= kPersistenceThreshold) gather += list_collective_s(s.cluster, OpKind::kAllGather, t * s.gather_bytes, s.pl.dp);
+    if (t >= kPersistenceThreshold)
+      gather += list_collective_s(s.cluster, OpKind::kAllGather, t * s.gather_bytes, s.pl.dp);
     scatter += list_collective_s(s.cluster, OpKind::kReduceScatter, t * s.scatter_bytes, s.pl.dp);
   }
   return {gather, (r == Recompute::kFull ? 2.0 : 1.0) * gather + scatter};
@@ -130,7 +131,8 @@ std::string frameworks_with_zero(int64_t zero) {
   std::string out;
   for (Framework f : {Framework::kLoom, Framework::kMegatron, Framework::kFsdp, Framework::kDeepSpeed2021}) {
     const std::vector<int64_t> z = framework_zero_stages(f);
-    if (std::find(z.begin(), z.end(), zero) != z.end()) out += (out.empty() ? "" : ", ") + std::string(framework_name(f));
+    if (std::find(z.begin(), z.end(), zero) != z.end())
+      out += (out.empty() ? "" : ", ") + std::string(framework_name(f));
   }
   return out;
 }

@@ -100,6 +100,11 @@ void build_chunks(Setup& s) {
   head.act_bytes = head_activation_bytes(s.x);
   const ParamCount bp = block_params(model, s.tp);
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
+  // ZeRO-2/3 per layer and micro-batch, by recompute policy and kept or not: priced once, as
+  // the framework runs them (Note [Sharding implementations]).
+  ZeroLayerCost zero[3][2];
+  for (int r = 0; r < 3; ++r)
+    for (int k = 0; k < 2; ++k) zero[r][k] = zero_layer_cost(s, block[size_t(r)], Recompute(r), k == 1);
   const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
   // Note [Resident memory]: loom's engine hands the gradient pages of the ZeRO-2/3 pieces it
   // does not own back to the OS after each reduction, and the next backward's `dW +=`
@@ -121,9 +126,8 @@ void build_chunks(Setup& s) {
       add_unit(ch, b, 1);
       // ZeRO-2/3 per micro-batch: the gradients' reduce-scatter in backward; ZeRO-3 also
       // gathers the layer's parameters in forward and backward, or (parallel.zero_keep)
-      // once per step, spread here over the step's micro-batches; charged as the
-      // framework runs them (Note [Sharding implementations]).
-      const ZeroLayerCost z = zero_layer_cost(s, b, s.rk[size_t(l)], keep[size_t(l)]);
+      // once per step, spread here over the step's micro-batches.
+      const ZeroLayerCost& z = zero[int(s.rk[size_t(l)])][keep[size_t(l)] ? 1 : 0];
       ch.fwd.zero += z.fwd;
       ch.bwd.zero += z.bwd;
     }

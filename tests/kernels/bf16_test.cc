@@ -7,11 +7,15 @@
 #include <iostream>
 #include <limits>
 #include <random>
+#include <span>
+#include <string>
 #include <tuple>
 
 #include "loom/core/bf16.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
+#include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/ref/gemm_bf16.h"
+#include "loom/kernels/ref/ops.h"
 #include <vector>
 
 namespace loom {
@@ -156,6 +160,132 @@ TEST(Bf16, AttentionRoundsItsProbabilitiesLikeTheReference) {
       for (float x : d_ref) scale = std::max(scale, double(std::fabs(x)));
       for (size_t i = 0; i < d.size(); i++) ASSERT_LE(std::fabs(d[i] - d_ref[i]), 1e-5 * scale) << i;
     }
+  }
+}
+
+// Note [Norm backward from its output]. One norm (LayerNorm, or RMSNorm when rms) in fp64
+// from the unrounded input: the exact gradients the kernels approximate, and each element's
+// bound. With y' = bf16(y), |y' - y| <= 2^-8 |y|, so the recovered normalised input is off by
+// e_c <= 2^-8 |y_c| / |w_c|; that propagates to dw_c by sum_rows |dy_c| e_c and to dx by
+// rstd (e_c |m2| + (|xhat_c| + e_c) mean_c(|dy_c w_c| e_c)) (m1 and db read no xhat).
+struct NormCase {
+  std::vector<float> x, dy, w, b, rstd;
+  std::vector<bf16> y;
+  std::vector<double> dx, dw, db, dx_bound, dw_bound;
+};
+
+NormCase exact_norm(bool rms, int64_t N, int64_t C, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  NormCase k;
+  k.x.resize(size_t(N * C)), k.dy.resize(k.x.size()), k.w.resize(size_t(C)), k.b.resize(size_t(C));
+  for (int64_t i = 0; i < N; i++)  // rows with their own offset and spread, as a residual stream has
+    for (float o = 3 * nd(rng), sc = std::exp(nd(rng)); float& v : std::span(k.x).subspan(size_t(i * C), size_t(C)))
+      v = o + sc * nd(rng);
+  for (auto& v : k.dy) v = nd(rng);
+  for (auto& v : k.w) v = 1 + 0.5f * nd(rng);
+  for (auto& v : k.b) v = rms ? 0.0f : 0.3f * nd(rng);
+  k.w[1] = 0.0f, k.w[2] = -1e-9f;  // clamped to +-eps: finite, and matching the reference
+  k.y.resize(k.x.size()), k.rstd.resize(size_t(N));
+  k.dx.assign(k.x.size(), 0), k.dx_bound = k.dx, k.dw.assign(size_t(C), 0), k.db = k.dw, k.dw_bound = k.dw;
+  for (int64_t i = 0; i < N; i++) {
+    const float* x = &k.x[size_t(i * C)];
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < C; c++) mu += rms ? 0 : x[c];
+    mu /= double(C);
+    for (int64_t c = 0; c < C; c++) var += (x[c] - mu) * (x[c] - mu);
+    k.rstd[size_t(i)] = float(1 / std::sqrt(var / double(C) + 1e-5));
+    const double rs = k.rstd[size_t(i)];
+    std::vector<double> xh(static_cast<size_t>(C)), e(static_cast<size_t>(C));
+    double m1 = 0, m2 = 0, me = 0;
+    for (int64_t c = 0; c < C; c++) {
+      const size_t at = size_t(i * C + c);
+      xh[size_t(c)] = (x[c] - mu) * rs;
+      const double y = xh[size_t(c)] * k.w[size_t(c)] + k.b[size_t(c)];
+      k.y[at] = to_bf16(float(y));
+      e[size_t(c)] = 0x1p-8 * std::fabs(y) / std::max(std::fabs(double(k.w[size_t(c)])), 1e-5);
+      const double g = double(k.dy[at]) * k.w[size_t(c)];
+      m1 += g, m2 += g * xh[size_t(c)], me += std::fabs(g) * e[size_t(c)];
+    }
+    m1 = rms ? 0 : m1 / double(C), m2 /= double(C), me /= double(C);
+    for (int64_t c = 0; c < C; c++) {
+      const size_t at = size_t(i * C + c);
+      k.dx[at] = rs * (double(k.dy[at]) * k.w[size_t(c)] - m1 - xh[size_t(c)] * m2);
+      k.dx_bound[at] = rs * (e[size_t(c)] * std::fabs(m2) + (std::fabs(xh[size_t(c)]) + e[size_t(c)]) * me);
+      k.dw[size_t(c)] += k.dy[at] * xh[size_t(c)], k.db[size_t(c)] += k.dy[at];
+      k.dw_bound[size_t(c)] += std::fabs(k.dy[at]) * e[size_t(c)];
+    }
+  }
+  return k;
+}
+
+// The cpu kernels against the reference (fp32 sums and 1/w against fp64 and a division:
+// 1e-5 of each output's scale) and both against the exact fp64 gradients of the unrounded
+// input within the bound above (plus 1e-5 of the scale), on odd shapes; the clamped
+// columns (w = 0 and -1e-9) are checked against the reference and for being finite only.
+TEST(Bf16, NormBackwardFromItsOutputStaysWithinTheRoundingBound) {
+  std::mt19937 rng(test_seed());
+  for (bool rms : {false, true})
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 5}, {37, 96}, {64, 77}, {9, 768}}) {
+      const NormCase k = exact_norm(rms, N, C, rng);
+      std::vector<float> dx(k.x.size(), 0.0f), dw(size_t(C), 0.0f), db = dw, dx_r = dx, dw_r = dw, db_r = dw;
+      if (rms) {
+        cpu::rmsnorm_backward_from_out(dx.data(), dw.data(), k.dy.data(), k.y.data(), k.w.data(), k.rstd.data(), N, C, 1e-5f);
+        ref::rmsnorm_backward_from_out(dx_r.data(), dw_r.data(), k.dy.data(), k.y.data(), k.w.data(), k.rstd.data(), N, C,
+                                       1e-5f);
+      } else {
+        cpu::layernorm_backward_from_out(dx.data(), dw.data(), db.data(), k.dy.data(), k.y.data(), k.w.data(),
+                                         k.b.data(), k.rstd.data(), N, C, 1e-5f);
+        ref::layernorm_backward_from_out(dx_r.data(), dw_r.data(), db_r.data(), k.dy.data(), k.y.data(), k.w.data(),
+                                         k.b.data(), k.rstd.data(), N, C, 1e-5f);
+      }
+      auto scale = [](const std::vector<float>& v) {
+        double m = 0;
+        for (float f : v) m = std::max(m, double(std::fabs(f)));
+        return m;
+      };
+      const double sx = scale(dx_r), sw = scale(dw_r);
+      const std::string at = std::string(rms ? "rms " : "ln ") + std::to_string(N) + "x" + std::to_string(C);
+      for (size_t i = 0; i < dx.size(); i++) {
+        ASSERT_TRUE(std::isfinite(dx[i])) << at << " dx " << i;
+        ASSERT_LE(std::fabs(dx[i] - dx_r[i]), 1e-5 * sx) << at << " dx " << i;
+        const bool clamped = C > 2 && (i % size_t(C) == 1 || i % size_t(C) == 2);
+        if (!clamped) ASSERT_LE(std::fabs(dx[i] - k.dx[i]), k.dx_bound[i] + 1e-5 * sx) << at << " dx " << i;
+      }
+      for (int64_t c = 0; c < C; c++) {
+        ASSERT_LE(std::fabs(dw[size_t(c)] - dw_r[size_t(c)]), 1e-5 * sw) << at << " dw " << c;
+        if (C <= 2 || (c != 1 && c != 2))
+          ASSERT_LE(std::fabs(dw[size_t(c)] - k.dw[size_t(c)]), k.dw_bound[size_t(c)] + 1e-5 * sw) << at << " dw " << c;
+        if (!rms) ASSERT_LE(std::fabs(db[size_t(c)] - k.db[size_t(c)]), 1e-5 * scale(db) + 1e-6) << at << " db " << c;
+      }
+    }
+}
+
+// The MLP activations' backward reading the pre-activation from its bf16 slot: identical,
+// bit for bit, to the fp32 kernels on the widened values, on both kernel sets.
+TEST(Bf16, ActivationBackwardReadsItsBf16InputExactly) {
+  std::mt19937 rng(test_seed());
+  std::normal_distribution<float> nd;
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{1, 3}, {7, 33}, {16, 128}}) {
+    std::vector<bf16> h(size_t(N * 2 * F));
+    std::vector<float> wide(h.size()), dy(size_t(N * F)), init(h.size());
+    for (size_t i = 0; i < h.size(); i++) h[i] = to_bf16(3 * nd(rng)), wide[i] = from_bf16(h[i]), init[i] = nd(rng);
+    for (auto& v : dy) v = nd(rng);
+    std::vector<float> a = init, b = init, c = init, d = init;
+    cpu::gelu_backward_bf16_in(a.data(), h.data(), dy.data(), N * F);
+    cpu::gelu_backward(b.data(), wide.data(), dy.data(), N * F);
+    ref::gelu_backward_bf16_in(c.data(), h.data(), dy.data(), N * F);
+    ref::gelu_backward(d.data(), wide.data(), dy.data(), N * F);
+    EXPECT_EQ(a, b) << N << "x" << F;
+    EXPECT_EQ(c, d) << N << "x" << F;
+    EXPECT_NE(a, init);
+    a = b = c = d = init;
+    cpu::swiglu_backward_bf16_in(a.data(), h.data(), dy.data(), N, F);
+    cpu::swiglu_backward(b.data(), wide.data(), dy.data(), N, F);
+    ref::swiglu_backward_bf16_in(c.data(), h.data(), dy.data(), N, F);
+    ref::swiglu_backward(d.data(), wide.data(), dy.data(), N, F);
+    EXPECT_EQ(a, b) << N << "x" << F;
+    EXPECT_EQ(c, d) << N << "x" << F;
+    EXPECT_NE(a, init);
   }
 }
 

@@ -21,7 +21,13 @@ Kernels with_gemms(Kernels k, Fwd fwd, Bwd bwd, Head head, const char* name) {
 
 Kernels with_bf16_storage(Kernels k, decltype(k.matmul_forward_bf16_in) fwd, decltype(k.matmul_backward_bf16_in) bwd,
                           decltype(k.to_bf16) store, decltype(k.attention_forward_bf16) attn_fwd,
-                          decltype(k.attention_backward_bf16) attn_bwd) {
+                          decltype(k.attention_backward_bf16) attn_bwd, decltype(k.layernorm_backward_from_out) ln_bwd,
+                          decltype(k.rmsnorm_backward_from_out) rms_bwd, decltype(k.gelu_backward_bf16_in) gelu_bwd,
+                          decltype(k.swiglu_backward_bf16_in) swiglu_bwd) {
+  k.gelu_backward_bf16_in = gelu_bwd;
+  k.swiglu_backward_bf16_in = swiglu_bwd;
+  k.layernorm_backward_from_out = ln_bwd;
+  k.rmsnorm_backward_from_out = rms_bwd;
   k.matmul_forward_bf16_in = fwd;
   k.matmul_backward_bf16_in = bwd;
   k.to_bf16 = store;
@@ -42,11 +48,13 @@ const Kernels& kernels(KernelBackend backend, Precision precision) {
   static const Kernels cpu_bf16 = with_bf16_storage(
       with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16, &cpu::lm_head_loss_bf16, "cpu-bf16"),
       &cpu::matmul_forward_bf16_in, &cpu::matmul_backward_bf16_in, &cpu::to_bf16, &cpu::attention_forward_bf16,
-      &cpu::attention_backward_bf16);
+      &cpu::attention_backward_bf16, &cpu::layernorm_backward_from_out,
+      &cpu::rmsnorm_backward_from_out, &cpu::gelu_backward_bf16_in, &cpu::swiglu_backward_bf16_in);
   static const Kernels ref_bf16 = with_bf16_storage(
       with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16, &ref::lm_head_loss_bf16, "ref-bf16"),
       &ref::matmul_forward_bf16_in, &ref::matmul_backward_bf16_in, &ref::to_bf16, &ref::attention_forward_bf16,
-      &ref::attention_backward_bf16);
+      &ref::attention_backward_bf16, &ref::layernorm_backward_from_out,
+      &ref::rmsnorm_backward_from_out, &ref::gelu_backward_bf16_in, &ref::swiglu_backward_bf16_in);
   static const Kernels cpu_fp16 = with_gemms(cpu_set, &cpu::matmul_forward_fp16, &cpu::matmul_backward_fp16,
                                              &cpu::lm_head_loss_fp16, "cpu-fp16");
   static const Kernels ref_fp16 = with_gemms(ref_set, &ref::matmul_forward_fp16, &ref::matmul_backward_fp16,

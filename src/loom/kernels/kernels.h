@@ -29,9 +29,14 @@ struct Kernels {
   decltype(&cpu::matmul_forward_bf16_in) matmul_forward_bf16_in = nullptr;
   decltype(&cpu::matmul_backward_bf16_in) matmul_backward_bf16_in = nullptr;
   decltype(&cpu::to_bf16) to_bf16 = nullptr;
+  decltype(&cpu::gelu_backward_bf16_in) gelu_backward_bf16_in = nullptr;
+  decltype(&cpu::swiglu_backward_bf16_in) swiglu_backward_bf16_in = nullptr;
   // Precision::kBf16 only: attention with bf16 probabilities (Note [bf16 attention probabilities]).
   decltype(&cpu::attention_forward_bf16) attention_forward_bf16 = nullptr;
   decltype(&cpu::attention_backward_bf16) attention_backward_bf16 = nullptr;
+  // Precision::kBf16 only: norm backward from the kept bf16 output (Note [Norm backward from its output]).
+  decltype(&cpu::layernorm_backward_from_out) layernorm_backward_from_out = nullptr;
+  decltype(&cpu::rmsnorm_backward_from_out) rmsnorm_backward_from_out = nullptr;
 };
 
 enum class KernelBackend { kCpu, kRef };

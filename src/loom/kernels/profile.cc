@@ -27,7 +27,8 @@ namespace {
 
 #define LOOM_KERNEL_ID(name) k_##name,
 enum KernelId { LOOM_KERNEL_LIST(LOOM_KERNEL_ID) k_matmul_forward_bf16_in, k_matmul_backward_bf16_in, k_to_bf16,
-                k_attention_forward_bf16, k_attention_backward_bf16, kKernelCount };
+                k_attention_forward_bf16, k_attention_backward_bf16, k_layernorm_backward_from_out,
+                k_rmsnorm_backward_from_out, k_gelu_backward_bf16_in, k_swiglu_backward_bf16_in, kKernelCount };
 #undef LOOM_KERNEL_ID
 
 struct Slot {
@@ -88,6 +89,10 @@ Kernels profiled_kernels(const Kernels& k) {
   wrap<k_to_bf16>(p.to_bf16, "to_bf16");
   wrap<k_attention_forward_bf16>(p.attention_forward_bf16, "attention_forward_bf16");
   wrap<k_attention_backward_bf16>(p.attention_backward_bf16, "attention_backward_bf16");
+  wrap<k_layernorm_backward_from_out>(p.layernorm_backward_from_out, "layernorm_backward_from_out");
+  wrap<k_rmsnorm_backward_from_out>(p.rmsnorm_backward_from_out, "rmsnorm_backward_from_out");
+  wrap<k_gelu_backward_bf16_in>(p.gelu_backward_bf16_in, "gelu_backward_bf16_in");
+  wrap<k_swiglu_backward_bf16_in>(p.swiglu_backward_bf16_in, "swiglu_backward_bf16_in");
   if (kernel_profile_enabled()) {
     static const bool registered = std::atexit(print_at_exit) == 0;
     (void)registered;

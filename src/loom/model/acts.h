@@ -62,8 +62,14 @@ struct Model::Acts {
   float *dres, *dnorm, *datty, *dqkv, *dfch, *dfcg;  // backward scratch
   float* full_tmp = nullptr;  // (N,C) sequence parallel: partial outputs, gathered gradients
   float* norm_grad_tmp = nullptr;  // (2C) sequence parallel: one micro-batch's norm gradients
-  float* stage = nullptr;  // (N, max(C, H*hd, F)) bf16 storage: where a GEMM input is made before it is kept
-  float* stage2 = nullptr;  // (N, max(Q, F2)) bf16 storage: qkv / fch, made in forward, widened for backward
+  // bf16 storage: (N, max(C, H*hd, F)), where a GEMM input is made before it is kept; dfcg in backward
+  float* stage = nullptr;
+  // bf16 storage: (N, max(Q, F2)), qkv / fch made in forward; dfch, then the widened qkv, in backward
+  float* stage2 = nullptr;
+  // Note [Lean residual stream]: with bf16 storage, x1 of every block and the outputs of the
+  // blocks that keep none, all (Nr,C).
+  float* res_x1 = nullptr;
+  float* res_out[2] = {nullptr, nullptr};
   // Recompute (Note [Recompute]): the block all fully recomputed layers share, and the
   // softmax probabilities all selectively recomputed layers share.
   Slot::Block recompute_block{};

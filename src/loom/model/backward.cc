@@ -1,6 +1,7 @@
 // The model's backward pass: the joint backward and the split B / W steps (Note [B/W
 // split] in model.h), over the activations model.cc carves (acts.h).
 #include <cstring>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/model/acts.h"
@@ -41,13 +42,15 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   const float* dproj = kept_dy(gather_grad(a.dres, N), wb ? wb->dproj : nullptr, N * C);
   mm_backward(a.dfcg, gw(g.mlp_proj_w), gw(g.mlp_proj_b), dproj, {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
   zero(dfch, N * F2);
-  const float* fch = widen(s.fch, s.fch_h, N * F2);
-  if (gpt) k_.gelu_backward(dfch, fch, a.dfcg, N * F);
-  else k_.swiglu_backward(dfch, fch, a.dfcg, N, F);
+  if (s.fch_h && gpt) k_.gelu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N * F);  // bf16 storage: dfch may be stage2
+  else if (s.fch_h) k_.swiglu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N, F);
+  else if (gpt) k_.gelu_backward(dfch, s.fch, a.dfcg, N * F);
+  else k_.swiglu_backward(dfch, s.fch, a.dfcg, N, F);
   zero(a.dnorm, N * C);
   mm_backward(a.dnorm, gw(g.fc_w), gw(g.fc_b), dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
   reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
-  norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, w.norm2_w, s.norm2_mean, s.norm2_rstd, N);
+  norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, {s.norm2, s.norm2_h}, w.norm2_w, w.norm2_b,
+                s.norm2_mean, s.norm2_rstd, N);
   // Attention: x1 = x0 + atty Wo^T + bo
   zero(a.datty, N * H * hd);
   const float* dattn = kept_dy(gather_grad(a.dres, N), wb ? wb->dattn : nullptr, N * C);
@@ -61,7 +64,8 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   zero(a.dnorm, N * C);
   mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);
   reduce_input_grad(a.dnorm, N);
-  norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, w.norm1_w, s.norm1_mean, s.norm1_rstd, N);
+  norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, {s.norm1, s.norm1_h}, w.norm1_w, w.norm1_b,
+                s.norm1_mean, s.norm1_rstd, N);
   writes(l, false);
   use(l, false);
   span("backward", l, false);
@@ -86,8 +90,8 @@ void Model::weight_block(const Slot& sl, const WBlock& wb, int i, int l, int64_t
 
 // dx (Nr,C) += dL/dx of the norm, from dfull (N,C) (its own rows); gw/gb += the norm's
 // weight gradients, summed over tp under sequence parallel (each rank saw its rows only).
-void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, const float* w,
-                          const float* mean, const float* rstd, int64_t N) const {
+void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, GemmIn y,
+                          const float* w, const float* b, const float* mean, const float* rstd, int64_t N) const {
   const int64_t C = cfg_.d_model, n = rows(N);
   const float* d = dfull + row0(N) * C;
   float* tw = gw;
@@ -96,8 +100,18 @@ void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, c
     tw = acts_->norm_grad_tmp, tb = gb ? acts_->norm_grad_tmp + C : nullptr;
     std::memset(tw, 0, size_t(2 * C) * sizeof(float));
   }
-  if (cfg_.arch == Arch::kGpt) k_.layernorm_backward(dx, tw, tb, d, x, w, mean, rstd, n, C);
-  else k_.rmsnorm_backward(dx, tw, d, x, w, rstd, n, C);
+  if (bf16_ && (y.f || y.h)) {  // Note [Norm backward from its output]: this rank's rows of y
+    std::vector<bf16> rounded;  // fp32 storage (a test configuration): y rounded as a bf16 slot holds it
+    const bf16* yo = y.h ? y.h + row0(N) * C : nullptr;
+    if (!yo) rounded.resize(size_t(n * C)), k_.to_bf16(rounded.data(), y.f + row0(N) * C, n * C), yo = rounded.data();
+    const float eps = float(cfg_.norm_eps);
+    if (cfg_.arch == Arch::kGpt) k_.layernorm_backward_from_out(dx, tw, tb, d, yo, w, b, rstd, n, C, eps);
+    else k_.rmsnorm_backward_from_out(dx, tw, d, yo, w, rstd, n, C, eps);
+  } else if (cfg_.arch == Arch::kGpt) {
+    k_.layernorm_backward(dx, tw, tb, d, x, w, mean, rstd, n, C);
+  } else {
+    k_.rmsnorm_backward(dx, tw, d, x, w, rstd, n, C);
+  }
   if (!sp_) return;
   tp_comm_->all_reduce_sum(tw, gb ? 2 * C : C);
   for (int64_t c = 0; c < C; c++) gw[c] += tw[c];
@@ -118,7 +132,8 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
     std::memset(a.dres, 0, size_t(rows(N) * C) * sizeof(float));
     use(head_unit(), true);
     writes(head_unit(), true);
-    norm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, pv_.normf_w, sl.normf_mean, sl.normf_rstd, N);
+    norm_backward(a.dres, gv_.normf_w, gv_.normf_b, sl.dnormf, xl, {nullptr, nullptr}, pv_.normf_w, pv_.normf_b,
+                  sl.normf_mean, sl.normf_rstd, N);
     writes(head_unit(), false);
     use(head_unit(), false);
     // Layout order is embeddings, blocks, normf, head: the head (own tensor for Llama) and

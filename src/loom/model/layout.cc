@@ -177,20 +177,26 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   auto kept = [&](int64_t n) { return bf16_activations ? take((n + 1) / 2) : take(n); };
   // One saved block: norm1 (+mean, rstd), qkv, probs, attention output, x1, norm2 (+mean,
   // rstd), MLP hidden (F2), its activation (F), block output.
-  auto block = [&](bool with_probs) {
-    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs ? kept(P) : 0) + kept(N * HD) +
-           take(Nr * C) + kept(N * C) + 2 * take(Nr) + kept(N * F2) + kept(N * F) + take(Nr * C);
+  // Note [Lean residual stream]: with bf16 activations x1 lives in a shared buffer and the
+  // block output only where keeps_block_output says.
+  auto block = [&](bool with_probs, bool keep_out) {
+    const int64_t residual = bf16_activations ? (keep_out ? take(Nr * C) : 0) : 2 * take(Nr * C);
+    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs ? kept(P) : 0) + kept(N * HD) + kept(N * C) +
+           2 * take(Nr) + kept(N * F2) + kept(N * F) + residual;
   };
   const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
-  int64_t total = (any_full ? block(true) : 0) + (any_selective ? kept(P) : 0);
-  if (bf16_activations) total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2));  // staging buffers
+  int64_t total = (any_full ? block(true, false) : 0) + (any_selective ? kept(P) : 0);
   const auto chunks = part.resolved_chunks(m);
+  if (bf16_activations)  // staging buffers; the shared x1 and, where used, the two block outputs
+    total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2)) + take(Nr * C) +
+             (shares_block_outputs(chunks, recompute) ? 2 * take(Nr * C) : 0);
   for (size_t c = 0; c < chunks.size(); ++c) {
     int64_t slot = take(Nr * C);  // input
     for (int l = chunks[c].first; l < chunks[c].second; ++l) {
       const Recompute r = recompute.empty() ? Recompute::kNone : recompute[size_t(l)];
-      slot += r == Recompute::kFull ? take(Nr * C) : block(r == Recompute::kNone);
+      slot += r == Recompute::kFull ? take(Nr * C)
+                                    : block(r == Recompute::kNone, keeps_block_output(recompute, l, chunks[c].second));
     }
     slot += (part.embed && c == 0) ? take(N) : take(Nr * C);  // tokens, or the boundary gradient
     if (part.head && c + 1 == chunks.size()) slot += take(N * C) + 2 * take(Nr) + take(N * C);
@@ -200,7 +206,8 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
     total += wslot * w_slots;
   }
   total += take(N);                                                            // losses
-  total += 2 * take(N * C) + take(N * HD) + take(N * Q) + take(N * F2) + take(N * F);  // backward scratch
+  // backward scratch; with bf16 storage the MLP's two gradients live in the staging buffers
+  total += 2 * take(N * C) + take(N * HD) + take(N * Q) + (bf16_activations ? 0 : take(N * F2) + take(N * F));
   if (split) total += take(N * C) + take(2 * C);
   return total;
 }

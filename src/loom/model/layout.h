@@ -83,12 +83,31 @@ struct ModelPart {
 // gradient, the head's norm; plus the shared recompute block and the backward scratch.
 // Each piece is rounded up to 16 floats. bf16_activations (train.precision = bf16): the
 // saved GEMM inputs, qkv and the MLP pre-activation take half (Note [bf16 activation
-// storage] in model.cc), plus two fp32 staging buffers. w_slots: per chunk, the W slots of
+// storage] in model.cc), plus two fp32 staging buffers, and the residual stream is kept only
+// where keeps_block_output says (Note [Lean residual stream]). w_slots: per chunk, the W slots of
 // a split backward (Note [B/W split] in model.h). Model's constructor checks its carve
 // against this, and the simulator prices the engine's activation memory with it.
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
                           int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
                           int w_slots = 0);
+
+// Note [Lean residual stream] (model.cc): with bf16 activations, whether layer l (of a chunk
+// ending before layer chunk_end) keeps its block output: only when something reads it after
+// the forward, i.e. l is the chunk's last layer (the chunk's output) or the next layer is
+// fully recomputed (its rerun reads its input). Fully recomputed layers keep theirs apart.
+inline bool keeps_block_output(const std::vector<Recompute>& recompute, int l, int chunk_end) {
+  return l + 1 == chunk_end || (!recompute.empty() && recompute[size_t(l) + 1] == Recompute::kFull);
+}
+// Whether any layer of these chunks writes its output to the shared buffers (one that is
+// not fully recomputed and keeps none); only then are the two buffers carved.
+inline bool shares_block_outputs(const std::vector<std::pair<int, int>>& chunks,
+                                 const std::vector<Recompute>& recompute) {
+  for (auto [first, end] : chunks)
+    for (int l = first; l < end; ++l)
+      if ((recompute.empty() || recompute[size_t(l)] != Recompute::kFull) && !keeps_block_output(recompute, l, end))
+        return true;
+  return false;
+}
 
 class ParamLayout {
  public:

@@ -21,6 +21,16 @@ namespace loom {
 // block forward (its tensor-parallel all-reduces included) before its backward. The
 // kernels are deterministic, so recomputed values are bit-identical to the originals.
 
+// Note [Lean residual stream]
+// In train.precision = bf16 the norms' backward reads their kept bf16 outputs, not their
+// inputs (Note [Norm backward from its output] in kernels/ops_bf16.inc), so with bf16
+// activations the fp32 residual stream is not kept per layer: x1 (after attention) lives
+// in one shared buffer, and a block's output in one of two shared buffers (alternating, so
+// a block reads its input from one and writes its output to the other) unless something
+// reads it after the forward (keeps_block_output in layout.h: the chunk's output, the input
+// of a fully recomputed layer). That saves 2 C fp32 per token and layer, a quarter of a
+// GPT block's bf16 activations.
+
 // Note [bf16 activation storage]
 // In train.precision = bf16 every GEMM reads its inputs rounded to bf16 (Note [bf16
 // rounding points]), so the activations saved only to be GEMM inputs (both norm outputs,
@@ -35,8 +45,7 @@ namespace loom {
 // too and read there directly. Results are bit-identical to keeping all of them in fp32
 // with the same roundings (ModelOptions::bf16_activations = false); memory changes.
 
-namespace {
-class Carver {
+class Model::Carver {
  public:
   explicit Carver(float* base) : base_(base) {}
   float* take(int64_t n) {
@@ -51,8 +60,6 @@ class Carver {
   float* base_;
   int64_t used_ = 0;
 };
-
-}  // namespace
 
 Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelBackend backend,
              const ModelOptions& opt)
@@ -122,7 +129,9 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
     else f = c.take(P), h = nullptr;
   };
   // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
-  auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs) {
+  // keep_out: the block output has its own storage (Note [Lean residual stream]); j picks
+  // the shared output buffer otherwise, alternating so a block never overwrites its input.
+  auto carve_block = [&](Carver& c, Slot::Block& b, bool share_probs, bool keep_out, size_t j) {
     // Note [bf16 activation storage]: a bf16 slot, the fp32 values made in `stage`.
     auto kept = [&](float*& f, bf16*& h, int64_t n, float* stage) {
       if (bf16_acts_) f = stage, h = c.take_bf16(n);
@@ -134,17 +143,21 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
     if (share_probs) b.probs = a.shared_probs, b.probs_h = a.shared_probs_h;
     else take_probs(c, b.probs, b.probs_h);
     kept(b.atty, b.atty_h, N * HD, a.stage);
-    b.x1 = c.take(Nr * C);
+    b.x1 = bf16_acts_ ? a.res_x1 : c.take(Nr * C);
     kept(b.norm2, b.norm2_h, N * C, a.stage);
     b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
     kept(b.fch, b.fch_h, N * F2, a.stage2);
     kept(b.fcg, b.fcg_h, N * F, a.stage);
-    b.out = c.take(Nr * C);
+    b.out = !bf16_acts_ || keep_out ? c.take(Nr * C) : a.res_out[j % 2];
   };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
-    if (bf16_acts_) a.stage = c.take(N * std::max({C, HD, F})), a.stage2 = c.take(N * std::max(Q, F2));
-    if (any_full) carve_block(c, a.recompute_block, false);
+    if (bf16_acts_) {
+      a.stage = c.take(N * std::max({C, HD, F})), a.stage2 = c.take(N * std::max(Q, F2));
+      a.res_x1 = c.take(Nr * C);
+      if (shares_block_outputs(chunks_, recompute_)) a.res_out[0] = c.take(Nr * C), a.res_out[1] = c.take(Nr * C);
+    }
+    if (any_full) carve_block(c, a.recompute_block, false, false, 0);
     if (any_selective) take_probs(c, a.shared_probs, a.shared_probs_h);
     a.slots.assign(chunks_.size() * size_t(act_slots), {});
     for (size_t i = 0; i < a.slots.size(); i++) {
@@ -160,23 +173,15 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
           b.out = c.take(Nr * C);
           continue;
         }
-        carve_block(c, b, r == Recompute::kSelective);
+        const int l = chunks_[chunk].first + int(j);
+        carve_block(c, b, r == Recompute::kSelective, keeps_block_output(recompute_, l, chunks_[chunk].second), j);
       }
       if (chunk_has_embed(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
       else sl.dinput = c.take(Nr * C);
       if (chunk_has_head(chunk))
         sl.normf = c.take(N * C), sl.normf_mean = c.take(Nr), sl.normf_rstd = c.take(Nr), sl.dnormf = c.take(N * C);
     }
-    a.wslots.assign(chunks_.size() * size_t(w_slots_), {});
-    for (size_t i = 0; i < a.wslots.size(); i++) {  // Note [B/W split]
-      const auto [first, last] = chunks_[i / size_t(w_slots_)];
-      for (WBlock& b : a.wslots[i].blocks = std::vector<WBlock>(size_t(last - first)))
-        b.dproj = c.take(N * C), b.dfch = c.take(N * F2), b.dattn = c.take(N * C), b.dqkv = c.take(N * Q);
-    }
-    a.losses = c.take(N);
-    a.dres = c.take(N * C), a.dnorm = c.take(N * C), a.datty = c.take(N * HD);
-    a.dqkv = c.take(N * Q), a.dfch = c.take(N * F2), a.dfcg = c.take(N * F);
-    if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
+    carve_scratch(c, N);
     if (pass == 0) {
       a.floats = c.used();
       LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_, bf16_acts_,
@@ -185,6 +190,31 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
     }
   }
+}
+
+// The W slots of a split backward and the backward scratch (Note [B/W split], Note [bf16
+// activation storage]), carved after the slots.
+void Model::carve_scratch(Carver& c, int64_t N) {
+  Acts& a = *acts_;
+  const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd, F = Fl_;
+  const int64_t F2 = cfg_.arch == Arch::kGpt ? F : 2 * F;
+  a.wslots.assign(chunks_.size() * size_t(w_slots_), {});
+  for (size_t i = 0; i < a.wslots.size(); i++) {  // Note [B/W split]
+    const auto [first, last] = chunks_[i / size_t(w_slots_)];
+    for (WBlock& b : a.wslots[i].blocks = std::vector<WBlock>(size_t(last - first)))
+      b.dproj = c.take(N * C), b.dfch = c.take(N * F2), b.dattn = c.take(N * C), b.dqkv = c.take(N * Q);
+  }
+  a.losses = c.take(N);
+  a.dres = c.take(N * C), a.dnorm = c.take(N * C), a.datty = c.take(N * HD);
+  a.dqkv = c.take(N * Q);
+  // With bf16 storage the backward reads the kept activations from their bf16 slots (the
+  // GEMMs, the norms, the MLP activation's backward), so the staging buffers are free while
+  // the MLP's gradients are live: `stage` holds dL/d(MLP activation) from the projection's
+  // backward GEMM to the activation's backward, `stage2` dL/d(fc output) from there to the
+  // fc backward GEMM (before attention's backward widens qkv into it).
+  a.dfch = bf16_acts_ ? a.stage2 : c.take(N * F2);
+  a.dfcg = bf16_acts_ ? a.stage : c.take(N * F);
+  if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
 }
 
 Model::~Model() = default;

@@ -193,6 +193,8 @@ class Model {
   struct Acts;
   struct Slot;
   struct WSlot;
+  class Carver;  // carves the activation storage (model.cc)
+  void carve_scratch(Carver& c, int64_t N);
   void check_shape(int64_t B, int64_t T) const;
   const int32_t* doc_starts(const Slot& sl) const;
   void check_whole(const char* what) const;
@@ -212,13 +214,15 @@ class Model {
   int64_t row0(int64_t N) const { return sp_ ? part_.tp_rank * (N / part_.tp) : 0; }
   void norm_forward(float* full_out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                     int64_t N) const;
-  void norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, const float* w,
-                     const float* mean, const float* rstd, int64_t N) const;
   // A GEMM input as the model keeps it: fp32 (h null) or bf16 (Note [bf16 activation storage]).
   struct GemmIn {
     const float* f;
     const bf16* h;
   };
+  // y: the norm's kept output (N,C); bf16 precision reads it instead of the input x (Note
+  // [Norm backward from its output]); {nullptr, nullptr}: always from x.
+  void norm_backward(float* dx, float* gw, float* gb, const float* dfull, const float* x, GemmIn y, const float* w,
+                     const float* b, const float* mean, const float* rstd, int64_t N) const;
   void row_parallel(float* out, GemmIn inp, const float* w, const float* b, int64_t N, int64_t K,
                     const float* residual) const;
   void keep(const float* f, bf16* h, int64_t n) const;  // h = bf16(f) when h is set

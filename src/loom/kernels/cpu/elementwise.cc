@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
 #include "loom/kernels/cpu/vecmath.h"
@@ -61,16 +62,54 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+namespace {
+
+// The activations' backward on an fp32 or a bf16-stored input (Note [bf16 activation
+// storage]): the same arithmetic on the same (widened) values, so the results are identical.
+inline float load(float x) { return x; }
+inline float load(bf16 x) { return from_bf16(x); }
+
+template <typename In>
+void gelu_backward_t(float* dinp, const In* inp, const float* dout, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    const float x = inp[i];
+    const float x = load(inp[i]);
     // s = 1 / (1 + e), 1 - s = e s with e = exp(-2u): no cancellation where s -> 1.
     const float e = exp_approx(-2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x));
     const float s = 1.0f / (1.0f + e);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
     dinp[i] += dout[i] * (s + 2.0f * x * s * (e * s) * du);
   }
+}
+
+template <typename In>
+void swiglu_backward_t(float* dinp, const In* inp, const float* dout, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++) {
+    const In* g = inp + i * 2 * F;
+    const In* u = g + F;
+    const float* dy = dout + i * F;
+    float* dg = dinp + i * 2 * F;
+    float* du = dg + F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; f++) {
+      const float gf = load(g[f]), uf = load(u[f]);
+      const float e = exp_approx(-gf);  // sig = 1/(1+e), 1 - sig = e sig
+      const float sig = 1.0f / (1.0f + e);
+      dg[f] += dy[f] * uf * (sig + gf * sig * (e * sig));
+      du[f] += dy[f] * gf * sig;
+    }
+  }
+}
+
+}  // namespace
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  gelu_backward_t(dinp, inp, dout, n);
+}
+
+void gelu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t n) {
+  gelu_backward_t(dinp, inp, dout, n);
 }
 
 void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
@@ -85,21 +124,11 @@ void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
 }
 
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; i++) {
-    const float* g = inp + i * 2 * F;
-    const float* u = g + F;
-    const float* dy = dout + i * F;
-    float* dg = dinp + i * 2 * F;
-    float* du = dg + F;
-#pragma omp simd
-    for (int64_t f = 0; f < F; f++) {
-      const float e = exp_approx(-g[f]);  // sig = 1/(1+e), 1 - sig = e sig
-      const float sig = 1.0f / (1.0f + e);
-      dg[f] += dy[f] * u[f] * (sig + g[f] * sig * (e * sig));
-      du[f] += dy[f] * g[f] * sig;
-    }
-  }
+  swiglu_backward_t(dinp, inp, dout, N, F);
+}
+
+void swiglu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t N, int64_t F) {
+  swiglu_backward_t(dinp, inp, dout, N, F);
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {

@@ -1,5 +1,6 @@
 #include "loom/kernels/ref/gemm_bf16.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -96,6 +97,53 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
                              const bf16* probs_h, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
   const std::vector<float> p = probs_h ? widened(probs_h, B * H * T * T) : std::vector<float>();
   tmpl::attention_backward<float>(dqkv, dout, qkv, probs_h ? p.data() : probs, B, T, H, KV, hd);
+}
+
+void gelu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t n) {
+  tmpl::gelu_backward<float>(dinp, widened(inp, n).data(), dout, n);
+}
+
+void swiglu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t N, int64_t F) {
+  tmpl::swiglu_backward<float>(dinp, widened(inp, N * 2 * F).data(), dout, N, F);
+}
+
+// Note [Norm backward from its output]: in fp64, dividing by the clamped weight.
+namespace {
+
+double clamped(float w, float eps) { return w >= 0 ? std::max(double(w), double(eps)) : std::min(double(w), -double(eps)); }
+
+void norm_backward_from_out(bool rms, float* dinp, float* dw, float* db, const float* dout, const bf16* out,
+                            const float* w, const float* b, const float* rstd, int64_t N, int64_t C, float eps) {
+  std::vector<double> xhat(static_cast<std::size_t>(C));
+  for (int64_t i = 0; i < N; i++) {
+    const float* dy = dout + i * C;
+    double m1 = 0, m2 = 0;
+    for (int64_t c = 0; c < C; c++) {
+      const double y = from_bf16(out[i * C + c]);
+      xhat[size_t(c)] = (rms ? y : y - b[c]) / clamped(w[c], eps);
+      m1 += double(dy[c]) * w[c];
+      m2 += double(dy[c]) * w[c] * xhat[size_t(c)];
+    }
+    m1 = rms ? 0.0 : m1 / double(C);
+    m2 /= double(C);
+    for (int64_t c = 0; c < C; c++) {
+      dw[c] += float(dy[c] * xhat[size_t(c)]);
+      if (db) db[c] += dy[c];
+      dinp[i * C + c] += float(rstd[i] * (double(dy[c]) * w[c] - m1 - xhat[size_t(c)] * m2));
+    }
+  }
+}
+
+}  // namespace
+
+void layernorm_backward_from_out(float* dinp, float* dw, float* db, const float* dout, const bf16* out, const float* w,
+                                 const float* b, const float* rstd, int64_t N, int64_t C, float eps) {
+  norm_backward_from_out(false, dinp, dw, db, dout, out, w, b, rstd, N, C, eps);
+}
+
+void rmsnorm_backward_from_out(float* dinp, float* dw, const float* dout, const bf16* out, const float* w,
+                               const float* rstd, int64_t N, int64_t C, float eps) {
+  norm_backward_from_out(true, dinp, dw, nullptr, dout, out, w, nullptr, rstd, N, C, eps);
 }
 
 }  // namespace loom::ref

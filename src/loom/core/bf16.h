@@ -7,7 +7,9 @@
 // (qkv after RoPE and the MLP pre-activation, Note [bf16 activation storage] in
 // model/model.cc, and the softmax probabilities, Note [bf16 attention probabilities] in
 // kernels/ops_bf16.inc); norm statistics, attention scores, the softmax's sums, the loss,
-// the residual stream and every reduction stay fp32. Products of two bf16 values are
+// the residual stream and every reduction stay fp32. The norms' backward reads their rounded
+// output where fp32 reads their input (Note [Norm backward from its output] in
+// kernels/ops_bf16.inc), so the residual stream need not be kept. Products of two bf16 values are
 // exact in fp32 (8 + 8 significant bits <= 24), so a bf16 GEMM differs from the exact
 // product of its rounded inputs only by its fp32 accumulation. The reference kernels round
 // at the same points and accumulate in fp64, so fast vs reference is bounded by the fp32

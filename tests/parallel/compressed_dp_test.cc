@@ -42,6 +42,7 @@ TEST(CompressedDataParallel, SendingEverythingEqualsExactDataParallelBitForBit) 
                                              {"parallel.compress=powersgd", "parallel.compress_rank=1000"},
                                              // 1-bit Adam compresses only after its warm-up
                                              {"parallel.compress=onebit_adam", "parallel.compress_warmup_steps=6"},
+                                             {"parallel.compress=topk_adam", "parallel.compress_warmup_steps=6"},
                                              // 0/1 Adam with every step a variance step: AdamW
                                              {"parallel.compress=zero_one_adam", "parallel.zero_one_var_scaler=6",
                                               "parallel.zero_one_var_freeze_steps=6"}}) {
@@ -102,6 +103,9 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2", "parallel.tp=2"},
       {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2", "parallel.pp=2",
        "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=topk_adam", "parallel.compress_ratio=0.01", "parallel.compress_warmup_steps=2"},
+      {"parallel.dp=2", "parallel.compress=topk_adam", "parallel.compress_ratio=0.01", "parallel.compress_warmup_steps=2",
+       "parallel.tp=2"},
       // 0/1 Adam over 8 steps: variance steps 1, 2, 4 (exact), step 3 compressed, local steps
       // 5-8 synchronising after 5, 6 and 8 (the last).
       {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=4",
@@ -150,11 +154,19 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=int8", "comm.grad_dtype=bf16"}).find("set only one"),
             std::string::npos);
-  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zip"}).find("topk, terngrad, powersgd, onebit_adam or zero_one_adam"),
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zip"}).find("topk, terngrad, powersgd, onebit_adam, zero_one_adam or topk_adam"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=1", "parallel.compress=onebit_adam"}).find("set parallel.zero = 0"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=2", "parallel.compress=zero_one_adam"}).find("set parallel.zero = 0"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.zero=1", "parallel.compress=topk_adam"}).find("set parallel.zero = 0"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=topk_adam", "parallel.compress_momentum=0.9"})
+                .find("parallel.compress_momentum = 0.9 would add DGC's on top: set it to 0"),
+            std::string::npos);
+  EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=topk_adam", "parallel.compress_warmup_steps=0"})
+                .find("parallel.compress = topk_adam freezes Adam's variance"),
             std::string::npos);
   EXPECT_NE(refused({"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.compress_warmup_steps=5"})
                 .find("has no exact warm-up"),

@@ -60,6 +60,9 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       // 1-bit Adam compressing from step 3: the frozen variance and shared momentum are the
       // AdamW moments; the worker and server residuals are the compressor's state.
       {"onebit_adam dp2", {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.compress_warmup_steps=2"}},
+      // Top-k Adam (Note [Top-k Adam]): the same, with the top-k residual as its state.
+      {"topk_adam dp2", {"parallel.dp=2", "parallel.compress=topk_adam", "parallel.compress_ratio=0.05",
+                         "parallel.compress_warmup_steps=2"}},
       // 0/1 Adam in local steps from step 3 (intervals 1, 2, 4): the save at 3 synchronises,
       // so the parameters, m, v and the residuals are all a resume needs.
       {"zero_one_adam dp2", {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=2",

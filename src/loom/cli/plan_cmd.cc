@@ -25,7 +25,7 @@ void set_compressors(const std::string& flag, plan::PlanRequest& req) {
   if (flag == "auto") {
     if (req.like.framework == sim::Framework::kLoom)
       req.compress = {CompressKind::kTopK, CompressKind::kTernGrad, CompressKind::kPowerSgd,
-                     CompressKind::kOneBitAdam, CompressKind::kZeroOneAdam};
+                     CompressKind::kOneBitAdam, CompressKind::kZeroOneAdam, CompressKind::kTopKAdam};
     req.zeropp = req.like.framework == sim::Framework::kLoom;
     return;
   }

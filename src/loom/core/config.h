@@ -127,18 +127,19 @@ inline int stream_grad_copies(ScheduleKind k, int pp) { return pp > 1 && k == Sc
 
 // How data-parallel gradients cross the dp group (Note [Gradient compressors] in
 // parallel/compress.h): exact, a codec of the ring, a stateful compressor, or 1-bit / 0/1
-// Adam (optimizer modes; Note [1-bit Adam], Note [0/1 Adam]).
-enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd, kOneBitAdam, kZeroOneAdam };
-// topk, terngrad, powersgd, onebit_adam, zero_one_adam: compressors with state that run
-// after backward (bf16 and int8 are codecs of the ring).
+// Adam (optimizer modes; Note [1-bit Adam], Note [0/1 Adam]; topk_adam is 1-bit Adam's frame
+// with top-k in place of the signs, Note [Top-k Adam]).
+enum class CompressKind { kNone, kBf16, kInt8, kTopK, kTernGrad, kPowerSgd, kOneBitAdam, kZeroOneAdam, kTopKAdam };
+// topk, terngrad, powersgd, onebit_adam, zero_one_adam, topk_adam: compressors with state
+// that run after backward (bf16 and int8 are codecs of the ring).
 inline bool compress_has_state(CompressKind k) {
   return k == CompressKind::kTopK || k == CompressKind::kTernGrad || k == CompressKind::kPowerSgd ||
-         k == CompressKind::kOneBitAdam || k == CompressKind::kZeroOneAdam;
+         k == CompressKind::kOneBitAdam || k == CompressKind::kZeroOneAdam || k == CompressKind::kTopKAdam;
 }
-// onebit_adam, zero_one_adam: the optimizer decides what crosses the dp group (momentum,
-// parameter moves) on the steps whose gradients it keeps local.
+// onebit_adam, zero_one_adam, topk_adam: the optimizer decides what crosses the dp group
+// (momentum, parameter moves) on the steps whose gradients it keeps local.
 inline bool compress_in_optimizer(CompressKind k) {
-  return k == CompressKind::kOneBitAdam || k == CompressKind::kZeroOneAdam;
+  return k == CompressKind::kOneBitAdam || k == CompressKind::kZeroOneAdam || k == CompressKind::kTopKAdam;
 }
 // 1-bit Adam's default warm-up: 15% of the run (rounded up, >= 1), the low end of the 15-25%
 // DeepSpeed's 1-bit Adam tutorial suggests, and not before the learning-rate warm-up ends

@@ -253,7 +253,7 @@ void check_sgd(const Config& c, std::vector<std::string>& errs) {
   if (!c.optim.sgd()) return;
   if (compress_in_optimizer(c.parallel.compress))
     errs.push_back(std::string("optim.name = sgd with parallel.compress = ") + compress_name(c.parallel.compress) +
-                   ": 1-bit and 0/1 Adam are Adam's update; use optim.name = adamw, or another compressor");
+                   ": 1-bit, 0/1 and top-k Adam are Adam's update; use optim.name = adamw, or another compressor");
   if (c.train.device != "cpu")
     errs.push_back("optim.name = sgd with train.device = " + c.train.device + ": the CUDA backend runs AdamW only");
 }

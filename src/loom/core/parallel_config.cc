@@ -222,8 +222,11 @@ void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
                      ": expected >= 0, or -1 for optim.warmup_steps");
     return;
   }
+  if (p.compress == CompressKind::kTopKAdam && p.compress_momentum != 0)
+    errs.push_back("parallel.compress = topk_adam sends Adam's own momentum (Note [Top-k Adam]); "
+                   "parallel.compress_momentum = " + num(p.compress_momentum) + " would add DGC's on top: set it to 0");
   if (p.compress_warmup_steps == 0)
-    errs.push_back("parallel.compress = onebit_adam freezes Adam's variance after parallel.compress_warmup_steps "
+    errs.push_back(what + " freezes Adam's variance after parallel.compress_warmup_steps "
                    "exact steps; 0 would freeze it at zero: set it >= 1, or -1 for the larger of 15% of train.steps and "
                    "optim.warmup_steps = " +
                    str(onebit_default_warmup(c.train.steps, c.optim.warmup_steps)));
@@ -453,6 +456,7 @@ const char* compress_name(CompressKind k) {
     case CompressKind::kPowerSgd: return "powersgd";
     case CompressKind::kOneBitAdam: return "onebit_adam";
     case CompressKind::kZeroOneAdam: return "zero_one_adam";
+    case CompressKind::kTopKAdam: return "topk_adam";
   }
   return "?";
 }
@@ -476,10 +480,10 @@ CompressAdapt parse_compress_adapt(const std::string& text) {
 CompressKind parse_compress(const std::string& text) {
   for (CompressKind k : {CompressKind::kNone, CompressKind::kBf16, CompressKind::kInt8, CompressKind::kTopK,
                          CompressKind::kTernGrad, CompressKind::kPowerSgd, CompressKind::kOneBitAdam,
-                         CompressKind::kZeroOneAdam})
+                         CompressKind::kZeroOneAdam, CompressKind::kTopKAdam})
     if (text == compress_name(k)) return k;
   throw ConfigError("parallel.compress = '" + text +
-                    "': expected none, bf16, int8, topk, terngrad, powersgd, onebit_adam or zero_one_adam");
+                    "': expected none, bf16, int8, topk, terngrad, powersgd, onebit_adam, zero_one_adam or topk_adam");
 }
 
 std::vector<Recompute> parse_recompute(const std::string& text) {
@@ -519,7 +523,8 @@ std::string pp_layers_text(const std::vector<int64_t>& split) {
 
 int64_t ParallelConfig::compress_warmup(int64_t train_steps, int64_t lr_warmup_steps) const {
   if (compress_warmup_steps >= 0) return compress_warmup_steps;
-  return compress == CompressKind::kOneBitAdam ? onebit_default_warmup(train_steps, lr_warmup_steps) : 0;
+  const bool frozen = compress == CompressKind::kOneBitAdam || compress == CompressKind::kTopKAdam;
+  return frozen ? onebit_default_warmup(train_steps, lr_warmup_steps) : 0;
 }
 
 std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {

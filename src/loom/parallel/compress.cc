@@ -214,7 +214,8 @@ std::unique_ptr<BucketCompressor> make_compressor(const CompressSpec& spec, cons
     return c;
   }
   switch (spec.kind) {
-    case CompressKind::kTopK: c = std::make_unique<TopK>(spec, bucket.count); break;
+    case CompressKind::kTopK:
+    case CompressKind::kTopKAdam: c = std::make_unique<TopK>(spec, bucket.count); break;  // Note [Top-k Adam]
     case CompressKind::kTernGrad: c = std::make_unique<TernGrad>(spec, key); break;
     case CompressKind::kPowerSgd: c = make_powersgd(spec, bucket, key, specs); break;
     case CompressKind::kOneBitAdam:

@@ -54,6 +54,20 @@
 // checkpointed. The norm for clipping is the root mean square of the ranks' local norms
 // (no gradient is reduced to measure the global one), one coefficient on every rank.
 //
+// Note [Top-k Adam]
+// parallel.compress = topk_adam runs 1-bit Adam's frame (Note [1-bit Adam]: the exact
+// warm-up, v frozen, the preconditioned momentum u_i crossing the dp group, m = u D) with
+// DGC's top-k (the topk compressor: the k = ceil(ratio n) largest |u_i + e_i| as (index,
+// value) pairs, error feedback e_i, no server stage) in place of the signs. Why: topk on the
+// gradients under AdamW learns about sqrt(1 / ratio) times too slowly (docs/benchmarks.md,
+// "TernGrad and top-k over the issue's 300 steps"): a coordinate sent once every K steps
+// carries K gradients, which Adam's second moment sees as one (K g)^2, so it moves lr sqrt(K)
+// per K steps where exact Adam moves lr K. With v frozen the update is linear in what is
+// sent, as SGD's is, so a delayed coordinate arrives whole, the case DGC's error feedback is
+// made for. A coordinate not sent has m = 0 on that step and its momentum waits in e_i
+// (undecayed, as DGC's momentum correction keeps it). parallel.compress_momentum must be 0
+// (the optimizer's momentum is the momentum); the ratio is topk's (parallel.compress_ratio).
+//
 // Note [0/1 Adam]
 // parallel.compress = zero_one_adam is 0/1 Adam (Lu et al., "Maximizing Communication
 // Efficiency for Large-scale Training via 0/1 Adam", ICLR 2023; the schedule as DeepSpeed's

@@ -15,7 +15,8 @@ CompressTraffic bucket_traffic(CompressKind kind, double ratio, int64_t rank, co
     case CompressKind::kInt8:  // one f32 scale per 256 values (Note [Compressed all-reduce])
       t.reduce_bytes = n + 4 * std::ceil(n / 256), t.collectives = 1, t.compute_bytes = 5 * n;
       break;
-    case CompressKind::kTopK: {
+    case CompressKind::kTopK:
+    case CompressKind::kTopKAdam: {  // Note [Top-k Adam]: the same messages, of the momentum
       const double k = std::clamp(std::ceil(ratio * n), 1.0, n);
       t.gather_block_bytes = 8 * k;  // (int32 index, f32 value) pairs
       t.collectives = 2;

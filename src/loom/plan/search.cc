@@ -247,6 +247,7 @@ std::string approximation_caveat(const sim::SimPlan& p) {
     case CompressKind::kTernGrad: os << "TernGrad, 2 bits a value"; break;
     case CompressKind::kOneBitAdam: os << "1-bit Adam, momentum as signs after an exact warm-up"; break;
     case CompressKind::kZeroOneAdam: os << "0/1 Adam, signs and local steps"; break;
+    case CompressKind::kTopKAdam: os << "top-k Adam, ratio " << q.compress_ratio << " of the momentum after an exact warm-up"; break;
     default: os << compress_name(q.compress) << " ring all-reduce"; break;
   }
   return "approximate gradients (" + os.str() +

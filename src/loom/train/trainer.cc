@@ -67,6 +67,8 @@ std::string compress_text(const ParallelConfig& p, const Config& cfg) {
                                      << ", error feedback)"; break;
     case CompressKind::kOneBitAdam: os << ", 1-bit Adam (variance frozen, momentum sent as signs with worker and "
                                           "server error feedback)"; break;
+    case CompressKind::kTopKAdam: os << ", top-k Adam (variance frozen, momentum sent as top-k (ratio " << p.compress_ratio
+                                      << ") with error feedback)"; break;
     case CompressKind::kZeroOneAdam:
       os << ", 0/1 Adam (variance updated at doubling intervals until step "
          << (p.zero_one_var_freeze_steps >= 0 ? p.zero_one_var_freeze_steps : cfg.optim.warmup_steps)

@@ -55,6 +55,7 @@ double compressed_loss_rel(CompressKind k) {
     case CompressKind::kTopK: return 0.3;
     case CompressKind::kOneBitAdam: return 0.4;
     case CompressKind::kZeroOneAdam: return 0.4;
+    case CompressKind::kTopKAdam: return 0.4;
   }
   return 0;
 }

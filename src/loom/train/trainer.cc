@@ -61,8 +61,12 @@ std::string compress_text(const ParallelConfig& p, const Config& cfg) {
   if (p.reduce == GradReduce::kAdasum) os << ", gradients combined by Adasum";
   switch (p.compress) {
     case CompressKind::kNone: return os.str();
-    case CompressKind::kTopK: os << ", gradients compressed by topk (ratio " << p.compress_ratio << ", momentum "
-                                 << p.compress_momentum << ", error feedback)"; break;
+    case CompressKind::kTopK:
+      os << ", gradients compressed by topk (ratio " << p.compress_ratio << ", momentum " << p.compress_momentum
+         << ", error feedback)";
+      // Note [Top-k Adam]: DGC is momentum SGD's; under AdamW its sparse sends learn slowly.
+      if (!cfg.optim.sgd()) os << "; under AdamW parallel.compress = topk_adam trains closer to exact";
+      break;
     case CompressKind::kPowerSgd: os << ", gradients compressed by powersgd (rank " << p.compress_rank
                                      << ", error feedback)"; break;
     case CompressKind::kOneBitAdam: os << ", 1-bit Adam (variance frozen, momentum sent as signs with worker and "

@@ -189,14 +189,25 @@ std::vector<std::pair<double, double>> class_rates(const Kernels& k, double budg
     size_t i = 0;
     std::function<void()> fwd, bwd;
     double bytes = 2.0 * double(n) * 4;
+    // bf16 (the engine's bf16 backward): the norm from its kept bf16 output (Note [Norm backward
+    // from its output]), GELU from its bf16 input; the saved copies' first halves read as bf16.
+    auto saved_h = [&] { return reinterpret_cast<const bf16*>(saved[i]); };
     if (cls == sim::MemClass::kNorm) {
       fwd = [&] { k.layernorm_forward(y[i], mean.data(), rstd.data(), x.data(), w.data(), w.data(), n / C, C, 1e-5f); };
       bwd = [&] {
-        k.layernorm_backward(y[i], dw.data(), db.data(), dy.data(), saved[i], w.data(), mean.data(), rstd.data(), n / C, C);
+        if (k.layernorm_backward_from_out)
+          k.layernorm_backward_from_out(y[i], dw.data(), db.data(), dy.data(), saved_h(), w.data(), w.data(), rstd.data(),
+                                        n / C, C, 1e-5f);
+        else
+          k.layernorm_backward(y[i], dw.data(), db.data(), dy.data(), saved[i], w.data(), mean.data(), rstd.data(), n / C,
+                               C);
       };
     } else if (cls == sim::MemClass::kActivation) {
       fwd = [&] { k.gelu_forward(y[i], x.data(), n); };
-      bwd = [&] { k.gelu_backward(y[i], saved[i], dy.data(), n); };
+      bwd = [&] {
+        if (k.gelu_backward_bf16_in) k.gelu_backward_bf16_in(y[i], saved_h(), dy.data(), n);
+        else k.gelu_backward(y[i], saved[i], dy.data(), n);
+      };
     } else {
       bytes = 3.0 * double(n) * 4;
       fwd = [&] { k.residual_forward(y[i], x.data(), dy.data(), n); };

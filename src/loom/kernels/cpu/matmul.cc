@@ -131,10 +131,13 @@ void matmul_backward_fp16(float* dinp, float* dw, float* dbias, const float* dou
 
 namespace {
 
-// One row: returns loss; if grad, overwrites l with (softmax - onehot) * scale.
-inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, float scale) {
+// One row: returns loss; if grad, overwrites l with (softmax - onehot) * scale, or, with
+// out_h, writes that gradient rounded to bf16 there (what the bf16 head's GEMMs read; the
+// same bits as rounding l afterwards) and leaves l as scratch.
+inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, float scale, bf16* out_h = nullptr) {
   if (target < 0) {  // ignored (padding): no loss, no gradient
-    if (grad) std::fill(l, l + V, 0.0f);
+    if (grad && out_h) std::fill(out_h, out_h + V, bf16(0));
+    else if (grad) std::fill(l, l + V, 0.0f);
     return 0.0f;
   }
   float mx = -INFINITY;
@@ -161,9 +164,15 @@ inline float softmax_xent_row(float* l, int32_t target, int64_t V, bool grad, fl
     }
     const float z = z_other + l[target];
     const float k = scale / z;
+    if (out_h) {
 #pragma omp simd
-    for (int64_t j = 0; j < V; j++) l[j] *= k;
-    l[target] = -scale * (z_other / z);
+      for (int64_t j = 0; j < V; j++) out_h[j] = loom::to_bf16(l[j] * k);
+      out_h[target] = loom::to_bf16(-scale * (z_other / z));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < V; j++) l[j] *= k;
+      l[target] = -scale * (z_other / z);
+    }
     return std::log1p((ties - 1.0f) + z_rest) + (mx - target_logit);
   }
 #pragma omp simd reduction(+ : z_rest, ties)
@@ -240,13 +249,14 @@ void head_loss(float* losses, float* dx, float* dw, const float* x, const float*
     } else {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, xc, C, w, C, 0.0f, logits, V);
     }
+    // bf16: the gradient is stored rounded straight from the softmax (dh), skipping an fp32 pass.
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < rows; i++)
-      losses[r0 + i] = softmax_xent_row(logits + i * V, targets[r0 + i], V, grad, dloss_scale);
+      losses[r0 + i] = softmax_xent_row(logits + i * V, targets[r0 + i], V, grad, dloss_scale,
+                                        bf && grad ? dh + i * V : nullptr);
     if (!grad) continue;
     // dx(rows,C) += dlogits(rows,V) @ w(V,C); dw(V,C) += dlogits^T @ x(rows,C)
     if (bf) {
-      to_bf16(dh, logits, rows * V);
       gemm_bf16(false, false, rows, C, V, 1.0f, dh, V, wh, C, 1.0f, dx + r0 * C, C);
       gemm_bf16(true, false, V, C, rows, 1.0f, dh, V, xh, C, 1.0f, dw, C);
     } else {

@@ -30,50 +30,6 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   }
 }
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
-  const int parts = team_size();
-  float* partial = scratch_floats(size_t(parts) * 2 * C);  // per chunk: [dw | db]
-#pragma omp parallel for schedule(static, 1)
-  for (int p = 0; p < parts; p++) {
-    int64_t r0, r1;
-    chunk_range(N, parts, p, r0, r1);
-    float* pdw = partial + size_t(p) * 2 * C;
-    float* pdb = pdw + C;
-    for (int64_t c = 0; c < C; c++) pdw[c] = pdb[c] = 0.0f;
-    for (int64_t i = r0; i < r1; i++) {
-      const float* x = inp + i * C;
-      const float* dy = dout + i * C;
-      const float mu = mean[i], rs = rstd[i];
-      float m1 = 0, m2 = 0;
-#pragma omp simd reduction(+ : m1, m2)
-      for (int64_t c = 0; c < C; c++) {
-        const float xhat = (x[c] - mu) * rs;
-        const float dxhat = dy[c] * w[c];
-        m1 += dxhat;
-        m2 += dxhat * xhat;
-      }
-      m1 /= float(C);
-      m2 /= float(C);
-      float* dx = dinp + i * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; c++) {
-        const float xhat = (x[c] - mu) * rs;
-        pdw[c] += dy[c] * xhat;
-        pdb[c] += dy[c];
-        dx[c] += rs * (dy[c] * w[c] - m1 - xhat * m2);
-      }
-    }
-  }
-  for (int p = 0; p < parts; p++) {
-    const float* pdw = partial + size_t(p) * 2 * C;
-    for (int64_t c = 0; c < C; c++) {
-      dw[c] += pdw[c];
-      db[c] += pdw[C + c];
-    }
-  }
-}
-
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
                      float eps) {
 #pragma omp parallel for schedule(static)
@@ -120,26 +76,17 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
     for (int64_t c = 0; c < C; c++) dw[c] += partial[size_t(p) * C + c];
 }
 
-// Note [Norm backward from its output] (ops_bf16.inc): one pass over the rows per chunk,
-// the normalised input recovered from the bf16 output with 1 / clamp(w) computed once.
+// LayerNorm's backward from the normalised input, and RMSNorm's from its output (Note [Norm
+// backward from its output] in ops_bf16.inc): rows split in chunks, the weight-gradient
+// column sums per chunk reduced in chunk order.
 namespace {
 
-// 1 / w with |w| clamped to >= eps (w = 0 counts as +eps), into inv (C).
-void clamped_inverse(float* inv, const float* w, int64_t C, float eps) {
-  for (int64_t c = 0; c < C; c++) {
-    const float a = w[c] >= 0 ? std::max(w[c], eps) : std::min(w[c], -eps);
-    inv[c] = 1.0f / a;
-  }
-}
-
-// rms = false: LayerNorm (b the bias, db its gradient); true: RMSNorm (b, db unused).
-template <bool rms>
-void norm_backward_from_out(float* dinp, float* dw, float* db, const float* dout, const bf16* out, const float* w,
-                            const float* b, const float* rstd, int64_t N, int64_t C, float eps) {
+// xhat_of(i) gives row i's normalised input as a callable c -> xhat_c. rms: RMSNorm (no mean
+// term, no bias gradient; db null).
+template <bool rms, typename RowXhat>
+void norm_backward_rows(float* dinp, float* dw, float* db, const float* dout, const float* w, const float* rstd,
+                        int64_t N, int64_t C, float* partial, RowXhat xhat_of) {
   const int parts = team_size();
-  float* partial = scratch_floats(size_t(parts) * 2 * C + size_t(C));  // per chunk [dw | db], then 1 / w
-  float* inv = partial + size_t(parts) * 2 * C;
-  clamped_inverse(inv, w, C, eps);
 #pragma omp parallel for schedule(static, 1)
   for (int p = 0; p < parts; p++) {
     int64_t r0, r1;
@@ -148,9 +95,8 @@ void norm_backward_from_out(float* dinp, float* dw, float* db, const float* dout
     float* pdb = pdw + C;
     for (int64_t c = 0; c < C; c++) pdw[c] = pdb[c] = 0.0f;
     for (int64_t i = r0; i < r1; i++) {
-      const bf16* y = out + i * C;
+      const auto xhat = xhat_of(i);
       const float* dy = dout + i * C;
-      auto xhat = [&](int64_t c) { return rms ? from_bf16(y[c]) * inv[c] : (from_bf16(y[c]) - b[c]) * inv[c]; };
       float m1 = 0, m2 = 0;
 #pragma omp simd reduction(+ : m1, m2)
       for (int64_t c = 0; c < C; c++) {
@@ -179,16 +125,41 @@ void norm_backward_from_out(float* dinp, float* dw, float* db, const float* dout
   }
 }
 
+// Per-chunk [dw | db] partials, then (C) 1 / w with |w| clamped to >= eps (w = 0 counts as +eps).
+float* partials_and_inverse(const float* w, int64_t C, float eps) {
+  const size_t parts = size_t(team_size());
+  float* partial = scratch_floats(parts * 2 * size_t(C) + size_t(C));
+  float* inv = partial + parts * 2 * size_t(C);
+  for (int64_t c = 0; c < C; c++) inv[c] = 1.0f / (w[c] >= 0 ? std::max(w[c], eps) : std::min(w[c], -eps));
+  return partial;
+}
+
 }  // namespace
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  float* partial = scratch_floats(size_t(team_size()) * 2 * size_t(C));
+  norm_backward_rows<false>(dinp, dw, db, dout, w, rstd, N, C, partial, [=](int64_t i) {
+    return [x = inp + i * C, mu = mean[i], rs = rstd[i]](int64_t c) { return (x[c] - mu) * rs; };
+  });
+}
 
 void layernorm_backward_from_out(float* dinp, float* dw, float* db, const float* dout, const bf16* out, const float* w,
                                  const float* b, const float* rstd, int64_t N, int64_t C, float eps) {
-  norm_backward_from_out<false>(dinp, dw, db, dout, out, w, b, rstd, N, C, eps);
+  float* partial = partials_and_inverse(w, C, eps);
+  const float* inv = partial + size_t(team_size()) * 2 * size_t(C);
+  norm_backward_rows<false>(dinp, dw, db, dout, w, rstd, N, C, partial, [=](int64_t i) {
+    return [y = out + i * C, b, inv](int64_t c) { return (from_bf16(y[c]) - b[c]) * inv[c]; };
+  });
 }
 
 void rmsnorm_backward_from_out(float* dinp, float* dw, const float* dout, const bf16* out, const float* w,
                                const float* rstd, int64_t N, int64_t C, float eps) {
-  norm_backward_from_out<true>(dinp, dw, nullptr, dout, out, w, nullptr, rstd, N, C, eps);
+  float* partial = partials_and_inverse(w, C, eps);
+  const float* inv = partial + size_t(team_size()) * 2 * size_t(C);
+  norm_backward_rows<true>(dinp, dw, nullptr, dout, w, rstd, N, C, partial, [=](int64_t i) {
+    return [y = out + i * C, inv](int64_t c) { return from_bf16(y[c]) * inv[c]; };
+  });
 }
 
 }  // namespace loom::cpu

@@ -64,10 +64,11 @@ VerifyTolerance tolerance_for(const Config& c) {
   if (c.parallel.reduce == GradReduce::kAdasum) return {kAdasumLossRel, INFINITY};
   if (c.parallel.zeropp_qwz || c.parallel.zeropp_qgz) return {kZeroPlusPlusLossRel, kZeroPlusPlusWeightAbs};
   const CompressKind k = c.comm.grad_dtype == "bf16" ? CompressKind::kBf16 : c.parallel.compress;
-  if (k == CompressKind::kNone) return {};
+  const bool bf16 = c.train.precision == "bf16";  // Note [Verify tolerances]: bf16 training's own bounds
+  if (k == CompressKind::kNone) return bf16 ? VerifyTolerance{kBf16TrainLossRel, kBf16TrainWeightAbs} : VerifyTolerance{};
   // bf16's ring rounds each hop to 8 bits: Precision.Bf16GradientAllReduceStaysNearTheFp32One
   // bounds its weights too.
-  if (k == CompressKind::kBf16) return {compressed_loss_rel(k), 5e-4};
+  if (k == CompressKind::kBf16) return {compressed_loss_rel(k), bf16 ? kBf16TrainWeightAbs : 5e-4};
   return {compressed_loss_rel(k), INFINITY};
 }
 

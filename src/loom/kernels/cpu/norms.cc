@@ -125,13 +125,17 @@ void norm_backward_rows(float* dinp, float* dw, float* db, const float* dout, co
   }
 }
 
-// Per-chunk [dw | db] partials, then (C) 1 / w with |w| clamped to >= eps (w = 0 counts as +eps).
-float* partials_and_inverse(const float* w, int64_t C, float eps) {
+// Scratch for the per-chunk [dw | db] partials, and 1 / w (C) with |w| clamped to >= eps
+// (w = 0 counts as +eps), both in one thread-local block.
+struct FromOut {
+  float *partial, *inv;
+};
+FromOut partials_and_inverse(const float* w, int64_t C, float eps) {
   const size_t parts = size_t(team_size());
   float* partial = scratch_floats(parts * 2 * size_t(C) + size_t(C));
   float* inv = partial + parts * 2 * size_t(C);
   for (int64_t c = 0; c < C; c++) inv[c] = 1.0f / (w[c] >= 0 ? std::max(w[c], eps) : std::min(w[c], -eps));
-  return partial;
+  return {partial, inv};
 }
 
 }  // namespace
@@ -146,8 +150,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 
 void layernorm_backward_from_out(float* dinp, float* dw, float* db, const float* dout, const bf16* out, const float* w,
                                  const float* b, const float* rstd, int64_t N, int64_t C, float eps) {
-  float* partial = partials_and_inverse(w, C, eps);
-  const float* inv = partial + size_t(team_size()) * 2 * size_t(C);
+  const auto [partial, inv] = partials_and_inverse(w, C, eps);
   norm_backward_rows<false>(dinp, dw, db, dout, w, rstd, N, C, partial, [=](int64_t i) {
     return [y = out + i * C, b, inv](int64_t c) { return (from_bf16(y[c]) - b[c]) * inv[c]; };
   });
@@ -155,8 +158,7 @@ void layernorm_backward_from_out(float* dinp, float* dw, float* db, const float*
 
 void rmsnorm_backward_from_out(float* dinp, float* dw, const float* dout, const bf16* out, const float* w,
                                const float* rstd, int64_t N, int64_t C, float eps) {
-  float* partial = partials_and_inverse(w, C, eps);
-  const float* inv = partial + size_t(team_size()) * 2 * size_t(C);
+  const auto [partial, inv] = partials_and_inverse(w, C, eps);
   norm_backward_rows<true>(dinp, dw, nullptr, dout, w, rstd, N, C, partial, [=](int64_t i) {
     return [y = out + i * C, inv](int64_t c) { return from_bf16(y[c]) * inv[c]; };
   });

@@ -63,8 +63,9 @@ TEST(Bf16, RoundsToNearestEven) {
 TEST(Bf16, GemmMatchesTheReferenceWithinTheAccumulationBound) {
   std::mt19937 rng(test_seed());
   std::normal_distribution<float> nd;
+  // The last three cut M (A transposed), N and K into blocks (Note [Blocked oneDNN GEMMs]).
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {64, 48, 256}, {33, 130, 769},
-                         {256, 96, 64}}) {
+                         {256, 96, 64}, {20011, 3, 5}, {3, 20011, 5}, {2, 3, 40009}}) {
     for (int trans = 0; trans < 4; trans++)
       for (float beta : {0.0f, 1.0f}) {
         const bool ta = trans & 1, tb = trans & 2;

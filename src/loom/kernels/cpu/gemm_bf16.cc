@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -79,12 +80,66 @@ void gemm_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
               alpha, af, int(lda), bf, int(ldb), beta, C, int(ldc));
 }
 
+// Note [Blocked oneDNN GEMMs]
+// oneDNN 2.6's bf16 matmul slows down on a dimension of tens of thousands - the vocabulary
+// of a language-model head - where the same work cut into blocks of a few thousand runs
+// near its peak. Measured on this project's 2-core AVX512-BF16 machine (GFLOP/s, GPT-2 head:
+// N 1024 tokens, C 768, V 50257): dW = dlogits^T x (M = V, A transposed) 576 whole, 822 in
+// blocks of 4,096 rows; dx = dlogits W (K = V) 733 whole, 912 in blocks of 8,192; logits =
+// x W^T (N = V) 884 whole, 935 in blocks of 8,192; config B's head chunk (256 tokens, C 384):
+// dW 438 whole, 760 blocked. OpenBLAS sgemm runs these shapes at its peak either way. So a
+// dimension above kSplitAbove is cut into near-equal blocks of at most kBlock: rows of C (M,
+// when A is transposed: untransposed, 16,385 x 768 x 768 ran at 844 cut in two against
+// 914 whole) and columns of C (N) as separate GEMMs over disjoint outputs; the inner
+// dimension (K) as GEMMs accumulating into C (beta for the first block, 1 after), which
+// changes only the order of the fp32 sums (Note [bf16 rounding points]: no new rounding).
+constexpr int64_t kSplitAbove = 16384, kBlock = 8192, kBlockTransA = 4096;
+
+// The block length cutting n into near-equal blocks of at most `most` (a multiple of 64),
+// rounded up to a multiple of 64 (odd lengths ran up to 8% slower).
+int64_t block_of(int64_t n, int64_t most) {
+  const int64_t blocks = (n + most - 1) / most;
+  return ((n + blocks - 1) / blocks + 63) / 64 * 64;
+}
+
+void gemm_one(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+              const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 }  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   LOOM_ASSERT(M > 0 && N > 0 && K > 0);
   LOOM_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N);
+  // Note [Blocked oneDNN GEMMs]. Element (m, k) of op(A): A[m lda + k], or A[k lda + m]
+  // when trans_a; (k, n) of op(B): B[k ldb + n], or B[n ldb + k] when trans_b.
+  if (trans_a && M > kSplitAbove) {
+    const int64_t b = block_of(M, kBlockTransA);
+    for (int64_t m0 = 0; m0 < M; m0 += b)
+      gemm_bf16(trans_a, trans_b, std::min(b, M - m0), N, K, alpha, A + m0, lda, B, ldb, beta, C + m0 * ldc, ldc);
+    return;
+  }
+  if (N > kSplitAbove) {
+    const int64_t b = block_of(N, kBlock);
+    for (int64_t n0 = 0; n0 < N; n0 += b)
+      gemm_bf16(trans_a, trans_b, M, std::min(b, N - n0), K, alpha, A, lda, B + (trans_b ? n0 * ldb : n0), ldb, beta,
+                C + n0, ldc);
+    return;
+  }
+  if (K > kSplitAbove) {
+    const int64_t b = block_of(K, kBlock);
+    for (int64_t k0 = 0; k0 < K; k0 += b)
+      gemm_one(trans_a, trans_b, M, N, std::min(b, K - k0), alpha, A + (trans_a ? k0 * lda : k0), lda,
+               B + (trans_b ? k0 : k0 * ldb), ldb, k0 == 0 ? beta : 1.0f, C, ldc);
+    return;
+  }
+  gemm_one(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+namespace {
+
+void gemm_one(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+              const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (g_widened.load(std::memory_order_relaxed))
     return gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const Prim* pp = nullptr;
@@ -101,6 +156,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   p.mm.execute(st, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   st.wait();
 }
+
+}  // namespace
 
 void to_bf16(bf16* out, const float* in, int64_t n) {
 #pragma omp parallel for simd schedule(static)

@@ -107,6 +107,32 @@ TEST(Bf16, GemmMatchesTheReferenceWithinTheAccumulationBound) {
   std::cout << "oneDNN bf16 GEMM ISA: " << cpu::gemm_bf16_isa() << "\n";
 }
 
+// The bias riding in the primitive (matmul_forward_bf16_in) against the reference GEMM into
+// a C holding the bias (beta = 1), within the same accumulation bound; the blocked shapes put
+// the bias on each column block and on the first inner block only.
+TEST(Bf16, GemmWithBiasMatchesTheReferenceIntoTheBias) {
+  std::mt19937 rng(test_seed());
+  std::normal_distribution<float> nd;
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{33, 130, 769}, {5, 20011, 7}, {3, 5, 40009}}) {
+    std::vector<bf16> a(size_t(M * K)), b(size_t(N * K));
+    for (auto& x : a) x = to_bf16(nd(rng));
+    for (auto& x : b) x = to_bf16(nd(rng));
+    std::vector<float> bias(static_cast<size_t>(N)), c(static_cast<size_t>(M * N), NAN), cr(static_cast<size_t>(M * N));
+    for (auto& x : bias) x = 1000 * nd(rng);  // far above the bound at K = 40009
+    for (int64_t m = 0; m < M; m++) std::copy(bias.begin(), bias.end(), cr.begin() + m * N);
+    cpu::gemm_bf16_bias_nt(M, N, K, a.data(), b.data(), bias.data(), c.data());
+    ref::gemm_bf16(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 1.0f, cr.data(), N);
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) {
+        double s = 0;
+        for (int64_t k = 0; k < K; k++) s += std::fabs(double(from_bf16(a[size_t(m * K + k)])) * from_bf16(b[size_t(n * K + k)]));
+        const size_t at = size_t(m * N + n);
+        const double bound = double(K) * 0x1p-24 * s + 0x1p-24 * (std::fabs(cr[at]) + std::fabs(bias[size_t(n)])) + 1e-30;
+        ASSERT_LE(std::fabs(double(c[at]) - cr[at]), bound) << M << "x" << N << "x" << K << " at " << m << "," << n;
+      }
+  }
+}
+
 // Note [bf16 attention probabilities]: the cpu kernel against the reference. The scores
 // and softmax differ by fp32 vs fp64 arithmetic (~1e-6 relative), which can flip the bf16
 // rounding of a probability by one bf16 step (one ulp, at most 2^-7 relative): every kept P

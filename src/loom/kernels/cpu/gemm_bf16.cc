@@ -21,10 +21,10 @@ dnnl::engine& cpu_engine() {
 }
 
 // Every field a matmul primitive depends on.
-using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
 
 struct Prim {
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, bias;
   dnnl::matmul mm;
 };
 
@@ -33,7 +33,7 @@ const Prim& primitive(const Shape& s) {
   thread_local std::map<Shape, Prim> cache;
   auto it = cache.find(s);
   if (it != cache.end()) return it->second;
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta] = s;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, with_bias] = s;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   Prim p;
@@ -48,7 +48,10 @@ const Prim& primitive(const Shape& s) {
     ops.append_sum(beta);  // C = alpha A B + beta C
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::desc d(p.a, p.b, p.c);
+  // The bias (one fp32 row, added to every row of the fp32 accumulator) rides in the
+  // primitive: a copy into C and a sum post-op cost 18-24% of the GEMM (Note [Blocked oneDNN GEMMs]).
+  if (with_bias) p.bias = dnnl::memory::desc(dims{1, N}, dt::f32, dims{N, 1});
+  const dnnl::matmul::desc d = with_bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
   p.mm = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, cpu_engine()));
   return cache.emplace(s, std::move(p)).first->second;
 }
@@ -72,8 +75,13 @@ const float* widen(std::vector<float>& out, const bf16* x, int64_t rows, int64_t
 }
 
 void gemm_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-                  const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                  const bf16* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
   thread_local std::vector<float> a, b;
+  if (bias) {  // C = bias + alpha A B (the callers pass beta = 0 with a bias)
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) std::copy(bias, bias + N, C + m * ldc);
+    beta = 1.0f;
+  }
   const float* af = ta ? widen(a, A, K, M, lda) : widen(a, A, M, K, lda);
   const float* bf = tb ? widen(b, B, N, K, ldb) : widen(b, B, K, N, ldb);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
@@ -103,61 +111,73 @@ int64_t block_of(int64_t n, int64_t most) {
 }
 
 void gemm_one(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-              const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+              const bf16* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc);
 
-}  // namespace
-
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  LOOM_ASSERT(M > 0 && N > 0 && K > 0);
+// C = alpha op(A) op(B) + beta C (+ bias on every row, beta = 0 then), blocked.
+void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                  const bf16* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
+  LOOM_ASSERT(M > 0 && N > 0 && K > 0 && (!bias || beta == 0.0f));
   LOOM_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N);
   // Note [Blocked oneDNN GEMMs]. Element (m, k) of op(A): A[m lda + k], or A[k lda + m]
   // when trans_a; (k, n) of op(B): B[k ldb + n], or B[n ldb + k] when trans_b.
   if (trans_a && M > kSplitAbove) {
     const int64_t b = block_of(M, kBlockTransA);
     for (int64_t m0 = 0; m0 < M; m0 += b)
-      gemm_bf16(trans_a, trans_b, std::min(b, M - m0), N, K, alpha, A + m0, lda, B, ldb, beta, C + m0 * ldc, ldc);
+      gemm_blocked(trans_a, trans_b, std::min(b, M - m0), N, K, alpha, A + m0, lda, B, ldb, beta, bias, C + m0 * ldc,
+                   ldc);
     return;
   }
   if (N > kSplitAbove) {
     const int64_t b = block_of(N, kBlock);
     for (int64_t n0 = 0; n0 < N; n0 += b)
-      gemm_bf16(trans_a, trans_b, M, std::min(b, N - n0), K, alpha, A, lda, B + (trans_b ? n0 * ldb : n0), ldb, beta,
-                C + n0, ldc);
+      gemm_blocked(trans_a, trans_b, M, std::min(b, N - n0), K, alpha, A, lda, B + (trans_b ? n0 * ldb : n0), ldb, beta,
+                   bias ? bias + n0 : nullptr, C + n0, ldc);
     return;
   }
   if (K > kSplitAbove) {
     const int64_t b = block_of(K, kBlock);
     for (int64_t k0 = 0; k0 < K; k0 += b)
       gemm_one(trans_a, trans_b, M, N, std::min(b, K - k0), alpha, A + (trans_a ? k0 * lda : k0), lda,
-               B + (trans_b ? k0 : k0 * ldb), ldb, k0 == 0 ? beta : 1.0f, C, ldc);
+               B + (trans_b ? k0 : k0 * ldb), ldb, k0 == 0 ? beta : 1.0f, k0 == 0 ? bias : nullptr, C, ldc);
     return;
   }
-  gemm_one(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_one(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
 }
 
-namespace {
-
 void gemm_one(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-              const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+              const bf16* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
   if (g_widened.load(std::memory_order_relaxed))
-    return gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
   const Prim* pp = nullptr;
   try {
-    pp = &primitive({trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta});
+    pp = &primitive({trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, bias != nullptr});
   } catch (const dnnl::error&) {  // Note [bf16 GEMM without AVX-512]
     g_widened = true;
-    return gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
   }
   const Prim& p = *pp;
   dnnl::engine& e = cpu_engine();
   dnnl::memory a(p.a, e, const_cast<bf16*>(A)), b(p.b, e, const_cast<bf16*>(B)), c(p.c, e, C);
   thread_local dnnl::stream st(e);
-  p.mm.execute(st, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  if (bias) {
+    dnnl::memory bm(p.bias, e, const_cast<float*>(bias));
+    p.mm.execute(st, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, c}});
+  } else {
+    p.mm.execute(st, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  }
   st.wait();
 }
 
 }  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_blocked(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc);
+}
+
+void gemm_bf16_bias_nt(int64_t M, int64_t N, int64_t K, const bf16* A, const bf16* B, const float* bias, float* C) {
+  gemm_blocked(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, bias, C, N);
+}
 
 void to_bf16(bf16* out, const float* in, int64_t n) {
 #pragma omp parallel for simd schedule(static)

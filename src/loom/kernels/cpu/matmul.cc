@@ -36,6 +36,28 @@ void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC) {
     for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
 }
 
+// add_bias_grad fused with rounding dout to bf16 (out = to_bf16(dout)): one read of dout,
+// the same sums in the same order.
+void to_bf16_and_bias_grad(bf16* out, float* dbias, const float* dout, int64_t N, int64_t OC) {
+  const int parts = team_size();
+  float* partial = scratch_floats(size_t(parts) * OC);
+#pragma omp parallel for schedule(static, 1)
+  for (int p = 0; p < parts; p++) {
+    int64_t r0, r1;
+    chunk_range(N, parts, p, r0, r1);
+    float* acc = partial + size_t(p) * OC;
+    std::fill(acc, acc + OC, 0.0f);
+    for (int64_t i = r0; i < r1; i++) {
+      const float* d = dout + i * OC;
+      bf16* o = out + i * OC;
+#pragma omp simd
+      for (int64_t c = 0; c < OC; c++) acc[c] += d[c], o[c] = loom::to_bf16(d[c]);
+    }
+  }
+  for (int p = 0; p < parts; p++)
+    for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
+}
+
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
@@ -64,11 +86,8 @@ void matmul_forward_bf16_in(float* out, const bf16* inp, const float* w, const f
                             int64_t OC) {
   bf16* b = scratch_bf16(size_t(OC * IC), 1);
   to_bf16(b, w, OC * IC);
-  if (bias) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) std::copy(bias, bias + OC, out + i * OC);
-  }
-  gemm_bf16(false, true, N, OC, IC, 1.0f, inp, IC, b, IC, bias ? 1.0f : 0.0f, out, OC);
+  if (bias) gemm_bf16_bias_nt(N, OC, IC, inp, b, bias, out);
+  else gemm_bf16(false, true, N, OC, IC, 1.0f, inp, IC, b, IC, 0.0f, out, OC);
 }
 
 void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
@@ -82,13 +101,13 @@ void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* 
                              int64_t N, int64_t IC, int64_t OC) {
   bf16* d = scratch_bf16(size_t(N * OC), 0);
   bf16* b = scratch_bf16(size_t(OC * IC), 2);
-  to_bf16(d, dout, N * OC);
+  if (dbias) to_bf16_and_bias_grad(d, dbias, dout, N, OC);
+  else to_bf16(d, dout, N * OC);
   if (dinp) {
     to_bf16(b, w, OC * IC);
     gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 1.0f, dinp, IC);  // dinp += dout w
   }
   if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, 1.0f, dw, IC);  // dw += dout^T inp
-  if (dbias) add_bias_grad(dbias, dout, N, OC);
 }
 
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/adam.h"
 #include "loom/core/error.h"
 #include "loom/optim/offload.h"
 
@@ -162,13 +163,13 @@ namespace {
 // sqrt(v / (1 - b2^frozen_at)) + eps, in the fast kernel's float order (betas as the floats it
 // receives).
 struct FrozenScale {
-  float bc2_sqrt, eps;
-  float operator()(float v) const { return std::sqrt(v) / bc2_sqrt + eps; }
+  float inv_bc2_sqrt, eps;
+  float operator()(float v) const { return std::sqrt(v) * inv_bc2_sqrt + eps; }
 };
 
 FrozenScale frozen_scale(const OptimConfig& c, int64_t frozen_at) {
   LOOM_CHECK(frozen_at >= 1, "a frozen Adam variance needs at least one update before it; got ", frozen_at);
-  return {float(std::sqrt(1.0 - std::pow(double(float(c.beta2)), double(frozen_at)))), float(c.eps)};
+  return {adam_inv_bias_correction2(float(c.beta2), frozen_at), float(c.eps)};
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/adam.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
@@ -139,7 +140,10 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n) {
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step) {
   const float bc1 = float(1.0 - std::pow(double(beta1), double(step)));
-  const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
+  // sqrt(v) / sqrt(1 - b2^t) as a product with the reciprocal: two vector divisions per
+  // element made AdamW compute-bound on this project's CPU (124M parameters: 150 ms, 23 GB/s,
+  // against 104 ms with one; a triad streams at 45 GB/s). Within an ulp of the quotient.
+  const float inv_bc2_sqrt = adam_inv_bias_correction2(beta2, step);
   const float step_size = lr / bc1;
   const float decay = 1.0f - lr * weight_decay;
 #pragma omp parallel for simd schedule(static)
@@ -150,7 +154,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
     m[i] = mi;
     v[i] = vi;
     // torch.optim.AdamW order: decay first, then the Adam step.
-    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
   }
 }
 

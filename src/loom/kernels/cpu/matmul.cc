@@ -17,7 +17,9 @@ namespace loom::cpu {
 namespace {
 
 // dbias(OC) += sum over the N rows of dout(N,OC), in fixed per-thread chunks (deterministic).
-void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC) {
+// With `rounded`, also rounded = to_bf16(dout) in the same pass (one read of dout; the same
+// sums in the same order).
+void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC, bf16* rounded = nullptr) {
   const int parts = team_size();
   float* partial = scratch_floats(size_t(parts) * OC);
 #pragma omp parallel for schedule(static, 1)
@@ -28,30 +30,13 @@ void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC) {
     std::fill(acc, acc + OC, 0.0f);
     for (int64_t i = r0; i < r1; i++) {
       const float* d = dout + i * OC;
+      if (bf16* h = rounded ? rounded + i * OC : nullptr) {
 #pragma omp simd
-      for (int64_t o = 0; o < OC; o++) acc[o] += d[o];
-    }
-  }
-  for (int p = 0; p < parts; p++)
-    for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
-}
-
-// add_bias_grad fused with rounding dout to bf16 (out = to_bf16(dout)): one read of dout,
-// the same sums in the same order.
-void to_bf16_and_bias_grad(bf16* out, float* dbias, const float* dout, int64_t N, int64_t OC) {
-  const int parts = team_size();
-  float* partial = scratch_floats(size_t(parts) * OC);
-#pragma omp parallel for schedule(static, 1)
-  for (int p = 0; p < parts; p++) {
-    int64_t r0, r1;
-    chunk_range(N, parts, p, r0, r1);
-    float* acc = partial + size_t(p) * OC;
-    std::fill(acc, acc + OC, 0.0f);
-    for (int64_t i = r0; i < r1; i++) {
-      const float* d = dout + i * OC;
-      bf16* o = out + i * OC;
+        for (int64_t o = 0; o < OC; o++) acc[o] += d[o], h[o] = loom::to_bf16(d[o]);
+      } else {
 #pragma omp simd
-      for (int64_t c = 0; c < OC; c++) acc[c] += d[c], o[c] = loom::to_bf16(d[c]);
+        for (int64_t o = 0; o < OC; o++) acc[o] += d[o];
+      }
     }
   }
   for (int p = 0; p < parts; p++)
@@ -101,7 +86,7 @@ void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* 
                              int64_t N, int64_t IC, int64_t OC) {
   bf16* d = scratch_bf16(size_t(N * OC), 0);
   bf16* b = scratch_bf16(size_t(OC * IC), 2);
-  if (dbias) to_bf16_and_bias_grad(d, dbias, dout, N, OC);
+  if (dbias) add_bias_grad(dbias, dout, N, OC, d);
   else to_bf16(d, dout, N * OC);
   if (dinp) {
     to_bf16(b, w, OC * IC);

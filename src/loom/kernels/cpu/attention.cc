@@ -6,6 +6,7 @@
 // the parallelism is across heads.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -18,13 +19,31 @@ namespace loom::cpu {
 
 namespace {
 
+// Note [Causal blocks]
+// Causal attention needs only the lower triangle of S = Q K^T, P V, dP = dO V^T and their
+// transposes: with the T rows cut into kCausalBlocks blocks, query block [t0, t1) takes keys
+// [0, t1) (and key block [j0, j1) the queries [j0, T)), so the GEMMs do (n + 1) / 2n of the
+// full T x T work (5/8 at n = 4). Entries above the diagonal are never computed; the softmax
+// and dS loops zero them as before. Only the fp32 summation order can change.
+constexpr int64_t kCausalBlocks = 4;
+
+// Rows per causal block: T / kCausalBlocks rounded up to a multiple of 16 (at least 16).
+int64_t causal_block(int64_t T) {
+  return std::max<int64_t>(16, ((T + kCausalBlocks - 1) / kCausalBlocks + 15) / 16 * 16);
+}
+
 // One (batch, head) of causal attention: S = scale Q K^T into p (T,T), softmax over each
 // row's document window, then O = P V. round (Note [bf16 attention probabilities]): round
 // each probability to bf16 before P V reads it, and keep the bf16 values in `keep` when set.
 void attend_head(float* o, float* p, bool round, bf16* keep, const float* q, const float* k, const float* v,
                  int64_t T, int64_t hd, int64_t row, int64_t C, const int32_t* doc_start) {
   const float scale = 1.0f / std::sqrt(float(hd));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, row, k, row, 0.0f, p, T);
+  const int64_t R = causal_block(T);
+  for (int64_t t0 = 0; t0 < T; t0 += R) {  // S[t0:t1, 0:t1] = scale Q[t0:t1] K[0:t1]^T (Note [Causal blocks])
+    const int64_t t1 = std::min(T, t0 + R);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - t0, t1, hd, scale, q + t0 * row, row, k, row, 0.0f,
+                p + t0 * T, T);
+  }
   for (int64_t t = 0; t < T; t++) {
     float* pr = p + t * T;
     const int64_t lo = doc_start ? doc_start[t] : 0;  // first key of row t's document
@@ -49,7 +68,11 @@ void attend_head(float* o, float* p, bool round, bf16* keep, const float* q, con
         if (keep) keep[t * T + j] = h;
       }
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, row, 0.0f, o, C);
+  for (int64_t t0 = 0; t0 < T; t0 += R) {  // O[t0:t1] = P[t0:t1, 0:t1] V[0:t1]
+    const int64_t t1 = std::min(T, t0 + R);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1 - t0, hd, t1, 1.0f, p + t0 * T, T, v, row, 0.0f,
+                o + t0 * C, C);
+  }
 }
 
 // B*H (batch, head) tasks over OpenMP; probs (B,H,T,T) fp32, or per-thread scratch when the
@@ -73,6 +96,7 @@ void attend_backward(float* dqkv, const float* dout, const float* qkv, const flo
                      int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
   const int64_t row = (H + 2 * KV) * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
+  const int64_t R = causal_block(T);
 #pragma omp parallel for schedule(static)
   for (int64_t bk = 0; bk < B * KV; bk++) {
     const int64_t b = bk / KV, kh = bk % KV;
@@ -93,9 +117,15 @@ void attend_backward(float* dqkv, const float* dout, const float* qkv, const flo
       const float* dy = dout + b * T * C + h * hd;
       const float* q = qkv + b * T * row + h * hd;
       float* dq = dqkv + b * T * row + h * hd;
-      // dP(T,T) = dO(T,hd) V^T ; dV += P^T dO
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dy, C, v, row, 0.0f, ds, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, dy, C, 1.0f, dv, row);
+      // dP(T,T) = dO(T,hd) V^T ; dV += P^T dO, by causal blocks (Note [Causal blocks]): query
+      // block [t0, t1) against keys [0, t1), key block [j0, j1) against queries [j0, T).
+      for (int64_t t0 = 0; t0 < T; t0 += R) {
+        const int64_t t1 = std::min(T, t0 + R);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - t0, t1, hd, 1.0f, dy + t0 * C, C, v, row, 0.0f,
+                    ds + t0 * T, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, T - t0, 1.0f, p + t0 * T + t0, T, dy + t0 * C,
+                    C, 1.0f, dv + t0 * row, row);
+      }
       // dS = P * (dP - rowsum(P * dP)) * scale, zero above the diagonal
       for (int64_t t = 0; t < T; t++) {
         const float* pr = p + t * T;
@@ -107,9 +137,14 @@ void attend_backward(float* dqkv, const float* dout, const float* qkv, const flo
         for (int64_t j = 0; j <= t; j++) d[j] = pr[j] * (d[j] - s) * scale;
         for (int64_t j = t + 1; j < T; j++) d[j] = 0.0f;
       }
-      // dQ += dS K ; dK += dS^T Q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, ds, T, k, row, 1.0f, dq, row);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, ds, T, q, row, 1.0f, dk, row);
+      // dQ += dS K ; dK += dS^T Q, by the same blocks
+      for (int64_t t0 = 0; t0 < T; t0 += R) {
+        const int64_t t1 = std::min(T, t0 + R);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1 - t0, hd, t1, 1.0f, ds + t0 * T, T, k, row, 1.0f,
+                    dq + t0 * row, row);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, T - t0, 1.0f, ds + t0 * T + t0, T,
+                    q + t0 * row, row, 1.0f, dk + t0 * row, row);
+      }
     }
   }
 }

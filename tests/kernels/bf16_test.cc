@@ -288,7 +288,8 @@ TEST(Bf16, NormBackwardFromItsOutputStaysWithinTheRoundingBound) {
 }
 
 // The MLP activations' backward reading the pre-activation from its bf16 slot: identical,
-// bit for bit, to the fp32 kernels on the widened values, on both kernel sets.
+// bit for bit, to the fp32 kernels on the widened values, on both kernel sets (GELU's
+// overwrites its output: the fp32 kernel's sum into zeros, also in place over dout).
 TEST(Bf16, ActivationBackwardReadsItsBf16InputExactly) {
   std::mt19937 rng(test_seed());
   std::normal_distribution<float> nd;
@@ -297,14 +298,20 @@ TEST(Bf16, ActivationBackwardReadsItsBf16InputExactly) {
     std::vector<float> wide(h.size()), dy(size_t(N * F)), init(h.size());
     for (size_t i = 0; i < h.size(); i++) h[i] = to_bf16(3 * nd(rng)), wide[i] = from_bf16(h[i]), init[i] = nd(rng);
     for (auto& v : dy) v = nd(rng);
-    std::vector<float> a = init, b = init, c = init, d = init;
+    const std::vector<float> zeros(init.size(), 0.0f);
+    std::vector<float> a = init, b = zeros, c = init, d = zeros;
     cpu::gelu_backward_bf16_in(a.data(), h.data(), dy.data(), N * F);
     cpu::gelu_backward(b.data(), wide.data(), dy.data(), N * F);
     ref::gelu_backward_bf16_in(c.data(), h.data(), dy.data(), N * F);
     ref::gelu_backward(d.data(), wide.data(), dy.data(), N * F);
+    a.resize(size_t(N * F)), b.resize(size_t(N * F)), c.resize(size_t(N * F)), d.resize(size_t(N * F));
     EXPECT_EQ(a, b) << N << "x" << F;
     EXPECT_EQ(c, d) << N << "x" << F;
-    EXPECT_NE(a, init);
+    std::vector<float> in_place = dy, in_place_ref = dy;  // dinp = dout, one buffer
+    cpu::gelu_backward_bf16_in(in_place.data(), h.data(), in_place.data(), N * F);
+    ref::gelu_backward_bf16_in(in_place_ref.data(), h.data(), in_place_ref.data(), N * F);
+    EXPECT_EQ(in_place, a) << N << "x" << F;
+    EXPECT_EQ(in_place_ref, c) << N << "x" << F;
     a = b = c = d = init;
     cpu::swiglu_backward_bf16_in(a.data(), h.data(), dy.data(), N, F);
     cpu::swiglu_backward(b.data(), wide.data(), dy.data(), N, F);

@@ -142,7 +142,9 @@ TEST(Precision, Bf16ActivationStorageChangesNothingButMemory) {
         // used. The carve's size is checked against activation_floats by the model itself.
         if (rc.find(',') != std::string::npos) continue;
         // Kept in bf16 per layer: norm1, norm2, atty, fcg, qkv, fch; less the two staging
-        // buffers; and each probability buffer P = B H T^2 (one per layer, one shared under
+        // buffers (GPT's `stage` only as wide as the norms: GELU runs in place in stage2), which
+        // also hold the backward's norm, attention and MLP input gradients (2 C + F + F2 per
+        // row); and each probability buffer P = B H T^2 (one per layer, one shared under
         // selective recompute, the shared block's under full).
         const int64_t N = B * T, C = 64, F = 128, hd = C / 4, kept_layers = rc == "full" ? 1 : 2;  // full: shared block
         const int64_t Q = (4 + 2 * c.model.kv_heads) * hd, F2 = c.model.arch == Arch::kGpt ? F : 2 * F;
@@ -151,7 +153,8 @@ TEST(Precision, Bf16ActivationStorageChangesNothingButMemory) {
         // (full: the shared block's x1 and output, every layer keeps its own), less the shared x1
         // and, unless every layer is fully recomputed, the two shared outputs.
         const int64_t residual = rc == "full" ? 2 - 1 : 2 + 1 - 3;
-        const int64_t saved = 4 * kept_layers * (2 * C + C + F + Q + F2) * N / 2 - 4 * N * std::max(C, F) + 4 * N * (F + F2) -
+        const int64_t stage = c.model.arch == Arch::kGpt ? C : std::max(C, F);
+        const int64_t saved = 4 * kept_layers * (2 * C + C + F + Q + F2) * N / 2 - 4 * N * stage + 4 * N * (2 * C + F + F2) -
                               4 * N * std::max(Q, F2) + 4 * prob_buffers * P / 2 + 4 * N * C * residual;
         EXPECT_EQ(bytes[0] - bytes[1], saved) << at;
       }

@@ -41,11 +41,14 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   zero(a.dfcg, N * F);
   const float* dproj = kept_dy(gather_grad(a.dres, N), wb ? wb->dproj : nullptr, N * C);
   mm_backward(a.dfcg, gw(g.mlp_proj_w), gw(g.mlp_proj_b), dproj, {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
-  zero(dfch, N * F2);
-  if (s.fch_h && gpt) k_.gelu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N * F);  // bf16 storage: dfch may be stage2
-  else if (s.fch_h) k_.swiglu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N, F);
-  else if (gpt) k_.gelu_backward(dfch, s.fch, a.dfcg, N * F);
-  else k_.swiglu_backward(dfch, s.fch, a.dfcg, N, F);
+  if (s.fch_h && gpt) {
+    k_.gelu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N * F);  // overwrites; bf16 storage: dfch may be a.dfcg itself
+  } else {
+    zero(dfch, N * F2);
+    if (s.fch_h) k_.swiglu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N, F);
+    else if (gpt) k_.gelu_backward(dfch, s.fch, a.dfcg, N * F);
+    else k_.swiglu_backward(dfch, s.fch, a.dfcg, N, F);
+  }
   zero(a.dnorm, N * C);
   mm_backward(a.dnorm, gw(g.fc_w), gw(g.fc_b), dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
   reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
@@ -55,10 +58,10 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   zero(a.datty, N * H * hd);
   const float* dattn = kept_dy(gather_grad(a.dres, N), wb ? wb->dattn : nullptr, N * C);
   mm_backward(a.datty, gw(g.attn_proj_w), gw(g.attn_proj_b), dattn, {s.atty, s.atty_h}, w.attn_proj_w, N, H * hd, C);
-  zero(dqkv, N * Q);
   const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
-  if (recompute_[size_t(l)] == Recompute::kSelective)
-    attend(s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));
+  if (recompute_[size_t(l)] == Recompute::kSelective)  // only P is needed: with bf16 storage
+    attend(s.atty_h ? dqkv : s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));  // s.atty is datty's buffer
+  zero(dqkv, N * Q);
   attend_backward(dqkv, a.datty, qkv, s.probs, s.probs_h, B, T);
   if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
   zero(a.dnorm, N * C);

@@ -189,7 +189,8 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   int64_t total = (any_full ? block(true, false) : 0) + (any_selective ? kept(P) : 0);
   const auto chunks = part.resolved_chunks(m);
   if (bf16_activations)  // staging buffers; the shared x1 and, where used, the two block outputs
-    total += take(N * std::max({C, HD, F})) + take(N * std::max(Q, F2)) + take(Nr * C) +
+    total += take(N * (m.arch == Arch::kGpt ? std::max(C, HD) : std::max({C, HD, F}))) + take(N * std::max(Q, F2)) +
+             take(Nr * C) +
              (shares_block_outputs(chunks, recompute) ? 2 * take(Nr * C) : 0);
   for (size_t c = 0; c < chunks.size(); ++c) {
     int64_t slot = take(Nr * C);  // input
@@ -206,8 +207,9 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
     total += wslot * w_slots;
   }
   total += take(N);                                                            // losses
-  // backward scratch; with bf16 storage the MLP's two gradients live in the staging buffers
-  total += 2 * take(N * C) + take(N * HD) + take(N * Q) + (bf16_activations ? 0 : take(N * F2) + take(N * F));
+  // backward scratch; with bf16 storage the norms', attention's and the MLP's input gradients
+  // live in the staging buffers (Note [Lean residual stream])
+  total += take(N * C) + take(N * Q) + (bf16_activations ? 0 : take(N * C) + take(N * HD) + take(N * F2) + take(N * F));
   if (split) total += take(N * C) + take(2 * C);
   return total;
 }

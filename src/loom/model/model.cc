@@ -122,6 +122,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
   LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
              " rows divisible by tp = ", part.tp);
   Acts& a = *(acts_ = std::make_unique<Acts>());
+  const bool gelu = cfg.arch == Arch::kGpt;  // Note [Lean residual stream]: the activation in place
   const bool any_full = std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
   auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, in bf16 with bf16 storage
@@ -147,13 +148,13 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
     kept(b.norm2, b.norm2_h, N * C, a.stage);
     b.norm2_mean = c.take(Nr), b.norm2_rstd = c.take(Nr);
     kept(b.fch, b.fch_h, N * F2, a.stage2);
-    kept(b.fcg, b.fcg_h, N * F, a.stage);
+    kept(b.fcg, b.fcg_h, N * F, gelu ? a.stage2 : a.stage);  // GELU runs in place over fch
     b.out = !bf16_acts_ || keep_out ? c.take(Nr * C) : a.res_out[j % 2];
   };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
     if (bf16_acts_) {
-      a.stage = c.take(N * std::max({C, HD, F})), a.stage2 = c.take(N * std::max(Q, F2));
+      a.stage = c.take(N * (gelu ? std::max(C, HD) : std::max({C, HD, F}))), a.stage2 = c.take(N * std::max(Q, F2));
       a.res_x1 = c.take(Nr * C);
       if (shares_block_outputs(chunks_, recompute_)) a.res_out[0] = c.take(Nr * C), a.res_out[1] = c.take(Nr * C);
     }
@@ -205,15 +206,20 @@ void Model::carve_scratch(Carver& c, int64_t N) {
       b.dproj = c.take(N * C), b.dfch = c.take(N * F2), b.dattn = c.take(N * C), b.dqkv = c.take(N * Q);
   }
   a.losses = c.take(N);
-  a.dres = c.take(N * C), a.dnorm = c.take(N * C), a.datty = c.take(N * HD);
-  a.dqkv = c.take(N * Q);
+  a.dres = c.take(N * C);
   // With bf16 storage the backward reads the kept activations from their bf16 slots (the
-  // GEMMs, the norms, the MLP activation's backward), so the staging buffers are free while
-  // the MLP's gradients are live: `stage` holds dL/d(MLP activation) from the projection's
-  // backward GEMM to the activation's backward, `stage2` dL/d(fc output) from there to the
-  // fc backward GEMM (before attention's backward widens qkv into it).
+  // GEMMs, the norms, the MLP activation's backward), so the staging buffers are free during
+  // a backward step (Note [Lean residual stream]): `stage` holds dL/d(norm output) from each
+  // column-parallel GEMM to its norm's backward and dL/d(attention output) from the
+  // projection's backward to attention's; the MLP's gradients are `stage2` (GPT: GELU's
+  // backward overwrites dL/d(activation) with dL/d(fc output) in place) or, for SwiGLU,
+  // dL/d(activation) in `stage` and dL/d(fc output) in `stage2` (before attention's backward
+  // widens qkv into it).
+  a.dnorm = bf16_acts_ ? a.stage : c.take(N * C);
+  a.datty = bf16_acts_ ? a.stage : c.take(N * HD);
+  a.dqkv = c.take(N * Q);
   a.dfch = bf16_acts_ ? a.stage2 : c.take(N * F2);
-  a.dfcg = bf16_acts_ ? a.stage : c.take(N * F);
+  a.dfcg = !bf16_acts_ ? c.take(N * F) : cfg_.arch == Arch::kGpt ? a.stage2 : a.stage;
   if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
 }
 

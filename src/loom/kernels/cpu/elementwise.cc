@@ -71,7 +71,7 @@ inline float load(float x) { return x; }
 inline float load(bf16 x) { return from_bf16(x); }
 
 template <typename In>
-void gelu_backward_t(float* dinp, const In* inp, const float* dout, int64_t n) {
+void gelu_backward_t(float* dinp, const In* inp, const float* dout, int64_t n, bool overwrite = false) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
     const float x = load(inp[i]);
@@ -79,7 +79,8 @@ void gelu_backward_t(float* dinp, const In* inp, const float* dout, int64_t n) {
     const float e = exp_approx(-2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x));
     const float s = 1.0f / (1.0f + e);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += dout[i] * (s + 2.0f * x * s * (e * s) * du);
+    const float g = dout[i] * (s + 2.0f * x * s * (e * s) * du);
+    dinp[i] = overwrite ? g : dinp[i] + g;
   }
 }
 
@@ -110,7 +111,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 }
 
 void gelu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t n) {
-  gelu_backward_t(dinp, inp, dout, n);
+  gelu_backward_t(dinp, inp, dout, n, true);
 }
 
 void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {

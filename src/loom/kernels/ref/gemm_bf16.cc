@@ -100,7 +100,9 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
 }
 
 void gelu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t n) {
-  tmpl::gelu_backward<float>(dinp, widened(inp, n).data(), dout, n);
+  std::vector<float> g(static_cast<size_t>(n), 0.0f);  // overwrites dinp, which may be dout
+  tmpl::gelu_backward<float>(g.data(), widened(inp, n).data(), dout, n);
+  std::copy(g.begin(), g.end(), dinp);
 }
 
 void swiglu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t N, int64_t F) {

@@ -1,5 +1,7 @@
 // bf16 GEMM peak on this CPU (issue 14: choose, measure, and say why). For the GEMM shapes of
-// config C (GPT-2 124M, T 256, B 4: 1,024 tokens per micro-batch) and config B's head:
+// config C (GPT-2 124M, T 256, B 4: 1,024 tokens per micro-batch) and config B's head, the
+// weight gradients' transposed-A GEMMs and the head's backward (through the blocking of Note
+// [Blocked oneDNN GEMMs]: its "whole" numbers are in docs/benchmarks.md):
 //   OpenBLAS sgemm (fp32, loom's current path);
 //   oneDNN matmul bf16 x bf16 -> fp32 (cpu::gemm_bf16), inputs already bf16;
 //   the same plus converting both fp32 inputs to bf16 first (the cost of casting per call);
@@ -43,7 +45,8 @@ double best_time(const std::function<void()>& fn, double seconds) {
 struct Case {
   const char* what;
   int64_t M, N, K;
-  bool trans_b;  // forward GEMMs read W (N,K) transposed, as loom's matmul does
+  bool trans_b;          // forward GEMMs read W (N,K) transposed, as loom's matmul does
+  bool trans_a = false;  // weight gradients read dY (K,M) transposed: dW = dY^T X
 };
 
 }  // namespace
@@ -61,6 +64,9 @@ int main(int argc, char** argv) {
       {"C fc dX         (1024 x 3072 -> 768)", 1024, 768, 3072, false},
       {"C lm head fwd   (1024 x 768 -> 50257)", 1024, 50257, 768, true},
       {"B head chunk    (256 x 384 -> 50257)", 256, 50257, 384, true},
+      {"C fc dW    (3072 x 768, K 1024, A^T)", 3072, 768, 1024, false, true},
+      {"C head dW  (50257 x 768, K 1024, A^T)", 50257, 768, 1024, false, true},
+      {"C lm head dX    (1024 x 50257 -> 768)", 1024, 768, 50257, false},
       {"small           (64 x 64 -> 64)", 64, 64, 64, true},
   };
   std::printf("threads %d, oneDNN ISA %s\n", omp_get_max_threads(), loom::cpu::gemm_bf16_isa());
@@ -75,23 +81,25 @@ int main(int argc, char** argv) {
     std::vector<loom::bf16> ah(a.size()), bh(b.size());
     loom::cpu::to_bf16(ah.data(), a.data(), int64_t(a.size()));
     loom::cpu::to_bf16(bh.data(), b.data(), int64_t(b.size()));
-    const int64_t ldb = c.trans_b ? c.K : c.N;
+    const int64_t ldb = c.trans_b ? c.K : c.N, lda = c.trans_a ? c.M : c.K;
     const double flop = 2.0 * double(c.M) * double(c.N) * double(c.K);
     const double t32 = best_time([&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans, int(c.M), int(c.N), int(c.K),
-                  1.0f, a.data(), int(c.K), b.data(), int(ldb), 0.0f, out.data(), int(c.N));
+      cblas_sgemm(CblasRowMajor, c.trans_a ? CblasTrans : CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans, int(c.M),
+                  int(c.N), int(c.K), 1.0f, a.data(), int(lda), b.data(), int(ldb), 0.0f, out.data(), int(c.N));
     }, seconds);
     const double t16 = best_time([&] {
-      loom::cpu::gemm_bf16(false, c.trans_b, c.M, c.N, c.K, 1.0f, ah.data(), c.K, bh.data(), ldb, 0.0f, out.data(), c.N);
+      loom::cpu::gemm_bf16(c.trans_a, c.trans_b, c.M, c.N, c.K, 1.0f, ah.data(), lda, bh.data(), ldb, 0.0f, out.data(),
+                           c.N);
     }, seconds);
     const double tcast = best_time([&] {
       loom::cpu::to_bf16(ah.data(), a.data(), int64_t(a.size()));
       loom::cpu::to_bf16(bh.data(), b.data(), int64_t(b.size()));
-      loom::cpu::gemm_bf16(false, c.trans_b, c.M, c.N, c.K, 1.0f, ah.data(), c.K, bh.data(), ldb, 0.0f, out.data(), c.N);
+      loom::cpu::gemm_bf16(c.trans_a, c.trans_b, c.M, c.N, c.K, 1.0f, ah.data(), lda, bh.data(), ldb, 0.0f, out.data(),
+                           c.N);
     }, seconds);
     std::string xsmm = "-";
 #ifdef LOOM_HAVE_LIBXSMM
-    if (flop < 1e7) {  // libxsmm targets small GEMMs (its JIT covers up to ~64^3 here)
+    if (flop < 1e7 && !c.trans_a) {  // libxsmm targets small GEMMs (its JIT covers up to ~64^3 here)
       // Column-major BLAS convention: C^T (N,M) = op(B)^T (N,K) A^T (K,M).
       const libxsmm_blasint m = c.N, n = c.M, k = c.K, lda = ldb, ldbb = c.K, ldc = c.N;
       const float alpha = 1, beta = 0;

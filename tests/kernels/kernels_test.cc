@@ -406,6 +406,18 @@ TEST(Kernels, AdamWAndReductions) {
     EXPECT_CLOSE(p2, p1, 1e-5);
     EXPECT_CLOSE(m2, m1, 1e-6);
     EXPECT_CLOSE(v2, v1, 1e-6);
+    // grad_scale (the clipping coefficient) gives the bits of scaling the gradients first.
+    for (bool fast : {true, false}) {
+      auto pa = p, pb = p, ma = m, mb = m, va = v, vb = v, gs = g;
+      (fast ? cpu::scale_inplace : ref::scale_inplace)(gs.data(), n, 0.37f);
+      auto adamw = fast ? cpu::adamw_update : ref::adamw_update;
+      adamw(pa.data(), g.data(), ma.data(), va.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.37f);
+      adamw(pb.data(), gs.data(), mb.data(), vb.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f);
+      EXPECT_EQ(pa, pb) << n << (fast ? " cpu" : " ref");
+      EXPECT_EQ(ma, mb) << n;
+      EXPECT_EQ(va, vb) << n;
+      EXPECT_NE(pa, p) << n;
+    }
     EXPECT_NEAR(cpu::sum_squares(g.data(), n), ref::sum_squares(g.data(), n), 1e-5 * ref::sum_squares(g.data(), n));
     auto s1 = g, s2 = g;
     ref::scale_inplace(s1.data(), n, 0.3f);

@@ -108,26 +108,26 @@ std::span<float> AdamW::moment(int which) {
 }
 
 void AdamW::update_run(const Kernels& k, float* p, const float* g, float* m, float* v, int64_t n, double lr, float wd,
-                       int64_t t) const {
+                       int64_t t, float grad_scale) const {
   if (!cfg_.sgd()) {
-    k.adamw_update(p, g, m, v, n, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t);
+    k.adamw_update(p, g, m, v, n, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t, grad_scale);
     return;
   }
   const float mu = float(cfg_.momentum), step = float(lr);  // Note [SGD with momentum]
   for (int64_t i = 0; i < n; ++i) {
-    m[i] = mu * m[i] + (g[i] + wd * p[i]);
+    m[i] = mu * m[i] + (g[i] * grad_scale + wd * p[i]);
     p[i] -= step * m[i];
   }
 }
 
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
-                 const UpdatedFn& updated, const GroupFn& before) {
+                 const UpdatedFn& updated, const GroupFn& before, float grad_scale) {
   LOOM_ASSERT(!awaiting_file_, "AdamW built for offload steps before offload()");
   t_++;
   // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
   auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v, float* p) {
     const int64_t at = r.offset + (lo - r.state_offset);
-    update_run(k, p ? p : params.data() + at, grads.data() + at, m, v, hi - lo, lr, r.weight_decay, t_);
+    update_run(k, p ? p : params.data() + at, grads.data() + at, m, v, hi - lo, lr, r.weight_decay, t_, grad_scale);
   };
   if (!file_) {
     for (const Run& r : runs_)

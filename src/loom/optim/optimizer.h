@@ -76,10 +76,12 @@ class AdamW {
   // With parameter offload, updated(begin, count, p) sees each sub-group's new parameters
   // (state [begin, begin + count)) before they are written back (Note [Chunk manager]).
   // before(begin, count) runs ahead of each sub-group's update (gradient chunks).
+  // grad_scale: the update reads grad_scale * grads (the clipping coefficient; the same bits
+  // as scaling the gradients first, without a pass of its own).
   using UpdatedFn = std::function<void(int64_t begin, int64_t count, const float* p)>;
   using GroupFn = std::function<void(int64_t begin, int64_t count)>;
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
-            const UpdatedFn& updated = {}, const GroupFn& before = {});
+            const UpdatedFn& updated = {}, const GroupFn& before = {}, float grad_scale = 1.0f);
   // The same update on the parts of `ranges` only (flat offsets; in memory, no offload), with
   // step count t for the bias correction; the count kept is left alone. Elementwise, so a
   // range updated alone gets the bits a whole step would give it (Note [PipeDream weight
@@ -125,7 +127,7 @@ class AdamW {
   };
   // One run's update, AdamW's or SGD's (Note [SGD with momentum]).
   void update_run(const Kernels& k, float* p, const float* g, float* m, float* v, int64_t n, double lr, float wd,
-                  int64_t t) const;
+                  int64_t t, float grad_scale = 1.0f) const;
   std::vector<FlatRange> owned_;
   std::vector<Run> runs_;
   OptimConfig cfg_;

@@ -235,7 +235,7 @@ std::vector<std::pair<double, double>> optimizer_rates(const Kernels& k, double 
     const double t = time_it([&] {
       volatile double norm = k.sum_squares(g.data(), n);
       (void)norm;
-      k.adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step);
+      k.adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step, 1.0f);
     }, budget);
     out.emplace_back(32.0 * double(n), 32.0 * double(n) / t);
   }

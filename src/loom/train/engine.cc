@@ -277,20 +277,24 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool f
     return r;
   }
   // Unscale and clip in one pass: g <- g (coef / S); coef / S is exact, so this equals
-  // clipping the unscaled gradients. Gradient chunks are scaled as the update takes them.
+  // clipping the unscaled gradients. Gradient chunks are scaled as the update takes them, and
+  // the plain update reads coef g itself (AdamW::step's grad_scale: the same bits, no pass).
   const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S;
-  if (coef != 1.0 && !chunked_grads)
+  const bool zero_one = cfg_.parallel.compress == CompressKind::kZeroOneAdam;
+  const bool local = e_.sync && e_.sync->local_gradients();
+  const bool fused = !zero_one && !local && !chunks;
+  if (coef != 1.0 && !chunked_grads && !fused)
     for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
-  if (cfg_.parallel.compress == CompressKind::kZeroOneAdam) {
+  if (zero_one) {
     step_zero_one(lr, step);
-  } else if (e_.sync && e_.sync->local_gradients()) {  // Note [1-bit Adam]: reduce the momentum instead
+  } else if (local) {  // Note [1-bit Adam]: reduce the momentum instead
     LOOM_ASSERT(!sharded && adamw_.owned().size() == 1 && adamw_.owned()[0].offset == 0);
     const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps, cfg_.optim.warmup_steps);
     adamw_.momentum_to_update(model.grads(), frozen_at);
     e_.sync->reduce_update(model.grads().data());
     adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
   } else if (!chunks) {
-    adamw_.step(k, model.params(), model.grads(), lr);
+    adamw_.step(k, model.params(), model.grads(), lr, {}, {}, float(coef));
   } else {
     step_chunked(k, lr, coef);
   }

@@ -142,7 +142,7 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n) {
 }
 
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
   const float bc1 = float(1.0 - std::pow(double(beta1), double(step)));
   // sqrt(v) / sqrt(1 - b2^t) as a product with the reciprocal: two vector divisions per
   // element made AdamW compute-bound on this project's CPU (124M parameters: 150 ms, 23 GB/s,
@@ -152,7 +152,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   const float decay = 1.0f - lr * weight_decay;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    const float g = grads[i];
+    const float g = grads[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;

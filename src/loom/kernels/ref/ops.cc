@@ -89,8 +89,8 @@ void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C
   tmpl::lm_head_logits_row<float>(logits, x, w, C, V);
 }
 
-void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  tmpl::adamw_update<float>(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
+  tmpl::adamw_update<float>(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
 }
 
 double sum_squares(const float* x, int64_t n) {

@@ -352,11 +352,11 @@ void lm_head_logits_row(S* logits, const S* x, const S* w, int64_t C, int64_t V)
 
 template <typename S>
 void adamw_update(S* params, const S* grads, S* m, S* v, int64_t n, S lr,
-                  S beta1, S beta2, S eps, S weight_decay, int64_t step) {
+                  S beta1, S beta2, S eps, S weight_decay, int64_t step, S grad_scale = S(1)) {
   double bc1 = 1.0 - std::pow(double(beta1), double(step));
   double bc2 = 1.0 - std::pow(double(beta2), double(step));
   for (int64_t i = 0; i < n; i++) {
-    double g = grads[i];
+    double g = S(grads[i] * grad_scale);  // the scaled gradient as the caller's type holds it
     double mi = beta1 * double(m[i]) + (1.0 - beta1) * g;
     double vi = beta2 * double(v[i]) + (1.0 - beta2) * g * g;
     m[i] = S(mi);

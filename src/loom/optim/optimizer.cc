@@ -113,9 +113,12 @@ void AdamW::update_run(const Kernels& k, float* p, const float* g, float* m, flo
     k.adamw_update(p, g, m, v, n, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t, grad_scale);
     return;
   }
-  const float mu = float(cfg_.momentum), step = float(lr);  // Note [SGD with momentum]
+  // Note [SGD with momentum]. The caller scales SGD's gradients itself: here g s + wd p could
+  // contract into one fused multiply-add and round differently from scaling first.
+  LOOM_ASSERT(grad_scale == 1.0f, "SGD takes pre-scaled gradients");
+  const float mu = float(cfg_.momentum), step = float(lr);
   for (int64_t i = 0; i < n; ++i) {
-    m[i] = mu * m[i] + (g[i] * grad_scale + wd * p[i]);
+    m[i] = mu * m[i] + (g[i] + wd * p[i]);
     p[i] -= step * m[i];
   }
 }

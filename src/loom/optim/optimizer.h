@@ -77,7 +77,7 @@ class AdamW {
   // (state [begin, begin + count)) before they are written back (Note [Chunk manager]).
   // before(begin, count) runs ahead of each sub-group's update (gradient chunks).
   // grad_scale: the update reads grad_scale * grads (the clipping coefficient; the same bits
-  // as scaling the gradients first, without a pass of its own).
+  // as scaling the gradients first, without a pass of its own). AdamW only: SGD asserts 1.
   using UpdatedFn = std::function<void(int64_t begin, int64_t count, const float* p)>;
   using GroupFn = std::function<void(int64_t begin, int64_t count)>;
   void step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,

@@ -282,7 +282,7 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool f
   const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S;
   const bool zero_one = cfg_.parallel.compress == CompressKind::kZeroOneAdam;
   const bool local = e_.sync && e_.sync->local_gradients();
-  const bool fused = !zero_one && !local && !chunks;
+  const bool fused = !zero_one && !local && !chunks && !cfg_.optim.sgd();  // AdamW::update_run
   if (coef != 1.0 && !chunked_grads && !fused)
     for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
   if (zero_one) {
@@ -294,7 +294,7 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool f
     e_.sync->reduce_update(model.grads().data());
     adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
   } else if (!chunks) {
-    adamw_.step(k, model.params(), model.grads(), lr, {}, {}, float(coef));
+    adamw_.step(k, model.params(), model.grads(), lr, {}, {}, fused ? float(coef) : 1.0f);
   } else {
     step_chunked(k, lr, coef);
   }

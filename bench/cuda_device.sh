@@ -3,13 +3,15 @@
 # (scripts/cuda_bundle.sh): the CUDA tests, compute-sanitizer on them, GPU-vs-CPU parity
 # of short training runs (GPT and Llama, bf16), CPU <-> GPU checkpoint resumes, and the
 # GPT-2 124M benchmark against PyTorch eager and torch.compile on the same GPU.
-#   bench/cuda_device.sh [tests] [parity] [curve] [bench] [profile]   (default: tests parity bench;
+#   bench/cuda_device.sh [tests] [sanitize] [parity] [curve] [bench] [profile]   (default: tests sanitize parity bench;
 #   curve: GPT-2 loss curves of loom and PyTorch on the GPU from the same weights and batches;
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
-what=${*:-tests parity bench}
-out=/tmp/cuda-device; rm -rf $out; mkdir -p "$out"  # logs; the summary goes to $OUT
+what=${*:-tests sanitize parity bench}
+out=${OUT:-/tmp/cuda-device}/logs; rm -rf $out; mkdir -p "$out"  # logs under $OUT as they are written (a run cut
+                                                                  # short by the device's time limit keeps them)
+stamp() { echo "-- $(date +%T) $*"; }
 root=/tmp/loom-bundle
 rm -rf $root && mkdir -p $root && tar -C $root -xJf .device/bundle.tar.xz
 export LD_LIBRARY_PATH=$root/lib
@@ -20,8 +22,10 @@ corpus="--set data.path=$root/fortunes"
 cpu_threads=$(nproc)
 
 if [[ $what == *tests* ]]; then
-  echo "== cuda_test"; $root/cuda_test 2>&1 | tee $out/cuda_test.log | tail -25
-  echo "== compute-sanitizer memcheck"
+  stamp "== cuda_test"; $root/cuda_test 2>&1 | tee $out/cuda_test.log | tail -25
+fi
+if [[ $what == *sanitize* ]]; then
+  stamp "== compute-sanitizer memcheck"
   compute-sanitizer --tool memcheck --error-exitcode 9 $root/cuda_test 2>&1 | tee $out/memcheck.log | tail -6
   echo "memcheck exit ${PIPESTATUS[0]}"
   echo "== compute-sanitizer racecheck (shared-memory races) on flash attention"
@@ -42,11 +46,11 @@ print(f"{name}: {n} steps, first {la[0]:.4f} vs {lb[0]:.4f}, last {la[n-1]:.4f} 
 PY
 }
 if [[ $what == *parity* ]]; then
-  echo "== parity: 20 steps, GPU vs CPU, both bf16"
+  stamp "== parity: 20 steps, GPU vs CPU, both bf16"
   for m in tiny llama; do
     common="--set model.preset=$m --set train.steps=20 --json --precision bf16 $corpus --set train.val_every=0 --set train.log_every=1"
-    $loom train $common --set checkpoint.dir=$out/ck-$m-gpu --device cuda > $out/$m-gpu.json 2>$out/$m-gpu.err || tail -5 $out/$m-gpu.err
-    $loom train $common --set checkpoint.dir=$out/ck-$m-cpu --set train.threads=$cpu_threads > $out/$m-cpu.json 2>$out/$m-cpu.err || tail -5 $out/$m-cpu.err
+    $loom train $common --set checkpoint.dir=/tmp/ck-$m-gpu --device cuda > $out/$m-gpu.json 2>$out/$m-gpu.err || tail -5 $out/$m-gpu.err
+    $loom train $common --set checkpoint.dir=/tmp/ck-$m-cpu --set train.threads=$cpu_threads > $out/$m-cpu.json 2>$out/$m-cpu.err || tail -5 $out/$m-cpu.err
     losses < $out/$m-gpu.json > $out/$m-gpu.txt; losses < $out/$m-cpu.json > $out/$m-cpu.txt
     compare "$m gpu vs cpu" $out/$m-gpu.txt $out/$m-cpu.txt
   done
@@ -66,14 +70,16 @@ if [[ $what == *parity* ]]; then
 fi
 
 if [[ $what == *bench* ]]; then
-  echo "== GPT-2 124M, T 1024, batch $B: loom vs PyTorch 2.x on this GPU"
+  stamp "== GPT-2 124M, T 1024, batch $B: loom vs PyTorch 2.x on this GPU"
   export PYTHONUNBUFFERED=1
   python3 bench/cuda_torch_peer.py gemm | tee $out/gemm.json
   $loom train --set model.preset=gpt2 --set train.steps=30 --json --precision bf16 $corpus --device cuda --set train.batch=$B \
-    --set train.val_every=0 --set train.log_every=10 --set train.seq=1024 --set checkpoint.dir=$out/ck-bench > $out/loom-bench.json 2>$out/loom-bench.err
+    --set train.val_every=0 --set train.log_every=10 --set train.seq=1024 --set checkpoint.dir=/tmp/ck-bench > $out/loom-bench.json 2>$out/loom-bench.err
   tail -3 $out/loom-bench.err; grep '"step":30' $out/loom-bench.json
+  stamp "torch eager"
   python3 bench/cuda_torch_peer.py train eager $B 1024 20 | tee $out/torch-eager.json
-  python3 bench/cuda_torch_peer.py train compile $B 1024 20 2>$out/compile.err | tee $out/torch-compile.json
+  stamp "torch.compile"
+  timeout 300 python3 bench/cuda_torch_peer.py train compile $B 1024 20 2>$out/compile.err | tee $out/torch-compile.json
   python3 - $out <<'PY'
 import json, sys
 o = sys.argv[1]
@@ -88,7 +94,7 @@ PY
 fi
 if [[ $what == *curve* ]]; then
   echo "== loss curves: loom on the GPU vs PyTorch on the same GPU, same initial weights and batches"
-  d=$out/curve; mkdir -p $d
+  d=/tmp/cuda-curve; rm -rf $d; mkdir -p $d  # (the safetensors and checkpoint stay off $OUT)
   S="--set model.preset=gpt2 --set train.steps=20 --set train.batch=8 --set train.seq=1024 --set optim.lr=6e-4 --set optim.warmup_steps=10 $corpus"
   $loom data batches $S --out $d/b.bin
   python3 bench/cuda_torch_peer.py curve $d/init.safetensors $d/b.bin 50257 12 768 12 6e-4 10 0.1 0.1 > $d/torch.json
@@ -98,12 +104,14 @@ if [[ $what == *curve* ]]; then
   python3 -c 'import json,sys; [print(i+1, l) for i, l in enumerate(json.load(open(sys.argv[1]))["losses"])]' $d/torch.json > $d/torch.txt
   compare "gpt2 loom-gpu vs torch-gpu" $d/loom.txt $d/torch.txt
   paste $d/loom.txt $d/torch.txt | awk 'NR==1||NR%5==0'
+  cp $d/*.txt $d/*.json $d/loom.err $out/ 2>/dev/null
 fi
 if [[ $what == *profile* ]]; then
-  echo "== where a GPT-2 step's GPU time goes (Note [CUDA profile])"
+  stamp "== where a GPT-2 step's GPU time goes (Note [CUDA profile])"
   LOOM_CUDA_PROFILE=1 $loom train --set model.preset=gpt2 --set train.steps=12 --precision bf16 $corpus --device cuda \
     --set train.batch=$B --set train.val_every=0 --set train.val_batches=1 --set train.seq=1024 \
-    --set checkpoint.dir=$out/ck-profile --json 2>&1 | grep -A30 "cuda profile"
+    --set checkpoint.dir=/tmp/ck-profile --json 2>&1 | grep -A30 "cuda profile"
 fi
-[[ -n "${OUT:-}" ]] && tar -czf "$OUT/logs.tgz" -C $out --exclude='ck-*' .
+rm -rf /tmp/ck-*
+stamp "done"
 true

@@ -40,7 +40,7 @@ def long_functions(path):
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else '.'
     files = [f for f in subprocess.check_output(['git', '-C', root, 'ls-files', 'src', 'tests', 'bench', 'fuzz'],
-                                                text=True).split() if f.endswith(('.cc', '.h', '.inc'))]
+                                                text=True).split() if f.endswith(('.cc', '.h', '.inc', '.cu', '.cuh'))]
     problems = []
     for f in files:
         path = f'{root}/{f}'

@@ -3,13 +3,19 @@
 // and 2), for head sizes 32 and 64, on the tensor cores' mma.sync.m16n8k16 (bf16 in, fp32
 // accumulate). Forward: a block of 4 warps takes 64 query rows of one (b, h), 16 per warp,
 // and walks the key tiles of 64 up to the diagonal keeping, per row, the running max m and
-// sum l of exp2(s - m) (s = q.k scale log2 e), rescaling the output accumulator when m
-// grows; it writes O = acc / l in bf16 and L = m + log2 l. Backward: a block takes 64 keys
-// (16 per warp) and walks the query tiles from the diagonal down, recomputing
-// P = exp2(s - L); dV += P^T dO, dP = dO V^T, dS = P (dP - D) scale with D = rowsum(dO O),
-// dK += dS^T Q, and dQ += dS K added atomically in fp32 (so dQ's summation order varies
-// between runs). Each warp's S tile stays in registers: the accumulator layout of two
-// 8-column mma tiles is the A-operand layout of one 16-deep mma, so P feeds P V directly.
+// sum l of exp2(s - m) (s = q.k scale log2 e, one fused multiply-add from the raw q.k),
+// rescaling the output accumulator when m grows; it writes O = acc / l in bf16 and
+// L = m + log2 l. Only the diagonal tile is masked: every earlier key precedes every row.
+// Backward, recomputing P = exp2(s - L) and dS = P (dP - D) scale with dP = dO V^T and
+// D = rowsum(dO O), in two kernels instead of Algorithm 2's one with atomic dQ updates:
+// a block of 64 keys walks the query tiles from the diagonal down for dV += P^T dO and
+// dK += dS^T Q; a block of 64 queries walks the key tiles up to the diagonal for
+// dQ += dS K. The second recomputes S and dP (7 tile GEMMs instead of 5) but no fp32 dQ
+// is summed atomically through L2, nothing is staged through shared memory between warps,
+// and every sum has a fixed order, so the gradients are the same bits run after run. Each
+// warp's S tile stays in registers: the accumulator layout of two 8-column mma tiles is
+// the A-operand layout of one 16-deep mma, so P (or dS) feeds the next mma directly; B
+// operands come from shared memory by ldmatrix, four 8x8 matrices per instruction.
 // Rounding differs from the materialised path only in that P is rounded to bf16 before
 // its normalisation by 1/l (forward) and recomputed from L (backward).
 #include <cuda_bf16.h>
@@ -58,19 +64,8 @@ __device__ inline void load_a(uint32_t (&frag)[HD / 16][4], const __nv_bfloat16*
 }
 
 // Copies a (64, HD) tile of rows row0.. (stride ld in global memory; rows past `rows` are
-// zero) into shared memory [64][HD + kPad], 16 bytes a thread at a time.
-template <int HD>
-__device__ inline void stage_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t ld, int row0, int rows) {
-  for (int idx = threadIdx.x; idx < kTile * HD / 8; idx += blockDim.x) {
-    const int r = idx / (HD / 8), c = (idx % (HD / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < rows) v = *reinterpret_cast<const uint4*>(base + int64_t(row0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(tile + r * (HD + kPad) + c) = v;
-  }
-}
-
-// The same through cp.async (16 bytes a thread, zero-filled past `rows`), so the next tile
-// loads while this one is computed on: the caller commits the group and waits for it.
+// zero) into shared memory [64][HD + kPad] through cp.async (16 bytes a thread), so the
+// next tile loads while this one is computed on: the caller commits the group and waits.
 template <int HD>
 __device__ inline void stage_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t ld, int row0,
                                         int rows) {
@@ -93,42 +88,59 @@ __device__ inline void stage_row_async(float* dst, const float* src, int row0, i
 __device__ inline void async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ inline void async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n"); }
 
-// The B fragment (k16 x n8) of mma.m16n8k16 at rows k0.., columns n0.. of a row-major
-// [k][n] tile with row stride ld: ldmatrix .trans hands lane (g, t) the pairs
-// (k0 + 2t, 2t+1; n0 + g) and (k0 + 8 + 2t, 2t+1; n0 + g), the B layout.
-__device__ inline void ldsm_b_trans(uint32_t& b0, uint32_t& b1, const __nv_bfloat16* tile, int ld, int k0, int n0) {
-  const int lane = threadIdx.x % 32;
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(tile + (k0 + lane % 16) * ld + n0));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+// ldmatrix of four 8x8 bf16 matrices: lanes 8j..8j+7 name the rows of matrix j, and lane
+// (g, t) receives in r[j] its row g, columns 2t, 2t+1 (.trans: row 2t, 2t+1 of column g).
+__device__ inline void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // acc(16 x 64) += A(16 x HD, fragments) B^T where B is a row-major [64][HD + kPad] tile
-// (B^T[k][n] = B[n][k]): 8 column tiles of 8.
+// (B^T[k][n] = B[n][k]). The B fragment of column tile n, k-step k is B[8n + g][16k + 2t
+// (+1)] and B[8n + g][16k + 8 + 2t (+1)]: one ldmatrix over rows 8n.., columns 32c + 8j
+// (j = 0..3) gives both fragments of k-steps 2c and 2c + 1.
 template <int HD>
 __device__ inline void mma_abt(float (&acc)[8][4], const uint32_t (&a)[HD / 16][4], const __nv_bfloat16* b) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int lane = threadIdx.x % 32;
+  const __nv_bfloat16* p = b + (lane % 8) * (HD + kPad) + (lane / 8) * 8;
 #pragma unroll
   for (int n = 0; n < 8; n++)
 #pragma unroll
-    for (int k = 0; k < HD / 16; k++) {
-      const __nv_bfloat16* p = b + (n * 8 + g) * (HD + kPad) + k * 16 + 2 * t;
-      mma(acc[n], a[k], ld32(p), ld32(p + 8));
+    for (int c = 0; c < HD / 32; c++) {
+      uint32_t r[4];
+      ldsm_x4(r, p + n * 8 * (HD + kPad) + c * 32);
+      mma(acc[n], a[2 * c], r[0], r[1]);
+      mma(acc[n], a[2 * c + 1], r[2], r[3]);
     }
 }
 
 // acc(16 x HD) += P(16 x 64, as the fp32 accumulator of mma_abt) V, V a row-major
-// [64][HD + kPad] tile; P is rounded to bf16 on the way.
+// [64][HD + kPad] tile; P is rounded to bf16 on the way. The B fragment of column tile n,
+// k-step k is V[16k + 2t (+1)][8n + g] and V[16k + 8 + 2t (+1)][8n + g]: one transposing
+// ldmatrix over rows 16k + (lane % 16), columns 16c + 8 (lane / 16) gives both fragments of
+// column tiles 2c and 2c + 1.
 template <int HD>
 __device__ inline void mma_pv(float (&acc)[HD / 8][4], const float (&p)[8][4], const __nv_bfloat16* v) {
+  const int lane = threadIdx.x % 32;
+  const __nv_bfloat16* base = v + (lane % 16) * (HD + kPad) + (lane / 16) * 8;
 #pragma unroll
   for (int k = 0; k < 4; k++) {
     const uint32_t a[4] = {pack(p[2 * k][0], p[2 * k][1]), pack(p[2 * k][2], p[2 * k][3]),
                            pack(p[2 * k + 1][0], p[2 * k + 1][1]), pack(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-      uint32_t b0, b1;
-      ldsm_b_trans(b0, b1, v, HD + kPad, k * 16, n * 8);
-      mma(acc[n], a, b0, b1);
+    for (int c = 0; c < HD / 16; c++) {
+      uint32_t r[4];
+      ldsm_x4_trans(r, base + k * 16 * (HD + kPad) + c * 16);
+      mma(acc[2 * c], a, r[0], r[1]);
+      mma(acc[2 * c + 1], a, r[2], r[3]);
     }
   }
 }
@@ -141,6 +153,11 @@ __device__ inline float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
+
+// Row (within the 16-row warp tile: g or g + 8) and column (within the 64-column tile) of
+// accumulator element i of column tile n.
+__device__ inline int acc_row(int i) { return (threadIdx.x % 32) / 4 + (i >= 2 ? 8 : 0); }
+__device__ inline int acc_col(int n, int i) { return n * 8 + 2 * (threadIdx.x % 4) + (i & 1); }
 
 template <int HD>
 __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
@@ -156,6 +173,8 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
   uint32_t qf[HD / 16][4];
   load_a<HD>(qf, base + h * HD, ld, q0, T);
   float o[HD / 8][4] = {};
+  // m: the running max of s in log2 units. Every row sees key 0 in the first tile, so m
+  // is finite from then on and exp2(m_old - m_new) is 0 only for the first tile.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const __nv_bfloat16 *kbase = base + (H + kvh) * HD, *vbase = base + (H + KV + kvh) * HD;
   stage_tile_async<HD>(kbuf[0], kbase, ld, 0, T);
@@ -172,19 +191,22 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
     __syncthreads();
     float s[8][4] = {};
     mma_abt<HD>(s, qf, ks);
+    if (kt == qt) {  // the diagonal tile: query and key tiles start at the same position
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+          if (acc_col(n, i) > warp * 16 + acc_row(i)) s[n][i] = -INFINITY;
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int row = q0 + g + (i >= 2 ? 8 : 0), key = kt * kTile + n * 8 + 2 * t + (i & 1);
-        s[n][i] = key <= row ? s[n][i] * scale_log2 : -INFINITY;
-        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
-      }
+      for (int i = 0; i < 4; i++) mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      const float mnew = fmaxf(m[r], quad_max(mx[r]));
-      const float corr = mnew == -INFINITY ? 1.0f : exp2f(m[r] - mnew);
+      const float mnew = fmaxf(m[r], quad_max(mx[r]) * scale_log2);
+      const float corr = exp2f(m[r] - mnew);
       m[r] = mnew;
       l[r] *= corr;
 #pragma unroll
@@ -194,8 +216,7 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
     for (int n = 0; n < 8; n++)
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        const float mr = m[i / 2];
-        s[n][i] = mr == -INFINITY ? 0.0f : exp2f(s[n][i] - mr);
+        s[n][i] = exp2f(fmaf(s[n][i], scale_log2, -m[i / 2]));  // masked: exp2(-inf) = 0
         l[i / 2] += s[n][i];
       }
     mma_pv<HD>(o, s, vs);
@@ -229,26 +250,18 @@ __global__ void flash_delta_k(float* delta, const __nv_bfloat16* dout, const __n
   if (lane == 0) delta[(b * H + h) * T + t] = s;
 }
 
-// Dynamic shared memory of the backward: Q, dO and K tiles and dS [64 queries][64 keys]
-// (bf16), and L, D of the query tile (fp32).
+// dK and dV of 64 keys (16 per warp) of one (b, h): the query tiles from the diagonal down,
+// Q, dO, L and D double-buffered. Writes bf16 into dqkv's key/value columns when every
+// query head has its own key/value head (direct), else fp32 per query head into dk, dv
+// (B,H,T,hd), summed over each group by flash_merge_kv_k.
 template <int HD>
-constexpr int backward_smem() {
-  return (5 * kTile * (HD + kPad) + kTile * (kTile + kPad)) * 2 + 4 * kTile * 4;
-}
-
-template <int HD>
-__global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, float* dv, const __nv_bfloat16* qkv,
-                                                        const __nv_bfloat16* dout, const float* lse,
-                                                        const float* delta, int T, int H, int KV, float scale_log2,
-                                                        float scale) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  // Q, dO, L and D double-buffered: [2][...] each.
-  __nv_bfloat16* qbuf = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* dobuf = qbuf + 2 * kTile * (HD + kPad);
-  __nv_bfloat16* ks = dobuf + 2 * kTile * (HD + kPad);
-  __nv_bfloat16* dss = ks + kTile * (HD + kPad);
-  float* lbuf = reinterpret_cast<float*>(dss + kTile * (kTile + kPad));
-  float* dbuf = lbuf + 2 * kTile;
+__global__ void __launch_bounds__(128) flash_backward_kv_k(float* dk, float* dv, __nv_bfloat16* direct,
+                                                           const __nv_bfloat16* qkv, const __nv_bfloat16* dout,
+                                                           const float* lse, const float* delta, int T, int H, int KV,
+                                                           float scale_log2, float scale) {
+  __shared__ __align__(16) __nv_bfloat16 qbuf[2][kTile * (HD + kPad)];
+  __shared__ __align__(16) __nv_bfloat16 dobuf[2][kTile * (HD + kPad)];
+  __shared__ __align__(16) float lbuf[2][kTile], dbuf[2][kTile];
   const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t ld = int64_t(H + 2 * KV) * HD, ldo = int64_t(H) * HD;
@@ -258,106 +271,152 @@ __global__ void __launch_bounds__(128) flash_backward_k(float* dq, float* dk, fl
   uint32_t kf[HD / 16][4], vf[HD / 16][4];
   load_a<HD>(kf, base + (H + kvh) * HD, ld, k0, T);
   load_a<HD>(vf, base + (H + KV + kvh) * HD, ld, k0, T);
-  stage_tile<HD>(ks, base + (H + kvh) * HD, ld, kt * kTile, T);
   float dkacc[HD / 8][4] = {}, dvacc[HD / 8][4] = {};
   const int tiles = (T + kTile - 1) / kTile;
   const float *lrow = lse + int64_t(bh) * T, *drow = delta + int64_t(bh) * T;
-  auto prefetch = [&](int qt, int b) {
-    stage_tile_async<HD>(qbuf + b * kTile * (HD + kPad), base + h * HD, ld, qt * kTile, T);
-    stage_tile_async<HD>(dobuf + b * kTile * (HD + kPad), obase, ldo, qt * kTile, T);
-    stage_row_async(lbuf + b * kTile, lrow, qt * kTile, T);
-    stage_row_async(dbuf + b * kTile, drow, qt * kTile, T);
+  auto prefetch = [&](int qt, int buf) {
+    stage_tile_async<HD>(qbuf[buf], base + h * HD, ld, qt * kTile, T);
+    stage_tile_async<HD>(dobuf[buf], obase, ldo, qt * kTile, T);
+    stage_row_async(lbuf[buf], lrow, qt * kTile, T);
+    stage_row_async(dbuf[buf], drow, qt * kTile, T);
   };
   prefetch(kt, 0);
   async_commit();
   for (int qt = kt; qt < tiles; qt++) {
-    const int b = (qt - kt) & 1;
-    const __nv_bfloat16 *qs = qbuf + b * kTile * (HD + kPad), *dos = dobuf + b * kTile * (HD + kPad);
-    const float *ls = lbuf + b * kTile, *ds = dbuf + b * kTile;
-    if (qt + 1 < tiles) prefetch(qt + 1, b ^ 1);  // b ^ 1 was last read before the previous dS barrier
+    const int buf = (qt - kt) & 1;
+    const __nv_bfloat16 *qs = qbuf[buf], *dos = dobuf[buf];
+    if (qt + 1 < tiles) prefetch(qt + 1, buf ^ 1);  // buf ^ 1 was last read before the previous end barrier
     async_commit();
     async_wait_all_but_one();
     __syncthreads();
     float p[8][4] = {}, dp[8][4] = {};
     mma_abt<HD>(p, kf, qs);    // S^T (keys x queries)
     mma_abt<HD>(dp, vf, dos);  // dP^T = V dO^T
+    // Masked: queries before the key (the diagonal tile) and past T (the last tile; their
+    // zero-filled Q, dO, L and D would contribute 0 anyway).
+    const bool edge = qt == kt || (qt + 1) * kTile > T;
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+    for (int n = 0; n < 8; n++) {
+      const float2 lq = *reinterpret_cast<const float2*>(lbuf[buf] + n * 8 + 2 * t);
+      const float2 dq = *reinterpret_cast<const float2*>(dbuf[buf] + n * 8 + 2 * t);
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        const int key = k0 + g + (i >= 2 ? 8 : 0), qi = n * 8 + 2 * t + (i & 1), q = qt * kTile + qi;
-        const bool live = q >= key && q < T;
-        p[n][i] = live ? exp2f(p[n][i] * scale_log2 - ls[qi]) : 0.0f;
-        dp[n][i] = p[n][i] * (dp[n][i] - ds[qi]) * scale;  // dS^T
+        const int q = qt * kTile + acc_col(n, i), key = k0 + acc_row(i);
+        float pv = exp2f(fmaf(p[n][i], scale_log2, -((i & 1) ? lq.y : lq.x)));
+        if (edge && (q < key || q >= T)) pv = 0.0f;
+        p[n][i] = pv;
+        dp[n][i] = pv * (dp[n][i] - ((i & 1) ? dq.y : dq.x)) * scale;  // dS^T
       }
+    }
     mma_pv<HD>(dvacc, p, dos);  // dV += P^T dO
     mma_pv<HD>(dkacc, dp, qs);   // dK += dS^T Q
-    // dS as [query][key] in shared memory for dQ = dS K (all four warps' keys).
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int kr = warp * 16 + g + (i >= 2 ? 8 : 0), qi = n * 8 + 2 * t + (i & 1);
-        dss[qi * (kTile + kPad) + kr] = __float2bfloat16_rn(dp[n][i]);
-      }
     __syncthreads();
-    uint32_t sf[4][4];  // this warp's 16 query rows of dS over the 64 keys
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const __nv_bfloat16* r0 = dss + (warp * 16 + g) * (kTile + kPad) + k * 16 + 2 * t;
-      const __nv_bfloat16* r1 = r0 + 8 * (kTile + kPad);
-      sf[k][0] = ld32(r0), sf[k][1] = ld32(r1), sf[k][2] = ld32(r0 + 8), sf[k][3] = ld32(r1 + 8);
-    }
-    float dqacc[HD / 8][4] = {};
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-#pragma unroll
-      for (int n = 0; n < HD / 8; n++) {
-        uint32_t b0, b1;
-        ldsm_b_trans(b0, b1, ks, HD + kPad, k * 16, n * 8);
-        mma(dqacc[n], sf[k], b0, b1);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int q = qt * kTile + warp * 16 + g + 8 * r;
-      if (q >= T) continue;
-      float* dst = dq + (int64_t(bh) * T + q) * HD;
-#pragma unroll
-      for (int n = 0; n < HD / 8; n++)  // float2 atomics: compute capability 9.x
-        atomicAdd(reinterpret_cast<float2*>(dst + n * 8 + 2 * t), make_float2(dqacc[n][2 * r], dqacc[n][2 * r + 1]));
-    }
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int key = k0 + g + 8 * r;
     if (key >= T) continue;
-    float* dkr = dk + (int64_t(bh) * T + key) * HD;
-    float* dvr = dv + (int64_t(bh) * T + key) * HD;
+    if (direct) {
+      __nv_bfloat16* row = direct + (int64_t(b) * T + key) * ld;
+#pragma unroll
+      for (int n = 0; n < HD / 8; n++) {
+        const int c = n * 8 + 2 * t;
+        *reinterpret_cast<__nv_bfloat162*>(row + (H + kvh) * HD + c) =
+            __floats2bfloat162_rn(dkacc[n][2 * r], dkacc[n][2 * r + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(row + (H + KV + kvh) * HD + c) =
+            __floats2bfloat162_rn(dvacc[n][2 * r], dvacc[n][2 * r + 1]);
+      }
+      continue;
+    }
+    float2* dkr = reinterpret_cast<float2*>(dk + (int64_t(bh) * T + key) * HD);
+    float2* dvr = reinterpret_cast<float2*>(dv + (int64_t(bh) * T + key) * HD);
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
-      dkr[n * 8 + 2 * t] = dkacc[n][2 * r], dkr[n * 8 + 2 * t + 1] = dkacc[n][2 * r + 1];
-      dvr[n * 8 + 2 * t] = dvacc[n][2 * r], dvr[n * 8 + 2 * t + 1] = dvacc[n][2 * r + 1];
+      dkr[n * 4 + t] = make_float2(dkacc[n][2 * r], dkacc[n][2 * r + 1]);
+      dvr[n * 4 + t] = make_float2(dvacc[n][2 * r], dvacc[n][2 * r + 1]);
     }
   }
 }
 
-// dqkv (B,T,(H+2KV)*hd) from fp32 dq, dk, dv (B,H,T,hd); a key/value head sums its group.
-__global__ void flash_merge_k(__nv_bfloat16* dqkv, const float* dq, const float* dk, const float* dv, int T, int H,
-                              int KV, int HD, int64_t n) {
-  const int64_t Q = int64_t(H + 2 * KV) * HD, group = H / KV;
-  for (int64_t i = gtid(); i < n; i += gstride()) {
-    const int64_t col = i % Q, row = i / Q, b = row / T, t = row % T, head = col / HD, d = col % HD;
-    float s;
-    if (head < H) {
-      s = dq[((b * H + head) * T + t) * HD + d];
-    } else {
-      const bool is_k = head < H + KV;
-      const int64_t kvh = is_k ? head - H : head - H - KV;
-      const float* src = is_k ? dk : dv;
-      s = 0;
-      for (int64_t gq = 0; gq < group; gq++) s += src[((b * H + kvh * group + gq) * T + t) * HD + d];
+// dQ of 64 queries (16 per warp) of one (b, h): the key tiles up to the diagonal, K and V
+// double-buffered; written in bf16 into dqkv's query columns.
+template <int HD>
+__global__ void __launch_bounds__(128) flash_backward_q_k(__nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
+                                                          const __nv_bfloat16* dout, const float* lse,
+                                                          const float* delta, int T, int H, int KV, float scale_log2,
+                                                          float scale) {
+  __shared__ __align__(16) __nv_bfloat16 kbuf[2][kTile * (HD + kPad)];
+  __shared__ __align__(16) __nv_bfloat16 vbuf[2][kTile * (HD + kPad)];
+  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
+  const int bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int64_t ld = int64_t(H + 2 * KV) * HD, ldo = int64_t(H) * HD;
+  const __nv_bfloat16* base = qkv + int64_t(b) * T * ld;
+  const int q0 = qt * kTile + warp * 16;
+  uint32_t qf[HD / 16][4], dof[HD / 16][4];
+  load_a<HD>(qf, base + h * HD, ld, q0, T);
+  load_a<HD>(dof, dout + int64_t(b) * T * ldo + h * HD, ldo, q0, T);
+  float lr[2], dr[2];  // L and D of rows q0 + g and q0 + g + 8 (0 past T: those rows are not written)
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int row = q0 + g + 8 * r;
+    lr[r] = row < T ? lse[int64_t(bh) * T + row] : 0.0f;
+    dr[r] = row < T ? delta[int64_t(bh) * T + row] : 0.0f;
+  }
+  float dqacc[HD / 8][4] = {};
+  const __nv_bfloat16 *kbase = base + (H + kvh) * HD, *vbase = base + (H + KV + kvh) * HD;
+  stage_tile_async<HD>(kbuf[0], kbase, ld, 0, T);
+  stage_tile_async<HD>(vbuf[0], vbase, ld, 0, T);
+  async_commit();
+  for (int kt = 0; kt <= qt; kt++) {
+    const __nv_bfloat16 *ks = kbuf[kt & 1], *vs = vbuf[kt & 1];
+    if (kt < qt) {
+      stage_tile_async<HD>(kbuf[(kt + 1) & 1], kbase, ld, (kt + 1) * kTile, T);
+      stage_tile_async<HD>(vbuf[(kt + 1) & 1], vbase, ld, (kt + 1) * kTile, T);
     }
-    dqkv[i] = __float2bfloat16_rn(s);
+    async_commit();
+    async_wait_all_but_one();
+    __syncthreads();
+    float s[8][4] = {}, dp[8][4] = {};
+    mma_abt<HD>(s, qf, ks);    // S (queries x keys)
+    mma_abt<HD>(dp, dof, vs);  // dP = dO V^T
+    const bool diagonal = kt == qt;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float pv = exp2f(fmaf(s[n][i], scale_log2, -lr[i / 2]));
+        if (diagonal && acc_col(n, i) > warp * 16 + acc_row(i)) pv = 0.0f;
+        s[n][i] = pv * (dp[n][i] - dr[i / 2]) * scale;  // dS
+      }
+    mma_pv<HD>(dqacc, s, ks);  // dQ += dS K
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int row = q0 + g + 8 * r;
+    if (row >= T) continue;
+    __nv_bfloat16* dst = dqkv + (int64_t(b) * T + row) * ld + h * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+      *reinterpret_cast<__nv_bfloat162*>(dst + n * 8 + 2 * t) =
+          __floats2bfloat162_rn(dqacc[n][2 * r], dqacc[n][2 * r + 1]);
+  }
+}
+
+// dqkv's key and value columns (B,T,2KV*hd of each row) from fp32 dk, dv (B,H,T,hd): a
+// key/value head sums its group of query heads in order.
+__global__ void flash_merge_kv_k(__nv_bfloat16* dqkv, const float* dk, const float* dv, int T, int H, int KV, int HD,
+                                 int64_t n) {
+  const int64_t W = int64_t(2 * KV) * HD, ld = int64_t(H + 2 * KV) * HD, group = H / KV;
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    const int64_t col = i % W, row = i / W, b = row / T, t = row % T, head = col / HD, d = col % HD;
+    const bool is_k = head < KV;
+    const int64_t kvh = is_k ? head : head - KV;
+    const float* src = is_k ? dk : dv;
+    float s = 0;
+    for (int64_t gq = 0; gq < group; gq++) s += src[((b * H + kvh * group + gq) * T + t) * HD + d];
+    dqkv[row * ld + int64_t(H) * HD + col] = __float2bfloat16_rn(s);
   }
 }
 
@@ -370,19 +429,22 @@ void forward_hd(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T, in
 }
 
 template <int HD>
-void backward_hd(float* dq, float* dk, float* dv, const bf16* qkv, const bf16* dout, const float* lse,
-                 const float* delta, int64_t B, int64_t T, int64_t H, int64_t KV, cudaStream_t s) {
-  constexpr int smem = backward_smem<HD>();
-  static bool raised = false;  // the dynamic shared-memory limit, raised once per process
-  if (!raised) {
-    LOOM_CUDA_OK(cudaFuncSetAttribute(flash_backward_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    raised = true;
-  }
+void backward_hd(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, FlashScratch sc, int64_t B,
+                 int64_t T, int64_t H, int64_t KV, cudaStream_t s) {
   const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(B * H));
-  const double sc = 1.0 / std::sqrt(double(HD));
-  flash_backward_k<HD><<<grid, 128, smem, s>>>(dq, dk, dv, nv(qkv), nv(dout), lse, delta, int(T), int(H), int(KV),
-                                              float(sc * 1.4426950408889634), float(sc));
-  LOOM_CUDA_LAUNCHED("flash_backward");
+  const double scale = 1.0 / std::sqrt(double(HD));
+  const float sl2 = float(scale * 1.4426950408889634), sc32 = float(scale);
+  const bool direct = KV == H;
+  flash_backward_kv_k<HD><<<grid, 128, 0, s>>>(sc.dk, sc.dv, direct ? nv(dqkv) : nullptr, nv(qkv), nv(dout), lse,
+                                               sc.delta, int(T), int(H), int(KV), sl2, sc32);
+  LOOM_CUDA_LAUNCHED("flash_backward_kv");
+  flash_backward_q_k<HD><<<grid, 128, 0, s>>>(nv(dqkv), nv(qkv), nv(dout), lse, sc.delta, int(T), int(H), int(KV),
+                                              sl2, sc32);
+  LOOM_CUDA_LAUNCHED("flash_backward_q");
+  if (direct) return;
+  const int64_t n = B * T * 2 * KV * HD;
+  flash_merge_kv_k<<<blocks_for(n), kThreads, 0, s>>>(nv(dqkv), sc.dk, sc.dv, int(T), int(H), int(KV), HD, n);
+  LOOM_CUDA_LAUNCHED("flash_merge_kv");
 }
 
 }  // namespace
@@ -401,13 +463,8 @@ void flash_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* q
   flash_delta_k<<<unsigned((rows + 7) / 8), 256, 0, s>>>(scratch.delta, nv(dout), nv(out), rows, int(T), int(H),
                                                          int(hd));
   LOOM_CUDA_LAUNCHED("flash_delta");
-  LOOM_CUDA_OK(cudaMemsetAsync(scratch.dq, 0, size_t(rows * hd) * 4, s));
-  if (hd == 32) backward_hd<32>(scratch.dq, scratch.dk, scratch.dv, qkv, dout, lse, scratch.delta, B, T, H, KV, s);
-  else backward_hd<64>(scratch.dq, scratch.dk, scratch.dv, qkv, dout, lse, scratch.delta, B, T, H, KV, s);
-  const int64_t n = B * T * (H + 2 * KV) * hd;
-  flash_merge_k<<<blocks_for(n), kThreads, 0, s>>>(nv(dqkv), scratch.dq, scratch.dk, scratch.dv, int(T), int(H),
-                                                   int(KV), int(hd), n);
-  LOOM_CUDA_LAUNCHED("flash_merge");
+  if (hd == 32) backward_hd<32>(dqkv, qkv, dout, lse, scratch, B, T, H, KV, s);
+  else backward_hd<64>(dqkv, qkv, dout, lse, scratch, B, T, H, KV, s);
 }
 
 }  // namespace loom::cuda

@@ -76,7 +76,7 @@ struct CudaModel::Impl {
   bf16 *q, *k, *v, *oh, *dq, *dk, *dv;  // (B,H,T,hd) heads (materialised)
   float* S;                             // (B,H,T,T) scores, then dP (materialised)
   bf16* dS;                             // (B,H,T,T) (materialised)
-  FlashScratch fs{};                    // flash backward's fp32 dq, dk, dv, delta
+  FlashScratch fs{};                    // flash backward's fp32 delta (and dk, dv for KV < H)
   float *dres, *dnorm;                  // (N,C)
   bf16 *dres_h, *datty, *dqkv, *dfcg, *dfch;
   bf16* lnf;
@@ -131,7 +131,7 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
     x.fch = a.take<bf16>(N * F2), x.fcg = a.take<bf16>(N * F);
   }
   if (flash) {
-    fs.dq = a.take<float>(heads), fs.dk = a.take<float>(heads), fs.dv = a.take<float>(heads);
+    if (KV < H) fs.dk = a.take<float>(heads), fs.dv = a.take<float>(heads);
     fs.delta = a.take<float>(maxB * H * T);
   } else {
     q = a.take<bf16>(heads), k = a.take<bf16>(heads), v = a.take<bf16>(heads), oh = a.take<bf16>(heads);

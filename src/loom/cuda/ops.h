@@ -83,15 +83,17 @@ void rows_to_heads(bf16* out, const bf16* in, int64_t B, int64_t T, int64_t H, i
 bool flash_supported(int64_t hd);
 void flash_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
                    cudaStream_t s);
-// fp32 scratch of the backward: dq, dk, dv (B,H,T,hd) each, delta (B,H,T).
+// fp32 scratch of the backward: delta (B,H,T); dk, dv (B,H,T,hd) each where query heads
+// share key/value heads (KV < H; unused, may be null, where KV == H).
 struct FlashScratch {
-  float *dq, *dk, *dv, *delta;
+  float *dk, *dv, *delta;
 };
 // dqkv (B,T,(H+2KV)*hd, overwritten) from dout (B,T,H*hd), the forward's out and lse.
 void flash_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                     FlashScratch scratch, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t s);
 
-// Softmax cross-entropy over rows of fp32 logits (N, V), row stride ld >= V: losses[i] =
+// Softmax cross-entropy over rows of fp32 logits (N, V), row stride ld >= V, ld % 4 == 0
+// (16-byte aligned rows): losses[i] =
 // logsumexp - logit[target] (0 for a negative target) and dlogits (bf16, same stride) =
 // (softmax - onehot) * dscale (0 rows for a negative target, 0 columns past V); dlogits
 // may be null.

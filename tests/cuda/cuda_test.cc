@@ -16,6 +16,7 @@
 #include "loom/cuda/blas.h"
 #include "loom/cuda/model.h"
 #include "loom/model/model.h"
+#include "loom/optim/optimizer.h"
 #include "loom/cuda/ops.h"
 #include "loom/kernels/ref/gemm_bf16.h"
 #include "loom/kernels/ref/ops.h"
@@ -104,9 +105,15 @@ TEST(CudaKernels, NormsMatchTheReference) {
     std::vector<float> dinp(static_cast<size_t>(N * C), 0.5f), gw(static_cast<size_t>(C), 0.25f), gb(static_cast<size_t>(C), 0.25f);
     Dev<float> ddinp(dinp), dgw(gw), dgb(gb), scratch(static_cast<size_t>(norm_scratch_floats(N, C)));
     Dev<bf16> dinp_h(dinp.size());
+    Dev<float> dsum(std::vector<float>(static_cast<size_t>(C), 0.75f));
     norm_backward(ddinp.p, dgw.p, layer ? dgb.p : nullptr, ddy.p, dx.p, dw.p, dmean.p, drstd.p, N, C, scratch.p, nullptr,
-                  dinp_h.p);
+                  dinp_h.p, dsum.p);
     EXPECT_EQ(dinp_h.get(), to_h(ddinp.get()));
+    std::vector<float> col(static_cast<size_t>(C), 0.75f);  // dsum += column sums of the updated dinp
+    const std::vector<float> updated = ddinp.get();
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++) col[size_t(c)] += updated[size_t(n * C + c)];
+    EXPECT_LT(rel(dsum.get(), col), 1e-5) << C;
     if (layer) ref::layernorm_backward(dinp.data(), gw.data(), gb.data(), dy.data(), x.data(), w.data(), mean.data(),
                                        rstd.data(), N, C);
     else ref::rmsnorm_backward(dinp.data(), gw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -221,6 +228,64 @@ TEST(CudaKernels, LinearLayersMatchTheBf16Reference) {
   EXPECT_LT(rel(dgb2.get(), gb), 1e-5);
 }
 
+// GPT's GELU in the GEMM epilogues (Blas::linear_forward_gelu, linear_backward_input_dgelu)
+// against the tanh form of GELU in fp64 on the same bf16 inputs; each bf16 output carries
+// one rounding (<= 4e-3 in norm). The tanh and erf forms differ by at most 4.7e-4, below
+// bf16's resolution, so the form is pinned by the mean error in the direction of the erf
+// form over the outputs at z < -0.5 where the forms differ by more than 1e-4 (outputs
+// under 0.17, bf16 noise ~3e-4 each): the tanh form leaves it at ~1e-6, the erf form would
+// put it at the mean difference (~2.4e-4); bound: a quarter of that.
+double gelu_tanh(double z) { return 0.5 * z * (1.0 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z))); }
+double gelu_tanh_grad(double z) {
+  const double th = std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z));
+  return 0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * z * z);
+}
+TEST(CudaKernels, GeluEpiloguesMatchTheTanhForm) {
+  REQUIRE_DEVICE();
+  Blas blas(nullptr);
+  const int64_t N = 256, C = 64, F = 1024;  // fc: (N, C) -> (N, F); its backward: (N, C) -> (N, F)
+  const auto x = rounded(randn(static_cast<size_t>(N * C))), w = rounded(randn(static_cast<size_t>(F * C), 0.2f));
+  const auto b = rounded(randn(static_cast<size_t>(F), 0.5f));
+  Dev<bf16> dx(to_h(x)), dw(to_h(w)), db(to_h(b)), act(static_cast<size_t>(N * F)), pre(act.n);
+  if (!blas.linear_forward_gelu(act.p, pre.p, dx.p, dw.p, db.p, N, C, F))
+    GTEST_SKIP() << "cuBLASLt has no GELU epilogue here (the model then runs the GEMM and the GELU kernel)";
+  std::vector<float> z(static_cast<size_t>(N * F)), want(z.size());
+  std::vector<double> erf_gap(z.size());
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t f = 0; f < F; f++) {
+      double acc = b[size_t(f)];
+      for (int64_t c = 0; c < C; c++) acc += double(x[size_t(n * C + c)]) * w[size_t(f * C + c)];
+      const size_t i = size_t(n * F + f);
+      z[i] = float(acc), want[i] = float(gelu_tanh(acc));
+      erf_gap[i] = 0.5 * acc * (1.0 + std::erf(acc / std::sqrt(2.0))) - gelu_tanh(acc);
+    }
+  const std::vector<float> got = widen(act.get()), got_pre = widen(pre.get());
+  EXPECT_LT(rel(got_pre, z), 4e-3);
+  EXPECT_LT(rel(got, want), 4e-3);
+  double toward_erf = 0, gap = 0;
+  int64_t count = 0;
+  for (size_t i = 0; i < z.size(); i++)
+    if (z[i] < -0.5f && std::abs(erf_gap[i]) > 1e-4) {
+      toward_erf += (double(got[i]) - want[i]) * (erf_gap[i] > 0 ? 1.0 : -1.0);
+      gap += std::abs(erf_gap[i]), count++;
+    }
+  ASSERT_GT(count, 10000);
+  EXPECT_LT(std::abs(toward_erf / double(count)), 0.25 * gap / double(count));
+
+  // Backward: dpre(N, F) = gelu'(pre) * (dy(N, C) @ w2(C, F)), pre the bf16 values above.
+  const auto w2 = rounded(randn(static_cast<size_t>(C * F), 0.1f)), dy = rounded(randn(static_cast<size_t>(N * C)));
+  Dev<bf16> dw2(to_h(w2)), ddy(to_h(dy)), dpre(static_cast<size_t>(N * F));
+  ASSERT_TRUE(blas.linear_backward_input_dgelu(dpre.p, ddy.p, dw2.p, pre.p, N, F, C));
+  std::vector<float> dwant(static_cast<size_t>(N * F));
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t f = 0; f < F; f++) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; c++) acc += double(dy[size_t(n * C + c)]) * w2[size_t(c * F + f)];
+      dwant[size_t(n * F + f)] = float(gelu_tanh_grad(got_pre[size_t(n * F + f)]) * acc);
+    }
+  EXPECT_LT(rel(widen(dpre.get()), dwant), 4e-3);
+}
+
 TEST(CudaKernels, CausalSoftmaxAndHeadPermutations) {
   REQUIRE_DEVICE();
   const int64_t BH = 6, T = 45;
@@ -292,28 +357,32 @@ TEST(CudaKernels, FlashAttentionMatchesTheReference) {
 
 TEST(CudaKernels, CrossEntropyAdamWAndSums) {
   REQUIRE_DEVICE();
-  const int64_t N = 19, V = 3001;
-  const auto logits = randn(static_cast<size_t>(N * V), 3.0f);
-  std::vector<int32_t> tgt(static_cast<size_t>(N));
-  for (int32_t& t : tgt) t = int32_t(rng()() % V);
-  tgt[3] = -1;  // ignored: loss 0, zero gradient
-  std::vector<float> loss(static_cast<size_t>(N)), grad = logits, dloss(static_cast<size_t>(N), 0.5f);
-  ref::crossentropy_forward(loss.data(), logits.data(), tgt.data(), N, V);
-  ref::crossentropy_backward_inplace(grad.data(), tgt.data(), dloss.data(), N, V);
-  // Rows padded to a stride of a multiple of 4 (the model's Vp): padding columns get 0.
-  const int64_t ld = (V + 3) / 4 * 4 + 4;
-  std::vector<float> padded(static_cast<size_t>(N * ld), 0.0f), grad_padded(padded.size(), 0.0f);
-  for (int64_t i = 0; i < N; i++)
-    for (int64_t j = 0; j < V; j++) {
-      padded[size_t(i * ld + j)] = logits[size_t(i * V + j)];
-      grad_padded[size_t(i * ld + j)] = grad[size_t(i * V + j)];
-    }
-  Dev<float> dl(padded), dloss_d(static_cast<size_t>(N));
-  Dev<int32_t> dt(tgt);
-  Dev<bf16> dg(padded.size());
-  crossentropy(dloss_d.p, dg.p, dl.p, dt.p, N, V, ld, 0.5f, nullptr);
-  EXPECT_LT(rel(dloss_d.get(), loss), 1e-5);
-  EXPECT_LT(rel(widen(dg.get()), grad_padded), 4e-3);
+  // V 3001: rows kept in shared memory between the passes; 60001 (240 KB rows, more than a
+  // block may have): read twice.
+  for (int64_t V : {3001, 60001}) {
+    const int64_t N = 19;
+    const auto logits = randn(static_cast<size_t>(N * V), 3.0f);
+    std::vector<int32_t> tgt(static_cast<size_t>(N));
+    for (int32_t& t : tgt) t = int32_t(rng()() % V);
+    tgt[3] = -1;  // ignored: loss 0, zero gradient
+    std::vector<float> loss(static_cast<size_t>(N)), grad = logits, dloss(static_cast<size_t>(N), 0.5f);
+    ref::crossentropy_forward(loss.data(), logits.data(), tgt.data(), N, V);
+    ref::crossentropy_backward_inplace(grad.data(), tgt.data(), dloss.data(), N, V);
+    // Rows padded to a stride of a multiple of 4 (the model's Vp): padding columns get 0.
+    const int64_t ld = (V + 3) / 4 * 4 + 4;
+    std::vector<float> padded(static_cast<size_t>(N * ld), 0.0f), grad_padded(padded.size(), 0.0f);
+    for (int64_t i = 0; i < N; i++)
+      for (int64_t j = 0; j < V; j++) {
+        padded[size_t(i * ld + j)] = logits[size_t(i * V + j)];
+        grad_padded[size_t(i * ld + j)] = grad[size_t(i * V + j)];
+      }
+    Dev<float> dl(padded), dloss_d(static_cast<size_t>(N));
+    Dev<int32_t> dt(tgt);
+    Dev<bf16> dg(padded.size());
+    crossentropy(dloss_d.p, dg.p, dl.p, dt.p, N, V, ld, 0.5f, nullptr);
+    EXPECT_LT(rel(dloss_d.get(), loss), 1e-5) << V;
+    EXPECT_LT(rel(widen(dg.get()), grad_padded), 4e-3) << V;
+  }
 
   const int64_t n = 10007;
   auto p = randn(static_cast<size_t>(n)), g = randn(static_cast<size_t>(n)), m = randn(static_cast<size_t>(n), 0.1f), v = randn(static_cast<size_t>(n), 0.1f);
@@ -327,6 +396,30 @@ TEST(CudaKernels, CrossEntropyAdamWAndSums) {
   EXPECT_LT(rel(dm.get(), m), 1e-6);
   EXPECT_LT(rel(dv.get(), v), 1e-6);
   EXPECT_EQ(ph.get(), to_h(dp.get()));
+
+  // One launch over runs of different weight decay (the model's whole-buffer update) against
+  // a launch per run: a wrong run lookup moves p by lr wd p ~ 1e-4 relative.
+  {
+    const int64_t total = 10000;
+    const std::vector<int64_t> starts = {0, 4000, 6400};
+    const std::vector<float> decay = {1.0f, 0.0f, 1.0f};
+    auto p0 = randn(static_cast<size_t>(total)), g0 = randn(static_cast<size_t>(total));
+    auto m0 = randn(static_cast<size_t>(total), 0.1f), v0 = randn(static_cast<size_t>(total), 0.1f);
+    for (float& x : v0) x = x * x;
+    Dev<float> pa(p0), ga(g0), ma(m0), va(v0), pb(p0), mb(m0), vb(v0);
+    Dev<bf16> ha(static_cast<size_t>(total)), hb(static_cast<size_t>(total));
+    Dev<int64_t> ds(starts);
+    Dev<float> dd(decay);
+    adamw_runs(pa.p, ha.p, ga.p, ma.p, va.p, total, ds.p, dd.p, 3, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f, nullptr);
+    for (size_t r = 0; r < starts.size(); r++) {
+      const int64_t lo = starts[r], hi = r + 1 < starts.size() ? starts[r + 1] : total;
+      adamw(pb.p + lo, hb.p + lo, ga.p + lo, mb.p + lo, vb.p + lo, hi - lo, 1e-3f, 0.9f, 0.95f, 1e-8f,
+            0.1f * decay[r], 3, 0.5f, nullptr);
+    }
+    EXPECT_LT(rel(pa.get(), pb.get()), 1e-6);
+    EXPECT_LT(rel(ma.get(), mb.get()), 1e-6);
+    EXPECT_LT(rel(va.get(), vb.get()), 1e-6);
+  }
 
   Dev<double> out(1), scratch(1024);
   sum_squares(out.p, dgr.p, n, scratch.p, nullptr);
@@ -372,6 +465,46 @@ TEST(CudaModel, GptAndLlamaMatchTheCpuBf16Model) {
     }
     EXPECT_NEAR(gpu.grad_norm(), std::sqrt(ref::sum_squares(cpu.grads().data(), int64_t(cpu.grads().size()))),
                 3e-2 * gpu.grad_norm());
+  }
+}
+
+// Clipping decided on the device (clip_and_step) against the host's clip_coef of the
+// synchronously read norm (grad_norm + adamw_step) from the same gradients and state: the
+// same double arithmetic, so the same parameter bits, with clipping active and not.
+TEST(CudaModel, ClipOnTheDeviceMatchesTheHost) {
+  REQUIRE_DEVICE();
+  ModelConfig m;
+  m.arch = Arch::kGpt, m.layers = 1, m.d_model = 64, m.heads = 2, m.kv_heads = 2, m.ffn = 128, m.vocab = 61;
+  m.ctx = 16;
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
+  for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
+  for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
+  ModelOptions opt;
+  opt.precision = Precision::kBf16;
+  Model cpu(m, B, T, KernelBackend::kRef, opt);
+  cpu.init_weights(uint64_t(rng()()));
+  CudaModel gpu(m, B, T);
+  gpu.upload_params(cpu.params());
+  gpu.zero_grads();
+  gpu.forward_backward(tok.data(), tgt.data(), B, T, 1.0f);
+  gpu.take_loss();
+  const double norm = gpu.grad_norm();
+  const std::vector<float> zeros(cpu.params().size(), 0.0f);
+  for (double clip : {0.5 * norm, 2.0 * norm}) {
+    OptimConfig o;
+    o.grad_clip = clip;
+    gpu.upload_params(cpu.params());
+    gpu.upload_moments(zeros, zeros);
+    gpu.clip_and_step(o, 1e-3, 1);
+    gpu.take_loss();
+    EXPECT_EQ(gpu.last_grad_norm(), norm) << clip;
+    const std::vector<float> on_device = gpu.download_params();
+    gpu.upload_params(cpu.params());
+    gpu.upload_moments(zeros, zeros);
+    gpu.adamw_step(o, 1e-3, 1, clip_coef(norm, clip));
+    EXPECT_TRUE(gpu.download_params() == on_device) << clip;
+    EXPECT_FALSE(on_device == cpu.params()) << clip;  // it did update
   }
 }
 

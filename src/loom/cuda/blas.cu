@@ -35,6 +35,7 @@ struct Blas::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool supported = true;  // false: no algorithm for this epilogue
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -100,10 +101,12 @@ cublasLtMatmulAlgo_t Blas::fastest(Plan& p, const cublasLtMatmulHeuristicResult_
 }
 
 // Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T: cuBLAS's A is our B and
-// its B our A, with the same transpose flags; its m = N, n = M.
-void Blas::lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
-              int64_t ldb, const void* c, void* D, Dt dt, int64_t ldd, float beta, const void* bias) {
-  auto key = std::make_tuple(ta, tb, M, N, K, lda, ldb, ldd, int(dt), bias != nullptr, beta != 0.0f);
+// its B our A, with the same transpose flags; its m = N, n = M. An aux matrix of a GELU
+// epilogue has D's layout (column-major N x M, leading dimension ldd).
+bool Blas::lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+              int64_t ldb, const void* c, void* D, Dt dt, int64_t ldd, float beta, const void* bias, Epi epi,
+              const bf16* aux) {
+  auto key = std::make_tuple(ta, tb, M, N, K, lda, ldb, ldd, int(dt), bias != nullptr, beta != 0.0f, int(epi));
   std::unique_ptr<Plan>& slot = plans_[key];
   const std::string shape = shape_of(ta, tb, M, N, K);
   if (!slot) {
@@ -112,42 +115,71 @@ void Blas::lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, 
     const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "TRANSA");
     blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "TRANSB");
-    if (bias) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "EPILOGUE");
+    const cublasLtEpilogue_t e = epi == Epi::kGeluAux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                 : epi == Epi::kDgelu ? CUBLASLT_EPILOGUE_DGELU
+                                 : bias               ? CUBLASLT_EPILOGUE_BIAS
+                                                      : CUBLASLT_EPILOGUE_DEFAULT;
+    blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)), "EPILOGUE");
+    if (epi != Epi::kNone) {
+      const int64_t aux_ld = ldd;
+      const cudaDataType aux_type = CUDA_R_16BF;
+      blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+              "EPILOGUE_AUX_LD");
+      blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                             sizeof(aux_type)),
+              "EPILOGUE_AUX_DATA_TYPE");
+      blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+              "EPILOGUE_AUX_POINTER");
     }
     // Column-major shapes: cuBLAS A (ours B) is (N x K) or stored transposed.
     blas_ok(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb), "layout A");
     blas_ok(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda), "layout B");
     blas_ok(cublasLtMatrixLayoutCreate(&p->c, cu(dt), N, M, ldd), "layout C");
-    cublasLtMatmulPreference_t pref;
-    blas_ok(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
-                                                 sizeof(kWorkspaceBytes)),
-            "PREF_MAX_WORKSPACE_BYTES");
-    // Views into the flat buffers are 32-byte aligned (ParamLayout::kAlignFloats halves).
-    const uint32_t align = 16;
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)), "PREF_MIN_ALIGNMENT");
     cublasLtMatmulHeuristicResult_t res[kCandidates];
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p->op, p->a, p->b,
-                                                             p->c, p->c, pref, kCandidates, res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    blas_ok(st, "MatmulAlgoGetHeuristic", shape);
-    if (found == 0) throw Error("cuBLASLt has no algorithm for " + shape);
-    p->algo = fastest(*p, res, found, A, B, c, dt, ldd * M, beta, bias);
+    const int found = candidates(*p, res, shape);
+    if (found == 0 && epi != Epi::kNone) {
+      p->supported = false;
+    } else {
+      if (found == 0) throw Error("cuBLASLt has no algorithm for " + shape);
+      p->algo = fastest(*p, res, found, A, B, c, dt, ldd * M, beta, bias);
+    }
     slot = std::move(p);
   }
   Plan& p = *slot;
+  if (!p.supported) return false;
   if (bias)
     blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
             "BIAS_POINTER");
+  if (aux)
+    blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+            "EPILOGUE_AUX_POINTER");
   const float alpha = 1.0f;
   blas_ok(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, c ? c : D, p.c, D,
                          p.c, &p.algo, workspace_, kWorkspaceBytes, stream_),
           "cublasLtMatmul", shape);
+  return true;
+}
+
+// Up to kCandidates algorithms for a plan's descriptors; 0 where cuBLASLt has none (or
+// says the combination is not supported).
+int Blas::candidates(Plan& p, cublasLtMatmulHeuristicResult_t* res, const std::string& shape) {
+  cublasLtMatmulPreference_t pref;
+  blas_ok(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+                                               sizeof(kWorkspaceBytes)),
+          "PREF_MAX_WORKSPACE_BYTES");
+  // Views into the flat buffers are 32-byte aligned (ParamLayout::kAlignFloats halves).
+  const uint32_t align = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)), "PREF_MIN_ALIGNMENT");
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p.op, p.a, p.b, p.c,
+                                                           p.c, pref, kCandidates, res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return 0;
+  blas_ok(st, "MatmulAlgoGetHeuristic", shape);
+  return found;
 }
 
 void Blas::linear_forward(void* out, Dt out_type, const bf16* inp, const bf16* w, const void* bias,
@@ -165,6 +197,16 @@ void Blas::linear_backward_input(void* dinp, Dt type, const bf16* dout, const bf
 void Blas::linear_backward_weight(float* dw, const bf16* dout, const bf16* inp, int64_t N, int64_t IC, int64_t OC,
                                   int64_t ld) {
   lt(true, false, OC, IC, N, dout, ld ? ld : OC, inp, IC, nullptr, dw, Dt::kF32, IC, 1.0f, nullptr);
+}
+
+bool Blas::linear_forward_gelu(bf16* act, bf16* pre, const bf16* inp, const bf16* w, const bf16* bias, int64_t N,
+                               int64_t IC, int64_t OC) {
+  return lt(false, true, N, OC, IC, inp, IC, w, IC, nullptr, act, Dt::kBf16, OC, 0.0f, bias, Epi::kGeluAux, pre);
+}
+
+bool Blas::linear_backward_input_dgelu(bf16* dpre, const bf16* dout, const bf16* w, const bf16* pre, int64_t N,
+                                       int64_t IC, int64_t OC) {
+  return lt(false, false, N, IC, OC, dout, OC, w, IC, nullptr, dpre, Dt::kBf16, IC, 0.0f, nullptr, Epi::kDgelu, pre);
 }
 
 void Blas::batched(const Batched& g) {

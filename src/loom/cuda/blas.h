@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include <cublasLt.h>
@@ -36,6 +37,17 @@ class Blas {
   // dw(OC,IC) += dout(N,OC)^T @ inp(N,IC), fp32.
   void linear_backward_weight(float* dw, const bf16* dout, const bf16* inp, int64_t N, int64_t IC, int64_t OC,
                               int64_t ld = 0);
+  // GPT's MLP activation in the GEMM's epilogue (cuBLASLt GELU_AUX_BIAS): pre(N,OC) = inp @
+  // w^T + bias and act = gelu(pre) (the tanh form, from the fp32 sum), both bf16. False,
+  // with nothing written, where cuBLASLt has no algorithm for it: the caller then runs
+  // linear_forward and ops.h gelu_forward.
+  bool linear_forward_gelu(bf16* act, bf16* pre, const bf16* inp, const bf16* w, const bf16* bias, int64_t N,
+                           int64_t IC, int64_t OC);
+  // dpre(N,IC) = gelu'(pre) * (dout(N,OC) @ w(OC,IC)), bf16 (the DGELU epilogue: the
+  // derivative at the bf16 pre-activation times the fp32 sum). False as above (then
+  // linear_backward_input and ops.h gelu_backward).
+  bool linear_backward_input_dgelu(bf16* dpre, const bf16* dout, const bf16* w, const bf16* pre, int64_t N,
+                                   int64_t IC, int64_t OC);
 
   // Row-major per batch item b < batch: C_b(M,N) = alpha op(A_b)(M,K) op(B_b)(K,N) + beta C_b,
   // op(X) = X^T when its flag is set (X then stored (K,M) or (N,K)); strides in elements.
@@ -56,16 +68,23 @@ class Blas {
 
  private:
   struct Plan;
-  // Row-major D(M,N) = op(A) op(B) + beta C (C = D when c is null) [+ bias(N)].
+  // The epilogue beyond the bias: none, GELU with its input stored to aux, or GELU's
+  // derivative at aux times the product.
+  enum class Epi { kNone, kGeluAux, kDgelu };
+  // Row-major D(M,N) = op(A) op(B) + beta C (C = D when c is null) [+ bias(N)] [epilogue
+  // with aux (M,N), row stride ldd]. False where cuBLASLt has no algorithm for a GELU
+  // epilogue (remembered per shape); other failures throw.
   cublasLtMatmulAlgo_t fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const bf16* A,
                                const bf16* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias);
-  void lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B, int64_t ldb,
-          const void* c, void* D, Dt dt, int64_t ldd, float beta, const void* bias);
+  int candidates(Plan& p, cublasLtMatmulHeuristicResult_t* res, const std::string& shape);
+  bool lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B, int64_t ldb,
+          const void* c, void* D, Dt dt, int64_t ldd, float beta, const void* bias, Epi epi = Epi::kNone,
+          const bf16* aux = nullptr);
   cudaStream_t stream_;
   void* lt_ = nullptr;      // cublasLtHandle_t
   void* cublas_ = nullptr;  // cublasHandle_t
   void* workspace_ = nullptr;
-  std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool>,
+  std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int>,
            std::unique_ptr<Plan>>
       plans_;
 };

@@ -87,12 +87,20 @@ struct CudaModel::Impl {
   float* losses;  // (N)
   float* colsum;  // column-sum scratch
   double* dscratch;
-  double* norm_out;
+  double* norm_out;        // the squared gradient norm (device)
+  double norm_sq_host = 0;  // its copy, made by take_loss
+  // AdamW's weight-decay runs (optim::decay_runs with decay 1): host copy, and on the device
+  // their starts and 0/1 flags for one launch over the whole buffer (ops.h adamw_runs).
+  std::vector<DecayRun> runs;
+  int64_t* run_start = nullptr;
+  float* run_decay = nullptr;
+  int64_t total = 0;  // floats in the flat buffers
   float* loss_slots;  // one per micro-batch since take_loss, then forward_loss's
   int64_t loss_count = 0;
   std::vector<int64_t> loss_rows;  // N of each slot
   int32_t *tok, *tgt;
   int32_t *tok_host, *tgt_host;  // pinned staging
+  cudaEvent_t staged = nullptr;   // recorded after the staging buffer's last copy to the device
 
   bool gpt() const { return m.arch == Arch::kGpt; }
   bf16* h(const float* p) const { return p ? params_h + (p - params) : nullptr; }
@@ -104,6 +112,7 @@ struct CudaModel::Impl {
     LOOM_CUDA_OK(cudaMemcpyAsync(head_h, h(w), size_t(V * C) * 2, cudaMemcpyDeviceToDevice, s));
   }
   void carve(Arena& a, int64_t total_floats);
+  void update(const OptimConfig& o, double lr, int64_t step, double grad_scale, const double* norm_sq);
   void stage_tokens(const int32_t* tokens, const int32_t* targets, int64_t N);
   void forward(int64_t B, int64_t T);
   void forward_block(int l, int64_t B, int64_t T);
@@ -147,6 +156,7 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
   losses = a.take<float>(N);
   colsum = a.take<float>(std::max(norm_scratch_floats(N, C), bias_scratch_floats(N, std::max(Q, F2))));
   dscratch = a.take<double>(1024), norm_out = a.take<double>(1);
+  run_start = a.take<int64_t>(int64_t(runs.size())), run_decay = a.take<float>(int64_t(runs.size()));
   loss_slots = a.take<float>(1025);
   tok = a.take<int32_t>(N), tgt = a.take<int32_t>(N);
 }
@@ -157,9 +167,15 @@ CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool 
   p.m = cfg, p.maxB = max_batch, p.T = T;
   p.C = cfg.d_model, p.H = cfg.heads, p.KV = cfg.kv_heads, p.hd = cfg.head_dim();
   p.Q = (p.H + 2 * p.KV) * p.hd, p.F = cfg.ffn, p.F2 = cfg.arch == Arch::kGpt ? p.F : 2 * p.F, p.V = cfg.vocab;
-  p.head_rows = std::min<int64_t>(max_batch * T, 4096);
   p.Vp = (p.V + 63) / 64 * 64;
+  // Classifier chunks as large as 6 GiB of logits and their gradients allow (fp32 + bf16,
+  // 6 bytes a logit): GPT-2's 16,384 rows in one chunk, so the head's weight gradient is one
+  // GEMM over all rows instead of four accumulating into the fp32 gradient.
+  const int64_t fit = (int64_t(6) << 30) / (6 * p.Vp);
+  p.head_rows = std::min<int64_t>(max_batch * T, std::max<int64_t>(1024, fit / 1024 * 1024));
   LOOM_CONFIG_CHECK(T <= cfg.ctx, "train.seq = ", T, " exceeds model.ctx = ", cfg.ctx);
+  p.total = layout_.total_floats();
+  p.runs = decay_runs(layout_, 1.0);
   Arena a;
   p.carve(a, layout_.total_floats());
   bytes_ = a.used();
@@ -168,8 +184,14 @@ CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool 
   a.start(p.mem);
   p.carve(a, layout_.total_floats());
   LOOM_CUDA_OK(cudaMemsetAsync(p.mem, 0, size_t(bytes_), p.s));  // padding floats must read zero
+  std::vector<int64_t> starts;
+  std::vector<float> decay;
+  for (const DecayRun& r : p.runs) starts.push_back(r.offset), decay.push_back(r.weight_decay);
+  LOOM_CUDA_OK(cudaMemcpyAsync(p.run_start, starts.data(), starts.size() * 8, cudaMemcpyHostToDevice, p.s));
+  LOOM_CUDA_OK(cudaMemcpyAsync(p.run_decay, decay.data(), decay.size() * 4, cudaMemcpyHostToDevice, p.s));
   LOOM_CUDA_OK(cudaMallocHost(reinterpret_cast<void**>(&p.tok_host), size_t(2 * max_batch * T) * sizeof(int32_t)));
   p.tgt_host = p.tok_host + max_batch * T;
+  LOOM_CUDA_OK(cudaEventCreateWithFlags(&p.staged, cudaEventDisableTiming));
   p.pv = make_view(layout_, cfg, p.params);
   p.gv = make_view(layout_, cfg, p.grads);
   p.blas = std::make_unique<Blas>(p.s);
@@ -184,6 +206,7 @@ CudaModel::~CudaModel() {
   if (p_->s) cudaStreamSynchronize(p_->s);
   cudaFree(p_->mem);
   cudaFreeHost(p_->tok_host);
+  if (p_->staged) cudaEventDestroy(p_->staged);
   if (p_->s) cudaStreamDestroy(p_->s);
 }
 
@@ -228,12 +251,14 @@ void CudaModel::zero_grads() {
 }
 
 void CudaModel::Impl::stage_tokens(const int32_t* tokens, const int32_t* targets, int64_t N) {
-  // The pinned staging buffer may still feed the previous micro-batch's copy.
-  LOOM_CUDA_OK(cudaStreamSynchronize(s));
+  // The pinned staging buffer may still feed the previous micro-batch's copy: wait for that
+  // copy only (the stream's other work keeps running, so the GPU does not idle here).
+  LOOM_CUDA_OK(cudaEventSynchronize(staged));
   std::copy(tokens, tokens + N, tok_host);
   std::copy(targets, targets + N, tgt_host);
   LOOM_CUDA_OK(cudaMemcpyAsync(tok, tok_host, size_t(N) * 4, cudaMemcpyHostToDevice, s));
   LOOM_CUDA_OK(cudaMemcpyAsync(tgt, tgt_host, size_t(N) * 4, cudaMemcpyHostToDevice, s));
+  LOOM_CUDA_OK(cudaEventRecord(staged, s));
 }
 
 void CudaModel::Impl::norm_fwd(bf16* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
@@ -274,10 +299,13 @@ void CudaModel::Impl::forward_block(int l, int64_t B, int64_t T) {
   prof->mark("norm");
   norm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.x1, w.norm2_w, w.norm2_b, N);
   prof->mark("gemm");
-  blas->linear_forward(a.fch, Dt::kBf16, a.ln2, h(w.fc_w), h(w.fc_b), nullptr, N, C, F2);
-  prof->mark("elementwise");
-  if (gpt()) gelu_forward(a.fcg, a.fch, N * F, s);
-  else swiglu_forward(a.fcg, a.fch, N, F, s);
+  // GPT: GELU in the GEMM's epilogue where cuBLASLt has it (Note [CUDA precision]).
+  if (!gpt() || !blas->linear_forward_gelu(a.fcg, a.fch, a.ln2, h(w.fc_w), h(w.fc_b), N, C, F2)) {
+    blas->linear_forward(a.fch, Dt::kBf16, a.ln2, h(w.fc_w), h(w.fc_b), nullptr, N, C, F2);
+    prof->mark("elementwise");
+    if (gpt()) gelu_forward(a.fcg, a.fch, N * F, s);
+    else swiglu_forward(a.fcg, a.fch, N, F, s);
+  }
   prof->mark("gemm");
   blas->linear_forward(res[size_t(l + 1)], Dt::kF32, a.fcg, h(w.mlp_proj_w), w.mlp_proj_b, a.x1, N, F, C);
 }
@@ -339,13 +367,13 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   const LayerActs& a = acts[size_t(l)];
   // MLP: dres = dL/d(block output), dres_h its bf16 copy (made by the norm backward before).
   prof->mark("gemm back");
-  blas->linear_backward_input(dfcg, Dt::kBf16, dres_h, h(w.mlp_proj_w), N, F, C);
+  const bool fused = gpt() && blas->linear_backward_input_dgelu(dfch, dres_h, h(w.mlp_proj_w), a.fch, N, F, C);
+  if (!fused) blas->linear_backward_input(dfcg, Dt::kBf16, dres_h, h(w.mlp_proj_w), N, F, C);
   blas->linear_backward_weight(g.mlp_proj_w, dres_h, a.fcg, N, F, C);
-  prof->mark("bias back");
-  if (gpt()) bias_backward(g.mlp_proj_b, dres, N, C, colsum, s);
+  // (mlp_proj_b's gradient, the column sums of dres, came with the norm backward that made dres)
   prof->mark("elementwise");
-  if (gpt()) gelu_backward(dfch, a.fch, dfcg, N * F, s);
-  else swiglu_backward(dfch, a.fch, dfcg, N, F, s);
+  if (!fused && gpt()) gelu_backward(dfch, a.fch, dfcg, N * F, s);
+  if (!gpt()) swiglu_backward(dfch, a.fch, dfcg, N, F, s);
   prof->mark("gemm back");
   blas->linear_backward_input(dnorm, Dt::kF32, dfch, h(w.fc_w), N, C, F2);
   blas->linear_backward_weight(g.fc_w, dfch, a.ln2, N, C, F2);
@@ -353,13 +381,11 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   if (gpt()) bias_backward(g.fc_b, dfch, N, F2, colsum, s);
   prof->mark("norm back");
   norm_backward(dres, g.norm2_w, gpt() ? g.norm2_b : nullptr, dnorm, a.x1, w.norm2_w, a.ln2_mean, a.ln2_rstd, N, C,
-                colsum, s, dres_h);
+                colsum, s, dres_h, gpt() ? g.attn_proj_b : nullptr);
   // Attention: dres = dL/d(x1).
   prof->mark("gemm back");
   blas->linear_backward_input(datty, Dt::kBf16, dres_h, h(w.attn_proj_w), N, H * hd, C);
   blas->linear_backward_weight(g.attn_proj_w, dres_h, a.atty, N, H * hd, C);
-  prof->mark("bias back");
-  if (gpt()) bias_backward(g.attn_proj_b, dres, N, C, colsum, s);
   attention_backward(a, B, T);
   prof->mark("elementwise");
   if (!gpt()) rope(dqkv, B, T, H, KV, hd, float(m.rope_theta), true, s);
@@ -370,7 +396,7 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   if (gpt()) bias_backward(g.qkv_b, dqkv, N, Q, colsum, s);
   prof->mark("norm back");
   norm_backward(dres, g.norm1_w, gpt() ? g.norm1_b : nullptr, dnorm, res[size_t(l)], w.norm1_w, a.ln1_mean,
-                a.ln1_rstd, N, C, colsum, s, dres_h);
+                a.ln1_rstd, N, C, colsum, s, dres_h, gpt() && l > 0 ? gv.blocks[size_t(l - 1)].mlp_proj_b : nullptr);
 }
 
 void CudaModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
@@ -389,7 +415,8 @@ void CudaModel::forward_backward(const int32_t* tokens, const int32_t* targets, 
   p.prof->mark("norm back");
   LOOM_CUDA_OK(cudaMemsetAsync(p.dres, 0, size_t(N * p.C) * 4, p.s));
   norm_backward(p.dres, p.gv.normf_w, p.gpt() ? p.gv.normf_b : nullptr, p.dlnf, p.res[size_t(p.m.layers)],
-                p.pv.normf_w, p.lnf_mean, p.lnf_rstd, N, p.C, p.colsum, p.s, p.dres_h);
+                p.pv.normf_w, p.lnf_mean, p.lnf_rstd, N, p.C, p.colsum, p.s, p.dres_h,
+                p.gpt() ? p.gv.blocks.back().mlp_proj_b : nullptr);
   for (int l = int(p.m.layers) - 1; l >= 0; l--) p.backward_block(l, B, T);
   p.prof->mark("embedding back");
   embedding_backward(p.gv.wte, p.gpt() ? p.gv.wpe : nullptr, p.dres, p.tok, B, T, p.C, p.s);
@@ -415,6 +442,7 @@ double CudaModel::take_loss() {
   std::vector<float> sums(size_t(p.loss_count));
   if (p.loss_count > 0)
     LOOM_CUDA_OK(cudaMemcpyAsync(sums.data(), p.loss_slots, sums.size() * 4, cudaMemcpyDeviceToHost, p.s));
+  LOOM_CUDA_OK(cudaMemcpyAsync(&p.norm_sq_host, p.norm_out, 8, cudaMemcpyDeviceToHost, p.s));
   LOOM_CUDA_OK(cudaStreamSynchronize(p.s));
   p.prof->collect(1);
   double mean = 0;
@@ -436,16 +464,40 @@ double CudaModel::grad_norm() {
   return std::sqrt(ss);
 }
 
-// AdamW over the runs of equal weight decay that the CPU's AdamW uses (optim::decay_runs).
+// AdamW over the runs of equal weight decay that the CPU's AdamW uses (optim::decay_runs),
+// in one launch where the buffers allow it (they do: 256-byte aligned, runs at multiples of
+// ParamLayout::kAlignFloats), else a launch per run. norm_sq: clip on the device (ops.h
+// adamw), else scale the gradients by grad_scale.
+void CudaModel::Impl::update(const OptimConfig& o, double lr, int64_t step, double grad_scale, const double* norm_sq) {
+  bool one_launch = total % 4 == 0;
+  for (const DecayRun& r : runs) one_launch = one_launch && r.offset % 4 == 0;
+  if (one_launch)
+    return adamw_runs(params, params_h, grads, mom1, mom2, total, run_start, run_decay, int(runs.size()), float(lr),
+                      float(o.beta1), float(o.beta2), float(o.eps), float(o.weight_decay), step, float(grad_scale), s,
+                      norm_sq, o.grad_clip);
+  for (const DecayRun& r : runs) {
+    const int64_t lo = r.offset;
+    adamw(params + lo, params_h + lo, grads + lo, mom1 + lo, mom2 + lo, r.count, float(lr), float(o.beta1),
+          float(o.beta2), float(o.eps), r.weight_decay * float(o.weight_decay), step, float(grad_scale), s, norm_sq,
+          o.grad_clip);
+  }
+}
+
 void CudaModel::adamw_step(const OptimConfig& o, double lr, int64_t step, double grad_scale) {
   Impl& p = *p_;
   p.prof->mark("optimizer");
-  for (const DecayRun& r : decay_runs(layout_, o.weight_decay)) {
-    const int64_t lo = r.offset;
-    adamw(p.params + lo, p.params_h + lo, p.grads + lo, p.mom1 + lo, p.mom2 + lo, r.count, float(lr), float(o.beta1),
-          float(o.beta2), float(o.eps), r.weight_decay, step, float(grad_scale), p.s);
-  }
+  p.update(o, lr, step, grad_scale, nullptr);
   p.refresh_head();
 }
+
+void CudaModel::clip_and_step(const OptimConfig& o, double lr, int64_t step) {
+  Impl& p = *p_;
+  p.prof->mark("optimizer");
+  sum_squares(p.norm_out, p.grads, layout_.total_floats(), p.dscratch, p.s);
+  p.update(o, lr, step, 1.0, p.norm_out);
+  p.refresh_head();
+}
+
+double CudaModel::last_grad_norm() const { return std::sqrt(p_->norm_sq_host); }
 
 }  // namespace loom::cuda

@@ -47,6 +47,11 @@ class CudaModel {
   // the bf16 copy refreshed. `step` >= 1 is the bias-correction step.
   double grad_norm();
   void adamw_step(const OptimConfig& o, double lr, int64_t step, double grad_scale);
+  // The same with clipping to o.grad_clip decided on the device (ops.h adamw), so the host
+  // does not wait for the GPU between backward and update. Asynchronous; the step's
+  // gradient norm reaches the host with the next take_loss (last_grad_norm).
+  void clip_and_step(const OptimConfig& o, double lr, int64_t step);
+  double last_grad_norm() const;
 
   int64_t device_bytes() const { return bytes_; }  // everything this model allocated
   bool flash() const;

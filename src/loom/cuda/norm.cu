@@ -155,30 +155,33 @@ __device__ inline void add4(float4& acc, float4 v, float s = 1.0f) {
 // A norm's whole backward in one pass over dout and inp when C = 128 CB (CB <= 8): warp
 // w of kNormWarps takes rows w, w + kNormWarps, ...; lane l owns the float4 columns
 // l + 32 j (j < CB), keeps w, and sums its dw and db terms in registers, written per warp to
-// part_w / part_b [kNormWarps][C] and summed over the warps in a fixed order by col_finish_k.
+// part_w / part_b [kNormWarps][C] and summed over the warps in a fixed order by col_finish_k;
+// part_s (when set) gets the column sums of the updated dinp the same way (the bias gradient
+// of the linear layer whose output dinp is the gradient of: GPT's projections).
 constexpr int kNormWarps = 1024;
 template <int CB>
 __global__ void __launch_bounds__(256) norm_backward_fused_k(float* dinp, __nv_bfloat16* dinp_h, float* part_w,
-                                                             float* part_b, const float* dout, const float* inp,
-                                                             const float* w, const float* mean, const float* rstd,
-                                                             int64_t N) {
+                                                             float* part_b, float* part_s, const float* dout,
+                                                             const float* inp, const float* w, const float* mean,
+                                                             const float* rstd, int64_t N) {
   constexpr int64_t C = CB * 128;
   const int lane = threadIdx.x % 32;
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const bool layer = part_b != nullptr;
-  float4 wv[CB], aw[CB], ab[CB];
+  float4 wv[CB], aw[CB], ab[CB], as[CB];
   for (int j = 0; j < CB; j++) {
     wv[j] = reinterpret_cast<const float4*>(w)[lane + 32 * j];
-    aw[j] = ab[j] = make_float4(0, 0, 0, 0);
+    aw[j] = ab[j] = as[j] = make_float4(0, 0, 0, 0);
   }
   for (int64_t row = warp; row < N; row += kNormWarps) {
     const float4* x4 = reinterpret_cast<const float4*>(inp + row * C);
     const float4* d4 = reinterpret_cast<const float4*>(dout + row * C);
-    float4 x[CB], d[CB];
+    float4* out = reinterpret_cast<float4*>(dinp + row * C);
+    float4 x[CB], d[CB], o[CB];  // dinp read with x and dout, not after the reductions
     const float mu = layer ? mean[row] : 0.0f, r = rstd[row];
     float s1 = 0, s2 = 0;
     for (int j = 0; j < CB; j++) {
-      x[j] = x4[lane + 32 * j], d[j] = d4[lane + 32 * j];
+      x[j] = x4[lane + 32 * j], d[j] = d4[lane + 32 * j], o[j] = out[lane + 32 * j];
       x[j] = make_float4((x[j].x - mu) * r, (x[j].y - mu) * r, (x[j].z - mu) * r, (x[j].w - mu) * r);  // xhat
       const float4 e = make_float4(d[j].x * wv[j].x, d[j].y * wv[j].y, d[j].z * wv[j].z, d[j].w * wv[j].w);
       s1 += e.x + e.y + e.z + e.w;
@@ -188,24 +191,25 @@ __global__ void __launch_bounds__(256) norm_backward_fused_k(float* dinp, __nv_b
     }
     s1 = layer ? warp_sum(s1) / float(C) : 0.0f;
     s2 = warp_sum(s2) / float(C);
-    float4* out = reinterpret_cast<float4*>(dinp + row * C);
     for (int j = 0; j < CB; j++) {
-      float4 o = out[lane + 32 * j];
-      o.x += r * (d[j].x * wv[j].x - s1 - x[j].x * s2);
-      o.y += r * (d[j].y * wv[j].y - s1 - x[j].y * s2);
-      o.z += r * (d[j].z * wv[j].z - s1 - x[j].z * s2);
-      o.w += r * (d[j].w * wv[j].w - s1 - x[j].w * s2);
-      out[lane + 32 * j] = o;
+      o[j].x += r * (d[j].x * wv[j].x - s1 - x[j].x * s2);
+      o[j].y += r * (d[j].y * wv[j].y - s1 - x[j].y * s2);
+      o[j].z += r * (d[j].z * wv[j].z - s1 - x[j].z * s2);
+      o[j].w += r * (d[j].w * wv[j].w - s1 - x[j].w * s2);
+      out[lane + 32 * j] = o[j];
+      add4(as[j], o[j]);
       if (dinp_h) {
-        __nv_bfloat162* hp = reinterpret_cast<__nv_bfloat162*>(dinp_h + row * C + 4 * (lane + 32 * j));
-        hp[0] = __floats2bfloat162_rn(o.x, o.y);
-        hp[1] = __floats2bfloat162_rn(o.z, o.w);
+        uint2 h;
+        *reinterpret_cast<__nv_bfloat162*>(&h.x) = __floats2bfloat162_rn(o[j].x, o[j].y);
+        *reinterpret_cast<__nv_bfloat162*>(&h.y) = __floats2bfloat162_rn(o[j].z, o[j].w);
+        reinterpret_cast<uint2*>(dinp_h + row * C)[lane + 32 * j] = h;
       }
     }
   }
   for (int j = 0; j < CB; j++) {
     reinterpret_cast<float4*>(part_w + warp * C)[lane + 32 * j] = aw[j];
     if (layer) reinterpret_cast<float4*>(part_b + warp * C)[lane + 32 * j] = ab[j];
+    if (part_s) reinterpret_cast<float4*>(part_s + warp * C)[lane + 32 * j] = as[j];
   }
 }
 
@@ -319,19 +323,21 @@ void norm_forward(bf16* out, float* mean, float* rstd, const float* inp, const f
   LOOM_CUDA_LAUNCHED("norm_forward");
 }
 
-int64_t norm_scratch_floats(int64_t N, int64_t C) { return 2 * int64_t(std::max(kGroups, kNormWarps)) * C; }
+int64_t norm_scratch_floats(int64_t N, int64_t C) { return 3 * int64_t(std::max(kGroups, kNormWarps)) * C; }
 
 void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch, cudaStream_t s,
-                   bf16* dinp_h) {
+                   bf16* dinp_h, float* dsum) {
   const bool layer = db != nullptr;
   if (C % 128 == 0 && C <= 1024) {
     float* part_b = layer ? scratch + int64_t(kNormWarps) * C : nullptr;
+    float* part_s = dsum ? scratch + 2 * int64_t(kNormWarps) * C : nullptr;
     const unsigned blocks = kNormWarps / 8;
     switch (C / 128) {
 #define LOOM_NORM_FUSED(cb)                                                                                         \
   case cb:                                                                                                          \
-    norm_backward_fused_k<cb><<<blocks, 256, 0, s>>>(dinp, nv(dinp_h), scratch, part_b, dout, inp, w, mean, rstd, N); \
+    norm_backward_fused_k<cb><<<blocks, 256, 0, s>>>(dinp, nv(dinp_h), scratch, part_b, part_s, dout, inp, w, mean, \
+                                                     rstd, N);                                                     \
     break;
       LOOM_NORM_FUSED(1) LOOM_NORM_FUSED(2) LOOM_NORM_FUSED(3) LOOM_NORM_FUSED(4)
       LOOM_NORM_FUSED(5) LOOM_NORM_FUSED(6) LOOM_NORM_FUSED(7) LOOM_NORM_FUSED(8)
@@ -339,9 +345,8 @@ void norm_backward(float* dinp, float* dw, float* db, const float* dout, const f
     }
     LOOM_CUDA_LAUNCHED("norm_backward_fused");
     col_finish(dw, scratch, kNormWarps, C, s);
-    if (layer) {
-      col_finish(db, part_b, kNormWarps, C, s);
-    }
+    if (layer) col_finish(db, part_b, kNormWarps, C, s);
+    if (dsum) col_finish(dsum, part_s, kNormWarps, C, s);
     return;
   }
   if (C % 4 == 0) {
@@ -352,12 +357,16 @@ void norm_backward(float* dinp, float* dw, float* db, const float* dout, const f
     if (dinp_h) to_bf16(dinp_h, dinp, N * C, s);
   }
   LOOM_CUDA_LAUNCHED("norm_backward_input");
-  if (C % 4 == 0) return col4_sum<float, true>(dw, db, dout, inp, layer ? mean : nullptr, rstd, N, C, scratch, s);
-  col_sum(dw, N, C, scratch, s, [=] __device__(int64_t n, int64_t c) {
-    const float mu = layer ? mean[n] : 0.0f;
-    return dout[n * C + c] * (inp[n * C + c] - mu) * rstd[n];
-  });
-  if (layer) col_sum(db, N, C, scratch, s, [=] __device__(int64_t n, int64_t c) { return dout[n * C + c]; });
+  if (C % 4 == 0) {
+    col4_sum<float, true>(dw, db, dout, inp, layer ? mean : nullptr, rstd, N, C, scratch, s);
+  } else {
+    col_sum(dw, N, C, scratch, s, [=] __device__(int64_t n, int64_t c) {
+      const float mu = layer ? mean[n] : 0.0f;
+      return dout[n * C + c] * (inp[n * C + c] - mu) * rstd[n];
+    });
+    if (layer) col_sum(db, N, C, scratch, s, [=] __device__(int64_t n, int64_t c) { return dout[n * C + c]; });
+  }
+  if (dsum) bias_backward(dsum, dinp, N, C, scratch, s);
 }
 
 int64_t bias_scratch_floats(int64_t N, int64_t OC) { return int64_t(kGroups) * OC; }

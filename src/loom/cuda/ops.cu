@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -130,12 +131,15 @@ __global__ void rope_k(__nv_bfloat16* qkv, int64_t N, int64_t T, int64_t H, int6
   }
 }
 
-// One block per row: an online max and sum of exponentials in one pass (each thread keeps
-// its own over four columns at a time, merged at the end), the loss, then (softmax -
-// onehot) * dscale in bf16, reading the row a second time (from L2: a row is V * 4 bytes
-// and the blocks in flight hold a few tens of MB). Exponentials are exp2 of x log2 e - m
-// (m the max in the same units), one fused multiply-add and one exp2 per element; rows
-// are 16-byte aligned (ld % 4 == 0), the last V % 4 columns are read one at a time.
+// A block per row: an online max and sum of exponentials in one pass (each thread keeps its
+// own over four columns at a time, merged at the end), the loss, then (softmax - onehot) *
+// dscale in bf16. Exponentials are exp2 of x log2 e - m (m the max in the same units), one
+// fused multiply-add and one exp2 per element; rows are 16-byte aligned (ld % 4 == 0), the
+// last V % 4 columns are read one at a time. kStash: the first pass also keeps the row in
+// shared memory (each thread the float4s it will read again, so no barrier is needed) and
+// the second pass reads it there, so the logits are read from memory once: one block of
+// 1,024 threads per SM walks the rows (a GPT-2 row is 201 KB of the 227 KB a block may
+// have). Otherwise (wider rows) a block of 512 threads per row reads the row twice.
 __device__ inline float4 ce_load4(const float* l, int64_t j, int64_t V) {
   if (j + 4 <= V) return *reinterpret_cast<const float4*>(l + j);
   float4 x = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
@@ -144,15 +148,20 @@ __device__ inline float4 ce_load4(const float* l, int64_t j, int64_t V) {
   if (j + 2 < V) x.z = l[j + 2];
   return x;
 }
-__global__ void crossentropy_k(float* losses, __nv_bfloat16* dlogits, const float* logits, const int32_t* targets,
-                               int64_t V, int64_t ld, float dscale) {
+template <bool kStash>
+__device__ void crossentropy_row(float* losses, __nv_bfloat16* dlogits, const float* logits, const int32_t* targets,
+                                 int64_t row, int64_t V, int64_t ld, float dscale, float4* stash) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const int64_t row = blockIdx.x;
   const float* l = logits + row * ld;
   const int32_t target = targets[row];
   float mx = -INFINITY, se = 0;  // mx in log2 units: max of x log2 e
-  for (int64_t j = 4 * int64_t(threadIdx.x); j < V; j += 4 * int64_t(blockDim.x)) {
+#pragma unroll 4
+  for (int64_t j = 4 * int64_t(threadIdx.x); j < (kStash ? ld : V); j += 4 * int64_t(blockDim.x)) {
     const float4 x = ce_load4(l, j, V);
+    if constexpr (kStash) {
+      stash[j / 4] = x;
+      if (j >= V) continue;  // all four -inf (with mx still -inf, x - mx would be NaN)
+    }
     const float m4 = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)) * kLog2e;
     if (m4 > mx) se *= exp2f(mx - m4), mx = m4;  // exp2(-inf) = 0 on the first
     se += exp2f(fmaf(x.x, kLog2e, -mx)) + exp2f(fmaf(x.y, kLog2e, -mx)) + exp2f(fmaf(x.z, kLog2e, -mx)) +
@@ -166,7 +175,7 @@ __global__ void crossentropy_k(float* losses, __nv_bfloat16* dlogits, const floa
   __nv_bfloat16* d = dlogits + row * ld;
   const float inv = (target < 0 ? 0.0f : dscale) / se;
   for (int64_t j = 4 * int64_t(threadIdx.x); j < ld; j += 4 * int64_t(blockDim.x)) {  // past V: 0 (a padded GEMM reads them)
-    const float4 x = ce_load4(l, j, V);
+    const float4 x = kStash ? stash[j / 4] : ce_load4(l, j, V);
     float g[4] = {exp2f(fmaf(x.x, kLog2e, -mx)) * inv, exp2f(fmaf(x.y, kLog2e, -mx)) * inv,
                   exp2f(fmaf(x.z, kLog2e, -mx)) * inv, exp2f(fmaf(x.w, kLog2e, -mx)) * inv};
 #pragma unroll
@@ -177,21 +186,79 @@ __global__ void crossentropy_k(float* losses, __nv_bfloat16* dlogits, const floa
     *reinterpret_cast<uint2*>(d + j) = packed;
   }
 }
+__global__ void __launch_bounds__(512) crossentropy_k(float* losses, __nv_bfloat16* dlogits, const float* logits,
+                                                      const int32_t* targets, int64_t V, int64_t ld, float dscale) {
+  crossentropy_row<false>(losses, dlogits, logits, targets, blockIdx.x, V, ld, dscale, nullptr);
+}
+__global__ void __launch_bounds__(1024, 1) crossentropy_stash_k(float* losses, __nv_bfloat16* dlogits,
+                                                                const float* logits, const int32_t* targets, int64_t N,
+                                                                int64_t V, int64_t ld, float dscale) {
+  extern __shared__ float4 stash[];  // ld / 4
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x)  // block_max / block_sum open with a barrier
+    crossentropy_row<true>(losses, dlogits, logits, targets, row, V, ld, dscale, stash);
+}
 
 // The reference's arithmetic (kernels/ref/ops_t.h adamw_update) in fp32, the bias
-// corrections computed on the host in double.
-__global__ void adamw_k(float* p, __nv_bfloat16* p_h, const float* g, float* m, float* v, int64_t n, float lr, float b1,
-                        float b2, float eps, float wd, float bc1, float bc2, float gs) {
+// corrections computed on the host in double. The gradient scale is gs, or, where the
+// squared gradient norm is given on the device, clip_coef's min(1, max / (norm + 1e-6)) in
+// double (optim/optimizer.cc; IEEE double sqrt and division, so the host's bits).
+struct AdamArgs {
+  float lr, b1, b2, eps, wd, bc1, bc2, gs;
+  const double* norm_sq;  // null: gs as given
+  double max_norm;
+};
+__device__ inline float adam_scale(const AdamArgs& a) {
+  if (!a.norm_sq || a.max_norm <= 0) return a.gs;
+  const double coef = a.max_norm / (sqrt(*a.norm_sq) + 1e-6);
+  return float(coef < 1.0 ? coef : 1.0);
+}
+__device__ inline void adam_one(float& p, float& m, float& v, float g, float gs, float wd, const AdamArgs& a) {
+  const float gi = g * gs;
+  const float mi = a.b1 * m + (1.0f - a.b1) * gi;
+  const float vi = a.b2 * v + (1.0f - a.b2) * gi * gi;
+  m = mi;
+  v = vi;
+  const float upd = (mi / a.bc1) / (sqrtf(vi / a.bc2) + a.eps);
+  p = p - a.lr * (upd + wd * p);
+}
+__global__ void adamw_k(float* p, __nv_bfloat16* p_h, const float* g, float* m, float* v, int64_t n, AdamArgs a) {
+  const float gs = adam_scale(a);
   for (int64_t i = gtid(); i < n; i += gstride()) {
-    const float gi = g[i] * gs;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float upd = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-    const float pi = p[i] - lr * (upd + wd * p[i]);
-    p[i] = pi;
+    float pi = p[i], mi = m[i], vi = v[i];
+    adam_one(pi, mi, vi, g[i], gs, a.wd, a);
+    p[i] = pi, m[i] = mi, v[i] = vi;
     p_h[i] = __float2bfloat16_rn(pi);
+  }
+}
+// The same four elements a thread with 16-byte loads (8-byte bf16 stores). With a run
+// table (starts ascending, multiples of 4, the first 0) the weight decay of element 4i is
+// decay[r] * a.wd for the last run r starting at or before it (a binary search in a table
+// of tens of entries, cached), so one launch covers a whole flat buffer.
+__global__ void adamw4_k(float4* p, uint2* p_h, const float4* g, float4* m, float4* v, int64_t n4, AdamArgs a,
+                         const int64_t* starts = nullptr, const float* decay = nullptr, int runs = 0) {
+  const float gs = adam_scale(a);
+  for (int64_t i = gtid(); i < n4; i += gstride()) {
+    float wd = a.wd;
+    if (runs > 0) {
+      int lo = 0, hi = runs;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (starts[mid] <= 4 * i) lo = mid;
+        else hi = mid;
+      }
+      wd = decay[lo] * a.wd;
+    }
+    float4 pi = p[i], mi = m[i], vi = v[i];
+    const float4 gi = g[i];
+    adam_one(pi.x, mi.x, vi.x, gi.x, gs, wd, a);
+    adam_one(pi.y, mi.y, vi.y, gi.y, gs, wd, a);
+    adam_one(pi.z, mi.z, vi.z, gi.z, gs, wd, a);
+    adam_one(pi.w, mi.w, vi.w, gi.w, gs, wd, a);
+    p[i] = pi, m[i] = mi, v[i] = vi;
+    uint2 h;
+    *reinterpret_cast<__nv_bfloat162*>(&h.x) = __floats2bfloat162_rn(pi.x, pi.y);
+    *reinterpret_cast<__nv_bfloat162*>(&h.y) = __floats2bfloat162_rn(pi.z, pi.w);
+    p_h[i] = h;
   }
 }
 
@@ -215,6 +282,28 @@ __global__ void finish_d_k(double* out, float* out_f, const double* part, int pa
     if (out) *out = s;
     if (out_f) *out_f = float(s);
   }
+}
+
+
+// Streaming multiprocessors of the current device and the shared memory one block may opt
+// into (asked once per process).
+int device_attribute(cudaDeviceAttr what) {
+  int dev = 0, value = 0;
+  LOOM_CUDA_OK(cudaGetDevice(&dev));
+  LOOM_CUDA_OK(cudaDeviceGetAttribute(&value, what, dev));
+  return value;
+}
+int sm_count() {
+  static const int n = device_attribute(cudaDevAttrMultiProcessorCount);
+  return n;
+}
+int64_t block_smem_optin() {
+  static const int64_t bytes = [] {
+    const int b = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    LOOM_CUDA_OK(cudaFuncSetAttribute(crossentropy_stash_k, cudaFuncAttributeMaxDynamicSharedMemorySize, b - 1024));
+    return int64_t(b - 1024);  // (room for the reductions' static arrays)
+  }();
+  return bytes;
 }
 
 }  // namespace
@@ -280,16 +369,55 @@ void crossentropy(float* losses, bf16* dlogits, const float* logits, const int32
                   int64_t ld, float dscale, cudaStream_t s) {
   LOOM_CHECK(ld % 4 == 0 && ld >= V, "cross-entropy row stride ", ld, " for ", V, " columns: a multiple of 4, at least V");
   if (N == 0) return;
-  crossentropy_k<<<unsigned(N), 512, 0, s>>>(losses, nv(dlogits), logits, targets, V, ld, dscale);
+  if (ld * 4 <= block_smem_optin()) {
+    const unsigned blocks = unsigned(std::min<int64_t>(N, sm_count()));
+    crossentropy_stash_k<<<blocks, 1024, size_t(ld) * 4, s>>>(losses, nv(dlogits), logits, targets, N, V, ld, dscale);
+  } else {
+    crossentropy_k<<<unsigned(N), 512, 0, s>>>(losses, nv(dlogits), logits, targets, V, ld, dscale);
+  }
   LOOM_CUDA_LAUNCHED("crossentropy");
 }
 
 void adamw(float* p, bf16* p_h, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
-           float wd, int64_t step, float grad_scale, cudaStream_t s) {
-  const float bc1 = float(1.0 - std::pow(double(b1), double(step)));
-  const float bc2 = float(1.0 - std::pow(double(b2), double(step)));
-  adamw_k<<<blocks_for(n), kThreads, 0, s>>>(p, nv(p_h), g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, grad_scale);
-  LOOM_CUDA_LAUNCHED("adamw");
+           float wd, int64_t step, float grad_scale, cudaStream_t s, const double* clip_norm_sq, double clip_max) {
+  AdamArgs a{lr, b1, b2, eps, wd, float(1.0 - std::pow(double(b1), double(step))),
+             float(1.0 - std::pow(double(b2), double(step))), grad_scale, clip_norm_sq, clip_max};
+  // Elements [0, head) and [head + 4 n4, n) one at a time, the rest four at a time where
+  // every array is aligned for it from `head` on.
+  auto aligned = [](const void* q, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(q) % bytes == 0; };
+  int64_t head = std::min<int64_t>(n, int64_t((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16 / 4));
+  if (!aligned(g + head, 16) || !aligned(m + head, 16) || !aligned(v + head, 16) || !aligned(p_h + head, 8)) head = n;
+  const int64_t n4 = (n - head) / 4, tail = head + 4 * n4;
+  auto scalar = [&](int64_t lo, int64_t hi) {
+    if (hi <= lo) return;
+    adamw_k<<<blocks_for(hi - lo), kThreads, 0, s>>>(p + lo, nv(p_h) + lo, g + lo, m + lo, v + lo, hi - lo, a);
+    LOOM_CUDA_LAUNCHED("adamw");
+  };
+  scalar(0, head);
+  if (n4 > 0) {
+    adamw4_k<<<blocks_for(n4), kThreads, 0, s>>>(reinterpret_cast<float4*>(p + head), reinterpret_cast<uint2*>(p_h + head),
+                                                reinterpret_cast<const float4*>(g + head),
+                                                reinterpret_cast<float4*>(m + head), reinterpret_cast<float4*>(v + head),
+                                                n4, a);
+    LOOM_CUDA_LAUNCHED("adamw4");
+  }
+  scalar(tail, n);
+}
+
+void adamw_runs(float* p, bf16* p_h, const float* g, float* m, float* v, int64_t n, const int64_t* starts,
+                const float* decay, int runs, float lr, float b1, float b2, float eps, float wd, int64_t step,
+                float grad_scale, cudaStream_t s, const double* clip_norm_sq, double clip_max) {
+  auto aligned = [](const void* q, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(q) % bytes == 0; };
+  LOOM_CHECK(n % 4 == 0 && aligned(p, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(p_h, 8),
+             "adamw_runs needs 16-byte aligned buffers of a multiple of 4 floats, got ", n);
+  AdamArgs a{lr, b1, b2, eps, wd, float(1.0 - std::pow(double(b1), double(step))),
+             float(1.0 - std::pow(double(b2), double(step))), grad_scale, clip_norm_sq, clip_max};
+  const int64_t n4 = n / 4;
+  if (n4 == 0) return;
+  adamw4_k<<<blocks_for(n4), kThreads, 0, s>>>(reinterpret_cast<float4*>(p), reinterpret_cast<uint2*>(p_h),
+                                              reinterpret_cast<const float4*>(g), reinterpret_cast<float4*>(m),
+                                              reinterpret_cast<float4*>(v), n4, a, starts, decay, runs);
+  LOOM_CUDA_LAUNCHED("adamw_runs");
 }
 
 void sum_squares(double* out, const float* x, int64_t n, double* scratch, cudaStream_t s) {

@@ -6,7 +6,11 @@
 // engine's train.precision = bf16 (Note [bf16 rounding points] in core/bf16.h) with two
 // more rounding points: the GEMM outputs that are only read by another GEMM or by
 // attention (qkv, the MLP pre-activation, the attention output, the upstream gradients of
-// the linear layers) are stored in bf16 too. The residual stream, the norm statistics,
+// the linear layers) are stored in bf16 too. Where cuBLASLt has the epilogues, GPT's GELU
+// runs inside the fc GEMM and its derivative inside the GEMM that makes its upstream
+// gradient (cuda/blas.h), taking two of those roundings back out: GELU reads the fp32 sum,
+// not its bf16 copy, and gelu'(pre) multiplies the fp32 product, not its bf16 copy (the
+// stored pre-activation is the same bf16 value). The residual stream, the norm statistics,
 // the attention scores and the softmax sums, the logits, the loss, the gradients and
 // AdamW stay fp32; every GEMM accumulates in fp32 (cuBLAS CUBLAS_COMPUTE_32F).
 // Shapes follow kernels/ops.inc: N = B*T token rows, weights (out, in) row-major.
@@ -38,11 +42,13 @@ void norm_forward(bf16* out, float* mean, float* rstd, const float* inp, const f
                   int64_t C, float eps, cudaStream_t s);
 // dinp += d(norm)/d(inp); dw += ..., db += ... (db null for RMSNorm). dout (N,C) fp32.
 // scratch: norm_scratch_floats(N, C) floats (per-block partial sums, so the result is
-// deterministic). dinp_h: when set, also the updated dinp in bf16.
+// deterministic). dinp_h: when set, also the updated dinp in bf16. dsum: when set, += the
+// column sums of the updated dinp (the bias gradient of the layer whose output it is the
+// gradient of), from the values in registers instead of another pass over dinp.
 int64_t norm_scratch_floats(int64_t N, int64_t C);
 void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch, cudaStream_t s,
-                   bf16* dinp_h = nullptr);
+                   bf16* dinp_h = nullptr, float* dsum = nullptr);
 
 // GELU (tanh form): out = gelu(inp); dinp = gelu'(inp) * dout (overwrites).
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s);
@@ -101,9 +107,19 @@ void crossentropy(float* losses, bf16* dlogits, const float* logits, const int32
                   int64_t ld, float dscale, cudaStream_t s);
 
 // AdamW over one run of the flat buffer (kernels/ops.inc), the gradient multiplied by
-// grad_scale first (clipping); also writes the bf16 copy of the updated parameters.
+// grad_scale first (clipping); also writes the bf16 copy of the updated parameters. With
+// clip_norm_sq (device, the squared gradient norm from sum_squares) the scale is instead
+// clip_coef(sqrt(*clip_norm_sq), clip_max) (optim/optimizer.h), computed on the device in
+// the same double arithmetic, so the host need not wait for the norm.
 void adamw(float* p, bf16* p_h, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
-           float wd, int64_t step, float grad_scale, cudaStream_t s);
+           float wd, int64_t step, float grad_scale, cudaStream_t s, const double* clip_norm_sq = nullptr,
+           double clip_max = 0);
+// The same over a whole flat buffer in one launch: run r covers [starts[r], starts[r + 1])
+// (device arrays, starts ascending from 0, multiples of 4) with weight decay decay[r] * wd
+// (decay[r] 1 or 0); n % 4 == 0, p, g, m, v 16-byte and p_h 8-byte aligned.
+void adamw_runs(float* p, bf16* p_h, const float* g, float* m, float* v, int64_t n, const int64_t* starts,
+                const float* decay, int runs, float lr, float b1, float b2, float eps, float wd, int64_t step,
+                float grad_scale, cudaStream_t s, const double* clip_norm_sq = nullptr, double clip_max = 0);
 // *out (device, one double) = sum of x^2 over n (deterministic: per-block partials, then one
 // block). scratch: 1024 doubles.
 void sum_squares(double* out, const float* x, int64_t n, double* scratch, cudaStream_t s);

@@ -71,7 +71,9 @@ struct HostState {
   int64_t optimizer_steps = 0;
   ShardState view(const ParamLayout& layout) {
     const std::vector<FlatRange> all = {{0, layout.total_floats()}};
-    ShardState s{&layout, params, m, v, all, all, 1, 0, optimizer_steps, LossScaleState{}};
+    ShardState s;
+    s.layout = &layout, s.params = params, s.m = m, s.v = v, s.param_ranges = s.moment_ranges = all;
+    s.optimizer_steps = optimizer_steps;
     return s;
   }
 };
@@ -153,18 +155,22 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
   const auto t0 = Clock::now();
   StepLog log(rep, sum, cfg, t0);
   std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
+  auto fetch = [&](int64_t step, int64_t micro) {
+    train_data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
+  };
+  if (first < cfg.train.steps) fetch(first, 0);
   for (int64_t step = first; step < cfg.train.steps; step++) {
     const auto start = Clock::now();
     model.zero_grads();
     for (int64_t micro = 0; micro < accum; micro++) {
-      train_data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
+      if (micro > 0) fetch(step, micro);
       model.forward_backward(tok.data(), tgt.data(), mb, T, float(1.0 / double(accum)));
     }
-    const double norm = model.grad_norm();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    model.adamw_step(cfg.optim, lr, ++h.optimizer_steps, clip_coef(norm, cfg.optim.grad_clip));
+    model.clip_and_step(cfg.optim, lr, ++h.optimizer_steps);  // no wait for the norm
+    if (step + 1 < cfg.train.steps) fetch(step + 1, 0);        // while the GPU works on this step
     StepOutcome o;
-    o.step = step, o.loss = model.take_loss(), o.lr = lr, o.norm = norm;
+    o.step = step, o.loss = model.take_loss(), o.lr = lr, o.norm = model.last_grad_norm();
     o.real_tokens = o.positions = cfg.train.batch * T;
     o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     o.last = step + 1 == cfg.train.steps;

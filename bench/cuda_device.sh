@@ -54,6 +54,15 @@ if [[ $what == *parity* ]]; then
     losses < $out/$m-gpu.json > $out/$m-gpu.txt; losses < $out/$m-cpu.json > $out/$m-cpu.txt
     compare "$m gpu vs cpu" $out/$m-gpu.txt $out/$m-cpu.txt
   done
+  echo "== parity with full recompute (GPU and CPU), GPT and Llama, 20 steps"
+  for m in tiny llama; do
+    common="--set model.preset=$m --set train.steps=20 --json --precision bf16 $corpus --set train.val_every=0 --set train.log_every=1 --set parallel.recompute=full"
+    $loom train $common --set checkpoint.dir=/tmp/ck-rc-$m-gpu --device cuda > $out/rc-$m-gpu.json 2>$out/rc-$m-gpu.err || tail -5 $out/rc-$m-gpu.err
+    $loom train $common --set checkpoint.dir=/tmp/ck-rc-$m-cpu --set train.threads=$cpu_threads > $out/rc-$m-cpu.json 2>$out/rc-$m-cpu.err || tail -5 $out/rc-$m-cpu.err
+    losses < $out/rc-$m-gpu.json > $out/rc-$m-gpu.txt; losses < $out/rc-$m-cpu.json > $out/rc-$m-cpu.txt
+    compare "$m recompute=full gpu vs cpu" $out/rc-$m-gpu.txt $out/rc-$m-cpu.txt
+    compare "$m recompute=full gpu vs none gpu" $out/rc-$m-gpu.txt $out/$m-gpu.txt
+  done
   echo "== checkpoints: 10 steps on one device, resumed to 20 on the other"
   common="--set model.preset=tiny --set train.steps=20 --json --precision bf16 $corpus --set train.val_every=0 --set train.log_every=1"
   for first in cuda cpu; do

@@ -468,6 +468,45 @@ TEST(CudaModel, GptAndLlamaMatchTheCpuBf16Model) {
   }
 }
 
+// Full recompute (only each such layer's input kept, its forward run again in backward)
+// against keeping everything, on the same weights and tokens: less device memory, the same
+// loss and gradients. The two models time their GEMM algorithms separately, so the bits may
+// differ by a rounding (bounds 1e-5 on the loss, 2e-3 per tensor); a wrong activation in
+// backward moves the gradients by O(1).
+TEST(CudaModel, FullRecomputeGivesTheSameGradientsInLessMemory) {
+  REQUIRE_DEVICE();
+  for (Arch arch : {Arch::kGpt, Arch::kLlama}) {
+    ModelConfig m;
+    m.arch = arch, m.layers = 3, m.d_model = 128, m.heads = 4, m.kv_heads = arch == Arch::kGpt ? 4 : 2;
+    m.ffn = arch == Arch::kGpt ? 256 : 176, m.vocab = 97, m.ctx = 64;
+    const int64_t B = 2, T = 64;
+    ModelOptions opt;
+    opt.precision = Precision::kBf16;
+    Model cpu(m, B, T, KernelBackend::kRef, opt);
+    cpu.init_weights(uint64_t(rng()()));
+    std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
+    for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
+    for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
+    CudaModel keep(m, B, T), again(m, B, T, true, {Recompute::kFull, Recompute::kNone, Recompute::kFull});
+    EXPECT_LT(again.device_bytes(), keep.device_bytes()) << int(arch);
+    double loss[2];
+    std::vector<float> grads[2];
+    int i = 0;
+    for (CudaModel* g : {&keep, &again}) {
+      g->upload_params(cpu.params());
+      g->zero_grads();
+      g->forward_backward(tok.data(), tgt.data(), B, T, 1.0f);
+      loss[i] = g->take_loss(), grads[i++] = g->download_grads();
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-5 * loss[0]) << int(arch);
+    for (const ParamSpec& sp : cpu.layout().specs()) {
+      const std::vector<float> a(grads[1].begin() + sp.offset, grads[1].begin() + sp.offset + sp.numel);
+      const std::vector<float> b(grads[0].begin() + sp.offset, grads[0].begin() + sp.offset + sp.numel);
+      EXPECT_LT(rel(a, b), 2e-3) << sp.name << " arch " << int(arch);
+    }
+  }
+}
+
 // Clipping decided on the device (clip_and_step) against the host's clip_coef of the
 // synchronously read norm (grad_norm + adamw_step) from the same gradients and state: the
 // same double arithmetic, so the same parameter bits, with clipping active and not.

@@ -68,6 +68,8 @@ struct CudaModel::Impl {
   std::unique_ptr<Profile> prof;  // Note [CUDA profile]
   char* mem = nullptr;
   float *params, *grads, *mom1, *mom2;
+  std::vector<bool> full;  // per layer: full recompute (its activations live in the shared set)
+  int scratch_owner = -1;  // the full-recompute layer whose activations the shared set holds
   bf16* params_h;
   ModelView pv, gv;
   std::vector<float*> res;  // L+1 residual streams (N,C) fp32: layer inputs, then the final output
@@ -129,8 +131,7 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
   params_h = a.take<bf16>(total);
   res.assign(size_t(L + 1), nullptr);
   for (auto& r : res) r = a.take<float>(N * C);
-  acts.assign(size_t(L), {});
-  for (LayerActs& x : acts) {
+  auto take_acts = [&](LayerActs& x) {
     x.ln1 = a.take<bf16>(N * C), x.ln1_mean = a.take<float>(N), x.ln1_rstd = a.take<float>(N);
     x.qkv = a.take<bf16>(N * Q), x.atty = a.take<bf16>(N * H * hd);
     x.P = flash ? nullptr : a.take<bf16>(BHTT);
@@ -138,6 +139,17 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
     x.x1 = a.take<float>(N * C);
     x.ln2 = a.take<bf16>(N * C), x.ln2_mean = a.take<float>(N), x.ln2_rstd = a.take<float>(N);
     x.fch = a.take<bf16>(N * F2), x.fcg = a.take<bf16>(N * F);
+  };
+  acts.assign(size_t(L), {});
+  LayerActs shared{};
+  bool have_shared = false;
+  for (int64_t l = 0; l < L; l++) {
+    if (!full[size_t(l)]) {
+      take_acts(acts[size_t(l)]);
+      continue;
+    }
+    if (!have_shared) take_acts(shared), have_shared = true;
+    acts[size_t(l)] = shared;
   }
   if (flash) {
     if (KV < H) fs.dk = a.take<float>(heads), fs.dv = a.take<float>(heads);
@@ -161,9 +173,21 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
   tok = a.take<int32_t>(N), tgt = a.take<int32_t>(N);
 }
 
-CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash) : p_(new Impl), layout_(cfg) {
+CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash,
+                     const std::vector<Recompute>& recompute)
+    : p_(new Impl), layout_(cfg) {
   Impl& p = *p_;
   p.flash = flash && flash_supported(cfg.head_dim());
+  LOOM_CHECK(recompute.size() <= 1 || int64_t(recompute.size()) == cfg.layers, recompute.size(),
+             " recompute policies for ", cfg.layers, " layers");
+  p.full.assign(size_t(cfg.layers), false);
+  for (int64_t l = 0; l < cfg.layers; l++) {
+    const Recompute r = recompute.empty() ? Recompute::kNone : recompute[recompute.size() == 1 ? 0 : size_t(l)];
+    LOOM_CONFIG_CHECK(r != Recompute::kSelective || p.flash, "parallel.recompute = selective on the GPU is what flash ",
+                      "attention does (no (B,H,T,T) tensor kept), but head size ", cfg.head_dim(),
+                      " runs the materialised attention, which keeps it: use none or full");
+    p.full[size_t(l)] = r == Recompute::kFull;
+  }
   p.m = cfg, p.maxB = max_batch, p.T = T;
   p.C = cfg.d_model, p.H = cfg.heads, p.KV = cfg.kv_heads, p.hd = cfg.head_dim();
   p.Q = (p.H + 2 * p.KV) * p.hd, p.F = cfg.ffn, p.F2 = cfg.arch == Arch::kGpt ? p.F : 2 * p.F, p.V = cfg.vocab;
@@ -284,6 +308,7 @@ void CudaModel::Impl::attention_forward(const LayerActs& a, int64_t B, int64_t T
 
 void CudaModel::Impl::forward_block(int l, int64_t B, int64_t T) {
   const int64_t N = B * T;
+  if (full[size_t(l)]) scratch_owner = l;
   const BlockView& w = pv.blocks[size_t(l)];
   const LayerActs& a = acts[size_t(l)];
   prof->mark("norm");
@@ -417,7 +442,13 @@ void CudaModel::forward_backward(const int32_t* tokens, const int32_t* targets, 
   norm_backward(p.dres, p.gv.normf_w, p.gpt() ? p.gv.normf_b : nullptr, p.dlnf, p.res[size_t(p.m.layers)],
                 p.pv.normf_w, p.lnf_mean, p.lnf_rstd, N, p.C, p.colsum, p.s, p.dres_h,
                 p.gpt() ? p.gv.blocks.back().mlp_proj_b : nullptr);
-  for (int l = int(p.m.layers) - 1; l >= 0; l--) p.backward_block(l, B, T);
+  for (int l = int(p.m.layers) - 1; l >= 0; l--) {
+    if (p.full[size_t(l)] && p.scratch_owner != l) {  // full recompute: the block's forward again
+      p.prof->mark("recompute");
+      p.forward_block(l, B, T);
+    }
+    p.backward_block(l, B, T);
+  }
   p.prof->mark("embedding back");
   embedding_backward(p.gv.wte, p.gpt() ? p.gv.wpe : nullptr, p.dres, p.tok, B, T, p.C, p.s);
 }

@@ -20,7 +20,13 @@ class CudaModel {
   // start at zero. Throws loom::Error naming the sizes when the device is too small.
   // flash: Note [CUDA flash attention] where the head size allows it (flash_supported),
   // else (and with false) the materialised attention of Note [CUDA attention].
-  CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash = true);
+  // recompute: per layer (one entry for all; empty: none). kFull: the layer keeps only its
+  // input and runs its forward again in backward (the full layers share one set of
+  // activation buffers), the same gradients in less memory. kSelective: what flash
+  // attention does anyway (no (B,H,T,T) tensor is kept); refused with the materialised
+  // attention, which keeps it.
+  CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash = true,
+            const std::vector<Recompute>& recompute = {});
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;

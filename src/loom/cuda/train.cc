@@ -12,6 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/cuda/check.h"
 #include "loom/cuda/model.h"
+#include "loom/cuda/ops.h"
 #include "loom/model/model.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
@@ -33,8 +34,9 @@ void check_supported(const Config& cfg) {
     no.push_back("train.precision = " + cfg.train.precision +
                  " (the GPU trains in bf16 with fp32 master weights: set train.precision = bf16 / --precision bf16)");
   for (Recompute r : p.recompute_layers(cfg.model.layers))
-    if (r != Recompute::kNone) {
-      no.push_back("parallel.recompute (not on the GPU yet: use none, or lower the micro-batch)");
+    if (r == Recompute::kSelective && !flash_supported(cfg.model.head_dim())) {
+      no.push_back("parallel.recompute = selective with head size " + std::to_string(cfg.model.head_dim()) +
+                   " (selective is what flash attention does, for head sizes 32 and 64; use none or full)");
       break;
     }
   if (cfg.data.bucketing) no.push_back("data.bucketing (not on the GPU yet)");
@@ -46,8 +48,8 @@ void check_supported(const Config& cfg) {
   if (no.empty()) return;
   std::string msg = "train.device = cuda does not run:";
   for (const std::string& n : no) msg += "\n  " + n;
-  msg += "\nit runs GPT and Llama, one GPU, train.precision = bf16, gradient accumulation, validation and "
-         "sharded checkpoints (resumable on the CPU and back)";
+  msg += "\nit runs GPT and Llama, one GPU, train.precision = bf16, recompute, gradient accumulation, validation "
+         "and sharded checkpoints (resumable on the CPU and back)";
   throw ConfigError(msg);
 }
 
@@ -138,7 +140,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opt) {
   const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), 0, 1, data->order);
   const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), 0, 1, data->order);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, opt, nullptr, rep);
-  CudaModel model(cfg.model, mb, T);
+  CudaModel model(cfg.model, mb, T, true, cfg.parallel.recompute_layers(cfg.model.layers));
   HostState h;
   const int64_t first = start_state(cfg, opt, model, h, rep);
 

@@ -13,13 +13,15 @@
 #include <vector>
 
 #include "loom/core/bf16.h"
+#include "loom/core/error.h"
 #include "loom/cuda/blas.h"
 #include "loom/cuda/model.h"
-#include "loom/model/model.h"
-#include "loom/optim/optimizer.h"
 #include "loom/cuda/ops.h"
+#include "loom/cuda/train.h"
 #include "loom/kernels/ref/gemm_bf16.h"
 #include "loom/kernels/ref/ops.h"
+#include "loom/model/model.h"
+#include "loom/optim/optimizer.h"
 
 namespace loom::cuda {
 namespace {
@@ -544,6 +546,41 @@ TEST(CudaModel, ClipOnTheDeviceMatchesTheHost) {
     gpu.adamw_step(o, 1e-3, 1, clip_coef(norm, clip));
     EXPECT_TRUE(gpu.download_params() == on_device) << clip;
     EXPECT_FALSE(on_device == cpu.params()) << clip;  // it did update
+  }
+}
+
+// The GPU trainer's refusals are host logic, checked without a device: each unsupported
+// setting is named with its fix, what it runs is listed, and what it runs passes.
+TEST(CudaTrain, RefusesWhatItDoesNotRunNamingWhatWorks) {
+  auto message = [](const std::vector<std::string>& sets) -> std::string {
+    try {
+      check_supported(load_config("", sets));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::vector<std::string> bf16 = {"model.preset=tiny", "train.precision=bf16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), bf16.begin(), bf16.end());
+    return more;
+  };
+  EXPECT_EQ(message(bf16), "");
+  EXPECT_EQ(message(with({"parallel.recompute=full"})), "");
+  EXPECT_EQ(message(with({"parallel.recompute=selective"})), "") << "tiny's head size takes flash attention";
+  const struct {
+    std::vector<std::string> sets;
+    const char* piece;
+  } refused[] = {
+      {{"model.preset=tiny", "train.precision=fp32"}, "train.precision = fp32"},
+      {with({"parallel.dp=2"}), "waits for the NCCL backend"},
+      {with({"model.d_model=96", "model.heads=2", "parallel.recompute=selective"}), "selective with head size 48"},
+      {with({"train.loss_scale=1024"}), "train.loss_scale = 1024"},
+  };
+  for (const auto& r : refused) {
+    const std::string m = message(r.sets);
+    EXPECT_NE(m.find(r.piece), std::string::npos) << m;
+    EXPECT_NE(m.find("it runs GPT and Llama"), std::string::npos) << m;
   }
 }
 

@@ -53,6 +53,13 @@ std::vector<TrainSummary> expect_equal_to_reference(const std::string& kind, con
   TrainOptions o;
   o.keep_params = true;
   o.async_reference = kind;
+  const std::string warm = "parallel.sync_warmup_steps=";  // the reference takes it as an option
+  for (auto it = sets.begin(); it != sets.end(); ++it)
+    if (it->rfind(warm, 0) == 0) {
+      o.async_reference_warmup = std::stoll(it->substr(warm.size()));
+      sets.erase(it);
+      break;
+    }
   const std::vector<TrainSummary> want = testing_support::train_as_threads(base(sets), o);
   const std::string at = kind + " " + joined(layout);
   for (size_t r = 0; r < got.size(); r++) {
@@ -86,6 +93,32 @@ TEST(AsyncPipe, PipeDreamAndPipeMareEqualTheirReferenceBitForBit) {
     expect_equal_to_reference(kind, {"parallel.pp=3", "parallel.recompute=full", "train.val_every=3"});
   }
   expect_equal_to_reference("pipemare", {"parallel.pp=3", "parallel.pipemare_decay=0", "parallel.pipemare_lr_steps=4"});
+  expect_equal_to_reference("pipemare", {"parallel.pp=3", "parallel.sync_warmup_steps=2", "parallel.pipemare_lr_steps=3"});
+}
+
+// Note [Synchronous warm-up]: warm-up steps flush after every minibatch, so a run that is
+// all warm-up is the flushing schedule bit for bit (pipedream and pipemare: 1F1B of one
+// micro-batch per step; 2bw: 1F1B of its m micro-batches), and a shorter one is that run's
+// prefix, after which the stream's delays begin.
+TEST(AsyncPipe, SynchronousWarmUpIsTheFlushingScheduleThenTheStreamStarts) {
+  for (const std::string kind : {"pipedream", "pipemare", "2bw"}) {
+    const std::vector<std::string> shape = kind == "2bw" ? std::vector<std::string>{"parallel.pp=3", "train.grad_accum=3",
+                                                                                     "train.batch=6"}
+                                                         : std::vector<std::string>{"parallel.pp=3"};
+    auto run = [&](std::vector<std::string> more) {
+      more.insert(more.end(), shape.begin(), shape.end());
+      return testing_support::train_keeping_params(base(more));
+    };
+    const std::vector<TrainSummary> flushing = run({});
+    const std::vector<TrainSummary> all = run({"parallel.schedule=" + kind, "parallel.sync_warmup_steps=7"});
+    EXPECT_EQ(all[0].losses, flushing[0].losses) << kind;
+    EXPECT_EQ(all[0].final_params, flushing[0].final_params) << kind;
+    const std::vector<TrainSummary> part = run({"parallel.schedule=" + kind, "parallel.sync_warmup_steps=3"});
+    EXPECT_EQ(std::vector<float>(part[0].losses.begin(), part[0].losses.begin() + 4),
+              std::vector<float>(flushing[0].losses.begin(), flushing[0].losses.begin() + 4))
+        << kind << ": steps 1-3 synchronous, step 4 the stream's first (no delay yet)";
+    EXPECT_NE(part[0].losses[5], flushing[0].losses[5]) << kind << ": the stream's delays begin";
+  }
 }
 
 // Every forward and backward reports the version it computes on: a stage's updates before
@@ -160,6 +193,10 @@ TEST(AsyncPipe, RefusesWhatItDoesNotRun) {
   EXPECT_NE(error({"parallel.pp=2", "parallel.schedule=pipedream", "parallel.dp=2"}).find("pipedream runs one pipeline"),
             std::string::npos);
   EXPECT_NE(error({"parallel.pp=2", "parallel.schedule=pipemare", "parallel.pipemare_decay=1"}).find("in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error({"parallel.pp=2", "parallel.sync_warmup_steps=10", "train.grad_accum=2"}).find("set it to 0"),
+            std::string::npos);
+  EXPECT_NE(error({"parallel.pp=2", "parallel.schedule=pipedream", "parallel.sync_warmup_steps=-1"}).find("steps >= 0"),
             std::string::npos);
   EXPECT_THROW(parallel::make_schedule(ScheduleKind::kPipeDream, 2, 2), Error);
 }

@@ -357,6 +357,26 @@ TEST(Simulator, AsynchronousPipelinesRunTheSteadyStreamWithTheirWeightCopies) {
   }
 }
 
+// Note [Synchronous warm-up]: the steady step stays the stream's; each of the warm-up
+// steps is priced as the flushing 1F1B step of the same micro-batches (at pp 4 and one
+// micro-batch, mostly bubble), and none is reported without warm-up or past train.steps.
+TEST(Simulator, SynchronousWarmUpStepsArePricedAsFlushingSteps) {
+  SimPlan p = plan_of({"parallel.pp=4", "train.batch=1", "train.grad_accum=1", "optim.grad_clip=0",
+                       "parallel.schedule=pipemare", "train.steps=100"});
+  p.framework = Framework::kLoom;
+  SimPlan warm = p, flushing = p;
+  warm.cfg.parallel.sync_warmup_steps = 30;
+  flushing.cfg.parallel.schedule = ScheduleKind::k1F1B;
+  const SimResult plain = simulate(p, free_links(4)), r = simulate(warm, free_links(4));
+  EXPECT_EQ(plain.warmup_steps, 0);
+  EXPECT_EQ(r.warmup_steps, 30);
+  EXPECT_DOUBLE_EQ(r.step_time_s, plain.step_time_s);
+  EXPECT_DOUBLE_EQ(r.warmup_step_time_s, simulate(flushing, free_links(4)).step_time_s);
+  EXPECT_GT(r.warmup_step_time_s, 2 * r.step_time_s);
+  warm.cfg.parallel.sync_warmup_steps = 500;
+  EXPECT_EQ(simulate(warm, free_links(4)).warmup_steps, 100);
+}
+
 // Note [Resident memory]: loom's ZeRO-2 re-faults the gradient pages it does not own on
 // every micro-batch's backward: (1 - 1/dp) x 4 bytes x params / page_fault_bw per
 // micro-batch, on the critical path (one stage, so it adds to the step as it is).

@@ -112,7 +112,8 @@ nlohmann::json result_json(const sim::SimResult& r) {
                          {"cp_comm_s", b.cp_comm}, {"zero_comm_s", b.zero_comm}, {"pipeline_idle_s", b.pp_idle},
                          {"dp_exposed_s", b.dp_exposed}, {"optimizer_s", b.optimizer},
                          {"param_fetch_exposed_s", b.param_fetch}}},
-          {"memory", ranks}, {"warnings", r.warnings}};
+          {"memory", ranks}, {"warnings", r.warnings}, {"warmup_steps", r.warmup_steps},
+          {"warmup_step_time_s", r.warmup_step_time_s}};
 }
 
 void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes) {
@@ -137,6 +138,9 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
   }
   os << "peak " << std::setprecision(2) << r.peak_memory_bytes / gib << " GiB on rank " << r.peak_rank << " of "
      << device_bytes / gib << " GiB per device\n";
+  if (r.warmup_steps > 0)  // Note [Synchronous warm-up]
+    os << "synchronous warm-up: the first " << r.warmup_steps << " steps flush after each, " << std::setprecision(3)
+       << r.warmup_step_time_s << " s a step (the flushing 1f1b step); the steady stream above after them\n";
   if (const double io = r.ranks.empty() ? 0 : r.ranks.front().offload_io_s; io > 0)
     os << "optimizer offload: the AdamW moments stream from the offload tier in " << std::setprecision(3) << io
        << " s per step (inside the optimizer phase, overlapping its update)\n";

@@ -193,6 +193,8 @@ std::vector<KeyDef> parallel_keys() {
                    "rescheduling (lr / delay^p, p from 1 to 0) anneals away; -1 = optim.warmup_steps"),
       LOOM_FLOAT_KEY(parallel, pipemare_decay, "pipemare: decay D of the weight-velocity estimate per step of delay "
                      "(discrepancy correction; 0 = off)"),
+      LOOM_INT_KEY(parallel, sync_warmup_steps, "2bw, pipedream, pipemare: steps trained synchronously (a flush "
+                   "after each) before the asynchronous stream starts; 0 = none"),
       LOOM_INT_KEY(parallel, ps_servers, "parameter servers added to the dp workers (0: collective data parallel)"),
       LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
                     parse_grad_reduce, grad_reduce_name),

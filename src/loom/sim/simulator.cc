@@ -568,6 +568,14 @@ SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_
   const std::vector<RankState> states = replay(s, events);
   for (int64_t r = 0; r < s.pp; ++r) res.ranks.push_back(finish_rank(s, r, states[size_t(r)], events));
   summarize(s, states, res);
+  const ParallelConfig& q = plan.cfg.parallel;
+  if (streams(q.schedule) && q.pp > 1 && q.sync_warmup_steps > 0) {  // Note [Synchronous warm-up]
+    SimPlan flushing = plan;
+    flushing.cfg.parallel.schedule = ScheduleKind::k1F1B;
+    flushing.cfg.parallel.sync_warmup_steps = 0;
+    res.warmup_steps = std::min(q.sync_warmup_steps, plan.cfg.train.steps);
+    res.warmup_step_time_s = simulate(flushing, cluster, false).step_time_s;
+  }
   return res;
 }
 

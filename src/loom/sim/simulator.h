@@ -84,6 +84,11 @@ struct SimResult {
   std::vector<RankReport> ranks;                // one per pipeline rank
   std::vector<SimEvent> events;                 // when asked for
   std::vector<std::string> warnings;            // e.g. a rank over device memory
+  // Note [Synchronous warm-up] (parallel/schedule.h): a stream schedule's first
+  // warmup_steps steps flush after each; step_time_s prices the steady stream, this a
+  // warm-up step (the flushing 1F1B step of the same micro-batches). 0 without warm-up.
+  int64_t warmup_steps = 0;
+  double warmup_step_time_s = 0;
 };
 
 // What one block costs per recompute policy (index = Recompute), for the planner's

@@ -15,6 +15,7 @@ AsyncPipeState::AsyncPipeState(const Config& cfg, ScheduleKind kind, Model& mode
   if (kind == ScheduleKind::kPipeMare) {
     decay_ = cfg.parallel.pipemare_decay;
     anneal_ = cfg.parallel.pipemare_anneal(cfg.optim.warmup_steps);
+    warmup_ = cfg.parallel.sync_warmup_steps;
   }
   const size_t n = model.params().size();
   const int params = memory.category("params");
@@ -53,9 +54,10 @@ int AsyncPipeState::depth(int64_t batch, int tau) const {
 }
 
 double AsyncPipeState::lr_scale(int64_t batch, int tau) const {
-  if (kind_ != ScheduleKind::kPipeMare || tau <= 0) return 1.0;
-  const double p = std::max(0.0, 1.0 - double(batch) / double(anneal_));
-  return std::pow(double(tau), -p);
+  const int d = depth(batch, tau);  // this update's delay: 0 through a synchronous warm-up
+  if (kind_ != ScheduleKind::kPipeMare || d <= 0) return 1.0;
+  const double p = std::max(0.0, 1.0 - double(batch - warmup_) / double(anneal_));
+  return std::pow(double(d), -p);
 }
 
 int64_t AsyncPipeState::tied_needed(int64_t batch) const { return batch - depth(batch, tied_delay()); }

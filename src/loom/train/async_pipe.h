@@ -21,9 +21,12 @@
 // backward of minibatch t runs on the weights current then, W_r(t), while its forward ran on
 // W_r(t - d) - a forward/backward discrepancy of d updates. Its two techniques:
 //   T1, learning-rate rescheduling (their Sec. 3.1): stage r's update of minibatch k uses
-//     lr_k tau_r^(-p_k), p_k = max(0, 1 - k / K) (K = parallel.pipemare_lr_steps), so the
-//     stages whose gradients are most delayed take small steps early, annealing to the
-//     plain schedule by step K (tau_r = 0: factor 1);
+//     lr_k d^(-p_k), d = min(k - k0, tau_r) its delay (k0 the start of its stream: a stream's
+//     first minibatches, and every minibatch of a synchronous warm-up, are less delayed than
+//     tau_r) and p_k = max(0, 1 - (k - W) / K) (K = parallel.pipemare_lr_steps, W =
+//     parallel.sync_warmup_steps: the annealing starts with the asynchrony), so the stages
+//     whose gradients are most delayed take small steps early, annealing to the plain
+//     schedule K steps after the stream first runs (d = 0: factor 1);
 //   T2, discrepancy correction (their Sec. 3.2): the backward runs on u = W_r - d delta_r,
 //     where delta_r tracks the stage's recent update velocity,
 //     delta <- gamma delta + (1 - gamma) (W_new - W_old) after each update, gamma_r =
@@ -74,8 +77,8 @@ class AsyncPipeState {
   int64_t stream_start() const { return stream_start_; }
   // The executor's part of step `step` (the reference's: weight binding only).
   parallel::PipelineRunner::Stream executor(int64_t step, bool flush);
-  // T1 (Note [PipeMare]): the learning-rate factor of an update of minibatch `batch` at
-  // delay `tau` (1 for pipedream).
+  // T1 (Note [PipeMare]): the learning-rate factor of an update of minibatch `batch` on a
+  // stage of delay `tau` (at most tau, less early in a stream; 1 for pipedream).
   double lr_scale(int64_t batch, int tau) const;
   // Around each update: the stash / velocity bookkeeping (the update changes params()).
   void before_update(int64_t batch);
@@ -119,6 +122,7 @@ class AsyncPipeState {
   bool pipeline_, tied_head_;
   double decay_ = 0;        // D
   int64_t anneal_ = 1;      // K
+  int64_t warmup_ = 0;      // W: parallel.sync_warmup_steps
   bool started_ = false;
   int64_t stream_start_ = 0;
   int64_t step_ = 0;        // the step running

@@ -98,7 +98,11 @@ bool validates(const Config& cfg, int64_t step) {
   return step + 1 == cfg.train.steps || (every > 0 && (step + 1) % every == 0);
 }
 
-bool flushes_pipeline(const Config& cfg, int64_t step) { return validates(cfg, step) || saves_checkpoint(cfg, step); }
+// Note [Synchronous warm-up]: a stream schedule flushes after each of its warm-up steps too.
+bool flushes_pipeline(const Config& cfg, int64_t step) {
+  return validates(cfg, step) || saves_checkpoint(cfg, step) ||
+         (streams(cfg.parallel.schedule) && step < cfg.parallel.sync_warmup_steps);
+}
 
 void save_checked(const Config& cfg, int64_t done, const ShardState& state, std::span<const float> params,
                   comm::Group* world, int global_rank) {

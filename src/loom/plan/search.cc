@@ -232,7 +232,8 @@ std::string approximation_caveat(const sim::SimPlan& p) {
     return std::string("asynchronous updates (") +
            (q.schedule == ScheduleKind::kPipeDream ? "PipeDream weight stashing" : "PipeMare, no stash") +
            ": each stage updates per minibatch on gradients pp - 1 - r updates stale) change the optimisation: the "
-           "steady step is priced, the accuracy cost is not modelled; compare validation curves against 1f1b";
+           "steady step is priced, the accuracy cost is not modelled; compare validation curves against 1f1b "
+           "(parallel.sync_warmup_steps starts synchronously: Note [Synchronous warm-up])";
   std::ostringstream os;
   if (q.compress == CompressKind::kNone && (q.zeropp_qwz || q.zeropp_qgz)) {
     os << "ZeRO++ int8 blocks:" << (q.zeropp_qwz ? " parameter gathers (qwZ)" : "")

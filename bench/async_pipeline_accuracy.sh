@@ -5,7 +5,7 @@
 # as the asynchronous modes must run) and with each asynchronous schedule from the same seed;
 # prints the validation curves and the final ratios to 1F1B without clipping.
 # Usage: [SCHEDULES="pipedream pipemare"] [PP=2] bench/async_pipeline_accuracy.sh [steps] [val_every] [-- sets...]
-# (parallel.sync_warmup_steps=W among the sets goes to the asynchronous runs only)
+# (parallel.sync_warmup_steps=W among the sets changes only the asynchronous runs: 1F1B always flushes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-1000}
@@ -23,14 +23,10 @@ runs="1f1b-clip 1f1b ${SCHEDULES:-pipedream pipemare}"
 for r in $runs; do
   sched=${r%-clip}
   clip=0; [[ $r == *-clip ]] && clip=1.0
-  run_sets=()  # parallel.sync_warmup_steps is the asynchronous schedules' own (1f1b refuses it)
-  for x in ${sets[@]+"${sets[@]}"}; do
-    [[ $sched == 1f1b && $x == parallel.sync_warmup_steps=* ]] || run_sets+=("--set=$x")
-  done
   env -u OPENBLAS_CORETYPE $loom train --nproc "$pp" --pp "$pp" --schedule "$sched" --grad-accum 1 \
     --set model.preset=tiny --set model.vocab=2048 --set "data.shards=$cache/shards" --set "optim.grad_clip=$clip" \
     --set "train.steps=$steps" --set "train.val_every=$every" --set train.log_every=100 --set checkpoint.dir= \
-    --set train.threads=1 ${run_sets[@]+"${run_sets[@]}"} --json >"$out/$r.jsonl" 2>"$out/$r.err" ||
+    --set train.threads=1 ${sets[@]+"${sets[@]/#/--set=}"} --json >"$out/$r.jsonl" 2>"$out/$r.err" ||
     { cat "$out/$r.err"; exit 1; }
 done
 python3 - "$out" $runs <<'PY'

@@ -131,6 +131,39 @@ TEST(Planner, OffersAsynchronousPipelinesOnlyWhereTheyRun) {
   EXPECT_GT(count(plan::search_plans(req)), 0);
 }
 
+// Note [Synchronous warm-up] in loom plan: the asked-for warm-up changes the stream schedules
+// only (the flushing ones, synchronous throughout, are offered as before), and the ranking is
+// by the mean step over the run, in which the warm-up's flushing steps weigh.
+TEST(Planner, RanksStreamsWithTheirSynchronousWarmUp) {
+  plan::PlanRequest req = gpt2_request(100000);
+  req.cluster = load_cluster("dgx-a100", {}, 4, "");
+  req.global_batch = 4;
+  req.like.cfg.optim.grad_clip = 0;
+  req.like.cfg.parallel.sync_warmup_steps = 50;
+  req.like.cfg.train.steps = 100;
+  const plan::PlanReport rep = plan::search_plans(req);
+  int flushing = 0, warm = 0;
+  for (const plan::PlanCandidate& c : rep.ranked) {
+    const ParallelConfig& q = c.plan.cfg.parallel;
+    if (streams(q.schedule) && q.pp > 1) {
+      ++warm;
+      EXPECT_EQ(q.sync_warmup_steps, 50) << plan::layout_label(c.plan);
+      EXPECT_EQ(c.result.warmup_steps, 50);
+      EXPECT_NEAR(plan::run_step_s(c), (c.result.warmup_step_time_s + c.result.step_time_s) / 2, 1e-12);
+      EXPECT_GT(plan::run_step_s(c), c.result.step_time_s);
+    } else {
+      ++flushing;
+      EXPECT_EQ(c.result.warmup_steps, 0) << plan::layout_label(c.plan);
+      EXPECT_EQ(plan::run_step_s(c), c.result.step_time_s);
+    }
+  }
+  EXPECT_GT(flushing, 0);
+  EXPECT_GT(warm, 0);
+  EXPECT_TRUE(std::is_sorted(rep.ranked.begin(), rep.ranked.end(), [](const auto& a, const auto& b) {
+    return plan::run_step_s(a) < plan::run_step_s(b);
+  }));
+}
+
 // Parameter-server layouts in loom plan (Note [Simulated parameter server]): only when asked,
 // S servers and 4 - S workers on 4 GPUs, each priced as loom simulate prices it; sparse rows
 // (a Llama) carry lazy AdamW's caveat and move less than the dense rounds.

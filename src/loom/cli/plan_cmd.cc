@@ -75,6 +75,7 @@ void print_json(const plan::PlanReport& rep, const PlanArgs& a,
     j["layout"] = layout_json(c.plan);
     j["how"] = c.how;
     j["error_band"] = band_json(band(c));
+    j["run_step_time_s"] = plan::run_step_s(c);
     if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) j["caveat"] = caveat;
     std::cout << j.dump() << "\n";
   }
@@ -110,6 +111,9 @@ void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const
               << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
               << " GiB\n";
     std::cout << "    " << band_text(band(c)) << "\n";
+    if (r.warmup_steps > 0)  // Note [Synchronous warm-up]: what the ranking uses
+      std::cout << "    synchronous warm-up: " << r.warmup_steps << " steps at " << r.warmup_step_time_s
+                << " s; mean step over the run " << plan::run_step_s(c) << " s\n";
     if (const std::string caveat = plan::approximation_caveat(c.plan); !caveat.empty()) std::cout << "    " << caveat << "\n";
   }
   if (a.explain && rep.ranked.size() > 1)

@@ -234,6 +234,7 @@ struct ParallelConfig {
   // 2bw, pipedream, pipemare: the first steps flush the pipeline after every step, so each
   // minibatch computes on the weights it updates (synchronous training) before the stream
   // starts (Note [Synchronous warm-up] in parallel/schedule.h). 0: asynchronous from step 1.
+  // The flushing schedules are synchronous throughout: for them any value holds as it is.
   int64_t sync_warmup_steps = 0;
   int64_t pipemare_anneal(int64_t lr_warmup_steps) const {
     return pipemare_lr_steps >= 0 ? std::max<int64_t>(pipemare_lr_steps, 1) : std::max<int64_t>(lr_warmup_steps, 1);

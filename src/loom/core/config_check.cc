@@ -205,10 +205,10 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
 // Note [Pipeline streams] (parallel/schedule.h): what 2bw, pipedream and pipemare compose with.
 void check_streams(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
-  if (p.sync_warmup_steps < 0 || (p.sync_warmup_steps > 0 && !streams(p.schedule)))
-    errs.push_back("parallel.sync_warmup_steps = " + std::to_string(p.sync_warmup_steps) + " with parallel.schedule = " +
-                   schedule_name(p.schedule) + ": it is the synchronous start of the asynchronous schedules (2bw, "
-                   "pipedream, pipemare), steps >= 0; the others are synchronous throughout, set it to 0");
+  // (The flushing schedules are synchronous throughout, so any warm-up holds for them.)
+  if (p.sync_warmup_steps < 0)
+    errs.push_back("parallel.sync_warmup_steps = " + std::to_string(p.sync_warmup_steps) +
+                   ": the synchronous steps before an asynchronous stream starts, steps >= 0");
   if (!streams(p.schedule)) return;
   const std::string name = schedule_name(p.schedule);
   const std::string is = "parallel.schedule = " + name + " ";

@@ -47,12 +47,15 @@
 // parallel.sync_warmup_steps = W makes steps 1..W of a stream schedule flushing steps
 // (flushes_pipeline, train/step_observers.h): each stream is one step long, so every
 // minibatch's forward and backward run on the weights its update changes, i.e. synchronous
-// training (pipedream and pipemare then equal 1F1B of one micro-batch per step, 2bw a
-// flushing 2bw, bit for bit; tested), and the asynchronous stream starts at step W + 1. The
+// training (pipedream and pipemare then equal 1F1B of one micro-batch per step, 2bw 1F1B of
+// its m micro-batches, bit for bit; tested), and the asynchronous stream starts at step W + 1
+// (the flushing schedules are synchronous throughout: for them W holds as it is). The
 // updates most hurt by stale gradients are the early ones (large, fast-changing gradients
 // and cold Adam moments): measured on the default job at pp 2, PipeMare after 1,000 steps
 // ends 5.0% above 1F1B's validation loss from step 1 and 2.0% above it after 200
-// synchronous steps (docs/benchmarks.md). Each warm-up step pays 1F1B's pipeline bubble.
+// synchronous steps (docs/benchmarks.md). Each warm-up step pays 1F1B's pipeline bubble:
+// `loom simulate` prices one beside the steady step and `loom plan` ranks by the mean step
+// over the run (plan::run_step_s).
 #pragma once
 
 #include <string>

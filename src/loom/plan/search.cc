@@ -218,6 +218,13 @@ std::string layout_key(const sim::SimPlan& p) {
   return layout_label(q);
 }
 
+double run_step_s(const PlanCandidate& c) {
+  const sim::SimResult& r = c.result;
+  if (r.warmup_steps <= 0) return r.step_time_s;
+  const double steps = double(std::max(c.plan.cfg.train.steps, r.warmup_steps)), warm = double(r.warmup_steps);
+  return (warm * r.warmup_step_time_s + (steps - warm) * r.step_time_s) / steps;
+}
+
 std::string approximation_caveat(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   if (q.ps_servers > 0 && p.cfg.ps.sparse_embedding)  // Note [Sparse embeddings]
@@ -349,7 +356,7 @@ PlanReport search_plans(const PlanRequest& req) {
                 }
         }
       }
-  auto faster = [](const PlanCandidate& a, const PlanCandidate& b) { return a.result.step_time_s < b.result.step_time_s; };
+  auto faster = [](const PlanCandidate& a, const PlanCandidate& b) { return run_step_s(a) < run_step_s(b); };
   std::sort(kept.begin(), kept.end(), faster);
   const size_t refine_n = req.refine ? std::min<size_t>(kept.size(), size_t(std::max<int64_t>(req.top, 3))) : 0;
   for (size_t i = 0; i < refine_n; ++i) {

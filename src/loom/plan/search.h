@@ -67,6 +67,10 @@ std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp);
 // "" for exact training; else what the plan trades away (a compressor and its parameters,
 // or 2bw's delayed updates) and that its accuracy cost is not modelled.
 std::string approximation_caveat(const sim::SimPlan& p);
+// What the search ranks by: the mean step over the run's train.steps, the steady step but
+// for a stream schedule's synchronous warm-up, whose flushing steps cost more (Note
+// [Synchronous warm-up]).
+double run_step_s(const PlanCandidate& c);
 // A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
 std::string emit_loom_toml(const sim::SimPlan& p);
 std::string emit_megatron_args(const sim::SimPlan& p);

@@ -482,8 +482,7 @@ void attach_two_bw_reference(const Config& cfg, Engine& e) {
 
 // TrainOptions::async_reference (Note [PipeDream weight stashing]): a flushing pipeline of the
 // same layout, one minibatch per step, binding the versions the stream would.
-void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind,
-                            int64_t warmup) {
+void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind) {
   const ParallelConfig& p = cfg.parallel;
   LOOM_CHECK(!e.async && p.pp > 1 && p.dp == 1 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
                  cfg.optim.grad_clip == 0,
@@ -492,9 +491,7 @@ void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e,
              cfg.train.grad_accum, " grad_clip ", cfg.optim.grad_clip);
   const ScheduleKind k = parse_schedule(kind);
   LOOM_CHECK(updates_per_batch(k), "async_reference = ", kind, ": expected pipedream or pipemare");
-  Config as_stream = cfg;  // the stream's warm-up, which a flushing schedule's config does not take
-  as_stream.parallel.sync_warmup_steps = warmup;
-  e.async = std::make_unique<AsyncPipeState>(as_stream, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
+  e.async = std::make_unique<AsyncPipeState>(cfg, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
                                              rc.embed && rc.holds_tied_copy(cfg.model));
 }
 
@@ -505,8 +502,7 @@ void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e,
 // initial weights on the servers (Note [Parameter server]).
 void prepare_engine(const Config& cfg, const TrainOptions& given, const RankContext& rc, Engine& e) {
   if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
-  if (!given.async_reference.empty())
-    attach_async_reference(cfg, rc, e, given.async_reference, given.async_reference_warmup);
+  if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
   if (e.async) e.async->on_version = given.on_weight_version;
   if (e.ps) {
     e.ps->before_push = given.before_ps_push;

@@ -37,9 +37,6 @@ struct TrainOptions {
   // clipping. on_weight_version: every forward and backward of a pipedream / pipemare stage
   // (or its reference) reports its minibatch and the weight version it computes on.
   std::string async_reference;
-  // The reference of a stream with parallel.sync_warmup_steps = this (Note [Synchronous
-  // warm-up]): its flushing steps bind versions as such a stream would.
-  int64_t async_reference_warmup = 0;
   std::function<void(int stage, int64_t batch, bool forward, int64_t version)> on_weight_version;
   // Tests: a parameter-server worker runs this before each push (injected delays).
   std::function<void(int64_t step)> before_ps_push;

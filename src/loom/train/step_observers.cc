@@ -98,10 +98,10 @@ bool validates(const Config& cfg, int64_t step) {
   return step + 1 == cfg.train.steps || (every > 0 && (step + 1) % every == 0);
 }
 
-// Note [Synchronous warm-up]: a stream schedule flushes after each of its warm-up steps too.
+// Note [Synchronous warm-up]: the warm-up steps flush too. Only a stream (2bw, pipedream,
+// pipemare) or a test's reference of one reads the flag; the flushing schedules ignore it.
 bool flushes_pipeline(const Config& cfg, int64_t step) {
-  return validates(cfg, step) || saves_checkpoint(cfg, step) ||
-         (streams(cfg.parallel.schedule) && step < cfg.parallel.sync_warmup_steps);
+  return validates(cfg, step) || saves_checkpoint(cfg, step) || step < cfg.parallel.sync_warmup_steps;
 }
 
 void save_checked(const Config& cfg, int64_t done, const ShardState& state, std::span<const float> params,

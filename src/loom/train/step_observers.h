@@ -58,7 +58,8 @@ struct StepOutcome {
 };
 
 // Whether step `step` (0-based) ends with a checkpoint, a validation pass, or either (or is
-// the last): the steps where a 2bw pipeline flushes (Note [PipeDream-2BW]).
+// the last) or lies in the synchronous warm-up: the steps where a stream schedule flushes
+// (Note [PipeDream-2BW], Note [Synchronous warm-up]).
 bool saves_checkpoint(const Config& cfg, int64_t step);
 bool validates(const Config& cfg, int64_t step);
 bool flushes_pipeline(const Config& cfg, int64_t step);

@@ -552,7 +552,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
     StepTokens tokens{rows * T, rows * T};
     LossScaler& scaler = updater.scaler();
     const double S = scaler.scale();
-    const bool flush = flushes_pipeline(cfg, step) || (e.async && step < cfg.parallel.sync_warmup_steps);  // + reference
+    const bool flush = flushes_pipeline(cfg, step);  // Note [PipeDream-2BW], Note [Synchronous warm-up]
     const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens, S)
                                       : compute_gradients(e, rc, train_data, cfg, step, mb, T, S, flush);
     if (given.after_gradients) given.after_gradients(step, e.model.grads());

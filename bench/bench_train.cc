@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -90,8 +91,9 @@ int main(int argc, char** argv) {
     if (s == warmup) t0 = Clock::now();
     model.zero_grads();
     model.forward_backward(x.data(), y.data(), batch, T, 1.0f);
-    clip_grad_norm(model.ops(), model.grads(), 1.0);
-    opt.step(model.ops(), model.params(), model.grads(), 1e-4);
+    // As loom train's Updater: the clipping coefficient rides in AdamW (no scale pass).
+    const double norm = std::sqrt(model.ops().sum_squares(model.grads().data(), int64_t(model.grads().size())));
+    opt.step(model.ops(), model.params(), model.grads(), 1e-4, {}, {}, float(clip_coef(norm, 1.0)));
   }
   const double dt = seconds_since(t0);
   const double tok_s = double(steps) * batch * T / dt;

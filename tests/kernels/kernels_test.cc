@@ -43,10 +43,12 @@ class Rand {
 };
 
 // max |a-b| / max(|b|): error relative to the reference's scale (floored at 1e-2 so a
-// lone near-zero output, e.g. GELU(-10), is judged by its absolute error).
+// lone near-zero output, e.g. GELU(-10), is judged by its absolute error). A NaN on
+// either side is an infinite error (std::max would drop it).
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 1e-2;
   for (size_t i = 0; i < b.size(); i++) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
     num = std::max(num, double(std::fabs(a[i] - b[i])));
     den = std::max(den, double(std::fabs(b[i])));
   }
@@ -119,7 +121,8 @@ TEST(Kernels, Matmul) {
     cpu::matmul_forward(y2.data(), x.data(), w.data(), nullptr, N, C, OC);
     ref::matmul_forward(y1.data(), x.data(), w.data(), nullptr, N, C, OC);
     EXPECT_CLOSE(y2, y1, 1e-5);
-    std::vector<float> dx1(N * C, 1.f), dx2 = dx1, dw1(OC * C, -1.f), dw2 = dw1, db1(OC, 2.f), db2 = db1;
+    // dx is overwritten (its NaN must not reach the result); dw, db accumulate.
+    std::vector<float> dx1(N * C, 1.f), dx2(N * C, NAN), dw1(OC * C, -1.f), dw2 = dw1, db1(OC, 2.f), db2 = db1;
     ref::matmul_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC);
     cpu::matmul_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC);
     EXPECT_CLOSE(dx2, dx1, 1e-5);
@@ -213,7 +216,7 @@ TEST(Kernels, CrossEntropyAndFusedHeadAtGpt2Vocab) {
     const double tol = V > 1000 ? 2e-4 : 3e-5;
     auto x = rnd.normal(N * C), w = rnd.normal(V * C, 0.5f);
     auto tgt = rnd.ints(N, int32_t(V));
-    std::vector<float> l1(N), l2(N), dx1(N * C, 0.1f), dx2 = dx1, dw1(V * C, -0.1f), dw2 = dw1;
+    std::vector<float> l1(N), l2(N), dx1(N * C, 0.1f), dx2(N * C, NAN), dw1(V * C, -0.1f), dw2 = dw1;
     ref::lm_head_loss(l1.data(), dx1.data(), dw1.data(), x.data(), w.data(), tgt.data(), N, C, V, 0.37f);
     cpu::lm_head_loss(l2.data(), dx2.data(), dw2.data(), x.data(), w.data(), tgt.data(), N, C, V, 0.37f);
     EXPECT_CLOSE(l2, l1, tol);
@@ -314,7 +317,7 @@ TEST(Kernels, Bf16LinearAndHeadMatchTheirReference) {
       EXPECT_GT(rel(y1, y32), 1e-4) << "the bf16 kernels must round their inputs";
     }
     EXPECT_LT(rel(y1, y32), 0x1p-6);
-    std::vector<float> dx1(N * IC, 0.5f), dx2 = dx1, dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
+    std::vector<float> dx1(N * IC, 0.5f), dx2(N * IC, NAN), dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
     ref::matmul_backward_bf16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC);
     cpu::matmul_backward_bf16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC);
     EXPECT_CLOSE(dx2, dx1, 1e-4);
@@ -324,7 +327,7 @@ TEST(Kernels, Bf16LinearAndHeadMatchTheirReference) {
     const int64_t V = OC * 3 + 1;
     auto wh = rnd.normal(V * IC, 0.3f);
     auto tgt = rnd.ints(N, int32_t(V));
-    std::vector<float> l1(N), l2(N), hx1(N * IC, 0.0f), hx2 = hx1, hw1(V * IC, 0.0f), hw2 = hw1;
+    std::vector<float> l1(N), l2(N), hx1(N * IC, 0.5f), hx2(N * IC, NAN), hw1(V * IC, 0.0f), hw2 = hw1;
     ref::lm_head_loss_bf16(l1.data(), hx1.data(), hw1.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
     cpu::lm_head_loss_bf16(l2.data(), hx2.data(), hw2.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
     EXPECT_CLOSE(l2, l1, 1e-4);
@@ -360,7 +363,7 @@ TEST(Kernels, Fp16LinearAndHeadMatchTheirReference) {
       EXPECT_GT(rel(y1, y32), 1e-6) << "the fp16 kernels must round their inputs";
     }
     EXPECT_LT(rel(y1, y32), 0x1p-8);
-    std::vector<float> dx1(N * IC, 0.5f), dx2 = dx1, dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
+    std::vector<float> dx1(N * IC, 0.5f), dx2(N * IC, NAN), dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
     ref::matmul_backward_fp16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC);
     cpu::matmul_backward_fp16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC);
     EXPECT_CLOSE(dx2, dx1, 1e-4);
@@ -369,7 +372,7 @@ TEST(Kernels, Fp16LinearAndHeadMatchTheirReference) {
     const int64_t V = OC * 3 + 1;
     auto wh = rnd.normal(V * IC, 0.3f);
     auto tgt = rnd.ints(N, int32_t(V));
-    std::vector<float> l1(N), l2(N), hx1(N * IC, 0.0f), hx2 = hx1, hw1(V * IC, 0.0f), hw2 = hw1;
+    std::vector<float> l1(N), l2(N), hx1(N * IC, 0.5f), hx2(N * IC, NAN), hw1(V * IC, 0.0f), hw2 = hw1;
     ref::lm_head_loss_fp16(l1.data(), hx1.data(), hw1.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
     cpu::lm_head_loss_fp16(l2.data(), hx2.data(), hw2.data(), x.data(), wh.data(), tgt.data(), N, IC, V, 0.5f);
     EXPECT_CLOSE(l2, l1, 1e-4);

@@ -38,7 +38,6 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   float* dqkv = wb ? wb->dqkv : a.dqkv;
 
   // MLP: out = x1 + fcg Wp^T + bp
-  zero(a.dfcg, N * F);
   const float* dproj = kept_dy(gather_grad(a.dres, N), wb ? wb->dproj : nullptr, N * C);
   mm_backward(a.dfcg, gw(g.mlp_proj_w), gw(g.mlp_proj_b), dproj, {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
   if (s.fch_h && gpt) {
@@ -49,13 +48,11 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
     else if (gpt) k_.gelu_backward(dfch, s.fch, a.dfcg, N * F);
     else k_.swiglu_backward(dfch, s.fch, a.dfcg, N, F);
   }
-  zero(a.dnorm, N * C);
   mm_backward(a.dnorm, gw(g.fc_w), gw(g.fc_b), dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
   reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
   norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, {s.norm2, s.norm2_h}, w.norm2_w, w.norm2_b,
                 s.norm2_mean, s.norm2_rstd, N);
   // Attention: x1 = x0 + atty Wo^T + bo
-  zero(a.datty, N * H * hd);
   const float* dattn = kept_dy(gather_grad(a.dres, N), wb ? wb->dattn : nullptr, N * C);
   mm_backward(a.datty, gw(g.attn_proj_w), gw(g.attn_proj_b), dattn, {s.atty, s.atty_h}, w.attn_proj_w, N, H * hd, C);
   const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
@@ -64,7 +61,6 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   zero(dqkv, N * Q);
   attend_backward(dqkv, a.datty, qkv, s.probs, s.probs_h, B, T);
   if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
-  zero(a.dnorm, N * C);
   mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, {s.norm1, s.norm1_h}, w.norm1_w, w.norm1_b,

@@ -59,9 +59,9 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t IC, int64_t OC) {
-  // dinp(N,IC) += dout(N,OC) @ w(OC,IC)
+  // dinp(N,IC) = dout(N,OC) @ w(OC,IC)
   if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
   // dw(OC,IC) += dout^T(OC,N) @ inp(N,IC)
   if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   if (dbias) add_bias_grad(dbias, dout, N, OC);
@@ -90,7 +90,7 @@ void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* 
   else to_bf16(d, dout, N * OC);
   if (dinp) {
     to_bf16(b, w, OC * IC);
-    gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 1.0f, dinp, IC);  // dinp += dout w
+    gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 0.0f, dinp, IC);  // dinp = dout w
   }
   if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, 1.0f, dw, IC);  // dw += dout^T inp
 }
@@ -259,13 +259,13 @@ void head_loss(float* losses, float* dx, float* dw, const float* x, const float*
       losses[r0 + i] = softmax_xent_row(logits + i * V, targets[r0 + i], V, grad, dloss_scale,
                                         bf && grad ? dh + i * V : nullptr);
     if (!grad) continue;
-    // dx(rows,C) += dlogits(rows,V) @ w(V,C); dw(V,C) += dlogits^T @ x(rows,C)
+    // dx(rows,C) = dlogits(rows,V) @ w(V,C); dw(V,C) += dlogits^T @ x(rows,C)
     if (bf) {
-      gemm_bf16(false, false, rows, C, V, 1.0f, dh, V, wh, C, 1.0f, dx + r0 * C, C);
+      gemm_bf16(false, false, rows, C, V, 1.0f, dh, V, wh, C, 0.0f, dx + r0 * C, C);
       gemm_bf16(true, false, V, C, rows, 1.0f, dh, V, xh, C, 1.0f, dw, C);
     } else {
       if (half) round_fp16(logits, logits, rows * V);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, logits, V, w, C, 1.0f, dx + r0 * C, C);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, logits, V, w, C, 0.0f, dx + r0 * C, C);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, logits, V, xc, C, 1.0f, dw, C);
     }
   }

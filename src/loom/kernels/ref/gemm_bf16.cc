@@ -45,7 +45,7 @@ void matmul_forward_bf16(float* out, const float* inp, const float* w, const flo
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                           int64_t N, int64_t IC, int64_t OC) {
   const std::vector<bf16> d = rounded(dout, N * OC);
-  if (dinp) gemm_bf16(false, false, N, IC, OC, 1.0f, d.data(), OC, rounded(w, OC * IC).data(), IC, 1.0f, dinp, IC);
+  if (dinp) gemm_bf16(false, false, N, IC, OC, 1.0f, d.data(), OC, rounded(w, OC * IC).data(), IC, 0.0f, dinp, IC);
   if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d.data(), OC, rounded(inp, N * IC).data(), IC, 1.0f, dw, IC);
   if (dbias) detail::add_bias_grad(dbias, dout, N, OC);
 }

@@ -128,7 +128,7 @@ void matmul_backward(S* dinp, S* dw, S* dbias, const S* dout, const S* inp,
       for (int64_t k = 0; k < IC; k++) {
         double s = 0;
         for (int64_t o = 0; o < OC; o++) s += double(dout[i * OC + o]) * w[o * IC + k];
-        dinp[i * IC + k] += S(s);
+        dinp[i * IC + k] = S(s);
       }
   for (int64_t o = 0; o < OC; o++) {
     for (int64_t k = 0; k < IC; k++) {

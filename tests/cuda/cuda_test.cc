@@ -212,7 +212,7 @@ TEST(CudaKernels, LinearLayersMatchTheBf16Reference) {
   ref::matmul_forward_bf16(y_rb.data(), x.data(), w.data(), rounded(b).data(), N, IC, OC);
   EXPECT_LT(rel(widen(yh.get()), y_rb), 4e-3);
   std::vector<float> gx(static_cast<size_t>(N * IC), 0.0f), gw(static_cast<size_t>(OC * IC), 0.5f);
-  ref::matmul_backward_bf16(gx.data(), gw.data(), nullptr, dy.data(), x.data(), w.data(), N, IC, OC);
+  ref::matmul_backward_bf16(gx.data(), gw.data(), nullptr, dy.data(), x.data(), w.data(), N, IC, OC, false);
   Dev<float> dgx(static_cast<size_t>(N * IC)), dgw(std::vector<float>(gw.size(), 0.5f));
   blas.linear_backward_input(dgx.p, Dt::kF32, ddy.p, dw.p, N, IC, OC);
   blas.linear_backward_weight(dgw.p, ddy.p, dx.p, N, IC, OC);

@@ -109,6 +109,23 @@ TEST(Kernels, LayerNormAndRmsNorm) {
   }
 }
 
+// Note [Fresh gradients]: with fresh, dw and db are overwritten (their NaNs never read), the
+// same bits as accumulating into zeros; the reference agrees within tol.
+using MatmulBackwardFn = void (*)(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
+                                  int64_t, bool);
+void expect_fresh_overwrites(MatmulBackwardFn fast, MatmulBackwardFn ref, const std::vector<float>& dy,
+                             const std::vector<float>& x, const std::vector<float>& w, int64_t N, int64_t IC,
+                             int64_t OC, double tol) {
+  std::vector<float> dx(N * IC), zw(OC * IC, 0.0f), zb(OC, 0.0f), fw(OC * IC, NAN), fb(OC, NAN), rw = fw, rb = fb;
+  fast(dx.data(), zw.data(), zb.data(), dy.data(), x.data(), w.data(), N, IC, OC, false);
+  fast(dx.data(), fw.data(), fb.data(), dy.data(), x.data(), w.data(), N, IC, OC, true);
+  ref(dx.data(), rw.data(), rb.data(), dy.data(), x.data(), w.data(), N, IC, OC, true);
+  EXPECT_EQ(fw, zw);
+  EXPECT_EQ(fb, zb);
+  EXPECT_LT(rel(rw, zw), tol);
+  EXPECT_LT(rel(rb, zb), 1e-5);
+}
+
 TEST(Kernels, Matmul) {
   Rand rnd;
   for (auto [B, T, C] : kDims) {
@@ -123,11 +140,12 @@ TEST(Kernels, Matmul) {
     EXPECT_CLOSE(y2, y1, 1e-5);
     // dx is overwritten (its NaN must not reach the result); dw, db accumulate.
     std::vector<float> dx1(N * C, 1.f), dx2(N * C, NAN), dw1(OC * C, -1.f), dw2 = dw1, db1(OC, 2.f), db2 = db1;
-    ref::matmul_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC);
-    cpu::matmul_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    ref::matmul_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC, false);
+    cpu::matmul_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC, false);
     EXPECT_CLOSE(dx2, dx1, 1e-5);
     EXPECT_CLOSE(dw2, dw1, 1e-5);
     EXPECT_CLOSE(db2, db1, 1e-5);
+    expect_fresh_overwrites(cpu::matmul_backward, ref::matmul_backward, dy, x, w, N, C, OC, 1e-5);
   }
 }
 
@@ -318,8 +336,9 @@ TEST(Kernels, Bf16LinearAndHeadMatchTheirReference) {
     }
     EXPECT_LT(rel(y1, y32), 0x1p-6);
     std::vector<float> dx1(N * IC, 0.5f), dx2(N * IC, NAN), dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
-    ref::matmul_backward_bf16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC);
-    cpu::matmul_backward_bf16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    ref::matmul_backward_bf16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC, false);
+    cpu::matmul_backward_bf16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC, false);
+    expect_fresh_overwrites(cpu::matmul_backward_bf16, ref::matmul_backward_bf16, dout, x, w, N, IC, OC, 1e-4);
     EXPECT_CLOSE(dx2, dx1, 1e-4);
     EXPECT_CLOSE(dw2, dw1, 1e-4);
     EXPECT_CLOSE(db2, db1, 1e-5);  // fp32 sums of fp32 dout
@@ -364,8 +383,9 @@ TEST(Kernels, Fp16LinearAndHeadMatchTheirReference) {
     }
     EXPECT_LT(rel(y1, y32), 0x1p-8);
     std::vector<float> dx1(N * IC, 0.5f), dx2(N * IC, NAN), dw1(OC * IC, -0.25f), dw2 = dw1, db1(OC, 1.0f), db2 = db1;
-    ref::matmul_backward_fp16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC);
-    cpu::matmul_backward_fp16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    ref::matmul_backward_fp16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), N, IC, OC, false);
+    cpu::matmul_backward_fp16(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(), N, IC, OC, false);
+    expect_fresh_overwrites(cpu::matmul_backward_fp16, ref::matmul_backward_fp16, dout, x, w, N, IC, OC, 1e-4);
     EXPECT_CLOSE(dx2, dx1, 1e-4);
     EXPECT_CLOSE(dw2, dw1, 1e-4);
     EXPECT_CLOSE(db2, db1, 1e-5);
@@ -383,7 +403,7 @@ TEST(Kernels, Fp16LinearAndHeadMatchTheirReference) {
     for (bool fast : {false, true}) {
       std::vector<float> dx(N * IC, 0.0f), dw(OC * IC, 0.0f);
       (fast ? cpu::matmul_backward_fp16 : ref::matmul_backward_fp16)(dx.data(), dw.data(), nullptr, dout.data(),
-                                                                     x.data(), w.data(), N, IC, OC);
+                                                                     x.data(), w.data(), N, IC, OC, false);
       EXPECT_FALSE(std::isfinite(dw[0])) << (fast ? "cpu" : "ref");
       EXPECT_FALSE(std::isfinite(dx[0])) << (fast ? "cpu" : "ref");
     }

@@ -39,7 +39,9 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
 
   // MLP: out = x1 + fcg Wp^T + bp
   const float* dproj = kept_dy(gather_grad(a.dres, N), wb ? wb->dproj : nullptr, N * C);
-  mm_backward(a.dfcg, gw(g.mlp_proj_w), gw(g.mlp_proj_b), dproj, {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C);
+  // Linears in Note [Fresh gradients]'s order; a split backward leaves their marks to W.
+  auto fresh = [&](int j) { return !wb && take_fresh(l, j); };
+  mm_backward(a.dfcg, gw(g.mlp_proj_w), gw(g.mlp_proj_b), dproj, {s.fcg, s.fcg_h}, w.mlp_proj_w, N, F, C, fresh(0));
   if (s.fch_h && gpt) {
     k_.gelu_backward_bf16_in(dfch, s.fch_h, a.dfcg, N * F);  // overwrites; bf16 storage: dfch may be a.dfcg itself
   } else {
@@ -48,20 +50,21 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
     else if (gpt) k_.gelu_backward(dfch, s.fch, a.dfcg, N * F);
     else k_.swiglu_backward(dfch, s.fch, a.dfcg, N, F);
   }
-  mm_backward(a.dnorm, gw(g.fc_w), gw(g.fc_b), dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2);
+  mm_backward(a.dnorm, gw(g.fc_w), gw(g.fc_b), dfch, {s.norm2, s.norm2_h}, w.fc_w, N, C, F2, fresh(1));
   reduce_input_grad(a.dnorm, N);  // column-parallel: sum the input gradients
   norm_backward(a.dres, g.norm2_w, g.norm2_b, a.dnorm, s.x1, {s.norm2, s.norm2_h}, w.norm2_w, w.norm2_b,
                 s.norm2_mean, s.norm2_rstd, N);
   // Attention: x1 = x0 + atty Wo^T + bo
   const float* dattn = kept_dy(gather_grad(a.dres, N), wb ? wb->dattn : nullptr, N * C);
-  mm_backward(a.datty, gw(g.attn_proj_w), gw(g.attn_proj_b), dattn, {s.atty, s.atty_h}, w.attn_proj_w, N, H * hd, C);
+  mm_backward(a.datty, gw(g.attn_proj_w), gw(g.attn_proj_b), dattn, {s.atty, s.atty_h}, w.attn_proj_w, N, H * hd, C,
+              fresh(2));
   const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
   if (recompute_[size_t(l)] == Recompute::kSelective)  // only P is needed: with bf16 storage
     attend(s.atty_h ? dqkv : s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));  // s.atty is datty's buffer
   zero(dqkv, N * Q);
   attend_backward(dqkv, a.datty, qkv, s.probs, s.probs_h, B, T);
   if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
-  mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q);
+  mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q, fresh(3));
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, {s.norm1, s.norm1_h}, w.norm1_w, w.norm1_b,
                 s.norm1_mean, s.norm1_rstd, N);
@@ -79,10 +82,11 @@ void Model::weight_block(const Slot& sl, const WBlock& wb, int i, int l, int64_t
   const BlockView& g = gv_.blocks[l];
   const int64_t N = B * T, C = cfg_.d_model, hd = cfg_.head_dim(), Q = (Hl_ + 2 * KVl_) * hd, F = Fl_;
   const int64_t F2 = cfg_.arch == Arch::kGpt ? F : 2 * F;
-  mm_backward(nullptr, g.mlp_proj_w, g.mlp_proj_b, wb.dproj, {s.fcg, s.fcg_h}, nullptr, N, F, C);
-  mm_backward(nullptr, g.fc_w, g.fc_b, wb.dfch, {s.norm2, s.norm2_h}, nullptr, N, C, F2);
-  mm_backward(nullptr, g.attn_proj_w, g.attn_proj_b, wb.dattn, {s.atty, s.atty_h}, nullptr, N, Hl_ * hd, C);
-  mm_backward(nullptr, g.qkv_w, g.qkv_b, wb.dqkv, {s.norm1, s.norm1_h}, nullptr, N, C, Q);
+  mm_backward(nullptr, g.mlp_proj_w, g.mlp_proj_b, wb.dproj, {s.fcg, s.fcg_h}, nullptr, N, F, C, take_fresh(l, 0));
+  mm_backward(nullptr, g.fc_w, g.fc_b, wb.dfch, {s.norm2, s.norm2_h}, nullptr, N, C, F2, take_fresh(l, 1));
+  mm_backward(nullptr, g.attn_proj_w, g.attn_proj_b, wb.dattn, {s.atty, s.atty_h}, nullptr, N, Hl_ * hd, C,
+              take_fresh(l, 2));
+  mm_backward(nullptr, g.qkv_w, g.qkv_b, wb.dqkv, {s.norm1, s.norm1_h}, nullptr, N, C, Q, take_fresh(l, 3));
   writes(l, false);
   span("weight", l, false);
 }
@@ -145,6 +149,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
     backward_block(sl, l - first, l, B, T, ws ? &ws->blocks[size_t(l - first)] : nullptr);
     ready(block_first_tensor_[l]);
   }
+  if (!ws) settle_fresh(first, last);  // Note [Fresh gradients]: none is left; a split backward's W clears them
   if (chunk_has_embed(chunk)) {
     span("embedding backward", -1, true);
     writes(embed_unit(), true);
@@ -203,6 +208,7 @@ void Model::weight_chunk(const Slot& sl, const WSlot& ws, int chunk, int64_t B, 
     weight_block(sl, ws.blocks[size_t(l - first)], l - first, l, B, T);
     if (grad_ready_) grad_ready_(block_first_tensor_[l]);
   }
+  settle_fresh(first, last);
   if (chunk_has_embed(chunk) && grad_ready_) grad_ready_(0);
 }
 

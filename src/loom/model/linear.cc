@@ -76,9 +76,9 @@ void Model::mm_forward(float* out, GemmIn in, const float* w, const float* b, in
 }
 
 void Model::mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
-                        int64_t IC, int64_t OC) const {
-  if (in.h) k_.matmul_backward_bf16_in(dinp, dw, db, dout, in.h, w, N, IC, OC);
-  else k_.matmul_backward(dinp, dw, db, dout, in.f, w, N, IC, OC);
+                        int64_t IC, int64_t OC, bool fresh) const {
+  if (in.h) k_.matmul_backward_bf16_in(dinp, dw, db, dout, in.h, w, N, IC, OC, fresh);
+  else k_.matmul_backward(dinp, dw, db, dout, in.f, w, N, IC, OC, fresh);
 }
 
 // dL/d(row-parallel output) for all N rows: the own rows d (Nr,C) gathered under sequence

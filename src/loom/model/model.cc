@@ -103,6 +103,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
   index_units();
+  index_fresh();
   block_first_tensor_.assign(cfg.layers, -1);
   for (int i = 0; i < int(layout_.specs().size()); i++) {
     const ParamSpec& s = layout_.specs()[i];
@@ -294,14 +295,6 @@ void Model::init_weights(uint64_t seed, float* into, const std::function<void(in
   }
 }
 
-// Memory-bound (500 MB for GPT-2 124M): split over the OpenMP team so every core's
-// share of the memory bandwidth is used, in fixed chunks.
-void Model::zero_grads() {
-  const int64_t n = static_cast<int64_t>(grads_.size()), chunk = int64_t(1) << 20;
-  float* g = grads_.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t i0 = 0; i0 < n; i0 += chunk) std::memset(g + i0, 0, sizeof(float) * std::min(chunk, n - i0));
-}
 
 void Model::check_shape(int64_t B, int64_t T) const {
   LOOM_CHECK(B > 0 && B <= max_batch_ && T > 0 && T <= max_seq_, "batch shape (", B, ", ", T,

@@ -91,8 +91,18 @@ class Model {
   // The layers point into these buffers: copy new values in, never reassign or resize.
   std::vector<float>& params() { return params_; }
   const std::vector<float>& params() const { return params_; }
-  std::vector<float>& grads() { return grads_; }
-  const std::vector<float>& grads() const { return grads_; }
+  // Reading the gradients settles them first (Note [Fresh gradients]).
+  std::vector<float>& grads() {
+    settle_fresh(0, int(cfg_.layers));
+    return grads_;
+  }
+  const std::vector<float>& grads() const {  // logically const: the values zero_grads promised
+    const_cast<Model*>(this)->settle_fresh(0, int(cfg_.layers));
+    return grads_;
+  }
+  // The gradient buffer unsettled: only for a reader armed before backward that reads a
+  // tensor once the grad-ready hook has declared it final (the data-parallel reducer).
+  float* grad_buffer() { return grads_.data(); }
   // Bytes held for activations and backward scratch.
   int64_t activation_bytes() const;
 
@@ -108,7 +118,18 @@ class Model {
   // written(offset, count) after each tensor of this part is complete there.
   void init_weights(uint64_t seed, float* into = nullptr,
                     const std::function<void(int64_t offset, int64_t count)>& written = {});
+  // Note [Fresh gradients]
+  // zero_grads memsets every gradient but the four linears' weights and biases of each held
+  // block; those it marks fresh, and the first backward to reach a fresh linear writes its
+  // gradients (matmul_backward's `fresh`: beta = 0, no read of C) instead of adding them to
+  // zeros, and clears the mark. Same bits (0 + x = x); saved: the memset of most of the flat
+  // buffer (85 of GPT-2 124M's 124M floats) and the weight-gradient GEMMs' read of C. A fresh
+  // range holds stale values until then, so every read settles first (memsets what is still
+  // fresh): grads(), and each chunk's backward for its own layers once its weight gradients
+  // are done (the joint backward, or the W steps of a split one). Only the reducer reads
+  // unsettled (grad_buffer()), and only tensors the grad-ready hook declared final.
   void zero_grads();
+  static constexpr int kLinearsPerBlock = 4;
 
   // One micro-batch, tokens/targets (B,T). Returns the mean loss over B*T tokens and ADDS
   // d(grad_scale * mean loss)/dparams into grads(). A target kIgnoreTarget (padding) adds 0
@@ -239,7 +260,11 @@ class Model {
                        int64_t B, int64_t T) const;
   void mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const;
   void mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
-                   int64_t IC, int64_t OC) const;
+                   int64_t IC, int64_t OC, bool fresh) const;
+  // Note [Fresh gradients]: linear j (kLinears order in fresh_grads.cc) of block l.
+  void index_fresh();
+  bool take_fresh(int l, int j);
+  void settle_fresh(int first_layer, int end_layer);
   const float* gather_grad(const float* d, int64_t N) const;
   void reduce_input_grad(float* dfull, int64_t N) const;
   void tp_sum(float* x, int64_t n) const {
@@ -294,6 +319,13 @@ class Model {
   TiedEmbeddingHooks tied_hooks_;
   SpanHook span_hook_;
   std::vector<int> block_first_tensor_;  // layout index of each block's first tensor
+  struct FreshLinear {
+    FlatRange w, b;  // count 0: not held / no bias
+  };
+  std::vector<FreshLinear> fresh_linears_;  // layers x kLinearsPerBlock
+  std::vector<uint8_t> fresh_;              // per fresh_linears_ entry
+  bool fresh_any_ = false;
+  std::vector<FlatRange> zero_pieces_;  // what zero_grads memsets
   int normf_tensor_ = 0;                 // layout index of normf.w
 };
 

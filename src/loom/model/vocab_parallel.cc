@@ -136,7 +136,7 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
         const int64_t t = targets[r0 + i] - lo;
         if (t >= 0 && t < valid) z[t] -= scale;
       }
-      k_.matmul_backward(dx + r0 * C, gv_.head_w, nullptr, logits.data(), x + r0 * C, pv_.head_w, rows, C, Vl_);
+      k_.matmul_backward(dx + r0 * C, gv_.head_w, nullptr, logits.data(), x + r0 * C, pv_.head_w, rows, C, Vl_, false);
       tp_sum(dx + r0 * C, rows * C);  // each rank's columns give part of dL/dx
     }
   }

@@ -121,7 +121,7 @@ std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budge
     out.emplace_back(flops, flops / s);
     const double sb = time_it([&] {
       i = (i + 1) % copies;
-      k.matmul_backward(dx[i].data(), dw[i].data(), db.data(), y[0].data(), x[i].data(), w[i].data(), N, IC, OC);
+      k.matmul_backward(dx[i].data(), dw[i].data(), db.data(), y[0].data(), x[i].data(), w[i].data(), N, IC, OC, false);
     }, budget);
     backward.emplace_back(flops, std::clamp(sb / (2 * s), 0.25, 8.0));
   }

@@ -165,7 +165,7 @@ double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& dat
   const bool every_micro = e.sync && e.sync->every_micro();
   if (e.sync) e.sync->set_step(step);
   auto arm = [&] {
-    if (e.sync) e.sync->begin(model.grads().data());
+    if (e.sync) e.sync->begin(model.grad_buffer());
   };
   if (e.two_bw) e.two_bw->begin_reference_step();  // the reference computes on the stash
   if (e.pipe) {
@@ -238,7 +238,7 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
     tgt.resize(size_t(N));
     data.fill(mp, tok.data(), tgt.data());
     const bool last = m + 1 == plan.micros.size();
-    if (e.sync && (last || every_micro)) e.sync->begin(model.grads().data());
+    if (e.sync && (last || every_micro)) e.sync->begin(model.grad_buffer());
     const double scale = double(rc.dp_size) * double(N) / double(plan.real_targets);
     loss += scale * model.forward_backward(tok.data(), tgt.data(), rows, mp.seq, float(scale * S));
     if (every_micro && !last) e.sync->finish(false);

@@ -16,10 +16,10 @@ namespace loom::cpu {
 
 namespace {
 
-// dbias(OC) += sum over the N rows of dout(N,OC), in fixed per-thread chunks (deterministic).
-// With `rounded`, also rounded = to_bf16(dout) in the same pass (one read of dout; the same
-// sums in the same order).
-void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC, bf16* rounded = nullptr) {
+// dbias(OC) += sum over the N rows of dout(N,OC) (fresh: dbias = that sum), in fixed
+// per-thread chunks (deterministic). With `rounded`, also rounded = to_bf16(dout) in the
+// same pass (one read of dout; the same sums in the same order).
+void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC, bool fresh, bf16* rounded = nullptr) {
   const int parts = team_size();
   float* partial = scratch_floats(size_t(parts) * OC);
 #pragma omp parallel for schedule(static, 1)
@@ -39,6 +39,7 @@ void add_bias_grad(float* dbias, const float* dout, int64_t N, int64_t OC, bf16*
       }
     }
   }
+  if (fresh) std::fill(dbias, dbias + OC, 0.0f);  // 0 + x = x: the bits of a zeroed dbias
   for (int p = 0; p < parts; p++)
     for (int64_t o = 0; o < OC; o++) dbias[o] += partial[size_t(p) * OC + o];
 }
@@ -58,13 +59,15 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 }
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int64_t N, int64_t IC, int64_t OC) {
+                     const float* w, int64_t N, int64_t IC, int64_t OC, bool fresh) {
   // dinp(N,IC) = dout(N,OC) @ w(OC,IC)
   if (dinp)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
-  // dw(OC,IC) += dout^T(OC,N) @ inp(N,IC)
-  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-  if (dbias) add_bias_grad(dbias, dout, N, OC);
+  // dw(OC,IC) (+)= dout^T(OC,N) @ inp(N,IC)
+  if (dw)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, fresh ? 0.0f : 1.0f, dw,
+                IC);
+  if (dbias) add_bias_grad(dbias, dout, N, OC, fresh);
 }
 
 void matmul_forward_bf16_in(float* out, const bf16* inp, const float* w, const float* bias, int64_t N, int64_t IC,
@@ -83,23 +86,23 @@ void matmul_forward_bf16(float* out, const float* inp, const float* w, const flo
 }
 
 void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* dout, const bf16* inp, const float* w,
-                             int64_t N, int64_t IC, int64_t OC) {
+                             int64_t N, int64_t IC, int64_t OC, bool fresh) {
   bf16* d = scratch_bf16(size_t(N * OC), 0);
   bf16* b = scratch_bf16(size_t(OC * IC), 2);
-  if (dbias) add_bias_grad(dbias, dout, N, OC, d);
+  if (dbias) add_bias_grad(dbias, dout, N, OC, fresh, d);
   else to_bf16(d, dout, N * OC);
   if (dinp) {
     to_bf16(b, w, OC * IC);
     gemm_bf16(false, false, N, IC, OC, 1.0f, d, OC, b, IC, 0.0f, dinp, IC);  // dinp = dout w
   }
-  if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, 1.0f, dw, IC);  // dw += dout^T inp
+  if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d, OC, inp, IC, fresh ? 0.0f : 1.0f, dw, IC);  // dw (+)= dout^T inp
 }
 
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int64_t N, int64_t IC, int64_t OC) {
+                          int64_t N, int64_t IC, int64_t OC, bool fresh) {
   bf16* a = scratch_bf16(size_t(N * IC), 1);
   if (dw) to_bf16(a, inp, N * IC);
-  matmul_backward_bf16_in(dinp, dw, dbias, dout, a, w, N, IC, OC);
+  matmul_backward_bf16_in(dinp, dw, dbias, dout, a, w, N, IC, OC, fresh);
 }
 
 namespace {
@@ -122,15 +125,15 @@ void matmul_forward_fp16(float* out, const float* inp, const float* w, const flo
 }
 
 void matmul_backward_fp16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int64_t N, int64_t IC, int64_t OC) {
+                          int64_t N, int64_t IC, int64_t OC, bool fresh) {
   float* d = scratch_floats(size_t(N * OC), 1);
   float* a = scratch_floats(size_t(N * IC), 2);
   float* b = scratch_floats(size_t(OC * IC), 3);
   round_fp16(d, dout, N * OC);
   if (dw) round_fp16(a, inp, N * IC);
   if (dinp) round_fp16(b, w, OC * IC);
-  matmul_backward(dinp, dw, nullptr, d, a, b, N, IC, OC);
-  if (dbias) add_bias_grad(dbias, dout, N, OC);  // from the unrounded upstream gradient
+  matmul_backward(dinp, dw, nullptr, d, a, b, N, IC, OC, fresh);
+  if (dbias) add_bias_grad(dbias, dout, N, OC, fresh);  // from the unrounded upstream gradient
 }
 
 namespace {

@@ -43,11 +43,11 @@ void matmul_forward_bf16(float* out, const float* inp, const float* w, const flo
 }
 
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int64_t N, int64_t IC, int64_t OC) {
+                          int64_t N, int64_t IC, int64_t OC, bool fresh) {
   const std::vector<bf16> d = rounded(dout, N * OC);
   if (dinp) gemm_bf16(false, false, N, IC, OC, 1.0f, d.data(), OC, rounded(w, OC * IC).data(), IC, 0.0f, dinp, IC);
-  if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d.data(), OC, rounded(inp, N * IC).data(), IC, 1.0f, dw, IC);
-  if (dbias) detail::add_bias_grad(dbias, dout, N, OC);
+  if (dw) gemm_bf16(true, false, OC, IC, N, 1.0f, d.data(), OC, rounded(inp, N * IC).data(), IC, fresh ? 0.0f : 1.0f, dw, IC);
+  if (dbias) detail::add_bias_grad(dbias, dout, N, OC, fresh);
 }
 
 namespace {
@@ -66,8 +66,8 @@ void matmul_forward_bf16_in(float* out, const bf16* inp, const float* w, const f
 }
 
 void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* dout, const bf16* inp, const float* w,
-                             int64_t N, int64_t IC, int64_t OC) {
-  matmul_backward_bf16(dinp, dw, dbias, dout, dw ? widened(inp, N * IC).data() : nullptr, w, N, IC, OC);
+                             int64_t N, int64_t IC, int64_t OC, bool fresh) {
+  matmul_backward_bf16(dinp, dw, dbias, dout, dw ? widened(inp, N * IC).data() : nullptr, w, N, IC, OC, fresh);
 }
 
 void to_bf16(bf16* out, const float* in, int64_t n) {

@@ -26,11 +26,11 @@ void matmul_forward_fp16(float* out, const float* inp, const float* w, const flo
 }
 
 void matmul_backward_fp16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int64_t N, int64_t IC, int64_t OC) {
+                          int64_t N, int64_t IC, int64_t OC, bool fresh) {
   const std::vector<float> d = rounded(dout, N * OC);
   const std::vector<float> a = dw ? rounded(inp, N * IC) : std::vector<float>(), b = dinp ? rounded(w, OC * IC) : std::vector<float>();
-  matmul_backward(dinp, dw, nullptr, d.data(), a.data(), b.data(), N, IC, OC);
-  if (dbias) detail::add_bias_grad(dbias, dout, N, OC);  // from the unrounded upstream gradient
+  matmul_backward(dinp, dw, nullptr, d.data(), a.data(), b.data(), N, IC, OC, fresh);
+  if (dbias) detail::add_bias_grad(dbias, dout, N, OC, fresh);  // from the unrounded upstream gradient
 }
 
 void lm_head_loss_fp16(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets,

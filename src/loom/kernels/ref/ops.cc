@@ -32,8 +32,8 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
   tmpl::matmul_forward<float>(out, inp, w, bias, N, IC, OC);
 }
 
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N, int64_t IC, int64_t OC) {
-  tmpl::matmul_backward<float>(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N, int64_t IC, int64_t OC, bool fresh) {
+  tmpl::matmul_backward<float>(dinp, dw, dbias, dout, inp, w, N, IC, OC, fresh);
 }
 
 void gelu_forward(float* out, const float* inp, int64_t n) {

@@ -122,7 +122,7 @@ void matmul_forward(S* out, const S* inp, const S* w, const S* bias, int64_t N,
 
 template <typename S>
 void matmul_backward(S* dinp, S* dw, S* dbias, const S* dout, const S* inp,
-                     const S* w, int64_t N, int64_t IC, int64_t OC) {
+                     const S* w, int64_t N, int64_t IC, int64_t OC, bool fresh = false) {
   if (dinp)
     for (int64_t i = 0; i < N; i++)
       for (int64_t k = 0; k < IC; k++) {
@@ -134,12 +134,12 @@ void matmul_backward(S* dinp, S* dw, S* dbias, const S* dout, const S* inp,
     for (int64_t k = 0; k < IC; k++) {
       double s = 0;
       for (int64_t i = 0; dw && i < N; i++) s += double(dout[i * OC + o]) * inp[i * IC + k];
-      if (dw) dw[o * IC + k] += S(s);
+      if (dw) dw[o * IC + k] = fresh ? S(s) : dw[o * IC + k] + S(s);
     }
     if (dbias) {
       double s = 0;
       for (int64_t i = 0; i < N; i++) s += dout[i * OC + o];
-      dbias[o] += S(s);
+      dbias[o] = fresh ? S(s) : dbias[o] + S(s);
     }
   }
 }

@@ -10,7 +10,8 @@
 # Accordion (rank 4 light, rank 1 heavy) with a window of STEPS / 6 steps. EXTRA adds --set
 # keys to every mode, e.g. EXTRA="parallel.compress_warmup_steps=20". Modes zero3, qwz, qgz,
 # hpz and zeropp (all three) run ZeRO-3 and ZeRO++ against zero3, e.g.
-# MODES="zero3 qwz qgz hpz zeropp" bench/compressed_dp.sh 1gbit 20 20.
+# MODES="zero3 qwz qgz hpz zeropp" bench/compressed_dp.sh 1gbit 20 20. PRECISION=bf16 runs
+# every mode in bf16 (default fp32). OPENBLAS_CORETYPE is unset (AVX-512 GEMMs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-1gbit} steps=${2:-300} every=${3:-50}
@@ -31,8 +32,9 @@ for m in $modes; do
   esac
   sets=()
   for kv in "${model[@]}" "${extra[@]}" ${EXTRA:-} checkpoint.dir= train.threads=1 "train.steps=$steps" \
+            "train.precision=${PRECISION:-fp32}" \
             "train.val_every=$every" train.val_batches=4 train.log_every=1; do sets+=(--set "$kv"); done
-  scripts/netns_two_hosts.sh run 1 -- "$PWD/build/release/loom" train --dp 2 --json "${sets[@]}" \
+  env -u OPENBLAS_CORETYPE scripts/netns_two_hosts.sh run 1 -- "$PWD/build/release/loom" train --dp 2 --json "${sets[@]}" \
     >"$tmp/$m.jsonl" 2>"$tmp/$m.err" || { echo "$m failed:"; tail -5 "$tmp/$m.err"; exit 1; }
 done
 /usr/bin/python3 - "$tmp" "$rate" $modes <<'PY'

@@ -3,6 +3,7 @@
 // invariant to the bit, identical bits on every rank, and TernGrad's unbiasedness.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <mutex>
@@ -138,6 +139,43 @@ TEST(TopK, ErrorFeedbackInvariantHoldsToTheBitAndSendsTheLargest) {
     }
     for (float& e : expect) e *= 1.0f / float(n);
     ASSERT_EQ(0, std::memcmp(expect.data(), run.out[size_t(s)][0].data(), expect.size() * 4)) << "step " << s;
+  }
+}
+
+// Note [Top-k by a sampled threshold]: on buckets above the sample size the selection is the
+// full sort's - the k largest |x|, ties at the threshold taken by lower index - both where
+// ties abound (magnitudes from 0..40) and where the strided sample sees only large entries
+// (every 6th entry, the sample's stride here, is large: the first threshold keeps fewer
+// than k and must be lowered).
+TEST(TopK, SampledThresholdSelectsExactlyTheFullSortsEntries) {
+  const int64_t n = 100003;  // stride n / 16384 = 6
+  const Layout l = layout_of({{n}});
+  CompressSpec spec = spec_of(CompressKind::kTopK);
+  spec.ratio = 0.01;  // k = 1001
+  const int64_t k = 1001;
+  std::mt19937_64 rng(5);
+  std::vector<float> ties(static_cast<size_t>(n)), strided(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) {
+    ties[size_t(i)] = float(int(rng() % 41)) * (rng() % 2 ? 1.0f : -1.0f);
+    strided[size_t(i)] = i % 6 == 0 ? 1000.0f + float(rng() % 100000) : float(rng() % 1000) / 1000.0f;
+  }
+  for (const std::vector<float>* x : {&ties, &strided}) {
+    const Rounds run = run_ranks(1, spec, l, 1, [&](int, int) { return *x; });
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) order[size_t(i)] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return std::fabs((*x)[size_t(a)]) > std::fabs((*x)[size_t(b)]); });
+    std::vector<char> expect(static_cast<size_t>(n), 0);
+    for (int64_t j = 0; j < k; j++) expect[size_t(order[size_t(j)])] = 1;
+    const std::vector<float>& out = run.out[0][0];
+    int64_t sent = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const bool was_sent = out[size_t(i)] != 0.0f || (expect[size_t(i)] && (*x)[size_t(i)] == 0.0f);
+      ASSERT_EQ(was_sent, bool(expect[size_t(i)])) << (x == &ties ? "ties" : "strided") << " entry " << i;
+      sent += was_sent;
+      if (was_sent) ASSERT_EQ(out[size_t(i)], (*x)[size_t(i)]);
+    }
+    EXPECT_EQ(sent, k);
   }
 }
 

@@ -5,6 +5,7 @@
 # peak_GF/s is the in-process GEMM peak of the row's precision (sgemm, or oneDNN bf16).
 # Usage: bench/train_vs_torch.sh [steps] [configs...]   (needs scripts/setup.sh --oracle)
 #        PRECISIONS="bf16" bench/train_vs_torch.sh 8 C    (default: "fp32 bf16")
+# REPEAT=n runs each side n times, alternating, and reports each side's median run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}; shift || true
@@ -16,11 +17,21 @@ printf "%-4s %-5s %12s %12s %7s %10s %10s %9s %9s %10s %10s %10s\n" cfg prec loo
   peak_GF/s loom/peak loom_act_MiB loom_MiB torch_MiB
 for c in $configs; do
   for p in $precisions; do
-    l=$(env -u OPENBLAS_CORETYPE build/release/bench/bench_train "$c" "$steps" "$p")
-    t=$(env -u OPENBLAS_CORETYPE LD_PRELOAD="$tcmalloc" /usr/bin/python3 bench/torch_peer.py "$c" "$steps" "$p")
-    /usr/bin/python3 - "$l" "$t" <<'PY'
+    ls=() ts=()
+    for ((r = 0; r < ${REPEAT:-1}; r++)); do  # alternating, so a slow spell of the VM hits both sides
+      ls+=("$(env -u OPENBLAS_CORETYPE build/release/bench/bench_train "$c" "$steps" "$p")")
+      ts+=("$(env -u OPENBLAS_CORETYPE LD_PRELOAD="$tcmalloc" /usr/bin/python3 bench/torch_peer.py "$c" "$steps" "$p")")
+    done
+    /usr/bin/python3 - "${#ls[@]}" "${ls[@]}" "${ts[@]}" <<'PY'
 import json, sys
-l, t = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+n = int(sys.argv[1])
+runs = [json.loads(a) for a in sys.argv[2:]]
+def median_run(rs):  # the run with the median tokens/s (n odd) or the lower middle one
+    return sorted(rs, key=lambda r: r["tokens_per_s"])[(len(rs) - 1) // 2]
+l, t = median_run(runs[:n]), median_run(runs[n:])
+if n > 1:  # every run, in order, so the spread is on record
+    print("# %s %s runs: loom %s, torch %s" % (l["config"], l["precision"],
+          " ".join("%.0f" % r["tokens_per_s"] for r in runs[:n]), " ".join("%.0f" % r["tokens_per_s"] for r in runs[n:])))
 print("%-4s %-5s %12.0f %12.0f %7.2f %10.1f %10.1f %9.1f %9.2f %10.0f %10.0f %10.0f" % (
     l["config"], l["precision"], l["tokens_per_s"], t["tokens_per_s"], l["tokens_per_s"] / t["tokens_per_s"],
     l["model_gflops"], t["model_gflops"], l["gemm_peak_gflops"], l["model_gflops"] / l["gemm_peak_gflops"],

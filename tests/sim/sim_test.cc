@@ -74,6 +74,15 @@ TEST(Cluster, SharedCpuPicksTheOneThreadCurvesWhenRanksFillTheThreads) {
   std::ofstream(path) << cluster_to_toml(cpu);
   EXPECT_DOUBLE_EQ(load_cluster(path, {}, 1, "").device.optimizer_efficiency.at(1e6), 0.2);
   EXPECT_DOUBLE_EQ(load_cluster(path, {}, 2, "").device.optimizer_efficiency.at(1e6), 0.3);
+  // More ranks than the shared machine holds: refused with the limit and the fix.
+  try {
+    load_cluster(path, {}, 65, "");
+    ADD_FAILURE() << "65 ranks on a 64-rank shared machine were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 64 ranks (cluster.devices_per_node); use --gpus <= 64"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Cluster, BadSpecsNameTheKey) {

@@ -307,8 +307,9 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
   ClusterSpec c = cluster_from_toml(text, origin, sets);
   if (gpus > 0) {
     if (c.device.shared && gpus > c.devices_per_node)
-      throw ConfigError(detail::cat("--gpus ", gpus, " exceeds the ", c.devices_per_node, " ranks cluster ", c.name,
-                                    " shares one machine among"));
+      throw ConfigError(detail::cat("--gpus ", gpus, ": cluster ", c.name, " is one machine shared by at most ",
+                                    c.devices_per_node, " ranks (cluster.devices_per_node); use --gpus <= ",
+                                    c.devices_per_node));
     if (gpus < c.devices_per_node) {
       c.nodes = 1;
       c.devices_per_node = gpus;

@@ -43,7 +43,10 @@ void Model::zero_grads() {
   const int64_t n = int64_t(zero_pieces_.size());
   float* g = grads_.data();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) std::memset(g + zero_pieces_[size_t(i)].offset, 0, sizeof(float) * zero_pieces_[size_t(i)].count);
+  for (int64_t i = 0; i < n; i++) {
+    const FlatRange& r = zero_pieces_[size_t(i)];
+    std::memset(g + r.offset, 0, sizeof(float) * size_t(r.count));
+  }
   for (size_t i = 0; i < fresh_.size(); i++) fresh_[i] = fresh_linears_[i].w.count > 0;
   fresh_any_ = true;
 }

@@ -295,7 +295,6 @@ void Model::init_weights(uint64_t seed, float* into, const std::function<void(in
   }
 }
 
-
 void Model::check_shape(int64_t B, int64_t T) const {
   LOOM_CHECK(B > 0 && B <= max_batch_ && T > 0 && T <= max_seq_, "batch shape (", B, ", ", T,
              ") exceeds the buffers this model was built for (", max_batch_, ", ", max_seq_, ")");

@@ -124,16 +124,19 @@ TEST(Cli, SimulateNamesWhatDoesNotFit) {
 
 namespace {
 
+// A CPU cluster as `loom calibrate` writes one (shared device: loom's engine), at `path`.
+void write_cpu_cluster(const std::string& path) {
+  std::ofstream f(path);
+  f << "name = \"cpu\"\ndevices_per_node = 2\n[device]\npeak_tflops = 0.1\nmemory_gib = 4\nmemory_gbps = 20\n"
+       "dtype_bytes = 4\nmixed_precision = false\nshared = true\ngemm_efficiency = [[1e6, 0.5], [1e9, 1.0]]\n"
+       "memory_efficiency = [[1e5, 0.5], [1e7, 1.0]]\n[intra]\ngbps = 5\n[inter]\ngbps = 5\n";
+}
+
 // A plan written by `loom plan --emit loom` trains as is, and `loom compare` lines up that
 // layout's simulated and measured traces per rank and category.
 TEST(Cli, PlanEmitsAConfigThatTrainsAndCompareLinesUpTraces) {
   const std::string dir = testing::TempDir(), cluster = dir + "/cpu_cluster.toml", plan = dir + "/plan.toml";
-  {
-    std::ofstream f(cluster);
-    f << "name = \"cpu\"\ndevices_per_node = 2\n[device]\npeak_tflops = 0.1\nmemory_gib = 4\nmemory_gbps = 20\n"
-         "dtype_bytes = 4\nmixed_precision = false\nshared = true\ngemm_efficiency = [[1e6, 0.5], [1e9, 1.0]]\n"
-         "memory_efficiency = [[1e5, 0.5], [1e7, 1.0]]\n[intra]\ngbps = 5\n[inter]\ngbps = 5\n";
-  }
+  write_cpu_cluster(cluster);
   const std::string model = " --set model.layers=2 model.ctx=32 train.steps=2 train.val_batches=1 checkpoint.dir=";
   Result r = run("plan --cluster " + cluster + " --gpus 1 --global-batch 4 --emit loom --out " + plan + model);
   ASSERT_EQ(r.code, 0) << r.output;
@@ -147,6 +150,27 @@ TEST(Cli, PlanEmitsAConfigThatTrainsAndCompareLinesUpTraces) {
   for (const char* row : {"step", "compute", "memory params", "memory activations"})
     EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
   EXPECT_EQ(run("compare " + dir + "/predicted.json /nonexistent.json").code, 2);
+}
+
+// On a calibrated CPU `loom simulate` prices the batch split `loom train` runs (one
+// micro-batch of the whole batch unless grad_accum says otherwise); Megatron's micro-batch 1
+// stays the default of the GPU frameworks.
+TEST(Cli, SimulateOnACpuSplitsTheBatchAsTrainDoes) {
+  const std::string cluster = testing::TempDir() + "/cpu_cluster_split.toml";
+  write_cpu_cluster(cluster);
+  const std::string args = "simulate --json --cluster " + cluster + " --gpus 1 --set model.layers=2 model.ctx=32 train.batch=8";
+  auto split = [](const std::string& cmd) {
+    const Result r = run(cmd);
+    EXPECT_EQ(r.code, 0) << r.output;
+    auto field = [&](const std::string& key) {
+      const size_t at = r.output.find("\"" + key + "\":");
+      return at == std::string::npos ? -1 : std::stoll(r.output.substr(at + key.size() + 3));
+    };
+    return std::pair{field("micro_batch"), field("grad_accum")};
+  };
+  EXPECT_EQ(split(args), (std::pair<long long, long long>{8, 1}));
+  EXPECT_EQ(split(args + " train.grad_accum=2"), (std::pair<long long, long long>{4, 2}));
+  EXPECT_EQ(split(args + " --framework megatron"), (std::pair<long long, long long>{1, 8}));
 }
 
 }  // namespace

@@ -55,8 +55,15 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
                         std::to_string(used) + "; set --dp or change the layout");
     layout.dp = workers / used;
   }
-  // Micro-batch 1 unless the layout says otherwise; then grad_accum = batch / (mb x dp).
-  if (layout.micro_batch < 0 && layout.grad_accum < 0 && q.micro_batch == 0 && probe.train.grad_accum == 1)
+  // A calibrated CPU (shared device) runs loom's engine; GPU clusters Megatron-LM.
+  const std::string local_path = a.local_path.empty() ? default_local_cluster_path() : a.local_path;
+  const std::string fw = !a.framework.empty() ? a.framework
+                         : sim::load_cluster(a.cluster, cluster_sets, 0, local_path).device.shared ? "loom" : "megatron";
+  // An unstated batch split: Megatron's micro-batch 1 (then grad_accum = batch / (mb x dp));
+  // loom's engine splits it as `loom train` does (micro-batch = batch / (grad_accum x dp)), so
+  // the config a user trains prices the run it trains.
+  if (fw != "loom" && layout.micro_batch < 0 && layout.grad_accum < 0 && q.micro_batch == 0 &&
+      probe.train.grad_accum == 1)
     layout.micro_batch = 1;
   const int64_t dp = layout.dp > 0 ? layout.dp : std::max<int64_t>(1, q.dp);
   if (layout.micro_batch > 0 && layout.grad_accum < 0 && probe.train.batch % (layout.micro_batch * dp) == 0)
@@ -66,9 +73,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.plan.cfg = load_config(a.config_path, cfg_sets);
   in.plan.cp = a.cp;
   const int64_t gpus = a.gpus > 0 ? a.gpus : in.plan.gpus();
-  in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, a.local_path.empty() ? default_local_cluster_path() : a.local_path);
-  // A calibrated CPU (shared device) runs loom's engine; GPU clusters Megatron-LM.
-  const std::string fw = a.framework.empty() ? (in.cluster.device.shared ? "loom" : "megatron") : a.framework;
+  in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, local_path);
   in.plan.framework = sim::parse_framework(fw);
   if (!a.attention.empty() && a.attention != "unfused" && in.plan.framework == sim::Framework::kLoom)
     throw ConfigError("--attention " + a.attention + " models the GPU frameworks' kernels; loom's engine has its own "

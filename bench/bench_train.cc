@@ -4,7 +4,7 @@
 // square 2048^3), then training tokens/s of one config with random tokens, achieved model
 // FLOP/s (6 * params + 12 * L * T * d per token), the model's activation bytes (its carve:
 // saved activations and backward scratch) and peak RSS. Prints one JSON line.
-// Usage: bench_train A|B|C [steps] [fp32|bf16]
+// Usage: bench_train A|B|C [steps] [fp32|bf16] [moments: fp32|bf16 (optim.moments)]
 #include <cblas.h>
 #include <sys/resource.h>
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/model/model.h"
@@ -56,16 +57,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool bf16 = precision == "bf16";
-  std::vector<std::string> sets;
+  const std::string moments = argc > 4 ? argv[4] : "fp32";
+  std::vector<std::string> sets = {"optim.moments=" + moments};
   int64_t batch = 16;
-  if (name == "A") sets = {"model.preset=tiny"}, batch = 16;
-  else if (name == "B") sets = {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6", "model.ffn=1536", "model.ctx=256"}, batch = 8;
-  else if (name == "C") sets = {"model.preset=gpt2", "model.ctx=256"}, batch = 4;
+  if (name == "A") sets.push_back("model.preset=tiny"), batch = 16;
+  else if (name == "B") sets.insert(sets.end(), {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6", "model.ffn=1536", "model.ctx=256"}), batch = 8;
+  else if (name == "C") sets.insert(sets.end(), {"model.preset=gpt2", "model.ctx=256"}), batch = 4;
   else {
     std::fprintf(stderr, "usage: bench_train A|B|C [steps]\n");
     return 2;
   }
-  const Config cfg = load_config("", sets);
+  Config cfg;
+  try {
+    cfg = load_config("", sets);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "bench_train: %s\n", e.what());
+    return 2;
+  }
   const ModelConfig& m = cfg.model;
   // bench/torch_peer.py builds its MLP as 4 x d_model: both sides must run the same model.
   if (m.ffn != 4 * m.d_model) {
@@ -104,10 +112,10 @@ int main(int argc, char** argv) {
   const double peak_model = gemm_gflops(batch * T, m.ffn, m.d_model, bf16);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  std::printf("{\"side\":\"loom\",\"config\":\"%s\",\"precision\":\"%s\",\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,"
+  std::printf("{\"side\":\"loom\",\"config\":\"%s\",\"precision\":\"%s\",\"moments\":\"%s\",\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,"
               "\"gemm_peak_gflops\":%.1f,\"gemm_fc_shape_gflops\":%.1f,\"activation_mib\":%.1f,\"peak_rss_mib\":%.1f,"
               "\"blas_core\":\"%s\"}\n",
-              name.c_str(), precision.c_str(), tok_s, gflops, peak_sq, peak_model,
+              name.c_str(), precision.c_str(), moments.c_str(), tok_s, gflops, peak_sq, peak_model,
               double(model.activation_bytes()) / (1 << 20), ru.ru_maxrss / 1024.0,
               cpu::blas_core_name().c_str());
   return 0;

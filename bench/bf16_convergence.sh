@@ -3,6 +3,8 @@
 # fortunes with the 2,048-piece vocabulary) trained in fp32 and in each other precision from
 # the same seed (fp16 with its default dynamic loss scaling); prints the validation curves,
 # the final ratios to fp32 and, for fp16, the steps skipped for overflow.
+# An entry "P+bf16m" trains precision P with AdamW's moments in bf16 (optim.moments = bf16,
+# Note [bf16 optimizer moments]), e.g. PRECISIONS="fp32+bf16m bf16 bf16+bf16m".
 # Usage: [PRECISIONS="bf16 fp16"] bench/bf16_convergence.sh [steps] [val_every]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,10 +15,12 @@ cache=$(scripts/default_data.sh)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 precisions="fp32 ${PRECISIONS:-bf16}"
-for p in $precisions; do
+for e in $precisions; do
+  moments=fp32
+  [[ $e == *+bf16m ]] && moments=bf16
   env -u OPENBLAS_CORETYPE $loom train --set model.preset=tiny --set model.vocab=2048 --set "data.shards=$cache/shards" \
     --set "train.steps=$steps" --set "train.val_every=$every" --set train.log_every=100 --set checkpoint.dir= \
-    --precision "$p" --json >"$out/$p.jsonl" 2>/dev/null
+    --set "optim.moments=$moments" --precision "${e%%+*}" --json >"$out/$e.jsonl" 2>/dev/null
 done
 python3 - "$out" $precisions <<'PY'
 import json, sys

@@ -221,6 +221,9 @@ TEST(MemoryModel, ModelStatesPerZeroStage) {
   fp32.mixed_precision = false;
   EXPECT_DOUBLE_EQ(model_state_bytes(P, 4, 0, fp32).total(), 16 * P);  // w, g, m, v in fp32
   EXPECT_DOUBLE_EQ(model_state_bytes(P, 4, 3, fp32).total(), 4 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes(P, 8, 1, mixed, 2).total(), 4 * P + 8 * P / 8);  // bf16 moments: 4 + 2 + 2
+  EXPECT_DOUBLE_EQ(model_state_bytes(P, 4, 0, fp32, 2).total(), 12 * P);                // 4 + 4 + 2 + 2
+  EXPECT_DOUBLE_EQ(model_state_bytes(P, 4, 1, fp32, 2).total(), 8 * P + 4 * P / 4);
 }
 
 // A cluster where communication is free, so the replay's timing is pure schedule.

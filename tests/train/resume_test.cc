@@ -42,6 +42,11 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       {"zero3 dp2", {"parallel.dp=2", "parallel.zero=3"}},
       // bf16 keeps fp32 masters and moments in the checkpoint: resuming is bit-exact too.
       {"bf16 dp2 zero1", {"parallel.dp=2", "parallel.zero=1", "train.precision=bf16"}},
+      // Note [bf16 optimizer moments]: the checkpoint holds the bf16 moments widened (exact),
+      // and a resume stores them back exactly; the rounding bits follow the step count.
+      {"bf16 moments dp2 zero2", {"parallel.dp=2", "parallel.zero=2", "optim.moments=bf16"}},
+      {"bf16 moments and precision zero3 dp2", {"parallel.dp=2", "parallel.zero=3", "optim.moments=bf16",
+                                                "train.precision=bf16"}},
       // fp16 with dynamic loss scaling from 2^23: the first steps overflow and back off, and
       // the checkpoint carries the scale and its count of clean steps (a resume that lost
       // them would start again at 2^23 and differ).

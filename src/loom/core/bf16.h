@@ -36,4 +36,34 @@ inline float from_bf16(bf16 h) { return std::bit_cast<float>(uint32_t(h) << 16);
 // x rounded to bf16 and back (what a bf16 store then load gives).
 inline float round_bf16(float x) { return from_bf16(to_bf16(x)); }
 
+// Note [Stochastic rounding]
+// to_bf16_stochastic(x, r) rounds x to one of its two bf16 neighbours: adding the 16 random
+// bits of r to x's fp32 bits carries into bit 16 (one bf16 step away from zero) exactly when
+// r >= 2^16 - f, f the 16 bits bf16 drops, so with r uniform x rounds away from zero with
+// probability f / 2^16 and E[result] = x (Gupta et al. 2015, "Deep Learning with Limited
+// Numerical Precision", Sec. 3.1; for bf16 optimizer state, Zamirai et al. 2020, "Revisiting
+// BFloat16 Training", Sec. 4). |result - x| < one bf16 step at x (<= 2^-7 |x|). Infinity and
+// NaN round to nearest (they stay what they are); a finite x within a step of the largest
+// bf16 may round to infinity.
+inline bf16 to_bf16_stochastic(float f, uint32_t r) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return to_bf16(f);
+  return bf16((u + (r & 0xffffu)) >> 16);
+}
+
+// 32 pseudo-random bits for element `index` of stream `key`: a counter-based hash (the
+// "lowbias32" mixer of C. Wellons' hash-prospector), so every element's bits depend on its
+// index alone and any sharding of the elements draws the same bits for each. The index is
+// spread by an odd multiplier before the key is added: with index ^ key, streams with small
+// keys and indices shared inputs (i ^ t = i' ^ t'), and their bits were measurably biased.
+inline uint32_t random_bits(uint32_t key, uint64_t index) {
+  uint32_t h = uint32_t(index) * 0x9e3779b9u + key + uint32_t(index >> 32) * 0x85ebca6bu;
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return h;
+}
+
 }  // namespace loom

@@ -276,6 +276,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_FLOAT_KEY(optim, grad_clip, "global grad-norm clip; 0 disables"),
       LOOM_STRING_KEY(optim, name, "adamw | sgd (SGD with momentum, coupled L2 weight decay on matrices)"),
       LOOM_FLOAT_KEY(optim, momentum, "optim.name = sgd: momentum in [0, 1)"),
+      LOOM_STRING_KEY(optim, moments, "fp32 | bf16: AdamW's m and v stored in bf16, stochastically rounded (half the optimizer memory; approximate)"),
       LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
       LOOM_INT_KEY(checkpoint, save_every, "> 0: sharded resumable checkpoint every N steps (dir/step-N)"),
       LOOM_INT_KEY(checkpoint, keep_last, "sharded checkpoints to keep, newest first; 0 = all"),

@@ -70,10 +70,16 @@ struct OptimConfig {
   // `momentum`, coupled L2 weight decay on the decayed tensors; beta1/beta2/eps unused).
   std::string name = "adamw";
   double momentum = 0.9;
+  // fp32 | bf16: AdamW's m and v stored in bf16, stochastically rounded (Note [bf16 optimizer
+  // moments] in kernels/ops_bf16.inc); an approximate mode beside the exact fp32 one.
+  std::string moments = "fp32";
   bool sgd() const { return name == "sgd"; }
+  bool bf16_moments() const { return moments == "bf16"; }
+  // Bytes of each stored moment of a parameter.
+  int64_t moment_bytes() const { return bf16_moments() ? 2 : 4; }
   // Bytes a parameter's update reads and writes (AdamW: w, g, m, v in, w, m, v out; SGD:
   // w, g, m in, w, m out), for the simulator's optimizer and server times.
-  double update_bytes() const { return sgd() ? 20.0 : 32.0; }
+  double update_bytes() const { return sgd() ? 20.0 : 32.0 - (bf16_moments() ? 8.0 : 0.0); }
 };
 
 struct CheckpointConfig {

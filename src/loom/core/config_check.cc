@@ -262,6 +262,32 @@ void check_sgd(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("optim.name = sgd with train.device = " + c.train.device + ": the CUDA backend runs AdamW only");
 }
 
+// Note [bf16 optimizer moments] (kernels/ops_bf16.inc): AdamW's own update on moments in memory.
+void check_moments(const Config& c, std::vector<std::string>& errs) {
+  const std::string& m = c.optim.moments;
+  if (m != "fp32" && m != "bf16") {
+    errs.push_back("optim.moments = '" + m + "': expected fp32 or bf16 (AdamW's m and v stored in bf16, "
+                   "stochastically rounded)");
+    return;
+  }
+  if (m == "fp32") return;
+  const std::string is = "optim.moments = bf16 with ";
+  if (c.optim.sgd())
+    errs.push_back(is + "optim.name = sgd: it stores AdamW's two moments; use optim.name = adamw, or optim.moments = fp32");
+  if (compress_in_optimizer(c.parallel.compress))
+    errs.push_back(is + "parallel.compress = " + compress_name(c.parallel.compress) + ": 1-bit, 0/1 and top-k Adam read "
+                   "and rewrite the moments outside AdamW's update; bf16 moments work with compress = none, bf16, "
+                   "int8, topk, terngrad or powersgd");
+  if (c.offload.optimizer != "none")
+    errs.push_back(is + "offload.optimizer = " + c.offload.optimizer + ": the offload file streams fp32 moments; keep "
+                   "bf16 moments in memory (offload.optimizer = none) or offload fp32 ones (optim.moments = fp32)");
+  if (c.parallel.ps_servers > 0)
+    errs.push_back(is + "parallel.ps_servers = " + std::to_string(c.parallel.ps_servers) +
+                   ": the parameter servers keep fp32 moments; use optim.moments = fp32");
+  if (c.train.device != "cpu")
+    errs.push_back(is + "train.device = " + c.train.device + ": the CUDA backend keeps fp32 moments");
+}
+
 // Note [Parameter server] (parallel/ps.h): what a PS job composes with so far.
 void check_ps(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
@@ -322,6 +348,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   check_streams(c, errs);
   check_ps(c, errs);
   check_sgd(c, errs);
+  check_moments(c, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

@@ -36,13 +36,18 @@ Kernels with_bf16_storage(Kernels k, decltype(k.matmul_forward_bf16_in) fwd, dec
   return k;
 }
 
+Kernels with_bf16_moments(Kernels k, decltype(k.adamw_update_bf16_moments) adamw) {
+  k.adamw_update_bf16_moments = adamw;
+  return k;
+}
+
 }  // namespace
 
 const Kernels& kernels(KernelBackend backend, Precision precision) {
 #define LOOM_KERNEL_CPU(name) &cpu::name,
 #define LOOM_KERNEL_REF(name) &ref::name,
-  static const Kernels cpu_set{LOOM_KERNEL_LIST(LOOM_KERNEL_CPU) "cpu"};
-  static const Kernels ref_set{LOOM_KERNEL_LIST(LOOM_KERNEL_REF) "ref"};
+  static const Kernels cpu_set = with_bf16_moments({LOOM_KERNEL_LIST(LOOM_KERNEL_CPU) "cpu"}, &cpu::adamw_update_bf16_moments);
+  static const Kernels ref_set = with_bf16_moments({LOOM_KERNEL_LIST(LOOM_KERNEL_REF) "ref"}, &ref::adamw_update_bf16_moments);
 #undef LOOM_KERNEL_CPU
 #undef LOOM_KERNEL_REF
   static const Kernels cpu_bf16 = with_bf16_storage(

@@ -37,6 +37,9 @@ struct Kernels {
   // Precision::kBf16 only: norm backward from the kept bf16 output (Note [Norm backward from its output]).
   decltype(&cpu::layernorm_backward_from_out) layernorm_backward_from_out = nullptr;
   decltype(&cpu::rmsnorm_backward_from_out) rmsnorm_backward_from_out = nullptr;
+  // Every CPU table (cpu and ref, any precision): AdamW with bf16 moments (Note [bf16
+  // optimizer moments]); nullptr where a backend has none.
+  decltype(&cpu::adamw_update_bf16_moments) adamw_update_bf16_moments = nullptr;
 };
 
 enum class KernelBackend { kCpu, kRef };

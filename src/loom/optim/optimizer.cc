@@ -75,6 +75,11 @@ AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<Flat
   }
   awaiting_file_ = offloaded;
   if (offloaded) return;  // offload() brings the file; the moments never touch memory
+  if (cfg_.bf16_moments()) {  // Note [bf16 optimizer moments]; the config check refuses offload
+    mh_.assign(size_t(state), bf16(0));
+    vh_.assign(size_t(state), bf16(0));
+    return;
+  }
   m_.assign(size_t(state), 0.0f);
   v_.assign(size_t(state), 0.0f);
 }
@@ -104,7 +109,38 @@ void AdamW::offload(std::unique_ptr<StateFile> file) {
 std::span<float> AdamW::moment(int which) {
   LOOM_ASSERT(!awaiting_file_, "AdamW built for offload is used before offload()");
   if (file_) return file_->map(which);
+  if (cfg_.bf16_moments()) {
+    const std::vector<bf16>& h = which == 0 ? mh_ : vh_;
+    std::vector<float>& w = wide_[which];
+    w.resize(h.size());
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < h.size(); i++) w[i] = from_bf16(h[i]);
+    return std::span<float>(w);
+  }
   return which == 0 ? std::span<float>(m_) : std::span<float>(v_);
+}
+
+void AdamW::settle_moments(bool written) {
+  for (int which = 0; which < 2; which++) {
+    std::vector<float>& w = wide_[which];
+    if (w.empty()) continue;
+    if (written) {
+      std::vector<bf16>& h = which == 0 ? mh_ : vh_;
+      LOOM_ASSERT(w.size() == h.size(), "the widened moment has ", w.size(), " values for ", h.size());
+#pragma omp parallel for simd schedule(static)
+      for (size_t i = 0; i < h.size(); i++) h[i] = to_bf16(w[i]);
+    }
+    std::vector<float>().swap(w);
+  }
+}
+
+std::pair<const void*, int64_t> AdamW::moment_storage(int which) const {
+  if (cfg_.bf16_moments()) {
+    const std::vector<bf16>& h = which == 0 ? mh_ : vh_;
+    return {h.data(), int64_t(h.size() * sizeof(bf16))};
+  }
+  const std::vector<float>& f = which == 0 ? m_ : v_;
+  return {f.data(), int64_t(f.size() * sizeof(float))};
 }
 
 void AdamW::update_run(const Kernels& k, float* p, const float* g, float* m, float* v, int64_t n, double lr, float wd,
@@ -123,10 +159,23 @@ void AdamW::update_run(const Kernels& k, float* p, const float* g, float* m, flo
   }
 }
 
+void AdamW::update_run_bf16(const Kernels& k, float* p, const float* g, int64_t s, int64_t at, int64_t n, double lr,
+                            float wd, int64_t t, float grad_scale) {
+  LOOM_CHECK(k.adamw_update_bf16_moments, "optim.moments = bf16: the ", k.backend, " kernels have no bf16-moment AdamW");
+  k.adamw_update_bf16_moments(p, g, mh_.data() + s, vh_.data() + s, n, float(lr), float(cfg_.beta1), float(cfg_.beta2),
+                              float(cfg_.eps), wd, t, grad_scale, at);
+}
+
 void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
                  const UpdatedFn& updated, const GroupFn& before, float grad_scale) {
   LOOM_ASSERT(!awaiting_file_, "AdamW built for offload steps before offload()");
   t_++;
+  if (cfg_.bf16_moments()) {
+    for (const Run& r : runs_)
+      update_run_bf16(k, params.data() + r.offset, grads.data() + r.offset, r.state_offset, r.offset, r.count, lr,
+                      r.weight_decay, t_, grad_scale);
+    return;
+  }
   // State [lo, hi) of run r; p: its parameters when they are offloaded too, else in `params`.
   auto update = [&](const Run& r, int64_t lo, int64_t hi, float* m, float* v, float* p) {
     const int64_t at = r.offset + (lo - r.state_offset);
@@ -157,7 +206,10 @@ void AdamW::step_ranges(const Kernels& k, std::vector<float>& params, const std:
       const int64_t lo = std::max(r.offset, q.offset), hi = std::min(r.offset + r.count, q.offset + q.count);
       if (hi <= lo) continue;
       const int64_t s = r.state_offset + (lo - r.offset);
-      update_run(k, params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, lr, r.weight_decay, t);
+      if (cfg_.bf16_moments())
+        update_run_bf16(k, params.data() + lo, grads.data() + lo, s, lo, hi - lo, lr, r.weight_decay, t);
+      else
+        update_run(k, params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, lr, r.weight_decay, t);
     }
 }
 
@@ -183,6 +235,7 @@ float AdamW::next_step_size(double lr) {
 }
 
 void AdamW::momentum_to_update(std::vector<float>& grads, int64_t frozen_at) {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 1-bit / 0/1 Adam");
   const FrozenScale d = frozen_scale(cfg_, frozen_at);
   const float b1 = float(cfg_.beta1);
   for (const Run& r : runs_) {
@@ -199,6 +252,7 @@ void AdamW::momentum_to_update(std::vector<float>& grads, int64_t frozen_at) {
 
 double AdamW::step_counted(std::vector<float>& params, const std::vector<float>& grads, double lr, bool update_v,
                            int64_t v_updates) {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 0/1 Adam");
   const FrozenScale d = frozen_scale(cfg_, v_updates);
   const float step_size = next_step_size(lr);
   const float b1 = float(cfg_.beta1), b2 = update_v ? float(cfg_.beta2) : 1.0f;
@@ -219,6 +273,7 @@ double AdamW::step_counted(std::vector<float>& params, const std::vector<float>&
 }
 
 void AdamW::update_units(std::vector<float>& g, int64_t v_updates, bool to) const {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 1-bit / 0/1 Adam");
   const FrozenScale D = frozen_scale(cfg_, v_updates);
   for (const Run& r : runs_) {
     float* x = g.data() + r.offset;
@@ -229,6 +284,7 @@ void AdamW::update_units(std::vector<float>& g, int64_t v_updates, bool to) cons
 }
 
 void AdamW::momentum_from_move(const float* d, double lr_sum, int64_t v_updates) {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 1-bit / 0/1 Adam");
   const FrozenScale D = frozen_scale(cfg_, v_updates);
   const float inv = float(-1.0 / lr_sum);
   for (const Run& r : runs_) {
@@ -241,6 +297,7 @@ void AdamW::momentum_from_move(const float* d, double lr_sum, int64_t v_updates)
 }
 
 void AdamW::step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at) {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 1-bit / 0/1 Adam");
   const FrozenScale d = frozen_scale(cfg_, frozen_at);
   const float step_size = next_step_size(lr);
   for (const Run& r : runs_) {

@@ -5,8 +5,10 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "loom/core/bf16.h"
 #include "loom/core/config.h"
 #include "loom/kernels/kernels.h"
 #include "loom/model/layout.h"
@@ -70,8 +72,14 @@ class AdamW {
   StateFile* offload_file() const { return file_.get(); }
   int64_t state_floats() const;
   // m (0) or v (1), packed in `owned` order, wherever it lives: in memory, or a mapping of
-  // the offload file (checkpoint save and load; valid until the next step).
+  // the offload file (checkpoint save and load; valid until the next step). bf16 moments
+  // (Note [bf16 optimizer moments]) are widened into an fp32 copy, exactly; settle_moments()
+  // then stores what was written into it (a load; round to nearest, exact for values that
+  // came from bf16) and frees the copy.
   std::span<float> moment(int which);
+  void settle_moments(bool written);
+  // Where moment `which` is stored and its bytes (memory reports); {nullptr, 0} when offloaded.
+  std::pair<const void*, int64_t> moment_storage(int which) const;
   // One update with learning rate `lr`; increments the step count (bias correction uses it).
   // With parameter offload, updated(begin, count, p) sees each sub-group's new parameters
   // (state [begin, begin + count)) before they are written back (Note [Chunk manager]).
@@ -112,7 +120,8 @@ class AdamW {
   void momentum_from_move(const float* d, double lr_sum, int64_t v_updates);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  // Moments of the owned parts, packed in `owned` order (the whole layout when unsharded).
+  // fp32 moments of the owned parts, packed in `owned` order (the whole layout when
+  // unsharded); empty with bf16 moments.
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   const std::vector<FlatRange>& owned() const { return owned_; }
@@ -128,10 +137,18 @@ class AdamW {
   // One run's update, AdamW's or SGD's (Note [SGD with momentum]).
   void update_run(const Kernels& k, float* p, const float* g, float* m, float* v, int64_t n, double lr, float wd,
                   int64_t t, float grad_scale = 1.0f) const;
+  // The same on bf16 moments at state offset s, the run's flat offset `at` (the rounding
+  // bits' index, Note [bf16 optimizer moments]).
+  void update_run_bf16(const Kernels& k, float* p, const float* g, int64_t s, int64_t at, int64_t n, double lr,
+                       float wd, int64_t t, float grad_scale = 1.0f);
   std::vector<FlatRange> owned_;
   std::vector<Run> runs_;
   OptimConfig cfg_;
   std::vector<float> m_, v_;
+  // optim.moments = bf16: the moments (m_, v_ stay empty), and their fp32 copies while a
+  // checkpoint reads or writes them (moment()).
+  std::vector<bf16> mh_, vh_;
+  std::vector<float> wide_[2];
   std::unique_ptr<StateFile> file_;
   bool awaiting_file_ = false;  // built for offload, offload() not yet called
   int64_t t_ = 0;

@@ -79,9 +79,10 @@ double head_activation_bytes(const LayerShape& x) {
   return 2 * ne * x.h * x.dtype_bytes + n * x.h * x.dtype_bytes + n * x.V / x.t * 4;
 }
 
-MemoryBreakdown model_state_bytes(double params, int64_t dp, int64_t zero_stage, const DeviceSpec& d) {
+MemoryBreakdown model_state_bytes(double params, int64_t dp, int64_t zero_stage, const DeviceSpec& d,
+                                  int64_t moment_bytes) {
   const double w = d.mixed_precision ? double(d.dtype_bytes) : 4.0;
-  const double opt = d.mixed_precision ? 12.0 : 8.0;
+  const double opt = (d.mixed_precision ? 4.0 : 0.0) + 2.0 * double(moment_bytes);
   const double D = double(dp);
   MemoryBreakdown m;
   m.params = params * w / (zero_stage >= 3 ? D : 1);

@@ -28,7 +28,9 @@ struct MemoryBreakdown {
 
 // Model states for `params` parameters on one rank (already tp/pp-split), under ZeRO
 // `stage` over `dp` ranks: mixed precision keeps dtype_bytes weights and gradients and
-// 12 bytes of fp32 master + Adam moments; fp32 keeps 4 + 4 + 8.
-MemoryBreakdown model_state_bytes(double params, int64_t dp, int64_t zero_stage, const DeviceSpec& d);
+// 12 bytes of fp32 master + Adam moments; fp32 keeps 4 + 4 + 8. moment_bytes = 2: the
+// moments in bf16 (optim.moments = bf16, Note [bf16 optimizer moments]): 8 and 4 bytes.
+MemoryBreakdown model_state_bytes(double params, int64_t dp, int64_t zero_stage, const DeviceSpec& d,
+                                  int64_t moment_bytes = 4);
 
 }  // namespace loom::sim

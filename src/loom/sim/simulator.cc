@@ -267,7 +267,8 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   const double G = double(s.dp * s.cp);
   const bool offload = s.plan.cfg.offload.optimizer == "disk";
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
-  MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device);
+  MemoryBreakdown mem =
+      model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device, s.plan.cfg.optim.moment_bytes());
   // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
   // pipemare's velocity and corrected weights.
   mem.params *= stream_param_copies(par.schedule, int(s.pp), int(r));

@@ -230,8 +230,10 @@ Updater::Updater(const Config& cfg, Engine& e)
   if (e.async) attach_async();
   if (cfg.offload.optimizer == "disk") return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");
-  e.memory.track(opt, adamw_.m().data(), int64_t(adamw_.m().size() * sizeof(float)));
-  e.memory.track(opt, adamw_.v().data(), int64_t(adamw_.v().size() * sizeof(float)));
+  for (int which = 0; which < 2; which++) {
+    const auto [data, bytes] = adamw_.moment_storage(which);
+    e.memory.track(opt, data, bytes);
+  }
 }
 
 void Updater::offload_optimizer(int global_rank) {
@@ -461,13 +463,13 @@ void Updater::step_zero_one(double lr, int64_t step) {
   lr_sum_ = 0;
 }
 
-int64_t zero_model_state_bytes(int zero, int dp, int64_t params) {
-  const int64_t p = params * 4;  // fp32
+int64_t zero_model_state_bytes(int zero, int dp, int64_t params, int64_t moment_bytes) {
+  const int64_t p = params * 4, m = 2 * params * moment_bytes;  // fp32 params and grads; two moments
   switch (zero) {
-    case 0: return 4 * p;                       // params + grads + 2 moments
-    case 1: return 2 * p + 2 * p / dp;          // moments sharded
-    case 2: return p + 3 * p / dp;              // + grads sharded
-    default: return 4 * p / dp;                 // + params sharded
+    case 0: return 2 * p + m;                   // params + grads + 2 moments
+    case 1: return 2 * p + m / dp;              // moments sharded
+    case 2: return p + (p + m) / dp;            // + grads sharded
+    default: return (2 * p + m) / dp;           // + params sharded
   }
 }
 

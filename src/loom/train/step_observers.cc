@@ -123,6 +123,7 @@ void CheckpointTrigger::after_step(const StepOutcome& s) {
   if (e_.rc.ps) state.param_ranges.clear();  // Note [PS checkpoints]: the servers save the state
   save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, state, e_.param_view(),
                world_ ? &world_->world_group() : nullptr, world_ ? world_->global_rank() : 0);
+  u_.adamw().settle_moments(false);  // bf16 moments: free the widened copies the save read
 }
 
 namespace {

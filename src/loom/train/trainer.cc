@@ -255,6 +255,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   ShardState s = rank_state(e, updater, cfg);
   // A PS job's servers load their shards alongside (Note [PS checkpoints]).
   const int64_t step = load_resume(cfg, opt.resume, s, rc.ps ? &world->world_group() : everyone(rc), rep);
+  updater.adamw().settle_moments(!opt.resume.empty());  // bf16 moments: store what was loaded
   if (opt.resume.empty()) return 0;
   if (e.ps) e.ps->start_at(step);
   if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
@@ -386,7 +387,7 @@ void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, T
 
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u, TrainSummary& sum) {
   const int64_t local_params = e.model.layout().param_count();
-  sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params);
+  sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params, cfg.optim.moment_bytes());
   int64_t states = 0;
   std::ostringstream os;
   os << "memory (rank 0, peak resident MiB):";

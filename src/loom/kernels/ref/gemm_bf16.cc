@@ -1,6 +1,9 @@
 #include "loom/kernels/ref/gemm_bf16.h"
 
+#include "loom/core/adam.h"
+
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -68,6 +71,24 @@ void matmul_forward_bf16_in(float* out, const bf16* inp, const float* w, const f
 void matmul_backward_bf16_in(float* dinp, float* dw, float* dbias, const float* dout, const bf16* inp, const float* w,
                              int64_t N, int64_t IC, int64_t OC, bool fresh) {
   matmul_backward_bf16(dinp, dw, dbias, dout, dw ? widened(inp, N * IC).data() : nullptr, w, N, IC, OC, fresh);
+}
+
+void adamw_update_bf16_moments(float* params, const float* grads, bf16* m, bf16* v, int64_t n, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+                               int64_t first) {
+  // Note [bf16 optimizer moments]: ref adamw_update's fp64 step on the widened moments.
+  const double bc1 = 1.0 - std::pow(double(beta1), double(step)), bc2 = 1.0 - std::pow(double(beta2), double(step));
+  const uint32_t key = adam_moment_key(step);
+  for (int64_t i = 0; i < n; i++) {
+    const double g = float(grads[i] * grad_scale);
+    const double mi = beta1 * double(from_bf16(m[i])) + (1.0 - double(beta1)) * g;
+    const double vi = beta2 * double(from_bf16(v[i])) + (1.0 - double(beta2)) * g * g;
+    const uint32_t r = random_bits(key, uint64_t(first + i));
+    m[i] = to_bf16_stochastic(float(mi), r);
+    v[i] = to_bf16_stochastic(float(vi), r >> 16);
+    const double upd = (mi / bc1) / (std::sqrt(vi / bc2) + eps);
+    params[i] = float(params[i] - lr * (upd + weight_decay * double(params[i])));
+  }
 }
 
 void to_bf16(bf16* out, const float* in, int64_t n) {

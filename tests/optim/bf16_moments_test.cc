@@ -113,6 +113,34 @@ TEST(Bf16Moments, StochasticRoundingIsUnbiasedAndNearestRoundingStagnates) {
   EXPECT_NEAR(mean, exact, 4 * sd / std::sqrt(double(elems)));
 }
 
+// Note [Vectorized AdamW]: the vector loops keep an element's bits independent of where a
+// range cuts the buffer (ZeRO shards, decay runs), in fp32 and with bf16 moments.
+TEST(Bf16Moments, AdamWBitsDoNotDependOnWhereARangeStarts) {
+  const int64_t n = 100003;
+  const State s = random_state(n, 11);
+  std::vector<float> m32(static_cast<size_t>(n)), v32(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) m32[size_t(i)] = from_bf16(s.m[size_t(i)]), v32[size_t(i)] = from_bf16(s.v[size_t(i)]);
+  State whole = s, cut = s;
+  std::vector<float> mw = m32, vw = v32, mc = m32, vc = v32;
+  auto fp32 = [&](State& x, std::vector<float>& m, std::vector<float>& v, int64_t a, int64_t b) {
+    cpu::adamw_update(x.p.data() + a, s.g.data() + a, m.data() + a, v.data() + a, b - a, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                      0.1f, 3, 0.37f);
+  };
+  auto bf = [&](State& x, int64_t a, int64_t b) {
+    cpu::adamw_update_bf16_moments(x.p.data() + a, s.g.data() + a, x.m.data() + a, x.v.data() + a, b - a, 1e-2f, 0.9f,
+                                   0.95f, 1e-8f, 0.1f, 3, 0.37f, a);
+  };
+  fp32(whole, mw, vw, 0, n);
+  bf(whole, 0, n);
+  const int64_t cuts[] = {0, 13, 77, 5000, 5003, n};
+  for (int c = 0; c + 1 < 6; c++) fp32(cut, mc, vc, cuts[c], cuts[c + 1]), bf(cut, cuts[c], cuts[c + 1]);
+  EXPECT_EQ(whole.p, cut.p);
+  EXPECT_EQ(mw, mc);
+  EXPECT_EQ(vw, vc);
+  EXPECT_EQ(whole.m, cut.m);
+  EXPECT_EQ(whole.v, cut.v);
+}
+
 ParamLayout tiny_layout() {
   ModelConfig m;
   apply_model_preset(m, "tiny");

@@ -46,9 +46,10 @@ inline float round_bf16(float x) { return from_bf16(to_bf16(x)); }
 // NaN round to nearest (they stay what they are); a finite x within a step of the largest
 // bf16 may round to infinity.
 inline bf16 to_bf16_stochastic(float f, uint32_t r) {
+  // Branch-free (selects), so the optimizer's loop vectorizes; the specials as to_bf16 has them.
   const uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7f800000u) == 0x7f800000u) return to_bf16(f);
-  return bf16((u + (r & 0xffffu)) >> 16);
+  const bool special = (u & 0x7f800000u) == 0x7f800000u, nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return bf16(((u + (special ? 0u : (r & 0xffffu))) >> 16) | (nan ? 0x40u : 0u));
 }
 
 // 32 pseudo-random bits for element `index` of stream `key`: a counter-based hash (the

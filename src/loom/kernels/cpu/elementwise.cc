@@ -141,48 +141,6 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
-  const float bc1 = float(1.0 - std::pow(double(beta1), double(step)));
-  // sqrt(v) / sqrt(1 - b2^t) as a product with the reciprocal: two vector divisions per
-  // element made AdamW compute-bound on this project's CPU (124M parameters: 150 ms, 23 GB/s,
-  // against 104 ms with one; a triad streams at 45 GB/s). Within an ulp of the quotient.
-  const float inv_bc2_sqrt = adam_inv_bias_correction2(beta2, step);
-  const float step_size = lr / bc1;
-  const float decay = 1.0f - lr * weight_decay;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    const float g = grads[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    // torch.optim.AdamW order: decay first, then the Adam step.
-    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
-  }
-}
-
-void adamw_update_bf16_moments(float* params, const float* grads, bf16* m, bf16* v, int64_t n, float lr, float beta1,
-                               float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
-                               int64_t first) {
-  // Note [bf16 optimizer moments]: adamw_update's arithmetic on the widened moments.
-  const float bc1 = float(1.0 - std::pow(double(beta1), double(step)));
-  const float inv_bc2_sqrt = adam_inv_bias_correction2(beta2, step);
-  const float step_size = lr / bc1;
-  const float decay = 1.0f - lr * weight_decay;
-  const uint32_t key = adam_moment_key(step);
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    const float g = grads[i] * grad_scale;
-    const float mi = beta1 * loom::from_bf16(m[i]) + (1.0f - beta1) * g;
-    const float vi = beta2 * loom::from_bf16(v[i]) + (1.0f - beta2) * g * g;
-    const uint32_t r = loom::random_bits(key, uint64_t(first + i));
-    m[i] = loom::to_bf16_stochastic(mi, r);
-    v[i] = loom::to_bf16_stochastic(vi, r >> 16);
-    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
-  }
-}
-
 double sum_squares(const float* x, int64_t n) {
   const int parts = team_size();
   double partial[256] = {0};

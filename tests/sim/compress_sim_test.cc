@@ -85,6 +85,25 @@ TEST(Planner, ChoosesCompressionOnlyWhereDpCrossesSlowLinks) {
     EXPECT_EQ(c.plan.cfg.parallel.compress, CompressKind::kNone) << plan::layout_label(c.plan);
 }
 
+// Note [bf16 optimizer moments]: a plan with bf16 moments prices their memory (the optimizer
+// state 12 -> 8 bytes a parameter in mixed precision) and says the accuracy cost is not
+// modelled, beside any other approximation of the layout.
+TEST(Planner, Bf16MomentsPriceTheirMemoryAndCarryACaveat) {
+  plan::PlanRequest req = gpt2_request(3);
+  sim::SimPlan exact = req.like;
+  exact.cfg.parallel.dp = 16;
+  sim::SimPlan bf = exact;
+  bf.cfg.optim.moments = "bf16";
+  const ClusterSpec c = two_nodes(1e4);
+  EXPECT_NEAR(simulate(bf, c).ranks[0].memory.optimizer, simulate(exact, c).ranks[0].memory.optimizer * 8 / 12, 1.0);
+  EXPECT_EQ(plan::approximation_caveat(exact), "");
+  EXPECT_NE(plan::approximation_caveat(bf).find("bf16 AdamW moments"), std::string::npos);
+  bf.cfg.parallel.compress = CompressKind::kPowerSgd;
+  const std::string both = plan::approximation_caveat(bf);
+  EXPECT_NE(both.find("PowerSGD"), std::string::npos) << both;
+  EXPECT_NE(both.find("bf16 AdamW moments"), std::string::npos) << both;
+}
+
 // Note [PipeDream-2BW] in loom plan: 2bw layouts are searched (one pipeline: dp 1), each
 // priced at its steady step and carrying the caveat that the delayed updates change the
 // optimisation; where 1F1B at the same layout also fits, 2bw is the faster of the two.

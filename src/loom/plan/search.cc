@@ -225,7 +225,10 @@ double run_step_s(const PlanCandidate& c) {
   return (warm * r.warmup_step_time_s + (steps - warm) * r.step_time_s) / steps;
 }
 
-std::string approximation_caveat(const sim::SimPlan& p) {
+namespace {
+
+// The caveat of the layout's schedule or gradient path ("" when exact).
+std::string layout_caveat(const sim::SimPlan& p) {
   const ParallelConfig& q = p.cfg.parallel;
   if (q.ps_servers > 0 && p.cfg.ps.sparse_embedding)  // Note [Sparse embeddings]
     return "lazy AdamW on the embedding rows (untouched rows keep their weights and moments) changes the "
@@ -261,6 +264,17 @@ std::string approximation_caveat(const sim::SimPlan& p) {
   return "approximate gradients (" + os.str() +
          "): the time is priced, the accuracy cost is not modelled; measure it with loom verify and a validation "
          "curve (docs/benchmarks.md)";
+}
+
+}  // namespace
+
+std::string approximation_caveat(const sim::SimPlan& p) {
+  const std::string layout = layout_caveat(p);
+  if (!p.cfg.optim.bf16_moments()) return layout;
+  const std::string moments = "bf16 AdamW moments (optim.moments = bf16, stochastically rounded; Note [bf16 "
+                              "optimizer moments]) approximate the optimiser's state: their memory is priced, the "
+                              "accuracy cost is not modelled; compare validation curves against optim.moments = fp32";
+  return layout.empty() ? moments : layout + "; " + moments;
 }
 
 // PlanRequest::ps: S servers and gpus - S data-parallel workers (tp = pp = 1, zero 0), each

@@ -31,6 +31,19 @@ void release_pages(void* p, int64_t bytes) {
   LOOM_ASSERT(::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0);
 }
 
+void advise_huge_pages(void* p, int64_t bytes) {
+  // glibc serves blocks up to its largest mmap threshold (32 MiB on 64-bit) from heaps whose
+  // address ranges later hold other buffers, and the advice stays with the range: a ZeRO
+  // gradient buffer landing there would fault whole huge pages back in where it hands pages
+  // back. Larger blocks are mappings of their own, unmapped when freed, advice and all.
+  constexpr int64_t kOwnMapping = int64_t(64) << 20;
+  if (bytes < kOwnMapping) return;
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const auto lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
+  const auto hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(std::max<int64_t>(bytes, 0))) / kHuge * kHuge;
+  if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint (Note [Huge pages])
+}
+
 int64_t resident_bytes(const void* p, int64_t bytes) {
   const int64_t page = page_bytes();
   const auto lo = reinterpret_cast<uintptr_t>(p) / uintptr_t(page) * uintptr_t(page);

@@ -96,9 +96,11 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   for (auto [b, e] : chunks_)
     LOOM_CHECK(0 <= b && b < e && e <= cfg.layers, "model chunk [", b, ", ", e, ") is not a layer range of the ",
                cfg.layers, "-layer model");
-  params_.assign(layout_.total_floats(), 0.0f);
+  if (opt.huge_params && !opt.params_elsewhere) huge_resize(params_, size_t(layout_.total_floats()));  // zeros
+  else params_.assign(layout_.total_floats(), 0.0f);
   if (opt.params_elsewhere) release_pages(params_.data(), int64_t(params_.size() * sizeof(float)));
-  grads_.assign(layout_.total_floats(), 0.0f);
+  if (opt.huge_grads && !opt.grads_elsewhere) huge_resize(grads_, size_t(layout_.total_floats()));
+  else grads_.assign(layout_.total_floats(), 0.0f);
   if (opt.grads_elsewhere) release_pages(grads_.data(), int64_t(grads_.size() * sizeof(float)));
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
@@ -195,6 +197,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
                                                 w_slots_),
                   "activation_floats() disagrees with the model's carve: ", a.floats);
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
+      advise_huge_pages(a.storage.get(), a.floats * int64_t(sizeof(float)));  // Note [Huge pages]
     }
   }
 }

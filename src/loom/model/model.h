@@ -71,6 +71,10 @@ struct ModelOptions {
   // than memory can be built.
   bool params_elsewhere = false;
   bool grads_elsewhere = false;  // Note [Gradient chunks]: the same for the gradient buffer
+  // Note [Huge pages] (core/memory.h): the flat parameter / gradient buffer on 2 MiB pages.
+  // Only where no page of it is handed back (ZeRO-3 releases the parameters a rank does not
+  // own, ZeRO-2 the gradients): a write there would fault a whole huge page back in.
+  bool huge_params = true, huge_grads = true;
 };
 
 class Model {

@@ -5,6 +5,7 @@
 
 #include "loom/core/adam.h"
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 #include "loom/optim/offload.h"
 
 namespace loom {
@@ -76,12 +77,12 @@ AdamW::AdamW(const ParamLayout& layout, const OptimConfig& cfg, std::vector<Flat
   awaiting_file_ = offloaded;
   if (offloaded) return;  // offload() brings the file; the moments never touch memory
   if (cfg_.bf16_moments()) {  // Note [bf16 optimizer moments]; the config check refuses offload
-    mh_.assign(size_t(state), bf16(0));
-    vh_.assign(size_t(state), bf16(0));
+    huge_resize(mh_, size_t(state));  // zeros, on huge pages (Note [Huge pages])
+    huge_resize(vh_, size_t(state));
     return;
   }
-  m_.assign(size_t(state), 0.0f);
-  v_.assign(size_t(state), 0.0f);
+  huge_resize(m_, size_t(state));
+  huge_resize(v_, size_t(state));
 }
 
 AdamW::~AdamW() = default;

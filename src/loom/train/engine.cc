@@ -26,6 +26,10 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.recompute = rc.plan->recompute;
   o.params_elsewhere = cfg.offload.params == "disk";  // Note [Parameter offload]
   o.grads_elsewhere = cfg.offload.grads == "disk";    // Note [Gradient chunks]
+  // Note [Huge pages]: not where ZeRO hands pages back (Note [Resident memory]).
+  const int zero = rc.dp ? rc.zero : 0;
+  o.huge_params = zero < 3;
+  o.huge_grads = zero < 2;
   o.precision = cfg.train.precision == "bf16"   ? Precision::kBf16
                 : cfg.train.precision == "fp16" ? Precision::kFp16
                                                 : Precision::kFp32;

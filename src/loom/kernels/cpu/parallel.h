@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loom/core/even_split.h"
+#include "loom/core/memory.h"
 
 namespace loom::cpu {
 
@@ -19,17 +20,18 @@ inline void chunk_range(int64_t n, int parts, int i, int64_t& begin, int64_t& en
   begin = c.begin, end = c.begin + c.count;
 }
 
-// Scratch that lives for the thread's lifetime; grows, never shrinks.
+// Scratch that lives for the thread's lifetime; grows, never shrinks (on huge pages where
+// the kernel gives them: Note [Huge pages] in core/memory.h).
 inline float* scratch_floats(size_t count, int slot = 0) {
   thread_local std::vector<float> buf[4];
-  if (buf[slot].size() < count) buf[slot].resize(count);
+  if (buf[slot].size() < count) huge_resize(buf[slot], count);
   return buf[slot].data();
 }
 
 // The same for bf16 (uint16_t) operands.
 inline uint16_t* scratch_bf16(size_t count, int slot = 0) {
   thread_local std::vector<uint16_t> buf[4];
-  if (buf[slot].size() < count) buf[slot].resize(count);
+  if (buf[slot].size() < count) huge_resize(buf[slot], count);
   return buf[slot].data();
 }
 

@@ -252,11 +252,13 @@ double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& 
 // returns the step to continue from (0 when fresh).
 int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Updater& updater, const RankContext& rc,
                      comm::World* world, Reporter& rep) {
+  // Nothing to load: no state views either (bf16 moments would be widened for nothing, 8
+  // bytes a parameter at the run's start).
+  if (opt.resume.empty()) return 0;
   ShardState s = rank_state(e, updater, cfg);
   // A PS job's servers load their shards alongside (Note [PS checkpoints]).
   const int64_t step = load_resume(cfg, opt.resume, s, rc.ps ? &world->world_group() : everyone(rc), rep);
-  updater.adamw().settle_moments(!opt.resume.empty());  // bf16 moments: store what was loaded
-  if (opt.resume.empty()) return 0;
+  updater.adamw().settle_moments(true);  // bf16 moments: store what was loaded
   if (e.ps) e.ps->start_at(step);
   if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
   updater.adamw().set_steps_taken(s.optimizer_steps);

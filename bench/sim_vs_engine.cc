@@ -92,10 +92,11 @@ double median(std::vector<double> v) {
 }  // namespace
 
 // The arguments with --threads and --best-of N taken out; *threads says whether --threads was given.
-static std::vector<char*> positional(int argc, char** argv, bool* threads, int* best_of) {
+static std::vector<char*> positional(int argc, char** argv, bool* threads, int* best_of, const char** also) {
   std::vector<char*> out;
   for (int i = 0; i < argc; i++) {
     if (std::strcmp(argv[i], "--threads") == 0) *threads = true;
+    else if (std::strcmp(argv[i], "--also") == 0 && i + 1 < argc) *also = argv[++i];
     else if (std::strcmp(argv[i], "--best-of") == 0 && i + 1 < argc) *best_of = std::max(1, std::atoi(argv[++i]));
     else out.push_back(argv[i]);
   }
@@ -135,6 +136,7 @@ struct Row {
   int64_t world = 1;
   loom::sim::SimPlan plan;
   loom::sim::SimResult pred;
+  double also_step_s = 0;  // --also: the other cluster file's prediction (fp32 rows)
   Measured best;
 };
 
@@ -184,11 +186,13 @@ static void report(const std::vector<double>& time_errs, const std::vector<doubl
 int main(int argc_in, char** argv_in) {
   bool threads = false;
   int best_of = 1;
-  std::vector<char*> args = positional(argc_in, argv_in, &threads, &best_of);
+  const char* also = nullptr;  // --also OTHER.toml: a second calibration scored on the same runs
+  std::vector<char*> args = positional(argc_in, argv_in, &threads, &best_of, &also);
   const int argc = int(args.size());
   char** argv = args.data();
   if (argc < 2) {
-    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps] [LOCAL_BF16_CLUSTER.toml] [--threads]\n");
+    std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps] [LOCAL_BF16_CLUSTER.toml] [--threads] "
+                         "[--best-of N] [--also OTHER_CLUSTER.toml]\n");
     return 2;
   }
   const std::string loom_bin = std::string(argv[0]).substr(0, std::string(argv[0]).rfind('/') + 1) + "../loom";
@@ -208,6 +212,9 @@ int main(int argc_in, char** argv_in) {
       for (const auto& [name, model] : models)
         for (const auto& layout : pass == 0 ? layouts : bf16_layouts)
           rows.push_back(make_row(pass, name, model, layout, pass == 0 ? argv[1] : argv[3], steps));
+    for (Row& r : rows)
+      if (also && r.pass == 0)
+        r.also_step_s = loom::sim::simulate(r.plan, loom::sim::load_cluster(also, {}, r.plan.gpus(), also)).step_time_s;
     // --best-of N: N passes over all the rows, each row keeping its fastest: a slow spell of
     // the VM (minutes long) then lands on different rows in each pass.
     for (int rep = 0; rep < best_of; rep++)
@@ -215,7 +222,7 @@ int main(int argc_in, char** argv_in) {
         const Measured m = threads ? run_engine(r.plan.cfg) : run_processes(loom_bin, r.sets, r.world);
         if (rep == 0 || m.step_s < r.best.step_s) r.best = m;
       }
-    std::vector<double> time_errs, mem_errs, bf16_time_errs;
+    std::vector<double> time_errs, mem_errs, bf16_time_errs, also_errs;
     std::vector<loom::sim::ValidationPoint> points[2];  // Note [Error bands]: fp32, bf16
     std::printf("%-3s %-40s %12s %12s %8s %12s %12s %8s\n", "cfg", "layout", "pred step s", "meas step s", "error",
                 "pred MiB", "meas MiB", "error");
@@ -224,9 +231,15 @@ int main(int argc_in, char** argv_in) {
       (r.pass == 0 ? time_errs : bf16_time_errs).push_back(std::fabs(pred / meas - 1));
       points[r.pass].push_back({loom::sim::layout_kind(r.plan), r.family, pred / meas - 1});
       mem_errs.push_back(std::fabs(pm / r.best.memory_bytes - 1));
-      std::printf("%-3s %-40s %12.4f %12.4f %+7.1f%% %12.2f %12.2f %+7.2f%%\n", r.name, r.label.c_str(), pred, meas,
+      std::printf("%-3s %-40s %12.4f %12.4f %+7.1f%% %12.2f %12.2f %+7.2f%%", r.name, r.label.c_str(), pred, meas,
                   100 * (pred / meas - 1), pm / (1 << 20), r.best.memory_bytes / (1 << 20), 100 * (pm / r.best.memory_bytes - 1));
+      if (r.also_step_s > 0) {
+        also_errs.push_back(std::fabs(r.also_step_s / meas - 1));
+        std::printf("   --also %.4f %+7.1f%%", r.also_step_s, 100 * (r.also_step_s / meas - 1));
+      }
+      std::printf("\n");
     }
+    if (also) std::printf("--also %s: median |step time error| %.1f%%\n", also, 100 * median(also_errs));
     report(time_errs, mem_errs, bf16_time_errs, points, argv[1], with_bf16 ? argv[3] : nullptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sim_vs_engine: %s\n", e.what());

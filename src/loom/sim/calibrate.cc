@@ -172,6 +172,48 @@ float* cold_pool(size_t floats) {
   return pool.data();
 }
 
+// Note [GEMM width] (sim/costs.cc): a linear layer's forward GEMMs, (n, w, 4w) and (n, 4w, w)
+// with the cold operands above, over this grid of (width w, tokens n); each point's rate is
+// both shapes' FLOPs over their summed time, its x the FLOPs of one of them.
+constexpr std::pair<int64_t, int64_t> kWidthGrid[] = {
+    {64, 64}, {64, 256}, {64, 1024}, {64, 4096}, {128, 64}, {128, 256}, {128, 1024}, {128, 4096},
+    {256, 64}, {256, 256}, {256, 1024}, {256, 4096}, {512, 64}, {512, 256}, {512, 1024}, {512, 4096},
+    {1024, 64}, {1024, 256}, {1024, 1024}};  // (1024, 4096) read within 2% of (1024, 1024) and took 3 s
+
+std::vector<std::pair<double, double>> gemm_width_rates(const Kernels& k, double budget) {
+  std::vector<std::pair<double, double>> out;
+  for (const auto& [w, n] : kWidthGrid) {
+    double seconds = 0;
+    for (const auto& [IC, OC] : {std::pair{w, 4 * w}, std::pair{4 * w, w}}) {
+      // Weights and outputs rotate through twice the last-level cache of the per-thread pool.
+      const size_t per = size_t(OC * IC + n * OC), span = size_t(std::ceil(2 * llc_bytes() / 4)) + per;
+      float* pool = cold_pool(span);
+      const size_t copies = span / per;
+      const auto x = random_floats(size_t(n * IC));
+      size_t i = 0;
+      seconds += time_it([&] {
+        i = (i + 1) % copies;
+        k.matmul_forward(pool + i * per + OC * IC, x.data(), pool + i * per, nullptr, n, IC, OC);
+      }, budget);
+    }
+    const double flops = 8.0 * double(n) * double(w) * double(w);  // one shape's 2 n w 4w
+    out.emplace_back(flops, 2 * flops / seconds);
+  }
+  return out;
+}
+
+// The grid's rates as WidthCurves, each a fraction of `share` (at most `most`).
+sim::WidthCurves width_curves(const std::vector<std::pair<double, double>>& rates, double share, double most) {
+  sim::WidthCurves c;
+  for (size_t i = 0; i < rates.size(); ++i) {
+    const double w = double(kWidthGrid[i].first);
+    if (c.by_width.empty() || c.by_width.back().first != w) c.by_width.push_back({w, sim::Curve{}});
+    c.by_width.back().second.points.emplace_back(rates[i].first, std::clamp(rates[i].second / share, 1e-4, most));
+  }
+  for (auto& [w, curve] : c.by_width) std::sort(curve.points.begin(), curve.points.end());
+  return c;
+}
+
 std::vector<std::pair<double, double>> class_rates(const Kernels& k, double budget, sim::MemClass cls,
                                                    std::vector<std::pair<double, double>>* backward) {
   std::vector<std::pair<double, double>> out;
@@ -330,13 +372,14 @@ Rates best_of(int passes, const std::function<Rates()>& fn) {
 // fastest pass, the machine's own speed, as bench/sim_vs_engine --best-of keeps each
 // layout's fastest run; ratios (the backward factors) keep their median.
 struct KernelRates {
-  Rates gemm, backward, attention, memory, optimizer;
+  Rates gemm, backward, attention, memory, optimizer, gemm_width;
   Rates cls[sim::kMemClasses], cls_backward[sim::kMemClasses];  // Note [Memory-bound kernel classes]
 };
 KernelRates measure_kernels(const Kernels& k, double budget, int passes) {
   std::vector<KernelRates> all(static_cast<size_t>(std::max(1, passes)));
   for (KernelRates& r : all) {
     r.gemm = gemm_rates(k, budget, r.backward);
+    r.gemm_width = gemm_width_rates(k, budget);
     r.attention = attention_rates(k, budget);
     r.memory = memory_rates(k, budget);
     r.optimizer = optimizer_rates(k, budget);
@@ -351,7 +394,8 @@ KernelRates measure_kernels(const Kernels& k, double budget, int passes) {
                 pass([](const KernelRates& r) { return r.backward; }, false),
                 pass([](const KernelRates& r) { return r.attention; }, true),
                 pass([](const KernelRates& r) { return r.memory; }, true),
-                pass([](const KernelRates& r) { return r.optimizer; }, true), {}, {}};
+                pass([](const KernelRates& r) { return r.optimizer; }, true),
+                pass([](const KernelRates& r) { return r.gemm_width; }, true), {}, {}};
   for (int c = 1; c < sim::kMemClasses; ++c) {
     m.cls[c] = pass([c](const KernelRates& r) { return r.cls[c]; }, true);
     m.cls_backward[c] = pass([c](const KernelRates& r) { return r.cls_backward[c]; }, false);
@@ -383,6 +427,7 @@ void one_thread_curves(const Kernels& k, const CalibrateOptions& o, int threads,
                                     return gemm_rates(k, b, unused);
                                   }),
                                   d.peak_flops / threads);
+  d.gemm_width_efficiency_1t = width_curves(busy([&] { return gemm_width_rates(k, b); }), d.peak_flops / threads, 2.0);
   d.attention_efficiency_1t = relative(busy([&] { return attention_rates(k, b); }), d.peak_flops / threads);
   d.memory_efficiency_1t = relative(busy([&] { return memory_rates(k, b); }), d.memory_bw / threads);
   d.optimizer_efficiency_1t = relative(busy([&] { return optimizer_rates(k, b); }), d.memory_bw / threads);
@@ -494,12 +539,14 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   std::sort(rates.backward.begin(), rates.backward.end());
   c.device.gemm_backward_factor.points = rates.backward;
   const sim::Curve attn = normalise(rates.attention, &attn_best);
-  // Peak: the best rate either kernel reached (on a busy machine attention can beat a
-  // GEMM timing), so both curves stay fractions <= 1 of it.
-  const double peak = std::max(gemm_best, attn_best);
+  // Peak: the best rate any GEMM or attention timing reached (on a busy machine attention
+  // can beat a GEMM timing), so every curve stays a fraction <= 1 of it.
+  double peak = std::max(gemm_best, attn_best);
+  for (const auto& [flops, rate] : rates.gemm_width) peak = std::max(peak, rate);
   for (const auto& [x, e] : gemm.points) c.device.gemm_efficiency.points.emplace_back(x, e * gemm_best / peak);
   for (const auto& [x, e] : attn.points) c.device.attention_efficiency.points.emplace_back(x, e * attn_best / peak);
   c.device.peak_flops = peak;
+  c.device.gemm_width_efficiency = width_curves(rates.gemm_width, peak, 1.0);
   say(std::string(o.bf16 ? "bf16 " : "") + "gemm: best " + std::to_string(gemm_best / 1e9) + " GFLOP/s; attention: best " +
       std::to_string(attn_best / 1e9) + " GFLOP/s");
   c.device.memory_efficiency = normalise(rates.memory, &bw);

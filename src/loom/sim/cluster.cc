@@ -29,6 +29,18 @@ double Curve::at(double x) const {
   return points.back().second;
 }
 
+double WidthCurves::at(double width, double flops) const {
+  if (by_width.empty()) return 1.0;
+  if (width <= by_width.front().first) return by_width.front().second.at(flops);
+  if (width >= by_width.back().first) return by_width.back().second.at(flops);
+  size_t i = 1;
+  while (by_width[i].first < width) ++i;
+  const auto& [w0, c0] = by_width[i - 1];
+  const auto& [w1, c1] = by_width[i];
+  const double f = (std::log(width) - std::log(w0)) / (std::log(w1) - std::log(w0));
+  return c0.at(flops) + f * (c1.at(flops) - c0.at(flops));
+}
+
 std::vector<std::string> cluster_preset_names() {
   auto names = embedded_cluster_preset_names();
   names.push_back("local");
@@ -106,6 +118,28 @@ class TableReader {
     }
     return c;
   }
+  // [[width, flops, value], ...] (Note [GEMM width]): widths, then FLOPs within a width, increasing.
+  WidthCurves width_curves(const std::string& key, double max_y) const {
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    const toml::array* a = n ? n->as_array() : nullptr;
+    if (!a || a->empty()) bad(origin_, prefix_ + key, "must be a non-empty list of [width, flops, value] triples");
+    WidthCurves w;
+    for (const auto& e : *a) {
+      const toml::array* p = e.as_array();
+      if (!p || p->size() != 3 || !(*p)[0].is_number() || !(*p)[1].is_number() || !(*p)[2].is_number())
+        bad(origin_, prefix_ + key, "entries must be [width, flops, value] triples of numbers");
+      const double width = *(*p)[0].value<double>(), x = *(*p)[1].value<double>(), y = *(*p)[2].value<double>();
+      if (!(width > 0) || !(x > 0) || !(y > 0) || y > max_y)
+        bad(origin_, prefix_ + key, detail::cat("has [", width, ", ", x, ", ", y, "]: need width > 0, flops > 0 and 0 < value <= ", max_y));
+      if (w.by_width.empty() || width > w.by_width.back().first) w.by_width.push_back({width, Curve{}});
+      else if (width < w.by_width.back().first) bad(origin_, prefix_ + key, "widths must increase");
+      Curve& c = w.by_width.back().second;
+      if (!c.points.empty() && !(x > c.points.back().first))
+        bad(origin_, prefix_ + key, detail::cat("FLOPs must increase within width ", width));
+      c.points.emplace_back(x, y);
+    }
+    return w;
+  }
   const toml::table* sub(const std::string& key) const {
     const toml::node* n = t_ ? t_->get(key) : nullptr;
     if (n && !n->is_table() && !n->is_array_of_tables()) bad(origin_, prefix_ + key, "must be a table");
@@ -169,6 +203,15 @@ void read_class_curves(const TableReader& root, const TableReader& d, DeviceSpec
   }
 }
 
+// Note [GEMM width] (sim/costs.cc): gemm_width_efficiency and its _1t where present; one
+// thread can beat 1/threads of peak.
+void read_width_curves(const TableReader& root, const TableReader& d, DeviceSpec& dev) {
+  auto has = [&](const char* n) { return root.sub("device") && root.sub("device")->get(n); };
+  if (has("gemm_width_efficiency")) dev.gemm_width_efficiency = d.width_curves("gemm_width_efficiency", 1.0);
+  if (has("gemm_width_efficiency_1t"))
+    dev.gemm_width_efficiency_1t = d.width_curves("gemm_width_efficiency_1t", double(std::max<int64_t>(1, dev.threads)));
+}
+
 // [offload]: the three tier keys, and the page cache's rates if measured.
 OffloadTier read_offload(const TableReader& root, const std::string& origin) {
   TableReader o(root.sub("offload"), "offload.", origin,
@@ -216,7 +259,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "attention_efficiency_1t", "memory_efficiency_1t", "optimizer_efficiency",
                  "optimizer_efficiency_1t", "special_function_tops", "norm_efficiency", "norm_efficiency_1t",
                  "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
-                 "residual_efficiency", "residual_efficiency_1t", "residual_backward"});
+                 "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
+                 "gemm_width_efficiency_1t"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -252,6 +296,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
     c.device.memory_efficiency_1t = d.curve("memory_efficiency_1t", most);
   }
   read_class_curves(root, d, c.device);
+  read_width_curves(root, d, c.device);
   c.intra = read_tier(root, "intra", origin);
   c.inter = read_tier(root, "inter", origin);
   if (root.sub("offload")) c.offload = read_offload(root, origin);
@@ -330,6 +375,7 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
       // peak / threads; a rank holding threads / n of a thread runs at that fraction of
       // peak / n (the share set just above), whether n equals threads or exceeds it.
       d.gemm_efficiency = d.gemm_efficiency_1t, d.attention_efficiency = d.attention_efficiency_1t;
+      if (!d.gemm_width_efficiency_1t.empty()) d.gemm_width_efficiency = d.gemm_width_efficiency_1t;
       d.memory_efficiency = d.memory_efficiency_1t;
       if (!d.optimizer_efficiency_1t.points.empty()) d.optimizer_efficiency = d.optimizer_efficiency_1t;
       for (int k = 1; k < kMemClasses; ++k)
@@ -380,6 +426,16 @@ std::string cluster_to_toml(const ClusterSpec& c) {
     os << "\ngemm_efficiency_1t = " << curve(c.device.gemm_efficiency_1t)
        << "\nattention_efficiency_1t = " << curve(c.device.attention_efficiency_1t)
        << "\nmemory_efficiency_1t = " << curve(c.device.memory_efficiency_1t);
+  auto widths = [&](const char* key, const WidthCurves& w) {
+    if (w.empty()) return;
+    os << "\n" << key << " = [";
+    const char* sep = "";
+    for (const auto& [width, cv] : w.by_width)
+      for (const auto& [x, y] : cv.points) os << std::exchange(sep, ", ") << "[" << width << ", " << x << ", " << y << "]";
+    os << "]";
+  };
+  widths("gemm_width_efficiency", c.device.gemm_width_efficiency);
+  widths("gemm_width_efficiency_1t", c.device.gemm_width_efficiency_1t);
   for (int k = 1; k < kMemClasses; ++k) {
     const std::string key = mem_class_key(MemClass(k));
     const Curve* curves[3] = {&c.device.class_efficiency[k], &c.device.class_efficiency_1t[k], &c.device.class_backward[k]};

@@ -20,6 +20,16 @@ struct Curve {
   double at(double x) const;
 };
 
+// Note [GEMM width] (sim/costs.cc): GEMM efficiency by a linear layer's narrower feature
+// count (min of in and out features) and FLOPs: one Curve per measured width, widths
+// increasing; between widths interpolated linearly in log(width), clamped at both ends.
+struct WidthCurves {
+  std::vector<std::pair<double, Curve>> by_width;
+  bool empty() const { return by_width.empty(); }
+  double at(double width, double flops) const;
+};
+
+
 // Note [Memory-bound kernel classes] (sim/costs.cc): the memory-bound ops a device may
 // price by their own measured curves; kGeneric ops take memory_efficiency.
 enum class MemClass { kGeneric, kNorm, kActivation, kResidual };
@@ -33,6 +43,9 @@ struct DeviceSpec {
   int64_t dtype_bytes = 2;        // activations and working weights
   bool mixed_precision = true;    // fp32 master weights beside dtype_bytes params/grads
   Curve gemm_efficiency;          // x: FLOPs of one GEMM -> fraction of peak_flops
+  // Note [GEMM width]: a linear layer's GEMM by (its narrower feature count, FLOPs) ->
+  // fraction of peak_flops, as `loom calibrate` measures it; empty: gemm_efficiency prices it.
+  WidthCurves gemm_width_efficiency;
   Curve memory_efficiency;        // x: bytes moved by one kernel -> fraction of memory_bw
   Curve attention_efficiency;     // x: FLOPs of one fused attention kernel (empty: GEMM roofline)
   // Note [Fused attention kernels]: per flash generation (index 1: FlashAttention-1, 2:
@@ -60,6 +73,7 @@ struct DeviceSpec {
   // the all-thread rate. Empty: the all-thread curves for every rank count.
   int64_t threads = 0;
   Curve gemm_efficiency_1t, attention_efficiency_1t, memory_efficiency_1t;
+  WidthCurves gemm_width_efficiency_1t;
   // loom's optimizer pass (gradient norm + AdamW) as measured by `loom calibrate`: x: its
   // bytes (32 per parameter, OptimConfig::update_bytes) -> fraction of memory_bw (of
   // memory_bw / threads for the _1t curve). Empty: the memory-bound curve prices it.

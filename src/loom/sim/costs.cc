@@ -62,8 +62,11 @@ namespace {
 
 // `batch` GEMMs of (M, K) x (K, N): 2 M N K FLOPs each; bytes = both inputs and the output
 // (a roofline: attention's batched GEMMs with K = head dim are memory-bound on GPUs).
+// Outside the attention core a GEMM is a linear layer (M rows of K in-features to N
+// out-features): Note [GEMM width].
 Op gemm(const char* name, double M, double N, double K, double dt, double batch = 1, bool core = false) {
   Op o{name, Op::Kind::kGemm, 2 * M * N * K * batch, (M * K + K * N + M * N) * dt * batch, OpKind::kAllReduce, Axis::kTp, core};
+  if (!core) o.width = std::min(N, K);
   return o;
 }
 Op mem(const char* name, double bytes, bool core = false, MemClass cls = MemClass::kGeneric) {
@@ -219,9 +222,24 @@ GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride) {
   return comm::place_group(c.devices_per_node, ranks, stride);
 }
 
-double gemm_time_s(const DeviceSpec& d, double flops, double bytes) {
+// Note [GEMM width]
+// A GEMM's rate depends on its shape, not only its FLOPs: a linear layer of a narrow model
+// (tokens x 256 in-features x 768 out) has the FLOPs of a wide square GEMM but streams its
+// output tile through the micro-kernel more often per FLOP (a short inner dimension, or a
+// narrow output panel). On this VM's 2 cores (OpenBLAS, fp32, operands cold as in a step)
+// (2048, 256, 768) and (2048, 1024, 256) ran at 408-420 GFLOP/s where the FLOPs-indexed
+// curve, measured on wide shapes at those FLOPs, said 445 (docs/benchmarks.md); inside a
+// step of config A its four GEMMs per layer took 10-13% more than that curve priced
+// (LOOM_KERNEL_PROFILE). So `loom calibrate` also times a linear layer's two shapes,
+// (n, w, 4w) and (n, 4w, w), over a grid of widths w and token counts n, and a device that
+// has the table prices a linear layer's GEMM (forward, and through it the backward's two)
+// at e(min(in, out), FLOPs) from it; other GEMMs (attention's batched ones, GPU presets)
+// keep the FLOPs curve.
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width) {
   if (flops <= 0) return 0;
-  const double compute = flops / (d.peak_flops * d.gemm_efficiency.at(flops));
+  const double e = width > 0 && !d.gemm_width_efficiency.empty() ? d.gemm_width_efficiency.at(width, flops)
+                                                                  : d.gemm_efficiency.at(flops);
+  const double compute = flops / (d.peak_flops * e);
   const double memory = bytes > 0 ? bytes / (d.memory_bw * d.memory_efficiency.at(bytes)) : 0;
   return std::max(compute, memory) + d.kernel_overhead_s;
 }
@@ -299,7 +317,7 @@ double kernel_time_s(const DeviceSpec& d, const Op& op) {
     }
   if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
     return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
-  if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes);
+  if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes, op.width);
   return memory_class_time_s(d, op, false);
 }
 

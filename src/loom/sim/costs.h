@@ -42,6 +42,7 @@ struct Op {
   double head_dim = 0;                     // kAttention: h / a
   MemClass mem_class = MemClass::kGeneric;  // kMemory: Note [Memory-bound kernel classes]
   bool backward = true;  // kMemory: has a backward kernel of its own (loom's residual adds do not)
+  double width = 0;       // kGemm of a linear layer: min(in, out features) (Note [GEMM width]); 0: other GEMMs
 };
 
 // The shape one rank works on: micro-batch b, sequence s (whole), hidden h, heads a, kv
@@ -101,7 +102,8 @@ GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride);
 double kernel_time_s(const DeviceSpec& d, const Op& op);
 // A memory-bound op's forward or backward (Note [Memory-bound kernel classes]).
 double memory_class_time_s(const DeviceSpec& d, const Op& op, bool backward);
-double gemm_time_s(const DeviceSpec& d, double flops, double bytes);
+// `width`: a linear layer's narrower feature count (Op::width; 0: priced by FLOPs alone).
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width = 0);
 double memory_time_s(const DeviceSpec& d, double bytes);
 // Seconds for one collective whose full buffer is `bytes` per rank (all_reduce: the
 // reduced buffer; all_gather/reduce_scatter: the gathered whole; p2p: the message).

@@ -43,7 +43,7 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
     } else if (o.kind == Op::Kind::kGemm) {
       const Curve& f = c.device.gemm_backward_factor;
-      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes) * (f.points.empty() ? 1.0 : f.at(o.flops));
+      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width) * (f.points.empty() ? 1.0 : f.at(o.flops));
       p.compute += t;
       p.gemm += t;
       if (wgt) wgt->compute += t / 2;

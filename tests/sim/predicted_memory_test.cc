@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "loom/comm/world.h"
 #include "loom/sim/simulator.h"
@@ -112,14 +113,19 @@ TEST(Calibrate, WritesASpecTheSimulatorLoadsAndUses) {
   for (const auto& [bytes, e] : c.device.optimizer_efficiency.points) EXPECT_TRUE(e > 0 && e <= 1) << bytes;
   ASSERT_FALSE(c.busbw.empty());
   for (const auto& t : c.busbw) EXPECT_EQ(t.ranks, 2);
-  // Efficiency curves are fractions of the best measured rate: the best point is 1.
+  // Efficiency curves are fractions of the best measured rate (GEMMs by FLOPs, attention, and
+  // the linear-layer table by width: Note [GEMM width]): the best point is 1.
+  std::vector<const sim::Curve*> curves = {&c.device.gemm_efficiency, &c.device.attention_efficiency};
+  ASSERT_EQ(c.device.gemm_width_efficiency.by_width.size(), 5u);  // widths 64 .. 1024
+  for (const auto& [width, curve] : c.device.gemm_width_efficiency.by_width) curves.push_back(&curve);
   double best = 0;
-  for (const auto* curve : {&c.device.gemm_efficiency, &c.device.attention_efficiency})
+  for (const sim::Curve* curve : curves)
     for (const auto& [x, e] : curve->points) {
       EXPECT_LE(e, 1.0);
       best = std::max(best, e);
     }
   EXPECT_DOUBLE_EQ(best, 1.0);
+  EXPECT_FALSE(c.device.gemm_width_efficiency_1t.empty());
   const std::string path = testing::TempDir() + "/local_" + std::to_string(::getpid()) + ".toml";
   {
     std::ofstream f(path);

@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
       std::printf("%-4s %-52s %-17s %10.2f %10.2f %+7.1f%% %6.3f %6.3f %6.3f %7.1f\n", c.id.c_str(), c.label.c_str(),
                   c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.result.mfu, c.result.hfu,
                   c.result.bubble_fraction, c.result.peak_memory_bytes / double(1 << 30));
+      if (!c.assumed.empty()) std::printf("     %s\n", c.assumed.c_str());
     }
     std::sort(errs.begin(), errs.end());
     std::printf("rows %zu (%d skipped)  median |error| %.1f%%  max |error| %.1f%%\n\n", errs.size(), skipped,

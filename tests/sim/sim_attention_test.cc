@@ -141,5 +141,40 @@ TEST(Published, TflopsCountTheRecomputeOnlyWhereTheRowSaysSo) {
   EXPECT_NEAR(yes.predicted / no.predicted, (layers * 4 / 3 + head) / (layers + head), 1e-9);
 }
 
+// Note [Unstated recompute]: a sharded row that leaves its recompute unstated takes the least
+// that fits the device (a 70B-shaped GPT, 2 x 8,192 tokens a GPU, sharded over 64 H100s: none
+// needs hundreds of GiB, full fits) and says so; over 8 GPUs nothing fits (the states alone
+// need 140 GB a GPU) and none stays, said; a stated recompute, a row that fits without, and a
+// row that shards nothing are left as they are.
+TEST(Published, UnstatedRecomputeOfAShardedRowIsTheLeastThatFits) {
+  PublishedRun big = row_of("MaxText (JAX/XLA)", "");
+  for (auto [k, v] : {std::pair{"num_layers", "80"}, {"hidden_size", "8192"}, {"num_attention_heads", "64"},
+                      {"ffn_hidden", "28672"}, {"seq_length", "8192"}, {"zero_or_sharding", "FSDP (ZeRO-3-like)"}})
+    big.fields[k] = v;
+  PublishedRun eight = big;
+  const PublishedCase none_fits = published_case(eight);
+  EXPECT_EQ(none_fits.plan.cfg.parallel.recompute, std::vector<Recompute>{Recompute::kNone});
+  EXPECT_NE(none_fits.assumed.find("recompute unstated: none, though nothing fits (none needs "), std::string::npos)
+      << none_fits.assumed;
+  for (auto [k, v] : {std::pair{"num_gpus", "64"}, {"data_parallel", "64"}, {"global_batch_size", "128"}}) big.fields[k] = v;
+  const PublishedCase c = published_case(big);
+  EXPECT_EQ(c.plan.cfg.parallel.recompute, std::vector<Recompute>{Recompute::kFull});
+  EXPECT_NE(c.assumed.find("recompute unstated: full (none needs "), std::string::npos) << c.assumed;
+  EXPECT_LE(simulate(c.plan, c.cluster).peak_memory_bytes, c.cluster.device.memory_bytes);
+  EXPECT_EQ(check_published(big).assumed, c.assumed);
+
+  PublishedRun stated = big;
+  stated.fields["recompute"] = "selective";
+  EXPECT_EQ(published_case(stated).plan.cfg.parallel.recompute, std::vector<Recompute>{Recompute::kSelective});
+  EXPECT_TRUE(published_case(stated).assumed.empty());
+  PublishedRun unsharded = big;
+  unsharded.fields["zero_or_sharding"] = "";
+  EXPECT_EQ(published_case(unsharded).plan.cfg.parallel.recompute, std::vector<Recompute>{Recompute::kNone});
+  PublishedRun small = row_of("MaxText (JAX/XLA)", "");
+  small.fields["zero_or_sharding"] = "FSDP (ZeRO-3-like)";
+  EXPECT_EQ(published_case(small).plan.cfg.parallel.recompute, std::vector<Recompute>{Recompute::kNone});
+  EXPECT_TRUE(published_case(small).assumed.empty());
+}
+
 }  // namespace
 }  // namespace loom::sim

@@ -29,6 +29,7 @@ struct PublishedCase {
   ClusterSpec cluster;
   std::string metric;       // "tflops_per_gpu" (Megatron's count) or "iteration_time_s"
   double published = 0;
+  std::string assumed;      // what the row left unstated and was inferred (Note [Unstated recompute])
 };
 PublishedCase published_case(const PublishedRun& row);
 
@@ -41,6 +42,7 @@ struct PublishedCheck {
   double step_time_error() const { return metric == "tflops_per_gpu" ? published / predicted - 1 : error(); }
   SimResult result;
   SimPlan plan;  // the row as simulated
+  std::string assumed;  // PublishedCase::assumed
 };
 PublishedCheck check_published(const PublishedRun& row);
 

@@ -1,8 +1,6 @@
 #include "loom/sim/calibrate.h"
 
-#include <fcntl.h>
 #include <omp.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,9 +27,10 @@ extern "C" void openblas_set_num_threads(int);
 namespace loom {
 
 // Note [Calibration]
-// The simulator prices a GEMM at peak x gemm_efficiency(FLOPs), a memory-bound kernel at
-// bandwidth x memory_efficiency(bytes) and a collective by busbw. Here "peak" is the best
-// rate loom's own matmul reaches on this machine and "bandwidth" the best rate of loom's
+// The simulator prices a GEMM at peak x gemm_efficiency(FLOPs) (a linear layer's by its width
+// too: Note [GEMM width]), a memory-bound kernel at bandwidth x memory_efficiency(bytes) and a
+// collective by busbw. Here "peak" is the best rate loom's own matmul reaches on this machine
+// (any shape timed) and "bandwidth" the best rate of loom's
 // own elementwise kernels (layernorm, GELU, residual), so the curves are fractions of
 // what loom's kernels do at their best, measured at the sizes a model uses; the fused
 // attention kernel gets its own curve (x = its FLOPs), the optimizer pass (gradient norm +
@@ -127,7 +126,6 @@ std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budge
   }
   return out;
 }
-
 
 // Bytes moved (read + written) per second of loom's memory-bound kernels.
 std::vector<std::pair<double, double>> memory_rates(const Kernels& k, double budget) {

@@ -178,7 +178,7 @@ static void report(const std::vector<double>& time_errs, const std::vector<doubl
   // Beside each cluster file, for `loom plan`'s error bands on it.
   for (int pass = 0; pass < (with_bf16 ? 2 : 1); pass++) {
     const std::string path = loom::sim::validation_path_for(pass == 0 ? fp32_cluster : bf16_cluster);
-    loom::sim::write_engine_points(path, points[pass]);
+    loom::sim::write_engine_points(path, points[pass], loom::sim::calibration_stamp(pass == 0 ? fp32_cluster : bf16_cluster));
     std::printf("wrote %zu step-time errors to %s (loom plan's error bands)\n", points[pass].size(), path.c_str());
   }
 }

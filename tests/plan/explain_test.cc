@@ -82,17 +82,43 @@ TEST(ErrorBands, EnginePointsRoundTripBesideTheClusterFile) {
   EXPECT_TRUE(plan::validation_points(sim::Framework::kLoom, "").empty());  // a preset: nothing measured
   const std::vector<sim::ValidationPoint> pts = {{LayoutKind::kSharded, "local", -0.25},
                                                  {LayoutKind::kDataParallel, "local", 0.125}};
-  sim::write_engine_points(path, pts);
+  sim::write_engine_points(path, pts, "0123abcd");
+  std::string stamp;
+  EXPECT_EQ(sim::engine_points(path, &stamp).size(), 2u);
+  EXPECT_EQ(stamp, "0123abcd");
   const auto back = plan::validation_points(sim::Framework::kLoom, cluster);
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].kind, LayoutKind::kSharded);
   EXPECT_EQ(back[1].device, "local");
   EXPECT_DOUBLE_EQ(back[1].error, 0.125);
-  std::ofstream(path) << "kind,device,error\nsharded data-parallel,local,oops\n";
+  std::ofstream(path) << "# calibration 1\nkind,device,error\nsharded data-parallel,local,oops\n";
   const std::string msg = testing_support::error_message([&] { sim::engine_points(path); });
-  EXPECT_NE(msg.find("line 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("line 3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("sim_vs_engine"), std::string::npos) << msg;
   std::remove(path.c_str());
+}
+
+// Note [Stale error bands]: the errors are the calibration's they were scored against; a
+// recalibrated cluster file (another text), or a file from before the stamp, makes them stale.
+TEST(ErrorBands, BandsScoredAgainstAnotherCalibrationAreStale) {
+  const std::string cluster = ::testing::TempDir() + "/cluster-stale.toml";
+  const std::string path = sim::validation_path_for(cluster);
+  std::remove(path.c_str());
+  std::ofstream(cluster) << "name = 'local'\n# calibration one\n";
+  EXPECT_FALSE(sim::engine_points_stale(cluster));  // nothing measured: nothing stale
+  const std::string one = sim::calibration_stamp(cluster);
+  EXPECT_FALSE(one.empty());
+  sim::write_engine_points(path, {{LayoutKind::kDataParallel, "local", 0.1}}, one);
+  EXPECT_FALSE(sim::engine_points_stale(cluster));
+  std::ofstream(cluster) << "name = 'local'\n# calibration two\n";
+  EXPECT_NE(sim::calibration_stamp(cluster), one);
+  EXPECT_TRUE(sim::engine_points_stale(cluster));
+  std::ofstream(path) << "kind,device,error\ndata-parallel,local,0.1\n";  // before stamps
+  EXPECT_EQ(plan::validation_points(sim::Framework::kLoom, cluster).size(), 1u);
+  EXPECT_TRUE(sim::engine_points_stale(cluster));
+  std::remove(path.c_str());
+  std::remove(cluster.c_str());
+  EXPECT_EQ(sim::calibration_stamp(cluster), "");
 }
 
 plan::PlanCandidate candidate(double compute, double bubble, double step) {

@@ -157,12 +157,17 @@ int run_plan(const PlanArgs& a) {
   set_compressors(a.compress, req);
   set_ps(a.ps, req);
   const plan::PlanReport rep = plan::search_plans(req);
-  const std::vector<sim::ValidationPoint> points = plan::validation_points(
-      req.like.framework, sim::cluster_file_path(a.sim.cluster, a.sim.local_path.empty() ? default_local_cluster_path()
-                                                                                            : a.sim.local_path));
+  const std::string cluster_file =
+      sim::cluster_file_path(a.sim.cluster, a.sim.local_path.empty() ? default_local_cluster_path() : a.sim.local_path);
+  const std::vector<sim::ValidationPoint> points = plan::validation_points(req.like.framework, cluster_file);
+  // Note [Stale error bands]
+  const bool stale = req.like.framework == sim::Framework::kLoom && sim::engine_points_stale(cluster_file);
   auto band = [&](const plan::PlanCandidate& c) {
-    return sim::error_band(points, sim::layout_kind(c.plan), sim::device_family(req.cluster.device.name),
-                           plan::validation_what(req.like.framework));
+    sim::ErrorBand b = sim::error_band(points, sim::layout_kind(c.plan), sim::device_family(req.cluster.device.name),
+                                       plan::validation_what(req.like.framework));
+    if (stale && b.rows > 0)
+      b.basis += ", scored against an earlier calibration of this machine (rerun bench/sim_vs_engine on " + cluster_file + ")";
+    return b;
   };
   if (rep.ranked.empty()) {
     std::string why;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -88,13 +89,43 @@ std::string validation_path_for(const std::string& cluster_path) {
   return (toml ? cluster_path.substr(0, cluster_path.size() - 5) : cluster_path) + ".validation.csv";
 }
 
-std::vector<ValidationPoint> engine_points(const std::string& csv_path) {
+// Note [Stale error bands]
+// The engine's errors are a statement about one calibration: on a VM whose speed drifts, a
+// recalibration moves every prediction by several percent (docs/benchmarks.md), so errors
+// scored against an earlier calibration say little about the current one. bench/sim_vs_engine
+// writes the cluster file's stamp (an FNV-1a hash of its text) as the CSV's first line, and
+// `loom plan` says so beside each band when the stamp is not the current file's (or the CSV
+// has none), naming the command that measures them again.
+std::string calibration_stamp(const std::string& cluster_path) {
+  std::ifstream f(cluster_path, std::ios::binary);
+  if (!f) return "";
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (char c; f.get(c);) h = (h ^ uint64_t(static_cast<unsigned char>(c))) * 1099511628211ull;
+  std::ostringstream os;
+  os << std::hex << h;
+  return os.str();
+}
+
+bool engine_points_stale(const std::string& cluster_path) {
+  std::string stamp;
+  if (engine_points(validation_path_for(cluster_path), &stamp).empty()) return false;
+  return stamp.empty() || stamp != calibration_stamp(cluster_path);
+}
+
+std::vector<ValidationPoint> engine_points(const std::string& csv_path, std::string* stamp) {
   std::ifstream f(csv_path);
+  if (stamp) stamp->clear();
   if (!f) return {};
   std::vector<ValidationPoint> out;
   std::string line;
-  std::getline(f, line);  // header: kind,device,error
-  for (int n = 2; std::getline(f, line); ++n) {
+  int n = 1;
+  std::getline(f, line);
+  if (line.rfind("# calibration ", 0) == 0) {
+    if (stamp) *stamp = line.substr(14);
+    std::getline(f, line), ++n;
+  }
+  // line: the header, kind,device,error
+  for (++n; std::getline(f, line); ++n) {
     if (line.empty()) continue;
     std::stringstream ss(line);
     std::string kind, device, error;
@@ -108,9 +139,10 @@ std::vector<ValidationPoint> engine_points(const std::string& csv_path) {
   return out;
 }
 
-void write_engine_points(const std::string& csv_path, const std::vector<ValidationPoint>& points) {
+void write_engine_points(const std::string& csv_path, const std::vector<ValidationPoint>& points,
+                         const std::string& stamp) {
   std::ofstream f(csv_path);
-  f << "kind,device,error\n";
+  f << "# calibration " << stamp << "\nkind,device,error\n";
   for (const ValidationPoint& p : points) f << layout_kind_name(p.kind) << "," << p.device << "," << p.error << "\n";
   if (!f) throw Error("cannot write " + csv_path);
 }

@@ -31,10 +31,17 @@ const std::vector<ValidationPoint>& published_points();
 
 // loom's engine on a calibrated machine: what bench/sim_vs_engine wrote beside the cluster
 // file (validation_path_for). Empty when it has not run there. Throws loom::Error on a
-// malformed file.
-std::vector<ValidationPoint> engine_points(const std::string& csv_path);
+// malformed file. `stamp` (optional): the calibration the errors were scored against
+// ("" for a file that does not say).
+std::vector<ValidationPoint> engine_points(const std::string& csv_path, std::string* stamp = nullptr);
 std::string validation_path_for(const std::string& cluster_path);  // x.toml -> x.validation.csv
-void write_engine_points(const std::string& csv_path, const std::vector<ValidationPoint>& points);
+// `stamp`: calibration_stamp of the cluster file the predictions came from.
+void write_engine_points(const std::string& csv_path, const std::vector<ValidationPoint>& points,
+                         const std::string& stamp);
+// Note [Stale error bands]: which calibration a cluster file holds (a hash of its text; ""
+// when it cannot be read), and whether the errors beside it were scored against another one.
+std::string calibration_stamp(const std::string& cluster_path);
+bool engine_points_stale(const std::string& cluster_path);
 
 struct ErrorBand {
   int64_t rows = 0;       // 0: no validation of this kind

@@ -159,6 +159,18 @@ float* cold_pool(size_t floats) {
   return pool.data();
 }
 
+// Copies of `per` floats in the per-thread pool (cold_pool), together at least twice the
+// last-level cache: an operand rotated through them is cold at each use, as a step leaves it.
+struct ColdCopies {
+  float* pool;
+  size_t per, count;
+  float* at(size_t i) const { return pool + i * per; }
+};
+ColdCopies cold_copies(size_t per) {
+  const size_t span = size_t(std::ceil(2 * llc_bytes() / 4)) + per;
+  return {cold_pool(span), per, span / per};
+}
+
 // Note [GEMM width] (sim/costs.cc): a linear layer's forward GEMMs, (n, w, 4w) and (n, 4w, w)
 // with the cold operands above, over this grid of (width w, tokens n); each point's rate is
 // both shapes' FLOPs over their summed time, its x the FLOPs of one of them.
@@ -172,15 +184,12 @@ std::vector<std::pair<double, double>> gemm_width_rates(const Kernels& k, double
   for (const auto& [w, n] : kWidthGrid) {
     double seconds = 0;
     for (const auto& [IC, OC] : {std::pair{w, 4 * w}, std::pair{4 * w, w}}) {
-      // Weights and outputs rotate through twice the last-level cache of the per-thread pool.
-      const size_t per = size_t(OC * IC + n * OC), span = size_t(std::ceil(2 * llc_bytes() / 4)) + per;
-      float* pool = cold_pool(span);
-      const size_t copies = span / per;
+      const ColdCopies cold = cold_copies(size_t(OC * IC + n * OC));  // weights, then outputs
       const auto x = random_floats(size_t(n * IC));
       size_t i = 0;
       seconds += time_it([&] {
-        i = (i + 1) % copies;
-        k.matmul_forward(pool + i * per + OC * IC, x.data(), pool + i * per, nullptr, n, IC, OC);
+        i = (i + 1) % cold.count;
+        k.matmul_forward(cold.at(i) + OC * IC, x.data(), cold.at(i), nullptr, n, IC, OC);
       }, budget);
     }
     const double flops = 8.0 * double(n) * double(w) * double(w);  // one shape's 2 n w 4w
@@ -212,14 +221,12 @@ std::vector<std::pair<double, double>> attention_rates(const Kernels& k, double 
   std::vector<std::pair<double, double>> out;
   for (auto [B, T, H, hd] : {std::tuple{1, 32, 4, 16}, {4, 64, 4, 32}, {8, 128, 8, 32}, {8, 256, 8, 64}, {4, 512, 12, 64}}) {
     const size_t no = size_t(B) * T * H * hd, np = size_t(B) * H * T * T;
-    const size_t per = no + np, span = size_t(std::ceil(2 * llc_bytes() / 4)) + per;
-    float* pool = cold_pool(span);
-    const size_t copies = span / per;
+    const ColdCopies cold = cold_copies(no + np);  // out, then P
     const auto qkv = random_floats(size_t(B) * T * 3 * H * hd);
     size_t i = 0;
     const double s = time_it([&] {
-      i = (i + 1) % copies;
-      float* o = pool + i * per;
+      i = (i + 1) % cold.count;
+      float* o = cold.at(i);
       if (k.attention_forward_bf16)
         k.attention_forward_bf16(o, o + no, reinterpret_cast<bf16*>(o + no), qkv.data(), B, T, H, H, hd, nullptr);
       else k.attention_forward(o, o + no, qkv.data(), B, T, H, H, hd, nullptr);

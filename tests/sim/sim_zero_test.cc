@@ -66,8 +66,9 @@ TEST(ZeroCost, DeepSpeed2021PaysEveryTensorsCollectivesInFull) {
     const SimResult ds = simulate(plan_of(sets, Framework::kDeepSpeed2021), c);
     const double passes = std::string(rc) == "full" ? 3 : 2;
     EXPECT_NEAR(ds.breakdown.zero_comm, 12 * (passes * G + R), 1e-9) << rc;
-    // The coalesced implementation moves the same bytes in 3 collectives a layer, under compute.
-    EXPECT_LT(simulate(plan_of(sets, Framework::kFsdp), c).breakdown.zero_comm, 0.1 * ds.breakdown.zero_comm) << rc;
+    // The coalesced implementation moves the same bytes in 3 collectives a layer, under
+    // compute: what it costs is the compute they slow (Note [Overlap contention]).
+    EXPECT_LT(simulate(plan_of(sets, Framework::kFsdp), c).breakdown.zero_comm, 0.2 * ds.breakdown.zero_comm) << rc;
   }
 }
 
@@ -75,18 +76,26 @@ TEST(ZeroCost, DeepSpeed2021PaysEveryTensorsCollectivesInFull) {
 // batch 1536, micro-batch 1536 / n on n GPUs. Each doubling halves the compute per GPU while
 // DeepSpeed 2021's per-tensor collectives stay (bandwidth) or grow (latency, copies), so
 // its TFLOP/s per GPU fall by more than a quarter each time; the coalesced one stays
-// compute-bound (within 1%).
+// compute-bound (within 1% with collectives that cost compute nothing). At the preset's overlap
+// cost its loss is overlap_cost x its hidden gathers over the compute, which halves with each
+// doubling under the same gathers: the loss about doubles (seen 3.5% at 768 GPUs, 7.4% at 1536).
 TEST(ZeroCost, DeepSpeed2021ThroughputFallsAsGpusGrowAtAFixedBatch) {
-  double prev_ds = 0, first_fsdp = 0;
+  double prev_ds = 0, first_fsdp = 0, prev_loss = 0;
   for (int64_t n : {384, 768, 1536}) {
     const std::vector<std::string> sets = {
         "model.preset=gpt3-175b", "parallel.dp=" + std::to_string(n), "parallel.zero=3", "train.batch=1536",
         "parallel.micro_batch=" + std::to_string(1536 / n), "train.grad_accum=1", "parallel.recompute=full"};
     const ClusterSpec c = load_cluster("dgx-a100", {}, n, "");
+    const ClusterSpec free_overlap = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, n, "");
     const double ds = simulate(plan_of(sets, Framework::kDeepSpeed2021), c).tflops_per_gpu;
-    const double fsdp = simulate(plan_of(sets, Framework::kFsdp), c).tflops_per_gpu;
+    const double fsdp = simulate(plan_of(sets, Framework::kFsdp), free_overlap).tflops_per_gpu;
+    const double contended = simulate(plan_of(sets, Framework::kFsdp), c).tflops_per_gpu;
     if (prev_ds > 0) EXPECT_LT(ds, 0.75 * prev_ds) << n;
     if (first_fsdp > 0) EXPECT_NEAR(fsdp, first_fsdp, 0.01 * first_fsdp) << n;
+    const double loss = 1 - contended / fsdp;
+    EXPECT_GT(loss, 0.0) << n;
+    if (prev_loss > 0) EXPECT_NEAR(loss / prev_loss, 2.0, 0.4) << n;
+    prev_loss = loss;
     if (first_fsdp == 0) first_fsdp = fsdp;
     prev_ds = ds;
   }
@@ -95,7 +104,8 @@ TEST(ZeroCost, DeepSpeed2021ThroughputFallsAsGpusGrowAtAFixedBatch) {
 // An overlapped data-parallel reduction (Note [Simulated step]): GPT-2 at dp 16 over two
 // DGX A100 nodes, 32 sequences of 1024 a rank, so backward (seconds) outlasts the fp16
 // all-reduce of its 124M gradients (~2.6 ms at 180 GB/s): only the last bucket is exposed,
-// t / ceil(bytes / bucket); without overlap the whole t is.
+// t / ceil(bytes / bucket), and the rest costs the compute it slows, overlap_cost x (t - t /
+// buckets) (Note [Overlap contention]); without overlap the whole t is.
 TEST(ZeroCost, OverlappedReduceExposesOnlyTheLastBucket) {
   const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
   SimPlan p = plan_of({"model.preset=gpt2", "parallel.dp=16", "train.batch=512", "train.grad_accum=1"},
@@ -105,7 +115,10 @@ TEST(ZeroCost, OverlappedReduceExposesOnlyTheLastBucket) {
   const double t = collective_time_s(c, OpKind::kAllReduce, bytes, place_group(c, 16, 1));
   const double buckets = std::ceil(bytes / (p.cfg.parallel.bucket_mb * double(1 << 20)));
   ASSERT_GT(buckets, 1.0);
-  EXPECT_NEAR(on.dp_exposed_s, t / buckets, 1e-12);
+  ASSERT_NEAR(c.device.overlap_cost, 0.159, 1e-12);
+  EXPECT_NEAR(on.dp_exposed_s, t / buckets + 0.159 * (t - t / buckets), 1e-12);
+  const ClusterSpec free_overlap = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, 16, "");
+  EXPECT_NEAR(simulate(p, free_overlap).ranks[0].dp_exposed_s, t / buckets, 1e-12);
   p.dp_overlap = false;
   EXPECT_NEAR(simulate(p, c).ranks[0].dp_exposed_s, t, 1e-12);
 }

@@ -39,8 +39,10 @@ namespace loom {
 // collective layer over the thread backend (ranks in one process, like `loom verify`).
 // The kernels are timed twice: on all threads (one rank per machine) and one thread per core
 // with every core running its own copy (ranks that fill the cores, each with one thread; small
-// kernels scale worse over threads than over processes). Every number in the written file is a
-// measurement, with the date it was taken.
+// kernels scale worse over threads than over processes). The overlap cost is the compute a rank
+// (one per core, one thread each) loses per second of all-gathers its group's worker runs
+// beside it (Note [Overlap contention], calibrate_overlap.cc). Every number in the written file
+// is a measurement, with the date it was taken.
 
 namespace {
 
@@ -516,6 +518,8 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   one_thread_curves(k, o, threads, c.device);
   if (threads > 1) say("one thread: best gemm " + std::to_string(c.device.gemm_efficiency_1t.points.back().second) +
                        " of peak / " + std::to_string(threads));
+  c.device.overlap_cost = measure_overlap_cost(k, std::max(3, o.passes), threads);
+  say("overlap cost: " + std::to_string(c.device.overlap_cost) + " s of compute lost per s of collective beside it");
   c.device.page_fault_bw = page_fault_rate(o.seconds_per_point);
   say("re-faulting released pages: " + std::to_string(c.device.page_fault_bw / 1e9) + " GB/s");
   c.device.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));

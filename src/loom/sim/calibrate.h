@@ -10,6 +10,8 @@
 
 namespace loom {
 
+struct Kernels;
+
 struct CalibrateOptions {
   int threads = 0;            // OpenMP/BLAS threads for the kernel timings; 0: all cores
   std::vector<int> ranks = {2, 4};
@@ -30,5 +32,9 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o);
 // The [offload] tier an offload file under `dir` would see: the disk's O_DIRECT read and
 // write rates and the file system's free bytes; zeros where `dir` takes no such file.
 sim::OffloadTier measure_offload_tier(const std::string& dir);
+// Note [Overlap contention]: compute seconds a rank loses per second of collective its group's
+// worker runs beside it, ranks filling the cores (0 on one core); OpenBLAS is left at
+// `threads_after` threads.
+double measure_overlap_cost(const Kernels& k, int passes, int threads_after);
 
 }  // namespace loom

@@ -260,7 +260,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "optimizer_efficiency_1t", "special_function_tops", "norm_efficiency", "norm_efficiency_1t",
                  "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
                  "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
-                 "gemm_width_efficiency_1t"});
+                 "gemm_width_efficiency_1t", "overlap_cost"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -287,6 +287,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
   c.device.special_function_rate = d.number("special_function_tops", 0, false) * 1e12;
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
+  if ((c.device.overlap_cost = d.number("overlap_cost", 0, false)) > 4)  // >= 0: number() refuses the rest
+    bad(origin, "device.overlap_cost", detail::cat("= ", c.device.overlap_cost, ": expected 0 to 4 (Note [Overlap contention])"));
   c.device.shared = d.boolean("shared", false);
   c.device.threads = d.integer("threads", 0);
   if (root.sub("device") && root.sub("device")->get("gemm_efficiency_1t")) {  // all three or none
@@ -421,6 +423,7 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   if (!c.device.gemm_backward_factor.points.empty())
     os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
   if (c.device.page_fault_bw > 0) os << "\npage_fault_gbps = " << c.device.page_fault_bw / 1e9;
+  if (c.device.overlap_cost > 0) os << "\noverlap_cost = " << c.device.overlap_cost;
   if (c.device.threads > 0) os << "\nthreads = " << c.device.threads;
   if (!c.device.gemm_efficiency_1t.points.empty())
     os << "\ngemm_efficiency_1t = " << curve(c.device.gemm_efficiency_1t)

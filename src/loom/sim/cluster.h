@@ -60,6 +60,9 @@ struct DeviceSpec {
   // bf16, three operand conversions); empty: 1, the two GEMMs of the same size.
   Curve gemm_backward_factor;
   double kernel_overhead_s = 0;   // added to every kernel
+  // Note [Overlap contention] (sim/costs.cc): compute seconds lost per second of a collective
+  // that runs beside compute (kappa). 0: an overlapped collective costs compute nothing.
+  double overlap_cost = 0;
   // Bytes/s of writing into pages the OS has taken back (read-modify-write, as a gradient
   // accumulates): loom's engine releases the pieces ZeRO-2/3 do not own after each use
   // (Note [Resident memory]), and the next write faults them in zeroed. 0: not modelled.

@@ -249,6 +249,28 @@ double memory_time_s(const DeviceSpec& d, double bytes) {
   return bytes / (d.memory_bw * d.memory_efficiency.at(bytes)) + d.kernel_overhead_s;
 }
 
+// Note [Overlap contention]
+// A collective overlapped with compute is not free: it runs on the same device. On a GPU its
+// kernels hold SMs and HBM bandwidth the GEMMs beside them would use; Lee et al. 2025
+// ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+// Learning", arXiv 2507.03114, abstract) measured compute slowed by 18.9% on average (40% at
+// most) while communication ran beside it, over GPT and Llama training on A100, H100, MI250
+// and MI210. On loom's CPU engine the collectives' copies and reductions run on the cores the
+// ranks compute on (a worker thread per group), so with a rank per core every second of
+// collective work is taken from compute, and more (the switches between the two threads);
+// `loom calibrate` measures it (Note [Calibration]). The device's overlap_cost kappa is the
+// compute time lost per second of collective, and a collective of X seconds beside a window
+// of W seconds of compute adds
+//   max(X - W, kappa x min(X, W))
+// to the window: the part of the collective the window cannot cover, or the compute it slows.
+// A GPU slowed by sigma while the collective runs has kappa = sigma / (1 + sigma) (compute
+// progresses at 1 / (1 + sigma) for X seconds): 0.159 for the 18.9% average. With kappa = 0
+// this is the former max(0, X - W) - perfect hiding.
+double overlapped_s(const DeviceSpec& d, double comm_s, double window_s) {
+  if (comm_s <= 0) return 0;
+  return std::max(comm_s - window_s, d.overlap_cost * std::min(comm_s, std::max(0.0, window_s)));
+}
+
 // Note [Fused attention kernels]
 // A flash kernel's speed is set by how well its tiles keep the tensor cores fed, which grows
 // with the sequence its rows sweep (short sequences are dominated by the causal diagonal's

@@ -105,6 +105,9 @@ double memory_class_time_s(const DeviceSpec& d, const Op& op, bool backward);
 // `width`: a linear layer's narrower feature count (Op::width; 0: priced by FLOPs alone).
 double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width = 0);
 double memory_time_s(const DeviceSpec& d, double bytes);
+// What a collective of comm_s seconds run beside window_s seconds of compute adds to the
+// window (Note [Overlap contention]): max(comm - window, overlap_cost x min(comm, window)).
+double overlapped_s(const DeviceSpec& d, double comm_s, double window_s);
 // Seconds for one collective whose full buffer is `bytes` per rank (all_reduce: the
 // reduced buffer; all_gather/reduce_scatter: the gathered whole; p2p: the message).
 // A calibrated bus-bandwidth table for the op and group size wins over the formula.

@@ -197,7 +197,8 @@ double dp_buckets(const Setup& s, double params) {
 }
 
 // The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
-// window: the exact ring overlapped with backward but for its last bucket, a ring codec
+// window: the exact ring overlapped with backward but for its last bucket (the overlapped part
+// priced by Note [Overlap contention]), a ring codec
 // likewise, or a stateful compressor or Adasum after backward (compressed_sync).
 double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -213,7 +214,9 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   const bool bf16 = s.plan.cfg.comm.grad_dtype == "bf16" || compress == CompressKind::kBf16;
   const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
   const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
-  return s.plan.dp_overlap ? std::max(t / dp_buckets(s, params), t - last_bwd_window) : t;
+  if (!s.plan.dp_overlap) return t;
+  const double last = t / dp_buckets(s, params);  // the last bucket runs after backward
+  return last + overlapped_s(s.cluster.device, t - last, last_bwd_window);
 }
 
 // Note [Parameter-gather overlap]
@@ -222,12 +225,14 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
 // then and waited for only by the next step's forward of that bucket's layers: the forward
 // starts once the first bucket is in, and the rest gathers under micro-batch 0's forward, as
 // the gradient reduction hides under the last backward (dp_exposed_s). Exposed:
-// max(t / buckets, t - window), window = this pipeline rank's forward passes of micro-batch 0
+// t / buckets + overlapped(t - t / buckets, window) (Note [Overlap contention]; with
+// overlap_cost 0, max(t / buckets, t - window)), window = this pipeline rank's forward passes of micro-batch 0
 // (the next step's, the same in the steady state). Without the flag the gather is exposed whole.
 double param_gather_s(const Setup& s, double params, double first_fwd_window) {
   const double t = collective_time_s(s.cluster, OpKind::kAllGather, params * s.wbytes, s.pl.dp);
   if (!s.plan.param_gather_overlap) return t;
-  return std::max(t / dp_buckets(s, params), t - first_fwd_window);
+  const double first = t / dp_buckets(s, params);  // the forward waits for the first bucket
+  return first + overlapped_s(s.cluster.device, t - first, first_fwd_window);
 }
 
 // Note [Simulated parameter server]

@@ -10,12 +10,14 @@ namespace {
 // Note [Tensor-parallel overlap]
 // Megatron-core's --tp-comm-overlap splits each tensor-parallel all-gather / reduce-scatter
 // (or all-reduce) into chunks pipelined with the GEMM next to it (userbuffers), so a
-// unit's tp communication costs only what its GEMMs cannot cover:
-//   tp' = max(0, tp - gemm)  per unit and pass (forward, backward, recompute),
-// e.g. a block with 3 ms of GEMMs and 1 ms of tp collectives costs 3 ms instead of 4. The
+// unit's tp communication costs only what its GEMMs cannot cover and the GEMM time it takes
+// (Note [Overlap contention]):
+//   tp' = overlapped(tp, gemm)  per unit and pass (forward, backward, recompute),
+// e.g. a block with 3 ms of GEMMs and 1 ms of tp collectives costs 3 ms instead of 4 (3.16 at
+// overlap_cost 0.16). The
 // chunking's own overhead is not priced. Off by default (loom's engine and Megatron-LM
 // before core run them in turn).
-void hide_tp(Pass& p) { p.tp -= std::min(p.tp, p.gemm); }
+void hide_tp(const DeviceSpec& d, Pass& p) { p.tp = overlapped_s(d, p.tp, p.gemm); }
 
 void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, bool core_only = false) {
   for (const Op& o : ops) {
@@ -74,7 +76,7 @@ UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>
   if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
   if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
   if (tp_overlap)
-    for (Pass* p : {&u.fwd, &u.bwd, &u.recompute}) hide_tp(*p);
+    for (Pass* p : {&u.fwd, &u.bwd, &u.recompute}) hide_tp(c.device, *p);
   return u;
 }
 

@@ -14,9 +14,9 @@ namespace loom::sim {
 // Coalesced and prefetched (loom's engine, PyTorch FSDP, FSDP-like stacks such as
 // MaxText): a layer's parameters are one flat buffer, moved by one all-gather per pass and
 // one reduce-scatter, issued ahead of the layer on their own stream (FSDP's backward
-// prefetch; in forward the host runs ahead of the device). A layer is charged only what its
-// compute C cannot hide:
-//   fwd = max(0, AG - C_fwd),   bwd = max(0, RS + AG - C_bwd).
+// prefetch; in forward the host runs ahead of the device). A layer is charged what its
+// compute C cannot hide and the compute the collectives slow (Note [Overlap contention]):
+//   fwd = overlapped(AG, C_fwd),   bwd = overlapped(RS + AG, C_bwd).
 //
 // DeepSpeed ZeRO-3 as released in 2021 (deepspeed/runtime/zero/stage3.py and
 // partition_parameters.py of that year, the implementation Narayanan et al. (SC'21) measured
@@ -67,8 +67,9 @@ ZeroLayerCost coalesced(const Setup& s, const UnitCost& b, bool keep) {
   const double rs = collective_time_s(s.cluster, OpKind::kReduceScatter, unit * s.scatter_bytes, s.pl.dp);
   const double ag = par.zero >= 3 ? collective_time_s(s.cluster, OpKind::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
   ZeroLayerCost z;
-  z.fwd = std::max(0.0, ag - b.fwd.compute) * (keep ? 1.0 / double(s.m) : 1.0);
-  z.bwd = std::max(0.0, rs + (keep ? 0.0 : backward_gather_s(s, unit, ag)) - b.bwd.compute);
+  const DeviceSpec& d = s.cluster.device;
+  z.fwd = overlapped_s(d, ag, b.fwd.compute) * (keep ? 1.0 / double(s.m) : 1.0);
+  z.bwd = overlapped_s(d, rs + (keep ? 0.0 : backward_gather_s(s, unit, ag)), b.bwd.compute + b.recompute.compute);
   return z;
 }
 

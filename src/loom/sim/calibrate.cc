@@ -518,7 +518,7 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   one_thread_curves(k, o, threads, c.device);
   if (threads > 1) say("one thread: best gemm " + std::to_string(c.device.gemm_efficiency_1t.points.back().second) +
                        " of peak / " + std::to_string(threads));
-  c.device.overlap_cost = measure_overlap_cost(k, std::max(3, o.passes), threads);
+  c.device.overlap_cost = measure_overlap_cost(k, std::max(5, o.passes), threads);
   say("overlap cost: " + std::to_string(c.device.overlap_cost) + " s of compute lost per s of collective beside it");
   c.device.page_fault_bw = page_fault_rate(o.seconds_per_point);
   say("re-faulting released pages: " + std::to_string(c.device.page_fault_bw / 1e9) + " GB/s");

@@ -26,10 +26,9 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// One rank's pass: (compute seconds lost while the collectives ran beside it) / (their
-// seconds run alone). The GEMM loop is sized to last at least three times the collectives
-// alone, so they finish inside it; both timings are taken between barriers, so every rank
-// computes (and communicates) at once, as ranks that fill the cores do in a step.
+// One rank's pass: its GEMM loop alone, its collectives alone, and the loop with the
+// collectives queued beside it. Every timing is taken between barriers, so every rank computes
+// (and communicates) at once, as ranks that fill the cores do in a step.
 struct PassTimes {
   double alone = 0, comm = 0, with = 0;
 };
@@ -43,7 +42,7 @@ struct Buffers {
                      y = std::vector<float>(size_t(N * OC)), piece = std::vector<float>(size_t(1) << 18, 1.0f), all;
 };
 
-PassTimes one_pass(comm::World& w, const Kernels& k, Buffers& b, int& gemms, int collectives) {
+PassTimes one_pass(comm::World& w, const Kernels& k, Buffers& b, int gemms, int collectives) {
   std::vector<float>&x = b.x, &wt = b.wt, &y = b.y, &piece = b.piece, &all = b.all;
   comm::Group& g = w.world_group();
   auto compute = [&] {
@@ -65,43 +64,41 @@ PassTimes one_pass(comm::World& w, const Kernels& k, Buffers& b, int& gemms, int
   t.with = compute();
   for (comm::Work& wk : works) wk.wait();
   g.barrier();
-  gemms = std::max(gemms, int(std::ceil(3.0 * t.comm / std::max(1e-9, t.alone / gemms))));
   return t;
 }
 
 }  // namespace
 
 // Ranks as threads (the collective layer's thread backend, as the busbw tables), one per
-// core, each computing on one thread: the median over `passes` of the ranks' mean of
-// (with - alone) / comm, clamped to the spec's 0..4. 0 with fewer than two cores (no rank
-// shares its core with another's collectives).
+// core, each computing on one thread. A warm-up pass sizes the GEMM loop to at least three
+// times the collectives alone, so they finish inside it. Each rank keeps each timing's fastest
+// over `passes` (noise from other work only adds time: Note [Calibration]); the cost is the
+// ranks' mean of (with - alone) / comm, clamped to the spec's 0..4. 0 with fewer than two
+// cores (no rank shares its core with another's collectives).
 double measure_overlap_cost(const Kernels& k, int passes, int threads_after) {
   const int ranks = int(std::min(8u, std::thread::hardware_concurrency()));
   if (ranks < 2) return 0;
   openblas_set_num_threads(1);  // global: each rank's GEMMs on its own thread
   std::mutex mu;
-  std::vector<std::vector<double>> ratios(static_cast<size_t>(passes));
+  std::vector<double> ratios;
   const auto errors = comm::run_threads(ranks, {}, [&](comm::World& w) {
     omp_set_num_threads(1);
     Buffers b(w.world_size());
-    int gemms = 8;
-    one_pass(w, k, b, gemms, 24);  // warm-up, and sizes the GEMM loop
+    const PassTimes warm = one_pass(w, k, b, 8, 24);
+    const int gemms = std::max(8, int(std::ceil(3.0 * warm.comm / std::max(1e-9, warm.alone / 8))));
+    PassTimes best{1e30, 1e30, 1e30};
     for (int p = 0; p < passes; p++) {
       const PassTimes t = one_pass(w, k, b, gemms, 24);
-      std::lock_guard<std::mutex> lock(mu);
-      ratios[size_t(p)].push_back((t.with - t.alone) / std::max(1e-9, t.comm));
+      best = {std::min(best.alone, t.alone), std::min(best.comm, t.comm), std::min(best.with, t.with)};
     }
+    std::lock_guard<std::mutex> lock(mu);
+    ratios.push_back((best.with - best.alone) / std::max(1e-9, best.comm));
   });
   openblas_set_num_threads(threads_after);
   for (const auto& e : errors) LOOM_CHECK(e.empty(), "calibrate: overlap measurement at ", ranks, " ranks failed: ", e);
-  std::vector<double> means;
-  for (const auto& r : ratios) {
-    double s = 0;
-    for (double v : r) s += v;
-    means.push_back(s / double(r.size()));
-  }
-  std::sort(means.begin(), means.end());
-  return std::clamp(means[means.size() / 2], 0.0, 4.0);
+  double sum = 0;
+  for (double r : ratios) sum += r;
+  return std::clamp(sum / double(ratios.size()), 0.0, 4.0);
 }
 
 }  // namespace loom

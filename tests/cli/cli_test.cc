@@ -173,6 +173,26 @@ TEST(Cli, SimulateOnACpuSplitsTheBatchAsTrainDoes) {
   EXPECT_EQ(split(args + " --framework megatron"), (std::pair<long long, long long>{1, 8}));
 }
 
+// Note [Stack efficiency]: --compute-efficiency runs the cluster's GEMMs and attention at that
+// fraction, says so in the cluster's name, and refuses what is not a fraction, naming it.
+TEST(Cli, SimulateAtAStacksComputeEfficiency) {
+  const std::string args = "simulate --json --cluster dgx-h100 --gpus 8 --model gpt2 --global-batch 64";
+  auto step = [](const Result& r) {
+    const size_t at = r.output.find("\"step_time_s\":");
+    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + 14));
+  };
+  const Result full = run(args), slow = run(args + " --compute-efficiency 0.5");
+  ASSERT_EQ(full.code, 0) << full.output;
+  ASSERT_EQ(slow.code, 0) << slow.output;
+  EXPECT_GT(step(slow), step(full));
+  EXPECT_NE(slow.output.find("dgx-h100 at 0.5 compute"), std::string::npos) << slow.output;
+  for (const char* bad : {"0", "1.5"}) {
+    const Result r = run(args + " --compute-efficiency " + bad);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(std::string("--compute-efficiency ") + bad), std::string::npos) << r.output;
+  }
+}
+
 }  // namespace
 
 // Issue 24: `loom simulate` given a model by shape says what it derived and what it took

@@ -90,6 +90,7 @@ struct SimArgs {
   bool blocking_p2p = false;  // pipeline sends hold the sender until delivered (Megatron-LM 2021-22)
   std::string tp_overlap;     // on | off (default): Note [Tensor-parallel overlap] in sim/simulator.cc
   std::string param_gather_overlap;  // on | off (default): Note [Parameter-gather overlap]
+  double compute_efficiency = 1;     // fraction of the cluster's GEMM/attention rate: Note [Stack efficiency]
 };
 struct SimInputs {
   sim::SimPlan plan;

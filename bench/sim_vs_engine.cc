@@ -1,5 +1,5 @@
 // Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine)
-// step time and rank-0 peak memory for 15 layouts of configs A and B (30 rows); with a bf16 spec
+// step time and rank-0 peak memory for 17 layouts of configs A and B (34 rows); with a bf16 spec
 // (`loom calibrate --precision bf16`), also train.precision = bf16 rows. The engine runs as
 // users run it, one process per rank (`loom train --nproc`, MPI); --threads runs the ranks
 // as threads of this process instead (the thread backend), where every madvise of ZeRO-2/3
@@ -117,12 +117,15 @@ static std::vector<std::vector<std::string>> fp32_layouts() {
       {"parallel.pp=2", "train.grad_accum=4"},
       {"parallel.dp=2", "parallel.tp=2"},
       // The capabilities since (issue 21 item 3): a zero-bubble schedule, ZB-V's two chunks
-      // a rank, a compressed gradient sync, the optimizer state offloaded to disk, and bf16
-      // optimizer moments (ZeRO-1: the sharded state's memory).
+      // a rank, PipeDream-2BW (no flush), a compressed gradient sync, the optimizer state and
+      // then the parameters offloaded to disk (the chunk manager), and bf16 optimizer moments
+      // (ZeRO-1: the sharded state's memory).
       {"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=zb-h1"},
       {"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=zb-v", "parallel.vpp=2"},
+      {"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=2bw"},
       {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_warmup_steps=0"},
       {"offload.optimizer=disk", "offload.dir=/var/tmp"},
+      {"offload.params=disk", "offload.optimizer=disk", "offload.dir=/var/tmp"},
       {"parallel.dp=2", "parallel.zero=1", "optim.moments=bf16"},
   };
 }

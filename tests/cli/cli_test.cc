@@ -186,6 +186,9 @@ TEST(Cli, SimulateAtAStacksComputeEfficiency) {
   ASSERT_EQ(slow.code, 0) << slow.output;
   EXPECT_GT(step(slow), step(full));
   EXPECT_NE(slow.output.find("dgx-h100 at 0.5 compute"), std::string::npos) << slow.output;
+  const Result plan = run("plan --cluster dgx-h100 --gpus 8 --model gpt2 --global-batch 64 --top 1 --compute-efficiency 0.5");
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("(dgx-h100 at 0.5 compute)"), std::string::npos) << plan.output;
   for (const char* bad : {"0", "1.5"}) {
     const Result r = run(args + " --compute-efficiency " + bad);
     EXPECT_EQ(r.code, 2) << r.output;

@@ -70,7 +70,8 @@ PassTimes one_pass(comm::World& w, const Kernels& k, Buffers& b, int gemms, int 
 }  // namespace
 
 // Ranks as threads (the collective layer's thread backend, as the busbw tables), one per
-// core, each computing on one thread. A warm-up pass sizes the GEMM loop to at least three
+// core up to 8 (beyond, the spare cores can take the workers: the cost of that many ranks on a
+// bigger machine, a lower bound for ranks that fill it), each computing on one thread. A warm-up pass sizes the GEMM loop to at least three
 // times the collectives alone, so they finish inside it. Each rank keeps each timing's fastest
 // over `passes` (noise from other work only adds time: Note [Calibration]); the cost is the
 // ranks' mean of (with - alone) / comm, clamped to the spec's 0..4. 0 with fewer than two

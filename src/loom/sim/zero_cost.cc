@@ -16,7 +16,9 @@ namespace loom::sim {
 // one reduce-scatter, issued ahead of the layer on their own stream (FSDP's backward
 // prefetch; in forward the host runs ahead of the device). A layer is charged what its
 // compute C cannot hide and the compute the collectives slow (Note [Overlap contention]):
-//   fwd = overlapped(AG, C_fwd),   bwd = overlapped(RS + AG, C_bwd).
+//   fwd = overlapped(AG, C_fwd),   bwd = overlapped(RS + AG, C_bwd),
+// C_bwd including a checkpointed layer's recomputed forward (the prefetch of the next layer is
+// issued when the layer's recompute acquires its parameters, in FSDP and in loom's engine).
 //
 // DeepSpeed ZeRO-3 as released in 2021 (deepspeed/runtime/zero/stage3.py and
 // partition_parameters.py of that year, the implementation Narayanan et al. (SC'21) measured

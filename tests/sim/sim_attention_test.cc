@@ -197,5 +197,20 @@ TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   EXPECT_LT(slow, fast / 0.870);
 }
 
+// The 40 GB A100 rows run on the 40 GB part's HBM2 (1,555 GB/s, 40 GiB; datasheet), the rest
+// of the dgx-a100 preset unchanged; 80 GB rows keep 2,039 GB/s.
+TEST(Published, A100FortyGigabyteRowsRunOnTheirOwnMemory) {
+  PublishedRun row = row_of("llm-foundry / Composer (PyTorch FSDP, FlashAttention)", "");
+  row.fields["gpu_type"] = "A100-40GB";
+  const ClusterSpec forty = published_case(row).cluster;
+  EXPECT_DOUBLE_EQ(forty.device.memory_bw, 1555e9);
+  EXPECT_DOUBLE_EQ(forty.device.memory_bytes, 40.0 * double(int64_t(1) << 30));
+  row.fields["gpu_type"] = "A100-80GB";
+  const ClusterSpec eighty = published_case(row).cluster;
+  EXPECT_DOUBLE_EQ(eighty.device.memory_bw, load_cluster("dgx-a100", {}, 8, "").device.memory_bw);
+  EXPECT_EQ(forty.device.peak_flops, eighty.device.peak_flops);
+  EXPECT_GT(simulate(published_case(row).plan, forty).step_time_s, simulate(published_case(row).plan, eighty).step_time_s);
+}
+
 }  // namespace
 }  // namespace loom::sim

@@ -229,7 +229,13 @@ PublishedCase published_case(const PublishedRun& row) {
   const std::string gpu = text(row, "gpu_type");
   LOOM_CHECK(gpu.rfind("A100", 0) == 0 || gpu.rfind("H100", 0) == 0, "published run ", row.id(), ": gpu_type '", gpu,
              "' has no cluster preset (dgx-a100, dgx-h100)");
-  c.cluster = load_cluster(gpu.rfind("A100", 0) == 0 ? "dgx-a100" : "dgx-h100", {}, int64_t(num(row, "num_gpus")), "");
+  // The 40 GB A100 (SXM4) has HBM2 at 1,555 GB/s against the 80 GB part's 2,039 (NVIDIA A100
+  // datasheet); the rest of the dgx-a100 preset holds for both.
+  const std::vector<std::string> a100_40 = {"cluster.device.name=A100-SXM4-40GB", "cluster.device.memory_gib=40",
+                                            "cluster.device.memory_gbps=1555"};
+  const bool forty = gpu.rfind("A100", 0) == 0 && (contains(gpu, "40GB") || contains(gpu, "40 GB"));
+  c.cluster = load_cluster(gpu.rfind("A100", 0) == 0 ? "dgx-a100" : "dgx-h100", forty ? a100_40 : std::vector<std::string>{},
+                           int64_t(num(row, "num_gpus")), "");
   const int64_t heads = int64_t(num(row, "num_attention_heads"));
   const int64_t vpp = interleave(row);
   const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size"));

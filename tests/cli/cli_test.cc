@@ -189,6 +189,13 @@ TEST(Cli, SimulateAtAStacksComputeEfficiency) {
   const Result plan = run("plan --cluster dgx-h100 --gpus 8 --model gpt2 --global-batch 64 --top 1 --compute-efficiency 0.5");
   ASSERT_EQ(plan.code, 0) << plan.output;
   EXPECT_NE(plan.output.find("(dgx-h100 at 0.5 compute)"), std::string::npos) << plan.output;
+  // Note [Backward prefetch]: FSDP's BACKWARD_POST exposes backward's gathers; other frameworks refuse it.
+  const std::string fsdp = "simulate --json --cluster dgx-a100 --gpus 16 --model gpt2 --global-batch 128 "
+                           "--framework fsdp --set parallel.zero=3";
+  const Result pre = run(fsdp), post = run(fsdp + " --backward-prefetch post");
+  ASSERT_EQ(post.code, 0) << post.output;
+  EXPECT_GT(step(post), step(pre));
+  EXPECT_EQ(run(args + " --backward-prefetch post").code, 2);
   for (const char* bad : {"0", "1.5"}) {
     const Result r = run(args + " --compute-efficiency " + bad);
     EXPECT_EQ(r.code, 2) << r.output;

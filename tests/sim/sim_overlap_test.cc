@@ -74,6 +74,35 @@ TEST(OverlapCost, HiddenZero3CollectivesCostKappaOfThemselves) {
   EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * 0.159 * (ag + rs + ag), 1e-12);
 }
 
+// Note [Backward prefetch]: under BACKWARD_POST each layer's backward waits for its whole
+// gather and only the reduce-scatter hides under the compute: 12 x (0.159 AG (forward, hidden)
+// + AG + 0.159 RS); at overlap cost 0, 12 x AG. Frameworks other than fsdp refuse it.
+TEST(OverlapCost, BackwardPostPrefetchExposesTheGather) {
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=gpt2", "parallel.dp=16", "parallel.zero=3", "train.batch=128",
+                           "train.grad_accum=1"});
+  p.framework = Framework::kFsdp;
+  p.backward_prefetch_post = true;
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
+  const GroupShape g = place_group(c, 16, 1);
+  const double unit = block_params(p.cfg.model, 1).per_tp_rank * 2;
+  const double ag = collective_time_s(c, OpKind::kAllGather, unit, g), rs = collective_time_s(c, OpKind::kReduceScatter, unit, g);
+  EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * (0.159 * ag + ag + 0.159 * rs), 1e-12);
+  const ClusterSpec free_overlap = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, 16, "");
+  EXPECT_NEAR(simulate(p, free_overlap).breakdown.zero_comm, 12 * ag, 1e-12);
+  for (Framework f : {Framework::kMegatron, Framework::kLoom}) {
+    SimPlan other = p;
+    other.framework = f;
+    other.cfg.parallel.zero = 1;
+    try {
+      simulate(other, c);
+      ADD_FAILURE() << framework_name(f);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--backward-prefetch post"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Note [Tensor-parallel overlap]: with --tp-overlap a unit's tp collectives cost only what
 // its GEMMs do not cover (and, Note [Overlap contention], the GEMM time it takes: off here,
 // overlap_cost 0). One stage and one rank of data: the step shrinks by exactly the tp time

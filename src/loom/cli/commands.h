@@ -91,6 +91,7 @@ struct SimArgs {
   std::string tp_overlap;     // on | off (default): Note [Tensor-parallel overlap] in sim/simulator.cc
   std::string param_gather_overlap;  // on | off (default): Note [Parameter-gather overlap]
   double compute_efficiency = 1;     // fraction of the cluster's GEMM/attention rate: Note [Stack efficiency]
+  std::string backward_prefetch;     // pre (default) | post: FSDP's BackwardPrefetch, Note [Backward prefetch]
 };
 struct SimInputs {
   sim::SimPlan plan;

@@ -91,6 +91,11 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                   "on | off: ZeRO-1/2's parameter all-gather hidden under the next step's forward but for its first "
                   "bucket (Megatron-core --overlap-param-gather). Default off")
       ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--backward-prefetch", a.backward_prefetch,
+                  "pre | post: when PyTorch FSDP gathers backward's next unit - before the current unit's gradients "
+                  "(BACKWARD_PRE, torch's default) or after them (BACKWARD_POST, Composer's default), exposing the "
+                  "gather (Note [Backward prefetch]; --framework fsdp). Default pre")
+      ->check(CLI::IsMember({"pre", "post"}));
   app->add_option("--compute-efficiency", a.compute_efficiency,
                   "Fraction of the cluster's GEMM and attention rate your stack's kernels reach (an older or less "
                   "tuned stack on the same device; Note [Stack efficiency]). Default 1");

@@ -100,6 +100,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
     throw ConfigError("--tp-overlap '" + a.tp_overlap + "': expected on or off");
   in.plan.tp_overlap = a.tp_overlap == "on";
   in.plan.param_gather_overlap = a.param_gather_overlap == "on";
+  in.plan.backward_prefetch_post = a.backward_prefetch == "post";
   return in;
 }
 

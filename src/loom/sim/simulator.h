@@ -39,6 +39,9 @@ struct SimPlan {
                              // batched isend/irecv + wait); loom's sends are asynchronous
   bool tp_overlap = false;   // Note [Tensor-parallel overlap] (Megatron-core --tp-comm-overlap)
   bool param_gather_overlap = false;  // Note [Parameter-gather overlap] (--overlap-param-gather)
+  // Note [Backward prefetch] (sim/zero_cost.cc): FSDP's BACKWARD_POST, the next unit's gather
+  // issued after the current unit's gradients (Composer's default); false: BACKWARD_PRE.
+  bool backward_prefetch_post = false;
   int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 

@@ -46,6 +46,19 @@ namespace loom::sim {
 // falls with each doubling of GPUs. ZeRO-1/2 under deepspeed-2021 are priced as the
 // coalesced reduction (its stage-2 code buckets gradients), not checked against a published run.
 //
+// Note [Backward prefetch]
+// PyTorch FSDP chooses when backward gathers the next unit (torch.distributed.fsdp.
+// BackwardPrefetch). BACKWARD_PRE, torch's default and loom's engine's (ParamGather::acquire
+// prefetches the next unit as it takes the current one): issued before the current unit's
+// gradient computation, so it hides under it, as above. BACKWARD_POST: issued after it, so
+// "the next all-gather overlaps the current reduce-scatter" (the FSDP API docs), not compute:
+// the next unit's backward waits for its whole gather, and only the reduce-scatter hides under
+// that unit's compute:
+//   bwd = AG + overlapped(RS, C_bwd).
+// Composer, and so llm-foundry, defaulted to it (composer/trainer/dist_strategy.py of 2023:
+// fsdp_config.get('backward_prefetch', 'BACKWARD_POST'); llm-foundry's benchmark yamls leave it
+// unset). The two collectives' sharing of the links is not priced.
+//
 // Megatron-LM and Megatron-core shard only optimizer state (--use-distributed-optimizer,
 // ZeRO-1); ZeRO-2/3 there are refused rather than priced as something Megatron never ran.
 
@@ -71,7 +84,9 @@ ZeroLayerCost coalesced(const Setup& s, const UnitCost& b, bool keep) {
   ZeroLayerCost z;
   const DeviceSpec& d = s.cluster.device;
   z.fwd = overlapped_s(d, ag, b.fwd.compute) * (keep ? 1.0 / double(s.m) : 1.0);
-  z.bwd = overlapped_s(d, rs + (keep ? 0.0 : backward_gather_s(s, unit, ag)), b.bwd.compute + b.recompute.compute);
+  const double window = b.bwd.compute + b.recompute.compute, gather = keep ? 0.0 : backward_gather_s(s, unit, ag);
+  z.bwd = s.plan.backward_prefetch_post ? gather + overlapped_s(d, rs, window)  // Note [Backward prefetch]
+                                        : overlapped_s(d, rs + gather, window);
   return z;
 }
 
@@ -147,6 +162,9 @@ void check_framework_zero(const SimPlan& plan) {
                     ": --framework ", framework_name(plan.framework), " runs ZeRO ", stages_text(z),
                     " (Note [Sharding implementations]); ZeRO ", par.zero, " runs under --framework ",
                     frameworks_with_zero(par.zero));
+  LOOM_CONFIG_CHECK(!plan.backward_prefetch_post || plan.framework == Framework::kFsdp,
+                    "--backward-prefetch post is PyTorch FSDP's BACKWARD_POST (Note [Backward prefetch]); --framework ",
+                    framework_name(plan.framework), " gathers as it does: simulate it with --framework fsdp, or drop it");
   if (plan.framework != Framework::kDeepSpeed2021) return;
   LOOM_CONFIG_CHECK(par.zero_keep.empty() && !par.zeropp_qwz && !par.zeropp_qgz && !par.zeropp_hpz,
                     "parallel.zero_keep and ZeRO++ (zeropp_qwz, zeropp_qgz, zeropp_hpz) are not in DeepSpeed's 2021 "

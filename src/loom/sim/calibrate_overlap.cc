@@ -71,35 +71,40 @@ PassTimes one_pass(comm::World& w, const Kernels& k, Buffers& b, int gemms, int 
 
 // Ranks as threads (the collective layer's thread backend, as the busbw tables), one per
 // core up to 8 (beyond, the spare cores can take the workers: the cost of that many ranks on a
-// bigger machine, a lower bound for ranks that fill it), each computing on one thread. A warm-up pass sizes the GEMM loop to at least three
-// times the collectives alone, so they finish inside it. Each rank keeps each timing's fastest
-// over `passes` (noise from other work only adds time: Note [Calibration]); the cost is the
-// ranks' mean of (with - alone) / comm, clamped to the spec's 0..4. 0 with fewer than two
-// cores (no rank shares its core with another's collectives).
+// bigger machine, a lower bound for ranks that fill it), each computing on one thread. A warm-up
+// pass sizes the GEMM loop to at least three times the collectives alone, so they finish inside
+// it. Each pass gives the ranks' mean of (with - alone) / comm from that pass's own timings; the
+// cost is the median over `passes`, clamped to the spec's 0..4 (a ratio: each pass's three
+// timings are taken together, so the median, not each timing's fastest - the fastest "with"
+// is the pass where the collectives happened to contend least). 0 with fewer than two cores (no
+// rank shares its core with another's collectives).
 double measure_overlap_cost(const Kernels& k, int passes, int threads_after) {
   const int ranks = int(std::min(8u, std::thread::hardware_concurrency()));
   if (ranks < 2) return 0;
   openblas_set_num_threads(1);  // global: each rank's GEMMs on its own thread
   std::mutex mu;
-  std::vector<double> ratios;
+  std::vector<std::vector<double>> ratios(static_cast<size_t>(passes));
   const auto errors = comm::run_threads(ranks, {}, [&](comm::World& w) {
     omp_set_num_threads(1);
     Buffers b(w.world_size());
     const PassTimes warm = one_pass(w, k, b, 8, 24);
     const int gemms = std::max(8, int(std::ceil(3.0 * warm.comm / std::max(1e-9, warm.alone / 8))));
-    PassTimes best{1e30, 1e30, 1e30};
     for (int p = 0; p < passes; p++) {
       const PassTimes t = one_pass(w, k, b, gemms, 24);
-      best = {std::min(best.alone, t.alone), std::min(best.comm, t.comm), std::min(best.with, t.with)};
+      std::lock_guard<std::mutex> lock(mu);
+      ratios[size_t(p)].push_back((t.with - t.alone) / std::max(1e-9, t.comm));
     }
-    std::lock_guard<std::mutex> lock(mu);
-    ratios.push_back((best.with - best.alone) / std::max(1e-9, best.comm));
   });
   openblas_set_num_threads(threads_after);
   for (const auto& e : errors) LOOM_CHECK(e.empty(), "calibrate: overlap measurement at ", ranks, " ranks failed: ", e);
-  double sum = 0;
-  for (double r : ratios) sum += r;
-  return std::clamp(sum / double(ratios.size()), 0.0, 4.0);
+  std::vector<double> means;
+  for (const std::vector<double>& r : ratios) {
+    double sum = 0;
+    for (double v : r) sum += v;
+    means.push_back(sum / double(r.size()));
+  }
+  std::sort(means.begin(), means.end());
+  return std::clamp(means[means.size() / 2], 0.0, 4.0);
 }
 
 }  // namespace loom

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/core/config.h"
@@ -57,6 +58,13 @@ TEST(OverlapCost, ClusterFilesCarryItAndRefuseWhatIsNotACost) {
   }
 }
 
+// One GPT-2 block's fp16 all-gather and reduce-scatter over the plan's 16 dp ranks.
+std::pair<double, double> gather_and_scatter_s(const SimPlan& p, const ClusterSpec& c) {
+  const GroupShape g = place_group(c, 16, 1);
+  const double unit = block_params(p.cfg.model, 1).per_tp_rank * 2;
+  return {collective_time_s(c, OpKind::kAllGather, unit, g), collective_time_s(c, OpKind::kReduceScatter, unit, g)};
+}
+
 // FSDP's ZeRO-3 on GPT-2 at dp 16 (two DGX A100 nodes), 8 sequences of 1024 a rank: every
 // layer's gathers and reduce-scatter hide under its compute, so at overlap cost 0 they cost
 // nothing and at kappa each layer costs kappa x (AG + (RS + AG)): 12 layers x 0.159 x that.
@@ -67,9 +75,7 @@ TEST(OverlapCost, HiddenZero3CollectivesCostKappaOfThemselves) {
   p.framework = Framework::kFsdp;
   const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
   const ClusterSpec free_overlap = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, 16, "");
-  const GroupShape g = place_group(c, 16, 1);
-  const double unit = block_params(p.cfg.model, 1).per_tp_rank * 2;  // fp16 bytes
-  const double ag = collective_time_s(c, OpKind::kAllGather, unit, g), rs = collective_time_s(c, OpKind::kReduceScatter, unit, g);
+  const auto [ag, rs] = gather_and_scatter_s(p, c);
   EXPECT_NEAR(simulate(p, free_overlap).breakdown.zero_comm, 0.0, 1e-15);
   EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * 0.159 * (ag + rs + ag), 1e-12);
 }
@@ -84,9 +90,7 @@ TEST(OverlapCost, BackwardPostPrefetchExposesTheGather) {
   p.framework = Framework::kFsdp;
   p.backward_prefetch_post = true;
   const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
-  const GroupShape g = place_group(c, 16, 1);
-  const double unit = block_params(p.cfg.model, 1).per_tp_rank * 2;
-  const double ag = collective_time_s(c, OpKind::kAllGather, unit, g), rs = collective_time_s(c, OpKind::kReduceScatter, unit, g);
+  const auto [ag, rs] = gather_and_scatter_s(p, c);
   EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * (0.159 * ag + ag + 0.159 * rs), 1e-12);
   const ClusterSpec free_overlap = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, 16, "");
   EXPECT_NEAR(simulate(p, free_overlap).breakdown.zero_comm, 12 * ag, 1e-12);

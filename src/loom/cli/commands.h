@@ -100,9 +100,6 @@ struct SimInputs {
 // --dp defaults to gpus / (tp x pp x cp), the micro-batch to 1 (then grad_accum = global
 // batch / (micro-batch x dp)). Throws ConfigError naming the problem.
 SimInputs resolve_sim_inputs(const SimArgs& a);
-// --compute-efficiency f (Note [Stack efficiency]): the cluster's GEMMs and attention at f of
-// their rate, said in its name; ConfigError unless 0 < f <= 1.
-void apply_compute_efficiency(sim::ClusterSpec& c, double f);
 // $XDG_CACHE_HOME/loom or ~/.cache/loom: cluster-local.toml; bf16: cluster-local-bf16.toml.
 std::string default_local_cluster_path(bool bf16 = false);
 int run_simulate(const SimArgs& a);

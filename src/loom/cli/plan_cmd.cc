@@ -149,7 +149,7 @@ int run_plan(const PlanArgs& a) {
     if (s.rfind("cluster.", 0) == 0) cluster_sets.push_back(s);
   req.cluster = sim::load_cluster(a.sim.cluster, cluster_sets, a.sim.gpus,
                                   a.sim.local_path.empty() ? default_local_cluster_path() : a.sim.local_path);
-  apply_compute_efficiency(req.cluster, a.sim.compute_efficiency);
+  sim::scale_compute_rate(req.cluster, a.sim.compute_efficiency);
   req.global_batch = a.sim.global_batch > 0 ? a.sim.global_batch : in.plan.cfg.train.batch;
   req.top = a.top;
   req.cp.clear();  // --cp N: context-parallel degrees 1, 2, 4, ... up to N

@@ -23,15 +23,6 @@ std::string default_local_cluster_path(bool bf16) {
   return file;
 }
 
-void apply_compute_efficiency(sim::ClusterSpec& c, double f) {
-  if (!(f > 0 && f <= 1))
-    throw ConfigError(detail::cat("--compute-efficiency ", f, ": expected a fraction in (0, 1] of the cluster's GEMM ",
-                                  "and attention rate (1: the cluster's own curves)"));
-  if (f == 1) return;
-  c.device.peak_flops *= f;  // Note [Stack efficiency]; the name says it on every output
-  c.name += detail::cat(" at ", f, " compute");
-}
-
 SimInputs resolve_sim_inputs(const SimArgs& a) {
   std::vector<std::string> cfg_sets, cluster_sets;
   if (!a.model.empty()) cfg_sets.push_back("model.preset=" + a.model);
@@ -83,7 +74,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.plan.cp = a.cp;
   const int64_t gpus = a.gpus > 0 ? a.gpus : in.plan.gpus();
   in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, local_path);
-  apply_compute_efficiency(in.cluster, a.compute_efficiency);
+  sim::scale_compute_rate(in.cluster, a.compute_efficiency);
   in.plan.framework = sim::parse_framework(fw);
   if (!a.attention.empty() && a.attention != "unfused" && in.plan.framework == sim::Framework::kLoom)
     throw ConfigError("--attention " + a.attention + " models the GPU frameworks' kernels; loom's engine has its own "

@@ -461,4 +461,13 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   return os.str();
 }
 
+void scale_compute_rate(ClusterSpec& c, double f) {
+  if (!(f > 0 && f <= 1))
+    throw ConfigError(detail::cat("--compute-efficiency ", f, ": expected a fraction in (0, 1] of the cluster's GEMM ",
+                                  "and attention rate (1: the cluster's own curves)"));
+  if (f == 1) return;
+  c.device.peak_flops *= f;
+  c.name += detail::cat(" at ", f, " compute");
+}
+
 }  // namespace loom::sim

@@ -145,4 +145,9 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
 // The spec as TOML (what `loom calibrate` writes; round-trips through cluster_from_toml).
 std::string cluster_to_toml(const ClusterSpec& c);
 
+// Note [Stack efficiency] (sim/published.cc): the cluster's GEMMs and attention at f of their
+// rate (its peak; memory-bound kernels and links keep theirs), said in its name.
+// ConfigError unless 0 < f <= 1.
+void scale_compute_rate(ClusterSpec& c, double f);
+
 }  // namespace loom::sim

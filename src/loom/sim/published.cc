@@ -269,7 +269,7 @@ PublishedCase published_case(const PublishedRun& row) {
   // Megatron-core overlaps its pipeline communication by default.
   c.plan.blocking_p2p = text(row, "framework").rfind("Megatron-LM", 0) == 0;
   c.plan.attention = published_attention(row);
-  c.cluster.device.peak_flops *= stack_efficiency(row);
+  scale_compute_rate(c.cluster, stack_efficiency(row));
   // Megatron's FLOPs count is GPT-2's; a Llama row's TFLOP/s were counted otherwise (its
   // source's own formula), so it is compared by step time where the row has one.
   const bool gpt = c.plan.cfg.model.arch == Arch::kGpt;

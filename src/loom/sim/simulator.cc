@@ -196,6 +196,14 @@ double dp_buckets(const Setup& s, double params) {
   return std::max(1.0, std::ceil(params * s.wbytes / (s.plan.cfg.parallel.bucket_mb * double(1 << 20))));
 }
 
+// A bucketed collective of t seconds whose one bucket runs alone (the last reduced after
+// backward, the first gathered before forward) and the rest beside `window` of compute
+// (Note [Overlap contention]).
+double bucketed_overlap_s(const Setup& s, double t, double params, double window) {
+  const double alone = t / dp_buckets(s, params);
+  return alone + overlapped_s(s.cluster.device, t - alone, window);
+}
+
 // The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
 // window: the exact ring overlapped with backward but for its last bucket (the overlapped part
 // priced by Note [Overlap contention]), a ring codec
@@ -214,9 +222,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   const bool bf16 = s.plan.cfg.comm.grad_dtype == "bf16" || compress == CompressKind::kBf16;
   const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
   const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
-  if (!s.plan.dp_overlap) return t;
-  const double last = t / dp_buckets(s, params);  // the last bucket runs after backward
-  return last + overlapped_s(s.cluster.device, t - last, last_bwd_window);
+  return s.plan.dp_overlap ? bucketed_overlap_s(s, t, params, last_bwd_window) : t;
 }
 
 // Note [Parameter-gather overlap]
@@ -230,9 +236,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
 // (the next step's, the same in the steady state). Without the flag the gather is exposed whole.
 double param_gather_s(const Setup& s, double params, double first_fwd_window) {
   const double t = collective_time_s(s.cluster, OpKind::kAllGather, params * s.wbytes, s.pl.dp);
-  if (!s.plan.param_gather_overlap) return t;
-  const double first = t / dp_buckets(s, params);  // the forward waits for the first bucket
-  return first + overlapped_s(s.cluster.device, t - first, first_fwd_window);
+  return s.plan.param_gather_overlap ? bucketed_overlap_s(s, t, params, first_fwd_window) : t;
 }
 
 // Note [Simulated parameter server]

@@ -14,7 +14,10 @@ out=${OUT:-/tmp/cuda-device}/logs; rm -rf $out; mkdir -p "$out"  # logs under $O
 stamp() { echo "-- $(date +%T) $*"; }
 root=/tmp/loom-bundle
 rm -rf $root && mkdir -p $root && tar -C $root -xJf .device/bundle.tar.xz
-export LD_LIBRARY_PATH=$root/lib
+# NCCL (opened by loom only for dp > 1 and the NCCL tests): the machine's own, e.g. PyTorch's.
+nccl=$(find /opt /usr/local /usr/lib -name libnccl.so.2 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$root/lib${nccl:+:$(dirname "$nccl")}
+echo "NCCL: ${nccl:-none found}"
 loom=$root/loom
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 ldd $loom $root/cuda_test | grep "not found" && echo "missing libraries"
@@ -26,7 +29,8 @@ if [[ $what == *tests* ]]; then
 fi
 if [[ $what == *sanitize* ]]; then
   stamp "== compute-sanitizer memcheck"
-  compute-sanitizer --tool memcheck --error-exitcode 9 $root/cuda_test 2>&1 | tee $out/memcheck.log | tail -6
+  # (NCCL's own kernels and threads stay out of it: the CudaNccl tests run above)
+  compute-sanitizer --tool memcheck --error-exitcode 9 $root/cuda_test --gtest_filter=-CudaNccl.* 2>&1 | tee $out/memcheck.log | tail -6
   echo "memcheck exit ${PIPESTATUS[0]}"
   echo "== compute-sanitizer racecheck (shared-memory races) on flash attention"
   compute-sanitizer --tool racecheck --error-exitcode 9 $root/cuda_test --gtest_filter='*Flash*' 2>&1 | tail -3

@@ -4,6 +4,8 @@ tied head) in bf16 autocast with fp32 master weights and AdamW, on one CUDA devi
 
   cuda_torch_peer.py gemm                       bf16 GEMM peak (8192^3, random data)
   cuda_torch_peer.py train MODE B T STEPS       MODE eager | compile: tokens/s and MFU
+  cuda_torch_peer.py profile MODE B T STEPS     the GPU kernels of STEPS steps (torch.profiler): the
+      top kernels by GPU time per step, for comparing with loom's LOOM_CUDA_PROFILE table
   cuda_torch_peer.py curve INIT BATCHES V L C H LR WARMUP MIN_RATIO WD
       writes a fresh model to INIT (HF GPT-2 safetensors, for `loom import`), then prints its loss
       per step on BATCHES (`loom data batches`) with loom's optimizer settings
@@ -107,6 +109,30 @@ def train(mode, B, T, steps):
                 params=n, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
 
 
+def profile(mode, B, T, steps, top=40):
+    from torch.profiler import ProfilerActivity, profile as prof
+    torch.manual_seed(0)
+    m = GPT2
+    model = GPT(m["V"], T, m["L"], m["C"], m["H"]).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    run = torch.compile(model) if mode == "compile" else model
+    x = torch.randint(0, m["V"], (B, T), device="cuda")
+    y = torch.randint(0, m["V"], (B, T), device="cuda")
+    for _ in range(5):
+        step(run, opt, x, y)
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step(run, opt, x, y)
+        torch.cuda.synchronize()
+    rows = sorted(((e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1e3 / steps, e.count // steps) for e in p.key_averages()),
+                  key=lambda r: -r[1])
+    total = sum(r[1] for r in rows)
+    print(f"torch-{mode} profile: {total:.2f} ms of kernels per step")
+    for name, ms, n in rows[:top]:
+        print(f"  {ms:8.3f} ms {n:5d}x  {name[:110]}")
+
+
 def save_hf_gpt2(model, path):
     """The model as Hugging Face GPT-2 safetensors (Conv1D weights transposed), for `loom import`;
     written by hand so no safetensors package is needed."""
@@ -187,6 +213,8 @@ if __name__ == "__main__":
     elif what == "train":
         print(json.dumps(dict(device=dev, **train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))),
               flush=True)
+    elif what == "profile":
+        profile(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif what == "curve":  # curve INIT.safetensors BATCHES V L C H LR WARMUP MIN_RATIO WD
         a = sys.argv
         r = curve(a[2], a[3], *(int(x) for x in a[4:8]), float(a[8]), int(a[9]), float(a[10]), float(a[11]))

@@ -2,7 +2,8 @@
 # Packs the CUDA build (cmake --preset cuda) for a lent GPU machine (issue 20), whose CUDA
 # image lacks loom's Debian libraries: .device/bundle.tar.xz holds the loom binary, the
 # CUDA test, every shared library they load except glibc, libstdc++ and CUDA's own, and the
-# default corpus. bench/cuda_device.sh unpacks it there. .device/ is ignored by git.
+# default corpus (NCCL is not linked: loom opens the machine's libnccl.so.2 for dp > 1).
+# bench/cuda_device.sh unpacks it there. .device/ is ignored by git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=$(mktemp -d)

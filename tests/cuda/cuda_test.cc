@@ -22,68 +22,10 @@
 #include "loom/kernels/ref/ops.h"
 #include "loom/model/model.h"
 #include "loom/optim/optimizer.h"
+#include "cuda/cuda_test_util.h"
 
 namespace loom::cuda {
 namespace {
-
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define REQUIRE_DEVICE() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(T)), cudaSuccess);  // poisoned: unwritten outputs show
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 g{std::random_device{}()};
-  return g;
-}
-std::vector<float> randn(size_t n, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng());
-  return v;
-}
-std::vector<bf16> to_h(const std::vector<float>& v) {
-  std::vector<bf16> h(v.size());
-  for (size_t i = 0; i < v.size(); i++) h[i] = loom::to_bf16(v[i]);
-  return h;
-}
-std::vector<float> widen(const std::vector<bf16>& h) {
-  std::vector<float> v(h.size());
-  for (size_t i = 0; i < h.size(); i++) v[i] = loom::from_bf16(h[i]);
-  return v;
-}
-std::vector<float> rounded(const std::vector<float>& v) { return widen(to_h(v)); }
-double rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
 
 TEST(CudaKernels, NormsMatchTheReference) {
   REQUIRE_DEVICE();
@@ -359,31 +301,35 @@ TEST(CudaKernels, FlashAttentionMatchesTheReference) {
 
 TEST(CudaKernels, CrossEntropyAdamWAndSums) {
   REQUIRE_DEVICE();
-  // V 3001: rows kept in shared memory between the passes; 60001 (240 KB rows, more than a
-  // block may have): read twice.
-  for (int64_t V : {3001, 60001}) {
+  // V 3001 and 60001: rows kept in shared memory between the passes; 130001 (254 KB rows,
+  // more than a block may have): read twice. The logits are bf16 (the reference reads the
+  // same values widened); the gradient once into its own buffer, once over the logits.
+  for (int64_t V : {3001, 60001, 130001}) {
     const int64_t N = 19;
-    const auto logits = randn(static_cast<size_t>(N * V), 3.0f);
+    const auto logits = rounded(randn(static_cast<size_t>(N * V), 3.0f));
     std::vector<int32_t> tgt(static_cast<size_t>(N));
     for (int32_t& t : tgt) t = int32_t(rng()() % V);
     tgt[3] = -1;  // ignored: loss 0, zero gradient
     std::vector<float> loss(static_cast<size_t>(N)), grad = logits, dloss(static_cast<size_t>(N), 0.5f);
     ref::crossentropy_forward(loss.data(), logits.data(), tgt.data(), N, V);
     ref::crossentropy_backward_inplace(grad.data(), tgt.data(), dloss.data(), N, V);
-    // Rows padded to a stride of a multiple of 4 (the model's Vp): padding columns get 0.
-    const int64_t ld = (V + 3) / 4 * 4 + 4;
+    // Rows padded to a stride of a multiple of 8 (the model's Vp): padding columns get 0.
+    const int64_t ld = (V + 7) / 8 * 8 + 8;
     std::vector<float> padded(static_cast<size_t>(N * ld), 0.0f), grad_padded(padded.size(), 0.0f);
     for (int64_t i = 0; i < N; i++)
       for (int64_t j = 0; j < V; j++) {
         padded[size_t(i * ld + j)] = logits[size_t(i * V + j)];
         grad_padded[size_t(i * ld + j)] = grad[size_t(i * V + j)];
       }
-    Dev<float> dl(padded), dloss_d(static_cast<size_t>(N));
+    Dev<bf16> dl(to_h(padded)), dg(padded.size());
+    Dev<float> dloss_d(static_cast<size_t>(N));
     Dev<int32_t> dt(tgt);
-    Dev<bf16> dg(padded.size());
     crossentropy(dloss_d.p, dg.p, dl.p, dt.p, N, V, ld, 0.5f, nullptr);
     EXPECT_LT(rel(dloss_d.get(), loss), 1e-5) << V;
     EXPECT_LT(rel(widen(dg.get()), grad_padded), 4e-3) << V;
+    crossentropy(dloss_d.p, dl.p, dl.p, dt.p, N, V, ld, 0.5f, nullptr);
+    EXPECT_LT(rel(dloss_d.get(), loss), 1e-5) << V << " in place";
+    EXPECT_EQ(widen(dl.get()), widen(dg.get())) << V << " in place";
   }
 
   const int64_t n = 10007;
@@ -573,7 +519,8 @@ TEST(CudaTrain, RefusesWhatItDoesNotRunNamingWhatWorks) {
     const char* piece;
   } refused[] = {
       {{"model.preset=tiny", "train.precision=fp32"}, "train.precision = fp32"},
-      {with({"parallel.dp=2"}), "waits for the NCCL backend"},
+      {with({"parallel.tp=2"}), "data parallelism only"},
+      {with({"offload.optimizer=disk", "offload.dir=/tmp"}), "offload"},
       {with({"model.d_model=96", "model.heads=2", "parallel.recompute=selective"}), "selective with head size 48"},
       {with({"train.loss_scale=1024"}), "train.loss_scale = 1024"},
   };

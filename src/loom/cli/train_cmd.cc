@@ -44,11 +44,12 @@ std::vector<std::string> LayoutFlags::as_sets() const {
 
 namespace {
 
-TrainSummary train_on_device(const Config& cfg, const TrainOptions& opt) {
+// world: a data-parallel GPU run's ranks (nullptr: one process).
+TrainSummary train_on_device(const Config& cfg, const TrainOptions& opt, comm::World* world) {
 #if LOOM_CUDA
-  return cuda::train(cfg, opt);
+  return cuda::train(cfg, opt, world);
 #else
-  (void)opt;
+  (void)opt, (void)world;
   throw ConfigError("train.device = " + cfg.train.device + ": this loom was built without CUDA; rebuild with "
                     "`cmake --preset cuda && cmake --build --preset cuda` (needs nvcc), or use train.device = cpu");
 #endif
@@ -65,20 +66,18 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   opt.overwrite = a.overwrite;
   TrainSummary s;
   bool logging = true;
-  if (cfg.train.device == "cuda") {
-    LOOM_CONFIG_CHECK(!comm::launched_by_mpi(), "train.device = cuda trains on one GPU in one process; launch it "
-                                                "without mpirun (multi-GPU training waits for the NCCL backend)");
-    s = train_on_device(cfg, opt);
-  } else if (comm::launched_by_mpi()) {
+  const bool gpu = cfg.train.device == "cuda";
+  if (comm::launched_by_mpi()) {
     join_supervisor();
     comm::CommOptions co;
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
     co.check_desync = cfg.comm.check_desync;
     comm::World world(comm::make_mpi_backend(), co);
     logging = world.global_rank() == 0;
-    s = world.world_size() > 1 ? train(cfg, opt, world) : train(cfg, opt);
+    comm::World* many = world.world_size() > 1 ? &world : nullptr;
+    s = gpu ? train_on_device(cfg, opt, many) : many ? train(cfg, opt, world) : train(cfg, opt);
   } else {
-    s = train(cfg, opt);
+    s = gpu ? train_on_device(cfg, opt, nullptr) : train(cfg, opt);
   }
   if (!a.json && logging)
     std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy

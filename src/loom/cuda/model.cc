@@ -17,6 +17,7 @@
 #include "loom/core/error.h"
 #include "loom/cuda/blas.h"
 #include "loom/cuda/check.h"
+#include "loom/cuda/nccl.h"
 #include "loom/cuda/ops.h"
 #include "loom/cuda/profile.h"
 #include "loom/optim/optimizer.h"
@@ -83,9 +84,8 @@ struct CudaModel::Impl {
   bf16 *dres_h, *datty, *dqkv, *dfcg, *dfch;
   bf16* lnf;
   float *lnf_mean, *lnf_rstd, *dlnf;
-  float* logits;  // (head_rows, Vp)
+  bf16* logits;  // (head_rows, Vp), bf16 like autocast's; the loss overwrites them with their gradient
   bf16* head_h;   // (Vp, C): the head weight's bf16 copy, rows >= V zero (refresh_head)
-  bf16* dlogits;
   float* losses;  // (N)
   float* colsum;  // column-sum scratch
   double* dscratch;
@@ -163,7 +163,7 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
   dres_h = a.take<bf16>(N * C), datty = a.take<bf16>(N * H * hd), dqkv = a.take<bf16>(N * Q);
   dfcg = a.take<bf16>(N * F), dfch = a.take<bf16>(N * F2);
   lnf = a.take<bf16>(N * C), lnf_mean = a.take<float>(N), lnf_rstd = a.take<float>(N), dlnf = a.take<float>(N * C);
-  logits = a.take<float>(head_rows * Vp), dlogits = a.take<bf16>(head_rows * Vp);
+  logits = a.take<bf16>(head_rows * Vp);
   head_h = a.take<bf16>(Vp * C);
   losses = a.take<float>(N);
   colsum = a.take<float>(std::max(norm_scratch_floats(N, C), bias_scratch_floats(N, std::max(Q, F2))));
@@ -192,10 +192,10 @@ CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool 
   p.C = cfg.d_model, p.H = cfg.heads, p.KV = cfg.kv_heads, p.hd = cfg.head_dim();
   p.Q = (p.H + 2 * p.KV) * p.hd, p.F = cfg.ffn, p.F2 = cfg.arch == Arch::kGpt ? p.F : 2 * p.F, p.V = cfg.vocab;
   p.Vp = (p.V + 63) / 64 * 64;
-  // Classifier chunks as large as 6 GiB of logits and their gradients allow (fp32 + bf16,
-  // 6 bytes a logit): GPT-2's 16,384 rows in one chunk, so the head's weight gradient is one
-  // GEMM over all rows instead of four accumulating into the fp32 gradient.
-  const int64_t fit = (int64_t(6) << 30) / (6 * p.Vp);
+  // Classifier chunks as large as 2 GiB of bf16 logits allow (their gradient overwrites
+  // them): GPT-2's 16,384 rows in one chunk, so the head's weight gradient is one GEMM over
+  // all rows instead of four accumulating into the fp32 gradient.
+  const int64_t fit = (int64_t(2) << 30) / (2 * p.Vp);
   p.head_rows = std::min<int64_t>(max_batch * T, std::max<int64_t>(1024, fit / 1024 * 1024));
   LOOM_CONFIG_CHECK(T <= cfg.ctx, "train.seq = ", T, " exceeds model.ctx = ", cfg.ctx);
   p.total = layout_.total_floats();
@@ -350,14 +350,14 @@ void CudaModel::Impl::head(int64_t N, bool backward, float dscale) {
   for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
     const int64_t rows = std::min(head_rows, N - r0);
     prof->mark("head gemm");
-    blas->linear_forward(logits, Dt::kF32, lnf + r0 * C, head_h, nullptr, nullptr, rows, C, Vp);
+    blas->linear_forward(logits, Dt::kBf16, lnf + r0 * C, head_h, nullptr, nullptr, rows, C, Vp);
     prof->mark("head loss");
-    crossentropy(losses + r0, backward ? dlogits : nullptr, logits, tgt + r0, rows, V, Vp, dscale, s);
+    crossentropy(losses + r0, backward ? logits : nullptr, logits, tgt + r0, rows, V, Vp, dscale, s);
     if (!backward) continue;
     prof->mark("head gemm dx");
-    blas->linear_backward_input(dlnf + r0 * C, Dt::kF32, dlogits, head_h, rows, C, Vp);
+    blas->linear_backward_input(dlnf + r0 * C, Dt::kF32, logits, head_h, rows, C, Vp);  // (now dlogits)
     prof->mark("head gemm dw");
-    blas->linear_backward_weight(dw, dlogits, lnf + r0 * C, rows, C, V, Vp);
+    blas->linear_backward_weight(dw, logits, lnf + r0 * C, rows, C, V, Vp);
   }
 }
 
@@ -530,5 +530,19 @@ void CudaModel::clip_and_step(const OptimConfig& o, double lr, int64_t step) {
 }
 
 double CudaModel::last_grad_norm() const { return std::sqrt(p_->norm_sq_host); }
+
+void CudaModel::all_reduce_grads(Nccl& nccl) {
+  p_->prof->mark("dp all-reduce");
+  nccl.all_reduce_sum(p_->grads, layout_.total_floats(), p_->s);
+}
+
+void CudaModel::broadcast_params(Nccl& nccl) {
+  nccl.broadcast(p_->params, layout_.total_floats(), 0, p_->s);
+  to_bf16(p_->params_h, p_->params, layout_.total_floats(), p_->s);
+  p_->refresh_head();
+  nccl.wait(p_->s, "parameter broadcast");
+}
+
+void CudaModel::wait(Nccl& nccl, const std::string& what) { nccl.wait(p_->s, what); }
 
 }  // namespace loom::cuda

@@ -6,12 +6,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
 
 namespace loom::cuda {
+
+class Nccl;
 
 class CudaModel {
  public:
@@ -58,6 +61,14 @@ class CudaModel {
   // gradient norm reaches the host with the next take_loss (last_grad_norm).
   void clip_and_step(const OptimConfig& o, double lr, int64_t step);
   double last_grad_norm() const;
+
+  // Data parallelism (Note [GPU data parallelism] in cuda/nccl.h), on the model's stream:
+  // the gradients summed over the ranks (asynchronous); rank 0's parameters (and their
+  // bf16 copies) on every rank; a wait for the stream that throws on a NCCL error or
+  // timeout instead of hanging.
+  void all_reduce_grads(Nccl& nccl);
+  void broadcast_params(Nccl& nccl);
+  void wait(Nccl& nccl, const std::string& what);
 
   int64_t device_bytes() const { return bytes_; }  // everything this model allocated
   bool flash() const;

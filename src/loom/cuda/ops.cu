@@ -132,68 +132,87 @@ __global__ void rope_k(__nv_bfloat16* qkv, int64_t N, int64_t T, int64_t H, int6
 }
 
 // A block per row: an online max and sum of exponentials in one pass (each thread keeps its
-// own over four columns at a time, merged at the end), the loss, then (softmax - onehot) *
-// dscale in bf16. Exponentials are exp2 of x log2 e - m (m the max in the same units), one
-// fused multiply-add and one exp2 per element; rows are 16-byte aligned (ld % 4 == 0), the
-// last V % 4 columns are read one at a time. kStash: the first pass also keeps the row in
-// shared memory (each thread the float4s it will read again, so no barrier is needed) and
-// the second pass reads it there, so the logits are read from memory once: one block of
-// 1,024 threads per SM walks the rows (a GPT-2 row is 201 KB of the 227 KB a block may
-// have). Otherwise (wider rows) a block of 512 threads per row reads the row twice.
-__device__ inline float4 ce_load4(const float* l, int64_t j, int64_t V) {
-  if (j + 4 <= V) return *reinterpret_cast<const float4*>(l + j);
-  float4 x = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-  if (j < V) x.x = l[j];
-  if (j + 1 < V) x.y = l[j + 1];
-  if (j + 2 < V) x.z = l[j + 2];
-  return x;
+// own over eight bf16 columns at a time, one 16-byte load, merged at the end), the loss,
+// then (softmax - onehot) * dscale in bf16, written over the logits where dlogits aliases
+// them (each thread rewrites only the columns it read, after the block's reductions).
+// Exponentials are exp2 of x log2 e - m (m the max in the same units), one fused
+// multiply-add and one exp2 per element; columns past V count as -inf (their gradient is 0:
+// a padded GEMM reads them). kStash: the first pass also keeps the row in shared memory
+// (each thread the 16-byte groups it will read again, so no barrier is needed) and the
+// second pass reads it there, so the logits are read from memory once; the blocks walk the
+// rows, two per SM for GPT-2 (a row of 50,304 bf16 is 98 KB), so one block's loads overlap
+// the other's reductions and writes. Otherwise (rows wider than a block's shared memory) a
+// block per row reads it twice.
+__device__ inline void ce_unpack8(float (&x)[8], uint4 raw, int64_t j, int64_t V) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 f = __bfloat1622float2(h[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+  if (j + 8 > V) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) x[i] = j + i < V ? x[i] : -INFINITY;
+  }
 }
 template <bool kStash>
-__device__ void crossentropy_row(float* losses, __nv_bfloat16* dlogits, const float* logits, const int32_t* targets,
-                                 int64_t row, int64_t V, int64_t ld, float dscale, float4* stash) {
+__device__ void crossentropy_row(float* losses, __nv_bfloat16* dlogits, const __nv_bfloat16* logits,
+                                 const int32_t* targets, int64_t row, int64_t V, int64_t ld, float dscale,
+                                 uint4* stash) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const float* l = logits + row * ld;
+  const __nv_bfloat16* l = logits + row * ld;
   const int32_t target = targets[row];
+  // Read before the reductions' barriers: an in-place gradient may overwrite it after them.
+  const float target_logit = threadIdx.x == 0 && target >= 0 ? __bfloat162float(l[target]) : 0.0f;
   float mx = -INFINITY, se = 0;  // mx in log2 units: max of x log2 e
 #pragma unroll 4
-  for (int64_t j = 4 * int64_t(threadIdx.x); j < (kStash ? ld : V); j += 4 * int64_t(blockDim.x)) {
-    const float4 x = ce_load4(l, j, V);
+  for (int64_t j = 8 * int64_t(threadIdx.x); j < (kStash ? ld : V); j += 8 * int64_t(blockDim.x)) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(l + j);
     if constexpr (kStash) {
-      stash[j / 4] = x;
-      if (j >= V) continue;  // all four -inf (with mx still -inf, x - mx would be NaN)
+      stash[j / 8] = raw;
+      if (j >= V) continue;  // all eight -inf (with mx still -inf, x - mx would be NaN)
     }
-    const float m4 = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)) * kLog2e;
-    if (m4 > mx) se *= exp2f(mx - m4), mx = m4;  // exp2(-inf) = 0 on the first
-    se += exp2f(fmaf(x.x, kLog2e, -mx)) + exp2f(fmaf(x.y, kLog2e, -mx)) + exp2f(fmaf(x.z, kLog2e, -mx)) +
-          exp2f(fmaf(x.w, kLog2e, -mx));
+    float x[8];
+    ce_unpack8(x, raw, j, V);
+    float m8 = x[0];
+#pragma unroll
+    for (int i = 1; i < 8; i++) m8 = fmaxf(m8, x[i]);
+    m8 *= kLog2e;
+    if (m8 > mx) se *= exp2f(mx - m8), mx = m8;  // exp2(-inf) = 0 on the first
+#pragma unroll
+    for (int i = 0; i < 8; i++) se += exp2f(fmaf(x[i], kLog2e, -mx));
   }
   const float gmx = block_max(mx);
   se = block_sum(mx == -INFINITY ? 0.0f : se * exp2f(mx - gmx));
   mx = gmx;
-  if (threadIdx.x == 0) losses[row] = target < 0 ? 0.0f : logf(se) + mx / kLog2e - l[target];
+  if (threadIdx.x == 0) losses[row] = target < 0 ? 0.0f : logf(se) + mx / kLog2e - target_logit;
   if (!dlogits) return;
   __nv_bfloat16* d = dlogits + row * ld;
   const float inv = (target < 0 ? 0.0f : dscale) / se;
-  for (int64_t j = 4 * int64_t(threadIdx.x); j < ld; j += 4 * int64_t(blockDim.x)) {  // past V: 0 (a padded GEMM reads them)
-    const float4 x = kStash ? stash[j / 4] : ce_load4(l, j, V);
-    float g[4] = {exp2f(fmaf(x.x, kLog2e, -mx)) * inv, exp2f(fmaf(x.y, kLog2e, -mx)) * inv,
-                  exp2f(fmaf(x.z, kLog2e, -mx)) * inv, exp2f(fmaf(x.w, kLog2e, -mx)) * inv};
+  for (int64_t j = 8 * int64_t(threadIdx.x); j < ld; j += 8 * int64_t(blockDim.x)) {
+    float x[8];
+    ce_unpack8(x, kStash ? stash[j / 8] : *reinterpret_cast<const uint4*>(l + j), j, V);
+    uint4 packed;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
-    for (int i = 0; i < 4; i++) g[i] -= target == j + i ? dscale : 0.0f;  // (no indexing by a runtime value)
-    uint2 packed;
-    *reinterpret_cast<__nv_bfloat162*>(&packed.x) = __floats2bfloat162_rn(g[0], g[1]);
-    *reinterpret_cast<__nv_bfloat162*>(&packed.y) = __floats2bfloat162_rn(g[2], g[3]);
-    *reinterpret_cast<uint2*>(d + j) = packed;
+    for (int i = 0; i < 4; i++) {
+      float g0 = exp2f(fmaf(x[2 * i], kLog2e, -mx)) * inv, g1 = exp2f(fmaf(x[2 * i + 1], kLog2e, -mx)) * inv;
+      g0 -= target == j + 2 * i ? dscale : 0.0f;  // (no indexing by a runtime value)
+      g1 -= target == j + 2 * i + 1 ? dscale : 0.0f;
+      h[i] = __floats2bfloat162_rn(g0, g1);
+    }
+    *reinterpret_cast<uint4*>(d + j) = packed;
   }
 }
-__global__ void __launch_bounds__(512) crossentropy_k(float* losses, __nv_bfloat16* dlogits, const float* logits,
-                                                      const int32_t* targets, int64_t V, int64_t ld, float dscale) {
+__global__ void __launch_bounds__(512) crossentropy_k(float* losses, __nv_bfloat16* dlogits,
+                                                      const __nv_bfloat16* logits, const int32_t* targets, int64_t V,
+                                                      int64_t ld, float dscale) {
   crossentropy_row<false>(losses, dlogits, logits, targets, blockIdx.x, V, ld, dscale, nullptr);
 }
-__global__ void __launch_bounds__(1024, 1) crossentropy_stash_k(float* losses, __nv_bfloat16* dlogits,
-                                                                const float* logits, const int32_t* targets, int64_t N,
-                                                                int64_t V, int64_t ld, float dscale) {
-  extern __shared__ float4 stash[];  // ld / 4
+__global__ void __launch_bounds__(512, 2) crossentropy_stash_k(float* losses, __nv_bfloat16* dlogits,
+                                                               const __nv_bfloat16* logits, const int32_t* targets,
+                                                               int64_t N, int64_t V, int64_t ld, float dscale) {
+  extern __shared__ uint4 stash[];  // ld / 8
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x)  // block_max / block_sum open with a barrier
     crossentropy_row<true>(losses, dlogits, logits, targets, row, V, ld, dscale, stash);
 }
@@ -365,15 +384,18 @@ void rope(bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, fl
   LOOM_CUDA_LAUNCHED("rope");
 }
 
-void crossentropy(float* losses, bf16* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+void crossentropy(float* losses, bf16* dlogits, const bf16* logits, const int32_t* targets, int64_t N, int64_t V,
                   int64_t ld, float dscale, cudaStream_t s) {
-  LOOM_CHECK(ld % 4 == 0 && ld >= V, "cross-entropy row stride ", ld, " for ", V, " columns: a multiple of 4, at least V");
+  LOOM_CHECK(ld % 8 == 0 && ld >= V, "cross-entropy row stride ", ld, " for ", V, " columns: a multiple of 8, at least V");
   if (N == 0) return;
-  if (ld * 4 <= block_smem_optin()) {
-    const unsigned blocks = unsigned(std::min<int64_t>(N, sm_count()));
-    crossentropy_stash_k<<<blocks, 1024, size_t(ld) * 4, s>>>(losses, nv(dlogits), logits, targets, N, V, ld, dscale);
+  const size_t row_bytes = size_t(ld) * 2;
+  if (int64_t(row_bytes) <= block_smem_optin()) {
+    int per_sm = 0;
+    LOOM_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, crossentropy_stash_k, 512, row_bytes));
+    const unsigned blocks = unsigned(std::min<int64_t>(N, int64_t(std::max(per_sm, 1)) * sm_count()));
+    crossentropy_stash_k<<<blocks, 512, row_bytes, s>>>(losses, nv(dlogits), nv(logits), targets, N, V, ld, dscale);
   } else {
-    crossentropy_k<<<unsigned(N), 512, 0, s>>>(losses, nv(dlogits), logits, targets, V, ld, dscale);
+    crossentropy_k<<<unsigned(N), 512, 0, s>>>(losses, nv(dlogits), nv(logits), targets, V, ld, dscale);
   }
   LOOM_CUDA_LAUNCHED("crossentropy");
 }

@@ -10,9 +10,12 @@
 // runs inside the fc GEMM and its derivative inside the GEMM that makes its upstream
 // gradient (cuda/blas.h), taking two of those roundings back out: GELU reads the fp32 sum,
 // not its bf16 copy, and gelu'(pre) multiplies the fp32 product, not its bf16 copy (the
-// stored pre-activation is the same bf16 value). The residual stream, the norm statistics,
-// the attention scores and the softmax sums, the logits, the loss, the gradients and
-// AdamW stay fp32; every GEMM accumulates in fp32 (cuBLAS CUBLAS_COMPUTE_32F).
+// stored pre-activation is the same bf16 value). The logits are stored in bf16 as well,
+// as PyTorch's autocast stores its linear layers' outputs (the loss upcasts them; the CPU
+// engine keeps fp32 logits): half the bytes of the classifier's largest tensor, which the
+// loss reads and its gradient overwrites. The residual stream, the norm statistics, the
+// attention scores and the softmax sums, the loss, the gradients and AdamW stay fp32;
+// every GEMM accumulates in fp32 (cuBLAS CUBLAS_COMPUTE_32F).
 // Shapes follow kernels/ops.inc: N = B*T token rows, weights (out, in) row-major.
 #pragma once
 
@@ -98,12 +101,12 @@ struct FlashScratch {
 void flash_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                     FlashScratch scratch, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t s);
 
-// Softmax cross-entropy over rows of fp32 logits (N, V), row stride ld >= V, ld % 4 == 0
-// (16-byte aligned rows): losses[i] =
-// logsumexp - logit[target] (0 for a negative target) and dlogits (bf16, same stride) =
-// (softmax - onehot) * dscale (0 rows for a negative target, 0 columns past V); dlogits
-// may be null.
-void crossentropy(float* losses, bf16* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+// Softmax cross-entropy over rows of bf16 logits (N, V), row stride ld >= V, ld % 8 == 0
+// (16-byte aligned rows), computed in fp32: losses[i] = logsumexp - logit[target] (0 for a
+// negative target) and dlogits (bf16, same stride) = (softmax - onehot) * dscale (0 rows
+// for a negative target, 0 columns past V). dlogits may be null, or the logits themselves
+// (the gradient overwrites them).
+void crossentropy(float* losses, bf16* dlogits, const bf16* logits, const int32_t* targets, int64_t N, int64_t V,
                   int64_t ld, float dscale, cudaStream_t s);
 
 // AdamW over one run of the flat buffer (kernels/ops.inc), the gradient multiplied by

@@ -2,11 +2,18 @@
 #pragma once
 
 #include <cstdint>
+#include <streambuf>
 #include <string>
 
 #include "loom/train/train_options.h"
 
 namespace loom {
+
+// A stream buffer that drops everything: the sink of the ranks that do not log.
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
 
 class Reporter {
  public:

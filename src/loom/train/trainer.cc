@@ -50,11 +50,6 @@ void check_world(const Config& cfg, int world_size) {
                 std::to_string(p.ranks()) + "`, or set parallel.dp = " + std::to_string(world_size - p.ps_servers));
 }
 
-class NullBuffer : public std::streambuf {
- protected:
-  int overflow(int c) override { return c; }
-};
-
 // ", gradients compressed by topk (ratio 0.001, ...)" or "".
 std::string compress_text(const ParallelConfig& p, const Config& cfg) {
   std::ostringstream os;

@@ -86,7 +86,8 @@ def step(model, opt, x, y):
     return loss
 
 
-def train(mode, B, T, steps):
+def warmed_up(mode, B, T):
+    """GPT-2 with its optimizer and one random batch, after 5 warm-up steps (eager or compiled)."""
     torch.manual_seed(0)
     m = GPT2
     model = GPT(m["V"], T, m["L"], m["C"], m["H"]).cuda()
@@ -97,6 +98,12 @@ def train(mode, B, T, steps):
     for _ in range(5):
         step(run, opt, x, y)
     torch.cuda.synchronize()
+    return model, opt, run, x, y
+
+
+def train(mode, B, T, steps):
+    m = GPT2
+    model, opt, run, x, y = warmed_up(mode, B, T)
     t0 = time.perf_counter()
     for _ in range(steps):
         loss = step(run, opt, x, y)
@@ -110,27 +117,21 @@ def train(mode, B, T, steps):
 
 
 def profile(mode, B, T, steps, top=40):
+    """Prints the top GPU kernels of `steps` steps by time per step (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile as prof
-    torch.manual_seed(0)
-    m = GPT2
-    model = GPT(m["V"], T, m["L"], m["C"], m["H"]).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    run = torch.compile(model) if mode == "compile" else model
-    x = torch.randint(0, m["V"], (B, T), device="cuda")
-    y = torch.randint(0, m["V"], (B, T), device="cuda")
-    for _ in range(5):
-        step(run, opt, x, y)
-    torch.cuda.synchronize()
+    _, opt, run, x, y = warmed_up(mode, B, T)
     with prof(activities=[ProfilerActivity.CUDA]) as p:
         for _ in range(steps):
             step(run, opt, x, y)
         torch.cuda.synchronize()
-    rows = sorted(((e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1e3 / steps, e.count // steps) for e in p.key_averages()),
-                  key=lambda r: -r[1])
+
+    def ms(e):  # (renamed from self_cuda_time_total in PyTorch 2.4)
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1e3 / steps
+    rows = sorted(((e.key, ms(e), e.count // steps) for e in p.key_averages()), key=lambda r: -r[1])
     total = sum(r[1] for r in rows)
     print(f"torch-{mode} profile: {total:.2f} ms of kernels per step")
-    for name, ms, n in rows[:top]:
-        print(f"  {ms:8.3f} ms {n:5d}x  {name[:110]}")
+    for name, t, n in rows[:top]:
+        print(f"  {t:8.3f} ms {n:5d}x  {name[:110]}")
 
 
 def save_hf_gpt2(model, path):

@@ -46,6 +46,27 @@ TEST(FusedAttention, FlashKernelCostsItsCausalFlopsAtItsCurveForTheSequence) {
   EXPECT_NEAR(kernel_time_s(c.device, o1), gemm_time_s(c.device, o1.flops, o1.bytes), 1e-15);
 }
 
+// Note [Flash under context parallelism]: at cp 2 a rank holds s / 2 = 2048 queries and
+// meets the 4096 keys in two ring steps of 2048, so the op keeps its FLOPs (half of cp 1's:
+// 2 x 32 x 2048 x 4096 x 128 = 6.87e10) and is priced at the curve's 2048 point:
+// 0.25 + (0.5 - 0.25) x log(2048/1024) / log(4096/1024) = 0.375, not 4096's 0.5.
+TEST(FusedAttention, ContextParallelRingStepsRunAtTheirChunkLength) {
+  ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
+  c.device.flash_efficiency[2] = {{{1024, 0.25}, {4096, 0.5}, {16384, 0.6}}};
+  c.device.flash_efficiency[1] = {}, c.device.flash_efficiency[3] = {};
+  ModelConfig m = load_config("", {"model.preset=gpt2", "model.d_model=2048", "model.heads=16", "model.ctx=4096"}).model;
+  LayerShape x = LayerShape::of(m, 2, 4096, 1, 2, false, 2);
+  x.attention = Attention::kFlash2;
+  Op o;
+  for (const Op& op : block_forward_ops(x))
+    if (op.kind == Op::Kind::kAttention) o = op;
+  const double F = 2.0 * 32 * 2048.0 * 4096.0 * 128;
+  EXPECT_NEAR(o.flops, F, 1e-6 * F);
+  EXPECT_EQ(o.seq, 2048);
+  EXPECT_NEAR(c.device.flash_efficiency[2].at(2048), 0.375, 1e-9) << "the curve interpolates in log length";
+  EXPECT_NEAR(kernel_time_s(c.device, o), F / (989e12 * 0.375) + c.device.kernel_overhead_s, 1e-12);
+}
+
 // Note [Fused attention kernels], head size: FlashAttention-1/2 run the softmax's exponentials
 // between the matmuls, r(hd) = peak e / (7 hd sfu) of the matmul time. On H100 at e = 0.35:
 // r(128) = 989 x 0.35 / (7 x 128 x 3.9) = 0.0991, r(64) = 0.1981, so hd 64 takes

@@ -110,10 +110,15 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   if (x.flash()) {
     // Dao et al.: the causal half of QK^T and PV in SRAM tiles; reads Q, K, V, writes the
     // output and the row log-sum-exp. FLOPs are the causal half of the full product.
+    // Note [Flash under context parallelism]: with cp > 1 a rank's s / cp queries meet the
+    // keys in cp ring steps (Megatron-core's context parallelism, Liu et al. 2023 ring
+    // attention, with the causal load balancing of two chunks a rank), one flash call a step
+    // over the s / cp keys that step brought; the same FLOPs, but each call's tiles sweep
+    // s / cp keys, so the kernel runs at the efficiency the curve gives for that length.
     Op a = gemm("flash_attention", rows, x.s, hd, dt, heads, true);
     a.kind = Op::Kind::kAttention;
     a.kernel = x.attention;
-    a.seq = x.s;
+    a.seq = x.s / x.cp;  // Note [Flash under context parallelism]
     a.head_dim = hd;
     a.bytes = 2 * n * (x.h + 2 * kv) / x.t * dt + n * x.a / x.t * 4;
     ops.push_back(a);

@@ -5,14 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <span>
 #include <iomanip>
+#include <span>
 #include <sstream>
 
 #include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
 #include "loom/comm/agree.h"
 #include "loom/comm/world.h"
-#include "loom/ckpt/shard_format.h"
 #include "loom/core/error.h"
 #include "loom/cuda/check.h"
 #include "loom/cuda/model.h"
@@ -191,8 +191,7 @@ void save_on_rank0(const Config& cfg, int64_t done, CudaModel& model, HostState&
       bad = std::current_exception();
     }
   }
-  if (r.world) agree_or_throw(r.everyone(), r.rank, bad);
-  else if (bad) std::rethrow_exception(bad);
+  agree_or_throw(r.everyone(), r.rank, bad);  // (one process: rethrows its own)
 }
 
 std::string run_header(const Config& cfg, const TrainSummary& sum, const CudaModel& model, const TrainData& data,

@@ -1,12 +1,13 @@
 // Simulates every row of a published-runs CSV on its cluster preset and prints predicted
 // vs published (TFLOP/s per GPU in Megatron's count, or iteration time), the error per
 // row and the median absolute error (issue 5's target: <= 10%); then the planner per row.
-//   build/release/bench/sim_published [CSV] [--by-source] [--no-plan]
+//   build/release/bench/sim_published [CSV] [--by-source] [--no-plan] [--row ID]
 // --by-source: per source_id, then per parallelism category and per GPU, the rows, median and
 // max |error| and the median signed error, all in step time (predicted / measured - 1:
 // negative is predicted too fast; a TFLOP/s row's is published / predicted - 1), after the
 // per-row table, whose error is in each row's own metric (issue 21's validation report).
 // --no-plan: skip the planner rows (slow on the 91 handed-over rows).
+// --row ID: one row's step-time breakdown and per-op costs instead (what its error is made of).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -93,80 +94,121 @@ void print_zero3_at_scale() {
   std::printf("\n");
 }
 
+// One row: what its predicted step is made of (the slowest rank's breakdown) and each op's
+// forward and backward cost per micro-batch, so an error can be traced to a term.
+int explain_row(const std::string& path, const std::string& id) {
+  for (const auto& row : loom::sim::read_published_runs(path)) {
+    if (row.id() != id) continue;
+    const loom::sim::PublishedCheck c = loom::sim::check_published(row);
+    const loom::sim::Breakdown& b = c.result.breakdown;
+    std::printf("row %s  %s\n%s published %.2f predicted %.2f (%+.1f%%)  step %.4f s  micro-batches %lld\n", c.id.c_str(),
+                c.label.c_str(), c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.result.step_time_s,
+                static_cast<long long>(c.result.micro_batches));
+    std::printf("breakdown (s): compute %.4f recompute %.4f tp %.4f cp %.4f zero %.4f pp-idle %.4f dp-exposed %.4f "
+                "optimizer %.4f param-fetch %.4f\n",
+                b.compute, b.recompute, b.tp_comm, b.cp_comm, b.zero_comm, b.pp_idle, b.dp_exposed, b.optimizer,
+                b.param_fetch);
+    if (!c.assumed.empty()) std::printf("%s\n", c.assumed.c_str());
+    const loom::sim::PublishedCase pc = loom::sim::published_case(row);
+    std::printf("%-10s %-24s %12s %12s\n", "unit", "op", "fwd ms", "bwd ms");
+    for (const loom::sim::OpCost& op : loom::sim::op_costs(pc.plan, pc.cluster))
+      std::printf("%-10s %-24s %12.4f %12.4f\n", op.unit.c_str(), op.name.c_str(), 1e3 * op.fwd_s, 1e3 * op.bwd_s);
+    return 0;
+  }
+  std::fprintf(stderr, "sim_published: no row %s in %s\n", id.c_str(), path.c_str());
+  return 2;
+}
+
+// Each row predicted against its published figure, the median and max, and with `by_source`
+// the per-source, per-category and per-GPU groups (issue 21's validation report).
+void print_table(const std::string& path, bool by_source) {
+  std::vector<double> errs;
+  Groups per_source, per_category, per_gpu;
+  std::printf("%-4s %-52s %-17s %10s %10s %8s %6s %6s %6s %7s\n", "row", "configuration", "metric", "published",
+              "predicted", "error", "mfu", "hfu", "bubble", "mem GiB");
+  int skipped = 0;
+  for (const auto& row : loom::sim::read_published_runs(path)) {
+    loom::sim::PublishedCheck c;
+    try {
+      c = loom::sim::check_published(row);
+    } catch (const std::exception& e) {  // a row the model cannot express: named, not guessed
+      std::printf("%-4s skipped: %s\n", row.id().c_str(), e.what());
+      ++skipped;
+      continue;
+    }
+    errs.push_back(std::fabs(c.error()));
+    const double step_err = c.step_time_error();  // groups compare in one sense
+    per_source[field(row, "source_id")].push_back(step_err);
+    per_category[field(row, "parallelism_category")].push_back(step_err);
+    const std::string gpu = field(row, "gpu_type");  // "H100-80GB", "H100 (80GB; ...)": H100
+    per_gpu[gpu.substr(0, gpu.find_first_of("- "))].push_back(step_err);
+    std::printf("%-4s %-52s %-17s %10.2f %10.2f %+7.1f%% %6.3f %6.3f %6.3f %7.1f\n", c.id.c_str(), c.label.c_str(),
+                c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.result.mfu, c.result.hfu,
+                c.result.bubble_fraction, c.result.peak_memory_bytes / double(1 << 30));
+    if (!c.assumed.empty()) std::printf("     %s\n", c.assumed.c_str());
+  }
+  std::sort(errs.begin(), errs.end());
+  std::printf("rows %zu (%d skipped)  median |error| %.1f%%  max |error| %.1f%%\n\n", errs.size(), skipped,
+              100 * median(errs), errs.empty() ? 0.0 : 100 * errs.back());
+  if (!by_source) return;
+  print_groups("source", per_source);
+  print_groups("parallelism category", per_category);
+  print_groups("gpu", per_gpu);
+  print_zero3_at_scale();
+}
+
+// The planner on each row's model, GPU count and global batch, against the published layout.
+void print_plans(const std::string& path) {
+  std::printf("%-4s %-14s %12s %12s %7s %9s %6s  %s\n", "row", "model", "published s", "planned s", "gain",
+              "simulated", "time", "best plan");
+  int not_worse = 0, rows = 0;
+  for (const auto& row : loom::sim::read_published_runs(path)) {
+    loom::sim::PublishedCase pc;
+    try {
+      pc = loom::sim::published_case(row);
+    } catch (const std::exception& e) {  // skipped in the table too
+      std::printf("%-4s skipped: %s\n", row.id().c_str(), e.what());
+      continue;
+    }
+    const double published = loom::sim::simulate(pc.plan, pc.cluster).step_time_s;
+    loom::plan::PlanRequest req;
+    req.like = pc.plan;  // the published framework's own communication
+    req.cluster = pc.cluster;
+    req.global_batch = pc.plan.cfg.train.batch;
+    req.top = 1;
+    const loom::plan::PlanReport rep = loom::plan::search_plans(req);
+    ++rows;
+    if (rep.ranked.empty()) {
+      std::printf("%-4s no plan fits\n", row.id().c_str());
+      continue;
+    }
+    const double planned = rep.ranked.front().result.step_time_s;
+    not_worse += planned <= published * (1 + 1e-9);
+    std::printf("%-4s %-14s %12.3f %12.3f %6.1f%% %9lld %5.2fs  %s\n", row.id().c_str(), row.fields.at("model").c_str(),
+                published, planned, 100 * (published / planned - 1), static_cast<long long>(rep.evaluated), rep.total_s,
+                loom::plan::layout_label(rep.ranked.front().plan).substr(0, 90).c_str());
+    std::fflush(stdout);
+  }
+  std::printf("planner at least as fast as the published layout (predicted) on %d of %d rows\n", not_worse, rows);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string path = LOOM_SOURCE_DIR "/tests/reference/published_runs.csv";
   bool by_source = false, plan = true;
+  std::string row_id;
   for (int i = 1; i < argc; i++) {
     if (!std::strcmp(argv[i], "--by-source")) by_source = true;
+    else if (!std::strcmp(argv[i], "--row") && i + 1 < argc) row_id = argv[++i];
     else if (!std::strcmp(argv[i], "--no-plan")) plan = false;
     else if (argv[i][0] == '-') return std::fprintf(stderr, "sim_published: unknown option %s\n", argv[i]), 2;
     else path = argv[i];
   }
   try {
-    std::vector<double> errs;
-    Groups per_source, per_category, per_gpu;
-    std::printf("%-4s %-52s %-17s %10s %10s %8s %6s %6s %6s %7s\n", "row", "configuration", "metric", "published",
-                "predicted", "error", "mfu", "hfu", "bubble", "mem GiB");
-    int skipped = 0;
-    for (const auto& row : loom::sim::read_published_runs(path)) {
-      loom::sim::PublishedCheck c;
-      try {
-        c = loom::sim::check_published(row);
-      } catch (const std::exception& e) {  // a row the model cannot express: named, not guessed
-        std::printf("%-4s skipped: %s\n", row.id().c_str(), e.what());
-        ++skipped;
-        continue;
-      }
-      errs.push_back(std::fabs(c.error()));
-      const double step_err = c.step_time_error();  // groups compare in one sense
-      per_source[field(row, "source_id")].push_back(step_err);
-      per_category[field(row, "parallelism_category")].push_back(step_err);
-      const std::string gpu = field(row, "gpu_type");
-      per_gpu[gpu.substr(0, gpu.find('-'))].push_back(step_err);
-      std::printf("%-4s %-52s %-17s %10.2f %10.2f %+7.1f%% %6.3f %6.3f %6.3f %7.1f\n", c.id.c_str(), c.label.c_str(),
-                  c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.result.mfu, c.result.hfu,
-                  c.result.bubble_fraction, c.result.peak_memory_bytes / double(1 << 30));
-      if (!c.assumed.empty()) std::printf("     %s\n", c.assumed.c_str());
-    }
-    std::sort(errs.begin(), errs.end());
-    std::printf("rows %zu (%d skipped)  median |error| %.1f%%  max |error| %.1f%%\n\n", errs.size(), skipped,
-                100 * median(errs), 100 * errs.back());
-    if (by_source) {
-      print_groups("source", per_source);
-      print_groups("parallelism category", per_category);
-      print_groups("gpu", per_gpu);
-      print_zero3_at_scale();
-    }
-    if (!plan) return 0;
-    // The planner on each row's model, GPU count and global batch, against the published layout.
-    std::printf("%-4s %-14s %12s %12s %7s %9s %6s  %s\n", "row", "model", "published s", "planned s", "gain",
-                "simulated", "time", "best plan");
-    int not_worse = 0, rows = 0;
-    for (const auto& row : loom::sim::read_published_runs(path)) {
-      const loom::sim::PublishedCase pc = loom::sim::published_case(row);
-      const double published = loom::sim::simulate(pc.plan, pc.cluster).step_time_s;
-      loom::plan::PlanRequest req;
-      req.like = pc.plan;  // the published framework's own communication
-      req.cluster = pc.cluster;
-      req.global_batch = pc.plan.cfg.train.batch;
-      req.top = 1;
-      const loom::plan::PlanReport rep = loom::plan::search_plans(req);
-      ++rows;
-      if (rep.ranked.empty()) {
-        std::printf("%-4s no plan fits\n", row.id().c_str());
-        continue;
-      }
-      const double planned = rep.ranked.front().result.step_time_s;
-      not_worse += planned <= published * (1 + 1e-9);
-      std::printf("%-4s %-14s %12.3f %12.3f %6.1f%% %9lld %5.2fs  %s\n", row.id().c_str(),
-                  row.fields.at("model").c_str(), published, planned, 100 * (published / planned - 1),
-                  static_cast<long long>(rep.evaluated), rep.total_s,
-                  loom::plan::layout_label(rep.ranked.front().plan).substr(0, 90).c_str());
-      std::fflush(stdout);
-    }
-    std::printf("planner at least as fast as the published layout (predicted) on %d of %d rows\n", not_worse, rows);
+    if (!row_id.empty()) return explain_row(path, row_id);
+    print_table(path, by_source);
+    if (plan) print_plans(path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sim_published: %s\n", e.what());
     return 1;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "loom/core/config.h"
+#include "loom/core/error.h"
 #include "loom/sim/costs.h"
 #include "loom/sim/published.h"
 #include "loom/sim/simulator.h"
@@ -195,6 +196,40 @@ TEST(Published, UnstatedRecomputeOfAShardedRowIsTheLeastThatFits) {
   small.fields["zero_or_sharding"] = "FSDP (ZeRO-3-like)";
   EXPECT_EQ(published_case(small).plan.cfg.parallel.recompute, std::vector<Recompute>{Recompute::kNone});
   EXPECT_TRUE(published_case(small).assumed.empty());
+}
+
+// Note [Unstated Megatron flags]: a Megatron-LM README row states the overlap flags and not the
+// micro-batch, ffn, sharding or sp; --overlap-param-gather implies the distributed optimizer
+// (ZeRO-1), --tp-comm-overlap sequence parallelism at tp > 1, and the rest take Megatron's
+// defaults (micro-batch 1 from its examples, ffn 4 h), each said. Without the flags nothing is
+// inferred.
+TEST(Published, UnstatedMegatronFlagsTakeWhatMegatronImplies) {
+  PublishedRun row = row_of("Megatron-Core r0.8.0", "no (MFU)");
+  for (const char* k : {"micro_batch_size", "ffn_hidden"}) row.fields.erase(k);
+  for (auto [k, v] : {std::pair{"tensor_parallel", "4"}, {"data_parallel", "2"},
+                      {"notes", "Overlap enabled: --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap"}})
+    row.fields[k] = v;
+  const PublishedCase c = published_case(row);
+  const ParallelConfig& par = c.plan.cfg.parallel;
+  EXPECT_EQ(par.micro_batch, 1);
+  EXPECT_EQ(c.plan.cfg.train.grad_accum, 8);  // 16 sequences over dp 2, one at a time
+  EXPECT_EQ(c.plan.cfg.model.ffn, 4 * 1024);
+  EXPECT_EQ(par.zero, 1);
+  EXPECT_TRUE(par.sp);
+  EXPECT_EQ(c.plan.framework, Framework::kMegatron);
+  EXPECT_TRUE(c.plan.param_gather_overlap && c.plan.dp_overlap && c.plan.tp_overlap);
+  for (const char* said : {"micro-batch unstated: 1", "ffn unstated: 4 h", "distributed optimizer (ZeRO-1)",
+                           "--tp-comm-overlap: sequence parallel"})
+    EXPECT_NE(c.assumed.find(said), std::string::npos) << said << " not in: " << c.assumed;
+  PublishedRun plain = row;
+  plain.fields["notes"] = "";
+  const PublishedCase p = published_case(plain);
+  EXPECT_EQ(p.plan.cfg.parallel.zero, 0);
+  EXPECT_FALSE(p.plan.cfg.parallel.sp);
+  EXPECT_EQ(p.assumed, "micro-batch unstated: 1; ffn unstated: 4 h");
+  PublishedRun llama = plain;
+  llama.fields["model"] = "Llama 3 8B";
+  EXPECT_THROW(published_case(llama), loom::Error);  // a Llama row's MLP width has no Megatron default to take
 }
 
 // Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.873 of the preset's

@@ -75,7 +75,8 @@ bool contains(const std::string& hay, const std::string& needle) { return hay.fi
 std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
   const std::string name = text(row, "model");
   const bool llama = contains(name, "Llama"), nemotron = contains(name, "Nemotron");
-  int64_t ffn = int64_t(num(row, "ffn_hidden"));
+  // Unstated on a GPT row: Megatron-LM's default 4 h (Note [Unstated Megatron flags]).
+  int64_t ffn = int64_t(num(row, "ffn_hidden", llama || nemotron ? -1 : 4 * num(row, "hidden_size")));
   if (nemotron) ffn = ffn * 2 / 3;
   return {"model.preset=custom", std::string("model.arch=") + (llama || nemotron ? "llama" : "gpt"),
           "model.layers=" + text(row, "num_layers"), "model.d_model=" + text(row, "hidden_size"),
@@ -92,7 +93,40 @@ int64_t zero_stage(const PublishedRun& row) {
   const std::string z = text(row, "zero_or_sharding");
   if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3")) return 3;
   if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2")) return 2;
+  if (z.empty() && contains(text(row, "notes"), "--overlap-param-gather")) return 1;  // Note [Unstated Megatron flags]
   return 0;
+}
+
+// Note [Unstated Megatron flags]
+// Megatron-LM's README rows (2024-07, Megatron-Core r0.8.0) give the model, the parallel sizes
+// and the overlap flags and leave the rest unstated ("state your assumptions", the reference's
+// README). What Megatron-LM itself implies or defaults is taken, and each row says so:
+//  - --overlap-param-gather runs only with the distributed optimizer (megatron/training/
+//    arguments.py asserts use_distributed_optimizer for it): ZeRO-1.
+//  - --tp-comm-overlap runs only with sequence parallelism (arguments.py asserts
+//    sequence_parallel for it): sp wherever tp > 1.
+//  - ffn_hidden unstated: Megatron's default, 4 x hidden_size (arguments.py).
+//  - micro_batch_size unstated: 1, the --micro-batch-size of Megatron-LM's own GPT examples
+//    (examples/gpt3/train_gpt3_175b_distributed.sh); gradient accumulation makes up the batch.
+//  - interleaving unstated: none (it takes a flag the row does not list).
+//  - recompute unstated: the least that fits (Note [Unstated recompute]; the optimizer state is
+//    sharded).
+bool implied_sp(const PublishedRun& row) {
+  const std::string sp = text(row, "sequence_parallel");
+  if (!sp.empty()) return sp == "yes";
+  return num(row, "tensor_parallel") > 1 && contains(text(row, "notes"), "--tp-comm-overlap");
+}
+
+// What the row left unstated and was read from Megatron's flags and defaults, for the report.
+std::string unstated_flags(const PublishedRun& row) {
+  std::string out;
+  auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
+  if (text(row, "micro_batch_size").empty()) add("micro-batch unstated: 1");
+  if (text(row, "ffn_hidden").empty()) add("ffn unstated: 4 h");
+  if (text(row, "zero_or_sharding").empty() && zero_stage(row) == 1)
+    add("--overlap-param-gather: distributed optimizer (ZeRO-1)");
+  if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("--tp-comm-overlap: sequence parallel");
+  return out;
 }
 
 // Note [Published frameworks]
@@ -202,12 +236,13 @@ double megatron_flops_per_iteration(double B, double s, double l, double h, doub
 
 // Note [Unstated recompute]
 // A row that leaves its recompute unstated is read as none, but a run that ran fit in its
-// GPUs' memory: where the row shards its parameters, gradients and optimizer state (ZeRO-2/3,
-// FSDP: the sharding is stated, so recompute is the remaining lever), the least recompute
-// whose predicted peak fits the device is taken (none, selective, full; none again if nothing
-// fits) and said. Rows that shard nothing may have fit by an unstated distributed optimizer
-// instead (Megatron-core's, NeMo's recipes), so they keep none. MaxText's Llama 3 70B rows
-// (FSDP over 256-1,024 H100s, 2 x 8,192 tokens a GPU) need 351 GiB without recompute.
+// GPUs' memory: where the row's sharding is known (ZeRO-2/3 and FSDP stated; ZeRO-1 implied by
+// --overlap-param-gather, Note [Unstated Megatron flags]), recompute is the remaining lever, and
+// the least recompute whose predicted peak fits the device is taken (none, selective, full;
+// none again if nothing fits) and said. Rows that name no sharding may have fit by an unstated
+// distributed optimizer instead (Megatron-core's, NeMo's recipes), so they keep none.
+// MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s, 2 x 8,192 tokens a GPU) need 351 GiB
+// without recompute.
 namespace {
 std::string fit_unstated_recompute(PublishedCase& c) {
   const double device = c.cluster.device.memory_bytes;
@@ -239,7 +274,7 @@ PublishedCase published_case(const PublishedRun& row) {
                            int64_t(num(row, "num_gpus")), "");
   const int64_t heads = int64_t(num(row, "num_attention_heads"));
   const int64_t vpp = interleave(row);
-  const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size"));
+  const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size", 1));
   const int64_t gb = int64_t(num(row, "global_batch_size"));
   const std::string rec = text(row, "recompute");
   std::vector<std::string> sets = model_keys(row, heads);
@@ -248,7 +283,7 @@ PublishedCase published_case(const PublishedRun& row) {
       "parallel.dp=" + std::to_string(dp), "parallel.tp=" + text(row, "tensor_parallel"),
       "parallel.pp=" + text(row, "pipeline_parallel"), "parallel.vpp=" + std::to_string(vpp),
       "parallel.schedule=" + std::string(vpp > 1 ? "interleaved" : "1f1b"),
-      "parallel.sp=" + std::string(text(row, "sequence_parallel") == "yes" ? "true" : "false"),
+      "parallel.sp=" + std::string(implied_sp(row) ? "true" : "false"),
       "parallel.recompute=" + std::string(rec.rfind("full", 0) == 0 ? "full" : rec.rfind("selective", 0) == 0 ? "selective" : "none"),
       "parallel.micro_batch=" + std::to_string(mb), "parallel.zero=" + std::to_string(zero_stage(row))});
   c.plan.cfg = load_config("", sets);
@@ -280,7 +315,9 @@ PublishedCase published_case(const PublishedRun& row) {
     c.metric = "iteration_time_s";
     c.published = num(row, "iteration_time_s");
   }
-  if (rec.empty() && zero_stage(row) >= 2) c.assumed = fit_unstated_recompute(c);
+  c.assumed = unstated_flags(row);
+  if (rec.empty() && zero_stage(row) >= 1)
+    if (const std::string r = fit_unstated_recompute(c); !r.empty()) c.assumed += (c.assumed.empty() ? "" : "; ") + r;
   return c;
 }
 

@@ -199,7 +199,7 @@ std::string PublishedRun::label() const {
     return it == fields.end() ? std::string() : it->second;
   };
   return f("model") + " tp" + f("tensor_parallel") + " pp" + f("pipeline_parallel") + " dp" + f("data_parallel") +
-         " mb" + f("micro_batch_size") + " gb" + f("global_batch_size") + (f("sequence_parallel") == "yes" ? " sp" : "") +
+         " mb" + (f("micro_batch_size").empty() ? "?" : f("micro_batch_size")) + " gb" + f("global_batch_size") + (f("sequence_parallel") == "yes" ? " sp" : "") +
          " " + f("recompute").substr(0, f("recompute").find(' '));
 }
 

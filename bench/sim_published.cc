@@ -176,6 +176,7 @@ void print_plans(const std::string& path) {
     req.cluster = pc.cluster;
     req.global_batch = pc.plan.cfg.train.batch;
     req.top = 1;
+    if (pc.plan.cp > 1) req.cp = {1, pc.plan.cp};  // the row's context parallelism is on offer too
     const loom::plan::PlanReport rep = loom::plan::search_plans(req);
     ++rows;
     if (rep.ranked.empty()) {

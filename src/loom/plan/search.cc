@@ -15,7 +15,8 @@ namespace loom::plan {
 
 // Note [Plan search]
 // 1. Enumerate tp (divisors of the GPU count up to a node), pp (up to the layer count),
-//    cp (as asked), dp = gpus / (tp pp cp), micro-batch 1..8, 1F1B or interleaved with
+//    cp (as asked), dp = gpus / (tp pp cp), micro-batch 1, 2, 4, 8 and the config's own,
+//    1F1B or interleaved with
 //    vpp 2..4 (stages may be uneven) and every larger vpp that splits each stage's layers
 //    evenly (interleave_degrees: published layouts use up to 12, e.g. 96 layers on pp 8),
 //    sp on/off, ZeRO 0-3 and a uniform recompute policy. Layouts the engine's
@@ -50,6 +51,14 @@ struct Acc {
     if (rep.pruned[reason]++ == 0) rep.example[reason] = layout;
   }
 };
+
+// Micro-batches tried: 1, 2, 4, 8 and the one the given config names (a tuned run's 12 or 20
+// is not a power of two; Note [Plan search]).
+std::vector<int64_t> micro_batches(int64_t named) {
+  std::vector<int64_t> out = {1, 2, 4, 8};
+  if (named > 0 && std::find(out.begin(), out.end(), named) == out.end()) out.push_back(named);
+  return out;
+}
 
 bool fits(const sim::SimResult& r, const sim::ClusterSpec& c) { return r.peak_memory_bytes <= c.device.memory_bytes; }
 
@@ -214,7 +223,8 @@ std::string layout_label(const sim::SimPlan& p) {
 std::string layout_key(const sim::SimPlan& p) {
   sim::SimPlan q = p;
   std::vector<Recompute>& rc = q.cfg.parallel.recompute;
-  if (!rc.empty() && std::all_of(rc.begin(), rc.end(), [&](Recompute r) { return r == rc.front(); })) rc.resize(1);
+  if (!rc.empty() && std::all_of(rc.begin(), rc.end(), [&](Recompute r) { return r == rc.front(); }))
+    rc.erase(rc.begin() + 1, rc.end());
   return layout_label(q);
 }
 
@@ -321,7 +331,7 @@ PlanReport search_plans(const PlanRequest& req) {
       for (int64_t cp : req.cp) {
         if (gpus % (tp * pp * cp) != 0) continue;
         const int64_t dp = gpus / (tp * pp * cp);
-        for (int64_t mb : {1, 2, 4, 8}) {
+        for (int64_t mb : micro_batches(req.like.cfg.micro_batch())) {
           sim::SimPlan plan = req.like;
           plan.cp = cp;
           ParallelConfig& q = plan.cfg.parallel;

@@ -6,7 +6,7 @@
 // max |error| and the median signed error, all in step time (predicted / measured - 1:
 // negative is predicted too fast; a TFLOP/s row's is published / predicted - 1), after the
 // per-row table, whose error is in each row's own metric (issue 21's validation report).
-// --no-plan: skip the planner rows (slow on the 91 handed-over rows).
+// --no-plan: skip the planner rows (about two minutes on the 90 handed-over rows).
 // --row ID: one row's step-time breakdown and per-op costs instead (what its error is made of).
 #include <algorithm>
 #include <cmath>

@@ -52,8 +52,8 @@ struct Acc {
   }
 };
 
-// Micro-batches tried: 1, 2, 4, 8 and the one the given config names (a tuned run's 12 or 20
-// is not a power of two; Note [Plan search]).
+// Micro-batches tried: 1, 2, 4, 8 and the one the given config names in parallel.micro_batch
+// (a tuned run's 12 or 20 is not a power of two; Note [Plan search]).
 std::vector<int64_t> micro_batches(int64_t named) {
   std::vector<int64_t> out = {1, 2, 4, 8};
   if (named > 0 && std::find(out.begin(), out.end(), named) == out.end()) out.push_back(named);
@@ -331,7 +331,7 @@ PlanReport search_plans(const PlanRequest& req) {
       for (int64_t cp : req.cp) {
         if (gpus % (tp * pp * cp) != 0) continue;
         const int64_t dp = gpus / (tp * pp * cp);
-        for (int64_t mb : micro_batches(req.like.cfg.micro_batch())) {
+        for (int64_t mb : micro_batches(req.like.cfg.parallel.micro_batch)) {
           sim::SimPlan plan = req.like;
           plan.cp = cp;
           ParallelConfig& q = plan.cfg.parallel;

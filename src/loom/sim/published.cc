@@ -198,9 +198,10 @@ std::string PublishedRun::label() const {
     auto it = fields.find(k);
     return it == fields.end() ? std::string() : it->second;
   };
+  const std::string mb = f("micro_batch_size").empty() ? "?" : f("micro_batch_size");  // Note [Unstated Megatron flags]
   return f("model") + " tp" + f("tensor_parallel") + " pp" + f("pipeline_parallel") + " dp" + f("data_parallel") +
-         " mb" + (f("micro_batch_size").empty() ? "?" : f("micro_batch_size")) + " gb" + f("global_batch_size") + (f("sequence_parallel") == "yes" ? " sp" : "") +
-         " " + f("recompute").substr(0, f("recompute").find(' '));
+         " mb" + mb + " gb" + f("global_batch_size") + (f("sequence_parallel") == "yes" ? " sp" : "") + " " +
+         f("recompute").substr(0, f("recompute").find(' '));
 }
 
 std::vector<PublishedRun> read_published_runs(const std::string& path) {

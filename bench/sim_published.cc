@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     if (!std::strcmp(argv[i], "--by-source")) by_source = true;
     else if (!std::strcmp(argv[i], "--row") && i + 1 < argc) row_id = argv[++i];
+    else if (!std::strcmp(argv[i], "--row")) return std::fprintf(stderr, "sim_published: --row needs a row id\n"), 2;
     else if (!std::strcmp(argv[i], "--no-plan")) plan = false;
     else if (argv[i][0] == '-') return std::fprintf(stderr, "sim_published: unknown option %s\n", argv[i]), 2;
     else path = argv[i];

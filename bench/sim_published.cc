@@ -140,8 +140,7 @@ void print_table(const std::string& path, bool by_source) {
     const double step_err = c.step_time_error();  // groups compare in one sense
     per_source[field(row, "source_id")].push_back(step_err);
     per_category[field(row, "parallelism_category")].push_back(step_err);
-    const std::string gpu = field(row, "gpu_type");  // "H100-80GB", "H100 (80GB; ...)": H100
-    per_gpu[gpu.substr(0, gpu.find_first_of("- "))].push_back(step_err);
+    per_gpu[row.gpu_family()].push_back(step_err);
     std::printf("%-4s %-52s %-17s %10.2f %10.2f %+7.1f%% %6.3f %6.3f %6.3f %7.1f\n", c.id.c_str(), c.label.c_str(),
                 c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.result.mfu, c.result.hfu,
                 c.result.bubble_fraction, c.result.peak_memory_bytes / double(1 << 30));

@@ -118,7 +118,9 @@ TEST(FusedAttention, NewerKernelsShortenALongSequenceStep) {
     p.attention = k;
     const SimResult r = simulate(p, c);
     EXPECT_LT(r.step_time_s, last) << int(k);
-    if (flops >= 0) EXPECT_EQ(r.model_flops, flops);
+    if (flops >= 0) {
+      EXPECT_EQ(r.model_flops, flops);
+    }
     last = r.step_time_s, flops = r.model_flops;
   }
 }

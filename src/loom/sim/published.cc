@@ -204,6 +204,12 @@ std::string PublishedRun::label() const {
          f("recompute").substr(0, f("recompute").find(' '));
 }
 
+std::string PublishedRun::gpu_family() const {
+  const auto it = fields.find("gpu_type");
+  const std::string gpu = it == fields.end() ? std::string() : it->second;
+  return gpu.substr(0, gpu.find_first_of("- "));
+}
+
 std::vector<PublishedRun> read_published_runs(const std::string& path) {
   std::ifstream f(path);
   LOOM_CHECK(f, "cannot read published runs file ", path);

@@ -14,6 +14,9 @@ struct PublishedRun {
   std::map<std::string, std::string> fields;  // column -> text, as in the CSV
   std::string id() const;                     // row_id
   std::string label() const;                  // "GPT 175B tp8 pp8 dp1 ..."
+  // The GPU's family, the gpu_type before its first '-' or ' ': "A100" for "A100-80GB",
+  // "H100" for "H100 (80GB; SXM assumed, ...)"; the family loom plan's error bands group by.
+  std::string gpu_family() const;
 };
 
 // RFC 4180 CSV with a header row. Throws loom::Error naming the file and line.

@@ -76,10 +76,7 @@ const std::vector<ValidationPoint>& published_points() {
       } catch (const Error&) {
         continue;  // a row the reader cannot express (bench/sim_published prints why)
       }
-      // "A100-80GB", "H100 (80GB; SXM assumed, ...)": the GPU's family is the name before either.
-      const auto gpu = row.fields.find("gpu_type");
-      const std::string name = gpu == row.fields.end() ? "" : gpu->second;
-      out.push_back({layout_kind(c.plan), device_family(name.substr(0, name.find(' '))), c.step_time_error()});
+      out.push_back({layout_kind(c.plan), row.gpu_family(), c.step_time_error()});
     }
     return out;
   }();

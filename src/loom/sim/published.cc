@@ -150,22 +150,26 @@ Attention published_attention(const PublishedRun& row) {
 
 // Note [Stack efficiency]
 // The device presets' GEMM and attention curves are what current kernels reach (the H100's
-// 1e12-FLOP point measured through PyTorch 2.11 / cuBLAS in 2026). A stack of another era can
-// reach less on the same device; where a source shows it, its rows run at that fraction of the
-// preset's compute rate (the cluster's peak: GEMMs and attention alike; memory-bound kernels
-// and links unchanged). `loom simulate --compute-efficiency` states it for a user's stack.
+// measured through PyTorch 2.11 / cuBLAS / cuDNN 9.19 in 2026, sustained under its power
+// cap: configs/clusters/dgx-h100.toml). A stack of another era can reach less on the same
+// device; where a source shows it, its rows run at that fraction of the preset's compute
+// rate (the cluster's peak: GEMMs and attention alike; memory-bound kernels and links
+// unchanged). `loom simulate --compute-efficiency` states it for a user's stack.
 //   llm-foundry / Composer on H100 (the README's 2023 H100 BF16 tables: PyTorch FSDP with
-//   FlashAttention-1-class kernels): 0.873, the factor that prices the table's four
+//   FlashAttention-1-class kernels): 0.957, the factor that prices the table's four
 //   compute-bound rows - full recompute, >= 40k tokens a micro-batch, so FSDP's collectives are
 //   a few percent of the compute - with zero mean error (rows 232, 238, 241, 244, with their
-//   stack's backward prefetch, Note [Backward prefetch]; at 1 their published / predicted is
-//   0.881, 0.893, 0.869, 0.882, and their sequences run from 1,024 to 16,384, so it is a rate,
-//   not an attention curve). The source's other 17 H100 rows are its
-//   check. Its A100 rows take 1 (at 1 the stack's 27 A100 rows are priced with a median
-//   signed error of +3.3%, too fast if anything).
+//   stack's backward prefetch, Note [Backward prefetch]); their sequences run from 1,024 to
+//   16,384, so it is a rate, not an attention curve. It was 0.873 over the preset's earlier,
+//   partly assumed curves (GEMMs at 0.76 of peak from a single burst, 4 us a
+//   kernel): most of that gap was the preset's, not the stack's. The source's other 17 H100
+//   rows are its check. Its A100 rows take 1 (at 1 the stack's 27 A100 rows are priced with
+//   a median signed error of +3.3%, too fast if anything).
+constexpr double kFoundryH100Efficiency = 0.957;
+
 double stack_efficiency(const PublishedRun& row) {
   const bool foundry = text(row, "framework").rfind("llm-foundry", 0) == 0;
-  return foundry && text(row, "gpu_type").rfind("H100", 0) == 0 ? 0.873 : 1.0;
+  return foundry && text(row, "gpu_type").rfind("H100", 0) == 0 ? kFoundryH100Efficiency : 1.0;
 }
 
 // Whose ZeRO ran the row (Note [Sharding implementations]): rows that shard gradients or

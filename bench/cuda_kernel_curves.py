@@ -15,7 +15,8 @@ What it times, bf16 throughout, random normal operands:
           Hopper), by sequence length and head dim, FLOPs counted as the papers count them
           (forward 4 b h s^2 d / 2 causal, backward 2.5 x forward);
   launch  the time per kernel of a one-element add, eager (Python launch-bound) and graphed;
-  sustain (only when named) a GEMM as a burst between idle gaps and replayed for 8 s.
+  sustain (only when named) a GEMM as a burst between idle gaps and replayed for 8 s;
+  power   (only when named) one GEMM sustained for 5 s per operand distribution.
 Each GEMM and memory kernel is replayed in a CUDA graph over enough copies of its operands
 that they do not stay in L2 (50 MB on H100): a step's GEMMs read weights and activations last
 touched a layer ago. Times are the median of 5 replays, each divided by its kernel count."""
@@ -242,6 +243,32 @@ def sustain():
         del x, W
 
 
+def power():
+    """One GEMM shape (an fc2: 16384 tokens, 8192 -> 8192) sustained for 5 s per operand
+    distribution: the rate a power-capped GPU holds depends on how many bits toggle."""
+    M, K, N = (128, 64, 64) if SMOKE else (16384, 8192, 8192)
+    g = lambda *s: torch.randn(*s, device=DEV, dtype=torch.float32)
+    dists = {
+        "randn x randn": (g(M, K), g(N, K)),
+        "randn x 0.02 randn": (g(M, K), 0.02 * g(N, K)),
+        "gelu(randn) x 0.02 randn": (F.gelu(g(M, K), approximate="tanh"), 0.02 * g(N, K)),
+        "relu(randn)^2 x 0.02 randn": (torch.relu(g(M, K)) ** 2, 0.02 * g(N, K)),
+        "zeros": (torch.zeros(M, K, device=DEV), torch.zeros(N, K, device=DEV)),
+    }
+    flops = 2.0 * M * N * K
+    for name, (x, W) in dists.items():
+        x, W = x.to(BF16), W.to(BF16)
+        per, start = [], time.time()
+        while time.time() - start < (0.01 if SMOKE else 5):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                torch.matmul(x, W.t())
+            sync()
+            per.append(((time.perf_counter() - t0) / 10, time.time() - start))
+        late = sorted(t for t, at in per if at >= 2) or [per[-1][0]]
+        emit(kind="power", data=name, flops=flops, s=late[len(late) // 2], tflops=flops / late[len(late) // 2] / 1e12)
+
+
 def main():
     if not SMOKE:
         p = torch.cuda.get_device_properties(0)
@@ -250,7 +277,7 @@ def main():
     which = [a for a in sys.argv[1:] if not a.startswith("--")] or ["launch", "attn", "mem", "gemm"]
     for w in which:
         t0 = time.time()
-        {"gemm": gemm_grid, "mem": mem_grid, "attn": attn_grid, "launch": launch, "sustain": sustain}[w]()
+        {"gemm": gemm_grid, "mem": mem_grid, "attn": attn_grid, "launch": launch, "sustain": sustain, "power": power}[w]()
         emit(kind="section", name=w, wall_s=time.time() - t0)
 
 

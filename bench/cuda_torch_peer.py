@@ -4,6 +4,8 @@ tied head) in bf16 autocast with fp32 master weights and AdamW, on one CUDA devi
 
   cuda_torch_peer.py gemm                       bf16 GEMM peak (8192^3, random data)
   cuda_torch_peer.py train MODE B T STEPS       MODE eager | compile: tokens/s and MFU
+  cuda_torch_peer.py split MODE BACKEND V L C H T STEPS   any GPT at batch 1: forward + backward
+      and the optimizer timed apart (the simulator's compute and optimizer terms)
   cuda_torch_peer.py profile MODE B T STEPS     the GPU kernels of STEPS steps (torch.profiler): the
       top kernels by GPU time per step, for comparing with loom's LOOM_CUDA_PROFILE table
   cuda_torch_peer.py curve INIT BATCHES V L C H LR WARMUP MIN_RATIO WD
@@ -116,6 +118,41 @@ def train(mode, B, T, steps):
                 params=n, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
 
 
+def split(mode, backend, V, L, C, H, T, steps):
+    """One GPT of any size (batch 1, sequence T) on one GPU, its step split as the simulator
+    splits it: forward + backward of a micro-batch, and the optimizer (gradient clipping and a
+    fused AdamW, as Megatron's fused Adam), each timed with CUDA events, median of `steps`.
+    `backend` picks scaled_dot_product_attention's kernel: cudnn | flash (FlashAttention-2)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    model = GPT(V, T, L, C, H).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    run = torch.compile(model) if mode == "compile" else model
+    x = torch.randint(0, V, (1, T), device="cuda")
+    y = torch.randint(0, V, (1, T), device="cuda")
+    fb, op = [], []
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION if backend == "cudnn" else SDPBackend.FLASH_ATTENTION]):
+        for i in range(steps + 3):
+            e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            e[0].record()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = run(x, y)
+            loss.backward()
+            e[1].record()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            e[2].record()
+            opt.zero_grad(set_to_none=True)
+            e[2].synchronize()
+            if i >= 3:
+                fb.append(e[0].elapsed_time(e[1]))
+                op.append(e[1].elapsed_time(e[2]))
+    fb.sort(), op.sort()
+    n = sum(p.numel() for p in model.parameters())
+    return dict(peer=f"torch-{mode}-{backend}", V=V, L=L, C=C, H=H, T=T, params=n, fwd_bwd_ms=fb[len(fb) // 2],
+                optimizer_ms=op[len(op) // 2], peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+
+
 def profile(mode, B, T, steps, top=40):
     """Prints the top GPU kernels of `steps` steps by time per step (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile as prof
@@ -214,6 +251,9 @@ if __name__ == "__main__":
     elif what == "train":
         print(json.dumps(dict(device=dev, **train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))),
               flush=True)
+    elif what == "split":  # split MODE BACKEND V L C H T STEPS
+        a = sys.argv
+        print(json.dumps(dict(device=dev, **split(a[2], a[3], *(int(v) for v in a[4:10])))), flush=True)
     elif what == "profile":
         profile(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif what == "curve":  # curve INIT.safetensors BATCHES V L C H LR WARMUP MIN_RATIO WD

@@ -121,8 +121,9 @@ TEST(Planner, OffersTwoBwWithItsCaveat) {
     EXPECT_NE(plan::approximation_caveat(c.plan).find("change the optimisation"), std::string::npos);
     for (const plan::PlanCandidate& o : rep.ranked)
       if (o.plan.cfg.parallel.schedule == ScheduleKind::k1F1B && plan::layout_label(o.plan) ==
-              plan::layout_label(c.plan).replace(plan::layout_label(c.plan).find(" 2bw "), 5, " 1f1b "))
+              plan::layout_label(c.plan).replace(plan::layout_label(c.plan).find(" 2bw "), 5, " 1f1b ")) {
         EXPECT_LT(c.result.step_time_s, o.result.step_time_s) << plan::layout_label(c.plan);
+      }
   }
   EXPECT_GT(two_bw, 0);
 }

@@ -53,7 +53,9 @@ TEST(OverlapCost, ClusterFilesCarryItAndRefuseWhatIsNotACost) {
       ADD_FAILURE() << bad;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("device.overlap_cost"), std::string::npos) << e.what();
-      if (std::string(bad).back() == '5') EXPECT_NE(std::string(e.what()).find("0 to 4"), std::string::npos) << e.what();
+      if (std::string(bad).back() == '5') {
+        EXPECT_NE(std::string(e.what()).find("0 to 4"), std::string::npos) << e.what();
+      }
     }
   }
 }

@@ -90,11 +90,17 @@ TEST(ZeroCost, DeepSpeed2021ThroughputFallsAsGpusGrowAtAFixedBatch) {
     const double ds = simulate(plan_of(sets, Framework::kDeepSpeed2021), c).tflops_per_gpu;
     const double fsdp = simulate(plan_of(sets, Framework::kFsdp), free_overlap).tflops_per_gpu;
     const double contended = simulate(plan_of(sets, Framework::kFsdp), c).tflops_per_gpu;
-    if (prev_ds > 0) EXPECT_LT(ds, 0.75 * prev_ds) << n;
-    if (first_fsdp > 0) EXPECT_NEAR(fsdp, first_fsdp, 0.01 * first_fsdp) << n;
+    if (prev_ds > 0) {
+      EXPECT_LT(ds, 0.75 * prev_ds) << n;
+    }
+    if (first_fsdp > 0) {
+      EXPECT_NEAR(fsdp, first_fsdp, 0.01 * first_fsdp) << n;
+    }
     const double loss = 1 - contended / fsdp;
     EXPECT_GT(loss, 0.0) << n;
-    if (prev_loss > 0) EXPECT_NEAR(loss / prev_loss, 2.0, 0.4) << n;
+    if (prev_loss > 0) {
+      EXPECT_NEAR(loss / prev_loss, 2.0, 0.4) << n;
+    }
     prev_loss = loss;
     if (first_fsdp == 0) first_fsdp = fsdp;
     prev_ds = ds;

@@ -41,8 +41,9 @@ namespace {
 Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   const Config& cfg = plan.cfg;
   const ParallelConfig& par = cfg.parallel;
+  // The byte widths, p2p costs and chunks are set below.
   Setup s{plan, cluster, par.tp, par.pp, par.dp, plan.cp, par.vpp, par.pp * par.vpp, cfg.train.grad_accum,
-          cfg.seq_len(), {}, {}, {}, 4, 4, 0, 0, {}};
+          cfg.seq_len(), {}, {}, {}, 4, 4, 4, 0, 0, {}, false};
   s.rk = par.recompute_layers(cfg.model.layers);
   s.split = splits_backward(par.schedule) && s.pp > 1;
   LOOM_CONFIG_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");

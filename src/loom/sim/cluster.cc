@@ -205,6 +205,20 @@ void read_class_curves(const TableReader& root, const TableReader& d, DeviceSpec
 
 // Note [GEMM width] (sim/costs.cc): gemm_width_efficiency and its _1t where present; one
 // thread can beat 1/threads of peak.
+// The curves a device may leave out (each empty then: Note [Cost model] says what stands in).
+void read_optional_curves(const TableReader& root, const TableReader& d, DeviceSpec& dev) {
+  auto has = [&](const std::string& n) { return root.sub("device") && root.sub("device")->get(n); };
+  if (has("attention_efficiency")) dev.attention_efficiency = d.curve("attention_efficiency", 1.0);
+  const double most_1t = double(std::max<int64_t>(1, d.integer("threads", 0)));
+  for (auto [key, curve, most] : {std::tuple{"optimizer_efficiency", &dev.optimizer_efficiency, 1.0},
+                                  std::tuple{"optimizer_efficiency_1t", &dev.optimizer_efficiency_1t, most_1t}})
+    if (has(key)) *curve = d.curve(key, most);
+  for (int g = 1; g <= 3; ++g)
+    if (const std::string key = "flash" + std::to_string(g) + "_efficiency"; has(key)) dev.flash_efficiency[g] = d.curve(key, 1.0);
+  if (has("flash3_head_dim_rate")) dev.flash3_head_dim_rate = d.curve("flash3_head_dim_rate", 2.0);
+  if (has("gemm_backward_factor")) dev.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
+}
+
 void read_width_curves(const TableReader& root, const TableReader& d, DeviceSpec& dev) {
   auto has = [&](const char* n) { return root.sub("device") && root.sub("device")->get(n); };
   if (has("gemm_width_efficiency")) dev.gemm_width_efficiency = d.width_curves("gemm_width_efficiency", 1.0);
@@ -260,7 +274,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "optimizer_efficiency_1t", "special_function_tops", "norm_efficiency", "norm_efficiency_1t",
                  "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
                  "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
-                 "gemm_width_efficiency_1t", "overlap_cost"});
+                 "gemm_width_efficiency_1t", "overlap_cost", "flash3_head_dim_rate"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -273,17 +287,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.mixed_precision = d.boolean("mixed_precision", c.device.dtype_bytes == 2);
   c.device.gemm_efficiency = d.curve("gemm_efficiency", 1.0);
   c.device.memory_efficiency = d.curve("memory_efficiency", 1.0);
-  if (root.sub("device") && root.sub("device")->get("attention_efficiency"))
-    c.device.attention_efficiency = d.curve("attention_efficiency", 1.0);
-  const double most_1t = double(std::max<int64_t>(1, d.integer("threads", 0)));
-  for (auto [key, curve, most] : {std::tuple{"optimizer_efficiency", &c.device.optimizer_efficiency, 1.0},
-                                  std::tuple{"optimizer_efficiency_1t", &c.device.optimizer_efficiency_1t, most_1t}})
-    if (root.sub("device") && root.sub("device")->get(key)) *curve = d.curve(key, most);
-  for (int g = 1; g <= 3; ++g)
-    if (const std::string key = "flash" + std::to_string(g) + "_efficiency"; root.sub("device") && root.sub("device")->get(key))
-      c.device.flash_efficiency[g] = d.curve(key, 1.0);
-  if (root.sub("device") && root.sub("device")->get("gemm_backward_factor"))
-    c.device.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
+  read_optional_curves(root, d, c.device);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
   c.device.special_function_rate = d.number("special_function_tops", 0, false) * 1e12;
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
@@ -420,6 +424,8 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   for (int g = 1; g <= 3; ++g)
     if (!c.device.flash_efficiency[g].points.empty())
       os << "\nflash" << g << "_efficiency = " << curve(c.device.flash_efficiency[g]);
+  if (!c.device.flash3_head_dim_rate.points.empty())
+    os << "\nflash3_head_dim_rate = " << curve(c.device.flash3_head_dim_rate);
   if (!c.device.gemm_backward_factor.points.empty())
     os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
   if (c.device.page_fault_bw > 0) os << "\npage_fault_gbps = " << c.device.page_fault_bw / 1e9;

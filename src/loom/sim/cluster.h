@@ -54,6 +54,9 @@ struct DeviceSpec {
   // and below flash1 the GEMM roofline.
   Curve flash_efficiency[4];
   double special_function_rate = 0;  // exponentials/s (SFUs); 0: head dims priced as 128's
+  // The Hopper kernels' rate per FLOP at a head dim over their rate at 128 (x: head dim),
+  // measured; empty: every head dim as 128's (Note [Fused attention kernels]).
+  Curve flash3_head_dim_rate;
 
   // x: FLOPs of a forward GEMM -> (its backward's time) / (2 x its forward's time), as
   // measured by `loom calibrate` (loom's backward kernel adds a bias reduction and, in

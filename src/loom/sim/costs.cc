@@ -299,7 +299,12 @@ double overlapped_s(const DeviceSpec& d, double comm_s, double window_s) {
 // the backward recomputing P) against 7 s^2 hd matmul FLOPs (2 s^2 hd forward, 2.5x that
 // backward), so exponentials add r(hd) = peak e / (7 hd sfu) of the matmul time, and a head
 // dim other than 128 scales the time by (1 + r(hd)) / (1 + r(128)): on H100 at e = 0.35,
-// r(128) = 0.10 and r(64) = 0.20, so hd 64 runs 9% slower per FLOP.
+// r(128) = 0.10 and r(64) = 0.20, so hd 64 runs 9% slower per FLOP (measured on a lent H100,
+// PyTorch's FlashAttention-2: 10%). The Hopper kernels overlap the exponentials with the
+// matmuls but do not hide them at small heads: cuDNN's fused attention ran head dim 64 at
+// 0.81-0.83 of its head-dim-128 rate per FLOP on the same H100 (bench/cuda_kernel_curves.py,
+// every length 512-32k), so a device measures that ratio (flash3_head_dim_rate, by head dim)
+// and a flash3 op's time is scaled by rate(128) / rate(hd); without it, by 1.
 namespace {
 const Curve* flash_curve(const DeviceSpec& d, Attention k) {
   for (int g = int(k); g >= 1; --g)
@@ -308,7 +313,12 @@ const Curve* flash_curve(const DeviceSpec& d, Attention k) {
 }
 
 double head_dim_factor(const DeviceSpec& d, Attention k, double e, double hd) {
-  if (k == Attention::kFlash3 || d.special_function_rate <= 0 || hd <= 0) return 1.0;
+  if (hd <= 0) return 1.0;
+  if (k == Attention::kFlash3) {
+    const Curve& r = d.flash3_head_dim_rate;
+    return r.points.empty() ? 1.0 : r.at(128) / r.at(hd);
+  }
+  if (d.special_function_rate <= 0) return 1.0;
   auto r = [&](double h) { return d.peak_flops * e / (7 * h * d.special_function_rate); };
   return (1 + r(hd)) / (1 + r(128));
 }

@@ -239,6 +239,36 @@ TEST(Published, UnstatedMegatronFlagsTakeWhatMegatronImplies) {
   EXPECT_THROW(published_case(llama), loom::Error);  // a Llama row's MLP width has no Megatron default to take
 }
 
+// Note [NeMo launcher configs]: a NeMo launcher row runs its config's distributed optimizer
+// (ZeRO-1) with the reduce and gather overlapped, sp and overlapped tp communication at tp > 1,
+// no recompute; Nemotron-4 340B's config overlaps no tp communication and recomputes
+// selectively. What the row states wins.
+TEST(Published, NemoLauncherRowsTakeTheirConfigs) {
+  PublishedRun row = row_of("NeMo (NeMo Launcher / Megatron-Core), container 24.12", "no (MFU)");
+  row.fields["tensor_parallel"] = "4", row.fields["data_parallel"] = "2";
+  const PublishedCase c = published_case(row);
+  EXPECT_EQ(c.plan.cfg.parallel.zero, 1);
+  EXPECT_TRUE(c.plan.cfg.parallel.sp);
+  EXPECT_TRUE(c.plan.dp_overlap && c.plan.param_gather_overlap && c.plan.tp_overlap);
+  EXPECT_EQ(c.plan.cfg.parallel.recompute_layers(4), std::vector<Recompute>(4, Recompute::kNone));
+  EXPECT_NE(c.assumed.find("NeMo launcher config"), std::string::npos) << c.assumed;
+  PublishedRun big = row;
+  big.fields["model"] = "Nemotron-4 340B";
+  big.fields["num_query_groups"] = "8", big.fields["ffn_hidden"] = "6144";
+  const PublishedCase b = published_case(big);
+  EXPECT_FALSE(b.plan.tp_overlap);
+  EXPECT_TRUE(b.plan.cfg.parallel.sp && b.plan.dp_overlap);
+  EXPECT_EQ(b.plan.cfg.parallel.recompute_layers(4), std::vector<Recompute>(4, Recompute::kSelective));
+  PublishedRun stated = row;
+  stated.fields["sequence_parallel"] = "no", stated.fields["zero_or_sharding"] = "none";
+  const PublishedCase s = published_case(stated);
+  EXPECT_FALSE(s.plan.cfg.parallel.sp);
+  EXPECT_EQ(s.plan.cfg.parallel.zero, 0);
+  // Another framework's row infers none of it.
+  const PublishedCase m = published_case(row_of("Megatron-LM (2021)", ""));
+  EXPECT_FALSE(m.plan.dp_overlap || m.plan.param_gather_overlap || m.plan.tp_overlap);
+}
+
 // Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.957 of the preset's
 // compute rate; the same stack on A100, and Megatron-core on H100, at the preset's own.
 TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {

@@ -86,16 +86,36 @@ std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
           "model.ctx=" + text(row, "seq_length")};
 }
 
+bool nemo_launcher(const PublishedRun& row) { return contains(text(row, "framework"), "NeMo Launcher"); }
+
 // PyTorch FSDP and MaxText shard parameters, gradients and optimizer state (ZeRO-3;
-// SHARD_GRAD_OP keeps parameters whole, ZeRO-2); Megatron's DDP and NeMo's rows shard
-// nothing.
+// SHARD_GRAD_OP keeps parameters whole, ZeRO-2); Megatron's DDP shards nothing; the
+// distributed optimizer (ZeRO-1) where Megatron's flags or NeMo's configs imply it.
 int64_t zero_stage(const PublishedRun& row) {
   const std::string z = text(row, "zero_or_sharding");
   if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3")) return 3;
   if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2")) return 2;
   if (z.empty() && contains(text(row, "notes"), "--overlap-param-gather")) return 1;  // Note [Unstated Megatron flags]
+  if (z.empty() && nemo_launcher(row)) return 1;  // Note [NeMo launcher configs]
   return 0;
 }
+
+// Note [NeMo launcher configs]
+// The S09 rows (NVIDIA's dgxc-benchmarking, NeMo container 24.12 through the NeMo Framework
+// Launcher) state the model, the parallel sizes and the micro-batch; the rest is the launcher's
+// training config for the model, which every row's README names ("the default configuration
+// for Nemotron 15b": NeMo-Framework-Launcher, launcher_scripts/conf/training/nemotron/
+// nemotron_15b.yaml; gpt3/175b; llama/llama3_1_70b and 405b; dgxc-benchmarking's own copies
+// nemotron4-15b-synth, nemotron4-340b-synth and nemo_megatron/gpt3_175b_hydra). Every one sets
+// sequence_parallel: true and optim distributed_fused_adam with overlap_grad_sync and
+// overlap_param_sync: sp wherever tp > 1 and ZeRO-1 with the gradient reduce and the parameter
+// gather overlapped; activations_checkpoint_granularity: null (no recompute) except Nemotron-4
+// 340B's (selective). ub_tp_comm_overlap (Transformer Engine's userbuffers: tp communication
+// overlapped with the GEMMs) is true in each except Nemotron-4 340B's. A row that states a value
+// keeps it. (Llama 3.1 8B's config was not read; it runs tp 1, where only the optimizer's
+// settings apply, taken as its siblings'.)
+bool nemo_340b(const PublishedRun& row) { return nemo_launcher(row) && contains(text(row, "model"), "Nemotron-4 340B"); }
+bool nemo_tp_overlap(const PublishedRun& row) { return nemo_launcher(row) && !nemo_340b(row); }
 
 // Note [Unstated Megatron flags]
 // Megatron-LM's README rows (2024-07, Megatron-Core r0.8.0) give the model, the parallel sizes
@@ -114,7 +134,7 @@ int64_t zero_stage(const PublishedRun& row) {
 bool implied_sp(const PublishedRun& row) {
   const std::string sp = text(row, "sequence_parallel");
   if (!sp.empty()) return sp == "yes";
-  return num(row, "tensor_parallel") > 1 && contains(text(row, "notes"), "--tp-comm-overlap");
+  return num(row, "tensor_parallel") > 1 && (contains(text(row, "notes"), "--tp-comm-overlap") || nemo_launcher(row));
 }
 
 // What the row left unstated and was read from Megatron's flags and defaults, for the report.
@@ -123,6 +143,13 @@ std::string unstated_flags(const PublishedRun& row) {
   auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
   if (text(row, "micro_batch_size").empty()) add("micro-batch unstated: 1");
   if (text(row, "ffn_hidden").empty()) add("ffn unstated: 4 h");
+  if (nemo_launcher(row)) {
+    if (text(row, "zero_or_sharding").empty()) add("NeMo launcher config: distributed optimizer (ZeRO-1), overlapped");
+    if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("sequence parallel");
+    if (nemo_tp_overlap(row) && num(row, "tensor_parallel") > 1) add("tp communication overlapped");
+    if (text(row, "recompute").empty() && nemo_340b(row)) add("recompute selective");
+    return out;
+  }
   if (text(row, "zero_or_sharding").empty() && zero_stage(row) == 1)
     add("--overlap-param-gather: distributed optimizer (ZeRO-1)");
   if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("--tp-comm-overlap: sequence parallel");
@@ -287,7 +314,7 @@ PublishedCase published_case(const PublishedRun& row) {
   const int64_t vpp = interleave(row);
   const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size", 1));
   const int64_t gb = int64_t(num(row, "global_batch_size"));
-  const std::string rec = text(row, "recompute");
+  const std::string rec = text(row, "recompute").empty() && nemo_340b(row) ? "selective" : text(row, "recompute");
   std::vector<std::string> sets = model_keys(row, heads);
   sets.insert(sets.end(), {
       "train.batch=" + std::to_string(gb), "train.grad_accum=" + std::to_string(gb / (mb * dp)),
@@ -305,9 +332,10 @@ PublishedCase published_case(const PublishedRun& row) {
   // Note [Tensor-parallel overlap]).
   const std::string notes = text(row, "notes");
   auto flag = [&](const char* f) { return notes.find(f) != std::string::npos; };
-  c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos || flag("--overlap-grad-reduce");
-  c.plan.param_gather_overlap = flag("--overlap-param-gather");
-  c.plan.tp_overlap = flag("--tp-comm-overlap");
+  const bool nemo = nemo_launcher(row);  // Note [NeMo launcher configs]
+  c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos || flag("--overlap-grad-reduce") || nemo;
+  c.plan.param_gather_overlap = flag("--overlap-param-gather") || nemo;
+  c.plan.tp_overlap = flag("--tp-comm-overlap") || nemo_tp_overlap(row);
   // Composer (llm-foundry) gathers backward's next unit after the current one's gradients
   // (Note [Backward prefetch]); its rows leave backward_prefetch at Composer's default.
   c.plan.backward_prefetch_post = text(row, "framework").rfind("llm-foundry", 0) == 0 && zero_stage(row) >= 3;
@@ -327,7 +355,7 @@ PublishedCase published_case(const PublishedRun& row) {
     c.published = num(row, "iteration_time_s");
   }
   c.assumed = unstated_flags(row);
-  if (rec.empty() && zero_stage(row) >= 1)
+  if (rec.empty() && zero_stage(row) >= 1 && !nemo_launcher(row))  // NeMo's configs state theirs
     if (const std::string r = fit_unstated_recompute(c); !r.empty()) c.assumed += (c.assumed.empty() ? "" : "; ") + r;
   return c;
 }

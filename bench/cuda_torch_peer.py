@@ -4,8 +4,9 @@ tied head) in bf16 autocast with fp32 master weights and AdamW, on one CUDA devi
 
   cuda_torch_peer.py gemm                       bf16 GEMM peak (8192^3, random data)
   cuda_torch_peer.py train MODE B T STEPS       MODE eager | compile: tokens/s and MFU
-  cuda_torch_peer.py split MODE BACKEND V L C H T STEPS   any GPT at batch 1: forward + backward
-      and the optimizer timed apart (the simulator's compute and optimizer terms)
+  cuda_torch_peer.py split MODE BACKEND V L C H T STEPS [G F]   any GPT (or, with G kv heads and
+      an MLP width F, a Llama) at batch 1: forward + backward and the optimizer timed apart (the
+      simulator's compute and optimizer terms)
   cuda_torch_peer.py profile MODE B T STEPS     the GPU kernels of STEPS steps (torch.profiler): the
       top kernels by GPU time per step, for comparing with loom's LOOM_CUDA_PROFILE table
   cuda_torch_peer.py curve INIT BATCHES V L C H LR WARMUP MIN_RATIO WD
@@ -56,6 +57,68 @@ class GPT(nn.Module):
         for b in s.blocks:
             x = b(x)
         logits = s.lnf(x) @ s.wte.weight.t()
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+class RMSNorm(nn.Module):
+    def __init__(s, C):
+        super().__init__()
+        s.w = nn.Parameter(torch.ones(C))
+
+    def forward(s, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * s.w
+
+
+def rope(x, cos, sin):  # (B, heads, T, hd), rotating the two halves (Llama's layout in HF)
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """RMSNorm, grouped-query attention with RoPE, SwiGLU; no biases (Llama 3)."""
+
+    def __init__(s, C, H, G, Fh):
+        super().__init__()
+        s.H, s.G, s.hd = H, G, C // H
+        s.n1, s.n2 = RMSNorm(C), RMSNorm(C)
+        s.qkv = nn.Linear(C, (H + 2 * G) * s.hd, bias=False)
+        s.o = nn.Linear(C, C, bias=False)
+        s.gu, s.down = nn.Linear(C, 2 * Fh, bias=False), nn.Linear(Fh, C, bias=False)
+
+    def forward(s, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = s.qkv(s.n1(x)).split([s.H * s.hd, s.G * s.hd, s.G * s.hd], dim=-1)
+        q = rope(q.view(B, T, s.H, s.hd).transpose(1, 2), cos, sin)
+        k = rope(k.view(B, T, s.G, s.hd).transpose(1, 2), cos, sin).repeat_interleave(s.H // s.G, dim=1)
+        v = v.view(B, T, s.G, s.hd).transpose(1, 2).repeat_interleave(s.H // s.G, dim=1)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0, for trying the script on the CPU
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(s.hd)
+            y = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1) @ v
+        x = x + s.o(y.transpose(1, 2).reshape(B, T, C))
+        g, u = s.gu(s.n2(x)).chunk(2, dim=-1)
+        return x + s.down(F.silu(g) * u)
+
+
+class Llama(nn.Module):
+    def __init__(s, V, T, L, C, H, G, Fh):
+        super().__init__()
+        s.emb = nn.Embedding(V, C)
+        s.blocks = nn.ModuleList(LlamaBlock(C, H, G, Fh) for _ in range(L))
+        s.norm, s.head = RMSNorm(C), nn.Linear(C, V, bias=False)
+        hd = C // H
+        inv = 1.0 / (500000.0 ** (torch.arange(0, hd // 2).float() / (hd // 2)))
+        ang = torch.outer(torch.arange(T).float(), inv)  # (T, hd / 2): one angle per rotated pair
+        s.register_buffer("cos", ang.cos(), persistent=False)
+        s.register_buffer("sin", ang.sin(), persistent=False)
+
+    def forward(s, idx, targets):
+        x = s.emb(idx)
+        cos, sin = s.cos.to(x.dtype), s.sin.to(x.dtype)
+        for b in s.blocks:
+            x = b(x, cos, sin)
+        logits = s.head(s.norm(x))
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
@@ -118,14 +181,14 @@ def train(mode, B, T, steps):
                 params=n, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
 
 
-def split(mode, backend, V, L, C, H, T, steps):
+def split(mode, backend, V, L, C, H, T, steps, G=0, Fh=0):
     """One GPT of any size (batch 1, sequence T) on one GPU, its step split as the simulator
     splits it: forward + backward of a micro-batch, and the optimizer (gradient clipping and a
     fused AdamW, as Megatron's fused Adam), each timed with CUDA events, median of `steps`.
     `backend` picks scaled_dot_product_attention's kernel: cudnn | flash (FlashAttention-2)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.manual_seed(0)
-    model = GPT(V, T, L, C, H).cuda()
+    model = (Llama(V, T, L, C, H, G, Fh) if G else GPT(V, T, L, C, H)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     run = torch.compile(model) if mode == "compile" else model
     x = torch.randint(0, V, (1, T), device="cuda")
@@ -149,7 +212,8 @@ def split(mode, backend, V, L, C, H, T, steps):
                 op.append(e[1].elapsed_time(e[2]))
     fb.sort(), op.sort()
     n = sum(p.numel() for p in model.parameters())
-    return dict(peer=f"torch-{mode}-{backend}", V=V, L=L, C=C, H=H, T=T, params=n, fwd_bwd_ms=fb[len(fb) // 2],
+    return dict(peer=f"torch-{mode}-{backend}", arch="llama" if G else "gpt", V=V, L=L, C=C, H=H, G=G, F=Fh, T=T,
+                params=n, fwd_bwd_ms=fb[len(fb) // 2],
                 optimizer_ms=op[len(op) // 2], peak_gib=torch.cuda.max_memory_allocated() / 2**30)
 
 
@@ -251,9 +315,9 @@ if __name__ == "__main__":
     elif what == "train":
         print(json.dumps(dict(device=dev, **train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))),
               flush=True)
-    elif what == "split":  # split MODE BACKEND V L C H T STEPS
+    elif what == "split":  # split MODE BACKEND V L C H T STEPS [G F]: G kv heads and F > 0 make it a Llama
         a = sys.argv
-        print(json.dumps(dict(device=dev, **split(a[2], a[3], *(int(v) for v in a[4:10])))), flush=True)
+        print(json.dumps(dict(device=dev, **split(a[2], a[3], *(int(v) for v in a[4:])))), flush=True)
     elif what == "profile":
         profile(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif what == "curve":  # curve INIT.safetensors BATCHES V L C H LR WARMUP MIN_RATIO WD

@@ -192,21 +192,26 @@ Attention published_attention(const PublishedRun& row) {
 //   kernel): most of that gap was the preset's, not the stack's. The source's other 17 H100
 //   rows are its check. Its A100 rows take 1 (at 1 the stack's 27 A100 rows are priced with
 //   a median signed error of +3.3%, too fast if anything).
-//   NeMo 24.12 through its launcher on H100 (S09, read with its configs' flags, Note [NeMo
-//   launcher configs]): 0.864, by the same rule over the stack's compute-bound rows, those
+//   Megatron-core with Transformer Engine on H100: NeMo 24.12 through its launcher (S09, read
+//   with its configs' flags, Note [NeMo launcher configs]) gives 0.864 by the same rule over
+//   its compute-bound rows, those
 //   whose predicted step is at least 95% compute at 1 (Nemotron-4 15B, rows 136-142, and Llama
 //   3.1 8B, rows 161-165: -8.6% to -14.8% at 1). Its other 11 rows (GPT-3 175B, Nemotron-4
 //   340B, Llama 3.1 70B and 405B) are its check. On one lent H100 the simulator prices a GPT's
 //   and a Llama's layers within 3-6% of a compiled PyTorch step (docs/benchmarks.md), so the
 //   factor is what these runs lose beyond the kernels (the overlapped collectives' SMs,
-//   context parallelism's ring steps, the launch stream), not kernel rates.
+//   context parallelism's ring steps, the launch stream), not kernel rates. It is taken as
+//   Megatron-core's on H100 (NeMo's engine), so Megatron-LM's README rows of Megatron-Core
+//   r0.8.0 (S04) take it too; they were seen before that choice (+13% to +37% at 1), so they
+//   do not check it.
 constexpr double kFoundryH100Efficiency = 0.957;
-constexpr double kNemoH100Efficiency = 0.864;
+constexpr double kMegatronCoreH100Efficiency = 0.864;
 
 double stack_efficiency(const PublishedRun& row) {
   if (text(row, "gpu_type").rfind("H100", 0) != 0) return 1.0;
   if (text(row, "framework").rfind("llm-foundry", 0) == 0) return kFoundryH100Efficiency;
-  return nemo_launcher(row) ? kNemoH100Efficiency : 1.0;
+  const bool megatron_core = nemo_launcher(row) || text(row, "framework").rfind("Megatron-Core", 0) == 0;
+  return megatron_core ? kMegatronCoreH100Efficiency : 1.0;
 }
 
 // Whose ZeRO ran the row (Note [Sharding implementations]): rows that shard gradients or

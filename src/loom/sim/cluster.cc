@@ -203,8 +203,6 @@ void read_class_curves(const TableReader& root, const TableReader& d, DeviceSpec
   }
 }
 
-// Note [GEMM width] (sim/costs.cc): gemm_width_efficiency and its _1t where present; one
-// thread can beat 1/threads of peak.
 // The curves a device may leave out (each empty then: Note [Cost model] says what stands in).
 void read_optional_curves(const TableReader& root, const TableReader& d, DeviceSpec& dev) {
   auto has = [&](const std::string& n) { return root.sub("device") && root.sub("device")->get(n); };
@@ -219,6 +217,8 @@ void read_optional_curves(const TableReader& root, const TableReader& d, DeviceS
   if (has("gemm_backward_factor")) dev.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
 }
 
+// Note [GEMM width] (sim/costs.cc): gemm_width_efficiency and its _1t where present; one
+// thread can beat 1/threads of peak.
 void read_width_curves(const TableReader& root, const TableReader& d, DeviceSpec& dev) {
   auto has = [&](const char* n) { return root.sub("device") && root.sub("device")->get(n); };
   if (has("gemm_width_efficiency")) dev.gemm_width_efficiency = d.width_curves("gemm_width_efficiency", 1.0);

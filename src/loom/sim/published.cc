@@ -194,9 +194,8 @@ Attention published_attention(const PublishedRun& row) {
 //   a median signed error of +3.3%, too fast if anything).
 //   Megatron-core with Transformer Engine on H100: NeMo 24.12 through its launcher (S09, read
 //   with its configs' flags, Note [NeMo launcher configs]) gives 0.864 by the same rule over
-//   its compute-bound rows, those
-//   whose predicted step is at least 95% compute at 1 (Nemotron-4 15B, rows 136-142, and Llama
-//   3.1 8B, rows 161-165: -8.6% to -14.8% at 1). Its other 11 rows (GPT-3 175B, Nemotron-4
+//   its compute-bound rows, those whose predicted step is at least 95% compute at 1
+//   (Nemotron-4 15B, rows 136-142, and Llama 3.1 8B, rows 161-165: -8.6% to -14.8% at 1). Its other 11 rows (GPT-3 175B, Nemotron-4
 //   340B, Llama 3.1 70B and 405B) are its check. On one lent H100 the simulator prices a GPT's
 //   and a Llama's layers within 3-6% of a compiled PyTorch step (docs/benchmarks.md), so the
 //   factor is what these runs lose beyond the kernels (the overlapped collectives' SMs,

@@ -87,6 +87,11 @@ std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
 }
 
 bool nemo_launcher(const PublishedRun& row) { return contains(text(row, "framework"), "NeMo Launcher"); }
+// Megatron-core with Transformer Engine: NeMo's engine, and Megatron-LM's own core releases.
+bool megatron_core(const PublishedRun& row) {
+  const std::string fw = text(row, "framework");
+  return contains(fw, "NeMo") || contains(fw, "Megatron-Core");
+}
 
 // PyTorch FSDP and MaxText shard parameters, gradients and optimizer state (ZeRO-3;
 // SHARD_GRAD_OP keeps parameters whole, ZeRO-2); Megatron's DDP shards nothing; the
@@ -170,7 +175,7 @@ std::string unstated_flags(const PublishedRun& row) {
 Attention published_attention(const PublishedRun& row) {
   const std::string fw = text(row, "framework");
   if (fw.rfind("Megatron-LM", 0) == 0) return Attention::kUnfused;
-  if (contains(fw, "NeMo") || contains(fw, "Megatron-Core") || contains(fw, "MaxText")) return Attention::kFlash3;
+  if (megatron_core(row) || contains(fw, "MaxText")) return Attention::kFlash3;
   if (contains(fw, "FlashAttention")) return Attention::kFlash1;
   return Attention::kUnfused;
 }
@@ -209,8 +214,7 @@ constexpr double kMegatronCoreH100Efficiency = 0.864;
 double stack_efficiency(const PublishedRun& row) {
   if (text(row, "gpu_type").rfind("H100", 0) != 0) return 1.0;
   if (text(row, "framework").rfind("llm-foundry", 0) == 0) return kFoundryH100Efficiency;
-  const bool megatron_core = nemo_launcher(row) || text(row, "framework").rfind("Megatron-Core", 0) == 0;
-  return megatron_core ? kMegatronCoreH100Efficiency : 1.0;
+  return megatron_core(row) ? kMegatronCoreH100Efficiency : 1.0;
 }
 
 // Whose ZeRO ran the row (Note [Sharding implementations]): rows that shard gradients or

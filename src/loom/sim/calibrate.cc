@@ -520,6 +520,11 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
                        " of peak / " + std::to_string(threads));
   c.device.overlap_cost = measure_overlap_cost(k, std::max(5, o.passes), threads);
   say("overlap cost: " + std::to_string(c.device.overlap_cost) + " s of compute lost per s of collective beside it");
+  const Oversubscription over = measure_oversubscription(k, threads, std::max(1, o.oversubscription_passes), threads);
+  c.device.oversubscription = over.kept, c.device.oversubscribed_sync_s = over.sync_s;
+  if (!over.kept.points.empty())
+    say("oversubscribed cores: throughput kept at 2 / 4 ranks a core " + std::to_string(over.kept.at(2)) + " / " +
+        std::to_string(over.kept.at(4)) + ", " + std::to_string(over.sync_s * 1e6) + " us a synchronisation");
   c.device.page_fault_bw = page_fault_rate(o.seconds_per_point);
   say("re-faulting released pages: " + std::to_string(c.device.page_fault_bw / 1e9) + " GB/s");
   c.device.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));

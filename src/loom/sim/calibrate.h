@@ -16,6 +16,7 @@ struct CalibrateOptions {
   int threads = 0;            // OpenMP/BLAS threads for the kernel timings; 0: all cores
   std::vector<int> ranks = {2, 4};
   double seconds_per_point = 0.05;
+  int oversubscription_passes = 15;  // Note [Oversubscribed cores]: each figure a median of this many
   int passes = 3;             // kernel timings repeated, interleaved; each rate its fastest, each ratio the median (Note [Calibration])
   std::function<void(const std::string&)> progress;  // one line per measured table
   // bf16: the GEMM curve and peak are loom's bf16 linear kernel (conversions included), as
@@ -36,5 +37,14 @@ sim::OffloadTier measure_offload_tier(const std::string& dir);
 // worker runs beside it, ranks filling the cores (0 on one core); OpenBLAS is left at
 // `threads_after` threads.
 double measure_overlap_cost(const Kernels& k, int passes, int threads_after);
+// Note [Oversubscribed cores] (sim/cluster.cc): `kept`, x: one-thread ranks per core (1, 2, 4)
+// -> the processor's throughput over one rank per core; `sync_s`, the wait one
+// synchronisation costs at two ranks a core. Empty / 0 below two cores. OpenBLAS is left at
+// `threads_after` threads.
+struct Oversubscription {
+  sim::Curve kept;
+  double sync_s = 0;
+};
+Oversubscription measure_oversubscription(const Kernels& k, int cores, int passes, int threads_after);
 
 }  // namespace loom

@@ -215,6 +215,7 @@ void read_optional_curves(const TableReader& root, const TableReader& d, DeviceS
     if (const std::string key = "flash" + std::to_string(g) + "_efficiency"; has(key)) dev.flash_efficiency[g] = d.curve(key, 1.0);
   if (has("flash3_head_dim_rate")) dev.flash3_head_dim_rate = d.curve("flash3_head_dim_rate", 2.0);
   if (has("gemm_backward_factor")) dev.gemm_backward_factor = d.curve("gemm_backward_factor", 16.0);
+  if (has("oversubscription")) dev.oversubscription = d.curve("oversubscription", 1.0);
 }
 
 // Note [GEMM width] (sim/costs.cc): gemm_width_efficiency and its _1t where present; one
@@ -274,7 +275,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "optimizer_efficiency_1t", "special_function_tops", "norm_efficiency", "norm_efficiency_1t",
                  "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
                  "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
-                 "gemm_width_efficiency_1t", "overlap_cost", "flash3_head_dim_rate"});
+                 "gemm_width_efficiency_1t", "overlap_cost", "flash3_head_dim_rate", "oversubscription",
+                 "oversubscribed_sync_us"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -293,7 +295,13 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
   if ((c.device.overlap_cost = d.number("overlap_cost", 0, false)) > 4)  // >= 0: number() refuses the rest
     bad(origin, "device.overlap_cost", detail::cat("= ", c.device.overlap_cost, ": expected 0 to 4 (Note [Overlap contention])"));
+  if ((c.device.oversubscribed_sync_s = d.number("oversubscribed_sync_us", 0, false) * 1e-6) > 0.01)
+    bad(origin, "device.oversubscribed_sync_us",
+        detail::cat("= ", c.device.oversubscribed_sync_s * 1e6, ": expected 0 to 10000 (Note [Oversubscribed cores])"));
   c.device.shared = d.boolean("shared", false);
+  if (!c.device.shared && (!c.device.oversubscription.points.empty() || c.device.oversubscribed_sync_s > 0))
+    bad(origin, "device.oversubscription",
+        "and oversubscribed_sync_us price ranks sharing one processor: set device.shared = true or remove them");
   c.device.threads = d.integer("threads", 0);
   if (root.sub("device") && root.sub("device")->get("gemm_efficiency_1t")) {  // all three or none
     const double most = double(std::max<int64_t>(1, c.device.threads));  // one thread can beat 1/threads
@@ -331,6 +339,47 @@ std::string cluster_file_path(const std::string& source, const std::string& loca
   if (source == "local-bf16") return toml(local_path) ? local_path.substr(0, local_path.size() - 5) + "-bf16.toml" : local_path + "-bf16";
   return toml(source) ? source : "";
 }
+
+// Each rank of a shared device (loom ranks on one CPU) gets its share of the processor.
+//
+// Note [Oversubscribed cores]
+// Ranks beyond the cores (dp 2 x tp 2 on two) are time-sliced by the OS, and that costs more
+// than the halved share: between two synchronisations the scheduler's shares are unequal and
+// the slowest rank sets the pace, and a rank waiting for a descheduled peer spins and yields.
+// `loom calibrate` measures both on loom's kernels and collective layer
+// (calibrate_oversubscribe.cc): `oversubscription`, x ranks a core -> the throughput kept
+// over one rank a core at a step's cadence (one all-reduce of all ranks per ~0.1 s of a core's
+// work), and `oversubscribed_sync_us`, the extra wait of one collective when pairs
+// synchronise every ~8 ms (a tensor-parallel layer's cadence). With n ranks on t threads,
+// n > t, each rank's peak and bandwidth are (peak / n) x oversubscription(n / t), and every
+// collective (collective_time_s) costs the wait on top of its bytes; n <= t: neither.
+// Measured here (two cores, seven calibrations): kept 0.92-0.97 at two ranks a core,
+// 0.95-0.99 at four, the wait 0-0.38 ms; loom's B at dp 2 x tp 2 had measured 4-16% slower
+// than the shares alone predict.
+namespace {
+void share_processor(ClusterSpec& c) {
+  const double n = double(c.devices_per_node);
+  c.device.peak_flops /= n, c.device.memory_bw /= n, c.device.memory_bytes /= n, c.device.page_fault_bw /= n;
+  DeviceSpec& d = c.device;
+  if (d.threads > 0 && n > double(d.threads)) {  // Note [Oversubscribed cores]
+    const double kept = d.oversubscription.at(n / double(d.threads));
+    d.peak_flops *= kept, d.memory_bw *= kept, d.page_fault_bw *= kept;
+  } else {
+    d.oversubscribed_sync_s = 0;
+  }
+  if (d.threads > 1 && c.devices_per_node >= d.threads && !d.gemm_efficiency_1t.points.empty()) {
+    // At most one thread per rank: the one-thread curves. They are fractions of
+    // peak / threads; a rank holding threads / n of a thread runs at that fraction of
+    // peak / n (the share set just above), whether n equals threads or exceeds it.
+    d.gemm_efficiency = d.gemm_efficiency_1t, d.attention_efficiency = d.attention_efficiency_1t;
+    if (!d.gemm_width_efficiency_1t.empty()) d.gemm_width_efficiency = d.gemm_width_efficiency_1t;
+    d.memory_efficiency = d.memory_efficiency_1t;
+    if (!d.optimizer_efficiency_1t.points.empty()) d.optimizer_efficiency = d.optimizer_efficiency_1t;
+    for (int k = 1; k < kMemClasses; ++k)
+      if (!d.class_efficiency_1t[k].points.empty()) d.class_efficiency[k] = d.class_efficiency_1t[k];
+  }
+}
+}  // namespace
 
 ClusterSpec load_cluster(const std::string& source, const std::vector<std::string>& sets, int64_t gpus,
                          const std::string& local_path) {
@@ -372,22 +421,7 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
       c.nodes = gpus / c.devices_per_node;
     }
   }
-  if (c.device.shared) {  // each rank gets its share of the one processor
-    const double n = double(c.devices_per_node);
-    c.device.peak_flops /= n, c.device.memory_bw /= n, c.device.memory_bytes /= n, c.device.page_fault_bw /= n;
-    DeviceSpec& d = c.device;
-    if (d.threads > 1 && c.devices_per_node >= d.threads && !d.gemm_efficiency_1t.points.empty()) {
-      // At most one thread per rank: the one-thread curves. They are fractions of
-      // peak / threads; a rank holding threads / n of a thread runs at that fraction of
-      // peak / n (the share set just above), whether n equals threads or exceeds it.
-      d.gemm_efficiency = d.gemm_efficiency_1t, d.attention_efficiency = d.attention_efficiency_1t;
-      if (!d.gemm_width_efficiency_1t.empty()) d.gemm_width_efficiency = d.gemm_width_efficiency_1t;
-      d.memory_efficiency = d.memory_efficiency_1t;
-      if (!d.optimizer_efficiency_1t.points.empty()) d.optimizer_efficiency = d.optimizer_efficiency_1t;
-      for (int k = 1; k < kMemClasses; ++k)
-        if (!d.class_efficiency_1t[k].points.empty()) d.class_efficiency[k] = d.class_efficiency_1t[k];
-    }
-  }
+  if (c.device.shared) share_processor(c);
   return c;
 }
 
@@ -430,6 +464,8 @@ std::string cluster_to_toml(const ClusterSpec& c) {
     os << "\ngemm_backward_factor = " << curve(c.device.gemm_backward_factor);
   if (c.device.page_fault_bw > 0) os << "\npage_fault_gbps = " << c.device.page_fault_bw / 1e9;
   if (c.device.overlap_cost > 0) os << "\noverlap_cost = " << c.device.overlap_cost;
+  if (!c.device.oversubscription.points.empty()) os << "\noversubscription = " << curve(c.device.oversubscription);
+  if (c.device.oversubscribed_sync_s > 0) os << "\noversubscribed_sync_us = " << c.device.oversubscribed_sync_s * 1e6;
   if (c.device.threads > 0) os << "\nthreads = " << c.device.threads;
   if (!c.device.gemm_efficiency_1t.points.empty())
     os << "\ngemm_efficiency_1t = " << curve(c.device.gemm_efficiency_1t)

@@ -70,6 +70,13 @@ struct DeviceSpec {
   // accumulates): loom's engine releases the pieces ZeRO-2/3 do not own after each use
   // (Note [Resident memory]), and the next write faults them in zeroed. 0: not modelled.
   double page_fault_bw = 0;
+  // Note [Oversubscribed cores] (sim/cluster.cc): shared devices only; x: ranks per thread
+  // (devices_per_node / threads) -> the processor's throughput kept over one rank per core,
+  // and the wait every collective costs then, as `loom calibrate` measures them. Empty / 0:
+  // ranks beyond the cores cost only their share. load_cluster zeroes the wait where the
+  // ranks do not outnumber the threads.
+  Curve oversubscription;
+  double oversubscribed_sync_s = 0;
   bool shared = false;            // the node's devices share one processor (loom ranks on a CPU):
                                   // peak, bandwidth and memory are divided among them
   // Shared devices (Note [Calibration]): the processor's threads, and the curves measured

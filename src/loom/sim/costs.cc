@@ -361,10 +361,11 @@ double kernel_time_s(const DeviceSpec& d, const Op& op) {
 double collective_time_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g) {
   if (g.ranks <= 1 || bytes <= 0) return 0;
   const std::string name = busbw_name(op);
+  const double wait = c.device.oversubscribed_sync_s;  // Note [Oversubscribed cores]; 0 unless ranks > cores
   for (const BusbwTable& t : c.busbw)
-    if (t.op == name && t.ranks == g.ranks) return comm::bus_factor(op, g.ranks) * bytes / (t.gbps.at(bytes) * 1e9);
-  return comm::nccl_collective_s(op, bytes, g, {c.intra.bw * c.intra.efficiency, c.intra.latency_s},
-                                 {c.inter.bw * c.inter.efficiency, c.inter.latency_s});
+    if (t.op == name && t.ranks == g.ranks) return wait + comm::bus_factor(op, g.ranks) * bytes / (t.gbps.at(bytes) * 1e9);
+  return wait + comm::nccl_collective_s(op, bytes, g, {c.intra.bw * c.intra.efficiency, c.intra.latency_s},
+                                        {c.inter.bw * c.inter.efficiency, c.inter.latency_s});
 }
 
 }  // namespace loom::sim

@@ -24,6 +24,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/sim/calibrate.h"
 #include "loom/sim/simulator.h"
 #include "loom/sim/validation.h"
 #include "loom/train/trainer.h"
@@ -219,12 +220,23 @@ int main(int argc_in, char** argv_in) {
       if (also && r.pass == 0)
         r.also_step_s = loom::sim::simulate(r.plan, loom::sim::load_cluster(also, {}, r.plan.gpus(), also)).step_time_s;
     // --best-of N: N passes over all the rows, each row keeping its fastest: a slow spell of
-    // the VM (minutes long) then lands on different rows in each pass.
-    for (int rep = 0; rep < best_of; rep++)
+    // the VM (minutes long) then lands on different rows in each pass. Before each pass and
+    // after the last, the machine's speed against the calibration's (Note [Machine speed]).
+    const loom::sim::DeviceSpec cal = loom::sim::load_cluster(argv[1], {}, 1, argv[1]).device;
+    std::vector<double> speeds;
+    for (int rep = 0; rep <= best_of; rep++) {
+      if (cal.speed_probe_flops > 0) {
+        speeds.push_back(loom::speed_probe_flops(int(std::max<int64_t>(1, cal.threads))) / cal.speed_probe_flops);
+        std::printf("machine speed before %s: %.3f of the calibration's\n",
+                    rep < best_of ? ("pass " + std::to_string(rep + 1)).c_str() : "the end", speeds.back());
+        std::fflush(stdout);
+      }
+      if (rep == best_of) break;
       for (Row& r : rows) {
         const Measured m = threads ? run_engine(r.plan.cfg) : run_processes(loom_bin, r.sets, r.world);
         if (rep == 0 || m.step_s < r.best.step_s) r.best = m;
       }
+    }
     std::vector<double> time_errs, mem_errs, bf16_time_errs, also_errs;
     std::vector<loom::sim::ValidationPoint> points[2];  // Note [Error bands]: fp32, bf16
     std::printf("%-3s %-40s %12s %12s %8s %12s %12s %8s\n", "cfg", "layout", "pred step s", "meas step s", "error",
@@ -244,6 +256,9 @@ int main(int argc_in, char** argv_in) {
     }
     if (also) std::printf("--also %s: median |step time error| %.1f%%\n", also, 100 * median(also_errs));
     report(time_errs, mem_errs, bf16_time_errs, points, argv[1], with_bf16 ? argv[3] : nullptr);
+    if (!speeds.empty())
+      std::printf("machine speed against the calibration over the run: %.3f to %.3f\n",
+                  *std::min_element(speeds.begin(), speeds.end()), *std::max_element(speeds.begin(), speeds.end()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sim_vs_engine: %s\n", e.what());
     return 1;

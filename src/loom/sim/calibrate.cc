@@ -490,7 +490,11 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.device.mixed_precision = false;
   c.device.shared = true;
   double gemm_best = 0, attn_best = 0, bw = 0;
+  // Note [Machine speed]: the probe at the start, after the kernels and at the end; the fastest
+  // (the machine's own speed, as each kernel rate keeps its fastest pass).
+  c.device.speed_probe_flops = speed_probe_flops(threads);
   KernelRates rates = measure_kernels(k, o.seconds_per_point, o.passes);
+  c.device.speed_probe_flops = std::max(c.device.speed_probe_flops, speed_probe_flops(threads));
   const sim::Curve gemm = normalise(rates.gemm, &gemm_best);
   std::sort(rates.backward.begin(), rates.backward.end());
   c.device.gemm_backward_factor.points = rates.backward;
@@ -545,6 +549,8 @@ sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   c.intra = {best_ar * 1e9, 5e-6, 1.0};
   c.inter = c.intra;
   say("collectives: " + std::to_string(c.busbw.size()) + " busbw tables");
+  c.device.speed_probe_flops = std::max(c.device.speed_probe_flops, speed_probe_flops(threads));
+  say("speed probe (Note [Machine speed]): " + std::to_string(c.device.speed_probe_flops / 1e9) + " GFLOP/s");
   return c;
 }
 

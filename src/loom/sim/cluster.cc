@@ -276,7 +276,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
                  "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
                  "gemm_width_efficiency_1t", "overlap_cost", "flash3_head_dim_rate", "oversubscription",
-                 "oversubscribed_sync_us"});
+                 "oversubscribed_sync_us", "speed_probe_gflops"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -298,6 +298,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   if ((c.device.oversubscribed_sync_s = d.number("oversubscribed_sync_us", 0, false) * 1e-6) > 0.01)
     bad(origin, "device.oversubscribed_sync_us",
         detail::cat("= ", c.device.oversubscribed_sync_s * 1e6, ": expected 0 to 10000 (Note [Oversubscribed cores])"));
+  c.device.speed_probe_flops = d.number("speed_probe_gflops", 0, false) * 1e9;
   c.device.shared = d.boolean("shared", false);
   if (!c.device.shared && (!c.device.oversubscription.points.empty() || c.device.oversubscribed_sync_s > 0))
     bad(origin, "device.oversubscription",
@@ -466,6 +467,7 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   if (c.device.overlap_cost > 0) os << "\noverlap_cost = " << c.device.overlap_cost;
   if (!c.device.oversubscription.points.empty()) os << "\noversubscription = " << curve(c.device.oversubscription);
   if (c.device.oversubscribed_sync_s > 0) os << "\noversubscribed_sync_us = " << c.device.oversubscribed_sync_s * 1e6;
+  if (c.device.speed_probe_flops > 0) os << "\nspeed_probe_gflops = " << c.device.speed_probe_flops / 1e9;
   if (c.device.threads > 0) os << "\nthreads = " << c.device.threads;
   if (!c.device.gemm_efficiency_1t.points.empty())
     os << "\ngemm_efficiency_1t = " << curve(c.device.gemm_efficiency_1t)

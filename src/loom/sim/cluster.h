@@ -77,6 +77,10 @@ struct DeviceSpec {
   // ranks do not outnumber the threads.
   Curve oversubscription;
   double oversubscribed_sync_s = 0;
+  // Note [Machine speed] (sim/calibrate_speed.cc): `loom calibrate`'s fixed GEMM probe, FLOP/s
+  // (the fastest of its timings across the calibration). Prices nothing: bench/sim_vs_engine
+  // repeats the probe to report how fast the machine ran against the calibration. 0: none.
+  double speed_probe_flops = 0;
   bool shared = false;            // the node's devices share one processor (loom ranks on a CPU):
                                   // peak, bandwidth and memory are divided among them
   // Shared devices (Note [Calibration]): the processor's threads, and the curves measured

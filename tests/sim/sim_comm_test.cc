@@ -1,6 +1,7 @@
 // The simulator's communication beside the pipeline: parameter-server rounds (Note
-// [Simulated parameter server]) and Megatron-core's parameter-gather overlap (Note
-// [Parameter-gather overlap]), with the arithmetic shown.
+// [Simulated parameter server]), Megatron-core's parameter-gather overlap (Note
+// [Parameter-gather overlap]) and ranks beyond a CPU's cores (Note [Oversubscribed cores]),
+// with the arithmetic shown.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -354,8 +354,8 @@ std::string cluster_file_path(const std::string& source, const std::string& loca
 // synchronise every ~8 ms (a tensor-parallel layer's cadence). With n ranks on t threads,
 // n > t, each rank's peak and bandwidth are (peak / n) x oversubscription(n / t), and every
 // collective (collective_time_s) costs the wait on top of its bytes; n <= t: neither.
-// Measured here (two cores, seven calibrations): kept 0.91-0.97 at two ranks a core,
-// 0.95-0.99 at four, the wait 0-0.38 ms; loom's B at dp 2 x tp 2 had measured 4-16% slower
+// Measured here (two cores, eleven calibrations): kept 0.91-0.98 at two ranks a core,
+// 0.94-0.99 at four, the wait 0-0.38 ms; loom's B at dp 2 x tp 2 had measured 4-16% slower
 // than the shares alone predict.
 namespace {
 void share_processor(ClusterSpec& c) {

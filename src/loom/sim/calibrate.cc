@@ -473,6 +473,22 @@ void class_curves(KernelRates& rates, sim::DeviceSpec& d) {
 
 }  // namespace
 
+// Note [Machine speed]: one fixed timing that says how fast this machine runs now, recorded by
+// `loom calibrate` (device.speed_probe_gflops) and repeated by bench/sim_vs_engine before each
+// pass, so a benchmark run can say how fast the machine ran against the calibration it is
+// scored on (this VM's speed drifts by 10-25% over minutes; a run in a slow spell measures
+// every layout slower than calibrated, which is the machine, not the model). The probe:
+// loom's fp32 linear layer, (2048 x 768) x (768 x 768) on hot operands, median over ~0.3 s.
+double speed_probe_flops(int threads) {
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  const Kernels& k = kernels(KernelBackend::kCpu, Precision::kFp32);
+  constexpr int64_t N = 2048, C = 768;
+  std::vector<float> x(size_t(N * C), 0.5f), w(size_t(C * C), 0.25f), y(size_t(N * C));
+  const double s = time_it([&] { k.matmul_forward(y.data(), x.data(), w.data(), nullptr, N, C, C); }, 0.3);
+  return 2.0 * double(N) * double(C) * double(C) / s;
+}
+
 sim::ClusterSpec calibrate_local(const CalibrateOptions& o) {
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   omp_set_num_threads(threads);

@@ -46,7 +46,7 @@ struct Oversubscription {
   double sync_s = 0;
 };
 Oversubscription measure_oversubscription(const Kernels& k, int cores, int passes, int threads_after);
-// Note [Machine speed] (calibrate_speed.cc): a fixed fp32 GEMM's median rate on `threads`
+// Note [Machine speed] (calibrate.cc): a fixed fp32 GEMM's median rate on `threads`
 // threads, FLOP/s; OpenMP and OpenBLAS are left at `threads`.
 double speed_probe_flops(int threads);
 

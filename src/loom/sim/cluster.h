@@ -77,7 +77,7 @@ struct DeviceSpec {
   // ranks do not outnumber the threads.
   Curve oversubscription;
   double oversubscribed_sync_s = 0;
-  // Note [Machine speed] (sim/calibrate_speed.cc): `loom calibrate`'s fixed GEMM probe, FLOP/s
+  // Note [Machine speed] (sim/calibrate.cc): `loom calibrate`'s fixed GEMM probe, FLOP/s
   // (the fastest of its timings across the calibration). Prices nothing: bench/sim_vs_engine
   // repeats the probe to report how fast the machine ran against the calibration. 0: none.
   double speed_probe_flops = 0;

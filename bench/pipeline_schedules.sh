@@ -4,6 +4,8 @@
 # (and M: B's blocks on even stages) each schedule's measured bubble (Note [Measured bubble] in cli/compare_cmd.cc: from the
 # run's --trace, the first step left out) and steady global tokens/s, against 1F1B in the
 # same run, and the simulator's predicted bubble for the same layout (--cluster local).
+# "floor": the run's measured floor (Note [Bubble floor] in sim/simulator.h), the bubble its
+# unequal stage work leaves under any schedule.
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -38,7 +40,7 @@ print(round(len(rows) / sum(1 / r["tokens_per_s"] for r in rows), 1))' "$1" "$2"
 # micro-batch as the others' m = 8), 8 times the steps, no clipping (no global norm exists).
 per_batch() { [[ $1 == pipedream || $1 == pipemare ]]; }
 
-printf "%-4s %-14s %-7s %10s %10s %9s %10s %s\n" cfg layout sched "measured" "predicted" "tokens/s" "vs 1f1b" note
+printf "%-4s %-14s %-7s %10s %10s %10s %9s %10s %s\n" cfg layout sched "measured" "predicted" "floor" "tokens/s" "vs 1f1b" note
 for c in $configs; do
   for pp in 2 4; do
     note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
@@ -60,14 +62,17 @@ for c in $configs; do
         "train.steps=$n" train.threads=1 --trace "$tmp/m.json" > "$tmp/m.out" 2> "$tmp/m.err"
       "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" --schedule "$s" \
         --set $(model_sets "$c") $extra --trace "$tmp/p.json" > /dev/null
-      read -r pred meas < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
+      read -r pred meas floor < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
 import json, sys
-row = [r for r in json.load(sys.stdin) if r["category"] == "pipeline bubble"][0]
-print(row["predicted"], row["measured"])')
+rows = json.load(sys.stdin)
+row = [r for r in rows if r["category"] == "pipeline bubble"][0]
+floor = [r for r in rows if r["category"] == "bubble floor"][0]
+print(row["predicted"], row["measured"], floor["measured"])')
       tok=$(tok_s "$tmp/m.out" "$drop")
       [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
-      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
-        "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" "$tok" \
+      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %9.1f%% %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
+        "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" \
+        "$(/usr/bin/python3 -c "print(100*$floor)")" "$tok" \
         "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")" "$note"
     done
   done

@@ -7,7 +7,10 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "support/loom_cli.h"
 
@@ -94,7 +97,7 @@ TEST(Cli, SimulatePrintsOneJsonObjectWithTheIssueFields) {
                  trace + " --svg " + svg);
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* key : {"\"step_time_s\"", "\"tokens_per_s\"", "\"tflops_per_gpu\"", "\"mfu\"", "\"hfu\"",
-                          "\"bubble_fraction\"", "\"peak_memory_bytes\"", "\"breakdown\"", "\"layout\""})
+                          "\"bubble_fraction\"", "\"bubble_floor\"", "\"peak_memory_bytes\"", "\"breakdown\"", "\"layout\""})
     EXPECT_NE(r.output.find(key), std::string::npos) << key;
   std::ifstream t(trace), s(svg);
   std::string text((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
@@ -150,6 +153,35 @@ TEST(Cli, PlanEmitsAConfigThatTrainsAndCompareLinesUpTraces) {
   for (const char* row : {"step", "compute", "memory params", "memory activations"})
     EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
   EXPECT_EQ(run("compare " + dir + "/predicted.json /nonexistent.json").code, 2);
+}
+
+// Note [Measured bubble] and Note [Bubble floor] on hand-made traces (times in ms). Measured:
+// rank 0 works 4 + 4 of its 9 ms window, rank 1 2 + 2: bubble 1 - 12 / 18 = 1/3, floor
+// 1 - 12 / (2 x 8) = 1/4. Predicted: one 5 ms step a rank, one after the other: bubble 1/2,
+// floor 0 (even work).
+TEST(Cli, CompareReportsTheBubbleAndTheFloorOfUnequalStages) {
+  const std::string dir = testing::TempDir();
+  auto write = [&](const std::string& name, const std::vector<std::array<double, 3>>& spans) {
+    std::ofstream f(dir + "/" + name);
+    f << "{\"traceEvents\": [";
+    for (int pid : {0, 1}) f << "{\"ph\": \"X\", \"cat\": \"step\", \"pid\": " << pid << ", \"ts\": 0, \"dur\": 10000},";
+    for (size_t i = 0; i < spans.size(); i++)
+      f << (i ? "," : "") << "{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"F" << i << "\", \"pid\": "
+        << spans[i][0] << ", \"ts\": " << 1000 * spans[i][1] << ", \"dur\": " << 1000 * (spans[i][2] - spans[i][1]) << "}";
+    f << "]}";
+  };
+  write("bubble_m.json", {{0, 0, 4}, {0, 5, 9}, {1, 1, 3}, {1, 6, 8}});
+  write("bubble_p.json", {{0, 0, 5}, {1, 5, 10}});
+  Result r = run("compare --json " + dir + "/bubble_p.json " + dir + "/bubble_m.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::map<std::string, std::pair<double, double>> got;  // category -> (predicted, measured)
+  for (const auto& row : nlohmann::json::parse(r.output))
+    if (row["rank"] == "all") got[row["category"]] = {row["predicted"], row["measured"]};
+  ASSERT_EQ(got.size(), 2u) << r.output;
+  EXPECT_NEAR(got["pipeline bubble"].first, 0.5, 1e-9);
+  EXPECT_NEAR(got["pipeline bubble"].second, 1.0 / 3, 1e-9);
+  EXPECT_NEAR(got["bubble floor"].first, 0.0, 1e-9);
+  EXPECT_NEAR(got["bubble floor"].second, 0.25, 1e-9);
 }
 
 // On a calibrated CPU `loom simulate` prices the batch split `loom train` runs (one

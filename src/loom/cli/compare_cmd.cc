@@ -1,7 +1,7 @@
 // `loom compare PREDICTED MEASURED`: two Chrome traces of the same layout (one from
 // `loom simulate --trace`, one from `loom train --trace`) lined up per rank: step time,
 // compute, communication and idle per step, each memory category's peak, and the pipeline
-// bubble of the whole pipeline (Note [Measured bubble]).
+// bubble of the whole pipeline (Note [Measured bubble]) with its floor (Note [Bubble floor]).
 //
 // Note [Measured bubble]
 // For step k: every rank's time from its step start to the end of the step's last
@@ -23,6 +23,7 @@
 
 #include "loom/cli/commands.h"
 #include "loom/core/error.h"
+#include "loom/sim/simulator.h"
 
 namespace loom::cli {
 
@@ -123,22 +124,27 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
   return out;
 }
 
-// Note [Measured bubble]; -1 when the trace has no pipeline steps.
-double pipeline_bubble(const std::map<int64_t, RankTimes>& ranks) {
+// Note [Measured bubble] and Note [Bubble floor] (sim/simulator.h) per counted step,
+// averaged; fraction -1 when the trace has no pipeline steps.
+struct Bubble {
+  double fraction = -1, floor = 0;
+};
+Bubble pipeline_bubble(const std::map<int64_t, RankTimes>& ranks) {
   size_t steps = SIZE_MAX;
   for (const auto& [pid, r] : ranks) steps = std::min(steps, r.pipe.size());
-  if (ranks.size() < 2 || steps == 0 || steps == SIZE_MAX) return -1;
-  double sum = 0;
+  if (ranks.size() < 2 || steps == 0 || steps == SIZE_MAX) return {};
+  Bubble out{0, 0};
   for (size_t k = 0; k < steps; k++) {
-    double end = 0, busy = 0, window = 0;
+    double end = 0, busy = 0, window = 0, most = 0;
     for (const auto& [pid, r] : ranks) end = std::max(end, r.pipe[k].last_end);
     for (const auto& [pid, r] : ranks) {
       const double stop = k + 1 < r.pipe.size() ? std::min(end, r.pipe[k + 1].start) : end;
-      busy += r.pipe[k].busy, window += stop - r.pipe[k].start;
+      busy += r.pipe[k].busy, window += stop - r.pipe[k].start, most = std::max(most, r.pipe[k].busy);
     }
-    sum += 1 - busy / window;
+    out.fraction += (1 - busy / window) / double(steps);
+    out.floor += sim::bubble_floor(busy, most, double(ranks.size())) / double(steps);
   }
-  return sum / double(steps);
+  return out;
 }
 
 }  // namespace
@@ -173,13 +179,16 @@ int run_compare(const std::string& predicted, const std::string& measured, bool 
   }
   if (matched == 0)
     throw ConfigError("compare: the traces share no rank (pids); compare a simulated and a measured run of one layout");
-  if (const double pb = pipeline_bubble(p), mb = pipeline_bubble(m); pb >= 0 && mb >= 0) {
-    rows.push_back({{"rank", "all"}, {"category", "pipeline bubble"}, {"predicted", pb}, {"measured", mb},
-                    {"unit", "fraction"}, {"error", pb - mb}});
-    if (!json)
-      std::cout << " all  pipeline bubble   " << std::setprecision(1) << std::setw(9) << 100 * pb << "% "
-                << std::setw(11) << 100 * mb << "%  " << std::showpos << std::setw(6) << 100 * (pb - mb)
-                << std::noshowpos << " points\n";
+  if (const Bubble pb = pipeline_bubble(p), mb = pipeline_bubble(m); pb.fraction >= 0 && mb.fraction >= 0) {
+    for (auto [cat, a, b] : {std::tuple{"pipeline bubble", pb.fraction, mb.fraction},
+                             std::tuple{"bubble floor", pb.floor, mb.floor}}) {
+      rows.push_back({{"rank", "all"}, {"category", cat}, {"predicted", a}, {"measured", b}, {"unit", "fraction"},
+                      {"error", a - b}});
+      if (!json)
+        std::cout << " all  " << std::left << std::setw(18) << cat << std::right << std::setprecision(1)
+                  << std::setw(9) << 100 * a << "% " << std::setw(11) << 100 * b << "%  " << std::showpos
+                  << std::setw(6) << 100 * (a - b) << std::noshowpos << " points\n";
+    }
   }
   if (json) std::cout << rows.dump() << std::endl;
   return 0;

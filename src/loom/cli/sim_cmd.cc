@@ -114,6 +114,7 @@ nlohmann::json result_json(const sim::SimResult& r) {
                      {"param_read_bytes", k.param_read_bytes}});
   return {{"step_time_s", r.step_time_s}, {"tokens_per_s", r.tokens_per_s}, {"tflops_per_gpu", r.tflops_per_gpu},
           {"mfu", r.mfu}, {"hfu", r.hfu}, {"bubble_fraction", r.bubble_fraction},
+          {"bubble_floor", r.bubble_floor},
           {"peak_memory_bytes", r.peak_memory_bytes}, {"peak_rank", r.peak_rank}, {"gpus", r.gpus},
           {"breakdown", {{"compute_s", b.compute}, {"recompute_s", b.recompute}, {"tp_comm_s", b.tp_comm},
                          {"cp_comm_s", b.cp_comm}, {"zero_comm_s", b.zero_comm}, {"pipeline_idle_s", b.pp_idle},
@@ -130,7 +131,9 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
      << r.tokens_per_s << "   TFLOP/s per GPU " << std::setprecision(1) << r.tflops_per_gpu << " (model FLOPs)\n"
      << std::setprecision(3) << "MFU " << r.mfu << " (model FLOPs)   HFU " << r.hfu
      << " (hardware FLOPs, with recompute)   pipeline bubble " << std::setprecision(1) << 100 * r.bubble_fraction
-     << "%\n"
+     << "%";
+  if (r.bubble_fraction > 0) os << " (floor " << 100 * r.bubble_floor << "% from unequal stages: Note [Bubble floor])";
+  os << "\n"
      << std::setprecision(3) << "slowest rank (s): compute " << b.compute << " (recompute " << b.recompute << ") | tp comm "
      << b.tp_comm << " | cp comm " << b.cp_comm << " | zero comm " << b.zero_comm << " | pipeline idle " << b.pp_idle
      << " | dp exposed " << b.dp_exposed << " | optimizer " << b.optimizer;

@@ -99,6 +99,7 @@ void build_chunks(Setup& s) {
   embed.act_bytes = embedding_activation_bytes(s.x);
   UnitCost head = unit_cost(s.cluster, s.pl, head_forward_ops(s.x), Recompute::kNone, s.plan.tp_overlap);
   head.act_bytes = head_activation_bytes(s.x);
+  if (s.plan.framework == Framework::kLoom) fuse_backward_into_forward(head);  // Note [Fused loss backward]
   const ParamCount bp = block_params(model, s.tp);
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   // ZeRO-2/3 per layer and micro-batch, by recompute policy and kept or not: priced once, as
@@ -476,16 +477,17 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   const Config& cfg = s.plan.cfg;
   const DeviceSpec& dev = s.cluster.device;
   size_t worst = 0, heaviest = 0;
-  double busy = 0, pipe_end = 0;
+  double busy = 0, pipe_end = 0, most = 0;
   for (size_t r = 0; r < res.ranks.size(); ++r) {
     if (res.ranks[r].step_end_s > res.ranks[worst].step_end_s) worst = r;
     if (res.ranks[r].memory.total() > res.ranks[heaviest].memory.total()) heaviest = r;
-    busy += res.ranks[r].busy_s;
+    busy += res.ranks[r].busy_s, most = std::max(most, res.ranks[r].busy_s);
     pipe_end = std::max(pipe_end, res.ranks[r].pipeline_end_s);
   }
   const RankReport& w = res.ranks[worst];
   res.step_time_s = w.step_end_s;
   res.bubble_fraction = pipe_end > 0 ? 1.0 - busy / (double(s.pp) * pipe_end) : 0;
+  res.bubble_floor = pipe_end > 0 ? bubble_floor(busy, most, double(s.pp)) : 0;
   const double batch = double(cfg.train.batch);
   res.tokens_per_s = batch * double(s.seq) / res.step_time_s;
   res.model_flops = model_flops_per_sequence(cfg.model, s.seq, s.x.flash()) * batch;

@@ -80,6 +80,7 @@ struct SimResult {
   double model_flops = 0, hardware_flops = 0;   // per step, all GPUs
   double tflops_per_gpu = 0;                    // model FLOPs (the MFU numerator) / s / GPU
   double mfu = 0, hfu = 0, bubble_fraction = 0;
+  double bubble_floor = 0;                      // Note [Bubble floor]
   double peak_memory_bytes = 0;                 // worst rank
   int64_t peak_rank = 0;
   int64_t gpus = 0, micro_batch = 0, micro_batches = 0;
@@ -122,5 +123,18 @@ std::vector<OpCost> op_costs(const SimPlan& plan, const ClusterSpec& cluster);
 // Throws ConfigError when the plan does not fit the cluster (world != devices, memory is
 // only reported, not refused: the planner prunes on it).
 SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events = false);
+
+// Note [Bubble floor]
+// The bubble no schedule of this stage split can go below: every rank's window in a step is
+// at least the busiest rank's work (in a flushing step all start together and the busiest
+// must fit its work before the end; a stream runs at the busiest stage's pace), so
+//   bubble >= 1 - sum_r busy_r / (p x max_r busy_r).
+// E.g. stages of 4 and 5 s: 1 - 9 / 10 = 10%, whatever the schedule; even stages: 0. What a
+// schedule can remove is the bubble above it (its ramp, its dependencies' waits); what is
+// left at the floor takes another stage split (parallel.layer_split) to remove. loom compare
+// reports it from a trace by the same formula.
+inline double bubble_floor(double busy_sum, double busy_max, double ranks) {
+  return busy_max > 0 ? 1.0 - busy_sum / (ranks * busy_max) : 0.0;
+}
 
 }  // namespace loom::sim

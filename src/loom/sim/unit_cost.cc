@@ -80,6 +80,12 @@ UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>
   return u;
 }
 
+void fuse_backward_into_forward(UnitCost& u) {
+  u.fwd.compute += u.bwd.compute, u.fwd.tp += u.bwd.tp, u.fwd.cp += u.bwd.cp, u.fwd.zero += u.bwd.zero;
+  u.fwd.gemm += u.bwd.gemm;
+  u.bwd = Pass{};
+}
+
 void add_unit(ChunkCost& ch, const UnitCost& u, double times) {
   for (auto [dst, src] : {std::pair{&ch.fwd, &u.fwd}, std::pair{&ch.bwd, &u.bwd}, std::pair{&ch.bwd, &u.recompute},
                           std::pair{&ch.wgt, &u.wgt}}) {

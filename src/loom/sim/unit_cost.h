@@ -52,4 +52,14 @@ double flops_of(const std::vector<Op>& ops, bool core_only);
 UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
                    bool weights = false);
 
+// Note [Fused loss backward]
+// loom's engine makes the head's gradients in its forward: lm_head_loss (and the
+// vocabulary-parallel loop) computes the loss, dlogits, the head's dW and dX in one pass,
+// so the last chunk's F carries the head's whole backward and its B none of it
+// (model/vocab_parallel.cc). Priced so for --framework loom: the unit's bwd moves into its
+// fwd (the sum is unchanged; where a schedule puts F and B apart, e.g. the last chunk's F
+// before another micro-batch's B, the F is the longer step). Megatron and the other
+// frameworks run the head's backward in the backward pass, as priced by default.
+void fuse_backward_into_forward(UnitCost& u);
+
 }  // namespace loom::sim

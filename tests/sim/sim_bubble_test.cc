@@ -1,0 +1,89 @@
+// Note [Bubble floor] (sim/simulator.h): the bubble unequal stages leave under any schedule,
+// and Note [Fused loss backward] (sim/unit_cost.h): loom's last chunk makes the head's
+// gradients in its F.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/sim/cluster.h"
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+namespace {
+
+// Communication free, so the replay's timing is pure schedule and stage work.
+ClusterSpec free_links(int64_t gpus) {
+  return load_cluster("dgx-a100",
+                      {"cluster.intra.gbps=1e12", "cluster.inter.gbps=1e12", "cluster.intra.latency_us=0",
+                       "cluster.inter.latency_us=0"},
+                      gpus, "");
+}
+
+SimPlan plan_of(const std::vector<std::string>& sets, Framework f = Framework::kLoom) {
+  std::vector<std::string> all = {"model.preset=gpt-22b", "model.layers=8", "model.vocab=256", "parallel.pp=2",
+                                  "train.batch=8", "train.grad_accum=8"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  SimPlan p;
+  p.cfg = load_config("", all);
+  p.framework = f;
+  return p;
+}
+
+TEST(BubbleFloor, IsOneLessEveryRanksWorkOverTheBusiestRanksTimesTheRanks) {
+  EXPECT_DOUBLE_EQ(bubble_floor(4 + 5, 5, 2), 0.1);  // stages of 4 and 5 s
+  EXPECT_DOUBLE_EQ(bubble_floor(3 * 2.0, 2.0, 3), 0.0);
+  EXPECT_DOUBLE_EQ(bubble_floor(0, 0, 2), 0.0);  // no pipeline work
+}
+
+// Stages of 3 and 5 of 8 equal blocks (a 256-row head and the embedding are ~0.1% of a block
+// here): every rank's window holds at least the 5-block rank's work, so no schedule's bubble
+// goes below 1 - 8 / (2 x 5) = 20%; on the even split the floor is ~0 and only the
+// schedule's own bubble is left.
+TEST(Simulator, NoScheduleGoesBelowTheFloorOfUnequalStages) {
+  for (const char* split : {"parallel.pp_layers=3,5", "parallel.pp_layers=4,4"}) {
+    const double floor = std::string(split).find("3,5") != std::string::npos ? 0.2 : 0.0;
+    for (const char* schedule : {"1f1b", "gpipe", "zb-h1", "zb-h2", "2bw"}) {
+      const SimResult r = simulate(plan_of({split, std::string("parallel.schedule=") + schedule}), free_links(2));
+      EXPECT_NEAR(r.bubble_floor, floor, 0.005) << split << " " << schedule;
+      EXPECT_GE(r.bubble_fraction, r.bubble_floor - 1e-9) << split << " " << schedule;
+    }
+  }
+}
+
+// Per pipeline rank and step kind (F / B), the mean duration of its steps in the trace.
+std::map<std::pair<int64_t, char>, double> step_means(const SimResult& r) {
+  std::map<std::pair<int64_t, char>, std::pair<double, int>> sum;
+  for (const SimEvent& e : r.events)
+    if (e.cat == "pipeline" && !e.name.empty()) {
+      auto& [t, n] = sum[{e.rank, e.name[0]}];
+      t += e.t1_s - e.t0_s, ++n;
+    }
+  std::map<std::pair<int64_t, char>, double> out;
+  for (const auto& [k, v] : sum) out[k] = v.first / v.second;
+  return out;
+}
+
+// GPT-2's 50,257-row head on the last of two even stages: under --framework loom its whole
+// backward sits in the last rank's F, so that F exceeds the first rank's by what Megatron's F
+// and B together exceed them by (the head's forward and backward; the frameworks' other
+// differences, e.g. dropout, are the same on both stages), and the last B is the first's
+// (less the embedding's small backward). Under Megatron the head's backward is in the B.
+TEST(Simulator, LoomPricesTheHeadsBackwardInTheLastStagesForward) {
+  std::map<Framework, std::map<std::pair<int64_t, char>, double>> t;
+  for (Framework f : {Framework::kLoom, Framework::kMegatron})
+    t[f] = step_means(simulate(plan_of({"model.vocab=50257"}, f), free_links(2), true));
+  const auto& loom = t[Framework::kLoom];
+  const auto& mega = t[Framework::kMegatron];
+  ASSERT_EQ(loom.size(), 4u);
+  ASSERT_EQ(mega.size(), 4u);
+  EXPECT_NEAR(loom.at({1, 'B'}), loom.at({0, 'B'}), 0.02 * loom.at({0, 'B'}));
+  const double head_f = mega.at({1, 'F'}) - mega.at({0, 'F'}), head_b = mega.at({1, 'B'}) - mega.at({0, 'B'});
+  EXPECT_GT(head_b, 0.1 * mega.at({0, 'B'}));
+  EXPECT_NEAR(loom.at({1, 'F'}) - loom.at({0, 'F'}), head_f + head_b, 0.05 * (head_f + head_b));
+}
+
+}  // namespace
+}  // namespace loom::sim

@@ -4,8 +4,10 @@
 # (and M: B's blocks on even stages) each schedule's measured bubble (Note [Measured bubble] in cli/compare_cmd.cc: from the
 # run's --trace, the first step left out) and steady global tokens/s, against 1F1B in the
 # same run, and the simulator's predicted bubble for the same layout (--cluster local).
-# "floor": the run's measured floor (Note [Bubble floor] in sim/simulator.h), the bubble its
-# unequal stage work leaves under any schedule.
+# "floor m / p": the bubble the unequal stage work leaves under any schedule (Note [Bubble
+# floor] in sim/simulator.h), measured in the run and predicted; a measured floor above the
+# predicted one is a rank the machine slowed. BEST_OF=N runs each layout N times and keeps
+# the fastest run (default 1).
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -13,6 +15,7 @@ cd "$(dirname "$0")/.."
 steps=${1:-6}; shift || true
 configs=${*:-A B}
 schedules=${SCHEDULES:-1f1b zb-h1 zb-h2 zb-v}
+best_of=${BEST_OF:-1}
 loom=build/release/loom
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -40,7 +43,7 @@ print(round(len(rows) / sum(1 / r["tokens_per_s"] for r in rows), 1))' "$1" "$2"
 # micro-batch as the others' m = 8), 8 times the steps, no clipping (no global norm exists).
 per_batch() { [[ $1 == pipedream || $1 == pipemare ]]; }
 
-printf "%-4s %-14s %-7s %10s %10s %10s %9s %10s %s\n" cfg layout sched "measured" "predicted" "floor" "tokens/s" "vs 1f1b" note
+printf "%-4s %-14s %-7s %10s %10s %11s %9s %10s %s\n" cfg layout sched "measured" "predicted" "floor m / p" "tokens/s" "vs 1f1b" note
 for c in $configs; do
   for pp in 2 4; do
     note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
@@ -57,22 +60,29 @@ for c in $configs; do
         batch=$(model_sets "$c" | grep -o "train.batch=[0-9]*" | cut -d= -f2)
         ga=1 n=$((8 * (steps + 2))) drop=16 extra="train.batch=$((batch / 8)) optim.grad_clip=0"
       fi
-      env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" --schedule "$s" \
-        --set $(model_sets "$c") $extra checkpoint.dir= train.val_every=0 train.val_batches=1 train.log_every=1 \
-        "train.steps=$n" train.threads=1 --trace "$tmp/m.json" > "$tmp/m.out" 2> "$tmp/m.err"
+      best=0  # BEST_OF runs, keeping the fastest (the machine's least disturbed one)
+      for ((try = 0; try < best_of; try++)); do
+        env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" \
+          --schedule "$s" --set $(model_sets "$c") $extra checkpoint.dir= train.val_every=0 train.val_batches=1 \
+          train.log_every=1 "train.steps=$n" train.threads=1 --trace "$tmp/t.json" > "$tmp/t.out" 2> "$tmp/m.err"
+        t=$(tok_s "$tmp/t.out" "$drop")
+        if /usr/bin/python3 -c "import sys; sys.exit(0 if $t > $best else 1)"; then
+          best=$t; mv "$tmp/t.json" "$tmp/m.json"; mv "$tmp/t.out" "$tmp/m.out"
+        fi
+      done
       "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" --schedule "$s" \
         --set $(model_sets "$c") $extra --trace "$tmp/p.json" > /dev/null
-      read -r pred meas floor < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
+      read -r pred meas floor pfloor < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
 row = [r for r in rows if r["category"] == "pipeline bubble"][0]
 floor = [r for r in rows if r["category"] == "bubble floor"][0]
-print(row["predicted"], row["measured"], floor["measured"])')
-      tok=$(tok_s "$tmp/m.out" "$drop")
+print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])')
+      tok=$best
       [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
-      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %9.1f%% %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
+      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
         "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" \
-        "$(/usr/bin/python3 -c "print(100*$floor)")" "$tok" \
+        "$(/usr/bin/python3 -c "print('%.1f / %.1f' % (100*$floor, 100*$pfloor))")" "$tok" \
         "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")" "$note"
     done
   done

@@ -9,8 +9,14 @@
 
 namespace loom::comm {
 
+BackgroundWait& background_wait() {
+  thread_local BackgroundWait w;
+  return w;
+}
+
 void Work::wait() {
   if (!state_) return;
+  state_->urgent = true;
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
@@ -18,6 +24,7 @@ void Work::wait() {
 
 bool Work::wait_for(std::chrono::milliseconds d) {
   if (!state_) return true;
+  state_->urgent = true;
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, d, [&] { return state_->done; })) return false;
   if (state_->error) std::rethrow_exception(state_->error);
@@ -254,11 +261,14 @@ void Group::worker_loop() {
     busy_ = true;
     lock.unlock();
     std::exception_ptr error;
+    const bool p2p = job.d.op == OpKind::kSend || job.d.op == OpKind::kRecv;
+    background_wait().urgent = p2p ? &job.state->urgent : nullptr;  // Note [Background waits]
     try {
       execute(job.d, job.issued);
     } catch (...) {
       error = std::current_exception();
     }
+    background_wait().urgent = nullptr;
     {
       std::lock_guard<std::mutex> state_lock(job.state->mu);
       job.state->done = true;

@@ -11,6 +11,7 @@
 // unusable: later calls throw the first failure's diagnosis.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -50,6 +51,7 @@ class Work {
     std::condition_variable cv;
     bool done = false;
     std::exception_ptr error;
+    std::atomic<bool> urgent{false};  // Note [Background waits]: a caller waits on it
   };
   std::shared_ptr<State> state_;
 };

@@ -12,6 +12,7 @@
 // - Tags below kFirstInternalTag belong to users (send/recv); algorithms use the rest.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +29,24 @@
 namespace loom::comm {
 
 using Clock = std::chrono::steady_clock;
+
+// Note [Background waits]
+// An asynchronous send runs on its group's worker thread (Group::submit), which waits for
+// the receiver beside the caller's compute, on the caller's core when ranks fill the
+// cores. A pipeline's sends wait for the next stage to reach its receive: in ZB-H2 on two
+// cores ~100 ms each, and a waiter that yields, then wakes every ~70 us (sleeps of 20 us
+// plus timer slack), slowed the compute beside it by 16-59% (each step timed in traces:
+// M pp 2's B 82-95 ms where 1F1B's joint backward takes 94 and B alone should take ~57).
+// So while a worker runs a send or receive nobody waits on yet, the MPI transport sleeps a
+// quarter of the time waited so far, 50 us to 1 ms (about 1,000 wake-ups a second at most);
+// as soon as the caller blocks on the Work it raises `urgent` and the wait polls as before.
+// The transfer itself needs no polling on the sender: the receiver moves the data, and any
+// MPI call of the process (the caller's next receive) completes the request. Collectives
+// keep polling (a nonblocking collective advances only inside MPI calls).
+struct BackgroundWait {
+  const std::atomic<bool>* urgent = nullptr;  // set while a worker runs a send / receive
+};
+BackgroundWait& background_wait();  // this thread's
 
 inline constexpr int kFirstInternalTag = 16384;
 

@@ -120,34 +120,48 @@ TEST(Mpi, MeshGroupsAndAsyncOverlap) {
 }
 
 // Note [Background waits]: rank 0's asynchronous send waits 300 ms for a receiver that
-// comes late, while rank 0 itself sleeps. The worker waiting for it must leave the core to
-// the caller: rank 0's process spends under a tenth of that time on a CPU (~0.01 s here; the
-// wait before the Note, 10 ms of yielding and then a wake-up every ~70 us, spent ~0.09 s).
-// Then the data arrives whole.
-TEST(Mpi, AnAsyncSendWaitingForItsReceiverLeavesTheCoreToTheCaller) {
+// comes late, and then its `lazy` all-reduce for the others, while rank 0 itself sleeps. The
+// worker waiting for them must leave the core to the caller: rank 0's process spends under
+// a tenth of that time on a CPU (~0.01 s here; the wait before the Note, 10 ms of yielding
+// and then a wake-up every ~70 us, spent ~0.09 s). Then the data arrives whole.
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+TEST(Mpi, AnAsyncSendOrLazyCollectiveWaitingForItsPeersLeavesTheCoreToTheCaller) {
   World& w = *g_world;
   if (w.world_size() < 2) GTEST_SKIP() << "needs two ranks";
-  const int r = w.global_rank();
+  const int r = w.global_rank(), n = w.world_size();
   Group& g = w.world_group();
+  const auto late = std::chrono::milliseconds(300);
   std::vector<float> data(1 << 18);  // 1 MiB: past the eager limit, so the send waits for the receive
+  std::vector<double> sum(1000, r + 1.0);
   if (r == 0) {
     for (size_t i = 0; i < data.size(); ++i) data[i] = float(i % 1000);
-    auto cpu = [] {
-      timespec t{};
-      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-      return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-    };
     Work send = g.send(std::span<const float>(data), 1, 7, {.async = true});
-    const double c0 = cpu();
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const double spent = cpu() - c0;
+    double c0 = process_cpu_s();
+    std::this_thread::sleep_for(late);
+    const double send_cpu = process_cpu_s() - c0;
     send.wait();
-    EXPECT_LT(spent, 0.03) << spent << " s of CPU while the send waited 0.3 s";
-  } else if (r == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    g.recv(std::span<float>(data), 0, 7);
-    for (size_t i = 0; i < data.size(); i += 4097) ASSERT_EQ(data[i], float(i % 1000));
+    EXPECT_LT(send_cpu, 0.03) << send_cpu << " s of CPU while the send waited 0.3 s";
+    Work reduce = g.all_reduce(std::span(sum), ReduceOp::kSum, {.async = true, .lazy = true});
+    c0 = process_cpu_s();
+    std::this_thread::sleep_for(late);
+    const double reduce_cpu = process_cpu_s() - c0;
+    reduce.wait();
+    EXPECT_LT(reduce_cpu, 0.03) << reduce_cpu << " s of CPU while the all-reduce waited 0.3 s";
+  } else {
+    if (r == 1) {
+      std::this_thread::sleep_for(late);
+      g.recv(std::span<float>(data), 0, 7);
+      for (size_t i = 0; i < data.size(); i += 4097) ASSERT_EQ(data[i], float(i % 1000));
+    }
+    std::this_thread::sleep_for(r == 1 ? late : 2 * late);
+    g.all_reduce(std::span(sum), ReduceOp::kSum);
   }
+  for (double v : sum) ASSERT_EQ(v, n * (n + 1) / 2.0);
   g.barrier();
 }
 

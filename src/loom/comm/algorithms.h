@@ -45,10 +45,17 @@ class Link {
   template <typename Ready>
   void spin_until(Ready&& ready, const char* what, int peer, int spin_limit = 64) {
     // Pure spinning first (a peer a few microseconds behind costs nothing extra; a
-    // sched_yield costs ~1 us on this VM), then yield so oversubscribed ranks progress.
+    // sched_yield costs ~1 us on this VM), then yield so oversubscribed ranks progress, or
+    // in a background wait nap (Note [Background waits]).
+    Clock::time_point slow_since{};
     for (int spins = 0; !ready(); ++spins) {
       if ((spins & 63) == 63) poll_deadline(what, peer);  // a yield can take ~1 ms when oversubscribed
-      if (spins > spin_limit) std::this_thread::yield();
+      if (spins > spin_limit) {
+        const Clock::time_point now = Clock::now();
+        if (spins == spin_limit + 1) slow_since = now;
+        if (background_nap(now - slow_since, deadline_)) poll_deadline(what, peer);
+        else std::this_thread::yield();
+      }
 #if defined(__x86_64__)
       else __builtin_ia32_pause();
 #endif

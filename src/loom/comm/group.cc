@@ -14,6 +14,15 @@ BackgroundWait& background_wait() {
   return w;
 }
 
+bool background_nap(Clock::duration waited, Clock::time_point until) {
+  const std::atomic<bool>* urgent = background_wait().urgent;
+  if (!urgent || *urgent) return false;
+  const Clock::duration nap =
+      std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50), std::chrono::milliseconds(1));
+  std::this_thread::sleep_until(std::min(until, Clock::now() + nap));
+  return true;
+}
+
 void Work::wait() {
   if (!state_) return;
   state_->urgent = true;
@@ -244,7 +253,7 @@ Work Group::submit(Descriptor d, CallOptions o) {
   w.state_ = std::make_shared<Work::State>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({std::move(d), issued, w.state_});
+    queue_.push_back({std::move(d), issued, w.state_, o.lazy});
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   }
   cv_.notify_all();
@@ -261,8 +270,8 @@ void Group::worker_loop() {
     busy_ = true;
     lock.unlock();
     std::exception_ptr error;
-    const bool p2p = job.d.op == OpKind::kSend || job.d.op == OpKind::kRecv;
-    background_wait().urgent = p2p ? &job.state->urgent : nullptr;  // Note [Background waits]
+    const bool background = job.lazy || job.d.op == OpKind::kSend || job.d.op == OpKind::kRecv;
+    background_wait().urgent = background ? &job.state->urgent : nullptr;  // Note [Background waits]
     try {
       execute(job.d, job.issued);
     } catch (...) {

@@ -35,6 +35,7 @@ struct CallOptions {
   Algorithm algorithm = Algorithm::kAuto;
   bool async = false;
   Compression compression = Compression::kNone;  // f32 all_reduce only; runs the ring
+  bool lazy = false;  // with async: nobody waits on it soon (Note [Background waits])
 };
 
 class Work {
@@ -182,6 +183,7 @@ class Group {
     Descriptor d;
     Ledger::Issued issued;
     std::shared_ptr<Work::State> state;
+    bool lazy = false;
   };
   std::mutex mu_;
   std::condition_variable cv_;

@@ -163,12 +163,7 @@ class MpiTransport final : public Transport, public NativeCollectives {
   // that waits long (a parameter server's receive per worker, a peer still computing) leaves
   // the cores to the ranks that compute instead of spinning on them.
   void idle(Clock::time_point until, Clock::duration waited) override {
-    if (const std::atomic<bool>* urgent = background_wait().urgent; urgent && !*urgent) {  // Note [Background waits]
-      const Clock::duration nap = std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50),
-                                                              std::chrono::milliseconds(1));
-      std::this_thread::sleep_until(std::min(until, Clock::now() + nap));
-      return;
-    }
+    if (background_nap(waited, until)) return;  // Note [Background waits]
     if (waited < std::chrono::milliseconds(10)) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(20));
   }

@@ -42,11 +42,17 @@ using Clock = std::chrono::steady_clock;
 // as soon as the caller blocks on the Work it raises `urgent` and the wait polls as before.
 // The transfer itself needs no polling on the sender: the receiver moves the data, and any
 // MPI call of the process (the caller's next receive) completes the request. Collectives
-// keep polling (a nonblocking collective advances only inside MPI calls).
+// keep polling (a nonblocking collective advances only inside MPI calls), unless the caller
+// marks one `lazy` (CallOptions): its result is wanted much later, so a round noticed up to
+// 1 ms late costs nothing (2bw's step sums, started a step before they are read). The
+// shared-memory algorithms' spin waits (Link::spin_until) nap the same way.
 struct BackgroundWait {
   const std::atomic<bool>* urgent = nullptr;  // set while a worker runs a send / receive
 };
 BackgroundWait& background_wait();  // this thread's
+// On a worker in such a background wait: sleeps a quarter of `waited` (50 us to 1 ms, not
+// past `until`) and returns true. Elsewhere returns false at once (the caller polls).
+bool background_nap(Clock::duration waited, Clock::time_point until);
 
 inline constexpr int kFirstInternalTag = 16384;
 

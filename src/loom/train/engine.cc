@@ -391,12 +391,12 @@ void Updater::start_pending_norm(std::vector<float>& g) {
   if (rc.embed) {  // GPT pipeline: the two tied wte copies' gradients summed
     const ParamSpec& w = e_.model.layout().at("wte");
     wte_work_ = rc.embed->all_reduce(std::span<float>(g.data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum,
-                                     {.async = true});
+                                     {.async = true, .lazy = true});
     // The head's copy is left out of the norm (norm_ranges_), the embedding's counted: summed first.
     if (!rc.holds_tied_copy(cfg_.model)) wte_work_.wait();
   }
   norm_buf_[0] = sum_squares(e_.model.ops(), g.data(), norm_ranges_);
-  norm_work_ = rc.stats->all_reduce(std::span<double>(norm_buf_, 1), comm::ReduceOp::kSum, {.async = true});
+  norm_work_ = rc.stats->all_reduce(std::span<double>(norm_buf_, 1), comm::ReduceOp::kSum, {.async = true, .lazy = true});
   norm_started_ = true;
 }
 
@@ -426,7 +426,7 @@ void Updater::sum_loss(Result& r, double local_loss, double sq, bool flush) {
     r.norm = std::sqrt(v[1]);
   } else {
     loss_buf_[0] = local_loss, loss_buf_[1] = sq;
-    loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 2), comm::ReduceOp::kSum, {.async = true});
+    loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 2), comm::ReduceOp::kSum, {.async = true, .lazy = true});
     loss_started_ = r.deferred = true;
   }
 }

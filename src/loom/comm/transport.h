@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 // 1 ms late costs nothing (2bw's step sums, started a step before they are read). The
 // shared-memory algorithms' spin waits (Link::spin_until) nap the same way.
 struct BackgroundWait {
-  const std::atomic<bool>* urgent = nullptr;  // set while a worker runs a send / receive
+  const std::atomic<bool>* urgent = nullptr;  // set while a worker runs a send, receive or lazy collective
 };
 BackgroundWait& background_wait();  // this thread's
 // On a worker in such a background wait: sleeps a quarter of `waited` (50 us to 1 ms, not

@@ -51,9 +51,9 @@ class Link {
     for (int spins = 0; !ready(); ++spins) {
       if ((spins & 63) == 63) poll_deadline(what, peer);  // a yield can take ~1 ms when oversubscribed
       if (spins > spin_limit) {
-        const Clock::time_point now = Clock::now();
-        if (spins == spin_limit + 1) slow_since = now;
-        if (background_nap(now - slow_since, deadline_)) poll_deadline(what, peer);
+        if (spins == spin_limit + 1) slow_since = Clock::now();
+        // The clock is read again only in a background wait (a foreground spin just yields).
+        if (background_wait().urgent && background_nap(Clock::now() - slow_since, deadline_)) poll_deadline(what, peer);
         else std::this_thread::yield();
       }
 #if defined(__x86_64__)

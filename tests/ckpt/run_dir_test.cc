@@ -1,6 +1,7 @@
 // Note [Checkpoint directory ownership]: what survey_dir calls loom's and what it calls the
 // user's, the lock, and moving a run aside.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,8 @@
 #include "loom/core/error.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/run_dir.h"
+#include "loom/core/fileio.h"
+#include "support/abandoned.h"
 
 namespace loom {
 namespace {
@@ -21,21 +24,26 @@ std::string fresh(const std::string& name) {
   return d;
 }
 
+// A step directory whose manifest carries the sharded format tag (what the survey reads).
+void tagged_step(const std::string& dir) {
+  fs::create_directories(dir);
+  std::ofstream(dir + "/manifest.json") << "{\"format\": \"loom-sharded-v2\"}";
+}
+
 TEST(RunDir, SurveyTellsLoomsEntriesFromTheUsers) {
   const std::string d = fresh("survey");
-  fs::create_directories(d + "/step-00000010");
-  std::ofstream(d + "/step-00000010/manifest.json") << "{}";
+  tagged_step(d + "/step-00000010");
   fs::create_directories(d + "/step-00000020");       // no manifest: not a step loom finished
-  fs::create_directories(d + "/step-00000030.tmp");   // an unfinished save
-  fs::create_directories(d + "/replaced-20261123T000000Z");
+  const std::string stale = testing_support::abandoned_temp(d, "step-00000030");  // a save killed midway
+  tagged_step(d + "/replaced-20261123T000000Z/step-00000005");  // what --overwrite moved aside
   std::ofstream(d + "/latest") << "step-00000010\n";
-  std::ofstream(d + "/loom.lock") << "pid 1 on x\n";
+  std::ofstream(d + "/loom.lock") << "pid 1 on x\n";  // an earlier loom's lock line
   std::ofstream(d + "/config.toml") << "[model]\n";  // a user's config.toml: no loom model.safetensors beside it
   std::ofstream(d + "/notes.txt") << "mine";
   const DirSurvey s = survey_dir(d);
   EXPECT_TRUE(s.exists);
   EXPECT_EQ(s.steps, std::vector<int64_t>{10});
-  EXPECT_EQ(s.stale, std::vector<std::string>{"step-00000030.tmp"});
+  EXPECT_EQ(s.stale, std::vector<std::string>{fs::path(stale).filename().string()});
   EXPECT_EQ(s.replaced, std::vector<std::string>{"replaced-20261123T000000Z"});
   EXPECT_TRUE(s.latest);
   EXPECT_FALSE(s.whole);
@@ -49,6 +57,56 @@ TEST(RunDir, SurveyTellsLoomsEntriesFromTheUsers) {
   }
   EXPECT_FALSE(survey_dir(d + "/absent").exists);
   EXPECT_THROW(survey_dir(d + "/notes.txt"), ConfigError);  // a file where a directory belongs
+  EXPECT_EQ(remove_stale(s), s.stale);
+  EXPECT_FALSE(fs::exists(stale));
+}
+
+// Issue 59: names alone decide nothing. Each entry below looks like one of loom's by its
+// name, and its content (or its kind) says it is the user's.
+TEST(RunDir, LookalikeNamesAreTheUsers) {
+  const std::string d = fresh("lookalike");
+  std::ofstream(d + "/outside") << "precious";
+  fs::create_directories(d + "/ck");
+  const std::string ck = d + "/ck";
+  for (const char* n : {"config.toml.tmpl", "state.json.tmp-notes", "model.safetensors.tmpbackup", "latest.tmp"})
+    std::ofstream(ck + "/" + n) << "mine";
+  fs::create_directories(ck + "/step-00000010.tmp");                 // the old unfinished-save name
+  fs::create_directories(ck + "/step-00000011.loom-tmp-0123456789abcdef");  // no marker
+  fs::create_directories(ck + "/step-00000001");
+  std::ofstream(ck + "/step-00000001/manifest.json") << "{\"mine\": true}";  // not loom's manifest
+  fs::create_directories(ck + "/replaced-mine");
+  fs::create_directories(ck + "/replaced-20260101T000000Z/photos");  // a stamp's name, the user's content
+  const DirSurvey s = survey_dir(ck);
+  EXPECT_TRUE(s.steps.empty());
+  EXPECT_TRUE(s.stale.empty());
+  EXPECT_TRUE(s.replaced.empty());
+  EXPECT_EQ(s.foreign.size(), 9u);
+  try {
+    refuse_foreign(s, "checkpoint.dir");
+    FAIL() << "lookalikes accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unfinished save of an earlier loom version"), std::string::npos) << e.what();
+  }
+  // `latest` and `loom.lock` are loom's only with loom's content; a symlink never is.
+  const std::string l = fresh("lookalike_files");
+  std::ofstream(l + "/latest") << "my notes\n";
+  std::ofstream(l + "/loom.lock") << "my lock notes\n";
+  EXPECT_EQ(survey_dir(l).foreign, (std::vector<std::string>{"latest", "loom.lock"}));
+  EXPECT_FALSE(survey_dir(l).latest);
+  try {
+    const DirLock lock(l);
+    FAIL() << "a user's loom.lock was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a lock loom wrote"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file_bytes(l + "/loom.lock"), "my lock notes\n");
+  fs::remove(l + "/loom.lock");
+  fs::create_symlink(d + "/outside", l + "/loom.lock");
+  EXPECT_THROW(DirLock{l}, ConfigError);
+  EXPECT_EQ(read_file_bytes(d + "/outside"), "precious");
+  fs::remove(l + "/loom.lock");
+  ASSERT_EQ(::mkfifo((l + "/loom.lock").c_str(), 0644), 0);
+  EXPECT_THROW(DirLock{l}, ConfigError);  // refused at once, never blocks
 }
 
 TEST(RunDir, AWholeModelCheckpointIsLoomsOnlyWithItsTag) {
@@ -89,8 +147,7 @@ TEST(RunDir, OneJobHoldsTheLockAndMovingAsideDeletesNothing) {
     }
   }
   const DirLock again(d);  // released with its holder
-  fs::create_directories(d + "/step-00000004");
-  std::ofstream(d + "/step-00000004/manifest.json") << "{}";
+  tagged_step(d + "/step-00000004");
   std::ofstream(d + "/latest") << "step-00000004\n";
   const std::string to = move_aside(survey_dir(d));
   EXPECT_TRUE(fs::exists(to + "/step-00000004/manifest.json"));

@@ -14,24 +14,14 @@
 #include <set>
 #include <string>
 
+#include "support/abandoned.h"
 #include "support/loom_cli.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-using Result = loom::testing_support::CliResult;
-
-Result run(const std::string& args) { return loom::testing_support::run_loom(args); }
-
-// The tiny model of the issues' repro lines.
-const std::string kTiny =
-    " --set model.layers=2 --set model.d_model=64 --set model.heads=4 --set model.vocab=256 --set model.ctx=32"
-    " --set train.batch=12 --set train.val_batches=1 --set train.val_every=0 --set train.threads=1";
-
-std::string train(const std::string& dir, int steps, const std::string& extra = "") {
-  return "train" + kTiny + " --set train.steps=" + std::to_string(steps) + " --set checkpoint.dir=" + dir + " " + extra;
-}
+using namespace loom::testing_support::cli_case;  // Result, run, kTiny, train
 
 // Every entry under `dir`, recursively, with each file's contents (so "unchanged" is exact).
 std::set<std::string> snapshot(const std::string& dir) {
@@ -174,18 +164,29 @@ TEST(Safety, ResumeAutoContinuesFromWhatIsThere) {
   EXPECT_EQ(steps_in(imp), (std::set<std::string>{"step-00000003"}));
 }
 
-// Issue 22 item 5: an unfinished save (step-N.tmp) is removed at the next run that holds
-// the directory's lock; a second job cannot hold it while the first runs.
+// Issue 22 item 5: an unfinished save is removed at the next run that holds the
+// directory's lock; a second job cannot hold it while the first runs. Issue 59: only a save
+// loom can prove its own (Note [Ownership by content]) — a user's `step-N.tmp/` is refused.
 TEST(Safety, UnfinishedSavesAreRemovedUnderTheLock) {
   const std::string ck = fresh("stale");
-  ASSERT_EQ(run(train(ck, 4, "--save-every 2")).code, 0);
-  fs::create_directories(ck + "/step-00000006.tmp");
-  std::ofstream(ck + "/step-00000006.tmp/rank-00000.bin") << "half a shard";
-  Result r = run(train(ck, 6, "--resume auto"));
+  // Rank 0 killed once step 6's manifest is written, before the directory is renamed.
+  Result r = loom::testing_support::run_loom(train(ck, 8, "--save-every 2"), "", "LOOM_FAILPOINT=manifest@6:0");
+  ASSERT_NE(r.code, 0) << r.output;
+  std::string left;
+  for (const auto& e : fs::directory_iterator(ck))
+    if (e.path().filename().string().rfind("step-00000006.loom-tmp-", 0) == 0) left = e.path().string();
+  ASSERT_FALSE(left.empty()) << r.output;
+  r = run(train(ck, 6, "--resume auto"));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("removed an unfinished save: " + ck + "/step-00000006.tmp"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(ck + "/step-00000006.tmp"));
+  EXPECT_NE(r.output.find("removed an unfinished save: " + left), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(left));
   EXPECT_EQ(read(ck + "/latest"), "step-00000006\n");
+  // A directory of the user's with the old name of an unfinished save stays, and is named.
+  fs::create_directories(ck + "/step-00000008.tmp");
+  std::ofstream(ck + "/step-00000008.tmp/rank-00000.bin") << "my half of a shard";
+  const std::set<std::string> before = snapshot(ck);
+  expect_refused_before_training(run(train(ck, 8, "--resume auto")), "'step-00000008.tmp'", "a user's step-N.tmp");
+  EXPECT_EQ(snapshot(ck), before);
 }
 
 // Issue 23 item 4: output paths that cannot be written are refused before the first step.
@@ -215,12 +216,12 @@ TEST(Safety, TheSameHoldsForADp2JobUnderMpirun) {
   EXPECT_EQ(snapshot(ck), before);
   const std::string bin = ck + "/step-00000030/rank-00001.bin";  // rank 1's shard of the newest step
   fs::resize_file(bin, fs::file_size(bin) / 2);
-  fs::create_directories(ck + "/step-00000040.tmp");
+  const std::string stale = loom::testing_support::abandoned_temp(ck, "step-00000040");
   r = run(train(ck, 30, "--resume auto" + dp2));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("skipping step-00000030: rank 1: checkpoint: '"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("resumed from " + ck + "/step-00000020 at step 20"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("removed an unfinished save: " + ck + "/step-00000040.tmp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("removed an unfinished save: " + stale), std::string::npos) << r.output;
   EXPECT_EQ(run("ckpt inspect --verify " + ck).code, 0);
 }
 

@@ -186,7 +186,7 @@ TEST(Prepare, RefusesBadInputsAndLeavesNothingHalfWritten) {
                        "f1.txt' is not valid UTF-8 at byte offset 9"));
   EXPECT_FALSE(fs::exists(fx.d / "fresh"));
   for (const auto& e : fs::directory_iterator(fx.d.path))
-    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+    EXPECT_EQ(e.path().filename().string().find(".loom-tmp-"), std::string::npos) << e.path();
   loom::write_file_atomic(fx.d / "in/f1.txt", "");
   EXPECT_TRUE(contains(error_message([&] { loom::data::prepare_shards(*tok, "byte", o); }), "f1.txt' is empty"));
   fs::remove(fx.d / "in/f1.txt");

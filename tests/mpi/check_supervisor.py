@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The `loom train --nproc` supervisor ends what it started (Note [Supervised launch]).
 
-usage: check_supervisor.py LOOM stopped-rank | supervisor-signals
+usage: check_supervisor.py LOOM stopped-rank | supervisor-signals | stopped-mpirun
 
 stopped-rank:       rank 1 of a dp2 job is SIGSTOPped; the other rank diagnoses it within
                     comm.timeout_s and fails, and the supervisor SIGKILLs the stopped rank
@@ -10,6 +10,10 @@ stopped-rank:       rank 1 of a dp2 job is SIGSTOPped; the other rank diagnoses 
 supervisor-signals: the supervisor itself gets SIGTERM, SIGINT, then SIGKILL (one job each);
                     no rank and no mpirun may outlive it by more than a second, and the
                     checkpoint directory's lock is free for a restart.
+stopped-mpirun:     mpirun is SIGSTOPped while the ranks train (issue 59 finding 20); the
+                    ranks finish and save, and the supervisor kills the stuck job 5 s after
+                    the last rank recorded its exit, naming mpirun, and exits 0 (the ranks'
+                    code); if the ranks take 10 s, the stopped mpirun ends the job first.
 """
 import os
 import shutil
@@ -38,13 +42,19 @@ def fail(msg, out=""):
     sys.exit(1)
 
 
-def start(loom, ckpt, steps):
+def launch(loom, ckpt, steps):
+    """The job, once it has saved a step (so training runs)."""
     proc = subprocess.Popen(args(loom, ckpt, steps), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while not os.path.exists(os.path.join(ckpt, "latest")):  # a step is saved: training runs
+    while not os.path.exists(os.path.join(ckpt, "latest")):
         if proc.poll() is not None or time.time() > deadline:
             fail("the run ended before its first checkpoint", proc.communicate()[0])
         time.sleep(0.02)
+    return proc
+
+
+def start(loom, ckpt, steps):
+    proc = launch(loom, ckpt, steps)
     pids = [rank_pid(r, ckpt) for r in range(2)]
     if None in pids:
         fail(f"rank processes not found: {pids}")
@@ -139,11 +149,51 @@ def supervisor_signals(loom, tmp):
         restart(loom, ckpt, sig.name)
 
 
+def stopped_mpirun(loom, tmp):
+    ckpt = os.path.join(tmp, "stopped-mpirun")
+    steps = 40
+    proc = launch(loom, ckpt, steps)
+    launchers = mpirun_pids(ckpt)
+    pids = [p for p in (rank_pid(r, ckpt) for r in range(2)) if p]
+    if not launchers:
+        fail("mpirun's process was not found", proc.communicate()[0])
+    for p in launchers:
+        os.kill(p, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        out = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        for p in launchers + pids:
+            os.kill(p, signal.SIGKILL)
+        fail("the job never ended with mpirun stopped", proc.communicate()[0])
+    took = time.time() - t0
+    print(out)
+    print(f"mpirun {launchers} SIGSTOPped; the job exited {proc.returncode} {took:.2f} s later")
+    left = [p for p in launchers + pids if running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    if left:
+        fail(f"{left} still run after the job ended")
+    if "mpirun (pid" not in out or "killed with the ranks still there" not in out:
+        fail("the supervisor did not name the stuck mpirun")
+    # The ranks finish their 35 remaining steps within seconds: then the job ends 5 s after
+    # their last record, exiting 0. On a machine slow enough that they take 10 s, the
+    # stopped launcher ends the job first, non-zero, and --resume auto continues it.
+    if proc.returncode == 0:
+        if not os.path.exists(os.path.join(ckpt, f"step-{steps:08d}", "manifest.json")):
+            fail("the job exited 0 but its last step was not saved")
+    elif "stopped (SIGSTOP) for 10 s" in out:
+        restart(loom, ckpt, "after the stopped mpirun")
+    else:
+        fail(f"the job exited {proc.returncode} without saying the launcher was stopped")
+
+
 def main():
     loom, mode = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="loom-supervisor-")
     try:
-        {"stopped-rank": stopped_rank, "supervisor-signals": supervisor_signals}[mode](loom, tmp)
+        {"stopped-rank": stopped_rank, "supervisor-signals": supervisor_signals,
+         "stopped-mpirun": stopped_mpirun}[mode](loom, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")

@@ -118,6 +118,7 @@ TEST(Data, ByteTokenizerRoundTrips) {
 // step, dp ranks in order, micro-batches in order (the file another framework trains on).
 TEST(Data, BatchesCommandWritesWhatTheLoadersRead) {
   const std::string out = temp_path("batches.bin");
+  std::filesystem::remove(out);  // an earlier run's file carries no mark: it would need --overwrite
   const std::vector<std::string> sets = {"model.preset=tiny", "train.batch=4", "train.seq=32", "parallel.dp=2",
                                          "train.grad_accum=2"};
   std::string args = "data batches --steps 3 --out " + out;

@@ -87,6 +87,29 @@ TEST(LossScale, StaticSkipsWithoutMovingAndNoneCallsItDivergence) {
   EXPECT_EQ(LossScaler(t).scale(), 65536);
 }
 
+// Issue 59 finding 4: a run whose every step overflows is a runaway. A static scale never
+// moves, so it is stopped by the count of steps skipped in a row; an applied step resets it.
+TEST(LossScale, EveryStepSkippedForAWindowIsADivergence) {
+  TrainConfig t;
+  t.loss_scale = "1024";
+  LossScaler st(t);
+  int64_t step = 0;
+  for (int i = 0; i + 1 < LossScaler::kMaxSkippedInARow; ++i) EXPECT_FALSE(st.update(false, step++));
+  EXPECT_TRUE(st.update(true, step++));  // one applied step: the count starts again
+  for (int i = 0; i + 1 < LossScaler::kMaxSkippedInARow; ++i) EXPECT_FALSE(st.update(false, step++));
+  try {
+    st.update(false, step);
+    FAIL() << "the " << LossScaler::kMaxSkippedInARow << "th skip in a row went on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged: 32 steps in a row up to step 64 overflowed"),
+              std::string::npos) << e.what();
+  }
+  // A dynamic scale from 2^40 with floor 1: the count stops it before its floor does.
+  LossScaler dy(dynamic(1099511627776.0, 2000, 1));
+  for (int i = 0; i + 1 < LossScaler::kMaxSkippedInARow; ++i) EXPECT_FALSE(dy.update(false, i));
+  EXPECT_THROW(dy.update(false, 31), Error);
+}
+
 TEST(LossScale, ConfigRefusesScalesThatAreNotPowersOfTwo) {
   for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
            {"train.loss_scale=1000", "train.loss_scale = 1000: expected a power of two"},

@@ -83,7 +83,9 @@ TEST(Trainer, CheckpointSaveLoadExportImportRoundTrip) {
     EXPECT_EQ(to_toml(ck.config), to_toml(c));
     EXPECT_EQ(ck.state.step, 6);
     ASSERT_TRUE(ck.m.has_value());
-    EXPECT_FALSE(fs::exists(dir + ".tmp-" + std::to_string(::getpid())));  // no partial leftovers
+    for (const std::string& d : {dir, fs::path(dir).parent_path().string()})  // no partial leftovers
+      for (const auto& e : fs::directory_iterator(d))
+        EXPECT_EQ(e.path().filename().string().find(".loom-tmp-"), std::string::npos) << e.path();
 
     const std::string st = dir + ".safetensors", back = dir + "_back";
     export_safetensors(dir, st);

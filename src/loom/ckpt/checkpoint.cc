@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/core/owned.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/core/safetensors.h"
 #include "loom/ckpt/shard_ckpt.h"
@@ -38,22 +42,23 @@ void unpack_params(const StFile& f, const std::string& path, const ParamLayout& 
   }
 }
 
-// Replaces `dir` by the fully written `tmp` directory.
-void publish_dir(const std::string& tmp, const std::string& dir) {
-  std::error_code ec;
-  const std::string old = dir + ".old-" + std::to_string(::getpid());
-  const bool had_old = fs::exists(dir, ec);
-  if (had_old) {
-    fs::rename(dir, old, ec);
-    if (ec) throw Error("cannot move the previous checkpoint '" + dir + "' aside: " + ec.message());
+constexpr const char* kWholeFiles[] = {"state.json", "optim.safetensors", "config.toml", "model.safetensors"};
+
+// Moves the files written into `made` into `dir`, model.safetensors (whose tag makes the
+// four files a checkpoint) last; a file of the earlier whole-model checkpoint there
+// (`had_whole`: proven loom's by the survey) that this one lacks is removed.
+void publish_files(owned::TempDir& made, const std::string& dir, bool had_whole) {
+  for (const char* f : kWholeFiles) {
+    const std::string from = made.path() + "/" + f, to = dir + "/" + f;
+    if (owned::kind_of(from) == owned::Kind::kFile) {
+      if (::rename(from.c_str(), to.c_str()) != 0)
+        throw Error("cannot move '" + from + "' to '" + to + "': " + std::strerror(errno));
+    } else if (had_whole && owned::kind_of(to) == owned::Kind::kFile) {
+      ::unlink(to.c_str());
+    }
   }
-  fs::rename(tmp, dir, ec);
-  if (ec) {
-    if (had_old) fs::rename(old, dir);
-    throw Error("cannot rename '" + tmp + "' to '" + dir + "': " + ec.message());
-  }
-  fsync_dir(fs::path(dir).parent_path().string());
-  if (had_old) fs::remove_all(old, ec);
+  made.finish_empty();
+  fsync_dir(dir);
 }
 
 }  // namespace
@@ -62,35 +67,28 @@ void save_checkpoint(const std::string& dir, const Config& config, const ParamLa
                      const std::vector<float>& params, const std::vector<float>* m, const std::vector<float>* v,
                      const CheckpointState& state) {
   LOOM_CHECK(!dir.empty(), "checkpoint.dir is empty: nowhere to save");
-  std::error_code ec;
-  const fs::path target = fs::absolute(dir);
-  // The directory is replaced whole below: only a new, empty or whole-model checkpoint
-  // directory may be (Note [Checkpoint directory ownership]).
+  // Only a new, empty or whole-model checkpoint directory of loom's may receive one, and
+  // never while a job holds it (Note [Checkpoint directory ownership]).
   check_new_target(dir, "checkpoint directory", true);
-  fs::create_directories(target.parent_path(), ec);
-  if (ec) throw Error("cannot create '" + target.parent_path().string() + "': " + ec.message());
-  const std::string tmp = target.string() + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp, ec);
-  fs::create_directory(tmp, ec);
-  if (ec) throw Error("cannot create '" + tmp + "': " + ec.message());
-  try {
-    write_file_atomic(tmp + "/config.toml", to_toml(config));
-    StFile pf = params_file(layout, params, "");
-    pf.metadata = {{"format", "loom-checkpoint-1"}, {"step", std::to_string(state.step)}};
-    write_safetensors(tmp + "/model.safetensors", pf);
-    if (m && v) {
-      StFile of = params_file(layout, *m, "m.");
-      StFile vf = params_file(layout, *v, "v.");
-      of.tensors.merge(vf.tensors);
-      write_safetensors(tmp + "/optim.safetensors", of);
-    }
-    nlohmann::json st = {{"step", state.step}, {"optimizer_steps", state.optimizer_steps}};
-    write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
-    publish_dir(tmp, target.string());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
+  const DirLock lock(dir);
+  check_new_target(dir, "checkpoint directory", true);  // again, under the lock
+  const DirSurvey before = survey_dir(dir);
+  remove_stale(before);
+  owned::TempDir made(dir, "whole-checkpoint");  // removed unless every file is moved out
+  const std::string tmp = made.path();
+  write_file_atomic(tmp + "/config.toml", to_toml(config));
+  StFile pf = params_file(layout, params, "");
+  pf.metadata = {{"format", "loom-checkpoint-1"}, {"step", std::to_string(state.step)}};
+  write_safetensors(tmp + "/model.safetensors", pf);
+  if (m && v) {
+    StFile of = params_file(layout, *m, "m.");
+    StFile vf = params_file(layout, *v, "v.");
+    of.tensors.merge(vf.tensors);
+    write_safetensors(tmp + "/optim.safetensors", of);
   }
+  nlohmann::json st = {{"step", state.step}, {"optimizer_steps", state.optimizer_steps}};
+  write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
+  publish_files(made, dir, before.whole);
 }
 
 CheckpointData load_checkpoint(const std::string& dir) {

@@ -11,6 +11,7 @@
 
 #include "loom/ckpt/shard_format.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 
 namespace loom {
 
@@ -63,6 +64,7 @@ void write_compressor_file(const std::string& dir, int rank, const std::vector<N
 
 void read_compressor_file(const std::string& dir, int rank, const std::vector<NamedBuffer>& buffers) {
   const std::string path = (std::filesystem::path(dir) / compressor_file_name(rank)).string();
+  if (owned::kind_of(path) != owned::Kind::kNone) owned::require_regular(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("checkpoint: '" + path + "' is missing: the manifest says this rank saved compressor state");
   char magic[8];

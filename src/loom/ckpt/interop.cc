@@ -1,4 +1,6 @@
 // Hugging Face safetensors export/import (declared in checkpoint.h).
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -72,6 +74,19 @@ void block_dims(const ParamSpec& s, const HfEntry& e, int64_t& r0, int64_t& rows
   rows = (e.row1 < 0 ? s.shape[0] : e.row1) - e.row0;
 }
 
+// The config keys that name files of the machine that wrote a checkpoint: not carried in an
+// export, not taken from an import (a checkpoint is data; nothing in it is followed as a
+// path). The built-in tokenizer's name is a name, not a path, and stays; checkpoint.dir
+// and the offload settings (which need a directory) return to their defaults, so the
+// config stays valid.
+Config without_paths(Config c) {
+  c.data.path.clear(), c.data.shards.clear();
+  c.checkpoint.dir = CheckpointConfig{}.dir;
+  c.offload = OffloadConfig{};
+  if (c.data.tokenizer != "byte") c.data.tokenizer.clear();
+  return c;
+}
+
 }  // namespace
 
 void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file, const std::string& dtype) {
@@ -80,7 +95,7 @@ void export_safetensors(const std::string& checkpoint_dir, const std::string& ou
   const ParamLayout layout(ck.config.model);
   StFile out;
   out.metadata = {{"format", "pt"},
-                  {"loom_config", to_toml(ck.config)},
+                  {"loom_config", to_toml(without_paths(ck.config))},
                   {"torch_dtype", dtype == "bf16" ? "bfloat16" : "float32"}};
   for (const HfEntry& e : hf_entries(ck.config.model)) {
     const ParamSpec& s = layout.at(e.loom);
@@ -145,6 +160,7 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
   Config cfg = base;
   if (auto it = f.metadata.find("loom_config"); it != f.metadata.end() && !base_given) {
     cfg = config_from_toml_string(it->second);
+    cfg = without_paths(cfg);  // nothing in a file is followed as a path
   } else {
     infer_shapes(f, in_file, cfg.model);
     cfg.model.preset = "custom";
@@ -172,6 +188,11 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
     LOOM_CHECK(t.shape == want, "tensor '", e.hf, "' in '", in_file, "' has shape ", shape_string(t.shape),
                " but the model config needs ", shape_string(want));
     const std::vector<float> v = t.as_f32();
+    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    LOOM_CHECK(bad == v.end(), "tensor '", e.hf, "' in '", in_file, "' holds ",
+               std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }),
+               " NaN or infinite values (the first at flat index ", bad - v.begin(), ": ", *bad,
+               "): loom imports only finite weights; nothing was written");
     float* dst = params.data() + s.offset + r0 * cols;
     if (e.transpose && s.shape.size() == 2) {
       for (int64_t r = 0; r < rows; r++)
@@ -180,6 +201,7 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
       std::copy(v.begin(), v.end(), dst);
     }
   }
+  cfg.checkpoint.dir = checkpoint_dir;
   save_checkpoint(checkpoint_dir, cfg, layout, params, nullptr, nullptr, CheckpointState{});
 }
 

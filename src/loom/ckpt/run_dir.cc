@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,8 @@
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
+#include "loom/ckpt/compressor_state.h"
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/ckpt/shard_format.h"
 
@@ -80,7 +83,74 @@ std::string model_text(const Config& c) {
 
 }  // namespace
 
-DirSurvey survey_dir(const std::string& dir) {
+namespace {
+
+// `latest` as loom writes it: one step name and a newline (shard::publish).
+bool is_latest_text(const std::string& t) {
+  std::string n = t;
+  if (!n.empty() && n.back() == '\n') n.pop_back();
+  return is_step_name(n, 13);
+}
+
+// loom.lock as loom writes it: empty (between create and write), "loom-lock-1 ..." or the
+// earlier "pid N on HOST" line.
+bool is_lock_text(const std::string& t) {
+  if (t.empty() || t.rfind("loom-lock-1 pid ", 0) == 0) return t.find('\0') == std::string::npos;
+  return t.rfind("pid ", 0) == 0 && t.find(" on ") != std::string::npos && t.find('\0') == std::string::npos &&
+         std::count(t.begin(), t.end(), '\n') <= 1;
+}
+
+// Reads a small file only when it is a regular one (never a FIFO, device or symlink).
+std::optional<std::string> small_regular(const fs::path& p, size_t max_bytes) {
+  if (owned::kind_of(p.string()) != owned::Kind::kFile) return std::nullopt;
+  try {
+    return owned::read_regular(p.string(), max_bytes, false);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+bool small_matches(const fs::path& p, size_t max_bytes, bool (*pred)(const std::string&)) {
+  const std::optional<std::string> text = small_regular(p, max_bytes);
+  return text && pred(*text);
+}
+
+// A complete sharded step: a real directory whose manifest.json is loom's (format tag).
+bool is_loom_step(const fs::path& p) {
+  if (owned::kind_of(p.string()) != owned::Kind::kDir) return false;
+  const std::optional<std::string> text = small_regular(p / "manifest.json", size_t(1) << 30);
+  if (!text) return false;
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  return !j.is_discarded() && j.is_object() && j.contains("format") && j["format"] == shard::kFormat;
+}
+
+// replaced-<UTC time>[-N]/ as set_aside names it.
+bool is_replaced_name(const std::string& n) {
+  if (n.rfind("replaced-", 0) != 0 || n.size() < 25 || n[17] != 'T' || n[24] != 'Z') return false;
+  for (size_t i = 9; i < 24; ++i)
+    if (i != 17 && (n[i] < '0' || n[i] > '9')) return false;
+  return n.size() == 25 || (n[25] == '-' && n.size() > 26 &&
+                            std::all_of(n.begin() + 26, n.end(), [](char c) { return c >= '0' && c <= '9'; }));
+}
+
+}  // namespace
+
+namespace {
+DirSurvey survey(const std::string& dir, bool nested);
+
+// replaced-<time>/ is loom's when what it holds is: what --overwrite moved there (steps,
+// `latest`, whole-model files), nothing of the user's.
+bool is_loom_replaced(const fs::path& p) {
+  const DirSurvey inner = survey(p.string(), true);
+  return inner.foreign.empty() && (inner.holds_checkpoints() || inner.latest);
+}
+}  // namespace
+
+DirSurvey survey_dir(const std::string& dir) { return survey(dir, false); }
+
+namespace {
+
+DirSurvey survey(const std::string& dir, bool nested) {
   DirSurvey s;
   s.path = dir;
   std::error_code ec;
@@ -97,24 +167,27 @@ DirSurvey survey_dir(const std::string& dir) {
   bool whole_files[4] = {};
   for (const std::string& n : names) {
     const fs::path p = fs::path(dir) / n;
-    const bool is_dir = fs::is_directory(p, ec);
-    if (is_dir && is_step_name(n, 13) && fs::exists(p / "manifest.json", ec)) {
+    const owned::Kind kind = owned::kind_of(p.string());
+    const auto* w = std::find(std::begin(kWholeFiles), std::end(kWholeFiles), n);
+    bool live = false;
+    if (is_step_name(n, 13) && is_loom_step(p)) {
       s.steps.push_back(std::stoll(n.substr(5)));
-    } else if (is_dir && is_step_name(n, 17) && ends_with(n, ".tmp")) {
+    } else if (owned::is_abandoned_temp(dir, n, &live)) {
       s.stale.push_back(n);
-    } else if (is_dir && n.rfind("replaced-", 0) == 0) {
+    } else if (live) {
+      s.busy.push_back(n);
+    } else if (!nested && kind == owned::Kind::kDir && is_replaced_name(n) && is_loom_replaced(p)) {
       s.replaced.push_back(n);
-    } else if (!is_dir && n == "latest") {
+    } else if (n == "latest" && small_matches(p, 64, is_latest_text)) {
       s.latest = true;
-    } else if (!is_dir && n == kLockName) {
-    } else if (!is_dir && (n == "latest.tmp" || (n.find(".tmp") != std::string::npos &&
-                                                  std::any_of(std::begin(kWholeFiles), std::end(kWholeFiles),
-                                                              [&](const char* w) { return n.rfind(w, 0) == 0; })))) {
-      s.stale.push_back(n);
+    } else if (n == kLockName && small_matches(p, 4096, is_lock_text)) {
+    } else if (n.rfind("latest.loom-tmp-", 0) == 0 && owned::parse_temp_name(n) &&
+               small_matches(p, 64, is_latest_text)) {
+      s.stale.push_back(n);  // `latest` written in full, not yet renamed (Note [Ownership by content])
+    } else if (kind == owned::Kind::kFile && w != std::end(kWholeFiles)) {
+      whole_files[w - std::begin(kWholeFiles)] = true;
     } else {
-      const auto* w = std::find(std::begin(kWholeFiles), std::end(kWholeFiles), n);
-      if (!is_dir && w != std::end(kWholeFiles)) whole_files[w - std::begin(kWholeFiles)] = true;
-      else s.foreign.push_back(n);
+      s.foreign.push_back(n);
     }
   }
   // A whole-model checkpoint's files are loom's only when its model.safetensors says so.
@@ -124,6 +197,8 @@ DirSurvey survey_dir(const std::string& dir) {
   std::sort(s.foreign.begin(), s.foreign.end());
   return s;
 }
+
+}  // namespace
 
 namespace {
 
@@ -171,12 +246,25 @@ std::optional<Config> newest_config(const DirSurvey& s) {
   }
 }
 
+namespace {
+
+// Earlier versions of loom named their unfinished saves `*.tmp`; loom no longer removes a
+// name it cannot prove is its own (Note [Ownership by content]), so it says what to do.
+std::string old_temp_hint(const std::vector<std::string>& foreign) {
+  for (const std::string& n : foreign)
+    if (ends_with(n, ".tmp") || n.find(".tmp-") != std::string::npos)
+      return ". If '" + n + "' is an unfinished save of an earlier loom version, remove it yourself";
+  return "";
+}
+
+}  // namespace
+
 void refuse_foreign(const DirSurvey& s, const std::string& what) {
   if (s.foreign.empty()) return;
   throw ConfigError(what + " '" + s.path + "' holds " + std::to_string(s.foreign.size()) +
                     " entr" + (s.foreign.size() == 1 ? "y" : "ies") + " loom did not write (" + list_names(s.foreign) +
                     "); loom only writes into a new or empty directory or one of its own, and never deletes what it "
-                    "did not write: choose another directory (nothing there was touched)");
+                    "did not write: choose another directory (nothing there was touched)" + old_temp_hint(s.foreign));
 }
 
 void check_new_target(const std::string& dir, const std::string& what, bool whole_ok) {
@@ -206,6 +294,47 @@ void check_run_dir(const std::string& dir, bool resuming, bool overwrite) {
                     "to move them into '" + dir + "/replaced-<time>/' and start over");
 }
 
+namespace {
+
+// Opens dir/loom.lock for writing without following a symlink or blocking on a FIFO,
+// creating it exclusively when absent; refuses anything but a regular file.
+int open_lock_file(const std::string& dir, const std::string& path) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd < 0 && errno == EEXIST) continue;  // another job created it first: open theirs
+    }
+    if (fd < 0) {
+      const int err = errno;
+      if (err == ELOOP || err == ENXIO || err == EISDIR)
+        throw ConfigError("'" + path + "' is " + owned::kind_text(owned::kind_of(path)) +
+                          ", not a lock loom wrote; loom never follows or opens it: remove it or choose another "
+                          "directory (nothing there was touched)");
+      throw ConfigError("cannot write into checkpoint directory '" + dir + "' (creating " + kLockName +
+                        "): " + std::strerror(err) + "; choose a writable checkpoint.dir");
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw ConfigError("'" + path + "' is " + owned::kind_text(owned::Kind::kOther) +
+                        ", not a lock loom wrote: remove it or choose another directory (nothing there was touched)");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+  }
+  throw Error("cannot open '" + path + "': it keeps appearing and vanishing");
+}
+
+std::string pread_text(int fd, size_t max_bytes) {
+  std::string buf(max_bytes, '\0');
+  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
+  buf.resize(n > 0 ? size_t(n) : 0);
+  return buf;
+}
+
+}  // namespace
+
 DirLock::DirLock(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -213,26 +342,31 @@ DirLock::DirLock(const std::string& dir) {
     throw ConfigError("cannot create checkpoint directory '" + dir + "': " + ec.message() +
                       "; choose a writable checkpoint.dir");
   const std::string path = (fs::path(dir) / kLockName).string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw ConfigError("cannot write into checkpoint directory '" + dir + "' (creating " + kLockName +
-                      "): " + std::strerror(errno) + "; choose a writable checkpoint.dir");
+  fd_ = open_lock_file(dir, path);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    char holder[256] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string who = pread_text(fd_, 255);
     ::close(fd_);
     fd_ = -1;
-    std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string("unknown");
+    if (who.empty()) who = "unknown";
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    if (who.rfind("loom-lock-1 ", 0) == 0) who = who.substr(12);
     if (err == EWOULDBLOCK)
       throw ConfigError("checkpoint.dir '" + dir + "' is in use by another loom job (" + who +
                         "); wait for it to end, or choose another checkpoint.dir");
     throw Error("cannot lock '" + path + "': " + std::strerror(err));
   }
+  // Only a lock loom wrote is rewritten (Note [Ownership by content]).
+  if (const std::string was = pread_text(fd_, 4096); !is_lock_text(was)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw ConfigError("'" + path + "' holds " + std::to_string(was.size()) + (was.size() == 4096 ? "+" : "") +
+                      " bytes that are not a lock loom wrote; loom never rewrites a file it did not write: rename "
+                      "it or choose another directory (nothing there was touched)");
+  }
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  const std::string me = "loom-lock-1 pid " + std::to_string(::getpid()) + " on " + host + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size())) {
     const std::string why = std::strerror(errno);
     ::close(fd_);
@@ -272,25 +406,58 @@ std::string move_aside(const DirSurvey& s) {
 }
 
 std::vector<std::string> remove_stale(const DirSurvey& s) {
-  std::error_code ec;
-  for (const std::string& n : s.stale) fs::remove_all(fs::path(s.path) / n, ec);
-  return s.stale;
+  std::vector<std::string> removed;
+  for (const std::string& n : s.stale) {
+    const std::string p = (fs::path(s.path) / n).string();
+    std::error_code ec;
+    // Checked again here: the survey may be old, and only proven entries go.
+    if (owned::is_abandoned_temp(s.path, n) ||
+        (owned::kind_of(p) == owned::Kind::kFile && small_matches(p, 64, is_latest_text)))
+      if (fs::remove_all(p, ec); !ec) removed.push_back(n);
+  }
+  return removed;
 }
 
-void check_output_file(const std::string& path, const std::string& what) {
+bool remove_step(const std::string& root, int64_t step) {
+  const fs::path dir = fs::path(root) / shard::step_name(step);
+  if (!is_loom_step(dir)) return false;
+  shard::Manifest m;
+  try {
+    m = shard::parse_manifest(read_text(dir / "manifest.json"), (dir / "manifest.json").string());
+  } catch (const Error&) {
+    return false;
+  }
+  // Only the files the manifest names, then the manifest, then the directory if empty.
+  for (size_t r = 0; r < m.ranks.size(); ++r) {
+    for (const std::string& f : {m.ranks[r].file, compressor_file_name(int(r))})
+      if (owned::kind_of((dir / f).string()) == owned::Kind::kFile) ::unlink((dir / f).c_str());
+  }
+  ::unlink((dir / "manifest.json").c_str());
+  return ::rmdir(dir.c_str()) == 0;
+}
+
+void check_output_file(const std::string& path, const std::string& what, bool overwrite,
+                       const std::vector<std::string>& marks) {
   if (path.empty()) return;
   std::error_code ec;
   const fs::path p = fs::absolute(path, ec);
-  if (p.string().size() + 8 >= PATH_MAX || p.filename().string().size() + 8 > NAME_MAX)
+  if (p.string().size() + 32 >= PATH_MAX || p.filename().string().size() + 32 > NAME_MAX)
     throw ConfigError(what + " '" + path + "': the path is too long for this system; choose a shorter one");
-  if (fs::is_directory(p, ec)) throw ConfigError(what + " '" + path + "' is a directory; give a file path");
+  const owned::Kind kind = owned::kind_of(p.string());
+  if (kind == owned::Kind::kDir) throw ConfigError(what + " '" + path + "' is a directory; give a file path");
+  if (kind == owned::Kind::kSymlink || kind == owned::Kind::kOther)
+    throw ConfigError(what + " '" + path + "' is " + owned::kind_text(kind) +
+                      "; loom never writes through one: remove it or choose another path (nothing was touched)");
+  if (kind == owned::Kind::kFile && !overwrite && !owned::carries_mark(p.string(), marks))
+    throw ConfigError(what + " '" + path + "' exists and is not an earlier output of loom's of this kind: pass "
+                      "--overwrite to replace it, or choose another path (nothing was touched)");
   const fs::path parent = p.parent_path();
   if (!fs::is_directory(parent, ec))
     throw ConfigError(what + " '" + path + "': the directory '" + parent.string() +
                       "' does not exist; create it first or choose another path");
   // Probe by creating a sibling (never opening the target itself, which may be the user's).
-  const std::string probe = p.string() + ".probe-" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const std::string probe = (parent / owned::temp_name(p.filename().string() + ".probe", owned::new_token())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)
     throw ConfigError(what + " '" + path + "' cannot be written (" + std::strerror(errno) +
                       "); choose a writable directory");

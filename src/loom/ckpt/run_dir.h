@@ -2,20 +2,26 @@
 // --checkpoint, convert's --out).
 //
 // Note [Checkpoint directory ownership]
-// loom deletes or replaces only what it can prove it wrote, and a run never mixes its
-// checkpoints with another run's:
-//  - loom's entries are: `latest` (+ `.tmp`), `loom.lock`, step-NNNNNNNN/ holding a
-//    manifest.json (complete sharded steps), step-NNNNNNNN.tmp/ (unfinished saves),
-//    replaced-*/ (what --overwrite moved aside), and a whole-model checkpoint's four files
-//    when model.safetensors carries loom's format tag. Anything else is the user's: a
-//    target holding any of it is refused, naming the entries; nothing there is touched.
+// loom deletes or replaces only what it can prove it wrote, by content (Note [Ownership by
+// content], core/owned.h), and a run never mixes its checkpoints with another run's:
+//  - loom's entries are: `latest` holding one step name; `loom.lock` holding a lock line;
+//    step-NNNNNNNN/ whose manifest.json carries the sharded format tag; abandoned
+//    temporary directories `<name>.loom-tmp-<token>/` whose marker proves them loom's and
+//    whose maker is gone (unfinished saves, imports); replaced-<UTC time>/ (what
+//    --overwrite moved aside); and a whole-model checkpoint's four files when
+//    model.safetensors carries loom's format tag. No entry is loom's by its name alone, and
+//    a symlink, FIFO or device never is. Anything else is the user's: a target holding
+//    any of it is refused, naming the entries; nothing there is touched.
 //  - a run that is not resuming refuses a directory holding checkpoints (it names their
 //    model, layout and newest step, and offers --resume auto, another checkpoint.dir, or
 //    --overwrite, which moves them into replaced-<UTC time>/ and deletes nothing).
 //  - one job at a time: the job's global rank 0 holds an exclusive flock on loom.lock for
 //    the whole run (the kernel drops it when the process dies, so a killed job never
-//    leaves it held). Holding it proves no live job owns the unfinished saves
-//    (step-N.tmp), so they are removed then.
+//    leaves it held). Every command that writes into the directory (train, import,
+//    ckpt convert) takes it; a `loom.lock` that is a symlink, not a regular file, or holds
+//    anything but a lock line is refused, never followed or truncated.
+//  - pruning (checkpoint.keep_last) removes only the files a step's manifest names, then
+//    the manifest, then the directory if it is left empty.
 //  - every output path is checked (created, written, over-long, read-only) before the
 //    first training step, so a bad path never costs the run's result.
 #pragma once
@@ -33,7 +39,8 @@ struct DirSurvey {
   std::string path;
   bool exists = false;
   std::vector<int64_t> steps;          // complete sharded steps (step-N/manifest.json), ascending
-  std::vector<std::string> stale;      // unfinished saves: step-N.tmp/, *.tmp files (names)
+  std::vector<std::string> stale;      // abandoned temporaries of loom's (names)
+  std::vector<std::string> busy;       // temporaries of loom's whose maker still runs (names)
   std::vector<std::string> replaced;   // replaced-*/ directories (names)
   bool latest = false;                 // a `latest` file
   bool whole = false;                  // a whole-model checkpoint (config.toml + loom's model.safetensors)
@@ -87,12 +94,19 @@ std::string set_aside(const std::string& root, const std::vector<std::string>& n
 // s.path/replaced-<UTC time>/ (never deleting); returns that directory ("" when empty).
 std::string move_aside(const DirSurvey& s);
 
-// Removes the unfinished saves of the survey (call only while holding the DirLock);
-// returns their names.
+// Removes the abandoned temporaries of the survey, each proven again; returns their names.
 std::vector<std::string> remove_stale(const DirSurvey& s);
 
+// Removes root/step-N/ if it is a complete step of loom's: the files its manifest names,
+// the manifest, and the directory once empty. False when it is not loom's or something
+// else is left in it (then that stays).
+bool remove_step(const std::string& root, int64_t step);
+
 // Refuses an output file path before any work: its directory must exist and be
-// writable, the path must not be a directory or over-long. Leaves no file behind.
-void check_output_file(const std::string& path, const std::string& what);
+// writable, the path must not be a directory or over-long; an entry already there must be
+// a regular file, replaced only with `overwrite` or when it carries one of `marks` (Note
+// [User-named outputs] in core/owned.h). Leaves no file behind.
+void check_output_file(const std::string& path, const std::string& what, bool overwrite = false,
+                       const std::vector<std::string>& marks = {});
 
 }  // namespace loom

@@ -11,11 +11,15 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <sstream>
 
 #include "loom/comm/group.h"
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/owned.h"
 #include "loom/comm/agree.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/ckpt/shard_ckpt.h"
@@ -35,17 +39,6 @@ void fsync_path(const std::string& path, bool dir) {
   if (rc != 0) throw Error("checkpoint: fsync of '" + path + "' failed");
 }
 
-// Writes `text` to `path` through a temporary file and an atomic rename.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!(f << text) || !f.flush()) throw Error("checkpoint: cannot write '" + tmp + "' (disk full?)");
-  }
-  fsync_path(tmp, false);
-  fs::rename(tmp, path);
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("checkpoint: cannot read '" + path + "'");
@@ -54,22 +47,16 @@ std::string read_text(const std::string& path) {
   return os.str();
 }
 
-// Keeps the newest `keep` complete steps (0: all); removes older ones and stale temporaries.
-void prune(const std::string& root, int64_t keep, const std::string& newest) {
-  std::vector<std::string> steps;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
-    if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
-      fs::remove_all(e.path());  // a save that never finished
-      continue;
-    }
-    if (name.find('.') == std::string::npos) steps.push_back(name);
-  }
-  std::sort(steps.begin(), steps.end());
-  if (keep <= 0 || int64_t(steps.size()) <= keep) return;
-  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
-    if (steps[i] != newest) fs::remove_all(fs::path(root) / steps[i]);
+// Keeps the newest `keep` complete steps (0: all) and never `newest`; removes only steps
+// whose manifest proves them loom's, and only what the manifest names
+// (Note [Checkpoint directory ownership]).
+void prune(const std::string& root, int64_t keep, int64_t newest) {
+  const DirSurvey s = survey_dir(root);
+  if (keep <= 0 || int64_t(s.steps.size()) <= keep) return;
+  for (size_t i = 0; i + size_t(keep) < s.steps.size(); ++i)
+    if (s.steps[i] != newest && !remove_step(root, s.steps[i]))
+      std::fprintf(stderr, "loom: keep_last: left %s/%s: it holds entries loom did not write\n", root.c_str(),
+                   shard::step_name(s.steps[i]).c_str());
 }
 
 // Note [Failpoints]
@@ -125,65 +112,71 @@ RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Ten
   return rf;
 }
 
-void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last,
+void publish(const std::string& root, owned::TempDir& tmp, const Manifest& m, int64_t keep_last,
              const std::function<void(const char*)>& at) {
   const std::string name = step_name(m.step);
-  write_atomically((fs::path(tmp) / "manifest.json").string(), manifest_json(m));
-  fsync_path(tmp, true);
+  write_file_atomic((fs::path(tmp.path()) / "manifest.json").string(), manifest_json(m));
+  fsync_path(tmp.path(), true);
   if (at) at("manifest");
   const fs::path dest = fs::path(root) / name;
   // A run resumed from an older step reaches a step it saved before: the earlier copy is
   // moved aside, never deleted (Note [Checkpoint directory ownership]).
-  if (fs::exists(dest)) set_aside(root, {name});
-  fs::rename(tmp, dest);
+  if (owned::kind_of(dest.string()) != owned::Kind::kNone) set_aside(root, {name});
+  tmp.publish(dest.string());
   fsync_path(root, true);
   if (at) at("latest");
-  write_atomically((fs::path(root) / "latest").string(), name + "\n");
-  prune(root, keep_last, name);
+  // `latest` is replaced only when it is loom's (the survey under the run's lock said so,
+  // or it is absent); a user's file of that name was refused before the first step.
+  write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+  prune(root, keep_last, m.step);
 }
 
 }  // namespace shard
 
 namespace {
 void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank,
-               const std::string& root, const std::string& tmp);
+               const std::string& root, owned::TempDir* made);
 }  // namespace
 
 void save_shards(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank) {
-  const std::string root = cfg.checkpoint.dir;
-  const std::string tmp = (fs::path(root) / (shard::step_name(step) + ".tmp")).string();
-  try {
-    save_into(cfg, step, s, world, global_rank, root, tmp);
-  } catch (...) {
-    // Every rank has agreed the save failed: the unfinished step goes (a disk-full save
-    // left it behind); the earlier steps and `latest` are untouched.
-    std::error_code ec;
-    if (global_rank == 0) fs::remove_all(tmp, ec);
-    throw;
-  }
-}
-
-namespace {
-
-void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank,
-               const std::string& root, const std::string& tmp) {
-  const int world_size = world ? world->size() : 1;
+  // Rank 0 makes the step's marked temporary directory (Note [Ownership by content]) and
+  // holds it: if the save fails anywhere, every rank agrees so and its destructor removes
+  // it; the earlier steps and `latest` are untouched.
+  std::unique_ptr<owned::TempDir> made;
   std::exception_ptr error;
   if (global_rank == 0) try {
-      fs::create_directories(root);
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
+      fs::create_directories(cfg.checkpoint.dir);
+      made = std::make_unique<owned::TempDir>(cfg.checkpoint.dir, shard::step_name(step));
     } catch (...) {
       error = std::current_exception();
     }
   agree_or_throw(world, global_rank, error);  // every rank learns the outcome
+  save_into(cfg, step, s, world, global_rank, cfg.checkpoint.dir, made.get());
+}
+
+namespace {
+
+// The temporary directory's name on every rank: rank 0's token, broadcast.
+std::string agreed_temp_dir(const std::string& root, int64_t step, comm::Group* world, const owned::TempDir* made) {
+  int64_t token = made ? int64_t(std::stoull(made->token(), nullptr, 16)) : 0;
+  if (world) world->broadcast(std::span<int64_t>(&token, 1), 0).wait();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(token));
+  return (fs::path(root) / owned::temp_name(shard::step_name(step), hex)).string();
+}
+
+void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world, int global_rank,
+               const std::string& root, owned::TempDir* made) {
+  const int world_size = world ? world->size() : 1;
+  std::exception_ptr error;
+  const std::string tmp = agreed_temp_dir(root, step, world, made);
   const std::vector<shard::Tensor> table = shard::tensor_table(cfg);
   const std::string side = (fs::path(tmp) / ("rank-" + std::to_string(global_rank) + ".json")).string();
   try {
     const shard::RankFile rf =
         shard::write_rank_file(tmp, global_rank, table, s, [&] { failpoint("shard", step, global_rank); });
     if (!s.compressor.empty()) write_compressor_file(tmp, global_rank, s.compressor);
-    write_atomically(side, shard::rank_json(rf));
+    write_file_atomic(side, shard::rank_json(rf));
   } catch (...) {
     error = std::current_exception();
   }
@@ -208,7 +201,7 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
         m.ranks.back().pp_rank = c[0], m.ranks.back().dp_rank = c[1], m.ranks.back().tp_rank = c[2];
         fs::remove(path);
       }
-      shard::publish(root, tmp, m, cfg.checkpoint.keep_last, [&](const char* point) { failpoint(point, step, 0); });
+      shard::publish(root, *made, m, cfg.checkpoint.keep_last, [&](const char* point) { failpoint(point, step, 0); });
     } catch (...) {
       error = std::current_exception();
     }
@@ -219,7 +212,9 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
 
 std::optional<std::string> resolve_step_dir(const std::string& where) {
   if (fs::exists(fs::path(where) / "manifest.json")) return where;
-  std::ifstream latest(fs::path(where) / "latest");
+  const std::string latest_path = (fs::path(where) / "latest").string();
+  if (owned::kind_of(latest_path) == owned::Kind::kNone) return std::nullopt;
+  std::istringstream latest(owned::read_regular(latest_path, 4096, false));  // never a FIFO or a symlink
   std::string name;
   if (!(latest >> name)) return std::nullopt;
   // `latest` names a step directory beside it, nothing else; what it holds is shown

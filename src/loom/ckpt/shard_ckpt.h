@@ -7,7 +7,8 @@
 // optimizer step count, the resolved config (so the layout), every tensor's global shape,
 // dtype and placement, and per rank file its pieces: runs of one tensor's local elements
 // (tensor, section, first element, count, byte offset) each with its CRC-32. Every rank
-// writes its file and its piece table in parallel into step-N.tmp/ and fsyncs them; rank
+// writes its file and its piece table in parallel into the temporary directory rank 0
+// made, step-N.loom-tmp-<token>/ (Note [Ownership by content]), and fsyncs them; rank
 // 0 merges the tables into the manifest, renames the directory into place and replaces
 // `latest` (a one-line file naming the newest complete step) by an atomic rename, then
 // removes all but the newest checkpoint.keep_last steps. A save killed at any point

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/core/owned.h"
 #include "loom/model/layout.h"
 #include "loom/optim/loss_scale.h"
 
@@ -92,10 +93,10 @@ RankFile parse_rank(std::string_view text, const std::string& where);
 // `mid_write` (optional) runs once the parameter section is on disk, the moments not yet.
 RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s,
                          const std::function<void()>& mid_write = {});
-// Rank 0's half of a save: writes m as `tmp`/manifest.json, renames `tmp` to
-// root/step-N, replaces `latest`, keeps the newest `keep_last` steps (0: all).
+// Rank 0's half of a save: writes m as `tmp`/manifest.json, publishes `tmp` as
+// root/step-N (an earlier step of that name is moved aside), replaces `latest`, keeps the newest `keep_last` steps (0: all).
 // `at` (optional) is called at the points "manifest" (written) and "latest" (renamed).
-void publish(const std::string& root, const std::string& tmp, const Manifest& m, int64_t keep_last,
+void publish(const std::string& root, owned::TempDir& tmp, const Manifest& m, int64_t keep_last,
              const std::function<void(const char*)>& at = {});
 
 }  // namespace loom::shard

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 #include "loom/model/tp_slice.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/parallel/ps.h"
@@ -28,6 +29,7 @@ using shard::Piece;
 
 Manifest read_manifest(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  owned::require_regular(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("checkpoint: cannot read '" + path + "'");
   std::ostringstream os;
@@ -61,6 +63,7 @@ class PieceReader {
     auto it = files_.find(rank);
     if (it != files_.end()) return *it->second;
     const std::string path = path_of(rank);
+    owned::require_regular(path);
     auto f = std::make_unique<std::ifstream>(path, std::ios::binary);
     if (!*f) throw Error("checkpoint: cannot read '" + path + "'");
     char magic[8];
@@ -291,6 +294,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   if (fs::exists(out) && fs::equivalent(out, in)) throw ConfigError("ckpt convert: --out must differ from --in");
   check_new_target(out, "ckpt convert: --out", false);
   const DirLock lock(out);
+  check_new_target(out, "ckpt convert: --out", false);  // again, under the lock
   remove_stale(survey_dir(out));
   const Manifest m = read_manifest(*dir);
   const Config cfg = config_from_toml_string(to_toml(m.config), sets);
@@ -298,10 +302,8 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   shard::Manifest outm;
   outm.step = m.step, outm.optimizer_steps = m.optimizer_steps, outm.config = cfg, outm.loss_scale = m.loss_scale;
   outm.tensors = shard::tensor_table(cfg);
-  const std::string tmp = (fs::path(out) / (shard::step_name(m.step) + ".tmp")).string();
-  fs::create_directories(out);
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  owned::TempDir made(out, shard::step_name(m.step));  // removed unless published
+  const std::string& tmp = made.path();
   for (int r = 0; r < int(target.ranks()); ++r) {
     RankPlan shape = ps_checkpoint_shape(cfg, r);
     std::vector<float> params(size_t(shape.layout.total_floats()), 0.0f), mom_m, mom_v;
@@ -316,7 +318,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
     const std::vector<int> c = shard::rank_coords(target, r);
     outm.ranks.back().pp_rank = c[0], outm.ranks.back().dp_rank = c[1], outm.ranks.back().tp_rank = c[2];
   }
-  shard::publish(out, tmp, outm, 0);
+  shard::publish(out, made, outm, 0);
   return (fs::path(out) / shard::step_name(m.step)).string();
 }
 

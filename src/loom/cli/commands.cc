@@ -6,6 +6,7 @@
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/train/sampler.h"
@@ -13,7 +14,13 @@
 
 namespace loom::cli {
 
+void require_path(const std::string& path, const std::string& flag) {
+  if (owned::kind_of(path) == owned::Kind::kNone)
+    throw ConfigError(flag + " '" + path + "' does not exist");
+}
+
 int run_sample(const SampleArgs& a) {
+  require_path(a.checkpoint, "--checkpoint");
   SampleOptions o;
   o.prompt = a.prompt;
   o.tokens = a.tokens;
@@ -25,9 +32,10 @@ int run_sample(const SampleArgs& a) {
 }
 
 int run_export(const std::string& checkpoint, const std::string& format, const std::string& out,
-               const std::string& dtype) {
+               const std::string& dtype, bool overwrite) {
   if (format != "safetensors") throw ConfigError("--format '" + format + "': the only export format is safetensors");
-  check_output_file(out, "export --out");
+  require_path(checkpoint, "--checkpoint");
+  check_output_file(out, "export --out", overwrite, owned::marks::kSafetensors);
   export_safetensors(checkpoint, out, dtype);
   std::cerr << "exported " << checkpoint << " to " << out << " (" << dtype << ")\n";
   return 0;
@@ -36,6 +44,7 @@ int run_export(const std::string& checkpoint, const std::string& format, const s
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
                const std::string& config_path, const std::vector<std::string>& sets, const std::string& tokenizer) {
   if (format != "safetensors") throw ConfigError("--format '" + format + "': the only import format is safetensors");
+  require_path(in, "--in");
   check_new_target(checkpoint, "import --checkpoint", true);  // before reading a large file
   const bool base_given = !config_path.empty() || !sets.empty();
   // Without a config, import starts from a "custom" model whose keys come from the file.

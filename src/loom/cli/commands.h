@@ -55,8 +55,13 @@ struct SampleArgs {
 };
 int run_sample(const SampleArgs& a);
 
+// A path the user named must exist: a usage error (exit 2) naming the flag otherwise, as in
+// every command (issue 59: some said 1, some 2). What is wrong inside an existing file or
+// checkpoint stays a runtime error (exit 1).
+void require_path(const std::string& path, const std::string& flag);
+
 int run_export(const std::string& checkpoint, const std::string& format, const std::string& out,
-               const std::string& dtype);
+               const std::string& dtype, bool overwrite);
 // `tokenizer` (may be empty) becomes the checkpoint's data.tokenizer, what `loom sample` decodes with.
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
                const std::string& config_path, const std::vector<std::string>& sets, const std::string& tokenizer);
@@ -84,6 +89,7 @@ struct SimArgs {
   int64_t global_batch = 0, seq = 0, cp = 1, gpus = 0;
   bool json = false, ops = false;  // ops: the cost model's per-op itemization (simulate --ops)
   std::string trace, svg;
+  bool overwrite = false;  // --trace/--svg (and plan's --out) may replace a file that is not loom's
   std::string framework;  // loom | megatron | fsdp | deepspeed-2021; empty: loom on a shared-device (CPU) cluster, else megatron
   std::string attention;  // unfused | flash2 | flash3 (Megatron only)
   std::string dp_overlap;     // on (default) | off: gradient reduction overlapped with backward

@@ -1,9 +1,13 @@
 // `loom data prepare | inspect | batches`: token shards from text, what a shard holds, and
 // the exact token batches a training run reads (to feed another framework the same data).
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +16,8 @@
 #include "loom/cli/commands.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
+#include "loom/ckpt/run_dir.h"
 #include "loom/train/data.h"
 #include "loom/data/prepare.h"
 #include "loom/data/shards.h"
@@ -19,6 +25,8 @@
 namespace loom::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 int prepare(const DataArgs& a) {
   const auto tok = data::load_tokenizer(a.tokenizer);
@@ -43,6 +51,8 @@ int prepare(const DataArgs& a) {
   };
   const auto st = data::prepare_shards(*tok, a.tokenizer, opt, progress);
   if (tty) std::fprintf(stderr, "\n");
+  for (const std::string& n : st.removed)
+    std::fprintf(stderr, "removed %s, left by a prepare that was killed\n", n.c_str());
   const double mb = double(st.bytes[0] + st.bytes[1]) / 1e6;
   std::printf("wrote %s: train %llu docs, %llu tokens in %d shard(s); val %llu docs, %llu tokens in %d shard(s); "
               "%.2f MB of text in %.2f s (%.2f MB/s, %.2f bytes/token)\n",
@@ -54,6 +64,7 @@ int prepare(const DataArgs& a) {
 }
 
 int inspect(const DataArgs& a) {
+  require_path(a.in, "data inspect");
   const auto shards = data::open_shards(a.in);
   nlohmann::json out = nlohmann::json::array();
   for (const auto& s : shards) {
@@ -75,15 +86,31 @@ int inspect(const DataArgs& a) {
 
 // int32 little-endian: global batch B and seq T, then per step the tokens (B,T) and the
 // targets (B,T) the run's data-parallel ranks read, rank-major, micro-batches in order.
+// The size is known before a byte is written and checked against the free space; the
+// file is written in a marked temporary directory beside --out and renamed into place, so
+// a killed run leaves no partial file, and the next run on --out removes what it left
+// (Note [Ownership by content]).
 int batches(const DataArgs& a) {
   const Config cfg = load_config(a.config_path, a.sets);
   LOOM_CONFIG_CHECK(!cfg.data.bucketing, "data.bucketing: its micro-batches have their own lengths; `loom data "
                                          "batches` writes fixed-length batches only (set data.bucketing = false)");
   const int64_t T = cfg.seq_len(), steps = a.steps > 0 ? a.steps : cfg.train.steps, dp = cfg.parallel.dp;
   const int64_t accum = cfg.train.grad_accum, rows = cfg.micro_batch();
+  const double bytes = 8.0 + double(steps) * 2.0 * double(cfg.train.batch) * double(T) * 4.0;
+  check_output_file(a.out, "--out", a.overwrite);
+  const fs::path out = fs::absolute(a.out);
+  const std::string parent = out.parent_path().string(), base = out.filename().string();
+  if (struct statvfs v {}; ::statvfs(parent.c_str(), &v) == 0 && bytes > double(v.f_bavail) * double(v.f_frsize))
+    throw ConfigError(detail::cat("--out '", a.out, "': ", steps, " steps of ", cfg.train.batch, " x ", T,
+                                  " tokens and targets take ", bytes / 1e9, " GB, and '", parent, "' has ",
+                                  double(v.f_bavail) * double(v.f_frsize) / 1e9, " GB free: lower --steps"));
+  for (const std::string& n : owned::remove_abandoned(parent, base))
+    std::fprintf(stderr, "removed %s, left by a run that was killed\n", n.c_str());
   const auto data = load_train_data(cfg, T);
-  std::ofstream f(a.out, std::ios::binary);
-  if (!f) throw Error("cannot write '" + a.out + "'");
+  owned::TempDir made(parent, base);  // removed unless the file is moved out
+  const std::string tmp = made.path() + "/" + base;
+  std::ofstream f(tmp, std::ios::binary);
+  if (!f) throw Error("cannot write '" + tmp + "'");
   const int32_t head[2] = {int32_t(cfg.train.batch), int32_t(T)};
   f.write(reinterpret_cast<const char*>(head), sizeof head);
   std::vector<int32_t> tok(size_t(cfg.train.batch * T)), tgt(tok.size());
@@ -97,7 +124,11 @@ int batches(const DataArgs& a) {
     f.write(reinterpret_cast<const char*>(tok.data()), std::streamsize(tok.size() * 4));
     f.write(reinterpret_cast<const char*>(tgt.data()), std::streamsize(tgt.size() * 4));
   }
-  if (!f.flush()) throw Error("writing '" + a.out + "' failed");
+  if (!f.flush()) throw Error("writing '" + tmp + "' failed (disk full?)");
+  f.close();
+  if (::rename(tmp.c_str(), out.c_str()) != 0)
+    throw Error("cannot rename '" + tmp + "' to '" + a.out + "': " + std::strerror(errno));
+  made.finish_empty();
   std::printf("wrote %s: %lld steps of %lld x %lld tokens and targets\n", a.out.c_str(), (long long)steps,
               (long long)cfg.train.batch, (long long)T);
   return 0;
@@ -130,8 +161,9 @@ DataCommands add_data_commands(CLI::App& app, DataArgs& a) {
                                            "tokens and targets)");
   c.batches->add_option("--config", a.config_path, "TOML config file, as for loom train");
   c.batches->add_option("--set", a.sets, "Config override section.key=value (repeatable)")->take_all();
-  c.batches->add_option("--steps", a.steps, "Steps to write (default train.steps)");
+  c.batches->add_option("--steps", a.steps, "Steps to write (default train.steps)")->check(CLI::PositiveNumber);
   c.batches->add_option("--out", a.out, "Output file")->required();
+  c.batches->add_flag("--overwrite", a.overwrite, "Replace --out if a file is there");
   return c;
 }
 

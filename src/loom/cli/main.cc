@@ -136,6 +136,7 @@ struct Args {
   loom::cli::LayoutFlags cv_layout;
   loom::cli::SampleArgs sample;
   std::string ex_ck, ex_fmt = "safetensors", ex_out, ex_dtype = "fp32";
+  bool ex_overwrite = false;
   std::string im_in, im_fmt = "safetensors", im_ck, im_cfg, im_tok;
   std::vector<std::string> im_sets;
   loom::cli::BenchCommArgs bench;
@@ -167,7 +168,8 @@ void add_train_commands(CLI::App& app, Args& a, std::vector<Command>& cmds, int 
       ->check(CLI::IsMember({"cpu", "cuda"}));
   t->add_option("--resume", train.resume, "auto (newest checkpoint in checkpoint.dir that loads, if any) or a checkpoint directory");
   t->add_flag("--overwrite", train.overwrite, "Start fresh in a checkpoint.dir holding an earlier run: move its "
-                                              "checkpoints into checkpoint.dir/replaced-<time>/ (nothing is deleted)");
+                                              "checkpoints into checkpoint.dir/replaced-<time>/ (nothing is deleted); "
+                                              "let --trace replace a file that is not an earlier trace of loom's");
   t->footer(config_keys_footer());
   cmds.push_back({t, [&a, argc, argv] { return loom::cli::run_train(a.train, argc, argv); }});
 
@@ -188,6 +190,8 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   sm->add_flag("--ops", a.sim.ops, "Also print what the cost model charges each op of a block, the embedding and the "
                                    "head per micro-batch (forward, backward), to set beside LOOM_KERNEL_PROFILE");
   sm->add_option("--svg", a.sim.svg, "Write the simulated step as an SVG timeline");
+  sm->add_flag("--overwrite", a.sim.overwrite, "Let --trace/--svg replace an existing file that is not an earlier "
+                                               "output of loom's");
   cmds.push_back({sm, [&a] { return loom::cli::run_simulate(a.sim); }});
 
   auto* pc = app.add_subcommand("plan", "Search dp/tp/pp/vpp, micro-batch, ZeRO, sp, recompute and schedule for the fastest layout that fits");
@@ -202,6 +206,7 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
                "simulator's expected error (Note [Plan explanation])");
   pc->add_option("--emit", a.plan.emit, "loom (a config for loom train --plan) | megatron (Megatron-LM arguments) for the best plan");
   pc->add_option("--out", a.plan.out, "Write --emit output to this file");
+  pc->add_flag("--overwrite", a.plan.sim.overwrite, "Let --out replace an existing file that is not an earlier plan");
   pc->add_option("--compress", a.plan.compress,
                  "Gradient compressors to try: auto (loom's engine: topk, terngrad, powersgd, onebit_adam, "
                  "zero_one_adam and ZeRO++ where dp crosses nodes), none, or a list tried on every dp group, e.g. "
@@ -267,9 +272,10 @@ void add_interop_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   e->add_option("--checkpoint", a.ex_ck, "Checkpoint directory")->required();
   e->add_option("--format", a.ex_fmt, "Output format (safetensors)")->capture_default_str();
   e->add_option("--out", a.ex_out, "Output file")->required();
+  e->add_flag("--overwrite", a.ex_overwrite, "Replace --out even when it is not an earlier export of loom's");
   e->add_option("--dtype", a.ex_dtype, "fp32 (the masters as they are) or bf16 (rounded to nearest-even)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
-  cmds.push_back({e, [&a] { return loom::cli::run_export(a.ex_ck, a.ex_fmt, a.ex_out, a.ex_dtype); }});
+  cmds.push_back({e, [&a] { return loom::cli::run_export(a.ex_ck, a.ex_fmt, a.ex_out, a.ex_dtype, a.ex_overwrite); }});
 
   auto* im = app.add_subcommand("import", "Make a checkpoint from Hugging Face-named safetensors");
   im->add_option("--in", a.im_in, "Input safetensors file")->required();

@@ -9,6 +9,9 @@
 #include "loom/cli/commands.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/owned.h"
+#include "loom/ckpt/run_dir.h"
 #include "loom/plan/explain.h"
 #include "loom/plan/search.h"
 
@@ -136,6 +139,9 @@ int run_plan(const PlanArgs& a) {
   if (a.explain && !a.emit.empty() && a.out.empty())
     throw ConfigError("--explain with --emit " + a.emit + " and no --out: the plan goes to stdout alone; add --out FILE "
                       "(the list and the explanation follow), or drop --emit");
+  if (!a.out.empty())  // before the search (Note [User-named outputs])
+    check_output_file(a.out, "--out", a.sim.overwrite,
+                      a.emit == "loom" ? owned::marks::kPlanToml : std::vector<std::string>{});
   SimArgs base = a.sim;
   base.layout = LayoutFlags{};  // the layout is what is searched
   base.layout.micro_batch = 1;
@@ -182,8 +188,7 @@ int run_plan(const PlanArgs& a) {
     if (a.out.empty()) {
       std::cout << text;
     } else {
-      std::ofstream f(a.out);
-      if (!(f << text)) throw Error("--out: cannot write '" + a.out + "'");
+      write_file_atomic(a.out, text);
       std::cerr << "wrote the best plan to " << a.out << "\n";
     }
     if (a.out.empty()) return 0;

@@ -11,6 +11,9 @@
 #include "loom/cli/commands.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/owned.h"
+#include "loom/ckpt/run_dir.h"
 #include "loom/sim/timeline.h"
 #include "loom/sim/calibrate.h"
 
@@ -147,7 +150,11 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
        << m.total() / gib << "\n";
   }
   os << "peak " << std::setprecision(2) << r.peak_memory_bytes / gib << " GiB on rank " << r.peak_rank << " of "
-     << device_bytes / gib << " GiB per device\n";
+     << device_bytes / gib << " GiB per device";
+  if (r.peak_memory_bytes > device_bytes)
+    os << ": DOES NOT FIT (" << std::setprecision(3) << r.peak_memory_bytes / device_bytes
+       << "x the device; `loom plan` finds a layout that fits, if any)";
+  os << "\n";
   if (r.warmup_steps > 0)  // Note [Synchronous warm-up]
     os << "synchronous warm-up: the first " << r.warmup_steps << " steps flush after each, " << std::setprecision(3)
        << r.warmup_step_time_s << " s a step (the flushing 1f1b step); the steady stream above after them\n";
@@ -188,6 +195,8 @@ void print_ops(std::ostream& os, const SimInputs& in, const sim::SimResult& r) {
 
 int run_simulate(const SimArgs& a) {
   const SimInputs in = resolve_sim_inputs(a);
+  check_output_file(a.trace, "--trace", a.overwrite, owned::marks::kTrace);  // before any work (Note [User-named outputs])
+  check_output_file(a.svg, "--svg", a.overwrite, owned::marks::kSvg);
   const bool events = !a.trace.empty() || !a.svg.empty();
   const sim::SimResult r = sim::simulate(in.plan, in.cluster, events);
   const ParallelConfig& q = in.plan.cfg.parallel;

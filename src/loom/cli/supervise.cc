@@ -16,6 +16,11 @@
 //    SIGKILL from the kernel (PR_SET_PDEATHSIG) and each rank's watcher thread sees the
 //    supervisor gone within 0.1 s and ends the rank. The checkpoint directory's lock
 //    (Note [Checkpoint directory ownership]) dies with rank 0, so a restart can go on.
+//  - Each rank records its exit code as soon as its work is done, before MPI_Finalize
+//    (which waits on mpirun), and again after it. mpirun that outlives every rank's record
+//    by 5 s, or stays stopped (SIGSTOP) for 10 s while they run, is SIGKILLed with every
+//    rank still there and named; the job's exit code is then the ranks' (0 when they all
+//    finished their work, non-zero when one was killed before it had).
 #include "loom/cli/supervise.h"
 
 #include <fcntl.h>
@@ -157,7 +162,33 @@ pid_t start_mpirun(std::vector<std::string> args, int stderr_fd) {
 struct Watch {
   std::string killed;  // lines naming the ranks it had to kill
   int signal = 0;      // the signal that stopped the supervisor, if any
+  bool launcher_stuck = false;  // mpirun outlived every rank by kLauncherGrace and was killed
 };
+
+// How long mpirun may outlive the last of its ranks (it normally exits within a second;
+// a stopped or wedged mpirun never does: issue 59 finding 20), and how long it may stay
+// stopped while they run (the ranks then block in MPI_Finalize or on their output).
+constexpr auto kLauncherGrace = std::chrono::seconds(5);
+constexpr auto kLauncherStopped = std::chrono::seconds(10);
+constexpr int kStoppedPolls = 100;  // and seen stopped this many polls in a row (~5 s of them)
+
+// A process stopped by a signal (state T): SIGSTOP, or job control.
+bool stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+}
+
+// Ends a job whose launcher is stuck: SIGKILL to every rank still there and to mpirun.
+void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const std::string& why, Watch& w) {
+  for (pid_t p : pids)
+    if (p > 0 && alive(p)) ::kill(p, SIGKILL);
+  ::kill(child, SIGKILL);  // a stopped process takes SIGKILL too
+  w.launcher_stuck = true;
+  w.killed += "\n  mpirun (pid " + std::to_string(child) + "): killed with the ranks still there, " + why;
+}
 
 // Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
 Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, StderrRelay& relay,
@@ -166,7 +197,8 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
   Watch w;
   std::vector<pid_t> pids(size_t(nproc), 0);
   std::vector<char> done(size_t(nproc), 0);
-  std::optional<Clock::time_point> first_failure, kill_time;
+  std::optional<Clock::time_point> first_failure, kill_time, all_done, stopped_since;
+  int stopped_polls = 0;
   int failed_rank = -1;
   for (;;) {
     const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
@@ -185,6 +217,15 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       done[size_t(r)] = 1;
       if (code != 0 && !first_failure) first_failure = now, failed_rank = r;
     }
+    // Note [Supervised launch]: a launcher that outlives its ranks, or stays stopped.
+    if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
+    stopped_polls = stopped(child) ? stopped_polls + 1 : 0;
+    if (stopped_polls == 1) stopped_since = now;
+    if (!w.launcher_stuck && all_done && now - *all_done > kLauncherGrace)
+      end_stuck_job(child, pids, "still running " + std::to_string(kLauncherGrace.count()) +
+                                     " s after every rank had recorded its exit (stopped or hung)", w);
+    if (!w.launcher_stuck && stopped_polls >= kStoppedPolls && now - *stopped_since > kLauncherStopped)
+      end_stuck_job(child, pids, "stopped (SIGSTOP) for " + std::to_string(kLauncherStopped.count()) + " s", w);
     const bool expired = first_failure && now - *first_failure > grace;
     if ((g_signal || expired) && !kill_time) {
       if (g_signal) w.signal = g_signal;
@@ -249,7 +290,8 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s) {
   }
   ::rmdir(status_dir.c_str());
   if (launcher_rc == 127 && failed.find("exited") == std::string::npos) return 127;
-  if (rc == 0 && launcher_rc != 0) rc = launcher_rc;
+  // A launcher killed after every rank had ended says nothing about the ranks' work.
+  if (rc == 0 && launcher_rc != 0 && !(w.launcher_stuck && failed.empty())) rc = launcher_rc;
   if (w.signal) rc = 128 + w.signal;
   if (!failed.empty()) std::cerr << "loom: --nproc " << nproc << ": the job failed:" << failed << "\n";
   if (!w.killed.empty()) std::cerr << "loom: --nproc " << nproc << ": the supervisor killed:" << w.killed << "\n";

@@ -19,6 +19,7 @@ namespace {
 // The text to encode: --text S or the file --in names (exactly one of them).
 std::string input_text(const TokenizerArgs& a) {
   if (!a.text.empty() && !a.in.empty()) throw ConfigError("give --text or --in, not both");
+  if (!a.in.empty()) require_path(a.in, "--in");
   if (!a.in.empty()) return read_file_bytes(a.in);
   if (a.text.empty()) throw ConfigError("give the text with --text S or --in FILE");
   return a.text;
@@ -86,6 +87,7 @@ int decode(const TokenizerArgs& a) {
   const auto tok = data::load_tokenizer(a.tokenizer);
   if (!a.ids.empty() && !a.in.empty()) throw ConfigError("give --ids or --in, not both");
   if (a.ids.empty() && a.in.empty()) throw ConfigError("give the token ids with --ids \"1 2 3\" or --in FILE");
+  if (!a.in.empty()) require_path(a.in, "--in");
   const auto ids = parse_ids(a.in.empty() ? a.ids : read_file_bytes(a.in), a.in.empty() ? "--ids" : a.in);
   std::cout << tok->decode(ids);
   std::cout.flush();
@@ -96,10 +98,10 @@ int train(const TokenizerArgs& a) {
   if (a.out.empty()) throw ConfigError("give the model file to write with --out FILE (e.g. tok.model)");
   if (std::filesystem::path(a.out).extension() != ".model")
     throw ConfigError("--out '" + a.out + "' must end in .model (a SentencePiece model file)");
-  check_output_file(a.out, "--out");
   std::error_code ec;
   if (std::filesystem::exists(a.out, ec) && !a.overwrite)
     throw ConfigError("--out '" + a.out + "' exists: pass --overwrite to replace it, or another path");
+  check_output_file(a.out, "--out", a.overwrite);
   const auto files = corpus_files(a.in);
   data::SpmTrainOptions opt;
   opt.vocab = a.vocab;

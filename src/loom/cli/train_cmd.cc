@@ -19,6 +19,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/train/trainer.h"
 #if LOOM_CUDA
@@ -76,6 +77,7 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
     logging = world.global_rank() == 0;
     comm::World* many = world.world_size() > 1 ? &world : nullptr;
     s = gpu ? train_on_device(cfg, opt, many) : many ? train(cfg, opt, world) : train(cfg, opt);
+    record_exit(0);  // the work is done: said before MPI_Finalize, which waits on mpirun (Note [Supervised launch])
   } else {
     s = gpu ? train_on_device(cfg, opt, nullptr) : train(cfg, opt);
   }
@@ -95,7 +97,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
   if (!a.device.empty()) sets.push_back("train.device=" + a.device);
   const Config cfg = load_config(a.config_path, sets);  // config errors surface before any launch
   if (!comm::launched_by_mpi()) {  // refused before any launch; rank 0 checks again under the lock
-    check_output_file(a.trace, "--trace");
+    check_output_file(a.trace, "--trace", a.overwrite, owned::marks::kTrace);
     check_run_dir(cfg.checkpoint.dir, !a.resume.empty(), a.overwrite);
   }
   if (a.nproc > 0) {

@@ -11,6 +11,7 @@
 
 #include "loom/core/config_text.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 
 namespace loom {
 
@@ -425,12 +426,21 @@ Config config_from_toml_string(const std::string& text, const std::vector<std::s
   return resolve(flatten(tbl), parse_overrides(overrides));
 }
 
+// A config is a few kilobytes; anything past this is not one.
+constexpr size_t kMaxConfigBytes = size_t(16) << 20;
+
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
   std::vector<Assignment> file_values;
   toml::table tbl;
   if (!toml_path.empty()) {
+    std::string text;
+    try {  // a regular file of sane size: never a FIFO or a device such as /dev/urandom (issue 59)
+      text = owned::read_regular(toml_path, kMaxConfigBytes);
+    } catch (const Error& e) {
+      throw ConfigError(std::string("config: ") + e.what());
+    }
     try {
-      tbl = toml::parse_file(toml_path);
+      tbl = toml::parse(text, toml_path);
     } catch (const toml::parse_error& e) {
       std::ostringstream os;
       os << "cannot parse config '" << toml_path << "'";

@@ -4,24 +4,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 
 namespace loom {
 
 std::string read_file_bytes(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error("cannot read '" + path + "': it is a directory, expected a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("error while reading '" + path + "'");
-  return ss.str();
+  // A FIFO or device (/dev/zero, /dev/urandom) is refused, not read: Note [Ownership by content].
+  return owned::read_regular(path, SIZE_MAX - 1);
 }
 
 void fsync_dir(const std::string& dir) {
@@ -33,8 +29,11 @@ void fsync_dir(const std::string& dir) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // Created exclusively under a marked name, never through a symlink (Note [Ownership by content]).
+  const std::filesystem::path p(path);
+  const std::string tmp =
+      (p.parent_path() / owned::temp_name(p.filename().string(), owned::new_token())).string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) throw Error("cannot create '" + tmp + "': " + std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {

@@ -5,14 +5,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/core/owned.h"
 #include "loom/data/corpus.h"
 #include "loom/data/shards.h"
 
@@ -52,29 +56,57 @@ std::vector<std::string> input_files(const std::string& in) {
   return files;
 }
 
-// Our outputs: a directory holding only these may be replaced with --overwrite.
+// Our outputs, by content (Note [Ownership by content]): regular files named as the
+// shards and the summary are, whose first bytes are the shard magic or whose JSON says it
+// is this summary. A directory holding only these may be replaced with --overwrite.
 bool is_ours(const fs::path& p) {
   const std::string n = p.filename().string();
-  return n == "prepare.json" || ((n.rfind("train_", 0) == 0 || n.rfind("val_", 0) == 0) && p.extension() == ".bin");
+  const bool shard = (n.rfind("train_", 0) == 0 || n.rfind("val_", 0) == 0) && p.extension() == ".bin";
+  if ((!shard && n != "prepare.json") || owned::kind_of(p.string()) != owned::Kind::kFile) return false;
+  if (shard) {
+    char magic[8] = {};
+    std::ifstream f(p, std::ios::binary);
+    return f.read(magic, sizeof magic) && std::string(magic, sizeof magic) == "LOOMTOKS";
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(owned::read_regular(p.string(), 1 << 20, false), nullptr, false);
+    return j.is_object() && j.contains("format") && j["format"] == "loom token shards";
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 void check_out_dir(const PrepareOptions& opt) {
+  const owned::Kind kind = owned::kind_of(opt.out);
+  if (kind == owned::Kind::kNone) return;
+  LOOM_CONFIG_CHECK(kind == owned::Kind::kDir, "--out '", opt.out, "' exists and is ", owned::kind_text(kind),
+                    ", not a directory: give a new or empty directory (nothing there was touched)");
   std::error_code ec;
-  if (!fs::exists(opt.out, ec)) return;
-  LOOM_CONFIG_CHECK(fs::is_directory(opt.out, ec), "--out '", opt.out, "' exists and is not a directory");
   std::vector<std::string> foreign;
   bool any = false;
   for (const auto& e : fs::directory_iterator(opt.out, ec)) {
     any = true;
     if (!is_ours(e.path())) foreign.push_back(e.path().filename().string());
   }
+  std::sort(foreign.begin(), foreign.end());
   if (!foreign.empty())
     throw ConfigError("--out '" + opt.out + "' holds files loom data prepare did not write (" + foreign.front() +
                       (foreign.size() > 1 ? " and " + std::to_string(foreign.size() - 1) + " more" : "") +
-                      "): give a new or empty directory");
+                      "): give a new or empty directory (nothing there was touched)");
   if (any && !opt.overwrite)
     throw ConfigError("--out '" + opt.out + "' holds shards of an earlier run: pass --overwrite to replace them, "
                       "or give another directory");
+}
+
+// --overwrite: removes the earlier run's files (each proven ours again) and the directory.
+void remove_earlier(const std::string& out) {
+  if (owned::kind_of(out) == owned::Kind::kNone) return;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (is_ours(e.path())) ::unlink(e.path().c_str());
+  if (::rmdir(out.c_str()) != 0)
+    throw Error("--out '" + out + "': cannot replace it (" + std::strerror(errno) +
+                "); something was added there during the run");
 }
 
 // The documents of one file, as views into `text` (which the caller keeps alive).
@@ -183,11 +215,18 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::string& tokenizer_p
   h.token_bytes = h.vocab_size <= 65536 ? 2 : 4;
   h.end_of_document = tok.end_of_document();
   h.tokenizer = tokenizer_fingerprint(tok);
-  const std::string tmp = opt.out + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  // Shards are written into a marked temporary directory beside --out (Note [Ownership by
+  // content]); those of an earlier run of this command that was killed are removed first.
+  const fs::path out_path = fs::path(opt.out).lexically_normal();
+  const std::string parent = out_path.parent_path().empty() ? "." : out_path.parent_path().string();
+  const std::string base = out_path.filename().string();
+  LOOM_CONFIG_CHECK(!base.empty() && base != "." && base != "..", "--out '", opt.out, "': name a directory");
+  fs::create_directories(parent);
   PrepareStats st;
-  try {
+  st.removed = owned::remove_abandoned(parent, base);
+  owned::TempDir made(parent, base);  // removed unless published
+  const std::string tmp = made.path();
+  {
     ShardWriter writers[2] = {{tmp, "train", h, opt.shard_tokens}, {tmp, "val", h, opt.shard_tokens}};
     const uint64_t k = opt.val_fraction > 0 ? uint64_t(std::max<int64_t>(2, std::llround(1.0 / opt.val_fraction))) : 0;
     uint64_t doc_index = 0;
@@ -224,14 +263,9 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::string& tokenizer_p
                                    {"shards", st.shards[s]}};
     write_file_atomic((fs::path(tmp) / "prepare.json").string(), meta.dump(2) + "\n");
     check_out_dir(opt);  // again: it may have changed during the run
-    fs::remove_all(opt.out);  // absent, empty, or only our shards with --overwrite
-    fs::rename(tmp, opt.out);
-    const fs::path parent = fs::path(opt.out).lexically_normal().parent_path();
-    fsync_dir(parent.empty() ? "." : parent.string());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
+    remove_earlier(opt.out);  // absent, empty, or only our shards with --overwrite
+    made.publish(opt.out);
+    fsync_dir(parent);
   }
   return st;
 }

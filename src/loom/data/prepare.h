@@ -5,13 +5,16 @@
 // "%"). Every round(1/val_fraction)-th document goes to val_NNNNN.bin, the rest to
 // train_NNNNN.bin; documents are never split across shards. Encoding runs on `threads`
 // threads in document order, so the output does not depend on the thread count. The
-// shards are written into DIR.tmp-<pid> and renamed to DIR at the end: a failed or
-// interrupted run leaves no half-written DIR.
+// shards are written into a marked temporary directory DIR.loom-tmp-<token> and renamed to
+// DIR at the end: a failed or interrupted run leaves no half-written DIR, and the next
+// prepare into DIR removes what a killed one left (Note [Ownership by content]). Only files
+// whose content proves them shards or the summary of an earlier prepare are replaced.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "loom/data/tokenizer.h"
 
@@ -31,6 +34,8 @@ struct PrepareStats {
   uint64_t docs[2] = {0, 0}, tokens[2] = {0, 0}, bytes[2] = {0, 0};  // [train, val]
   int shards[2] = {0, 0};
   double seconds = 0;
+  std::vector<std::string> removed;  // abandoned temporary directories of a killed prepare
+
 };
 
 // Progress: bytes of input read so far and the total.

@@ -122,6 +122,11 @@ void Shard::open_loom(const uint8_t* p, uint64_t n) {
   h_.end_of_document = get<int64_t>(p, 40);
   h_.tokenizer.assign(reinterpret_cast<const char*>(p + 64), strnlen(reinterpret_cast<const char*>(p + 64), 63));
   LOOM_CHECK(h_.token_bytes == 2 || h_.token_bytes == 4, at, ": token width ", h_.token_bytes, " at byte 12 is not 2 or 4");
+  // -1 (none) or a token of the vocabulary: a wider value would be cut to 32 bits where
+  // tokens are compared (issue 59 finding 16).
+  LOOM_CHECK(h_.end_of_document == -1 || (h_.end_of_document >= 0 && uint64_t(h_.end_of_document) < h_.vocab_size),
+             at, ": end_of_document ", h_.end_of_document, " at byte 40 is neither -1 (none) nor a token of the "
+             "vocabulary of ", h_.vocab_size);
   LOOM_CHECK(h_.token_count < (uint64_t(1) << 40) && h_.doc_count <= h_.token_count, at, ": header counts ",
              h_.token_count, " tokens, ", h_.doc_count, " documents are impossible");
   const uint64_t want = kHeaderBytes + h_.token_count * uint64_t(h_.token_bytes) + h_.doc_count * 8;

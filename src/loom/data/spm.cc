@@ -15,7 +15,8 @@ namespace {
 class SpmTokenizer final : public Tokenizer {
  public:
   explicit SpmTokenizer(const std::string& path) : path_(path) {
-    const auto st = sp_.Load(path);
+    // Read by loom (a regular file, never a FIFO or device), then handed over as bytes.
+    const auto st = sp_.LoadFromSerializedProto(read_file_bytes(path));
     if (!st.ok()) throw Error("cannot load SentencePiece model '" + path + "': " + st.ToString());
   }
   // SentencePiece has no "special tokens in text" pass: control symbols (<s>, </s>) are

@@ -91,7 +91,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") return make_byte_tokenizer();
   std::error_code ec;
   if (!fs::exists(path, ec))
-    throw Error("tokenizer '" + path + "' does not exist: expected \"byte\", a tokenizer.json, a SentencePiece "
+    throw ConfigError("tokenizer '" + path + "' does not exist: expected \"byte\", a tokenizer.json, a SentencePiece "
                 ".model, or a directory holding one (or vocab.json + merges.txt)");
   if (fs::is_directory(path, ec)) return load_from_dir(path);
   const std::string ext = fs::path(path).extension().string();

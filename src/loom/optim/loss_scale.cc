@@ -38,6 +38,11 @@ bool LossScaler::update(bool finite, int64_t step) {
                               " even at the loss scale floor train.loss_scale_min = ", min_,
                               "; lower optim.lr or raise optim.warmup_steps"));
     skipped_++;
+    if (++skipped_in_a_row_ >= kMaxSkippedInARow)
+      throw Error(detail::cat("training diverged: ", skipped_in_a_row_, " steps in a row up to step ", step + 1,
+                              " overflowed and were skipped at loss scale ", state_.scale,
+                              "; nothing was saved from them. Lower optim.lr, raise optim.warmup_steps, or set a "
+                              "lower train.loss_scale"));
     state_.good_steps = 0;
     os << "step " << step + 1 << " skipped: gradient overflow at loss scale " << state_.scale;
     if (mode_ == Mode::kDynamic) {
@@ -47,6 +52,7 @@ bool LossScaler::update(bool finite, int64_t step) {
     event_ = os.str();
     return false;
   }
+  skipped_in_a_row_ = 0;
   if (mode_ == Mode::kDynamic && ++state_.good_steps >= window_) {
     state_.good_steps = 0;
     state_.scale *= 2.0;

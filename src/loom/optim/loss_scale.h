@@ -19,6 +19,11 @@
 // An overflow at S = train.loss_scale_min is not a range problem but a divergence: the run
 // stops with an error naming the step and the scale. A static scale (a number) skips
 // overflowing steps without changing S; `none` treats a non-finite gradient as divergence.
+// A run whose every step overflows is a runaway, not a range problem (issue 59: at
+// optim.lr = 1e30 the weights overflow at step 1 and every later step is skipped): after
+// kMaxSkippedInARow consecutive skipped steps the run stops as diverged, whatever the mode.
+// 32 lets a dynamic scale back off from 2^32 to 1 before it says so (it stops at its floor
+// first with the default train.loss_scale_min).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +41,7 @@ struct LossScaleState {
 
 class LossScaler {
  public:
+  static constexpr int64_t kMaxSkippedInARow = 32;
   enum class Mode { kNone, kStatic, kDynamic };
   explicit LossScaler(const TrainConfig& t);
 
@@ -61,6 +67,7 @@ class LossScaler {
   int64_t window_ = 2000;
   double min_ = 1.0;
   int64_t skipped_ = 0;
+  int64_t skipped_in_a_row_ = 0;  // not checkpointed: a resumed run counts afresh
   std::string event_;
 };
 

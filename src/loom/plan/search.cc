@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/sim/costs.h"
+#include "loom/sim/memory_model.h"
 #include "loom/plan/layer_ilp.h"
 #include "loom/plan/stage_dp.h"
 #include "loom/parallel/schedule.h"
@@ -319,12 +321,56 @@ std::vector<PlanCandidate> ps_candidates(const PlanRequest& req, Acc& acc, PlanR
   return kept;
 }
 
+namespace {
+
+// Note [Impossible models]: before the search, a model whose training state cannot fit
+// anywhere the cluster has room is pruned whole, in microseconds, instead of after pricing
+// every layout (issue 59: 20,000 layers of d_model 65,536 ran for minutes). The floor is
+// the least any layout holds: every parameter's weight, gradient, fp32 master and two bf16
+// moments (12 bytes), sharded over every GPU, plus the offload tier when the search may use
+// it. Activations only add to it, so a model over the floor fits no layout. Returns the
+// reason ("" when the model may fit).
+std::string impossible(const PlanRequest& req) {
+  const double params = sim::total_params(req.like.cfg.model);
+  const double state = sim::model_state_bytes(params, 1, 0, req.cluster.device, 2).total();
+  const double room = double(req.cluster.devices()) * req.cluster.device.memory_bytes +
+                      (req.offload ? req.cluster.offload.capacity_bytes * double(req.cluster.nodes) : 0.0);
+  constexpr double kGiB = double(int64_t(1) << 30);
+  if (!(state > room)) return "";
+  return detail::cat("state over the cluster's memory: ", params / 1e9, " billion parameters need at least ",
+                     state / kGiB, " GiB for weights, gradients and optimizer state; the cluster has ", room / kGiB,
+                     " GiB in all", req.offload ? " with its offload tier" : "");
+}
+
+// The (schedule, vpp) pairs tried at pipeline degree `pp` for `L` layers.
+std::vector<std::pair<ScheduleKind, int64_t>> schedules_tried(const PlanRequest& req, int64_t L, int64_t pp) {
+  std::vector<std::pair<ScheduleKind, int64_t>> scheds = {{ScheduleKind::k1F1B, 1}};
+  if (pp > 1)
+    for (int64_t v : interleave_degrees(L, pp)) scheds.push_back({ScheduleKind::kInterleaved1F1B, v});
+  // Zero-bubble schedules: loom's engine runs them; the Megatron runs priced here do not.
+  if (pp > 1 && req.like.framework == sim::Framework::kLoom) {
+    for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) scheds.push_back({k, 1});
+    if (L >= 2 * pp) scheds.push_back({ScheduleKind::kZbV, 2});
+    // Asynchronous: their caveats say so; pipedream / pipemare need one micro-batch per
+    // step and no clipping (validation_errors prunes the rest, saying why).
+    for (ScheduleKind k : {ScheduleKind::k2BW, ScheduleKind::kPipeDream, ScheduleKind::kPipeMare})
+      scheds.push_back({k, 1});
+  }
+  return scheds;
+}
+
+}  // namespace
+
 PlanReport search_plans(const PlanRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   PlanReport rep;
   Acc acc{rep};
   const int64_t gpus = req.cluster.devices(), B = req.global_batch, L = req.like.cfg.model.layers;
   LOOM_CHECK(B > 0, "--global-batch is required (sequences per optimizer step)");
+  if (const std::string why = impossible(req); !why.empty()) {
+    acc.prune(why, "every layout");
+    return rep;
+  }
   std::vector<PlanCandidate> kept = ps_candidates(req, acc, rep);
   for (int64_t tp : divisors(gpus, req.cluster.devices_per_node))
     for (int64_t pp : divisors(gpus / tp, L))
@@ -342,19 +388,7 @@ PlanReport search_plans(const PlanRequest& req) {
             continue;
           }
           plan.cfg.train.grad_accum = B / (mb * dp);
-          std::vector<std::pair<ScheduleKind, int64_t>> scheds = {{ScheduleKind::k1F1B, 1}};
-          if (pp > 1)
-            for (int64_t v : interleave_degrees(L, pp)) scheds.push_back({ScheduleKind::kInterleaved1F1B, v});
-          // Zero-bubble schedules: loom's engine runs them; the Megatron runs priced here do not.
-          if (pp > 1 && req.like.framework == sim::Framework::kLoom) {
-            for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbH2}) scheds.push_back({k, 1});
-            if (L >= 2 * pp) scheds.push_back({ScheduleKind::kZbV, 2});
-            // Asynchronous: their caveats say so; pipedream / pipemare need one micro-batch per
-            // step and no clipping (validation_errors prunes the rest, saying why).
-            for (ScheduleKind k : {ScheduleKind::k2BW, ScheduleKind::kPipeDream, ScheduleKind::kPipeMare})
-              scheds.push_back({k, 1});
-          }
-          for (const auto& [sched, vpp] : scheds)
+          for (const auto& [sched, vpp] : schedules_tried(req, L, pp))
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
               for (int64_t zero : sim::framework_zero_stages(req.like.framework))  // Note [Sharding implementations]

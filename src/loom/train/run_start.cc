@@ -6,6 +6,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
 #include "loom/ckpt/shard_format.h"
@@ -19,7 +20,7 @@ std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& op
   std::unique_ptr<DirLock> lock;
   std::exception_ptr error;
   if (rank == 0) try {
-      check_output_file(opt.trace_path, "--trace");
+      check_output_file(opt.trace_path, "--trace", opt.overwrite, owned::marks::kTrace);
       const std::string& dir = cfg.checkpoint.dir;
       if (!dir.empty()) {
         check_run_dir(dir, !opt.resume.empty(), opt.overwrite);

@@ -17,10 +17,11 @@ namespace loom {
 // Note [Step observers]
 // The step loop (trainer.cc) does one thing: forward, backward and the update of each
 // step. What a step then triggers is an observer, called in a fixed order with the step's
-// outcome: StepLog (report line, summary rows), CheckpointTrigger, Validation. Each decides
+// outcome: StepLog (report line, summary rows), Validation, CheckpointTrigger. Each decides
 // from the step number and its config keys whether it acts, and wraps its own work in a
-// trace span. The order matters only in that the log line of step s comes before that
-// step's checkpoint and validation lines, as users read them. A new per-step duty (a
+// trace span. The order matters in that the log line of step s comes before that step's
+// validation line, as users read them, and validation comes before the checkpoint: a
+// non-finite validation loss stops the run before the state that gave it is saved. A new per-step duty (a
 // profiler window, an early stop) is a new observer, not a new branch in the loop.
 
 Spans::Scope::~Scope() {
@@ -159,6 +160,11 @@ void Validation::after_step(const StepOutcome& s) {
   const int64_t global_rows = cfg_.micro_batch() * (alone ? 1 : e_.rc.dp_size);
   const int64_t batches = cfg_.train.val_batches * (alone ? e_.rc.dp_size : 1);
   sum_.final_val_loss = evaluate(e_, val_, batches, global_rows, cfg_.seq_len());
+  // Every rank holds the same reduced value, so every rank stops here together.
+  if (!std::isfinite(sum_.final_val_loss))
+    throw Error(detail::cat("training diverged: the validation loss is ", sum_.final_val_loss, " after step ",
+                            s.step + 1, " (optim.lr = ", cfg_.optim.lr, "); lower optim.lr or raise "
+                            "optim.warmup_steps"));
   rep_.val(s.step, sum_.final_val_loss, bytes_per_token_);
 }
 

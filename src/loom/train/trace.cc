@@ -8,6 +8,7 @@
 #include "loom/comm/group.h"
 #include "loom/comm/ledger.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
 
 namespace loom {
 
@@ -100,17 +101,17 @@ void Trace::write(const std::string& path, comm::Group* world) const {
       all.emplace_back(reinterpret_cast<const char*>(gathered.data()) + r * longest, size_t(lens[size_t(r)]));
     if (world->group_rank() != 0) return;
   }
-  std::ofstream f(path);
-  if (!f) throw Error("--trace: cannot write '" + path + "'; check that the directory exists and is writable");
-  f << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+  // "otherData" marks the file loom's (Note [User-named outputs]); written through a
+  // temporary name, never through whatever is at `path`.
+  std::string text = "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"generator\": \"loom\"}, \"traceEvents\": [";
   bool first = true;
   for (const std::string& s : all) {
     if (s.empty()) continue;
-    f << (first ? "" : ",") << s;
+    text += (first ? "" : ",") + s;
     first = false;
   }
-  f << "]}\n";
-  if (!f) throw Error("--trace: writing '" + path + "' failed (disk full?)");
+  text += "]}\n";
+  write_file_atomic(path, text);
 }
 
 }  // namespace loom

@@ -332,13 +332,15 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
 // the run before anything is logged or saved from it).
 void check_finite_loss(const Config& cfg, int64_t step, double loss) {
   if (!std::isfinite(loss))
-    throw Error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                " (optim.lr = " + std::to_string(cfg.optim.lr) + "); lower optim.lr or raise optim.warmup_steps");
+    throw Error(detail::cat("training diverged: loss is ", loss, " at step ", step + 1, " (optim.lr = ", cfg.optim.lr,
+                            "); lower optim.lr or raise optim.warmup_steps; nothing was saved from this step"));
 }
 
 StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u, double lr, double loss_scale,
                        const StepTokens& tokens, Clock::time_point start) {
-  if (u.applied && !u.deferred) check_finite_loss(cfg, step, u.loss);
+  // A skipped step's loss is checked too: the forward pass has no loss scale, so a
+  // non-finite loss there means the weights themselves ran away (issue 59).
+  if (!u.deferred) check_finite_loss(cfg, step, u.loss);
   StepOutcome o;
   o.step = step, o.loss = u.loss, o.lr = lr, o.norm = u.norm, o.loss_scale = loss_scale, o.applied = u.applied;
   o.real_tokens = tokens.real, o.positions = tokens.positions;
@@ -540,7 +542,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   StepLog log(rep, sum, cfg, t0);
   CheckpointTrigger checkpoints(cfg, e, updater, world, spans);
   Validation validation(cfg, e, val_data, rep, sum, data->val_bytes_per_token, spans);
-  StepObserver* const observers[] = {&log, &checkpoints, &validation};  // Note [Step observers]
+  StepObserver* const observers[] = {&log, &validation, &checkpoints};  // Note [Step observers]
   const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
   StepOutcome held;  // a 2bw step whose loss comes with the next step's result
   for (int64_t step = first_step; step < cfg.train.steps || (free_ps && first_step < cfg.train.steps); step++) {

@@ -169,6 +169,45 @@ TEST(Prepare, ShardsHoldEveryDocumentOnceInOrderWhateverTheThreads) {
   }
 }
 
+// Note [Document pieces]: a document encoded in pieces of 64 bytes (cut at single spaces)
+// gives the same shards, byte for byte, as one encoded whole, for each kind of tokenizer
+// loom reads (bytes, GPT-2 byte-level BPE, SentencePiece), on text with every kind of
+// spacing the cut rule must respect (double spaces, tabs, newlines, digits, non-ASCII).
+TEST(Prepare, LongDocumentsEncodedInPiecesEqualTheWholeDocument) {
+  TempDir d;
+  fs::create_directories(d.path / "in");
+  const std::string sample = loom::read_file_bytes(std::string(LOOM_FIXTURE_DIR) + "/tokenizers/sample.txt");
+  std::string text;
+  std::mt19937 rng(59);
+  const std::vector<std::string> glue = {" ", "  ", "\t", "\n", " \n ", "   x ", " 12345 ", " Grüße ", " , "};
+  std::vector<std::string> lines;  // whole lines, so no UTF-8 sequence is cut
+  for (size_t at = 0, end; at < sample.size(); at = end + 1) {
+    end = std::min(sample.find('\n', at), sample.size());
+    if (end > at) lines.push_back(sample.substr(at, end - at));
+  }
+  for (int i = 0; i < 60; ++i) text += lines[rng() % lines.size()] + glue[rng() % glue.size()];
+  loom::write_file_atomic((d.path / "in" / "one.txt").string(), text);
+  const std::string fixtures = std::string(LOOM_FIXTURE_DIR) + "/tokenizers/";
+  for (const std::string& name : {std::string("byte"), fixtures + "gpt2", fixtures + "fortunes-1k.model"}) {
+    const auto tok = loom::data::load_tokenizer(name);
+    std::vector<std::string> shards[2];
+    for (int pieces = 0; pieces < 2; ++pieces) {
+      loom::data::PrepareOptions o;
+      o.in = d / "in/one.txt";
+      o.out = d / ("out" + std::to_string(pieces));
+      o.val_fraction = 0;
+      o.piece_bytes = pieces ? 64 : int64_t(1) << 30;
+      o.overwrite = true;
+      const loom::data::PrepareStats st = loom::data::prepare_shards(*tok, name, o);
+      if (pieces) EXPECT_GT(st.pieces, 20u) << name << ": the document was not cut";
+      for (const auto& e : fs::directory_iterator(o.out))
+        if (e.path().extension() == ".bin") shards[pieces].push_back(loom::read_file_bytes(e.path().string()));
+    }
+    ASSERT_EQ(shards[0].size(), 1u) << name;
+    EXPECT_EQ(shards[1], shards[0]) << name << ": pieces changed the tokens";
+  }
+}
+
 TEST(Prepare, RefusesBadInputsAndLeavesNothingHalfWritten) {
   PrepareFixture fx;
   const auto tok = loom::data::load_tokenizer("byte");

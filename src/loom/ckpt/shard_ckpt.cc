@@ -51,8 +51,9 @@ std::string read_text(const std::string& path) {
 // whose manifest proves them loom's, and only what the manifest names
 // (Note [Checkpoint directory ownership]).
 void prune(const std::string& root, int64_t keep, int64_t newest) {
+  if (keep <= 0) return;  // keep all: no need to read the steps
   const DirSurvey s = survey_dir(root);
-  if (keep <= 0 || int64_t(s.steps.size()) <= keep) return;
+  if (int64_t(s.steps.size()) <= keep) return;
   for (size_t i = 0; i + size_t(keep) < s.steps.size(); ++i)
     if (s.steps[i] != newest && !remove_step(root, s.steps[i]))
       std::fprintf(stderr, "loom: keep_last: left %s/%s: it holds entries loom did not write\n", root.c_str(),

@@ -155,6 +155,7 @@ struct DataArgs {
   std::vector<std::string> sets;   // batches: its overrides
   int64_t steps = 0;               // batches: steps to write (0: train.steps)
   int64_t shard_tokens = 100'000'000;
+  int64_t piece_bytes = int64_t(1) << 18;  // Note [Document pieces]
   double val_fraction = 0.05;
   int threads = 2;
   bool overwrite = false, json = false;

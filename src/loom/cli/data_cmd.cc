@@ -34,6 +34,7 @@ int prepare(const DataArgs& a) {
   opt.in = a.in;
   opt.out = a.out;
   opt.shard_tokens = a.shard_tokens;
+  opt.piece_bytes = a.piece_bytes;
   opt.val_fraction = a.val_fraction;
   opt.text_field = a.text_field;
   opt.doc_separator = a.doc_separator;
@@ -145,6 +146,9 @@ DataCommands add_data_commands(CLI::App& app, DataArgs& a) {
   c.prepare->add_option("--in", a.in, "UTF-8 text or .jsonl file, or a directory of them")->required();
   c.prepare->add_option("--out", a.out, "Directory to write (new, empty, or an earlier prepare's with --overwrite)")
       ->required();
+  c.prepare->add_option("--piece-bytes", a.piece_bytes, "Encode a document longer than this in pieces of about "
+                                                        "this many bytes, cut at spaces (the same tokens, bounded memory)")
+      ->capture_default_str();
   c.prepare->add_option("--shard-tokens", a.shard_tokens, "Tokens per shard (documents are never split)")
       ->capture_default_str();
   c.prepare->add_option("--val-fraction", a.val_fraction, "Every round(1/F)-th document goes to validation")

@@ -28,36 +28,61 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
+AtomicWriter::AtomicWriter(const std::string& path) : path_(path) {
   // Created exclusively under a marked name, never through a symlink (Note [Ownership by content]).
   const std::filesystem::path p(path);
-  const std::string tmp =
-      (p.parent_path() / owned::temp_name(p.filename().string(), owned::new_token())).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot create '" + tmp + "': " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error("cannot write '" + tmp + "': " + why);
-    }
-    done += size_t(n);
+  tmp_ = (p.parent_path() / owned::temp_name(p.filename().string(), owned::new_token())).string();
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot create '" + tmp_ + "': " + std::strerror(errno));
+}
+
+AtomicWriter::~AtomicWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicWriter::fail(const char* what) {
+  const std::string why = std::strerror(errno);
+  throw Error(std::string("cannot ") + what + " '" + tmp_ + "': " + why);
+}
+
+void AtomicWriter::write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < n;) {
+    const ssize_t k = ::write(fd_, p + done, n - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) fail("write");
+    done += size_t(k);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+}
+
+void AtomicWriter::write_at(uint64_t offset, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < n;) {
+    const ssize_t k = ::pwrite(fd_, p + done, n - done, off_t(offset + done));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) fail("write");
+    done += size_t(k);
+  }
+}
+
+void AtomicWriter::commit() {
+  if (::fsync(fd_) != 0) fail("flush");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("flush");
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error("cannot flush '" + tmp + "': " + why);
+    throw Error("cannot rename '" + tmp_ + "' to '" + path_ + "': " + why);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + why);
-  }
-  fsync_dir(std::filesystem::path(path).parent_path().string());
+  committed_ = true;
+  fsync_dir(std::filesystem::path(path_).parent_path().string());
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  AtomicWriter w(path);
+  w.write(bytes.data(), bytes.size());
+  w.commit();
 }
 
 }  // namespace loom

@@ -36,9 +36,10 @@ std::string host_name() {
   return host;
 }
 
-// Reads at most `max_bytes` + 1 bytes of an open descriptor.
-std::string read_fd(int fd, size_t max_bytes) {
+// Reads at most `max_bytes` + 1 bytes of an open descriptor (`expect`: its size, if known).
+std::string read_fd(int fd, size_t max_bytes, size_t expect = 0) {
   std::string out;
+  out.reserve(std::min(expect, max_bytes) + 1);
   char buf[1 << 16];
   while (out.size() <= max_bytes) {
     const ssize_t n = ::read(fd, buf, std::min(sizeof buf, max_bytes + 1 - out.size()));
@@ -109,7 +110,7 @@ std::string read_regular(const std::string& path, size_t max_bytes, bool follow)
                             "-byte limit for this kind of file"));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  std::string out = read_fd(fd, max_bytes);
+  std::string out = read_fd(fd, max_bytes, size_t(st.st_size));
   ::close(fd);
   if (out.size() > max_bytes)  // it grew while read
     throw Error(detail::cat("cannot read '", path, "': it grew past the ", max_bytes, "-byte limit while read"));

@@ -27,6 +27,9 @@ struct PrepareOptions {
   std::string text_field = "text";
   std::string doc_separator;  // a line equal to this ends a document in text files
   int threads = 2;
+  // A document longer than this is encoded in pieces of about this many bytes (Note
+  // [Document pieces] in prepare.cc): memory stays a few bytes per input byte.
+  int64_t piece_bytes = int64_t(1) << 18;
   bool overwrite = false;
 };
 
@@ -35,6 +38,7 @@ struct PrepareStats {
   int shards[2] = {0, 0};
   double seconds = 0;
   std::vector<std::string> removed;  // abandoned temporary directories of a killed prepare
+  uint64_t pieces = 0;  // pieces the long documents were encoded in (Note [Document pieces])
 
 };
 

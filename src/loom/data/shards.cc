@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
@@ -47,8 +48,14 @@ uint32_t crc(const uint8_t* p, uint64_t n) {
 
 }  // namespace
 
-void write_shard(const std::string& path, const ShardHeader& h, std::span<const uint32_t> tokens,
-                 std::span<const uint64_t> doc_starts) {
+namespace {
+
+// Streams the shard to disk in blocks (the body's CRC computed as it goes, then patched into
+// the header), so writing holds no second copy of the tokens: `data prepare` of one huge
+// document stays within a few bytes per input byte (issue 59).
+template <typename Token>
+void write_shard_impl(const std::string& path, const ShardHeader& h, std::span<const Token> tokens,
+                      std::span<const uint64_t> doc_starts) {
   LOOM_CHECK(h.token_bytes == 2 || h.token_bytes == 4, "shard token width ", h.token_bytes, " is not 2 or 4 bytes");
   LOOM_CHECK(h.token_bytes == 4 || h.vocab_size <= 65536, "a vocabulary of ", h.vocab_size,
              " does not fit uint16 tokens");
@@ -56,25 +63,54 @@ void write_shard(const std::string& path, const ShardHeader& h, std::span<const 
   for (size_t i = 0; i < doc_starts.size(); i++)
     LOOM_CHECK((i == 0 ? doc_starts[i] == 0 : doc_starts[i] > doc_starts[i - 1]) && doc_starts[i] < tokens.size(),
                "document start ", doc_starts[i], " (document ", i, ") of shard '", path, "' is out of order");
-  std::string out(kHeaderBytes + tokens.size() * size_t(h.token_bytes) + doc_starts.size() * 8, '\0');
-  uint8_t* body = reinterpret_cast<uint8_t*>(out.data()) + kHeaderBytes;
-  for (size_t i = 0; i < tokens.size(); i++) {
-    LOOM_CHECK(tokens[i] < h.vocab_size, "token ", tokens[i], " at ", i, " is outside the vocabulary of ", h.vocab_size);
-    if (h.token_bytes == 2) put(out, kHeaderBytes + 2 * i, uint16_t(tokens[i]));
-    else put(out, kHeaderBytes + 4 * i, tokens[i]);
+  std::string head(kHeaderBytes, '\0');
+  std::memcpy(head.data(), kMagic, 8);
+  put(head, 8, kVersion);
+  put(head, 12, uint32_t(h.token_bytes));
+  put(head, 16, uint64_t(tokens.size()));
+  put(head, 24, uint64_t(doc_starts.size()));
+  put(head, 32, h.vocab_size);
+  put(head, 40, h.end_of_document);
+  std::memcpy(head.data() + 64, h.tokenizer.data(), h.tokenizer.size());
+  AtomicWriter out(path);
+  out.write(head.data(), head.size());  // CRCs patched below
+  uLong body_crc = crc32(0L, Z_NULL, 0);
+  std::vector<uint8_t> block(size_t(1) << 20);
+  const size_t per_block = block.size() / size_t(h.token_bytes);
+  for (size_t at = 0; at < tokens.size(); at += per_block) {
+    const size_t n = std::min(per_block, tokens.size() - at);
+    for (size_t i = 0; i < n; i++) {
+      const uint32_t t = tokens[at + i];
+      LOOM_CHECK(t < h.vocab_size, "token ", t, " at ", at + i, " is outside the vocabulary of ", h.vocab_size);
+      if (h.token_bytes == 2) {
+        const uint16_t v = uint16_t(t);
+        std::memcpy(block.data() + 2 * i, &v, 2);
+      } else {
+        std::memcpy(block.data() + 4 * i, &t, 4);
+      }
+    }
+    body_crc = crc32(body_crc, block.data(), uInt(n * size_t(h.token_bytes)));
+    out.write(block.data(), n * size_t(h.token_bytes));
   }
-  std::memcpy(body + tokens.size() * size_t(h.token_bytes), doc_starts.data(), doc_starts.size() * 8);
-  std::memcpy(out.data(), kMagic, 8);
-  put(out, 8, kVersion);
-  put(out, 12, uint32_t(h.token_bytes));
-  put(out, 16, uint64_t(tokens.size()));
-  put(out, 24, uint64_t(doc_starts.size()));
-  put(out, 32, h.vocab_size);
-  put(out, 40, h.end_of_document);
-  put(out, 48, crc(body, out.size() - kHeaderBytes));
-  put(out, 52, crc(reinterpret_cast<const uint8_t*>(out.data()), 52));
-  std::memcpy(out.data() + 64, h.tokenizer.data(), h.tokenizer.size());
-  write_file_atomic(path, out);
+  const auto* starts = reinterpret_cast<const uint8_t*>(doc_starts.data());
+  body_crc = crc32(body_crc, starts, uInt(doc_starts.size() * 8));
+  out.write(starts, doc_starts.size() * 8);
+  put(head, 48, uint32_t(body_crc));
+  put(head, 52, crc(reinterpret_cast<const uint8_t*>(head.data()), 52));
+  out.write_at(48, head.data() + 48, 8);
+  out.commit();
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, const ShardHeader& h, std::span<const uint32_t> tokens,
+                 std::span<const uint64_t> doc_starts) {
+  write_shard_impl(path, h, tokens, doc_starts);
+}
+
+void write_shard(const std::string& path, const ShardHeader& h, std::span<const uint16_t> tokens,
+                 std::span<const uint64_t> doc_starts) {
+  write_shard_impl(path, h, tokens, doc_starts);
 }
 
 Shard::Shard(const std::string& path) : path_(path) {

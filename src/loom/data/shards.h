@@ -33,6 +33,9 @@ struct ShardHeader {
 // ascending from 0.
 void write_shard(const std::string& path, const ShardHeader& h, std::span<const uint32_t> tokens,
                  std::span<const uint64_t> doc_starts);
+// The same from uint16 tokens (h.token_bytes = 2), as `data prepare` keeps them.
+void write_shard(const std::string& path, const ShardHeader& h, std::span<const uint16_t> tokens,
+                 std::span<const uint64_t> doc_starts);
 
 // A read-only, memory-mapped shard. Opening checks the header, the sizes against the file
 // length, the CRCs (loom format) and that every token is below vocab_size; a failure names

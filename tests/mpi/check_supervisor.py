@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The `loom train --nproc` supervisor ends what it started (Note [Supervised launch]).
 
-usage: check_supervisor.py LOOM stopped-rank | supervisor-signals | stopped-mpirun
+usage: check_supervisor.py LOOM stopped-rank | supervisor-signals | stopped-mpirun | stopped-rank-default
 
 stopped-rank:       rank 1 of a dp2 job is SIGSTOPped; the other rank diagnoses it within
                     comm.timeout_s and fails, and the supervisor SIGKILLs the stopped rank
@@ -10,6 +10,8 @@ stopped-rank:       rank 1 of a dp2 job is SIGSTOPped; the other rank diagnoses 
 supervisor-signals: the supervisor itself gets SIGTERM, SIGINT, then SIGKILL (one job each);
                     no rank and no mpirun may outlive it by more than a second, and the
                     checkpoint directory's lock is free for a restart.
+stopped-rank-default: as stopped-rank with comm.timeout_s = 300: the supervisor sees the rank
+                    stopped and ends the job within about 10 s, naming it (not 300 s later).
 stopped-mpirun:     mpirun is SIGSTOPped while the ranks train (issue 59 finding 20); the
                     ranks finish and save, and the supervisor kills the stuck job 5 s after
                     the last rank recorded its exit, naming mpirun, and exits 0 (the ranks'
@@ -29,10 +31,10 @@ from soak import rank_pid  # noqa: E402  (the soak script's process finder)
 TIMEOUT_S = 4
 
 
-def args(loom, ckpt, steps, extra=()):
+def args(loom, ckpt, steps, extra=(), timeout_s=TIMEOUT_S):
     return [loom, "train", "--nproc", "2", "--dp", "2", "--set", "train.batch=8", "train.seq=64",
             f"train.steps={steps}", "model.layers=2", "train.val_every=0", "train.val_batches=1",
-            "train.threads=1", f"checkpoint.dir={ckpt}", f"comm.timeout_s={TIMEOUT_S}", "--save-every", "5",
+            "train.threads=1", f"checkpoint.dir={ckpt}", f"comm.timeout_s={timeout_s}", "--save-every", "5",
             *extra]
 
 
@@ -42,9 +44,10 @@ def fail(msg, out=""):
     sys.exit(1)
 
 
-def launch(loom, ckpt, steps):
+def launch(loom, ckpt, steps, timeout_s=TIMEOUT_S):
     """The job, once it has saved a step (so training runs)."""
-    proc = subprocess.Popen(args(loom, ckpt, steps), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(args(loom, ckpt, steps, timeout_s=timeout_s), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(ckpt, "latest")):
         if proc.poll() is not None or time.time() > deadline:
@@ -53,8 +56,8 @@ def launch(loom, ckpt, steps):
     return proc
 
 
-def start(loom, ckpt, steps):
-    proc = launch(loom, ckpt, steps)
+def start(loom, ckpt, steps, timeout_s=TIMEOUT_S):
+    proc = launch(loom, ckpt, steps, timeout_s)
     pids = [rank_pid(r, ckpt) for r in range(2)]
     if None in pids:
         fail(f"rank processes not found: {pids}")
@@ -174,7 +177,7 @@ def stopped_mpirun(loom, tmp):
         os.kill(p, signal.SIGKILL)
     if left:
         fail(f"{left} still run after the job ended")
-    if "mpirun (pid" not in out or "killed with the ranks still there" not in out:
+    if "mpirun: " not in out or "killed with mpirun (pid" not in out:
         fail("the supervisor did not name the stuck mpirun")
     # The ranks finish their 35 remaining steps within seconds: then the job ends 5 s after
     # their last record, exiting 0. On a machine slow enough that they take 10 s, the
@@ -188,12 +191,41 @@ def stopped_mpirun(loom, tmp):
         fail(f"the job exited {proc.returncode} without saying the launcher was stopped")
 
 
+def stopped_rank_default(loom, tmp):
+    """A SIGSTOPped rank with the default comm.timeout_s (300 s): the supervisor sees it
+    stopped and ends the job within about 10 s, naming it (issue 59: it held the job 5 min)."""
+    ckpt = os.path.join(tmp, "stopped-default")
+    proc, pids = start(loom, ckpt, 100000, timeout_s=300)
+    os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        out = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        os.kill(pids[1], signal.SIGKILL)
+        fail("the job outlived a stopped rank by 60 s", proc.communicate()[0])
+    took = time.time() - t0
+    print(out)
+    print(f"rank 1 (pid {pids[1]}) SIGSTOPped, comm.timeout_s 300: the job exited {proc.returncode} {took:.2f} s later")
+    left = [p for p in pids if running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    if left:
+        fail(f"ranks {left} still run after the job ended")
+    if proc.returncode == 0:
+        fail("the job exited 0 with a stopped rank")
+    if f"rank 1 (pid {pids[1]}): stopped (SIGSTOP) for 10 s" not in out:
+        fail("the supervisor did not name the stopped rank")
+    if took > 30:
+        fail(f"the job took {took:.1f} s, more than 30 s")
+    restart(loom, ckpt, "after the stopped rank")
+
+
 def main():
     loom, mode = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="loom-supervisor-")
     try:
         {"stopped-rank": stopped_rank, "supervisor-signals": supervisor_signals,
-         "stopped-mpirun": stopped_mpirun}[mode](loom, tmp)
+         "stopped-mpirun": stopped_mpirun, "stopped-rank-default": stopped_rank_default}[mode](loom, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")

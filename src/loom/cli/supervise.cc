@@ -18,9 +18,12 @@
 //    (Note [Checkpoint directory ownership]) dies with rank 0, so a restart can go on.
 //  - Each rank records its exit code as soon as its work is done, before MPI_Finalize
 //    (which waits on mpirun), and again after it. mpirun that outlives every rank's record
-//    by 5 s, or stays stopped (SIGSTOP) for 10 s while they run, is SIGKILLed with every
-//    rank still there and named; the job's exit code is then the ranks' (0 when they all
-//    finished their work, non-zero when one was killed before it had).
+//    by 5 s, or mpirun or a rank that stays stopped (SIGSTOP, state T) for 10 s while the
+//    job runs, ends the job: mpirun and every rank still there are SIGKILLed and the cause
+//    named; the job's exit code is then the ranks' (0 when they all finished their work,
+//    non-zero when one was killed before it had). A stopped rank would otherwise hold every
+//    collective until comm.timeout_s (300 s by default); a rank that hangs while running
+//    is still found by that timeout, which no step may outlast.
 #include "loom/cli/supervise.h"
 
 #include <fcntl.h>
@@ -162,32 +165,61 @@ pid_t start_mpirun(std::vector<std::string> args, int stderr_fd) {
 struct Watch {
   std::string killed;  // lines naming the ranks it had to kill
   int signal = 0;      // the signal that stopped the supervisor, if any
-  bool launcher_stuck = false;  // mpirun outlived every rank by kLauncherGrace and was killed
+  bool launcher_stuck = false;  // the job was ended as stuck (check_stuck)
 };
 
 // How long mpirun may outlive the last of its ranks (it normally exits within a second;
-// a stopped or wedged mpirun never does: issue 59 finding 20), and how long it may stay
-// stopped while they run (the ranks then block in MPI_Finalize or on their output).
+// a stopped or wedged mpirun never does: issue 59 finding 20), and how long it or a rank
+// may stay stopped while the job runs (a stopped rank holds every collective until
+// comm.timeout_s, 300 s by default; a stopped mpirun holds MPI_Finalize and the output).
 constexpr auto kLauncherGrace = std::chrono::seconds(5);
-constexpr auto kLauncherStopped = std::chrono::seconds(10);
+constexpr auto kStopped = std::chrono::seconds(10);
 constexpr int kStoppedPolls = 100;  // and seen stopped this many polls in a row (~5 s of them)
 
-// A process stopped by a signal (state T): SIGSTOP, or job control.
+// A process stopped by a signal (state T: SIGSTOP, SIGTSTP). Not state t, a debugger's stop.
 bool stopped(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!std::getline(stat, line)) return false;
   const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T';
 }
 
-// Ends a job whose launcher is stuck: SIGKILL to every rank still there and to mpirun.
-void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const std::string& why, Watch& w) {
+// How long a process has been seen stopped on consecutive polls of the supervisor (which
+// counts only while it runs itself, so job control stopping the whole job is no alarm).
+struct StoppedFor {
+  int polls = 0;
+  Clock::time_point since;
+  bool too_long(pid_t pid, Clock::time_point now) {
+    polls = pid > 0 && stopped(pid) ? polls + 1 : 0;
+    if (polls == 1) since = now;
+    return polls >= kStoppedPolls && now - since > kStopped;
+  }
+};
+
+// Ends a stuck job: SIGKILL to every rank still there and to mpirun; `what` names why.
+void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const std::string& what, Watch& w) {
   for (pid_t p : pids)
     if (p > 0 && alive(p)) ::kill(p, SIGKILL);
   ::kill(child, SIGKILL);  // a stopped process takes SIGKILL too
   w.launcher_stuck = true;
-  w.killed += "\n  mpirun (pid " + std::to_string(child) + "): killed with the ranks still there, " + why;
+  w.killed += "\n  " + what + "; killed with mpirun (pid " + std::to_string(child) + ") and every rank still there";
+}
+
+// Note [Supervised launch]: a launcher that outlives its ranks, or a launcher or rank that
+// stays stopped, ends the job.
+void check_stuck(pid_t child, const std::vector<pid_t>& pids, const std::vector<char>& done, bool all_done_long,
+                 StoppedFor& launcher, std::vector<StoppedFor>& ranks, Clock::time_point now, Watch& w) {
+  if (w.launcher_stuck) return;
+  const std::string secs = std::to_string(kStopped.count());
+  if (all_done_long)
+    return end_stuck_job(child, pids, "mpirun: still running " + std::to_string(kLauncherGrace.count()) +
+                                          " s after every rank had recorded its exit (stopped or hung)", w);
+  if (launcher.too_long(child, now)) return end_stuck_job(child, pids, "mpirun: stopped (SIGSTOP) for " + secs + " s", w);
+  for (size_t r = 0; r < pids.size(); ++r)
+    if (!done[r] && ranks[r].too_long(pids[r], now))
+      return end_stuck_job(child, pids, "rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) +
+                                            "): stopped (SIGSTOP) for " + secs + " s", w);
 }
 
 // Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
@@ -197,8 +229,9 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
   Watch w;
   std::vector<pid_t> pids(size_t(nproc), 0);
   std::vector<char> done(size_t(nproc), 0);
-  std::optional<Clock::time_point> first_failure, kill_time, all_done, stopped_since;
-  int stopped_polls = 0;
+  std::optional<Clock::time_point> first_failure, kill_time, all_done;
+  StoppedFor launcher;
+  std::vector<StoppedFor> stopped_ranks = std::vector<StoppedFor>(size_t(nproc));
   int failed_rank = -1;
   for (;;) {
     const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
@@ -217,15 +250,8 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       done[size_t(r)] = 1;
       if (code != 0 && !first_failure) first_failure = now, failed_rank = r;
     }
-    // Note [Supervised launch]: a launcher that outlives its ranks, or stays stopped.
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
-    stopped_polls = stopped(child) ? stopped_polls + 1 : 0;
-    if (stopped_polls == 1) stopped_since = now;
-    if (!w.launcher_stuck && all_done && now - *all_done > kLauncherGrace)
-      end_stuck_job(child, pids, "still running " + std::to_string(kLauncherGrace.count()) +
-                                     " s after every rank had recorded its exit (stopped or hung)", w);
-    if (!w.launcher_stuck && stopped_polls >= kStoppedPolls && now - *stopped_since > kLauncherStopped)
-      end_stuck_job(child, pids, "stopped (SIGSTOP) for " + std::to_string(kLauncherStopped.count()) + " s", w);
+    check_stuck(child, pids, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);
     const bool expired = first_failure && now - *first_failure > grace;
     if ((g_signal || expired) && !kill_time) {
       if (g_signal) w.signal = g_signal;

@@ -203,6 +203,10 @@ TEST(Ownership, TheNextCommandRemovesWhatAKilledOneLeft) {
   EXPECT_TRUE(fs::exists(d + "/out.tmp-123"));
   EXPECT_TRUE(fs::exists(d + "/out.loom-tmp-0123456789abcdef"));
 
+  const std::string dead_export = loom::testing_support::abandoned_temp(d, "m.st");
+  ASSERT_EQ(run("export --checkpoint " + work().ck + " --format safetensors --out " + d + "/m.st").code, 0);
+  EXPECT_FALSE(fs::exists(dead_export));
+
   fs::create_directories(d + "/imp");
   const std::string dead_import = loom::testing_support::abandoned_temp(d + "/imp", "whole-checkpoint");
   ASSERT_EQ(run("import --format safetensors --in " + work().st + " --checkpoint " + d + "/imp").code, 0);

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "loom/core/error.h"
+#include "loom/core/owned.h"
 #include "loom/data/tokenizer.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/core/safetensors.h"
@@ -120,7 +121,9 @@ void export_safetensors(const std::string& checkpoint_dir, const std::string& ou
   std::error_code ec;
   const fs::path parent = fs::absolute(out_file).parent_path();
   fs::create_directories(parent, ec);
-  write_safetensors(out_file, out);
+  // Through a marked temporary directory: a killed export leaves nothing at --out, and the
+  // next one there removes what it left (Note [Ownership by content]).
+  owned::write_through_temp(out_file, [&](const std::string& tmp) { write_safetensors(tmp, out); });
 }
 
 namespace {

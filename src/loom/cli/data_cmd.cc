@@ -99,37 +99,31 @@ int batches(const DataArgs& a) {
   const int64_t accum = cfg.train.grad_accum, rows = cfg.micro_batch();
   const double bytes = 8.0 + double(steps) * 2.0 * double(cfg.train.batch) * double(T) * 4.0;
   check_output_file(a.out, "--out", a.overwrite);
-  const fs::path out = fs::absolute(a.out);
-  const std::string parent = out.parent_path().string(), base = out.filename().string();
+  const std::string parent = fs::absolute(a.out).parent_path().string();
   if (struct statvfs v {}; ::statvfs(parent.c_str(), &v) == 0 && bytes > double(v.f_bavail) * double(v.f_frsize))
     throw ConfigError(detail::cat("--out '", a.out, "': ", steps, " steps of ", cfg.train.batch, " x ", T,
                                   " tokens and targets take ", bytes / 1e9, " GB, and '", parent, "' has ",
                                   double(v.f_bavail) * double(v.f_frsize) / 1e9, " GB free: lower --steps"));
-  for (const std::string& n : owned::remove_abandoned(parent, base))
-    std::fprintf(stderr, "removed %s, left by a run that was killed\n", n.c_str());
   const auto data = load_train_data(cfg, T);
-  owned::TempDir made(parent, base);  // removed unless the file is moved out
-  const std::string tmp = made.path() + "/" + base;
-  std::ofstream f(tmp, std::ios::binary);
-  if (!f) throw Error("cannot write '" + tmp + "'");
-  const int32_t head[2] = {int32_t(cfg.train.batch), int32_t(T)};
-  f.write(reinterpret_cast<const char*>(head), sizeof head);
-  std::vector<int32_t> tok(size_t(cfg.train.batch * T)), tgt(tok.size());
-  for (int64_t step = 0; step < steps; step++) {
-    int64_t at = 0;
-    for (int64_t r = 0; r < dp; r++) {
-      const DataLoader loader(*data->train, T, uint64_t(cfg.train.seed), int(r), int(dp), data->order);
-      for (int64_t m = 0; m < accum; m++, at += rows * T)
-        loader.train_batch(step, m, accum, cfg.train.batch, tok.data() + at, tgt.data() + at);
+  const std::vector<std::string> removed = owned::write_through_temp(a.out, [&](const std::string& tmp) {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) throw Error("cannot write '" + tmp + "'");
+    const int32_t head[2] = {int32_t(cfg.train.batch), int32_t(T)};
+    f.write(reinterpret_cast<const char*>(head), sizeof head);
+    std::vector<int32_t> tok(size_t(cfg.train.batch * T)), tgt(tok.size());
+    for (int64_t step = 0; step < steps; step++) {
+      int64_t at = 0;
+      for (int64_t r = 0; r < dp; r++) {
+        const DataLoader loader(*data->train, T, uint64_t(cfg.train.seed), int(r), int(dp), data->order);
+        for (int64_t m = 0; m < accum; m++, at += rows * T)
+          loader.train_batch(step, m, accum, cfg.train.batch, tok.data() + at, tgt.data() + at);
+      }
+      f.write(reinterpret_cast<const char*>(tok.data()), std::streamsize(tok.size() * 4));
+      f.write(reinterpret_cast<const char*>(tgt.data()), std::streamsize(tgt.size() * 4));
     }
-    f.write(reinterpret_cast<const char*>(tok.data()), std::streamsize(tok.size() * 4));
-    f.write(reinterpret_cast<const char*>(tgt.data()), std::streamsize(tgt.size() * 4));
-  }
-  if (!f.flush()) throw Error("writing '" + tmp + "' failed (disk full?)");
-  f.close();
-  if (::rename(tmp.c_str(), out.c_str()) != 0)
-    throw Error("cannot rename '" + tmp + "' to '" + a.out + "': " + std::strerror(errno));
-  made.finish_empty();
+    if (!f.flush()) throw Error("writing '" + tmp + "' failed (disk full?)");
+  });
+  for (const std::string& n : removed) std::fprintf(stderr, "removed %s, left by a run that was killed\n", n.c_str());
   std::printf("wrote %s: %lld steps of %lld x %lld tokens and targets\n", a.out.c_str(), (long long)steps,
               (long long)cfg.train.batch, (long long)T);
   return 0;

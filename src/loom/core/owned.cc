@@ -209,6 +209,20 @@ std::vector<std::string> remove_abandoned(const std::string& parent, const std::
   return removed;
 }
 
+std::vector<std::string> write_through_temp(const std::string& path,
+                                            const std::function<void(const std::string&)>& write) {
+  const fs::path out = fs::absolute(path);
+  const std::string parent = out.parent_path().string(), base = out.filename().string();
+  std::vector<std::string> removed = remove_abandoned(parent, base);
+  TempDir made(parent, base);  // removed unless the file is moved out
+  const std::string tmp = made.path() + "/" + base;
+  write(tmp);
+  if (::rename(tmp.c_str(), out.c_str()) != 0)
+    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  made.finish_empty();
+  return removed;
+}
+
 bool carries_mark(const std::string& path, const std::vector<std::string>& marks) {
   if (kind_of(path) != Kind::kFile) return false;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -82,6 +83,13 @@ bool is_abandoned_temp(const std::string& dir, const std::string& name, bool* li
 // Removes the abandoned temporary directories `<parent>/<base>.loom-tmp-*` (every base
 // when `base` is empty); returns their names. Entries it cannot prove are left alone.
 std::vector<std::string> remove_abandoned(const std::string& parent, const std::string& base);
+
+// Writes the file `path` through `write(tmp_file)` into a marked temporary directory beside
+// it (TempDir) and renames it into place, so a killed command leaves no partial file and
+// the next one on `path` removes what it left (returned: their names). `write` may throw;
+// then nothing is left.
+std::vector<std::string> write_through_temp(const std::string& path,
+                                            const std::function<void(const std::string&)>& write);
 
 // Note [User-named outputs]
 // A file loom writes at a path the user names (--out, --trace, --svg) replaces what is

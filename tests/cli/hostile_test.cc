@@ -82,6 +82,10 @@ TEST(Hostile, FifosAndDevicesAreRefusedNotRead) {
     EXPECT_NE(r.output.find("a FIFO, socket or device"), std::string::npos) << cfg << "\n" << r.output;
   }
   EXPECT_FALSE(fs::exists(d + "/never"));
+  ASSERT_EQ(::mkfifo((d + "/train_00000.bin").c_str(), 0644), 0);  // a FIFO as a token shard
+  r = run("data inspect " + d + "/train_00000.bin");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("a FIFO, socket or device"), std::string::npos) << r.output;
   r = run("tokenizer encode --tokenizer byte --in /dev/zero");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("a FIFO, socket or device"), std::string::npos) << r.output;

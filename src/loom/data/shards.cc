@@ -114,10 +114,14 @@ void write_shard(const std::string& path, const ShardHeader& h, std::span<const 
 }
 
 Shard::Shard(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Without blocking: a FIFO or device in a shard's place is refused, not waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Error("cannot open shard '" + path + "': " + std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("shard '" + path + "' is not a regular file (a FIFO, socket or device); give shard files");
+  }
   map_len_ = uint64_t(st.st_size);
   if (map_len_ < kHeaderBytes) {
     ::close(fd);
@@ -219,8 +223,8 @@ std::vector<std::unique_ptr<Shard>> open_shards(const std::string& path) {
       if (e.is_regular_file() && e.path().extension() == ".bin") files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
     LOOM_CHECK(!files.empty(), "shard directory '", path, "' holds no *.bin shards (write them with loom data prepare)");
-  } else if (fs::is_regular_file(path, ec)) {
-    files.push_back(path);
+  } else if (fs::exists(path, ec)) {
+    files.push_back(path);  // Shard refuses anything but a regular file, naming what it is
   } else {
     throw Error("shards '" + path + "' do not exist: expected a directory of *.bin shards or one shard file");
   }

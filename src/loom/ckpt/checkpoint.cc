@@ -71,8 +71,7 @@ void save_checkpoint(const std::string& dir, const Config& config, const ParamLa
   // never while a job holds it (Note [Checkpoint directory ownership]).
   check_new_target(dir, "checkpoint directory", true);
   const DirLock lock(dir);
-  check_new_target(dir, "checkpoint directory", true);  // again, under the lock
-  const DirSurvey before = survey_dir(dir);
+  const DirSurvey before = check_new_target(dir, "checkpoint directory", true);  // again, under the lock
   remove_stale(before);
   owned::TempDir made(dir, "whole-checkpoint");  // removed unless every file is moved out
   const std::string tmp = made.path();

@@ -181,8 +181,8 @@ DirSurvey survey(const std::string& dir, bool nested) {
     } else if (n == "latest" && small_matches(p, 64, is_latest_text)) {
       s.latest = true;
     } else if (n == kLockName && small_matches(p, 4096, is_lock_text)) {
-    } else if (n.rfind("latest.loom-tmp-", 0) == 0 && owned::parse_temp_name(n) &&
-               small_matches(p, 64, is_latest_text)) {
+    } else if (const auto temp = owned::parse_temp_name(n);
+               temp && temp->first == "latest" && small_matches(p, 64, is_latest_text)) {
       s.stale.push_back(n);  // `latest` written in full, not yet renamed (Note [Ownership by content])
     } else if (kind == owned::Kind::kFile && w != std::end(kWholeFiles)) {
       whole_files[w - std::begin(kWholeFiles)] = true;
@@ -267,12 +267,13 @@ void refuse_foreign(const DirSurvey& s, const std::string& what) {
                     "did not write: choose another directory (nothing there was touched)" + old_temp_hint(s.foreign));
 }
 
-void check_new_target(const std::string& dir, const std::string& what, bool whole_ok) {
-  const DirSurvey s = survey_dir(dir);
+DirSurvey check_new_target(const std::string& dir, const std::string& what, bool whole_ok) {
+  DirSurvey s = survey_dir(dir);
   refuse_foreign(s, what);
   if (!s.steps.empty() || s.latest || !s.replaced.empty() || (s.whole && !whole_ok))
     throw ConfigError(what + " '" + dir + "' holds checkpoints (newest " + describe_newest(s) +
                       "); write to a new directory (nothing there was touched)");
+  return s;
 }
 
 void check_run_dir(const std::string& dir, bool resuming, bool overwrite) {

@@ -64,7 +64,8 @@ void refuse_foreign(const DirSurvey& s, const std::string& what);
 // A target that receives one whole checkpoint (`loom import`, `loom ckpt convert --out`)
 // must be new, empty, or (whole_ok) an earlier whole-model checkpoint: throws ConfigError
 // naming foreign entries or the run whose checkpoints are there. `what` names the flag.
-void check_new_target(const std::string& dir, const std::string& what, bool whole_ok);
+// Returns the survey it checked.
+DirSurvey check_new_target(const std::string& dir, const std::string& what, bool whole_ok);
 
 // The checks of a training run's checkpoint.dir that read only (the supervisor of --nproc
 // runs them before launching; rank 0 runs them again under the lock): refuses a file at

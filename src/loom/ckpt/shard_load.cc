@@ -294,8 +294,7 @@ std::string convert_shards(const std::string& in, const std::string& out, const 
   if (fs::exists(out) && fs::equivalent(out, in)) throw ConfigError("ckpt convert: --out must differ from --in");
   check_new_target(out, "ckpt convert: --out", false);
   const DirLock lock(out);
-  check_new_target(out, "ckpt convert: --out", false);  // again, under the lock
-  remove_stale(survey_dir(out));
+  remove_stale(check_new_target(out, "ckpt convert: --out", false));  // again, under the lock
   const Manifest m = read_manifest(*dir);
   const Config cfg = config_from_toml_string(to_toml(m.config), sets);
   const ParallelConfig& target = cfg.parallel;

@@ -2,7 +2,11 @@
 // run exits 0, nothing non-finite is imported, nothing loom reads blocks on a FIFO or reads
 // a device without bound, and nothing in a checkpoint is followed as a path.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -166,6 +170,42 @@ TEST(Hostile, AShardHeaderEndOfDocumentPast32BitsIsRefused) {
   const Result r = run("data inspect " + shard);
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("end_of_document 4294967306"), std::string::npos) << r.output;
+}
+
+// "Also weak": `sample --tokens 1e8` printed nothing until the end. Now the first text comes
+// out while the command is still sampling (it is killed once it has shown 64 bytes).
+TEST(Hostile, SampleStreamsItsTokens) {
+  const std::string d = fresh("stream");
+  ASSERT_EQ(run(train(d + "/ck", 1)).code, 0);
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    const std::string ck = d + "/ck";
+    execl(LOOM_BINARY, LOOM_BINARY, "sample", "--checkpoint", ck.c_str(), "--tokens", "100000000", "--temperature",
+          "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::string got;
+  bool running_after_64 = false;
+  for (int waited_ms = 0; waited_ms < 120000 && got.size() < 64; waited_ms += 100) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+    if (got.size() >= 64) running_after_64 = waitpid(pid, nullptr, WNOHANG) == 0;
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  close(out[0]);
+  EXPECT_GE(got.size(), 64u) << got;
+  EXPECT_TRUE(running_after_64) << "the text must come out while 1e8 tokens are still being sampled";
 }
 
 }  // namespace

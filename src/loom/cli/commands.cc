@@ -27,7 +27,9 @@ int run_sample(const SampleArgs& a) {
   o.temperature = a.temperature;
   o.seed = a.seed;
   o.tokenizer = a.tokenizer;
-  std::cout << sample(a.checkpoint, o) << std::endl;
+  // Each piece as it is sampled (Note [Streaming decode]), so a long --tokens shows progress.
+  sample(a.checkpoint, o, [](std::string_view piece) { std::cout << piece << std::flush; });
+  std::cout << std::endl;
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/model/model.h"
 #include "loom/ckpt/checkpoint.h"
+#include "loom/data/stream_decode.h"
 #include "loom/data/tokenizer.h"
 #include "loom/train/data.h"
 
@@ -25,7 +26,8 @@ std::unique_ptr<data::Tokenizer> sampling_tokenizer(const std::string& dir, cons
 
 }  // namespace
 
-std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) {
+void sample(const std::string& checkpoint_dir, const SampleOptions& opt,
+            const std::function<void(std::string_view)>& emit) {
   LOOM_CHECK(opt.tokens >= 0, "--tokens ", opt.tokens, ": expected a count >= 0");
   LOOM_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "--temperature ", opt.temperature,
              ": expected a finite value >= 0 (0 = greedy)");
@@ -44,7 +46,7 @@ std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) 
   std::vector<int32_t> seq = tok->encode(opt.prompt, data::Special::kPlain);
   if (seq.empty() && tok->end_of_document() >= 0) seq.push_back(tok->end_of_document());
   if (seq.empty()) seq = tok->encode("\n");  // an empty prompt starts a fresh line
-  const size_t prompt_len = seq.size();
+  data::StreamDecoder stream(*tok);
   std::mt19937_64 rng(opt.seed);
   std::vector<float> logits(mc.vocab);
   const int64_t usable = tok->vocab_size();
@@ -62,8 +64,19 @@ std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) 
       next = dist(rng);
     }
     seq.push_back(next);
+    // Only the last model.ctx ids are read: keep memory bounded for any --tokens.
+    if (int64_t(seq.size()) >= 2 * mc.ctx) seq.erase(seq.begin(), seq.end() - mc.ctx);
+    const std::string piece = stream.push(next);
+    if (!piece.empty()) emit(piece);
   }
-  return tok->decode(std::span<const int32_t>(seq).subspan(prompt_len));
+  const std::string rest = stream.finish();
+  if (!rest.empty()) emit(rest);
+}
+
+std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt) {
+  std::string out;
+  sample(checkpoint_dir, opt, [&out](std::string_view piece) { out += piece; });
+  return out;
 }
 
 }  // namespace loom

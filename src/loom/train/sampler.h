@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
@@ -18,6 +20,11 @@ struct SampleOptions {
 // (model.vocab may be larger). An empty prompt starts a document: the end-of-document token
 // when the tokenizer has one, else a newline. The context window slides once the sequence
 // reaches model.ctx.
+// `emit` receives the continuation's text as it is sampled, each piece once it can no longer
+// change (Note [Streaming decode]); the pieces concatenate to decode(continuation ids).
+void sample(const std::string& checkpoint_dir, const SampleOptions& opt,
+            const std::function<void(std::string_view)>& emit);
+// The whole continuation at once.
 std::string sample(const std::string& checkpoint_dir, const SampleOptions& opt);
 
 }  // namespace loom

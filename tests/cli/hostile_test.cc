@@ -208,4 +208,18 @@ TEST(Hostile, SampleStreamsItsTokens) {
   EXPECT_TRUE(running_after_64) << "the text must come out while 1e8 tokens are still being sampled";
 }
 
+// Finding 18: an async parameter-server job with a slow worker announced W x steps = 12
+// pushes and applied 13. Each run (timings differ) now applies exactly the 12 it announced.
+TEST(Hostile, AnAsyncParameterServerAppliesThePushesItAnnounced) {
+  const std::string d = fresh("ps");
+  for (int run_no = 0; run_no < 3; ++run_no) {
+    const Result r = run(train(d + "/ck", 6, "--nproc 3 --dp 2 --set parallel.ps_servers=1 --set ps.mode=async "
+                                             "--set ps.slow_worker=1 --set ps.slow_factor=2 --set comm.timeout_s=30 "
+                                             "--set checkpoint.dir="));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("the run ends after 12 pushes"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("): 12 pushes applied"), std::string::npos) << r.output;
+  }
+}
+
 }  // namespace

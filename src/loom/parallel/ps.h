@@ -33,11 +33,24 @@
 // worker's answer until c_w - min c <= tau, so every applied gradient has staleness <= tau;
 // the slowest worker is never held, so no one waits forever. Servers record (worker, c, v)
 // of every applied push.
-// The run ends by pushes, not by each worker's steps: after W x train.steps pushes a server
-// answers every request with "stop", so a fast worker trains more steps than a slow one.
-// Every server applies every push it gets (pushes go to all servers; only their order
-// differs), so all ranges have seen the same gradients when the run ends; a worker that
-// hears "stop" from one server sends a "bye" to the servers that did not say it yet.
+// The run ends by pushes, not by each worker's steps: exactly W x train.steps pushes are
+// applied (Note [Exact push count]), so a fast worker trains more steps than a slow one. A
+// worker that hears "stop" from one server sends a "bye" to the servers that did not say it.
+//
+// Note [Exact push count]
+// Every server must apply the same set of pushes (pushes go to all servers; only their
+// arrival order differs) and the set must hold exactly B = W x train.steps of them. Server 0,
+// the leader, defines it: it admits the pushes it takes while fewer than B are applied and
+// refuses the rest, and sends each verdict (worker, clock, admitted) to the other servers in
+// the order it decides. Another server s decides a push p of worker w itself when it can be
+// sure: when s has applied B pushes already (p is refused), or when n + W - 1 < B, n being
+// the pushes s took before p (p is admitted). The bound: a push that reached the leader
+// before p either reached s before p, or is the newest push of some worker x != w that has
+// not reached s yet (x pushes again only after s answered its last push, so at most one per
+// worker); so the leader had taken at most n + W - 1 < B pushes when p reached it. Otherwise
+// s parks p until the leader's verdict. The leader never waits on another server, and its
+// verdict on p comes once p reaches it, so no server waits forever. A refused push is
+// answered "stop" and its gradient dropped (its worker computed one step in vain).
 //
 // Note [PS checkpoints]
 // A PS job saves the sharded format (Note [Sharded checkpoints]) with a rank file per rank: a

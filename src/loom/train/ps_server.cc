@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <iomanip>
 #include <sstream>
@@ -41,6 +42,31 @@ class PsServer {
   double pushes = 0, max_stale = 0, sum_stale = 0;
 
  private:
+  // Note [Exact push count]: what run_free tracks. Per worker: pushes taken (clock), an
+  // answer owed, a push parked until the leader's verdict, the last push refused; on a
+  // non-leader, how many of its pushes the leader decided and the first it refused.
+  struct VerdictOut {
+    std::array<float, 3> msg;  // worker, clock, admitted
+    comm::Work sent;
+  };
+  struct FreeRun {
+    int64_t budget = 0, applied = 0, taken = 0, verdicts = 0;
+    std::vector<comm::Work> rx, tx;
+    std::vector<int64_t> clock, decided, first_rejected, applied_of;
+    std::vector<char> running, owed, parked, rejected;
+    std::deque<VerdictOut> verdicts_out;  // the leader's sends in flight (deque: stable addresses)
+    std::array<float, 3> verdict_in{};
+    comm::Work verdict_rx;
+    bool verdict_posted = false;
+  };
+  static constexpr int kVerdictTag = 1;
+  void post_push(int w);
+  bool take_free(int w, int& left);
+  void decide(int w, bool admitted);
+  void send_verdict(int w, int64_t c, bool admitted);
+  bool take_verdicts();
+  bool answer_free(int& left);
+
   // One AdamW step on `ranges` of the range from the gradient in grad_, clipped by the global
   // `norm` (lazy for the table's rows: Note [Sparse embeddings]).
   void apply(double norm, double lr, const std::vector<FlatRange>& ranges);
@@ -75,6 +101,7 @@ class PsServer {
   std::vector<char> touched_;
   std::vector<std::vector<int32_t>> pulls_;
   std::vector<char> pull_all_;
+  FreeRun free_;
 };
 
 PsServer::PsServer(const Config& cfg, const TrainOptions& opt, comm::World& world)
@@ -255,61 +282,151 @@ comm::Work PsServer::answer_sparse(int w, double norm_sq, int64_t version, bool 
 }
 
 // Note [Asynchronous parameter server]: one receive per running link at once; each push is
-// applied as it lands; answers are held while ssp's bound says so.
+// decided (Note [Exact push count]) and, if admitted, applied as it lands; answers are held
+// while ssp's bound says so.
 void PsServer::run_free(int64_t first) {
-  const bool ssp = cfg_.ps.mode == "ssp";
-  const int64_t budget = W_ * cfg_.train.steps;
   if (first >= cfg_.train.steps) return;  // the workers run no step either
-  std::vector<comm::Work> rx(static_cast<size_t>(W_)), tx(static_cast<size_t>(W_));
-  std::vector<int64_t> clock(size_t(W_), first);  // a resumed run's pushes go on from its step
-  std::vector<char> running(size_t(W_), 1), held(size_t(W_), 0);
-  auto post = [&](int w) {  // the next head; its slice follows it (a bye has none)
-    rx[size_t(w)] = links_[size_t(w)]->recv(head_of(w), 0, parallel::ps_tag(clock[size_t(w)]), {.async = true});
-  };
-  for (int w = 0; w < W_; ++w) post(w);
-  int64_t applied = W_ * first;
+  FreeRun& f = free_;
+  f.budget = W_ * cfg_.train.steps;
+  f.applied = f.taken = W_ * first;  // a resumed run's pushes go on from its step
+  f.rx.resize(size_t(W_)), f.tx.resize(size_t(W_));
+  f.clock.assign(size_t(W_), first), f.decided.assign(size_t(W_), first), f.applied_of.assign(size_t(W_), first);
+  f.first_rejected.assign(size_t(W_), INT64_MAX);
+  f.running.assign(size_t(W_), 1), f.owed.assign(size_t(W_), 0), f.parked.assign(size_t(W_), 0);
+  f.rejected.assign(size_t(W_), 0);
+  for (int w = 0; w < W_; ++w) post_push(w);
   int turn = 0;
-  for (int left = W_; left > 0;) {
+  for (int left = W_; left > 0 || (me_ != 0 && f.verdicts < f.taken);) {
     bool moved = false;
-    for (int w = 0; w < W_; ++w) {
-      if (!running[size_t(w)] || held[size_t(w)] || !rx[size_t(w)].done()) continue;
-      rx[size_t(w)].wait();  // rethrows a failed receive's diagnosis
-      moved = true;
-      const float* t = in_[size_t(w)].data() + own_.count;
-      if (t[PsPush::kClock] < 0) {  // bye: the worker heard "stop" from another server
-        running[size_t(w)] = 0, --left;
-        continue;
-      }
-      LOOM_ASSERT(int64_t(t[PsPush::kClock]) == clock[size_t(w)], "a push out of its worker's order");
-      record(w, t);
-      links_[size_t(w)]->recv(g_, 0, parallel::ps_tag(clock[size_t(w)]));
-      const double lr = lr_at(cfg_.optim, applied / W_, cfg_.train.steps) / W_;
-      apply(std::sqrt(double(t[PsPush::kNormSq])), lr, {own_});
-      ++applied, ++clock[size_t(w)], held[size_t(w)] = 1;
-    }
-    const bool stop = applied >= budget;
-    int64_t slowest = INT64_MAX;
-    for (int w = 0; w < W_; ++w)
-      if (running[size_t(w)]) slowest = std::min(slowest, clock[size_t(w)]);
-    for (int w = 0; w < W_; ++w) {
-      if (!held[size_t(w)] || (ssp && !stop && clock[size_t(w)] - slowest > cfg_.ps.staleness)) continue;
-      const float* t = in_[size_t(w)].data() + own_.count;
-      tx[size_t(w)] = answer(w, double(t[PsPush::kNormSq]), slowest, stop,
-                             lr_at(cfg_.optim, (applied - 1) / W_, cfg_.train.steps));
-      held[size_t(w)] = 0, moved = true;
-      if (stop) running[size_t(w)] = 0, --left;
-      else post(w);
-    }
+    for (int w = 0; w < W_; ++w) moved = take_free(w, left) || moved;
+    moved = take_verdicts() || moved;
+    moved = answer_free(left) || moved;
     if (moved) continue;
     // Nothing landed: block (no spinning; a step takes milliseconds) on one pending receive
     // for up to a millisecond, taking the links in turn.
     bool waited = false;
     for (int i = 0; i < W_ && !waited; ++i, turn = (turn + 1) % W_)
-      if (running[size_t(turn)] && !held[size_t(turn)]) waited = true, rx[size_t(turn)].wait_for(std::chrono::milliseconds(1));
+      if (f.running[size_t(turn)] && !f.owed[size_t(turn)] && !f.parked[size_t(turn)])
+        waited = true, f.rx[size_t(turn)].wait_for(std::chrono::milliseconds(1));
     if (!waited) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  for (comm::Work& s : tx) s.wait();
+  for (comm::Work& s : f.tx) s.wait();
+  for (auto& v : f.verdicts_out) v.sent.wait();
   if (!cfg_.checkpoint.dir.empty()) save(cfg_.train.steps);
+}
+
+void PsServer::post_push(int w) {  // the next head; its slice follows it (a bye has none)
+  free_.rx[size_t(w)] = links_[size_t(w)]->recv(head_of(w), 0, parallel::ps_tag(free_.clock[size_t(w)]), {.async = true});
+}
+
+// Worker w's push if it landed: its slice into in_[w], then decided now or parked until the
+// leader's verdict. Returns whether anything happened.
+bool PsServer::take_free(int w, int& left) {
+  FreeRun& f = free_;
+  if (!f.running[size_t(w)] || f.owed[size_t(w)] || f.parked[size_t(w)] || !f.rx[size_t(w)].done()) return false;
+  f.rx[size_t(w)].wait();  // rethrows a failed receive's diagnosis
+  const float* t = in_[size_t(w)].data() + own_.count;
+  if (t[PsPush::kClock] < 0) {  // bye: the worker heard "stop" from another server
+    f.running[size_t(w)] = 0, --left;
+    return true;
+  }
+  const int64_t c = f.clock[size_t(w)];
+  LOOM_ASSERT(int64_t(t[PsPush::kClock]) == c, "a push out of its worker's order");
+  links_[size_t(w)]->recv(std::span<float>(in_[size_t(w)].data(), size_t(own_.count)), 0, parallel::ps_tag(c));
+  const int64_t before = f.taken++;
+  ++f.clock[size_t(w)];
+  if (me_ == 0) {
+    decide(w, f.applied < f.budget);
+    send_verdict(w, c, !f.rejected[size_t(w)]);
+  } else if (f.applied >= f.budget) {
+    decide(w, false);  // every admitted push is in: the rest are refused
+  } else if (before + W_ - 1 < f.budget || c < f.decided[size_t(w)]) {
+    // Certain (Note [Exact push count]): the leader had taken at most before + W - 1 pushes
+    // when this one reached it, or its verdict is here already.
+    decide(w, c < f.decided[size_t(w)] ? c < f.first_rejected[size_t(w)] : true);
+  } else {
+    f.parked[size_t(w)] = 1;
+  }
+  return true;
+}
+
+// Applies worker w's taken push when admitted; either way an answer is owed.
+void PsServer::decide(int w, bool admitted) {
+  FreeRun& f = free_;
+  f.owed[size_t(w)] = 1, f.rejected[size_t(w)] = !admitted;
+  if (!admitted) return;
+  const float* t = in_[size_t(w)].data() + own_.count;
+  record(w, t);
+  ++f.applied_of[size_t(w)];
+  std::copy_n(in_[size_t(w)].data(), own_.count, g_.begin());
+  const double lr = lr_at(cfg_.optim, f.applied / W_, cfg_.train.steps) / W_;
+  apply(std::sqrt(double(t[PsPush::kNormSq])), lr, {own_});
+  ++f.applied;
+}
+
+// The leader: its verdict on (w, c) to every other server, in the order it decides.
+void PsServer::send_verdict(int w, int64_t c, bool admitted) {
+  auto& out = free_.verdicts_out;
+  while (!out.empty() && out.front().sent.done()) out.front().sent.wait(), out.pop_front();
+  for (int s = 1; s < peers_->size(); ++s) {
+    out.push_back({{float(w), float(c), admitted ? 1.0f : 0.0f}, {}});
+    out.back().sent = peers_->send(std::span<const float>(out.back().msg), s, kVerdictTag, {.async = true});
+  }
+}
+
+// A non-leader: the leader's verdicts as they land (one receive posted while one is owed),
+// then every parked push whose verdict is known. Returns whether anything happened.
+bool PsServer::take_verdicts() {
+  FreeRun& f = free_;
+  bool moved = false;
+  for (;;) {
+    if (!f.verdict_posted && f.verdicts < f.taken && me_ != 0) {
+      f.verdict_rx = peers_->recv(std::span<float>(f.verdict_in), 0, kVerdictTag, {.async = true});
+      f.verdict_posted = true;
+    }
+    if (!f.verdict_posted || !f.verdict_rx.done()) break;
+    f.verdict_rx.wait();
+    f.verdict_posted = false, moved = true, ++f.verdicts;
+    const int w = int(f.verdict_in[0]);
+    const int64_t c = int64_t(f.verdict_in[1]);
+    LOOM_ASSERT(w >= 0 && w < W_ && c == f.decided[size_t(w)], "the leader's verdicts out of a worker's order");
+    ++f.decided[size_t(w)];
+    if (f.verdict_in[2] == 0) f.first_rejected[size_t(w)] = std::min(f.first_rejected[size_t(w)], c);
+    // A push this server decided before the verdict came was decided as the leader did (the
+    // bound of Note [Exact push count]).
+    const bool decided_here = f.clock[size_t(w)] > c && !(f.parked[size_t(w)] && f.clock[size_t(w)] == c + 1);
+    LOOM_ASSERT(!decided_here || (f.verdict_in[2] != 0) == (f.applied_of[size_t(w)] > c),
+                "server ", me_, " decided push ", c, " of worker ", w, " otherwise than the leader");
+  }
+  for (int w = 0; w < W_; ++w) {
+    const int64_t c = f.clock[size_t(w)] - 1;  // the parked push
+    if (!f.parked[size_t(w)] || c >= f.decided[size_t(w)]) continue;
+    f.parked[size_t(w)] = 0, moved = true;
+    decide(w, c < f.first_rejected[size_t(w)]);
+  }
+  return moved;
+}
+
+// Owed answers, unless ssp holds them: "stop" once the budget is in or for a refused push.
+bool PsServer::answer_free(int& left) {
+  FreeRun& f = free_;
+  const bool full = f.applied >= f.budget;
+  int64_t slowest = INT64_MAX;
+  for (int w = 0; w < W_; ++w)
+    if (f.running[size_t(w)]) slowest = std::min(slowest, f.clock[size_t(w)]);
+  bool moved = false;
+  for (int w = 0; w < W_; ++w) {
+    if (!f.owed[size_t(w)]) continue;
+    const bool stop = full || f.rejected[size_t(w)];
+    if (cfg_.ps.mode == "ssp" && !stop && f.clock[size_t(w)] - slowest > cfg_.ps.staleness) continue;
+    const float* t = in_[size_t(w)].data() + own_.count;
+    f.tx[size_t(w)] = answer(w, double(t[PsPush::kNormSq]), slowest, stop,
+                             lr_at(cfg_.optim, std::max<int64_t>(f.applied - 1, 0) / W_, cfg_.train.steps));
+    f.owed[size_t(w)] = 0, moved = true;
+    if (stop) f.running[size_t(w)] = 0, --left;
+    else post_push(w);
+  }
+  return moved;
 }
 
 }  // namespace

@@ -143,7 +143,7 @@ TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
 // every source), for every float key; train sizes are bounded before any product.
 TEST(Config, NonFiniteNumbersAndHugeSizesAreRefusedFromEverySource) {
   for (const char* key : {"optim.lr", "optim.weight_decay", "model.init_std", "model.norm_eps", "optim.grad_clip",
-                          "model.rope_theta", "comm.timeout_s"}) {
+                          "model.rope_theta", "comm.timeout_s", "comm.hang_s"}) {
     const std::string k = key, sec = k.substr(0, k.find('.')), name = k.substr(k.find('.') + 1);
     for (const char* bad : {"inf", "-inf", "nan"}) {
       const std::string toml = "[" + sec + "]\n" + name + " = " + bad + "\n";
@@ -156,6 +156,10 @@ TEST(Config, NonFiniteNumbersAndHugeSizesAreRefusedFromEverySource) {
             std::string::npos);
   EXPECT_NE(error_of({"train.batch=4611686018427387904"}).find("expected at most 16777216"), std::string::npos);
   EXPECT_NE(error_of({"comm.timeout_s=1e308"}).find("expected seconds in (0, 1e9)"), std::string::npos);
+  // Note [Heartbeats]: beats come once a second, so a hang check shorter than 2 s would
+  // fire between two of them.
+  for (const char* bad : {"comm.hang_s=-1", "comm.hang_s=1", "comm.hang_s=1e12"})
+    EXPECT_NE(error_of({bad}).find("expected 0 (no hang check) or seconds in [2, 1e9)"), std::string::npos) << bad;
 }
 
 TEST(Config, TomlRoundTrip) {

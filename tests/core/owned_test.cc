@@ -116,5 +116,21 @@ TEST(Owned, AtomicWritesNeverFollowASymlinkOrLeaveATemporary) {
   EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 3);
 }
 
+// Issue 59 "outputs check their size against free space first": what cannot fit is refused
+// before a byte is written, naming the size, the directory, its free space and the fix.
+TEST(Owned, OutputsThatCannotFitAreRefusedBeforeWriting) {
+  const std::string d = fresh("space");
+  EXPECT_NO_THROW(require_free_space(d, 1.0, "one byte", "-"));
+  try {
+    require_free_space(d, 1e18, "the export 'm.st'", "free space");
+    ADD_FAILURE() << "an exabyte fitted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the export 'm.st' takes 1e+09 GB and '" + d + "' has "), std::string::npos) << what;
+    EXPECT_NE(what.find(" GB free: free space"), std::string::npos) << what;
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 0);
+}
+
 }  // namespace
 }  // namespace loom::owned

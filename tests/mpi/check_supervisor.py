@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The `loom train --nproc` supervisor ends what it started (Note [Supervised launch]).
 
-usage: check_supervisor.py LOOM stopped-rank | supervisor-signals | stopped-mpirun | stopped-rank-default
+usage: check_supervisor.py LOOM stopped-rank | supervisor-signals | stopped-mpirun | stopped-rank-default |
+                            hung-rank | slow-rank | hung-rank-default
 
 stopped-rank:       rank 1 of a dp2 job is SIGSTOPped; the other rank diagnoses it within
                     comm.timeout_s and fails, and the supervisor SIGKILLs the stopped rank
@@ -16,6 +17,13 @@ stopped-mpirun:     mpirun is SIGSTOPped while the ranks train (issue 59 finding
                     ranks finish and save, and the supervisor kills the stuck job 5 s after
                     the last rank recorded its exit, naming mpirun, and exits 0 (the ranks'
                     code); if the ranks take 10 s, the stopped mpirun ends the job first.
+hung-rank:          rank 1 blocks for good in step 9 (LOOM_FAILPOINT=hang@8:1) with comm.hang_s = 3
+                    and comm.timeout_s = 300: its heartbeat shows no CPU time and no collective,
+                    and the supervisor ends the job within seconds, naming it (Note [Heartbeats]).
+slow-rank:          rank 1 computes for 8 s in step 9 (busy@8:1:8) while rank 0 waits in the
+                    collective, with comm.hang_s = 3: no false alarm, the job finishes and exits 0.
+hung-rank-default:  as hung-rank with the defaults (comm.hang_s 30, comm.timeout_s 300): the job
+                    ends within 30 s of the hang plus the check's slack (issue 59: within 30 s).
 """
 import os
 import shutil
@@ -44,10 +52,10 @@ def fail(msg, out=""):
     sys.exit(1)
 
 
-def launch(loom, ckpt, steps, timeout_s=TIMEOUT_S):
+def launch(loom, ckpt, steps, timeout_s=TIMEOUT_S, extra=(), env=None):
     """The job, once it has saved a step (so training runs)."""
-    proc = subprocess.Popen(args(loom, ckpt, steps, timeout_s=timeout_s), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(args(loom, ckpt, steps, extra, timeout_s=timeout_s), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(ckpt, "latest")):
         if proc.poll() is not None or time.time() > deadline:
@@ -220,12 +228,61 @@ def stopped_rank_default(loom, tmp):
     restart(loom, ckpt, "after the stopped rank")
 
 
+def hung(loom, tmp, hang_s):
+    """Rank 1 blocks in step 9; the job must end within hang_s plus the check's slack."""
+    ckpt = os.path.join(tmp, f"hung-{hang_s}")
+    extra = ["--set", f"comm.hang_s={hang_s}"] if hang_s else []
+    env = dict(os.environ, LOOM_FAILPOINT="hang@8:1")
+    proc = launch(loom, ckpt, 100000, timeout_s=300, extra=extra, env=env)
+    t0 = time.time()  # step 5 is saved: the hang comes within a few steps
+    limit = (hang_s or 30) + 15
+    try:
+        out = proc.communicate(timeout=limit + 30)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        fail(f"the job outlived a hung rank by {limit + 30} s", proc.communicate()[0])
+    took = time.time() - t0
+    print(out)
+    print(f"rank 1 hangs in step 9, comm.hang_s {hang_s or 'default'}: the job exited {proc.returncode} "
+          f"{took:.2f} s after step 5 was saved")
+    if proc.returncode == 0:
+        fail("the job exited 0 with a hung rank")
+    if "rank 1 (pid" not in out or "hung in step 9: no CPU time and no collective" not in out:
+        fail("the supervisor did not name the hung rank")
+    if "rank 0 (pid" in out and "): hung" in out.split("rank 0 (pid", 1)[1].split("\n", 1)[0]:
+        fail("rank 0, waiting in a collective, was taken for hung")
+    if took > limit:
+        fail(f"the job took {took:.1f} s, more than {limit} s")
+    restart(loom, ckpt, "after the hung rank")
+
+
+def hung_rank(loom, tmp):
+    hung(loom, tmp, 3)
+
+
+def hung_rank_default(loom, tmp):
+    hung(loom, tmp, None)
+
+
+def slow_rank(loom, tmp):
+    ckpt = os.path.join(tmp, "slow")
+    env = dict(os.environ, LOOM_FAILPOINT="busy@8:1:8")
+    rc = subprocess.run(args(loom, ckpt, 12, ["--set", "comm.hang_s=3"], timeout_s=300), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, env=env)
+    print(rc.stdout)
+    if "rank 1 computes for 8 s at step 8" not in rc.stdout:
+        fail("the failpoint did not run")
+    if rc.returncode != 0 or "hung" in rc.stdout or "the supervisor killed" in rc.stdout:
+        fail(f"a rank computing for 8 s (its peer waiting in a collective) ended the job: exit {rc.returncode}")
+
+
 def main():
     loom, mode = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="loom-supervisor-")
     try:
         {"stopped-rank": stopped_rank, "supervisor-signals": supervisor_signals,
-         "stopped-mpirun": stopped_mpirun, "stopped-rank-default": stopped_rank_default}[mode](loom, tmp)
+         "stopped-mpirun": stopped_mpirun, "stopped-rank-default": stopped_rank_default,
+         "hung-rank": hung_rank, "slow-rank": slow_rank, "hung-rank-default": hung_rank_default}[mode](loom, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")

@@ -73,6 +73,8 @@ void save_checkpoint(const std::string& dir, const Config& config, const ParamLa
   const DirLock lock(dir);
   const DirSurvey before = check_new_target(dir, "checkpoint directory", true);  // again, under the lock
   remove_stale(before);
+  require_free_space(dir, 4.0 * double(params.size()) * (m && v ? 3.0 : 1.0), "the checkpoint in '" + dir + "'",
+                     "free space, or save it on another file system");
   owned::TempDir made(dir, "whole-checkpoint");  // removed unless every file is moved out
   const std::string tmp = made.path();
   write_file_atomic(tmp + "/config.toml", to_toml(config));

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "loom/core/owned.h"
 #include "loom/data/tokenizer.h"
 #include "loom/ckpt/checkpoint.h"
@@ -121,6 +122,10 @@ void export_safetensors(const std::string& checkpoint_dir, const std::string& ou
   std::error_code ec;
   const fs::path parent = fs::absolute(out_file).parent_path();
   fs::create_directories(parent, ec);
+  double bytes = 0;
+  for (const auto& [name, t] : out.tensors) bytes += double(t.bytes.size());
+  require_free_space(parent.string(), bytes, "the export '" + out_file + "'",
+                     "free space, or pass --out on another file system (or --dtype bf16: half the bytes)");
   // Through a marked temporary directory: a killed export leaves nothing at --out, and the
   // next one there removes what it left (Note [Ownership by content]).
   owned::write_through_temp(out_file, [&](const std::string& tmp) { write_safetensors(tmp, out); });

@@ -18,6 +18,7 @@
 #include "loom/comm/group.h"
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
+#include "loom/core/liveness.h"
 #include "loom/core/fileio.h"
 #include "loom/core/owned.h"
 #include "loom/comm/agree.h"
@@ -34,6 +35,7 @@ namespace {
 void fsync_path(const std::string& path, bool dir) {
   const int fd = ::open(path.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
   if (fd < 0) throw Error("checkpoint: cannot open '" + path + "' to sync it");
+  const liveness::Waiting waiting;  // a slow disk is not a hung rank (Note [Heartbeats])
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw Error("checkpoint: fsync of '" + path + "' failed");
@@ -65,7 +67,8 @@ void prune(const std::string& root, int64_t keep, int64_t newest) {
 // of the save of step STEP, so tests and scripts/soak.py can kill a writer at an exact
 // moment: shard (its rank file half written), manifest (rank 0: manifest written, the
 // directory not yet renamed into place), latest (rank 0: renamed, `latest` not yet
-// replaced). Unset, nothing happens.
+// replaced). Unset, nothing happens. The points hang and busy act at the start of a step
+// instead (liveness::enter_step in core/liveness.h).
 void failpoint(const char* point, int64_t step, int rank) {
   const char* spec = std::getenv("LOOM_FAILPOINT");
   if (!spec) return;
@@ -97,6 +100,9 @@ RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Ten
   for (Piece& p : rf.pieces)
     p.crc = crc_of(sections[p.section].data() + (p.byte_offset - start[p.section]) / 4, size_t(p.count));
   const std::string path = (fs::path(dir) / rf.file).string();
+  require_free_space(dir, double(start[kSections - 1]) + 4.0 * double(rf.floats[kSections - 1]),
+                     "checkpoint: rank " + std::to_string(rank) + "'s file",
+                     "free space, lower checkpoint.keep_last, or set checkpoint.dir on another file system");
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(kMagic, sizeof kMagic);
   f.write(reinterpret_cast<const char*>(rf.floats), sizeof rf.floats);

@@ -22,8 +22,21 @@
 //    job runs, ends the job: mpirun and every rank still there are SIGKILLed and the cause
 //    named; the job's exit code is then the ranks' (0 when they all finished their work,
 //    non-zero when one was killed before it had). A stopped rank would otherwise hold every
-//    collective until comm.timeout_s (300 s by default); a rank that hangs while running
-//    is still found by that timeout, which no step may outlast.
+//    collective until comm.timeout_s (300 s by default).
+//  - A rank that hangs while it runs ends the job within comm.hang_s (Note [Heartbeats]).
+//
+// Note [Heartbeats]
+// Each rank of a supervised job writes LOOM_STATUS_DIR/beat-R once a second from a thread of
+// its own: a sequence number, the process's CPU time, and how many waits it has in flight
+// (liveness::waits_in_flight: collective and point-to-point calls from issue to completion,
+// file syncs). The supervisor reads them: a rank whose beats stop for 15 s is frozen (its
+// threads cannot run; a SIGSTOPped one is named as stopped after 10 s) and ends the job; a rank whose
+// beats go on but whose CPU time stays flat (under 50 ms a beat) with no wait in flight for
+// comm.hang_s (30 s; 0: off) is hung (blocked in its own code: a deadlock, a read that never
+// returns) and ends the job, named with its last step. A long collective is never taken for
+// a hang: a rank in one has a wait in flight, and its peers are either in it too or
+// computing (CPU time); the collective's own bound is comm.timeout_s. A rank that spins
+// without progress uses CPU time and is found by that timeout instead.
 #include "loom/cli/supervise.h"
 
 #include <fcntl.h>
@@ -31,6 +44,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +63,7 @@
 
 #include "loom/comm/mpi_backend.h"
 #include "loom/core/error.h"
+#include "loom/core/liveness.h"
 
 #ifndef LOOM_MPIEXEC
 #define LOOM_MPIEXEC "mpirun"
@@ -197,6 +212,43 @@ struct StoppedFor {
   }
 };
 
+// Note [Heartbeats]: a rank's beats as the supervisor reads them (every kBeatPoll).
+constexpr auto kBeatPeriod = std::chrono::seconds(1);
+constexpr auto kBeatPoll = std::chrono::milliseconds(500);
+constexpr int64_t kActiveCpuMs = 50;  // CPU time per beat that counts as work
+constexpr auto kFrozen = std::chrono::seconds(15);  // after kStopped: a stopped rank is named as such
+
+struct Heartbeat {
+  bool seen = false;
+  uint64_t seq = 0;
+  int64_t cpu_ms = 0, step = -1;
+  int same_polls = 0, idle_beats = 0;
+  Clock::time_point changed, active;
+  // Reads beat-R; returns why the rank must end the job ("" when it need not).
+  std::string check(const std::string& path, double hang_s, Clock::time_point now) {
+    std::ifstream f(path);
+    uint64_t q = 0;
+    int64_t cpu = 0, waits = 0;
+    if (!(f >> q >> cpu >> waits >> step)) return "";  // not started yet
+    if (!seen || q != seq) {
+      const bool busy = !seen || waits > 0 || cpu - cpu_ms >= kActiveCpuMs * int64_t(q - seq);
+      if (busy) active = now, idle_beats = 0;
+      else idle_beats += int(q - seq);
+      seen = true, seq = q, cpu_ms = cpu, changed = now, same_polls = 0;
+    } else {
+      ++same_polls;
+    }
+    // Poll counts guard against the supervisor's own clock jumping (the whole job stopped).
+    if (same_polls * kBeatPoll >= kFrozen && now - changed > kFrozen)
+      return "no heartbeat for " + std::to_string(kFrozen.count()) + " s (frozen: its threads do not run)";
+    const auto hang = std::chrono::duration<double>(hang_s);
+    if (hang_s > 0 && now - active > hang && idle_beats * kBeatPeriod >= hang * 0.8)
+      return "hung in step " + std::to_string(step + 1) + ": no CPU time and no collective for " +
+             std::to_string(int(hang_s)) + " s (comm.hang_s; raise it if this rank legitimately blocks longer)";
+    return "";
+  }
+};
+
 // Ends a stuck job: SIGKILL to every rank still there and to mpirun; `what` names why.
 void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const std::string& what, Watch& w) {
   for (pid_t p : pids)
@@ -222,9 +274,22 @@ void check_stuck(pid_t child, const std::vector<pid_t>& pids, const std::vector<
                                             "): stopped (SIGSTOP) for " + secs + " s", w);
 }
 
+// Note [Heartbeats]: a frozen or hung rank ends the job.
+void check_beats(pid_t child, const std::vector<pid_t>& pids, const std::vector<char>& done,
+                 const std::string& status_dir, double hang_s, std::vector<Heartbeat>& beats, Clock::time_point now,
+                 Watch& w) {
+  for (size_t r = 0; r < pids.size(); ++r) {
+    if (done[r]) continue;
+    const std::string why = beats[r].check(status_dir + "/beat-" + std::to_string(r), hang_s, now);
+    if (!why.empty())
+      return end_stuck_job(child, pids, "rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + "): " + why,
+                           w);
+  }
+}
+
 // Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
-Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, StderrRelay& relay,
-                int& wstatus) {
+Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, double hang_s,
+                StderrRelay& relay, int& wstatus) {
   const auto grace = std::chrono::duration<double>(std::min(timeout_s, 10.0));
   Watch w;
   std::vector<pid_t> pids(size_t(nproc), 0);
@@ -232,6 +297,8 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
   std::optional<Clock::time_point> first_failure, kill_time, all_done;
   StoppedFor launcher;
   std::vector<StoppedFor> stopped_ranks = std::vector<StoppedFor>(size_t(nproc));
+  std::vector<Heartbeat> beats(static_cast<size_t>(nproc));
+  Clock::time_point beats_read;
   int failed_rank = -1;
   for (;;) {
     const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
@@ -252,6 +319,10 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
     }
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
     check_stuck(child, pids, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);
+    if (now - beats_read >= kBeatPoll && !w.launcher_stuck && !kill_time) {
+      beats_read = now;
+      check_beats(child, pids, done, status_dir, hang_s, beats, now, w);
+    }
     const bool expired = first_failure && now - *first_failure > grace;
     if ((g_signal || expired) && !kill_time) {
       if (g_signal) w.signal = g_signal;
@@ -279,9 +350,25 @@ const char* rank_env() {
   return rank ? rank : std::getenv("PMI_RANK");
 }
 
+// Note [Heartbeats]: the rank's side, written whole and renamed into place once a second.
+[[noreturn]] void beat_loop(const std::string& path) {
+  const std::string next = path + ".next";
+  for (uint64_t seq = 1;; ++seq) {
+    timespec cpu{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+    {
+      std::ofstream f(next, std::ios::trunc);
+      f << seq << " " << int64_t(cpu.tv_sec) * 1000 + cpu.tv_nsec / 1000000 << " " << liveness::waits_in_flight() << " "
+        << liveness::current_step() << "\n";
+    }
+    ::rename(next.c_str(), path.c_str());
+    std::this_thread::sleep_for(kBeatPeriod);
+  }
+}
+
 }  // namespace
 
-int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s) {
+int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s) {
   // OpenMPI refuses more ranks than cores and running as root unless told; --nproc is the
   // convenience path, so it asks for both (MPICH ignores these variables).
   ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
@@ -301,7 +388,7 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s) {
   if (err_pipe[1] >= 0) ::close(err_pipe[1]);
   StderrRelay relay(err_pipe[0]);
   int wstatus = 0;
-  const Watch w = supervise(child, nproc, status_dir, timeout_s, relay, wstatus);
+  const Watch w = supervise(child, nproc, status_dir, timeout_s, hang_s, relay, wstatus);
   const int launcher_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
   int rc = 0;
   std::string failed;
@@ -313,6 +400,8 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s) {
     if (code != 0 && rc == 0) rc = code > 0 ? code : 1;
     ::unlink((status_dir + "/rank-" + rs).c_str());
     ::unlink((status_dir + "/pid-" + rs).c_str());
+    ::unlink((status_dir + "/beat-" + rs).c_str());
+    ::unlink((status_dir + "/beat-" + rs + ".next").c_str());
   }
   ::rmdir(status_dir.c_str());
   if (launcher_rc == 127 && failed.find("exited") == std::string::npos) return 127;
@@ -331,6 +420,7 @@ void join_supervisor() {
   if (!dir || !rank || !sup) return;
   std::ofstream(std::string(dir) + "/pid-" + rank) << ::getpid() << "\n";
   const pid_t supervisor = pid_t(std::atol(sup));
+  std::thread(beat_loop, std::string(dir) + "/beat-" + rank).detach();
   std::thread([supervisor, r = std::string(rank)] {
     while (alive(supervisor)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::fprintf(stderr, "loom: rank %s: the --nproc supervisor (pid %d) is gone; stopping this rank\n", r.c_str(),

@@ -4,11 +4,13 @@
 namespace loom::cli {
 
 // Runs `mpirun -np nproc <this binary> <argv without --nproc>` and supervises it; returns
-// the exit code. `timeout_s` is comm.timeout_s (it bounds the grace given to survivors).
-int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s);
+// the exit code. `timeout_s` is comm.timeout_s (it bounds the grace given to survivors),
+// `hang_s` comm.hang_s (Note [Heartbeats]; 0: no hang check).
+int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s);
 
-// In a rank under a supervised launch: records its pid for the supervisor and starts a
-// watcher that ends the rank when the supervisor is gone. No-op otherwise.
+// In a rank under a supervised launch: records its pid for the supervisor, starts its
+// heartbeat (Note [Heartbeats]) and a watcher that ends the rank when the supervisor is
+// gone. No-op otherwise.
 void join_supervisor();
 
 // Under a supervised launch, records this rank's exit code. No-op otherwise.

@@ -114,7 +114,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
         std::cerr << "loom: warning: --nproc " << a.nproc << " starts " << a.nproc << " ranks on "
                   << ::sysconf(_SC_NPROCESSORS_ONLN) << " cores: they will take turns on them, and every step waits "
                   << "for the slowest (set train.threads = 1, or use fewer ranks)\n";
-      return launch_under_mpirun(a.nproc, argc, argv, cfg.comm.timeout_s);
+      return launch_under_mpirun(a.nproc, argc, argv, cfg.comm.timeout_s, cfg.comm.hang_s);
     }
   }
   try {

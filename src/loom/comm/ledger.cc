@@ -1,5 +1,7 @@
 #include "loom/comm/ledger.h"
 
+#include "loom/core/liveness.h"
+
 #include <cstdio>
 #include <sstream>
 #include <tuple>
@@ -54,6 +56,7 @@ int Ledger::add_group(const std::string& name) {
 }
 
 Ledger::Issued Ledger::issue(int group, const Descriptor& d) {
+  liveness::begin_wait();  // until finish(): Note [Heartbeats]
   std::lock_guard<std::mutex> lock(mu_);
   LedgerEntry e;
   e.seq = next_seq_++;
@@ -96,6 +99,7 @@ void Ledger::start(uint64_t seq, Algorithm resolved, double estimate_us) {
 }
 
 void Ledger::finish(uint64_t seq, bool ok) {
+  liveness::end_wait();
   std::lock_guard<std::mutex> lock(mu_);
   if (LedgerEntry* e = find(seq)) {
     e->end_us = now_us();

@@ -98,6 +98,9 @@ void check_io(const Config& c, std::vector<std::string>& errs) {
                    " needs checkpoint.dir (where to save)");
   if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
     errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds in (0, 1e9)");
+  if (!(c.comm.hang_s == 0 || (c.comm.hang_s >= 2 && c.comm.hang_s < 1e9)))
+    errs.push_back("comm.hang_s = " + fmt_double(c.comm.hang_s) +
+                   ": expected 0 (no hang check) or seconds in [2, 1e9) (the heartbeat comes once a second)");
   if (!c.data.shards.empty() && !c.data.path.empty())
     errs.push_back("data.path = '" + c.data.path + "' and data.shards = '" + c.data.shards +
                    "' are both set: give one (shards carry their own validation split)");

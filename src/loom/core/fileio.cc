@@ -1,6 +1,9 @@
 #include "loom/core/fileio.h"
 
+#include "loom/core/liveness.h"
+
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,11 +24,23 @@ std::string read_file_bytes(const std::string& path) {
 }
 
 void fsync_dir(const std::string& dir) {
+  const liveness::Waiting waiting;  // a slow disk is not a hung rank (Note [Heartbeats])
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+void require_free_space(const std::string& dir, double bytes, const std::string& what, const std::string& fix) {
+  struct statvfs v {};
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &v) != 0) return;
+  const double free = double(v.f_bavail) * double(v.f_frsize);
+  if (bytes <= free) return;
+  std::ostringstream os;
+  os << what << " takes " << bytes / 1e9 << " GB and '" << (dir.empty() ? "." : dir) << "' has " << free / 1e9
+     << " GB free: " << fix;
+  throw Error(os.str());
 }
 
 AtomicWriter::AtomicWriter(const std::string& path) : path_(path) {
@@ -67,7 +82,7 @@ void AtomicWriter::write_at(uint64_t offset, const void* data, size_t n) {
 }
 
 void AtomicWriter::commit() {
-  if (::fsync(fd_) != 0) fail("flush");
+  if (const liveness::Waiting waiting; ::fsync(fd_) != 0) fail("flush");
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail("flush");

@@ -34,4 +34,9 @@ class AtomicWriter {
 // fsync a directory (after renames inside it).
 void fsync_dir(const std::string& dir);
 
+// Throws loom::Error before a byte is written when `bytes` more do not fit in the free space
+// of the file system holding `dir`: "<what> takes X GB and '<dir>' has Y GB free: <fix>".
+// Does nothing when the free space cannot be read.
+void require_free_space(const std::string& dir, double bytes, const std::string& what, const std::string& fix);
+
 }  // namespace loom

@@ -16,6 +16,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/liveness.h"
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
@@ -531,8 +532,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   if (cfg.offload.optimizer == "disk") offload_optimizer(updater, all_ranks, global_rank);
 
   TrainSummary sum;
-  sum.params = ParamLayout(cfg.model).param_count();
-  sum.unigram_entropy = data->unigram_entropy_nats;
+  sum.params = ParamLayout(cfg.model).param_count(), sum.unigram_entropy = data->unigram_entropy_nats;
   print_header(rep, cfg, *data, sum.params, mb, T);
 
   const auto t0 = Clock::now();
@@ -546,6 +546,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
   StepOutcome held;  // a 2bw step whose loss comes with the next step's result
   for (int64_t step = first_step; step < cfg.train.steps || (free_ps && first_step < cfg.train.steps); step++) {
+    liveness::enter_step(step, global_rank);  // the heartbeat's step; Note [Failpoints]
     const auto step_start = Clock::now();
     const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step");
     const int64_t rows = free_ps ? cfg.train.batch / rc.dp_size : cfg.train.batch;  // free PS: this worker's

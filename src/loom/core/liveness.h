@@ -1,0 +1,34 @@
+// What a rank's heartbeat reports about it (Note [Heartbeats] in cli/supervise.cc).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::liveness {
+
+// This process waits on something outside it: a collective or point-to-point call (from
+// issue to completion, async ones included) or a file sync. The supervisor's hang check
+// does not count time spent in one: a long collective is the collective timeout's business.
+void begin_wait();
+void end_wait();
+int64_t waits_in_flight();
+
+// The step this rank is in (0-based; -1 before the first), for the heartbeat's report.
+int64_t current_step();
+
+// begin_wait() / end_wait() for a scope.
+class Waiting {
+ public:
+  Waiting() { begin_wait(); }
+  ~Waiting() { end_wait(); }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+};
+
+// At the start of step `step` (0-based) of global rank `rank`: records the step, then Note
+// [Failpoints]:
+// LOOM_FAILPOINT=hang@STEP:RANK blocks the rank for good without using the CPU (a hung
+// rank); busy@STEP:RANK:SECONDS keeps it computing for SECONDS, outside any collective (a
+// slow rank, which the others wait for in their next collective). Unset, nothing happens.
+void enter_step(int64_t step, int rank);
+
+}  // namespace loom::liveness

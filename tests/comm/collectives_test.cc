@@ -341,6 +341,52 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Compressed,
                                   std::to_string(std::get<0>(info.param));
                          });
 
+// Note [Ring codecs] on the reduce-scatter (ZeRO-2/3's compressed gradients): each rank's
+// block, reduced in place as GradSync does (out is block r of in), is within the same
+// per-hop bound of the exact sum; avg divides it by n.
+TEST_P(Compressed, ReduceScatterStaysWithinThePerHopBound) {
+  const auto [n, c] = GetParam();
+  const size_t count = 2 * kQuantBlock + 5;  // per rank
+  std::vector<std::vector<float>> pieces(n);
+  const unsigned seed = std::random_device{}();
+  auto input = [&](int r) {
+    std::mt19937 rng(seed + 7 * r);
+    std::normal_distribution<float> dist;
+    std::vector<float> x(count * size_t(n));
+    for (float& v : x) v = dist(rng);
+    return x;
+  };
+  expect_no_errors(run_threads(n, fast_options(), [&, c = c](World& w) {
+    const int r = w.global_rank();
+    std::vector<float> x = input(r);
+    std::span<float> own = std::span(x).subspan(size_t(r) * count, count);
+    w.world_group().reduce_scatter(std::span<const float>(x), own, ReduceOp::kAvg, {.compression = c});
+    pieces[r].assign(own.begin(), own.end());
+  }));
+  double worst = 0;
+  for (int r = 0; r < n; ++r) {
+    std::vector<double> exact(count, 0.0), abs_sum(count, 0.0);
+    double abs_max = 0;
+    for (int q = 0; q < n; ++q) {
+      const std::vector<float> x = input(q);
+      for (size_t i = 0; i < count; ++i) {
+        exact[i] += x[size_t(r) * count + i];
+        abs_sum[i] += std::fabs(x[size_t(r) * count + i]);
+      }
+    }
+    for (double a : abs_sum) abs_max = std::max(abs_max, a);
+    for (size_t i = 0; i < count; ++i) {
+      const double err = std::fabs(double(pieces[r][i]) * n - exact[i]);
+      const double bound = c == Compression::kBF16 ? n * std::ldexp(abs_sum[i], -8) + 1e-5 : n * abs_max / 254 + 1e-5;
+      ASSERT_LE(err, bound) << "rank " << r << " element " << i << " seed " << seed;
+      worst = std::max(worst, err / abs_max);
+    }
+  }
+  if (n > 1) {
+    EXPECT_GT(worst, 0) << "compression changed nothing: is it running?";
+  }
+}
+
 TEST(Compressed, OnlyF32SumOrAvgOnTheRing) {
   const auto errors = run_threads(2, fast_options(), [](World& w) {
     std::vector<double> d(10);
@@ -351,6 +397,16 @@ TEST(Compressed, OnlyF32SumOrAvgOnTheRing) {
                                             {.algorithm = Algorithm::kShm, .compression = Compression::kBF16}),
                  Error);
     w.world_group().all_reduce(std::span(f), ReduceOp::kAvg, {.compression = Compression::kBF16});
+    std::vector<float> out(5);
+    EXPECT_THROW(w.world_group().reduce_scatter(std::span<const float>(f), std::span(out), ReduceOp::kMax,
+                                                {.compression = Compression::kInt8}),
+                 Error);
+    std::vector<double> dd(10), dout(5);
+    EXPECT_THROW(w.world_group().reduce_scatter(std::span<const double>(dd), std::span(dout), ReduceOp::kSum,
+                                                {.compression = Compression::kBF16}),
+                 Error);
+    w.world_group().reduce_scatter(std::span<const float>(f), std::span(out), ReduceOp::kSum,
+                                   {.compression = Compression::kBF16});
   });
   EXPECT_EQ(errors[0], "");
 }

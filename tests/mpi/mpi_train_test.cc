@@ -138,7 +138,9 @@ TEST(MpiTrain, Bf16GradientAllReduceStaysNearTheExactRun) {
   check_layouts("gpt",
                 {{"parallel.dp=2", "comm.grad_dtype=bf16"}, {"parallel.dp=3", "comm.grad_dtype=bf16"},
                  {"parallel.dp=4", "parallel.zero=1", "comm.grad_dtype=bf16"},
-                 {"parallel.dp=4", "parallel.tp=2", "comm.grad_dtype=bf16"}},
+                 {"parallel.dp=4", "parallel.tp=2", "comm.grad_dtype=bf16"},
+                 {"parallel.dp=3", "parallel.zero=2", "comm.grad_dtype=bf16"},  // Note [Ring codecs]
+                 {"parallel.dp=2", "parallel.zero=3", "comm.grad_dtype=bf16"}},
                 {}, tol);
 }
 
@@ -154,6 +156,8 @@ TEST(MpiTrain, CompressedGradientsStayNearTheExactRun) {
       {"parallel.dp=2", "parallel.compress=powersgd", "parallel.zero=1"},
       {"parallel.dp=3", "parallel.compress=powersgd"},
       {"parallel.dp=3", "parallel.compress=int8"},
+      {"parallel.dp=3", "parallel.compress=int8", "parallel.zero=2"},
+      {"parallel.dp=2", "parallel.compress=bf16", "parallel.zero=3"},
       {"parallel.dp=2", "parallel.tp=2", "parallel.compress=powersgd"},
       {"parallel.dp=2", "parallel.pp=2", "parallel.compress=topk", "train.grad_accum=2"},
       {"parallel.dp=4", "parallel.tp=2", "parallel.compress=terngrad"},

@@ -153,7 +153,7 @@ TEST(Bf16Moments, ShardsStepAsTheWholeBufferAndCheckpointViewsRoundTrip) {
   const ParamLayout layout = tiny_layout();
   const int64_t n = layout.total_floats();
   OptimConfig o;
-  o.moments = "bf16";
+  o.moments = FloatFormat::kBf16;
   const Kernels& k = kernels(KernelBackend::kCpu);
   const State s = random_state(n, 5);
   std::vector<float> whole = s.p, sharded = s.p;

@@ -64,7 +64,7 @@ TEST(Optimizer, SgdWithMomentumFollowsTorchsRule) {
   m.layers = 1;
   const ParamLayout layout(m);
   OptimConfig o;
-  o.name = "sgd", o.momentum = 0.8, o.weight_decay = 0.25;
+  o.name = OptimizerKind::kSgd, o.momentum = 0.8, o.weight_decay = 0.25;
   AdamW opt(layout, o);
   const int64_t n = layout.total_floats();
   std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));

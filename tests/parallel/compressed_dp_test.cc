@@ -92,9 +92,20 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
       {"parallel.dp=2", "parallel.compress=powersgd", "parallel.pp=2", "train.grad_accum=2"},
       {"parallel.dp=2", "parallel.compress=int8"},
       {"parallel.dp=2", "parallel.compress=bf16"},
+      // The codecs on ZeRO-2/3's reduce-scatter (Note [Ring codecs]), within the same bounds.
+      {"parallel.dp=2", "parallel.compress=int8", "parallel.zero=2", "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=bf16", "parallel.zero=3"},
+      {"parallel.dp=2", "parallel.compress=int8", "parallel.zero=3", "parallel.pp=2", "train.grad_accum=2"},
       {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_adapt=accordion", "parallel.accordion_window=2"},
       {"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0.05", "parallel.compress_adapt=accordion",
        "parallel.accordion_window=2"},
+      // Note [Compressed ZeRO-2/3]: whole buckets reduced, then kept per piece.
+      {"parallel.dp=2", "parallel.compress=powersgd", "parallel.zero=2", "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=topk", "parallel.compress_ratio=0.01", "parallel.zero=3"},
+      {"parallel.dp=2", "parallel.compress=terngrad", "parallel.zero=3", "parallel.pp=2", "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=powersgd", "parallel.compress_adapt=accordion", "parallel.accordion_window=2",
+       "parallel.zero=3"},
+      {"parallel.dp=2", "parallel.reduce=adasum", "parallel.zero=2"},
       {"parallel.dp=2", "parallel.reduce=adasum"},
       {"parallel.dp=4", "parallel.reduce=adasum", "parallel.zero=1"},
       {"parallel.dp=2", "parallel.reduce=adasum", "parallel.tp=2"},
@@ -119,6 +130,29 @@ TEST(CompressedDataParallel, EveryCompressorStaysWithinItsBoundOfTheSingleProces
     EXPECT_TRUE(r.ok) << r.layout << ": " << r.error << " loss rel " << r.max_loss_rel << " (bound "
                       << r.tolerance.loss_rel << ")";
     EXPECT_GT(r.max_loss_rel, 0.0) << r.layout << ": an approximation that matches exactly was not compressed";
+  }
+}
+
+// Note [Compressed ZeRO-2/3]: a compressed step reduces whole buckets with ZeRO-1's
+// arithmetic and keeps the pieces, so where ZeRO-2 has ZeRO-1's buckets (Llama: no tied
+// embedding bucket of its own) it ends each step with ZeRO-1's bits: the same losses and
+// weights, exactly. (ZeRO-3 reduces per-layer buckets, GPT's ZeRO-1 puts wte in a bucket of
+// its own: other buckets, other compressed values; those are held to the bound above.)
+TEST(CompressedDataParallel, ZeroTwoEqualsZeroOneBitForBit) {
+  for (const std::vector<std::string>& mode : std::vector<std::vector<std::string>>{
+           {"parallel.compress=powersgd"},
+           {"parallel.compress=topk", "parallel.compress_ratio=0.05"},
+           {"parallel.compress=terngrad"},
+           {"parallel.reduce=adasum"}}) {
+    auto run = [&](const char* zero) {
+      std::vector<std::string> sets = mode;
+      sets.insert(sets.end(), {zero, "train.grad_accum=2"});
+      return testing_support::train_keeping_params(llama(sets))[0];
+    };
+    const TrainSummary z1 = run("parallel.zero=1"), z2 = run("parallel.zero=2");
+    EXPECT_EQ(z2.losses, z1.losses) << mode[0];
+    EXPECT_EQ(z2.final_params, z1.final_params) << mode[0];
+    EXPECT_GT(z2.comm_wire_bytes, 0.0) << mode[0];
   }
 }
 
@@ -150,10 +184,12 @@ TEST(CompressedDataParallel, UnsupportedCombinationsAreRefusedNamingTheValidOnes
   };
   const std::string dp2 = "parallel.dp=2";
   const std::vector<Case> cases = {
-      {{dp2, "parallel.zero=2", "parallel.compress=topk"}, "parallel.zero = 0 or 1"},
+      {{dp2, "parallel.zero=2", "parallel.compress=topk", "parallel.zeropp_qgz=true"}, "set only one"},
+      {{dp2, "parallel.zero=3", "parallel.reduce=adasum", "parallel.zeropp_qgz=true"}, "set only one"},
       {{"parallel.compress=powersgd"}, "set parallel.dp >= 2"},
       {{dp2, "parallel.compress=terngrad", "train.precision=fp16"}, "train.precision = bf16"},
       {{dp2, "parallel.compress=int8", "comm.grad_dtype=bf16"}, "set only one"},
+      {{dp2, "parallel.zero=2", "parallel.compress=int8", "parallel.zeropp_qgz=true"}, "set only one"},
       {{dp2, "parallel.compress=zip"}, "topk, terngrad, powersgd, onebit_adam, zero_one_adam or topk_adam"},
       {{dp2, "parallel.zero=1", "parallel.compress=onebit_adam"}, "set parallel.zero = 0"},
       {{dp2, "parallel.zero=2", "parallel.compress=zero_one_adam"}, "set parallel.zero = 0"},

@@ -93,7 +93,7 @@ TEST(Planner, Bf16MomentsPriceTheirMemoryAndCarryACaveat) {
   sim::SimPlan exact = req.like;
   exact.cfg.parallel.dp = 16;
   sim::SimPlan bf = exact;
-  bf.cfg.optim.moments = "bf16";
+  bf.cfg.optim.moments = FloatFormat::kBf16;
   const ClusterSpec c = two_nodes(1e4);
   EXPECT_NEAR(simulate(bf, c).ranks[0].memory.optimizer, simulate(exact, c).ranks[0].memory.optimizer * 8 / 12, 1.0);
   EXPECT_EQ(plan::approximation_caveat(exact), "");

@@ -17,7 +17,7 @@ SimPlan gpt(const std::string& preset, int64_t gpus, bool offload) {
   SimPlan p;
   p.cfg = load_config("", {"model.preset=" + preset, "parallel.dp=" + std::to_string(gpus), "train.batch=8",
                            "train.grad_accum=" + std::to_string(8 / gpus), "parallel.recompute=full"});
-  if (offload) p.cfg.offload.optimizer = "disk", p.cfg.offload.dir = "/var/tmp";
+  if (offload) p.cfg.offload.optimizer = loom::OffloadTier::kDisk, p.cfg.offload.dir = "/var/tmp";
   p.framework = Framework::kLoom;
   return p;
 }
@@ -97,7 +97,7 @@ TEST(Planner, OffersOptimizerOffloadWhereNothingElseFits) {
 TEST(Simulator, ParameterOffloadReadsWhatTheBudgetCannotHold) {
   const ClusterSpec c = load_cluster("dgx-a100", {}, 1, "");
   SimPlan moments = gpt("gpt-1.7b", 1, true), params = moments;
-  params.cfg.offload.params = "disk";
+  params.cfg.offload.params = loom::OffloadTier::kDisk;
   SimPlan unbudgeted = params;
   params.cfg.memory.limit_gib = 80;  // the device's memory
   const SimResult a = simulate(moments, c), b = simulate(params, c);
@@ -132,7 +132,7 @@ TEST(Simulator, ParameterOffloadReadsWhatTheBudgetCannotHold) {
 TEST(Simulator, GradientChunksShareTheBudgetAndParametersGiveWayFirst) {
   const ClusterSpec c = load_cluster("dgx-a100", {}, 1, "");
   SimPlan plan = gpt("gpt-1.7b", 1, true);
-  plan.cfg.offload.params = plan.cfg.offload.grads = "disk";
+  plan.cfg.offload.params = plan.cfg.offload.grads = loom::OffloadTier::kDisk;
   plan.cfg.offload.chunk_mb = 16;
   plan.cfg.memory.limit_gib = 80;  // the device's memory
   const RankReport all = simulate(plan, c).ranks[0];
@@ -167,7 +167,7 @@ TEST(Simulator, ZeroThreeParameterOffloadReadsOwnPieces) {
   moments.cfg.train.grad_accum = 2;  // 8 rows over dp 8, as two micro-batches
   moments.cfg.train.batch = 16;
   SimPlan none = moments;
-  none.cfg.offload.params = "disk";
+  none.cfg.offload.params = loom::OffloadTier::kDisk;
   SimPlan roomy = none;
   roomy.cfg.memory.limit_gib = 80;
   const RankReport in_memory = simulate(moments, c).ranks[0], all = simulate(roomy, c).ranks[0],
@@ -192,7 +192,7 @@ TEST(Simulator, PageCachedOffloadOnACpuCopiesAndFaults) {
   cpu.device.page_fault_bw = 1e9;
   cpu.device.memory_bytes = 1e12;
   SimPlan plan = gpt("gpt-1.7b", 1, true);
-  plan.cfg.offload.params = "disk";  // no budget: every sweep reads the parameters
+  plan.cfg.offload.params = loom::OffloadTier::kDisk;  // no budget: every sweep reads the parameters
   const RankReport cached = simulate(plan, cpu).ranks[0];
   const double reads = cached.param_read_bytes, moments = 4 * 2 * cached.params * 1.5;
   ASSERT_GT(reads, 0);

@@ -543,6 +543,19 @@ TEST(Simulator, Bf16PayloadsHalveTheirTransfers) {
   EXPECT_GT(g8, 0.5 * g) << g << " " << g8;  // the reduce-scatters stay fp32
   const double q8 = run(with(with(z3, "parallel.zeropp_qwz=true"), "parallel.zeropp_qgz=true")).breakdown.zero_comm;
   EXPECT_NEAR(q8 / g, (1 + 4.0 / 256) / 4, 0.05) << g << " " << q8;  // ZeRO++ qwZ + qgZ: both int8
+  // The ring codecs on the reduce-scatter (Note [Ring codecs]): with qwZ's int8 gathers,
+  // parallel.compress = int8 prices as qgZ does; comm.grad_dtype = bf16 halves the scatters.
+  const std::vector<std::string> z3q = with(z3, "parallel.zeropp_qwz=true");
+  EXPECT_DOUBLE_EQ(run(with(z3q, "parallel.compress=int8")).breakdown.zero_comm, q8);
+  const double b16 = run(with(z3q, "comm.grad_dtype=bf16")).breakdown.zero_comm;
+  EXPECT_LT(b16, g8) << g8 << " " << b16;
+  EXPECT_GT(b16, q8) << q8 << " " << b16;
+  // Note [Compressed ZeRO-2/3]: PowerSGD reduces whole buckets after backward (dp_exposed_s),
+  // so ZeRO-3's per-layer traffic keeps its gathers and drops its reduce-scatters.
+  const SimResult psgd = run(with(z3, "parallel.compress=powersgd"));
+  EXPECT_GT(psgd.ranks[0].dp_exposed_s, 0.0);
+  EXPECT_EQ(run(z3).ranks[0].dp_exposed_s, 0.0);
+  EXPECT_LT(psgd.breakdown.zero_comm, g) << g << " " << psgd.breakdown.zero_comm;
   const std::vector<std::string> pp = {"parallel.pp=16", "train.batch=32", "train.grad_accum=32", "model.layers=16"};
   const double s32 = run(pp).step_time_s, s16 = run(with(pp, "comm.p2p_dtype=bf16")).step_time_s;
   EXPECT_LT(s16, s32);

@@ -82,7 +82,7 @@ TEST(LossScale, StaticSkipsWithoutMovingAndNoneCallsItDivergence) {
   EXPECT_FALSE(none.enabled());
   EXPECT_EQ(none.scale(), 1.0);
   EXPECT_THROW(none.update(false, 0), Error);
-  t.precision = "fp16";  // auto is dynamic for fp16
+  t.precision = Precision::kFp16;  // auto is dynamic for fp16
   EXPECT_EQ(LossScaler(t).mode(), LossScaler::Mode::kDynamic);
   EXPECT_EQ(LossScaler(t).scale(), 65536);
 }

@@ -224,7 +224,7 @@ int run_simulate(const SimArgs& a) {
 }
 
 int run_calibrate(const CalibrateArgs& a) {
-  const bool bf16 = a.precision == "bf16";
+  const bool bf16 = parse_float_format("calibrate --precision", a.precision) == FloatFormat::kBf16;
   const std::string out = a.out.empty() ? default_local_cluster_path(bf16) : a.out;
   CalibrateOptions o;
   o.bf16 = bf16;

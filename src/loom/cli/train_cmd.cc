@@ -51,7 +51,7 @@ TrainSummary train_on_device(const Config& cfg, const TrainOptions& opt, comm::W
   return cuda::train(cfg, opt, world);
 #else
   (void)opt, (void)world;
-  throw ConfigError("train.device = " + cfg.train.device + ": this loom was built without CUDA; rebuild with "
+  throw ConfigError(std::string("train.device = ") + name_of(cfg.train.device) + ": this loom was built without CUDA; rebuild with "
                     "`cmake --preset cuda && cmake --build --preset cuda` (needs nvcc), or use train.device = cpu");
 #endif
 }
@@ -67,7 +67,7 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   opt.overwrite = a.overwrite;
   TrainSummary s;
   bool logging = true;
-  const bool gpu = cfg.train.device == "cuda";
+  const bool gpu = cfg.train.device == Device::kCuda;
   if (comm::launched_by_mpi()) {
     join_supervisor();
     comm::CommOptions co;

@@ -210,12 +210,38 @@ void recursive_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType
   }
 }
 
+// Note [Ring codecs] on the reduce-scatter: the ring of ring_reduce_scatter, each outgoing
+// partial sum encoded and each incoming one decoded and added in f32; the block a rank keeps
+// is its own f32 sum of the decoded partials, never encoded (no other rank needs it).
+void coded_reduce_scatter(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count,
+                          const RingCodec& codec) {
+  const int n = l.size(), r = l.rank();
+  const size_t bytes = count * sizeof(float), wire = (codec.wire_bytes(count) + 63) / 64 * 64;
+  const std::span<std::byte> s = l.scratch(2 * wire + 2 * bytes);
+  std::byte* out_wire = s.data();
+  std::byte* in_wire = s.data() + wire;
+  float* acc = reinterpret_cast<float*>(s.data() + 2 * wire);
+  float* incoming = acc + count;
+  auto block = [&](int b) { return reinterpret_cast<const float*>(in.data() + static_cast<size_t>(b) * bytes); };
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  for (int st = 0; st < n - 1; ++st) {
+    codec.encode(st == 0 ? block(mod(r - 1, n)) : acc, count, out_wire);
+    l.exchange({out_wire, codec.wire_bytes(count)}, right, {in_wire, codec.wire_bytes(count)}, left, kTagCompressed);
+    codec.decode(in_wire, count, incoming);
+    float* dst = st == n - 2 ? reinterpret_cast<float*>(out.data()) : acc;
+    const float* own = block(mod(r - st - 2, n));
+    for (size_t i = 0; i < count; ++i) dst[i] = own[i] + incoming[i];
+  }
+}
+
 void ring_reduce_scatter(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count,
-                         DType dtype, ReduceOp op) {
+                         DType dtype, ReduceOp op, const RingCodec* codec) {
   const int n = l.size(), r = l.rank();
   const size_t bytes = count * dtype_bytes(dtype);
   auto block = [&](int b) { return in.subspan(static_cast<size_t>(b) * bytes, bytes); };
-  if (n > 1) {
+  if (n > 1 && codec) {
+    coded_reduce_scatter(l, in, out, count, *codec);
+  } else if (n > 1) {
     const std::span<std::byte> s = l.scratch(2 * bytes);
     std::span<std::byte> acc = s.first(bytes), incoming = s.subspan(bytes);
     const int right = mod(r + 1, n), left = mod(r - 1, n);

@@ -108,9 +108,10 @@ void ring_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtyp
 // Rabenseifner: fold to a power of two, recursive halving reduce-scatter, recursive
 // doubling all-gather, unfold. 2 log2(p) steps instead of the ring's 2 (p - 1).
 void recursive_all_reduce(Link& l, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
-// in: count x size elements (block j for rank j); out: count elements.
+// in: count x size elements (block j for rank j); out: count elements. `codec` (f32 sum/avg
+// only): the partial sums' wire format (Note [Ring codecs]).
 void ring_reduce_scatter(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count,
-                         DType dtype, ReduceOp op);
+                         DType dtype, ReduceOp op, const RingCodec* codec = nullptr);
 // in: count elements; out: count x size elements (block j from rank j).
 void ring_all_gather(Link& l, std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype);
 void tree_broadcast(Link& l, std::span<std::byte> buf, int root);

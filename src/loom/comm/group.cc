@@ -196,8 +196,10 @@ void Group::validate_algorithm(const Descriptor& d) const {
       break;
   }
   if (d.compression != Compression::kNone) {
-    LOOM_CHECK(d.op == OpKind::kAllReduce && d.dtype == DType::kF32 && d.reduce != ReduceOp::kMax, where(),
-               "compression ", compression_name(d.compression), " is offered for f32 all_reduce sum/avg only");
+    LOOM_CHECK((d.op == OpKind::kAllReduce || d.op == OpKind::kReduceScatter) && d.dtype == DType::kF32 &&
+                   d.reduce != ReduceOp::kMax,
+               where(), "compression ", compression_name(d.compression),
+               " is offered for f32 all_reduce and reduce_scatter sum/avg only");
     LOOM_CHECK(d.algorithm == Algorithm::kAuto || d.algorithm == Algorithm::kRing, where(), "compression ",
                compression_name(d.compression), " runs on the ring; algorithm ", algorithm_name(d.algorithm),
                " cannot carry it");

@@ -34,7 +34,7 @@ class World;
 struct CallOptions {
   Algorithm algorithm = Algorithm::kAuto;
   bool async = false;
-  Compression compression = Compression::kNone;  // f32 all_reduce only; runs the ring
+  Compression compression = Compression::kNone;  // f32 all_reduce / reduce_scatter only; runs the ring
   bool lazy = false;  // with async: nobody waits on it soon (Note [Background waits])
 };
 

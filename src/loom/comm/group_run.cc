@@ -133,7 +133,9 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
       else if (a == Algorithm::kRing) ring_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       else recursive_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       return;
-    case OpKind::kReduceScatter: return ring_reduce_scatter(link, d.in, d.out, d.count, d.dtype, d.reduce);
+    case OpKind::kReduceScatter:
+      return ring_reduce_scatter(link, d.in, d.out, d.count, d.dtype, d.reduce,
+                                 d.compression != Compression::kNone ? &ring_codec(d.compression) : nullptr);
     case OpKind::kAllGather: return ring_all_gather(link, d.in, d.out, d.count, d.dtype);
     case OpKind::kBroadcast: return tree_broadcast(link, d.out, d.root);
     case OpKind::kReduce: return tree_reduce(link, d.in, d.out, d.count, d.dtype, d.reduce, d.root);

@@ -141,6 +141,12 @@ namespace {
          [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse(parse_string(k, v)); }, \
          [](const Config& c) { return quote(name(c.sec.field)); }}
 
+// A key of core/config_enums.h: parse(key, text) -> value, name_of(value) -> text.
+#define LOOM_ENUM_KEY(sec, field, helptext, parse)                                                            \
+  KeyDef{#sec "." #field, helptext,                                                                           \
+         [](Config& c, const RawValue& v, const std::string& k) { c.sec.field = parse(k, parse_string(k, v)); }, \
+         [](const Config& c) { return quote(name_of(c.sec.field)); }}
+
 // [parallel]: the layout keys.
 std::vector<KeyDef> parallel_keys() {
   return {
@@ -206,15 +212,15 @@ std::vector<KeyDef> parallel_keys() {
 std::vector<KeyDef> state_keys() {
   return {
       LOOM_FLOAT_KEY(memory, limit_gib, "per-rank budget for loom's resident state (GiB); 0 = the machine's memory"),
-      LOOM_STRING_KEY(offload, optimizer, "none | disk: AdamW moments in a scratch file under offload.dir, streamed"),
-      LOOM_STRING_KEY(offload, params, "none | disk: parameters in the offload file too, each unit read just in time"),
-      LOOM_STRING_KEY(offload, grads, "none | disk: gradients in chunks too, spilled to the offload file (one process)"),
+      LOOM_ENUM_KEY(offload, optimizer, "none | disk: AdamW moments in a scratch file under offload.dir, streamed", parse_offload_tier),
+      LOOM_ENUM_KEY(offload, params, "none | disk: parameters in the offload file too, each unit read just in time", parse_offload_tier),
+      LOOM_ENUM_KEY(offload, grads, "none | disk: gradients in chunks too, spilled to the offload file (one process)", parse_offload_tier),
       LOOM_STRING_KEY(offload, dir, "existing writable directory for the offload scratch files"),
       LOOM_FLOAT_KEY(offload, sub_group_mb, "MiB of each moment per streamed sub-group"),
       LOOM_INT_KEY(offload, slots, "sub-group buffers (>= 2): one updated, the others reading ahead / writing behind"),
       LOOM_BOOL_KEY(offload, direct, "O_DIRECT: the offload file bypasses the page cache"),
       LOOM_FLOAT_KEY(offload, chunk_mb, "parameter offload's chunk size in MiB (0: one chunk per unit)"),
-      LOOM_STRING_KEY(ps, mode, "parameter servers (parallel.ps_servers > 0): sync | async | ssp"),
+      LOOM_ENUM_KEY(ps, mode, "parameter servers (parallel.ps_servers > 0): sync | async | ssp", parse_ps_mode),
       LOOM_INT_KEY(ps, staleness, "ps.mode = ssp: steps a worker may run ahead of the slowest (>= 0)"),
       LOOM_BOOL_KEY(ps, sparse_embedding, "push / pull only the embedding rows a step reads; lazy AdamW (Llama, sync)"),
       LOOM_INT_KEY(ps, slow_worker, "benchmarks: this worker runs ps.slow_factor times slower (-1: none)"),
@@ -261,8 +267,8 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, val_batches, "batches per validation"),
       LOOM_INT_KEY(train, log_every, "steps between log lines"),
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
-      LOOM_STRING_KEY(train, device, "cpu | cuda (one GPU, bf16; needs a build with -DLOOM_CUDA=ON)"),
-      LOOM_STRING_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)"),
+      LOOM_ENUM_KEY(train, device, "cpu | cuda (one GPU, bf16; needs a build with -DLOOM_CUDA=ON)", parse_device),
+      LOOM_ENUM_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)", parse_precision),
       LOOM_STRING_KEY(train, loss_scale, "auto (dynamic for fp16, else none) | dynamic | none | a power of two (static)"),
       LOOM_FLOAT_KEY(train, loss_scale_init, "dynamic loss scaling: the first scale (a power of two)"),
       LOOM_INT_KEY(train, loss_scale_window, "dynamic loss scaling: steps without overflow before the scale doubles"),
@@ -275,18 +281,22 @@ const std::vector<KeyDef>& schema() {
       LOOM_FLOAT_KEY(optim, beta2, "AdamW beta2"),
       LOOM_FLOAT_KEY(optim, eps, "AdamW epsilon"),
       LOOM_FLOAT_KEY(optim, grad_clip, "global grad-norm clip; 0 disables"),
-      LOOM_STRING_KEY(optim, name, "adamw | sgd (SGD with momentum, coupled L2 weight decay on matrices)"),
+      LOOM_ENUM_KEY(optim, name, "adamw | sgd (SGD with momentum, coupled L2 weight decay on matrices)", parse_optimizer),
       LOOM_FLOAT_KEY(optim, momentum, "optim.name = sgd: momentum in [0, 1)"),
-      LOOM_STRING_KEY(optim, moments, "fp32 | bf16: AdamW's m and v stored in bf16, stochastically rounded (half the optimizer memory; approximate)"),
+      KeyDef{"optim.moments", "fp32 | bf16: AdamW's m and v stored in bf16, stochastically rounded (half the optimizer memory; approximate)",
+             [](Config& c, const RawValue& v, const std::string& k) {
+               c.optim.moments = parse_float_format(k, parse_string(k, v), "AdamW's m and v stored in bf16, stochastically rounded");
+             },
+             [](const Config& c) { return quote(name_of(c.optim.moments)); }},
       LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
       LOOM_INT_KEY(checkpoint, save_every, "> 0: sharded resumable checkpoint every N steps (dir/step-N)"),
       LOOM_INT_KEY(checkpoint, keep_last, "sharded checkpoints to keep, newest first; 0 = all"),
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_FLOAT_KEY(comm, hang_s, "--nproc: seconds a rank may block outside any collective, using no CPU, before the supervisor ends the job (0 = off)"),
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
-      LOOM_STRING_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce (zero 0/1)"),
-      LOOM_STRING_KEY(comm, param_dtype, "fp32 | bf16: ZeRO-3's parameter all-gathers in bf16 (compute sees rounded weights)"),
-      LOOM_STRING_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)"),
+      LOOM_ENUM_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce (zero 0/1)", parse_float_format),
+      LOOM_ENUM_KEY(comm, param_dtype, "fp32 | bf16: ZeRO-3's parameter all-gathers in bf16 (compute sees rounded weights)", parse_float_format),
+      LOOM_ENUM_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)", parse_float_format),
     };
     for (KeyDef& d : parallel_keys()) k.push_back(std::move(d));
     for (KeyDef& d : state_keys()) k.push_back(std::move(d));

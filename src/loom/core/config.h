@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/config_enums.h"
+
 namespace loom {
 
 enum class Arch { kGpt, kLlama };
@@ -49,8 +51,8 @@ struct TrainConfig {
   int64_t val_batches = 8;
   int64_t log_every = 10;
   int64_t threads = 0;         // 0: OpenMP default
-  std::string device = "cpu";      // cpu | cuda (a -DLOOM_CUDA=ON build, one GPU; Note [CUDA precision] in cuda/ops.h)
-  std::string precision = "fp32";  // fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation; Note [bf16 rounding points])
+  Device device = Device::kCpu;            // cpu | cuda (a -DLOOM_CUDA=ON build, one GPU; Note [CUDA precision] in cuda/ops.h)
+  Precision precision = Precision::kFp32;  // fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation; Note [bf16 rounding points])
   // Note [Dynamic loss scaling]: auto (dynamic for fp16, else none) | dynamic | none | a
   // static power of two. Scales are powers of two; growth x2 and backoff x1/2 are fixed.
   std::string loss_scale = "auto";
@@ -68,13 +70,13 @@ struct OptimConfig {
   double grad_clip = 1.0;      // global L2 norm; 0 disables
   // adamw | sgd (Note [SGD with momentum] in optim/optimizer.h: torch.optim.SGD's rule with
   // `momentum`, coupled L2 weight decay on the decayed tensors; beta1/beta2/eps unused).
-  std::string name = "adamw";
+  OptimizerKind name = OptimizerKind::kAdamW;
   double momentum = 0.9;
   // fp32 | bf16: AdamW's m and v stored in bf16, stochastically rounded (Note [bf16 optimizer
   // moments] in kernels/ops_bf16.inc); an approximate mode beside the exact fp32 one.
-  std::string moments = "fp32";
-  bool sgd() const { return name == "sgd"; }
-  bool bf16_moments() const { return moments == "bf16"; }
+  FloatFormat moments = FloatFormat::kFp32;
+  bool sgd() const { return name == OptimizerKind::kSgd; }
+  bool bf16_moments() const { return moments == FloatFormat::kBf16; }
   // Bytes of each stored moment of a parameter.
   int64_t moment_bytes() const { return bf16_moments() ? 2 : 4; }
   // Bytes a parameter's update reads and writes (AdamW: w, g, m, v in, w, m, v out; SGD:
@@ -92,9 +94,9 @@ struct CommConfig {
   double timeout_s = 300;      // bound on every collective; survivors of a dead rank exit within it
   double hang_s = 30;          // --nproc: a rank idle outside any collective this long ends the job (0: off)
   bool check_desync = false;   // debug: group members compare every collective's descriptor first
-  std::string grad_dtype = "fp32";  // bf16: the dp gradient all-reduce sends bf16 (Note [Compressed all-reduce])
-  std::string param_dtype = "fp32";  // bf16: ZeRO-3 gathers bf16 parameter copies (Note [bf16 parameter gathers])
-  std::string p2p_dtype = "fp32";    // bf16: pipeline boundary transfers in bf16 (Note [bf16 pipeline transfers])
+  FloatFormat grad_dtype = FloatFormat::kFp32;   // bf16: the dp gradient all-reduce sends bf16 (Note [Compressed all-reduce])
+  FloatFormat param_dtype = FloatFormat::kFp32;  // bf16: ZeRO-3 gathers bf16 parameter copies (Note [bf16 parameter gathers])
+  FloatFormat p2p_dtype = FloatFormat::kFp32;    // bf16: pipeline boundary transfers in bf16 (Note [bf16 pipeline transfers])
 };
 
 // Activation recompute for one layer: none; selective = the attention core (softmax
@@ -258,6 +260,9 @@ struct ParallelConfig {
   // ZeRO-3 per layer: true = its gathered parameters stay for the whole step (gathered once,
   // dropped after the optimizer), false = gathered per use.
   std::vector<bool> zero_keep_layers(int64_t layers) const;
+  // A stateful compressor or Adasum: whole buckets reduced once per step, after backward, at
+  // every ZeRO stage (Note [Compressed ZeRO-2/3] in parallel/compress.h).
+  bool reduces_whole_buckets() const { return compress_has_state(compress) || reduce == GradReduce::kAdasum; }
 };
 
 // Note [Memory budget] (train/memory_budget.h).
@@ -267,9 +272,9 @@ struct MemoryConfig {
 
 // Note [Optimizer offload] (optim/offload.h).
 struct OffloadConfig {
-  std::string optimizer = "none";  // none | disk: AdamW's moments in a scratch file under dir, streamed
-  std::string params = "none";     // none | disk: the parameters there too, units read just in time (Note [Parameter offload])
-  std::string grads = "none";      // none | disk: the gradients in chunks too, spilled there (Note [Gradient chunks])
+  OffloadTier optimizer = OffloadTier::kNone;  // none | disk: AdamW's moments in a scratch file under dir, streamed
+  OffloadTier params = OffloadTier::kNone;     // none | disk: the parameters there too, units read just in time (Note [Parameter offload])
+  OffloadTier grads = OffloadTier::kNone;      // none | disk: the gradients in chunks too, spilled there (Note [Gradient chunks])
   std::string dir;                 // an existing writable directory (local disk) for the scratch files
   double sub_group_mb = 16;        // MiB of each moment per streamed sub-group
   int64_t slots = 3;               // sub-group buffers: one updated while the others read ahead and write behind
@@ -283,13 +288,13 @@ struct OffloadConfig {
   // up to 4 KiB).
   int64_t buffer_bytes(int64_t state_floats) const {
     const int64_t group = std::max<int64_t>(1, int64_t(sub_group_mb * double(1 << 20)) / 4);
-    return slots * (params == "disk" ? 3 : 2) * ((std::min(group, std::max<int64_t>(state_floats, 1)) + 1023) / 1024 * 1024) * 4;
+    return slots * (params == OffloadTier::kDisk ? 3 : 2) * ((std::min(group, std::max<int64_t>(state_floats, 1)) + 1023) / 1024 * 1024) * 4;
   }
 };
 
 // Note [Parameter server] (parallel/ps.h): how servers apply the workers' pushes.
 struct PsConfig {
-  std::string mode = "sync";  // sync (bulk synchronous) | async (each push on arrival) | ssp (bounded staleness)
+  PsMode mode = PsMode::kSync;  // sync (bulk synchronous) | async (each push on arrival) | ssp (bounded staleness)
   int64_t staleness = 2;      // ssp: a worker may run at most this many steps ahead of the slowest
   // Note [Sparse embeddings] (parallel/ps_sparse.h): the embedding's touched rows only, lazy AdamW.
   bool sparse_embedding = false;
@@ -297,7 +302,7 @@ struct PsConfig {
   // compute time before each push, a straggler running slow_factor times slower.
   int64_t slow_worker = -1;
   double slow_factor = 1.0;
-  bool free_running() const { return mode != "sync"; }  // workers never meet per step
+  bool free_running() const { return mode != PsMode::kSync; }  // workers never meet per step
 };
 
 struct Config {

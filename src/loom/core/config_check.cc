@@ -20,7 +20,7 @@ bool power_of_two(double x) {
 void append_loss_scale_errors(const TrainConfig& t, std::vector<std::string>& errs) {
   const std::string& ls = t.loss_scale;
   const std::string why = ": loss scales are powers of two, so scaling and unscaling change no bits";
-  if (ls != "auto" && ls != "dynamic" && ls != "none") {
+  if (loss_scale_kind(ls) == LossScaleKind::kStatic) {
     char* end = nullptr;
     const double v = std::strtod(ls.c_str(), &end);
     if (ls.empty() || end != ls.c_str() + ls.size())
@@ -132,10 +132,6 @@ bool check_train(const TrainConfig& t, const ModelConfig& m, std::vector<std::st
   if (t.val_every < 0) errs.push_back("train.val_every = " + std::to_string(t.val_every) + ": expected >= 0");
   if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
   if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
-  if (t.device != "cpu" && t.device != "cuda")
-    errs.push_back("train.device = '" + t.device + "': expected cpu or cuda");
-  if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16")
-    errs.push_back("train.precision = '" + t.precision + "': expected fp32, bf16 or fp16");
   append_loss_scale_errors(t, errs);
   return true;
 }
@@ -150,7 +146,6 @@ void check_optim(const OptimConfig& o, std::vector<std::string>& errs) {
   if (!(o.beta2 >= 0 && o.beta2 < 1)) errs.push_back("optim.beta2 = " + fmt_double(o.beta2) + ": expected [0, 1)");
   if (!(o.eps > 0)) errs.push_back("optim.eps = " + fmt_double(o.eps) + ": expected > 0");
   if (!(o.grad_clip >= 0)) errs.push_back("optim.grad_clip = " + fmt_double(o.grad_clip) + ": expected >= 0");
-  if (o.name != "adamw" && o.name != "sgd") errs.push_back("optim.name = '" + o.name + "': expected adamw or sgd");
   if (!(o.momentum >= 0 && o.momentum < 1)) errs.push_back("optim.momentum = " + fmt_double(o.momentum) + ": expected [0, 1)");
 }
 
@@ -159,50 +154,44 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
   if (!(c.memory.limit_gib >= 0))
     errs.push_back("memory.limit_gib = " + fmt_double(c.memory.limit_gib) + ": expected >= 0 (0: no budget)");
   const OffloadConfig& o = c.offload;
-  if (o.optimizer != "none" && o.optimizer != "disk") {
-    errs.push_back("offload.optimizer = '" + o.optimizer + "': expected none or disk");
-    return;
-  }
   if (!(o.sub_group_mb > 0 && o.sub_group_mb <= 65536))
     errs.push_back("offload.sub_group_mb = " + fmt_double(o.sub_group_mb) + ": expected MiB in (0, 65536]");
   if (o.slots < 2 || o.slots > 64)
     errs.push_back("offload.slots = " + std::to_string(o.slots) + ": expected 2 to 64 (one sub-group updated while "
                    "the others are read ahead and written behind)");
-  if (o.params != "none" && o.params != "disk") errs.push_back("offload.params = '" + o.params + "': expected none or disk");
-  if (o.params == "disk" && o.optimizer != "disk")
+  if (o.params == OffloadTier::kDisk && o.optimizer != OffloadTier::kDisk)
     errs.push_back("offload.params = disk needs offload.optimizer = disk (the parameters stream with the moments)");
   if (!(o.chunk_mb >= 0 && o.chunk_mb <= 65536))
     errs.push_back("offload.chunk_mb = " + fmt_double(o.chunk_mb) + ": expected MiB in [0, 65536] (0: one chunk per unit)");
-  else if (o.chunk_mb > 0 && o.params != "disk")
+  else if (o.chunk_mb > 0 && o.params != OffloadTier::kDisk)
     errs.push_back("offload.chunk_mb = " + fmt_double(o.chunk_mb) +
                    " sizes parameter offload's chunks: set offload.params = disk (with offload.optimizer = disk), or "
                    "leave chunk_mb at 0");
-  if (o.grads != "none" && o.grads != "disk") errs.push_back("offload.grads = '" + o.grads + "': expected none or disk");
-  if (o.grads == "disk" && o.params != "disk")
+  if (o.grads == OffloadTier::kDisk && o.params != OffloadTier::kDisk)
     errs.push_back("offload.grads = disk needs offload.params = disk (gradient chunks share the parameters' chunk "
                    "manager and budget)");
-  if (o.grads == "disk" && !(o.chunk_mb >= 1 && o.chunk_mb == std::floor(o.chunk_mb)))
+  if (o.grads == OffloadTier::kDisk && !(o.chunk_mb >= 1 && o.chunk_mb == std::floor(o.chunk_mb)))
     errs.push_back("offload.grads = disk with offload.chunk_mb = " + fmt_double(o.chunk_mb) +
                    ": gradient chunks are a whole number of MiB (the gradient norm's 1 MiB pieces must not straddle "
                    "one); set offload.chunk_mb = 1 or more, whole");
-  if (o.grads == "disk" && c.parallel.world() != 1)
+  if (o.grads == OffloadTier::kDisk && c.parallel.world() != 1)
     errs.push_back("offload.grads = disk with dp x tp x pp = " + std::to_string(c.parallel.world()) +
                    ": gradient chunks run in one process (dp = tp = pp = 1); with more ranks offload the optimizer "
                    "and parameters only");
-  if (o.params == "disk" && (c.parallel.zero == 1 || c.parallel.zero == 2))
+  if (o.params == OffloadTier::kDisk && (c.parallel.zero == 1 || c.parallel.zero == 2))
     errs.push_back("offload.params = disk with parallel.zero = " + std::to_string(c.parallel.zero) +
                    ": ZeRO-1/2 keep every parameter on every dp rank and gather them after each update, so each "
                    "rank's file would hold all of them; set parallel.zero = 3 (each rank offloads its own pieces) "
                    "or 0 (any dp, tp, pp)");
-  if (o.optimizer == "none") return;
+  if (o.optimizer == OffloadTier::kNone) return;
   if (o.dir.empty())
     errs.push_back("offload.optimizer = disk needs offload.dir: an existing writable directory on a local disk");
   if (compress_in_optimizer(c.parallel.compress))
     errs.push_back(std::string("offload.optimizer = disk with parallel.compress = ") + compress_name(c.parallel.compress) +
                    ": that optimizer mode reads and rewrites the moments outside AdamW's update; offload works "
                    "with compress = none, bf16, int8, topk, terngrad or powersgd");
-  if (c.train.device != "cpu")
-    errs.push_back("offload.optimizer = disk with train.device = " + c.train.device + ": offload runs on the CPU engine");
+  if (c.train.device != Device::kCpu)
+    errs.push_back("offload.optimizer = disk with train.device = " + std::string(name_of(c.train.device)) + ": offload runs on the CPU engine");
 }
 
 // Note [Pipeline streams] (parallel/schedule.h): what 2bw, pipedream and pipemare compose with.
@@ -243,16 +232,16 @@ void check_streams(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) + ": " + name +
                    " runs one pipeline (dp = 1, with tp, sp and recompute); with data parallelism use 1f1b, "
                    "interleaved or a zero-bubble schedule");
-  if (c.train.precision == "fp16")
+  if (c.train.precision == Precision::kFp16)
     errs.push_back(is + "with train.precision = fp16: a skipped update (loss scaling) would break the delayed "
                    "updates; use fp32 or bf16");
-  if (c.offload.optimizer != "none")
-    errs.push_back(is + "with offload.optimizer = " + c.offload.optimizer + ": " + name + " keeps its weight versions "
+  if (c.offload.optimizer != OffloadTier::kNone)
+    errs.push_back(is + "with offload.optimizer = " + std::string(name_of(c.offload.optimizer)) + ": " + name + " keeps its weight versions "
                    "and gradients in memory; offload runs with the flushing schedules");
   if (c.data.bucketing)
     errs.push_back(is + "with data.bucketing: the stream's micro-batches have one shape; set data.bucketing = false");
-  if (c.train.device != "cpu")
-    errs.push_back(is + "with train.device = " + c.train.device + ": " + name + " runs on the CPU engine");
+  if (c.train.device != Device::kCpu)
+    errs.push_back(is + "with train.device = " + std::string(name_of(c.train.device)) + ": " + name + " runs on the CPU engine");
 }
 
 // Note [SGD with momentum] (optim/optimizer.h): the modes that are Adam's own refuse it.
@@ -261,19 +250,13 @@ void check_sgd(const Config& c, std::vector<std::string>& errs) {
   if (compress_in_optimizer(c.parallel.compress))
     errs.push_back(std::string("optim.name = sgd with parallel.compress = ") + compress_name(c.parallel.compress) +
                    ": 1-bit, 0/1 and top-k Adam are Adam's update; use optim.name = adamw, or another compressor");
-  if (c.train.device != "cpu")
-    errs.push_back("optim.name = sgd with train.device = " + c.train.device + ": the CUDA backend runs AdamW only");
+  if (c.train.device != Device::kCpu)
+    errs.push_back("optim.name = sgd with train.device = " + std::string(name_of(c.train.device)) + ": the CUDA backend runs AdamW only");
 }
 
 // Note [bf16 optimizer moments] (kernels/ops_bf16.inc): AdamW's own update on moments in memory.
 void check_moments(const Config& c, std::vector<std::string>& errs) {
-  const std::string& m = c.optim.moments;
-  if (m != "fp32" && m != "bf16") {
-    errs.push_back("optim.moments = '" + m + "': expected fp32 or bf16 (AdamW's m and v stored in bf16, "
-                   "stochastically rounded)");
-    return;
-  }
-  if (m == "fp32") return;
+  if (c.optim.moments == FloatFormat::kFp32) return;
   const std::string is = "optim.moments = bf16 with ";
   if (c.optim.sgd())
     errs.push_back(is + "optim.name = sgd: it stores AdamW's two moments; use optim.name = adamw, or optim.moments = fp32");
@@ -281,23 +264,20 @@ void check_moments(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "parallel.compress = " + compress_name(c.parallel.compress) + ": 1-bit, 0/1 and top-k Adam read "
                    "and rewrite the moments outside AdamW's update; bf16 moments work with compress = none, bf16, "
                    "int8, topk, terngrad or powersgd");
-  if (c.offload.optimizer != "none")
-    errs.push_back(is + "offload.optimizer = " + c.offload.optimizer + ": the offload file streams fp32 moments; keep "
+  if (c.offload.optimizer != OffloadTier::kNone)
+    errs.push_back(is + "offload.optimizer = " + std::string(name_of(c.offload.optimizer)) + ": the offload file streams fp32 moments; keep "
                    "bf16 moments in memory (offload.optimizer = none) or offload fp32 ones (optim.moments = fp32)");
   if (c.parallel.ps_servers > 0)
     errs.push_back(is + "parallel.ps_servers = " + std::to_string(c.parallel.ps_servers) +
                    ": the parameter servers keep fp32 moments; use optim.moments = fp32");
-  if (c.train.device != "cpu")
-    errs.push_back(is + "train.device = " + c.train.device + ": the CUDA backend keeps fp32 moments");
+  if (c.train.device != Device::kCpu)
+    errs.push_back(is + "train.device = " + std::string(name_of(c.train.device)) + ": the CUDA backend keeps fp32 moments");
 }
 
 // Note [Parameter server] (parallel/ps.h): what a PS job composes with so far.
 void check_ps(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
   if (p.ps_servers < 0) errs.push_back("parallel.ps_servers = " + std::to_string(p.ps_servers) + ": expected >= 0");
-  if (c.ps.mode != "sync" && c.ps.mode != "async" && c.ps.mode != "ssp")
-    errs.push_back("ps.mode = '" + c.ps.mode + "': expected sync (bulk synchronous), async (each push applied on "
-                   "arrival) or ssp (stale synchronous, bound ps.staleness)");
   if (c.ps.staleness < 0) errs.push_back("ps.staleness = " + std::to_string(c.ps.staleness) + ": expected >= 0");
   if (c.ps.slow_worker < -1 || (p.ps_servers > 0 && c.ps.slow_worker >= p.dp))
     errs.push_back("ps.slow_worker = " + std::to_string(c.ps.slow_worker) + ": expected -1 (none) or a worker 0 .. " +
@@ -305,8 +285,8 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
   if (!(c.ps.slow_factor >= 1.0))
     errs.push_back("ps.slow_factor = " + std::to_string(c.ps.slow_factor) + ": expected >= 1");
   if (p.ps_servers <= 0) {
-    if (c.ps.mode != "sync" || c.ps.sparse_embedding || c.ps.slow_worker >= 0)
-      errs.push_back("ps.mode = " + c.ps.mode + ", ps.sparse_embedding, ps.slow_worker: parameter-server settings "
+    if (c.ps.mode != PsMode::kSync || c.ps.sparse_embedding || c.ps.slow_worker >= 0)
+      errs.push_back("ps.mode = " + std::string(name_of(c.ps.mode)) + ", ps.sparse_embedding, ps.slow_worker: parameter-server settings "
                      "need servers; set parallel.ps_servers > 0 or leave them at their defaults");
     return;
   }
@@ -318,25 +298,26 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "with parallel.zero / compress / reduce: the servers hold the optimizer state and average "
                    "exact gradients; set zero = 0, compress = none, reduce = mean");
   if (c.checkpoint.save_every > 0 && c.ps.free_running())
-    errs.push_back(is + "with ps.mode = " + c.ps.mode + " and checkpoint.save_every = " +
+    errs.push_back(is + "with ps.mode = " + std::string(name_of(c.ps.mode)) + " and checkpoint.save_every = " +
                    std::to_string(c.checkpoint.save_every) + ": free-running workers reach a step at different "
                    "times, so only the end is saved; set checkpoint.save_every = 0 or ps.mode = sync");
-  if (c.train.precision == "fp16")
+  if (c.train.precision == Precision::kFp16)
     errs.push_back(is + "with train.precision = fp16: loss scaling's skipped steps are not built for servers; use "
                    "fp32 or bf16");
-  if (c.offload.optimizer != "none" || c.offload.params != "none" || c.offload.grads != "none")
+  if (c.offload.optimizer != OffloadTier::kNone || c.offload.params != OffloadTier::kNone ||
+      c.offload.grads != OffloadTier::kNone)
     errs.push_back(is + "with offload: the servers keep their state in memory; set offload.* = none");
   if (c.data.bucketing) errs.push_back(is + "with data.bucketing: set data.bucketing = false");
   if (c.ps.sparse_embedding && c.model.arch != Arch::kLlama)
     errs.push_back("ps.sparse_embedding = true with model.arch = gpt: GPT's wte is also its output layer, whose "
                    "gradient touches every row; use model.arch = llama (an untied embedding) or sparse_embedding = false");
   if (c.ps.sparse_embedding && c.ps.free_running())
-    errs.push_back("ps.sparse_embedding = true with ps.mode = " + c.ps.mode + ": sparse rows run under ps.mode = sync "
+    errs.push_back("ps.sparse_embedding = true with ps.mode = " + std::string(name_of(c.ps.mode)) + ": sparse rows run under ps.mode = sync "
                    "only so far (a free-running worker cannot know its last step to pull the whole table)");
   if (c.ps.sparse_embedding && c.model.vocab >= (int64_t(1) << 24))
     errs.push_back("ps.sparse_embedding = true with model.vocab = " + std::to_string(c.model.vocab) +
                    ": row ids travel as floats, exact below 2^24 rows");
-  if (c.train.device != "cpu") errs.push_back(is + "with train.device = " + c.train.device + ": PS runs on the CPU engine");
+  if (c.train.device != Device::kCpu) errs.push_back(is + "with train.device = " + std::string(name_of(c.train.device)) + ": PS runs on the CPU engine");
 }
 
 }  // namespace

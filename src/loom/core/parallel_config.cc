@@ -150,21 +150,15 @@ void check_batch(const Config& c, std::vector<std::string>& errs) {
 // data.bucketing (Note [Length bucketing] in data/length_buckets.h): rows of varying length
 // per micro-batch run on dp, tp and ZeRO; the pipeline runner and sequence parallelism size
 // their buffers and row splits for one fixed length.
-// comm.grad_dtype = bf16 runs the ring all-reduce with bf16 messages (Note [Compressed
-// all-reduce]); ZeRO-2/3 reduce-scatter their gradients, which has no compressed form.
+// comm.grad_dtype = bf16 runs the ring all-reduce (ZeRO 0/1) or reduce-scatter (ZeRO 2/3)
+// with bf16 messages (Note [Compressed all-reduce], Note [Ring codecs]).
 void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
-  const std::string& g = c.comm.grad_dtype;
-  if (g != "fp32" && g != "bf16") {
-    errs.push_back("comm.grad_dtype = '" + g + "': expected fp32 or bf16");
-    return;
-  }
-  if (g == "fp32") return;
+  if (c.comm.grad_dtype == FloatFormat::kFp32) return;
   if (c.parallel.dp < 2)
     errs.push_back("comm.grad_dtype = bf16 compresses the data-parallel gradient all-reduce, but parallel.dp = " +
                    str(c.parallel.dp) + ": set parallel.dp >= 2 or leave comm.grad_dtype = fp32");
-  else if (c.parallel.zero >= 2)
-    errs.push_back("comm.grad_dtype = bf16 runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
-                   str(c.parallel.zero) + " reduce-scatters them, which has no bf16 form yet");
+  else if (c.parallel.zeropp_qgz)
+    errs.push_back("comm.grad_dtype = bf16 sends bf16 gradients, parallel.zeropp_qgz int8 ones: set only one");
 }
 
 // Note [Adasum] (parallel/compress.h): recursive halving over a power-of-two dp group of
@@ -174,12 +168,12 @@ void check_adasum(const Config& c, std::vector<std::string>& errs) {
   if (p.dp < 2 || (p.dp & (p.dp - 1)) != 0)
     errs.push_back("parallel.reduce = adasum combines gradients by recursive halving, which needs parallel.dp a "
                    "power of two >= 2 (2, 4, 8, ...); parallel.dp = " + str(p.dp));
-  if (p.zero >= 2)
-    errs.push_back("parallel.reduce = adasum runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
-                   str(p.zero));
-  if (p.compress != CompressKind::kNone || c.comm.grad_dtype != "fp32")
+  if (p.zeropp_qgz)  // Note [Compressed ZeRO-2/3]: Adasum reduces whole buckets
+    errs.push_back("parallel.reduce = adasum with parallel.zeropp_qgz: Adasum combines whole exact buckets, qgZ "
+                   "quantises a reduce-scatter; set only one");
+  if (p.compress != CompressKind::kNone || c.comm.grad_dtype != FloatFormat::kFp32)
     errs.push_back(std::string("parallel.reduce = adasum combines exact fp32 gradients; parallel.compress = ") +
-                   compress_name(p.compress) + ", comm.grad_dtype = " + c.comm.grad_dtype +
+                   compress_name(p.compress) + ", comm.grad_dtype = " + std::string(name_of(c.comm.grad_dtype)) +
                    ": set parallel.compress = none and comm.grad_dtype = fp32, or parallel.reduce = mean");
 }
 
@@ -207,7 +201,7 @@ void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
   const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
   if (p.zero != 0)
     errs.push_back(what + " keeps each rank's whole momentum and parameters; parallel.zero = " + str(p.zero) +
-                   " shards them: set parallel.zero = 0, or use topk | terngrad | powersgd with zero 1");
+                   " shards them: set parallel.zero = 0, or use topk | terngrad | powersgd (any ZeRO stage)");
   if (p.compress == CompressKind::kZeroOneAdam) {
     for (const auto& [key, v] : {std::pair{"zero_one_var_scaler", p.zero_one_var_scaler},
                                  std::pair{"zero_one_local_scaler", p.zero_one_local_scaler},
@@ -249,22 +243,23 @@ void check_compress(const Config& c, std::vector<std::string>& errs) {
   if (p.compress_adapt == CompressAdapt::kAccordion) check_accordion(p, errs);
   if (p.compress == CompressKind::kNone) return;
   const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
-  if (c.comm.grad_dtype != "fp32")
-    errs.push_back(what + " with comm.grad_dtype = " + c.comm.grad_dtype +
+  if (c.comm.grad_dtype != FloatFormat::kFp32)
+    errs.push_back(what + " with comm.grad_dtype = " + std::string(name_of(c.comm.grad_dtype)) +
                    ": comm.grad_dtype = bf16 is parallel.compress = bf16; set only one");
   if (p.dp < 2)
     errs.push_back(what + " compresses the data-parallel gradients, but parallel.dp = " + str(p.dp) +
                    ": set parallel.dp >= 2 or parallel.compress = none");
-  else if (p.zero >= 2)
-    errs.push_back(what + " runs with parallel.zero = 0 or 1 (all-reduced gradients); parallel.zero = " +
-                   str(p.zero) + " reduce-scatters them, which has no compressed form yet");
   const bool stateful = compress_has_state(p.compress);
+  // bf16 and int8 are codecs of the ring, which ZeRO-2/3's reduce-scatter runs too (Note
+  // [Ring codecs]); the stateful compressors reduce whole buckets (Note [Compressed ZeRO-2/3]).
+  if (p.dp >= 2 && p.zero >= 2 && p.zeropp_qgz)
+    errs.push_back(what + " with parallel.zeropp_qgz: both encode ZeRO-2/3's gradient reduction; set only one");
   // parallel::kTernGradMaxDp: TernGrad's int8 sums hold |sum| <= dp.
   if (p.compress == CompressKind::kTernGrad && p.dp > 127)
     errs.push_back(what + " sums ternary values as int8, which holds up to parallel.dp = 127; parallel.dp = " +
                    str(p.dp) + ": use powersgd or topk");
   if (compress_in_optimizer(p.compress)) check_onebit_adam(c, errs);
-  if (stateful && c.train.precision == "fp16")
+  if (stateful && c.train.precision == Precision::kFp16)
     errs.push_back(what + " with train.precision = fp16: its gradients carry a loss scale that changes between "
                           "steps, which the compressor's residual and scale cannot follow; use train.precision = "
                           "bf16 or fp32, or parallel.compress = bf16 | int8");
@@ -278,7 +273,7 @@ void check_zeropp(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("parallel.zeropp_qwz quantises ZeRO-3's parameter all-gathers, but parallel.zero = " +
                    str(p.zero) + " and parallel.dp = " + str(p.dp) +
                    ": set parallel.zero = 3 with parallel.dp >= 2, or leave parallel.zeropp_qwz = false");
-  else if (p.zeropp_qwz && c.comm.param_dtype == "bf16")
+  else if (p.zeropp_qwz && c.comm.param_dtype == FloatFormat::kBf16)
     errs.push_back("parallel.zeropp_qwz gathers int8 parameters, comm.param_dtype = bf16 gathers bf16 ones: set only one");
   if (p.zeropp_hpz && (p.zero != 3 || p.dp < 2))
     errs.push_back("parallel.zeropp_hpz keeps secondary pieces of ZeRO-3's parameters, but parallel.zero = " +
@@ -293,19 +288,12 @@ void check_zeropp(const Config& c, std::vector<std::string>& errs) {
 
 // Note [bf16 parameter gathers] (parallel/zero.h).
 void check_param_dtype(const Config& c, std::vector<std::string>& errs) {
-  const std::string& d = c.comm.param_dtype;
-  if (d != "fp32" && d != "bf16") {
-    errs.push_back("comm.param_dtype = '" + d + "': expected fp32 or bf16");
-    return;
-  }
-  if (d == "bf16" && (c.parallel.zero != 3 || c.parallel.dp < 2))
+  if (c.comm.param_dtype == FloatFormat::kBf16 && (c.parallel.zero != 3 || c.parallel.dp < 2))
     errs.push_back("comm.param_dtype = bf16 is the dtype of ZeRO-3's parameter all-gathers, but parallel.zero = " +
                    str(c.parallel.zero) + " and parallel.dp = " + str(c.parallel.dp) +
                    ": set parallel.zero = 3 with parallel.dp >= 2, or leave comm.param_dtype = fp32");
-  const std::string& w = c.comm.p2p_dtype;  // Note [bf16 pipeline transfers] (parallel/pipeline.h)
-  if (w != "fp32" && w != "bf16")
-    errs.push_back("comm.p2p_dtype = '" + w + "': expected fp32 or bf16");
-  else if (w == "bf16" && c.parallel.pp < 2)
+  // Note [bf16 pipeline transfers] (parallel/pipeline.h)
+  if (c.comm.p2p_dtype == FloatFormat::kBf16 && c.parallel.pp < 2)
     errs.push_back("comm.p2p_dtype = bf16 is the dtype of pipeline transfers, but parallel.pp = " + str(c.parallel.pp) +
                    ": set parallel.pp >= 2 or leave comm.p2p_dtype = fp32");
 }

@@ -54,10 +54,11 @@ void check_supported(const Config& cfg, int ranks) {
   const ParallelConfig& p = cfg.parallel;
   std::vector<std::string> no;
   check_layout(p, ranks, no);
-  if (cfg.offload.optimizer != "none" || cfg.offload.params != "none" || cfg.offload.grads != "none")
+  if (cfg.offload.optimizer != OffloadTier::kNone || cfg.offload.params != OffloadTier::kNone ||
+      cfg.offload.grads != OffloadTier::kNone)
     no.push_back("offload (the GPU keeps parameters, gradients and moments in device memory: offload.* = none)");
-  if (cfg.train.precision != "bf16")
-    no.push_back("train.precision = " + cfg.train.precision +
+  if (cfg.train.precision != Precision::kBf16)
+    no.push_back("train.precision = " + std::string(name_of(cfg.train.precision)) +
                  " (the GPU trains in bf16 with fp32 master weights: set train.precision = bf16 / --precision bf16)");
   for (Recompute r : p.recompute_layers(cfg.model.layers))
     if (r == Recompute::kSelective && !flash_supported(cfg.model.head_dim())) {

@@ -2,6 +2,7 @@
 // kernels (default) or on the naive reference kernels (tests) without #ifdefs.
 #pragma once
 
+#include "loom/core/config_enums.h"
 #include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/ref/ops.h"
@@ -48,7 +49,7 @@ enum class KernelBackend { kCpu, kRef };
 // model runs attention_forward_bf16 / attention_backward_bf16, which round the softmax
 // probabilities (Note [bf16 attention probabilities]); every other kernel stays fp32. kFp16 (train.precision = fp16): the same
 // three kernels round to fp16 instead (core/fp16.h) and compute in fp32.
-enum class Precision { kFp32, kBf16, kFp16 };
+// (Precision is train.precision's enum, core/config_enums.h.)
 const Kernels& kernels(KernelBackend backend, Precision precision = Precision::kFp32);
 
 }  // namespace loom

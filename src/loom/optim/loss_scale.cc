@@ -8,9 +8,12 @@
 namespace loom {
 
 LossScaler::Mode loss_scale_mode(const TrainConfig& t) {
-  if (t.loss_scale == "auto") return t.precision == "fp16" ? LossScaler::Mode::kDynamic : LossScaler::Mode::kNone;
-  if (t.loss_scale == "dynamic") return LossScaler::Mode::kDynamic;
-  if (t.loss_scale == "none") return LossScaler::Mode::kNone;
+  switch (loss_scale_kind(t.loss_scale)) {
+    case LossScaleKind::kAuto: return t.precision == Precision::kFp16 ? LossScaler::Mode::kDynamic : LossScaler::Mode::kNone;
+    case LossScaleKind::kDynamic: return LossScaler::Mode::kDynamic;
+    case LossScaleKind::kNone: return LossScaler::Mode::kNone;
+    case LossScaleKind::kStatic: break;
+  }
   return LossScaler::Mode::kStatic;
 }
 

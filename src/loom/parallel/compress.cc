@@ -205,7 +205,7 @@ comm::Compression CompressSpec::ring_codec() const {
 CompressSpec compress_spec(const Config& cfg) {
   CompressSpec s;
   s.kind = cfg.parallel.compress;
-  if (s.kind == CompressKind::kNone && cfg.comm.grad_dtype == "bf16") s.kind = CompressKind::kBf16;
+  if (s.kind == CompressKind::kNone && cfg.comm.grad_dtype == FloatFormat::kBf16) s.kind = CompressKind::kBf16;
   s.ratio = cfg.parallel.compress_ratio;
   s.momentum = cfg.parallel.compress_momentum;
   s.rank = cfg.parallel.compress_rank;

@@ -25,8 +25,18 @@
 // The three stateful compressors run bucket by bucket after backward (blocking
 // collectives, not overlapped with backward; a later slice chains them on the comm
 // worker). parallel.compress_warmup_steps runs the exact all-reduce first (residuals
-// untouched). They need the all-reduce sync (ZeRO 0 or 1) and a gradient scale that does
-// not change between steps (no fp16 loss scaling); config validation refuses the rest.
+// untouched). They need a gradient scale that does not change between steps (no fp16 loss
+// scaling); config validation refuses the rest.
+//
+// Note [Compressed ZeRO-2/3]
+// Under ZeRO-2/3 a compressed step reduces whole buckets as ZeRO 0/1 does and then keeps
+// each rank's piece: the step's micro-batches accumulate the full gradient (no per-micro
+// reduce-scatter), the compressors (and Adasum) reduce each bucket once at the step's end,
+// and the pieces a rank does not own are handed back (Note [Resident memory]). So the
+// compressor's arithmetic, residuals and bits are ZeRO-1's, and ZeRO-2/3 differ from it only
+// in the optimizer's and the parameters' sharding; the gradient buffer is whole during the
+// step, as ZeRO-1's is. Exact (warm-up) steps reduce-scatter as usual. The bf16 and int8
+// codecs instead run in the reduce-scatter itself (Note [Ring codecs]).
 //
 // Note [1-bit Adam]
 // parallel.compress = onebit_adam is 1-bit Adam (Tang et al., "1-bit Adam: Communication

@@ -84,15 +84,15 @@ DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCa
 
 GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode, comm::Compression compression)
     : dp_(dp), plan_(plan), mode_(mode), compression_(compression) {
-  LOOM_CHECK(compression == comm::Compression::kNone || mode == Mode::kAllReduce,
-             "compressed gradient all-reduce needs the all-reduce mode (ZeRO 0 or 1)");
   LOOM_CHECK(plan.dp == dp.size(), "data-parallel plan for ", plan.dp, " ranks used on group ", dp.name(), " of ",
              dp.size());
 }
 
 void GradSync::set_compressors(const CompressSpec& spec, const std::vector<ParamSpec>& specs) {
-  LOOM_CHECK(!spec.post_backward() || mode_ == Mode::kAllReduce, "parallel.compress = ", compress_name(spec.kind),
-             spec.adasum ? " with parallel.reduce = adasum" : "", " needs the all-reduce sync (ZeRO 0 or 1)");
+  // Note [Compressed ZeRO-2/3]: the stateful compressors and Adasum reduce whole buckets in
+  // every sync mode; 1-bit Adam's family keeps whole moments (ZeRO 0).
+  LOOM_CHECK(!compress_in_optimizer(spec.kind) || mode_ == Mode::kAllReduce, "parallel.compress = ",
+             compress_name(spec.kind), " needs the all-reduce sync (ZeRO 0)");
   spec_ = spec;
   specs_ = specs;
   compressors_.clear();
@@ -131,10 +131,11 @@ double GradSync::wire_bytes() const {
     for (const Bucket& b : plan_.buckets) bytes += QgzScatter::wire_bytes(b.count, plan_.dp);
     return bytes;
   }
-  if (mode_ != Mode::kAllReduce || compression_ == comm::Compression::kNone) return exact_wire_bytes();
+  if (compression_ == comm::Compression::kNone) return exact_wire_bytes();
   const CompressKind codec = compression_ == comm::Compression::kBF16 ? CompressKind::kBf16 : CompressKind::kInt8;
   for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(codec, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
-  return bytes;
+  // A reduce-scatter is the ring all-reduce's first half (Note [Ring codecs]).
+  return mode_ == Mode::kAllReduce ? bytes : bytes / 2;
 }
 
 void GradSync::begin(float* grads) {
@@ -206,7 +207,7 @@ void GradSync::on_ready(int first_final) {
       const size_t piece = size_t(b.count / plan_.dp);
       std::span<float> own = all.subspan(size_t(dp_.group_rank()) * piece, piece);
       const comm::ReduceOp op = mode_ == Mode::kShardEveryMicro ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
-      pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), own, op, async));
+      pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), own, op, async));  // codec: Note [Ring codecs]
     }
     pending_bucket_.push_back(next_);
     if (tracker_) tracker_->sample();
@@ -218,21 +219,22 @@ void GradSync::finish(bool last_micro) {
   comm::Ledger& ledger = dp_.world().ledger();
   const double backward_end = ledger.now_us();
   // kShardEveryMicro reduces every micro-batch; local steps send in reduce_update, if at all
-  if ((last_micro || every_micro()) && !local_gradients()) wire_sent_ += wire_bytes();
+  if ((last_micro || (every_micro() && !compressing())) && !local_gradients()) wire_sent_ += wire_bytes();
   if (last_micro) steps_++;
-  if (sync_ == StepSync::kCompressed)
+  if (sync_ == StepSync::kCompressed && last_micro)  // Note [Compressed ZeRO-2/3]: once, at the step's end
     for (size_t b = 0; b < plan_.buckets.size(); b++) {
       const Bucket& bk = plan_.buckets[b];
       const std::span<float> g(grads_ + bk.offset, size_t(bk.count));
       compressors_[b]->reduce(dp_, g, step_);
       if (accordion_) accordion_->observe(b, g, step_, *compressors_[b]);
+      if (mode_ != Mode::kAllReduce) release_unowned(bk, plan_.dp, dp_.group_rank(), grads_);
     }
   finishing_ = true;
   on_ready(0);
   finishing_ = false;
   for (size_t i = 0; i < pending_.size(); i++) complete(i);
   if (tracker_) tracker_->sample();
-  if (mode_ == Mode::kShardEveryMicro) {
+  if (mode_ == Mode::kShardEveryMicro && !compressing()) {
     release_done(true);
     if (last_micro)
       for (const Bucket& b : plan_.buckets) {

@@ -70,8 +70,8 @@ class GradSync {
   // so a rank never keeps more than one micro-batch of unreduced gradients; the last
   // micro-batch's finish divides the own pieces by dp.
   enum class Mode { kAllReduce, kReduceScatter, kShardEveryMicro };
-  // `compression` (kAllReduce only): the payload of the gradient all-reduces
-  // (comm.grad_dtype; Note [Compressed all-reduce]).
+  // `compression`: the payload of the gradient all-reduces or reduce-scatters (comm.grad_dtype,
+  // parallel.compress = bf16 | int8; Note [Compressed all-reduce], Note [Ring codecs]).
   GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode,
            comm::Compression compression = comm::Compression::kNone);
 

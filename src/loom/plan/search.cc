@@ -73,7 +73,8 @@ struct SyncChoice {
 
 // Exact sync, plus the requested compressors or ZeRO++ modes where they apply, over a dp
 // group that crosses nodes (or anywhere, if asked): compressors on all-reduced gradients
-// (zero 0/1; the Adam modes zero 0), ZeRO++ on reduce-scattered ones.
+// (zero 0/1; the Adam modes zero 0), the codecs (Note [Ring codecs]) and the stateful
+// compressors (Note [Compressed ZeRO-2/3]) on reduce-scattered ones too, and ZeRO++ on those.
 std::vector<SyncChoice> sync_choices(const PlanRequest& req, const sim::SimPlan& plan, int64_t zero) {
   std::vector<SyncChoice> out = {SyncChoice{}};
   const ParallelConfig& q = plan.cfg.parallel;
@@ -83,7 +84,11 @@ std::vector<SyncChoice> sync_choices(const PlanRequest& req, const sim::SimPlan&
   if (zero <= 1) {
     for (CompressKind k : req.compress)
       if (k != CompressKind::kNone && (zero == 0 || !compress_in_optimizer(k))) out.push_back({k});
-  } else if (req.zeropp) {
+  } else {  // Note [Compressed ZeRO-2/3]: not 1-bit Adam's family, which keeps whole moments
+    for (CompressKind k : req.compress)
+      if (k != CompressKind::kNone && !compress_in_optimizer(k)) out.push_back({k});
+  }
+  if (zero >= 2 && req.zeropp) {
     out.push_back({CompressKind::kNone, false, true, false});
     if (zero == 3)
       for (const SyncChoice c : {SyncChoice{CompressKind::kNone, false, false, true},
@@ -171,19 +176,19 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
 // the tier's capacity (8 bytes a parameter for the moments, 12 with the parameters, 16 with
 // the gradients).
 bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
-  if (!req.offload || !(req.cluster.offload.read_bw > 0) || c.plan.cfg.offload.optimizer == "disk") return false;
+  if (!req.offload || !(req.cluster.offload.read_bw > 0) || c.plan.cfg.offload.optimizer == loom::OffloadTier::kDisk) return false;
   sim::SimPlan o = c.plan;
-  o.cfg.offload.optimizer = "disk";
+  o.cfg.offload.optimizer = loom::OffloadTier::kDisk;
   o.cfg.offload.dir = req.offload_dir;
   for (const int level : {0, 1, 2}) {
     const bool params = level >= 1;
     if (params && (o.cfg.parallel.zero == 1 || o.cfg.parallel.zero == 2 || o.framework != sim::Framework::kLoom))
       return false;
     if (level == 2 && (o.cfg.parallel.world() != 1 || o.cp != 1)) return false;
-    if (params) o.cfg.offload.params = "disk";
+    if (params) o.cfg.offload.params = loom::OffloadTier::kDisk;
     if (params && !(o.cfg.memory.limit_gib > 0))  // the chunk manager's budget: the device
       o.cfg.memory.limit_gib = 0.97 * req.cluster.device.memory_bytes / double(int64_t(1) << 30);
-    if (level == 2) o.cfg.offload.grads = "disk", o.cfg.offload.chunk_mb = std::max(1.0, std::floor(o.cfg.offload.chunk_mb));
+    if (level == 2) o.cfg.offload.grads = loom::OffloadTier::kDisk, o.cfg.offload.chunk_mb = std::max(1.0, std::floor(o.cfg.offload.chunk_mb));
     PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
     ++rep.evaluated;
     double most = 0;  // parameters on the fullest pipeline rank; its state is what the tier must hold
@@ -214,9 +219,9 @@ std::string layout_label(const sim::SimPlan& p) {
     os << " zero++" << (q.zeropp_qwz ? " qwz" : "") << (q.zeropp_qgz ? " qgz" : "") << (q.zeropp_hpz ? " hpz" : "");
   if (q.ps_servers > 0)
     os << " + " << q.ps_servers << " parameter servers" << (p.cfg.ps.sparse_embedding ? " (sparse embedding)" : "");
-  if (p.cfg.offload.optimizer == "disk") os << " optimizer-offload";
-  if (p.cfg.offload.params == "disk") os << " param-offload";
-  if (p.cfg.offload.grads == "disk") os << " grad-offload";
+  if (p.cfg.offload.optimizer == loom::OffloadTier::kDisk) os << " optimizer-offload";
+  if (p.cfg.offload.params == loom::OffloadTier::kDisk) os << " param-offload";
+  if (p.cfg.offload.grads == loom::OffloadTier::kDisk) os << " grad-offload";
   return os.str();
 }
 
@@ -302,7 +307,7 @@ std::vector<PlanCandidate> ps_candidates(const PlanRequest& req, Acc& acc, PlanR
         ParallelConfig& q = plan.cfg.parallel;
         q.tp = 1, q.pp = 1, q.dp = gpus - S, q.ps_servers = S, q.micro_batch = mb, q.zero = 0, q.recompute = {rc};
         q.schedule = ScheduleKind::k1F1B, q.vpp = 1, q.compress = CompressKind::kNone;
-        plan.cfg.ps.mode = "sync", plan.cfg.ps.sparse_embedding = req.ps_sparse;
+        plan.cfg.ps.mode = PsMode::kSync, plan.cfg.ps.sparse_embedding = req.ps_sparse;
         plan.cfg.train.batch = B;
         if (B % (mb * q.dp) != 0) {
           acc.prune("indivisible: global batch not a multiple of micro-batch x dp", layout_label(plan));

@@ -1,5 +1,7 @@
 #include "loom/sim/memory_model.h"
 
+#include "loom/rank/state_bytes.h"
+
 #include "loom/core/error.h"
 
 namespace loom::sim {
@@ -81,13 +83,15 @@ double head_activation_bytes(const LayerShape& x) {
 
 MemoryBreakdown model_state_bytes(double params, int64_t dp, int64_t zero_stage, const DeviceSpec& d,
                                   int64_t moment_bytes) {
-  const double w = d.mixed_precision ? double(d.dtype_bytes) : 4.0;
-  const double opt = (d.mixed_precision ? 4.0 : 0.0) + 2.0 * double(moment_bytes);
-  const double D = double(dp);
+  // Note [Model-state bytes]: on a mixed-precision device the compute copies and gradients
+  // are in its dtype and fp32 masters sit beside the moments.
+  rank::StateWidths w;
+  w.param = w.grad = d.mixed_precision ? double(d.dtype_bytes) : 4.0;
+  w.master = d.mixed_precision ? 4.0 : 0.0;
+  w.moment = double(moment_bytes);
+  const rank::StateBytes s = rank::model_state_bytes(params, dp, int(zero_stage), w);
   MemoryBreakdown m;
-  m.params = params * w / (zero_stage >= 3 ? D : 1);
-  m.grads = params * w / (zero_stage >= 2 ? D : 1);
-  m.optimizer = params * opt / (zero_stage >= 1 ? D : 1);
+  m.params = s.params, m.grads = s.grads, m.optimizer = s.optimizer;
   return m;
 }
 

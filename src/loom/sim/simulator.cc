@@ -53,12 +53,12 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
   check_framework_zero(plan);
-  LOOM_CONFIG_CHECK(cfg.offload.params != "disk" || plan.framework == Framework::kLoom,
+  LOOM_CONFIG_CHECK(cfg.offload.params != loom::OffloadTier::kDisk || plan.framework == Framework::kLoom,
                     "offload.params = disk is loom's chunk manager (Note [Chunk manager]): simulate it with "
                     "--framework loom, or drop offload.params");
-  LOOM_CONFIG_CHECK(cfg.offload.grads != "disk" || plan.cp == 1, "offload.grads = disk runs in one process; --cp ",
+  LOOM_CONFIG_CHECK(cfg.offload.grads != loom::OffloadTier::kDisk || plan.cp == 1, "offload.grads = disk runs in one process; --cp ",
                     plan.cp, " needs cp = 1");
-  LOOM_CONFIG_CHECK(cfg.offload.optimizer != "disk" || cluster.offload.read_bw > 0, "offload.optimizer = disk: cluster ",
+  LOOM_CONFIG_CHECK(cfg.offload.optimizer != loom::OffloadTier::kDisk || cluster.offload.read_bw > 0, "offload.optimizer = disk: cluster ",
                     cluster.name, " has no offload tier; give it one (--set cluster.offload.read_gbps=R --set "
                     "cluster.offload.write_gbps=W --set cluster.offload.capacity_gib=C) or drop the offload");
   s.pl.tp = place_group(cluster, s.tp, 1);
@@ -73,12 +73,17 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   // Note [bf16 parameter gathers]: bf16, or qwZ's int8 with an fp32 scale per block
-  s.gather_bytes = cfg.comm.param_dtype == "bf16" ? 2.0
+  s.gather_bytes = cfg.comm.param_dtype == FloatFormat::kBf16 ? 2.0
                    : cfg.parallel.zeropp_qwz      ? 1.0 + 4.0 / 256  // comm::kQuantBlock
                                                   : s.wbytes;
-  // Note [qgZ]: an all-to-all of int8 blocks sends as many bytes as a reduce-scatter of them
-  s.scatter_bytes = cfg.parallel.zeropp_qgz ? 1.0 + 4.0 / 256 : s.wbytes;
-  const double wire = cfg.comm.p2p_dtype == "bf16" ? 2.0 : s.x.dtype_bytes;  // Note [bf16 pipeline transfers]
+  // Note [qgZ]: an all-to-all of int8 blocks sends as many bytes as a reduce-scatter of them, as the ring
+  // codecs do (Note [Ring codecs]); whole buckets (Note [Compressed ZeRO-2/3]) leave no reduce-scatter.
+  s.scatter_bytes = par.reduces_whole_buckets() ? 0.0
+                    : par.zeropp_qgz || par.compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256
+                    : cfg.comm.grad_dtype == FloatFormat::kBf16 || par.compress == CompressKind::kBf16
+                        ? std::min(2.0, s.wbytes)
+                        : s.wbytes;
+  const double wire = cfg.comm.p2p_dtype == FloatFormat::kBf16 ? 2.0 : s.x.dtype_bytes;  // Note [bf16 pipeline transfers]
   s.p2p_bytes = s.x.tokens() * s.x.h * wire / double(s.tp);  // Megatron's scatter-gather
   s.p2p_s = s.pp > 1 ? collective_time_s(cluster, OpKind::kSend, s.p2p_bytes, s.pl.p2p) : 0;
   return s;
@@ -166,7 +171,7 @@ double loom_activation_bytes(const Setup& s, int64_t r, const std::vector<int>& 
   const std::vector<Recompute>& rk = s.rk;
   auto floats = [&](const ModelPart& part, int slots, int w_slots = 0) {
     return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
-                                    cfg.train.precision == "bf16", w_slots));
+                                    cfg.train.precision == Precision::kBf16, w_slots));
   };
   ModelPart all = parallel::rank_part(cfg, int(r), 0);
   all.chunks = all.resolved_chunks(cfg.model);
@@ -221,7 +226,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   // comm.grad_dtype = bf16 or a ring codec (Note [Compressed all-reduce]): the ring carries
   // 2-byte values (bf16) or 1 byte and a scale per 256 (int8); the rounding passes are not
   // priced.
-  const bool bf16 = s.plan.cfg.comm.grad_dtype == "bf16" || compress == CompressKind::kBf16;
+  const bool bf16 = s.plan.cfg.comm.grad_dtype == FloatFormat::kBf16 || compress == CompressKind::kBf16;
   const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
   const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
   return s.plan.dp_overlap ? bucketed_overlap_s(s, t, params, last_bwd_window) : t;
@@ -276,17 +281,17 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   const ParallelConfig& par = s.plan.cfg.parallel;
   const ModelConfig& model = s.plan.cfg.model;
   const double G = double(s.dp * s.cp);
-  const bool offload = s.plan.cfg.offload.optimizer == "disk";
+  const bool offload = s.plan.cfg.offload.optimizer == loom::OffloadTier::kDisk;
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
-  MemoryBreakdown mem =
-      model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device, s.plan.cfg.optim.moment_bytes());
+  MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device, s.plan.cfg.optim.moment_bytes());
+  if (par.zero >= 2 && par.reduces_whole_buckets()) mem.grads *= G;  // Note [Compressed ZeRO-2/3]
   // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
   // pipemare's velocity and corrected weights.
   mem.params *= stream_param_copies(par.schedule, int(s.pp), int(r));
   mem.grads *= stream_grad_copies(par.schedule, int(s.pp));
   if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
     mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;
-  if (s.plan.cfg.offload.params == "disk" && s.cluster.device.mixed_precision)  // the masters are the file's p
+  if (s.plan.cfg.offload.params == loom::OffloadTier::kDisk && s.cluster.device.mixed_precision)  // the masters are the file's p
     mem.optimizer -= 4 * moment_floats / 2;
   mem.activations = st.peak_live;
   mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
@@ -302,7 +307,7 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
     if (par.zero == 2) mem.grads += std::min(rep.params * s.wbytes, par.bucket_mb * double(1 << 20)) * keep;
     const double boundary = s.x.tokens() / (s.x.sp ? s.x.t : 1) * s.x.h;  // values per stage transfer
     if (s.pp > 1) mem.buffers = boundary * s.x.dtype_bytes;  // receive buffer
-    if (s.pp > 1 && s.plan.cfg.comm.p2p_dtype == "bf16") {  // bf16 receive + one send buffer per slot in use
+    if (s.pp > 1 && s.plan.cfg.comm.p2p_dtype == FloatFormat::kBf16) {  // bf16 receive + one send buffer per slot in use
       const std::vector<int> peak = chunk_peaks(s, st);
       mem.buffers += 2 * boundary * (1 + std::accumulate(peak.begin(), peak.end(), 0));
     }
@@ -339,7 +344,7 @@ bool page_cached(const Setup& s, const RankReport& rep) {
   const Config& cfg = s.plan.cfg;
   if (!s.cluster.device.shared || s.cluster.device.page_fault_bw <= 0) return false;
   const double shards = cfg.parallel.zero >= 1 ? double(s.dp * s.cp) : 1.0;
-  const double arrays = 2.0 + (cfg.offload.params == "disk") + (cfg.offload.grads == "disk");
+  const double arrays = 2.0 + (cfg.offload.params == loom::OffloadTier::kDisk) + (cfg.offload.grads == loom::OffloadTier::kDisk);
   return rep.memory.total() + 4 * arrays * rep.params / shards <= s.cluster.device.memory_bytes;
 }
 
@@ -360,7 +365,7 @@ bool page_cached(const Setup& s, const RankReport& rep) {
 void price_param_offload(const Setup& s, RankReport& rep) {
   const Config& cfg = s.plan.cfg;
   MemoryBreakdown& mem = rep.memory;
-  const bool grads = cfg.offload.grads == "disk", cached = page_cached(s, rep);  // as the optimizer phase saw it
+  const bool grads = cfg.offload.grads == loom::OffloadTier::kDisk, cached = page_cached(s, rep);  // as the optimizer phase saw it
   const bool zero3 = cfg.parallel.zero >= 3 && s.dp * s.cp > 1;
   const double shards = zero3 ? double(s.dp * s.cp) : 1.0;
   const double P = zero3 ? rep.params * s.wbytes / shards : mem.params, G = grads ? mem.grads : 0;
@@ -412,7 +417,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   if (tied && r == s.pp - 1) rep.params += wte;  // the last stage's copy of the tied embedding
   rep.pipeline_end_s = st.free_at;
   rep.busy_s = st.spent.total();
-  if (G > 1 && par.zero <= 1 && par.ps_servers == 0)
+  if (G > 1 && (par.zero <= 1 || par.reduces_whole_buckets()) && par.ps_servers == 0)  // Note [Compressed ZeRO-2/3]
     rep.dp_exposed_s = dp_exposed_s(s, r, rep.params, st.last_bwd_window);
   if (tied && (r == 0 || r == s.pp - 1))
     rep.tied_s = collective_time_s(s.cluster, OpKind::kAllReduce, wte * s.wbytes, s.pl.tied);
@@ -435,7 +440,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   rep.optimizer_s += memory_time_s(dev, copies * rep.params * s.wbytes);
   // Note [Optimizer offload]: the moments stream through the offload tier while the update
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
-  const bool offload = s.plan.cfg.offload.optimizer == "disk";
+  const bool offload = s.plan.cfg.offload.optimizer == loom::OffloadTier::kDisk;
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
   if (par.ps_servers > 0) {  // Note [Simulated parameter server]: the servers hold the optimizer
     rep.ps_s = ps_round_s(s, rep.params);
@@ -446,7 +451,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
   if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;
   if (offload) {  // with parameter offload p streams with m and v: three arrays, not two
-    const double bytes = 4 * moment_floats * (s.plan.cfg.offload.params == "disk" ? 1.5 : 1.0);
+    const double bytes = 4 * moment_floats * (s.plan.cfg.offload.params == loom::OffloadTier::kDisk ? 1.5 : 1.0);
     if (page_cached(s, rep)) {  // Note [Page-cached offload]: copies on the update's cores
       rep.offload_io_s = cached_copy_s(s, bytes, bytes);
       rep.optimizer_s += rep.offload_io_s;
@@ -456,7 +461,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     }
   }
   if (G > 1 && (par.zero == 1 || par.zero == 2)) rep.param_gather_s = param_gather_s(s, rep.params, st.first_fwd_window);
-  if (s.plan.cfg.offload.params == "disk") price_param_offload(s, rep);
+  if (s.plan.cfg.offload.params == loom::OffloadTier::kDisk) price_param_offload(s, rep);
   double t = rep.pipeline_end_s;
   auto phase = [&](const char* name, const char* cat, int tid, double dur) {
     if (dur <= 0) return;

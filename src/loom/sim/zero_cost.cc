@@ -79,7 +79,9 @@ double backward_gather_s(const Setup& s, double params, double forward_s) {
 ZeroLayerCost coalesced(const Setup& s, const UnitCost& b, bool keep) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const double unit = block_params(s.plan.cfg.model, s.tp).per_tp_rank;
-  const double rs = collective_time_s(s.cluster, OpKind::kReduceScatter, unit * s.scatter_bytes, s.pl.dp);
+  // scatter_bytes 0: a compressed step reduces whole buckets after backward instead.
+  const double rs =
+      s.scatter_bytes > 0 ? collective_time_s(s.cluster, OpKind::kReduceScatter, unit * s.scatter_bytes, s.pl.dp) : 0;
   const double ag = par.zero >= 3 ? collective_time_s(s.cluster, OpKind::kAllGather, unit * s.gather_bytes, s.pl.dp) : 0;
   ZeroLayerCost z;
   const DeviceSpec& d = s.cluster.device;

@@ -1,5 +1,7 @@
 #include "loom/train/engine.h"
 
+#include "loom/rank/state_bytes.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,15 +26,13 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.tp_comm = rc.tp_comm.get();
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;
-  o.params_elsewhere = cfg.offload.params == "disk";  // Note [Parameter offload]
-  o.grads_elsewhere = cfg.offload.grads == "disk";    // Note [Gradient chunks]
+  o.params_elsewhere = cfg.offload.params == OffloadTier::kDisk;  // Note [Parameter offload]
+  o.grads_elsewhere = cfg.offload.grads == OffloadTier::kDisk;    // Note [Gradient chunks]
   // Note [Huge pages]: not where ZeRO hands pages back (Note [Resident memory]).
   const int zero = rc.dp ? rc.zero : 0;
   o.huge_params = zero < 3;
   o.huge_grads = zero < 2;
-  o.precision = cfg.train.precision == "bf16"   ? Precision::kBf16
-                : cfg.train.precision == "fp16" ? Precision::kFp16
-                                                : Precision::kFp32;
+  o.precision = cfg.train.precision;
   return o;
 }
 
@@ -53,7 +53,7 @@ std::vector<bool> zero_keep_units(const Config& cfg) {
 Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
     : rc(rc_), unit_bucket(rc_.plan->unit_bucket), plan(rc_.plan->dp_plan),
       model(cfg.model, mb, T, KernelBackend::kCpu, model_options(cfg, rc_, plan)) {
-  if (cfg.offload.params != "disk") model.init_weights(uint64_t(cfg.train.seed));  // else into the file
+  if (cfg.offload.params != OffloadTier::kDisk) model.init_weights(uint64_t(cfg.train.seed));  // else into the file
   const int64_t state_bytes = int64_t(model.params().size() * sizeof(float));
   memory.track(memory.category("params"), model.params().data(), state_bytes);
   memory.track(memory.category("grads"), model.grads().data(), state_bytes);
@@ -82,7 +82,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
       gather = std::make_unique<parallel::ParamGather>(
           *rc.dp, plan, unit_bucket, model.params().data(),
           [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory, zero_keep_units(cfg),
-          cfg.comm.param_dtype == "bf16" ? comm::Compression::kBF16
+          cfg.comm.param_dtype == FloatFormat::kBf16 ? comm::Compression::kBF16
           : cfg.parallel.zeropp_qwz      ? comm::Compression::kInt8
                                          : comm::Compression::kNone,
           rc.dp_node.get());
@@ -101,7 +101,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   }
   if (rc.schedule) {
     pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T,
-                                                      cfg.comm.p2p_dtype == "bf16", &memory);
+                                                      cfg.comm.p2p_dtype == FloatFormat::kBf16, &memory);
     memory.track(memory.category("buffers"), pipe->recv_buffer().data(),
                  int64_t(pipe->recv_buffer().size() * sizeof(float)));
     if (rc.schedule->kind == ScheduleKind::k2BW) two_bw = std::make_unique<TwoBwState>(model, memory, true);
@@ -223,7 +223,7 @@ Updater::Updater(const Config& cfg, Engine& e)
              e.ps                       ? std::vector<FlatRange>{{0, 0}}  // Note [Parameter server]: the servers'
              : e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank)
                                         : std::vector<FlatRange>{},
-             cfg.offload.optimizer == "disk"),
+             cfg.offload.optimizer == OffloadTier::kDisk),
       scaler_(cfg.train) {
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
   // ranks other than 0, the replicated tensors are left out.
@@ -232,7 +232,7 @@ Updater::Updater(const Config& cfg, Engine& e)
     if (!e.rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
   if (e.two_bw && e.two_bw->pipeline()) e.two_bw->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
   if (e.async) attach_async();
-  if (cfg.offload.optimizer == "disk") return;  // its buffers are tracked by offload_optimizer
+  if (cfg.offload.optimizer == OffloadTier::kDisk) return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");
   for (int which = 0; which < 2; which++) {
     const auto [data, bytes] = adamw_.moment_storage(which);
@@ -243,12 +243,12 @@ Updater::Updater(const Config& cfg, Engine& e)
 void Updater::offload_optimizer(int global_rank) {
   const OffloadConfig& o = cfg_.offload;
   const int64_t group = std::max<int64_t>(1, int64_t(o.sub_group_mb * double(1 << 20)) / int64_t(sizeof(float)));
-  const bool params = o.params == "disk";  // Note [Parameter offload]: p as the file's third array
+  const bool params = o.params == OffloadTier::kDisk;  // Note [Parameter offload]: p as the file's third array
   adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
-                                             params ? 3 : 2, o.grads == "disk"));
+                                             params ? 3 : 2, o.grads == OffloadTier::kDisk));
   if (params)
     e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed), o.chunk_floats(),
-                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == "disk");
+                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == OffloadTier::kDisk);
   const StateFile& f = *adamw_.offload_file();
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
@@ -467,14 +467,8 @@ void Updater::step_zero_one(double lr, int64_t step) {
   lr_sum_ = 0;
 }
 
-int64_t zero_model_state_bytes(int zero, int dp, int64_t params, int64_t moment_bytes) {
-  const int64_t p = params * 4, m = 2 * params * moment_bytes;  // fp32 params and grads; two moments
-  switch (zero) {
-    case 0: return 2 * p + m;                   // params + grads + 2 moments
-    case 1: return 2 * p + m / dp;              // moments sharded
-    case 2: return p + (p + m) / dp;            // + grads sharded
-    default: return (2 * p + m) / dp;           // + params sharded
-  }
+int64_t zero_model_state_bytes(int zero, int dp, int64_t params, const OptimConfig& optim) {
+  return int64_t(rank::model_state_bytes(double(params), dp, zero, rank::engine_widths(optim)).total());
 }
 
 // TrainOptions::two_bw_reference (Note [PipeDream-2BW]): flushing steps with the delayed updates.

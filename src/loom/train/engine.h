@@ -146,10 +146,10 @@ class Updater {
   bool norm_started_ = false, loss_started_ = false;
 };
 
-// The ZeRO formula for this rank's model states in bytes (fp32 params and grads, two moments
-// of `moment_bytes` each: 16 bytes per parameter unsharded with fp32 moments, 12 with bf16),
-// for `params` parameters on the rank.
-int64_t zero_model_state_bytes(int zero, int dp, int64_t params, int64_t moment_bytes = 4);
+// The ZeRO formula for this rank's model states in bytes (Note [Model-state bytes] in
+// rank/state_bytes.h: 16 bytes per parameter unsharded with fp32 moments, 12 with bf16), for
+// `params` parameters on the rank.
+int64_t zero_model_state_bytes(int zero, int dp, int64_t params, const OptimConfig& optim);
 
 // What the engine needs before the first step beyond the layout (the references tests ask
 // for, their hooks, a PS job's initial weights on the servers).

@@ -14,6 +14,7 @@
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
 #include "loom/parallel/zero.h"
+#include "loom/rank/state_bytes.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
@@ -40,17 +41,23 @@ MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t para
   // With ZeRO-3 it holds their own pieces (Note [ZeRO-3 offload]), beside the pool.
   const int64_t in_flight = units_in_flight / (gathers ? shards : 1) + 6 * cfg.offload.chunk_floats();
   e.params_offloaded = std::min(e.params - pool, in_flight * int64_t(sizeof(float))) + pool;
-  if (cfg.offload.params == "disk") e.params = e.params_offloaded;
-  e.grads = zero >= 2 ? p4 / shards : p4;
-  if (cfg.offload.grads == "disk") e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
-  // A parameter server's workers hold no optimizer state (Note [Parameter server]).
-  e.optimizer_in_memory = cfg.parallel.ps_servers > 0 ? 0 : 2 * (zero >= 1 ? p4 / shards : p4);
-  e.optimizer = cfg.offload.optimizer == "disk" ? cfg.offload.buffer_bytes(e.optimizer_in_memory / 8)
-                                                : e.optimizer_in_memory;
+  if (cfg.offload.params == OffloadTier::kDisk) e.params = e.params_offloaded;
+  // Note [Compressed ZeRO-2/3]: a stateful compressor or Adasum keeps the step's gradient whole.
+  const ParallelConfig& par = cfg.parallel;
+  e.grads = zero >= 2 && !par.reduces_whole_buckets() ? p4 / shards : p4;
+  if (cfg.offload.grads == OffloadTier::kDisk) e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
+  // Note [Model-state bytes]; a parameter server's workers hold no optimizer state (Note
+  // [Parameter server]).
+  e.moment_floats = cfg.parallel.ps_servers > 0 ? 0 : zero >= 1 ? params / shards : params;
+  e.optimizer_in_memory =
+      cfg.parallel.ps_servers > 0
+          ? 0
+          : int64_t(rank::model_state_bytes(double(params), shards, zero, rank::engine_widths(cfg.optim)).optimizer);
+  e.optimizer = cfg.offload.optimizer == OffloadTier::kDisk ? cfg.offload.buffer_bytes(e.moment_floats)
+                                                            : e.optimizer_in_memory;
   e.activations = activation_bytes;
   // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
   // pipemare's velocity and corrected weights.
-  const ParallelConfig& par = cfg.parallel;
   e.params *= stream_param_copies(par.schedule, int(par.pp), pp_rank);
   e.grads *= stream_grad_copies(par.schedule, int(par.pp));
   return e;
@@ -65,24 +72,24 @@ std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstim
   // Sub-groups small enough that the buffers take at most half of the state: the
   // configured size, else the largest power of two (in MiB) with buffers <= a quarter.
   OffloadConfig o = cfg.offload;
-  o.optimizer = "disk";
-  const int64_t state = e.optimizer_in_memory / 8;
+  o.optimizer = OffloadTier::kDisk;
+  const int64_t state = e.moment_floats;
   const bool too_big = o.buffer_bytes(state) * 2 > e.optimizer_in_memory;
   if (too_big) {
     const double quarter_mb = double(state) * 4 / (4.0 * double(o.slots)) / double(1 << 20);
     o.sub_group_mb = std::exp2(std::max(-10.0, std::floor(std::log2(std::max(quarter_mb, 1e-6)))));
   }
-  if (cfg.offload.optimizer != "disk" && e.optimizer > 0)
+  if (cfg.offload.optimizer != OffloadTier::kDisk && e.optimizer > 0)
     out.push_back({e.optimizer, "set offload.optimizer = disk with offload.dir (optimizer " + bytes_text(e.optimizer) +
                                     " -> " + bytes_text(o.buffer_bytes(state)) +
                                     " of buffers at offload.sub_group_mb = " + detail::cat(o.sub_group_mb) + ")"});
-  else if (cfg.offload.optimizer == "disk" && too_big)  // the buffers outweigh the state they stream
+  else if (cfg.offload.optimizer == OffloadTier::kDisk && too_big)  // the buffers outweigh the state they stream
     out.push_back({e.optimizer, "lower offload.sub_group_mb to " + detail::cat(o.sub_group_mb) + " (optimizer buffers " +
                                     bytes_text(e.optimizer) + " -> " + bytes_text(o.buffer_bytes(state)) + ")"});
-  if (cfg.offload.params != "disk" && (rc.zero == 0 || rc.zero == 3) && e.params > e.params_offloaded)
+  if (cfg.offload.params != OffloadTier::kDisk && (rc.zero == 0 || rc.zero == 3) && e.params > e.params_offloaded)
     out.push_back({e.params, "set offload.params = disk with offload.optimizer = disk (params " + bytes_text(e.params) +
                                  " -> " + bytes_text(e.params_offloaded) + ": the units in use and the one read ahead)"});
-  if (cfg.offload.grads != "disk" && cfg.parallel.world() == 1 && e.grads > e.params_offloaded)
+  if (cfg.offload.grads != OffloadTier::kDisk && cfg.parallel.world() == 1 && e.grads > e.params_offloaded)
     out.push_back({e.grads, "set offload.grads = disk with offload.params = disk and a whole offload.chunk_mb (grads " +
                                 bytes_text(e.grads) + " -> " + bytes_text(e.params_offloaded) + ")"});
   if (rc.dp_size > 1 && rc.zero < 3)
@@ -114,7 +121,7 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   int64_t acts = -1;  // unknown: beyond any memory
   if (rough < double(int64_t(1) << 56))
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
-                                 cfg.train.precision == "bf16", rc.plan->w_slots);
+                                 cfg.train.precision == Precision::kBf16, rc.plan->w_slots);
   std::vector<int> unit_bucket;
   std::vector<int64_t> units;
   for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets) units.push_back(b.count);

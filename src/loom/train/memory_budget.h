@@ -30,6 +30,7 @@ class Group;
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
   int64_t optimizer_in_memory = 0;  // what the optimizer state would take without offload
+  int64_t moment_floats = 0;        // floats of each moment on this rank
   int64_t params_offloaded = 0;     // what the parameters would take with offload.params = disk
   int64_t total() const { return params + grads + optimizer + activations; }
 };

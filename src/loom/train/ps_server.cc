@@ -418,7 +418,7 @@ bool PsServer::answer_free(int& left) {
   for (int w = 0; w < W_; ++w) {
     if (!f.owed[size_t(w)]) continue;
     const bool stop = full || f.rejected[size_t(w)];
-    if (cfg_.ps.mode == "ssp" && !stop && f.clock[size_t(w)] - slowest > cfg_.ps.staleness) continue;
+    if (cfg_.ps.mode == PsMode::kSsp && !stop && f.clock[size_t(w)] - slowest > cfg_.ps.staleness) continue;
     const float* t = in_[size_t(w)].data() + own_.count;
     f.tx[size_t(w)] = answer(w, double(t[PsPush::kNormSq]), slowest, stop,
                              lr_at(cfg_.optim, std::max<int64_t>(f.applied - 1, 0) / W_, cfg_.train.steps));
@@ -471,10 +471,10 @@ void finish_ps_worker(const Config& cfg, const RankContext& rc, const parallel::
   sum.ps_worker_pushes = int64_t(sum.losses.size());
   sum.ps_bytes_per_step = ps.bytes_per_step(), sum.ps_table_bytes_per_step = ps.table_bytes_per_step();
   std::ostringstream os;
-  os << "parameter servers (ps.mode " << cfg.ps.mode << (cfg.ps.sparse_embedding ? ", sparse embedding" : "")
+  os << "parameter servers (ps.mode " << name_of(cfg.ps.mode) << (cfg.ps.sparse_embedding ? ", sparse embedding" : "")
      << "): " << sum.ps_pushes << " pushes applied, worker 0 made " << sum.ps_worker_pushes << "; gradient staleness max "
      << sum.ps_max_staleness << ", mean " << std::fixed << std::setprecision(2) << sum.ps_mean_staleness << " steps";
-  if (cfg.ps.mode == "ssp") os << " (bound ps.staleness = " << cfg.ps.staleness << ")";
+  if (cfg.ps.mode == PsMode::kSsp) os << " (bound ps.staleness = " << cfg.ps.staleness << ")";
   os << "; worker 0 sent + received " << sum.ps_bytes_per_step / 1e6 << " MB per step, the embedding table's "
      << sum.ps_table_bytes_per_step / 1e6 << " MB";
   rep.info(os.str());

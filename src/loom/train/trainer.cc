@@ -99,9 +99,9 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
      << " micro-batches x dp " << p.dp << ", seq " << T << ", " << cfg.train.batch * T << " tokens/step, "
      << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
   if (cfg.optim.sgd()) os << ", SGD with momentum " << cfg.optim.momentum;  // Note [SGD with momentum]
-  const std::string& prec = cfg.train.precision;
-  if (prec != "fp32") os << ", precision " << prec << " (GEMM inputs " << prec << ", fp32 accumulation and master weights)";
-  if (cfg.offload.optimizer == "disk")
+  const char* prec = name_of(cfg.train.precision);
+  if (cfg.train.precision != Precision::kFp32) os << ", precision " << prec << " (GEMM inputs " << prec << ", fp32 accumulation and master weights)";
+  if (cfg.offload.optimizer == OffloadTier::kDisk)
     os << ", AdamW moments offloaded to " << cfg.offload.dir << " (sub-groups of " << cfg.offload.sub_group_mb
        << " MiB, " << cfg.offload.slots << " buffers)";
   if (cfg.memory.limit_gib > 0) os << ", memory budget " << cfg.memory.limit_gib << " GiB per rank";
@@ -116,10 +116,10 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   if (p.world() > 1)
     os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
-       << (cfg.comm.grad_dtype == "bf16" ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
+       << (cfg.comm.grad_dtype == FloatFormat::kBf16 ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
   if (p.ps_servers > 0)
-    os << "\n  parameter servers: " << p.ps_servers << " (ps.mode " << cfg.ps.mode
-       << (cfg.ps.mode == "ssp" ? ", staleness <= " + std::to_string(cfg.ps.staleness) : std::string())
+    os << "\n  parameter servers: " << p.ps_servers << " (ps.mode " << name_of(cfg.ps.mode)
+       << (cfg.ps.mode == PsMode::kSsp ? ", staleness <= " + std::to_string(cfg.ps.staleness) : std::string())
        << "), workers push gradients and pull the weights each step"
        << (cfg.ps.free_running() ? "; the run ends after " + std::to_string(p.dp * cfg.train.steps) + " pushes"
                                  : std::string());
@@ -387,7 +387,7 @@ void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, T
 
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u, TrainSummary& sum) {
   const int64_t local_params = e.model.layout().param_count();
-  sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params, cfg.optim.moment_bytes());
+  sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params, cfg.optim);
   int64_t states = 0;
   std::ostringstream os;
   os << "memory (rank 0, peak resident MiB):";
@@ -529,7 +529,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   Updater updater(cfg, e);
   comm::Group* const all_ranks = everyone(rc);
   const int global_rank = world ? world->global_rank() : 0;
-  if (cfg.offload.optimizer == "disk") offload_optimizer(updater, all_ranks, global_rank);
+  if (cfg.offload.optimizer == OffloadTier::kDisk) offload_optimizer(updater, all_ranks, global_rank);
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count(), sum.unigram_entropy = data->unigram_entropy_nats;

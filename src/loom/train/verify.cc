@@ -63,12 +63,12 @@ double compressed_loss_rel(CompressKind k) {
 VerifyTolerance tolerance_for(const Config& c) {
   if (c.parallel.reduce == GradReduce::kAdasum) return {kAdasumLossRel, INFINITY};
   if (c.parallel.zeropp_qwz || c.parallel.zeropp_qgz) return {kZeroPlusPlusLossRel, kZeroPlusPlusWeightAbs};
-  const CompressKind k = c.comm.grad_dtype == "bf16" ? CompressKind::kBf16 : c.parallel.compress;
+  const CompressKind k = c.comm.grad_dtype == FloatFormat::kBf16 ? CompressKind::kBf16 : c.parallel.compress;
   // Note [Verify tolerances]: bf16 training's own bounds; bf16 moments (Note [bf16 optimizer
   // moments]) flip a stochastic rounding wherever a layout's fp32 moment differs in its last
   // bits or its rank draws other bits (a tp slice, a pipeline part: other flat offsets), each
   // flip one bf16 step of a moment, as bf16 training's roundings flip.
-  const bool bf16 = c.train.precision == "bf16" || c.optim.bf16_moments();
+  const bool bf16 = c.train.precision == Precision::kBf16 || c.optim.bf16_moments();
   if (k == CompressKind::kNone) return bf16 ? VerifyTolerance{kBf16TrainLossRel, kBf16TrainWeightAbs} : VerifyTolerance{};
   // bf16's ring rounds each hop to 8 bits: Precision.Bf16GradientAllReduceStaysNearTheFp32One
   // bounds its weights too.

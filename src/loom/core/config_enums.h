@@ -1,0 +1,39 @@
+// The enum-valued keys outside [parallel] (train.device, train.precision, optim.name,
+// optim.moments, comm.grad_dtype / param_dtype / p2p_dtype, offload.optimizer / params /
+// grads, ps.mode): parsed once from their text when a config is read, printed back as
+// written. Nothing outside core/ compares their text (issue 52).
+#pragma once
+
+#include <string>
+
+namespace loom {
+
+enum class Device { kCpu, kCuda };                // "cpu" | "cuda"
+enum class Precision { kFp32, kBf16, kFp16 };     // "fp32" | "bf16" | "fp16"
+enum class OptimizerKind { kAdamW, kSgd };        // "adamw" | "sgd"
+enum class FloatFormat { kFp32, kBf16 };          // "fp32" | "bf16": stored moments, wire payloads
+enum class OffloadTier { kNone, kDisk };          // "none" | "disk"
+enum class PsMode { kSync, kAsync, kSsp };        // "sync" | "async" | "ssp"
+
+// train.loss_scale (Note [Dynamic loss scaling]) is text: a word or a number. Its kind, for
+// text the config check accepted: "auto", "dynamic", "none", else a static scale.
+enum class LossScaleKind { kAuto, kDynamic, kNone, kStatic };
+LossScaleKind loss_scale_kind(const std::string& text);
+
+const char* name_of(Device d);
+const char* name_of(Precision p);
+const char* name_of(OptimizerKind o);
+const char* name_of(FloatFormat f);
+const char* name_of(OffloadTier t);
+const char* name_of(PsMode m);
+
+// Each throws ConfigError "<key> = '<text>': expected a, b or c" for any other text.
+Device parse_device(const std::string& key, const std::string& text);
+Precision parse_precision(const std::string& key, const std::string& text);
+OptimizerKind parse_optimizer(const std::string& key, const std::string& text);
+// `what`, when given, follows the choices in parentheses.
+FloatFormat parse_float_format(const std::string& key, const std::string& text, const std::string& what = "");
+OffloadTier parse_offload_tier(const std::string& key, const std::string& text);
+PsMode parse_ps_mode(const std::string& key, const std::string& text);
+
+}  // namespace loom

@@ -32,7 +32,7 @@
 // file syncs). The supervisor reads them: a rank whose beats stop for 15 s is frozen (its
 // threads cannot run; a SIGSTOPped one is named as stopped after 10 s) and ends the job; a rank whose
 // beats go on but whose CPU time stays flat (under 50 ms a beat) with no wait in flight for
-// comm.hang_s (30 s; 0: off) is hung (blocked in its own code: a deadlock, a read that never
+// comm.hang_s (25 s, so the job ends within 30 s; 0: off) is hung (blocked in its own code: a deadlock, a read that never
 // returns) and ends the job, named with its last step. A long collective is never taken for
 // a hang: a rank in one has a wait in flight, and its peers are either in it too or
 // computing (CPU time); the collective's own bound is comm.timeout_s. A rank that spins

@@ -22,8 +22,8 @@ bool tied_split(const Config& cfg) {
 parallel::WteBucket wte_bucket(const Config& cfg) {
   if (tied_split(cfg)) return parallel::WteBucket::kTiedFirst;
   const ParallelConfig& p = cfg.parallel;
-  const bool per_bucket = compress_has_state(p.compress) || p.reduce == GradReduce::kAdasum;
-  if (cfg.model.arch == Arch::kGpt && p.pp > 1 && p.dp > 1 && per_bucket) return parallel::WteBucket::kAloneLast;
+  if (cfg.model.arch == Arch::kGpt && p.pp > 1 && p.dp > 1 && p.reduces_whole_buckets())
+    return parallel::WteBucket::kAloneLast;
   return parallel::WteBucket::kShared;
 }
 

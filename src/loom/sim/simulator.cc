@@ -218,7 +218,7 @@ double bucketed_overlap_s(const Setup& s, double t, double params, double window
 double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const CompressKind compress = par.compress;
-  if (compress_has_state(compress) || par.reduce == GradReduce::kAdasum) {
+  if (par.reduces_whole_buckets()) {
     const CompressedSync c = compressed_sync(s.cluster, s.plan.cfg, r, s.pl.dp);
     return c.comm_s + c.compute_s;
   }

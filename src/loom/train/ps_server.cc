@@ -62,7 +62,7 @@ class PsServer {
   static constexpr int kVerdictTag = 1;
   void post_push(int w);
   bool take_free(int w, int& left);
-  void decide(int w, bool admitted);
+  void decide(int w, bool admitted, bool parked);
   void send_verdict(int w, int64_t c, bool admitted);
   bool take_verdicts();
   bool answer_free(int& left);
@@ -332,33 +332,39 @@ bool PsServer::take_free(int w, int& left) {
   }
   const int64_t c = f.clock[size_t(w)];
   LOOM_ASSERT(int64_t(t[PsPush::kClock]) == c, "a push out of its worker's order");
-  links_[size_t(w)]->recv(std::span<float>(in_[size_t(w)].data(), size_t(own_.count)), 0, parallel::ps_tag(c));
   const int64_t before = f.taken++;
   ++f.clock[size_t(w)];
-  if (me_ == 0) {
-    decide(w, f.applied < f.budget);
-    send_verdict(w, c, !f.rejected[size_t(w)]);
-  } else if (f.applied >= f.budget) {
-    decide(w, false);  // every admitted push is in: the rest are refused
-  } else if (before + W_ - 1 < f.budget || c < f.decided[size_t(w)]) {
-    // Certain (Note [Exact push count]): the leader had taken at most before + W - 1 pushes
-    // when this one reached it, or its verdict is here already.
-    decide(w, c < f.decided[size_t(w)] ? c < f.first_rejected[size_t(w)] : true);
-  } else {
+  // Note [Exact push count]: the leader decides; another server when it is certain: all
+  // admitted pushes are in (refused), the leader's verdict is here, or the leader had taken
+  // at most before + W - 1 pushes when this one reached it (admitted).
+  const bool known = c < f.decided[size_t(w)];
+  const bool certain = me_ == 0 || f.applied >= f.budget || known || before + W_ - 1 < f.budget;
+  const bool admitted = me_ == 0 ? f.applied < f.budget
+                        : f.applied >= f.budget ? false
+                        : known ? c < f.first_rejected[size_t(w)]
+                                : true;
+  // An admitted push's slice lands straight in the gradient; a parked one's waits in in_[w].
+  float* slice = certain && admitted ? g_.data() : in_[size_t(w)].data();
+  links_[size_t(w)]->recv(std::span<float>(slice, size_t(own_.count)), 0, parallel::ps_tag(c));
+  if (!certain) {
     f.parked[size_t(w)] = 1;
+    return true;
   }
+  decide(w, admitted, false);
+  if (me_ == 0) send_verdict(w, c, admitted);
   return true;
 }
 
-// Applies worker w's taken push when admitted; either way an answer is owed.
-void PsServer::decide(int w, bool admitted) {
+// Applies worker w's taken push when admitted (its slice in g_, or in in_[w] when it was
+// parked); either way an answer is owed.
+void PsServer::decide(int w, bool admitted, bool parked) {
   FreeRun& f = free_;
   f.owed[size_t(w)] = 1, f.rejected[size_t(w)] = !admitted;
   if (!admitted) return;
   const float* t = in_[size_t(w)].data() + own_.count;
   record(w, t);
   ++f.applied_of[size_t(w)];
-  std::copy_n(in_[size_t(w)].data(), own_.count, g_.begin());
+  if (parked) std::copy_n(in_[size_t(w)].data(), own_.count, g_.begin());
   const double lr = lr_at(cfg_.optim, f.applied / W_, cfg_.train.steps) / W_;
   apply(std::sqrt(double(t[PsPush::kNormSq])), lr, {own_});
   ++f.applied;
@@ -402,7 +408,7 @@ bool PsServer::take_verdicts() {
     const int64_t c = f.clock[size_t(w)] - 1;  // the parked push
     if (!f.parked[size_t(w)] || c >= f.decided[size_t(w)]) continue;
     f.parked[size_t(w)] = 0, moved = true;
-    decide(w, c < f.first_rejected[size_t(w)]);
+    decide(w, c < f.first_rejected[size_t(w)], true);
   }
   return moved;
 }

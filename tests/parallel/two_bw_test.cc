@@ -101,6 +101,28 @@ TEST(TwoBw, EqualsTheDelayedUpdateReferenceBitForBit) {
   }
 }
 
+// Note [Streams with data parallelism]: dp replicas of a 2bw pipeline all-reduce each
+// update's gradient (the pending one as it completes, a flush's own at the step's end) and
+// apply the same delayed updates as the flushing dp layout's reference, bit for bit (two
+// replicas: a + b is one rounding in any order), GPT (tied wte across the ends) and Llama.
+TEST(TwoBw, DataParallelReplicasEqualTheDelayedUpdateReference) {
+  const std::vector<std::string> llama = {"model.preset=llama", "model.layers=4", "model.d_model=64", "model.heads=4",
+                                          "model.kv_heads=2", "model.ffn=96"};
+  std::vector<std::string> layout = {"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2", "train.batch=4",
+                                     "train.val_every=3"};
+  const std::vector<TrainSummary> got = expect_equal_to_reference(layout);
+  ASSERT_EQ(got.size(), 4u);
+  const std::vector<TrainSummary> flushing =
+      testing_support::train_keeping_params(base({"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2",
+                                                  "train.batch=4", "train.val_every=3", "parallel.schedule=1f1b"}));
+  EXPECT_EQ(got[0].losses[0], flushing[0].losses[0]);
+  EXPECT_NE(got[0].losses[2], flushing[0].losses[2]);  // delayed: not the flushing run
+  layout.insert(layout.end(), llama.begin(), llama.end());
+  expect_equal_to_reference(layout);
+  expect_equal_to_reference({"parallel.pp=3", "parallel.dp=2", "train.grad_accum=3", "train.batch=6",
+                             "parallel.sync_warmup_steps=2"});
+}
+
 // Validation and checkpoints flush the stream: the reference flushes at the same steps, a
 // resume from a mid-run checkpoint continues the run bit for bit, and pp = 1 is plain
 // training (nothing in flight to delay).
@@ -133,7 +155,11 @@ TEST(TwoBw, RefusesWhatItDoesNotRun) {
   };
   EXPECT_NE(error({"parallel.pp=4", "train.grad_accum=3", "train.batch=3"}).find("set train.grad_accum >= 4"),
             std::string::npos);
-  EXPECT_NE(error({"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2"}).find("2bw runs one pipeline (dp = 1"),
+  EXPECT_NE(error({"parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "train.grad_accum=2", "train.batch=4"})
+                .find("so nothing is sharded; set parallel.zero = 0"),
+            std::string::npos);
+  EXPECT_NE(error({"parallel.pp=2", "parallel.dp=2", "parallel.compress=int8", "train.grad_accum=2", "train.batch=4"})
+                .find("all-reduces each update's gradient exactly"),
             std::string::npos);
   EXPECT_NE(error({"parallel.pp=2", "train.grad_accum=2", "train.precision=fp16"}).find("use fp32 or bf16"),
             std::string::npos);

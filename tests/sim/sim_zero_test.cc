@@ -129,6 +129,28 @@ TEST(ZeroCost, OverlappedReduceExposesOnlyTheLastBucket) {
   EXPECT_NEAR(simulate(p, c).ranks[0].dp_exposed_s, t, 1e-12);
 }
 
+// Note [Streams with data parallelism]: a 2bw / pipedream / pipemare stage all-reduces each
+// update's gradient whole when it completes, with nothing to hide under: the whole t is
+// exposed, where 1f1b's bucketed reduction hides all but its last bucket.
+TEST(ZeroCost, AStreamsDataParallelReductionIsExposedWhole) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 4, "");
+  const std::vector<std::string> layout = {"model.preset=gpt2", "parallel.dp=2", "parallel.pp=2", "train.batch=64",
+                                           "train.grad_accum=8", "parallel.bucket_mb=25", "optim.grad_clip=0"};
+  for (const char* kind : {"2bw", "pipedream", "pipemare"}) {
+    std::vector<std::string> sets = layout;
+    sets.push_back(std::string("parallel.schedule=") + kind);
+    if (std::string(kind) != "2bw") sets[4] = "train.grad_accum=1", sets[3] = "train.batch=8";
+    const SimResult rep = simulate(plan_of(sets, Framework::kLoom), c);
+    for (const RankReport& r : rep.ranks) {
+      const double t = collective_time_s(c, OpKind::kAllReduce, 2 * r.params, place_group(c, 2, 1));  // bf16
+      EXPECT_NEAR(r.dp_exposed_s, t, 1e-12) << kind << " rank " << r.pp_rank;
+    }
+  }
+  const SimResult flushing = simulate(plan_of(layout, Framework::kLoom), c);
+  const double t = collective_time_s(c, OpKind::kAllReduce, 2 * flushing.ranks[0].params, place_group(c, 2, 1));
+  EXPECT_LT(flushing.ranks[0].dp_exposed_s, 0.5 * t);
+}
+
 TEST(ZeroCost, FrameworksRefuseTheZeroTheyDoNotRun) {
   const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
   const std::vector<std::string> z3 = {"model.preset=gpt2", "parallel.dp=16", "parallel.zero=3", "train.batch=16"};

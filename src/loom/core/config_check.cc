@@ -228,10 +228,18 @@ void check_streams(const Config& c, std::vector<std::string>& errs) {
       errs.push_back("parallel.pipemare_lr_steps = " + std::to_string(p.pipemare_lr_steps) +
                      ": steps >= 0, or -1 for optim.warmup_steps");
   }
-  if (p.dp > 1)
-    errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) + ": " + name +
-                   " runs one pipeline (dp = 1, with tp, sp and recompute); with data parallelism use 1f1b, "
-                   "interleaved or a zero-bubble schedule");
+  // Note [Streams with data parallelism] (parallel/schedule.h): each update's gradient is
+  // all-reduced exactly over the stage's replicas, whole.
+  if (p.dp > 1 && p.zero > 0)
+    errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) + " and parallel.zero = " + std::to_string(p.zero) +
+                   ": " + name + " updates each stage replica's whole weights (and keeps a second version of them) "
+                   "after an exact all-reduce, so nothing is sharded; set parallel.zero = 0, or use 1f1b, "
+                   "interleaved or a zero-bubble schedule with ZeRO");
+  if (p.dp > 1 && (p.compress != CompressKind::kNone || p.reduce == GradReduce::kAdasum ||
+                   c.comm.grad_dtype != FloatFormat::kFp32))
+    errs.push_back(is + "with parallel.dp = " + std::to_string(p.dp) + " all-reduces each update's gradient "
+                   "exactly; parallel.compress = " + compress_name(p.compress) + ", parallel.reduce and "
+                   "comm.grad_dtype must stay none, mean and fp32 (compressed gradients run with the flushing schedules)");
   if (c.train.precision == Precision::kFp16)
     errs.push_back(is + "with train.precision = fp16: a skipped update (loss scaling) would break the delayed "
                    "updates; use fp32 or bf16");

@@ -43,6 +43,21 @@
 // backward reaches stream_depth() = ceil((pp - 1) / m) steps back: 1 for 2bw (m >= pp),
 // pp - 1 for pipedream and pipemare (m = 1: each step is one minibatch).
 //
+// Note [Streams with data parallelism]
+// With parallel.dp > 1 each stage has dp replicas, each running its own stream on its share
+// of every minibatch. A replica's update waits for the replicas' mean of its gradient, one
+// exact all-reduce (kAvg) of the stage's whole gradient per update: 2bw's pending gradient as
+// soon as it is complete (and a flush's own at the step's end), a pipedream / pipemare
+// stage's minibatch gradient right after its backward (a tied GPT first stage after adding the
+// head's wte part, then sending the reduced sum on), so every replica applies the same update
+// and the weight versions stay equal across replicas. No bucketed sync runs beside the
+// stream: its hooks would reduce a gradient the trailing backwards are still making. The
+// reduction is exposed (the simulator prices it whole, dp_exposed_s); ZeRO and the gradient
+// compressors are refused with a stream at dp > 1 (the update is of whole replicas).
+// Exactness: the reference is the flushing layout with the same dp (TrainOptions::
+// two_bw_reference / async_reference), whose sync averages the same sums; with two replicas
+// a + b is one rounding in either order, so the stream equals it bit for bit (tested).
+//
 // Note [Synchronous warm-up]
 // parallel.sync_warmup_steps = W makes steps 1..W of a stream schedule flushing steps
 // (flushes_pipeline, train/step_observers.h): each stream is one step long, so every

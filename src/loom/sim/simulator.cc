@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 #include <cmath>
-#include <cstdio>
 
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
@@ -229,7 +228,8 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   const bool bf16 = s.plan.cfg.comm.grad_dtype == FloatFormat::kBf16 || compress == CompressKind::kBf16;
   const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
   const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
-  return s.plan.dp_overlap ? bucketed_overlap_s(s, t, params, last_bwd_window) : t;
+  // Note [Streams with data parallelism]: a stream's stage reduces each update's gradient whole, exposed.
+  return s.plan.dp_overlap && !(streams(par.schedule) && s.pp > 1) ? bucketed_overlap_s(s, t, params, last_bwd_window) : t;
 }
 
 // Note [Parameter-gather overlap]

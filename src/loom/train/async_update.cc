@@ -55,6 +55,7 @@ void Updater::update_batch(int64_t batch) {
   std::vector<float>& g = model.grads();
   LOOM_ASSERT(adamw_.steps_taken() == batch, "stage ", rc.pp_rank, " updates minibatch ", batch, " after ",
               adamw_.steps_taken(), " updates");
+  bool reduced = false;
   if (!tied_sends_.empty()) {
     const ParamSpec& wte = model.layout().at("wte");
     float* const gw = g.data() + wte.offset;
@@ -65,10 +66,13 @@ void Updater::update_batch(int64_t batch) {
       rc.embed->recv(std::span<float>(t.buf), peer(*rc.embed), tied_tag(batch));
       add_into(gw, t.buf.data(), wte.numel);
       link = rc.tied_down.get();
+      dp_mean(g);  // the replicas' mean of the summed copy is what both ends apply
+      reduced = true;
     }
     std::copy(gw, gw + wte.numel, t.buf.begin());  // the last stage: the head's part, to the first
     t.work = link->send(std::span<const float>(t.buf), peer(*link), tied_tag(batch), {.async = true});
   }
+  if (!reduced) dp_mean(g);  // Note [Streams with data parallelism]
   applied_sq_ += sum_squares(k, g.data(), norm_ranges_);
   const double lr = lr_at(cfg_.optim, batch, cfg_.train.steps) * s.lr_scale(batch, s.delay());
   s.before_update(batch);
@@ -131,7 +135,7 @@ Updater::Result Updater::step_async_reference(double local_loss, double lr, int6
   double v[2] = {local_loss, sum_squares(k, model.grads().data(), norm_ranges_)};
   rc.stats_sum(v);
   r.loss = v[0] / (rc.dp_size * rc.tp_size);
-  r.norm = std::sqrt(v[1]);
+  r.norm = std::sqrt(v[1] / rc.dp_size);  // every dp replica counted the same gradient
   s.before_update(step);
   const double own = lr * s.lr_scale(step, s.delay());
   if (untied_.empty()) {

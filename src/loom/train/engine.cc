@@ -59,7 +59,10 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   memory.track(memory.category("grads"), model.grads().data(), state_bytes);
   memory.category("optimizer");
   memory.track(memory.category("activations"), model.activation_storage(), model.activation_bytes());
-  if (rc.dp) {
+  // Note [Streams with data parallelism]: a stream's stages all-reduce each update's gradient
+  // themselves (Updater::dp_mean); the bucketed sync would reduce a half-made one.
+  const bool stream = rc.schedule && streams(rc.schedule->kind);
+  if (rc.dp && !stream) {
     const parallel::CompressSpec compress = parallel::compress_spec(cfg);
     sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), compress.ring_codec());
     sync->set_compressors(compress, model.layout().specs());
@@ -351,11 +354,12 @@ Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush
     if (norm_started_ && &g != &e_.model.grads()) {
       ss = take_pending_norm();
     } else {
+      if (s.pipeline()) dp_mean(g);  // a flush's own gradient (the reference's sync reduced it)
       double v[2] = {0, sum_squares(k, g.data(), norm_ranges_)};
       rc.stats_sum(v);
       ss = v[1];
     }
-    r.norm = std::sqrt(ss);
+    r.norm = std::sqrt(ss / rc.dp_size);  // every dp replica counted the same gradient
     if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip); coef != 1.0)
       for (const FlatRange& o : adamw_.owned()) k.scale_inplace(g.data() + o.offset, o.count, float(coef));
     adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps));
@@ -392,9 +396,11 @@ void Updater::start_pending_norm(std::vector<float>& g) {
     const ParamSpec& w = e_.model.layout().at("wte");
     wte_work_ = rc.embed->all_reduce(std::span<float>(g.data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum,
                                      {.async = true, .lazy = true});
-    // The head's copy is left out of the norm (norm_ranges_), the embedding's counted: summed first.
-    if (!rc.holds_tied_copy(cfg_.model)) wte_work_.wait();
+    // The head's copy is left out of the norm (norm_ranges_), the embedding's counted: summed
+    // first; and before the replicas' mean of the whole gradient.
+    if (!rc.holds_tied_copy(cfg_.model) || rc.dp) wte_work_.wait();
   }
+  dp_mean(g);
   norm_buf_[0] = sum_squares(e_.model.ops(), g.data(), norm_ranges_);
   norm_work_ = rc.stats->all_reduce(std::span<double>(norm_buf_, 1), comm::ReduceOp::kSum, {.async = true, .lazy = true});
   norm_started_ = true;
@@ -407,13 +413,20 @@ double Updater::take_pending_norm() {
   return norm_buf_[0];
 }
 
+// Note [Streams with data parallelism]: the stage replicas' mean gradient, in place (the
+// bucketed sync's kAvg; no-op at dp 1 and wherever a GradSync reduces).
+void Updater::dp_mean(std::vector<float>& g) {
+  if (!e_.rc.dp || e_.sync) return;
+  e_.rc.dp->all_reduce(std::span<float>(g), comm::ReduceOp::kAvg);
+}
+
 void Updater::take_earlier_loss(Result& r) {
   if (!loss_started_) return;
   loss_work_.wait();
   loss_started_ = false;
   r.has_earlier = true;
   r.earlier_loss = loss_buf_[0] / (e_.rc.dp_size * e_.rc.tp_size);
-  r.earlier_norm = std::sqrt(loss_buf_[1]);
+  r.earlier_norm = std::sqrt(loss_buf_[1] / e_.rc.dp_size);
 }
 
 void Updater::sum_loss(Result& r, double local_loss, double sq, bool flush) {
@@ -423,7 +436,7 @@ void Updater::sum_loss(Result& r, double local_loss, double sq, bool flush) {
     double v[2] = {local_loss, sq};
     rc.stats_sum(v);
     r.loss = v[0] / (rc.dp_size * rc.tp_size);
-    r.norm = std::sqrt(v[1]);
+    r.norm = std::sqrt(v[1] / rc.dp_size);  // every dp replica counted the same gradient
   } else {
     loss_buf_[0] = local_loss, loss_buf_[1] = sq;
     loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 2), comm::ReduceOp::kSum, {.async = true, .lazy = true});
@@ -475,8 +488,9 @@ int64_t zero_model_state_bytes(int zero, int dp, int64_t params, const OptimConf
 namespace {
 
 void attach_two_bw_reference(const Config& cfg, Engine& e) {
-  LOOM_CHECK(!e.two_bw && cfg.parallel.dp == 1, "the 2bw reference runs flushing steps without dp (pp = 1, or a "
-             "flushing pipeline schedule); got schedule ", schedule_name(cfg.parallel.schedule), " dp ", cfg.parallel.dp);
+  LOOM_CHECK(!e.two_bw && (!streams(cfg.parallel.schedule) || cfg.parallel.pp == 1) && cfg.parallel.zero == 0,
+             "the 2bw reference runs flushing steps (pp = 1, or a flushing pipeline schedule; zero 0); got schedule ",
+             schedule_name(cfg.parallel.schedule), " zero ", cfg.parallel.zero);
   e.two_bw = std::make_unique<TwoBwState>(e.model, e.memory, false);
 }
 
@@ -484,10 +498,10 @@ void attach_two_bw_reference(const Config& cfg, Engine& e) {
 // same layout, one minibatch per step, binding the versions the stream would.
 void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind) {
   const ParallelConfig& p = cfg.parallel;
-  LOOM_CHECK(!e.async && p.pp > 1 && p.dp == 1 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
+  LOOM_CHECK(!e.async && p.pp > 1 && p.zero == 0 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
                  cfg.optim.grad_clip == 0,
-             "the pipedream / pipemare reference is a flushing pipeline (pp > 1, dp 1) with one micro-batch per step "
-             "and no clipping; got schedule ", schedule_name(p.schedule), " pp ", p.pp, " dp ", p.dp, " grad_accum ",
+             "the pipedream / pipemare reference is a flushing pipeline (pp > 1, zero 0) with one micro-batch per step "
+             "and no clipping; got schedule ", schedule_name(p.schedule), " pp ", p.pp, " zero ", p.zero, " grad_accum ",
              cfg.train.grad_accum, " grad_clip ", cfg.optim.grad_clip);
   const ScheduleKind k = parse_schedule(kind);
   LOOM_CHECK(updates_per_batch(k), "async_reference = ", kind, ": expected pipedream or pipemare");

@@ -120,6 +120,7 @@ class Updater {
   // Note [2BW without a barrier]: the pending gradient's tied-wte sum and norm, started as
   // soon as it is complete; a step's loss sum, started at its end and taken at the next.
   void start_pending_norm(std::vector<float>& g);
+  void dp_mean(std::vector<float>& g);
   double take_pending_norm();
   void take_earlier_loss(Result& r);
   // Note [PipeDream weight stashing] (train/async_update.cc): one minibatch's update on a

@@ -168,6 +168,8 @@ TEST(MpiTrain, CompressedGradientsStayNearTheExactRun) {
       {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.pp=2", "train.grad_accum=2",
        "parallel.compress_warmup_steps=3"},
       {"parallel.dp=2", "parallel.pp=2", "parallel.compress=terngrad", "train.grad_accum=2"},
+      {"parallel.dp=2", "parallel.compress=onebit_adam", "parallel.zero=1", "parallel.compress_warmup_steps=3"},
+      {"parallel.dp=4", "parallel.compress=topk_adam", "parallel.zero=3", "parallel.compress_warmup_steps=3"},
       {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=4",
        "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"},
       {"parallel.dp=4", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=4",
@@ -284,6 +286,31 @@ TEST(MpiTrain, PipeDreamAndPipeMareMatchTheirReference) {
     o.out = o.err = &sink, o.keep_params = true;
     const TrainSummary got = train(c, o, *g_world);
     o.async_reference = kind;
+    const TrainSummary want = train(ref, o, *g_world);
+    EXPECT_EQ(got.losses, want.losses) << kind;
+    EXPECT_EQ(got.final_params, want.final_params) << kind;
+  }
+}
+
+// Note [Streams with data parallelism] under mpirun: two replicas of a two-stage stream, each
+// update's gradient all-reduced over the stage's replicas, equal bit for bit to the flushing
+// dp x pp layout's reference for 2bw, pipedream and pipemare.
+TEST(MpiTrain, StreamsWithDataParallelismMatchTheirReference) {
+  if (g_world->world_size() != 4) GTEST_SKIP() << "dp 2 x pp 2";
+  for (const std::string kind : {"2bw", "pipedream", "pipemare"}) {
+    const bool two_bw = kind == "2bw";
+    const Config c = config_from_toml_string(
+        to_toml(base_config("gpt")), {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=" + std::string(two_bw ? "2" : "1"),
+                                      "train.batch=" + std::string(two_bw ? "8" : "4"), "train.steps=6",
+                                      "optim.grad_clip=" + std::string(two_bw ? "0.5" : "0"), "parallel.schedule=" + kind});
+    Config ref = c;
+    ref.parallel.schedule = ScheduleKind::k1F1B;
+    std::ostringstream sink;
+    TrainOptions o;
+    o.out = o.err = &sink, o.keep_params = true;
+    const TrainSummary got = train(c, o, *g_world);
+    if (two_bw) o.two_bw_reference = true;
+    else o.async_reference = kind;
     const TrainSummary want = train(ref, o, *g_world);
     EXPECT_EQ(got.losses, want.losses) << kind;
     EXPECT_EQ(got.final_params, want.final_params) << kind;

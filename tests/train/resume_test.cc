@@ -68,6 +68,12 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       // Top-k Adam (Note [Top-k Adam]): the same, with the top-k residual as its state.
       {"topk_adam dp2", {"parallel.dp=2", "parallel.compress=topk_adam", "parallel.compress_ratio=0.05",
                          "parallel.compress_warmup_steps=2"}},
+      // Note [Compressed Adam with ZeRO]: the momentum pieces, the whole residuals; D is
+      // gathered again from the restored variance pieces.
+      {"onebit_adam dp2 zero2", {"parallel.dp=2", "parallel.zero=2", "parallel.compress=onebit_adam",
+                                 "parallel.compress_warmup_steps=2"}},
+      {"topk_adam dp2 zero3", {"parallel.dp=2", "parallel.zero=3", "parallel.compress=topk_adam",
+                               "parallel.compress_ratio=0.05", "parallel.compress_warmup_steps=2"}},
       // 0/1 Adam in local steps from step 3 (intervals 1, 2, 4): the save at 3 synchronises,
       // so the parameters, m, v and the residuals are all a resume needs.
       {"zero_one_adam dp2", {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=2",

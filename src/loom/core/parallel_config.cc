@@ -194,14 +194,16 @@ void check_accordion(const ParallelConfig& p, std::vector<std::string>& errs) {
                    "], or 0 for a tenth of it");
 }
 
-// Note [1-bit Adam] (parallel/compress.h): the optimizer keeps every rank's whole momentum
-// (ZeRO 0) and freezes a variance the warm-up must have filled.
+// Note [1-bit Adam] (parallel/compress.h): the optimizer freezes a variance the warm-up must
+// have filled; under ZeRO the momentum is sharded (Note [Compressed Adam with ZeRO]), but
+// 0/1 Adam's local steps run every rank's whole optimizer on its own gradients.
 void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
   const std::string what = std::string("parallel.compress = ") + compress_name(p.compress);
-  if (p.zero != 0)
-    errs.push_back(what + " keeps each rank's whole momentum and parameters; parallel.zero = " + str(p.zero) +
-                   " shards them: set parallel.zero = 0, or use topk | terngrad | powersgd (any ZeRO stage)");
+  if (p.zero != 0 && p.compress == CompressKind::kZeroOneAdam)
+    errs.push_back(what + " takes local AdamW steps in which every rank updates all its parameters from its own "
+                   "gradients and momentum (Lu et al. 2023), which ZeRO's sharded optimizer cannot; parallel.zero = " +
+                   str(p.zero) + ": set parallel.zero = 0, or use onebit_adam | topk_adam (any ZeRO stage)");
   if (p.compress == CompressKind::kZeroOneAdam) {
     for (const auto& [key, v] : {std::pair{"zero_one_var_scaler", p.zero_one_var_scaler},
                                  std::pair{"zero_one_local_scaler", p.zero_one_local_scaler},

@@ -315,4 +315,34 @@ void AdamW::step_with_update(std::vector<float>& params, const std::vector<float
   }
 }
 
+std::vector<float> AdamW::frozen_preconditioner(int64_t frozen_at) const {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 1-bit / top-k Adam");
+  const FrozenScale d = frozen_scale(cfg_, frozen_at);
+  std::vector<float> D(v_.size());
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < v_.size(); i++) D[i] = v_[i] > 0.0f ? d(v_[i]) : 0.0f;
+  return D;
+}
+
+void AdamW::step_with_mean_units(std::vector<float>& params, const std::vector<float>& w, double lr,
+                                 int64_t frozen_at) {
+  LOOM_ASSERT(!cfg_.bf16_moments(), "the config check refuses bf16 moments with 1-bit / top-k Adam");
+  const FrozenScale d = frozen_scale(cfg_, frozen_at);
+  const float step_size = next_step_size(lr);
+  const float b1 = float(cfg_.beta1);
+  for (const Run& r : runs_) {
+    float* p = params.data() + r.offset;
+    const float* x = w.data() + r.offset;
+    float* m = m_.data() + r.state_offset;
+    const float* v = v_.data() + r.state_offset;
+    const float decay = 1.0f - float(lr) * r.weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < r.count; i++) {
+      const float D = v[i] > 0.0f ? d(v[i]) : 0.0f;
+      m[i] = b1 * m[i] + (1.0f - b1) * x[i] * D;
+      p[i] = p[i] * decay - (D > 0.0f ? step_size * (m[i] / D) : 0.0f);
+    }
+  }
+}
+
 }  // namespace loom

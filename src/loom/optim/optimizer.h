@@ -105,6 +105,13 @@ class AdamW {
   // step_with_update: t += 1; m = u D (the reduced u back in momentum units);
   // p = p (1 - lr wd) - lr u / (1 - b1^t). With u = m / D this is AdamW's step.
   void step_with_update(std::vector<float>& params, const std::vector<float>& u, double lr, int64_t frozen_at);
+  // 1-bit / top-k Adam under ZeRO (Note [Compressed Adam with ZeRO] in parallel/compress.h):
+  // frozen_preconditioner() is D of the owned parts, packed in owned order (0 where v == 0);
+  // step_with_mean_units(w), w (flat, owned parts read) the dp mean of the ranks' g / D: t += 1;
+  // m = b1 m + (1 - b1) w D; p = p (1 - lr wd) - lr (m / D) / (1 - b1^t) where v > 0 (else
+  // only the decay).
+  std::vector<float> frozen_preconditioner(int64_t frozen_at) const;
+  void step_with_mean_units(std::vector<float>& params, const std::vector<float>& w, double lr, int64_t frozen_at);
   // 0/1 Adam (Note [0/1 Adam] in parallel/compress.h): t += 1; m = b1 m + (1 - b1) g; v too
   // when update_v; p moves by AdamW's rule with bias corrections 1 - b1^t and 1 - b2^k, k =
   // v_updates (the variance updates so far, this one included). Returns lr / (1 - b1^t).

@@ -64,6 +64,23 @@
 // checkpointed. The norm for clipping is the root mean square of the ranks' local norms
 // (no gradient is reduced to measure the global one), one coefficient on every rank.
 //
+// Note [Compressed Adam with ZeRO]
+// Under ZeRO-1/2/3 (parallel.zero >= 1) each rank keeps m and v for its own pieces only
+// (Note [Sharded buckets]), so no rank can form its whole momentum u_i = (b1 m + (1 - b1)
+// g_i) / D, which ZeRO 0 compresses. What crosses instead is the preconditioned gradient:
+//   w_i = g_i / D                      D whole on every rank (frozen, gathered once)
+//   w   = CompressedAllReduce(w_i)     the same bits on every rank (whole buckets)
+//   m   = b1 m + (1 - b1) w D;  p -= lr (m / D / (1 - b1^t) + wd p)   own pieces
+// then ZeRO-1/2 all-gather p as after any update (ZeRO-3 keeps its pieces). With an exact
+// mean this is ZeRO 0's step up to rounding ((g / D) D is not g; tested: top-k Adam at ratio 1
+// under ZeRO-1/2/3 holds the exact layouts' bounds against ZeRO 0). The compressors (1-bit's
+// signs with worker and server error feedback, top-k with its residual) run on whole buckets
+// as in Note [Compressed ZeRO-2/3], and their residuals then hold units of g / D (error
+// feedback on the preconditioned gradient, as 0/1 Adam's compressed steps send g / D).
+// Memory: the momentum and the variance are sharded; D (4 bytes a parameter) and the worker
+// residual stay whole; measured against the exact run in train/verify.h. 0/1 Adam is refused
+// with ZeRO: its local steps update every parameter from each rank's own momentum.
+//
 // Note [Top-k Adam]
 // parallel.compress = topk_adam runs 1-bit Adam's frame (Note [1-bit Adam]: the exact
 // warm-up, v frozen, the preconditioned momentum u_i crossing the dp group, m = u D) with

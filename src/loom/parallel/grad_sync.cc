@@ -90,8 +90,9 @@ GradSync::GradSync(comm::Group& dp, const DataParallelPlan& plan, Mode mode, com
 
 void GradSync::set_compressors(const CompressSpec& spec, const std::vector<ParamSpec>& specs) {
   // Note [Compressed ZeRO-2/3]: the stateful compressors and Adasum reduce whole buckets in
-  // every sync mode; 1-bit Adam's family keeps whole moments (ZeRO 0).
-  LOOM_CHECK(!compress_in_optimizer(spec.kind) || mode_ == Mode::kAllReduce, "parallel.compress = ",
+  // every sync mode; so do 1-bit and top-k Adam (Note [Compressed Adam with ZeRO]). 0/1
+  // Adam's local steps keep whole moments (ZeRO 0).
+  LOOM_CHECK(spec.kind != CompressKind::kZeroOneAdam || mode_ == Mode::kAllReduce, "parallel.compress = ",
              compress_name(spec.kind), " needs the all-reduce sync (ZeRO 0)");
   spec_ = spec;
   specs_ = specs;

@@ -72,22 +72,18 @@ struct SyncChoice {
 };
 
 // Exact sync, plus the requested compressors or ZeRO++ modes where they apply, over a dp
-// group that crosses nodes (or anywhere, if asked): compressors on all-reduced gradients
-// (zero 0/1; the Adam modes zero 0), the codecs (Note [Ring codecs]) and the stateful
-// compressors (Note [Compressed ZeRO-2/3]) on reduce-scattered ones too, and ZeRO++ on those.
+// group that crosses nodes (or anywhere, if asked): every compressor at every ZeRO stage (the
+// codecs in the reduce-scatter, Note [Ring codecs]; the stateful ones and 1-bit / top-k Adam
+// on whole buckets, Note [Compressed ZeRO-2/3], Note [Compressed Adam with ZeRO]) but 0/1
+// Adam under ZeRO (its local steps), and ZeRO++ on reduce-scattered gradients.
 std::vector<SyncChoice> sync_choices(const PlanRequest& req, const sim::SimPlan& plan, int64_t zero) {
   std::vector<SyncChoice> out = {SyncChoice{}};
   const ParallelConfig& q = plan.cfg.parallel;
   const int64_t group = q.dp * plan.cp;
   if (group < 2) return out;
   if (!req.compress_everywhere && sim::place_group(req.cluster, group, q.tp).nodes < 2) return out;
-  if (zero <= 1) {
-    for (CompressKind k : req.compress)
-      if (k != CompressKind::kNone && (zero == 0 || !compress_in_optimizer(k))) out.push_back({k});
-  } else {  // Note [Compressed ZeRO-2/3]: not 1-bit Adam's family, which keeps whole moments
-    for (CompressKind k : req.compress)
-      if (k != CompressKind::kNone && !compress_in_optimizer(k)) out.push_back({k});
-  }
+  for (CompressKind k : req.compress)
+    if (k != CompressKind::kNone && (zero == 0 || k != CompressKind::kZeroOneAdam)) out.push_back({k});
   if (zero >= 2 && req.zeropp) {
     out.push_back({CompressKind::kNone, false, true, false});
     if (zero == 3)
@@ -273,9 +269,14 @@ std::string layout_caveat(const sim::SimPlan& p) {
     case CompressKind::kTopK: os << "top-k, ratio " << q.compress_ratio << " (DGC)"; break;
     case CompressKind::kPowerSgd: os << "PowerSGD, rank " << q.compress_rank; break;
     case CompressKind::kTernGrad: os << "TernGrad, 2 bits a value"; break;
-    case CompressKind::kOneBitAdam: os << "1-bit Adam, momentum as signs after an exact warm-up"; break;
+    case CompressKind::kOneBitAdam:
+      os << "1-bit Adam, " << (q.zero > 0 ? "g / D" : "momentum") << " as signs after an exact warm-up";
+      break;
     case CompressKind::kZeroOneAdam: os << "0/1 Adam, signs and local steps"; break;
-    case CompressKind::kTopKAdam: os << "top-k Adam, ratio " << q.compress_ratio << " of the momentum after an exact warm-up"; break;
+    case CompressKind::kTopKAdam:
+      os << "top-k Adam, ratio " << q.compress_ratio << " of the " << (q.zero > 0 ? "g / D" : "momentum")
+         << " after an exact warm-up";
+      break;
     default: os << compress_name(q.compress) << " ring all-reduce"; break;
   }
   return "approximate gradients (" + os.str() +

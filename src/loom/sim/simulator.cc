@@ -212,8 +212,7 @@ double bucketed_overlap_s(const Setup& s, double t, double params, double window
 
 // The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
 // window: the exact ring overlapped with backward but for its last bucket (the overlapped part
-// priced by Note [Overlap contention]), a ring codec
-// likewise, or a stateful compressor or Adasum after backward (compressed_sync).
+// priced by Note [Overlap contention]), a ring codec likewise, or a stateful compressor or Adasum after backward (compressed_sync).
 double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const CompressKind compress = par.compress;
@@ -285,6 +284,7 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   const double moment_floats = 2 * rep.params / (par.zero >= 1 ? G : 1.0);
   MemoryBreakdown mem = model_state_bytes(rep.params, s.dp * s.cp, par.zero, s.cluster.device, s.plan.cfg.optim.moment_bytes());
   if (par.zero >= 2 && par.reduces_whole_buckets()) mem.grads *= G;  // Note [Compressed ZeRO-2/3]
+  if (par.zero >= 1 && G > 1 && compress_in_optimizer(par.compress)) mem.optimizer += 4 * rep.params;  // D whole (Note [Compressed Adam with ZeRO])
   // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
   // pipemare's velocity and corrected weights.
   mem.params *= stream_param_copies(par.schedule, int(s.pp), int(r));

@@ -231,8 +231,13 @@ Updater::Updater(const Config& cfg, Engine& e)
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
   // ranks other than 0, the replicated tensors are left out.
   norm_ranges_ = adamw_.owned();
+  local_norm_ranges_ = {{0, int64_t(e.model.grads().size())}};
   for (const ParamSpec& s : e.model.layout().specs())
-    if (!e.rc.counts(s, cfg.model)) norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
+    if (!e.rc.counts(s, cfg.model)) {
+      norm_ranges_ = subtract(norm_ranges_, {s.offset, s.numel});
+      local_norm_ranges_ = subtract(local_norm_ranges_, {s.offset, s.numel});
+    }
+  if (!(e.rc.zero > 0 && e.rc.dp)) local_norm_ranges_ = norm_ranges_;
   if (e.two_bw && e.two_bw->pipeline()) e.two_bw->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
   if (e.async) attach_async();
   if (cfg.offload.optimizer == OffloadTier::kDisk) return;  // its buffers are tracked by offload_optimizer
@@ -270,16 +275,20 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool f
   if (e_.gather) e_.gather->invalidate();
   if (chunks) chunks->begin_update();
   const bool chunked_grads = chunks && chunks->manages_grads();  // Note [Gradient chunks]
+  // 1-bit / top-k Adam past the warm-up: each rank's own whole gradient (local_norm_ranges_).
+  const bool local = e_.sync && e_.sync->local_gradients();
+  const std::vector<FlatRange>& counted = local ? local_norm_ranges_ : norm_ranges_;
   double v[2] = {local_loss, chunked_grads ? chunks->grad_sum_squares(k, norm_ranges_)
-                                           : sum_squares(k, model.grads().data(), norm_ranges_)};
+                                           : sum_squares(k, model.grads().data(), counted)};
   rc.stats_sum(v);  // every rank: one non-finite gradient anywhere makes v[1] non-finite
   Result r;
   r.loss = v[0] / (rc.dp_size * rc.tp_size);  // each dp replica's tp ranks hold one copy
   const bool sharded = rc.zero > 0 && rc.dp;
   const double S = scaler_.scale();  // a power of two: dividing by it is exact
-  // Unsharded: every dp rank counted its gradients, the same after the reduction; 1-bit
-  // Adam's local ones make this the root mean square of the ranks' norms.
-  r.norm = std::sqrt(sharded ? v[1] : v[1] / rc.dp_size) / S;
+  // Sharded: each rank counted its own pieces of the reduced gradient. Unsharded: every dp
+  // rank counted its gradients, the same after the reduction; 1-bit Adam's local ones make
+  // this the root mean square of the ranks' norms.
+  r.norm = std::sqrt(sharded && !local ? v[1] : v[1] / rc.dp_size) / S;
   r.applied = scaler_.update(std::isfinite(r.norm), step);
   if (!r.applied) {
     if (chunks) chunks->end_step();
@@ -290,18 +299,14 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool f
   // the plain update reads coef g itself (AdamW::step's grad_scale: the same bits, no pass).
   const double coef = clip_coef(r.norm, cfg_.optim.grad_clip) / S;
   const bool zero_one = cfg_.parallel.compress == CompressKind::kZeroOneAdam;
-  const bool local = e_.sync && e_.sync->local_gradients();
   const bool fused = !zero_one && !local && !chunks && !cfg_.optim.sgd();  // AdamW::update_run
   if (coef != 1.0 && !chunked_grads && !fused)
-    for (const FlatRange& o : adamw_.owned()) k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
+    for (const FlatRange& o : local ? std::vector<FlatRange>{{0, int64_t(model.grads().size())}} : adamw_.owned())
+      k.scale_inplace(model.grads().data() + o.offset, o.count, float(coef));
   if (zero_one) {
     step_zero_one(lr, step);
-  } else if (local) {  // Note [1-bit Adam]: reduce the momentum instead
-    LOOM_ASSERT(!sharded && adamw_.owned().size() == 1 && adamw_.owned()[0].offset == 0);
-    const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps, cfg_.optim.warmup_steps);
-    adamw_.momentum_to_update(model.grads(), frozen_at);
-    e_.sync->reduce_update(model.grads().data());
-    adamw_.step_with_update(model.params(), model.grads(), lr, frozen_at);
+  } else if (local) {
+    step_local(lr, sharded);
   } else if (!chunks) {
     adamw_.step(k, model.params(), model.grads(), lr, {}, {}, fused ? float(coef) : 1.0f);
   } else {
@@ -309,6 +314,34 @@ Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool f
   }
   if (sharded && !e_.gather) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;
+}
+
+// Note [1-bit Adam]: reduce the momentum instead of the gradients; under ZeRO (Note
+// [Compressed Adam with ZeRO]) the ranks' g / D, each rank's momentum piece following their mean.
+void Updater::step_local(double lr, bool sharded) {
+  std::vector<float>& g = e_.model.grads();
+  const int64_t frozen_at = cfg_.parallel.compress_warmup(cfg_.train.steps, cfg_.optim.warmup_steps);
+  if (!sharded) {
+    LOOM_ASSERT(adamw_.owned().size() == 1 && adamw_.owned()[0].offset == 0);
+    adamw_.momentum_to_update(g, frozen_at);
+    e_.sync->reduce_update(g.data());
+    adamw_.step_with_update(e_.model.params(), g, lr, frozen_at);
+    return;
+  }
+  const RankContext& rc = e_.rc;
+  if (frozen_d_.empty()) {  // the first compressed step of this run: D whole, from every rank's pieces
+    const std::vector<float> own = adamw_.frozen_preconditioner(frozen_at);
+    frozen_d_.assign(g.size(), 0.0f);
+    parallel::gather_pieces(*rc.dp, e_.plan, frozen_d_.data(), own.data());
+    e_.memory.track(e_.memory.category("optimizer"), frozen_d_.data(), int64_t(frozen_d_.size() * sizeof(float)));
+  }
+  const float* D = frozen_d_.data();
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < g.size(); i++) g[i] = D[i] > 0.0f ? g[i] / D[i] : 0.0f;
+  e_.sync->reduce_update(g.data());  // whole buckets: the same mean on every rank
+  adamw_.step_with_mean_units(e_.model.params(), g, lr, frozen_at);
+  if (e_.sync->every_micro())  // the next step zeroes only the own pieces (Note [Resident memory])
+    for (const parallel::Bucket& b : e_.plan.buckets) parallel::release_unowned(b, rc.dp_size, rc.dp_rank, g.data());
 }
 
 // Note [Chunk manager]: p streams with m and v and refreshes the resident chunks; managed

@@ -108,6 +108,11 @@ class Updater {
   AdamW adamw_;
   LossScaler scaler_;
   std::vector<FlatRange> norm_ranges_;
+  // Note [Compressed Adam with ZeRO]: the counted ranges of the whole local gradient, and
+  // the frozen preconditioner D of the whole buffer (gathered at the first compressed step).
+  std::vector<FlatRange> local_norm_ranges_;
+  std::vector<float> frozen_d_;
+  void step_local(double lr, bool sharded);
   // 0/1 Adam (Note [0/1 Adam]): the parameters at the last synchronisation and the
   // bias-corrected learning rates summed since.
   std::vector<float> p_sync_;

@@ -73,6 +73,7 @@ VerifyTolerance tolerance_for(const Config& c) {
   // bf16's ring rounds each hop to 8 bits: Precision.Bf16GradientAllReduceStaysNearTheFp32One
   // bounds its weights too.
   if (k == CompressKind::kBf16) return {compressed_loss_rel(k), bf16 ? kBf16TrainWeightAbs : 5e-4};
+  if (compress_in_optimizer(k) && c.parallel.zero > 0) return {kCompressedAdamZeroLossRel, INFINITY};
   return {compressed_loss_rel(k), INFINITY};
 }
 

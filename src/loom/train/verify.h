@@ -51,6 +51,13 @@ struct VerifyRow {
 // sum): held to its measured distance over the same run, with margin (dp 2: 2.5e-3, dp 4:
 // 6.9e-3, dp 8: 1.0e-2 -> 0.03).
 inline constexpr double kAdasumLossRel = 0.03;
+// 1-bit and top-k Adam under ZeRO (Note [Compressed Adam with ZeRO]) compress the ranks' g / D
+// where ZeRO 0 compresses their momentum u: on the run above with its 3-step warm-up (a
+// variance frozen that early dominates: see onebit_adam) 1-bit Adam is 0.522 away at dp 2
+// ZeRO-1, 0.517 at ZeRO-2/3, 0.460 at ZeRO-3 x pp 2, 0.250 at dp 4 ZeRO-1 -> 0.75; with a
+// 10-step warm-up 0.0207 at ZeRO-1/2/3 against ZeRO 0's 0.0195; top-k Adam 0.035-0.19 (3
+// steps), 0.068-0.071 (10 steps).
+inline constexpr double kCompressedAdamZeroLossRel = 0.75;
 // ZeRO++'s int8 qwZ / qgZ round every gathered weight or reduced gradient once: measured over
 // the same run 4.6e-4 (qwZ, dp 2), 7.9e-6 (qgZ, dp 2), 1.06e-3 (all three, dp 4) in loss and
 // up to 2.5e-3 in weights -> 5e-3; weights to 2 sum_k lr_k = 1.05e-2 over these 20 warm-up

@@ -175,7 +175,8 @@ Config small(std::vector<std::string> extra) {
 TEST(Precision, VerifyHoldsBf16LayoutsToTheBf16Bounds) {
   const Config base = small({"model.layers=4", "train.steps=20"});
   EXPECT_EQ(tolerance_for(base).loss_rel, kBf16TrainLossRel);
-  EXPECT_EQ(tolerance_for(base).weight_abs, kBf16TrainWeightAbs);
+  EXPECT_EQ(tolerance_for(base).weight_abs, std::max(kBf16TrainWeightAbs, rounding_weight_abs(base)));
+  EXPECT_GE(tolerance_for(base).weight_abs, kBf16TrainWeightAbs);
   const std::vector<VerifyRow> rows = verify_layouts(
       base, {{"parallel.dp=2", "parallel.zero=3"},
              {"parallel.pp=2", "parallel.schedule=interleaved", "parallel.vpp=2", "train.grad_accum=4"},

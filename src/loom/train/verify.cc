@@ -6,6 +6,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/optim/optimizer.h"
 
 namespace loom {
 
@@ -60,19 +61,30 @@ double compressed_loss_rel(CompressKind k) {
   return 0;
 }
 
+double rounding_weight_abs(const Config& c) {
+  double sum = 0;
+  for (int64_t k = 0; k < c.train.steps; k++) sum += lr_at(c.optim, k, c.train.steps);
+  return 2 * sum;
+}
+
 VerifyTolerance tolerance_for(const Config& c) {
   if (c.parallel.reduce == GradReduce::kAdasum) return {kAdasumLossRel, INFINITY};
-  if (c.parallel.zeropp_qwz || c.parallel.zeropp_qgz) return {kZeroPlusPlusLossRel, kZeroPlusPlusWeightAbs};
+  // Rounded parameter gathers (int8 blocks, bf16): Note [Verify tolerances]'s flip bound.
+  if (c.parallel.zeropp_qwz || c.parallel.zeropp_qgz || c.comm.param_dtype == FloatFormat::kBf16)
+    return {kZeroPlusPlusLossRel, rounding_weight_abs(c)};
   const CompressKind k = c.comm.grad_dtype == FloatFormat::kBf16 ? CompressKind::kBf16 : c.parallel.compress;
   // Note [Verify tolerances]: bf16 training's own bounds; bf16 moments (Note [bf16 optimizer
   // moments]) flip a stochastic rounding wherever a layout's fp32 moment differs in its last
   // bits or its rank draws other bits (a tp slice, a pipeline part: other flat offsets), each
   // flip one bf16 step of a moment, as bf16 training's roundings flip.
   const bool bf16 = c.train.precision == Precision::kBf16 || c.optim.bf16_moments();
-  if (k == CompressKind::kNone) return bf16 ? VerifyTolerance{kBf16TrainLossRel, kBf16TrainWeightAbs} : VerifyTolerance{};
-  // bf16's ring rounds each hop to 8 bits: Precision.Bf16GradientAllReduceStaysNearTheFp32One
-  // bounds its weights too.
-  if (k == CompressKind::kBf16) return {compressed_loss_rel(k), bf16 ? kBf16TrainWeightAbs : 5e-4};
+  const bool fp16 = c.train.precision == Precision::kFp16;
+  if (k == CompressKind::kNone) {
+    if (bf16 || fp16) return {kBf16TrainLossRel, std::max(kBf16TrainWeightAbs, rounding_weight_abs(c))};
+    return VerifyTolerance{};
+  }
+  // bf16's ring rounds each hop to 8 bits: a flipped update moves a weight by up to 2 lr_k.
+  if (k == CompressKind::kBf16) return {compressed_loss_rel(k), rounding_weight_abs(c)};
   if (compress_in_optimizer(k) && c.parallel.zero > 0) return {kCompressedAdamZeroLossRel, INFINITY};
   return {compressed_loss_rel(k), INFINITY};
 }

@@ -34,6 +34,14 @@ int global_rank_for_diagnostics();
 
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 
+// Note [Diverged runs]
+// Every way a CPU run can diverge stops it with one message built here: "training diverged:
+// <what went non-finite or overflowed, and when>; nothing from it is saved. <the fix>", the fix
+// naming the learning rate and the warm-up as set (`fix_first`, when given, is the mode's own
+// first remedy). The run exits 1 (a runtime error) and no checkpoint is written from the
+// diverged state (save_checked in train/step_observers.cc).
+Error diverged(const std::string& what, double lr, long long warmup_steps, const std::string& fix_first = {});
+
 namespace detail {
 template <typename... Args>
 std::string cat(const Args&... args) {

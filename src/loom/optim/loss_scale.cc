@@ -17,8 +17,9 @@ LossScaler::Mode loss_scale_mode(const TrainConfig& t) {
   return LossScaler::Mode::kStatic;
 }
 
-LossScaler::LossScaler(const TrainConfig& t)
-    : mode_(loss_scale_mode(t)), window_(t.loss_scale_window), min_(t.loss_scale_min) {
+LossScaler::LossScaler(const TrainConfig& t, const OptimConfig& o)
+    : mode_(loss_scale_mode(t)), window_(t.loss_scale_window), min_(t.loss_scale_min), lr_(o.lr),
+      warmup_(o.warmup_steps) {
   if (mode_ == Mode::kDynamic) state_.scale = t.loss_scale_init;
   if (mode_ == Mode::kStatic) state_.scale = std::stod(t.loss_scale);
 }
@@ -33,19 +34,17 @@ bool LossScaler::update(bool finite, int64_t step) {
   std::ostringstream os;
   if (!finite) {
     if (mode_ == Mode::kNone)
-      throw Error(detail::cat("training diverged: the gradients hold NaN or infinity at step ", step + 1,
-                              " (train.loss_scale = none); lower optim.lr or raise optim.warmup_steps"
-                              ", or with train.precision = fp16 use train.loss_scale = dynamic"));
+      throw diverged(detail::cat("the gradients hold NaN or infinity at step ", step + 1, " (train.loss_scale = none)"),
+                     lr_, warmup_, "With train.precision = fp16 use train.loss_scale = dynamic");
     if (mode_ == Mode::kDynamic && state_.scale <= min_)
-      throw Error(detail::cat("training diverged: the gradients hold NaN or infinity at step ", step + 1,
-                              " even at the loss scale floor train.loss_scale_min = ", min_,
-                              "; lower optim.lr or raise optim.warmup_steps"));
+      throw diverged(detail::cat("the gradients hold NaN or infinity at step ", step + 1,
+                                 " even at the loss scale floor train.loss_scale_min = ", min_),
+                     lr_, warmup_);
     skipped_++;
     if (++skipped_in_a_row_ >= kMaxSkippedInARow)
-      throw Error(detail::cat("training diverged: ", skipped_in_a_row_, " steps in a row up to step ", step + 1,
-                              " overflowed and were skipped at loss scale ", state_.scale,
-                              "; nothing was saved from them. Lower optim.lr, raise optim.warmup_steps, or set a "
-                              "lower train.loss_scale"));
+      throw diverged(detail::cat(skipped_in_a_row_, " steps in a row up to step ", step + 1,
+                                 " overflowed and were skipped at loss scale ", state_.scale),
+                     lr_, warmup_, "Set a lower train.loss_scale");
     state_.good_steps = 0;
     os << "step " << step + 1 << " skipped: gradient overflow at loss scale " << state_.scale;
     if (mode_ == Mode::kDynamic) {

@@ -43,7 +43,8 @@ class LossScaler {
  public:
   static constexpr int64_t kMaxSkippedInARow = 32;
   enum class Mode { kNone, kStatic, kDynamic };
-  explicit LossScaler(const TrainConfig& t);
+  // `o`: the learning rate and warm-up a divergence names (Note [Diverged runs]).
+  explicit LossScaler(const TrainConfig& t, const OptimConfig& o = {});
 
   Mode mode() const { return mode_; }
   bool enabled() const { return mode_ != Mode::kNone; }
@@ -66,6 +67,8 @@ class LossScaler {
   LossScaleState state_;
   int64_t window_ = 2000;
   double min_ = 1.0;
+  double lr_ = 0;
+  int64_t warmup_ = 0;
   int64_t skipped_ = 0;
   int64_t skipped_in_a_row_ = 0;  // not checkpointed: a resumed run counts afresh
   std::string event_;

@@ -110,7 +110,7 @@ void Updater::catch_up_tied(int64_t until) {
 // norm of the gradients applied in the step, every stage's own minibatch) is summed over
 // the ranks without a barrier (Note [2BW without a barrier]); a flush sums at once, lets a
 // tied last stage apply the wte updates it still owes, and ends the stream.
-Updater::Result Updater::step_async(double local_loss, int64_t step, bool flush) {
+Updater::Result Updater::step_async(double local_loss, double, int64_t step, bool flush) {
   Result r;
   sum_loss(r, local_loss, std::exchange(applied_sq_, 0.0), flush);
   if (flush) {

@@ -227,7 +227,7 @@ Updater::Updater(const Config& cfg, Engine& e)
              : e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank)
                                         : std::vector<FlatRange>{},
              cfg.offload.optimizer == OffloadTier::kDisk),
-      scaler_(cfg.train) {
+      scaler_(cfg.train, cfg.optim) {
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
   // ranks other than 0, the replicated tensors are left out.
   norm_ranges_ = adamw_.owned();
@@ -238,6 +238,7 @@ Updater::Updater(const Config& cfg, Engine& e)
       local_norm_ranges_ = subtract(local_norm_ranges_, {s.offset, s.numel});
     }
   if (!(e.rc.zero > 0 && e.rc.dp)) local_norm_ranges_ = norm_ranges_;
+  rule_ = update_rule(e);
   if (e.two_bw && e.two_bw->pipeline()) e.two_bw->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
   if (e.async) attach_async();
   if (cfg.offload.optimizer == OffloadTier::kDisk) return;  // its buffers are tracked by offload_optimizer
@@ -261,11 +262,23 @@ void Updater::offload_optimizer(int global_rank) {
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
 
+// Note [Update rules]: the rule a rank's step ends with, picked once when the Updater is made.
+UpdateRule update_rule(const Engine& e) {
+  if (e.two_bw) return UpdateRule::kTwoBw;
+  if (e.ps) return UpdateRule::kParameterServer;
+  if (e.async) return e.async->pipeline() ? UpdateRule::kStream : UpdateRule::kStreamReference;
+  return UpdateRule::kSynchronous;
+}
+
 Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool flush) {
-  if (e_.two_bw) return step_two_bw(local_loss, step, flush);
-  if (e_.ps) return step_ps(local_loss, step);
-  if (e_.async) return e_.async->pipeline() ? step_async(local_loss, step, flush)
-                                            : step_async_reference(local_loss, lr, step, flush);
+  using Rule = Result (Updater::*)(double, double, int64_t, bool);
+  static constexpr Rule kRules[] = {&Updater::step_synchronous, &Updater::step_two_bw, &Updater::step_ps,
+                                    &Updater::step_async, &Updater::step_async_reference};
+  return (this->*kRules[size_t(rule_)])(local_loss, lr, step, flush);
+}
+
+// Note [Sharded buckets]'s stages, loss scaling and 1-bit / 0/1 Adam: every flushing layout.
+Updater::Result Updater::step_synchronous(double local_loss, double lr, int64_t step, bool) {
   const RankContext& rc = e_.rc;
   Model& model = e_.model;
   const Kernels& k = model.ops();
@@ -373,7 +386,7 @@ void Updater::step_chunked(const Kernels& k, double lr, double coef) {
 // rank has long started them; and it reports a step's loss one step late (its sum started at
 // the step's end, taken at the next). A flush sums synchronously. Same sums, same order on
 // every rank: the numbers do not change.
-Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush) {
+Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bool flush) {
   const RankContext& rc = e_.rc;
   const Kernels& k = e_.model.ops();
   TwoBwState& s = *e_.two_bw;
@@ -406,7 +419,7 @@ Updater::Result Updater::step_two_bw(double local_loss, int64_t step, bool flush
 // norm. Under async / ssp (Note [Asynchronous parameter server]) this worker's own loss and
 // norm; the servers may answer "stop" (the run's pushes are done). ps.slow_worker sleeps
 // (slow_factor - 1) x the time since the last answer first (a straggler for benchmarks).
-Updater::Result Updater::step_ps(double local_loss, int64_t step) {
+Updater::Result Updater::step_ps(double local_loss, double, int64_t step, bool) {
   Result r;
   const bool free = cfg_.ps.free_running();
   double v[2] = {local_loss, 0};

@@ -71,6 +71,20 @@ struct Engine {
   std::vector<FlatRange> pack_own_pieces(StateFile& file, uint64_t seed);
 };
 
+// Note [Update rules]
+// How a rank's step turns its gradients into new weights, one rule per rank, picked once from
+// what the engine runs (update_rule) and called through one table (Updater::step):
+//   kSynchronous      every flushing layout: ZeRO stages, loss scaling, clipping, chunked
+//                     offload, 1-bit / 0/1 / top-k Adam (below);
+//   kTwoBw            Note [PipeDream-2BW]: the delayed updates at the step's end;
+//   kParameterServer  Note [Parameter server]: push the gradients, pull the weights;
+//   kStream           Note [PipeDream weight stashing], Note [PipeMare]: the stage updated
+//                     after each minibatch during the step, the loss summed at its end;
+//   kStreamReference  their flushing reference.
+// The order of the enum is the order of Updater::step's table.
+enum class UpdateRule { kSynchronous, kTwoBw, kParameterServer, kStream, kStreamReference };
+UpdateRule update_rule(const Engine& e);
+
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
 //   stage 0: grads all-reduced in place; every rank clips and updates the whole buffer.
 //   stage 1: grads all-reduced; each rank updates its own pieces, then all-gathers them.
@@ -119,8 +133,11 @@ class Updater {
   double lr_sum_ = 0;
   void step_zero_one(double lr, int64_t step);
   void step_chunked(const Kernels& k, double lr, double coef);
-  Result step_two_bw(double local_loss, int64_t step, bool flush);
-  Result step_ps(double local_loss, int64_t step);
+  // The rules (Note [Update rules]), one signature: (local_loss, lr, step, flush).
+  UpdateRule rule_ = UpdateRule::kSynchronous;
+  Result step_synchronous(double local_loss, double lr, int64_t step, bool flush);
+  Result step_two_bw(double local_loss, double lr, int64_t step, bool flush);
+  Result step_ps(double local_loss, double lr, int64_t step, bool flush);
   std::chrono::steady_clock::time_point ps_answered_ = std::chrono::steady_clock::now();
   // Note [2BW without a barrier]: the pending gradient's tied-wte sum and norm, started as
   // soon as it is complete; a step's loss sum, started at its end and taken at the next.
@@ -134,7 +151,7 @@ class Updater {
   void attach_async();
   void update_batch(int64_t batch);
   void catch_up_tied(int64_t until);
-  Result step_async(double local_loss, int64_t step, bool flush);
+  Result step_async(double local_loss, double lr, int64_t step, bool flush);
   Result step_async_reference(double local_loss, double lr, int64_t step, bool flush);
   // Starts summing this step's loss (and [1]: a squared norm) over the ranks, to be taken
   // with the next step's result (Note [2BW without a barrier]); a flush sums at once.

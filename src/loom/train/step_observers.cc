@@ -109,9 +109,9 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
                   comm::Group* world, int global_rank) {
   std::exception_ptr bad;
   if (!std::all_of(params.begin(), params.end(), [](float x) { return std::isfinite(x); }))
-    bad = std::make_exception_ptr(Error("training diverged: parameters hold NaN or infinity after step " +
-                                        std::to_string(done) + "; nothing was saved over the earlier checkpoints "
-                                        "(lower optim.lr or raise optim.warmup_steps)"));
+    bad = std::make_exception_ptr(diverged("parameters hold NaN or infinity after step " + std::to_string(done) +
+                                               " (the earlier checkpoints are kept)",
+                                           cfg.optim.lr, cfg.optim.warmup_steps));
   agree_or_throw(world, global_rank, bad);
   save_shards(cfg, done, state, world, global_rank);
 }
@@ -162,9 +162,8 @@ void Validation::after_step(const StepOutcome& s) {
   sum_.final_val_loss = evaluate(e_, val_, batches, global_rows, cfg_.seq_len());
   // Every rank holds the same reduced value, so every rank stops here together.
   if (!std::isfinite(sum_.final_val_loss))
-    throw Error(detail::cat("training diverged: the validation loss is ", sum_.final_val_loss, " after step ",
-                            s.step + 1, " (optim.lr = ", cfg_.optim.lr, "); lower optim.lr or raise "
-                            "optim.warmup_steps"));
+    throw diverged(detail::cat("the validation loss is ", sum_.final_val_loss, " after step ", s.step + 1),
+                   cfg_.optim.lr, cfg_.optim.warmup_steps);
   rep_.val(s.step, sum_.final_val_loss, bytes_per_token_);
 }
 

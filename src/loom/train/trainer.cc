@@ -333,8 +333,7 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
 // the run before anything is logged or saved from it).
 void check_finite_loss(const Config& cfg, int64_t step, double loss) {
   if (!std::isfinite(loss))
-    throw Error(detail::cat("training diverged: loss is ", loss, " at step ", step + 1, " (optim.lr = ", cfg.optim.lr,
-                            "); lower optim.lr or raise optim.warmup_steps; nothing was saved from this step"));
+    throw diverged(detail::cat("loss is ", loss, " at step ", step + 1), cfg.optim.lr, cfg.optim.warmup_steps);
 }
 
 StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u, double lr, double loss_scale,

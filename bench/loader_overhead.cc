@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "loom/comm/world.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/trainer.h"
 
 using namespace loom;

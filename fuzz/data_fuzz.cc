@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "loom/model/model.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
 #include "support/error_message.h"

@@ -5,7 +5,7 @@
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "support/loom_cli.h"
 
 namespace loom {

@@ -75,3 +75,60 @@ TEST(RankPlan, MatchesWhatEveryRankOfALiveRunHolds) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+Config duty_config(std::vector<std::string> sets) {
+  std::vector<std::string> base = {"model.layers=4", "model.d_model=64", "model.heads=4", "model.ctx=32",
+                                   "train.batch=8", "checkpoint.dir="};
+  base.insert(base.end(), sets.begin(), sets.end());
+  return load_config("", base);
+}
+
+// Note [Rank duties]: what each rank does, from the config alone - the gradient path the
+// engine's sync takes, the update rule its Updater runs, where its states live - and its
+// model-state bytes from the one formula.
+TEST(RankPlan, SaysInTypesWhatEachRankDoes) {
+  using rank::GradPath, rank::UpdateRule, rank::Place, rank::Role;
+  struct Case {
+    std::vector<std::string> sets;
+    GradPath grad;
+    UpdateRule update;
+  };
+  const std::vector<Case> cases = {
+      {{}, GradPath::kNone, UpdateRule::kSynchronous},
+      {{"parallel.dp=2"}, GradPath::kAllReduce, UpdateRule::kSynchronous},
+      {{"parallel.dp=2", "parallel.zero=1"}, GradPath::kAllReduce, UpdateRule::kSynchronous},
+      {{"parallel.dp=2", "parallel.zero=2"}, GradPath::kShardEveryMicro, UpdateRule::kSynchronous},
+      {{"parallel.dp=2", "parallel.zero=2", "parallel.pp=2"}, GradPath::kReduceScatter, UpdateRule::kSynchronous},
+      {{"parallel.dp=2", "parallel.zero=3"}, GradPath::kShardEveryMicro, UpdateRule::kSynchronous},
+      {{"parallel.dp=2", "parallel.pp=2", "parallel.schedule=2bw", "train.grad_accum=2"}, GradPath::kStreamMean,
+       UpdateRule::kTwoBw},
+      {{"parallel.pp=2", "parallel.schedule=pipemare", "optim.grad_clip=0"}, GradPath::kNone, UpdateRule::kStream},
+      {{"parallel.schedule=2bw"}, GradPath::kNone, UpdateRule::kSynchronous},  // pp 1: plain training
+  };
+  for (const Case& c : cases) {
+    const Config cfg = duty_config(c.sets);
+    const RankPlan plan = plan_rank(cfg, 0);
+    EXPECT_EQ(plan.duties.grad, c.grad) << rank::name_of(plan.duties.grad);
+    EXPECT_EQ(plan.duties.update, c.update) << rank::name_of(plan.duties.update);
+    EXPECT_EQ(plan.duties.role, Role::kTrainer);
+    EXPECT_EQ(plan.state_bytes.total(),
+              rank::model_state_bytes(double(plan.layout.param_count()), cfg.parallel.dp, int(cfg.parallel.zero),
+                                      rank::engine_widths(cfg.optim)).total());
+  }
+  const Config ps = duty_config({"parallel.dp=2", "parallel.ps_servers=1"});
+  EXPECT_EQ(rank::duties(ps, 1).role, Role::kPsWorker);
+  EXPECT_EQ(rank::duties(ps, 1).grad, GradPath::kPsPush);
+  EXPECT_EQ(rank::duties(ps, 1).moments, Place::kServers);
+  EXPECT_EQ(rank::duties(ps, 2).role, Role::kPsServer);
+  EXPECT_EQ(rank::duties(ps, 2).update, UpdateRule::kParameterServer);
+  const Config off = duty_config({"offload.optimizer=disk", "offload.params=disk", "offload.dir=/tmp"});
+  EXPECT_EQ(rank::duties(off, 0).moments, Place::kOffloadFile);
+  EXPECT_EQ(rank::duties(off, 0).params, Place::kOffloadFile);
+  EXPECT_EQ(rank::duties(duty_config({"train.precision=bf16"}), 0).precision, Precision::kBf16);
+}
+
+}  // namespace
+}  // namespace loom

@@ -11,7 +11,7 @@
 #include "loom/data/prepare.h"
 #include "loom/model/model.h"
 #include "loom/data/source.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/trainer.h"
 #include "support/error_message.h"
 #include "support/fortune_shards.h"

@@ -18,7 +18,7 @@
 #include "loom/core/error.h"
 #include "loom/core/owned.h"
 #include "loom/ckpt/run_dir.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/data/prepare.h"
 #include "loom/data/shards.h"
 

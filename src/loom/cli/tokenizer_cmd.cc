@@ -9,7 +9,7 @@
 #include "loom/core/fileio.h"
 #include "loom/data/spm.h"
 #include "loom/data/tokenizer.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/ckpt/run_dir.h"
 
 namespace loom::cli {

@@ -21,7 +21,7 @@
 #include "loom/model/model.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/report.h"
 #include "loom/train/run_start.h"
 #include "loom/train/step_observers.h"

@@ -63,10 +63,12 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   const bool sharded = p.zero > 0 && p.dp > 1;
   std::vector<FlatRange> moments = sharded ? dp_plan.owned(c[1]) : all;
   std::vector<FlatRange> params = p.zero == 3 && p.dp > 1 ? moments : all;
+  const rank::StateBytes bytes = rank::model_state_bytes(double(layout.param_count()), p.dp, int(p.zero),
+                                                         rank::engine_widths(cfg.optim));
   return RankPlan{global_rank,       c[0],           c[1],          c[2],           part,
                   std::move(schedule), act_slots,    std::move(chunk_peaks), std::move(recompute),
                   std::move(dp_plan),  std::move(unit_bucket), std::move(layout), std::move(params),
-                  std::move(moments),  w_slots};
+                  std::move(moments),  w_slots,      rank::duties(cfg, global_rank), bytes};
 }
 
 }  // namespace loom

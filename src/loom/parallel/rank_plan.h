@@ -2,12 +2,15 @@
 // What one rank of a layout holds and does, from the config alone: its mesh coordinates,
 // its model part, its pipeline schedule, activation slots and per-chunk peaks, its
 // data-parallel plan (buckets, ZeRO pieces, padding), its parameter layout and the ranges
-// of parameters and AdamW moments it keeps. plan_rank() is pure (no communication, no
+// of parameters and AdamW moments it keeps, its duties (role, gradient path, update rule,
+// where its states live: Note [Rank duties]) and its model-state bytes (Note [Model-state
+// bytes]). plan_rank() is pure (no communication, no
 // allocation of state): the live context (groups), the engine and the offline checkpoint
 // tools all take their layout from it, so no two of them can disagree. The simulator, which
 // must price thousands of layouts a second in the planner, takes the same pieces from the
 // same pure functions (parallel::rank_part for the part, the schedule and its validator for
-// the peaks) rather than the whole plan; it prices gradient buckets by size, not by the
+// the peaks, rank::update_rule for a stream's exposed reduction, rank::model_state_bytes
+// for memory) rather than the whole plan; it prices gradient buckets by size, not by the
 // plan's bucket list.
 #pragma once
 
@@ -18,6 +21,8 @@
 #include "loom/model/layout.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/schedule.h"
+#include "loom/rank/duties.h"
+#include "loom/rank/state_bytes.h"
 
 namespace loom {
 
@@ -39,6 +44,8 @@ struct RankPlan {
   std::vector<FlatRange> param_ranges;         // parameters it keeps (ZeRO-3, dp > 1: own pieces)
   std::vector<FlatRange> moment_ranges;        // AdamW moments it keeps, packed in this order
   int w_slots = 0;  // split backward (zero-bubble schedules): W slots, the schedule's peak pending W's
+  rank::Duties duties;  // Note [Rank duties]: role, gradient path, update rule, where states live
+  rank::StateBytes state_bytes;  // Note [Model-state bytes]: this rank's, from its layout
 };
 
 // Throws loom::Error when the layout's schedule does not finish (the validator's problem).

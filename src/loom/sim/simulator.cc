@@ -1,13 +1,14 @@
 #include "loom/sim/simulator.h"
 
 #include <algorithm>
-#include <numeric>
 #include <cmath>
+#include <numeric>
 
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/stage_part.h"
+#include "loom/rank/duties.h"
 #include "loom/sim/replay.h"
 #include "loom/sim/unit_cost.h"
 #include "loom/sim/zero_cost.h"
@@ -31,8 +32,7 @@ namespace loom::sim {
 // ZeRO-1/2 all-gather the updated parameters. Step time is the slowest rank's end.
 // Activation memory is tracked along the replay: a forward adds its chunk's stored bytes,
 // a backward adds the recompute transient, then frees the chunk's bytes. Zero-bubble
-// schedules (Note [B/W split] in model/model.h) replay B as the backward less the blocks'
-// weight-gradient GEMMs and W as those GEMMs, after its own B; the chunk's bytes stay until
+// schedules (Note [B/W split] in model/model.h) replay B as the backward less the blocks' weight-gradient GEMMs and W as those GEMMs, after its own B; the chunk's bytes stay until
 // W, and B adds the W slot's kept upstream gradients, which W frees.
 
 namespace {
@@ -228,7 +228,7 @@ double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_wi
   const double wire = bf16 ? std::min(2.0, s.wbytes) : compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256 : s.wbytes;
   const double t = collective_time_s(s.cluster, op, params * wire, s.pl.dp);
   // Note [Streams with data parallelism]: a stream's stage reduces each update's gradient whole, exposed.
-  return s.plan.dp_overlap && !(streams(par.schedule) && s.pp > 1) ? bucketed_overlap_s(s, t, params, last_bwd_window) : t;
+  return s.plan.dp_overlap && !rank::in_stream(rank::update_rule(s.plan.cfg)) ? bucketed_overlap_s(s, t, params, last_bwd_window) : t;
 }
 
 // Note [Parameter-gather overlap]

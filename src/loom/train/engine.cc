@@ -37,8 +37,11 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
 }
 
 parallel::GradSync::Mode sync_mode(const RankContext& rc) {
-  if (rc.zero >= 2) return rc.schedule ? parallel::GradSync::Mode::kReduceScatter : parallel::GradSync::Mode::kShardEveryMicro;
-  return parallel::GradSync::Mode::kAllReduce;
+  switch (rc.plan->duties.grad) {
+    case rank::GradPath::kReduceScatter: return parallel::GradSync::Mode::kReduceScatter;
+    case rank::GradPath::kShardEveryMicro: return parallel::GradSync::Mode::kShardEveryMicro;
+    default: return parallel::GradSync::Mode::kAllReduce;
+  }
 }
 
 // Per ZeRO-3 unit (block l = l, embedding = layers, head = layers + 1): keep gathered?
@@ -61,8 +64,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   memory.track(memory.category("activations"), model.activation_storage(), model.activation_bytes());
   // Note [Streams with data parallelism]: a stream's stages all-reduce each update's gradient
   // themselves (Updater::dp_mean); the bucketed sync would reduce a half-made one.
-  const bool stream = rc.schedule && streams(rc.schedule->kind);
-  if (rc.dp && !stream) {
+  if (rc.dp && rc.plan->duties.grad != rank::GradPath::kStreamMean) {
     const parallel::CompressSpec compress = parallel::compress_spec(cfg);
     sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), compress.ring_codec());
     sync->set_compressors(compress, model.layout().specs());
@@ -264,10 +266,9 @@ void Updater::offload_optimizer(int global_rank) {
 
 // Note [Update rules]: the rule a rank's step ends with, picked once when the Updater is made.
 UpdateRule update_rule(const Engine& e) {
-  if (e.two_bw) return UpdateRule::kTwoBw;
-  if (e.ps) return UpdateRule::kParameterServer;
-  if (e.async) return e.async->pipeline() ? UpdateRule::kStream : UpdateRule::kStreamReference;
-  return UpdateRule::kSynchronous;
+  if (e.two_bw && !e.two_bw->pipeline()) return UpdateRule::kTwoBw;  // the 2bw reference
+  if (e.async && !e.async->pipeline()) return UpdateRule::kStreamReference;
+  return e.rc.plan->duties.update;
 }
 
 Updater::Result Updater::step(double local_loss, double lr, int64_t step, bool flush) {
@@ -524,10 +525,6 @@ void Updater::step_zero_one(double lr, int64_t step) {
   p_sync_ = p;
   adamw_.momentum_from_move(d.data(), lr_sum_, k);
   lr_sum_ = 0;
-}
-
-int64_t zero_model_state_bytes(int zero, int dp, int64_t params, const OptimConfig& optim) {
-  return int64_t(rank::model_state_bytes(double(params), dp, zero, rank::engine_widths(optim)).total());
 }
 
 // TrainOptions::two_bw_reference (Note [PipeDream-2BW]): flushing steps with the delayed updates.

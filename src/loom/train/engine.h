@@ -13,6 +13,7 @@
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/ps.h"
 #include "loom/parallel/zero.h"
+#include "loom/rank/duties.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
 #include "loom/train/chunk_manager.h"
@@ -81,8 +82,10 @@ struct Engine {
 //   kStream           Note [PipeDream weight stashing], Note [PipeMare]: the stage updated
 //                     after each minibatch during the step, the loss summed at its end;
 //   kStreamReference  their flushing reference.
-// The order of the enum is the order of Updater::step's table.
-enum class UpdateRule { kSynchronous, kTwoBw, kParameterServer, kStream, kStreamReference };
+// The plan names the rule (rank::update_rule, Note [Rank duties]); a test's flushing
+// reference (TrainOptions::two_bw_reference / async_reference) is the one override. The
+// order of the enum is the order of Updater::step's table.
+using UpdateRule = rank::UpdateRule;
 UpdateRule update_rule(const Engine& e);
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
@@ -168,11 +171,6 @@ class Updater {
   double norm_buf_[1] = {0}, loss_buf_[2] = {0, 0};
   bool norm_started_ = false, loss_started_ = false;
 };
-
-// The ZeRO formula for this rank's model states in bytes (Note [Model-state bytes] in
-// rank/state_bytes.h: 16 bytes per parameter unsharded with fp32 moments, 12 with bf16), for
-// `params` parameters on the rank.
-int64_t zero_model_state_bytes(int zero, int dp, int64_t params, const OptimConfig& optim);
 
 // What the engine needs before the first step beyond the layout (the references tests ask
 // for, their hooks, a PS job's initial weights on the servers).

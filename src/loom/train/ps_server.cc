@@ -19,7 +19,7 @@
 #include "loom/model/layout.h"
 #include "loom/optim/optimizer.h"
 #include "loom/parallel/ps.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/run_start.h"
 #include "loom/train/step_observers.h"

@@ -10,7 +10,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/data/stream_decode.h"
 #include "loom/data/tokenizer.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 
 namespace loom {
 

@@ -8,7 +8,7 @@
 #include "loom/comm/agree.h"
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/engine.h"
 #include "loom/train/trace.h"
 

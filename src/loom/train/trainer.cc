@@ -21,7 +21,7 @@
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/ckpt/checkpoint.h"
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 #include "loom/train/run_start.h"
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/ckpt/shard_format.h"
@@ -386,7 +386,7 @@ void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, T
 
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u, TrainSummary& sum) {
   const int64_t local_params = e.model.layout().param_count();
-  sum.model_state_formula_bytes = zero_model_state_bytes(e.rc.zero, e.rc.dp_size, local_params, cfg.optim);
+  sum.model_state_formula_bytes = int64_t(e.rc.plan->state_bytes.total());  // Note [Model-state bytes]
   int64_t states = 0;
   std::ostringstream os;
   os << "memory (rank 0, peak resident MiB):";

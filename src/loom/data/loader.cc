@@ -1,4 +1,4 @@
-#include "loom/train/data.h"
+#include "loom/data/loader.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,86 @@
+// Note [Rank duties] (duties.h).
+#include "loom/rank/duties.h"
+
+namespace loom::rank {
+
+Role role_of(const Config& cfg, int64_t global_rank) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.ps_servers == 0) return Role::kTrainer;
+  return global_rank < p.world() ? Role::kPsWorker : Role::kPsServer;
+}
+
+GradPath grad_path(const Config& cfg, Role role) {
+  const ParallelConfig& p = cfg.parallel;
+  if (role == Role::kPsServer) return GradPath::kNone;
+  if (role == Role::kPsWorker) return GradPath::kPsPush;
+  if (p.dp < 2) return GradPath::kNone;
+  if (p.pp > 1 && streams(p.schedule)) return GradPath::kStreamMean;
+  if (p.zero >= 2) return p.pp > 1 ? GradPath::kReduceScatter : GradPath::kShardEveryMicro;
+  return GradPath::kAllReduce;
+}
+
+UpdateRule update_rule(const Config& cfg, Role role) {
+  const ParallelConfig& p = cfg.parallel;
+  if (role != Role::kTrainer) return UpdateRule::kParameterServer;
+  if (p.pp > 1 && p.schedule == ScheduleKind::k2BW) return UpdateRule::kTwoBw;
+  if (p.pp > 1 && updates_per_batch(p.schedule)) return UpdateRule::kStream;
+  return UpdateRule::kSynchronous;
+}
+
+Duties duties(const Config& cfg, int64_t global_rank) {
+  Duties d;
+  d.role = role_of(cfg, global_rank);
+  d.grad = grad_path(cfg, d.role);
+  d.update = update_rule(cfg, d.role);
+  const bool file = cfg.offload.optimizer == OffloadTier::kDisk;
+  d.moments = d.role == Role::kPsWorker ? Place::kServers : file ? Place::kOffloadFile : Place::kMemory;
+  d.params = d.role == Role::kPsWorker                           ? Place::kMemory  // a copy of the servers'
+             : file && cfg.offload.params == OffloadTier::kDisk ? Place::kOffloadFile
+                                                                 : Place::kMemory;
+  if (d.role == Role::kPsServer) d.params = d.moments = Place::kMemory;
+  d.precision = cfg.train.precision;
+  return d;
+}
+
+const char* name_of(Role r) {
+  switch (r) {
+    case Role::kTrainer: return "trainer";
+    case Role::kPsWorker: return "ps worker";
+    case Role::kPsServer: return "ps server";
+  }
+  return "?";
+}
+
+const char* name_of(GradPath g) {
+  switch (g) {
+    case GradPath::kNone: return "none";
+    case GradPath::kAllReduce: return "all-reduce";
+    case GradPath::kReduceScatter: return "reduce-scatter";
+    case GradPath::kShardEveryMicro: return "reduce-scatter per micro-batch";
+    case GradPath::kStreamMean: return "stream mean";
+    case GradPath::kPsPush: return "push to servers";
+  }
+  return "?";
+}
+
+const char* name_of(UpdateRule u) {
+  switch (u) {
+    case UpdateRule::kSynchronous: return "synchronous";
+    case UpdateRule::kTwoBw: return "2bw delayed";
+    case UpdateRule::kParameterServer: return "parameter server";
+    case UpdateRule::kStream: return "stream per minibatch";
+    case UpdateRule::kStreamReference: return "stream reference";
+  }
+  return "?";
+}
+
+const char* name_of(Place p) {
+  switch (p) {
+    case Place::kMemory: return "memory";
+    case Place::kOffloadFile: return "offload file";
+    case Place::kServers: return "servers";
+  }
+  return "?";
+}
+
+}  // namespace loom::rank

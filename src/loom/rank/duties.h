@@ -1,0 +1,56 @@
+// What a rank does, in types, from the config alone (issue 52's plan library: the engine,
+// the simulator and the planner ask the same pure functions).
+//
+// Note [Rank duties]
+// A rank of a layout has one role, one gradient path and one update rule, and keeps its
+// parameters and optimizer moments in one place each:
+//   role     trainer (the training mesh's ranks), or under parallel.ps_servers a PS worker
+//            (the mesh's ranks) or a PS server (the ranks after them, Note [Parameter server]);
+//   grad     how its gradients cross the data-parallel group: not at all (dp 1), the bucketed
+//            all-reduce (ZeRO 0/1), the reduce-scatter at the last micro-batch (ZeRO-2 in a
+//            pipeline), one per micro-batch (ZeRO-2/3 otherwise), one exact mean of each
+//            update's whole gradient (2bw / pipedream / pipemare at dp > 1, Note [Streams with
+//            data parallelism]), or pushed to the servers; the compressors and Adasum ride on
+//            the first three (whole buckets on their steps, Note [Compressed ZeRO-2/3]) and the
+//            1-bit family's optimizer sends what it needs (CompressSpec::sync_at);
+//   update   Note [Update rules] (train/engine.h): synchronous, 2bw's delayed updates, the
+//            parameter server's push/pull, a stream's per-minibatch stage updates (their
+//            flushing references are a test's choice, not the config's);
+//   places   parameters and moments in memory, in the offload file (offload.*), or on the
+//            servers (a PS worker keeps no moments; a server keeps its key ranges of both).
+// Its model-state bytes are rank::model_state_bytes (Note [Model-state bytes]).
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/config.h"
+
+namespace loom::rank {
+
+enum class Role { kTrainer, kPsWorker, kPsServer };
+enum class GradPath { kNone, kAllReduce, kReduceScatter, kShardEveryMicro, kStreamMean, kPsPush };
+enum class UpdateRule { kSynchronous, kTwoBw, kParameterServer, kStream, kStreamReference };
+enum class Place { kMemory, kOffloadFile, kServers };
+
+struct Duties {
+  Role role = Role::kTrainer;
+  GradPath grad = GradPath::kNone;
+  UpdateRule update = UpdateRule::kSynchronous;
+  Place params = Place::kMemory, moments = Place::kMemory;
+  Precision precision = Precision::kFp32;
+};
+
+Role role_of(const Config& cfg, int64_t global_rank);
+// A trainer's or PS worker's gradient path (kNone for a server).
+GradPath grad_path(const Config& cfg, Role role = Role::kTrainer);
+UpdateRule update_rule(const Config& cfg, Role role = Role::kTrainer);
+Duties duties(const Config& cfg, int64_t global_rank);
+// A stream's rules: the stage updates inside the pipeline's stream (2bw, pipedream, pipemare).
+inline bool in_stream(UpdateRule u) { return u == UpdateRule::kTwoBw || u == UpdateRule::kStream; }
+
+const char* name_of(Role r);
+const char* name_of(GradPath g);
+const char* name_of(UpdateRule u);
+const char* name_of(Place p);
+
+}  // namespace loom::rank

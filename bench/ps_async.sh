@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Asynchronous and stale-synchronous parameter servers against their exact peer, sync (BSP)
-# (issue 18; Note [Asynchronous parameter server] in src/loom/parallel/ps.h). The default job
+# (issue 18; Note [Asynchronous parameter server] in src/loom/modes/ps/ps.h). The default job
 # (tiny GPT on fortunes, 2,048-piece vocabulary) with W workers and S servers as MPI ranks on
 # this machine, the same seed and the same number of pushes (W x steps) in every mode:
 #   1. accuracy: sync, async and ssp (bound TAU) without a straggler; validation curves on

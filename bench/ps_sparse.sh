@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sparse-embedding parameter servers against dense PS and all-reduce DP (issue 18; Note
-# [Sparse embeddings] in src/loom/parallel/ps_sparse.h). Config B's shape as a Llama (an
+# [Sparse embeddings] in src/loom/modes/ps/ps_sparse.h). Config B's shape as a Llama (an
 # untied 50,257-row embedding: GPT's tied table has a dense gradient), T 256, global batch 8,
 # on the fortunes tokenized with an 8,192-piece SentencePiece vocabulary (made once under
 # runs/data/fortunes-sp8192; the table keeps 50,257 rows, so a batch reads its few hundred

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "loom/core/error.h"
-#include "loom/optim/offload.h"
+#include "loom/modes/offload/offload.h"
 #include "loom/optim/optimizer.h"
 #include "support/temp_dir.h"
 

@@ -1,5 +1,5 @@
 // PipeDream weight stashing and PipeMare (Note [PipeDream weight stashing], Note [PipeMare]
-// in train/async_pipe.h): the flush-free pipelines against their reference, the versions each
+// in modes/stream/async_pipe.h): the flush-free pipelines against their reference, the versions each
 // forward and backward compute on, memory, flushes, resume and refusals.
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@
 
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
-#include "loom/parallel/ps_sparse.h"
+#include "loom/modes/ps/ps_sparse.h"
 #include "loom/train/trainer.h"
 #include "support/error_message.h"
 #include "support/train_threads.h"

@@ -1,5 +1,5 @@
 // Parameter-server data parallelism (Note [Parameter server], Note [Asynchronous parameter
-// server] in parallel/ps.h): the key partition, synchronous training against the
+// server] in modes/ps/ps.h): the key partition, synchronous training against the
 // single-process run with pushes arriving in shuffled order, async / ssp against sync and
 // their staleness records, and refusals.
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
-#include "loom/parallel/ps.h"
+#include "loom/modes/ps/ps.h"
 #include "loom/train/verify.h"
 #include "support/error_message.h"
 #include "support/train_threads.h"

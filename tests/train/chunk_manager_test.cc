@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "loom/kernels/kernels.h"
-#include "loom/optim/offload.h"
+#include "loom/modes/offload/offload.h"
 #include "loom/optim/optimizer.h"
-#include "loom/train/chunk_manager.h"
+#include "loom/modes/offload/chunk_manager.h"
 #include "support/temp_dir.h"
 
 namespace loom {

@@ -12,7 +12,7 @@
 #include "loom/core/owned.h"
 #include "loom/model/tp_slice.h"
 #include "loom/ckpt/checkpoint.h"
-#include "loom/parallel/ps.h"
+#include "loom/modes/ps/ps.h"
 #include "loom/parallel/rank_plan.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/ckpt/shard_ckpt.h"

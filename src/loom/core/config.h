@@ -119,7 +119,7 @@ inline bool streams(ScheduleKind k) {
   return k == ScheduleKind::k2BW || k == ScheduleKind::kPipeDream || k == ScheduleKind::kPipeMare;
 }
 // pipedream, pipemare: each stage updates after every minibatch's backward on it (Note
-// [PipeDream weight stashing], Note [PipeMare] in train/async_pipe.h).
+// [PipeDream weight stashing], Note [PipeMare] in modes/stream/async_pipe.h).
 inline bool updates_per_batch(ScheduleKind k) { return k == ScheduleKind::kPipeDream || k == ScheduleKind::kPipeMare; }
 // Parameter-sized fp32 buffers a stream's pipeline rank holds in the "params" and "grads"
 // categories: 2bw two of each (a stash, a pending gradient); pipedream one weight version
@@ -235,7 +235,7 @@ struct ParallelConfig {
   int64_t accordion_heavy_rank = 1;    // powersgd
   double accordion_heavy_ratio = 0;    // topk; 0: compress_ratio / 10 (heavy_ratio())
   double heavy_ratio() const { return accordion_heavy_ratio > 0 ? accordion_heavy_ratio : compress_ratio / 10; }
-  // PipeMare (Note [PipeMare] in train/async_pipe.h): the steps over which the learning-rate
+  // PipeMare (Note [PipeMare] in modes/stream/async_pipe.h): the steps over which the learning-rate
   // rescheduling anneals away (T1; -1: optim.warmup_steps, at least 1), and D, the decay of
   // the weight-velocity estimate per step of delay (T2; 0 turns the correction off).
   int64_t pipemare_lr_steps = -1;
@@ -248,7 +248,7 @@ struct ParallelConfig {
   int64_t pipemare_anneal(int64_t lr_warmup_steps) const {
     return pipemare_lr_steps >= 0 ? std::max<int64_t>(pipemare_lr_steps, 1) : std::max<int64_t>(lr_warmup_steps, 1);
   }
-  // Note [Parameter server] (parallel/ps.h): > 0 adds that many server ranks to dp workers.
+  // Note [Parameter server] (modes/ps/ps.h): > 0 adds that many server ranks to dp workers.
   int64_t ps_servers = 0;
   int64_t world() const { return dp * tp * pp; }  // the training mesh (a PS job's workers)
   int64_t ranks() const { return world() + ps_servers; }  // every rank the job launches
@@ -270,7 +270,7 @@ struct MemoryConfig {
   double limit_gib = 0;  // per rank: loom's resident state at most this; 0: no budget (the machine's memory)
 };
 
-// Note [Optimizer offload] (optim/offload.h).
+// Note [Optimizer offload] (modes/offload/offload.h).
 struct OffloadConfig {
   OffloadTier optimizer = OffloadTier::kNone;  // none | disk: AdamW's moments in a scratch file under dir, streamed
   OffloadTier params = OffloadTier::kNone;     // none | disk: the parameters there too, units read just in time (Note [Parameter offload])
@@ -292,11 +292,11 @@ struct OffloadConfig {
   }
 };
 
-// Note [Parameter server] (parallel/ps.h): how servers apply the workers' pushes.
+// Note [Parameter server] (modes/ps/ps.h): how servers apply the workers' pushes.
 struct PsConfig {
   PsMode mode = PsMode::kSync;  // sync (bulk synchronous) | async (each push on arrival) | ssp (bounded staleness)
   int64_t staleness = 2;      // ssp: a worker may run at most this many steps ahead of the slowest
-  // Note [Sparse embeddings] (parallel/ps_sparse.h): the embedding's touched rows only, lazy AdamW.
+  // Note [Sparse embeddings] (modes/ps/ps_sparse.h): the embedding's touched rows only, lazy AdamW.
   bool sparse_embedding = false;
   // Benchmarks and tests: worker slow_worker (-1: none) sleeps (slow_factor - 1) x its
   // compute time before each push, a straggler running slow_factor times slower.

@@ -282,7 +282,7 @@ void check_moments(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "train.device = " + std::string(name_of(c.train.device)) + ": the CUDA backend keeps fp32 moments");
 }
 
-// Note [Parameter server] (parallel/ps.h): what a PS job composes with so far.
+// Note [Parameter server] (modes/ps/ps.h): what a PS job composes with so far.
 void check_ps(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
   if (p.ps_servers < 0) errs.push_back("parallel.ps_servers = " + std::to_string(p.ps_servers) + ": expected >= 0");

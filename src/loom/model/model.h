@@ -173,7 +173,7 @@ class Model {
   // final norm + head = layers + 1 (GPT's tied head also reads the embedding unit).
   using ParamHook = std::function<void(int unit, bool acquire)>;
   void set_param_hook(ParamHook hook) { param_hook_ = std::move(hook); }
-  // Gradient chunks (Note [Gradient chunks] in train/chunk_manager.h): hook(unit, true)
+  // Gradient chunks (Note [Gradient chunks] in modes/offload/chunk_manager.h): hook(unit, true)
   // before the model writes a unit's gradients, hook(unit, false) after.
   void set_grad_hook(ParamHook hook) { grad_hook_ = std::move(hook); }
   // Points the parameter views of `unit` at `base`: the unit's values laid out as in the

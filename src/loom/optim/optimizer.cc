@@ -6,7 +6,7 @@
 #include "loom/core/adam.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
-#include "loom/optim/offload.h"
+#include "loom/modes/offload/offload.h"
 
 namespace loom {
 

@@ -121,7 +121,7 @@ struct BusbwTable {
 };
 
 // A slower tier for offloaded optimizer state (Note [Optimizer offload] in
-// optim/offload.h): a node's NVMe drives, or loom's local disk. Per device: its share of the
+// modes/offload/offload.h): a node's NVMe drives, or loom's local disk. Per device: its share of the
 // node's drives. read_bw == 0: the cluster has none.
 struct OffloadTier {
   double read_bw = 0, write_bw = 0;  // bytes/s

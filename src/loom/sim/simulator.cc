@@ -246,7 +246,7 @@ double param_gather_s(const Setup& s, double params, double first_fwd_window) {
 }
 
 // Note [Simulated parameter server]
-// parallel.ps_servers = S (Note [Parameter server] in parallel/ps.h): each of the W workers
+// parallel.ps_servers = S (Note [Parameter server] in modes/ps/ps.h): each of the W workers
 // pushes its fp32 gradient (P floats) and pulls the updated weights; server s takes W P / S
 // floats in and sends as many out. A direction costs the slower of a worker's link (P) and a
 // server's (W P / S) at the link's bandwidth - the intra-node tier when every rank fits one

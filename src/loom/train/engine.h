@@ -11,15 +11,15 @@
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/pipeline.h"
-#include "loom/parallel/ps.h"
+#include "loom/modes/ps/ps.h"
 #include "loom/parallel/zero.h"
 #include "loom/rank/duties.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
-#include "loom/train/chunk_manager.h"
+#include "loom/modes/offload/chunk_manager.h"
 #include "loom/train/rank_context.h"
-#include "loom/train/async_pipe.h"
-#include "loom/train/two_bw.h"
+#include "loom/modes/stream/async_pipe.h"
+#include "loom/modes/stream/two_bw.h"
 
 namespace loom {
 
@@ -148,7 +148,7 @@ class Updater {
   void dp_mean(std::vector<float>& g);
   double take_pending_norm();
   void take_earlier_loss(Result& r);
-  // Note [PipeDream weight stashing] (train/async_update.cc): one minibatch's update on a
+  // Note [PipeDream weight stashing] (modes/stream/async_update.cc): one minibatch's update on a
   // pipedream / pipemare stage (after its backward), the tied wte updates a last stage owes,
   // the step's end, and the reference's update.
   void attach_async();

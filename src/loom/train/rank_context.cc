@@ -6,7 +6,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/model/tp_slice.h"
-#include "loom/parallel/ps.h"
+#include "loom/modes/ps/ps.h"
 
 namespace loom {
 

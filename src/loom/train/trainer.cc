@@ -1,5 +1,5 @@
 #include "loom/train/trainer.h"
-#include "loom/train/ps_server.h"
+#include "loom/modes/ps/ps_server.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -28,7 +28,7 @@
 #include "loom/optim/optimizer.h"
 #include "loom/train/engine.h"
 #include "loom/train/memory_budget.h"
-#include "loom/optim/offload.h"
+#include "loom/modes/offload/offload.h"
 #include "loom/train/rank_context.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"

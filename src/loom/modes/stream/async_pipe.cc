@@ -1,4 +1,4 @@
-#include "loom/train/async_pipe.h"
+#include "loom/modes/stream/async_pipe.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "loom/parallel/ps.h"
+#include "loom/modes/ps/ps.h"
 
 #include <algorithm>
 #include <array>

@@ -20,7 +20,7 @@
 // elements in the same order as the in-memory AdamW (each element's update reads only that
 // element), so offloaded training equals in-memory training bit for bit.
 //
-// With parameter offload (Note [Parameter offload] in train/chunk_manager.h) the file holds a
+// With parameter offload (Note [Parameter offload] in modes/offload/chunk_manager.h) the file holds a
 // third array, the parameters, from the page boundary after v; the update streams p with m
 // and v, and the model's units are read from it with fetch().
 //

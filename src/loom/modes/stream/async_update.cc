@@ -1,5 +1,5 @@
 // The Updater's side of pipedream and pipemare (Note [PipeDream weight stashing], Note
-// [PipeMare] in train/async_pipe.h): an update per minibatch on each stage, the tied wte's
+// [PipeMare] in modes/stream/async_pipe.h): an update per minibatch on each stage, the tied wte's
 // two copies, the step's end, and the reference's update.
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "loom/train/chunk_manager.h"
+#include "loom/modes/offload/chunk_manager.h"
 
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/kernels.h"
-#include "loom/optim/offload.h"
+#include "loom/modes/offload/offload.h"
 #include "loom/optim/optimizer.h"
 
 namespace loom {

@@ -1,7 +1,7 @@
 // A parameter server's run (Note [Parameter server], Note [Asynchronous parameter server] in
-// parallel/ps.h): its key range's weights and AdamW moments; synchronous rounds, or pushes
+// modes/ps/ps.h): its key range's weights and AdamW moments; synchronous rounds, or pushes
 // applied as they arrive.
-#include "loom/train/ps_server.h"
+#include "loom/modes/ps/ps_server.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +18,7 @@
 #include "loom/kernels/kernels.h"
 #include "loom/model/layout.h"
 #include "loom/optim/optimizer.h"
-#include "loom/parallel/ps.h"
+#include "loom/modes/ps/ps.h"
 #include "loom/data/loader.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/run_start.h"

@@ -1,4 +1,4 @@
-#include "loom/optim/offload.h"
+#include "loom/modes/offload/offload.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

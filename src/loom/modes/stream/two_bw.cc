@@ -1,4 +1,4 @@
-#include "loom/train/two_bw.h"
+#include "loom/modes/stream/two_bw.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // A parameter-server job's two sides beyond the protocol (Note [Parameter server] and Note
-// [Asynchronous parameter server] in parallel/ps.h): the server's run, and the run-wide
+// [Asynchronous parameter server] in modes/ps/ps.h): the server's run, and the run-wide
 // figures every rank agrees on at the end.
 #pragma once
 

@@ -78,7 +78,7 @@
 #include "loom/comm/group.h"
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
-#include "loom/parallel/ps_sparse.h"
+#include "loom/modes/ps/ps_sparse.h"
 
 namespace loom::comm {
 class World;

@@ -1,4 +1,4 @@
-#include "loom/parallel/ps_sparse.h"
+#include "loom/modes/ps/ps_sparse.h"
 
 #include <algorithm>
 #include <cstring>

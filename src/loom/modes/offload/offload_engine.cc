@@ -1,0 +1,125 @@
+// The engine's side of offload (Note [Optimizer offload] in modes/offload/offload.h, Note
+// [Parameter offload] and Note [Chunk manager] in modes/offload/chunk_manager.h): the
+// parameters into the file and the chunk manager, ZeRO-3's packed own pieces, the moments'
+// file, and the update that streams p with m and v.
+#include <algorithm>
+
+#include "loom/core/memory.h"
+#include "loom/modes/offload/offload.h"
+#include "loom/train/engine.h"
+
+namespace loom {
+
+void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes,
+                            bool grads) {
+  std::vector<FlatRange> units;
+  float* managed = model.params().data();
+  int64_t total = int64_t(model.params().size());
+  if (gather) {  // Note [ZeRO-3 offload]
+    units = pack_own_pieces(file, seed);
+    managed = own_pieces.data(), total = int64_t(own_pieces.size());
+    // A unit's whole gradients stay until its reduce-scatter is done, a moment that moves with
+    // the other ranks: the memory besides the chunks varies by up to the largest unit.
+    int64_t largest = 0;
+    for (const parallel::Bucket& b : plan.buckets) largest = std::max(largest, b.count);
+    if (budget_bytes > 0) budget_bytes = std::max<int64_t>(1, budget_bytes - largest * int64_t(sizeof(float)));
+  } else {
+    // The initial weights straight into the file, each tensor written back and dropped from
+    // the process as it completes (a resume overwrites them there); the flat buffer was never
+    // touched.
+    model.init_weights(seed, file.map(2).data(), [&file](int64_t at, int64_t n) { file.flush(2, at, n); });
+    for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
+  }
+  chunks = std::make_unique<ChunkManager>(file, managed, total, units, chunk_floats, budget_bytes, &memory,
+                                          grads ? model.grads().data() : nullptr);
+  if (gather) {
+    gather->set_own_pieces([this, units](int unit, bool acquire) -> const float* {
+      if (!acquire) return chunks->release(unit), nullptr;
+      chunks->acquire(unit);
+      return own_pieces.data() + units[size_t(unit)].offset;
+    });
+    return;
+  }
+  model.set_param_hook([this](int unit, bool acquire) {
+    if (acquire) chunks->acquire(unit);
+    else chunks->release(unit);
+  });
+  if (grads)
+    model.set_grad_hook([this](int unit, bool begin) {
+      if (begin) chunks->acquire_grads(unit);
+      else chunks->release_grads(unit);
+    });
+}
+
+// Note [ZeRO-3 offload]
+// Parameter offload with ZeRO-3 (ZeRO-Infinity's layout): a rank's file holds its own pieces
+// of every unit packed in owned order - the order of its moments, so the update streams p
+// with m and v as without ZeRO - and the chunk manager keeps them in own_pieces under the
+// budget. A unit's gather takes its own piece from the manager (read from the file if it
+// was evicted), sends it, and hands it back once the all-gather is done; the gathered copy
+// lives in the gather pool as before. The initial weights are drawn tensor by tensor into
+// the (untouched) flat buffer, this rank's slices copied into the file, the tensor's pages
+// handed back: the process never holds more than one tensor of them. Checkpoints save and
+// load the packed view (ShardState::params_packed). Returns each unit's packed range.
+std::vector<FlatRange> Engine::pack_own_pieces(StateFile& file, uint64_t seed) {
+  const std::vector<FlatRange> owned = plan.owned(rc.dp_rank);
+  int64_t n = 0;
+  for (const FlatRange& r : owned) n += r.count;
+  own_pieces.assign(size_t(n), 0.0f);
+  release_pages(own_pieces.data(), n * int64_t(sizeof(float)));
+  memory.track(memory.category("params"), own_pieces.data(), n * int64_t(sizeof(float)));
+  float* const flat = model.params().data();
+  const std::span<float> packed = file.map(2);
+  model.init_weights(seed, flat, [&](int64_t at, int64_t count) {
+    int64_t q = 0;  // packed position of range r
+    for (const FlatRange& r : owned) {
+      const int64_t lo = std::max(at, r.offset), hi = std::min(at + count, r.offset + r.count);
+      if (hi > lo) {
+        std::copy(flat + lo, flat + hi, packed.data() + q + (lo - r.offset));
+        file.flush(2, q + (lo - r.offset), hi - lo);
+      }
+      q += r.count;
+    }
+    release_pages(flat + at, count * int64_t(sizeof(float)));
+  });
+  release_pages(flat, int64_t(model.params().size() * sizeof(float)));  // the pages tensors shared at their ends
+  std::vector<FlatRange> units(unit_bucket.size(), FlatRange{0, 0});
+  int64_t q = 0;
+  for (size_t b = 0; b < plan.buckets.size(); b++) {
+    for (size_t u = 0; u < unit_bucket.size(); u++)
+      if (unit_bucket[u] == int(b)) units[u] = {q, owned[b].count};
+    q += owned[b].count;
+  }
+  return units;
+}
+
+void Updater::offload_optimizer(int global_rank) {
+  const OffloadConfig& o = cfg_.offload;
+  const int64_t group = std::max<int64_t>(1, int64_t(o.sub_group_mb * double(1 << 20)) / int64_t(sizeof(float)));
+  const bool params = o.params == OffloadTier::kDisk;  // Note [Parameter offload]: p as the file's third array
+  adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
+                                             params ? 3 : 2, o.grads == OffloadTier::kDisk));
+  if (params)
+    e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed), o.chunk_floats(),
+                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == OffloadTier::kDisk);
+  const StateFile& f = *adamw_.offload_file();
+  for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
+}
+
+// Note [Chunk manager]: p streams with m and v and refreshes the resident chunks; managed
+// gradients (Note [Gradient chunks]) are made resident and clipped a sub-group at a time.
+void Updater::step_chunked(const Kernels& k, double lr, double coef) {
+  ChunkManager& chunks = *e_.chunks;
+  float* g = e_.model.grads().data();
+  AdamW::GroupFn before;
+  if (chunks.manages_grads())
+    before = [&](int64_t begin, int64_t count) {
+      chunks.grads_for_update(begin, count);
+      if (coef != 1.0) k.scale_inplace(g + begin, count, float(coef));
+    };
+  adamw_.step(k, e_.model.params(), e_.model.grads(), lr,
+              [&](int64_t begin, int64_t count, const float* p) { chunks.refresh(begin, count, p); }, before);
+  chunks.end_step();
+}
+
+}  // namespace loom

@@ -1,0 +1,106 @@
+// The Updater's side of 2bw (Note [PipeDream-2BW] in parallel/schedule.h) and what every
+// stream shares: the sums started without a barrier (Note [2BW without a barrier]) and the
+// stage replicas' mean (Note [Streams with data parallelism]).
+#include <cmath>
+
+#include "loom/core/error.h"
+#include "loom/train/engine.h"
+
+namespace loom {
+
+// Note [PipeDream-2BW]: the gradients complete at this step's end (none, the previous step's,
+// and on a flush also this step's), each clipped by its own global norm and applied with its
+// own step's learning rate, in order. Nothing is skipped (2bw refuses fp16 loss scaling).
+//
+// Note [2BW without a barrier]
+// Summing the loss and the norms over every rank at the step's end would make the end a
+// barrier, after which the forwards ramp up again ((p - 1) F of idle on the last stage, a
+// third of 1F1B's bubble at B = 2 F). So a 2bw pipeline starts the pending gradient's sums
+// the moment it is complete - the tied wte's all-reduce between the first and last stage,
+// then the norm's - on their groups' workers, and takes them at the step's end, by when every
+// rank has long started them; and it reports a step's loss one step late (its sum started at
+// the step's end, taken at the next). A flush sums synchronously. Same sums, same order on
+// every rank: the numbers do not change.
+Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bool flush) {
+  const RankContext& rc = e_.rc;
+  const Kernels& k = e_.model.ops();
+  TwoBwState& s = *e_.two_bw;
+  const std::vector<TwoBwState::Update> updates = s.updates(step, flush);
+  s.before_updates(flush);
+  Result r;
+  sum_loss(r, local_loss, 0, flush);
+  for (const TwoBwState::Update& u : updates) {
+    std::vector<float>& g = *u.grads;
+    double ss = 0;
+    if (norm_started_ && &g != &e_.model.grads()) {
+      ss = take_pending_norm();
+    } else {
+      if (s.pipeline()) dp_mean(g);  // a flush's own gradient (the reference's sync reduced it)
+      double v[2] = {0, sum_squares(k, g.data(), norm_ranges_)};
+      rc.stats_sum(v);
+      ss = v[1];
+    }
+    r.norm = std::sqrt(ss / rc.dp_size);  // every dp replica counted the same gradient
+    if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip); coef != 1.0)
+      for (const FlatRange& o : adamw_.owned()) k.scale_inplace(g.data() + o.offset, o.count, float(coef));
+    adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps));
+  }
+  s.after_updates(flush);
+  return r;
+}
+
+void Updater::start_pending_norm(std::vector<float>& g) {
+  const RankContext& rc = e_.rc;
+  if (rc.embed) {  // GPT pipeline: the two tied wte copies' gradients summed
+    const ParamSpec& w = e_.model.layout().at("wte");
+    wte_work_ = rc.embed->all_reduce(std::span<float>(g.data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum,
+                                     {.async = true, .lazy = true});
+    // The head's copy is left out of the norm (norm_ranges_), the embedding's counted: summed
+    // first; and before the replicas' mean of the whole gradient.
+    if (!rc.holds_tied_copy(cfg_.model) || rc.dp) wte_work_.wait();
+  }
+  dp_mean(g);
+  norm_buf_[0] = sum_squares(e_.model.ops(), g.data(), norm_ranges_);
+  norm_work_ = rc.stats->all_reduce(std::span<double>(norm_buf_, 1), comm::ReduceOp::kSum, {.async = true, .lazy = true});
+  norm_started_ = true;
+}
+
+double Updater::take_pending_norm() {
+  wte_work_.wait();
+  norm_work_.wait();
+  norm_started_ = false;
+  return norm_buf_[0];
+}
+
+// Note [Streams with data parallelism]: the stage replicas' mean gradient, in place (the
+// bucketed sync's kAvg; no-op at dp 1 and wherever a GradSync reduces).
+void Updater::dp_mean(std::vector<float>& g) {
+  if (!e_.rc.dp || e_.sync) return;
+  e_.rc.dp->all_reduce(std::span<float>(g), comm::ReduceOp::kAvg);
+}
+
+void Updater::take_earlier_loss(Result& r) {
+  if (!loss_started_) return;
+  loss_work_.wait();
+  loss_started_ = false;
+  r.has_earlier = true;
+  r.earlier_loss = loss_buf_[0] / (e_.rc.dp_size * e_.rc.tp_size);
+  r.earlier_norm = std::sqrt(loss_buf_[1] / e_.rc.dp_size);
+}
+
+void Updater::sum_loss(Result& r, double local_loss, double sq, bool flush) {
+  const RankContext& rc = e_.rc;
+  take_earlier_loss(r);
+  if (flush || !rc.stats) {
+    double v[2] = {local_loss, sq};
+    rc.stats_sum(v);
+    r.loss = v[0] / (rc.dp_size * rc.tp_size);
+    r.norm = std::sqrt(v[1] / rc.dp_size);  // every dp replica counted the same gradient
+  } else {
+    loss_buf_[0] = local_loss, loss_buf_[1] = sq;
+    loss_work_ = rc.stats->all_reduce(std::span<double>(loss_buf_, 2), comm::ReduceOp::kSum, {.async = true, .lazy = true});
+    loss_started_ = r.deferred = true;
+  }
+}
+
+}  // namespace loom

@@ -1,7 +1,28 @@
 // Note [Rank duties] (duties.h).
 #include "loom/rank/duties.h"
 
+#include <algorithm>
+
+#include "loom/core/error.h"
+
 namespace loom::rank {
+
+std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_floats) {
+  LOOM_CHECK(servers >= 1 && key_floats >= 1 && floats >= 0, "ps_partition: ", servers, " servers, keys of ",
+             key_floats, " floats");
+  const int64_t keys = (floats + key_floats - 1) / key_floats;
+  LOOM_CHECK(keys >= servers, "parallel.ps_servers = ", servers, " but the model has only ", keys, " keys of ",
+             key_floats, " floats (", floats, " parameters): use at most ", keys, " servers");
+  std::vector<FlatRange> out;
+  int64_t key = 0;
+  for (int s = 0; s < servers; ++s) {
+    const int64_t n = keys / servers + (s < keys % servers ? 1 : 0);
+    const int64_t lo = key * key_floats, hi = std::min(floats, (key + n) * key_floats);
+    out.push_back({lo, hi - lo});
+    key += n;
+  }
+  return out;
+}
 
 Role role_of(const Config& cfg, int64_t global_rank) {
   const ParallelConfig& p = cfg.parallel;

@@ -22,8 +22,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "loom/core/config.h"
+#include "loom/model/layout.h"
 
 namespace loom::rank {
 
@@ -47,6 +49,12 @@ UpdateRule update_rule(const Config& cfg, Role role = Role::kTrainer);
 Duties duties(const Config& cfg, int64_t global_rank);
 // A stream's rules: the stage updates inside the pipeline's stream (2bw, pipedream, pipemare).
 inline bool in_stream(UpdateRule u) { return u == UpdateRule::kTwoBw || u == UpdateRule::kStream; }
+
+// Note [Parameter server] (modes/ps/ps.h): the servers' ranges of a flat buffer of `floats`
+// floats: server s holds keys [k_s, k_{s+1}) (the last key may be short), the counts
+// differing by at most one. Throws loom::Error when there are fewer keys than servers.
+inline constexpr int64_t kPsKeyFloats = 1024;  // one key: 4 KiB of fp32 weights
+std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_floats = kPsKeyFloats);
 
 const char* name_of(Role r);
 const char* name_of(GradPath g);

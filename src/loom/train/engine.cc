@@ -66,7 +66,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   // themselves (Updater::dp_mean); the bucketed sync would reduce a half-made one.
   if (rc.dp && rc.plan->duties.grad != rank::GradPath::kStreamMean) {
     const parallel::CompressSpec compress = parallel::compress_spec(cfg);
-    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), compress.ring_codec());
+    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), parallel::ring_codec(compress));
     sync->set_compressors(compress, model.layout().specs());
     sync->set_qgz(cfg.parallel.zeropp_qgz);
     sync->hold_first_tensor(rc.embed != nullptr);

@@ -10,23 +10,6 @@
 
 namespace loom::parallel {
 
-std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_floats) {
-  LOOM_CHECK(servers >= 1 && key_floats >= 1 && floats >= 0, "ps_partition: ", servers, " servers, keys of ",
-             key_floats, " floats");
-  const int64_t keys = (floats + key_floats - 1) / key_floats;
-  LOOM_CHECK(keys >= servers, "parallel.ps_servers = ", servers, " but the model has only ", keys, " keys of ",
-             key_floats, " floats (", floats, " parameters): use at most ", keys, " servers");
-  std::vector<FlatRange> out;
-  int64_t key = 0;
-  for (int s = 0; s < servers; ++s) {
-    const int64_t n = keys / servers + (s < keys % servers ? 1 : 0);
-    const int64_t lo = key * key_floats, hi = std::min(floats, (key + n) * key_floats);
-    out.push_back({lo, hi - lo});
-    key += n;
-  }
-  return out;
-}
-
 std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int servers) {
   LOOM_CHECK(world.world_size() == workers + servers, "a parameter-server job of ", workers, " workers and ", servers,
              " servers needs ", workers + servers, " ranks, got ", world.world_size());

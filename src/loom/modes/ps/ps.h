@@ -78,6 +78,7 @@
 #include "loom/comm/group.h"
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
+#include "loom/rank/duties.h"
 #include "loom/modes/ps/ps_sparse.h"
 
 namespace loom::comm {
@@ -86,11 +87,8 @@ class World;
 
 namespace loom::parallel {
 
-inline constexpr int64_t kPsKeyFloats = 1024;  // one key: 4 KiB of fp32 weights
-
-// The servers' ranges of a flat buffer of `floats` floats: server s holds keys [k_s, k_{s+1})
-// (the last key may be short). Throws loom::Error when there are fewer keys than servers.
-std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_floats = kPsKeyFloats);
+using rank::kPsKeyFloats;  // the partition is plan data (rank/duties.h)
+using rank::ps_partition;
 
 // Collective over the world: the group of this rank's role (the workers, or the servers).
 std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int servers);

@@ -1,10 +1,34 @@
-// Note [0/1 Adam] (compress.h): which steps of a run are exact, compressed or local, as pure
-// functions of the step, so every rank and a resumed run agree without saving them.
+// Note [0/1 Adam] and Note [Gradient compressors] (parallel/compress.h): the spec from the
+// config, and which steps of a run are exact, compressed or local, as pure functions of the
+// step, so every rank and a resumed run agree without saving them.
+#include "loom/rank/compress_spec.h"
+
 #include <algorithm>
 
-#include "loom/parallel/compress.h"
+namespace loom::rank {
 
-namespace loom::parallel {
+CompressSpec compress_spec(const Config& cfg) {
+  CompressSpec s;
+  s.kind = cfg.parallel.compress;
+  if (s.kind == CompressKind::kNone && cfg.comm.grad_dtype == FloatFormat::kBf16) s.kind = CompressKind::kBf16;
+  s.ratio = cfg.parallel.compress_ratio;
+  s.momentum = cfg.parallel.compress_momentum;
+  s.rank = cfg.parallel.compress_rank;
+  s.warmup_steps = cfg.parallel.compress_warmup(cfg.train.steps, cfg.optim.warmup_steps);
+  s.adasum = cfg.parallel.reduce == GradReduce::kAdasum;
+  const ParallelConfig& p = cfg.parallel;
+  s.accordion = p.compress_adapt == CompressAdapt::kAccordion;
+  s.heavy_rank = p.accordion_heavy_rank;
+  s.heavy_ratio = p.heavy_ratio();
+  s.window = p.accordion_window;
+  s.eta = p.accordion_eta;
+  s.seed = uint64_t(cfg.train.seed) ^ 0x636f6d7072657373ull;
+  s.var_freeze = p.zero_one_var_freeze_steps >= 0 ? p.zero_one_var_freeze_steps : cfg.optim.warmup_steps;
+  s.var_scaler = p.zero_one_var_scaler, s.local_scaler = p.zero_one_local_scaler, s.local_clip = p.zero_one_local_clip;
+  s.train_steps = cfg.train.steps, s.save_every = cfg.checkpoint.dir.empty() ? 0 : cfg.checkpoint.save_every;
+  s.val_every = cfg.train.val_every;  // "compress": apart from init's stream
+  return s;
+}
 
 StepSync CompressSpec::sync_at(int64_t step) const {
   if (kind == CompressKind::kZeroOneAdam) {
@@ -46,4 +70,4 @@ bool CompressSpec::local_sync(int64_t step) const {
   return t % std::min(interval, local_clip) == 0;
 }
 
-}  // namespace loom::parallel
+}  // namespace loom::rank

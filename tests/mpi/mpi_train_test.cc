@@ -242,8 +242,22 @@ TEST(MpiTrain, Bf16PipelineTransfersStayNearTheSingleProcessRun) {
                 {"train.precision=bf16"}, tol);
 }
 
-// data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
-// rank, the loss normalised by the global batch's real targets.
+// A stream layout `c` (2bw, pipedream or pipemare) against its reference, the same layout's
+// flushing steps binding the same versions, bit for bit under real processes.
+void expect_stream_matches_reference(const Config& c) {
+  Config ref = c;
+  ref.parallel.schedule = ScheduleKind::k1F1B;
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink, o.keep_params = true;
+  const TrainSummary got = train(c, o, *g_world);
+  if (c.parallel.schedule == ScheduleKind::k2BW) o.two_bw_reference = true;
+  else o.async_reference = schedule_name(c.parallel.schedule);
+  const TrainSummary want = train(ref, o, *g_world);
+  EXPECT_EQ(got.losses, want.losses) << schedule_name(c.parallel.schedule);
+  EXPECT_EQ(got.final_params, want.final_params) << schedule_name(c.parallel.schedule);
+}
+
 // Note [PipeDream-2BW] under mpirun: a pipeline over every rank, no flush between steps
 // (boundary messages of 128 KiB, past MPI's eager limit, so a send received only in the
 // next step must not hold its rank out of the step's end), equal bit for bit to its
@@ -251,21 +265,11 @@ TEST(MpiTrain, Bf16PipelineTransfersStayNearTheSingleProcessRun) {
 TEST(MpiTrain, TwoBwMatchesItsDelayedUpdateReference) {
   const int n = g_world->world_size();
   if (n < 2 || n > 4) GTEST_SKIP() << "a 2bw pipeline of 2 to 4 stages";
-  const Config c = config_from_toml_string(
+  expect_stream_matches_reference(config_from_toml_string(
       to_toml(base_config("gpt")), {"model.d_model=128", "model.ctx=64", "model.layers=" + std::to_string(n),
                                     "parallel.pp=" + std::to_string(n), "train.grad_accum=" + std::to_string(n + 1),
                                     "train.batch=" + std::to_string(4 * (n + 1)), "train.steps=6",
-                                    "optim.grad_clip=0.5", "parallel.schedule=2bw"});
-  Config ref = c;
-  ref.parallel.schedule = ScheduleKind::k1F1B;
-  std::ostringstream sink;
-  TrainOptions o;
-  o.out = o.err = &sink, o.keep_params = true;
-  const TrainSummary got = train(c, o, *g_world);
-  o.two_bw_reference = true;
-  const TrainSummary want = train(ref, o, *g_world);
-  EXPECT_EQ(got.losses, want.losses);
-  EXPECT_EQ(got.final_params, want.final_params);
+                                    "optim.grad_clip=0.5", "parallel.schedule=2bw"}));
 }
 
 // Note [PipeDream weight stashing], Note [PipeMare]: under real processes (the tied wte's
@@ -273,23 +277,12 @@ TEST(MpiTrain, TwoBwMatchesItsDelayedUpdateReference) {
 TEST(MpiTrain, PipeDreamAndPipeMareMatchTheirReference) {
   const int n = g_world->world_size();
   if (n < 2 || n > 4) GTEST_SKIP() << "a pipeline of 2 to 4 stages";
-  for (const std::string kind : {"pipedream", "pipemare"}) {
-    const Config c = config_from_toml_string(
+  for (const std::string kind : {"pipedream", "pipemare"})
+    expect_stream_matches_reference(config_from_toml_string(
         to_toml(base_config("gpt")), {"model.d_model=128", "model.ctx=64", "model.layers=" + std::to_string(n),
                                       "parallel.pp=" + std::to_string(n), "train.grad_accum=1", "train.batch=4",
                                       "train.steps=" + std::to_string(2 * n + 2), "optim.grad_clip=0",
-                                      "parallel.schedule=" + kind});
-    Config ref = c;
-    ref.parallel.schedule = ScheduleKind::k1F1B;
-    std::ostringstream sink;
-    TrainOptions o;
-    o.out = o.err = &sink, o.keep_params = true;
-    const TrainSummary got = train(c, o, *g_world);
-    o.async_reference = kind;
-    const TrainSummary want = train(ref, o, *g_world);
-    EXPECT_EQ(got.losses, want.losses) << kind;
-    EXPECT_EQ(got.final_params, want.final_params) << kind;
-  }
+                                      "parallel.schedule=" + kind}));
 }
 
 // Note [Streams with data parallelism] under mpirun: two replicas of a two-stage stream, each
@@ -299,21 +292,11 @@ TEST(MpiTrain, StreamsWithDataParallelismMatchTheirReference) {
   if (g_world->world_size() != 4) GTEST_SKIP() << "dp 2 x pp 2";
   for (const std::string kind : {"2bw", "pipedream", "pipemare"}) {
     const bool two_bw = kind == "2bw";
-    const Config c = config_from_toml_string(
-        to_toml(base_config("gpt")), {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=" + std::string(two_bw ? "2" : "1"),
-                                      "train.batch=" + std::string(two_bw ? "8" : "4"), "train.steps=6",
-                                      "optim.grad_clip=" + std::string(two_bw ? "0.5" : "0"), "parallel.schedule=" + kind});
-    Config ref = c;
-    ref.parallel.schedule = ScheduleKind::k1F1B;
-    std::ostringstream sink;
-    TrainOptions o;
-    o.out = o.err = &sink, o.keep_params = true;
-    const TrainSummary got = train(c, o, *g_world);
-    if (two_bw) o.two_bw_reference = true;
-    else o.async_reference = kind;
-    const TrainSummary want = train(ref, o, *g_world);
-    EXPECT_EQ(got.losses, want.losses) << kind;
-    EXPECT_EQ(got.final_params, want.final_params) << kind;
+    expect_stream_matches_reference(config_from_toml_string(
+        to_toml(base_config("gpt")),
+        {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=" + std::string(two_bw ? "2" : "1"),
+         "train.batch=" + std::string(two_bw ? "8" : "4"), "train.steps=6",
+         "optim.grad_clip=" + std::string(two_bw ? "0.5" : "0"), "parallel.schedule=" + kind}));
   }
 }
 
@@ -354,6 +337,8 @@ TEST(MpiTrain, ParameterServerSspHoldsItsBoundAcrossProcesses) {
   }
 }
 
+// data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
+// rank, the loss normalised by the global batch's real targets.
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {
   testing_support::TempDir d{"loom-mpi-bucketing"};  // each rank prepares its own copy
   testing_support::prepare_fortune_shards("fortunes-1k.model", d / "shards");

@@ -111,8 +111,6 @@ const std::map<std::string, std::string>& expected_refusals() {
       {"ps sync x dp2 tp2", "parameter-server workers run data parallel only"},
       {"ps async x dp2 pp2", "parameter-server workers run data parallel only"},
       {"ps async x dp2 tp2", "parameter-server workers run data parallel only"},
-      {"offload params x dp2 z1", "ZeRO-1/2 keep every parameter on every dp rank"},
-      {"offload params x dp2 z2", "ZeRO-1/2 keep every parameter on every dp rank"},
   };
   return r;
 }

@@ -88,7 +88,12 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
        // bf16 gathers with a kept layer).
        {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3", "parallel.recompute=full"},
        {"parallel.dp=2", "parallel.zero=3", "model.arch=llama", "model.kv_heads=2", "model.ffn=128"},
-       {"parallel.dp=2", "parallel.zero=3", "comm.param_dtype=bf16", "parallel.zero_keep=keep,shard"}},
+       {"parallel.dp=2", "parallel.zero=3", "comm.param_dtype=bf16", "parallel.zero_keep=keep,shard"},
+       // Note [Replicated-parameter offload]: the whole parameters in a file of their own, the
+       // own pieces streamed with their moments and all-gathered into that file.
+       {"parallel.dp=2", "parallel.zero=1", "train.grad_accum=3"},
+       {"parallel.dp=2", "parallel.zero=2", "model.arch=llama", "model.kv_heads=2", "model.ffn=128"},
+       {"parallel.dp=2", "parallel.zero=2", "parallel.pp=2", "train.grad_accum=3"}},
       {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
       [&](const TrainSummary& mem, const TrainSummary& off, const std::string& what) {
         // At most the whole buffer resident (the budget test shows a few units of a larger model).
@@ -102,7 +107,8 @@ TEST(ParameterOffload, TrainingEqualsInMemoryBitForBit) {
   expect_offload_equals_in_memory(
       {{"train.grad_accum=3", "parallel.recompute=full"}, {"parallel.tp=2"},
        {"parallel.pp=2", "train.grad_accum=3"}, {"parallel.pp=2", "parallel.schedule=1f1b", "train.grad_accum=4"},
-       {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3"}, {"parallel.dp=2", "parallel.zero=3", "parallel.pp=2"}},
+       {"parallel.dp=2", "parallel.zero=3", "train.grad_accum=3"}, {"parallel.dp=2", "parallel.zero=3", "parallel.pp=2"},
+       {"parallel.dp=2", "parallel.zero=1", "train.grad_accum=3"}},
       {"offload.optimizer=disk", "offload.params=disk", "offload.dir=" + dir.path.string(),
        "offload.sub_group_mb=0.01", "offload.chunk_mb=0.04", "memory.limit_gib=0.25"},
       [&](const TrainSummary&, const TrainSummary& off, const std::string& what) {
@@ -140,7 +146,7 @@ TEST(OptimizerOffload, ResumeWithOffloadOnOrOffIsTheSameRun) {
     EXPECT_EQ(got.losses, std::vector<float>(want.losses.end() - 3, want.losses.end())) << what;
     EXPECT_EQ(got.final_params, want.final_params) << what;
   };
-  for (const int zero : {0, 3}) {
+  for (const int zero : {0, 1, 3}) {  // 1: Note [Replicated-parameter offload]
     const TrainSummary whole = testing_support::train_keeping_params(with("whole" + std::to_string(zero), 0, zero))[0];
     for (const int first : {0, 1, 2})
       for (const int second : {0, 1, 2})
@@ -392,11 +398,9 @@ TEST(OptimizerOffload, ConfigRefusesWhatCannotWork) {
   EXPECT_NE(errors({"offload.slots=1"}).find("offload.slots = 1: expected 2 to 64"), std::string::npos);
   EXPECT_NE(errors({"offload.params=disk", "offload.dir=/tmp"}).find("offload.params = disk needs offload.optimizer = disk"),
             std::string::npos);
-  EXPECT_NE(errors({"offload.optimizer=disk", "offload.params=disk", "offload.dir=/tmp", "parallel.dp=2",
-                    "parallel.zero=1"})
-                .find("offload.params = disk with parallel.zero = 1: ZeRO-1/2 keep every parameter on every dp "
-                      "rank"),
-            std::string::npos);
+  EXPECT_EQ(errors({"offload.optimizer=disk", "offload.params=disk", "offload.dir=/tmp", "parallel.dp=2",
+                    "parallel.zero=1"}),
+            "no error");  // Note [Replicated-parameter offload]
   EXPECT_NE(errors({"offload.chunk_mb=4"}).find("offload.chunk_mb = 4.0 sizes parameter offload's chunks: set "
                                                 "offload.params = disk"),
             std::string::npos);

@@ -178,11 +178,6 @@ void check_memory(const Config& c, std::vector<std::string>& errs) {
     errs.push_back("offload.grads = disk with dp x tp x pp = " + std::to_string(c.parallel.world()) +
                    ": gradient chunks run in one process (dp = tp = pp = 1); with more ranks offload the optimizer "
                    "and parameters only");
-  if (o.params == OffloadTier::kDisk && (c.parallel.zero == 1 || c.parallel.zero == 2))
-    errs.push_back("offload.params = disk with parallel.zero = " + std::to_string(c.parallel.zero) +
-                   ": ZeRO-1/2 keep every parameter on every dp rank and gather them after each update, so each "
-                   "rank's file would hold all of them; set parallel.zero = 3 (each rank offloads its own pieces) "
-                   "or 0 (any dp, tp, pp)");
   if (o.optimizer == OffloadTier::kNone) return;
   if (o.dir.empty())
     errs.push_back("offload.optimizer = disk needs offload.dir: an existing writable directory on a local disk");

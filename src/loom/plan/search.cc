@@ -167,7 +167,7 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
 }  // namespace
 
 // Note [Optimizer offload], Note [Chunk manager]: `c` again with its moments on the
-// cluster's offload tier, then (ZeRO-0 or ZeRO-3 on loom's engine) with its parameters there too, then
+// cluster's offload tier, then (on loom's engine) with its parameters there too, then
 // (one device) its gradients; true (and c replaced) by the first that fits device memory and
 // the tier's capacity (8 bytes a parameter for the moments, 12 with the parameters, 16 with
 // the gradients).
@@ -178,8 +178,7 @@ bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
   o.cfg.offload.dir = req.offload_dir;
   for (const int level : {0, 1, 2}) {
     const bool params = level >= 1;
-    if (params && (o.cfg.parallel.zero == 1 || o.cfg.parallel.zero == 2 || o.framework != sim::Framework::kLoom))
-      return false;
+    if (params && o.framework != sim::Framework::kLoom) return false;
     if (level == 2 && (o.cfg.parallel.world() != 1 || o.cp != 1)) return false;
     if (params) o.cfg.offload.params = loom::OffloadTier::kDisk;
     if (params && !(o.cfg.memory.limit_gib > 0))  // the chunk manager's budget: the device
@@ -190,7 +189,11 @@ bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
     double most = 0;  // parameters on the fullest pipeline rank; its state is what the tier must hold
     for (const sim::RankReport& r : next.result.ranks) most = std::max(most, r.params);
     const double shards = o.cfg.parallel.zero >= 1 ? double(o.cfg.parallel.dp * o.cp) : 1.0;
-    if (fits(next.result, req.cluster) && (8 + 4 * level) * most / shards <= req.cluster.offload.capacity_bytes) {
+    // ZeRO-1/2 keep the whole parameters in a file of their own beside the sharded state
+    // (Note [Replicated-parameter offload]).
+    const bool replicated = params && (o.cfg.parallel.zero == 1 || o.cfg.parallel.zero == 2) && shards > 1;
+    const double tier = (8 + 4 * level) * most / shards + (replicated ? 4 * most : 0.0);
+    if (fits(next.result, req.cluster) && tier <= req.cluster.offload.capacity_bytes) {
       c = std::move(next);
       return true;
     }

@@ -130,12 +130,12 @@ void Engine::begin_step() {
 }
 
 void Engine::materialize_params() {
-  if (gather) gather->gather_all(chunks ? chunks->file().map(2).data() : nullptr);  // Note [ZeRO-3 offload]
+  if (gather) gather->gather_all(chunks ? chunks->file().map(chunks->file().p_array()).data() : nullptr);  // Note [ZeRO-3 offload]
   else if (chunks) chunks->materialize();
 }
 
 std::span<float> Engine::param_view() {
-  if (chunks) return chunks->file().map(2);
+  if (chunks) return chunks->file().map(chunks->file().p_array());
   return model.params();
 }
 
@@ -230,7 +230,7 @@ Updater::Result Updater::step_synchronous(double local_loss, double lr, int64_t 
   } else {
     step_chunked(k, lr, coef);
   }
-  if (sharded && !e_.gather) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
+  if (sharded && !e_.gather && !chunks) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;
 }
 

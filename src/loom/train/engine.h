@@ -17,6 +17,7 @@
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
 #include "loom/modes/offload/chunk_manager.h"
+#include "loom/modes/offload/offload.h"
 #include "loom/train/rank_context.h"
 #include "loom/modes/stream/async_pipe.h"
 #include "loom/modes/stream/two_bw.h"
@@ -39,7 +40,13 @@ struct Engine {
   // buffer then holds only the chunks the manager keeps within `budget_bytes` (<= 0: none),
   // and with `grads` the gradient buffer too (Note [Gradient chunks]). With ZeRO-3 the file
   // and the chunks hold the own pieces, packed in owned order (Note [ZeRO-3 offload]).
-  void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes, bool grads);
+  // `whole` (ZeRO-1/2 only, Note [Replicated-parameter offload]): a file of the whole
+  // parameters for the chunk manager, while `file`'s third array holds the own pieces.
+  void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes, bool grads,
+                      std::unique_ptr<StateFile> whole = nullptr);
+  // Note [Replicated-parameter offload]: the own pieces from the whole parameters' file into
+  // `file`'s third array (at the start, and after a resume wrote the whole file).
+  void pack_from_whole(StateFile& file);
   // The parameters wherever they live: params(), or a mapping of the offload file (saving,
   // loading, the finite check; valid until the next update). packed_params(): the view holds
   // the own pieces packed in owned order (ZeRO-3 with parameter offload), not the flat buffer.
@@ -57,6 +64,7 @@ struct Engine {
   // Parameter offload; reads the Updater's offload file, so it is used only while the
   // Updater lives (the trainer's step loop and run end).
   std::unique_ptr<ChunkManager> chunks;
+  std::unique_ptr<StateFile> whole_params;  // ZeRO-1/2 with parameter offload: what chunks reads
   // ZeRO-3 with parameter offload: the chunks' buffer, the own pieces packed in owned order
   // (only what the manager keeps is resident).
   std::vector<float> own_pieces;

@@ -86,7 +86,7 @@ std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstim
   else if (cfg.offload.optimizer == OffloadTier::kDisk && too_big)  // the buffers outweigh the state they stream
     out.push_back({e.optimizer, "lower offload.sub_group_mb to " + detail::cat(o.sub_group_mb) + " (optimizer buffers " +
                                     bytes_text(e.optimizer) + " -> " + bytes_text(o.buffer_bytes(state)) + ")"});
-  if (cfg.offload.params != OffloadTier::kDisk && (rc.zero == 0 || rc.zero == 3) && e.params > e.params_offloaded)
+  if (cfg.offload.params != OffloadTier::kDisk && e.params > e.params_offloaded)
     out.push_back({e.params, "set offload.params = disk with offload.optimizer = disk (params " + bytes_text(e.params) +
                                  " -> " + bytes_text(e.params_offloaded) + ": the units in use and the one read ahead)"});
   if (cfg.offload.grads != OffloadTier::kDisk && cfg.parallel.world() == 1 && e.grads > e.params_offloaded)

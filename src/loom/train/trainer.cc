@@ -257,6 +257,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   updater.adamw().settle_moments(true);  // bf16 moments: store what was loaded
   if (e.ps) e.ps->start_at(step);
   if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
+  if (e.whole_params) e.pack_from_whole(*updater.adamw().offload_file());  // Note [Replicated-parameter offload]
   updater.adamw().set_steps_taken(s.optimizer_steps);
   updater.scaler().restore(s.loss_scale);
   if (rc.zero == 3)  // keep only the own pieces resident, as the engine does from the start

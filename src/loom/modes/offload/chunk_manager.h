@@ -2,9 +2,10 @@
 // chunks that a manager reads from the offload file and evicts (PatrickStar).
 //
 // Note [Parameter offload]
-// offload.params = disk (with offload.optimizer = disk and parallel.zero = 0, any dp, tp or
-// pp): the fp32 parameters live in the offload file beside the moments (StateFile's third
-// array, in the flat buffer's order). The model's flat parameter buffer keeps its addresses
+// offload.params = disk (with offload.optimizer = disk; parallel.zero = 0, any dp, tp or pp):
+// the fp32 parameters live in the offload file beside the moments (StateFile's third array,
+// in the flat buffer's order). ZeRO-3: Note [ZeRO-3 offload]; ZeRO-1/2: Note
+// [Replicated-parameter offload] (modes/offload/offload_engine.cc). The model's flat parameter buffer keeps its addresses
 // but holds only the chunks the manager keeps: the model calls acquire(unit) before it reads
 // a unit's weights and release(unit) after (the hooks ZeRO-3 uses, Note [ZeRO-3]).
 //

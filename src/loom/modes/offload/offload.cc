@@ -84,7 +84,7 @@ StateFile::StateFile(const std::string& dir, int rank, int64_t state, int64_t gr
                      int arrays, bool spill)
     : arrays_(arrays), spill_(spill), state_(state), group_(std::max<int64_t>(1, std::min(group, std::max<int64_t>(state, 1)))) {
   LOOM_CHECK(slots >= 2, "optimizer offload needs at least 2 sub-group buffers; got ", slots);
-  LOOM_CHECK(arrays == 2 || arrays == 3, "an offload file holds m and v, or m, v and p; got ", arrays, " arrays");
+  LOOM_CHECK(arrays >= 1 && arrays <= 3, "an offload file holds p, m and v, or m, v and p; got ", arrays, " arrays");
   constexpr int64_t kPage = 4096;
   if (direct) align_ = kPage, group_ = round_up(group_, kPage / int64_t(sizeof(float)));
   stride_ = round_up(group_, kPage / int64_t(sizeof(float)));
@@ -111,7 +111,10 @@ StateFile::StateFile(const std::string& dir, int rank, int64_t state, int64_t gr
     if (const int rc = ::posix_fallocate(fd_, 0, off_t(bytes)); rc != 0) {
       ::close(fd_), ::close(fd_cached_);  // no destructor runs for a constructor that throws
       refuse_dir(dir, "cannot allocate " + std::to_string(bytes >> 20) + " MiB for this rank's offloaded " +
-                          (arrays_ == 3 ? "parameters and AdamW moments (" : "AdamW moments (") + std::strerror(rc) + ")");
+                          (arrays_ == 3   ? "parameters and AdamW moments ("
+                           : arrays_ == 1 ? "parameters ("
+                                          : "AdamW moments (") +
+                          std::strerror(rc) + ")");
     }
   const size_t block_bytes = size_t(slots) * size_t(slot_bytes());
   block_.reset(static_cast<float*>(std::aligned_alloc(size_t(kPage), block_bytes)));
@@ -189,10 +192,10 @@ void StateFile::for_each(const GroupFn& fn) {
 }
 
 int64_t StateFile::fetch(int64_t at, int64_t count, float* dst) {
-  LOOM_ASSERT(arrays_ == 3 && at >= 0 && at + count <= state_);
+  LOOM_ASSERT(arrays_ != 2 && at >= 0 && at + count <= state_);
   read_ += count * int64_t(sizeof(float));
   return io_.submit(fd_cached_, false, dst, count * int64_t(sizeof(float)),
-                    2 * array_bytes_ + at * int64_t(sizeof(float)));
+                    p_array() * array_bytes_ + at * int64_t(sizeof(float)));
 }
 
 int64_t StateFile::spill(bool write, int64_t at, int64_t count, float* buf) {

@@ -83,7 +83,8 @@ class IoQueue {
 
 class StateFile {
  public:
-  // `state` floats of m and of v (and of p when `arrays` is 3); sub-groups of `group`
+  // `state` floats of m and of v (and of p when `arrays` is 3; of p alone when it is 1: the
+  // whole parameters of a ZeRO-1/2 rank, Note [Replicated-parameter offload]); sub-groups of `group`
   // floats; `slots` buffers (>= 2); `direct`: O_DIRECT (fetch() reads through the page cache
   // still: it fills arbitrary addresses). Creates the scratch file under `dir` and allocates it; throws
   // loom::Error when the directory is missing, not writable, too small or (direct) on a file
@@ -98,6 +99,7 @@ class StateFile {
   int64_t state() const { return state_; }
   int64_t groups() const { return (state_ + group_ - 1) / group_; }
   int arrays() const { return arrays_; }
+  int p_array() const { return arrays_ == 1 ? 0 : 2; }  // the parameters' array (arrays 1 or 3)
   // Streams every sub-group in order through fn(begin, count, m, v, p): m, v (and p, else
   // nullptr) hold state [begin, begin + count); what fn leaves there is written back.
   using GroupFn = std::function<void(int64_t begin, int64_t count, float* m, float* v, float* p)>;

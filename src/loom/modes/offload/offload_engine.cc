@@ -6,16 +6,24 @@
 
 #include "loom/core/memory.h"
 #include "loom/modes/offload/offload.h"
+#include "loom/parallel/grad_sync.h"
 #include "loom/train/engine.h"
 
 namespace loom {
 
 void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes,
-                            bool grads) {
+                            bool grads, std::unique_ptr<StateFile> whole) {
   std::vector<FlatRange> units;
   float* managed = model.params().data();
   int64_t total = int64_t(model.params().size());
-  if (gather) {  // Note [ZeRO-3 offload]
+  StateFile* source = &file;  // the file the chunks are read from
+  if (whole) {  // Note [Replicated-parameter offload]
+    whole_params = std::move(whole);
+    source = whole_params.get();
+    model.init_weights(seed, source->map(0).data(), [this](int64_t at, int64_t n) { whole_params->flush(0, at, n); });
+    pack_from_whole(file);
+    for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
+  } else if (gather) {  // Note [ZeRO-3 offload]
     units = pack_own_pieces(file, seed);
     managed = own_pieces.data(), total = int64_t(own_pieces.size());
     // A unit's whole gradients stay until its reduce-scatter is done, a moment that moves with
@@ -30,7 +38,7 @@ void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats
     model.init_weights(seed, file.map(2).data(), [&file](int64_t at, int64_t n) { file.flush(2, at, n); });
     for (int u = 0; u < model.units(); u++) units.push_back(model.unit_range(u));
   }
-  chunks = std::make_unique<ChunkManager>(file, managed, total, units, chunk_floats, budget_bytes, &memory,
+  chunks = std::make_unique<ChunkManager>(*source, managed, total, units, chunk_floats, budget_bytes, &memory,
                                           grads ? model.grads().data() : nullptr);
   if (gather) {
     gather->set_own_pieces([this, units](int unit, bool acquire) -> const float* {
@@ -49,6 +57,28 @@ void Engine::offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats
       if (begin) chunks->acquire_grads(unit);
       else chunks->release_grads(unit);
     });
+}
+
+// Note [Replicated-parameter offload]
+// Parameter offload with ZeRO-1/2 (parallel.zero = 1 or 2, dp > 1): the parameters are
+// replicated, the moments sharded. Two files: the whole parameters (a StateFile of one array,
+// in the flat buffer's order), which the chunk manager reads as it does without ZeRO; and the
+// optimizer's, whose third array holds this rank's own pieces packed in owned order beside
+// their m and v, so the update streams p with m and v as ever. After the update the own
+// pieces are all-gathered over dp straight into the whole file's mapping (every rank ends
+// with every rank's new pieces), the resident chunks take the new values (refresh), and the
+// mapping's pages are written back and handed back. Same values, same order: training equals
+// in-memory ZeRO-1/2 bit for bit. Checkpoints save and load the whole view (as ZeRO 0), and a
+// resume packs the own pieces from it again (pack_from_whole).
+void Engine::pack_from_whole(StateFile& file) {
+  const std::span<float> from = whole_params->map(0), packed = file.map(2);
+  int64_t q = 0;
+  for (const FlatRange& r : plan.owned(rc.dp_rank)) {
+    std::copy(from.begin() + r.offset, from.begin() + r.offset + r.count, packed.begin() + q);
+    file.flush(2, q, r.count);
+    whole_params->flush(0, r.offset, r.count);
+    q += r.count;
+  }
 }
 
 // Note [ZeRO-3 offload]
@@ -99,9 +129,13 @@ void Updater::offload_optimizer(int global_rank) {
   const bool params = o.params == OffloadTier::kDisk;  // Note [Parameter offload]: p as the file's third array
   adamw_.offload(std::make_unique<StateFile>(o.dir, global_rank, adamw_.state_floats(), group, int(o.slots), o.direct,
                                              params ? 3 : 2, o.grads == OffloadTier::kDisk));
+  std::unique_ptr<StateFile> whole;  // Note [Replicated-parameter offload]
+  if (params && e_.rc.dp && (e_.rc.zero == 1 || e_.rc.zero == 2))
+    whole = std::make_unique<StateFile>(o.dir, global_rank, int64_t(e_.model.params().size()), group, 2, o.direct, 1);
   if (params)
     e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed), o.chunk_floats(),
-                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == OffloadTier::kDisk);
+                      int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == OffloadTier::kDisk,
+                      std::move(whole));
   const StateFile& f = *adamw_.offload_file();
   for (int s = 0; s < f.slot_count(); s++) e_.memory.track(e_.memory.category("optimizer"), f.slot_data(s), f.slot_bytes());
 }
@@ -117,6 +151,16 @@ void Updater::step_chunked(const Kernels& k, double lr, double coef) {
       chunks.grads_for_update(begin, count);
       if (coef != 1.0) k.scale_inplace(g + begin, count, float(coef));
     };
+  if (e_.whole_params) {  // Note [Replicated-parameter offload]: the own pieces, then everyone's
+    adamw_.step(k, e_.model.params(), e_.model.grads(), lr, {}, before);
+    StateFile& whole = *e_.whole_params;
+    const std::span<float> all = whole.map(0);
+    parallel::gather_pieces(*e_.rc.dp, e_.plan, all.data(), adamw_.offload_file()->map(2).data());
+    chunks.refresh(0, int64_t(all.size()), all.data());
+    whole.flush(0, 0, int64_t(all.size()));
+    chunks.end_step();
+    return;
+  }
   adamw_.step(k, e_.model.params(), e_.model.grads(), lr,
               [&](int64_t begin, int64_t count, const float* p) { chunks.refresh(begin, count, p); }, before);
   chunks.end_step();

@@ -131,7 +131,8 @@ void Updater::offload_optimizer(int global_rank) {
                                              params ? 3 : 2, o.grads == OffloadTier::kDisk));
   std::unique_ptr<StateFile> whole;  // Note [Replicated-parameter offload]
   if (params && e_.rc.dp && (e_.rc.zero == 1 || e_.rc.zero == 2))
-    whole = std::make_unique<StateFile>(o.dir, global_rank, int64_t(e_.model.params().size()), group, 2, o.direct, 1);
+    whole = std::make_unique<StateFile>(o.dir, global_rank, int64_t(e_.model.params().size()), /*group=*/1, 2,
+                                        o.direct, 1);  // never streamed: its two slot buffers stay a page each
   if (params)
     e_.offload_params(*adamw_.offload_file(), uint64_t(cfg_.train.seed), o.chunk_floats(),
                       int64_t(cfg_.memory.limit_gib * double(int64_t(1) << 30)), o.grads == OffloadTier::kDisk,

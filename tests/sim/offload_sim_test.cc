@@ -181,6 +181,22 @@ TEST(Simulator, ZeroThreeParameterOffloadReadsOwnPieces) {
   EXPECT_GT(least.param_read_s, 0.0);
 }
 
+// Note [Replicated-parameter offload]: ZeRO-1/2 read their chunks as ZeRO 0 does and write
+// the gathered whole parameters (fp32) back into their file after each update, at the tier's
+// write rate, on the step.
+TEST(Simulator, ReplicatedParameterOffloadWritesTheGatheredWhole) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  SimPlan zero0 = gpt("gpt-7.5b", 8, true);
+  zero0.cfg.offload.params = loom::OffloadTier::kDisk;
+  zero0.cfg.train.grad_accum = 2;
+  zero0.cfg.train.batch = 16;
+  SimPlan zero1 = zero0;
+  zero1.cfg.parallel.zero = 1;
+  const RankReport a = simulate(zero0, c).ranks[0], b = simulate(zero1, c).ranks[0];
+  EXPECT_DOUBLE_EQ(b.param_read_bytes, a.param_read_bytes);
+  EXPECT_NEAR(b.param_fetch_exposed_s - a.param_fetch_exposed_s, 4 * b.params / c.offload.write_bw, 1e-9);
+}
+
 // Note [Page-cached offload]: on a shared (CPU) device whose memory holds the offload file
 // beside everything else, the file's transfers are the page cache's copies (at memory speed,
 // or at the cluster's measured cached rates), added to the step on the cores compute uses,

@@ -39,4 +39,11 @@ struct RankState {
 // state at the step's end; `events` (optional) receives the trace.
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
 
+// sim/offload_cost.cc: Note [Page-cached offload]'s copies (`read` bytes out of the page cache,
+// `written` into it), whether a rank's offload file stays in the page cache, and Note [Chunk
+// manager]'s pricing of parameter (and gradient) chunks into rep.
+double cached_copy_s(const Setup& s, double read, double written);
+bool page_cached(const Setup& s, const RankReport& rep);
+void price_param_offload(const Setup& s, RankReport& rep);
+
 }  // namespace loom::sim

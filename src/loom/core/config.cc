@@ -203,7 +203,7 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_INT_KEY(parallel, sync_warmup_steps, "2bw, pipedream, pipemare: steps trained synchronously (a flush "
                    "after each) before the asynchronous stream starts; 0 = none"),
       LOOM_INT_KEY(parallel, ps_servers, "parameter servers added to the dp workers (0: collective data parallel)"),
-      LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, zero 0/1)",
+      LOOM_TEXT_KEY(parallel, reduce, "how dp gradients combine: mean | adasum (dp a power of two, any ZeRO stage)",
                     parse_grad_reduce, grad_reduce_name),
   };
 }
@@ -294,7 +294,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_FLOAT_KEY(comm, hang_s, "--nproc: seconds a rank may block outside any collective, using no CPU, before the supervisor ends the job (0 = off)"),
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
-      LOOM_ENUM_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce (zero 0/1)", parse_float_format),
+      LOOM_ENUM_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce or reduce-scatter (any ZeRO stage)", parse_float_format),
       LOOM_ENUM_KEY(comm, param_dtype, "fp32 | bf16: ZeRO-3's parameter all-gathers in bf16 (compute sees rounded weights)", parse_float_format),
       LOOM_ENUM_KEY(comm, p2p_dtype, "fp32 | bf16: pipeline activations and their gradients sent in bf16 (pp >= 2)", parse_float_format),
     };

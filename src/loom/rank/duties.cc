@@ -63,45 +63,4 @@ Duties duties(const Config& cfg, int64_t global_rank) {
   return d;
 }
 
-const char* name_of(Role r) {
-  switch (r) {
-    case Role::kTrainer: return "trainer";
-    case Role::kPsWorker: return "ps worker";
-    case Role::kPsServer: return "ps server";
-  }
-  return "?";
-}
-
-const char* name_of(GradPath g) {
-  switch (g) {
-    case GradPath::kNone: return "none";
-    case GradPath::kAllReduce: return "all-reduce";
-    case GradPath::kReduceScatter: return "reduce-scatter";
-    case GradPath::kShardEveryMicro: return "reduce-scatter per micro-batch";
-    case GradPath::kStreamMean: return "stream mean";
-    case GradPath::kPsPush: return "push to servers";
-  }
-  return "?";
-}
-
-const char* name_of(UpdateRule u) {
-  switch (u) {
-    case UpdateRule::kSynchronous: return "synchronous";
-    case UpdateRule::kTwoBw: return "2bw delayed";
-    case UpdateRule::kParameterServer: return "parameter server";
-    case UpdateRule::kStream: return "stream per minibatch";
-    case UpdateRule::kStreamReference: return "stream reference";
-  }
-  return "?";
-}
-
-const char* name_of(Place p) {
-  switch (p) {
-    case Place::kMemory: return "memory";
-    case Place::kOffloadFile: return "offload file";
-    case Place::kServers: return "servers";
-  }
-  return "?";
-}
-
 }  // namespace loom::rank

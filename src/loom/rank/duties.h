@@ -56,9 +56,4 @@ inline bool in_stream(UpdateRule u) { return u == UpdateRule::kTwoBw || u == Upd
 inline constexpr int64_t kPsKeyFloats = 1024;  // one key: 4 KiB of fp32 weights
 std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_floats = kPsKeyFloats);
 
-const char* name_of(Role r);
-const char* name_of(GradPath g);
-const char* name_of(UpdateRule u);
-const char* name_of(Place p);
-
 }  // namespace loom::rank

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "loom/comm/world.h"
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
 #include "loom/train/rank_context.h"
 #include "loom/parallel/rank_plan.h"
 #include "loom/sim/simulator.h"

@@ -100,7 +100,7 @@ void AdamW::offload(std::unique_ptr<StateFile> file) {
   // Before any step or restore the moments are zeros, as the freshly allocated file reads.
   LOOM_CHECK(t_ == 0, "optimizer offload starts before the first step; ", t_, " steps taken");
   // With the parameters in the file too, they are packed in `owned` order like the moments
-  // (the whole flat buffer unsharded; Note [ZeRO-3 offload] in train/engine.cc otherwise).
+  // (the whole flat buffer unsharded; Note [ZeRO-3 offload] in modes/offload/offload_part.cc otherwise).
   file_ = std::move(file);
   awaiting_file_ = false;
   std::vector<float>().swap(m_);

@@ -13,7 +13,7 @@
 //            data parallelism]), or pushed to the servers; the compressors and Adasum ride on
 //            the first three (whole buckets on their steps, Note [Compressed ZeRO-2/3]) and the
 //            1-bit family's optimizer sends what it needs (CompressSpec::sync_at);
-//   update   Note [Update rules] (train/engine.h): synchronous, 2bw's delayed updates, the
+//   update   Note [Update rules] (engine/engine.h): synchronous, 2bw's delayed updates, the
 //            parameter server's push/pull, a stream's per-minibatch stage updates (their
 //            flushing references are a test's choice, not the config's);
 //   places   parameters and moments in memory, in the offload file (offload.*), or on the

@@ -110,7 +110,7 @@ void run_lists(const Setup& s, const Lists& lists, Done& fdone, Done& bdone, std
 // Note [Simulated 2BW]
 // The streams (2bw, pipedream, pipemare: Note [Pipeline streams] in parallel/schedule.h) run
 // across steps with no barrier between them (Note [2BW without a barrier] in
-// train/engine.cc: the sums a step's end needs were started earlier). The replay runs a
+// engine/engine.cc: the sums a step's end needs were started earlier). The replay runs a
 // stream - ages 0 .. 2 depth, then a flushing step - each rank's lists as the engine runs them
 // (micro-batch k m + i is step k's i), and reports a steady step (age 2 depth): each rank's
 // time from the end of its previous step's list to the end of the steady one, its busy

@@ -9,7 +9,8 @@
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/data/loader.h"
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
+#include "loom/train/step_loop.h"
 #include "loom/train/trace.h"
 
 namespace loom {
@@ -62,27 +63,8 @@ ShardState rank_state(Engine& e, Updater& updater, const Config& cfg) {
   ShardState s{&e.model.layout(), e.param_view(), updater.adamw().moment(0), updater.adamw().moment(1),
                rc.zero == 3 && rc.dp ? updater.adamw().owned() : all, updater.adamw().owned(), rc.tp_size, rc.tp_rank,
                updater.adamw().steps_taken(), updater.scaler().state()};
-  s.params_packed = e.packed_params();
-  if (!e.sync) return s;
-  // Note [Compressor state in checkpoints]: valid for the same compressor, parameters,
-  // layout and buckets (the bucket plan is a function of the layout and the cap).
-  const auto& compressors = e.sync->compressors();
-  parallel::Accordion* accordion = e.sync->accordion();
-  for (size_t b = 0; b < compressors.size(); b++) {
-    std::vector<parallel::CompressorState> all = compressors[b]->state();
-    if (accordion)
-      for (const parallel::CompressorState& c : accordion->state(b)) all.push_back(c);
-    for (const parallel::CompressorState& c : all) s.compressor.push_back({"bucket " + std::to_string(b) + " " + c.name, c.data});
-  }
-  const ParallelConfig& p = cfg.parallel;
-  std::ostringstream sig;
-  sig << compress_name(p.compress) << " ratio " << p.compress_ratio << " momentum " << p.compress_momentum << " rank "
-      << p.compress_rank;
-  if (accordion)
-    sig << " accordion window " << p.accordion_window << " eta " << p.accordion_eta << " heavy rank "
-        << p.accordion_heavy_rank << " ratio " << p.accordion_heavy_ratio;
-  sig << "; " << layout_text(p) << "; bucket_mb " << p.bucket_mb << ", " << e.plan.buckets.size() << " buckets";
-  s.compressor_signature = sig.str();
+  // Each part's own: the compressors' (Note [Compressor state in checkpoints]), the packed view.
+  for (const std::unique_ptr<Part>& p : e.parts) p->save_state(s);
   return s;
 }
 
@@ -117,14 +99,12 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
 }
 
 void CheckpointTrigger::after_step(const StepOutcome& s) {
-  const bool free_ps = e_.rc.ps && cfg_.ps.free_running();
+  const bool free_ps = cfg_.parallel.ps_servers > 0 && cfg_.ps.free_running();
   if (free_ps ? !(s.last && !cfg_.checkpoint.dir.empty()) : !saves_checkpoint(cfg_, s.step)) return;
   const Spans::Scope span = spans_.open("checkpoint", "io");
-  ShardState state = rank_state(e_, u_, cfg_);
-  if (e_.rc.ps) state.param_ranges.clear();  // Note [PS checkpoints]: the servers save the state
-  save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, state, e_.param_view(),
+  save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, role_.state(), role_.params(),
                world_ ? &world_->world_group() : nullptr, world_ ? world_->global_rank() : 0);
-  u_.adamw().settle_moments(false);  // bf16 moments: free the widened copies the save read
+  role_.saved();
 }
 
 namespace {
@@ -138,8 +118,7 @@ double evaluate(Engine& e, const DataLoader& loader, int64_t batches, int64_t gl
   double sum = 0;
   for (int64_t i = 0; i < batches; i++) {
     loader.val_batch(i, batches, global_rows, tok.data(), tgt.data());
-    sum += e.pipe ? e.pipe->forward_only(tok.data(), tgt.data())
-                  : e.model.forward_loss(tok.data(), tgt.data(), rows, T);
+    sum += e.pass->forward_loss(tok.data(), tgt.data(), rows, T);
   }
   double v[1] = {sum / double(batches)};
   rc.stats_sum(v);

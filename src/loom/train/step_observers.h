@@ -19,6 +19,7 @@ class World;
 struct Config;
 struct Engine;
 class Updater;
+class Role;
 class DataLoader;
 class Trace;
 
@@ -93,16 +94,16 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
 
 // Saves a sharded checkpoint every checkpoint.save_every steps and after the last step (a
 // free-running PS job: after its last push only, as step train.steps; Note [PS checkpoints]).
+// Every role's (Note [One step loop]): the state is the role's.
 class CheckpointTrigger : public StepObserver {
  public:
-  CheckpointTrigger(const Config& cfg, Engine& e, Updater& u, comm::World* world, const Spans& spans)
-      : cfg_(cfg), e_(e), u_(u), world_(world), spans_(spans) {}
+  CheckpointTrigger(const Config& cfg, Role& role, comm::World* world, const Spans& spans)
+      : cfg_(cfg), role_(role), world_(world), spans_(spans) {}
   void after_step(const StepOutcome& s) override;
 
  private:
   const Config& cfg_;
-  Engine& e_;
-  Updater& u_;
+  Role& role_;
   comm::World* world_;
   const Spans& spans_;
 };

@@ -16,7 +16,6 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
-#include "loom/core/liveness.h"
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
@@ -26,12 +25,13 @@
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/ckpt/shard_format.h"
 #include "loom/optim/optimizer.h"
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
 #include "loom/train/memory_budget.h"
 #include "loom/modes/offload/offload.h"
 #include "loom/train/rank_context.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
+#include "loom/train/step_loop.h"
 #include "loom/train/step_observers.h"
 #include "loom/train/trace.h"
 
@@ -82,14 +82,6 @@ std::string compress_text(const ParallelConfig& p, const Config& cfg) {
        << (p.compress == CompressKind::kPowerSgd ? double(p.accordion_heavy_rank) : p.heavy_ratio())
        << " outside critical regimes (window " << p.accordion_window << " steps, eta " << p.accordion_eta << ")";
   return os.str();
-}
-
-// Note [Accordion]: its switches are logged.
-void log_accordion(Reporter& rep, parallel::GradSync& sync, TrainSummary& sum) {
-  for (std::string& line : sync.take_accordion_log()) {
-    rep.info(line);
-    sum.accordion_log.push_back(std::move(line));
-  }
 }
 
 std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
@@ -149,59 +141,25 @@ void print_header(Reporter& rep, const Config& cfg, const TrainData& data, int64
   rep.info(os.str());
 }
 
-// Forward and backward of one optimizer step; gradients reduced as the layout says, and
-// multiplied by the loss scale S (Note [Dynamic loss scaling]). Returns this rank's share of
-// the loss: the mean over its micro-batches (0 on pipeline stages without the head).
-double compute_gradients(Engine& e, const RankContext& rc, const DataLoader& data, const Config& cfg, int64_t step,
-                         int64_t mb, int64_t T, double S, bool flush) {
-  const int64_t accum = cfg.train.grad_accum;
-  Model& model = e.model;
-  e.begin_step();
-  double loss = 0;
-  const bool every_micro = e.sync && e.sync->every_micro();
-  if (e.sync) e.sync->set_step(step);
-  auto arm = [&] {
-    if (e.sync) e.sync->begin(model.grad_buffer());
-  };
-  if (e.two_bw) e.two_bw->begin_reference_step();  // the reference computes on the stash
-  if (e.pipe) {
-    auto batch = [&](int micro, int32_t* tok, int32_t* tgt) {
-      data.train_batch(step, micro, accum, cfg.train.batch, tok, tgt);
-    };
-    if (rc.schedule->kind == ScheduleKind::k2BW) {  // Note [PipeDream-2BW]
-      const parallel::PipelineRunner::Stream o = e.two_bw->executor(flush);
-      loss = e.pipe->run_step(batch, float(S / double(accum)), arm, &o);
-    } else if (e.async) {  // Note [PipeDream weight stashing], Note [PipeMare]; or their reference
-      const parallel::PipelineRunner::Stream o = e.async->executor(step, flush);
-      loss = e.pipe->run_step(batch, float(S / double(accum)), arm, &o);
-    } else {
-      loss = e.pipe->run_step(batch, float(S / double(accum)), arm);
-    }
-    e.memory.sample();
-  } else {
-    if (e.ps && e.ps->sparse()) choose_ps_rows(cfg, data, *e.ps, step, mb, T);  // Note [Sparse embeddings]
-    std::vector<int32_t> tok(size_t(mb * T)), tgt(size_t(mb * T));
-    for (int64_t micro = 0; micro < accum; micro++) {
-      const bool last = micro + 1 == accum;
-      data.train_batch(step, micro, accum, cfg.train.batch, tok.data(), tgt.data());
-      if (last || every_micro) arm();
-      loss += model.forward_backward(tok.data(), tgt.data(), mb, T, float(S / double(accum)));
-      if (every_micro && !last) e.sync->finish(false);
-      e.memory.sample();
-    }
+// train.grad_accum micro-batches of mb x T: each adds its mean loss, its backward starting
+// from S / accum (Note [Dynamic loss scaling]); the step's share is the mean over them.
+class FixedBatches final : public MicroBatches {
+ public:
+  FixedBatches(const DataLoader& data, const Config& cfg, int64_t step, int64_t mb, int64_t T, double S)
+      : data_(data), cfg_(cfg), step_(step), mb_(mb), T_(T), S_(S) {}
+  int64_t count() const override { return cfg_.train.grad_accum; }
+  Shape shape(int64_t) const override { return {mb_, T_, float(S_ / double(cfg_.train.grad_accum)), 1.0}; }
+  void fill(int64_t m, int32_t* tokens, int32_t* targets) const override {
+    data_.train_batch(step_, m, cfg_.train.grad_accum, cfg_.train.batch, tokens, targets);
   }
-  if (e.two_bw) e.two_bw->end_reference_step();
-  if (rc.embed) {  // GPT pipeline: the tied embedding's two copies get the sum of both gradients
-    const ParamSpec& w = model.layout().at("wte");
-    // 2bw: this step's gradient is complete only on a flush (the pending one's is summed as it
-    // completes); pipedream / pipemare: each update sums its own.
-    const bool summed_elsewhere = (e.two_bw && e.two_bw->pipeline() && !flush) || (e.async && e.async->pipeline());
-    if (!summed_elsewhere)
-      rc.embed->all_reduce(std::span<float>(model.grads().data() + w.offset, size_t(w.numel)), comm::ReduceOp::kSum);
-  }
-  if (e.sync) e.sync->finish();
-  return loss / double(accum);
-}
+  double mean(double loss_sum) const override { return loss_sum / double(cfg_.train.grad_accum); }
+
+ private:
+  const DataLoader& data_;
+  const Config& cfg_;
+  int64_t step_, mb_, T_;
+  double S_;
+};
 
 // Targets and computed positions of one global batch (they differ by padding).
 struct StepTokens {
@@ -215,33 +173,43 @@ struct StepTokens {
 // data.bucketing (Note [Length bucketing]): this rank's micro-batches, each at its own
 // padded length. Micro-batch m returns its mean over its N positions (padding adds 0);
 // scaling it by dp N / R (R: the global batch's real targets) makes the dp average of the
-// summed gradients the gradient of the global batch's mean over its R real targets.
-// Returns this rank's share of that mean (dp times its part, as Updater averages over dp).
-double bucketed_gradients(Engine& e, const RankContext& rc, const BucketLoader& data, int64_t step,
-                          StepTokens& tokens, double S) {
-  const BucketLoader::Step plan = data.plan(step);
-  tokens = {plan.real_targets, plan.positions};
-  Model& model = e.model;
-  if (e.sync) e.sync->set_step(step);
-  e.begin_step();
-  const bool every_micro = e.sync && e.sync->every_micro();
-  std::vector<int32_t> tok, tgt;
-  double loss = 0;
-  for (size_t m = 0; m < plan.micros.size(); m++) {
-    const data::MicroPlan& mp = plan.micros[m];
+// summed gradients the gradient of the global batch's mean over its R real targets. The
+// step's share is the sum: dp times this rank's part, as Updater averages over dp.
+class BucketBatches final : public MicroBatches {
+ public:
+  BucketBatches(const BucketLoader& data, int64_t step, int dp, double S)
+      : data_(data), plan_(data.plan(step)), dp_(dp), S_(S) {}
+  StepTokens tokens() const { return {plan_.real_targets, plan_.positions}; }
+  int64_t count() const override { return int64_t(plan_.micros.size()); }
+  Shape shape(int64_t m) const override {
+    const data::MicroPlan& mp = plan_.micros[size_t(m)];
     const int64_t rows = int64_t(mp.rows.size()), N = rows * mp.seq;
-    tok.resize(size_t(N));
-    tgt.resize(size_t(N));
-    data.fill(mp, tok.data(), tgt.data());
-    const bool last = m + 1 == plan.micros.size();
-    if (e.sync && (last || every_micro)) e.sync->begin(model.grad_buffer());
-    const double scale = double(rc.dp_size) * double(N) / double(plan.real_targets);
-    loss += scale * model.forward_backward(tok.data(), tgt.data(), rows, mp.seq, float(scale * S));
-    if (every_micro && !last) e.sync->finish(false);
-    e.memory.sample();
+    const double scale = double(dp_) * double(N) / double(plan_.real_targets);
+    return {rows, mp.seq, float(scale * S_), scale};
   }
-  if (e.sync) e.sync->finish();
-  return loss;
+  void fill(int64_t m, int32_t* tokens, int32_t* targets) const override {
+    data_.fill(plan_.micros[size_t(m)], tokens, targets);
+  }
+  double mean(double loss_sum) const override { return loss_sum; }
+
+ private:
+  const BucketLoader& data_;
+  const BucketLoader::Step plan_;
+  int dp_;
+  double S_;
+};
+
+// One step's forward and backward through the engine's gradient pass (Note [Engine parts]);
+// returns this rank's share of the loss.
+double step_gradients(Engine& e, const Config& cfg, const DataLoader& train_data, const BucketLoader* buckets,
+                      int64_t step, double S, bool flush, StepTokens& tokens) {
+  if (buckets) {
+    const BucketBatches batches(*buckets, step, e.rc.dp_size, S);
+    tokens = batches.tokens();
+    return e.pass->run(batches, step, flush);
+  }
+  for (const std::unique_ptr<Part>& p : e.parts) p->before_pass(train_data, step);
+  return e.pass->run(FixedBatches(train_data, cfg, step, cfg.micro_batch(), cfg.seq_len(), S), step, flush);
 }
 
 // --resume (Note [Resume auto]): this rank's parameters, moments and optimizer step count;
@@ -255,9 +223,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
   // A PS job's servers load their shards alongside (Note [PS checkpoints]).
   const int64_t step = load_resume(cfg, opt.resume, s, rc.ps ? &world->world_group() : everyone(rc), rep);
   updater.adamw().settle_moments(true);  // bf16 moments: store what was loaded
-  if (e.ps) e.ps->start_at(step);
-  if (e.chunks) e.chunks->drop_all();  // the file's parameters changed under any resident chunk
-  if (e.whole_params) e.pack_from_whole(*updater.adamw().offload_file());  // Note [Replicated-parameter offload]
+  for (const std::unique_ptr<Part>& p : e.parts) p->after_resume(step);
   updater.adamw().set_steps_taken(s.optimizer_steps);
   updater.scaler().restore(s.loss_scale);
   if (rc.zero == 3)  // keep only the own pieces resident, as the engine does from the start
@@ -269,7 +235,7 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
 // (WteBucket::kAloneLast under a per-bucket compressor), the same update: an invariant,
 // checked bit for bit at the end of the run (ZeRO-3 keeps only pieces; not checked there).
 void check_tied_copies(Engine& e, const RankContext& rc) {
-  if (!rc.embed || e.gather) return;
+  if (!rc.embed || (rc.zero == 3 && rc.dp)) return;
   const ParamSpec& w = e.model.layout().at("wte");
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the copy's bytes
   for (const float& x : e.param_view().subspan(size_t(w.offset), size_t(w.numel))) {
@@ -303,25 +269,7 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
     if (begin) t->begin(layer >= 0 ? std::string(what) + " " + std::to_string(layer) : std::string(what), "compute");
     else t->end();
   });
-  if (e.chunks)  // Note [Chunk manager]: waits on chunk transfers
-    e.chunks->set_span_hook([t](const char* what, bool begin) {
-      if (begin) t->begin(what, "io");
-      else t->end();
-    });
-  const bool chunks = cfg.parallel.vpp > 1;
-  if (e.pipe)
-    e.pipe->set_step_hook([t, chunks](parallel::Phase phase, int micro, int chunk, bool begin) {
-      if (!begin) return t->end();
-      std::string name(1, parallel::phase_letter(phase));
-      name += std::to_string(micro);
-      if (chunks) name.append(".").append(std::to_string(chunk));
-      t->begin(name, "pipeline");
-    });
-  if (e.async && e.async->pipeline())  // Note [PipeDream weight stashing]: updates inside the stream
-    e.async->trace_update = [t](int micro, bool begin) {
-      if (begin) t->begin("U" + std::to_string(micro), "pipeline");
-      else t->end();
-    };
+  for (const std::unique_ptr<Part>& p : e.parts) p->trace(t);
   e.memory.set_listener([t](const MemoryTracker& m) {
     std::vector<std::pair<std::string, int64_t>> now;
     for (const auto& r : m.rows()) now.push_back({r.name, r.now_bytes});
@@ -330,18 +278,9 @@ std::unique_ptr<Trace> start_trace(const Config& cfg, Engine& e, comm::World* wo
   return trace;
 }
 
-// The step's outcome for the observers; a finite-loss check first (a diverged update stops
-// the run before anything is logged or saved from it).
-void check_finite_loss(const Config& cfg, int64_t step, double loss) {
-  if (!std::isfinite(loss))
-    throw diverged(detail::cat("loss is ", loss, " at step ", step + 1), cfg.optim.lr, cfg.optim.warmup_steps);
-}
-
+// The step's outcome for the observers (the loop checks its loss, Note [One step loop]).
 StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u, double lr, double loss_scale,
                        const StepTokens& tokens, Clock::time_point start) {
-  // A skipped step's loss is checked too: the forward pass has no loss scale, so a
-  // non-finite loss there means the weights themselves ran away (issue 59).
-  if (!u.deferred) check_finite_loss(cfg, step, u.loss);
   StepOutcome o;
   o.step = step, o.loss = u.loss, o.lr = lr, o.norm = u.norm, o.loss_scale = loss_scale, o.applied = u.applied;
   o.real_tokens = tokens.real, o.positions = tokens.positions;
@@ -354,35 +293,12 @@ StepOutcome outcome_of(const Config& cfg, int64_t step, const Updater::Result& u
 // Stops recording and writes the trace with the ledger's collectives and the idle gaps.
 void finish_trace(Trace& trace, Engine& e, comm::World* world, const std::string& path, Reporter& rep) {
   e.model.set_span_hook(nullptr);
-  if (e.chunks) e.chunks->set_span_hook(nullptr);
+  for (const std::unique_ptr<Part>& p : e.parts) p->trace(nullptr);
   e.memory.set_listener(nullptr);
   if (world) trace.add_ledger(world->ledger());
   trace.add_idle();
   trace.write(path, everyone(e.rc));
   rep.info("wrote trace " + path + " (open in https://ui.perfetto.dev)");
-}
-
-// Note [Chunk manager]: what parameter offload's chunks did over the run.
-void report_chunks(std::ostream& os, const ChunkManager& m, const Config& cfg, TrainSummary& sum) {
-  const ChunkManager::Stats& s = m.stats();
-  sum.param_chunk_read_bytes = s.read_bytes, sum.param_chunk_evictions = s.evictions;
-  sum.grad_chunk_written_bytes = s.grad_written_bytes;
-  sum.param_chunk_last_step_read_bytes = s.last_step_read_bytes;
-  os << " (parameter offload: " << m.chunks() << " chunks of "
-     << (s.chunk_floats > 0 ? bytes_text(s.chunk_floats * int64_t(sizeof(float))) : std::string("one unit"))
-     << ", at most " << bytes_text(s.peak_resident_bytes) << " resident at once; " << s.reads << " reads ("
-     << bytes_text(s.read_bytes) << "), " << s.hits << " of " << s.acquires << " acquires found resident, "
-     << s.evictions << " evictions; warm-up: " << s.trace_events << " accesses, non-model memory "
-     << bytes_text(s.peak_non_model_bytes);
-  if (s.replayed_steps > 0)
-    os << "; after it " << bytes_text(s.replayed_read_bytes / s.replayed_steps) << " read per step, "
-       << bytes_text(s.last_step_read_bytes) << " in the last";
-  if (m.manages_grads())
-    os << "; gradients in " << m.chunks(ChunkManager::kGrads) << " chunks: " << bytes_text(s.grad_written_bytes)
-       << " spilled, " << bytes_text(s.grad_read_bytes) << " read back";
-  if (cfg.memory.limit_gib > 0 && s.over_budget_events > 0)
-    os << "; " << s.over_budget_events << " acquires needed more than the budget left for chunks";
-  os << ")";
 }
 
 void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u, TrainSummary& sum) {
@@ -399,16 +315,13 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u
   os << "; model states " << double(states) / (1 << 20) << " vs ZeRO-" << e.rc.zero << " formula "
      << double(sum.model_state_formula_bytes) / (1 << 20) << " for " << local_params << " params at dp "
      << e.rc.dp_size;
-  if (e.gather)
-    os << " (+ gathered units: " << e.gather->peak_units() << " at once, pool of "
-       << double(e.gather->pool_bytes()) / (1 << 20) << " MiB)";
-  if (e.chunks) report_chunks(os, *e.chunks, cfg, sum);
+  for (const std::unique_ptr<Part>& p : e.parts) p->report_memory(os, sum);
   sum.memory_peak_total_bytes = e.memory.peak_total();
   os << "; at most " << bytes_text(sum.memory_peak_total_bytes) << " at once";
   if (cfg.memory.limit_gib > 0) os << " (budget memory.limit_gib = " << cfg.memory.limit_gib << ")";
   if (const StateFile* f = u.adamw().offload_file()) {
     sum.offload_read_bytes = f->bytes_read(), sum.offload_written_bytes = f->bytes_written();
-    os << (e.chunks ? "; optimizer and parameter offload: " : "; optimizer offload: ") << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
+    os << (cfg.offload.params == OffloadTier::kDisk ? "; optimizer and parameter offload: " : "; optimizer offload: ") << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())
        << " written in sub-groups of " << cfg.offload.sub_group_mb << " MiB per moment through " << f->slot_count()
        << " buffers";
   }
@@ -428,27 +341,7 @@ void report_throughput(Reporter& rep, Engine& e, const BucketLoader* buckets, co
        << sum.tokens_per_s << " real tokens/s";
     rep.info(os.str());
   }
-  if (e.gather) {
-    sum.param_gathers = e.gather->dp_gathers(), sum.param_gathers_on_host = e.gather->host_gathers();
-    if (sum.param_gathers_on_host > 0)
-      rep.info("ZeRO++ hpZ: " + std::to_string(sum.param_gathers_on_host) + " of " +
-               std::to_string(sum.param_gathers + sum.param_gathers_on_host) +
-               " parameter gathers stayed on the host (secondary pieces)");
-  }
-  if (!e.sync) return;
-  sum.comm_hidden_fraction = e.sync->hidden_fraction();
-  sum.comm_exposed_s = e.sync->exposed_wait_s();
-  std::ostringstream os;
-  os << "data parallel: " << e.plan.buckets.size() << " gradient buckets, reduced alone in " << std::fixed
-     << std::setprecision(2) << e.sync->standalone_s() * 1e3 << " ms per step; " << std::setprecision(1)
-     << 100.0 * sum.comm_hidden_fraction << "% of it hidden behind backward (" << std::setprecision(3)
-     << sum.comm_exposed_s << " s of reduction after the last rank's backward, all steps)";
-  sum.comm_wire_bytes = e.sync->mean_wire_bytes();
-  sum.comm_exact_wire_bytes = e.sync->exact_wire_bytes();
-  os << "\n  gradients on the wire: " << std::setprecision(3) << sum.comm_wire_bytes / 1e6 << " MB per step from each rank ("
-     << std::setprecision(1) << sum.comm_exact_wire_bytes / std::max(1.0, sum.comm_wire_bytes)
-     << "x fewer than exact fp32)";
-  rep.info(os.str());
+  for (const std::unique_ptr<Part>& p : e.parts) p->report_run(rep, sum);
 }
 
 // Note [Optimizer offload]: a directory may fail on some ranks only, so they agree first.
@@ -466,23 +359,8 @@ void offload_optimizer(Updater& updater, comm::Group* everyone, int global_rank)
 void after_update(const Config& cfg, Engine& e, const LossScaler& scaler, Reporter& rep, TrainSummary& sum,
                   comm::Group* everyone, int global_rank) {
   if (!scaler.event().empty()) rep.info(scaler.event());
-  if (e.sync) log_accordion(rep, *e.sync, sum);
+  for (const std::unique_ptr<Part>& p : e.parts) p->after_update(rep, sum);
   check_budget(cfg, e.memory, everyone, global_rank);
-}
-
-// Hands a finished step to the observers (Note [Step observers]). A 2bw step whose loss comes
-// with the next step's result (Note [2BW without a barrier]) is held until then.
-void publish(const Config& cfg, const Updater::Result& u, const StepOutcome& outcome, StepOutcome& held,
-             std::span<StepObserver* const> observers) {
-  if (u.has_earlier) {
-    held.loss = u.earlier_loss;
-    if (updates_per_batch(cfg.parallel.schedule)) held.norm = u.earlier_norm;  // 2bw's was known at its step
-    check_finite_loss(cfg, held.step, held.loss);
-    for (StepObserver* o : observers) o->after_step(held);
-  }
-  if (u.deferred) held = outcome;
-  else
-    for (StepObserver* o : observers) o->after_step(outcome);
 }
 
 void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
@@ -497,6 +375,70 @@ void set_thread_count(const Config& cfg) {
   if (cfg.train.threads <= 0) return;
   omp_set_num_threads(int(cfg.train.threads));
   openblas_set_num_threads(int(cfg.train.threads));
+}
+
+// A trainer's or PS worker's step (Note [One step loop]): forward, backward and the update.
+class TrainerRole final : public Role {
+ public:
+  TrainerRole(const Config& cfg, const TrainOptions& given, Engine& e, Updater& u, const DataLoader& train_data,
+              const BucketLoader* buckets, comm::World* world, Reporter& rep, TrainSummary& sum, const Spans& spans)
+      : cfg_(cfg), given_(given), e_(e), u_(u), train_data_(train_data), buckets_(buckets), world_(world), rep_(rep),
+        sum_(sum), spans_(spans), free_ps_(e.rc.ps && cfg.ps.free_running()),
+        global_rank_(world ? world->global_rank() : 0) {}
+  int64_t resume() override { return resume_point(cfg_, given_, e_, u_, e_.rc, world_, rep_); }
+  // Note [Asynchronous parameter server]: a free-running worker steps until the servers stop it.
+  bool runs(int64_t step, int64_t first) const override {
+    return step < cfg_.train.steps || (free_ps_ && first < cfg_.train.steps);
+  }
+  Step step(int64_t step) override;
+  ShardState state() override {
+    ShardState s = rank_state(e_, u_, cfg_);
+    if (e_.rc.ps) s.param_ranges.clear();  // Note [PS checkpoints]: the servers save the state
+    return s;
+  }
+  std::span<const float> params() override { return e_.param_view(); }
+  void saved() override { u_.adamw().settle_moments(false); }  // bf16 moments: free the widened copies
+  StepTokens total;  // over the steps this run trains
+
+ private:
+  const Config& cfg_;
+  const TrainOptions& given_;
+  Engine& e_;
+  Updater& u_;
+  const DataLoader& train_data_;
+  const BucketLoader* buckets_;
+  comm::World* world_;
+  Reporter& rep_;
+  TrainSummary& sum_;
+  const Spans& spans_;
+  bool free_ps_;
+  int global_rank_;
+};
+
+Role::Step TrainerRole::step(int64_t step) {
+  const auto step_start = Clock::now();
+  const int64_t T = cfg_.seq_len();
+  const int64_t rows = free_ps_ ? cfg_.train.batch / e_.rc.dp_size : cfg_.train.batch;  // free PS: this worker's
+  StepTokens tokens{rows * T, rows * T};
+  LossScaler& scaler = u_.scaler();
+  const double S = scaler.scale();
+  const bool flush = flushes_pipeline(cfg_, step);  // Note [PipeDream-2BW], Note [Synchronous warm-up]
+  const double local_loss = step_gradients(e_, cfg_, train_data_, buckets_, step, S, flush, tokens);
+  if (given_.after_gradients) given_.after_gradients(step, e_.model.grads());
+  total += tokens;
+  const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
+  const Updater::Result u = [&] {
+    const Spans::Scope span = spans_.open("optimizer", "compute");
+    return u_.step(local_loss, lr, step, flush);
+  }();
+  // A free-running PS worker has no per-step meeting.
+  after_update(cfg_, e_, scaler, rep_, sum_, free_ps_ ? nullptr : everyone(e_.rc), global_rank_);
+  Step s;
+  s.outcome = outcome_of(cfg_, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start);
+  s.deferred = u.deferred, s.has_earlier = u.has_earlier;
+  s.earlier_loss = u.earlier_loss, s.earlier_norm = u.earlier_norm;
+  s.stop = u.stop;
+  return s;
 }
 
 TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* world) {
@@ -527,47 +469,24 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   prepare_engine(cfg, given, rc, e);
   if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);
-  comm::Group* const all_ranks = everyone(rc);
   const int global_rank = world ? world->global_rank() : 0;
-  if (cfg.offload.optimizer == OffloadTier::kDisk) offload_optimizer(updater, all_ranks, global_rank);
+  if (cfg.offload.optimizer == OffloadTier::kDisk) offload_optimizer(updater, everyone(rc), global_rank);
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count(), sum.unigram_entropy = data->unigram_entropy_nats;
   print_header(rep, cfg, *data, sum.params, mb, T);
 
   const auto t0 = Clock::now();
-  StepTokens total;  // over the steps this run trains
   std::unique_ptr<Trace> trace = given.trace_path.empty() ? nullptr : start_trace(cfg, e, world);
   const Spans spans(trace.get());
+  TrainerRole role(cfg, given, e, updater, train_data, buckets.get(), world, rep, sum, spans);
   StepLog log(rep, sum, cfg, t0);
-  CheckpointTrigger checkpoints(cfg, e, updater, world, spans);
+  CheckpointTrigger checkpoints(cfg, role, world, spans);
   Validation validation(cfg, e, val_data, rep, sum, data->val_bytes_per_token, spans);
   StepObserver* const observers[] = {&log, &validation, &checkpoints};  // Note [Step observers]
-  const int64_t first_step = resume_point(cfg, given, e, updater, rc, world, rep);
-  StepOutcome held;  // a 2bw step whose loss comes with the next step's result
-  for (int64_t step = first_step; step < cfg.train.steps || (free_ps && first_step < cfg.train.steps); step++) {
-    liveness::enter_step(step, global_rank);  // the heartbeat's step; Note [Failpoints]
-    const auto step_start = Clock::now();
-    const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step");
-    const int64_t rows = free_ps ? cfg.train.batch / rc.dp_size : cfg.train.batch;  // free PS: this worker's
-    StepTokens tokens{rows * T, rows * T};
-    LossScaler& scaler = updater.scaler();
-    const double S = scaler.scale();
-    const bool flush = flushes_pipeline(cfg, step);  // Note [PipeDream-2BW], Note [Synchronous warm-up]
-    const double local_loss = buckets ? bucketed_gradients(e, rc, *buckets, step, tokens, S)
-                                      : compute_gradients(e, rc, train_data, cfg, step, mb, T, S, flush);
-    if (given.after_gradients) given.after_gradients(step, e.model.grads());
-    total += tokens;
-    const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    const Updater::Result u = [&] {
-      const Spans::Scope span = spans.open("optimizer", "compute");
-      return updater.step(local_loss, lr, step, flush);
-    }();
-    after_update(cfg, e, scaler, rep, sum, free_ps ? nullptr : all_ranks, global_rank);  // free PS: no per-step meeting
-    publish(cfg, u, outcome_of(cfg, step, u, lr, scaler.enabled() ? S : 0.0, tokens, step_start), held, observers);
-    if (u.stop) break;
-  }
-  if (rc.ps) finish_ps_worker(cfg, rc, *e.ps, rep, sum, total.real);
+  const int64_t first_step = run_steps(role, cfg, global_rank, spans, observers);  // Note [One step loop]
+  StepTokens& total = role.total;
+  for (const std::unique_ptr<Part>& p : e.parts) p->end_run(rep, sum, total.real);
   if (trace) finish_trace(*trace, e, world, given.trace_path, rep);
   rep.end_bar();
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);

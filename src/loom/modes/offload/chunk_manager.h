@@ -5,7 +5,7 @@
 // offload.params = disk (with offload.optimizer = disk; parallel.zero = 0, any dp, tp or pp):
 // the fp32 parameters live in the offload file beside the moments (StateFile's third array,
 // in the flat buffer's order). ZeRO-3: Note [ZeRO-3 offload]; ZeRO-1/2: Note
-// [Replicated-parameter offload] (modes/offload/offload_engine.cc). The model's flat parameter buffer keeps its addresses
+// [Replicated-parameter offload] (modes/offload/offload_part.cc). The model's flat parameter buffer keeps its addresses
 // but holds only the chunks the manager keeps: the model calls acquire(unit) before it reads
 // a unit's weights and release(unit) after (the hooks ZeRO-3 uses, Note [ZeRO-3]).
 //

@@ -22,6 +22,7 @@
 #include "loom/data/loader.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/run_start.h"
+#include "loom/train/step_loop.h"
 #include "loom/train/step_observers.h"
 #include "loom/train/report.h"
 
@@ -37,8 +38,11 @@ class PsServer {
   // Note [PS checkpoints]: with the workers' load (collective over the world); returns the
   // step to go on from.
   int64_t resume();
-  void run_sync(int64_t first);
-  void run_free(int64_t first);  // async / ssp
+  void sync_round(int64_t step);  // ps.mode = sync: one step's round
+  void run_free(int64_t first);   // async / ssp: the whole run
+  // Note [PS checkpoints]: the server's shard, and its key range's weights.
+  ShardState state();
+  std::span<const float> params() const { return p_; }
   double pushes = 0, max_stale = 0, sum_stale = 0;
 
  private:
@@ -78,8 +82,6 @@ class PsServer {
   // Answers worker w with the range as it is now; the sends run on w's link.
   comm::Work answer(int w, double norm_sq, int64_t version, bool stop, double lr);
   void record(int w, const float* trailer);
-  ShardState state();
-  void save(int64_t done);
 
   const Config& cfg_;
   const TrainOptions& opt_;
@@ -176,10 +178,6 @@ ShardState PsServer::state() {
                     1, 0, adamw_.steps_taken(), {}};
 }
 
-void PsServer::save(int64_t done) {
-  save_checked(cfg_, done, state(), p_, &world_.world_group(), world_.global_rank());
-}
-
 int64_t PsServer::resume() {
   if (opt_.resume.empty()) return 0;
   std::ostringstream sink;  // the workers report the resume
@@ -194,27 +192,24 @@ int64_t PsServer::resume() {
 
 // Note [Parameter server]: every worker's push, in worker order; the mean's global norm over
 // the servers clips it.
-void PsServer::run_sync(int64_t first) {
+void PsServer::sync_round(int64_t step) {
   const Kernels& k = kernels(KernelBackend::kCpu);
   const float inv = 1.0f / float(W_);
-  for (int64_t step = first; step < cfg_.train.steps; ++step) {
-    const std::vector<FlatRange> ranges = table_.on() ? take_sparse(step) : take_dense(step);
-    for (const FlatRange& r : ranges)
-      for (float& x : std::span<float>(grad_.data() + r.offset, size_t(r.count))) x *= inv;
-    double norm_sq[1] = {sum_squares(k, grad_.data(), ranges)};
-    peers_->all_reduce(std::span<double>(norm_sq, 1), comm::ReduceOp::kSum);
-    const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
-    apply(std::sqrt(norm_sq[0]), lr, ranges);
-    const bool last = step + 1 == cfg_.train.steps;
-    std::vector<comm::Work> sent;
-    for (int w = 0; w < W_; ++w)
-      sent.push_back(table_.on() ? answer_sparse(w, norm_sq[0], step + 1, last, lr)
-                                 : answer(w, norm_sq[0], step + 1, last, lr));
-    for (comm::Work& s : sent) s.wait();
-    if (table_.on())  // the touched rows' gradient back to zero for the next round's sums
-      for (const FlatRange& r : ranges) std::fill_n(grad_.data() + r.offset, r.count, 0.0f);
-    if (saves_checkpoint(cfg_, step)) save(step + 1);
-  }
+  const std::vector<FlatRange> ranges = table_.on() ? take_sparse(step) : take_dense(step);
+  for (const FlatRange& r : ranges)
+    for (float& x : std::span<float>(grad_.data() + r.offset, size_t(r.count))) x *= inv;
+  double norm_sq[1] = {sum_squares(k, grad_.data(), ranges)};
+  peers_->all_reduce(std::span<double>(norm_sq, 1), comm::ReduceOp::kSum);
+  const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
+  apply(std::sqrt(norm_sq[0]), lr, ranges);
+  const bool last = step + 1 == cfg_.train.steps;
+  std::vector<comm::Work> sent;
+  for (int w = 0; w < W_; ++w)
+    sent.push_back(table_.on() ? answer_sparse(w, norm_sq[0], step + 1, last, lr)
+                               : answer(w, norm_sq[0], step + 1, last, lr));
+  for (comm::Work& s : sent) s.wait();
+  if (table_.on())  // the touched rows' gradient back to zero for the next round's sums
+    for (const FlatRange& r : ranges) std::fill_n(grad_.data() + r.offset, r.count, 0.0f);
 }
 
 std::vector<FlatRange> PsServer::take_dense(int64_t step) {
@@ -285,7 +280,6 @@ comm::Work PsServer::answer_sparse(int w, double norm_sq, int64_t version, bool 
 // decided (Note [Exact push count]) and, if admitted, applied as it lands; answers are held
 // while ssp's bound says so.
 void PsServer::run_free(int64_t first) {
-  if (first >= cfg_.train.steps) return;  // the workers run no step either
   FreeRun& f = free_;
   f.budget = W_ * cfg_.train.steps;
   f.applied = f.taken = W_ * first;  // a resumed run's pushes go on from its step
@@ -312,7 +306,6 @@ void PsServer::run_free(int64_t first) {
   }
   for (comm::Work& s : f.tx) s.wait();
   for (auto& v : f.verdicts_out) v.sent.wait();
-  if (!cfg_.checkpoint.dir.empty()) save(cfg_.train.steps);
 }
 
 void PsServer::post_push(int w) {  // the next head; its slice follows it (a bye has none)
@@ -435,15 +428,44 @@ bool PsServer::answer_free(int& left) {
   return moved;
 }
 
+// A server's part in the one step loop (Note [One step loop]): a synchronous round per
+// step; free-running, the whole run as one step (its pushes arrive in no step order), the
+// checkpoint at its end.
+class ServerRole final : public Role {
+ public:
+  ServerRole(const Config& cfg, PsServer& server) : cfg_(cfg), s_(server) {}
+  int64_t resume() override { return s_.resume(); }
+  bool runs(int64_t step, int64_t first) const override {
+    if (cfg_.ps.free_running()) return step == first && first < cfg_.train.steps;  // else the workers run none either
+    return step < cfg_.train.steps;
+  }
+  Step step(int64_t step) override {
+    Step out;
+    out.outcome.step = step;
+    if (cfg_.ps.free_running()) s_.run_free(step);
+    else s_.sync_round(step);
+    out.outcome.last = cfg_.ps.free_running() || step + 1 == cfg_.train.steps;
+    return out;
+  }
+  ShardState state() override { return s_.state(); }
+  std::span<const float> params() override { return s_.params(); }
+
+ private:
+  const Config& cfg_;
+  PsServer& s_;
+};
+
 }  // namespace
 
 TrainSummary run_ps_server(const Config& cfg, const TrainOptions& opt, comm::World& world) {
   auto owned = std::make_unique<PsServer>(cfg, opt, world);
   PsServer& server = *owned;
   try {
-    const int64_t first = server.resume();
-    if (cfg.ps.free_running()) server.run_free(first);
-    else server.run_sync(first);
+    ServerRole role(cfg, server);
+    const Spans spans(nullptr);  // servers write no trace
+    CheckpointTrigger checkpoints(cfg, role, &world, spans);
+    StepObserver* const observers[] = {&checkpoints};  // its workers log and validate
+    run_steps(role, cfg, world.global_rank(), spans, observers);
   } catch (...) {
     // A failed link (a dead worker) leaves the other links' receives posted into this
     // server's buffers, and their threads wait in them: freeing the buffers would let a live

@@ -3,7 +3,8 @@
 #include <chrono>
 #include <thread>
 
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
+#include "loom/modes/ps/ps.h"
 
 namespace loom {
 
@@ -22,7 +23,7 @@ Updater::Result Updater::step_ps(double local_loss, double, int64_t step, bool) 
     std::this_thread::sleep_for((std::chrono::steady_clock::now() - ps_answered_) * (cfg_.ps.slow_factor - 1.0));
   const std::vector<float>& g = e_.model.grads();
   const double norm_sq = free ? sum_squares(e_.model.ops(), g.data(), {{0, int64_t(g.size())}}) : 0.0;
-  const parallel::PsReply reply = e_.ps->push_pull(g.data(), e_.model.params().data(), step, norm_sq);
+  const parallel::PsReply reply = ps_->push_pull(g.data(), e_.model.params().data(), step, norm_sq);
   ps_answered_ = std::chrono::steady_clock::now();
   r.norm = reply.norm;
   r.stop = free && reply.stop;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "loom/core/error.h"
+#include "loom/train/trace.h"
 
 namespace loom {
 
@@ -62,7 +63,7 @@ double AsyncPipeState::lr_scale(int64_t batch, int tau) const {
 
 int64_t AsyncPipeState::tied_needed(int64_t batch) const { return batch - depth(batch, tied_delay()); }
 
-parallel::PipelineRunner::Stream AsyncPipeState::executor(int64_t step, bool flush) {
+std::optional<parallel::PipelineRunner::Stream> AsyncPipeState::executor(int64_t step, bool flush) {
   if (!started_) {
     started_ = true;
     stream_start_ = step;
@@ -84,6 +85,18 @@ parallel::PipelineRunner::Stream AsyncPipeState::executor(int64_t step, bool flu
       if (trace_update) trace_update(-back, false);
     };
   return o;
+}
+
+void AsyncPipeState::trace(Trace* t) {
+  if (!pipeline_) return;  // Note [PipeDream weight stashing]: updates inside the stream
+  if (!t) {
+    trace_update = nullptr;
+    return;
+  }
+  trace_update = [t](int micro, bool begin) {
+    if (begin) t->begin("U" + std::to_string(micro), "pipeline");
+    else t->end();
+  };
 }
 
 // The reference's tied head: its head unit on a buffer holding the current weights but wte

@@ -57,26 +57,32 @@
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
 #include "loom/model/model.h"
+#include "loom/modes/stream/stream_part.h"
 #include "loom/parallel/pipeline.h"
 
 namespace loom {
 
-class AsyncPipeState {
+class AsyncPipeState final : public StreamPart {
  public:
   // kind: pipedream or pipemare; pipeline: this rank runs the stream, else it is a rank of the
   // reference. tied_head: a GPT pipeline's last stage (its wte copy follows the first stage's).
   AsyncPipeState(const Config& cfg, ScheduleKind kind, Model& model, MemoryTracker& memory, int pp_rank, int pp,
                  bool pipeline, bool tied_head);
 
-  bool pipeline() const { return pipeline_; }
+  bool pipeline() const override { return pipeline_; }
   ScheduleKind kind() const { return kind_; }
   int delay() const { return tau_; }  // tau_r = pp - 1 - r
   // The first stage's delay, which tied weights take.
   int tied_delay() const { return pp_ - 1; }
   bool starts_stream() const { return !started_; }
+  bool carries_gradients() const override { return pipeline_ && started_; }  // zeroed after each update
   int64_t stream_start() const { return stream_start_; }
   // The executor's part of step `step` (the reference's: weight binding only).
-  parallel::PipelineRunner::Stream executor(int64_t step, bool flush);
+  std::optional<parallel::PipelineRunner::Stream> executor(int64_t step, bool flush) override;
+  // Each update sums its own minibatch's wte gradients.
+  bool sums_tied_itself(bool) const override { return pipeline_; }
+  // A pipeline stage's updates as spans inside the pipeline's steps.
+  void trace(Trace* t) override;
   // T1 (Note [PipeMare]): the learning-rate factor of an update of minibatch `batch` on a
   // stage of delay `tau` (at most tau, less early in a stream; 1 for pipedream).
   double lr_scale(int64_t batch, int tau) const;

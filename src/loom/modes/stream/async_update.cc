@@ -4,7 +4,8 @@
 #include <cmath>
 
 #include "loom/core/error.h"
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
+#include "loom/modes/stream/async_pipe.h"
 
 namespace loom {
 
@@ -25,7 +26,7 @@ int tied_tag(int64_t batch) { return int(batch % 16381); }  // tags are < 16384
 }  // namespace
 
 void Updater::attach_async() {
-  AsyncPipeState& s = *e_.async;
+  AsyncPipeState& s = *async_;
   const ParamSpec* wte = e_.model.layout().find("wte");
   if (wte && e_.rc.holds_tied_copy(cfg_.model))
     untied_ = subtract({FlatRange{0, int64_t(e_.model.params().size())}}, {wte->offset, wte->numel});
@@ -40,7 +41,7 @@ void Updater::attach_async() {
     }
   }
   s.update = [this](int64_t batch) { update_batch(batch); };
-  s.catch_up_tied = [this](int64_t batch) { catch_up_tied(e_.async->tied_needed(batch)); };
+  s.catch_up_tied = [this](int64_t batch) { catch_up_tied(async_->tied_needed(batch)); };
 }
 
 // A pipeline stage's update of minibatch `batch`, right after its backward here. The first
@@ -49,7 +50,7 @@ void Updater::attach_async() {
 // head's part and updates all but wte, whose update it applies later (catch_up_tied).
 void Updater::update_batch(int64_t batch) {
   const RankContext& rc = e_.rc;
-  AsyncPipeState& s = *e_.async;
+  AsyncPipeState& s = *async_;
   Model& model = e_.model;
   const Kernels& k = model.ops();
   std::vector<float>& g = model.grads();
@@ -91,7 +92,7 @@ void Updater::update_batch(int64_t batch) {
 // (at the first stage's delay), so its copy holds the version the next forward needs.
 void Updater::catch_up_tied(int64_t until) {
   const RankContext& rc = e_.rc;
-  AsyncPipeState& s = *e_.async;
+  AsyncPipeState& s = *async_;
   if (untied_.empty()) return;
   next_tied_ = std::max(next_tied_, s.stream_start());
   Model& model = e_.model;
@@ -117,7 +118,7 @@ Updater::Result Updater::step_async(double local_loss, double, int64_t step, boo
     catch_up_tied(step + 1);
     for (TiedSend& t : tied_sends_) t.work.wait();
   }
-  e_.async->end_step(flush);
+  async_->end_step(flush);
   return r;
 }
 
@@ -127,7 +128,7 @@ Updater::Result Updater::step_async(double local_loss, double, int64_t step, boo
 // minibatches compute on.
 Updater::Result Updater::step_async_reference(double local_loss, double lr, int64_t step, bool flush) {
   const RankContext& rc = e_.rc;
-  AsyncPipeState& s = *e_.async;
+  AsyncPipeState& s = *async_;
   Model& model = e_.model;
   const Kernels& k = model.ops();
   LOOM_ASSERT(cfg_.optim.grad_clip == 0 && !scaler_.enabled());

@@ -38,11 +38,11 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   return o;
 }
 
-void TwoBwState::begin_reference_step() {
+void TwoBwState::begin_pass() {
   if (!pipeline_ && stash_valid_) bind(true);
 }
 
-void TwoBwState::end_reference_step() {
+void TwoBwState::end_pass() {
   if (!pipeline_ && stash_valid_) bind(false);
 }
 

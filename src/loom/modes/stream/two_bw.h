@@ -23,11 +23,12 @@
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
 #include "loom/model/model.h"
+#include "loom/modes/stream/stream_part.h"
 #include "loom/parallel/pipeline.h"
 
 namespace loom {
 
-class TwoBwState {
+class TwoBwState final : public StreamPart {
  public:
   // pipeline: this rank runs a 2bw pipeline stage; otherwise the single-process reference.
   TwoBwState(Model& model, MemoryTracker& memory, bool pipeline);
@@ -35,12 +36,20 @@ class TwoBwState {
   // The step's gradients start at zero (the reference's always; a pipeline's when its step
   // starts the stream, else they carry the previous step's over).
   bool starts_stream() const { return !pipeline_ || !started_; }
+  bool carries_gradients() const override { return !starts_stream(); }
   // Pipeline: the executor's part of a step.
   parallel::PipelineRunner::Stream executor(bool flush);
-  // Reference: computes the step on the stash (when there is one) until end_reference_step();
-  // no-ops for a pipeline.
-  void begin_reference_step();
-  void end_reference_step();
+  std::optional<parallel::PipelineRunner::Stream> executor(int64_t, bool flush) override {
+    if (!pipeline_) return std::nullopt;
+    return executor(flush);
+  }
+  // Reference: computes the step on the stash (when there is one) until end_pass(); no-ops
+  // for a pipeline.
+  void begin_pass() override;
+  void end_pass() override;
+  // This step's gradient is complete only on a flush; the pending one's wte sum is taken as
+  // it completes (Note [2BW without a barrier]).
+  bool sums_tied_itself(bool flush) const override { return pipeline_ && !flush; }
   // The gradients complete at this step's end, in the order they are applied, each with the
   // step whose batch made it (its learning rate).
   struct Update {
@@ -53,7 +62,7 @@ class TwoBwState {
   void after_updates(bool flush);
 
   const std::vector<float>& stash() const { return stash_; }
-  bool pipeline() const { return pipeline_; }
+  bool pipeline() const override { return pipeline_; }
   // Pipeline: called with the pending gradient as soon as it is complete (mid-step), so its
   // norm can be summed over the ranks while the step goes on (Note [2BW without a barrier]).
   std::function<void(std::vector<float>& pending)> on_pending;

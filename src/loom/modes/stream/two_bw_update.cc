@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "loom/core/error.h"
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
+#include "loom/modes/stream/two_bw.h"
+#include "loom/parallel/grad_sync.h"
 
 namespace loom {
 
@@ -24,7 +26,7 @@ namespace loom {
 Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bool flush) {
   const RankContext& rc = e_.rc;
   const Kernels& k = e_.model.ops();
-  TwoBwState& s = *e_.two_bw;
+  TwoBwState& s = *two_bw_;
   const std::vector<TwoBwState::Update> updates = s.updates(step, flush);
   s.before_updates(flush);
   Result r;
@@ -75,7 +77,7 @@ double Updater::take_pending_norm() {
 // Note [Streams with data parallelism]: the stage replicas' mean gradient, in place (the
 // bucketed sync's kAvg; no-op at dp 1 and wherever a GradSync reduces).
 void Updater::dp_mean(std::vector<float>& g) {
-  if (!e_.rc.dp || e_.sync) return;
+  if (!e_.rc.dp || sync_) return;
   e_.rc.dp->all_reduce(std::span<float>(g), comm::ReduceOp::kAvg);
 }
 

@@ -1,5 +1,5 @@
-// What one rank trains with: its model (part), gradient sync, pipeline runner, ZeRO-3
-// parameter gathering, optimizer and memory tracking; and the gradient -> update path.
+// What one rank trains with (Note [Engine parts]): its model (part), memory tracking and the
+// parts its plan picks; and the gradient -> update path (Updater, Note [Update rules]).
 #pragma once
 
 #include <chrono>
@@ -8,76 +8,62 @@
 
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
+#include "loom/engine/gradient_pass.h"
+#include "loom/engine/part.h"
 #include "loom/model/model.h"
-#include "loom/parallel/grad_sync.h"
-#include "loom/parallel/pipeline.h"
-#include "loom/modes/ps/ps.h"
-#include "loom/parallel/zero.h"
+#include "loom/comm/group.h"
+#include "loom/parallel/buckets.h"
 #include "loom/rank/duties.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/optim/optimizer.h"
-#include "loom/modes/offload/chunk_manager.h"
-#include "loom/modes/offload/offload.h"
 #include "loom/train/rank_context.h"
-#include "loom/modes/stream/async_pipe.h"
-#include "loom/modes/stream/two_bw.h"
 
 namespace loom {
 
 struct TrainOptions;
+class GatherPart;
+class OffloadPart;
+class TwoBwState;
+class AsyncPipeState;
+namespace parallel {
+class GradSync;
+class PsWorker;
+}  // namespace parallel
 
 struct Engine {
+  // The parts of make_parts' table (engine/parts.cc), in hook order.
   Engine(const Config& cfg, RankContext& rc, int64_t mb, int64_t T);
 
-  // A step's forward and backward begin: zeroes the gradients it accumulates into (under
-  // per-micro-batch sharding only the own pieces hold anything; the rest already reads
-  // zero) and starts the chunk manager's step (Note [Chunk manager]).
+  // A step's forward and backward begin: zeroes the gradients it accumulates into (a part
+  // that keeps them zeroes its own; a stream's step may carry them over) and starts the
+  // parts' step.
   void begin_step();
   // Every unit gathered (ZeRO-3) or read back (parameter offload), so params() is the whole
   // local part; no-op otherwise.
   void materialize_params();
-  // Note [Parameter offload]: the parameters move to `file` (its third array); the flat
-  // buffer then holds only the chunks the manager keeps within `budget_bytes` (<= 0: none),
-  // and with `grads` the gradient buffer too (Note [Gradient chunks]). With ZeRO-3 the file
-  // and the chunks hold the own pieces, packed in owned order (Note [ZeRO-3 offload]).
-  // `whole` (ZeRO-1/2 only, Note [Replicated-parameter offload]): a file of the whole
-  // parameters for the chunk manager, while `file`'s third array holds the own pieces.
-  void offload_params(StateFile& file, uint64_t seed, int64_t chunk_floats, int64_t budget_bytes, bool grads,
-                      std::unique_ptr<StateFile> whole = nullptr);
-  // Note [Replicated-parameter offload]: the own pieces from the whole parameters' file into
-  // `file`'s third array (at the start, and after a resume wrote the whole file).
-  void pack_from_whole(StateFile& file);
-  // The parameters wherever they live: params(), or a mapping of the offload file (saving,
-  // loading, the finite check; valid until the next update). packed_params(): the view holds
-  // the own pieces packed in owned order (ZeRO-3 with parameter offload), not the flat buffer.
+  // The parameters wherever they live: params(), or a part's mapping of its file (saving,
+  // loading, the finite check; valid until the next update).
   std::span<float> param_view();
-  bool packed_params() const { return chunks && gather; }
+  // The part of type P the table made, or nullptr: the update rules and the parts that work
+  // together bind each other once, when they are made.
+  template <class P>
+  P* find() const {
+    for (const std::unique_ptr<Part>& p : parts)
+      if (P* q = dynamic_cast<P*>(p.get())) return q;
+    return nullptr;
+  }
+  // A state store made later (parameter offload, with the optimizer's file): after the
+  // stores already there, before the reduction (Note [Engine parts]'s order).
+  void add_store(std::unique_ptr<Part> store);
 
   const RankContext& rc;
   std::vector<int> unit_bucket;  // ZeRO-3: unit -> bucket
   parallel::DataParallelPlan plan;
   Model model;
   MemoryTracker memory;
-  std::unique_ptr<parallel::GradSync> sync;
-  std::unique_ptr<parallel::ParamGather> gather;  // ZeRO-3 with dp > 1
-  std::unique_ptr<parallel::PipelineRunner> pipe;
-  // Parameter offload; reads the Updater's offload file, so it is used only while the
-  // Updater lives (the trainer's step loop and run end).
-  std::unique_ptr<ChunkManager> chunks;
-  std::unique_ptr<StateFile> whole_params;  // ZeRO-1/2 with parameter offload: what chunks reads
-  // ZeRO-3 with parameter offload: the chunks' buffer, the own pieces packed in owned order
-  // (only what the manager keeps is resident).
-  std::vector<float> own_pieces;
-  // Note [PipeDream-2BW]: a 2bw pipeline stage, or the single-process reference.
-  std::unique_ptr<TwoBwState> two_bw;
-  // Note [PipeDream weight stashing], Note [PipeMare]: a pipedream / pipemare stage, or a
-  // rank of their reference.
-  std::unique_ptr<AsyncPipeState> async;
-  // Note [Parameter server]: a PS worker's pushes and pulls.
-  std::unique_ptr<parallel::PsWorker> ps;
-
- private:
-  std::vector<FlatRange> pack_own_pieces(StateFile& file, uint64_t seed);
+  std::vector<std::unique_ptr<Part>> parts;  // Note [Engine parts], in hook order
+  GradientPass* pass = nullptr;              // one of parts; always there
+  size_t stores = 0;                         // parts[0, stores) are state stores
 };
 
 // Note [Update rules]
@@ -130,6 +116,13 @@ class Updater {
  private:
   const Config& cfg_;
   Engine& e_;
+  // The parts the rules work with, bound once (null: the table made none).
+  parallel::GradSync* sync_ = nullptr;
+  GatherPart* gather_part_ = nullptr;
+  OffloadPart* offload_ = nullptr;  // made by offload_optimizer
+  TwoBwState* two_bw_ = nullptr;
+  AsyncPipeState* async_ = nullptr;
+  parallel::PsWorker* ps_ = nullptr;
   AdamW adamw_;
   LossScaler scaler_;
   std::vector<FlatRange> norm_ranges_;

@@ -1,4 +1,4 @@
-#include "loom/train/engine.h"
+#include "loom/engine/engine.h"
 
 #include "loom/rank/state_bytes.h"
 
@@ -10,7 +10,13 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/engine/parts.h"
 #include "loom/modes/offload/offload.h"
+#include "loom/modes/offload/offload_part.h"
+#include "loom/modes/ps/ps_part.h"
+#include "loom/modes/stream/async_pipe.h"
+#include "loom/modes/stream/two_bw.h"
+#include "loom/parallel/zero.h"
 #include "loom/train/train_options.h"
 
 namespace loom {
@@ -36,19 +42,40 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   return o;
 }
 
-parallel::GradSync::Mode sync_mode(const RankContext& rc) {
-  switch (rc.plan->duties.grad) {
-    case rank::GradPath::kReduceScatter: return parallel::GradSync::Mode::kReduceScatter;
-    case rank::GradPath::kShardEveryMicro: return parallel::GradSync::Mode::kShardEveryMicro;
-    default: return parallel::GradSync::Mode::kAllReduce;
+// Note [Engine parts]: the one table. Each row reads the plan (duties, layout) and makes a
+// part; the order of `parts` is the hook order, the order of construction that of the
+// memory tracker's categories (the report's columns).
+void make_parts(const Config& cfg, RankContext& rc, Engine& e, int64_t mb, int64_t T) {
+  std::unique_ptr<SyncPart> sync;
+  std::unique_ptr<GatherPart> gather;
+  // Note [Streams with data parallelism]: a stream's stages all-reduce each update's gradient
+  // themselves (Updater::dp_mean); the bucketed sync would reduce a half-made one.
+  if (rc.dp && rc.plan->duties.grad != rank::GradPath::kStreamMean) {
+    sync = std::make_unique<SyncPart>(cfg, rc, e.plan, e.model, e.memory);
+    if (rc.zero == 3) gather = std::make_unique<GatherPart>(cfg, rc, e.plan, e.unit_bucket, e.model, e.memory);
   }
-}
-
-// Per ZeRO-3 unit (block l = l, embedding = layers, head = layers + 1): keep gathered?
-std::vector<bool> zero_keep_units(const Config& cfg) {
-  std::vector<bool> keep = cfg.parallel.zero_keep_layers(cfg.model.layers);
-  keep.resize(size_t(cfg.model.layers + 2), false);
-  return keep;
+  e.memory.category("buffers");
+  parallel::GradSync* const reduce = sync ? &sync->sync() : nullptr;
+  std::unique_ptr<PsPart> ps = rc.ps ? std::make_unique<PsPart>(cfg, rc, e.model, mb, T) : nullptr;
+  std::unique_ptr<GradientPass> pass;
+  if (rc.schedule) pass = std::make_unique<PipelinePass>(e, reduce, rc.links, cfg, mb, T);
+  else pass = std::make_unique<MicroBatchPass>(e, reduce);
+  std::unique_ptr<StreamPart> stream;
+  if (rc.schedule && rc.schedule->kind == ScheduleKind::k2BW)  // Note [PipeDream-2BW]
+    stream = std::make_unique<TwoBwState>(e.model, e.memory, true);
+  else if (rc.schedule && updates_per_batch(rc.schedule->kind))  // Note [PipeDream weight stashing]
+    stream = std::make_unique<AsyncPipeState>(cfg, rc.schedule->kind, e.model, e.memory, rc.pp_rank, rc.pp_size, true,
+                                              rc.embed && rc.holds_tied_copy(cfg.model));
+  if (gather) e.parts.push_back(std::move(gather));
+  e.stores = e.parts.size();
+  if (sync) e.parts.push_back(std::move(sync));
+  e.pass = pass.get();
+  e.parts.push_back(std::move(pass));
+  if (stream) {
+    e.pass->attach(stream.get());
+    e.parts.push_back(std::move(stream));
+  }
+  if (ps) e.parts.push_back(std::move(ps));
 }
 
 }  // namespace
@@ -62,87 +89,53 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   memory.track(memory.category("grads"), model.grads().data(), state_bytes);
   memory.category("optimizer");
   memory.track(memory.category("activations"), model.activation_storage(), model.activation_bytes());
-  // Note [Streams with data parallelism]: a stream's stages all-reduce each update's gradient
-  // themselves (Updater::dp_mean); the bucketed sync would reduce a half-made one.
-  if (rc.dp && rc.plan->duties.grad != rank::GradPath::kStreamMean) {
-    const parallel::CompressSpec compress = parallel::compress_spec(cfg);
-    sync = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), parallel::ring_codec(compress));
-    sync->set_compressors(compress, model.layout().specs());
-    sync->set_qgz(cfg.parallel.zeropp_qgz);
-    sync->hold_first_tensor(rc.embed != nullptr);
-    sync->set_tracker(&memory);
-    sync->measure_standalone();
-    model.set_grad_ready_hook([this](int first_final) { sync->on_ready(first_final); });
-    if (plan.tied_first) {
-      const int64_t C = cfg.model.d_model;
-      model.set_tied_embedding_hooks({[this] { sync->on_tied_head_done(); },
-                                      [this, C](const int32_t* tokens, const float* rows, int64_t n) {
-                                        return sync->on_embedding_rows(tokens, rows, n, C);
-                                      }});
-    }
-    if (sync->every_micro()) {
-      release_pages(model.grads().data(), state_bytes);  // only own pieces get written
-    }
-    if (rc.zero == 3) {
-      gather = std::make_unique<parallel::ParamGather>(
-          *rc.dp, plan, unit_bucket, model.params().data(),
-          [this](int unit, float* base) { model.bind_unit_params(unit, base); }, &memory, zero_keep_units(cfg),
-          cfg.comm.param_dtype == FloatFormat::kBf16 ? comm::Compression::kBF16
-          : cfg.parallel.zeropp_qwz      ? comm::Compression::kInt8
-                                         : comm::Compression::kNone,
-          rc.dp_node.get());
-      model.set_param_hook([this](int unit, bool acquire) {
-        if (acquire) gather->acquire(unit);
-        else gather->release(unit);
-      });
-    }
-  }
-  memory.category("buffers");
-  if (rc.ps) {  // Note [Parameter server]
-    ps = std::make_unique<parallel::PsWorker>(*rc.ps, parallel::ps_partition(int64_t(model.params().size()),
-                                                                              int(cfg.parallel.ps_servers)));
-    const ParamSpec& wte = model.layout().at("wte");  // Note [Sparse embeddings]
-    ps->set_table({wte.offset, wte.shape[0], wte.shape[1]}, cfg.ps.sparse_embedding);
-  }
-  if (rc.schedule) {
-    pipe = std::make_unique<parallel::PipelineRunner>(*rc.schedule, rc.pp_rank, model, rc_.links, mb, T,
-                                                      cfg.comm.p2p_dtype == FloatFormat::kBf16, &memory);
-    memory.track(memory.category("buffers"), pipe->recv_buffer().data(),
-                 int64_t(pipe->recv_buffer().size() * sizeof(float)));
-    if (rc.schedule->kind == ScheduleKind::k2BW) two_bw = std::make_unique<TwoBwState>(model, memory, true);
-    if (updates_per_batch(rc.schedule->kind))
-      async = std::make_unique<AsyncPipeState>(cfg, rc.schedule->kind, model, memory, rc.pp_rank, rc.pp_size, true,
-                                               rc.embed && rc.holds_tied_copy(cfg.model));
-  }
+  make_parts(cfg, rc_, *this, mb, T);
 }
 
 void Engine::begin_step() {
-  if (two_bw && !two_bw->starts_stream()) return;  // the gradient carries over (Note [PipeDream-2BW])
-  if (async && async->pipeline() && !async->starts_stream()) return;  // zeroed after each update
-  if (chunks) chunks->begin_step();
-  if (chunks && chunks->manages_grads()) return;  // zeroed by the chunk manager (Note [Gradient chunks])
-  if (!sync || !sync->every_micro()) {
-    model.zero_grads();
-    return;
-  }
-  for (const FlatRange& r : plan.owned(rc.dp_rank))
-    std::memset(model.grads().data() + r.offset, 0, size_t(r.count) * sizeof(float));
+  for (const std::unique_ptr<Part>& p : parts)
+    if (p->carries_gradients()) return;  // Note [PipeDream-2BW]; pipedream / pipemare zero after each update
+  for (const std::unique_ptr<Part>& p : parts) p->begin_step();
+  for (const std::unique_ptr<Part>& p : parts)
+    if (p->zero_gradients()) return;
+  model.zero_grads();
 }
 
 void Engine::materialize_params() {
-  if (gather) gather->gather_all(chunks ? chunks->file().map(chunks->file().p_array()).data() : nullptr);  // Note [ZeRO-3 offload]
-  else if (chunks) chunks->materialize();
+  for (const std::unique_ptr<Part>& p : parts)
+    if (p->materialize_params()) return;
 }
 
 std::span<float> Engine::param_view() {
-  if (chunks) return chunks->file().map(chunks->file().p_array());
+  for (const std::unique_ptr<Part>& p : parts)
+    if (const std::span<float> v = p->param_view(); !v.empty()) return v;
   return model.params();
 }
 
+void Engine::add_store(std::unique_ptr<Part> store) {
+  parts.insert(parts.begin() + std::ptrdiff_t(stores), std::move(store));
+  stores++;
+}
+
+namespace {
+
+parallel::GradSync* sync_of(const Engine& e) {
+  SyncPart* const p = e.find<SyncPart>();
+  return p ? &p->sync() : nullptr;
+}
+
+parallel::PsWorker* ps_of(const Engine& e) {
+  PsPart* const p = e.find<PsPart>();
+  return p ? &p->worker() : nullptr;
+}
+
+}  // namespace
+
 Updater::Updater(const Config& cfg, Engine& e)
-    : cfg_(cfg), e_(e),
+    : cfg_(cfg), e_(e), sync_(sync_of(e)), gather_part_(e.find<GatherPart>()), two_bw_(e.find<TwoBwState>()),
+      async_(e.find<AsyncPipeState>()), ps_(ps_of(e)),
       adamw_(e.model.layout(), cfg.optim,
-             e.ps                       ? std::vector<FlatRange>{{0, 0}}  // Note [Parameter server]: the servers'
+             ps_                        ? std::vector<FlatRange>{{0, 0}}  // Note [Parameter server]: the servers'
              : e.rc.zero > 0 && e.rc.dp ? e.plan.owned(e.rc.dp_rank)
                                         : std::vector<FlatRange>{},
              cfg.offload.optimizer == OffloadTier::kDisk),
@@ -158,8 +151,8 @@ Updater::Updater(const Config& cfg, Engine& e)
     }
   if (!(e.rc.zero > 0 && e.rc.dp)) local_norm_ranges_ = norm_ranges_;
   rule_ = update_rule(e);
-  if (e.two_bw && e.two_bw->pipeline()) e.two_bw->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
-  if (e.async) attach_async();
+  if (two_bw_ && two_bw_->pipeline()) two_bw_->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
+  if (async_) attach_async();
   if (cfg.offload.optimizer == OffloadTier::kDisk) return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");
   for (int which = 0; which < 2; which++) {
@@ -170,8 +163,9 @@ Updater::Updater(const Config& cfg, Engine& e)
 
 // Note [Update rules]: the rule a rank's step ends with, picked once when the Updater is made.
 UpdateRule update_rule(const Engine& e) {
-  if (e.two_bw && !e.two_bw->pipeline()) return UpdateRule::kTwoBw;  // the 2bw reference
-  if (e.async && !e.async->pipeline()) return UpdateRule::kStreamReference;
+  for (const std::unique_ptr<Part>& p : e.parts)  // a test's flushing reference
+    if (const StreamPart* s = dynamic_cast<const StreamPart*>(p.get()); s && !s->pipeline())
+      return dynamic_cast<const TwoBwState*>(s) ? UpdateRule::kTwoBw : UpdateRule::kStreamReference;
   return e.rc.plan->duties.update;
 }
 
@@ -187,14 +181,14 @@ Updater::Result Updater::step_synchronous(double local_loss, double lr, int64_t 
   const RankContext& rc = e_.rc;
   Model& model = e_.model;
   const Kernels& k = model.ops();
-  ChunkManager* chunks = e_.chunks.get();
+  ChunkManager* chunks = offload_ ? &offload_->chunks() : nullptr;
   // Stage 3: gathered copies go stale with the update; dropping them first also hands back
   // own pieces a prefetch still holds (Note [ZeRO-3 offload]).
-  if (e_.gather) e_.gather->invalidate();
+  if (gather_part_) gather_part_->gather().invalidate();
   if (chunks) chunks->begin_update();
   const bool chunked_grads = chunks && chunks->manages_grads();  // Note [Gradient chunks]
   // 1-bit / top-k Adam past the warm-up: each rank's own whole gradient (local_norm_ranges_).
-  const bool local = e_.sync && e_.sync->local_gradients();
+  const bool local = sync_ && sync_->local_gradients();
   const std::vector<FlatRange>& counted = local ? local_norm_ranges_ : norm_ranges_;
   double v[2] = {local_loss, chunked_grads ? chunks->grad_sum_squares(k, norm_ranges_)
                                            : sum_squares(k, model.grads().data(), counted)};
@@ -230,7 +224,7 @@ Updater::Result Updater::step_synchronous(double local_loss, double lr, int64_t 
   } else {
     step_chunked(k, lr, coef);
   }
-  if (sharded && !e_.gather && !chunks) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
+  if (sharded && !gather_part_ && !chunks) parallel::gather_pieces(*rc.dp, e_.plan, model.params().data(), nullptr);  // stage 1/2
   return r;
 }
 
@@ -238,25 +232,29 @@ Updater::Result Updater::step_synchronous(double local_loss, double lr, int64_t 
 namespace {
 
 void attach_two_bw_reference(const Config& cfg, Engine& e) {
-  LOOM_CHECK(!e.two_bw && (!streams(cfg.parallel.schedule) || cfg.parallel.pp == 1) && cfg.parallel.zero == 0,
+  LOOM_CHECK(!e.find<StreamPart>() && (!streams(cfg.parallel.schedule) || cfg.parallel.pp == 1) && cfg.parallel.zero == 0,
              "the 2bw reference runs flushing steps (pp = 1, or a flushing pipeline schedule; zero 0); got schedule ",
              schedule_name(cfg.parallel.schedule), " zero ", cfg.parallel.zero);
-  e.two_bw = std::make_unique<TwoBwState>(e.model, e.memory, false);
+  auto stream = std::make_unique<TwoBwState>(e.model, e.memory, false);
+  e.pass->attach(stream.get());
+  e.parts.push_back(std::move(stream));
 }
 
 // TrainOptions::async_reference (Note [PipeDream weight stashing]): a flushing pipeline of the
 // same layout, one minibatch per step, binding the versions the stream would.
 void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e, const std::string& kind) {
   const ParallelConfig& p = cfg.parallel;
-  LOOM_CHECK(!e.async && p.pp > 1 && p.zero == 0 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
+  LOOM_CHECK(!e.find<StreamPart>() && p.pp > 1 && p.zero == 0 && !streams(p.schedule) && cfg.train.grad_accum == 1 &&
                  cfg.optim.grad_clip == 0,
              "the pipedream / pipemare reference is a flushing pipeline (pp > 1, zero 0) with one micro-batch per step "
              "and no clipping; got schedule ", schedule_name(p.schedule), " pp ", p.pp, " zero ", p.zero, " grad_accum ",
              cfg.train.grad_accum, " grad_clip ", cfg.optim.grad_clip);
   const ScheduleKind k = parse_schedule(kind);
   LOOM_CHECK(updates_per_batch(k), "async_reference = ", kind, ": expected pipedream or pipemare");
-  e.async = std::make_unique<AsyncPipeState>(cfg, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
-                                             rc.embed && rc.holds_tied_copy(cfg.model));
+  auto stream = std::make_unique<AsyncPipeState>(cfg, k, e.model, e.memory, rc.pp_rank, rc.pp_size, false,
+                                                 rc.embed && rc.holds_tied_copy(cfg.model));
+  e.pass->attach(stream.get());
+  e.parts.push_back(std::move(stream));
 }
 
 }  // namespace
@@ -267,10 +265,10 @@ void attach_async_reference(const Config& cfg, const RankContext& rc, Engine& e,
 void prepare_engine(const Config& cfg, const TrainOptions& given, const RankContext& rc, Engine& e) {
   if (given.two_bw_reference) attach_two_bw_reference(cfg, e);
   if (!given.async_reference.empty()) attach_async_reference(cfg, rc, e, given.async_reference);
-  if (e.async) e.async->on_version = given.on_weight_version;
-  if (e.ps) {
-    e.ps->before_push = given.before_ps_push;
-    if (rc.dp_rank == 0) e.ps->init_servers(e.model.params().data());
+  if (AsyncPipeState* async = e.find<AsyncPipeState>()) async->on_version = given.on_weight_version;
+  if (PsPart* ps = e.find<PsPart>()) {
+    ps->worker().before_push = given.before_ps_push;
+    if (rc.dp_rank == 0) ps->worker().init_servers(e.model.params().data());
   }
 }
 

@@ -141,4 +141,31 @@ TEST(DataCli, AnImportedHfModelSamplesWithItsOwnTokenizerAsPyTorchDoes) {
   fs::remove_all(dir);
 }
 
+// Note [Hugging Face directories]: the same model as a directory - config.json, the weights
+// (the fixture's file, no loom metadata) and tokenizer.model - imports with no flag at all
+// and samples the same text; exporting it writes the tokenizer file beside the weights.
+TEST(DataCli, AnHfModelDirectoryImportsWithoutFlagsAndExportsItsTokenizer) {
+  const auto want = nlohmann::json::parse(std::ifstream(kTok + "/hf-llama-tiny.json"));
+  const fs::path dir = fs::temp_directory_path() / ("loom-hfdir-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string ck0 = (dir / "ck0").string(), hf = (dir / "hf").string(), ck = (dir / "ck").string();
+  auto r = run_loom("import --in " + kTok + "/hf-llama-tiny.safetensors --checkpoint " + ck0 + " --tokenizer " + kTok +
+                    "/fortunes-1k.model --set model.preset=llama --set model.heads=4 --set model.kv_heads=2"
+                    " --set model.ctx=64");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_loom("export --checkpoint " + ck0 + " --out " + hf);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::is_regular_file(hf + "/config.json"));
+  ASSERT_TRUE(fs::is_regular_file(hf + "/tokenizer.model")) << "the checkpoint's tokenizer goes with the weights";
+  fs::copy_file(kTok + "/hf-llama-tiny.safetensors", hf + "/model.safetensors", fs::copy_options::overwrite_existing);
+  r = run_loom("import --in " + hf + " --checkpoint " + ck);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_loom("sample --checkpoint " + ck + " --prompt '" + want["prompt"].get<std::string>() + "' --tokens " +
+               std::to_string(want["continuation_ids"].size()) + " --temperature 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output, want["text"].get<std::string>() + "\n");
+  fs::remove_all(dir);
+}
+
 }  // namespace

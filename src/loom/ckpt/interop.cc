@@ -1,4 +1,5 @@
-// Hugging Face safetensors export/import (declared in checkpoint.h).
+// Hugging Face safetensors export/import (declared in checkpoint.h; the tensors' names and
+// layouts shared with the directories of ckpt/hf_dir.cc through ckpt/hf.h).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "loom/core/owned.h"
 #include "loom/data/tokenizer.h"
 #include "loom/ckpt/checkpoint.h"
+#include "loom/ckpt/hf.h"
 #include "loom/core/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -76,6 +78,8 @@ void block_dims(const ParamSpec& s, const HfEntry& e, int64_t& r0, int64_t& rows
   rows = (e.row1 < 0 ? s.shape[0] : e.row1) - e.row0;
 }
 
+}  // namespace
+
 // The config keys that name files of the machine that wrote a checkpoint: not carried in an
 // export, not taken from an import (a checkpoint is data; nothing in it is followed as a
 // path). The built-in tokenizer's name is a name, not a path, and stays; checkpoint.dir
@@ -89,11 +93,14 @@ Config without_paths(Config c) {
   return c;
 }
 
-}  // namespace
+std::vector<std::string> hf_names(const ModelConfig& m) {
+  std::vector<std::string> names;
+  for (const HfEntry& e : hf_entries(m)) names.push_back(e.hf);
+  return names;
+}
 
-void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file, const std::string& dtype) {
+StFile hf_tensors(const CheckpointData& ck, const std::string& dtype) {
   LOOM_CONFIG_CHECK(dtype == "fp32" || dtype == "bf16", "export --dtype '", dtype, "': expected fp32 or bf16");
-  const CheckpointData ck = load_checkpoint(checkpoint_dir);
   const ParamLayout layout(ck.config.model);
   StFile out;
   out.metadata = {{"format", "pt"},
@@ -119,6 +126,11 @@ void export_safetensors(const std::string& checkpoint_dir, const std::string& ou
     }
     out.tensors[e.hf] = dtype == "bf16" ? make_bf16(shape, buf.data()) : make_f32(shape, buf.data());
   }
+  return out;
+}
+
+void export_safetensors(const std::string& checkpoint_dir, const std::string& out_file, const std::string& dtype) {
+  const StFile out = hf_tensors(load_checkpoint(checkpoint_dir), dtype);
   std::error_code ec;
   const fs::path parent = fs::absolute(out_file).parent_path();
   fs::create_directories(parent, ec);
@@ -177,6 +189,11 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
       throw ConfigError("imported model from '" + in_file + "' gives an invalid config: " + errs.front() +
                         " (the file has no loom_config metadata; give model.heads/kv_heads with --set)");
   }
+  import_tensors(f, in_file, cfg, checkpoint_dir, tokenizer);
+}
+
+void import_tensors(const StFile& f, const std::string& in_file, Config cfg, const std::string& checkpoint_dir,
+                    const std::string& tokenizer) {
   if (!tokenizer.empty()) {
     const int64_t v = data::load_tokenizer(tokenizer)->vocab_size();
     LOOM_CONFIG_CHECK(v <= cfg.model.vocab, "--tokenizer '", tokenizer, "' has ", v,

@@ -27,6 +27,19 @@ int run_sample(const SampleArgs& a) {
   o.temperature = a.temperature;
   o.seed = a.seed;
   o.tokenizer = a.tokenizer;
+  if (a.logits) {  // {"step": i, "logits": [...]} per token, %.9g: every float's bits survive
+    o.on_logits = [](int64_t step, std::span<const float> logits) {
+      std::string line = "{\"step\": " + std::to_string(step) + ", \"logits\": [";
+      char buf[32];
+      for (size_t j = 0; j < logits.size(); j++) {
+        std::snprintf(buf, sizeof buf, j ? ", %.9g" : "%.9g", double(logits[j]));
+        line += buf;
+      }
+      std::cout << line << "]}\n";
+    };
+    sample(a.checkpoint, o, [](std::string_view) {});
+    return 0;
+  }
   // Each piece as it is sampled (Note [Streaming decode]), so a long --tokens shows progress.
   sample(a.checkpoint, o, [](std::string_view piece) { std::cout << piece << std::flush; });
   std::cout << std::endl;
@@ -34,9 +47,18 @@ int run_sample(const SampleArgs& a) {
 }
 
 int run_export(const std::string& checkpoint, const std::string& format, const std::string& out,
-               const std::string& dtype, bool overwrite) {
-  if (format != "safetensors") throw ConfigError("--format '" + format + "': the only export format is safetensors");
+               const std::string& dtype, bool overwrite, double max_shard_mb) {
+  if (format != "auto" && format != "safetensors" && format != "hf")
+    throw ConfigError("--format '" + format + "': expected hf (a model directory), safetensors (one file) or auto");
   require_path(checkpoint, "--checkpoint");
+  const bool file_name = out.size() >= 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
+  if (format == "hf" || (format == "auto" && !file_name)) {  // Note [Hugging Face directories]
+    LOOM_CONFIG_CHECK(!overwrite, "export --overwrite with a directory --out '", out,
+                      "': a model directory is written only at a new path or into an empty directory");
+    export_hf_dir(checkpoint, out, dtype, max_shard_mb);
+    std::cerr << "exported " << checkpoint << " to the model directory " << out << " (" << dtype << ")\n";
+    return 0;
+  }
   check_output_file(out, "export --out", overwrite, owned::marks::kSafetensors);
   export_safetensors(checkpoint, out, dtype);
   std::cerr << "exported " << checkpoint << " to " << out << " (" << dtype << ")\n";
@@ -45,13 +67,19 @@ int run_export(const std::string& checkpoint, const std::string& format, const s
 
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
                const std::string& config_path, const std::vector<std::string>& sets, const std::string& tokenizer) {
-  if (format != "safetensors") throw ConfigError("--format '" + format + "': the only import format is safetensors");
+  if (format != "auto" && format != "safetensors" && format != "hf")
+    throw ConfigError("--format '" + format + "': expected hf (a model directory), safetensors (one file) or auto");
   require_path(in, "--in");
+  const bool dir = owned::kind_of(in) == owned::Kind::kDir;
+  if (dir != (format != "safetensors") && format != "auto")
+    throw ConfigError("import --in '" + in + "' is " + (dir ? "a directory" : "not a directory") + " but --format is " +
+                      format + "; drop --format (the kind of --in decides)");
   check_new_target(checkpoint, "import --checkpoint", true);  // before reading a large file
   const bool base_given = !config_path.empty() || !sets.empty();
   // Without a config, import starts from a "custom" model whose keys come from the file.
   const Config base = base_given ? load_config(config_path, sets) : Config{};
-  import_safetensors(in, checkpoint, base, base_given, tokenizer);
+  if (dir) import_hf_dir(in, checkpoint, base, base_given, tokenizer);
+  else import_safetensors(in, checkpoint, base, base_given, tokenizer);
   std::cerr << "imported " << in << " into checkpoint " << checkpoint << "\n";
   return 0;
 }

@@ -52,6 +52,7 @@ struct SampleArgs {
   int64_t tokens = 200;
   double temperature = 0.8;
   uint64_t seed = 0;
+  bool logits = false;  // JSON lines of each step's logits instead of the text
 };
 int run_sample(const SampleArgs& a);
 
@@ -60,8 +61,10 @@ int run_sample(const SampleArgs& a);
 // checkpoint stays a runtime error (exit 1).
 void require_path(const std::string& path, const std::string& flag);
 
+// `format` hf, or auto and `out` not ending in .safetensors: a model directory (Note
+// [Hugging Face directories]) with shards of at most `max_shard_mb` MiB; else one file.
 int run_export(const std::string& checkpoint, const std::string& format, const std::string& out,
-               const std::string& dtype, bool overwrite);
+               const std::string& dtype, bool overwrite, double max_shard_mb);
 // `tokenizer` (may be empty) becomes the checkpoint's data.tokenizer, what `loom sample` decodes with.
 int run_import(const std::string& format, const std::string& in, const std::string& checkpoint,
                const std::string& config_path, const std::vector<std::string>& sets, const std::string& tokenizer);

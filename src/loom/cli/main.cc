@@ -135,9 +135,10 @@ struct Args {
   std::vector<std::string> cv_sets;
   loom::cli::LayoutFlags cv_layout;
   loom::cli::SampleArgs sample;
-  std::string ex_ck, ex_fmt = "safetensors", ex_out, ex_dtype = "fp32";
+  std::string ex_ck, ex_fmt = "auto", ex_out, ex_dtype = "fp32";
   bool ex_overwrite = false;
-  std::string im_in, im_fmt = "safetensors", im_ck, im_cfg, im_tok;
+  double ex_shard_mb = 5000;
+  std::string im_in, im_fmt = "auto", im_ck, im_cfg, im_tok;
   std::vector<std::string> im_sets;
   loom::cli::BenchCommArgs bench;
   loom::cli::TokenizerArgs tokenizer;
@@ -264,22 +265,30 @@ void add_checkpoint_commands(CLI::App& app, Args& a, std::vector<Command>& cmds)
       ->check(CLI::Range(0.0, 1e6));
   s->add_option("--seed", smp.seed, "Sampling seed")->capture_default_str();
   s->add_option("--tokenizer", smp.tokenizer, "Tokenizer (default: the checkpoint's data.tokenizer, else byte)");
+  s->add_flag("--logits", smp.logits, "Print each step's next-token logits as JSON lines instead of the text");
   cmds.push_back({s, [&a] { return loom::cli::run_sample(a.sample); }});
 }
 
 void add_interop_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
-  auto* e = app.add_subcommand("export", "Write a checkpoint as Hugging Face-named safetensors");
+  auto* e = app.add_subcommand("export", "Write a checkpoint as a Hugging Face model directory or safetensors file");
   e->add_option("--checkpoint", a.ex_ck, "Checkpoint directory")->required();
-  e->add_option("--format", a.ex_fmt, "Output format (safetensors)")->capture_default_str();
-  e->add_option("--out", a.ex_out, "Output file")->required();
+  e->add_option("--format", a.ex_fmt, "hf: a model directory; safetensors: one file; auto: one file when --out ends "
+                                      "in .safetensors")->capture_default_str();
+  e->add_option("--out", a.ex_out, "Output: a .safetensors file, or else a Hugging Face model directory (config.json, "
+                                   "weights, tokenizer)")->required();
+  e->add_option("--max-shard-mb", a.ex_shard_mb, "Model directory: weights in shards of at most this many MiB, with "
+                                                 "an index")->capture_default_str();
   e->add_flag("--overwrite", a.ex_overwrite, "Replace --out even when it is not an earlier export of loom's");
   e->add_option("--dtype", a.ex_dtype, "fp32 (the masters as they are) or bf16 (rounded to nearest-even)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
-  cmds.push_back({e, [&a] { return loom::cli::run_export(a.ex_ck, a.ex_fmt, a.ex_out, a.ex_dtype, a.ex_overwrite); }});
+  cmds.push_back({e, [&a] { return loom::cli::run_export(a.ex_ck, a.ex_fmt, a.ex_out, a.ex_dtype, a.ex_overwrite,
+                                                                 a.ex_shard_mb); }});
 
-  auto* im = app.add_subcommand("import", "Make a checkpoint from Hugging Face-named safetensors");
-  im->add_option("--in", a.im_in, "Input safetensors file")->required();
-  im->add_option("--format", a.im_fmt, "Input format (safetensors)")->capture_default_str();
+  auto* im = app.add_subcommand("import", "Make a checkpoint from a Hugging Face model directory or safetensors file");
+  im->add_option("--in", a.im_in, "Input: a safetensors file, or a Hugging Face model directory (config.json, "
+                                 "model.safetensors or shards with their index, the tokenizer)")->required();
+  im->add_option("--format", a.im_fmt, "hf (a model directory), safetensors (one file) or auto (what --in is)")
+      ->capture_default_str();
   im->add_option("--checkpoint", a.im_ck, "Checkpoint directory to write")->required();
   im->add_option("--config", a.im_cfg, "TOML config for files without loom metadata (e.g. model.heads)");
   im->add_option("--set", a.im_sets, "Config override section.key=value (repeatable)")->take_all();

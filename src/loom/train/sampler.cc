@@ -53,6 +53,7 @@ void sample(const std::string& checkpoint_dir, const SampleOptions& opt,
   for (int64_t i = 0; i < opt.tokens; i++) {
     const int64_t T = std::min<int64_t>(int64_t(seq.size()), mc.ctx);
     model.forward_last_logits(seq.data() + seq.size() - T, T, logits.data());
+    if (opt.on_logits) opt.on_logits(i, std::span<const float>(logits.data(), size_t(usable)));
     int32_t next = 0;
     if (opt.temperature == 0) {
       next = int32_t(std::max_element(logits.begin(), logits.begin() + usable) - logits.begin());

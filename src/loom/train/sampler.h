@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -14,6 +15,9 @@ struct SampleOptions {
   double temperature = 0.8;  // 0: greedy (argmax)
   uint64_t seed = 0;
   std::string tokenizer;  // empty: the checkpoint's data.tokenizer (the byte tokenizer when unset)
+  // Called with each step's next-token logits (the tokenizer's ids) before the token is
+  // drawn: checks against another implementation (`loom sample --logits`).
+  std::function<void(int64_t step, std::span<const float> logits)> on_logits;
 };
 
 // Returns the continuation only (not the prompt). Only the tokenizer's ids are sampled

@@ -16,6 +16,7 @@ pkgs=(
   libsentencepiece-dev sentencepiece  # SentencePiece tokenizers; spm_encode is the test oracle
   fortunes                          # default training corpus
   python3                           # fault-injection tests (tests/mpi/check_kill.py), soak and fuzz scripts
+  python3-protobuf                  # the independent reader of TensorBoard event files (tests/reference/check_tensorboard.py)
   clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)
 )
 if [[ "${1:-}" == "--oracle" ]]; then

@@ -2,13 +2,16 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "loom/core/owned.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/ckpt/run_dir.h"
+#include "loom/train/plot.h"
 #include "loom/train/sampler.h"
 #include "loom/ckpt/shard_ckpt.h"
 
@@ -92,6 +95,31 @@ int run_ckpt_inspect(const std::string& dir, bool verify) {
 int run_ckpt_convert(const std::string& in, const std::string& out, const std::vector<std::string>& sets) {
   const std::string dir = convert_shards(in, out, sets);
   std::cerr << "converted " << in << " to " << dir << " (" << shard_layout(dir) << ")\n";
+  return 0;
+}
+
+int run_plot(const std::vector<std::string>& runs, const std::string& out, const std::string& metrics, bool overwrite) {
+  LOOM_CONFIG_CHECK(out.size() > 4 && out.compare(out.size() - 4, 4, ".svg") == 0, "plot --out '", out,
+                    "': loom plot writes SVG (FILE.svg); `rsvg-convert FILE.svg -o FILE.png` (Debian's "
+                    "librsvg2-bin) makes a PNG of it");
+  check_output_file(out, "plot --out", overwrite, owned::marks::kSvg);  // before any work
+  std::vector<std::string> names;
+  for (std::string rest = metrics; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    if (const std::string m = rest.substr(0, comma); !m.empty()) names.push_back(m);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  LOOM_CONFIG_CHECK(!names.empty(), "plot --metrics '", metrics, "': name at least one (e.g. loss,val_loss)");
+  std::vector<RunSeries> series;
+  for (const std::string& r : runs) {
+    require_path(r, "plot RUN");
+    std::string label = std::filesystem::path(r).stem().string();
+    for (const std::string& other : runs)  // two runs of one name: their paths tell them apart
+      if (other != r && std::filesystem::path(other).stem() == label) label = r;
+    series.push_back(read_run_log(r, label));
+  }
+  write_file_atomic(out, plot_svg(series, names));  // Note [User-named outputs]
+  std::cerr << "wrote " << out << " (" << names.size() << " panels, " << runs.size() << " runs)\n";
   return 0;
 }
 

@@ -138,6 +138,8 @@ int run_compare(const std::string& predicted, const std::string& measured, bool 
 int run_ckpt_inspect(const std::string& dir, bool verify);
 // `loom ckpt convert`: `sets` are parallel.* overrides (layout flags already turned into sets).
 int run_ckpt_convert(const std::string& in, const std::string& out, const std::vector<std::string>& sets);
+// Note [Run plots]: curves of the runs' JSON-lines logs, `metrics` comma-separated.
+int run_plot(const std::vector<std::string>& runs, const std::string& out, const std::string& metrics, bool overwrite);
 
 // `loom tokenizer encode | decode | train | info` (tokenizer_cmd.cc registers its flags).
 struct TokenizerArgs {

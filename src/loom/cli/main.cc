@@ -137,6 +137,9 @@ struct Args {
   loom::cli::SampleArgs sample;
   std::string ex_ck, ex_fmt = "auto", ex_out, ex_dtype = "fp32";
   bool ex_overwrite = false;
+  std::vector<std::string> plot_runs;
+  std::string plot_out, plot_metrics = "loss,val_loss,tokens_per_s,lr";
+  bool plot_overwrite = false;
   double ex_shard_mb = 5000;
   std::string im_in, im_fmt = "auto", im_ck, im_cfg, im_tok;
   std::vector<std::string> im_sets;
@@ -297,6 +300,15 @@ void add_interop_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   cmds.push_back({im, [&a] { return loom::cli::run_import(a.im_fmt, a.im_in, a.im_ck, a.im_cfg, a.im_sets, a.im_tok); }});
 }
 
+void add_plot_command(CLI::App& app, Args& a, std::vector<Command>& cmds) {
+  auto* p = app.add_subcommand("plot", "Draw training curves of runs (their `loom train --json` output) as SVG");
+  p->add_option("runs", a.plot_runs, "JSON-lines logs of `loom train --json` (one or more)")->required();
+  p->add_option("--out", a.plot_out, "The SVG file to write")->required();
+  p->add_option("--metrics", a.plot_metrics, "Comma-separated metrics, one panel each")->capture_default_str();
+  p->add_flag("--overwrite", a.plot_overwrite, "Replace --out even when it is not an earlier SVG of loom's");
+  cmds.push_back({p, [&a] { return loom::cli::run_plot(a.plot_runs, a.plot_out, a.plot_metrics, a.plot_overwrite); }});
+}
+
 void add_bench_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   loom::cli::BenchCommArgs& bc = a.bench;
   auto* bench = app.add_subcommand("bench", "Benchmarks");
@@ -334,6 +346,7 @@ int main(int argc, char** argv) {
   add_checkpoint_commands(app, a, cmds);
   add_interop_commands(app, a, cmds);
   add_bench_commands(app, a, cmds);
+  add_plot_command(app, a, cmds);
   const auto tk_cmds = loom::cli::add_tokenizer_commands(app, a.tokenizer);
   const auto da_cmds = loom::cli::add_data_commands(app, a.data);
   try {

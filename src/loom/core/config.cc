@@ -266,6 +266,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, val_every, "steps between validations; 0 = only at the end"),
       LOOM_INT_KEY(train, val_batches, "batches per validation"),
       LOOM_INT_KEY(train, log_every, "steps between log lines"),
+      LOOM_STRING_KEY(train, tensorboard, "directory for TensorBoard event files (every step's scalars); empty = none"),
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
       LOOM_ENUM_KEY(train, device, "cpu | cuda (one GPU, bf16; needs a build with -DLOOM_CUDA=ON)", parse_device),
       LOOM_ENUM_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)", parse_precision),

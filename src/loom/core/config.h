@@ -50,6 +50,7 @@ struct TrainConfig {
   int64_t val_every = 100;     // 0 disables periodic validation (a final one still runs)
   int64_t val_batches = 8;
   int64_t log_every = 10;
+  std::string tensorboard;     // non-empty: TensorBoard event files in this directory (Note [TensorBoard events])
   int64_t threads = 0;         // 0: OpenMP default
   Device device = Device::kCpu;            // cpu | cuda (a -DLOOM_CUDA=ON build, one GPU; Note [CUDA precision] in cuda/ops.h)
   Precision precision = Precision::kFp32;  // fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation; Note [bf16 rounding points])

@@ -8,24 +8,13 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/core/xml.h"
 
 namespace loom::sim {
 
 namespace {
 
 constexpr double kUs = 1e6;
-
-// Text for SVG: names come from configs and cluster files.
-std::string xml_escape(const std::string& in) {
-  std::string out;
-  for (char c : in) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else out += c;
-  }
-  return out;
-}
 
 }  // namespace
 

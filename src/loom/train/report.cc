@@ -1,5 +1,7 @@
 #include "loom/train/report.h"
 
+#include "loom/train/tensorboard.h"
+
 #include <cmath>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -26,6 +28,13 @@ void Reporter::info(const std::string& line) { *o_.err << line << "\n"; }
 
 void Reporter::step(const StepLine& s) {
   const int64_t step = s.step;
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> v = {
+        {"train/loss", s.loss}, {"train/lr", s.lr}, {"train/grad_norm", s.norm}, {"train/tokens_per_s", s.tok_s}};
+    if (s.loss_scale > 0) v.push_back({"train/loss_scale", s.loss_scale});
+    if (s.padding >= 0) v.push_back({"train/padding", s.padding});
+    tb_->scalars(step + 1, v);
+  }
   const bool print = s.log_line || s.skipped;
   const double eta = s.elapsed / double(step + 1) * double(steps_ - step - 1);
   if (o_.json) {
@@ -59,6 +68,11 @@ void Reporter::step(const StepLine& s) {
 
 void Reporter::val(int64_t step, double val_loss, double bytes_per_token) {
   const double bpb = bytes_per_token > 0 ? val_loss / std::log(2.0) / bytes_per_token : 0;
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> v = {{"val/loss", val_loss}};
+    if (bpb > 0) v.push_back({"val/bpb", bpb});
+    tb_->scalars(step + 1, v);
+  }
   if (o_.json) {
     nlohmann::json j{{"step", step + 1}, {"val_loss", val_loss}};
     if (bpb > 0) j["val_bpb"] = bpb;

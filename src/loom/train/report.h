@@ -9,6 +9,8 @@
 
 namespace loom {
 
+class TensorBoardWriter;
+
 // A stream buffer that drops everything: the sink of the ranks that do not log.
 class NullBuffer : public std::streambuf {
  protected:
@@ -33,8 +35,11 @@ class Reporter {
   // across tokenizers (the split's mean bytes per token, so an estimate for shards).
   void val(int64_t step, double val_loss, double bytes_per_token = 0);
   void end_bar();
+  // Note [TensorBoard events]: every step's and validation's figures go to `tb` too.
+  void set_tensorboard(TensorBoardWriter* tb) { tb_ = tb; }
 
  private:
+  TensorBoardWriter* tb_ = nullptr;
   const TrainOptions& o_;
   int64_t steps_;
   bool bar_open_ = false;

@@ -33,6 +33,7 @@
 #include "loom/train/report.h"
 #include "loom/train/step_loop.h"
 #include "loom/train/step_observers.h"
+#include "loom/train/tensorboard.h"
 #include "loom/train/trace.h"
 
 namespace loom {
@@ -377,6 +378,39 @@ void set_thread_count(const Config& cfg) {
   openblas_set_num_threads(int(cfg.train.threads));
 }
 
+// Note [TensorBoard events]: the logging rank's file; a directory it cannot write stops every
+// rank before the first step.
+std::unique_ptr<TensorBoardWriter> open_tensorboard(const Config& cfg, const RankContext& rc, int global_rank,
+                                                    Reporter& rep) {
+  std::unique_ptr<TensorBoardWriter> tb;
+  std::exception_ptr failed;
+  if (rc.logging && !cfg.train.tensorboard.empty()) try {
+      tb = std::make_unique<TensorBoardWriter>(cfg.train.tensorboard);
+      rep.set_tensorboard(tb.get());
+      rep.info("TensorBoard events: " + tb->path());
+    } catch (const Error&) {
+      failed = std::current_exception();
+    }
+  agree_or_throw(everyone(rc), global_rank, failed);
+  return tb;
+}
+
+// The run's figures at its end, as TensorBoard scalars at the last step.
+void summary_scalars(TensorBoardWriter& tb, const Config& cfg, const TrainSummary& sum) {
+  std::vector<std::pair<std::string, double>> v = {
+      {"run/tokens_per_s", sum.tokens_per_s},
+      {"run/peak_memory_mib", double(sum.memory_peak_total_bytes) / (1 << 20)}};
+  if (sum.comm_wire_bytes > 0) {
+    v.push_back({"run/grad_wire_mb_per_step", sum.comm_wire_bytes / 1e6});
+    v.push_back({"run/grad_compression_ratio", sum.comm_exact_wire_bytes / sum.comm_wire_bytes});
+  }
+  if (cfg.parallel.ps_servers > 0) {
+    v.push_back({"run/ps_max_staleness", sum.ps_max_staleness});
+    v.push_back({"run/ps_mean_staleness", sum.ps_mean_staleness});
+  }
+  tb.scalars(cfg.train.steps, v);
+}
+
 // A trainer's or PS worker's step (Note [One step loop]): forward, backward and the update.
 class TrainerRole final : public Role {
  public:
@@ -471,6 +505,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   Updater updater(cfg, e);
   const int global_rank = world ? world->global_rank() : 0;
   if (cfg.offload.optimizer == OffloadTier::kDisk) offload_optimizer(updater, everyone(rc), global_rank);
+  const std::unique_ptr<TensorBoardWriter> tb = open_tensorboard(cfg, rc, global_rank, rep);
 
   TrainSummary sum;
   sum.params = ParamLayout(cfg.model).param_count(), sum.unigram_entropy = data->unigram_entropy_nats;
@@ -492,6 +527,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);
   report_memory(rep, cfg, e, updater, sum);
   report_loss_scaling(rep, updater.scaler(), cfg.train.steps - first_step);
+  if (tb) summary_scalars(*tb, cfg, sum);
   check_tied_copies(e, rc);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "support/loom_cli.h"
@@ -70,6 +71,43 @@ TEST(PlotCli, TwoRunsDrawOneCurveEachPerPanelOnSharedAxes) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(read_all(svg).find("no data"), std::string::npos);
   EXPECT_EQ(polylines(read_all(svg)).size(), 1u);
+}
+
+// --csv carries the JSON lines' values (the same deterministic run), and plot reads either.
+TEST(PlotCli, CsvRowsCarryTheJsonLinesValuesAndPlotTheSame) {
+  const std::string d = fresh_dir("loom-plot-csv");
+  const std::string args = " --set train.log_every=1 --set train.val_every=3";
+  const auto js = run_loom(testing_support::tiny_train(d + "/a", 6, "--json" + args));
+  const auto cs = run_loom(testing_support::tiny_train(d + "/b", 6, "--csv" + args));
+  ASSERT_EQ(js.code, 0) << js.output;
+  ASSERT_EQ(cs.code, 0) << cs.output;
+  std::ofstream(d + "/run.jsonl") << js.output;
+  std::ofstream(d + "/run.csv") << cs.output;
+  std::vector<double> json_loss, csv_loss, csv_val;
+  std::istringstream jl(js.output), cl(cs.output);
+  for (std::string line; std::getline(jl, line);)
+    if (!line.empty() && line[0] == '{')
+      if (const auto j = nlohmann::json::parse(line); j.contains("loss")) json_loss.push_back(j["loss"].get<double>());
+  bool header = false;
+  for (std::string line; std::getline(cl, line);) {
+    if (line.rfind("step,loss,lr,grad_norm,tokens_per_s", 0) == 0) header = true;
+    else if (header && !line.empty() && std::isdigit(static_cast<unsigned char>(line[0]))) {
+      std::vector<std::string> cells;
+      std::istringstream row(line);
+      for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
+      if (cells.size() > 1 && !cells[1].empty()) csv_loss.push_back(std::stod(cells[1]));
+      if (cells.size() > 10 && !cells[10].empty()) csv_val.push_back(std::stod(cells[10]));
+    }
+  }
+  ASSERT_TRUE(header) << cs.output;
+  EXPECT_EQ(csv_loss.size(), 6u);
+  EXPECT_EQ(csv_loss, json_loss);  // the same run, every digit
+  EXPECT_EQ(csv_val.size(), 2u);   // validations at steps 3 and 6
+  ASSERT_EQ(run_loom("plot " + d + "/run.jsonl --metrics loss,val_loss --out " + d + "/j.svg").code, 0);
+  ASSERT_EQ(run_loom("plot " + d + "/run.csv --metrics loss,val_loss --out " + d + "/c.svg").code, 0);
+  const auto pj = polylines(read_all(d + "/j.svg")), pc = polylines(read_all(d + "/c.svg"));
+  ASSERT_EQ(pj.size(), 2u);
+  EXPECT_EQ(pc, pj);
 }
 
 TEST(PlotCli, RefusesWhatItCannotDrawOrMustNotReplace) {

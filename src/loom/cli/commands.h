@@ -26,7 +26,7 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> sets;
   LayoutFlags layout;
-  bool json = false;
+  bool json = false, csv = false;
   int nproc = 0;  // > 0: relaunch under mpirun with that many ranks
   std::string trace;  // Chrome-trace JSON path
   std::string resume;  // auto | DIR (Note [Sharded checkpoints])

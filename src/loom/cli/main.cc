@@ -159,7 +159,9 @@ void add_train_commands(CLI::App& app, Args& a, std::vector<Command>& cmds, int 
   auto* t = app.add_subcommand("train", "Train a model on a text corpus and save a checkpoint");
   t->add_option("--config,--plan", train.config_path, "TOML config file (sections model, data, train, optim, checkpoint, comm, parallel); a plan from loom plan --emit loom is one");
   t->add_option("--set", train.sets, "Override one config key: section.key=value (repeatable)")->take_all();
-  t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
+  auto* json_flag =
+      t->add_flag("--json", train.json, "Print one JSON object per line (step, loss, tokens_per_s; val lines add val_loss)");
+  t->add_flag("--csv", train.csv, "Print comma-separated rows of the same fields, a header first")->excludes(json_flag);
   add_layout_flags(t, train.layout);
   t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N")
       ->check(at_least(1));

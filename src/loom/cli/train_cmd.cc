@@ -58,8 +58,8 @@ TrainSummary train_on_device(const Config& cfg, const TrainOptions& opt, comm::W
 
 int train_this_rank(const TrainArgs& a, const Config& cfg) {
   TrainOptions opt;
-  opt.json = a.json;
-  opt.progress = !a.json && ::isatty(STDERR_FILENO) && ::isatty(STDOUT_FILENO);
+  opt.json = a.json, opt.csv = a.csv;
+  opt.progress = !a.json && !a.csv && ::isatty(STDERR_FILENO) && ::isatty(STDOUT_FILENO);
   opt.out = &std::cout;
   opt.err = &std::cerr;
   opt.trace_path = a.trace;
@@ -81,7 +81,7 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   } else {
     s = gpu ? train_on_device(cfg, opt, nullptr) : train(cfg, opt);
   }
-  if (!a.json && logging)
+  if (!a.json && !a.csv && logging)
     std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy
               << "), " << int64_t(s.tokens_per_s) << " tokens/s\n";
   return 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,7 +20,27 @@ RunSeries read_run_log(const std::string& path, const std::string& label) {
   std::istringstream in(owned::read_regular(path, size_t(1) << 30));
   std::string line;
   int64_t points = 0;
+  std::vector<std::string> header;  // --csv output: its columns
   while (std::getline(in, line)) {
+    if (line.rfind("step,", 0) == 0) {
+      header.clear();
+      for (std::istringstream cols(line); std::getline(cols, header.emplace_back(), ',');) {}
+      header.pop_back();
+      continue;
+    }
+    if (!header.empty() && !line.empty() && line[0] != '{') {  // a --csv row (empty cells: no value)
+      std::istringstream cells(line);
+      std::string cell;
+      double step = 0;
+      for (size_t c = 0; c < header.size() && std::getline(cells, cell, ','); c++) {
+        char* end = nullptr;
+        const double v = std::strtod(cell.c_str(), &end);
+        if (cell.empty() || end != cell.c_str() + cell.size() || !std::isfinite(v)) continue;
+        if (c == 0) step = v;
+        else r.metrics[header[c]].push_back({step, v}), points++;
+      }
+      continue;
+    }
     if (line.empty() || line[0] != '{') continue;  // plain log lines, warnings
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
@@ -30,8 +51,8 @@ RunSeries read_run_log(const std::string& path, const std::string& label) {
         points++;
       }
   }
-  LOOM_CONFIG_CHECK(points > 0, "plot: '", path, "' holds no step lines of `loom train --json` (JSON objects with "
-                    "\"step\"); save a run's output with `loom train --json > FILE`");
+  LOOM_CONFIG_CHECK(points > 0, "plot: '", path, "' holds no step lines of `loom train --json` or `--csv` (JSON objects "
+                    "with \"step\", or rows under a step,... header); save a run's output with `loom train --json > FILE`");
   return r;
 }
 

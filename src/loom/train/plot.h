@@ -9,8 +9,9 @@
 namespace loom {
 
 // Note [Run plots]
-// A run is what `loom train --json` printed (JSON lines; other lines are skipped): each
-// numeric field of a line with "step" is a point (step, value) of that metric. plot_svg
+// A run is what `loom train --json` or `--csv` printed (JSON lines, or a header and rows;
+// other lines are skipped): each numeric field of a line with "step" (each non-empty cell of
+// a row) is a point (step, value) of that metric. plot_svg
 // draws one panel per metric asked for (two columns), every run a polyline in its own
 // colour on the panel's shared axes (x: step, y: the runs' range with 5% margins; tick
 // labels in %.3g), a legend naming the runs, and "no data" where no run has the metric -

@@ -3,6 +3,7 @@
 #include "loom/train/tensorboard.h"
 
 #include <cmath>
+#include <cstdio>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -37,7 +38,11 @@ void Reporter::step(const StepLine& s) {
   }
   const bool print = s.log_line || s.skipped;
   const double eta = s.elapsed / double(step + 1) * double(steps_ - step - 1);
-  if (o_.json) {
+  if (o_.csv) {
+    if (!print) return;
+    csv_row({double(step + 1), s.loss, s.lr, s.norm, s.tok_s, s.elapsed, eta, s.loss_scale > 0 ? s.loss_scale : NAN,
+             s.padding >= 0 ? s.padding : NAN, s.skipped ? 1.0 : NAN, NAN, NAN});
+  } else if (o_.json) {
     if (!print) return;
     nlohmann::json j = {{"step", step + 1}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.norm},
                         {"tokens_per_s", s.tok_s}, {"elapsed_s", s.elapsed}, {"eta_s", eta}};
@@ -73,6 +78,10 @@ void Reporter::val(int64_t step, double val_loss, double bytes_per_token) {
     if (bpb > 0) v.push_back({"val/bpb", bpb});
     tb_->scalars(step + 1, v);
   }
+  if (o_.csv) {
+    csv_row({double(step + 1), NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, val_loss, bpb > 0 ? bpb : NAN});
+    return;
+  }
   if (o_.json) {
     nlohmann::json j{{"step", step + 1}, {"val_loss", val_loss}};
     if (bpb > 0) j["val_bpb"] = bpb;
@@ -84,6 +93,24 @@ void Reporter::val(int64_t step, double val_loss, double bytes_per_token) {
   if (bpb > 0) os << "  val_bpb " << bpb;
   end_bar();
   (o_.progress ? *o_.err : *o_.out) << os.str() << "\n" << std::flush;
+}
+
+// --csv: the JSON lines' fields as columns (an empty cell where a line has no such field),
+// each value printed to round-trip (%.17g).
+void Reporter::csv_row(const std::array<double, 12>& cells) {
+  if (!csv_header_) {
+    *o_.out << "step,loss,lr,grad_norm,tokens_per_s,elapsed_s,eta_s,loss_scale,padding,skipped,val_loss,val_bpb\n";
+    csv_header_ = true;
+  }
+  std::string row;
+  char buf[32];
+  for (size_t i = 0; i < cells.size(); i++) {
+    if (i) row += ',';
+    if (std::isnan(cells[i])) continue;
+    std::snprintf(buf, sizeof buf, "%.17g", cells[i]);
+    row += buf;
+  }
+  *o_.out << row << "\n" << std::flush;
 }
 
 void Reporter::end_bar() {

@@ -1,6 +1,7 @@
 // Training progress output: JSON lines, a redrawn terminal bar, or plain log lines.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <streambuf>
 #include <string>
@@ -40,6 +41,8 @@ class Reporter {
 
  private:
   TensorBoardWriter* tb_ = nullptr;
+  void csv_row(const std::array<double, 12>& cells);
+  bool csv_header_ = false;
   const TrainOptions& o_;
   int64_t steps_;
   bool bar_open_ = false;

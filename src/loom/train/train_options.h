@@ -14,6 +14,7 @@ namespace loom {
 
 struct TrainOptions {
   bool json = false;      // one JSON object per line on `out`
+  bool csv = false;       // comma-separated rows on `out`, a header first (the JSON lines' fields)
   bool progress = false;  // redraw a progress bar on `err` (terminals)
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;

@@ -176,5 +176,25 @@ TEST(HfDirectory, ExportWritesOnlyANewOrEmptyDirectory) {
     EXPECT_EQ(e.path().filename().string().find(".loom-tmp-"), std::string::npos) << e.path();
 }
 
+// A checkpoint's config names its tokenizer by path; the export copies it only when it loads
+// as a tokenizer, so a config naming any other file carries nothing of it out.
+TEST(HfDirectory, ExportCopiesOnlyATokenizerThatLoads) {
+  TempDir dir("loom-hf");
+  std::ofstream(dir / "secret.json") << "{\"password\": \"hunter2\"}\n";
+  Config cfg = load_config("", {"model.layers=1", "model.d_model=32", "model.heads=2", "model.ffn=64", "model.ctx=16"});
+  cfg.data.tokenizer = dir / "secret.json";
+  const ParamLayout layout(cfg.model);
+  save_checkpoint(dir / "ck", cfg, layout, std::vector<float>(size_t(layout.total_floats()), 0.01f), nullptr, nullptr,
+                  CheckpointState{});
+  const std::string what = export_hf_dir(dir / "ck", dir / "hf", "fp32", 1000);
+  EXPECT_NE(what.find("does not load"), std::string::npos) << what;
+  for (const auto& e : fs::directory_iterator(dir / "hf")) {
+    std::ifstream f(e.path());
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    EXPECT_EQ(bytes.find("hunter2"), std::string::npos) << e.path();
+  }
+  EXPECT_FALSE(fs::exists(dir / "hf/tokenizer.json"));
+}
+
 }  // namespace
 }  // namespace loom

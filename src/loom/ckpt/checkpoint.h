@@ -59,8 +59,9 @@ void import_safetensors(const std::string& in_file, const std::string& checkpoin
 // Note [Hugging Face directories] (ckpt/hf_dir.cc): a model directory transformers reads -
 // config.json, model.safetensors or shards of at most `max_shard_mb` MiB with their index,
 // the tokenizer files - at `out_dir` (new, or an empty directory).
-void export_hf_dir(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
-                   double max_shard_mb);
+// Returns what it wrote (shards, the tokenizer or why not), for the user.
+std::string export_hf_dir(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
+                          double max_shard_mb);
 // A checkpoint from such a directory: the model from config.json (or, from a loom export
 // and no `base_given`, its loom config), the weights from the index's shards or the one
 // file, the directory's tokenizer unless `tokenizer` names one.

@@ -29,6 +29,7 @@
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/owned.h"
+#include "loom/data/tokenizer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -173,18 +174,31 @@ StFile read_hf_weights(const std::string& dir) {
   return all;
 }
 
-// The file or directory the tokenizer `name` is, copied into `out` under transformers' names.
-void copy_tokenizer(const std::string& name, const fs::path& out) {
-  if (name.empty() || name == "byte" || owned::kind_of(name) == owned::Kind::kNone) return;
+// The tokenizer the checkpoint's data.tokenizer names, copied into `out` under transformers'
+// names; returns what was done, for the user. The path comes from a checkpoint's config, so
+// its files are copied only when they load as that tokenizer (loom's own loader) - nothing
+// else a config names is carried out of the machine - and only the tokenizer file names.
+std::string copy_tokenizer(const std::string& name, const fs::path& out) {
+  if (name.empty() || name == "byte") return "the byte tokenizer (nothing to copy)";
+  if (owned::kind_of(name) == owned::Kind::kNone) return "tokenizer '" + name + "' is no longer there: not copied";
+  try {
+    data::load_tokenizer(name);
+  } catch (const Error& e) {
+    return "tokenizer '" + name + "' does not load (" + e.what() + "): not copied";
+  }
   std::vector<std::pair<fs::path, std::string>> files;
   if (fs::is_directory(name)) {
-    for (const char* f : {"tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"})
+    for (const char* f : {"tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt"})
       if (fs::is_regular_file(fs::path(name) / f)) files.push_back({fs::path(name) / f, f});
   } else {
     files.push_back({name, fs::path(name).extension() == ".model" ? "tokenizer.model" : "tokenizer.json"});
   }
-  for (const auto& [from, to] : files)
+  std::string copied;
+  for (const auto& [from, to] : files) {
     write_file_atomic((out / to).string(), owned::read_regular(from.string(), size_t(1) << 30));
+    copied += (copied.empty() ? "" : ", ") + to;
+  }
+  return "tokenizer: " + copied;
 }
 
 // Splits the tensors into shards of at most `cap` bytes (in `order`); one shard when all fit.
@@ -210,8 +224,8 @@ std::string shard_name(size_t i, size_t n) {
 
 }  // namespace
 
-void export_hf_dir(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
-                   double max_shard_mb) {
+std::string export_hf_dir(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
+                          double max_shard_mb) {
   LOOM_CONFIG_CHECK(max_shard_mb > 0, "export --max-shard-mb ", max_shard_mb, ": expected a positive size in MiB");
   const owned::Kind k = owned::kind_of(out_dir);
   LOOM_CONFIG_CHECK(k == owned::Kind::kNone || (k == owned::Kind::kDir && fs::is_empty(out_dir)),
@@ -241,9 +255,10 @@ void export_hf_dir(const std::string& checkpoint_dir, const std::string& out_dir
                       json{{"metadata", {{"total_size", int64_t(bytes)}}}, {"weight_map", weight_map}}.dump(2) + "\n");
   write_file_atomic((at / "config.json").string(),
                     hf_config(ck.config.model, dtype == "bf16" ? "bfloat16" : "float32").dump(2) + "\n");
-  copy_tokenizer(ck.config.data.tokenizer, at);
+  const std::string tokenizer = copy_tokenizer(ck.config.data.tokenizer, at);
   if (k == owned::Kind::kDir) fs::remove(dest);  // empty, checked above
   tmp.publish(dest.string());
+  return std::to_string(shards.size()) + (shards.size() == 1 ? " weights file; " : " shards; ") + tokenizer;
 }
 
 void import_hf_dir(const std::string& in_dir, const std::string& checkpoint_dir, const Config& base, bool base_given,

@@ -58,8 +58,8 @@ int run_export(const std::string& checkpoint, const std::string& format, const s
   if (format == "hf" || (format == "auto" && !file_name)) {  // Note [Hugging Face directories]
     LOOM_CONFIG_CHECK(!overwrite, "export --overwrite with a directory --out '", out,
                       "': a model directory is written only at a new path or into an empty directory");
-    export_hf_dir(checkpoint, out, dtype, max_shard_mb);
-    std::cerr << "exported " << checkpoint << " to the model directory " << out << " (" << dtype << ")\n";
+    const std::string what = export_hf_dir(checkpoint, out, dtype, max_shard_mb);
+    std::cerr << "exported " << checkpoint << " to the model directory " << out << " (" << dtype << "; " << what << ")\n";
     return 0;
   }
   check_output_file(out, "export --out", overwrite, owned::marks::kSafetensors);

@@ -251,7 +251,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_FLOAT_KEY(model, rope_theta, "RoPE base (Llama)"),
       LOOM_FLOAT_KEY(model, init_std, "std of the normal weight init"),
       LOOM_STRING_KEY(data, path, "UTF-8 text file or directory; empty = Debian fortunes"),
-      LOOM_STRING_KEY(data, shards, "directory of token shards (loom data prepare, or llm.c .bin); replaces data.path"),
+      LOOM_STRING_KEY(data, shards, "directory of token shards (loom data prepare, or llm.c .bin), or a mixture W:DIR,W:DIR,...; replaces data.path"),
       LOOM_STRING_KEY(data, tokenizer, "the tokenizer that wrote data.shards (checked; loom sample decodes with it)"),
       LOOM_BOOL_KEY(data, doc_mask, "attention stays inside each document of a packed window (needs data.shards)"),
       LOOM_BOOL_KEY(data, bucketing, "one document per row, rows of similar length padded to a bucket (needs data.shards)"),

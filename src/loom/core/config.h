@@ -32,7 +32,8 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string path;            // empty: the fortunes corpus from Debian's `fortunes` package
-  std::string shards;          // token shards from `loom data prepare` (or llm.c's); replaces path
+  std::string shards;          // token shards from `loom data prepare` (or llm.c's), or "0.7:web,0.3:code"
+                               // (Note [Dataset mixtures]); replaces path
   std::string tokenizer;       // what made the shards (checked against them; `loom sample` decodes with it)
   bool doc_mask = false;       // document-causal attention inside packed windows (needs shards with an end token)
   bool bucketing = false;      // one document per row, padded to its length bucket (Note [Length bucketing])

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/data/corpus.h"
+#include "loom/data/mixture.h"
 #include "loom/data/prepare.h"
 
 namespace fs = std::filesystem;
@@ -111,6 +113,68 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   return c;
 }
 
+namespace {
+
+// The sources of data.shards agree on the tokenizer and its end token, the model holds
+// their vocabulary, and data.tokenizer (when given) wrote them. Returns the vocabulary.
+uint64_t check_shard_sources(const std::vector<data::ShardSplits>& parts, const std::vector<data::WeightedDir>& dirs,
+                             const Config& cfg) {
+  const data::ShardHeader& h = parts[0].train->shards()[0]->header();
+  uint64_t vocab = 0;
+  for (size_t k = 0; k < parts.size(); k++) {
+    vocab = std::max({vocab, parts[k].train->vocab_size(), parts[k].val->vocab_size()});
+    const data::ShardHeader& hk = parts[k].train->shards()[0]->header();
+    LOOM_CONFIG_CHECK(hk.tokenizer == h.tokenizer && hk.end_of_document == h.end_of_document, "data.shards: '",
+                      dirs[k].dir, "' was prepared by ", hk.tokenizer, " (end token ", hk.end_of_document, ") but '",
+                      dirs[0].dir, "' by ", h.tokenizer, " (end token ", h.end_of_document,
+                      "): a mixture needs one tokenizer; prepare every directory with the same one");
+  }
+  LOOM_CONFIG_CHECK(vocab <= uint64_t(cfg.model.vocab), "data.shards = '", cfg.data.shards, "' holds token ids up to ",
+                    vocab - 1, " (vocabulary ", vocab, ", ", h.tokenizer, ") but model.vocab = ", cfg.model.vocab,
+                    ": set model.vocab = ", vocab, " or more");
+  if (!cfg.data.tokenizer.empty() && h.format == "loom") {
+    const std::string fp = data::tokenizer_fingerprint(*data::load_tokenizer(cfg.data.tokenizer));
+    LOOM_CONFIG_CHECK(fp == h.tokenizer, "data.tokenizer = '", cfg.data.tokenizer, "' (", fp,
+                      ") is not the tokenizer that wrote data.shards = '", cfg.data.shards, "' (", h.tokenizer, ")");
+  }
+  return vocab;
+}
+
+// Note [Dataset mixtures]: the sources' splits as two mixed streams; the unigram baseline
+// and the bytes per token are the weighted mixtures of the sources' own (the latter 0,
+// unknown, when a source has no prepare.json).
+void mix_sources(TrainData& d, std::vector<data::ShardSplits> parts, const std::vector<data::WeightedDir>& dirs,
+                 const Config& cfg, int64_t seq, uint64_t vocab) {
+  std::vector<double> weights;
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<data::ShardStream>> train, val;
+  std::vector<double> unigram(vocab, 0.0);
+  d.val_bytes_per_token = 0;
+  bool bytes_known = true;
+  for (size_t k = 0; k < parts.size(); k++) {
+    weights.push_back(dirs[k].weight), names.push_back(dirs[k].dir);
+    const int64_t n = int64_t(std::min<uint64_t>(parts[k].train->size(), uint64_t(1) << 22));
+    std::vector<int32_t> toks(static_cast<size_t>(n));
+    parts[k].train->copy(0, n, toks.data());
+    for (int32_t t : toks) unigram[size_t(t)] += dirs[k].weight / double(n);
+    bytes_known = bytes_known && parts[k].val_bytes_per_token > 0;
+    d.val_bytes_per_token += dirs[k].weight * parts[k].val_bytes_per_token;
+    train.push_back(std::move(parts[k].train)), val.push_back(std::move(parts[k].val));
+  }
+  if (!bytes_known) d.val_bytes_per_token = 0;
+  d.unigram_entropy_nats = entropy_of_counts(unigram, 1.0);
+  auto t = std::make_unique<data::MixedStream>(std::move(train), names, data::Mixture(weights));
+  auto v = std::make_unique<data::MixedStream>(std::move(val), names, data::Mixture(weights));
+  t->check_windows(seq, "training"), v->check_windows(seq, "validation");
+  LOOM_CONFIG_CHECK(!cfg.data.bucketing, "data.bucketing = true with the mixture data.shards = '", cfg.data.shards,
+                    "': length buckets draw documents from one source; train a mixture on fixed windows "
+                    "(data.bucketing = false; data.doc_mask = true keeps attention inside each document)");
+  d.train = t.get(), d.val = v.get();
+  d.mix_train = std::move(t), d.mix_val = std::move(v);
+}
+
+}  // namespace
+
 std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq) {
   auto d = std::make_unique<TrainData>();
   if (cfg.data.shards.empty()) {
@@ -130,31 +194,40 @@ std::unique_ptr<TrainData> load_train_data(const Config& cfg, int64_t seq) {
                   " / val " + std::to_string(d->corpus.val.size()) + " bytes";
     return d;
   }
-  d->shards = data::open_shard_splits(cfg.data.shards);
-  const uint64_t vocab = std::max(d->shards.train->vocab_size(), d->shards.val->vocab_size());
-  LOOM_CONFIG_CHECK(vocab <= uint64_t(cfg.model.vocab), "data.shards = '", cfg.data.shards, "' holds token ids up to ",
-                    vocab - 1, " (vocabulary ", vocab, ", ", d->shards.train->shards()[0]->header().tokenizer,
-                    ") but model.vocab = ", cfg.model.vocab, ": set model.vocab = ", vocab, " or more");
-  const data::ShardHeader& h = d->shards.train->shards()[0]->header();
-  if (!cfg.data.tokenizer.empty() && h.format == "loom") {
-    const std::string fp = data::tokenizer_fingerprint(*data::load_tokenizer(cfg.data.tokenizer));
-    LOOM_CONFIG_CHECK(fp == h.tokenizer, "data.tokenizer = '", cfg.data.tokenizer, "' (", fp,
-                      ") is not the tokenizer that wrote data.shards = '", cfg.data.shards, "' (", h.tokenizer, ")");
-  }
+  const std::vector<data::WeightedDir> dirs = data::parse_shard_sources(cfg.data.shards);
+  std::vector<data::ShardSplits> parts;
+  for (const data::WeightedDir& w : dirs) parts.push_back(data::open_shard_splits(w.dir));
+  const uint64_t vocab = check_shard_sources(parts, dirs, cfg);
+  const data::ShardHeader& h = parts[0].train->shards()[0]->header();
   d->end_of_document = int32_t(h.end_of_document);
   LOOM_CONFIG_CHECK(!cfg.data.doc_mask || d->end_of_document >= 0, "data.doc_mask = true but data.shards = '",
                     cfg.data.shards, "' (", h.tokenizer, ") mark no document ends: prepare them with a tokenizer "
                     "that has an end-of-document token, or turn data.doc_mask off");
-  d->train = d->shards.train.get();
-  d->val = d->shards.val.get();
   d->order = DataOrder::kEpoch;
-  d->unigram_entropy_nats = unigram_entropy(*d->train, vocab);
-  d->val_bytes_per_token = d->shards.val_bytes_per_token;
-  d->describe = "shards " + cfg.data.shards + ": " + std::to_string(d->shards.train->shards().size()) + " train (" +
-                std::to_string(d->train->size()) + " tokens) / " + std::to_string(d->shards.val->shards().size()) +
-                " val (" + std::to_string(d->val->size()) + " tokens), " +
-                d->shards.train->shards()[0]->header().tokenizer + ", epoch of " +
-                std::to_string((d->train->size() - 1) / uint64_t(seq)) + " windows";
+  if (dirs.size() == 1) {
+    d->shards = std::move(parts[0]);
+    d->train = d->shards.train.get();
+    d->val = d->shards.val.get();
+    d->unigram_entropy_nats = unigram_entropy(*d->train, vocab);
+    d->val_bytes_per_token = d->shards.val_bytes_per_token;
+    d->describe = "shards " + cfg.data.shards + ": " + std::to_string(d->shards.train->shards().size()) +
+                  " train (" + std::to_string(d->train->size()) + " tokens) / " +
+                  std::to_string(d->shards.val->shards().size()) + " val (" + std::to_string(d->val->size()) +
+                  " tokens), " + h.tokenizer + ", epoch of " +
+                  std::to_string((d->train->size() - 1) / uint64_t(seq)) + " windows";
+    return d;
+  }
+  mix_sources(*d, std::move(parts), dirs, cfg, seq, vocab);
+  d->describe = "mixture of " + std::to_string(dirs.size()) + " shard directories (" + h.tokenizer + "):";
+  const auto& mix = static_cast<const data::MixedStream&>(*d->train);
+  for (int k = 0; k < mix.part_count(); k++) {
+    const uint64_t windows = (mix.part(k).size() - 1) / uint64_t(seq);
+    const double steps = double(windows) / (mix.mixture().weights()[size_t(k)] * double(cfg.train.batch));
+    char line[160];
+    std::snprintf(line, sizeof line, " %s %.1f%% (%llu windows: an epoch every %.0f steps)", mix.name(k).c_str(),
+                  100 * mix.mixture().weights()[size_t(k)], (unsigned long long)windows, steps);
+    d->describe += line;
+  }
   return d;
 }
 
@@ -211,9 +284,10 @@ uint64_t DataLoader::window_start(int64_t step, int64_t global_batch, int64_t ro
     const uint64_t h = mix64(mix64(seed_ ^ 0x6C6F6F6Dull) ^ mix64(uint64_t(step) * 0x100000001B3ull + uint64_t(row)));
     return h % windows;
   }
+  const uint64_t g = uint64_t(step) * uint64_t(global_batch) + uint64_t(row);
+  if (const data::MixedStream* m = src_.mixed()) return m->train_window(g, seq_, seed_);  // Note [Dataset mixtures]
   // Note [Epoch order]
   const uint64_t windows = (src_.size() - 1) / uint64_t(seq_);
-  const uint64_t g = uint64_t(step) * uint64_t(global_batch) + uint64_t(row);
   const uint64_t epoch = g / windows;
   return data::permute(g % windows, windows, data::mix64(seed_ ^ 0x65706F6368ull) ^ data::mix64(epoch)) * uint64_t(seq_);
 }
@@ -235,10 +309,13 @@ int64_t DataLoader::val_batch(int64_t index, int64_t batch_count, int64_t global
   const int64_t per_shard = shard_rows(global_batch);
   const int64_t total_rows = batch_count * global_batch;
   const int64_t windows = int64_t(src_.size()) - seq_;
+  const data::MixedStream* mix = src_.mixed();
   for (int64_t i = 0; i < per_shard; i++) {
     const int64_t r = index * global_batch + shard_index_ * per_shard + i;
     // Evenly spaced windows; they overlap only if the split is short.
-    fill_row(uint64_t((__int128)r * windows / total_rows), tokens + i * seq_, targets + i * seq_);
+    const uint64_t at = mix ? mix->val_window(uint64_t(r), uint64_t(total_rows), seq_)
+                            : uint64_t((__int128)r * windows / total_rows);
+    fill_row(at, tokens + i * seq_, targets + i * seq_);
   }
   return per_shard;
 }

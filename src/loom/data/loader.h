@@ -79,13 +79,15 @@ class DataLoader {
   DataOrder order_;
 };
 
-// What a run trains and validates on: the byte corpus (data.path, Note [data order]) or
-// token shards (data.shards, Note [Epoch order]). Built once per rank; the loaders read
+// What a run trains and validates on: the byte corpus (data.path, Note [data order]),
+// token shards (data.shards, Note [Epoch order]) or a weighted mixture of shard
+// directories (Note [Dataset mixtures]). Built once per rank; the loaders read
 // `train` and `val`, which point into this object (so it is not moved).
 struct TrainData {
   Corpus corpus;             // byte corpus mode
   data::ShardSplits shards;  // shard mode
   std::unique_ptr<data::TokenSource> corpus_train, corpus_val;
+  std::unique_ptr<data::TokenSource> mix_train, mix_val;  // data.shards names a mixture (data/mixture.h)
   const data::TokenSource* train = nullptr;
   const data::TokenSource* val = nullptr;
   DataOrder order = DataOrder::kHashed;

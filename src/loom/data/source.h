@@ -18,12 +18,16 @@
 
 namespace loom::data {
 
+class MixedStream;
+
 class TokenSource {
  public:
   virtual ~TokenSource() = default;
   virtual uint64_t size() const = 0;
   // Tokens [offset, offset + n) into out; offset + n <= size().
   virtual void copy(uint64_t offset, int64_t n, int32_t* out) const = 0;
+  // Several sources drawn by weight (Note [Dataset mixtures] in data/mixture.h), or null.
+  virtual const MixedStream* mixed() const { return nullptr; }
 };
 
 // Shards read as one stream, in order (documents already end with their end token).

@@ -34,6 +34,7 @@ void Reporter::step(const StepLine& s) {
         {"train/loss", s.loss}, {"train/lr", s.lr}, {"train/grad_norm", s.norm}, {"train/tokens_per_s", s.tok_s}};
     if (s.loss_scale > 0) v.push_back({"train/loss_scale", s.loss_scale});
     if (s.padding >= 0) v.push_back({"train/padding", s.padding});
+    for (const auto& [name, share] : s.mix) v.push_back({"data/mix/" + name, share});
     tb_->scalars(step + 1, v);
   }
   const bool print = s.log_line || s.skipped;
@@ -49,6 +50,7 @@ void Reporter::step(const StepLine& s) {
     if (s.padding >= 0) j["padding"] = s.padding;
     if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
     if (s.skipped) j["skipped"] = true;
+    for (const auto& [name, share] : s.mix) j["mix"][name] = share;
     *o_.out << j.dump() << "\n" << std::flush;
   } else if (o_.progress) {
     const int width = 24, filled = int(width * (step + 1) / steps_);

@@ -30,6 +30,8 @@ class Reporter {
     double padding = -1;     // >= 0 (data.bucketing): the step's share of padded positions
     double loss_scale = 0;   // > 0: the loss scale the step ran at (Note [Dynamic loss scaling])
     bool skipped = false;    // gradient overflow: no update
+    // A mixture: (source, share of the samples drawn so far), on log lines only.
+    std::vector<std::pair<std::string, double>> mix;
   };
   void step(const StepLine& s);
   // bytes_per_token > 0 adds bits per byte: val_loss / ln 2 / bytes_per_token, comparable

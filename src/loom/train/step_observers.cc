@@ -9,6 +9,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/data/loader.h"
+#include "loom/data/mixture.h"
 #include "loom/engine/engine.h"
 #include "loom/train/step_loop.h"
 #include "loom/train/trace.h"
@@ -35,8 +36,8 @@ Spans::Scope Spans::open(const std::string& name, const char* category) const {
 }
 
 StepLog::StepLog(Reporter& rep, TrainSummary& sum, const Config& cfg, Clock::time_point t0)
-    : rep_(rep), sum_(sum), log_every_(cfg.train.log_every), steps_(cfg.train.steps),
-      bucketing_(cfg.data.bucketing), t0_(t0), last_(t0) {}
+    : seed_(uint64_t(cfg.train.seed)), batch_(cfg.train.batch), rep_(rep), sum_(sum), log_every_(cfg.train.log_every),
+      steps_(cfg.train.steps), bucketing_(cfg.data.bucketing), t0_(t0), last_(t0) {}
 
 void StepLog::after_step(const StepOutcome& s) {
   if (!s.applied) sum_.skipped_steps.push_back(s.step + 1);
@@ -54,6 +55,15 @@ void StepLog::after_step(const StepOutcome& s) {
   line.tok_s = window > 0 ? double(tokens_since_) / window : 0.0;
   line.elapsed = std::chrono::duration<double>(now - t0_).count();
   if (line.log_line) last_ = now, tokens_since_ = 0;
+  if (mix_ && (line.log_line || s.step + 1 == steps_)) {  // Note [Dataset mixtures]
+    const std::vector<uint64_t> n = mix_->mixture().drawn(uint64_t(s.step + 1) * uint64_t(batch_), seed_);
+    sum_.mix_drawn.clear();
+    for (int k = 0; k < mix_->part_count(); k++) {
+      const double share = double(n[size_t(k)]) / double(uint64_t(s.step + 1) * uint64_t(batch_));
+      sum_.mix_drawn.push_back(share);
+      if (line.log_line) line.mix.push_back({mix_->name(k), share});
+    }
+  }
   rep_.step(line);
 }
 

@@ -21,6 +21,9 @@ struct Engine;
 class Updater;
 class Role;
 class DataLoader;
+namespace data {
+class MixedStream;
+}
 class Trace;
 
 using Clock = std::chrono::steady_clock;
@@ -77,8 +80,13 @@ class StepLog : public StepObserver {
  public:
   StepLog(Reporter& rep, TrainSummary& sum, const Config& cfg, Clock::time_point t0);
   void after_step(const StepOutcome& s) override;
+  // Training on a mixture: log lines carry the shares drawn (Note [Dataset mixtures]).
+  void set_mixture(const data::MixedStream* mix) { mix_ = mix; }
 
  private:
+  const data::MixedStream* mix_ = nullptr;
+  uint64_t seed_;
+  int64_t batch_;
   Reporter& rep_;
   TrainSummary& sum_;
   int64_t log_every_, steps_;

@@ -50,6 +50,9 @@ struct TrainSummary {
   std::vector<float> losses;  // train loss per step (the global batch's mean on every rank)
   double final_val_loss = 0;
   double unigram_entropy = 0;
+  // A mixture (Note [Dataset mixtures]): each source's share of the samples drawn from step
+  // 0 through the run's last step, in data.shards order (empty for one source).
+  std::vector<double> mix_drawn;
   double tokens_per_s = 0;      // real (target) tokens per second
   double padding_fraction = 0;  // data.bucketing: share of the positions computed that were padding
   std::vector<double> step_seconds;  // wall time of each step on this rank (validation excluded)

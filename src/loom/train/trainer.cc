@@ -21,6 +21,7 @@
 #include "loom/parallel/grad_sync.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/data/loader.h"
+#include "loom/data/mixture.h"
 #include "loom/train/run_start.h"
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/ckpt/shard_format.h"
@@ -372,6 +373,17 @@ void report_loss_scaling(Reporter& rep, const LossScaler& ls, int64_t steps) {
   rep.info(os.str());
 }
 
+// Note [Dataset mixtures]: the shares a mixture run drew, beside the weights asked for.
+void report_mixture(Reporter& rep, const data::MixedStream* mix, const TrainSummary& sum, int64_t steps) {
+  if (!mix || sum.mix_drawn.empty()) return;
+  std::ostringstream os;
+  os << "mixture drawn over steps 1-" << steps << ":" << std::fixed << std::setprecision(2);
+  for (int k = 0; k < mix->part_count(); k++)
+    os << (k ? ", " : " ") << mix->name(k) << " " << 100 * sum.mix_drawn[size_t(k)] << "% (weight "
+       << 100 * mix->mixture().weights()[size_t(k)] << "%)";
+  rep.info(os.str());
+}
+
 void set_thread_count(const Config& cfg) {
   if (cfg.train.threads <= 0) return;
   omp_set_num_threads(int(cfg.train.threads));
@@ -516,6 +528,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   const Spans spans(trace.get());
   TrainerRole role(cfg, given, e, updater, train_data, buckets.get(), world, rep, sum, spans);
   StepLog log(rep, sum, cfg, t0);
+  log.set_mixture(data->train->mixed());
   CheckpointTrigger checkpoints(cfg, role, world, spans);
   Validation validation(cfg, e, val_data, rep, sum, data->val_bytes_per_token, spans);
   StepObserver* const observers[] = {&log, &validation, &checkpoints};  // Note [Step observers]
@@ -527,6 +540,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   report_throughput(rep, e, buckets.get(), total, std::chrono::duration<double>(Clock::now() - t0).count(), sum);
   report_memory(rep, cfg, e, updater, sum);
   report_loss_scaling(rep, updater.scaler(), cfg.train.steps - first_step);
+  report_mixture(rep, data->train->mixed(), sum, cfg.train.steps);
   if (tb) summary_scalars(*tb, cfg, sum);
   check_tied_copies(e, rc);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);

@@ -32,3 +32,4 @@ for target in sorted({round(final * f, 3) for f in (1.2, 1.1, 1.05, 1.0)}, rever
     first = {m: next((s for s in sorted(c) if c[s] <= target), None) for m, c in curve.items()}
     print(f"val loss <= {target:.3f}: mean at step {first['mean']}, adasum at step {first['adasum']}")
 PY
+bench/plot_runs.sh adasum_convergence "$tmp" val_loss,loss   # FIGURE=PATH.svg|png to choose where

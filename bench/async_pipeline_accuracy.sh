@@ -45,3 +45,4 @@ for r in runs[2:]:
     print(f"final: {r} / 1f1b (no clipping) validation loss {c[r][last] / ref[last]:.4f} "
           f"({100 * (c[r][last] / ref[last] - 1):+.2f}%); 1f1b with clipping {c['1f1b-clip'][last]:.4f}")
 PY
+bench/plot_runs.sh async_pipeline_accuracy "$out" val_loss,loss   # FIGURE=PATH.svg|png to choose where

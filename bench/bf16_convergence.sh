@@ -44,3 +44,4 @@ for p in precs[1:]:
           f"mean logged tokens/s fp32 {runs['fp32'][1]:.0f}, {p} {tok:.0f} ({tok / runs['fp32'][1]:.2f}x)"
           + (f"; skipped steps {skipped}" if p == "fp16" else ""))
 PY
+bench/plot_runs.sh bf16_convergence "$out" val_loss,loss   # FIGURE=PATH.svg|png to choose where

@@ -66,3 +66,4 @@ print(f"{'step':>6}" + "".join(f"{m:>10}" for m in runs))
 for s in sorted(ref["val"] if ref else next(iter(runs.values()))["val"]):
     print(f"{s:>6}" + "".join(f"{runs[m]['val'].get(s, float('nan')):>10.4f}" for m in runs))
 PY
+bench/plot_runs.sh compressed_dp "$tmp" val_loss,loss,tokens_per_s   # FIGURE=PATH.svg|png to choose where

@@ -1,7 +1,7 @@
 // bf16 GEMM peak on this CPU (issue 14: choose, measure, and say why). For the GEMM shapes of
 // config C (GPT-2 124M, T 256, B 4: 1,024 tokens per micro-batch) and config B's head, the
 // weight gradients' transposed-A GEMMs and the head's backward (through the blocking of Note
-// [Blocked oneDNN GEMMs]: its "whole" numbers are in docs/benchmarks.md):
+// [Blocked oneDNN GEMMs]: its "whole" numbers are in docs/log/benchmarks.md):
 //   OpenBLAS sgemm (fp32, loom's current path);
 //   oneDNN matmul bf16 x bf16 -> fp32 (cpu::gemm_bf16), inputs already bf16;
 //   the same plus converting both fp32 inputs to bf16 first (the cost of casting per call);

@@ -63,3 +63,4 @@ for m in modes:
 for m in modes[1:]:
     print(f"throughput: {m} / sync with a x{slow} straggler = {secs['sync'] / secs[m]:.2f}x")
 PY
+bench/plot_runs.sh ps_async "$out" val_loss,loss   # FIGURE=PATH.svg|png to choose where

@@ -6,6 +6,8 @@
 # Usage: bench/train_vs_torch.sh [steps] [configs...]   (needs scripts/setup.sh --oracle)
 #        PRECISIONS="bf16" bench/train_vs_torch.sh 8 C    (default: "fp32 bf16")
 # REPEAT=n runs each side n times, alternating, and reports each side's median run.
+# RECORD=1 appends each row to bench/results/10-training.jsonl (scripts/results.py record;
+# then scripts/results.py build refreshes docs/results.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}; shift || true
@@ -13,6 +15,7 @@ configs=${*:-A B C}
 precisions=${PRECISIONS:-fp32 bf16}
 tcmalloc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 export OMP_NUM_THREADS=2
+export BENCH_COMMAND="${REPEAT:+REPEAT=$REPEAT }${PRECISIONS:+PRECISIONS=\"$PRECISIONS\" }bench/train_vs_torch.sh $steps $configs"
 printf "%-4s %-5s %12s %12s %7s %10s %10s %9s %9s %10s %10s %10s\n" cfg prec loom_tok/s torch_tok/s ratio loom_GF/s torch_GF/s \
   peak_GF/s loom/peak loom_act_MiB loom_MiB torch_MiB
 for c in $configs; do
@@ -36,6 +39,15 @@ print("%-4s %-5s %12.0f %12.0f %7.2f %10.1f %10.1f %9.1f %9.2f %10.0f %10.0f %10
     l["config"], l["precision"], l["tokens_per_s"], t["tokens_per_s"], l["tokens_per_s"] / t["tokens_per_s"],
     l["model_gflops"], t["model_gflops"], l["gemm_peak_gflops"], l["model_gflops"] / l["gemm_peak_gflops"],
     l["activation_mib"], l["peak_rss_mib"], t["peak_rss_mib"]))
+import os, subprocess
+if os.environ.get("RECORD") == "1":  # the same claim names as the rows already in the file
+    name = {"A": "tiny GPT (config A)", "B": "small GPT (config B)", "C": "GPT-2 124M (config C)"}[l["config"]]
+    prec = "fp32" if l["precision"] == "fp32" else l["precision"] + " vs autocast"
+    subprocess.run([sys.executable, "scripts/results.py", "record", "10-training.jsonl", "--claim", name + ", " + prec,
+                    "--loom", "%.0f" % l["tokens_per_s"], "--peer", "%.0f" % t["tokens_per_s"],
+                    "--peer-name", "PyTorch %s (Debian), tcmalloc" % t.get("torch_version", "1.13"), "--unit", "tok/s",
+                    "--ratio", "%.2f" % (l["tokens_per_s"] / t["tokens_per_s"]), "--command", os.environ["BENCH_COMMAND"]],
+                   check=True)
 PY
   done
 done

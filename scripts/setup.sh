@@ -17,6 +17,7 @@ pkgs=(
   fortunes                          # default training corpus
   python3                           # fault-injection tests (tests/mpi/check_kill.py), soak and fuzz scripts
   python3-protobuf                  # the independent reader of TensorBoard event files (tests/reference/check_tensorboard.py)
+  librsvg2-bin                      # rsvg-convert: loom plot --out FILE.png renders its SVG with it
   clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)
 )
 if [[ "${1:-}" == "--oracle" ]]; then

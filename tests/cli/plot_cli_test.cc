@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <zlib.h>
 
 #include "support/loom_cli.h"
 
@@ -115,12 +116,116 @@ TEST(PlotCli, RefusesWhatItCannotDrawOrMustNotReplace) {
   std::ofstream(d + "/text.log") << "step 1/8  loss 5.5\n";
   testing_support::expect_usage_error("plot " + d + "/text.log --out " + d + "/a.svg", "holds no step lines");
   std::ofstream(d + "/run.jsonl") << "{\"step\": 1, \"loss\": 5.5}\n";
-  testing_support::expect_usage_error("plot " + d + "/run.jsonl --out " + d + "/a.png", "rsvg-convert");
+  testing_support::expect_usage_error("plot " + d + "/run.jsonl --out " + d + "/a.gif", "name FILE.svg or FILE.png");
   testing_support::expect_usage_error("plot " + d + "/missing.jsonl --out " + d + "/a.svg", "missing.jsonl");
   std::ofstream(d + "/mine.svg") << "<svg>a user's drawing</svg>\n";
   const auto r = run_loom("plot " + d + "/run.jsonl --out " + d + "/mine.svg");
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(read_all(d + "/mine.svg"), "<svg>a user's drawing</svg>\n");
+}
+
+// A PNG decoded by the spec (8-bit RGB or RGBA, non-interlaced, as rsvg-convert writes
+// them): its size, its tEXt chunks and its pixels, unfiltered (PNG spec, section 9).
+struct Png {
+  uint32_t width = 0, height = 0;
+  int channels = 0;
+  std::vector<std::string> text;
+  std::vector<uint8_t> pixels;  // (height, width, channels)
+};
+
+uint32_t be32(const std::string& s, size_t at) {
+  return uint32_t(uint8_t(s[at])) << 24 | uint32_t(uint8_t(s[at + 1])) << 16 | uint32_t(uint8_t(s[at + 2])) << 8 |
+         uint32_t(uint8_t(s[at + 3]));
+}
+
+Png decode_png(const std::string& f) {
+  Png p;
+  EXPECT_EQ(f.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  std::string idat;
+  for (size_t at = 8; at + 8 <= f.size();) {
+    const uint32_t n = be32(f, at);
+    const std::string type = f.substr(at + 4, 4), data = f.substr(at + 8, n);
+    if (type == "IHDR") {
+      p.width = be32(data, 0), p.height = be32(data, 4);
+      EXPECT_EQ(data[8], 8) << "bit depth";
+      p.channels = data[9] == 6 ? 4 : data[9] == 2 ? 3 : 0;
+      EXPECT_EQ(data[12], 0) << "interlaced";
+    }
+    if (type == "tEXt") p.text.push_back(data);
+    if (type == "IDAT") idat += data;
+    at += 12 + n;
+  }
+  const size_t stride = size_t(p.width) * size_t(p.channels);
+  std::vector<uint8_t> raw((stride + 1) * p.height);
+  uLongf len = uLongf(raw.size());
+  EXPECT_EQ(uncompress(raw.data(), &len, reinterpret_cast<const Bytef*>(idat.data()), uLong(idat.size())), Z_OK);
+  p.pixels.assign(stride * p.height, 0);
+  const int bpp = p.channels;
+  for (size_t y = 0; y < p.height; y++) {
+    const uint8_t filter = raw[y * (stride + 1)];
+    const uint8_t* in = &raw[y * (stride + 1) + 1];
+    uint8_t* out = &p.pixels[y * stride];
+    const uint8_t* up = y ? &p.pixels[(y - 1) * stride] : nullptr;
+    for (size_t x = 0; x < stride; x++) {
+      const int a = x >= size_t(bpp) ? out[x - bpp] : 0, b = up ? up[x] : 0, c = up && x >= size_t(bpp) ? up[x - bpp] : 0;
+      int pred = 0;
+      if (filter == 1) pred = a;
+      if (filter == 2) pred = b;
+      if (filter == 3) pred = (a + b) / 2;
+      if (filter == 4) {
+        const int pa = std::abs(b - c), pb = std::abs(a - c), pc = std::abs(a + b - 2 * c);
+        pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+      }
+      out[x] = uint8_t(in[x] + pred);
+    }
+  }
+  return p;
+}
+
+// Pixels within 8 of colour (r, g, b), opaque.
+int count_colour(const Png& p, int r, int g, int b) {
+  int n = 0;
+  for (size_t i = 0; i + size_t(p.channels) <= p.pixels.size(); i += size_t(p.channels))
+    n += std::abs(p.pixels[i] - r) <= 8 && std::abs(p.pixels[i + 1] - g) <= 8 && std::abs(p.pixels[i + 2] - b) <= 8 &&
+         (p.channels == 3 || p.pixels[i + 3] > 200);
+  return n;
+}
+
+// --out FILE.png: the SVG rendered (its size, each run's curve in its colour), marked as
+// loom's so the next plot replaces it and a user's PNG is never replaced.
+TEST(PlotCli, APngIsTheSvgRenderedAndMarkedAsLooms) {
+  const std::string d = fresh_dir("loom-plot-png");
+  {
+    std::ofstream a(d + "/exact.jsonl"), b(d + "/approx.jsonl");
+    for (int s = 1; s <= 20; s++) {
+      a << "{\"step\": " << s << ", \"loss\": " << 6.0 - 0.1 * s << "}\n";
+      b << "{\"step\": " << s << ", \"loss\": " << 6.0 - 0.05 * s << "}\n";
+    }
+  }
+  const std::string runs = d + "/exact.jsonl " + d + "/approx.jsonl --metrics loss";
+  auto r = run_loom("plot " + runs + " --out " + d + "/c.png");
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(run_loom("plot " + runs + " --out " + d + "/c.svg").code, 0);
+  const std::string svg = read_all(d + "/c.svg");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(svg, m, std::regex("width=\"([0-9]+)\" height=\"([0-9]+)\"")));
+  const Png p = decode_png(read_all(d + "/c.png"));
+  EXPECT_EQ(p.width, uint32_t(std::stoul(m[1]))) << "the SVG's size";
+  EXPECT_EQ(p.height, uint32_t(std::stoul(m[2])));
+  ASSERT_GT(p.channels, 0);
+  ASSERT_EQ(p.text.size(), 1u);
+  EXPECT_EQ(p.text[0], std::string("Software\0generated by loom plot", 31));
+  // Each run's polyline in its colour (#1f77b4, #d62728): a curve across the panel is
+  // hundreds of pixels; a third colour of the palette is not drawn.
+  EXPECT_GT(count_colour(p, 0x1f, 0x77, 0xb4), 100);
+  EXPECT_GT(count_colour(p, 0xd6, 0x27, 0x28), 100);
+  EXPECT_EQ(count_colour(p, 0x2c, 0xa0, 0x2c), 0);
+  r = run_loom("plot " + d + "/exact.jsonl --out " + d + "/c.png");  // its own earlier file: replaced
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count_colour(decode_png(read_all(d + "/c.png")), 0xd6, 0x27, 0x28), 0);
+  std::ofstream(d + "/mine.png") << "\x89PNG a user's picture";
+  EXPECT_NE(run_loom("plot " + runs + " --out " + d + "/mine.png").code, 0);
+  EXPECT_EQ(read_all(d + "/mine.png"), "\x89PNG a user's picture");
 }
 
 }  // namespace

@@ -99,10 +99,10 @@ int run_ckpt_convert(const std::string& in, const std::string& out, const std::v
 }
 
 int run_plot(const std::vector<std::string>& runs, const std::string& out, const std::string& metrics, bool overwrite) {
-  LOOM_CONFIG_CHECK(out.size() > 4 && out.compare(out.size() - 4, 4, ".svg") == 0, "plot --out '", out,
-                    "': loom plot writes SVG (FILE.svg); `rsvg-convert FILE.svg -o FILE.png` (Debian's "
-                    "librsvg2-bin) makes a PNG of it");
-  check_output_file(out, "plot --out", overwrite, owned::marks::kSvg);  // before any work
+  const auto ends = [&](const char* ext) { return out.size() > 4 && out.compare(out.size() - 4, 4, ext) == 0; };
+  LOOM_CONFIG_CHECK(ends(".svg") || ends(".png"), "plot --out '", out, "': name FILE.svg or FILE.png");
+  const bool png = ends(".png");
+  check_output_file(out, "plot --out", overwrite, png ? owned::marks::kPng : owned::marks::kSvg);  // before any work
   std::vector<std::string> names;
   for (std::string rest = metrics; !rest.empty();) {
     const size_t comma = rest.find(',');
@@ -118,7 +118,8 @@ int run_plot(const std::vector<std::string>& runs, const std::string& out, const
       if (other != r && std::filesystem::path(other).stem() == label) label = r;
     series.push_back(read_run_log(r, label));
   }
-  write_file_atomic(out, plot_svg(series, names));  // Note [User-named outputs]
+  const std::string svg = plot_svg(series, names);
+  write_file_atomic(out, png ? svg_to_png(svg) : svg);  // Note [User-named outputs]
   std::cerr << "wrote " << out << " (" << names.size() << " panels, " << runs.size() << " runs)\n";
   return 0;
 }

@@ -303,11 +303,11 @@ void add_interop_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
 }
 
 void add_plot_command(CLI::App& app, Args& a, std::vector<Command>& cmds) {
-  auto* p = app.add_subcommand("plot", "Draw training curves of runs (their `loom train --json` output) as SVG");
-  p->add_option("runs", a.plot_runs, "JSON-lines logs of `loom train --json` (one or more)")->required();
-  p->add_option("--out", a.plot_out, "The SVG file to write")->required();
+  auto* p = app.add_subcommand("plot", "Draw training curves of runs (their `loom train --json` or --csv output) as SVG or PNG");
+  p->add_option("runs", a.plot_runs, "Logs of `loom train --json` or `--csv` (one or more)")->required();
+  p->add_option("--out", a.plot_out, "The FILE.svg or FILE.png to write (PNG: rendered by rsvg-convert)")->required();
   p->add_option("--metrics", a.plot_metrics, "Comma-separated metrics, one panel each")->capture_default_str();
-  p->add_flag("--overwrite", a.plot_overwrite, "Replace --out even when it is not an earlier SVG of loom's");
+  p->add_flag("--overwrite", a.plot_overwrite, "Replace --out even when it is not an earlier plot of loom's");
   cmds.push_back({p, [&a] { return loom::cli::run_plot(a.plot_runs, a.plot_out, a.plot_metrics, a.plot_overwrite); }});
 }
 

@@ -54,7 +54,7 @@ double nccl_collective_s(OpKind op, double bytes, const GroupShape& g, const Lin
 
 // Note [Comm cost table]
 // Measured on this machine type (2-core AMD EPYC VM, OpenMPI 4.1.4), 2026-11-22, with
-// `mpirun -np 2 loom bench comm --algorithm all` (docs/benchmarks.md):
+// `mpirun -np 2 loom bench comm --algorithm all` (docs/log/benchmarks.md):
 //   shm:   alpha 1.2 us  - 4 KiB shm all-reduce takes 2.8 us for 2 barriers + copies;
 //          10 GB/s       - shm busbw 9.5-10.9 GB/s from 256 KiB to 16 MiB.
 //   intra: alpha 5 us    - ring at 4 KiB: 10.4 us for 2 steps (OpenMPI vader);

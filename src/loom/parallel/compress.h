@@ -86,7 +86,7 @@
 // warm-up, v frozen, the preconditioned momentum u_i crossing the dp group, m = u D) with
 // DGC's top-k (the topk compressor: the k = ceil(ratio n) largest |u_i + e_i| as (index,
 // value) pairs, error feedback e_i, no server stage) in place of the signs. Why: topk on the
-// gradients under AdamW learns about sqrt(1 / ratio) times too slowly (docs/benchmarks.md,
+// gradients under AdamW learns about sqrt(1 / ratio) times too slowly (docs/log/benchmarks.md,
 // "TernGrad and top-k over the 300 steps"): a coordinate sent once every K steps
 // carries K gradients, which Adam's second moment sees as one (K g)^2, so it moves lr sqrt(K)
 // per K steps where exact Adam moves lr K. With v frozen the update is linear in what is

@@ -42,7 +42,7 @@ std::vector<PipeStep> one_f_one_b_rank(int r, int pp, int m) {
 //   ZB-H1: warmup = pp - r (1F1B's), defer = r: rank r holds at most pp micro-batches
 //          from F to W (1F1B's peak, on rank 0); the paper's bubble is (p - 1)(T_F + T_B - T_W),
 //          a third of 1F1B's at T_F = T_B = T_W (loom's W is cheaper than its B: see
-//          docs/benchmarks.md for the measured share).
+//          docs/log/benchmarks.md for the measured share).
 //   ZB-H2: warmup = 2 (pp - r) - 1, defer = 2 r: the extra forwards fill the warm-up
 //          bubble, and the later ranks keep weight gradients for the cool-down, while the
 //          last micro-batches' B travel back to rank 0; every rank holds at most 2 pp - 1

@@ -68,7 +68,7 @@
 // updates most hurt by stale gradients are the early ones (large, fast-changing gradients
 // and cold Adam moments): measured on the default job at pp 2, PipeMare after 1,000 steps
 // ends 5.0% above 1F1B's validation loss from step 1 and 2.0% above it after 200
-// synchronous steps (docs/benchmarks.md). Each warm-up step pays 1F1B's pipeline bubble:
+// synchronous steps (docs/log/benchmarks.md). Each warm-up step pays 1F1B's pipeline bubble:
 // `loom simulate` prices one beside the steady step and `loom plan` ranks by the mean step
 // over the run (plan::run_step_s).
 #pragma once

@@ -265,7 +265,7 @@ std::string layout_caveat(const sim::SimPlan& p) {
     os << "ZeRO++ int8 blocks:" << (q.zeropp_qwz ? " parameter gathers (qwZ)" : "")
        << (q.zeropp_qgz ? " gradient reduce-scatters (qgZ)" : "");
     return "approximate " + os.str() + ": the time is priced, the accuracy cost is not modelled; measure it with "
-           "loom verify (docs/benchmarks.md)";
+           "loom verify (docs/log/benchmarks.md)";
   }
   switch (q.compress) {
     case CompressKind::kNone: return "";  // hpZ alone is exact
@@ -284,7 +284,7 @@ std::string layout_caveat(const sim::SimPlan& p) {
   }
   return "approximate gradients (" + os.str() +
          "): the time is priced, the accuracy cost is not modelled; measure it with loom verify and a validation "
-         "curve (docs/benchmarks.md)";
+         "curve (docs/log/benchmarks.md)";
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ double llc_bytes() {
 // previous kernel just wrote is warm (the forward's input, the backward's dY). So each timed
 // call takes the next of `copies` sets of the cold operands, together twice the last-level
 // cache. Timed hot, a small GPT's GEMMs ran about 10% faster alone than inside its steps
-// (LOOM_KERNEL_PROFILE; docs/benchmarks.md).
+// (LOOM_KERNEL_PROFILE; docs/log/benchmarks.md).
 std::vector<std::pair<double, double>> gemm_rates(const Kernels& k, double budget,
                                                   std::vector<std::pair<double, double>>& backward) {
   std::vector<std::pair<double, double>> out;
@@ -218,7 +218,7 @@ sim::WidthCurves width_curves(const std::vector<std::pair<double, double>>& rate
 // the engine's bf16 kernel (P kept in bf16). The backward is priced at twice this forward
 // (sim/unit_cost.cc): alone, with cold saved qkv and P, it took 1.2-1.6x the forward, but in
 // a step of config A 2.02 ms against 2.1-2.5 ms priced so, the forward there running 10-30%
-// slower than alone (LOOM_KERNEL_PROFILE; docs/benchmarks.md).
+// slower than alone (LOOM_KERNEL_PROFILE; docs/log/benchmarks.md).
 std::vector<std::pair<double, double>> attention_rates(const Kernels& k, double budget) {
   std::vector<std::pair<double, double>> out;
   for (auto [B, T, H, hd] : {std::tuple{1, 32, 4, 16}, {4, 64, 4, 32}, {8, 128, 8, 32}, {8, 256, 8, 64}, {4, 512, 12, 64}}) {

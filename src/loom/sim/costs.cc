@@ -233,7 +233,7 @@ GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride) {
 // output tile through the micro-kernel more often per FLOP (a short inner dimension, or a
 // narrow output panel). On this VM's 2 cores (OpenBLAS, fp32, operands cold as in a step)
 // (2048, 256, 768) and (2048, 1024, 256) ran at 408-420 GFLOP/s where the FLOPs-indexed
-// curve, measured on wide shapes at those FLOPs, said 445 (docs/benchmarks.md); inside a
+// curve, measured on wide shapes at those FLOPs, said 445 (docs/log/benchmarks.md); inside a
 // step of config A its four GEMMs per layer took 10-13% more than that curve priced
 // (LOOM_KERNEL_PROFILE). So `loom calibrate` also times a linear layer's two shapes,
 // (n, w, 4w) and (n, 4w, w), over a grid of widths w and token counts n, and a device that
@@ -329,7 +329,7 @@ double head_dim_factor(const DeviceSpec& d, Attention k, double e, double hd) {
 // evaluates a tanh per element and its layer norm makes two passes per row (one for the
 // statistics), while a residual add streams three arrays once; inside a step each writes
 // its output into an activation buffer last touched a layer ago. Measured inside a step of
-// config A (LOOM_KERNEL_PROFILE, docs/benchmarks.md) the norms, GELU and residual adds took
+// config A (LOOM_KERNEL_PROFILE, docs/log/benchmarks.md) the norms, GELU and residual adds took
 // 3-4x what the averaged, hot-buffer curve charged. So `loom calibrate` times each class
 // (norm: layer norm; activation: GELU; residual: the add) forward and backward with cold
 // outputs and saved inputs, and a device that has a class's curves prices its ops by them:

@@ -90,7 +90,7 @@ std::string validation_path_for(const std::string& cluster_path) {
 
 // Note [Stale error bands]
 // The engine's errors are a statement about one calibration: on a VM whose speed drifts, a
-// recalibration moves every prediction by several percent (docs/benchmarks.md), so errors
+// recalibration moves every prediction by several percent (docs/log/benchmarks.md), so errors
 // scored against an earlier calibration say little about the current one. bench/sim_vs_engine
 // writes the cluster file's stamp (an FNV-1a hash of its text) as the CSV's first line, and
 // `loom plan` says so beside each band when the stamp is not the current file's (or the CSV

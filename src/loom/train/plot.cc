@@ -4,11 +4,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "loom/core/owned.h"
 #include "loom/core/xml.h"
 
@@ -138,4 +147,63 @@ std::string plot_svg(const std::vector<RunSeries>& runs, const std::vector<std::
   return f.str();
 }
 
+namespace {
+
+// One PNG chunk: length, type, data, CRC-32 of type and data (PNG spec, section 5.3).
+std::string png_chunk(const std::string& type, const std::string& data) {
+  std::string out;
+  const uint32_t n = uint32_t(data.size());
+  for (int k = 3; k >= 0; k--) out.push_back(char((n >> (8 * k)) & 0xff));
+  out += type + data;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(out.data() + 4), uInt(type.size() + data.size()));
+  for (int k = 3; k >= 0; k--) out.push_back(char((crc >> (8 * k)) & 0xff));
+  return out;
+}
+
+// Runs rsvg-convert on `in`, writing `out`; its stderr goes to `err`.
+void run_rsvg(const std::string& in, const std::string& out, const std::string& err) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::string a0 = "rsvg-convert", a1 = "--format=png", a2 = "-o";
+  std::string a3 = out, a4 = in;
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), nullptr};
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, "rsvg-convert", &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  LOOM_CHECK(rc == 0, "loom plot writes a PNG with rsvg-convert, which could not be started (", std::strerror(rc),
+             "): install it (apt-get install librsvg2-bin) or write FILE.svg");
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  LOOM_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rsvg-convert failed making the PNG (",
+             read_file_bytes(err), ")");
+}
+
+}  // namespace
+
+std::string svg_to_png(const std::string& svg) {
+  std::string dir = (std::filesystem::temp_directory_path() / "loom-plot-XXXXXX").string();
+  LOOM_CHECK(::mkdtemp(dir.data()) != nullptr, "cannot make a temporary directory for the PNG under ",
+             std::filesystem::temp_directory_path().string(), ": ", std::strerror(errno));
+  const std::string in = dir + "/plot.svg", out = dir + "/plot.png", err = dir + "/stderr";
+  std::string png;
+  try {
+    write_file_atomic(in, svg);
+    run_rsvg(in, out, err);
+    png = read_file_bytes(out);
+  } catch (...) {
+    std::filesystem::remove_all(dir);
+    throw;
+  }
+  std::filesystem::remove_all(dir);
+  // Signature (8 bytes), then IHDR (4 + 4 + 13 + 4 bytes): the mark goes right after it.
+  LOOM_CHECK(png.size() > 33 && png.compare(1, 3, "PNG") == 0 && png.compare(12, 4, "IHDR") == 0,
+             "rsvg-convert wrote something that is not a PNG (", png.size(), " bytes)");
+  const std::string& mark = owned::marks::kPng[0];
+  return png.substr(0, 33) + png_chunk("tEXt", mark) + png.substr(33);
+}
+
 }  // namespace loom
+

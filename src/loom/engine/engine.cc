@@ -131,6 +131,24 @@ parallel::PsWorker* ps_of(const Engine& e) {
 
 }  // namespace
 
+void Updater::estimate(const EstimateInputs& in, MemoryEstimate& e) {
+  e.params = e.grads = in.param_bytes();
+  e.moment_floats = in.zero >= 1 ? in.params / in.shards() : in.params;
+  e.optimizer_in_memory = int64_t(
+      rank::model_state_bytes(double(in.params), in.shards(), in.zero, rank::engine_widths(in.cfg.optim)).optimizer);
+  e.optimizer = e.optimizer_in_memory;
+}
+
+MemoryEstimate estimate_parts(const EstimateInputs& in) {  // Note [Part memory estimates]
+  using Estimate = void (*)(const EstimateInputs&, MemoryEstimate&);
+  static constexpr Estimate kParts[] = {&Updater::estimate, &GatherPart::estimate, &SyncPart::estimate,
+                                        &PsPart::estimate,  &OffloadPart::estimate, &StreamPart::estimate};
+  MemoryEstimate e;
+  for (const Estimate part : kParts) part(in, e);
+  e.activations = in.activation_bytes;
+  return e;
+}
+
 Updater::Updater(const Config& cfg, Engine& e)
     : cfg_(cfg), e_(e), sync_(sync_of(e)), gather_part_(e.find<GatherPart>()), two_bw_(e.find<TwoBwState>()),
       async_(e.find<AsyncPipeState>()), ps_(ps_of(e)),

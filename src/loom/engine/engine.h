@@ -8,6 +8,7 @@
 
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
+#include "loom/engine/estimate.h"
 #include "loom/engine/gradient_pass.h"
 #include "loom/engine/part.h"
 #include "loom/model/model.h"
@@ -93,6 +94,9 @@ UpdateRule update_rule(const Engine& e);
 class Updater {
  public:
   Updater(const Config& cfg, Engine& e);
+  // Note [Part memory estimates]: a plain replica's parameters and gradients, and the
+  // update rule's moments (this rank's piece under ZeRO; Note [Model-state bytes]).
+  static void estimate(const EstimateInputs& in, MemoryEstimate& e);
   struct Result {
     double loss = 0;     // mean loss of the global batch
     double norm = 0;     // global gradient norm before clipping, unscaled (infinite when skipped)

@@ -1,5 +1,6 @@
 #include "loom/engine/parts.h"
 
+#include <algorithm>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -141,6 +142,17 @@ void GatherPart::report_run(Reporter& rep, TrainSummary& sum) {
     rep.info("ZeRO++ hpZ: " + std::to_string(sum.param_gathers_on_host) + " of " +
              std::to_string(sum.param_gathers + sum.param_gathers_on_host) +
              " parameter gathers stayed on the host (secondary pieces)");
+}
+
+void SyncPart::estimate(const EstimateInputs& in, MemoryEstimate& e) {
+  // Note [Compressed ZeRO-2/3]: a stateful compressor or Adasum keeps the step's gradient whole.
+  if (in.zero >= 2 && !in.cfg.parallel.reduces_whole_buckets()) e.grads = in.param_bytes() / in.shards();
+}
+
+void GatherPart::estimate(const EstimateInputs& in, MemoryEstimate& e) {
+  if (in.zero < 3 || in.dp <= 1) return;
+  e.gather_pool = std::min(in.param_bytes(), in.units_in_flight * int64_t(sizeof(float)));
+  e.params = in.param_bytes() / in.shards() + e.gather_pool;
 }
 
 }  // namespace loom

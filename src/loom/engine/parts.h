@@ -7,6 +7,7 @@
 
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
+#include "loom/engine/estimate.h"
 #include "loom/engine/part.h"
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
@@ -24,6 +25,8 @@ class SyncPart final : public Part {
   SyncPart(const Config& cfg, const RankContext& rc, const parallel::DataParallelPlan& plan, Model& model,
            MemoryTracker& memory);
   parallel::GradSync& sync() { return *sync_; }
+  // Note [Part memory estimates]: ZeRO-2/3's gradient pieces.
+  static void estimate(const EstimateInputs& in, MemoryEstimate& e);
   // Per-micro-batch sharding: only the own pieces hold anything; the rest already reads zero.
   bool zero_gradients() override;
   void after_update(Reporter& rep, TrainSummary& sum) override;
@@ -46,6 +49,8 @@ class GatherPart final : public Part {
   GatherPart(const Config& cfg, const RankContext& rc, const parallel::DataParallelPlan& plan,
              const std::vector<int>& unit_bucket, Model& model, MemoryTracker& memory);
   parallel::ParamGather& gather() { return *gather_; }
+  // Note [Part memory estimates]: the own pieces and the pool of units in flight.
+  static void estimate(const EstimateInputs& in, MemoryEstimate& e);
   // Note [ZeRO-3 offload]: the own pieces packed elsewhere (the offload file's mapping).
   void set_packed_source(std::function<const float*()> packed) { packed_ = std::move(packed); }
   bool materialize_params() override;

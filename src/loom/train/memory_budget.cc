@@ -14,7 +14,7 @@
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
 #include "loom/parallel/zero.h"
-#include "loom/rank/state_bytes.h"
+#include "loom/engine/engine.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
@@ -24,43 +24,6 @@ std::string bytes_text(int64_t bytes) {
   if (bytes >= (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1 << 30));
   else std::snprintf(buf, sizeof buf, "%.0f MiB", double(bytes) / double(1 << 20));
   return buf;
-}
-
-MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
-                               int64_t units_in_flight, int pp_rank) {
-  const int64_t p4 = params * int64_t(sizeof(float));  // fp32 params, grads, each moment
-  const int64_t shards = dp > 1 ? dp : 1;
-  MemoryEstimate e;
-  // ZeRO-3: the own pieces and the gather pool (the units in flight, whole).
-  const bool gathers = zero >= 3 && dp > 1;
-  const int64_t pool = gathers ? std::min(p4, units_in_flight * int64_t(sizeof(float))) : 0;
-  e.params = gathers ? p4 / shards + pool : p4;
-  // Note [Chunk manager]: at the least the units in use and the one read ahead (GPT's tied
-  // head holds the embedding too), each rounded out to whole chunks (a unit touches at most
-  // two chunks beyond its own length). The manager keeps more where the budget leaves room.
-  // With ZeRO-3 it holds their own pieces (Note [ZeRO-3 offload]), beside the pool.
-  const int64_t in_flight = units_in_flight / (gathers ? shards : 1) + 6 * cfg.offload.chunk_floats();
-  e.params_offloaded = std::min(e.params - pool, in_flight * int64_t(sizeof(float))) + pool;
-  if (cfg.offload.params == OffloadTier::kDisk) e.params = e.params_offloaded;
-  // Note [Compressed ZeRO-2/3]: a stateful compressor or Adasum keeps the step's gradient whole.
-  const ParallelConfig& par = cfg.parallel;
-  e.grads = zero >= 2 && !par.reduces_whole_buckets() ? p4 / shards : p4;
-  if (cfg.offload.grads == OffloadTier::kDisk) e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
-  // Note [Model-state bytes]; a parameter server's workers hold no optimizer state (Note
-  // [Parameter server]).
-  e.moment_floats = cfg.parallel.ps_servers > 0 ? 0 : zero >= 1 ? params / shards : params;
-  e.optimizer_in_memory =
-      cfg.parallel.ps_servers > 0
-          ? 0
-          : int64_t(rank::model_state_bytes(double(params), shards, zero, rank::engine_widths(cfg.optim)).optimizer);
-  e.optimizer = cfg.offload.optimizer == OffloadTier::kDisk ? cfg.offload.buffer_bytes(e.moment_floats)
-                                                            : e.optimizer_in_memory;
-  e.activations = activation_bytes;
-  // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
-  // pipemare's velocity and corrected weights.
-  e.params *= stream_param_copies(par.schedule, int(par.pp), pp_rank);
-  e.grads *= stream_grad_copies(par.schedule, int(par.pp));
-  return e;
 }
 
 namespace {
@@ -127,8 +90,9 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets) units.push_back(b.count);
   std::sort(units.begin(), units.end(), std::greater<>());
   units.resize(std::min<size_t>(units.size(), 3));
-  const MemoryEstimate e = estimate_memory(cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
-                                           std::accumulate(units.begin(), units.end(), int64_t(0)), rc.pp_rank);
+  // Note [Part memory estimates]: what the parts this rank's engine would be made of hold.
+  const MemoryEstimate e = estimate_parts({cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
+                                           std::accumulate(units.begin(), units.end(), int64_t(0)), rc.pp_rank});
   const bool budget = cfg.memory.limit_gib > 0;
   const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
                               : int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));

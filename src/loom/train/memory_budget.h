@@ -18,6 +18,7 @@
 
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
+#include "loom/engine/estimate.h"
 
 namespace loom {
 
@@ -25,22 +26,6 @@ struct RankContext;
 namespace comm {
 class Group;
 }
-
-// Bytes this rank's layout needs per category before buffers (those are measured only).
-struct MemoryEstimate {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
-  int64_t optimizer_in_memory = 0;  // what the optimizer state would take without offload
-  int64_t moment_floats = 0;        // floats of each moment on this rank
-  int64_t params_offloaded = 0;     // what the parameters would take with offload.params = disk
-  int64_t total() const { return params + grads + optimizer + activations; }
-};
-
-// The estimate for `params` parameters on this rank; activations: the model's carve;
-// units_in_flight: the floats of its three largest units (parameter offload holds at least
-// the unit in use, the one read ahead and GPT's tied embedding); pp_rank: its pipeline rank
-// (the streams' weight versions differ by stage).
-MemoryEstimate estimate_memory(const Config& cfg, int zero, int dp, int64_t params, int64_t activation_bytes,
-                               int64_t units_in_flight, int pp_rank);
 
 // Throws ConfigError when the estimate does not fit memory.limit_gib (or, without a budget,
 // this machine's memory), naming the categories and the settings that would shrink them.

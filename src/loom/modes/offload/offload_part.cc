@@ -232,4 +232,18 @@ void Updater::step_chunked(const Kernels& k, double lr, double coef) {
   chunks.end_step();
 }
 
+void OffloadPart::estimate(const EstimateInputs& in, MemoryEstimate& e) {
+  // Note [Chunk manager]: at the least the units in use and the one read ahead (GPT's tied
+  // head holds the embedding too), each rounded out to whole chunks (a unit touches at most
+  // two chunks beyond its own length). The manager keeps more where the budget leaves room.
+  // With ZeRO-3 it holds their own pieces (Note [ZeRO-3 offload]), beside the pool.
+  const OffloadConfig& o = in.cfg.offload;
+  const bool gathers = in.zero >= 3 && in.dp > 1;
+  const int64_t in_flight = in.units_in_flight / (gathers ? in.shards() : 1) + 6 * o.chunk_floats();
+  e.params_offloaded = std::min(e.params - e.gather_pool, in_flight * int64_t(sizeof(float))) + e.gather_pool;
+  if (o.params == OffloadTier::kDisk) e.params = e.params_offloaded;
+  if (o.grads == OffloadTier::kDisk) e.grads = e.params_offloaded;  // Note [Gradient chunks]: as many in flight
+  if (o.optimizer == OffloadTier::kDisk) e.optimizer = o.buffer_bytes(e.moment_floats);
+}
+
 }  // namespace loom

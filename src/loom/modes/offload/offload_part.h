@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/engine/estimate.h"
 #include "loom/engine/part.h"
 #include "loom/modes/offload/chunk_manager.h"
 #include "loom/modes/offload/offload.h"
@@ -30,6 +31,9 @@ class OffloadPart final : public Part {
               int64_t budget_bytes, bool grads, std::unique_ptr<StateFile> whole);
 
   ChunkManager& chunks() { return *chunks_; }
+  // Note [Part memory estimates]: the file's buffers in place of the state it holds, and
+  // (always, for the remedies) what offloading the parameters would leave resident.
+  static void estimate(const EstimateInputs& in, MemoryEstimate& e);
   // Note [Replicated-parameter offload]: ZeRO-1/2's whole parameters (null otherwise).
   StateFile* whole() { return whole_.get(); }
 

@@ -15,6 +15,10 @@ PsPart::PsPart(const Config& cfg, const RankContext& rc, const Model& model, int
   ps_->set_table({wte.offset, wte.shape[0], wte.shape[1]}, cfg.ps.sparse_embedding);
 }
 
+void PsPart::estimate(const EstimateInputs& in, MemoryEstimate& e) {
+  if (in.cfg.parallel.ps_servers > 0) e.moment_floats = 0, e.optimizer_in_memory = 0, e.optimizer = 0;
+}
+
 void PsPart::before_pass(const DataLoader& data, int64_t step) {
   if (ps_->sparse()) choose_ps_rows(cfg_, data, *ps_, step, mb_, T_);  // Note [Sparse embeddings]
 }

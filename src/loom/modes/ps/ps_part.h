@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "loom/core/config.h"
+#include "loom/engine/estimate.h"
 #include "loom/engine/part.h"
 #include "loom/modes/ps/ps.h"
 
@@ -18,6 +19,8 @@ class PsPart final : public Part {
  public:
   PsPart(const Config& cfg, const RankContext& rc, const Model& model, int64_t mb, int64_t T);
   parallel::PsWorker& worker() { return *ps_; }
+  // Note [Part memory estimates]: the servers hold the optimizer state, a worker none.
+  static void estimate(const EstimateInputs& in, MemoryEstimate& e);
   void before_pass(const DataLoader& data, int64_t step) override;
   void after_resume(int64_t step) override { ps_->start_at(step); }
   void end_run(Reporter& rep, TrainSummary& sum, int64_t& real_tokens) override;

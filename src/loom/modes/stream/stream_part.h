@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "loom/engine/estimate.h"
 #include "loom/engine/part.h"
 #include "loom/parallel/pipeline.h"
 
@@ -24,6 +25,13 @@ class StreamPart : public Part {
   // A GPT pipeline's tied wte: the stream sums the two copies' gradients itself (with each
   // update) rather than the pass at the step's end.
   virtual bool sums_tied_itself(bool flush) const = 0;
+  // Note [Part memory estimates], Note [Pipeline streams]: 2bw's second version and pending
+  // gradient, pipedream's stashes, pipemare's velocity and corrected weights.
+  static void estimate(const EstimateInputs& in, MemoryEstimate& e) {
+    const ParallelConfig& par = in.cfg.parallel;
+    e.params *= stream_param_copies(par.schedule, int(par.pp), in.pp_rank);
+    e.grads *= stream_grad_copies(par.schedule, int(par.pp));
+  }
 };
 
 }  // namespace loom

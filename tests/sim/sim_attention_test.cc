@@ -153,6 +153,27 @@ TEST(Published, AttentionKernelFollowsTheRowsFramework) {
   EXPECT_EQ(published_case(row_of("somebody's trainer", "")).plan.attention, Attention::kUnfused);
 }
 
+// Issue 57 item 4: a row whose precision the simulator cannot price is refused by name (and
+// bench/sim_published lists it as skipped), not simulated as bf16.
+TEST(Published, APrecisionItCannotPriceIsUnsupported) {
+  for (const char* p : {"fp8", "fp8 (current scaling)", "mxfp8", "nvfp4", "amp_fp8"}) {
+    PublishedRun row = row_of("Megatron-Core r0.8.0", "");
+    row.fields["precision"] = p;
+    try {
+      published_case(row);
+      ADD_FAILURE() << p << " was simulated";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("precision '" + std::string(p) + "' is not priced yet"), std::string::npos)
+          << e.what();
+    }
+  }
+  for (const char* p : {"bf16", "amp_bf16", "fp16 (mixed)", ""}) {
+    PublishedRun row = row_of("Megatron-Core r0.8.0", "");
+    row.fields["precision"] = p;
+    EXPECT_GT(check_published(row).predicted, 0) << p;
+  }
+}
+
 // Narayanan et al. (2021) eq. (3) counts the recomputed forward: 96 B s l h^2 (1 + s/6h +
 // V/16lh) = 4 passes of the layers and 3 of the head; model FLOPs (MFU, llm-foundry's
 // "model TFLOP/s") are 72 B s l h^2 (1 + s/6h + V/12lh) = 3 passes of both. Per sequence of

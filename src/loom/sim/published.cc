@@ -202,7 +202,7 @@ Attention published_attention(const PublishedRun& row) {
 //   its compute-bound rows, those whose predicted step is at least 95% compute at 1
 //   (Nemotron-4 15B, rows 136-142, and Llama 3.1 8B, rows 161-165: -8.6% to -14.8% at 1). Its other 11 rows (GPT-3 175B, Nemotron-4
 //   340B, Llama 3.1 70B and 405B) are its check. On one lent H100 the simulator prices a GPT's
-//   and a Llama's layers within 3-6% of a compiled PyTorch step (docs/benchmarks.md), so the
+//   and a Llama's layers within 3-6% of a compiled PyTorch step (docs/log/benchmarks.md), so the
 //   factor is what these runs lose beyond the kernels (the overlapped collectives' SMs,
 //   context parallelism's ring steps, the launch stream), not kernel rates. It is taken as
 //   Megatron-core's on H100 (NeMo's engine), so Megatron-LM's README rows of Megatron-Core
@@ -321,6 +321,11 @@ PublishedCase published_case(const PublishedRun& row) {
   const std::string gpu = text(row, "gpu_type");
   LOOM_CHECK(gpu.rfind("A100", 0) == 0 || gpu.rfind("H100", 0) == 0, "published run ", row.id(), ": gpu_type '", gpu,
              "' has no cluster preset (dgx-a100, dgx-h100)");
+  // A precision the simulator cannot price is unsupported, not priced as bf16: its GEMMs run
+  // at the bf16 / fp16 curves only (fp8, MXFP8 and NVFP4 pricing: issue 57).
+  const std::string precision = text(row, "precision");
+  LOOM_CHECK(!contains(precision, "fp8") && !contains(precision, "fp4"), "published run ", row.id(), ": precision '",
+             precision, "' is not priced yet (the simulator prices bf16 / fp16 GEMMs only)");
   // The 40 GB A100 (SXM4) has HBM2 at 1,555 GB/s against the 80 GB part's 2,039 (NVIDIA A100
   // datasheet); the rest of the dgx-a100 preset holds for both.
   const std::vector<std::string> a100_40 = {"cluster.device.name=A100-SXM4-40GB", "cluster.device.memory_gib=40",

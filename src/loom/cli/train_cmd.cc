@@ -81,7 +81,10 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   } else {
     s = gpu ? train_on_device(cfg, opt, nullptr) : train(cfg, opt);
   }
-  if (!a.json && !a.csv && logging)
+  if (!a.json && !a.csv && logging && s.losses.empty())  // resumed at its last step: no figures to give
+    std::cerr << "done: nothing to train (the checkpoint is at train.steps = " << cfg.train.steps
+              << "; raise train.steps to continue)\n";
+  else if (!a.json && !a.csv && logging)
     std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy
               << "), " << int64_t(s.tokens_per_s) << " tokens/s\n";
   return 0;

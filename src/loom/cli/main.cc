@@ -58,7 +58,7 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--model", a.model, "Model preset (see loom train --help), or custom with --set model.*");
   app->add_option("--config", a.config_path, "TOML config for the model and run");
   app->add_option("--set", a.sets, "Override a key: model.*, train.*, parallel.*, cluster.* (repeatable)")->take_all();
-  app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | local (from loom calibrate) | local-bf16 (calibrate --precision bf16) | FILE.toml")
+  app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | dgx-b200 | gb200-nvl72 | gb300-nvl72 | dgx-v100 | local (from loom calibrate) | local-bf16 (calibrate --precision bf16) | FILE.toml")
       ->capture_default_str();
   app->add_option("--gpus", a.gpus, "Devices: sets the node count; --dp defaults to gpus / (tp x pp x cp)")
       ->check(at_least(1));

@@ -141,7 +141,7 @@ struct ClusterSpec {
   int64_t devices() const { return nodes * devices_per_node; }
 };
 
-// Preset names (dgx-a100, dgx-h100, local) and the compiled-in TOML of one.
+// Preset names (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72, gb300-nvl72, dgx-v100, local) and the compiled-in TOML of one.
 std::vector<std::string> cluster_preset_names();
 const char* cluster_preset_toml(const std::string& name);  // nullptr if not compiled in
 

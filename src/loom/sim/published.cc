@@ -316,11 +316,22 @@ std::string fit_unstated_recompute(PublishedCase& c) {
 }
 }  // namespace
 
+// The cluster preset of a row's gpu_type ("" when none): the GB200 / GB300 rows run in NVL72
+// racks, a B200 row in DGX B200 nodes.
+std::string gpu_preset(const std::string& gpu) {
+  for (const auto& [prefix, preset] : std::vector<std::pair<std::string, std::string>>{
+           {"A100", "dgx-a100"}, {"H100", "dgx-h100"}, {"B200", "dgx-b200"}, {"GB200", "gb200-nvl72"},
+           {"GB300", "gb300-nvl72"}, {"V100", "dgx-v100"}})
+    if (gpu.rfind(prefix, 0) == 0) return preset;
+  return "";
+}
+
 PublishedCase published_case(const PublishedRun& row) {
   PublishedCase c;
   const std::string gpu = text(row, "gpu_type");
-  LOOM_CHECK(gpu.rfind("A100", 0) == 0 || gpu.rfind("H100", 0) == 0, "published run ", row.id(), ": gpu_type '", gpu,
-             "' has no cluster preset (dgx-a100, dgx-h100)");
+  const std::string preset = gpu_preset(gpu);
+  LOOM_CHECK(!preset.empty(), "published run ", row.id(), ": gpu_type '", gpu,
+             "' has no cluster preset (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72, gb300-nvl72, dgx-v100)");
   // A precision the simulator cannot price is unsupported, not priced as bf16: its GEMMs run
   // at the bf16 / fp16 curves only (fp8, MXFP8 and NVFP4 pricing: issue 57).
   const std::string precision = text(row, "precision");
@@ -331,8 +342,7 @@ PublishedCase published_case(const PublishedRun& row) {
   const std::vector<std::string> a100_40 = {"cluster.device.name=A100-SXM4-40GB", "cluster.device.memory_gib=40",
                                             "cluster.device.memory_gbps=1555"};
   const bool forty = gpu.rfind("A100", 0) == 0 && (contains(gpu, "40GB") || contains(gpu, "40 GB"));
-  c.cluster = load_cluster(gpu.rfind("A100", 0) == 0 ? "dgx-a100" : "dgx-h100", forty ? a100_40 : std::vector<std::string>{},
-                           int64_t(num(row, "num_gpus")), "");
+  c.cluster = load_cluster(preset, forty ? a100_40 : std::vector<std::string>{}, int64_t(num(row, "num_gpus")), "");
   const int64_t heads = int64_t(num(row, "num_attention_heads"));
   const int64_t vpp = interleave(row);
   const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size", 1));

@@ -34,6 +34,8 @@ struct PublishedCase {
   double published = 0;
   std::string assumed;      // what the row left unstated and was inferred (Note [Unstated recompute])
 };
+// The compiled-in cluster preset of a gpu_type column ("" when none).
+std::string gpu_preset(const std::string& gpu);
 PublishedCase published_case(const PublishedRun& row);
 
 struct PublishedCheck {

@@ -1,0 +1,76 @@
+// The Blackwell and V100 presets (issue 57 item 2): each loads, the NVL72 racks keep a
+// 72-GPU NVLink domain (a tp 16 group stays on NVLink, where a DGX B200 pair of nodes puts
+// it across InfiniBand), and the published rows reach them by gpu_type.
+#include <gtest/gtest.h>
+
+#include "loom/comm/cost.h"
+#include "loom/core/error.h"
+#include "loom/sim/cluster.h"
+#include "loom/sim/costs.h"
+#include "loom/sim/published.h"
+
+namespace loom::sim {
+namespace {
+
+TEST(ClusterPresets, BlackwellAndV100LoadWithTheirDatasheetFigures) {
+  struct Want {
+    const char* preset;
+    double peak_tflops, memory_gbps;
+    int64_t per_node;
+  };
+  for (const Want& w : {Want{"dgx-b200", 2250, 8000, 8}, Want{"gb200-nvl72", 2500, 8000, 72},
+                        Want{"gb300-nvl72", 2500, 8000, 72}, Want{"dgx-v100", 125, 900, 16}}) {
+    const ClusterSpec c = load_cluster(w.preset, {}, 0, "");
+    EXPECT_DOUBLE_EQ(c.device.peak_flops, w.peak_tflops * 1e12) << w.preset;
+    EXPECT_DOUBLE_EQ(c.device.memory_bw, w.memory_gbps * 1e9) << w.preset;
+    EXPECT_EQ(c.devices_per_node, w.per_node) << w.preset;
+  }
+  EXPECT_GT(load_cluster("gb300-nvl72", {}, 0, "").device.memory_bytes,
+            load_cluster("gb200-nvl72", {}, 0, "").device.memory_bytes);
+}
+
+// A tp 16 all-reduce of 256 MiB: in an NVL72 rack one node of 16 on NVLink 5 (900 GB/s x
+// 0.75 per direction), on DGX B200 nodes two nodes of 8 whose traffic between them shares
+// the node's eight 400 Gb/s NICs (8 x 50 GB/s x 0.9 = 360 GB/s against NVLink's 675) - the
+// NVLink domain is the tier that keeps it fast.
+TEST(ClusterPresets, ATp16GroupStaysOnNvlinkInAnNvl72Rack) {
+  const ClusterSpec rack = load_cluster("gb200-nvl72", {}, 72, ""), dgx = load_cluster("dgx-b200", {}, 16, "");
+  const comm::GroupShape in_rack = comm::place_group(rack.devices_per_node, 16, 1);
+  const comm::GroupShape across = comm::place_group(dgx.devices_per_node, 16, 1);
+  EXPECT_EQ(in_rack.nodes, 1);
+  EXPECT_EQ(in_rack.per_node, 16);
+  EXPECT_EQ(across.nodes, 2);
+  const double bytes = 256.0 * (1 << 20);
+  const double t_rack = collective_time_s(rack, OpKind::kAllReduce, bytes, in_rack);
+  const double t_dgx = collective_time_s(dgx, OpKind::kAllReduce, bytes, across);
+  // Bandwidth terms alone: 2 (n-1)/n x bytes over the slowest link's rate.
+  const double bus = 2.0 * 15 / 16 * bytes;
+  EXPECT_GT(t_rack, bus / (900e9 * 0.75));
+  EXPECT_LT(t_rack, 1.2 * bus / (900e9 * 0.75));
+  EXPECT_GT(t_dgx, 1.5 * t_rack);
+}
+
+TEST(ClusterPresets, PublishedRowsReachThePresetOfTheirGpu) {
+  EXPECT_EQ(gpu_preset("B200 (DGX-B200)"), "dgx-b200");
+  EXPECT_EQ(gpu_preset("GB200 (NVL72)"), "gb200-nvl72");
+  EXPECT_EQ(gpu_preset("GB300 (NVL72)"), "gb300-nvl72");
+  EXPECT_EQ(gpu_preset("V100-SXM3-32GB"), "dgx-v100");
+  EXPECT_EQ(gpu_preset("H100-SXM5-80GB (DGX-H100)"), "dgx-h100");
+  EXPECT_EQ(gpu_preset("MI300X"), "");
+  // A bf16 row on B200 simulates on the preset; its fp8 twin is refused by precision.
+  PublishedRun row;
+  row.fields = {{"row_id", "1"}, {"gpu_type", "B200 (DGX-B200)"}, {"num_gpus", "8"}, {"num_layers", "4"},
+                {"hidden_size", "1024"}, {"num_attention_heads", "8"}, {"ffn_hidden", "4096"},
+                {"vocab_size", "50368"}, {"seq_length", "2048"}, {"global_batch_size", "16"},
+                {"micro_batch_size", "2"}, {"tensor_parallel", "1"}, {"pipeline_parallel", "1"},
+                {"data_parallel", "8"}, {"tflops_per_gpu", "600"}, {"model", "GPT 1B"},
+                {"framework", "NeMo 25.04.rc2 (Megatron-Core)"}, {"precision", "bf16"}};
+  const PublishedCase c = published_case(row);
+  EXPECT_EQ(c.cluster.device.name, "B200");
+  EXPECT_GT(check_published(row).predicted, 0);
+  row.fields["precision"] = "fp8";
+  EXPECT_THROW(published_case(row), Error);
+}
+
+}  // namespace
+}  // namespace loom::sim

@@ -153,24 +153,27 @@ TEST(Published, AttentionKernelFollowsTheRowsFramework) {
   EXPECT_EQ(published_case(row_of("somebody's trainer", "")).plan.attention, Attention::kUnfused);
 }
 
-// Issue 57 item 4: a row whose precision the simulator cannot price is refused by name (and
-// bench/sim_published lists it as skipped), not simulated as bf16.
-TEST(Published, APrecisionItCannotPriceIsUnsupported) {
-  for (const char* p : {"fp8", "fp8 (current scaling)", "mxfp8", "nvfp4", "amp_fp8"}) {
+// Issue 57: a row's precision picks its GEMM format (Note [fp8 GEMMs]); one the simulator
+// cannot price (NVFP4) is refused by name (and bench/sim_published lists it as skipped),
+// never simulated as bf16.
+TEST(Published, ARowsPrecisionPicksItsGemmFormatAndNvfp4IsUnsupported) {
+  for (const auto& [p, want] : std::vector<std::pair<std::string, GemmFormat>>{
+           {"fp8", GemmFormat::kFp8}, {"amp_fp8", GemmFormat::kFp8}, {"fp8 (hybrid)", GemmFormat::kFp8},
+           {"fp8 (current scaling)", GemmFormat::kFp8Current}, {"mxfp8", GemmFormat::kMxfp8},
+           {"bf16", GemmFormat::kBf16}, {"amp_bf16", GemmFormat::kBf16}, {"fp16 (mixed)", GemmFormat::kBf16},
+           {"", GemmFormat::kBf16}}) {
     PublishedRun row = row_of("Megatron-Core r0.8.0", "");
     row.fields["precision"] = p;
-    try {
-      published_case(row);
-      ADD_FAILURE() << p << " was simulated";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("precision '" + std::string(p) + "' is not priced yet"), std::string::npos)
-          << e.what();
-    }
-  }
-  for (const char* p : {"bf16", "amp_bf16", "fp16 (mixed)", ""}) {
-    PublishedRun row = row_of("Megatron-Core r0.8.0", "");
-    row.fields["precision"] = p;
+    EXPECT_EQ(published_case(row).plan.gemm_format, want) << p;
     EXPECT_GT(check_published(row).predicted, 0) << p;
+  }
+  PublishedRun row = row_of("Megatron-Core r0.8.0", "");
+  row.fields["precision"] = "nvfp4";
+  try {
+    published_case(row);
+    ADD_FAILURE() << "nvfp4 was simulated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("precision 'nvfp4' is not priced yet"), std::string::npos) << e.what();
   }
 }
 

@@ -101,6 +101,7 @@ struct SimArgs {
   std::string param_gather_overlap;  // on | off (default): Note [Parameter-gather overlap]
   double compute_efficiency = 1;     // fraction of the cluster's GEMM/attention rate: Note [Stack efficiency]
   std::string backward_prefetch;     // pre (default) | post: FSDP's BackwardPrefetch, Note [Backward prefetch]
+  std::string precision;             // bf16 (default) | fp8 | fp8-current | mxfp8: Note [fp8 GEMMs]
 };
 struct SimInputs {
   sim::SimPlan plan;

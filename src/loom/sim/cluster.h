@@ -38,6 +38,10 @@ inline constexpr int kMemClasses = 4;
 struct DeviceSpec {
   std::string name;
   double peak_flops = 0;          // dense FLOP/s at the training dtype
+  // Note [fp8 GEMMs] (sim/costs.cc): dense fp8 FLOP/s (0: no fp8 tensor cores) and the
+  // fraction of it one GEMM reaches (empty: gemm_efficiency's fraction).
+  double fp8_peak_flops = 0;
+  Curve fp8_gemm_efficiency;
   double memory_bytes = 0;
   double memory_bw = 0;           // bytes/s
   int64_t dtype_bytes = 2;        // activations and working weights

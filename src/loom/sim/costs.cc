@@ -94,7 +94,72 @@ void tp_in(std::vector<Op>& ops, const LayerShape& x, const char* name) {
   if (x.sp) ops.push_back(comm(name, OpKind::kAllGather, Axis::kTp, x.tokens() * x.h * x.dtype_bytes));
 }
 
+// A block's linear layer: n rows of K in-features to N out-features. Note [fp8 GEMMs]: in an
+// fp8 format its input is cast first (the cast's backward: the output gradient's), and the
+// GEMM reads one-byte operands.
+void linear(std::vector<Op>& ops, const LayerShape& x, const char* name, double N, double K) {
+  const double n = x.tokens(), dt = x.dtype_bytes;
+  Op o = gemm(name, n, N, K, dt);
+  if (x.gemm_format != GemmFormat::kBf16) {
+    Op cast = mem("fp8_cast", fp8_cast_bytes(x.gemm_format, n * K));
+    cast.name = std::string(name) + "_fp8_cast";
+    cast.backward_bytes = fp8_cast_bytes(x.gemm_format, n * N);
+    ops.push_back(cast);
+    o.fp8 = true;
+    o.bytes = n * K + K * N + n * N * dt;
+  }
+  ops.push_back(o);
+}
+
 }  // namespace
+
+GemmFormat parse_gemm_format(const std::string& name) {
+  for (GemmFormat f : {GemmFormat::kBf16, GemmFormat::kFp8, GemmFormat::kFp8Current, GemmFormat::kMxfp8})
+    if (name == gemm_format_name(f)) return f;
+  throw ConfigError("--precision '" + name + "': expected bf16, fp8 (delayed scaling), fp8-current (current scaling) "
+                    "or mxfp8 (Note [fp8 GEMMs])");
+}
+
+const char* gemm_format_name(GemmFormat f) {
+  switch (f) {
+    case GemmFormat::kBf16: return "bf16";
+    case GemmFormat::kFp8: return "fp8";
+    case GemmFormat::kFp8Current: return "fp8-current";
+    case GemmFormat::kMxfp8: return "mxfp8";
+  }
+  return "?";
+}
+
+// Note [fp8 GEMMs]
+// Transformer Engine's fp8 training (Micikevicius et al. 2022, "FP8 Formats for Deep
+// Learning") runs the transformer blocks' linear layers - qkv, the attention projection,
+// fc1 (gate/up), fc2 - on fp8 operands: e4m3 activations and weights forward, e5m2 gradients
+// backward, and dgrad and wgrad are fp8 GEMMs too. Each is priced as a GEMM at the device's
+// fp8 peak x fp8_gemm_efficiency(FLOPs) (the bf16 curve's fraction where the device has no
+// fp8 curve), reading one byte a value. What the format adds, per linear layer:
+//  - each micro-batch, the cast of its input (n x in values) forward and of its output
+//    gradient (n x out) backward. On Hopper an fp8 GEMM reads its operands only in the TN
+//    layout, so a cast also writes the transpose that the other GEMM reads: read 2 bytes,
+//    write 1 + 1, 4 bytes a value (TE's fused cast-transpose). Current scaling reads the
+//    input once more for its amax first (+2). MXFP8 (Blackwell) writes the row- and
+//    column-wise copies, each with one E8M0 scale per 32 values (+2/32).
+//  - each step, the weights' cast (and transpose), once for all micro-batches (TE's weight
+//    caching from the first micro-batch, as Megatron-core uses it): 4 bytes a weight at the
+//    memory rate, priced with the optimizer's pass; the fp8 copy and its transpose (2 bytes
+//    a weight) held through the step.
+// Not modelled: the forward casts fused into the norm or activation before them (so the
+// cast bytes are an upper bound), fp8 activations saved for backward (the activation memory
+// stays bf16's), and the amax history update (a few values a tensor). Attention, norms, the
+// embedding and the head stay bf16, as in Megatron-core's default recipe.
+double fp8_cast_bytes(GemmFormat f, double elements) {
+  switch (f) {
+    case GemmFormat::kBf16: return 0;
+    case GemmFormat::kFp8: return 4 * elements;
+    case GemmFormat::kFp8Current: return 6 * elements;
+    case GemmFormat::kMxfp8: return (4 + 2.0 / 32) * elements;
+  }
+  return 0;
+}
 
 std::vector<Op> block_forward_ops(const LayerShape& x) {
   const double n = x.tokens(), ne = x.sp ? n / x.t : n, dt = x.dtype_bytes;
@@ -104,7 +169,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   std::vector<Op> ops;
   ops.push_back(mem("norm1", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather1");
-  ops.push_back(gemm("qkv", n, (x.h + 2 * kv) / x.t, x.h, dt));
+  linear(ops, x, "qkv", (x.h + 2 * kv) / x.t, x.h);
   if (x.cp > 1) ops.push_back(comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
   if (x.flash()) {
@@ -134,19 +199,19 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
     if (x.dropout) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
     ops.push_back(gemm("attn_v", rows, hd, x.s, dt, heads, true));
   }
-  ops.push_back(gemm("proj", n, x.h, x.h / x.t, dt));
+  linear(ops, x, "proj", x.h, x.h / x.t);
   tp_out(ops, x, "tp_reduce1");
   ops.push_back(residual("residual1", ne * x.h * (3 * dt + (x.dropout ? 1 : 0)), x));
   ops.push_back(mem("norm2", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather2");
   if (gpt) {
-    ops.push_back(gemm("fc1", n, x.f / x.t, x.h, dt));
+    linear(ops, x, "fc1", x.f / x.t, x.h);
     ops.push_back(mem("gelu", 2 * n * x.f / x.t * dt, false, MemClass::kActivation));
   } else {
-    ops.push_back(gemm("gate_up", n, 2 * x.f / x.t, x.h, dt));
+    linear(ops, x, "gate_up", 2 * x.f / x.t, x.h);
     ops.push_back(mem("swiglu", 3 * n * x.f / x.t * dt, false, MemClass::kActivation));
   }
-  ops.push_back(gemm("fc2", n, x.h, x.f / x.t, dt));
+  linear(ops, x, "fc2", x.h, x.f / x.t);
   tp_out(ops, x, "tp_reduce2");
   ops.push_back(residual("residual2", ne * x.h * (3 * dt + (x.dropout ? 1 : 0)), x));
   return ops;
@@ -240,8 +305,14 @@ GroupShape place_group(const ClusterSpec& c, int64_t ranks, int64_t stride) {
 // has the table prices a linear layer's GEMM (forward, and through it the backward's two)
 // at e(min(in, out), FLOPs) from it; other GEMMs (attention's batched ones, GPU presets)
 // keep the FLOPs curve.
-double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width) {
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width, bool fp8) {
   if (flops <= 0) return 0;
+  if (fp8) {  // Note [fp8 GEMMs]
+    LOOM_ASSERT(d.fp8_peak_flops > 0);
+    const Curve& c = d.fp8_gemm_efficiency.points.empty() ? d.gemm_efficiency : d.fp8_gemm_efficiency;
+    const double memory = bytes > 0 ? bytes / (d.memory_bw * d.memory_efficiency.at(bytes)) : 0;
+    return std::max(flops / (d.fp8_peak_flops * c.at(flops)), memory) + d.kernel_overhead_s;
+  }
   const double e = width > 0 && !d.gemm_width_efficiency.empty() ? d.gemm_width_efficiency.at(width, flops)
                                                                   : d.gemm_efficiency.at(flops);
   const double compute = flops / (d.peak_flops * e);
@@ -354,7 +425,7 @@ double kernel_time_s(const DeviceSpec& d, const Op& op) {
     }
   if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
     return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
-  if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes, op.width);
+  if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes, op.width, op.fp8);
   return memory_class_time_s(d, op, false);
 }
 

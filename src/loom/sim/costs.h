@@ -24,6 +24,15 @@ using comm::OpKind;  // kAllReduce, kAllGather, kReduceScatter; kSend: a pipelin
 // Transformer Engine runs it). The value is the flash generation (DeviceSpec::flash_efficiency).
 enum class Attention { kUnfused = 0, kFlash1 = 1, kFlash2 = 2, kFlash3 = 3 };
 
+// The format of the transformer blocks' linear-layer GEMMs (Note [fp8 GEMMs] in costs.cc):
+// bf16 (or fp16), fp8 with per-tensor delayed scaling (Transformer Engine's recipe), fp8 with
+// per-tensor current scaling (an amax pass before each cast), or MXFP8 (one E8M0 scale per
+// 32 values, Blackwell). Attention, norms, the embedding and the head stay bf16.
+enum class GemmFormat { kBf16, kFp8, kFp8Current, kMxfp8 };
+// "bf16" | "fp8" | "fp8-current" | "mxfp8"; throws ConfigError naming the choices.
+GemmFormat parse_gemm_format(const std::string& name);
+const char* gemm_format_name(GemmFormat f);
+
 // Which mesh axis a collective runs over (Note [Mesh order]: tp innermost, then cp, dp, pp).
 enum class Axis { kTp, kCp, kDp, kPp };
 
@@ -43,6 +52,8 @@ struct Op {
   MemClass mem_class = MemClass::kGeneric;  // kMemory: Note [Memory-bound kernel classes]
   bool backward = true;  // kMemory: has a backward kernel of its own (loom's residual adds do not)
   double width = 0;       // kGemm of a linear layer: min(in, out features) (Note [GEMM width]); 0: other GEMMs
+  bool fp8 = false;       // kGemm: runs at the device's fp8 rate, forward and backward (Note [fp8 GEMMs])
+  double backward_bytes = -1;  // kMemory: the backward kernel's bytes when >= 0 (else about twice the forward's)
 };
 
 // The shape one rank works on: micro-batch b, sequence s (whole), hidden h, heads a, kv
@@ -60,6 +71,7 @@ struct LayerShape {
   double vocab_t() const { return vocab_split ? t : 1; }
   bool flash() const { return attention != Attention::kUnfused; }
   double dtype_bytes = 2;
+  GemmFormat gemm_format = GemmFormat::kBf16;  // the block's linear layers (Note [fp8 GEMMs])
   static LayerShape of(const ModelConfig& m, int64_t micro_batch, int64_t seq, int64_t tp, int64_t cp, bool sp,
                        int64_t dtype_bytes);
   double tokens() const { return b * s / cp; }  // token rows this rank's cp slice holds
@@ -103,7 +115,10 @@ double kernel_time_s(const DeviceSpec& d, const Op& op);
 // A memory-bound op's forward or backward (Note [Memory-bound kernel classes]).
 double memory_class_time_s(const DeviceSpec& d, const Op& op, bool backward);
 // `width`: a linear layer's narrower feature count (Op::width; 0: priced by FLOPs alone).
-double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width = 0);
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width = 0, bool fp8 = false);
+// Note [fp8 GEMMs]: bytes one cast of `elements` bf16 values moves in `f` (read, the fp8
+// copy and its transpose, an amax pass, block scales).
+double fp8_cast_bytes(GemmFormat f, double elements);
 double memory_time_s(const DeviceSpec& d, double bytes);
 // What a collective of comm_s seconds run beside window_s seconds of compute adds to the
 // window (Note [Overlap contention]): max(comm - window, overlap_cost x min(comm, window)).

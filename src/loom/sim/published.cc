@@ -1,5 +1,8 @@
 #include "loom/sim/published.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <fstream>
 #include <sstream>
 
@@ -67,14 +70,15 @@ int64_t interleave(const PublishedRun& r) {
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 // Note [Published model shapes]
-// A row's model is read by name where its architecture is not GPT-2's: Llama rows run as
+// A row's model is read by name (in any case) where its architecture is not GPT-2's: Llama rows run as
 // loom's Llama (RoPE, SwiGLU with ffn_hidden the gate/up width, grouped-query attention);
 // Nemotron-4 (grouped-query attention, a two-matrix squared-ReLU MLP) runs as Llama with
 // ffn = 2/3 ffn_hidden, the SwiGLU MLP of the same parameters and FLOPs. Everything else is
 // GPT. Returns the model's config keys.
 std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
-  const std::string name = text(row, "model");
-  const bool llama = contains(name, "Llama"), nemotron = contains(name, "Nemotron");
+  std::string name = text(row, "model");  // any case: "Llama 3.1 70B", "LLAMA3_70B"
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  const bool llama = contains(name, "llama"), nemotron = contains(name, "nemotron");
   // Unstated on a GPT row: Megatron-LM's default 4 h (Note [Unstated Megatron flags]).
   int64_t ffn = int64_t(num(row, "ffn_hidden", llama || nemotron ? -1 : 4 * num(row, "hidden_size")));
   if (nemotron) ffn = ffn * 2 / 3;
@@ -332,11 +336,15 @@ PublishedCase published_case(const PublishedRun& row) {
   const std::string preset = gpu_preset(gpu);
   LOOM_CHECK(!preset.empty(), "published run ", row.id(), ": gpu_type '", gpu,
              "' has no cluster preset (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72, gb300-nvl72, dgx-v100)");
-  // A precision the simulator cannot price is unsupported, not priced as bf16: its GEMMs run
-  // at the bf16 / fp16 curves only (fp8, MXFP8 and NVFP4 pricing: issue 57).
+  // Note [fp8 GEMMs]: fp8 rows by their scaling; a precision the simulator cannot price
+  // (NVFP4) is unsupported, not priced as bf16.
   const std::string precision = text(row, "precision");
-  LOOM_CHECK(!contains(precision, "fp8") && !contains(precision, "fp4"), "published run ", row.id(), ": precision '",
-             precision, "' is not priced yet (the simulator prices bf16 / fp16 GEMMs only)");
+  LOOM_CHECK(!contains(precision, "fp4"), "published run ", row.id(), ": precision '", precision,
+             "' is not priced yet (the simulator prices bf16 / fp16, fp8 and MXFP8 GEMMs)");
+  const GemmFormat format = contains(precision, "mxfp8")     ? GemmFormat::kMxfp8
+                                 : contains(precision, "current") ? GemmFormat::kFp8Current
+                                 : contains(precision, "fp8")     ? GemmFormat::kFp8
+                                                                  : GemmFormat::kBf16;
   // The 40 GB A100 (SXM4) has HBM2 at 1,555 GB/s against the 80 GB part's 2,039 (NVIDIA A100
   // datasheet); the rest of the dgx-a100 preset holds for both.
   const std::vector<std::string> a100_40 = {"cluster.device.name=A100-SXM4-40GB", "cluster.device.memory_gib=40",
@@ -359,6 +367,7 @@ PublishedCase published_case(const PublishedRun& row) {
       "parallel.micro_batch=" + std::to_string(mb), "parallel.zero=" + std::to_string(zero_stage(row))});
   c.plan.cfg = load_config("", sets);
   c.plan.framework = published_framework(row);
+  c.plan.gemm_format = format;
   c.plan.cp = int64_t(num(row, "context_parallel", 1));
   // Megatron's DDP overlapped nothing until 2023; torch DDP (impl=torch) overlaps; a row whose
   // notes name Megatron-core's overlap flags ran with them (Note [Parameter-gather overlap],

@@ -69,6 +69,15 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true, s.x.fused_residual_grad = true;
   if (plan.framework != Framework::kLoom) s.x.attention = plan.attention;
+  if (plan.gemm_format != GemmFormat::kBf16) {  // Note [fp8 GEMMs]
+    LOOM_CONFIG_CHECK(plan.framework != Framework::kLoom, "--precision ", gemm_format_name(plan.gemm_format),
+                      ": loom's engine trains in fp32, bf16 or fp16; fp8 is priced for Megatron-core and FSDP stacks "
+                      "on GPUs (--framework megatron or fsdp)");
+    LOOM_CONFIG_CHECK(cluster.device.fp8_peak_flops > 0, "--precision ", gemm_format_name(plan.gemm_format),
+                      ": device ", cluster.device.name, " of cluster ", cluster.name,
+                      " has no fp8 tensor cores (cluster.device.fp8_peak_tflops is 0); H100 and Blackwell do");
+    s.x.gemm_format = plan.gemm_format;
+  }
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
   s.wbytes = cluster.device.mixed_precision ? double(cluster.device.dtype_bytes) : 4.0;
   // Note [bf16 parameter gathers]: bf16, or qwZ's int8 with an fp32 scale per block
@@ -142,6 +151,8 @@ void build_chunks(Setup& s) {
     ch.w_bytes = double(n) * s.x.tokens() * (2 * s.x.h + f2 + (s.x.a + 2 * s.x.g) * hd / s.x.t) * s.x.dtype_bytes;
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
+    for (const Op& o : block_forward_ops(s.x))  // Note [fp8 GEMMs]: weights = FLOPs / (2 n)
+      if (o.fp8) ch.fp8_weights += double(n) * o.flops / (2 * s.x.tokens());
     if (v == 0) {
       add_unit(ch, embed, 1);
       ch.params += embedding_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
@@ -360,6 +371,11 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
                         : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
                                                                        : 0;
   rep.optimizer_s += memory_time_s(dev, copies * rep.params * s.wbytes);
+  // Note [fp8 GEMMs]: the step's cast of the fp8 layers' weights (and their transposes).
+  double fp8_weights = 0;
+  for (int64_t c = 0; c < s.vpp; ++c)
+    fp8_weights += s.chunks[size_t(parallel::virtual_stage(kind, int(s.pp), int(r), int(c)))].fp8_weights;
+  rep.optimizer_s += memory_time_s(dev, fp8_cast_bytes(s.x.gemm_format, fp8_weights));
   // Note [Optimizer offload]: the moments stream through the offload tier while the update
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == loom::OffloadTier::kDisk;
@@ -369,6 +385,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.optimizer_s = 0;
   }
   rep.memory = rank_memory(s, r, st, rep);
+  rep.memory.params += 2 * fp8_weights * (s.x.gemm_format == GemmFormat::kBf16 ? 0 : 1);  // the fp8 copy and its transpose
   if (par.ps_servers > 0) rep.memory.optimizer = 0;
   // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
   if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;

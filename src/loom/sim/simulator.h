@@ -42,6 +42,8 @@ struct SimPlan {
   // Note [Backward prefetch] (sim/zero_cost.cc): FSDP's BACKWARD_POST, the next unit's gather
   // issued after the current unit's gradients (Composer's default); false: BACKWARD_PRE.
   bool backward_prefetch_post = false;
+  // Note [fp8 GEMMs] (sim/costs.cc): the blocks' linear layers in bf16 or an fp8 format.
+  GemmFormat gemm_format = GemmFormat::kBf16;
   int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 

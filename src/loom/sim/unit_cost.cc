@@ -45,12 +45,13 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
     } else if (o.kind == Op::Kind::kGemm) {
       const Curve& f = c.device.gemm_backward_factor;
-      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width) * (f.points.empty() ? 1.0 : f.at(o.flops));
+      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width, o.fp8) * (f.points.empty() ? 1.0 : f.at(o.flops));
       p.compute += t;
       p.gemm += t;
       if (wgt) wgt->compute += t / 2;
     } else if (o.kind == Op::Kind::kMemory) {
-      if (o.backward) p.compute += memory_class_time_s(c.device, o, true);
+      if (o.backward_bytes >= 0) p.compute += memory_time_s(c.device, o.backward_bytes);  // Note [fp8 GEMMs]'s casts
+      else if (o.backward) p.compute += memory_class_time_s(c.device, o, true);
     } else {
       OpKind conj = o.coll;
       if (o.coll == OpKind::kAllGather) conj = OpKind::kReduceScatter;

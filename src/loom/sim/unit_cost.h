@@ -39,6 +39,7 @@ struct ChunkCost {
   double recompute = 0; // seconds of bwd that are recompute
   double act_bytes = 0, transient_bytes = 0, params = 0;
   double w_bytes = 0;   // split backward: upstream gradients kept from B to W
+  double fp8_weights = 0;  // Note [fp8 GEMMs]: weights of its fp8 linear layers (cast once a step)
 };
 
 // Adds a unit's passes `times` over to a virtual stage's sums.

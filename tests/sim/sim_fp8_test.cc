@@ -1,0 +1,108 @@
+// Note [fp8 GEMMs] (sim/costs.cc): the blocks' linear layers at the device's fp8 rate, the
+// casts they add, the weights' step cast and copies, and what is refused. Arithmetic on the
+// dgx-h100 preset (fp8 peak 1,979 TFLOP/s, its bf16 GEMM curve's fraction: 0.707 at 1e12).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/sim/costs.h"
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+namespace {
+
+TEST(Fp8, AGemmRunsAtTheFp8PeakTimesItsCurve) {
+  const ClusterSpec c = load_cluster("dgx-h100", {}, 8, "");
+  const double flops = 1e12, overhead = c.device.kernel_overhead_s;
+  EXPECT_NEAR(gemm_time_s(c.device, flops, 0, 0, true), flops / (1979e12 * 0.707) + overhead, 1e-12);
+  EXPECT_NEAR(gemm_time_s(c.device, flops, 0, 0, false), flops / (989e12 * 0.707) + overhead, 1e-12);
+  // The cast of 1e6 values: read bf16, write fp8 and its transpose (4 bytes); current scaling
+  // reads once more for the amax (6); MXFP8 adds a scale byte per 32 values to both copies.
+  EXPECT_EQ(fp8_cast_bytes(GemmFormat::kFp8, 1e6), 4e6);
+  EXPECT_EQ(fp8_cast_bytes(GemmFormat::kFp8Current, 1e6), 6e6);
+  EXPECT_EQ(fp8_cast_bytes(GemmFormat::kMxfp8, 1e6), 4.0625e6);
+  EXPECT_EQ(fp8_cast_bytes(GemmFormat::kBf16, 1e6), 0);
+}
+
+// A GPT block of h = 1024, f = 4096 over n = 2048 token rows: four linear layers, each with
+// a cast of its input forward (n x in x 4 bytes) and of its output gradient backward
+// (n x out x 4); the GEMMs keep their FLOPs, and attention stays bf16.
+TEST(Fp8, ABlocksLinearLayersCastTheirInputsAndOutputGradients) {
+  const ModelConfig m = load_config("", {"model.preset=gpt2", "model.d_model=1024", "model.heads=16",
+                                         "model.ffn=4096", "model.ctx=2048"}).model;
+  LayerShape x = LayerShape::of(m, 1, 2048, 1, 1, false, 2);
+  const std::vector<Op> bf16 = block_forward_ops(x);
+  x.gemm_format = GemmFormat::kFp8;
+  const std::vector<Op> fp8 = block_forward_ops(x);
+  const double n = 2048;
+  struct Want {
+    const char* name;
+    double in, out;
+  };
+  for (const Want& w : {Want{"qkv", 1024, 3072}, Want{"proj", 1024, 1024}, Want{"fc1", 1024, 4096},
+                        Want{"fc2", 4096, 1024}}) {
+    const std::string cast = std::string(w.name) + "_fp8_cast";
+    int found = 0;
+    for (size_t i = 0; i + 1 < fp8.size(); i++)
+      if (fp8[i].name == cast) {
+        found++;
+        EXPECT_EQ(fp8[i].bytes, n * w.in * 4) << cast;
+        EXPECT_EQ(fp8[i].backward_bytes, n * w.out * 4) << cast;
+        EXPECT_EQ(fp8[i + 1].name, w.name);
+        EXPECT_TRUE(fp8[i + 1].fp8);
+        EXPECT_EQ(fp8[i + 1].flops, 2 * n * w.in * w.out);
+        EXPECT_EQ(fp8[i + 1].bytes, n * w.in + w.in * w.out + n * w.out * 2);  // one-byte operands
+      }
+    EXPECT_EQ(found, 1) << cast;
+  }
+  EXPECT_EQ(fp8.size(), bf16.size() + 4);
+  for (const Op& o : fp8)
+    if (o.kind == Op::Kind::kAttention || o.attention_core) EXPECT_FALSE(o.fp8) << o.name;
+}
+
+SimPlan llama_plan() {
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=8192", "train.batch=64", "parallel.tp=2", "parallel.dp=8"});
+  p.attention = Attention::kFlash3;
+  return p;
+}
+
+// On an H100 the fp8 step is faster than bf16's but not twice (attention, norms, the head,
+// communication and the casts stay); each rank holds 2 more bytes per fp8 weight.
+TEST(Fp8, AStepIsFasterThanBf16ButNotTwiceAndHoldsTheFp8Copies) {
+  const ClusterSpec c = load_cluster("dgx-h100", {}, 16, "");
+  SimPlan p = llama_plan();
+  const SimResult bf16 = simulate(p, c);
+  p.gemm_format = GemmFormat::kFp8;
+  const SimResult fp8 = simulate(p, c);
+  p.gemm_format = GemmFormat::kFp8Current;
+  const SimResult current = simulate(p, c);
+  EXPECT_LT(fp8.step_time_s, bf16.step_time_s);
+  EXPECT_GT(fp8.step_time_s, bf16.step_time_s / 2);
+  EXPECT_GT(current.step_time_s, fp8.step_time_s);  // the amax pass
+  EXPECT_EQ(fp8.model_flops, bf16.model_flops);
+  // Llama 3 8B at tp 2: 32 blocks of qkv (4096 x 6144 / 2), proj (4096 x 4096 / 2) and the
+  // SwiGLU MLP (3 x 4096 x 14336 / 2) weights, 2 bytes each.
+  const double per_block = (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336) / 2;
+  EXPECT_NEAR(fp8.ranks[0].memory.params - bf16.ranks[0].memory.params, 32 * per_block * 2, 1.0);
+}
+
+TEST(Fp8, RefusedWhereThereAreNoFp8TensorCoresAndOnLoomsEngine) {
+  SimPlan p = llama_plan();
+  p.gemm_format = GemmFormat::kFp8;
+  try {
+    simulate(p, load_cluster("dgx-a100", {}, 16, ""));
+    FAIL() << "fp8 on an A100 was priced";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no fp8 tensor cores"), std::string::npos) << e.what();
+  }
+  p.framework = Framework::kLoom;
+  EXPECT_THROW(simulate(p, load_cluster("dgx-h100", {}, 16, "")), ConfigError);
+  EXPECT_THROW(parse_gemm_format("fp4"), ConfigError);
+  EXPECT_EQ(parse_gemm_format("mxfp8"), GemmFormat::kMxfp8);
+}
+
+}  // namespace
+}  // namespace loom::sim

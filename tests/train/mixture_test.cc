@@ -14,6 +14,7 @@
 #include "loom/train/trainer.h"
 #include "support/error_message.h"
 #include "support/fortune_shards.h"
+#include "support/global_batch.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
 
@@ -150,21 +151,7 @@ TEST(MixtureLoader, EachSourceReadsEveryWindowOncePerItsOwnEpoch) {
 TEST(MixtureLoader, TheGlobalBatchIsTheSameOnEveryLayoutAndValidationFollowsTheWeights) {
   const TwoSources s({0.25, 0.75});
   const int64_t T = 8, B = 8;
-  const DataLoader one(*s.stream, T, 3, 0, 1, DataOrder::kEpoch);
-  for (int64_t step : {0, 7, 4000}) {
-    std::vector<int32_t> whole(size_t(B * T)), tgt(size_t(B * T));
-    one.train_batch(step, 0, 1, B, whole.data(), tgt.data());
-    std::vector<int32_t> pieces;
-    for (int k = 0; k < 4; k++) {  // dp 4 x 2 micro-batches
-      const DataLoader rank(*s.stream, T, 3, k, 4, DataOrder::kEpoch);
-      for (int m = 0; m < 2; m++) {
-        std::vector<int32_t> tok(static_cast<size_t>(T)), t2(static_cast<size_t>(T));
-        ASSERT_EQ(rank.train_batch(step, m, 2, B, tok.data(), t2.data()), 1);
-        pieces.insert(pieces.end(), tok.begin(), tok.end());
-      }
-    }
-    EXPECT_EQ(pieces, whole) << "step " << step;
-  }
+  for (int64_t step : {0, 7, 4000}) testing_support::expect_same_batch_on_dp4_x2(*s.stream, T, 3, step);
   // Validation: 2 batches of 8 rows, a quarter of them (4) from a, as one contiguous block.
   const DataLoader val(*s.stream, T, 3, 0, 1, DataOrder::kEpoch);
   std::vector<int> source;
@@ -177,12 +164,8 @@ TEST(MixtureLoader, TheGlobalBatchIsTheSameOnEveryLayoutAndValidationFollowsTheW
 }
 
 Config mixture_run(const std::string& shards, const std::string& ckpt, std::vector<std::string> extra) {
-  std::vector<std::string> sets = {"data.shards=" + shards, "model.preset=tiny", "model.layers=2", "model.d_model=64",
-                                   "model.heads=4", "model.ffn=256", "model.ctx=32", "train.batch=8",
-                                   "train.steps=6", "train.val_batches=2", "train.val_every=0", "train.threads=1",
-                                   "checkpoint.save_every=3", "checkpoint.dir=" + ckpt, "optim.warmup_steps=2"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return load_config("", sets);
+  extra.insert(extra.begin(), "train.val_batches=2");
+  return testing_support::shard_run_config(shards, ckpt, extra);
 }
 
 TEST(MixtureRun, ResumesOnAnotherLayoutWhereItWouldHaveBeenAndReportsTheShares) {
@@ -190,26 +173,20 @@ TEST(MixtureRun, ResumesOnAnotherLayoutWhereItWouldHaveBeenAndReportsTheShares) 
   testing_support::prepare_fortune_shards("byte", d / "people", 40000);
   testing_support::prepare_fortune_shards("byte", d / "computers", 40000, "computers");
   const std::string mix = "0.7:" + (d / "people") + ",0.3:" + (d / "computers");
-  const auto whole = testing_support::train_keeping_params(mixture_run(mix, d / "a", {}));
-  ASSERT_EQ(whole[0].losses.size(), 6u);
+  const auto runs = testing_support::expect_resumes_where_it_would_have_been(
+      mix, d.path.string(), {{"parallel.dp=2"}, {"parallel.pp=2"}}, {"train.val_batches=2"});
+  const TrainSummary& whole = runs[0];
   const data::Mixture m({0.7, 0.3});
   const std::vector<uint64_t> n = m.drawn(48, uint64_t(load_config("", {}).train.seed));
-  ASSERT_EQ(whole[0].mix_drawn.size(), 2u);
-  EXPECT_DOUBLE_EQ(whole[0].mix_drawn[0], double(n[0]) / 48);
-  EXPECT_DOUBLE_EQ(whole[0].mix_drawn[0] + whole[0].mix_drawn[1], 1.0);
-  for (const auto& layout : std::vector<std::vector<std::string>>{{"parallel.dp=2"}, {"parallel.pp=2"}}) {
-    const auto resumed = testing_support::train_keeping_params(
-        mixture_run(mix, d / ("b" + layout[0]), layout), d / "a/step-00000003");
-    ASSERT_EQ(resumed.back().losses.size(), 3u);
-    for (size_t i = 0; i < 3; i++)  // the same rows summed in another order: fp32 rounding only
-      EXPECT_NEAR(resumed.back().losses[i], whole[0].losses[3 + i], 1e-5 * whole[0].losses[3 + i])
-          << layout[0] << " step " << 4 + i;
-    EXPECT_NEAR(resumed.back().final_val_loss, whole[0].final_val_loss, 1e-5 * whole[0].final_val_loss);
-  }
+  ASSERT_EQ(whole.mix_drawn.size(), 2u);
+  EXPECT_DOUBLE_EQ(whole.mix_drawn[0], double(n[0]) / 48);
+  EXPECT_DOUBLE_EQ(whole.mix_drawn[0] + whole.mix_drawn[1], 1.0);
+  for (size_t k = 1; k < runs.size(); k++)  // validation over the same rows in each layout
+    EXPECT_NEAR(runs[k].final_val_loss, whole.final_val_loss, 1e-5 * whole.final_val_loss);
   // Another weighting is another run.
   const auto other = testing_support::train_keeping_params(
       mixture_run("0.2:" + (d / "people") + ",0.8:" + (d / "computers"), d / "c", {}));
-  EXPECT_NE(other[0].losses[1], whole[0].losses[1]);
+  EXPECT_NE(other[0].losses[1], whole.losses[1]);
 }
 
 TEST(MixtureRun, RefusesSourcesOfTwoTokenizersAndLengthBuckets) {

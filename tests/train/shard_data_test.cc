@@ -15,6 +15,7 @@
 #include "loom/train/trainer.h"
 #include "support/error_message.h"
 #include "support/fortune_shards.h"
+#include "support/global_batch.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
 
@@ -97,58 +98,24 @@ TEST(EpochOrder, DpRanksTimesStepsReadEveryWindowOncePerEpoch) {
 
 TEST(EpochOrder, TheGlobalBatchIsTheSameOnEveryLayout) {
   const Stream s;
-  const int64_t T = 8, B = 8;
-  const DataLoader one(*s.stream, T, 3, 0, 1, DataOrder::kEpoch);
-  for (int64_t step : {0, 5, 300}) {
-    std::vector<int32_t> whole(size_t(B * T)), tgt(size_t(B * T));
-    one.train_batch(step, 0, 1, B, whole.data(), tgt.data());
-    // dp 4 x 2 micro-batches: the same rows in the same order.
-    std::vector<int32_t> pieces;
-    for (int k = 0; k < 4; k++) {
-      const DataLoader rank(*s.stream, T, 3, k, 4, DataOrder::kEpoch);
-      for (int m = 0; m < 2; m++) {
-        std::vector<int32_t> tok(static_cast<size_t>(T)), t2(static_cast<size_t>(T));
-        ASSERT_EQ(rank.train_batch(step, m, 2, B, tok.data(), t2.data()), 1);
-        pieces.insert(pieces.end(), tok.begin(), tok.end());
-      }
-    }
-    EXPECT_EQ(pieces, whole) << "step " << step;
-  }
+  for (int64_t step : {0, 5, 300}) testing_support::expect_same_batch_on_dp4_x2(*s.stream, 8, 3, step);
 }
 
+using testing_support::shard_run_config;
 int rng_tag = 0;  // distinct checkpoint directories per run
-
-Config shard_run(const std::string& shards, const std::string& ckpt, std::vector<std::string> extra) {
-  std::vector<std::string> sets = {"data.shards=" + shards, "model.preset=tiny", "model.layers=2", "model.d_model=64",
-                                   "model.heads=4", "model.ffn=256", "model.ctx=32", "train.batch=8",
-                                   "train.steps=6", "train.val_batches=1", "train.val_every=0", "train.threads=1",
-                                   "checkpoint.save_every=3", "checkpoint.dir=" + ckpt, "optim.warmup_steps=2"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return load_config("", sets);
-}
 
 TEST(ShardData, ARunOnShardsResumesOnAnotherLayoutWhereItWouldHaveBeen) {
   TempDir d{"loom-shardrun"};
   testing_support::prepare_fortune_shards("byte", d / "shards", 40000);  // several shards: windows cross them
-  const auto whole = testing_support::train_keeping_params(shard_run(d / "shards", d / "a", {}));
-  ASSERT_EQ(whole[0].losses.size(), 6u);
-  int n = 0;
-  for (const auto& layout : std::vector<std::vector<std::string>>{
-           {"parallel.dp=2"}, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}}) {
-    const auto resumed = testing_support::train_keeping_params(
-        shard_run(d / "shards", d / ("b" + std::to_string(n++)), layout), d / "a/step-00000003");
-    ASSERT_EQ(resumed.back().losses.size(), 3u);
-    for (size_t i = 0; i < 3; i++)  // the same rows summed in another order: fp32 rounding only
-      EXPECT_NEAR(resumed.back().losses[i], whole[0].losses[3 + i], 1e-5 * whole[0].losses[3 + i])
-          << layout[0] << " step " << 4 + i;
-  }
-  EXPECT_LT(whole[0].final_val_loss, std::log(256.0));
+  const auto runs = testing_support::expect_resumes_where_it_would_have_been(
+      d / "shards", d.path.string(), {{"parallel.dp=2"}, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}});
+  EXPECT_LT(runs[0].final_val_loss, std::log(256.0));
 }
 
 TEST(ShardData, RefusesAVocabularyTheModelCannotHold) {
   TempDir d{"loom-shardvocab"};
   testing_support::prepare_fortune_shards("gpt2", d / "shards");
-  const Config c = shard_run(d / "shards", d / "a", {});
+  const Config c = shard_run_config(d / "shards", d / "a", {});
   try {
     load_train_data(c, 32);
     FAIL() << "no error";
@@ -203,7 +170,7 @@ TEST(DocumentMask, ParallelLayoutsMatchTheSingleProcessRun) {
   auto cfg = [&](std::vector<std::string> extra) {
     extra.push_back("model.vocab=1000");
     extra.push_back("checkpoint.save_every=0");
-    return shard_run(d / "shards", d / ("ck" + std::to_string(extra.size()) + std::to_string(rng_tag++)), extra);
+    return shard_run_config(d / "shards", d / ("ck" + std::to_string(extra.size()) + std::to_string(rng_tag++)), extra);
   };
   const auto single = testing_support::train_as_threads(cfg({"data.doc_mask=true"}));
   const auto plain = testing_support::train_as_threads(cfg({}));

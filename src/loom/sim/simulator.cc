@@ -333,6 +333,13 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
 }
 
 // After the pipeline: gradient reduction, tied embedding, optimizer, parameter gather.
+// Note [fp8 GEMMs]: the weights of pipeline rank r's fp8 linear layers.
+double fp8_weights_of(const Setup& s, int64_t r, ScheduleKind kind) {
+  double w = 0;
+  for (int64_t c = 0; c < s.vpp; ++c) w += s.chunks[size_t(parallel::virtual_stage(kind, int(s.pp), int(r), int(c)))].fp8_weights;
+  return w;
+}
+
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const ModelConfig& model = s.plan.cfg.model;
@@ -371,10 +378,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
                         : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
                                                                        : 0;
   rep.optimizer_s += memory_time_s(dev, copies * rep.params * s.wbytes);
-  // Note [fp8 GEMMs]: the step's cast of the fp8 layers' weights (and their transposes).
-  double fp8_weights = 0;
-  for (int64_t c = 0; c < s.vpp; ++c)
-    fp8_weights += s.chunks[size_t(parallel::virtual_stage(kind, int(s.pp), int(r), int(c)))].fp8_weights;
+  const double fp8_weights = fp8_weights_of(s, r, kind);  // Note [fp8 GEMMs]: their cast, once a step
   rep.optimizer_s += memory_time_s(dev, fp8_cast_bytes(s.x.gemm_format, fp8_weights));
   // Note [Optimizer offload]: the moments stream through the offload tier while the update
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.

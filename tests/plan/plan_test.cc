@@ -139,6 +139,7 @@ TEST(LayerIlp, AgreesWithEnumerationOnRandomProblems) {
 }  // namespace loom::plan
 
 #include "loom/plan/search.h"
+#include "loom/core/error.h"
 #include "loom/sim/published.h"
 
 namespace loom::plan {
@@ -195,6 +196,30 @@ TEST(Planner, TriesTheConfigsOwnMicroBatch) {
   EXPECT_TRUE(micro_batches_tried(3).count(3));
   EXPECT_FALSE(micro_batches_tried(1).count(3));
   EXPECT_TRUE(micro_batches_tried(1).count(1));
+}
+
+// The planner never hands loom's engine a plan it would run otherwise than planned: a plan
+// with context parallelism or an fp8 format is marked simulator-only and --emit loom refuses
+// it, naming why; an exact plan emits as before.
+TEST(PlanSearch, WhatTheEngineDoesNotRunIsMarkedAndNeverEmittedForIt) {
+  sim::SimPlan p;
+  p.cfg = load_config("", {"model.preset=tiny"});
+  EXPECT_EQ(engine_refusal(p), "");
+  EXPECT_NO_THROW(emit_loom_toml(p));
+  for (int k = 0; k < 2; k++) {
+    sim::SimPlan q = p;
+    q.cp = k == 0 ? 2 : 1;
+    if (k == 1) q.gemm_format = sim::GemmFormat::kFp8;
+    const std::string want = k == 0 ? "loom's engine runs cp = 1" : "--precision fp8";
+    EXPECT_NE(engine_refusal(q).find(want), std::string::npos) << engine_refusal(q);
+    EXPECT_NE(approximation_caveat(q).find("simulator only: "), std::string::npos) << approximation_caveat(q);
+    try {
+      emit_loom_toml(q);
+      ADD_FAILURE() << "emitted " << want;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -290,7 +290,9 @@ std::string layout_caveat(const sim::SimPlan& p) {
 }  // namespace
 
 std::string approximation_caveat(const sim::SimPlan& p) {
-  const std::string layout = layout_caveat(p);
+  std::string layout = layout_caveat(p);
+  if (const std::string why = engine_refusal(p); !why.empty())
+    layout = (layout.empty() ? "" : layout + "; ") + "simulator only: " + why;
   if (!p.cfg.optim.bf16_moments()) return layout;
   const std::string moments = "bf16 AdamW moments (optim.moments = bf16, stochastically rounded; Note [bf16 "
                               "optimizer moments]) approximate the optimiser's state: their memory is priced, the "
@@ -443,10 +445,23 @@ PlanReport search_plans(const PlanRequest& req) {
   return rep;
 }
 
+std::string engine_refusal(const sim::SimPlan& p) {
+  if (p.cp > 1)
+    return detail::cat("context parallelism (cp ", p.cp, ") is priced by the simulator, but loom's engine runs cp = 1 "
+                       "so far (issue 53)");
+  if (p.gemm_format != sim::GemmFormat::kBf16)
+    return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
+                       " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");
+  return "";
+}
+
 std::string emit_loom_toml(const sim::SimPlan& p) {
+  // The planner never hands loom's engine a plan it would run otherwise than planned.
+  if (const std::string why = engine_refusal(p); !why.empty())
+    throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") uses " + why +
+                      "; plan without it (drop --cp / --precision) to emit a config loom trains, or --emit megatron");
   std::ostringstream os;
   os << "# Written by loom plan (" << layout_label(p) << "); run with: loom train --plan FILE\n" << to_toml(p.cfg);
-  if (p.cp > 1) os << "# context parallel cp = " << p.cp << " is modelled by the simulator; the engine runs cp = 1\n";
   return os.str();
 }
 

@@ -65,13 +65,19 @@ std::string layout_key(const sim::SimPlan& p);
 // of layers (96 layers, pp 8: 2, 3, 4, 6, 12); never more virtual stages than layers.
 std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp);
 // "" for exact training; else what the plan trades away (a compressor and its parameters,
-// or 2bw's delayed updates) and that its accuracy cost is not modelled.
+// or 2bw's delayed updates) and that its accuracy cost is not modelled, and what of it only
+// the simulator runs (engine_refusal).
 std::string approximation_caveat(const sim::SimPlan& p);
+// "" when loom's engine runs the plan as planned; else what it does not run yet (cp > 1,
+// an fp8 format), in words.
+std::string engine_refusal(const sim::SimPlan& p);
 // What the search ranks by: the mean step over the run's train.steps, the steady step but
 // for a stream schedule's synchronous warm-up, whose flushing steps cost more (Note
 // [Synchronous warm-up]).
 double run_step_s(const PlanCandidate& c);
-// A loom config TOML `loom train --plan FILE` runs, and the equivalent Megatron-LM flags.
+// A loom config TOML `loom train --plan FILE` runs (ConfigError naming engine_refusal's
+// reason when the engine would not run the plan as planned), and the equivalent
+// Megatron-LM flags.
 std::string emit_loom_toml(const sim::SimPlan& p);
 std::string emit_megatron_args(const sim::SimPlan& p);
 

@@ -458,8 +458,8 @@ std::string engine_refusal(const sim::SimPlan& p) {
 std::string emit_loom_toml(const sim::SimPlan& p) {
   // The planner never hands loom's engine a plan it would run otherwise than planned.
   if (const std::string why = engine_refusal(p); !why.empty())
-    throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") uses " + why +
-                      "; plan without it (drop --cp / --precision) to emit a config loom trains, or --emit megatron");
+    throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") is not one loom's engine runs as planned: " +
+                      why + "; plan without it (drop --cp / --precision) to emit a config loom trains, or --emit megatron");
   std::ostringstream os;
   os << "# Written by loom plan (" << layout_label(p) << "); run with: loom train --plan FILE\n" << to_toml(p.cfg);
   return os.str();

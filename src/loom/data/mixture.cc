@@ -101,10 +101,14 @@ Mixture::Mixture(std::vector<double> weights) : w_(std::move(weights)) {
   std::exclusive_scan(n_.begin(), n_.end(), c_.begin(), uint64_t(0));
 }
 
+size_t Mixture::source_of(uint64_t v) const {
+  return size_t(std::upper_bound(c_.begin(), c_.end(), v) - c_.begin()) - 1;
+}
+
 Mixture::Pick Mixture::pick(uint64_t g, uint64_t seed) const {
   const uint64_t p = g / kMixPeriod;
   const uint64_t v = permute(g % kMixPeriod, kMixPeriod, period_key(seed, p));
-  const size_t k = size_t(std::upper_bound(c_.begin(), c_.end(), v) - c_.begin()) - 1;
+  const size_t k = source_of(v);
   return {int(k), p * n_[k] + (v - c_[k])};
 }
 
@@ -115,7 +119,7 @@ std::vector<uint64_t> Mixture::drawn(uint64_t samples, uint64_t seed) const {
   const uint64_t key = period_key(seed, full);
   for (uint64_t j = 0; j < samples % kMixPeriod; j++) {
     const uint64_t v = permute(j, kMixPeriod, key);
-    count[size_t(std::upper_bound(c_.begin(), c_.end(), v) - c_.begin()) - 1]++;
+    count[source_of(v)]++;
   }
   return count;
 }

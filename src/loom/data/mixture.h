@@ -56,6 +56,7 @@ class Mixture {
   uint64_t slots(int k) const { return n_[size_t(k)]; }
 
  private:
+  size_t source_of(uint64_t v) const;  // the source whose slots [c_k, c_k + n_k) hold v
   std::vector<double> w_;
   std::vector<uint64_t> n_, c_;  // slots per period and their first value
 };

@@ -337,7 +337,7 @@ PublishedCase published_case(const PublishedRun& row) {
   LOOM_CHECK(!preset.empty(), "published run ", row.id(), ": gpu_type '", gpu,
              "' has no cluster preset (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72, gb300-nvl72, dgx-v100)");
   // Note [fp8 GEMMs]: fp8 rows by their scaling; a precision the simulator cannot price
-  // (NVFP4) is unsupported, not priced as bf16.
+  // (NVFP4) is refused by name, never priced as bf16.
   const std::string precision = text(row, "precision");
   LOOM_CHECK(!contains(precision, "fp4"), "published run ", row.id(), ": precision '", precision,
              "' is not priced yet (the simulator prices bf16 / fp16, fp8 and MXFP8 GEMMs)");

@@ -114,6 +114,9 @@ void build_chunks(Setup& s) {
   head.act_bytes = head_activation_bytes(s.x);
   if (s.plan.framework == Framework::kLoom) fuse_backward_into_forward(head);  // Note [Fused loss backward]
   const ParamCount bp = block_params(model, s.tp);
+  double fp8_block = 0;  // Note [fp8 GEMMs]: a block's fp8 weights, FLOPs / (2 n) of each fp8 GEMM
+  for (const Op& o : block_forward_ops(s.x))
+    if (o.fp8) fp8_block += o.flops / (2 * s.x.tokens());
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   // ZeRO-2/3 per layer and micro-batch, by recompute policy and kept or not: priced once, as
   // the framework runs them (Note [Sharding implementations]).
@@ -151,8 +154,7 @@ void build_chunks(Setup& s) {
     ch.w_bytes = double(n) * s.x.tokens() * (2 * s.x.h + f2 + (s.x.a + 2 * s.x.g) * hd / s.x.t) * s.x.dtype_bytes;
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
-    for (const Op& o : block_forward_ops(s.x))  // Note [fp8 GEMMs]: weights = FLOPs / (2 n)
-      if (o.fp8) ch.fp8_weights += double(n) * o.flops / (2 * s.x.tokens());
+    ch.fp8_weights = double(n) * fp8_block;
     if (v == 0) {
       add_unit(ch, embed, 1);
       ch.params += embedding_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
@@ -389,7 +391,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.optimizer_s = 0;
   }
   rep.memory = rank_memory(s, r, st, rep);
-  rep.memory.params += 2 * fp8_weights * (s.x.gemm_format == GemmFormat::kBf16 ? 0 : 1);  // the fp8 copy and its transpose
+  rep.memory.params += 2 * fp8_weights;  // Note [fp8 GEMMs]: the fp8 copy and its transpose (none in bf16)
   if (par.ps_servers > 0) rep.memory.optimizer = 0;
   // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
   if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;

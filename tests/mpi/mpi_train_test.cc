@@ -337,6 +337,35 @@ TEST(MpiTrain, ParameterServerSspHoldsItsBoundAcrossProcesses) {
   }
 }
 
+// Note [Parameter server with model parallelism] across processes: at 4 ranks a pp 2 GPT
+// worker pair (tied wte) with one server per stage, at 8 ranks dp 2 x tp 2 workers with two
+// servers per shard. Sync matches the single process (loom verify's tolerances); async /
+// ssp applies exactly W x steps pushes on every server and trains.
+TEST(MpiTrain, ParameterServerWithModelParallelWorkers) {
+  const int n = g_world->world_size();
+  if (n != 4 && n != 8) GTEST_SKIP() << "pp 2 + 2 servers, or dp 2 x tp 2 + 4 servers";
+  const Config base = config_from_toml_string(to_toml(base_config("gpt")), {"train.batch=12", "train.steps=6"});
+  const TrainSummary ref = run(base, nullptr);
+  const std::vector<std::string> layout =
+      n == 4 ? std::vector<std::string>{"parallel.pp=2", "parallel.ps_servers=1", "train.grad_accum=2"}
+             : std::vector<std::string>{"parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "parallel.ps_servers=2"};
+  const Config c = config_from_toml_string(to_toml(base), layout);
+  const TrainSummary got = run(c, g_world);
+  if (g_world->global_rank() < c.parallel.world()) {
+    const VerifyRow row = compare_runs("ps model parallel", ref, got, tolerance_for(c));
+    EXPECT_TRUE(row.ok) << row.error << " loss rel " << row.max_loss_rel << ", weight " << row.max_weight_abs;
+  }
+  std::vector<std::string> free_sets = layout;
+  free_sets.insert(free_sets.end(), {"ps.mode=ssp", "ps.staleness=1", "ps.slow_worker=0", "ps.slow_factor=2"});
+  const Config f = config_from_toml_string(to_toml(base), free_sets);
+  const TrainSummary free = run(f, g_world);
+  EXPECT_EQ(free.ps_pushes, f.parallel.dp * 6);  // Note [Exact push count]
+  EXPECT_LE(free.ps_max_staleness, 1);
+  if (g_world->global_rank() != 0) return;
+  ASSERT_FALSE(free.losses.empty());
+  EXPECT_LT(free.losses.back(), free.losses.front());
+}
+
 // data.bucketing (Note [Length bucketing]): micro-batches of different lengths on every
 // rank, the loss normalised by the global batch's real targets.
 TEST(MpiTrain, BucketedLayoutsMatchTheSingleProcessRun) {

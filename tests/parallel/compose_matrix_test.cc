@@ -107,10 +107,6 @@ const std::map<std::string, std::string>& expected_refusals() {
       {"2bw x dp2 z3 pp2", "so nothing is sharded"},
       {"pipedream x dp2 z3 pp2", "so nothing is sharded"},
       {"pipemare x dp2 z3 pp2", "so nothing is sharded"},
-      {"ps sync x dp2 pp2", "parameter-server workers run data parallel only"},
-      {"ps sync x dp2 tp2", "parameter-server workers run data parallel only"},
-      {"ps async x dp2 pp2", "parameter-server workers run data parallel only"},
-      {"ps async x dp2 tp2", "parameter-server workers run data parallel only"},
   };
   return r;
 }

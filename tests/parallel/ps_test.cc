@@ -20,6 +20,7 @@
 #include "loom/modes/ps/ps.h"
 #include "loom/train/verify.h"
 #include "support/error_message.h"
+#include "support/ps_applied.h"
 #include "support/train_threads.h"
 
 namespace loom {
@@ -56,8 +57,9 @@ TEST(ParameterServer, PartitionPutsEveryKeyOnOneServerBalancedWithinOneKey) {
 // echoing the clock as the version; the answers land straight in `params`.
 TEST(ParameterServer, PullSeesThisWorkersOwnPush) {
   const std::vector<FlatRange> ranges = parallel::ps_partition(3000, 2);
+  const Config one_worker = load_config("", {"parallel.dp=1", "parallel.ps_servers=2"});
   const auto errors = comm::run_threads(3, {}, [&](comm::World& world) {
-    std::vector<std::unique_ptr<comm::Group>> links = parallel::ps_links(world, 1, 2);
+    std::vector<std::unique_ptr<comm::Group>> links = parallel::ps_groups(world, one_worker).links;
     if (world.global_rank() == 0) {
       parallel::PsWorker worker(*links[0], ranges);
       std::vector<float> grads(3000), params(3000, 0.0f);
@@ -107,13 +109,7 @@ TEST(ParameterServer, SyncEqualsTheSingleProcessRunWithShuffledArrivals) {
            {"parallel.dp=2", "parallel.ps_servers=2", "train.grad_accum=2"},
            {"parallel.dp=3", "parallel.ps_servers=1"}}) {
     const Config c = base(layout);
-    TrainOptions o;
-    o.keep_params = true;
-    o.before_ps_push = [](int64_t step) {
-      thread_local std::mt19937 rng(std::hash<std::thread::id>{}(std::this_thread::get_id()) + uint64_t(step));
-      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 6));
-    };
-    const std::vector<TrainSummary> got = testing_support::train_as_threads(c, o);
+    const std::vector<TrainSummary> got = testing_support::train_as_threads(c, testing_support::shuffled_arrivals());
     for (int w = 0; w < int(c.parallel.dp); ++w) {
       const VerifyRow row = compare_runs(layout[0], ref, got[size_t(w)], tolerance_for(c));
       EXPECT_TRUE(row.ok) << layout[0] << " " << layout[1] << " worker " << w << ": " << row.error << " loss rel "
@@ -157,38 +153,14 @@ TEST(ParameterServer, AsyncWithOneWorkerIsSyncBitForBit) {
   }
 }
 
-// Every applied push as the servers recorded it (Note [Asynchronous parameter server]).
-struct Applied {
-  std::mutex mu;
-  std::map<int, std::vector<std::pair<int, int64_t>>> by_server;  // (worker, clock) in applying order
-  int64_t most_stale = -1;
-  TrainOptions options() {
-    TrainOptions o;
-    o.on_ps_apply = [this](int server, int worker, int64_t clock, int64_t version) {
-      std::lock_guard<std::mutex> lock(mu);
-      by_server[server].push_back({worker, clock});
-      most_stale = std::max(most_stale, clock - version);
-    };
-    return o;
-  }
-};
+using testing_support::Applied;
 
 // Runs a free-running layout of W workers (worker W - 1 slowed by `slow`) and checks what
 // holds whatever the timing: every server applied the same pushes (each worker's clocks 0, 1,
 // ... in order), exactly W x steps of them (Note [Exact push count]); a worker made at most
 // one push more than were applied of its own (the one refused once the budget was in).
 void expect_consistent_pushes(Applied& a, const std::vector<TrainSummary>& got, int W, int S, int64_t steps) {
-  ASSERT_EQ(int(a.by_server.size()), S);
-  std::vector<std::pair<int, int64_t>> first = a.by_server[0];
-  EXPECT_EQ(int64_t(first.size()), W * steps);
-  std::vector<int64_t> next(size_t(W), 0);
-  for (const auto& [w, c] : first) EXPECT_EQ(c, next[size_t(w)]++) << "worker " << w << "'s pushes out of order";
-  std::sort(first.begin(), first.end());
-  for (int s = 1; s < S; ++s) {
-    std::vector<std::pair<int, int64_t>> other = a.by_server[s];
-    std::sort(other.begin(), other.end());
-    EXPECT_EQ(other, first) << "server " << s << " applied other pushes than server 0";
-  }
+  const std::vector<int64_t> next = a.expect_same_pushes(W, S, steps);
   for (int w = 0; w < W; ++w) {
     EXPECT_GE(got[size_t(w)].ps_worker_pushes, next[size_t(w)]) << "worker " << w;
     EXPECT_LE(got[size_t(w)].ps_worker_pushes, next[size_t(w)] + 1) << "worker " << w;
@@ -272,7 +244,6 @@ TEST(ParameterServer, RefusesWhatItDoesNotRunYet) {
   auto error = [](std::vector<std::string> sets) {
     return testing_support::error_message([&] { base(sets); });
   };
-  EXPECT_NE(error({"parallel.ps_servers=1", "parallel.tp=2"}).find("data parallel only so far"), std::string::npos);
   EXPECT_NE(error({"parallel.ps_servers=1", "ps.mode=hogwild"}).find("expected sync"), std::string::npos);
   EXPECT_NE(error({"parallel.ps_servers=1", "ps.staleness=-1"}).find("ps.staleness = -1"), std::string::npos);
   EXPECT_NE(error({"parallel.ps_servers=1", "ps.slow_worker=1"}).find("a worker 0 .. 0"), std::string::npos);

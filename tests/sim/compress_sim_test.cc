@@ -188,7 +188,8 @@ TEST(Planner, RanksStreamsWithTheirSynchronousWarmUp) {
 }
 
 // Parameter-server layouts in loom plan (Note [Simulated parameter server]): only when asked,
-// S servers and 4 - S workers on 4 GPUs, each priced as loom simulate prices it; sparse rows
+// S servers per tp x pp shard and the rest workers on 4 GPUs ((W + S) x tp x pp = 4; Note
+// [Parameter server with model parallelism]), each priced as loom simulate prices it; sparse rows
 // (a Llama) carry lazy AdamW's caveat and move less than the dense rounds.
 TEST(Planner, OffersParameterServersWhenAsked) {
   plan::PlanRequest req = gpt2_request(100000);
@@ -206,8 +207,7 @@ TEST(Planner, OffersParameterServersWhenAsked) {
   ASSERT_FALSE(ps_layouts(dense).empty());
   for (const plan::PlanCandidate* c : ps_layouts(dense)) {
     const ParallelConfig& q = c->plan.cfg.parallel;
-    EXPECT_EQ(q.dp + q.ps_servers, 4) << plan::layout_label(c->plan);
-    EXPECT_EQ(q.tp * q.pp, 1);
+    EXPECT_EQ((q.dp + q.ps_servers) * q.tp * q.pp, 4) << plan::layout_label(c->plan);
     EXPECT_NE(plan::layout_label(c->plan).find("parameter servers"), std::string::npos);
     EXPECT_DOUBLE_EQ(c->result.step_time_s, simulate(c->plan, req.cluster).step_time_s);
     EXPECT_GT(c->result.ranks[0].ps_s, 0.0);

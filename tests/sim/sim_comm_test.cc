@@ -47,6 +47,33 @@ TEST(Simulator, ParameterServerRoundIsTheBusiestLinkBothWaysPlusTheServersUpdate
   }
 }
 
+// Note [Parameter server with model parallelism] priced: with tp 2 x pp 2 workers each rank
+// pushes and pulls its own shard (its stage's tp slice) to that shard's S servers, so every
+// rank's round is the formula above over its own parameters, the shards' parameters add up
+// to the whole model's (replicated tensors once per tp rank), and the job's ranks are
+// (W + S) x tp x pp.
+TEST(Simulator, ParameterServerWithModelParallelWorkersPricesEachShard) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
+  const int64_t W = 2, S = 2;
+  SimPlan p = plan_of({"model.preset=gpt2", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "parallel.pp=2",
+                       "parallel.ps_servers=2", "train.batch=4", "train.grad_accum=2"});
+  EXPECT_EQ(p.cfg.parallel.ranks(), 16);
+  const SimResult r = simulate(p, c);
+  ASSERT_EQ(r.ranks.size(), 2u);  // one report per stage
+  for (const RankReport& w : r.ranks) {
+    const double bytes = 4 * w.params;
+    const double one_way = std::max(bytes, double(W) * bytes / double(S)) / (c.inter.bw * c.inter.efficiency) + c.inter.latency_s;
+    EXPECT_NEAR(w.ps_s, 2 * one_way + memory_time_s(c.device, w.params / double(S) * 32), 1e-12);
+    EXPECT_EQ(w.optimizer_s, 0.0);
+    EXPECT_EQ(w.memory.optimizer, 0.0);
+  }
+  SimPlan whole = plan_of({"model.preset=gpt2", "parallel.dp=2", "parallel.ps_servers=2", "train.batch=4",
+                           "train.grad_accum=2"});
+  const double all = simulate(whole, load_cluster("dgx-a100", {}, 4, "")).ranks[0].params;
+  EXPECT_GT(r.ranks[0].params + r.ranks[1].params, all / 2);  // each stage's tp slice
+  EXPECT_LT(r.ranks[0].params + r.ranks[1].params, all);
+}
+
 // Note [Simulated parameter server] under ps.sparse_embedding: the table's V d floats of a
 // direction become U (d + 1) with U = V (1 - (1 - 1/V)^n), n the worker's tokens per step,
 // and the servers update the dense rest plus min(V, W U) rows.

@@ -79,7 +79,11 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       {"zero_one_adam dp2", {"parallel.dp=2", "parallel.compress=zero_one_adam", "parallel.zero_one_var_freeze_steps=2",
                              "parallel.zero_one_local_scaler=1", "parallel.zero_one_local_clip=4"}},
       // Note [PS checkpoints]: the servers' ranges of parameters and moments.
-      {"ps 2 workers + 2 servers", {"parallel.dp=2", "parallel.ps_servers=2"}}};
+      {"ps 2 workers + 2 servers", {"parallel.dp=2", "parallel.ps_servers=2"}},
+      // Note [Parameter server with model parallelism]: each tp x pp shard's servers; GPT's
+      // tied wte saved by the first stage's servers only.
+      {"ps dp2 x pp2 + 1 server per shard", {"parallel.dp=2", "parallel.pp=2", "parallel.ps_servers=1"}},
+      {"ps dp2 x tp2 sp + 2 servers per shard", {"parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "parallel.ps_servers=2"}}};
   for (const auto& [name, sets] : layouts) {
     const std::string a = testing::TempDir() + "/resume_a", b = testing::TempDir() + "/resume_b";
     fs::remove_all(a), fs::remove_all(b);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/comm/mesh.h"
+#include "loom/rank/duties.h"
 #include "loom/core/error.h"
 
 namespace loom::shard {
@@ -171,8 +172,9 @@ std::string step_name(int64_t step) {
 }
 
 std::vector<int> rank_coords(const ParallelConfig& p, int r) {
-  if (r >= p.world()) return {0, r, 0};
-  return comm::training_mesh(p).coords(r);
+  if (r < p.world()) return comm::training_mesh(p).coords(r);
+  const rank::PsPlace at = rank::ps_place(p, r);  // Note [Parameter server with model parallelism]
+  return {at.shard / int(p.tp), int(p.dp) + at.index, at.shard % int(p.tp)};
 }
 
 std::string rank_file_name(int rank) {

@@ -64,7 +64,8 @@ struct Manifest {
 std::string step_name(int64_t step);
 std::string rank_file_name(int rank);
 // Rank r's (pp, dp, tp) coordinates in a checkpoint of layout p: the training mesh's, and for
-// a parameter server (r >= p.world(), Note [Parameter server]) (0, r, 0). p.ranks() ranks.
+// a parameter server (r >= p.world(), Note [Parameter server with model parallelism]) its
+// shard's (pp, tp) with dp + its index among the shard's servers. p.ranks() ranks.
 std::vector<int> rank_coords(const ParallelConfig& p, int r);
 uint32_t crc_of(const float* p, size_t n);
 

@@ -267,18 +267,13 @@ int64_t load_whole_checkpoint(const std::string& dir, const Config& cfg, ShardSt
 namespace {
 
 // What rank r of `cfg` saves (Note [Sharded checkpoints]): its rank plan's ranges, or in a
-// parameter-server layout (Note [Parameter server]) nothing on a worker and the server's key
-// range of the whole model's parameters and moments on a server.
+// parameter-server layout (Note [Parameter server]) nothing on a worker and what the server
+// saves of its shard's parameters and moments (ps_saved_ranges) on a server.
 RankPlan ps_checkpoint_shape(const Config& cfg, int r) {
-  const ParallelConfig& p = cfg.parallel;
-  if (p.ps_servers == 0) return plan_rank(cfg, r);
-  RankPlan shape = plan_rank(cfg, 0);
-  shape.layout = ParamLayout(cfg.model);
-  shape.param_ranges.clear(), shape.moment_ranges.clear();
-  if (r >= p.world()) {
-    const FlatRange own = parallel::ps_partition(shape.layout.total_floats(), int(p.ps_servers))[size_t(r - p.world())];
-    shape.param_ranges = shape.moment_ranges = {own};
-  }
+  RankPlan shape = plan_rank(cfg, r);
+  if (cfg.parallel.ps_servers == 0) return shape;
+  if (r < cfg.parallel.world()) shape.param_ranges.clear(), shape.moment_ranges.clear();
+  else shape.param_ranges = shape.moment_ranges = ps_saved_ranges(shape, cfg.model);
   return shape;
 }
 

@@ -51,9 +51,10 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   const ParallelConfig& q = probe.parallel;
   const bool dp_given = a.layout.dp > 0 || (q.dp != 1 && q.dp != 0);
   if (!dp_given && a.gpus > 0) {
-    const int64_t used = q.tp * q.pp * a.cp, workers = a.gpus - q.ps_servers;  // servers take a device each
+    // Servers take a device each: S per tp x pp shard.
+    const int64_t used = q.tp * q.pp * a.cp, workers = a.gpus - q.ps_servers * q.tp * q.pp;
     if (used <= 0 || workers <= 0 || workers % used != 0)
-      throw ConfigError("--gpus " + std::to_string(a.gpus) + (q.ps_servers > 0 ? " less " + std::to_string(q.ps_servers) +
+      throw ConfigError("--gpus " + std::to_string(a.gpus) + (q.ps_servers > 0 ? " less " + std::to_string(q.ps_servers * q.tp * q.pp) +
                         " parameter servers" : "") + " is not divisible by tp x pp x cp = " +
                         std::to_string(used) + "; set --dp or change the layout");
     layout.dp = workers / used;

@@ -107,11 +107,10 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
     if (comm::launched_by_mpi()) throw ConfigError("--nproc " + std::to_string(a.nproc) + " under mpirun: use one");
     const ParallelConfig& p = cfg.parallel;
     if (a.nproc != p.ranks())
-      throw ConfigError("--nproc " + std::to_string(a.nproc) + " but the layout dp x tp x pp = " +
-                        std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " + std::to_string(p.pp) +
-                        (p.ps_servers > 0 ? " + " + std::to_string(p.ps_servers) + " servers" : "") + " needs " +
-                        std::to_string(p.ranks()) + " ranks; pass --dp " + std::to_string(a.nproc - p.ps_servers) +
-                        " or --nproc " + std::to_string(p.ranks()));
+      throw ConfigError("--nproc " + std::to_string(a.nproc) + " but the layout " + p.shape_text() + " needs " +
+                        std::to_string(p.ranks()) + " ranks; pass " +
+                        (p.dp_for(a.nproc) > 0 ? "--dp " + std::to_string(p.dp_for(a.nproc)) + " or " : "") +
+                        "--nproc " + std::to_string(p.ranks()));
     if (a.nproc > 1) {
       if (a.nproc > int(::sysconf(_SC_NPROCESSORS_ONLN)))
         std::cerr << "loom: warning: --nproc " << a.nproc << " starts " << a.nproc << " ranks on "

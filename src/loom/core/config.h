@@ -250,10 +250,16 @@ struct ParallelConfig {
   int64_t pipemare_anneal(int64_t lr_warmup_steps) const {
     return pipemare_lr_steps >= 0 ? std::max<int64_t>(pipemare_lr_steps, 1) : std::max<int64_t>(lr_warmup_steps, 1);
   }
-  // Note [Parameter server] (modes/ps/ps.h): > 0 adds that many server ranks to dp workers.
+  // Note [Parameter server] (modes/ps/ps.h): > 0 adds that many server ranks per model shard
+  // (tp x pp shards) to the dp workers.
   int64_t ps_servers = 0;
   int64_t world() const { return dp * tp * pp; }  // the training mesh (a PS job's workers)
-  int64_t ranks() const { return world() + ps_servers; }  // every rank the job launches
+  int64_t servers() const { return ps_servers * tp * pp; }  // a PS job's server ranks
+  int64_t ranks() const { return world() + servers(); }  // every rank the job launches
+  // "dp x tp x pp = 2 x 2 x 1 + 2 servers (1 per tp x pp shard)", for launch errors.
+  std::string shape_text() const;
+  // The parallel.dp that fills `ranks` ranks with this tp, pp and ps_servers; 0 when none does.
+  int64_t dp_for(int64_t ranks) const;
   // pp_layers as ints ({} when empty).
   std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }
   // The recompute policy of each of `layers` layers. Throws ConfigError when the list does

@@ -294,9 +294,10 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
     return;
   }
   const std::string is = "parallel.ps_servers = " + std::to_string(p.ps_servers) + " ";
-  if (p.tp != 1 || p.pp != 1)
-    errs.push_back(is + "with tp " + std::to_string(p.tp) + ", pp " + std::to_string(p.pp) +
-                   ": parameter-server workers run data parallel only so far (tp = pp = 1)");
+  if (p.pp > 1 && streams(p.schedule))
+    errs.push_back(is + "with parallel.schedule = " + schedule_name(p.schedule) + ": " + schedule_name(p.schedule) +
+                   " updates each stage inside the pipeline's stream, while the servers hold the update; use a "
+                   "flushing schedule (1f1b, gpipe, interleaved, zb-h1, zb-h2, zb-v)");
   if (p.zero != 0 || p.compress != CompressKind::kNone || p.reduce != GradReduce::kMean)
     errs.push_back(is + "with parallel.zero / compress / reduce: the servers hold the optimizer state and average "
                    "exact gradients; set zero = 0, compress = none, reduce = mean");
@@ -314,6 +315,10 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
   if (c.ps.sparse_embedding && c.model.arch != Arch::kLlama)
     errs.push_back("ps.sparse_embedding = true with model.arch = gpt: GPT's wte is also its output layer, whose "
                    "gradient touches every row; use model.arch = llama (an untied embedding) or sparse_embedding = false");
+  if (c.ps.sparse_embedding && (p.tp > 1 || p.pp > 1))
+    errs.push_back("ps.sparse_embedding = true with tp " + std::to_string(p.tp) + ", pp " + std::to_string(p.pp) +
+                   ": the row-sparse table is built for a worker that holds the whole embedding; set "
+                   "parallel.tp = parallel.pp = 1 or ps.sparse_embedding = false");
   if (c.ps.sparse_embedding && c.ps.free_running())
     errs.push_back("ps.sparse_embedding = true with ps.mode = " + std::string(name_of(c.ps.mode)) + ": sparse rows run under ps.mode = sync "
                    "only so far (a free-running worker cannot know its last step to pull the whole table)");

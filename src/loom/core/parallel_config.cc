@@ -517,6 +517,21 @@ int64_t ParallelConfig::compress_warmup(int64_t train_steps, int64_t lr_warmup_s
   return frozen ? onebit_default_warmup(train_steps, lr_warmup_steps) : 0;
 }
 
+std::string ParallelConfig::shape_text() const {
+  std::string out = "dp x tp x pp = " + std::to_string(dp) + " x " + std::to_string(tp) + " x " + std::to_string(pp);
+  if (ps_servers > 0) {
+    out += " + " + std::to_string(servers()) + " servers";
+    if (tp * pp > 1) out += " (" + std::to_string(ps_servers) + " per tp x pp shard)";
+  }
+  return out;
+}
+
+int64_t ParallelConfig::dp_for(int64_t ranks) const {
+  const int64_t shards = tp * pp;
+  if (shards <= 0 || ranks % shards != 0) return 0;
+  return std::max<int64_t>(ranks / shards - ps_servers, 0);
+}
+
 std::vector<Recompute> ParallelConfig::recompute_layers(int64_t layers) const {
   return for_layers("parallel.recompute", recompute, layers, recompute_names());
 }

@@ -159,8 +159,8 @@ Updater::Updater(const Config& cfg, Engine& e)
              cfg.offload.optimizer == OffloadTier::kDisk),
       scaler_(cfg.train, cfg.optim) {
   // The global norm counts every parameter once: a GPT head stage's wte copy and, on tp
-  // ranks other than 0, the replicated tensors are left out.
-  norm_ranges_ = adamw_.owned();
+  // ranks other than 0, the replicated tensors are left out (a PS worker: of its whole buffer).
+  norm_ranges_ = ps_ ? std::vector<FlatRange>{{0, int64_t(e.model.grads().size())}} : adamw_.owned();
   local_norm_ranges_ = {{0, int64_t(e.model.grads().size())}};
   for (const ParamSpec& s : e.model.layout().specs())
     if (!e.rc.counts(s, cfg.model)) {

@@ -214,4 +214,19 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   return total;
 }
 
+std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole) {
+  std::vector<FlatRange> out;
+  const int64_t h0 = hole.offset, h1 = hole.offset + hole.count;
+  for (const FlatRange& r : ranges) {
+    const int64_t r0 = r.offset, r1 = r.offset + r.count;
+    if (r1 <= h0 || r0 >= h1) {
+      out.push_back(r);
+      continue;
+    }
+    if (r0 < h0) out.push_back({r0, h0 - r0});
+    if (r1 > h1) out.push_back({h1, r1 - h1});
+  }
+  return out;
+}
+
 }  // namespace loom

@@ -18,6 +18,9 @@ struct FlatRange {
   int64_t offset = 0, count = 0;
 };
 
+// `ranges` minus [hole.offset, hole.offset + hole.count).
+std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole);
+
 struct ParamSpec {
   std::string name;            // loom name, e.g. "h.3.attn.qkv.w"
   std::vector<int64_t> shape;  // this rank's shape, row-major; linear weights are (out, in)

@@ -40,6 +40,16 @@ parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part
 
 RankPlan plan_rank(const Config& cfg, int global_rank) {
   const ParallelConfig& p = cfg.parallel;
+  if (p.ps_servers > 0 && global_rank >= p.world()) {  // Note [Parameter server with model parallelism]
+    const rank::PsPlace at = rank::ps_place(p, global_rank);
+    RankPlan server = plan_rank(cfg, at.worker);
+    server.global_rank = global_rank;
+    server.dp_rank = int(p.dp) + at.index;  // a checkpoint's coordinates: the servers follow the workers
+    server.moment_ranges = {rank::ps_partition(server.layout.total_floats(), int(p.ps_servers))[size_t(at.index)]};
+    server.param_ranges = server.moment_ranges;
+    server.duties = rank::duties(cfg, global_rank);
+    return server;
+  }
   const std::vector<int> c = comm::training_mesh(p).coords(global_rank);
   const ModelPart part = parallel::rank_part(cfg, c[0], c[2]);
   std::optional<parallel::Schedule> schedule;
@@ -69,6 +79,12 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
                   std::move(schedule), act_slots,    std::move(chunk_peaks), std::move(recompute),
                   std::move(dp_plan),  std::move(unit_bucket), std::move(layout), std::move(params),
                   std::move(moments),  w_slots,      rank::duties(cfg, global_rank), bytes};
+}
+
+std::vector<FlatRange> ps_saved_ranges(const RankPlan& server, const ModelConfig& m) {
+  if (!(m.arch == Arch::kGpt && server.part.head && !server.part.embed)) return server.param_ranges;
+  const ParamSpec& wte = server.layout.at("wte");
+  return subtract(server.param_ranges, {wte.offset, wte.numel});
 }
 
 }  // namespace loom

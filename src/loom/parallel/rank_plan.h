@@ -49,6 +49,13 @@ struct RankPlan {
 };
 
 // Throws loom::Error when the layout's schedule does not finish (the validator's problem).
+// A parameter server's plan (Note [Parameter server with model parallelism]) is its shard's
+// dp-0 worker's with the server's key range as its parameters and moments.
 RankPlan plan_rank(const Config& cfg, int global_rank);
+
+// What a parameter server saves in a checkpoint (Note [PS checkpoints]): its key range, less
+// the head stage's copy of GPT's tied wte (the first stage's servers save that tensor; under
+// ps.mode = async the copies are updated in different orders and only the first is used).
+std::vector<FlatRange> ps_saved_ranges(const RankPlan& server, const ModelConfig& m);
 
 }  // namespace loom

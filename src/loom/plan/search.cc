@@ -300,35 +300,41 @@ std::string approximation_caveat(const sim::SimPlan& p) {
   return layout.empty() ? moments : layout + "; " + moments;
 }
 
-// PlanRequest::ps: S servers and gpus - S data-parallel workers (tp = pp = 1, zero 0), each
+// PlanRequest::ps: workers of tp x pp ranks (tp within a node; Note [Parameter server with
+// model parallelism]) with S servers per model shard, (W + S) x tp x pp = gpus, zero 0, each
 // micro-batch and recompute policy the batch allows (none unless asked).
 std::vector<PlanCandidate> ps_candidates(const PlanRequest& req, Acc& acc, PlanReport& rep) {
   std::vector<PlanCandidate> kept;
   if (!req.ps) return kept;
   const int64_t gpus = req.cluster.devices(), B = req.global_batch;
-  for (int64_t S = 1; S < gpus; S *= 2)
-    for (int64_t mb : {1, 2, 4, 8})
-      for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-        sim::SimPlan plan = req.like;
-        ParallelConfig& q = plan.cfg.parallel;
-        q.tp = 1, q.pp = 1, q.dp = gpus - S, q.ps_servers = S, q.micro_batch = mb, q.zero = 0, q.recompute = {rc};
-        q.schedule = ScheduleKind::k1F1B, q.vpp = 1, q.compress = CompressKind::kNone;
-        plan.cfg.ps.mode = PsMode::kSync, plan.cfg.ps.sparse_embedding = req.ps_sparse;
-        plan.cfg.train.batch = B;
-        if (B % (mb * q.dp) != 0) {
-          acc.prune("indivisible: global batch not a multiple of micro-batch x dp", layout_label(plan));
-          continue;
-        }
-        plan.cfg.train.grad_accum = B / (mb * q.dp);
-        if (const std::vector<std::string> errs = validation_errors(plan.cfg); !errs.empty()) {
-          acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
-          continue;
-        }
-        PlanCandidate c{plan, sim::simulate(plan, req.cluster), "uniform"};
-        ++rep.evaluated;
-        if (!fits(c.result, req.cluster)) acc.prune("out of memory", layout_label(plan));
-        else kept.push_back(std::move(c));
-      }
+  for (int64_t tp : {1, 2, 4, 8})
+    for (int64_t pp : {1, 2, 4}) {
+      if (tp > req.cluster.devices_per_node || gpus % (tp * pp) != 0 || (req.ps_sparse && tp * pp > 1)) continue;
+      const int64_t slots = gpus / (tp * pp);  // workers + servers per shard
+      for (int64_t S = 1; S < slots; S *= 2)
+        for (int64_t mb : {1, 2, 4, 8})
+          for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+            sim::SimPlan plan = req.like;
+            ParallelConfig& q = plan.cfg.parallel;
+            q.tp = tp, q.pp = pp, q.dp = slots - S, q.ps_servers = S, q.micro_batch = mb, q.zero = 0, q.recompute = {rc};
+            q.sp = tp > 1, q.schedule = ScheduleKind::k1F1B, q.vpp = 1, q.compress = CompressKind::kNone;
+            plan.cfg.ps.mode = PsMode::kSync, plan.cfg.ps.sparse_embedding = req.ps_sparse;
+            plan.cfg.train.batch = B;
+            if (B % (mb * q.dp) != 0) {
+              acc.prune("indivisible: global batch not a multiple of micro-batch x dp", layout_label(plan));
+              continue;
+            }
+            plan.cfg.train.grad_accum = B / (mb * q.dp);
+            if (const std::vector<std::string> errs = validation_errors(plan.cfg); !errs.empty()) {
+              acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
+              continue;
+            }
+            PlanCandidate c{plan, sim::simulate(plan, req.cluster), "uniform"};
+            ++rep.evaluated;
+            if (!fits(c.result, req.cluster)) acc.prune("out of memory", layout_label(plan));
+            else kept.push_back(std::move(c));
+          }
+    }
   return kept;
 }
 

@@ -24,6 +24,27 @@ std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_flo
   return out;
 }
 
+PsPlace ps_place(const ParallelConfig& p, int64_t server_rank) {
+  const int64_t i = server_rank - p.world();
+  LOOM_ASSERT(p.ps_servers > 0 && i >= 0 && i < p.servers(), "rank ", server_rank, " is no parameter server");
+  PsPlace out;
+  out.shard = int(i / p.ps_servers), out.index = int(i % p.ps_servers);
+  const int64_t pp_rank = out.shard / p.tp, tp_rank = out.shard % p.tp;
+  out.worker = int(pp_rank * p.dp * p.tp + tp_rank);  // the training mesh (pp, dp, tp) at dp 0
+  return out;
+}
+
+int ps_shard_of(const ParallelConfig& p, int64_t worker_rank) {
+  LOOM_ASSERT(worker_rank >= 0 && worker_rank < p.world(), "rank ", worker_rank, " is no worker");
+  return int(worker_rank / (p.dp * p.tp) * p.tp + worker_rank % p.tp);
+}
+
+std::vector<int> ps_servers_of(const ParallelConfig& p, int shard) {
+  std::vector<int> out;
+  for (int64_t s = 0; s < p.ps_servers; ++s) out.push_back(int(p.world() + shard * p.ps_servers + s));
+  return out;
+}
+
 Role role_of(const Config& cfg, int64_t global_rank) {
   const ParallelConfig& p = cfg.parallel;
   if (p.ps_servers == 0) return Role::kTrainer;

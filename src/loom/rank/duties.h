@@ -56,4 +56,17 @@ inline bool in_stream(UpdateRule u) { return u == UpdateRule::kTwoBw || u == Upd
 inline constexpr int64_t kPsKeyFloats = 1024;  // one key: 4 KiB of fp32 weights
 std::vector<FlatRange> ps_partition(int64_t floats, int servers, int64_t key_floats = kPsKeyFloats);
 
+// Note [Parameter server with model parallelism]: a PS job's tp x pp workers of one dp
+// replica hold C = tp x pp model shards; shard c = pp_rank x tp + tp_rank has its own S =
+// parallel.ps_servers servers, global ranks p.world() + c S + s.
+struct PsPlace {
+  int shard = 0;   // c
+  int index = 0;   // s, within the shard's servers
+  int worker = 0;  // the shard's dp-0 worker rank (its layout is the shard's)
+};
+PsPlace ps_place(const ParallelConfig& p, int64_t server_rank);
+// A worker rank's shard, and the global ranks of that shard's servers.
+int ps_shard_of(const ParallelConfig& p, int64_t worker_rank);
+std::vector<int> ps_servers_of(const ParallelConfig& p, int shard);
+
 }  // namespace loom::rank

@@ -47,7 +47,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.split = splits_backward(par.schedule) && s.pp > 1;
   LOOM_CONFIG_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
   LOOM_CONFIG_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
-             s.cp, " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
+             s.cp, par.ps_servers > 0 ? " + " + std::to_string(par.servers()) + " parameter servers" : std::string(),
+             " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
@@ -260,8 +261,9 @@ double param_gather_s(const Setup& s, double params, double first_fwd_window) {
 
 // Note [Simulated parameter server]
 // parallel.ps_servers = S (Note [Parameter server] in modes/ps/ps.h): each of the W workers
-// pushes its fp32 gradient (P floats) and pulls the updated weights; server s takes W P / S
-// floats in and sends as many out. A direction costs the slower of a worker's link (P) and a
+// of a model shard (its tp x pp coordinate: Note [Parameter server with model parallelism])
+// pushes its fp32 gradient (the rank's P floats) and pulls the updated weights; each of the
+// shard's S servers takes W P / S floats in and sends as many out. A direction costs the slower of a worker's link (P) and a
 // server's (W P / S) at the link's bandwidth - the intra-node tier when every rank fits one
 // node, else the inter-node one - plus its latency; between them the servers run AdamW on
 // P / S parameters (32 bytes each: read w, g, m, v, write w, m, v; SGD 20). Nothing overlaps:

@@ -73,11 +73,16 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
   rc.plan = std::make_shared<const RankPlan>(plan_rank(cfg, world ? world->global_rank() : 0));
   const int pp = int(p.pp), vpp = int(p.vpp);
   if (world && p.ps_servers > 0) {  // Note [Parameter server]: a worker; no collective dp group
+    parallel::PsGroups g = parallel::ps_groups(*world, cfg);
     rc.logging = world->global_rank() == 0;
-    rc.dp_rank = world->global_rank(), rc.dp_size = int(p.dp);
-    std::unique_ptr<comm::Group> workers = parallel::ps_role_group(*world, int(p.dp), int(p.ps_servers));
-    (cfg.ps.free_running() ? rc.ps_workers : rc.stats) = std::move(workers);
-    rc.ps = std::move(parallel::ps_links(*world, int(p.dp), int(p.ps_servers))[0]);
+    rc.dp_rank = rc.plan->dp_rank, rc.dp_size = int(p.dp);
+    rc.pp_rank = rc.plan->pp_rank, rc.pp_size = pp;
+    rc.tp_rank = rc.plan->tp_rank, rc.tp_size = int(p.tp);
+    (cfg.ps.free_running() ? rc.ps_workers : rc.stats) = std::move(g.role);
+    rc.ps = std::move(g.links[0]);
+    rc.ps_replica = std::move(g.replica), rc.embed = std::move(g.embed), rc.links = std::move(g.pipe);
+    if ((rc.tp = std::move(g.tp))) rc.tp_comm = std::make_unique<GroupTpComm>(*rc.tp);
+    LOOM_ASSERT(!rc.tp || rc.tp->group_rank() == rc.tp_rank, "the tp group disagrees with the mesh");
   } else if (world) {
     const comm::Mesh mesh = comm::training_mesh(p);
     rc.pp_rank = rc.plan->pp_rank, rc.pp_size = pp;
@@ -127,23 +132,10 @@ std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, c
       const ParamSpec& w = whole.at(s.name);
       local_to_whole(s, w.shape, flat + s.offset, out.data() + w.offset, rc.tp_size, rc.tp_rank);
     }
-  if (rc.stats) rc.stats->all_reduce(std::span<float>(out), comm::ReduceOp::kSum);
+  // A free-running PS job's workers have no stats group: everyone(rc) is all of them.
+  if (comm::Group* all = rc.ps ? everyone(rc) : rc.stats.get()) all->all_reduce(std::span<float>(out), comm::ReduceOp::kSum);
   return out;
 }
 
-std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole) {
-  std::vector<FlatRange> out;
-  const int64_t h0 = hole.offset, h1 = hole.offset + hole.count;
-  for (const FlatRange& r : ranges) {
-    const int64_t r0 = r.offset, r1 = r.offset + r.count;
-    if (r1 <= h0 || r0 >= h1) {
-      out.push_back(r);
-      continue;
-    }
-    if (r0 < h0) out.push_back({r0, h0 - r0});
-    if (r1 > h1) out.push_back({h1, r1 - h1});
-  }
-  return out;
-}
 
 }  // namespace loom

@@ -31,10 +31,12 @@ struct RankContext {
   // carries the last stage's; Note [PipeDream weight stashing]).
   std::unique_ptr<comm::Group> tied_down;
   parallel::PipeLinks links;
-  // Note [Parameter server]: a PS worker's link to the servers (parallel::ps_links); null
-  // otherwise. Under ps.mode = sync `stats` is the workers' group; under async / ssp the
+  // Note [Parameter server]: a PS worker's link to its shard's servers (parallel::ps_groups);
+  // null otherwise. Under ps.mode = sync `stats` is the workers' group; under async / ssp the
   // workers never meet per step: `stats` is null and ps_workers holds that group.
-  std::unique_ptr<comm::Group> ps, ps_workers;
+  // ps_replica: the tp x pp ranks of this worker's dp replica (Note [Parameter server with
+  // model parallelism]); null when tp = pp = 1.
+  std::unique_ptr<comm::Group> ps, ps_workers, ps_replica;
   std::shared_ptr<const RankPlan> plan;  // Note [Rank plan]: what this rank holds and does
   ModelPart part;                        // plan->part
   std::optional<parallel::Schedule> schedule;  // plan->schedule (pp > 1)
@@ -60,11 +62,9 @@ RankContext make_rank_context(const Config& cfg, comm::World* world);
 // The whole model's flat buffer (whole-model layout, ParamLayout(cfg.model)) assembled on
 // every rank from each rank's `flat` over layout `mine`: dp rank 0 of every stage
 // contributes what it holds (a tied wte copy is left to the first stage, replicated
-// tensors to tp rank 0, split ones as slices), then one all-reduce over the stats group.
+// tensors to tp rank 0, split ones as slices), then one all-reduce over the stats group
+// (a PS job: over all its workers).
 std::vector<float> gather_whole(const ModelConfig& m, const ParamLayout& mine, const float* flat,
                                 const RankContext& rc);
-
-// `ranges` minus [hole.offset, hole.offset + hole.count).
-std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole);
 
 }  // namespace loom

@@ -131,10 +131,15 @@ double evaluate(Engine& e, const DataLoader& loader, int64_t batches, int64_t gl
     sum += e.pass->forward_loss(tok.data(), tgt.data(), rows, T);
   }
   double v[1] = {sum / double(batches)};
-  rc.stats_sum(v);
-  // Every dp replica's tp ranks hold one copy; without a stats group (one process, or a
-  // free-running PS worker validating the whole batch alone) the sum is this rank's own.
-  return rc.stats ? v[0] / (rc.dp_size * rc.tp_size) : v[0];
+  // Every dp replica's tp ranks hold one copy. Without a stats group (one process, or a
+  // free-running PS worker validating the whole batch alone) the sum is this rank's own, or
+  // its replica's (Note [Parameter server with model parallelism]).
+  if (rc.stats) {
+    rc.stats_sum(v);
+    return v[0] / (rc.dp_size * rc.tp_size);
+  }
+  if (rc.ps_replica) rc.ps_replica->all_reduce(std::span<double>(v, 1), comm::ReduceOp::kSum);
+  return v[0] / rc.tp_size;
 }
 
 }  // namespace

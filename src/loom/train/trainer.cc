@@ -45,12 +45,11 @@ namespace {
 void check_world(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   if (world_size != p.ranks())
-    throw Error("the layout dp x tp x pp = " + std::to_string(p.dp) + " x " + std::to_string(p.tp) + " x " +
-                std::to_string(p.pp) + (p.ps_servers > 0 ? " + " + std::to_string(p.ps_servers) + " servers" : "") +
-                " needs " + std::to_string(p.ranks()) + " ranks but " +
+    throw Error("the layout " + p.shape_text() + " needs " + std::to_string(p.ranks()) + " ranks but " +
                 std::to_string(world_size) + (world_size == 1 ? " process runs" : " were launched") +
                 "; launch with `mpirun -np " + std::to_string(p.ranks()) + " loom train ...` or `loom train --nproc " +
-                std::to_string(p.ranks()) + "`, or set parallel.dp = " + std::to_string(world_size - p.ps_servers));
+                std::to_string(p.ranks()) + "`" +
+                (p.dp_for(world_size) > 0 ? ", or set parallel.dp = " + std::to_string(p.dp_for(world_size)) : ""));
 }
 
 // ", gradients compressed by topk (ratio 0.001, ...)" or "".

@@ -5,32 +5,58 @@
 #include <cmath>
 #include <numeric>
 
+#include "loom/comm/mesh.h"
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
 
 namespace loom::parallel {
 
-std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int servers) {
-  LOOM_CHECK(world.world_size() == workers + servers, "a parameter-server job of ", workers, " workers and ", servers,
-             " servers needs ", workers + servers, " ranks, got ", world.world_size());
-  std::vector<int> w(static_cast<size_t>(workers)), s(static_cast<size_t>(servers));
-  std::iota(w.begin(), w.end(), 0);
-  std::iota(s.begin(), s.end(), workers);
-  return world.group(std::vector<std::vector<int>>{w, s}, "ps_role");
+namespace {
+
+// `groups` of some ranks, each other rank of the world alone (a partition of the world).
+std::vector<std::vector<int>> padded(std::vector<std::vector<int>> groups, int world_size) {
+  std::vector<char> in(size_t(world_size), 0);
+  for (const std::vector<int>& g : groups)
+    for (int r : g) in[size_t(r)] = 1;
+  for (int r = 0; r < world_size; ++r)
+    if (!in[size_t(r)]) groups.push_back({r});
+  return groups;
 }
 
-std::vector<std::unique_ptr<comm::Group>> ps_links(comm::World& world, int workers, int servers) {
-  std::vector<std::unique_ptr<comm::Group>> out;
-  const bool server = world.global_rank() >= workers;
-  for (int w = 0; w < workers; ++w) {
-    std::vector<std::vector<int>> partition(1, {w});
-    for (int s = 0; s < servers; ++s) partition[0].push_back(workers + s);
-    for (int o = 0; o < workers; ++o)
-      if (o != w) partition.push_back({o});
-    std::unique_ptr<comm::Group> g = world.group(partition, "ps_link");
-    if (server || w == world.global_rank()) out.push_back(std::move(g));
+}  // namespace
+
+PsGroups ps_groups(comm::World& world, const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  const int workers = int(p.world()), n = world.world_size(), me = world.global_rank();
+  LOOM_CHECK(n == p.ranks(), "a parameter-server job of ", workers, " workers and ", p.servers(), " servers needs ",
+             p.ranks(), " ranks, got ", n);
+  PsGroups g;
+  std::vector<int> w(static_cast<size_t>(workers)), s(static_cast<size_t>(p.servers()));
+  std::iota(w.begin(), w.end(), 0);
+  std::iota(s.begin(), s.end(), workers);
+  g.role = world.group(std::vector<std::vector<int>>{w, s}, "ps_role");
+  // Worker r's link: r, then its shard's servers (the worker is member 0, server s member 1 + s).
+  const bool server = me >= workers;
+  const int my_shard = server ? rank::ps_place(p, me).shard : -1;
+  for (int r = 0; r < workers; ++r) {
+    std::vector<int> link = {r};
+    const int shard = rank::ps_shard_of(p, r);
+    for (int x : rank::ps_servers_of(p, shard)) link.push_back(x);
+    std::unique_ptr<comm::Group> l = world.group(padded({link}, n), "ps_link");
+    if (r == me || shard == my_shard) g.links.push_back(std::move(l));
   }
-  return out;
+  // The training mesh's groups among the workers; every server alone in each.
+  const comm::Mesh mesh = comm::training_mesh(p);
+  auto keep = [&](std::unique_ptr<comm::Group> x) { return x->size() > 1 ? std::move(x) : nullptr; };
+  if (p.tp > 1) g.tp = keep(world.group(padded(mesh.groups({"tp"}), n), "tp"));
+  if (p.tp * p.pp > 1) g.replica = keep(world.group(padded(mesh.groups({"pp", "tp"}), n), "ps_replica"));
+  if (p.pp > 1 && cfg.model.arch == Arch::kGpt && p.schedule != ScheduleKind::kZbV) {
+    std::vector<std::vector<int>> ends;
+    for (const std::vector<int>& pipe : mesh.groups({"pp"})) ends.push_back({pipe.front(), pipe.back()});
+    g.embed = keep(world.group(padded(ends, n), "embed"));
+  }
+  if (p.pp > 1) g.pipe = parallel::make_pipe_links(world, mesh, p.vpp > 1 && p.schedule == ScheduleKind::kInterleaved1F1B);
+  return g;
 }
 
 int ps_tag(int64_t clock) { return int(clock % kPsInitTag); }
@@ -90,7 +116,7 @@ PsReply PsWorker::wait(int64_t ts) {
   pending_.clear();
   calls_++;
   PsReply reply;
-  std::vector<bool> stopped(ranges_.size(), false);
+  stopped_.assign(ranges_.size(), 0);
   for (size_t s = 0; s < ranges_.size(); ++s) {
     if (sparse_) {
       const int64_t n = scatter_ranges(answers_[s].data(), back_[s], pulled_into_);
@@ -98,18 +124,22 @@ PsReply PsWorker::wait(int64_t ts) {
     }
     const std::array<float, PsAnswer::kTrailer>& t = tails_[s];
     versions_[s] = t[PsAnswer::kVersion];
-    stopped[s] = t[PsAnswer::kStop] != 0;
-    reply.stop = reply.stop || stopped[s];
+    stopped_[s] = t[PsAnswer::kStop] != 0;
+    reply.stop = reply.stop || stopped_[s];
     if (s == 0) reply.norm = std::sqrt(double(t[PsAnswer::kNormSq])), reply.lr = double(t[PsAnswer::kLr]);
   }
-  // A bye (a head with clock -1) to every server still waiting for our next push.
-  for (size_t s = 0; s < ranges_.size() && reply.stop; ++s)
-    if (!stopped[s]) {
+  return reply;
+}
+
+// A bye (a head with clock -1) to every server still waiting for our next push.
+void PsWorker::bye() {
+  for (size_t s = 0; s < ranges_.size(); ++s)
+    if (!stopped_[s]) {
       LOOM_ASSERT(!sparse_, "sparse embeddings run under ps.mode = sync only: every server stops together");
       heads_[s] = {-1.0f, versions_[s], 0.0f};
-      link_.send(std::span<const float>(heads_[s]), 1 + int(s), ps_tag(ts + 1));
+      link_.send(std::span<const float>(heads_[s]), 1 + int(s), ps_tag(pushed_ + 1));
+      stopped_[s] = 1;
     }
-  return reply;
 }
 
 PsReply PsWorker::push_pull(const float* grads, float* params, int64_t clock, double norm_sq) {

@@ -4,7 +4,8 @@
 // Li et al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014.
 // parallel.ps_servers = S adds S ranks to a data-parallel job: global ranks 0 .. dp - 1 are
 // workers (each trains on its share of the global batch, as dp rank r), ranks dp .. dp + S - 1
-// servers. The flat parameter buffer is cut into keys of key_floats floats and server s holds
+// servers (with tp or pp > 1, S per model shard: Note [Parameter server with model
+// parallelism]). The flat parameter buffer is cut into keys of key_floats floats and server s holds
 // a contiguous run of them (ps_partition: the runs' lengths differ by at most one key, so the
 // bytes balance within one key); it keeps their fp32 weights and AdamW moments (SGD's
 // momentum under optim.name = sgd) and runs the optimizer on them. Workers keep whole
@@ -55,8 +56,9 @@
 // Note [PS checkpoints]
 // A PS job saves the sharded format (Note [Sharded checkpoints]) with a rank file per rank: a
 // server's holds its key range of the parameters and of both AdamW moments, a worker's nothing
-// (its weights copy the servers', stale ones under async). The manifest lists all dp + S ranks
-// (server r at mesh coordinates (0, r, 0)) and the servers' optimizer step count. Loading
+// (its weights copy the servers', stale ones under async). The manifest lists every rank (a
+// server at its shard's (pp, tp) and dp + its index: (0, r, 0) with tp = pp = 1) and the
+// servers' optimizer step count. Loading
 // assembles tensors from whatever pieces cover them, so a PS checkpoint resumes any layout and
 // any layout's checkpoint resumes a PS job (servers load their ranges, workers whole weights).
 // Sync saves every checkpoint.save_every steps; async / ssp only at the end, as step
@@ -78,6 +80,7 @@
 #include "loom/comm/group.h"
 #include "loom/core/config.h"
 #include "loom/model/layout.h"
+#include "loom/parallel/pipeline.h"
 #include "loom/rank/duties.h"
 #include "loom/modes/ps/ps_sparse.h"
 
@@ -90,13 +93,39 @@ namespace loom::parallel {
 using rank::kPsKeyFloats;  // the partition is plan data (rank/duties.h)
 using rank::ps_partition;
 
-// Collective over the world: the group of this rank's role (the workers, or the servers).
-std::unique_ptr<comm::Group> ps_role_group(comm::World& world, int workers, int servers);
+// Note [Parameter server with model parallelism]
+// With tp x pp = C > 1 the workers of one dp replica are a model-parallel group that runs
+// the layout's own forward and backward (tp's collectives, the pipeline schedule, GPT's tied
+// wte summed between the first and last stage); only the dp all-reduce and the update move
+// to the servers. Each of the C model shards (a (pp, tp) coordinate's flat buffer) has its
+// own S = parallel.ps_servers servers (rank/duties.h: ps_place), so a job has S x C servers
+// and each server holds a key range of one shard: a worker pushes its shard's gradient to
+// its shard's servers and pulls the weights back. Under sync every server takes the W pushes
+// of its shard in worker order; the global norm is the sum over all servers of the squared
+// mean with every parameter counted once (a tp-replicated tensor on tp rank 0's servers, the
+// tied wte on the first stage's), so the run equals the same layout trained with dp
+// all-reduce up to the order of the gradient sum. Under async / ssp a worker pushes with its
+// replica's whole squared norm (summed over the replica), the leader is server 0 of shard 0
+// for every shard's pushes (Note [Exact push count] counts replica pushes: all C ranks of a
+// replica push each clock), and the replica's ranks agree on "stop" after each pull (a max
+// over the replica), which is also a barrier: no rank pushes clock k + 1 before every server
+// answered the replica's push k, so the bound of Note [Exact push count] holds per replica.
+// Servers apply pushes in arrival order, so the last stage's servers' copy of the tied wte
+// drifts from the first stage's under async: the last stage takes the first stage's copy
+// after each pull (a broadcast over the embed group) and its servers leave it out of the
+// checkpoint (ps_saved_ranges).
 
-// Collective over the world: worker w's link (group {w, servers...}; the worker is member 0,
-// server s member 1 + s). On a worker the one element is its link; on a server, one per
-// worker in worker order.
-std::vector<std::unique_ptr<comm::Group>> ps_links(comm::World& world, int workers, int servers);
+// Every group of a parameter-server job, made in one order on every rank (collective over
+// the world): the role group (the workers, or the servers); the links (a worker's one: the
+// worker and its shard's servers; a server's, one per worker of its shard in dp order); and
+// a worker's training-mesh groups (null where it is alone: every server, or tp = 1 ...).
+struct PsGroups {
+  std::unique_ptr<comm::Group> role;
+  std::vector<std::unique_ptr<comm::Group>> links;
+  std::unique_ptr<comm::Group> tp, replica, embed;  // replica: the pp x tp ranks of one dp replica
+  PipeLinks pipe;
+};
+PsGroups ps_groups(comm::World& world, const Config& cfg);
 
 // The messages (Note [Asynchronous parameter server]): a push is a head of kTrailer floats
 // and then the slice (a bye: the head alone, clock -1); an answer is the slice and then a
@@ -135,12 +164,14 @@ class PsWorker {
   // timestamp ts = clock; pull asks for the answers to the last push, landing in `params`,
   // and returns its ts; wait(ts) blocks until they are in. A server answers a push only after
   // applying it, so a pull sees this worker's own push ("my pull sees my own earlier push").
-  // `grads` and `params` stay untouched until wait(). After a stop, the servers that did not
-  // say it get a bye.
+  // `grads` and `params` stay untouched until wait(). After a stop (a server's, or the
+  // replica's: Note [Parameter server with model parallelism]) the worker says bye().
   int64_t push(const float* grads, int64_t clock, double norm_sq);
   int64_t pull(float* params);
   PsReply wait(int64_t ts);
   PsReply push_pull(const float* grads, float* params, int64_t clock, double norm_sq);
+  // A bye to every server that did not answer the last push with "stop".
+  void bye();
   // Tests: runs before each push (an injected delay reorders arrivals).
   std::function<void(int64_t step)> before_push;
 
@@ -164,6 +195,7 @@ class PsWorker {
   comm::Group& link_;
   std::vector<FlatRange> ranges_;
   std::vector<float> versions_;  // per server: the version of the slice we hold
+  std::vector<char> stopped_;    // per server: it answered the last push with "stop"
   // Per server, alive until wait(): the push's head, the answer's tail, the packed sparse
   // payload, and where the answer's floats land.
   std::vector<std::array<float, PsPush::kTrailer>> heads_;

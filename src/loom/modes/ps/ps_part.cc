@@ -11,8 +11,10 @@ PsPart::PsPart(const Config& cfg, const RankContext& rc, const Model& model, int
     : cfg_(cfg), rc_(rc), mb_(mb), T_(T) {
   ps_ = std::make_unique<parallel::PsWorker>(*rc.ps, rank::ps_partition(int64_t(model.params().size()),
                                                                         int(cfg.parallel.ps_servers)));
-  const ParamSpec& wte = model.layout().at("wte");  // Note [Sparse embeddings]
-  ps_->set_table({wte.offset, wte.shape[0], wte.shape[1]}, cfg.ps.sparse_embedding);
+  // Note [Sparse embeddings]: the table's bytes are counted apart (row-sparse only with tp =
+  // pp = 1); a middle pipeline stage holds none.
+  if (const ParamSpec* wte = model.layout().find("wte"))
+    ps_->set_table({wte->offset, wte->shape[0], wte->shape[1]}, cfg.ps.sparse_embedding);
 }
 
 void PsPart::estimate(const EstimateInputs& in, MemoryEstimate& e) {

@@ -40,8 +40,9 @@ class PsServer {
   int64_t resume();
   void sync_round(int64_t step);  // ps.mode = sync: one step's round
   void run_free(int64_t first);   // async / ssp: the whole run
-  // Note [PS checkpoints]: the server's shard, and its key range's weights.
-  ShardState state();
+  // Note [PS checkpoints]: the server's shard as saved (ps_saved_ranges) or as loaded (its
+  // whole key range), and its key range's weights.
+  ShardState state(bool saving = true);
   std::span<const float> params() const { return p_; }
   double pushes = 0, max_stale = 0, sum_stale = 0;
 
@@ -86,11 +87,16 @@ class PsServer {
   const Config& cfg_;
   const TrainOptions& opt_;
   comm::World& world_;
+  // W_: the workers of this server's shard; me_: this server among all the job's (server 0
+  // leads: Note [Exact push count]).
   const int W_, me_;
+  parallel::PsGroups groups_;
   const std::unique_ptr<comm::Group> peers_;  // the servers
   std::vector<std::unique_ptr<comm::Group>> links_;
-  const ParamLayout layout_;
+  const RankPlan plan_;  // Note [Parameter server with model parallelism]: its shard's layout, its key range
+  const ParamLayout& layout_;
   const FlatRange own_;
+  std::vector<FlatRange> counted_;  // own_ less what the global norm counts elsewhere
   // Whole-buffer vectors indexed by flat offset (AdamW's convention); only the own range is
   // ever written, the rest of the pages are handed back untouched.
   std::vector<float> params_, grad_;
@@ -111,16 +117,26 @@ PsServer::PsServer(const Config& cfg, const TrainOptions& opt, comm::World& worl
       opt_(opt),
       world_(world),
       W_(int(cfg.parallel.dp)),
-      me_(world.global_rank() - W_),
-      peers_(parallel::ps_role_group(world, W_, int(cfg.parallel.ps_servers))),
-      links_(parallel::ps_links(world, W_, int(cfg.parallel.ps_servers))),
-      layout_(cfg.model),
-      own_(parallel::ps_partition(layout_.total_floats(), int(cfg.parallel.ps_servers))[size_t(me_)]),
+      me_(world.global_rank() - int(cfg.parallel.world())),
+      groups_(parallel::ps_groups(world, cfg)),
+      peers_(std::move(groups_.role)),
+      links_(std::move(groups_.links)),
+      plan_(plan_rank(cfg, world.global_rank())),
+      layout_(plan_.layout),
+      own_(plan_.param_ranges.at(0)),
       params_(size_t(layout_.total_floats())),
       grad_(params_.size()),
       adamw_(layout_, cfg.optim, {own_}),
       p_(params_.data() + own_.offset, size_t(own_.count)),
       g_(grad_.data() + own_.offset, size_t(own_.count)) {
+  LOOM_ASSERT(int(links_.size()) == W_, "a server links to its shard's ", W_, " workers");
+  // The global norm counts every parameter once (RankContext::counts): tp rank 0's servers
+  // count the replicated tensors, the first stage's the tied wte.
+  counted_ = {own_};
+  const bool tied_copy = cfg.model.arch == Arch::kGpt && plan_.part.head && !plan_.part.embed;
+  for (const ParamSpec& s : layout_.specs())
+    if ((s.name == "wte" && tied_copy) || (s.split_dim < 0 && plan_.tp_rank != 0))
+      counted_ = subtract(counted_, {s.offset, s.numel});
   release_pages(params_.data(), int64_t(params_.size() * sizeof(float)));
   release_pages(grad_.data(), int64_t(grad_.size() * sizeof(float)));
   for (int w = 0; w < W_; ++w) {
@@ -172,10 +188,20 @@ void PsServer::record(int w, const float* t) {
 }
 
 // Note [PS checkpoints]: a server's shard is its key range of the parameters and both
-// moments (a worker's is empty).
-ShardState PsServer::state() {
-  return ShardState{&layout_, params_, adamw_.moment(0), adamw_.moment(1), {own_}, adamw_.owned(),
-                    1, 0, adamw_.steps_taken(), {}};
+// moments (a worker's is empty); saved, less a head stage's tied wte copy, which opens the
+// layout, so what is saved is one range at the end of the key range (or nothing).
+ShardState PsServer::state(bool saving) {
+  const int tp = int(cfg_.parallel.tp);
+  ShardState s{&layout_, params_, adamw_.moment(0), adamw_.moment(1), {own_}, adamw_.owned(),
+               tp, plan_.tp_rank, adamw_.steps_taken(), {}};
+  if (!saving) return s;
+  const std::vector<FlatRange> saved = ps_saved_ranges(plan_, cfg_.model);
+  LOOM_ASSERT(saved.size() <= 1 && (saved.empty() || saved[0].offset + saved[0].count == own_.offset + own_.count),
+              "a server saves the end of its key range");
+  const int64_t skip = saved.empty() ? own_.count : saved[0].offset - own_.offset;
+  s.m = s.m.subspan(size_t(skip)), s.v = s.v.subspan(size_t(skip));
+  s.param_ranges = s.moment_ranges = saved;
+  return s;
 }
 
 int64_t PsServer::resume() {
@@ -184,7 +210,7 @@ int64_t PsServer::resume() {
   TrainOptions quiet;
   quiet.out = quiet.err = &sink;
   Reporter rep(quiet, cfg_.train.steps);
-  ShardState s = state();
+  ShardState s = state(false);
   const int64_t step = load_resume(cfg_, opt_.resume, s, &world_.world_group(), rep);
   adamw_.set_steps_taken(s.optimizer_steps);
   return step;
@@ -198,7 +224,7 @@ void PsServer::sync_round(int64_t step) {
   const std::vector<FlatRange> ranges = table_.on() ? take_sparse(step) : take_dense(step);
   for (const FlatRange& r : ranges)
     for (float& x : std::span<float>(grad_.data() + r.offset, size_t(r.count))) x *= inv;
-  double norm_sq[1] = {sum_squares(k, grad_.data(), ranges)};
+  double norm_sq[1] = {sum_squares(k, grad_.data(), table_.on() ? ranges : counted_)};
   peers_->all_reduce(std::span<double>(norm_sq, 1), comm::ReduceOp::kSum);
   const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
   apply(std::sqrt(norm_sq[0]), lr, ranges);

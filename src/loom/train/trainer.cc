@@ -111,7 +111,9 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
        << (cfg.comm.grad_dtype == FloatFormat::kBf16 ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
   if (p.ps_servers > 0)
-    os << "\n  parameter servers: " << p.ps_servers << " (ps.mode " << name_of(cfg.ps.mode)
+    os << "\n  parameter servers: " << p.ps_servers
+       << (p.servers() > p.ps_servers ? " per tp x pp shard, " + std::to_string(p.servers()) + " in all" : std::string())
+       << " (ps.mode " << name_of(cfg.ps.mode)
        << (cfg.ps.mode == PsMode::kSsp ? ", staleness <= " + std::to_string(cfg.ps.staleness) : std::string())
        << "), workers push gradients and pull the weights each step"
        << (cfg.ps.free_running() ? "; the run ends after " + std::to_string(p.dp * cfg.train.steps) + " pushes"

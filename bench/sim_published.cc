@@ -1,13 +1,15 @@
 // Simulates every row of a published-runs CSV on its cluster preset and prints predicted
 // vs published (TFLOP/s per GPU in Megatron's count, or iteration time), the error per
 // row and the median absolute error (issue 5's target: <= 10%); then the planner per row.
-//   build/release/bench/sim_published [CSV] [--by-source] [--no-plan] [--row ID]
+//   build/release/bench/sim_published [CSV] [--by-source] [--no-plan] [--row ID] [--plans ID,ID,...]
 // --by-source: per source_id, then per parallelism category and per GPU, the rows, median and
 // max |error| and the median signed error, all in step time (predicted / measured - 1:
 // negative is predicted too fast; a TFLOP/s row's is published / predicted - 1), after the
 // per-row table, whose error is in each row's own metric (issue 21's validation report).
 // --no-plan: skip the planner rows (about two minutes on the 90 handed-over rows).
 // --row ID: one row's step-time breakdown and per-op costs instead (what its error is made of).
+// --plans IDS: only the planner's rows, for those rows (e.g. the fp8 recipes of issue 57:
+// loom plan at the row's precision against the published layout, both simulated).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -156,12 +158,14 @@ void print_table(const std::string& path, bool by_source) {
   print_zero3_at_scale();
 }
 
-// The planner on each row's model, GPU count and global batch, against the published layout.
-void print_plans(const std::string& path) {
+// The planner on each row's model, GPU count, global batch and precision, against the
+// published layout (rows in `only`, or all).
+void print_plans(const std::string& path, const std::vector<std::string>& only = {}) {
   std::printf("%-4s %-14s %12s %12s %7s %9s %6s  %s\n", "row", "model", "published s", "planned s", "gain",
               "simulated", "time", "best plan");
   int not_worse = 0, rows = 0;
   for (const auto& row : loom::sim::read_published_runs(path)) {
+    if (!only.empty() && std::find(only.begin(), only.end(), row.id()) == only.end()) continue;
     loom::sim::PublishedCase pc;
     try {
       pc = loom::sim::published_case(row);
@@ -198,16 +202,22 @@ int main(int argc, char** argv) {
   std::string path = LOOM_SOURCE_DIR "/tests/reference/published_runs.csv";
   bool by_source = false, plan = true;
   std::string row_id;
+  std::vector<std::string> plan_rows;
   for (int i = 1; i < argc; i++) {
     if (!std::strcmp(argv[i], "--by-source")) by_source = true;
     else if (!std::strcmp(argv[i], "--row") && i + 1 < argc) row_id = argv[++i];
     else if (!std::strcmp(argv[i], "--row")) return std::fprintf(stderr, "sim_published: --row needs a row id\n"), 2;
     else if (!std::strcmp(argv[i], "--no-plan")) plan = false;
+    else if (!std::strcmp(argv[i], "--plans") && i + 1 < argc)
+      for (std::string ids = argv[++i], id; !ids.empty(); ids = ids.find(',') == std::string::npos ? "" : ids.substr(ids.find(',') + 1))
+        plan_rows.push_back(ids.substr(0, ids.find(',')));
+    else if (!std::strcmp(argv[i], "--plans")) return std::fprintf(stderr, "sim_published: --plans needs row ids\n"), 2;
     else if (argv[i][0] == '-') return std::fprintf(stderr, "sim_published: unknown option %s\n", argv[i]), 2;
     else path = argv[i];
   }
   try {
     if (!row_id.empty()) return explain_row(path, row_id);
+    if (!plan_rows.empty()) return print_plans(path, plan_rows), 0;
     print_table(path, by_source);
     if (plan) print_plans(path);
   } catch (const std::exception& e) {

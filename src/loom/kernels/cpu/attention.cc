@@ -46,21 +46,7 @@ void attend_head(float* o, float* p, bool round, bf16* keep, const float* q, con
   }
   for (int64_t t = 0; t < T; t++) {
     float* pr = p + t * T;
-    const int64_t lo = doc_start ? doc_start[t] : 0;  // first key of row t's document
-    float mx = -INFINITY;
-    for (int64_t j = lo; j <= t; j++) mx = std::max(mx, pr[j]);
-    float z = 0;
-#pragma omp simd reduction(+ : z)
-    for (int64_t j = lo; j <= t; j++) {
-      const float e = exp_approx(pr[j] - mx);
-      pr[j] = e;
-      z += e;
-    }
-    const float inv = 1.0f / z;
-#pragma omp simd
-    for (int64_t j = lo; j <= t; j++) pr[j] *= inv;
-    for (int64_t j = 0; j < lo; j++) pr[j] = 0.0f;
-    for (int64_t j = t + 1; j < T; j++) pr[j] = 0.0f;
+    softmax_window(pr, doc_start ? doc_start[t] : 0, t, T);  // from the first key of row t's document
     if (round)
       for (int64_t j = 0; j < T; j++) {
         const bf16 h = loom::to_bf16(pr[j]);

@@ -1,6 +1,8 @@
 // Branch-free float math that GCC vectorises under `#pragma omp simd` (glibc's vector
 // libm is only reachable with -ffast-math, which loom does not use).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -37,5 +39,24 @@ inline float exp_approx(float x) {
 }
 
 inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+// One attention row's softmax over its window: pr[lo .. hi] replaced by exp_approx(x - max)
+// / sum, the rest of pr[0 .. n) zeroed (the masked keys).
+inline void softmax_window(float* pr, int64_t lo, int64_t hi, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t j = lo; j <= hi; j++) mx = std::max(mx, pr[j]);
+  float z = 0;
+#pragma omp simd reduction(+ : z)
+  for (int64_t j = lo; j <= hi; j++) {
+    const float e = exp_approx(pr[j] - mx);
+    pr[j] = e;
+    z += e;
+  }
+  const float inv = 1.0f / z;
+#pragma omp simd
+  for (int64_t j = lo; j <= hi; j++) pr[j] *= inv;
+  for (int64_t j = 0; j < lo; j++) pr[j] = 0.0f;
+  for (int64_t j = hi + 1; j < n; j++) pr[j] = 0.0f;
+}
 
 }  // namespace loom::cpu

@@ -69,6 +69,17 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   tmpl::attention_backward<float>(dqkv, dout, qkv, probs, B, T, H, KV, hd);
 }
 
+void cp_attention_forward(float* out, float* probs, const float* qkv, const float* kv, const int32_t* q_pos, int64_t B,
+                          int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
+  tmpl::cp_attention_forward<float>(out, probs, qkv, kv, q_pos, B, Tq, Tk, H, KV, hd, doc_start);
+}
+
+void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                           const float* probs, const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                           int64_t KV, int64_t hd) {
+  tmpl::cp_attention_backward<float>(dqkv, dkv, dout, qkv, kv, probs, q_pos, B, Tq, Tk, H, KV, hd);
+}
+
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {
   tmpl::residual_forward<float>(out, a, b, n);
 }

@@ -220,77 +220,120 @@ void rope_backward(S* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t
   detail::rope_rotate<S>(dqkv, B, T, H, KV, hd, theta, -1.0);
 }
 
-// round_p(x): each probability as P V reads and backward sees it (identity in fp32; the
-// bf16 reference rounds it, Note [bf16 attention probabilities]).
-template <typename S, typename RoundP = S (*)(S)>
-void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t hd, const int32_t* doc_start = nullptr,
-                       RoundP round_p = [](S x) { return x; }) {
-  const int64_t row = (H + 2 * KV) * hd, group = H / KV;
+namespace detail {
+
+// Attention of Tq query rows (stride qrow) against Tk key / value rows (stride kvrow; k and v
+// point at kv head 0 of batch 0); row t sees keys lo .. hi, hi = q_pos[t] (t when q_pos is
+// null: the causal sequence itself). round_p(x): each probability as P V reads and backward
+// sees it (identity in fp32; the bf16 reference rounds it, Note [bf16 attention
+// probabilities]).
+template <typename S, typename RoundP>
+void attend_rows(S* out, S* probs, const S* q, int64_t qrow, const S* k, const S* v, int64_t kvrow,
+                 const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd,
+                 const int32_t* doc_start, RoundP round_p) {
+  const int64_t group = H / KV;
   const double scale = 1.0 / std::sqrt(double(hd));
-  std::vector<double> s(T);
+  std::vector<double> s(static_cast<size_t>(Tk));
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       const int64_t kh = h / group;
-      for (int64_t t = 0; t < T; t++) {
-        const S* q = qkv + (b * T + t) * row + h * hd;
-        const int64_t lo = doc_start ? doc_start[b * T + t] : 0;  // first key of row t's document
+      for (int64_t t = 0; t < Tq; t++) {
+        const S* qr = q + (b * Tq + t) * qrow + h * hd;
+        const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos ? q_pos[t] : t;
         double mx = -INFINITY;
-        for (int64_t j = lo; j <= t; j++) {
-          const S* k = qkv + (b * T + j) * row + (H + kh) * hd;
+        for (int64_t j = lo; j <= hi; j++) {
+          const S* kr = k + (b * Tk + j) * kvrow + kh * hd;
           double d = 0;
-          for (int64_t e = 0; e < hd; e++) d += double(q[e]) * k[e];
-          s[j] = d * scale;
-          mx = std::max(mx, s[j]);
+          for (int64_t e = 0; e < hd; e++) d += double(qr[e]) * kr[e];
+          s[size_t(j)] = d * scale;
+          mx = std::max(mx, s[size_t(j)]);
         }
         double z = 0;
-        for (int64_t j = lo; j <= t; j++) z += std::exp(s[j] - mx);
-        S* p = probs + ((b * H + h) * T + t) * T;
-        for (int64_t j = 0; j < T; j++) p[j] = j >= lo && j <= t ? round_p(S(std::exp(s[j] - mx) / z)) : S(0);
+        for (int64_t j = lo; j <= hi; j++) z += std::exp(s[size_t(j)] - mx);
+        S* p = probs + ((b * H + h) * Tq + t) * Tk;
+        for (int64_t j = 0; j < Tk; j++) p[j] = j >= lo && j <= hi ? round_p(S(std::exp(s[size_t(j)] - mx) / z)) : S(0);
         for (int64_t e = 0; e < hd; e++) {
           double acc = 0;
-          for (int64_t j = 0; j <= t; j++) acc += double(p[j]) * qkv[(b * T + j) * row + (H + KV + kh) * hd + e];
-          out[(b * T + t) * H * hd + h * hd + e] = S(acc);
+          for (int64_t j = 0; j <= hi; j++) acc += double(p[j]) * v[(b * Tk + j) * kvrow + kh * hd + e];
+          out[(b * Tq + t) * H * hd + h * hd + e] = S(acc);
         }
       }
     }
 }
 
+// attend_rows' backward: dL/dQ added at dq (stride qrow), dL/dK and dL/dV at dk, dv (stride
+// kvrow).
 template <typename S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
-  const int64_t row = (H + 2 * KV) * hd, group = H / KV;
+void attend_rows_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, int64_t qrow, const S* k, const S* v,
+                          int64_t kvrow, const S* probs, const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk,
+                          int64_t H, int64_t KV, int64_t hd) {
+  const int64_t group = H / KV;
   const double scale = 1.0 / std::sqrt(double(hd));
-  std::vector<double> dp(T), ds(T);
+  std::vector<double> dp(static_cast<size_t>(Tk)), ds(static_cast<size_t>(Tk));
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       const int64_t kh = h / group;
-      for (int64_t t = 0; t < T; t++) {
-        const S* p = probs + ((b * H + h) * T + t) * T;
-        const S* dy = dout + (b * T + t) * H * hd + h * hd;
+      for (int64_t t = 0; t < Tq; t++) {
+        const int64_t hi = q_pos ? q_pos[t] : t;
+        const S* p = probs + ((b * H + h) * Tq + t) * Tk;
+        const S* dy = dout + (b * Tq + t) * H * hd + h * hd;
         double pdp = 0;
-        for (int64_t j = 0; j <= t; j++) {
-          const S* v = qkv + (b * T + j) * row + (H + KV + kh) * hd;
+        for (int64_t j = 0; j <= hi; j++) {
+          const S* vr = v + (b * Tk + j) * kvrow + kh * hd;
           double d = 0;
-          for (int64_t e = 0; e < hd; e++) d += double(dy[e]) * v[e];
-          dp[j] = d;
+          for (int64_t e = 0; e < hd; e++) d += double(dy[e]) * vr[e];
+          dp[size_t(j)] = d;
           pdp += p[j] * d;
-          S* dv = dqkv + (b * T + j) * row + (H + KV + kh) * hd;
-          for (int64_t e = 0; e < hd; e++) dv[e] += S(p[j] * double(dy[e]));
+          S* dvr = dv + (b * Tk + j) * kvrow + kh * hd;
+          for (int64_t e = 0; e < hd; e++) dvr[e] += S(p[j] * double(dy[e]));
         }
-        for (int64_t j = 0; j <= t; j++) ds[j] = p[j] * (dp[j] - pdp) * scale;
-        const S* q = qkv + (b * T + t) * row + h * hd;
-        S* dq = dqkv + (b * T + t) * row + h * hd;
-        for (int64_t j = 0; j <= t; j++) {
-          const S* k = qkv + (b * T + j) * row + (H + kh) * hd;
-          S* dk = dqkv + (b * T + j) * row + (H + kh) * hd;
+        for (int64_t j = 0; j <= hi; j++) ds[size_t(j)] = p[j] * (dp[size_t(j)] - pdp) * scale;
+        const S* qr = q + (b * Tq + t) * qrow + h * hd;
+        S* dqr = dq + (b * Tq + t) * qrow + h * hd;
+        for (int64_t j = 0; j <= hi; j++) {
+          const S* kr = k + (b * Tk + j) * kvrow + kh * hd;
+          S* dkr = dk + (b * Tk + j) * kvrow + kh * hd;
           for (int64_t e = 0; e < hd; e++) {
-            dq[e] += S(ds[j] * k[e]);
-            dk[e] += S(ds[j] * q[e]);
+            dqr[e] += S(ds[size_t(j)] * kr[e]);
+            dkr[e] += S(ds[size_t(j)] * qr[e]);
           }
         }
       }
     }
+}
+
+}  // namespace detail
+
+template <typename S, typename RoundP = S (*)(S)>
+void attention_forward(S* out, S* probs, const S* qkv, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t hd, const int32_t* doc_start = nullptr,
+                       RoundP round_p = [](S x) { return x; }) {
+  const int64_t row = (H + 2 * KV) * hd;
+  detail::attend_rows(out, probs, qkv, row, qkv + H * hd, qkv + (H + KV) * hd, row, nullptr, B, T, T, H, KV, hd,
+                      doc_start, round_p);
+}
+
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t row = (H + 2 * KV) * hd;
+  detail::attend_rows_backward(dqkv, dqkv + H * hd, dqkv + (H + KV) * hd, dout, qkv, row, qkv + H * hd,
+                               qkv + (H + KV) * hd, row, probs, nullptr, B, T, T, H, KV, hd);
+}
+
+// Note [Context-parallel attention] (ops.inc): local query rows against gathered keys.
+template <typename S>
+void cp_attention_forward(S* out, S* probs, const S* qkv, const S* kv, const int32_t* q_pos, int64_t B, int64_t Tq,
+                          int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start = nullptr) {
+  detail::attend_rows(out, probs, qkv, (H + 2 * KV) * hd, kv, kv + KV * hd, 2 * KV * hd, q_pos, B, Tq, Tk, H, KV, hd,
+                      doc_start, [](S x) { return x; });
+}
+
+template <typename S>
+void cp_attention_backward(S* dqkv, S* dkv, const S* dout, const S* qkv, const S* kv, const S* probs,
+                           const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+  detail::attend_rows_backward(dqkv, dkv, dkv + KV * hd, dout, qkv, (H + 2 * KV) * hd, kv, kv + KV * hd, 2 * KV * hd,
+                               probs, q_pos, B, Tq, Tk, H, KV, hd);
 }
 
 template <typename S>

@@ -1,0 +1,189 @@
+// Context parallelism's building blocks: the chunks of a sequence per rank (Note
+// [Context-parallel chunks]) and attention of a rank's rows against the gathered keys (Note
+// [Context-parallel attention]): the reference equals the whole sequence's causal attention
+// row for row, with and without document masks, and the ranks' key / value gradients sum to
+// the whole sequence's; the fast kernel against the reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/ref/ops.h"
+#include "loom/rank/cp_chunks.h"
+
+namespace loom {
+namespace {
+
+using rank::CpSplit;
+
+TEST(CpChunks, ZigZagGivesEachRankTwoMirroredChunksAndPlainOne) {
+  EXPECT_EQ(rank::cp_positions(16, 2, 0, CpSplit::kZigZag), (std::vector<int32_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(rank::cp_positions(16, 2, 1, CpSplit::kZigZag), (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(rank::cp_positions(6, 3, 2, CpSplit::kPlain), (std::vector<int32_t>{4, 5}));
+  // Every position has one owner, and each rank's causal work (sum of keys its rows see) is
+  // the same under zigzag: 2n c^2 plus the diagonal, c = T / 2n.
+  for (int cp : {2, 3, 4}) {
+    const int64_t T = 48;
+    const std::vector<rank::CpSlot> owners = rank::cp_owners(T, cp, CpSplit::kZigZag);
+    std::vector<int64_t> work(size_t(cp), 0);
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<int32_t> pos = rank::cp_positions(T, cp, r, CpSplit::kZigZag);
+      ASSERT_EQ(int64_t(pos.size()), T / cp);
+      ASSERT_TRUE(std::is_sorted(pos.begin(), pos.end()));
+      for (size_t i = 0; i < pos.size(); ++i) {
+        EXPECT_EQ(owners[size_t(pos[i])].rank, r);
+        EXPECT_EQ(owners[size_t(pos[i])].index, int32_t(i));
+        work[size_t(r)] += pos[i] + 1;
+      }
+    }
+    for (int r = 1; r < cp; ++r) EXPECT_EQ(work[size_t(r)], work[0]) << "cp " << cp;
+  }
+  try {
+    rank::cp_positions(10, 3, 0, CpSplit::kZigZag);
+    FAIL() << "10 tokens split into 6 chunks";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("a multiple of 6"), std::string::npos) << e.what();
+  }
+}
+
+struct Case {
+  int64_t B = 2, T = 24, H = 4, KV = 2, hd = 8;
+  int64_t row() const { return (H + 2 * KV) * hd; }
+};
+
+std::vector<float> normal(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Random document starts per batch row (nullptr-free: position 0 starts the first).
+std::vector<int32_t> doc_starts(std::mt19937& rng, const Case& c) {
+  std::vector<int32_t> s(size_t(c.B * c.T));
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0, start = 0; t < c.T; ++t) {
+      if (t > 0 && rng() % 5 == 0) start = t;
+      s[size_t(b * c.T + t)] = int32_t(start);
+    }
+  return s;
+}
+
+// The largest |a - b| over the largest |b| (at least 1).
+double off(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return num / den;
+}
+
+// Each rank's rows of the whole sequence's qkv, its doc starts, and K|V of every position.
+struct Local {
+  std::vector<int32_t> pos, doc;
+  std::vector<float> qkv, kv;
+};
+Local local_of(const Case& c, const std::vector<float>& qkv, const std::vector<int32_t>* doc, const std::vector<int32_t>& pos) {
+  Local l;
+  l.pos = pos;
+  const int64_t Tq = int64_t(pos.size()), row = c.row(), kvrow = 2 * c.KV * c.hd;
+  l.qkv.resize(size_t(c.B * Tq * row));
+  l.kv.resize(size_t(c.B * c.T * kvrow));
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t t = 0; t < Tq; ++t) {
+      std::copy_n(qkv.begin() + (b * c.T + pos[size_t(t)]) * row, row, l.qkv.begin() + (b * Tq + t) * row);
+      if (doc) l.doc.push_back((*doc)[size_t(b * c.T + pos[size_t(t)])]);
+    }
+    for (int64_t j = 0; j < c.T; ++j)
+      std::copy_n(qkv.begin() + (b * c.T + j) * row + c.H * c.hd, kvrow, l.kv.begin() + (b * c.T + j) * kvrow);
+  }
+  return l;
+}
+
+// Note [Context-parallel attention]: every rank's output rows are the whole sequence's causal
+// attention at its positions; its dQ rows are the whole dQ's; the ranks' dK, dV sum to the
+// whole. cp 2, 3, 4, zigzag and plain, with document masks and without (the reference, in
+// double sums, so only the order of float additions differs: 1e-6).
+TEST(CpAttention, RanksTogetherAreTheWholeSequencesAttention) {
+  std::mt19937 rng(7);
+  const Case c;
+  const int64_t row = c.row(), kvrow = 2 * c.KV * c.hd, C = c.H * c.hd;
+  const std::vector<float> qkv = normal(rng, size_t(c.B * c.T * row)), dout = normal(rng, size_t(c.B * c.T * C));
+  const std::vector<int32_t> starts = doc_starts(rng, c);
+  for (const bool masked : {false, true}) {
+    const int32_t* doc = masked ? starts.data() : nullptr;
+    std::vector<float> out(size_t(c.B * c.T * C)), probs(size_t(c.B * c.H * c.T * c.T)), dqkv(qkv.size(), 0.0f);
+    ref::attention_forward(out.data(), probs.data(), qkv.data(), c.B, c.T, c.H, c.KV, c.hd, doc);
+    ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), c.B, c.T, c.H, c.KV, c.hd);
+    for (int cp : {2, 3, 4})
+      for (const CpSplit split : {CpSplit::kZigZag, CpSplit::kPlain}) {
+        SCOPED_TRACE("cp " + std::to_string(cp) + (split == CpSplit::kZigZag ? " zigzag" : " plain") +
+                     (masked ? " masked" : ""));
+        std::vector<float> dkv_sum(size_t(c.B * c.T * kvrow), 0.0f);
+        for (int r = 0; r < cp; ++r) {
+          const Local l = local_of(c, qkv, masked ? &starts : nullptr, rank::cp_positions(c.T, cp, r, split));
+          const int64_t Tq = int64_t(l.pos.size());
+          std::vector<float> o(size_t(c.B * Tq * C)), p(size_t(c.B * c.H * Tq * c.T)), dq(l.qkv.size(), 0.0f),
+              dkv(l.kv.size(), 0.0f), dy(size_t(c.B * Tq * C));
+          ref::cp_attention_forward(o.data(), p.data(), l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.KV,
+                                    c.hd, masked ? l.doc.data() : nullptr);
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t t = 0; t < Tq; ++t) {
+              const int64_t g = b * c.T + l.pos[size_t(t)];
+              std::copy_n(dout.begin() + g * C, C, dy.begin() + (b * Tq + t) * C);
+              for (int64_t e = 0; e < C; ++e)
+                ASSERT_NEAR(o[size_t((b * Tq + t) * C + e)], out[size_t(g * C + e)], 1e-6) << "rank " << r << " row " << t;
+            }
+          ref::cp_attention_backward(dq.data(), dkv.data(), dy.data(), l.qkv.data(), l.kv.data(), p.data(), l.pos.data(),
+                                     c.B, Tq, c.T, c.H, c.KV, c.hd);
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t t = 0; t < Tq; ++t)
+              for (int64_t e = 0; e < C; ++e)  // the Q part of the row
+                ASSERT_NEAR(dq[size_t((b * Tq + t) * row + e)], dqkv[size_t((b * c.T + l.pos[size_t(t)]) * row + e)], 1e-5);
+          for (size_t i = 0; i < dkv.size(); ++i) dkv_sum[i] += dkv[i];
+        }
+        for (int64_t bj = 0; bj < c.B * c.T; ++bj)
+          for (int64_t e = 0; e < kvrow; ++e)
+            ASSERT_NEAR(dkv_sum[size_t(bj * kvrow + e)], dqkv[size_t(bj * row + C + e)], 1e-5) << "position " << bj;
+      }
+  }
+}
+
+// The fast kernel against the reference on a zigzag rank of cp 3 (two runs of positions) and
+// a plain one, with document masks: within attention's cpu-vs-ref bound (1e-5 of the scale).
+TEST(CpAttention, FastKernelMatchesTheReference) {
+  std::mt19937 rng(11);
+  Case c;
+  c.T = 48, c.H = 6, c.KV = 3, c.hd = 16;
+  const int64_t row = c.row(), C = c.H * c.hd;
+  const std::vector<float> qkv = normal(rng, size_t(c.B * c.T * row));
+  const std::vector<int32_t> starts = doc_starts(rng, c);
+  for (const auto& [cp, r, split] : {std::tuple{3, 1, CpSplit::kZigZag}, std::tuple{4, 3, CpSplit::kPlain}}) {
+    const Local l = local_of(c, qkv, &starts, rank::cp_positions(c.T, cp, r, split));
+    const int64_t Tq = int64_t(l.pos.size());
+    std::vector<float> o1(size_t(c.B * Tq * C)), o2 = o1, p1(size_t(c.B * c.H * Tq * c.T)), p2 = p1;
+    ref::cp_attention_forward(o1.data(), p1.data(), l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.KV,
+                              c.hd, l.doc.data());
+    cpu::cp_attention_forward(o2.data(), p2.data(), l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.KV,
+                              c.hd, l.doc.data());
+    EXPECT_LT(off(o2, o1), 1e-5) << "cp " << cp;
+    EXPECT_LT(off(p2, p1), 1e-5) << "cp " << cp;
+    const std::vector<float> dy = normal(rng, o1.size());
+    std::vector<float> dq1(l.qkv.size(), 0.25f), dq2 = dq1, dkv1(l.kv.size(), -0.5f), dkv2 = dkv1;
+    ref::cp_attention_backward(dq1.data(), dkv1.data(), dy.data(), l.qkv.data(), l.kv.data(), p1.data(), l.pos.data(),
+                               c.B, Tq, c.T, c.H, c.KV, c.hd);
+    cpu::cp_attention_backward(dq2.data(), dkv2.data(), dy.data(), l.qkv.data(), l.kv.data(), p1.data(), l.pos.data(),
+                               c.B, Tq, c.T, c.H, c.KV, c.hd);
+    EXPECT_LT(off(dq2, dq1), 1e-5) << "cp " << cp;
+    EXPECT_LT(off(dkv2, dkv1), 1e-5) << "cp " << cp;
+  }
+}
+
+}  // namespace
+}  // namespace loom

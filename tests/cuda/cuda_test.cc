@@ -107,7 +107,7 @@ TEST(CudaKernels, RopeMatchesTheReferenceAndInverts) {
   const int64_t B = 2, T = 37, H = 4, KV = 2, hd = 16;
   const auto qkv = rounded(randn(static_cast<size_t>(B * T * (H + 2 * KV) * hd)));
   std::vector<float> want = qkv;
-  ref::rope_forward(want.data(), B, T, H, KV, hd, 10000.0f);
+  ref::rope_forward(want.data(), B, T, H, KV, hd, 10000.0f, nullptr);
   Dev<bf16> d(to_h(qkv));
   rope(d.p, B, T, H, KV, hd, 10000.0f, false, nullptr);
   EXPECT_LT(rel(widen(d.get()), want), 4e-3);

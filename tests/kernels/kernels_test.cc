@@ -186,12 +186,12 @@ TEST(Kernels, RopeAndAttention) {
     auto qkv = rnd.normal(N * Q), dy = rnd.normal(N * H * hd);
     if (hd % 2 == 0) {
       auto r1 = qkv, r2 = qkv;
-      ref::rope_forward(r1.data(), B, T, H, KV, hd, 10000.f);
-      cpu::rope_forward(r2.data(), B, T, H, KV, hd, 10000.f);
+      ref::rope_forward(r1.data(), B, T, H, KV, hd, 10000.f, nullptr);
+      cpu::rope_forward(r2.data(), B, T, H, KV, hd, 10000.f, nullptr);
       EXPECT_CLOSE(r2, r1, 1e-5);
-      cpu::rope_backward(r2.data(), B, T, H, KV, hd, 10000.f);  // inverse rotation
+      cpu::rope_backward(r2.data(), B, T, H, KV, hd, 10000.f, nullptr);  // inverse rotation
       EXPECT_CLOSE(r2, qkv, 1e-5);
-      ref::rope_backward(r1.data(), B, T, H, KV, hd, 10000.f);
+      ref::rope_backward(r1.data(), B, T, H, KV, hd, 10000.f, nullptr);
       EXPECT_CLOSE(r1, qkv, 1e-5);
     }
     std::vector<float> y1(N * H * hd), y2(y1.size()), p1(B * H * T * T), p2(p1.size());

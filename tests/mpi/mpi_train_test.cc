@@ -337,6 +337,19 @@ TEST(MpiTrain, ParameterServerSspHoldsItsBoundAcrossProcesses) {
   }
 }
 
+// Context parallelism across processes (Note [Context-parallel chunks]): cp 2, 3, 4 and 8
+// alone, and with dp 2 x ZeRO-1 and dp 2 x tp 2 + sp, each on the rank count it fills.
+TEST(MpiTrain, ContextParallelLayoutsMatchTheSingleProcessRun) {
+  check_layouts("gpt",
+                {{"parallel.cp=2"},
+                 {"parallel.cp=3"},
+                 {"parallel.cp=4"},
+                 {"parallel.cp=2", "parallel.dp=2", "parallel.zero=1"},
+                 {"parallel.cp=8"},
+                 {"parallel.cp=2", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true"}},
+                {"model.ctx=48", "train.seq=48"});
+}
+
 // Note [Parameter server with model parallelism] across processes: at 4 ranks a pp 2 GPT
 // worker pair (tied wte) with one server per stage, at 8 ranks dp 2 x tp 2 workers with two
 // servers per shard. Sync matches the single process (loom verify's tolerances); async /

@@ -210,7 +210,7 @@ TEST(PlanSearch, WhatTheEngineDoesNotRunIsMarkedAndNeverEmittedForIt) {
     sim::SimPlan q = p;
     q.cp = k == 0 ? 2 : 1;
     if (k == 1) q.gemm_format = sim::GemmFormat::kFp8;
-    const std::string want = k == 0 ? "loom's engine runs cp = 1" : "--precision fp8";
+    const std::string want = k == 0 ? "loom's engine runs parallel.cp_mode = allgather" : "--precision fp8";
     EXPECT_NE(engine_refusal(q).find(want), std::string::npos) << engine_refusal(q);
     EXPECT_NE(approximation_caveat(q).find("simulator only: "), std::string::npos) << approximation_caveat(q);
     try {

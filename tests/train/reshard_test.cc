@@ -66,6 +66,10 @@ const std::vector<Pair>& pairs() {
        {"parallel.dp=2", "parallel.zero=1", "parallel.ps_servers=0"}},
       {"zero2 dp2 -> ps 2 workers + 1 server", {}, {"parallel.dp=2", "parallel.zero=2"},
        {"parallel.dp=2", "parallel.ps_servers=1", "parallel.zero=0"}},
+      // Note [Context-parallel chunks]: cp shards nothing; ZeRO shards over dp x cp.
+      {"cp2 x dp2 zero1 -> tp2", {}, {"parallel.cp=2", "parallel.dp=2", "parallel.zero=1"},
+       {"parallel.cp=1", "parallel.dp=1", "parallel.zero=0", "parallel.tp=2"}},
+      {"zero3 dp2 -> cp4", {}, {"parallel.dp=2", "parallel.zero=3"}, {"parallel.dp=1", "parallel.zero=0", "parallel.cp=4"}},
       // Note [Parameter server with model parallelism]: shards of a tp x pp worker layout.
       {"ps dp2 x pp2 + 1 server per shard -> tp2", {}, {"parallel.dp=2", "parallel.pp=2", "parallel.ps_servers=1"},
        {"parallel.dp=1", "parallel.pp=1", "parallel.tp=2", "parallel.ps_servers=0"}},

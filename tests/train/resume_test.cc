@@ -82,6 +82,8 @@ TEST(Resume, BitIdenticalToTheUninterruptedRunOnEachLayout) {
       {"ps 2 workers + 2 servers", {"parallel.dp=2", "parallel.ps_servers=2"}},
       // Note [Parameter server with model parallelism]: each tp x pp shard's servers; GPT's
       // tied wte saved by the first stage's servers only.
+      // Note [Context-parallel chunks]: ZeRO-3's pieces over dp x cp.
+      {"cp2 x dp2 zero3", {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3"}},
       {"ps dp2 x pp2 + 1 server per shard", {"parallel.dp=2", "parallel.pp=2", "parallel.ps_servers=1"}},
       {"ps dp2 x tp2 sp + 2 servers per shard", {"parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "parallel.ps_servers=2"}}};
   for (const auto& [name, sets] : layouts) {

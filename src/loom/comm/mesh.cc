@@ -140,7 +140,8 @@ std::string Mesh::to_string() const {
 }
 
 Mesh training_mesh(const ParallelConfig& p) {
-  return Mesh({{"pp", int(p.pp)}, {"dp", int(p.dp)}, {"tp", int(p.tp)}}, int(p.pp * p.dp * p.tp));
+  // The dp axis holds dp x cp ranks, a replica's cp ranks consecutive (Note [Context-parallel chunks]).
+  return Mesh({{"pp", int(p.pp)}, {"dp", int(p.dp_ranks())}, {"tp", int(p.tp)}}, int(p.world()));
 }
 
 }  // namespace loom::comm

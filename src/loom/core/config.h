@@ -192,6 +192,12 @@ struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t vpp = 1;             // model chunks per pipeline rank (interleaved schedule)
   bool sp = false;             // sequence parallel (needs tp > 1)
+  // Context parallelism (Note [Context-parallel chunks] in rank/cp_chunks.h): each sequence
+  // split over cp ranks of one dp replica; parameters replicated over cp, gradients reduced
+  // over dp x cp (the mesh's dp axis holds dp x cp ranks, cp innermost).
+  int64_t cp = 1;
+  CpMode cp_mode = CpMode::kAllGather;
+  CpSplit cp_split = CpSplit::kZigZag;
   bool vocab_parallel = true;  // under tp: embedding/head split by vocabulary, else replicated
   int64_t zero = 0;            // 0: plain data parallel; 1: optimizer state, 2: + gradients, 3: + params sharded
   int64_t micro_batch = 0;     // sequences per micro-batch per dp rank; 0: batch / (grad_accum * dp)
@@ -253,7 +259,9 @@ struct ParallelConfig {
   // Note [Parameter server] (modes/ps/ps.h): > 0 adds that many server ranks per model shard
   // (tp x pp shards) to the dp workers.
   int64_t ps_servers = 0;
-  int64_t world() const { return dp * tp * pp; }  // the training mesh (a PS job's workers)
+  int64_t world() const { return dp * cp * tp * pp; }  // the training mesh (a PS job's workers)
+  // The data-parallel gradient group: the dp replicas' cp ranks (ZeRO shards over it).
+  int64_t dp_ranks() const { return dp * cp; }
   int64_t servers() const { return ps_servers * tp * pp; }  // a PS job's server ranks
   int64_t ranks() const { return world() + servers(); }  // every rank the job launches
   // "dp x tp x pp = 2 x 2 x 1 + 2 servers (1 per tp x pp shard)", for launch errors.
@@ -329,6 +337,8 @@ struct Config {
   // every layout: batch = micro_batch() x train.grad_accum x parallel.dp, checked by
   // validate(), so changing the layout never silently changes the math.
   int64_t seq_len() const { return train.seq > 0 ? train.seq : model.ctx; }
+  // A rank's tokens of each sequence: seq_len() / parallel.cp.
+  int64_t local_seq() const { return seq_len() / std::max<int64_t>(parallel.cp, 1); }
   int64_t micro_batch() const {
     if (parallel.micro_batch > 0) return parallel.micro_batch;
     const int64_t d = train.grad_accum * parallel.dp;

@@ -328,6 +328,47 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
   if (c.train.device != Device::kCpu) errs.push_back(is + "with train.device = " + std::string(name_of(c.train.device)) + ": PS runs on the CPU engine");
 }
 
+// Note [Context-parallel chunks] (rank/cp_chunks.h): what context parallelism composes with
+// so far; each refusal names what works.
+void check_cp(const Config& c, std::vector<std::string>& errs) {
+  const ParallelConfig& p = c.parallel;
+  if (p.cp < 1) {
+    errs.push_back("parallel.cp = " + std::to_string(p.cp) + ": expected >= 1");
+    return;
+  }
+  if (p.cp == 1) return;
+  const std::string is = "parallel.cp = " + std::to_string(p.cp) + " ";
+  const int64_t pieces = p.cp_split == CpSplit::kZigZag ? 2 * p.cp : p.cp;
+  if (c.seq_len() % pieces != 0)
+    errs.push_back(is + "with parallel.cp_split = " + name_of(p.cp_split) + ": the sequence of " +
+                   std::to_string(c.seq_len()) + " tokens does not split into " + std::to_string(pieces) +
+                   " equal chunks; use train.seq a multiple of " + std::to_string(pieces));
+  if (p.cp_mode != CpMode::kAllGather)
+    errs.push_back(is + "with parallel.cp_mode = " + name_of(p.cp_mode) + ": the engine runs allgather so far (loom "
+                   "simulate prices " + name_of(p.cp_mode) + "); use parallel.cp_mode = allgather");
+  auto refuse = [&](bool bad, const std::string& what, const std::string& fix) {
+    if (bad) errs.push_back(is + "with " + what + ": not built for context parallelism yet; " + fix);
+  };
+  refuse(p.ps_servers > 0, "parallel.ps_servers", "set parallel.ps_servers = 0");
+  refuse(c.data.bucketing, "data.bucketing", "set data.bucketing = false");
+  refuse(c.data.doc_mask, "data.doc_mask", "set data.doc_mask = false");
+  refuse(c.train.precision != Precision::kFp32, "train.precision = " + std::string(name_of(c.train.precision)),
+         "use train.precision = fp32");
+  refuse(p.pp > 1 && streams(p.schedule), "parallel.schedule = " + std::string(schedule_name(p.schedule)),
+         "use a flushing schedule (1f1b, gpipe, interleaved, zb-h1, zb-h2, zb-v)");
+  refuse(p.compress != CompressKind::kNone, "parallel.compress = " + std::string(compress_name(p.compress)),
+         "set parallel.compress = none");
+  refuse(c.offload.optimizer != OffloadTier::kNone || c.offload.params != OffloadTier::kNone ||
+             c.offload.grads != OffloadTier::kNone,
+         "offload", "set offload.* = none");
+  refuse(c.train.device != Device::kCpu, "train.device = " + std::string(name_of(c.train.device)),
+         "use train.device = cpu");
+  refuse(c.comm.grad_dtype != FloatFormat::kFp32 || c.comm.param_dtype != FloatFormat::kFp32 ||
+             c.comm.p2p_dtype != FloatFormat::kFp32,
+         "comm.*_dtype = bf16", "keep comm.grad_dtype, param_dtype and p2p_dtype at fp32");
+  refuse(p.zeropp_qwz || p.zeropp_qgz || p.zeropp_hpz, "ZeRO++", "set parallel.zeropp_* = false");
+}
+
 }  // namespace
 
 std::vector<std::string> validation_errors(const Config& c) {
@@ -339,6 +380,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   check_memory(c, errs);
   check_streams(c, errs);
   check_ps(c, errs);
+  check_cp(c, errs);
   check_sgd(c, errs);
   check_moments(c, errs);
   append_parallel_errors(c, errs);

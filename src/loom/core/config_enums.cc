@@ -57,6 +57,17 @@ const char* name_of(PsMode m) {
   return "?";
 }
 
+const char* name_of(CpMode m) {
+  switch (m) {
+    case CpMode::kAllGather: return "allgather";
+    case CpMode::kRing: return "ring";
+    case CpMode::kUlysses: return "ulysses";
+  }
+  return "?";
+}
+
+const char* name_of(CpSplit s) { return s == CpSplit::kPlain ? "plain" : "zigzag"; }
+
 Device parse_device(const std::string& key, const std::string& text) {
   return parse_named(key, text, {Device::kCpu, Device::kCuda});
 }
@@ -77,6 +88,17 @@ PsMode parse_ps_mode(const std::string& key, const std::string& text) {
   return parse_named(key, text, {PsMode::kSync, PsMode::kAsync, PsMode::kSsp},
                      "sync (bulk synchronous), async (each push applied on arrival) or ssp (stale synchronous, "
                      "bound ps.staleness)");
+}
+
+CpMode parse_cp_mode(const std::string& key, const std::string& text) {
+  return parse_named(key, text, {CpMode::kAllGather, CpMode::kRing, CpMode::kUlysses},
+                     "allgather (K and V gathered once per layer), ring (K / V blocks passed around the cp ring) or "
+                     "ulysses (all-to-all to heads)");
+}
+
+CpSplit parse_cp_split(const std::string& key, const std::string& text) {
+  return parse_named(key, text, {CpSplit::kZigZag, CpSplit::kPlain},
+                     "zigzag (rank r: chunks r and 2 cp - 1 - r, equal causal work) or plain (one chunk each)");
 }
 
 }  // namespace loom

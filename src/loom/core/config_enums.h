@@ -1,6 +1,6 @@
 // The enum-valued keys outside [parallel] (train.device, train.precision, optim.name,
 // optim.moments, comm.grad_dtype / param_dtype / p2p_dtype, offload.optimizer / params /
-// grads, ps.mode): parsed once from their text when a config is read, printed back as
+// grads, ps.mode; parallel.cp_mode / cp_split): parsed once from their text when a config is read, printed back as
 // written. Nothing outside core/ compares their text (issue 52).
 #pragma once
 
@@ -14,6 +14,10 @@ enum class OptimizerKind { kAdamW, kSgd };        // "adamw" | "sgd"
 enum class FloatFormat { kFp32, kBf16 };          // "fp32" | "bf16": stored moments, wire payloads
 enum class OffloadTier { kNone, kDisk };          // "none" | "disk"
 enum class PsMode { kSync, kAsync, kSsp };        // "sync" | "async" | "ssp"
+// parallel.cp_mode / cp_split (Note [Context-parallel attention], Note [Context-parallel
+// chunks] in rank/cp_chunks.h).
+enum class CpMode { kAllGather, kRing, kUlysses };  // "allgather" | "ring" | "ulysses"
+enum class CpSplit { kZigZag, kPlain };              // "zigzag" | "plain"
 
 // train.loss_scale (Note [Dynamic loss scaling]) is text: a word or a number. Its kind, for
 // text the config check accepted: "auto", "dynamic", "none", else a static scale.
@@ -26,6 +30,8 @@ const char* name_of(OptimizerKind o);
 const char* name_of(FloatFormat f);
 const char* name_of(OffloadTier t);
 const char* name_of(PsMode m);
+const char* name_of(CpMode m);
+const char* name_of(CpSplit s);
 
 // Each throws ConfigError "<key> = '<text>': expected a, b or c" for any other text.
 Device parse_device(const std::string& key, const std::string& text);
@@ -35,5 +41,7 @@ OptimizerKind parse_optimizer(const std::string& key, const std::string& text);
 FloatFormat parse_float_format(const std::string& key, const std::string& text, const std::string& what = "");
 OffloadTier parse_offload_tier(const std::string& key, const std::string& text);
 PsMode parse_ps_mode(const std::string& key, const std::string& text);
+CpMode parse_cp_mode(const std::string& key, const std::string& text);
+CpSplit parse_cp_split(const std::string& key, const std::string& text);
 
 }  // namespace loom

@@ -518,7 +518,9 @@ int64_t ParallelConfig::compress_warmup(int64_t train_steps, int64_t lr_warmup_s
 }
 
 std::string ParallelConfig::shape_text() const {
-  std::string out = "dp x tp x pp = " + std::to_string(dp) + " x " + std::to_string(tp) + " x " + std::to_string(pp);
+  std::string out = cp > 1 ? "dp x cp x tp x pp = " + std::to_string(dp) + " x " + std::to_string(cp) + " x " +
+                                 std::to_string(tp) + " x " + std::to_string(pp)
+                           : "dp x tp x pp = " + std::to_string(dp) + " x " + std::to_string(tp) + " x " + std::to_string(pp);
   if (ps_servers > 0) {
     out += " + " + std::to_string(servers()) + " servers";
     if (tp * pp > 1) out += " (" + std::to_string(ps_servers) + " per tp x pp shard)";
@@ -527,7 +529,7 @@ std::string ParallelConfig::shape_text() const {
 }
 
 int64_t ParallelConfig::dp_for(int64_t ranks) const {
-  const int64_t shards = tp * pp;
+  const int64_t shards = tp * pp * cp;
   if (shards <= 0 || ranks % shards != 0) return 0;
   return std::max<int64_t>(ranks / shards - ps_servers, 0);
 }

@@ -273,8 +273,21 @@ int64_t DataLoader::shard_rows(int64_t global_batch) const {
 }
 
 void DataLoader::fill_row(uint64_t offset, int32_t* tokens, int32_t* targets) const {
-  src_.copy(offset, seq_, tokens);
-  src_.copy(offset + 1, seq_, targets);
+  if (columns_.empty()) {
+    src_.copy(offset, seq_, tokens);
+    src_.copy(offset + 1, seq_, targets);
+    return;
+  }
+  // Note [Context-parallel chunks]: the whole window, then this rank's positions of it.
+  std::vector<int32_t> window(size_t(seq_ + 1));
+  src_.copy(offset, seq_ + 1, window.data());
+  for (size_t i = 0; i < columns_.size(); ++i)
+    tokens[i] = window[size_t(columns_[i])], targets[i] = window[size_t(columns_[i]) + 1];
+}
+
+void DataLoader::keep_columns(std::vector<int32_t> positions) {
+  for (int32_t p : positions) LOOM_CHECK(p >= 0 && p < seq_, "column ", p, " outside a window of ", seq_);
+  columns_ = std::move(positions);
 }
 
 uint64_t DataLoader::window_start(int64_t step, int64_t global_batch, int64_t row) const {
@@ -299,7 +312,7 @@ int64_t DataLoader::train_batch(int64_t step, int64_t micro, int64_t micro_count
   const int64_t rows = per_shard / micro_count;
   for (int64_t i = 0; i < rows; i++) {
     const int64_t r = shard_index_ * per_shard + micro * rows + i;
-    fill_row(window_start(step, global_batch, r), tokens + i * seq_, targets + i * seq_);
+    fill_row(window_start(step, global_batch, r), tokens + i * row_len(), targets + i * row_len());
   }
   return rows;
 }
@@ -315,7 +328,7 @@ int64_t DataLoader::val_batch(int64_t index, int64_t batch_count, int64_t global
     // Evenly spaced windows; they overlap only if the split is short.
     const uint64_t at = mix ? mix->val_window(uint64_t(r), uint64_t(total_rows), seq_)
                             : uint64_t((__int128)r * windows / total_rows);
-    fill_row(at, tokens + i * seq_, targets + i * seq_);
+    fill_row(at, tokens + i * row_len(), targets + i * row_len());
   }
   return per_shard;
 }

@@ -65,6 +65,10 @@ class DataLoader {
   int64_t val_batch(int64_t index, int64_t batch_count, int64_t global_batch, int32_t* tokens,
                     int32_t* targets) const;
   int64_t shard_rows(int64_t global_batch) const;
+  // Note [Context-parallel chunks]: each row keeps only these positions of its window (a cp
+  // rank's), so a batch is (rows, positions.size()).
+  void keep_columns(std::vector<int32_t> positions);
+  int64_t row_len() const { return columns_.empty() ? seq_ : int64_t(columns_.size()); }
   // The window start that global row `row` of step `step` reads (for tests of the order).
   uint64_t window_start(int64_t step, int64_t global_batch, int64_t row) const;
 
@@ -77,6 +81,7 @@ class DataLoader {
   uint64_t seed_;
   int shard_index_, shard_count_;
   DataOrder order_;
+  std::vector<int32_t> columns_;  // empty: the whole window
 };
 
 // What a run trains and validates on: the byte corpus (data.path, Note [data order]),

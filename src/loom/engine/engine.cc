@@ -17,6 +17,7 @@
 #include "loom/modes/stream/async_pipe.h"
 #include "loom/modes/stream/two_bw.h"
 #include "loom/parallel/zero.h"
+#include "loom/rank/cp_chunks.h"
 #include "loom/train/train_options.h"
 
 namespace loom {
@@ -30,6 +31,11 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.act_slots = rc.act_slots;
   o.w_slots = rc.plan->w_slots;
   o.tp_comm = rc.tp_comm.get();
+  if (rc.cp_size > 1) {  // Note [Context-parallel chunks]: every cp rank's positions of a sequence
+    o.cp.size = rc.cp_size, o.cp.rank = rc.cp_rank, o.cp.seq = cfg.seq_len(), o.cp.comm = rc.cp_comm.get();
+    for (int r = 0; r < rc.cp_size; ++r)
+      o.cp.positions.push_back(rank::cp_positions(cfg.seq_len(), rc.cp_size, r, cfg.parallel.cp_split));
+  }
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;
   o.params_elsewhere = cfg.offload.params == OffloadTier::kDisk;  // Note [Parameter offload]

@@ -63,7 +63,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
     attend(s.atty_h ? dqkv : s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));  // s.atty is datty's buffer
   zero(dqkv, N * Q);
   attend_backward(dqkv, a.datty, qkv, s.probs, s.probs_h, B, T);
-  if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta));
+  if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta), cp_positions());
   mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q, fresh(3));
   reduce_input_grad(a.dnorm, N);
   norm_backward(a.dres, g.norm1_w, g.norm1_b, a.dnorm, x0, {s.norm1, s.norm1_h}, w.norm1_w, w.norm1_b,
@@ -155,7 +155,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
     writes(embed_unit(), true);
     if (tied_hooks_.embedding && tied_hooks_.embedding(sl.tokens, a.dres, N)) {
       for (int64_t n = 0; n < N; n++) {  // wpe only: wte's share was taken over
-        float* g = gv_.wpe + (n % T) * C;
+        float* g = gv_.wpe + position(n % T) * C;
         const float* d = a.dres + n * C;
         for (int64_t c = 0; c < C; c++) g[c] += d[c];
       }

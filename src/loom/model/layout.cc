@@ -166,11 +166,11 @@ float** view_field(ModelView& v, const std::string& name) {
 
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
                           int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
-                          int w_slots) {
+                          int w_slots, int64_t key_seq) {
   const int64_t tp = part.tp, N = micro_batch * seq, C = m.d_model, hd = m.head_dim();
   const int64_t Hl = m.heads / tp, KVl = m.kv_heads / tp, F = m.ffn / tp;
   const int64_t Q = (Hl + 2 * KVl) * hd, HD = Hl * hd, F2 = m.arch == Arch::kGpt ? F : 2 * F;
-  const int64_t P = micro_batch * Hl * seq * seq;
+  const int64_t P = micro_batch * Hl * seq * (key_seq > 0 ? key_seq : seq);
   const bool split = sp && tp > 1;
   const int64_t Nr = split ? N / tp : N;
   auto take = [](int64_t n) { return (n + 15) / 16 * 16; };

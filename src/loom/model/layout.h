@@ -90,9 +90,11 @@ struct ModelPart {
 // where keeps_block_output says (Note [Lean residual stream]). w_slots: per chunk, the W slots of
 // a split backward (Note [B/W split] in model.h). Model's constructor checks its carve
 // against this, and the simulator prices the engine's activation memory with it.
+// key_seq: the keys a query row sees when it differs from seq (a context-parallel rank's rows
+// meet the whole sequence's keys: Note [Context-parallel attention]); 0: seq.
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
                           int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
-                          int w_slots = 0);
+                          int w_slots = 0, int64_t key_seq = 0);
 
 // Note [Lean residual stream] (model.cc): with bf16 activations, whether layer l (of a chunk
 // ending before layer chunk_end) keeps its block output: only when something reads it after

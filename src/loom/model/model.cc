@@ -70,7 +70,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
              const ModelOptions& opt)
     : cfg_(cfg), part_(opt.part), chunks_(opt.part.resolved_chunks(cfg)), act_slots_(opt.act_slots),
       w_slots_(opt.w_slots),
-      tp_comm_(opt.tp_comm), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
+      tp_comm_(opt.tp_comm), cp_(opt.cp), recompute_(opt.recompute), sp_(opt.sp && opt.part.tp > 1), Hl_(cfg.heads / opt.part.tp),
       KVl_(cfg.kv_heads / opt.part.tp), Fl_(cfg.ffn / opt.part.tp), Vl_(opt.part.vocab_shard(cfg)),
       layout_(cfg, opt.padding, opt.part), k_(kernels(backend, opt.precision)), bf16_(opt.precision == Precision::kBf16),
       bf16_acts_(bf16_ && opt.bf16_activations), max_batch_(max_batch),
@@ -86,6 +86,9 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   LOOM_CHECK(cfg.heads % part.tp == 0 && cfg.kv_heads % part.tp == 0 && cfg.ffn % part.tp == 0, "tp = ", part.tp,
              " must divide heads ", cfg.heads, ", kv_heads ", cfg.kv_heads, " and ffn ", cfg.ffn);
   if (part.tp == 1) tp_comm_ = nullptr;
+  LOOM_CHECK(cp_.size == 1 || (cp_.comm && int(cp_.positions.size()) == cp_.size && cp_.rank >= 0 &&
+                               cp_.rank < cp_.size && int64_t(cp_.positions[size_t(cp_.rank)].size()) == max_seq),
+             "a context-parallel model (cp = ", cp_.size, ") needs its group and every rank's ", max_seq, " positions");
   LOOM_CHECK(max_batch > 0 && max_seq > 0 && max_seq <= cfg.ctx, "model buffers need 0 < batch (", max_batch,
              ") and 0 < seq (", max_seq, ") <= model.ctx (", cfg.ctx, ")");
   LOOM_CHECK(act_slots >= 1, "activation slots must be >= 1, got ", act_slots);
@@ -126,7 +129,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
   const int64_t max_batch = max_batch_, max_seq = max_seq_, N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
   // Local (this tp rank's) widths: heads Hl_, kv heads KVl_, MLP Fl_.
   const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd, F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
-  const int64_t P = max_batch * Hl_ * max_seq * max_seq, Nr = rows(N);  // Nr: residual-stream rows (sp: a shard)
+  const int64_t P = max_batch * Hl_ * max_seq * key_len(max_seq), Nr = rows(N);  // Nr: residual-stream rows (sp: a shard)
   LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
              " rows divisible by tp = ", part.tp);
   Acts& a = *(acts_ = std::make_unique<Acts>());
@@ -194,7 +197,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
     if (pass == 0) {
       a.floats = c.used();
       LOOM_ASSERT(a.floats == activation_floats(cfg, part, max_batch, max_seq, act_slots, recompute_, sp_, bf16_acts_,
-                                                w_slots_),
+                                                w_slots_, key_len(max_seq)),
                   "activation_floats() disagrees with the model's carve: ", a.floats);
       a.storage.reset(new float[a.floats]);  // uninitialised: pages are touched on first use
       advise_huge_pages(a.storage.get(), a.floats * int64_t(sizeof(float)));  // Note [Huge pages]
@@ -329,7 +332,7 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
   norm_forward(s.norm1, s.norm1_mean, s.norm1_rstd, x0, w.norm1_w, w.norm1_b, N);  // (N,C) gathered
   keep(s.norm1, s.norm1_h, N * C);
   mm_forward(s.qkv, {s.norm1, s.norm1_h}, w.qkv_w, w.qkv_b, N, C, Q);  // (N,Q) column-parallel
-  if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta));
+  if (!gpt) k_.rope_forward(s.qkv, B, T, H, KV, hd, float(cfg_.rope_theta), cp_positions());
   round_keep(s.qkv, s.qkv_h, N * Q);
   attend(s.atty, s.probs, s.probs_h, s.qkv, B, T, doc_starts(sl));  // (N,H*hd)
   keep(s.atty, s.atty_h, N * H * hd);

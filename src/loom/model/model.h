@@ -54,8 +54,18 @@ namespace loom {
 
 
 // How this rank's model is cut and run (all optional for a whole single-process model).
+// Note [Context-parallel attention] (kernels/ops.inc): this rank's rows of every sequence and
+// how to meet the other ranks'. size 1: the model computes whole sequences.
+struct ContextParallel {
+  int size = 1, rank = 0;
+  int64_t seq = 0;                             // the whole sequence (the model's max_seq is this rank's rows)
+  std::vector<std::vector<int32_t>> positions;  // per cp rank: its positions, ascending (rank/cp_chunks.h)
+  TpComm* comm = nullptr;                      // all-gather / reduce-scatter of equal blocks over the cp group
+};
+
 struct ModelOptions {
   LayoutPadding padding;            // data-parallel bucket padding
+  ContextParallel cp;               // Note [Context-parallel attention]
   ModelPart part;                   // pipeline chunks, tensor-parallel slice
   int act_slots = 1;                // micro-batches whose activations a chunk holds at once
   TpComm* tp_comm = nullptr;        // required when part.tp > 1
@@ -262,6 +272,21 @@ class Model {
               const int32_t* doc_start) const;
   void attend_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, const bf16* probs_h,
                        int64_t B, int64_t T) const;
+  // Note [Context-parallel attention] (context_parallel.cc): the cp group's K|V in position
+  // order, the rows' attention against it, and backward's dK|dV reduce-scattered to their
+  // owners and added into dqkv.
+  const float* gather_kv(const float* qkv, int64_t B, int64_t T) const;
+  void attend_cp(float* out, float* probs, const float* qkv, int64_t B, int64_t T) const;
+  void attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
+                          int64_t T) const;
+  // A local row's position in its sequence (Note [Context-parallel chunks]), and all of them
+  // (null without context parallelism: row t is position t).
+  int64_t position(int64_t t) const { return cp_.size > 1 ? cp_.positions[size_t(cp_.rank)][size_t(t)] : t; }
+  const int32_t* cp_positions() const { return cp_.size > 1 ? cp_.positions[size_t(cp_.rank)].data() : nullptr; }
+  // Keys a query row may see: the whole sequence under context parallelism, else the rows.
+  int64_t key_len(int64_t T) const { return cp_.size > 1 ? cp_.seq : T; }
+  void add_positions(float* x, int64_t B, int64_t T) const;     // x (B,T,C) += wpe at the rows' positions
+  void add_position_grads(const float* d, int64_t B, int64_t T);  // dwpe at the rows' positions += d (B,T,C)
   void mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const;
   void mm_backward(float* dinp, float* dw, float* db, const float* dout, GemmIn in, const float* w, int64_t N,
                    int64_t IC, int64_t OC, bool fresh) const;
@@ -303,6 +328,8 @@ class Model {
   int act_slots_ = 1;
   int w_slots_ = 0;
   TpComm* tp_comm_ = nullptr;
+  ContextParallel cp_;
+  mutable std::vector<float> cp_blocks_, cp_kv_;  // the gathered K|V: rank-major blocks, then in position order
   std::vector<Recompute> recompute_;  // per layer
   bool sp_ = false;
   int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows

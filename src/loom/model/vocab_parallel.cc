@@ -14,10 +14,12 @@ namespace loom {
 void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t T) const {
   const int64_t C = cfg_.d_model, N = B * T;
   if (!part_.vocab_split()) {
-    // Whole table here: look every row up; under sequence parallel keep the own rows.
-    if (!sp_) return k_.embedding_forward(out, tokens, pv_.wte, pv_.wpe, B, T, C);
-    k_.embedding_forward(full_tmp(), tokens, pv_.wte, pv_.wpe, B, T, C);
-    std::memcpy(out, full_tmp() + row0(N) * C, size_t(rows(N) * C) * sizeof(float));
+    // Whole table here: look every row up; under sequence parallel keep the own rows. A
+    // context-parallel rank adds wpe at its rows' positions.
+    float* dst = sp_ ? full_tmp() : out;
+    k_.embedding_forward(dst, tokens, pv_.wte, cp_.size > 1 ? nullptr : pv_.wpe, B, T, C);
+    if (cp_.size > 1 && pv_.wpe) add_positions(dst, B, T);
+    if (sp_) std::memcpy(out, full_tmp() + row0(N) * C, size_t(rows(N) * C) * sizeof(float));
     return;
   }
   // out = sum over tp of (own rows of wte looked up, zero elsewhere); rank 0 adds wpe.
@@ -32,7 +34,7 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
     if (tok >= 0 && tok < Vl_) std::memcpy(o, pv_.wte + tok * C, size_t(C) * sizeof(float));
     else std::fill(o, o + C, 0.0f);
     if (add_pos) {
-      const float* p = pv_.wpe + (n % T) * C;
+      const float* p = pv_.wpe + position(n % T) * C;
       for (int64_t c = 0; c < C; c++) o[c] += p[c];
     }
   }
@@ -50,7 +52,9 @@ void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, 
   if (!part_.vocab_split()) {
     // dout is replicated over tp (gathered under sequence parallel), so every tp rank adds
     // the same gradient to its whole copy: the copies stay equal without a reduction.
-    k_.embedding_backward(gv_.wte, gv_.wpe, sp_ ? gather_grad(dout, N) : dout, tokens, B, T, C);
+    const float* d = sp_ ? gather_grad(dout, N) : dout;
+    k_.embedding_backward(gv_.wte, cp_.size > 1 ? nullptr : gv_.wpe, d, tokens, B, T, C);
+    if (cp_.size > 1 && gv_.wpe) add_position_grads(d, B, T);
     return;
   }
   // dout is replicated (gathered under sequence parallel): every rank adds the rows of its
@@ -65,7 +69,7 @@ void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, 
       for (int64_t c = 0; c < C; c++) g[c] += d[c];
     }
     if (gv_.wpe) {
-      float* g = gv_.wpe + (n % T) * C;
+      float* g = gv_.wpe + position(n % T) * C;
       for (int64_t c = 0; c < C; c++) g[c] += d[c];
     }
   }

@@ -16,19 +16,19 @@ namespace {
 // vocabulary and both ends of the model and the gradients are all-reduced.
 bool tied_split(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  return cfg.model.arch == Arch::kGpt && p.dp > 1 && p.tp == 1 && p.pp == 1 && p.zero <= 1;
+  return cfg.model.arch == Arch::kGpt && p.dp_ranks() > 1 && p.tp == 1 && p.pp == 1 && p.zero <= 1;
 }
 
 parallel::WteBucket wte_bucket(const Config& cfg) {
   if (tied_split(cfg)) return parallel::WteBucket::kTiedFirst;
   const ParallelConfig& p = cfg.parallel;
-  if (cfg.model.arch == Arch::kGpt && p.pp > 1 && p.dp > 1 && p.reduces_whole_buckets())
+  if (cfg.model.arch == Arch::kGpt && p.pp > 1 && p.dp_ranks() > 1 && p.reduces_whole_buckets())
     return parallel::WteBucket::kAloneLast;
   return parallel::WteBucket::kShared;
 }
 
 parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part, std::vector<int>* unit_bucket) {
-  const int dp = int(cfg.parallel.dp);
+  const int dp = int(cfg.parallel.dp_ranks());  // the gradient group: dp x cp
   if (cfg.parallel.zero == 3) return parallel::plan_units(cfg.model, dp, part, unit_bucket);
   parallel::BucketCaps caps;
   caps.cap_bytes = std::max<int64_t>(4, int64_t(cfg.parallel.bucket_mb * double(1 << 20)));
@@ -68,12 +68,12 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   recompute = p.recompute_layers(cfg.model.layers);
   std::vector<int> unit_bucket;
   parallel::DataParallelPlan dp_plan = make_dp_plan(cfg, part, &unit_bucket);
-  ParamLayout layout(cfg.model, p.dp > 1 ? dp_plan.padding : LayoutPadding{}, part);
+  ParamLayout layout(cfg.model, p.dp_ranks() > 1 ? dp_plan.padding : LayoutPadding{}, part);
   const std::vector<FlatRange> all = {{0, layout.total_floats()}};
-  const bool sharded = p.zero > 0 && p.dp > 1;
+  const bool sharded = p.zero > 0 && p.dp_ranks() > 1;
   std::vector<FlatRange> moments = sharded ? dp_plan.owned(c[1]) : all;
-  std::vector<FlatRange> params = p.zero == 3 && p.dp > 1 ? moments : all;
-  const rank::StateBytes bytes = rank::model_state_bytes(double(layout.param_count()), p.dp, int(p.zero),
+  std::vector<FlatRange> params = p.zero == 3 && p.dp_ranks() > 1 ? moments : all;
+  const rank::StateBytes bytes = rank::model_state_bytes(double(layout.param_count()), p.dp_ranks(), int(p.zero),
                                                          rank::engine_widths(cfg.optim));
   return RankPlan{global_rank,       c[0],           c[1],          c[2],           part,
                   std::move(schedule), act_slots,    std::move(chunk_peaks), std::move(recompute),

@@ -453,8 +453,8 @@ PlanReport search_plans(const PlanRequest& req) {
 
 std::string engine_refusal(const sim::SimPlan& p) {
   if (p.cp > 1)
-    return detail::cat("context parallelism (cp ", p.cp, ") is priced by the simulator, but loom's engine runs cp = 1 "
-                       "so far (issue 53)");
+    return detail::cat("context parallelism (cp ", p.cp, ") is priced as the simulator's ring attention, while loom's "
+                       "engine runs parallel.cp_mode = allgather so far (issue 53)");
   if (p.gemm_format != sim::GemmFormat::kBf16)
     return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
                        " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");

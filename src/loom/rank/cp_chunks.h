@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/core/config_enums.h"
+
 namespace loom::rank {
 
-enum class CpSplit { kZigZag, kPlain };
+using loom::CpSplit;
 
 // Rank `rank`'s global positions, ascending (T / cp of them). Throws loom::Error when T does
 // not divide: zigzag needs T a multiple of 2 cp, plain of cp.

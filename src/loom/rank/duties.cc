@@ -55,7 +55,7 @@ GradPath grad_path(const Config& cfg, Role role) {
   const ParallelConfig& p = cfg.parallel;
   if (role == Role::kPsServer) return GradPath::kNone;
   if (role == Role::kPsWorker) return GradPath::kPsPush;
-  if (p.dp < 2) return GradPath::kNone;
+  if (p.dp_ranks() < 2) return GradPath::kNone;
   if (p.pp > 1 && streams(p.schedule)) return GradPath::kStreamMean;
   if (p.zero >= 2) return p.pp > 1 ? GradPath::kReduceScatter : GradPath::kShardEveryMicro;
   return GradPath::kAllReduce;

@@ -79,12 +79,12 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   // Per layer and slot at least: the residual stream, qkv, the ffn activations, the
   // attention probabilities (B, H, T, T); the logits (B, T, V) once.
   const double rough = double(mb) * double(T) *
-                       (double(m.layers) * (4.0 * double(m.d_model) + double(m.ffn) + double(m.heads) * double(T)) +
+                       (double(m.layers) * (4.0 * double(m.d_model) + double(m.ffn) + double(m.heads) * double(cfg.seq_len())) +
                         double(m.vocab)) * 4.0 * double(std::max(1, rc.act_slots));
   int64_t acts = -1;  // unknown: beyond any memory
   if (rough < double(int64_t(1) << 56))
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
-                                 cfg.train.precision == Precision::kBf16, rc.plan->w_slots);
+                                 cfg.train.precision == Precision::kBf16, rc.plan->w_slots, cfg.seq_len());
   std::vector<int> unit_bucket;
   std::vector<int64_t> units;
   for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets) units.push_back(b.count);

@@ -87,11 +87,20 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     const comm::Mesh mesh = comm::training_mesh(p);
     rc.pp_rank = rc.plan->pp_rank, rc.pp_size = pp;
     rc.logging = world->global_rank() == 0;
-    if (p.dp > 1) {
+    if (p.dp_ranks() > 1) {  // dp x cp ranks (Note [Context-parallel chunks])
       rc.dp = world->group(mesh, {"dp"});
       rc.dp_rank = rc.dp->group_rank(), rc.dp_size = rc.dp->size();
     }
-    if (p.dp > 1 && p.zeropp_hpz) rc.dp_node = host_group(*world, mesh);
+    if (p.cp > 1) {  // a replica's cp ranks: consecutive along the dp axis
+      std::vector<std::vector<int>> partition;
+      for (const std::vector<int>& dp : mesh.groups({"dp"}))
+        for (size_t i = 0; i < dp.size(); i += size_t(p.cp)) partition.emplace_back(dp.begin() + long(i), dp.begin() + long(i) + p.cp);
+      rc.cp = world->group(partition, "cp");
+      rc.cp_rank = rc.cp->group_rank(), rc.cp_size = rc.cp->size();
+      rc.cp_comm = std::make_unique<GroupTpComm>(*rc.cp);
+      LOOM_ASSERT(rc.cp_rank == rc.dp_rank % int(p.cp), "the cp group disagrees with the mesh");
+    }
+    if (p.dp_ranks() > 1 && p.zeropp_hpz) rc.dp_node = host_group(*world, mesh);
     if (p.tp > 1) {
       rc.tp = world->group(mesh, {"tp"});
       rc.tp_rank = rc.tp->group_rank(), rc.tp_size = rc.tp->size();

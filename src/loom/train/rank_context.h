@@ -25,6 +25,14 @@ struct RankContext {
   std::unique_ptr<comm::Group> dp_node;  // ZeRO++ hpZ: this dp group's ranks on this host (Note [hpZ])
   std::unique_ptr<comm::Group> tp;       // null when tp == 1
   std::unique_ptr<TpComm> tp_comm;       // the model's view of `tp`
+  // Context parallelism (Note [Context-parallel chunks]): `dp` above holds dp x cp ranks, this
+  // rank's cp group is its replica's cp ranks (null when cp == 1), and the data a rank reads
+  // is its replica's: data_rank() of data_size().
+  int cp_rank = 0, cp_size = 1;
+  std::unique_ptr<comm::Group> cp;
+  std::unique_ptr<TpComm> cp_comm;  // the model's view of `cp` (all-gather / reduce-scatter of blocks)
+  int data_rank() const { return dp_rank / cp_size; }
+  int data_size() const { return dp_size / cp_size; }
   std::unique_ptr<comm::Group> stats;    // every rank (pp x dp x tp): loss and norm sums; null single-process
   std::unique_ptr<comm::Group> embed;    // GPT pipelines: first and last stage (tied wte)
   // pipedream / pipemare GPT pipelines: the same pair, for the first stage's sends (embed

@@ -151,9 +151,9 @@ void Validation::after_step(const StepOutcome& s) {
   const bool alone = e_.rc.ps && cfg_.ps.free_running();
   if (alone && e_.rc.dp_rank != 0) return;
   const Spans::Scope span = spans_.open("validation", "compute");
-  const int64_t global_rows = cfg_.micro_batch() * (alone ? 1 : e_.rc.dp_size);
-  const int64_t batches = cfg_.train.val_batches * (alone ? e_.rc.dp_size : 1);
-  sum_.final_val_loss = evaluate(e_, val_, batches, global_rows, cfg_.seq_len());
+  const int64_t global_rows = cfg_.micro_batch() * (alone ? 1 : e_.rc.data_size());
+  const int64_t batches = cfg_.train.val_batches * (alone ? e_.rc.data_size() : 1);
+  sum_.final_val_loss = evaluate(e_, val_, batches, global_rows, cfg_.local_seq());
   // Every rank holds the same reduced value, so every rank stops here together.
   if (!std::isfinite(sum_.final_val_loss))
     throw diverged(detail::cat("the validation loss is ", sum_.final_val_loss, " after step ", s.step + 1),

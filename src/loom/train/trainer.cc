@@ -29,6 +29,7 @@
 #include "loom/engine/engine.h"
 #include "loom/train/memory_budget.h"
 #include "loom/modes/offload/offload.h"
+#include "loom/rank/cp_chunks.h"
 #include "loom/train/rank_context.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
@@ -107,9 +108,13 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
     case LossScaler::Mode::kNone: break;
   }
   if (p.world() > 1)
-    os << "\n  layout pp " << p.pp << " x dp " << p.dp << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
+    os << "\n  layout pp " << p.pp << " x dp " << p.dp << (p.cp > 1 ? " x cp " + std::to_string(p.cp) : std::string())
+       << " x tp " << p.tp << " = " << p.world() << " ranks, zero "
        << p.zero << ", gradient buckets <= " << p.bucket_mb << " MiB (first 1 MiB)"
-       << (cfg.comm.grad_dtype == FloatFormat::kBf16 ? ", all-reduced in bf16" : "") << compress_text(p, cfg);
+       << (cfg.comm.grad_dtype == FloatFormat::kBf16 ? ", all-reduced in bf16" : "") << compress_text(p, cfg)
+       << (p.cp > 1 ? std::string(", context parallel: ") + name_of(p.cp_split) + " chunks of " +
+                          std::to_string(cfg.local_seq()) + " tokens a rank, K/V all-gathered per layer"
+                    : std::string());
   if (p.ps_servers > 0)
     os << "\n  parameter servers: " << p.ps_servers
        << (p.servers() > p.ps_servers ? " per tp x pp shard, " + std::to_string(p.servers()) + " in all" : std::string())
@@ -212,7 +217,7 @@ double step_gradients(Engine& e, const Config& cfg, const DataLoader& train_data
     return e.pass->run(batches, step, flush);
   }
   for (const std::unique_ptr<Part>& p : e.parts) p->before_pass(train_data, step);
-  return e.pass->run(FixedBatches(train_data, cfg, step, cfg.micro_batch(), cfg.seq_len(), S), step, flush);
+  return e.pass->run(FixedBatches(train_data, cfg, step, cfg.micro_batch(), cfg.local_seq(), S), step, flush);
 }
 
 // --resume (Note [Resume auto]): this rank's parameters, moments and optimizer step count;
@@ -501,18 +506,23 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   Reporter rep(opt, cfg.train.steps);
   if (std::string w = cpu::blas_downgrade_warning(); !w.empty()) rep.info("warning: " + w);
 
-  const int64_t T = cfg.seq_len(), mb = cfg.micro_batch();
+  // T: the whole sequence the loaders read; a context-parallel rank computes its cfg.local_seq()
+  // positions of it (Note [Context-parallel chunks]).
+  const int64_t T = cfg.seq_len(), Tl = cfg.local_seq(), mb = cfg.micro_batch();
   const std::unique_ptr<TrainData> data = load_train_data(cfg, T);
-  const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), rc.dp_rank, rc.dp_size, data->order);
+  DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), rc.data_rank(), rc.data_size(), data->order);
   const bool free_ps = rc.ps && cfg.ps.free_running();  // Note [Asynchronous parameter server]: worker 0
-  const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), free_ps ? 0 : rc.dp_rank,  // validates alone
-                            free_ps ? 1 : rc.dp_size, data->order);
+  DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), free_ps ? 0 : rc.data_rank(),  // validates alone
+                      free_ps ? 1 : rc.data_size(), data->order);
+  if (rc.cp_size > 1)
+    for (DataLoader* l : {&train_data, &val_data})
+      l->keep_columns(rank::cp_positions(T, rc.cp_size, rc.cp_rank, cfg.parallel.cp_split));
   static_assert(data::kPadTarget == kIgnoreTarget);
   const std::unique_ptr<BucketLoader> buckets =
       cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.dp_rank, rc.dp_size) : nullptr;
-  check_fits(cfg, rc, mb, T);
+  check_fits(cfg, rc, mb, Tl);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, everyone(rc), rep);  // held to the end of the run
-  Engine e(cfg, rc, mb, T);
+  Engine e(cfg, rc, mb, Tl);
   prepare_engine(cfg, given, rc, e);
   if (cfg.data.doc_mask) e.model.set_document_mask(data->end_of_document);
   Updater updater(cfg, e);

@@ -184,14 +184,14 @@ const RopeTable& rope_table(int64_t T, int64_t hd, float theta) {
 }
 
 void rope_apply(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta,
-                float sign) {
-  const RopeTable& tab = rope_table(T, hd, theta);
+                float sign, const int32_t* pos) {
+  const RopeTable& tab = rope_table(pos ? int64_t(*std::max_element(pos, pos + T)) + 1 : T, hd, theta);
   const int64_t row = (H + 2 * KV) * hd, half = hd / 2;
   const float* cs = tab.cos.data();
   const float* sn = tab.sin.data();
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; bt++) {
-    const int64_t t = bt % T;
+    const int64_t t = pos ? pos[bt % T] : bt % T;
     const float* c = cs + t * half;
     const float* s = sn + t * half;
     for (int64_t h = 0; h < H + KV; h++) {
@@ -208,12 +208,12 @@ void rope_apply(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t
 
 }  // namespace
 
-void rope_forward(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
-  rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f);
+void rope_forward(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta, const int32_t* pos) {
+  rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f, pos);
 }
 
-void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
-  rope_apply(dqkv, B, T, H, KV, hd, theta, -1.0f);
+void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta, const int32_t* pos) {
+  rope_apply(dqkv, B, T, H, KV, hd, theta, -1.0f, pos);
 }
 
 }  // namespace loom::cpu

@@ -52,12 +52,12 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N
   tmpl::swiglu_backward<float>(dinp, inp, dout, N, F);
 }
 
-void rope_forward(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
-  tmpl::rope_forward<float>(qkv, B, T, H, KV, hd, theta);
+void rope_forward(float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta, const int32_t* pos) {
+  tmpl::rope_forward<float>(qkv, B, T, H, KV, hd, theta, pos);
 }
 
-void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta) {
-  tmpl::rope_backward<float>(dqkv, B, T, H, KV, hd, theta);
+void rope_backward(float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, float theta, const int32_t* pos) {
+  tmpl::rope_backward<float>(dqkv, B, T, H, KV, hd, theta, pos);
 }
 
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,

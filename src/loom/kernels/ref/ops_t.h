@@ -193,14 +193,14 @@ namespace detail {
 // Rotates every q and k head of qkv by +angle (sign = 1) or -angle (sign = -1).
 template <typename S>
 void rope_rotate(S* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta,
-                 double sign) {
+                 double sign, const int32_t* pos) {
   const int64_t row = (H + 2 * KV) * hd, half = hd / 2;
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++)
       for (int64_t h = 0; h < H + KV; h++) {  // q heads then k heads are contiguous
         S* x = qkv + (b * T + t) * row + h * hd;
         for (int64_t i = 0; i < half; i++) {
-          double angle = double(t) * std::pow(double(theta), -2.0 * double(i) / double(hd));
+          double angle = double(pos ? pos[t] : t) * std::pow(double(theta), -2.0 * double(i) / double(hd));
           double c = std::cos(angle), s = sign * std::sin(angle);
           double x1 = x[i], x2 = x[i + half];
           x[i] = S(x1 * c - x2 * s);
@@ -211,13 +211,15 @@ void rope_rotate(S* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd
 }  // namespace detail
 
 template <typename S>
-void rope_forward(S* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta) {
-  detail::rope_rotate<S>(qkv, B, T, H, KV, hd, theta, 1.0);
+void rope_forward(S* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta,
+                  const int32_t* pos = nullptr) {
+  detail::rope_rotate<S>(qkv, B, T, H, KV, hd, theta, 1.0, pos);
 }
 
 template <typename S>
-void rope_backward(S* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta) {
-  detail::rope_rotate<S>(dqkv, B, T, H, KV, hd, theta, -1.0);
+void rope_backward(S* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, S theta,
+                   const int32_t* pos = nullptr) {
+  detail::rope_rotate<S>(dqkv, B, T, H, KV, hd, theta, -1.0, pos);
 }
 
 namespace detail {

@@ -158,8 +158,8 @@ int run_plan(const PlanArgs& a) {
   sim::scale_compute_rate(req.cluster, a.sim.compute_efficiency);
   req.global_batch = a.sim.global_batch > 0 ? a.sim.global_batch : in.plan.cfg.train.batch;
   req.top = a.top;
-  req.cp.clear();  // --cp N: context-parallel degrees 1, 2, 4, ... up to N
-  for (int64_t cp = 1; cp <= a.sim.cp; cp *= 2)
+  req.cp.clear();  // --cp N (or parallel.cp = N): context-parallel degrees 1, 2, 4, ... up to N
+  for (int64_t cp = 1; cp <= std::max(a.sim.cp, in.plan.cp); cp *= 2)
     if (req.like.cfg.seq_len() % cp == 0) req.cp.push_back(cp);
   set_compressors(a.compress, req);
   set_ps(a.ps, req);

@@ -52,7 +52,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   const bool dp_given = a.layout.dp > 0 || (q.dp != 1 && q.dp != 0);
   if (!dp_given && a.gpus > 0) {
     // Servers take a device each: S per tp x pp shard.
-    const int64_t used = q.tp * q.pp * a.cp, workers = a.gpus - q.ps_servers * q.tp * q.pp;
+    const int64_t used = q.tp * q.pp * std::max(a.cp, q.cp), workers = a.gpus - q.ps_servers * q.tp * q.pp;
     if (used <= 0 || workers <= 0 || workers % used != 0)
       throw ConfigError("--gpus " + std::to_string(a.gpus) + (q.ps_servers > 0 ? " less " + std::to_string(q.ps_servers * q.tp * q.pp) +
                         " parameter servers" : "") + " is not divisible by tp x pp x cp = " +
@@ -75,7 +75,14 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   for (const std::string& s : layout.as_sets()) cfg_sets.push_back(s);
   SimInputs in;
   in.plan.cfg = load_config(a.config_path, cfg_sets);
+  // The simulator holds context parallelism as SimPlan::cp: a config's parallel.cp (what the
+  // engine trains) moves there; --cp and parallel.cp name the same degree.
   in.plan.cp = a.cp;
+  if (const int64_t cp = in.plan.cfg.parallel.cp; cp > 1) {
+    if (a.cp > 1 && a.cp != cp)
+      throw ConfigError("--cp " + std::to_string(a.cp) + " but parallel.cp = " + std::to_string(cp) + ": give one of them");
+    in.plan.cp = cp, in.plan.cfg.parallel.cp = 1;
+  }
   const int64_t gpus = a.gpus > 0 ? a.gpus : in.plan.gpus();
   in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, local_path);
   sim::scale_compute_rate(in.cluster, a.compute_efficiency);

@@ -46,6 +46,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.rk = par.recompute_layers(cfg.model.layers);
   s.split = splits_backward(par.schedule) && s.pp > 1;
   LOOM_CONFIG_CHECK(s.cp >= 1, "--cp ", s.cp, ": expected >= 1");
+  LOOM_CHECK(cfg.parallel.cp == 1, "the simulator takes context parallelism as SimPlan::cp (", plan.cp,
+             "), not parallel.cp (", cfg.parallel.cp, ")");
   LOOM_CONFIG_CHECK(plan.gpus() == cluster.devices(), "layout dp x tp x pp x cp = ", s.dp, " x ", s.tp, " x ", s.pp, " x ",
              s.cp, par.ps_servers > 0 ? " + " + std::to_string(par.servers()) + " parameter servers" : std::string(),
              " = ", plan.gpus(), " ranks but cluster ", cluster.name, " has ", cluster.devices(), " devices (",

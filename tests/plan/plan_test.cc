@@ -220,6 +220,15 @@ TEST(PlanSearch, WhatTheEngineDoesNotRunIsMarkedAndNeverEmittedForIt) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
+  // Under --framework loom the simulator prices the engine's allgather context parallelism
+  // (Note [Context-parallel pricing]): the plan emits, with parallel.cp and a split the
+  // sequence allows, and the emitted config loads.
+  sim::SimPlan loom_cp = p;
+  loom_cp.framework = sim::Framework::kLoom, loom_cp.cp = 2;
+  EXPECT_EQ(engine_refusal(loom_cp), "");
+  const std::string toml = emit_loom_toml(loom_cp);
+  EXPECT_NE(toml.find("cp = 2"), std::string::npos) << toml;
+  EXPECT_EQ(config_from_toml_string(toml.substr(toml.find('\n') + 1)).parallel.cp, 2);
 }
 
 }  // namespace

@@ -47,6 +47,21 @@ TEST(Simulator, ParameterServerRoundIsTheBusiestLinkBothWaysPlusTheServersUpdate
   }
 }
 
+// Note [Context-parallel pricing]: each layer's K|V all-gather over cp costs the same
+// forward under every framework and its backward reduce-scatter as much again; loom's engine
+// gathers again in backward, so its cp time is three such collectives a layer to the GPU
+// stack's two (a ring all-gather and reduce-scatter of one size cost the same).
+TEST(Simulator, LoomsContextParallelBackwardGathersAgain) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  SimPlan p = plan_of({"model.preset=gpt2", "parallel.dp=4", "train.batch=8", "train.seq=1024"});
+  p.cp = 2;
+  SimPlan loom = p;
+  loom.framework = Framework::kLoom;
+  const double mega = simulate(p, c).breakdown.cp_comm, mine = simulate(loom, c).breakdown.cp_comm;
+  ASSERT_GT(mega, 0.0);
+  EXPECT_NEAR(mine / mega, 1.5, 1e-9);
+}
+
 // Note [Parameter server with model parallelism] priced: with tp 2 x pp 2 workers each rank
 // pushes and pulls its own shard (its stage's tp slice) to that shard's S servers, so every
 // rank's round is the formula above over its own parameters, the shards' parameters add up

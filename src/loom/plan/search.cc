@@ -452,9 +452,10 @@ PlanReport search_plans(const PlanRequest& req) {
 }
 
 std::string engine_refusal(const sim::SimPlan& p) {
-  if (p.cp > 1)
-    return detail::cat("context parallelism (cp ", p.cp, ") is priced as the simulator's ring attention, while loom's "
-                       "engine runs parallel.cp_mode = allgather so far (issue 53)");
+  if (p.cp > 1 && p.framework != sim::Framework::kLoom)
+    return detail::cat("context parallelism (cp ", p.cp, ") is priced as ", sim::framework_name(p.framework),
+                       "'s ring attention, while loom's engine runs parallel.cp_mode = allgather (priced under "
+                       "--framework loom)");
   if (p.gemm_format != sim::GemmFormat::kBf16)
     return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
                        " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");
@@ -466,8 +467,13 @@ std::string emit_loom_toml(const sim::SimPlan& p) {
   if (const std::string why = engine_refusal(p); !why.empty())
     throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") is not one loom's engine runs as planned: " +
                       why + "; plan without it (drop --cp / --precision) to emit a config loom trains, or --emit megatron");
+  Config c = p.cfg;  // the simulator holds context parallelism as SimPlan::cp; the engine as parallel.cp
+  c.parallel.cp = p.cp;
+  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0) c.parallel.cp_split = CpSplit::kPlain;  // zigzag needs 2 cp chunks
+  if (const std::vector<std::string> errs = validation_errors(c); !errs.empty())
+    throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") is refused by loom's engine: " + errs.front());
   std::ostringstream os;
-  os << "# Written by loom plan (" << layout_label(p) << "); run with: loom train --plan FILE\n" << to_toml(p.cfg);
+  os << "# Written by loom plan (" << layout_label(p) << "); run with: loom train --plan FILE\n" << to_toml(c);
   return os.str();
 }
 

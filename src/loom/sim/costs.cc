@@ -170,7 +170,16 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   ops.push_back(mem("norm1", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather1");
   linear(ops, x, "qkv", (x.h + 2 * kv) / x.t, x.h);
-  if (x.cp > 1) ops.push_back(comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt));
+  // Note [Context-parallel pricing]
+  // Each layer all-gathers K|V over the cp group before attention; backward sends dK|dV back
+  // (the conjugate reduce-scatter). loom's engine (parallel.cp_mode = allgather, Note
+  // [Context-parallel attention]) keeps no gathered copy between the passes, so its backward
+  // gathers again first; the GPU stacks' are priced without that.
+  if (x.cp > 1) {
+    Op g = comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt);
+    g.regather = x.cp_regather;
+    ops.push_back(g);
+  }
   const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
   if (x.flash()) {
     // Dao et al.: the causal half of QK^T and PV in SRAM tiles; reads Q, K, V, writes the

@@ -46,6 +46,9 @@ struct Op {
   OpKind coll = OpKind::kAllReduce;  // kComm only
   Axis axis = Axis::kTp;
   bool attention_core = false;  // recomputed by selective recompute (Korthikanti et al.)
+  // kComm over cp: backward gathers again before its conjugate (Note [Context-parallel
+  // pricing]: loom's allgather context parallelism keeps no gathered K|V).
+  bool regather = false;
   Attention kernel = Attention::kUnfused;  // kAttention: a flash kernel is priced by its curve at `seq`
   double seq = 0;                          // kAttention: the key length its tiles sweep
   double head_dim = 0;                     // kAttention: h / a
@@ -63,6 +66,7 @@ struct LayerShape {
   double b = 1, s = 1, h = 1, a = 1, g = 1, f = 1, V = 1;
   double t = 1, cp = 1;
   bool sp = false;
+  bool cp_regather = false;  // Note [Context-parallel pricing]: loom's engine (--framework loom)
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
   bool fused_residual_grad = false;  // loom's engine: the norms' backward adds the residual's gradient

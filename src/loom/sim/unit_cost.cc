@@ -56,7 +56,8 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       OpKind conj = o.coll;
       if (o.coll == OpKind::kAllGather) conj = OpKind::kReduceScatter;
       else if (o.coll == OpKind::kReduceScatter) conj = OpKind::kAllGather;
-      const double t = collective_time_s(c, conj, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
+      const double t = collective_time_s(c, conj, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp) +
+                       (o.regather ? collective_time_s(c, o.coll, o.bytes, pl.cp) : 0.0);  // Note [Context-parallel pricing]
       (o.axis == Axis::kCp ? p.cp : p.tp) += t;
     }
   }

@@ -55,7 +55,8 @@ TEST(ContextParallel, LlamaLayoutsEqualTheSingleProcessRun) {
                         {"parallel.cp=2", "parallel.dp=2", "parallel.zero=2", "parallel.pp=2", "train.grad_accum=2"}});
 }
 
-// What context parallelism does not run yet is refused naming what works.
+// What context parallelism does not run yet is refused naming what works (document masks run:
+// DocumentMask.ParallelLayoutsMatchTheSingleProcessRun).
 TEST(ContextParallel, RefusesWhatItDoesNotRunYet) {
   auto error = [](const Sets& sets) { return testing_support::error_message([&] { load_config("", tiny(sets)); }); };
   EXPECT_NE(error({"parallel.cp=2", "parallel.cp_mode=ring"}).find("use parallel.cp_mode = allgather"),

@@ -177,7 +177,10 @@ TEST(DocumentMask, ParallelLayoutsMatchTheSingleProcessRun) {
   EXPECT_NE(single[0].losses, plain[0].losses);  // windows hold several fortunes: the mask changes the loss
   for (const auto& layout : std::vector<std::vector<std::string>>{
            {"data.doc_mask=true", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2", "parallel.sp=true"},
-           {"data.doc_mask=true", "parallel.dp=2", "parallel.zero=1", "parallel.recompute=selective"}}) {
+           {"data.doc_mask=true", "parallel.dp=2", "parallel.zero=1", "parallel.recompute=selective"},
+           // Note [Context-parallel chunks]: documents cross the chunk boundaries.
+           {"data.doc_mask=true", "parallel.cp=2"},
+           {"data.doc_mask=true", "parallel.cp=2", "parallel.dp=2", "parallel.cp_split=plain"}}) {
     const auto par = testing_support::train_as_threads(cfg(layout));
     ASSERT_EQ(par[0].losses.size(), single[0].losses.size());
     for (size_t i = 0; i < single[0].losses.size(); i++)

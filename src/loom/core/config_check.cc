@@ -351,7 +351,6 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
   };
   refuse(p.ps_servers > 0, "parallel.ps_servers", "set parallel.ps_servers = 0");
   refuse(c.data.bucketing, "data.bucketing", "set data.bucketing = false");
-  refuse(c.data.doc_mask, "data.doc_mask", "set data.doc_mask = false");
   refuse(c.train.precision != Precision::kFp32, "train.precision = " + std::string(name_of(c.train.precision)),
          "use train.precision = fp32");
   refuse(p.pp > 1 && streams(p.schedule), "parallel.schedule = " + std::string(schedule_name(p.schedule)),

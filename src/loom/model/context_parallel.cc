@@ -33,9 +33,30 @@ const float* Model::gather_kv(const float* qkv, int64_t B, int64_t T) const {
   return cp_kv_.data();
 }
 
-void Model::attend_cp(float* out, float* probs, const float* qkv, int64_t B, int64_t T) const {
+void Model::attend_cp(float* out, float* probs, const float* qkv, int64_t B, int64_t T, const int32_t* doc_start) const {
   const float* kv = gather_kv(qkv, B, T);
-  k_.cp_attention_forward(out, probs, qkv, kv, cp_positions(), B, T, cp_.seq, Hl_, KVl_, cfg_.head_dim(), nullptr);
+  k_.cp_attention_forward(out, probs, qkv, kv, cp_positions(), B, T, cp_.seq, Hl_, KVl_, cfg_.head_dim(), doc_start);
+}
+
+// The tokens travel as floats (exact: ids are below 2^24, the vocabulary's bound).
+void Model::cp_doc_starts(const int32_t* tokens, int64_t B, int64_t T, std::vector<int32_t>& out) const {
+  const int64_t Tk = cp_.seq, block = B * T;
+  std::vector<float> blocks(size_t(cp_.size * block));
+  for (int64_t n = 0; n < block; ++n) blocks[size_t(cp_.rank * block + n)] = float(tokens[n]);
+  cp_.comm->all_gather_blocks(blocks.data(), block);
+  std::vector<int32_t> whole(size_t(B * Tk)), start(size_t(B * Tk));
+  for (int r = 0; r < cp_.size; ++r)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        whole[size_t(b * Tk + cp_.positions[size_t(r)][size_t(t)])] = int32_t(blocks[size_t(r * block + b * T + t)]);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0, s = 0; j < Tk; ++j) {
+      start[size_t(b * Tk + j)] = int32_t(s);
+      if (whole[size_t(b * Tk + j)] == doc_mask_token_) s = j + 1;
+    }
+  out.resize(size_t(block));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) out[size_t(b * T + t)] = start[size_t(b * Tk + position(t))];
 }
 
 // Backward gathers K|V again (they are not kept between forward and backward: Tk rows of

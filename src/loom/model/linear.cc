@@ -58,7 +58,7 @@ const float* Model::widen(float* f, const bf16* h, int64_t n) const {
 
 void Model::attend(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
                    const int32_t* doc_start) const {
-  if (cp_.size > 1) return attend_cp(out, probs, qkv, B, T);  // fp32, no document mask (the config check)
+  if (cp_.size > 1) return attend_cp(out, probs, qkv, B, T, doc_start);  // fp32 (the config check)
   const int64_t hd = cfg_.head_dim();
   if (k_.attention_forward_bf16) k_.attention_forward_bf16(out, probs, probs_h, qkv, B, T, Hl_, KVl_, hd, doc_start);
   else k_.attention_forward(out, probs, qkv, B, T, Hl_, KVl_, hd, doc_start);

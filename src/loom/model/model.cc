@@ -407,12 +407,15 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
   }
   if (doc_mask_token_ >= 0) {  // Note [Document-causal mask]
     LOOM_CHECK(tokens != nullptr, "the document-causal mask needs every chunk's tokens");
-    sl.doc_start.resize(size_t(N));
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t t = 0, start = 0; t < T; t++) {
-        sl.doc_start[size_t(b * T + t)] = int32_t(start);
-        if (tokens[b * T + t] == doc_mask_token_) start = t + 1;
-      }
+    if (cp_.size > 1) cp_doc_starts(tokens, B, T, sl.doc_start);
+    else {
+      sl.doc_start.resize(size_t(N));
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0, start = 0; t < T; t++) {
+          sl.doc_start[size_t(b * T + t)] = int32_t(start);
+          if (tokens[b * T + t] == doc_mask_token_) start = t + 1;
+        }
+    }
   }
   const auto [first, last] = chunks_[size_t(chunk)];
   for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T);

@@ -10,6 +10,7 @@
 #include "loom/core/error.h"
 #include "loom/train/verify.h"
 #include "support/error_message.h"
+#include "support/tiny_sets.h"
 
 namespace loom {
 namespace {
@@ -17,9 +18,7 @@ namespace {
 using Sets = std::vector<std::string>;
 
 Sets tiny(const Sets& extra) {
-  Sets s = {"model.layers=4", "model.d_model=64", "model.heads=4", "model.ffn=128", "model.ctx=48",
-            "train.batch=8", "train.steps=5", "train.val_batches=1", "train.val_every=0", "train.threads=1",
-            "checkpoint.dir=", "comm.timeout_s=60", "optim.warmup_steps=2"};
+  Sets s = testing_support::tiny_sets({"model.ctx=48", "train.steps=5", "train.val_every=0"});
   s.insert(s.end(), extra.begin(), extra.end());
   return s;
 }

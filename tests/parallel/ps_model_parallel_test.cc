@@ -17,6 +17,7 @@
 #include "loom/train/verify.h"
 #include "support/error_message.h"
 #include "support/ps_applied.h"
+#include "support/tiny_sets.h"
 #include "support/train_threads.h"
 
 namespace loom {
@@ -25,9 +26,8 @@ namespace {
 using Sets = std::vector<std::string>;
 
 Config base(const Sets& extra) {
-  Sets sets = {"model.layers=4", "model.d_model=64", "model.heads=4", "model.ffn=128", "model.ctx=32",
-               "train.steps=6", "train.batch=8", "train.val_batches=1", "train.val_every=3", "train.threads=1",
-               "checkpoint.dir=", "comm.timeout_s=60", "optim.warmup_steps=2", "optim.grad_clip=0.3"};
+  Sets sets = testing_support::tiny_sets(
+      {"model.ctx=32", "train.steps=6", "train.val_every=3", "optim.grad_clip=0.3"});
   sets.insert(sets.end(), extra.begin(), extra.end());
   return load_config("", sets);
 }

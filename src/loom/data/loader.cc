@@ -272,14 +272,14 @@ int64_t DataLoader::shard_rows(int64_t global_batch) const {
   return global_batch / shard_count_;
 }
 
-void DataLoader::fill_row(uint64_t offset, int32_t* tokens, int32_t* targets) const {
+void DataLoader::fill_row(uint64_t offset, int32_t* tokens, int32_t* targets, std::vector<int32_t>& window) const {
   if (columns_.empty()) {
     src_.copy(offset, seq_, tokens);
     src_.copy(offset + 1, seq_, targets);
     return;
   }
   // Note [Context-parallel chunks]: the whole window, then this rank's positions of it.
-  std::vector<int32_t> window(size_t(seq_ + 1));
+  window.resize(size_t(seq_ + 1));
   src_.copy(offset, seq_ + 1, window.data());
   for (size_t i = 0; i < columns_.size(); ++i)
     tokens[i] = window[size_t(columns_[i])], targets[i] = window[size_t(columns_[i]) + 1];
@@ -310,9 +310,10 @@ int64_t DataLoader::train_batch(int64_t step, int64_t micro, int64_t micro_count
   const int64_t per_shard = shard_rows(global_batch);
   LOOM_ASSERT(per_shard % micro_count == 0 && micro >= 0 && micro < micro_count);
   const int64_t rows = per_shard / micro_count;
+  std::vector<int32_t> window;
   for (int64_t i = 0; i < rows; i++) {
     const int64_t r = shard_index_ * per_shard + micro * rows + i;
-    fill_row(window_start(step, global_batch, r), tokens + i * row_len(), targets + i * row_len());
+    fill_row(window_start(step, global_batch, r), tokens + i * row_len(), targets + i * row_len(), window);
   }
   return rows;
 }
@@ -323,12 +324,13 @@ int64_t DataLoader::val_batch(int64_t index, int64_t batch_count, int64_t global
   const int64_t total_rows = batch_count * global_batch;
   const int64_t windows = int64_t(src_.size()) - seq_;
   const data::MixedStream* mix = src_.mixed();
+  std::vector<int32_t> window;
   for (int64_t i = 0; i < per_shard; i++) {
     const int64_t r = index * global_batch + shard_index_ * per_shard + i;
     // Evenly spaced windows; they overlap only if the split is short.
     const uint64_t at = mix ? mix->val_window(uint64_t(r), uint64_t(total_rows), seq_)
                             : uint64_t((__int128)r * windows / total_rows);
-    fill_row(at, tokens + i * row_len(), targets + i * row_len());
+    fill_row(at, tokens + i * row_len(), targets + i * row_len(), window);
   }
   return per_shard;
 }

@@ -74,7 +74,8 @@ class DataLoader {
 
  private:
   void check() const;
-  void fill_row(uint64_t offset, int32_t* tokens, int32_t* targets) const;
+  // `window`: scratch for the whole window when columns are kept (reused across a batch's rows).
+  void fill_row(uint64_t offset, int32_t* tokens, int32_t* targets, std::vector<int32_t>& window) const;
   std::unique_ptr<data::TokenSource> owned_;  // the byte corpus, when built from one
   const data::TokenSource& src_;
   int64_t seq_;

@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "loom/ckpt/shard_ckpt.h"
-#include "loom/rank/compress_spec.h"
 #include "loom/train/rank_context.h"
 #include "loom/train/report.h"
 #include "loom/train/train_options.h"
@@ -35,7 +34,7 @@ std::vector<bool> zero_keep_units(const Config& cfg) {
 SyncPart::SyncPart(const Config& cfg, const RankContext& rc, const parallel::DataParallelPlan& plan, Model& model,
                    MemoryTracker& memory)
     : cfg_(cfg), rc_(rc), plan_(plan), model_(model) {
-  const parallel::CompressSpec compress = parallel::compress_spec(cfg);
+  const parallel::CompressSpec& compress = rc.plan->compress;
   sync_ = std::make_unique<parallel::GradSync>(*rc.dp, plan, sync_mode(rc), parallel::ring_codec(compress));
   parallel::GradSync* const sync = sync_.get();
   sync->set_compressors(compress, model.layout().specs());

@@ -72,6 +72,9 @@ struct ModelPart {
   std::vector<std::pair<int, int>> resolved_chunks(const ModelConfig& m) const {
     return chunks.empty() ? std::vector<std::pair<int, int>>{{0, int(m.layers)}} : chunks;
   }
+  // GPT's tied wte on a last stage that does not embed: a copy of the first stage's tensor
+  // (Note [Tied embedding reduction]).
+  bool holds_tied_copy(const ModelConfig& m) const { return m.arch == Arch::kGpt && head && !embed; }
   bool holds_layer(int l) const {
     if (chunks.empty()) return true;
     for (auto [b, e] : chunks)

@@ -7,6 +7,7 @@
 #include "loom/core/error.h"
 #include "loom/parallel/stage_part.h"
 #include "loom/parallel/zero.h"
+#include "loom/rank/cp_chunks.h"
 
 namespace loom {
 
@@ -45,7 +46,7 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
     RankPlan server = plan_rank(cfg, at.worker);
     server.global_rank = global_rank;
     server.dp_rank = int(p.dp) + at.index;  // a checkpoint's coordinates: the servers follow the workers
-    server.moment_ranges = {rank::ps_partition(server.layout.total_floats(), int(p.ps_servers))[size_t(at.index)]};
+    server.moment_ranges = {server.ps_keys[size_t(at.index)]};
     server.param_ranges = server.moment_ranges;
     server.duties = rank::duties(cfg, global_rank);
     return server;
@@ -75,14 +76,22 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   std::vector<FlatRange> params = p.zero == 3 && p.dp_ranks() > 1 ? moments : all;
   const rank::StateBytes bytes = rank::model_state_bytes(double(layout.param_count()), p.dp_ranks(), int(p.zero),
                                                          rank::engine_widths(cfg.optim));
-  return RankPlan{global_rank,       c[0],           c[1],          c[2],           part,
-                  std::move(schedule), act_slots,    std::move(chunk_peaks), std::move(recompute),
-                  std::move(dp_plan),  std::move(unit_bucket), std::move(layout), std::move(params),
-                  std::move(moments),  w_slots,      rank::duties(cfg, global_rank), bytes};
+  // unit_floats, ps_keys and cp_positions are filled below.
+  RankPlan plan{global_rank, c[0], c[1], c[2], part, std::move(schedule), act_slots, std::move(chunk_peaks),
+                std::move(recompute), std::move(dp_plan), std::move(unit_bucket), std::move(layout),
+                std::move(params), std::move(moments), w_slots, rank::duties(cfg, global_rank), bytes,
+                rank::compress_spec(cfg), {}, {}, {}};
+  std::vector<int> whole_units;
+  for (const parallel::Bucket& b : parallel::plan_units(cfg.model, 1, part, &whole_units).buckets)
+    plan.unit_floats.push_back(b.count);
+  if (p.ps_servers > 0) plan.ps_keys = rank::ps_partition(plan.layout.total_floats(), int(p.ps_servers));
+  for (int r = 0; r < int(p.cp) && p.cp > 1; ++r)
+    plan.cp_positions.push_back(rank::cp_positions(cfg.seq_len(), int(p.cp), r, p.cp_split));
+  return plan;
 }
 
 std::vector<FlatRange> ps_saved_ranges(const RankPlan& server, const ModelConfig& m) {
-  if (!(m.arch == Arch::kGpt && server.part.head && !server.part.embed)) return server.param_ranges;
+  if (!server.part.holds_tied_copy(m)) return server.param_ranges;
   const ParamSpec& wte = server.layout.at("wte");
   return subtract(server.param_ranges, {wte.offset, wte.numel});
 }

@@ -21,6 +21,7 @@
 #include "loom/model/layout.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/parallel/schedule.h"
+#include "loom/rank/compress_spec.h"
 #include "loom/rank/duties.h"
 #include "loom/rank/state_bytes.h"
 
@@ -46,6 +47,11 @@ struct RankPlan {
   int w_slots = 0;  // split backward (zero-bubble schedules): W slots, the schedule's peak pending W's
   rank::Duties duties;  // Note [Rank duties]: role, gradient path, update rule, where states live
   rank::StateBytes state_bytes;  // Note [Model-state bytes]: this rank's, from its layout
+  rank::CompressSpec compress;   // parallel.compress and its schedule (the gradient sync's codec)
+  std::vector<int64_t> unit_floats;  // per ZeRO-3 unit of this part, its floats unpadded (dp 1)
+  std::vector<FlatRange> ps_keys;    // parameter servers: each of the shard's servers' key ranges
+  // cp > 1 (Note [Context-parallel chunks]): each cp rank's global positions of a sequence.
+  std::vector<std::vector<int32_t>> cp_positions;
 };
 
 // Throws loom::Error when the layout's schedule does not finish (the validator's problem).

@@ -13,7 +13,6 @@
 #include "loom/comm/agree.h"
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
-#include "loom/parallel/zero.h"
 #include "loom/engine/engine.h"
 #include "loom/train/rank_context.h"
 
@@ -85,9 +84,7 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   if (rough < double(int64_t(1) << 56))
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
                                  cfg.train.precision == Precision::kBf16, rc.plan->w_slots, cfg.seq_len());
-  std::vector<int> unit_bucket;
-  std::vector<int64_t> units;
-  for (const parallel::Bucket& b : parallel::plan_units(m, 1, rc.part, &unit_bucket).buckets) units.push_back(b.count);
+  std::vector<int64_t> units = rc.plan->unit_floats;
   std::sort(units.begin(), units.end(), std::greater<>());
   units.resize(std::min<size_t>(units.size(), 3));
   // Note [Part memory estimates]: what the parts this rank's engine would be made of hold.

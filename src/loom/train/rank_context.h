@@ -53,7 +53,7 @@ struct RankContext {
   // Sums over the stats group (identity without one).
   void stats_sum(std::span<double> x) const;
   // The head part of a GPT pipeline holds a copy of wte that is not its own to count.
-  bool holds_tied_copy(const ModelConfig& m) const { return m.arch == Arch::kGpt && part.head && !part.embed; }
+  bool holds_tied_copy(const ModelConfig& m) const { return part.holds_tied_copy(m); }
   // Replicated tensors are counted (norm, whole-model assembly) by tp rank 0 only.
   bool counts(const ParamSpec& s, const ModelConfig& m) const {
     return !(s.name == "wte" && holds_tied_copy(m)) && (s.split_dim >= 0 || tp_rank == 0);

@@ -29,7 +29,6 @@
 #include "loom/engine/engine.h"
 #include "loom/train/memory_budget.h"
 #include "loom/modes/offload/offload.h"
-#include "loom/rank/cp_chunks.h"
 #include "loom/train/rank_context.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
@@ -516,7 +515,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
                       free_ps ? 1 : rc.data_size(), data->order);
   if (rc.cp_size > 1)
     for (DataLoader* l : {&train_data, &val_data})
-      l->keep_columns(rank::cp_positions(T, rc.cp_size, rc.cp_rank, cfg.parallel.cp_split));
+      l->keep_columns(rc.plan->cp_positions[size_t(rc.cp_rank)]);
   static_assert(data::kPadTarget == kIgnoreTarget);
   const std::unique_ptr<BucketLoader> buckets =
       cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.dp_rank, rc.dp_size) : nullptr;

@@ -153,7 +153,7 @@ struct PsReply {
 // A worker's side of Note [Parameter server].
 class PsWorker {
  public:
-  // `link`: this worker's link group (ps_links).
+  // `link`: this worker's link group (parallel::ps_groups), `ranges`: its shard's servers' key ranges.
   PsWorker(comm::Group& link, std::vector<FlatRange> ranges);
   // Worker 0: the initial weights to every server.
   void init_servers(const float* params);

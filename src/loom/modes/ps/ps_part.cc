@@ -2,15 +2,13 @@
 
 #include "loom/model/model.h"
 #include "loom/modes/ps/ps_server.h"
-#include "loom/rank/duties.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
 
 PsPart::PsPart(const Config& cfg, const RankContext& rc, const Model& model, int64_t mb, int64_t T)
     : cfg_(cfg), rc_(rc), mb_(mb), T_(T) {
-  ps_ = std::make_unique<parallel::PsWorker>(*rc.ps, rank::ps_partition(int64_t(model.params().size()),
-                                                                        int(cfg.parallel.ps_servers)));
+  ps_ = std::make_unique<parallel::PsWorker>(*rc.ps, rc.plan->ps_keys);
   // Note [Sparse embeddings]: the table's bytes are counted apart (row-sparse only with tp =
   // pp = 1); a middle pipeline stage holds none.
   if (const ParamSpec* wte = model.layout().find("wte"))

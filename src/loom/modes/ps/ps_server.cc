@@ -133,7 +133,7 @@ PsServer::PsServer(const Config& cfg, const TrainOptions& opt, comm::World& worl
   // The global norm counts every parameter once (RankContext::counts): tp rank 0's servers
   // count the replicated tensors, the first stage's the tied wte.
   counted_ = {own_};
-  const bool tied_copy = cfg.model.arch == Arch::kGpt && plan_.part.head && !plan_.part.embed;
+  const bool tied_copy = plan_.part.holds_tied_copy(cfg.model);
   for (const ParamSpec& s : layout_.specs())
     if ((s.name == "wte" && tied_copy) || (s.split_dim < 0 && plan_.tp_rank != 0))
       counted_ = subtract(counted_, {s.offset, s.numel});

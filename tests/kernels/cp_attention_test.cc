@@ -185,5 +185,79 @@ TEST(CpAttention, FastKernelMatchesTheReference) {
   }
 }
 
+// Note [Ring attention]: a rank's rows against the cp ranks' K|V blocks one at a time, in the
+// ring's order (rank r at step s holds rank (r - s) mod cp's block), with the online softmax,
+// equal the all-gather kernel's output and probabilities; the backward steps' dQ equals its,
+// and each block's travelling dK|dV its rows of the gathered dK|dV. cp 2, 3, 4, zigzag and
+// plain, masked and not, the reference and the fast kernels (the online rescaling and D =
+// rowsum(dO O) reorder float sums: 1e-5 of the scale, attention's cpu-vs-ref bound).
+TEST(RingAttention, BlocksAroundTheRingEqualTheGatheredKernel) {
+  std::mt19937 rng(13);
+  Case c;
+  c.T = 48, c.H = 4, c.KV = 2, c.hd = 16;
+  const int64_t row = c.row(), kvrow = 2 * c.KV * c.hd, C = c.H * c.hd;
+  const std::vector<float> qkv = normal(rng, size_t(c.B * c.T * row));
+  const std::vector<int32_t> starts = doc_starts(rng, c);
+  auto block_of = [&](const Local& whole, const std::vector<int32_t>& pos) {
+    std::vector<float> kv(size_t(c.B * int64_t(pos.size()) * kvrow));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (size_t u = 0; u < pos.size(); ++u)
+        std::copy_n(whole.kv.begin() + (b * c.T + pos[u]) * kvrow, kvrow, kv.begin() + (b * int64_t(pos.size()) + int64_t(u)) * kvrow);
+    return kv;
+  };
+  for (const bool fast : {false, true})
+    for (const bool masked : {false, true})
+      for (int cp : {2, 3, 4})
+        for (const CpSplit split : {CpSplit::kZigZag, CpSplit::kPlain}) {
+          SCOPED_TRACE(std::string(fast ? "cpu" : "ref") + " cp " + std::to_string(cp) +
+                       (split == CpSplit::kZigZag ? " zigzag" : " plain") + (masked ? " masked" : ""));
+          const auto step = fast ? cpu::ring_attention_step : ref::ring_attention_step;
+          const auto finish = fast ? cpu::ring_attention_finish : ref::ring_attention_finish;
+          const auto back = fast ? cpu::ring_attention_backward_step : ref::ring_attention_backward_step;
+          const int r = cp - 1;
+          const Local l = local_of(c, qkv, masked ? &starts : nullptr, rank::cp_positions(c.T, cp, r, split));
+          const int64_t Tq = int64_t(l.pos.size());
+          const int32_t* doc = masked ? l.doc.data() : nullptr;
+          std::vector<float> o(size_t(c.B * Tq * C)), p(size_t(c.B * c.H * Tq * c.T));
+          ref::cp_attention_forward(o.data(), p.data(), l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.KV,
+                                    c.hd, doc);
+          std::vector<float> acc(o.size(), 0.0f), ml(size_t(c.B * c.H * Tq * 2)), ro(o.size()), rp(p.size(), 7.0f);
+          for (size_t i = 0; i < ml.size(); i += 2) ml[i] = -INFINITY, ml[i + 1] = 0.0f;
+          for (int s = 0; s < cp; ++s) {
+            const std::vector<int32_t> pos = rank::cp_positions(c.T, cp, (r - s + cp) % cp, split);
+            const std::vector<float> kv = block_of(l, pos);
+            step(acc.data(), ml.data(), rp.data(), l.qkv.data(), kv.data(), l.pos.data(), pos.data(), c.B, Tq, Tq, c.T,
+                 c.H, c.KV, c.hd, doc);
+          }
+          finish(ro.data(), rp.data(), acc.data(), ml.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.hd, doc);
+          EXPECT_LT(off(ro, o), 1e-5);
+          EXPECT_LT(off(rp, p), 1e-5);
+          const std::vector<float> dy = normal(rng, o.size());
+          std::vector<float> dq(l.qkv.size(), 0.0f), dkv(l.kv.size(), 0.0f), rdq = dq, rdkv = dkv, D(size_t(c.B * c.H * Tq));
+          ref::cp_attention_backward(dq.data(), dkv.data(), dy.data(), l.qkv.data(), l.kv.data(), p.data(), l.pos.data(),
+                                     c.B, Tq, c.T, c.H, c.KV, c.hd);
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t h = 0; h < c.H; ++h)
+              for (int64_t t = 0; t < Tq; ++t) {
+                double d = 0;
+                for (int64_t e = 0; e < c.hd; ++e)
+                  d += double(dy[size_t((b * Tq + t) * C + h * c.hd + e)]) * ro[size_t((b * Tq + t) * C + h * c.hd + e)];
+                D[size_t((b * c.H + h) * Tq + t)] = float(d);
+              }
+          for (int s = 0; s < cp; ++s) {
+            const std::vector<int32_t> pos = rank::cp_positions(c.T, cp, (r - s + cp) % cp, split);
+            const std::vector<float> kv = block_of(l, pos);
+            std::vector<float> g(kv.size(), 0.0f);
+            back(rdq.data(), g.data(), dy.data(), D.data(), l.qkv.data(), kv.data(), rp.data(), l.pos.data(), pos.data(),
+                 c.B, Tq, Tq, c.T, c.H, c.KV, c.hd);
+            for (int64_t b = 0; b < c.B; ++b)  // the block's rows back at their positions
+              for (size_t u = 0; u < pos.size(); ++u)
+                std::copy_n(g.begin() + (b * Tq + int64_t(u)) * kvrow, kvrow, rdkv.begin() + (b * c.T + pos[u]) * kvrow);
+          }
+          EXPECT_LT(off(rdq, dq), 1e-5);
+          EXPECT_LT(off(rdkv, dkv), 1e-5);
+        }
+}
+
 }  // namespace
 }  // namespace loom

@@ -338,7 +338,9 @@ TEST(MpiTrain, ParameterServerSspHoldsItsBoundAcrossProcesses) {
 }
 
 // Context parallelism across processes (Note [Context-parallel chunks]): cp 2, 3, 4 and 8
-// alone, and with dp 2 x ZeRO-1 and dp 2 x tp 2 + sp, each on the rank count it fills.
+// alone, and with dp 2 x ZeRO-1 and dp 2 x tp 2 + sp, each on the rank count it fills; Ulysses
+// (Note [Ulysses attention]) at cp 2 and 4 and with dp 2 x ZeRO-3 and dp 2 x tp 2 + sp; ring
+// (Note [Ring attention]) at cp 2, 3 and 4 and with dp 2 x tp 2 + sp.
 TEST(MpiTrain, ContextParallelLayoutsMatchTheSingleProcessRun) {
   check_layouts("gpt",
                 {{"parallel.cp=2"},
@@ -346,7 +348,15 @@ TEST(MpiTrain, ContextParallelLayoutsMatchTheSingleProcessRun) {
                  {"parallel.cp=4"},
                  {"parallel.cp=2", "parallel.dp=2", "parallel.zero=1"},
                  {"parallel.cp=8"},
-                 {"parallel.cp=2", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true"}},
+                 {"parallel.cp=2", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true"},
+                 {"parallel.cp=2", "parallel.cp_mode=ulysses"},
+                 {"parallel.cp=4", "parallel.cp_mode=ulysses"},
+                 {"parallel.cp=2", "parallel.cp_mode=ulysses", "parallel.dp=2", "parallel.zero=3"},
+                 {"parallel.cp=2", "parallel.cp_mode=ulysses", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true"},
+                 {"parallel.cp=2", "parallel.cp_mode=ring"},
+                 {"parallel.cp=3", "parallel.cp_mode=ring"},
+                 {"parallel.cp=4", "parallel.cp_mode=ring"},
+                 {"parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true"}},
                 {"model.ctx=48", "train.seq=48"});
 }
 

@@ -1,5 +1,6 @@
 // Context parallelism in the engine (Note [Context-parallel chunks], Note [Context-parallel
-// attention]): each sequence split over cp ranks, K|V gathered per layer, gradients reduced
+// attention]): each sequence split over cp ranks, K|V gathered per layer (or passed around the
+// ring, or heads exchanged by all-to-all), gradients reduced
 // over dp x cp. Every layout equals the single-process run within loom verify's exact bounds
 // (fp32: loss 1e-5 relative, weights 1e-4), alone and composed; what is not built is refused.
 #include <gtest/gtest.h>
@@ -54,18 +55,62 @@ TEST(ContextParallel, LlamaLayoutsEqualTheSingleProcessRun) {
                         {"parallel.cp=2", "parallel.dp=2", "parallel.zero=2", "parallel.pp=2", "train.grad_accum=2"}});
 }
 
+// Note [Ulysses attention]: rows to heads by all-to-all, the whole sequence's attention on
+// heads / cp heads, back to rows: cp 2 and 4 (one head a rank), zigzag and plain, with tp 2 + sp
+// (cp splits the tp rank's 2 heads), dp 2 x ZeRO-3 and pp 2; Llama's GQA (4 heads, 2 kv heads)
+// at cp 2, alone and with dp 2 x ZeRO-2 x pp 2; bf16 and fp16.
+TEST(ContextParallel, UlyssesLayoutsEqualTheSingleProcessRun) {
+  const std::string u = "parallel.cp_mode=ulysses";
+  expect_layouts_match({}, {{"parallel.cp=2", u},
+                            {"parallel.cp=4", u},
+                            {"parallel.cp=4", u, "parallel.cp_split=plain"},
+                            {"parallel.cp=2", u, "parallel.tp=2", "parallel.sp=true"},
+                            {"parallel.cp=2", u, "parallel.dp=2", "parallel.zero=3"},
+                            {"parallel.cp=2", u, "parallel.pp=2", "train.grad_accum=2"}});
+  expect_layouts_match({"model.arch=llama", "model.kv_heads=2"},
+                       {{"parallel.cp=2", u},
+                        {"parallel.cp=2", u, "parallel.dp=2", "parallel.zero=2", "parallel.pp=2", "train.grad_accum=2"}});
+  // bf16 and fp16 (each rank runs the whole sequence's attention kernel of that precision on
+  // its heads): within loom verify's bf16 / fp16 bounds of the single process.
+  for (const std::string precision : {"train.precision=bf16", "train.precision=fp16"})
+    expect_layouts_match({precision}, {{"parallel.cp=2", u}, {"parallel.cp=2", u, "parallel.tp=2", "parallel.sp=true"}});
+}
+
+// Note [Ring attention]: K|V blocks around the cp ring with the online softmax, dK|dV
+// travelling back with them: cp 2, 3 (odd) and 4, zigzag and plain, with tp 2 + sp, dp 2 x
+// ZeRO-3 and pp 2; Llama's RoPE and GQA at cp 2 and with dp 2 x ZeRO-1 x pp 2. The online
+// rescaling reorders float sums only: loom verify's exact bounds hold.
+TEST(ContextParallel, RingLayoutsEqualTheSingleProcessRun) {
+  const std::string ring = "parallel.cp_mode=ring";
+  expect_layouts_match({}, {{"parallel.cp=2", ring},
+                            {"parallel.cp=3", ring},
+                            {"parallel.cp=4", ring, "parallel.cp_split=plain"},
+                            {"parallel.cp=2", ring, "parallel.tp=2", "parallel.sp=true"},
+                            {"parallel.cp=2", ring, "parallel.dp=2", "parallel.zero=3"},
+                            {"parallel.cp=2", ring, "parallel.pp=2", "train.grad_accum=2"},
+                            {"parallel.cp=2", ring, "parallel.recompute=selective"}});
+  expect_layouts_match({"model.arch=llama", "model.kv_heads=2"},
+                       {{"parallel.cp=2", ring},
+                        {"parallel.cp=2", ring, "parallel.dp=2", "parallel.zero=1", "parallel.pp=2", "train.grad_accum=2"}});
+}
+
 // What context parallelism does not run yet is refused naming what works (document masks run:
 // DocumentMask.ParallelLayoutsMatchTheSingleProcessRun).
 TEST(ContextParallel, RefusesWhatItDoesNotRunYet) {
   auto error = [](const Sets& sets) { return testing_support::error_message([&] { load_config("", tiny(sets)); }); };
-  EXPECT_NE(error({"parallel.cp=2", "parallel.cp_mode=ring"}).find("use parallel.cp_mode = allgather"),
-            std::string::npos);
   EXPECT_NE(error({"parallel.cp=5"}).find("use train.seq a multiple of 10"), std::string::npos);
   EXPECT_NE(error({"parallel.cp=2", "train.precision=bf16"}).find("use train.precision = fp32"), std::string::npos);
   EXPECT_NE(error({"parallel.cp=2", "parallel.dp=2", "parallel.compress=int8"}).find("set parallel.compress = none"),
             std::string::npos);
   EXPECT_NE(error({"parallel.cp=0"}).find("parallel.cp = 0: expected >= 1"), std::string::npos);
   EXPECT_NE(error({"parallel.cp_mode=rings"}).find("expected allgather"), std::string::npos);
+  // Ulysses needs cp to divide each tp rank's heads and kv heads (4 and 4; Llama's 2 kv heads over tp 2: 1).
+  EXPECT_NE(error({"parallel.cp=3", "parallel.cp_mode=ulysses"})
+                .find("each tp rank's 4 heads and 4 kv heads (model.heads 4, kv_heads 4, tp 1) must split over 3 ranks"),
+            std::string::npos);
+  EXPECT_NE(error({"model.arch=llama", "model.kv_heads=2", "parallel.cp=2", "parallel.cp_mode=ulysses", "parallel.tp=2"})
+                .find("2 heads and 1 kv heads"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -229,6 +229,35 @@ TEST(PlanSearch, WhatTheEngineDoesNotRunIsMarkedAndNeverEmittedForIt) {
   const std::string toml = emit_loom_toml(loom_cp);
   EXPECT_NE(toml.find("cp = 2"), std::string::npos) << toml;
   EXPECT_EQ(config_from_toml_string(toml.substr(toml.find('\n') + 1)).parallel.cp, 2);
+  // Ulysses and ring (Note [Ulysses attention], Note [Ring attention]) emit their mode, and
+  // the label names it.
+  for (const CpMode mode : {CpMode::kUlysses, CpMode::kRing}) {
+    loom_cp.cfg.parallel.cp_mode = mode;
+    EXPECT_EQ(engine_refusal(loom_cp), "");
+    EXPECT_NE(layout_label(loom_cp).find(std::string("cp 2 ") + name_of(mode)), std::string::npos) << layout_label(loom_cp);
+    const std::string emitted = emit_loom_toml(loom_cp);
+    EXPECT_EQ(config_from_toml_string(emitted.substr(emitted.find('\n') + 1)).parallel.cp_mode, mode);
+  }
+}
+
+// Under --framework loom a cp > 1 layout is tried in each mode the engine runs (Note [Ulysses
+// attention]): allgather, ring, and ulysses where cp divides each tp rank's heads (gpt2's 12:
+// at tp 1 and 2, not at tp 4's 3); every ranked plan is one the engine runs.
+TEST(PlanSearch, ContextParallelPlansTryEachModeTheEngineRuns) {
+  PlanRequest req;
+  req.like.framework = sim::Framework::kLoom;
+  req.like.cfg = load_config("", {"model.preset=gpt2", "train.batch=8", "train.seq=1024", "model.layers=4"});
+  req.cluster = sim::load_cluster("dgx-a100", {}, 8, "");
+  req.global_batch = 8;
+  req.cp = {2};
+  req.top = 100000;
+  req.refine = false;
+  std::set<std::string> modes;
+  for (const PlanCandidate& c : search_plans(req).ranked) {
+    modes.insert(name_of(c.plan.cfg.parallel.cp_mode));
+    EXPECT_EQ(engine_refusal(c.plan), "") << layout_label(c.plan);
+  }
+  EXPECT_EQ(modes, (std::set<std::string>{"allgather", "ring", "ulysses"}));
 }
 
 }  // namespace

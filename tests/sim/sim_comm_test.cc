@@ -12,6 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/sim/costs.h"
 #include "loom/sim/simulator.h"
+#include "loom/sim/unit_cost.h"
 
 namespace loom::sim {
 namespace {
@@ -60,6 +61,73 @@ TEST(Simulator, LoomsContextParallelBackwardGathersAgain) {
   const double mega = simulate(p, c).breakdown.cp_comm, mine = simulate(loom, c).breakdown.cp_comm;
   ASSERT_GT(mega, 0.0);
   EXPECT_NEAR(mine / mega, 1.5, 1e-9);
+}
+
+// Note [Ulysses attention] priced: a layer sends its q, k, v rows to heads and its output
+// back (two all-to-alls of the rank's n (h + 2 kv) and n h values, attention over all s rows
+// for a / cp heads: the all-gather scheme's FLOPs); backward sends dout and dqkv, and loom's
+// engine q, k, v again first, so loom's cp time is (3 A + 2 B) / (2 A + 2 B) of Megatron's
+// with A, B the two all-to-alls' times.
+TEST(Simulator, UlyssesSendsRowsToHeadsAndBack) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  SimPlan p = plan_of({"model.preset=gpt2", "parallel.dp=4", "train.batch=8", "train.seq=1024",
+                       "parallel.cp_mode=ulysses"});
+  p.cp = 2;
+  const ModelConfig& m = p.cfg.model;
+  LayerShape x = LayerShape::of(m, p.cfg.micro_batch(), 1024, 1, 2, false, 2);
+  x.fused_attention = true;  // loom's one attention op
+  LayerShape gather = x;
+  x.cp_ulysses = true;
+  const double n = double(p.cfg.micro_batch()) * 1024 / 2, h = double(m.d_model);
+  std::vector<double> a2a, attention;
+  for (const LayerShape& s : {x, gather})
+    for (const Op& o : block_forward_ops(s)) {
+      if (o.kind == Op::Kind::kComm && o.coll == OpKind::kAllToAll) a2a.push_back(o.bytes);
+      if (o.kind == Op::Kind::kAttention) attention.push_back(o.flops);
+    }
+  ASSERT_EQ(a2a.size(), 2u) << "the all-gather scheme has none";
+  EXPECT_DOUBLE_EQ(a2a[0], n * 3 * h * 2);
+  EXPECT_DOUBLE_EQ(a2a[1], n * h * 2);
+  ASSERT_EQ(attention.size(), 2u);
+  EXPECT_NEAR(attention[0], attention[1], 1e-9 * attention[1]);
+  SimPlan loom = p;
+  loom.framework = Framework::kLoom;
+  const GroupShape g = place_group(c, 2, 1);
+  const double A = collective_time_s(c, OpKind::kAllToAll, a2a[0], g), B = collective_time_s(c, OpKind::kAllToAll, a2a[1], g);
+  const double mega = simulate(p, c).breakdown.cp_comm, mine = simulate(loom, c).breakdown.cp_comm;
+  ASSERT_GT(mega, 0.0);
+  EXPECT_NEAR(mine / mega, (3 * A + 2 * B) / (2 * A + 2 * B), 1e-9);
+}
+
+// Note [Ring attention pricing]: with T one K|V block's shift over the cp ring and A the
+// attention kernel's forward time, a layer's exposed cp time is max(0, (cp - 1) T - A)
+// forward and max(0, (cp - 1) T - 2 A) + cp T backward (the gradients' shifts wait for their
+// step); at 16K tokens the kernel covers the K|V shifts.
+TEST(Simulator, RingShiftsHideUnderTheAttentionKernel) {
+  ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  const ModelConfig m = load_config("", {"model.preset=gpt2"}).model;
+  for (const double seq : {512.0, 16384.0}) {
+    const int64_t cp = 4;
+    LayerShape x = LayerShape::of(m, 1, int64_t(seq), 1, cp, false, 2);
+    x.fused_attention = true, x.cp_ring = true;
+    const std::vector<Op> ops = block_forward_ops(x);
+    double A = 0, bytes = 0;
+    for (const Op& o : ops) {
+      if (o.kind == Op::Kind::kAttention) A = kernel_time_s(c.device, o);
+      if (o.kind == Op::Kind::kComm && o.axis == Axis::kCp) {
+        EXPECT_EQ(o.ring_steps, cp);
+        bytes = o.bytes;
+      }
+    }
+    EXPECT_DOUBLE_EQ(bytes, 2 * seq / double(cp) * double(m.d_model) * 2);  // n 2 kv dt: one block of K and V
+    Places pl;
+    pl.cp = place_group(c, cp, 1);
+    const double T = collective_time_s(c, OpKind::kSend, bytes, pl.cp);
+    const UnitCost u = unit_cost(c, pl, ops, Recompute::kNone, false, false);
+    EXPECT_NEAR(u.fwd.cp, std::max(0.0, 3 * T - A), 1e-15) << "seq " << seq;
+    EXPECT_NEAR(u.bwd.cp, std::max(0.0, 3 * T - 2 * A) + 4 * T, 1e-15) << "seq " << seq;
+    if (seq > 1000) EXPECT_EQ(u.fwd.cp, 0.0) << "16K tokens: the kernel covers the shifts";
+  }
 }
 
 // Note [Parameter server with model parallelism] priced: with tp 2 x pp 2 workers each rank

@@ -180,7 +180,11 @@ TEST(DocumentMask, ParallelLayoutsMatchTheSingleProcessRun) {
            {"data.doc_mask=true", "parallel.dp=2", "parallel.zero=1", "parallel.recompute=selective"},
            // Note [Context-parallel chunks]: documents cross the chunk boundaries.
            {"data.doc_mask=true", "parallel.cp=2"},
-           {"data.doc_mask=true", "parallel.cp=2", "parallel.dp=2", "parallel.cp_split=plain"}}) {
+           {"data.doc_mask=true", "parallel.cp=2", "parallel.dp=2", "parallel.cp_split=plain"},
+           // Note [Ulysses attention]: the whole sequence's document starts on each rank's heads.
+           {"data.doc_mask=true", "parallel.cp=2", "parallel.cp_mode=ulysses"},
+           // Note [Ring attention]: each block's keys masked by their global positions.
+           {"data.doc_mask=true", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2"}}) {
     const auto par = testing_support::train_as_threads(cfg(layout));
     ASSERT_EQ(par[0].losses.size(), single[0].losses.size());
     for (size_t i = 0; i < single[0].losses.size(); i++)

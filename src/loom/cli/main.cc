@@ -65,8 +65,8 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--global-batch", a.global_batch, "Sequences per optimizer step (train.batch)")
       ->check(at_least(1));
   app->add_option("--seq", a.seq, "Tokens per sequence (train.seq; default model.ctx)")->check(at_least(1));
-  app->add_option("--cp", a.cp, "Context-parallel degree, priced as ring attention (the engine trains it as parallel.cp "
-                               "with cp_mode = allgather)")->capture_default_str();
+  app->add_option("--cp", a.cp, "Context-parallel degree (GPU frameworks: priced as ring attention; "
+                               "--framework loom: as parallel.cp_mode, allgather, ring or ulysses, e.g. --set parallel.cp_mode=ring)")->capture_default_str();
   app->add_flag("--json", a.json, "One JSON object per result (step_time_s, tokens_per_s, tflops_per_gpu, mfu, hfu, "
                                   "bubble_fraction, peak_memory_bytes, breakdown, memory per rank)");
   app->add_option("--framework", a.framework,

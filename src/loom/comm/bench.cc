@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "loom/comm/cost.h"
 #include "loom/comm/world.h"
 
 namespace loom::comm {
@@ -47,16 +48,6 @@ std::vector<size_t> parse_sizes(std::string_view list) {
     out.push_back(value);
   }
   return out;
-}
-
-double bus_factor(OpKind op, int n) {
-  switch (op) {
-    case OpKind::kAllReduce: return n > 1 ? 2.0 * (n - 1) / n : 0.0;
-    case OpKind::kReduceScatter:
-    case OpKind::kAllGather:
-    case OpKind::kAllToAll: return n > 1 ? double(n - 1) / n : 0.0;
-    default: return 1.0;
-  }
 }
 
 namespace {

@@ -19,8 +19,7 @@ class World;
 // Throws loom::Error naming the bad item.
 std::vector<size_t> parse_sizes(std::string_view list);
 
-// nccl-tests: busbw = algbw x factor, with algbw = bytes / time.
-double bus_factor(OpKind op, int ranks);
+// nccl-tests: busbw = algbw x bus_factor (comm/cost.h), with algbw = bytes / time.
 
 struct BenchRequest {
   std::vector<OpKind> ops;

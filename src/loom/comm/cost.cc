@@ -28,7 +28,7 @@ GroupShape place_group(int64_t devices_per_node, int64_t ranks, int64_t stride) 
 double bus_factor(OpKind op, int64_t ranks) {
   const double n = double(ranks);
   if (op == OpKind::kAllReduce) return 2 * (n - 1) / n;
-  if (op == OpKind::kAllGather || op == OpKind::kReduceScatter) return (n - 1) / n;
+  if (op == OpKind::kAllGather || op == OpKind::kReduceScatter || op == OpKind::kAllToAll) return (n - 1) / n;
   return 1;
 }
 

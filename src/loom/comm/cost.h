@@ -27,8 +27,8 @@ struct GroupShape {
 GroupShape place_group(int64_t devices_per_node, int64_t ranks, int64_t stride);
 
 // Bytes each member moves per byte of the collective's full buffer in a bandwidth-optimal
-// algorithm (nccl-tests' busbw factor): all-reduce 2 (n-1)/n, all-gather and
-// reduce-scatter (n-1)/n, a point-to-point message 1.
+// algorithm (nccl-tests' busbw factor): all-reduce 2 (n-1)/n, all-gather, reduce-scatter and
+// all-to-all (n-1)/n (a member keeps its own block), a point-to-point message 1.
 double bus_factor(OpKind op, int64_t n);
 
 // --- comm: loom's own algorithms, alpha-beta per tier ---------------------------------

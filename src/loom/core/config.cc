@@ -158,7 +158,9 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_BOOL_KEY(parallel, vocab_parallel, "under tp: embedding and head split by vocabulary (true) or whole on "
                                               "every tp rank (false: no vocabulary collectives, more memory)"),
       LOOM_INT_KEY(parallel, cp, "context-parallel degree: each sequence split over cp ranks (gradients reduced over dp x cp)"),
-      LOOM_ENUM_KEY(parallel, cp_mode, "allgather (K/V gathered once per layer; ring and ulysses are not built yet)", parse_cp_mode),
+      LOOM_ENUM_KEY(parallel, cp_mode, "allgather (K/V gathered once per layer) | ring (K/V blocks passed "
+                                            "around the cp ring, online softmax) | ulysses (all-to-all to heads; cp "
+                                            "divides the tp rank's heads and kv heads)", parse_cp_mode),
       LOOM_ENUM_KEY(parallel, cp_split, "zigzag (load-balanced causal chunks) | plain", parse_cp_split),
       LOOM_INT_KEY(parallel, zero, "ZeRO stage over dp: 0 none, 1 optimizer, 2 + gradients, 3 + parameters"),
       LOOM_INT_KEY(parallel, micro_batch, "sequences per micro-batch per dp rank; 0 = batch / (grad_accum * dp)"),

@@ -1,5 +1,6 @@
 // Validation of every section but [parallel] (parallel_config.cc): each problem with its
 // value and the fix.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -343,16 +344,22 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
     errs.push_back(is + "with parallel.cp_split = " + name_of(p.cp_split) + ": the sequence of " +
                    std::to_string(c.seq_len()) + " tokens does not split into " + std::to_string(pieces) +
                    " equal chunks; use train.seq a multiple of " + std::to_string(pieces));
-  if (p.cp_mode != CpMode::kAllGather)
-    errs.push_back(is + "with parallel.cp_mode = " + name_of(p.cp_mode) + ": the engine runs allgather so far (loom "
-                   "simulate prices " + name_of(p.cp_mode) + "); use parallel.cp_mode = allgather");
+  // Note [Ulysses attention]: each cp rank takes heads / cp of the tp rank's heads and kv heads.
+  const int64_t tp = std::max<int64_t>(1, p.tp), heads = c.model.heads / tp, kv = c.model.kv_heads / tp;
+  if (p.cp_mode == CpMode::kUlysses && (heads % p.cp != 0 || kv % p.cp != 0))
+    errs.push_back(is + "with parallel.cp_mode = ulysses: each tp rank's " + std::to_string(heads) + " heads and " +
+                   std::to_string(kv) + " kv heads (model.heads " + std::to_string(c.model.heads) + ", kv_heads " +
+                   std::to_string(c.model.kv_heads) + ", tp " + std::to_string(tp) + ") must split over " +
+                   std::to_string(p.cp) + " ranks; use a cp that divides both, or parallel.cp_mode = allgather");
   auto refuse = [&](bool bad, const std::string& what, const std::string& fix) {
     if (bad) errs.push_back(is + "with " + what + ": not built for context parallelism yet; " + fix);
   };
   refuse(p.ps_servers > 0, "parallel.ps_servers", "set parallel.ps_servers = 0");
   refuse(c.data.bucketing, "data.bucketing", "set data.bucketing = false");
-  refuse(c.train.precision != Precision::kFp32, "train.precision = " + std::string(name_of(c.train.precision)),
-         "use train.precision = fp32");
+  refuse(c.train.precision != Precision::kFp32 && p.cp_mode != CpMode::kUlysses,
+         "train.precision = " + std::string(name_of(c.train.precision)) + " and parallel.cp_mode = " +
+             name_of(p.cp_mode),
+         "use train.precision = fp32, or parallel.cp_mode = ulysses");
   refuse(p.pp > 1 && streams(p.schedule), "parallel.schedule = " + std::string(schedule_name(p.schedule)),
          "use a flushing schedule (1f1b, gpipe, interleaved, zb-h1, zb-h2, zb-v)");
   refuse(p.compress != CompressKind::kNone, "parallel.compress = " + std::string(compress_name(p.compress)),

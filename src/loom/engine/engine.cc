@@ -17,7 +17,6 @@
 #include "loom/modes/stream/async_pipe.h"
 #include "loom/modes/stream/two_bw.h"
 #include "loom/parallel/zero.h"
-#include "loom/rank/cp_chunks.h"
 #include "loom/train/train_options.h"
 
 namespace loom {
@@ -33,8 +32,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.tp_comm = rc.tp_comm.get();
   if (rc.cp_size > 1) {  // Note [Context-parallel chunks]: every cp rank's positions of a sequence
     o.cp.size = rc.cp_size, o.cp.rank = rc.cp_rank, o.cp.seq = cfg.seq_len(), o.cp.comm = rc.cp_comm.get();
-    for (int r = 0; r < rc.cp_size; ++r)
-      o.cp.positions.push_back(rank::cp_positions(cfg.seq_len(), rc.cp_size, r, cfg.parallel.cp_split));
+    o.cp.positions = rc.plan->cp_positions, o.cp.mode = cfg.parallel.cp_mode;
   }
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;

@@ -17,6 +17,7 @@ inline constexpr int32_t kIgnoreTarget = -1;
   X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward) X(matmul_backward) X(gelu_forward)      \
   X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(rope_forward) X(rope_backward)           \
   X(attention_forward) X(attention_backward) X(cp_attention_forward) X(cp_attention_backward)      \
+  X(ring_attention_step) X(ring_attention_finish) X(ring_attention_backward_step)                  \
   X(residual_forward) X(crossentropy_forward)                                                      \
   X(crossentropy_backward_inplace) X(lm_head_loss) X(lm_head_logits_row) X(adamw_update)           \
   X(sum_squares) X(scale_inplace)

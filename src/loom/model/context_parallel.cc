@@ -54,6 +54,10 @@ void Model::cp_doc_starts(const int32_t* tokens, int64_t B, int64_t T, std::vect
       start[size_t(b * Tk + j)] = int32_t(s);
       if (whole[size_t(b * Tk + j)] == doc_mask_token_) s = j + 1;
     }
+  if (cp_.mode == CpMode::kUlysses) {  // Note [Ulysses attention]: the whole sequence's rows attend
+    out = std::move(start);
+    return;
+  }
   out.resize(size_t(block));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) out[size_t(b * T + t)] = start[size_t(b * Tk + position(t))];
@@ -68,7 +72,8 @@ void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv,
   const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, Tk = cp_.seq;
   const int64_t block = B * T * kvrow;
   const float* kv = gather_kv(qkv, B, T);
-  std::vector<float> dkv(size_t(B * Tk * kvrow), 0.0f);
+  std::vector<float>& dkv = cp_dkv_;
+  dkv.assign(size_t(B * Tk * kvrow), 0.0f);
   k_.cp_attention_backward(dqkv, dkv.data(), dout, qkv, kv, probs, cp_positions(), B, T, Tk, Hl_, KVl_, hd);
   for (int r = 0; r < cp_.size; ++r) {
     const std::vector<int32_t>& pos = cp_.positions[size_t(r)];

@@ -89,6 +89,8 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   LOOM_CHECK(cp_.size == 1 || (cp_.comm && int(cp_.positions.size()) == cp_.size && cp_.rank >= 0 &&
                                cp_.rank < cp_.size && int64_t(cp_.positions[size_t(cp_.rank)].size()) == max_seq),
              "a context-parallel model (cp = ", cp_.size, ") needs its group and every rank's ", max_seq, " positions");
+  LOOM_CHECK(cp_.mode != CpMode::kUlysses || (Hl_ % cp_.size == 0 && KVl_ % cp_.size == 0), "Ulysses attention over ",
+             cp_.size, " ranks needs the rank's ", Hl_, " heads and ", KVl_, " kv heads divisible by it");
   LOOM_CHECK(max_batch > 0 && max_seq > 0 && max_seq <= cfg.ctx, "model buffers need 0 < batch (", max_batch,
              ") and 0 < seq (", max_seq, ") <= model.ctx (", cfg.ctx, ")");
   LOOM_CHECK(act_slots >= 1, "activation slots must be >= 1, got ", act_slots);

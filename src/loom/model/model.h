@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "loom/core/bf16.h"
@@ -60,7 +61,8 @@ struct ContextParallel {
   int size = 1, rank = 0;
   int64_t seq = 0;                             // the whole sequence (the model's max_seq is this rank's rows)
   std::vector<std::vector<int32_t>> positions;  // per cp rank: its positions, ascending (rank/cp_chunks.h)
-  TpComm* comm = nullptr;                      // all-gather / reduce-scatter of equal blocks over the cp group
+  TpComm* comm = nullptr;                      // all-gather / reduce-scatter / all-to-all of equal blocks over the cp group
+  CpMode mode = CpMode::kAllGather;            // allgather (context_parallel.cc), ulysses or ring (their files)
 };
 
 struct ModelOptions {
@@ -270,18 +272,38 @@ class Model {
   // in fp32 storage; Note [bf16 attention probabilities]); fp32 / fp16 keep probs.
   void attend(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
               const int32_t* doc_start) const;
-  void attend_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, const bf16* probs_h,
-                       int64_t B, int64_t T) const;
+  // out: the attention's output (ring attention's backward reads it; null with bf16 storage).
+  void attend_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* probs,
+                       const bf16* probs_h, int64_t B, int64_t T) const;
   // Note [Context-parallel attention] (context_parallel.cc): the cp group's K|V in position
   // order, the rows' attention against it, and backward's dK|dV reduce-scattered to their
   // owners and added into dqkv.
   const float* gather_kv(const float* qkv, int64_t B, int64_t T) const;
   void attend_cp(float* out, float* probs, const float* qkv, int64_t B, int64_t T, const int32_t* doc_start) const;
   // Note [Document-causal mask] under context parallelism: every row's document start as a
-  // global position, from the cp group's tokens put in position order.
+  // global position, from the cp group's tokens put in position order (ulysses: every
+  // position's, (B, Tk), as its whole-sequence attention reads them).
   void cp_doc_starts(const int32_t* tokens, int64_t B, int64_t T, std::vector<int32_t>& out) const;
   void attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
                           int64_t T) const;
+  // Note [Ulysses attention] (ulysses.cc): rows to heads and back by all-to-all over the cp
+  // group; a HeadRun is `heads` heads of hd columns starting at head column `first` of a row.
+  struct HeadRun {
+    int64_t first, heads;
+  };
+  int64_t ulysses_buffers(std::span<const HeadRun> runs, int64_t B, int64_t T, int64_t& width) const;
+  void ulysses_to_heads(const float* local, int64_t row, std::span<const HeadRun> runs, int64_t B, int64_t T,
+                        float* full) const;
+  void ulysses_to_rows(const float* full, int64_t row, std::span<const HeadRun> runs, int64_t B, int64_t T,
+                       float* local, bool add) const;
+  void attend_ulysses(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
+                      const int32_t* doc_start) const;
+  void attend_ulysses_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                               const bf16* probs_h, int64_t B, int64_t T) const;
+  // Note [Ring attention] (ring_attention.cc): K|V blocks around the cp ring.
+  void attend_ring(float* out, float* probs, const float* qkv, int64_t B, int64_t T, const int32_t* doc_start) const;
+  void attend_ring_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* probs,
+                            int64_t B, int64_t T) const;
   // A local row's position in its sequence (Note [Context-parallel chunks]), and all of them
   // (null without context parallelism: row t is position t).
   int64_t position(int64_t t) const { return cp_.size > 1 ? cp_.positions[size_t(cp_.rank)][size_t(t)] : t; }
@@ -333,6 +355,9 @@ class Model {
   TpComm* tp_comm_ = nullptr;
   ContextParallel cp_;
   mutable std::vector<float> cp_blocks_, cp_kv_;  // the gathered K|V: rank-major blocks, then in position order
+  mutable std::vector<float> cp_dkv_;             // backward: dL/dK|V of every position (B, Tk, 2 KV hd)
+  mutable std::vector<float> cp_heads_, cp_out_;  // ulysses: qkv and out (or dout) of this rank's heads, all rows
+  mutable std::vector<float> cp_ml_;              // ring: per query row (m, l), then backward's D
   std::vector<Recompute> recompute_;  // per layer
   bool sp_ = false;
   int64_t Hl_ = 0, KVl_ = 0, Fl_ = 0, Vl_ = 0;  // this rank's heads, kv heads, ffn width, vocab rows

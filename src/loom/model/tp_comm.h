@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace loom {
 
@@ -18,6 +19,12 @@ class TpComm {
   // sum over ranks of this rank's block in that block (the other blocks are left as is).
   virtual void all_gather_blocks(float* full, int64_t block) = 0;
   virtual void reduce_scatter_blocks(float* full, int64_t block) = 0;
+  // in, out: group-size blocks of `block` floats; block j of in goes to rank j, and block j of
+  // out comes from rank j (Note [Ulysses attention]).
+  virtual void all_to_all_blocks(const float* in, float* out, int64_t block) = 0;
+  // One ring step (Note [Ring attention]): `n` floats of `send` to the next group rank and `n`
+  // from the previous into `recv`, started now; the returned function waits for both.
+  virtual std::function<void()> ring_shift(const float* send, float* recv, int64_t n) = 0;
 };
 
 }  // namespace loom

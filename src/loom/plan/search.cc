@@ -71,6 +71,18 @@ struct SyncChoice {
   bool qwz = false, qgz = false, hpz = false;
 };
 
+// The context-parallel modes a plan of `cp` ranks tries: under --framework loom the engine's
+// allgather and ring (Note [Ring attention pricing]), and ulysses where cp divides each tp
+// rank's heads and kv heads (Note [Ulysses attention]); the GPU frameworks' own scheme (ring,
+// Note [Flash under context parallelism]) otherwise, as the config names it.
+std::vector<CpMode> cp_modes(const sim::SimPlan& plan, int64_t cp, int64_t tp) {
+  if (cp == 1 || plan.framework != sim::Framework::kLoom) return {plan.cfg.parallel.cp_mode};
+  const ModelConfig& m = plan.cfg.model;
+  if ((m.heads / tp) % cp == 0 && (m.kv_heads / tp) % cp == 0)
+    return {CpMode::kAllGather, CpMode::kRing, CpMode::kUlysses};
+  return {CpMode::kAllGather, CpMode::kRing};
+}
+
 // Exact sync, plus the requested compressors or ZeRO++ modes where they apply, over a dp
 // group that crosses nodes (or anywhere, if asked): every compressor at every ZeRO stage (the
 // codecs in the reduce-scatter, Note [Ring codecs]; the stateful ones and 1-bit / top-k Adam
@@ -207,6 +219,7 @@ std::string layout_label(const sim::SimPlan& p) {
   os << "dp " << q.dp << " tp " << q.tp << " pp " << q.pp;
   if (q.vpp > 1) os << " vpp " << q.vpp;
   if (p.cp > 1) os << " cp " << p.cp;
+  if (p.cp > 1 && q.cp_mode != CpMode::kAllGather) os << " " << name_of(q.cp_mode);
   if (q.sp) os << " sp";
   if (!q.vocab_parallel && q.tp > 1) os << " vocab-replicated";
   os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << schedule_name(q.schedule)
@@ -405,6 +418,7 @@ PlanReport search_plans(const PlanRequest& req) {
             continue;
           }
           plan.cfg.train.grad_accum = B / (mb * dp);
+          for (CpMode cp_mode : cp_modes(req.like, cp, tp))
           for (const auto& [sched, vpp] : schedules_tried(req, L, pp))
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
@@ -413,7 +427,7 @@ PlanReport search_plans(const PlanRequest& req) {
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:
                   if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
-                  q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc};
+                  q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc}, q.cp_mode = cp_mode;
                   q.vocab_parallel = vocab_parallel, q.compress = sync.compress;
                   q.zeropp_qwz = sync.qwz, q.zeropp_qgz = sync.qgz, q.zeropp_hpz = sync.hpz;
                   const std::vector<std::string> errs = validation_errors(plan.cfg);
@@ -454,8 +468,8 @@ PlanReport search_plans(const PlanRequest& req) {
 std::string engine_refusal(const sim::SimPlan& p) {
   if (p.cp > 1 && p.framework != sim::Framework::kLoom)
     return detail::cat("context parallelism (cp ", p.cp, ") is priced as ", sim::framework_name(p.framework),
-                       "'s ring attention, while loom's engine runs parallel.cp_mode = allgather (priced under "
-                       "--framework loom)");
+                       "'s ring attention, while loom's engine runs parallel.cp_mode = allgather, ring or ulysses "
+                       "(priced under --framework loom)");
   if (p.gemm_format != sim::GemmFormat::kBf16)
     return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
                        " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");

@@ -161,6 +161,48 @@ double fp8_cast_bytes(GemmFormat f, double elements) {
   return 0;
 }
 
+namespace {
+
+// Note [Context-parallel pricing]
+// Each layer all-gathers K|V over the cp group before attention; backward sends dK|dV back
+// (the conjugate reduce-scatter). loom's engine (parallel.cp_mode = allgather, Note
+// [Context-parallel attention]) keeps no gathered copy between the passes, so its backward
+// gathers again first; the GPU stacks' are priced without that.
+// parallel.cp_mode = ulysses (Note [Ulysses attention]): an all-to-all sends this rank's
+// rows of q, k and v to the rank whose heads they are and the output's back; each rank then
+// attends all s rows for a / (t cp) heads (the same FLOPs). Backward: the conjugates
+// (all-to-alls of dout and dqkv), and loom's engine sends q, k, v to heads again first.
+void cp_before_attention(std::vector<Op>& ops, const LayerShape& x) {
+  const double n = x.tokens(), dt = x.dtype_bytes, kv = x.g * (x.h / x.a);
+  if (x.cp > 1 && x.cp_ulysses) {
+    Op g = comm("cp_qkv_to_heads", OpKind::kAllToAll, Axis::kCp, n * (x.h + 2 * kv) / x.t * dt);
+    g.regather = x.cp_regather;
+    ops.push_back(g);
+  } else if (x.cp > 1 && !x.cp_ring) {
+    Op g = comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt);
+    g.regather = x.cp_regather;
+    ops.push_back(g);
+  }
+}
+
+// Note [Ring attention pricing]
+// loom's ring (parallel.cp_mode = ring, Note [Ring attention]) shifts each rank's K|V block
+// (n 2 kv / t values) cp - 1 times while the attention kernel computes on the block it
+// holds: those shifts cost only what the kernel's time does not cover; backward shifts the
+// blocks again under its kernel and each block's dK|dV cp times after the step that wrote
+// it (exposed). Priced after the attention op, whose time the pass hands to it.
+void cp_after_attention(std::vector<Op>& ops, const LayerShape& x) {
+  const double n = x.tokens(), dt = x.dtype_bytes, kv = x.g * (x.h / x.a);
+  if (x.cp > 1 && x.cp_ulysses) ops.push_back(comm("cp_out_to_rows", OpKind::kAllToAll, Axis::kCp, n * x.h / x.t * dt));
+  if (x.cp > 1 && x.cp_ring) {
+    Op g = comm("cp_ring_kv", OpKind::kSend, Axis::kCp, 2 * n * kv / x.t * dt);
+    g.ring_steps = int(x.cp);
+    ops.push_back(g);
+  }
+}
+
+}  // namespace
+
 std::vector<Op> block_forward_ops(const LayerShape& x) {
   const double n = x.tokens(), ne = x.sp ? n / x.t : n, dt = x.dtype_bytes;
   const double kv = x.g * (x.h / x.a);  // key/value width (GQA: g heads of h/a)
@@ -170,17 +212,10 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
   ops.push_back(mem("norm1", 2 * ne * x.h * dt, false, MemClass::kNorm));
   tp_in(ops, x, "sp_gather1");
   linear(ops, x, "qkv", (x.h + 2 * kv) / x.t, x.h);
-  // Note [Context-parallel pricing]
-  // Each layer all-gathers K|V over the cp group before attention; backward sends dK|dV back
-  // (the conjugate reduce-scatter). loom's engine (parallel.cp_mode = allgather, Note
-  // [Context-parallel attention]) keeps no gathered copy between the passes, so its backward
-  // gathers again first; the GPU stacks' are priced without that.
-  if (x.cp > 1) {
-    Op g = comm("cp_kv_gather", OpKind::kAllGather, Axis::kCp, 2 * n * x.cp * kv / x.t * dt);
-    g.regather = x.cp_regather;
-    ops.push_back(g);
-  }
-  const double hd = x.h / x.a, heads = x.b * x.a / x.t, rows = x.s / x.cp;  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s)
+  cp_before_attention(ops, x);
+  // (b, a/t) GEMMs of (s/cp, hd) x (hd, s); ulysses: (b, a/(t cp)) of (s, hd) x (hd, s)
+  const double hd = x.h / x.a, heads = x.b * x.a / x.t / (x.cp_ulysses ? x.cp : 1),
+               rows = x.cp_ulysses ? x.s : x.s / x.cp;
   if (x.flash()) {
     // Dao et al.: the causal half of QK^T and PV in SRAM tiles; reads Q, K, V, writes the
     // output and the row log-sum-exp. FLOPs are the causal half of the full product.
@@ -192,7 +227,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
     Op a = gemm("flash_attention", rows, x.s, hd, dt, heads, true);
     a.kind = Op::Kind::kAttention;
     a.kernel = x.attention;
-    a.seq = x.s / x.cp;  // Note [Flash under context parallelism]
+    a.seq = x.cp_ulysses ? x.s : x.s / x.cp;  // Note [Flash under context parallelism]
     a.head_dim = hd;
     a.bytes = 2 * n * (x.h + 2 * kv) / x.t * dt + n * x.a / x.t * 4;
     ops.push_back(a);
@@ -208,6 +243,7 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
     if (x.dropout) ops.push_back(mem("attn_dropout", probs * (2 * dt + 1), true));
     ops.push_back(gemm("attn_v", rows, hd, x.s, dt, heads, true));
   }
+  cp_after_attention(ops, x);
   linear(ops, x, "proj", x.h, x.h / x.t);
   tp_out(ops, x, "tp_reduce1");
   ops.push_back(residual("residual1", ne * x.h * (3 * dt + (x.dropout ? 1 : 0)), x));

@@ -49,6 +49,10 @@ struct Op {
   // kComm over cp: backward gathers again before its conjugate (Note [Context-parallel
   // pricing]: loom's allgather context parallelism keeps no gathered K|V).
   bool regather = false;
+  // kComm over cp, loom's ring attention (Note [Ring attention pricing]): `bytes` is one K|V
+  // block, shifted ring_steps - 1 times under the attention kernel (forward and backward)
+  // and, with its gradient, ring_steps times after it in backward.
+  int ring_steps = 0;
   Attention kernel = Attention::kUnfused;  // kAttention: a flash kernel is priced by its curve at `seq`
   double seq = 0;                          // kAttention: the key length its tiles sweep
   double head_dim = 0;                     // kAttention: h / a
@@ -67,6 +71,8 @@ struct LayerShape {
   double t = 1, cp = 1;
   bool sp = false;
   bool cp_regather = false;  // Note [Context-parallel pricing]: loom's engine (--framework loom)
+  bool cp_ulysses = false;   // parallel.cp_mode = ulysses: all-to-all to heads (Note [Ulysses attention])
+  bool cp_ring = false;      // loom's parallel.cp_mode = ring (Note [Ring attention pricing])
   bool dropout = true;          // Megatron's GPT layers have dropout; Llama and loom's engine none
   bool fused_attention = false; // loom's engine: QK^T, softmax and PV in one kernel
   bool fused_residual_grad = false;  // loom's engine: the norms' backward adds the residual's gradient

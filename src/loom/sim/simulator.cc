@@ -71,6 +71,8 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   s.pl.tied = place_group(cluster, s.pp > 1 ? 2 : 1, rank_stride * (s.pp - 1));
   s.x = LayerShape::of(cfg.model, cfg.micro_batch(), s.seq, s.tp, s.cp, par.sp, cluster.device.dtype_bytes);
   s.x.cp_regather = plan.framework == Framework::kLoom;  // Note [Context-parallel pricing]
+  s.x.cp_ulysses = cfg.parallel.cp_mode == CpMode::kUlysses;
+  s.x.cp_ring = cfg.parallel.cp_mode == CpMode::kRing && plan.framework == Framework::kLoom;
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true, s.x.fused_residual_grad = true;
   if (plan.framework != Framework::kLoom) s.x.attention = plan.attention;
   if (plan.gemm_format != GemmFormat::kBf16) {  // Note [fp8 GEMMs]

@@ -20,15 +20,20 @@ namespace {
 void hide_tp(const DeviceSpec& d, Pass& p) { p.tp = overlapped_s(d, p.tp, p.gemm); }
 
 void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, bool core_only = false) {
+  double attention_s = 0;  // the last attention kernel's time (Note [Ring attention pricing])
   for (const Op& o : ops) {
     if (core_only && !o.attention_core) continue;
-    if (o.kind == Op::Kind::kComm) {
+    if (o.kind == Op::Kind::kComm && o.ring_steps > 0) {
+      const double shifts = (o.ring_steps - 1) * collective_time_s(c, o.coll, o.bytes, pl.cp);
+      p.cp += std::max(0.0, shifts - attention_s);
+    } else if (o.kind == Op::Kind::kComm) {
       const double t = collective_time_s(c, o.coll, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
       (o.axis == Axis::kCp ? p.cp : p.tp) += t;
     } else {
       const double t = kernel_time_s(c.device, o);
       p.compute += t;
       if (o.kind == Op::Kind::kGemm) p.gemm += t;
+      if (o.kind == Op::Kind::kAttention) attention_s = t;
     }
   }
 }
@@ -38,11 +43,16 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
 // about twice its bytes, a collective is replaced by its conjugate of the same size.
 // wgt (optional): also add the dW GEMMs' half there.
 void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Pass& p, Pass* wgt) {
+  double attention_s = 0;  // Note [Ring attention pricing]
   for (const Op& o : ops) {
     if (o.kind == Op::Kind::kAttention) {
       // loom's backward kernel does about twice the forward's work; flash attention's
       // recomputes the scores too (2.5x, Dao et al.).
-      p.compute += (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
+      attention_s = (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
+      p.compute += attention_s;
+    } else if (o.kind == Op::Kind::kComm && o.ring_steps > 0) {
+      const double shift = collective_time_s(c, o.coll, o.bytes, pl.cp);
+      p.cp += std::max(0.0, (o.ring_steps - 1) * shift - attention_s) + o.ring_steps * shift;
     } else if (o.kind == Op::Kind::kGemm) {
       const Curve& f = c.device.gemm_backward_factor;
       const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width, o.fp8) * (f.points.empty() ? 1.0 : f.at(o.flops));

@@ -26,6 +26,18 @@ class GroupTpComm : public TpComm {
     g_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(block * g_.group_rank()), size_t(block)),
                       comm::ReduceOp::kSum);
   }
+  std::function<void()> ring_shift(const float* send, float* recv, int64_t n) override {
+    constexpr int kTag = 7;  // the cp group carries only ring shifts; sends and receives pair in issue order
+    const int me = g_.group_rank(), size = g_.size();
+    comm::Work w = g_.batch({comm::isend_op(std::span<const float>(send, size_t(n)), (me + 1) % size, kTag),
+                             comm::irecv_op(std::span<float>(recv, size_t(n)), (me + size - 1) % size, kTag)},
+                            {.async = true});
+    return [w]() mutable { w.wait(); };
+  }
+  void all_to_all_blocks(const float* in, float* out, int64_t block) override {
+    const size_t n = size_t(block * g_.size());
+    g_.all_to_all(std::span<const float>(in, n), std::span<float>(out, n));
+  }
 
  private:
   comm::Group& g_;

@@ -338,6 +338,98 @@ void cp_attention_backward(S* dqkv, S* dkv, const S* dout, const S* qkv, const S
                                probs, q_pos, B, Tq, Tk, H, KV, hd);
 }
 
+// Note [Ring attention] (ops.inc): one block of keys with the online softmax; scores in fp64.
+template <typename S>
+void ring_attention_step(S* acc, S* ml, S* probs, const S* qkv, const S* kv, const int32_t* q_pos,
+                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV,
+                         int64_t hd, const int32_t* doc_start) {
+  const int64_t group = H / KV, row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<double> s(static_cast<size_t>(Tb)), a(static_cast<size_t>(hd));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t t = 0; t < Tq; t++) {
+        const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t], kh = h / group;
+        const S* qr = qkv + (b * Tq + t) * row + h * hd;
+        double mx = -INFINITY;
+        for (int64_t u = 0; u < Tb; u++) {
+          if (k_pos[u] < lo || k_pos[u] > hi) continue;
+          const S* kr = kv + (b * Tb + u) * kvrow + kh * hd;
+          double d = 0;
+          for (int64_t e = 0; e < hd; e++) d += double(qr[e]) * kr[e];
+          s[size_t(u)] = d * scale;
+          mx = std::max(mx, s[size_t(u)]);
+        }
+        if (mx == -INFINITY) continue;  // no key of this block is visible
+        S* st = ml + ((b * H + h) * Tq + t) * 2;
+        S* out = acc + (b * Tq + t) * H * hd + h * hd;
+        const double m = std::max(double(st[0]), mx), c = std::exp(double(st[0]) - m);
+        double l = double(st[1]) * c;
+        for (int64_t e = 0; e < hd; e++) a[size_t(e)] = double(out[e]) * c;
+        S* p = probs + ((b * H + h) * Tq + t) * Tk;
+        for (int64_t u = 0; u < Tb; u++) {
+          if (k_pos[u] < lo || k_pos[u] > hi) continue;
+          const double w = std::exp(s[size_t(u)] - m);
+          l += w;
+          p[k_pos[u]] = S(s[size_t(u)]);
+          const S* vr = kv + (b * Tb + u) * kvrow + (KV + kh) * hd;
+          for (int64_t e = 0; e < hd; e++) a[size_t(e)] += w * vr[e];
+        }
+        for (int64_t e = 0; e < hd; e++) out[e] = S(a[size_t(e)]);
+        st[0] = S(m), st[1] = S(l);
+      }
+}
+
+template <typename S>
+void ring_attention_finish(S* out, S* probs, const S* acc, const S* ml, const int32_t* q_pos, int64_t B, int64_t Tq,
+                           int64_t Tk, int64_t H, int64_t hd, const int32_t* doc_start) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t t = 0; t < Tq; t++) {
+        const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t];
+        const S* st = ml + ((b * H + h) * Tq + t) * 2;
+        const double m = st[0], l = st[1];
+        S* p = probs + ((b * H + h) * Tq + t) * Tk;
+        for (int64_t j = 0; j < Tk; j++) p[j] = j >= lo && j <= hi ? S(std::exp(double(p[j]) - m) / l) : S(0);
+        const int64_t at = (b * Tq + t) * H * hd + h * hd;
+        for (int64_t e = 0; e < hd; e++) out[at + e] = S(double(acc[at + e]) / l);
+      }
+}
+
+template <typename S>
+void ring_attention_backward_step(S* dqkv, S* dkv, const S* dout, const S* D, const S* qkv, const S* kv,
+                                  const S* probs, const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq,
+                                  int64_t Tb, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t group = H / KV, row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t t = 0; t < Tq; t++) {
+        const int64_t kh = h / group;
+        const S* p = probs + ((b * H + h) * Tq + t) * Tk;
+        const S* dy = dout + (b * Tq + t) * H * hd + h * hd;
+        const S* qr = qkv + (b * Tq + t) * row + h * hd;
+        S* dq = dqkv + (b * Tq + t) * row + h * hd;
+        const double Dt = D[(b * H + h) * Tq + t];
+        for (int64_t u = 0; u < Tb; u++) {
+          if (k_pos[u] > q_pos[t]) continue;
+          const double pj = p[k_pos[u]];
+          const S* kr = kv + (b * Tb + u) * kvrow + kh * hd;
+          const S* vr = kv + (b * Tb + u) * kvrow + (KV + kh) * hd;
+          S* dk = dkv + (b * Tb + u) * kvrow + kh * hd;
+          S* dv = dkv + (b * Tb + u) * kvrow + (KV + kh) * hd;
+          double dp = 0;
+          for (int64_t e = 0; e < hd; e++) dp += double(dy[e]) * vr[e];
+          const double ds = pj * (dp - Dt) * scale;
+          for (int64_t e = 0; e < hd; e++) {
+            dv[e] += S(pj * double(dy[e]));
+            dq[e] += S(ds * kr[e]);
+            dk[e] += S(ds * qr[e]);
+          }
+        }
+      }
+}
+
 template <typename S>
 void residual_forward(S* out, const S* a, const S* b, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];

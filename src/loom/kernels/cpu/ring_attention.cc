@@ -1,0 +1,113 @@
+// Ring attention's steps (Note [Ring attention], kernels/ops.inc): a rank's query rows
+// against one block of keys and values with the online softmax, and the block's backward.
+// Per (batch, head) the block's scores are one GEMM (Tq x Tb), the masked ones dropped
+// before the rescaled softmax weights are multiplied into V; parallel over heads as in
+// attention.cc (OpenBLAS single-threaded inside the OpenMP loop).
+#include <cblas.h>
+
+#include <cmath>
+
+#include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/cpu/parallel.h"
+
+namespace loom::cpu {
+
+void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, const float* kv, const int32_t* q_pos,
+                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV,
+                         int64_t hd, const int32_t* doc_start) {
+  const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; bh++) {
+    const int64_t b = bh / H, h = bh % H, kh = h / group;
+    float* s = scratch_floats(size_t(Tq) * size_t(Tb));
+    const float* k = kv + b * Tb * kvrow + kh * hd;
+    const float* v = kv + b * Tb * kvrow + (KV + kh) * hd;
+    float* a = acc + b * Tq * C + h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tb, hd, scale, qkv + b * Tq * row + h * hd, row, k, kvrow,
+                0.0f, s, Tb);
+    for (int64_t t = 0; t < Tq; t++) {
+      const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t];
+      float* sr = s + t * Tb;
+      float mx = -INFINITY;
+      for (int64_t u = 0; u < Tb; u++)
+        if (k_pos[u] >= lo && k_pos[u] <= hi) mx = std::max(mx, sr[u]);
+      if (mx == -INFINITY) {  // nothing visible: the row adds nothing
+        for (int64_t u = 0; u < Tb; u++) sr[u] = 0.0f;
+        continue;
+      }
+      float* st = ml + (bh * Tq + t) * 2;
+      const float m = std::max(st[0], mx), c = std::exp(st[0] - m);
+      float l = st[1] * c;
+      for (int64_t e = 0; e < hd; e++) a[t * C + e] *= c;
+      float* p = probs + (bh * Tq + t) * Tk;
+      for (int64_t u = 0; u < Tb; u++) {
+        if (k_pos[u] < lo || k_pos[u] > hi) {
+          sr[u] = 0.0f;
+          continue;
+        }
+        p[k_pos[u]] = sr[u];
+        sr[u] = std::exp(sr[u] - m);
+        l += sr[u];
+      }
+      st[0] = m, st[1] = l;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tb, 1.0f, s, Tb, v, kvrow, 1.0f, a, C);
+  }
+}
+
+void ring_attention_finish(float* out, float* probs, const float* acc, const float* ml, const int32_t* q_pos, int64_t B,
+                           int64_t Tq, int64_t Tk, int64_t H, int64_t hd, const int32_t* doc_start) {
+  const int64_t C = H * hd;
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; bh++) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t t = 0; t < Tq; t++) {
+      const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t];
+      const float m = ml[(bh * Tq + t) * 2], inv = 1.0f / ml[(bh * Tq + t) * 2 + 1];
+      float* p = probs + (bh * Tq + t) * Tk;
+      for (int64_t j = 0; j < Tk; j++) p[j] = j >= lo && j <= hi ? std::exp(p[j] - m) * inv : 0.0f;
+      const int64_t at = (b * Tq + t) * C + h * hd;
+      for (int64_t e = 0; e < hd; e++) out[at + e] = acc[at + e] * inv;
+    }
+  }
+}
+
+// Over (batch, kv head) tasks: the query heads of one group add into the same dK, dV rows.
+void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, const float* D, const float* qkv,
+                                  const float* kv, const float* probs, const int32_t* q_pos, const int32_t* k_pos,
+                                  int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel for schedule(static)
+  for (int64_t bk = 0; bk < B * KV; bk++) {
+    const int64_t b = bk / KV, kh = bk % KV;
+    float* pb = scratch_floats(size_t(Tq) * size_t(Tb), 0);
+    float* ds = scratch_floats(size_t(Tq) * size_t(Tb), 1);
+    const float* k = kv + b * Tb * kvrow + kh * hd;
+    const float* v = kv + b * Tb * kvrow + (KV + kh) * hd;
+    float* dk = dkv + b * Tb * kvrow + kh * hd;
+    float* dv = dkv + b * Tb * kvrow + (KV + kh) * hd;
+    for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
+      const float* p = probs + (b * H + h) * Tq * Tk;
+      const float* dy = dout + b * Tq * C + h * hd;
+      const float* q = qkv + b * Tq * row + h * hd;
+      const float* Dh = D + (b * H + h) * Tq;
+      // The block's columns of P (0 where masked: the finished probabilities are).
+      for (int64_t t = 0; t < Tq; t++)
+        for (int64_t u = 0; u < Tb; u++) pb[t * Tb + u] = k_pos[u] <= q_pos[t] ? p[t * Tk + k_pos[u]] : 0.0f;
+      // dP = dO V^T ; dV += P^T dO
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tb, hd, 1.0f, dy, C, v, kvrow, 0.0f, ds, Tb);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tb, hd, Tq, 1.0f, pb, Tb, dy, C, 1.0f, dv, kvrow);
+      // dS = P (dP - D) / sqrt(hd)
+      for (int64_t t = 0; t < Tq; t++)
+        for (int64_t u = 0; u < Tb; u++) ds[t * Tb + u] = pb[t * Tb + u] * (ds[t * Tb + u] - Dh[t]) * scale;
+      // dQ += dS K ; dK += dS^T Q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tb, 1.0f, ds, Tb, k, kvrow, 1.0f,
+                  dqkv + b * Tq * row + h * hd, row);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tb, hd, Tq, 1.0f, ds, Tb, q, row, 1.0f, dk, kvrow);
+    }
+  }
+}
+
+}  // namespace loom::cpu

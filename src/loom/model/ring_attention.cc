@@ -1,0 +1,95 @@
+// Ring attention in the model (Note [Ring attention] in kernels/ops.inc): parallel.cp_mode =
+// ring. A rank keeps its query rows; the cp ranks' K|V blocks (B,T,2 KV hd) go around the cp
+// ring, rank r holding at step s the block of rank (r - s) mod cp, and each step's send of
+// the block onward runs while the step computes on it. Backward passes each block round
+// again with its dK|dV travelling beside it: at step s the rank adds its rows' share into
+// the block it holds and hands block and gradient on; after cp steps every gradient is back
+// with its owner and is added into the owner's dqkv. The K|V block moves while the step
+// computes; the gradient, written by the step, moves after it.
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "loom/core/error.h"
+#include "loom/model/model.h"
+
+namespace loom {
+
+namespace {
+
+// This rank's K|V columns of qkv (B,T,(H+2KV)hd) into kv (B,T,2 KV hd).
+void own_kv(float* kv, const float* qkv, int64_t rows, int64_t row, int64_t q_cols, int64_t kvrow) {
+  for (int64_t n = 0; n < rows; ++n) std::memcpy(kv + n * kvrow, qkv + n * row + q_cols, size_t(kvrow) * sizeof(float));
+}
+
+}  // namespace
+
+void Model::attend_ring(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
+                        const int32_t* doc_start) const {
+  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
+  const int cp = cp_.size;
+  cp_kv_.resize(size_t(2 * block));
+  float *cur = cp_kv_.data(), *next = cur + block;
+  own_kv(cur, qkv, B * T, row, Hl_ * hd, kvrow);
+  cp_out_.assign(size_t(B * T * Hl_ * hd), 0.0f);  // the unnormalised output
+  cp_ml_.resize(size_t(B * Hl_ * T * 2));
+  for (size_t i = 0; i < cp_ml_.size(); i += 2) cp_ml_[i] = -INFINITY, cp_ml_[i + 1] = 0.0f;
+  for (int s = 0; s < cp; ++s) {
+    const int src = (cp_.rank - s + cp) % cp;
+    span("cp ring step", s, true);
+    std::function<void()> arrived;
+    if (s + 1 < cp) arrived = cp_.comm->ring_shift(cur, next, block);
+    k_.ring_attention_step(cp_out_.data(), cp_ml_.data(), probs, qkv, cur, cp_positions(),
+                           cp_.positions[size_t(src)].data(), B, T, T, cp_.seq, Hl_, KVl_, hd, doc_start);
+    if (arrived) arrived();
+    std::swap(cur, next);
+    span("cp ring step", s, false);
+  }
+  k_.ring_attention_finish(out, probs, cp_out_.data(), cp_ml_.data(), cp_positions(), B, T, cp_.seq, Hl_, hd,
+                           doc_start);
+}
+
+void Model::attend_ring_backward(float* dqkv, const float* dout, const float* out, const float* qkv,
+                                 const float* probs, int64_t B, int64_t T) const {
+  LOOM_CHECK(out != nullptr, "ring attention's backward needs the attention output (fp32 activations)");
+  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
+  const int64_t C = Hl_ * hd;
+  const int cp = cp_.size;
+  // D (B,H,T) = rowsum(dO * O): every key's sum of p_j dP_j in one dot product a row (in
+  // cp_ml_, the forward's (m, l) being done with).
+  cp_ml_.resize(size_t(B * Hl_ * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hl_; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* dy = dout + (b * T + t) * C + h * hd;
+        const float* o = out + (b * T + t) * C + h * hd;
+        double d = 0;
+        for (int64_t e = 0; e < hd; ++e) d += double(dy[e]) * o[e];
+        cp_ml_[size_t((b * Hl_ + h) * T + t)] = float(d);
+      }
+  // Two blocks of K|V (held, arriving) and two of dK|dV (held, arriving).
+  cp_kv_.resize(size_t(2 * block));
+  cp_dkv_.assign(size_t(2 * block), 0.0f);
+  float *kv = cp_kv_.data(), *kv_next = kv + block, *dkv = cp_dkv_.data(), *dkv_next = dkv + block;
+  own_kv(kv, qkv, B * T, row, Hl_ * hd, kvrow);
+  for (int s = 0; s < cp; ++s) {
+    const int src = (cp_.rank - s + cp) % cp;
+    span("cp ring step", s, true);
+    std::function<void()> arrived;
+    if (s + 1 < cp) arrived = cp_.comm->ring_shift(kv, kv_next, block);
+    k_.ring_attention_backward_step(dqkv, dkv, dout, cp_ml_.data(), qkv, kv, probs, cp_positions(),
+                                    cp_.positions[size_t(src)].data(), B, T, T, cp_.seq, Hl_, KVl_, hd);
+    cp_.comm->ring_shift(dkv, dkv_next, block)();  // the gradient goes on to where its block goes next
+    if (arrived) arrived();
+    std::swap(kv, kv_next), std::swap(dkv, dkv_next);  // a shift overwrites the whole arriving block
+    span("cp ring step", s, false);
+  }
+  // After cp shifts the gradient held is this rank's own block's, summed over every rank.
+  for (int64_t n = 0; n < B * T; ++n) {
+    float* d = dqkv + n * row + Hl_ * hd;
+    const float* g = dkv + n * kvrow;
+    for (int64_t e = 0; e < kvrow; ++e) d[e] += g[e];
+  }
+}
+
+}  // namespace loom

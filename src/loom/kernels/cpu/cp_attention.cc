@@ -14,23 +14,12 @@
 
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
+#include "loom/kernels/cpu/position_runs.h"
 #include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::cpu {
 
 namespace {
-
-// Runs of consecutive positions in q_pos: [start, end) pairs over the Tq rows.
-std::vector<std::pair<int64_t, int64_t>> runs_of(const int32_t* q_pos, int64_t Tq) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (int64_t t = 0; t < Tq;) {
-    int64_t e = t + 1;
-    while (e < Tq && q_pos[e] == q_pos[e - 1] + 1) e++;
-    out.push_back({t, e});
-    t = e;
-  }
-  return out;
-}
 
 // One (batch, head): S = scale Q K^T per run, the row softmax over lo .. q_pos[t], O = P V.
 // q rows at stride row, k and v at stride kvrow, o at stride C; p (Tq, Tk).
@@ -55,7 +44,7 @@ void cp_attend_head(float* o, float* p, const float* q, const float* k, const fl
 void cp_attention_forward(float* out, float* probs, const float* qkv, const float* kv, const int32_t* q_pos, int64_t B,
                           int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
-  const std::vector<std::pair<int64_t, int64_t>> runs = runs_of(q_pos, Tq);
+  const std::vector<std::pair<int64_t, int64_t>> runs = position_runs(q_pos, Tq);
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; bh++) {
     const int64_t b = bh / H, h = bh % H, kh = h / group;
@@ -71,7 +60,7 @@ void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const flo
                            int64_t KV, int64_t hd) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
-  const std::vector<std::pair<int64_t, int64_t>> runs = runs_of(q_pos, Tq);
+  const std::vector<std::pair<int64_t, int64_t>> runs = position_runs(q_pos, Tq);
 #pragma omp parallel for schedule(static)
   for (int64_t bk = 0; bk < B * KV; bk++) {
     const int64_t b = bk / KV, kh = bk % KV;

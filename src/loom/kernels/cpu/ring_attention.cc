@@ -1,31 +1,56 @@
 // Ring attention's steps (Note [Ring attention], kernels/ops.inc): a rank's query rows
 // against one block of keys and values with the online softmax, and the block's backward.
-// Per (batch, head) the block's scores are one GEMM (Tq x Tb), the masked ones dropped
-// before the rescaled softmax weights are multiplied into V; parallel over heads as in
-// attention.cc (OpenBLAS single-threaded inside the OpenMP loop).
+// Queries and keys come in runs of consecutive positions (position_runs.h); per (batch, head)
+// the GEMMs run over each (query run, key run) pair that has a visible key (the key run
+// starts at or before the query run's last position): a zig-zag rank's late chunk meets a
+// block's early one whole, its early chunk never meets the late one, so about half the
+// block's products are skipped. Masked entries inside a pair are dropped before the
+// rescaled softmax weights are multiplied into V. Parallel over heads as in attention.cc
+// (OpenBLAS single-threaded inside the OpenMP loop).
 #include <cblas.h>
 
 #include <cmath>
 
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
+#include "loom/kernels/cpu/position_runs.h"
 
 namespace loom::cpu {
+
+namespace {
+
+// A query run [t0, t1) and a key run [u0, u1) of which some key is visible to some query.
+struct Pair {
+  int64_t t0, t1, u0, u1;
+};
+
+std::vector<Pair> visible_pairs(const int32_t* q_pos, int64_t Tq, const int32_t* k_pos, int64_t Tb) {
+  std::vector<Pair> out;
+  for (auto [t0, t1] : position_runs(q_pos, Tq))
+    for (auto [u0, u1] : position_runs(k_pos, Tb))
+      if (k_pos[u0] <= q_pos[t1 - 1]) out.push_back({t0, t1, u0, u1});
+  return out;
+}
+
+}  // namespace
 
 void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, const float* kv, const int32_t* q_pos,
                          const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV,
                          int64_t hd, const int32_t* doc_start) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
+  const std::vector<Pair> pairs = visible_pairs(q_pos, Tq, k_pos, Tb);
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; bh++) {
     const int64_t b = bh / H, h = bh % H, kh = h / group;
     float* s = scratch_floats(size_t(Tq) * size_t(Tb));
     const float* k = kv + b * Tb * kvrow + kh * hd;
     const float* v = kv + b * Tb * kvrow + (KV + kh) * hd;
+    const float* q = qkv + b * Tq * row + h * hd;
     float* a = acc + b * Tq * C + h * hd;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tb, hd, scale, qkv + b * Tq * row + h * hd, row, k, kvrow,
-                0.0f, s, Tb);
+    for (const Pair& x : pairs)  // S = scale Q K^T where a key is visible; the rest is never read
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, x.t1 - x.t0, x.u1 - x.u0, hd, scale, q + x.t0 * row, row,
+                  k + x.u0 * kvrow, kvrow, 0.0f, s + x.t0 * Tb + x.u0, Tb);
     for (int64_t t = 0; t < Tq; t++) {
       const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t];
       float* sr = s + t * Tb;
@@ -52,7 +77,9 @@ void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, 
       }
       st[0] = m, st[1] = l;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tb, 1.0f, s, Tb, v, kvrow, 1.0f, a, C);
+    for (const Pair& x : pairs)  // acc += P V
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, x.t1 - x.t0, hd, x.u1 - x.u0, 1.0f, s + x.t0 * Tb + x.u0, Tb,
+                  v + x.u0 * kvrow, kvrow, 1.0f, a + x.t0 * C, C);
   }
 }
 
@@ -79,6 +106,7 @@ void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, co
                                   int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
+  const std::vector<Pair> pairs = visible_pairs(q_pos, Tq, k_pos, Tb);
 #pragma omp parallel for schedule(static)
   for (int64_t bk = 0; bk < B * KV; bk++) {
     const int64_t b = bk / KV, kh = bk % KV;
@@ -93,19 +121,28 @@ void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, co
       const float* dy = dout + b * Tq * C + h * hd;
       const float* q = qkv + b * Tq * row + h * hd;
       const float* Dh = D + (b * H + h) * Tq;
-      // The block's columns of P (0 where masked: the finished probabilities are).
-      for (int64_t t = 0; t < Tq; t++)
-        for (int64_t u = 0; u < Tb; u++) pb[t * Tb + u] = k_pos[u] <= q_pos[t] ? p[t * Tk + k_pos[u]] : 0.0f;
-      // dP = dO V^T ; dV += P^T dO
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tb, hd, 1.0f, dy, C, v, kvrow, 0.0f, ds, Tb);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tb, hd, Tq, 1.0f, pb, Tb, dy, C, 1.0f, dv, kvrow);
-      // dS = P (dP - D) / sqrt(hd)
-      for (int64_t t = 0; t < Tq; t++)
-        for (int64_t u = 0; u < Tb; u++) ds[t * Tb + u] = pb[t * Tb + u] * (ds[t * Tb + u] - Dh[t]) * scale;
-      // dQ += dS K ; dK += dS^T Q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tb, 1.0f, ds, Tb, k, kvrow, 1.0f,
-                  dqkv + b * Tq * row + h * hd, row);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tb, hd, Tq, 1.0f, ds, Tb, q, row, 1.0f, dk, kvrow);
+      float* dq = dqkv + b * Tq * row + h * hd;
+      for (const Pair& x : pairs) {
+        const int64_t n = x.t1 - x.t0, m = x.u1 - x.u0;
+        float* P = pb + x.t0 * Tb + x.u0;
+        float* dS = ds + x.t0 * Tb + x.u0;
+        // The pair's columns of P (0 where masked: the finished probabilities are).
+        for (int64_t t = x.t0; t < x.t1; t++)
+          for (int64_t u = x.u0; u < x.u1; u++) pb[t * Tb + u] = k_pos[u] <= q_pos[t] ? p[t * Tk + k_pos[u]] : 0.0f;
+        // dP = dO V^T ; dV += P^T dO
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, hd, 1.0f, dy + x.t0 * C, C, v + x.u0 * kvrow, kvrow,
+                    0.0f, dS, Tb);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, hd, n, 1.0f, P, Tb, dy + x.t0 * C, C, 1.0f,
+                    dv + x.u0 * kvrow, kvrow);
+        // dS = P (dP - D) / sqrt(hd)
+        for (int64_t t = x.t0; t < x.t1; t++)
+          for (int64_t u = x.u0; u < x.u1; u++) ds[t * Tb + u] = pb[t * Tb + u] * (ds[t * Tb + u] - Dh[t]) * scale;
+        // dQ += dS K ; dK += dS^T Q
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, m, 1.0f, dS, Tb, k + x.u0 * kvrow, kvrow, 1.0f,
+                    dq + x.t0 * row, row);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, hd, n, 1.0f, dS, Tb, q + x.t0 * row, row, 1.0f,
+                    dk + x.u0 * kvrow, kvrow);
+      }
     }
   }
 }

@@ -36,14 +36,14 @@ void Model::attend_ring(float* out, float* probs, const float* qkv, int64_t B, i
   for (size_t i = 0; i < cp_ml_.size(); i += 2) cp_ml_[i] = -INFINITY, cp_ml_[i + 1] = 0.0f;
   for (int s = 0; s < cp; ++s) {
     const int src = (cp_.rank - s + cp) % cp;
-    span("cp ring step", s, true);
     std::function<void()> arrived;
     if (s + 1 < cp) arrived = cp_.comm->ring_shift(cur, next, block);
+    span("cp ring step", s, true);  // the kernel alone: the trace shows the shift beside it
     k_.ring_attention_step(cp_out_.data(), cp_ml_.data(), probs, qkv, cur, cp_positions(),
                            cp_.positions[size_t(src)].data(), B, T, T, cp_.seq, Hl_, KVl_, hd, doc_start);
+    span("cp ring step", s, false);
     if (arrived) arrived();
     std::swap(cur, next);
-    span("cp ring step", s, false);
   }
   k_.ring_attention_finish(out, probs, cp_out_.data(), cp_ml_.data(), cp_positions(), B, T, cp_.seq, Hl_, hd,
                            doc_start);
@@ -74,15 +74,15 @@ void Model::attend_ring_backward(float* dqkv, const float* dout, const float* ou
   own_kv(kv, qkv, B * T, row, Hl_ * hd, kvrow);
   for (int s = 0; s < cp; ++s) {
     const int src = (cp_.rank - s + cp) % cp;
-    span("cp ring step", s, true);
     std::function<void()> arrived;
     if (s + 1 < cp) arrived = cp_.comm->ring_shift(kv, kv_next, block);
+    span("cp ring step", s, true);
     k_.ring_attention_backward_step(dqkv, dkv, dout, cp_ml_.data(), qkv, kv, probs, cp_positions(),
                                     cp_.positions[size_t(src)].data(), B, T, T, cp_.seq, Hl_, KVl_, hd);
+    span("cp ring step", s, false);
     cp_.comm->ring_shift(dkv, dkv_next, block)();  // the gradient goes on to where its block goes next
     if (arrived) arrived();
     std::swap(kv, kv_next), std::swap(dkv, dkv_next);  // a shift overwrites the whole arriving block
-    span("cp ring step", s, false);
   }
   // After cp shifts the gradient held is this rank's own block's, summed over every rank.
   for (int64_t n = 0; n < B * T; ++n) {

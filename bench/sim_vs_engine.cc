@@ -1,5 +1,6 @@
 // Predicted (simulator, `local` cluster from `loom calibrate`) vs measured (loom's engine)
-// step time and rank-0 peak memory for 17 layouts of configs A and B (34 rows); with a bf16 spec
+// step time and rank-0 peak memory for 20 layouts of configs A and B (40 rows; --only TEXT: the
+// rows whose layout names TEXT); with a bf16 spec
 // (`loom calibrate --precision bf16`), also train.precision = bf16 rows. The engine runs as
 // users run it, one process per rank (`loom train --nproc`, MPI); --threads runs the ranks
 // as threads of this process instead (the thread backend), where every madvise of ZeRO-2/3
@@ -93,10 +94,12 @@ double median(std::vector<double> v) {
 }  // namespace
 
 // The arguments with --threads and --best-of N taken out; *threads says whether --threads was given.
-static std::vector<char*> positional(int argc, char** argv, bool* threads, int* best_of, const char** also) {
+static std::vector<char*> positional(int argc, char** argv, bool* threads, int* best_of, const char** also,
+                                     const char** only) {
   std::vector<char*> out;
   for (int i = 0; i < argc; i++) {
     if (std::strcmp(argv[i], "--threads") == 0) *threads = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) *only = argv[++i];
     else if (std::strcmp(argv[i], "--also") == 0 && i + 1 < argc) *also = argv[++i];
     else if (std::strcmp(argv[i], "--best-of") == 0 && i + 1 < argc) *best_of = std::max(1, std::atoi(argv[++i]));
     else out.push_back(argv[i]);
@@ -128,6 +131,10 @@ static std::vector<std::vector<std::string>> fp32_layouts() {
       {"offload.optimizer=disk", "offload.dir=/var/tmp"},
       {"offload.params=disk", "offload.optimizer=disk", "offload.dir=/var/tmp"},
       {"parallel.dp=2", "parallel.zero=1", "optim.moments=bf16"},
+      // Context parallelism in its three modes (issue 53).
+      {"parallel.cp=2"},
+      {"parallel.cp=2", "parallel.cp_mode=ring"},
+      {"parallel.cp=2", "parallel.cp_mode=ulysses"},
   };
 }
 
@@ -159,6 +166,7 @@ static Row make_row(int pass, const char* name, const std::vector<std::string>& 
   r.sets.push_back("train.threads=" + std::to_string(std::max<int64_t>(1, cores / r.world)));
   r.plan.framework = loom::sim::Framework::kLoom;
   r.plan.cfg = loom::load_config("", r.sets);
+  loom::sim::take_context_parallel(r.plan);
   const loom::sim::ClusterSpec cluster = loom::sim::load_cluster(spec, {}, r.plan.gpus(), spec);
   r.pred = loom::sim::simulate(r.plan, cluster);
   r.family = loom::sim::device_family(cluster.device.name);
@@ -191,12 +199,13 @@ int main(int argc_in, char** argv_in) {
   bool threads = false;
   int best_of = 1;
   const char* also = nullptr;  // --also OTHER.toml: a second calibration scored on the same runs
-  std::vector<char*> args = positional(argc_in, argv_in, &threads, &best_of, &also);
+  const char* only = nullptr;  // --only TEXT: the rows whose layout names TEXT (e.g. cp=)
+  std::vector<char*> args = positional(argc_in, argv_in, &threads, &best_of, &also, &only);
   const int argc = int(args.size());
   char** argv = args.data();
   if (argc < 2) {
     std::fprintf(stderr, "usage: sim_vs_engine LOCAL_CLUSTER.toml [steps] [LOCAL_BF16_CLUSTER.toml] [--threads] "
-                         "[--best-of N] [--also OTHER_CLUSTER.toml]\n");
+                         "[--best-of N] [--also OTHER_CLUSTER.toml] [--only TEXT]\n");
     return 2;
   }
   const std::string loom_bin = std::string(argv[0]).substr(0, std::string(argv[0]).rfind('/') + 1) + "../loom";
@@ -214,8 +223,10 @@ int main(int argc_in, char** argv_in) {
     std::vector<Row> rows;
     for (int pass = 0; pass < (with_bf16 ? 2 : 1); pass++)
       for (const auto& [name, model] : models)
-        for (const auto& layout : pass == 0 ? layouts : bf16_layouts)
-          rows.push_back(make_row(pass, name, model, layout, pass == 0 ? argv[1] : argv[3], steps));
+        for (const auto& layout : pass == 0 ? layouts : bf16_layouts) {
+          Row r = make_row(pass, name, model, layout, pass == 0 ? argv[1] : argv[3], steps);
+          if (!only || r.label.find(only) != std::string::npos) rows.push_back(std::move(r));
+        }
     for (Row& r : rows)
       if (also && r.pass == 0)
         r.also_step_s = loom::sim::simulate(r.plan, loom::sim::load_cluster(also, {}, r.plan.gpus(), also)).step_time_s;

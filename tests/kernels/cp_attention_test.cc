@@ -12,7 +12,10 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/core/bf16.h"
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
+#include "loom/kernels/ref/gemm_bf16.h"
 #include "loom/kernels/ref/ops.h"
 #include "loom/rank/cp_chunks.h"
 
@@ -182,6 +185,29 @@ TEST(CpAttention, FastKernelMatchesTheReference) {
                                c.B, Tq, c.T, c.H, c.KV, c.hd);
     EXPECT_LT(off(dq2, dq1), 1e-5) << "cp " << cp;
     EXPECT_LT(off(dkv2, dkv1), 1e-5) << "cp " << cp;
+    // Note [bf16 attention probabilities]: the rounded probabilities, kept in bf16 or as fp32;
+    // the two keepings give the same results, and the fast kernel the reference's within its
+    // bound (a probability near a rounding boundary may round the other way: 2^-8 of it).
+    std::vector<float> b1(o1.size()), b2 = b1, b3 = b1, q1(p1.size()), q3(p1.size());
+    std::vector<bf16> h2(p1.size());
+    ref::cp_attention_forward_bf16(b1.data(), q1.data(), nullptr, l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T,
+                                   c.H, c.KV, c.hd, l.doc.data());
+    cpu::cp_attention_forward_bf16(b2.data(), nullptr, h2.data(), l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T,
+                                   c.H, c.KV, c.hd, l.doc.data());
+    cpu::cp_attention_forward_bf16(b3.data(), q3.data(), nullptr, l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T,
+                                   c.H, c.KV, c.hd, l.doc.data());
+    EXPECT_EQ(b2, b3);
+    for (size_t i = 0; i < q3.size(); ++i) ASSERT_EQ(q3[i], from_bf16(h2[i])) << i;
+    for (size_t i = 0; i < q1.size(); ++i) ASSERT_NEAR(q3[i], q1[i], q1[i] * 0.0079 + 1e-6) << i;
+    EXPECT_LT(off(b2, b1), 1e-2) << "cp " << cp;
+    EXPECT_GT(off(b1, o1), 0.0) << "the probabilities are rounded";
+    std::vector<float> e1(l.qkv.size(), 0.0f), e2 = e1, k1(l.kv.size(), 0.0f), k2 = k1;
+    ref::cp_attention_backward_bf16(e1.data(), k1.data(), dy.data(), l.qkv.data(), l.kv.data(), q3.data(), nullptr,
+                                    l.pos.data(), c.B, Tq, c.T, c.H, c.KV, c.hd);
+    cpu::cp_attention_backward_bf16(e2.data(), k2.data(), dy.data(), l.qkv.data(), l.kv.data(), nullptr, h2.data(),
+                                    l.pos.data(), c.B, Tq, c.T, c.H, c.KV, c.hd);
+    EXPECT_LT(off(e2, e1), 1e-5) << "cp " << cp;
+    EXPECT_LT(off(k2, k1), 1e-5) << "cp " << cp;
   }
 }
 

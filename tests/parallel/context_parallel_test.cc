@@ -94,12 +94,27 @@ TEST(ContextParallel, RingLayoutsEqualTheSingleProcessRun) {
                         {"parallel.cp=2", ring, "parallel.dp=2", "parallel.zero=1", "parallel.pp=2", "train.grad_accum=2"}});
 }
 
+// bf16 (Note [bf16 attention probabilities]: the gathered kernel rounds each probability as
+// the single process's does) and fp16 (attention in fp32, as the single process runs it),
+// allgather and ring (fp16) beside Ulysses' above: loom verify's bf16 / fp16 bounds.
+TEST(ContextParallel, HalfPrecisionLayoutsEqualTheSingleProcessRun) {
+  for (const std::string precision : {"train.precision=bf16", "train.precision=fp16"})
+    expect_layouts_match({precision}, {{"parallel.cp=2"},
+                                       {"parallel.cp=3"},
+                                       {"parallel.cp=2", "parallel.tp=2", "parallel.sp=true"},
+                                       {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3"}});
+  expect_layouts_match({"train.precision=fp16"}, {{"parallel.cp=2", "parallel.cp_mode=ring"},
+                                                  {"parallel.cp=3", "parallel.cp_mode=ring"}});
+}
+
 // What context parallelism does not run yet is refused naming what works (document masks run:
 // DocumentMask.ParallelLayoutsMatchTheSingleProcessRun).
 TEST(ContextParallel, RefusesWhatItDoesNotRunYet) {
   auto error = [](const Sets& sets) { return testing_support::error_message([&] { load_config("", tiny(sets)); }); };
   EXPECT_NE(error({"parallel.cp=5"}).find("use train.seq a multiple of 10"), std::string::npos);
-  EXPECT_NE(error({"parallel.cp=2", "train.precision=bf16"}).find("use train.precision = fp32"), std::string::npos);
+  EXPECT_NE(error({"parallel.cp=2", "train.precision=bf16", "parallel.cp_mode=ring"})
+                .find("use parallel.cp_mode = allgather or ulysses, or train.precision = fp32 or fp16"),
+            std::string::npos);
   EXPECT_NE(error({"parallel.cp=2", "parallel.dp=2", "parallel.compress=int8"}).find("set parallel.compress = none"),
             std::string::npos);
   EXPECT_NE(error({"parallel.cp=0"}).find("parallel.cp = 0: expected >= 1"), std::string::npos);

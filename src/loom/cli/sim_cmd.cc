@@ -78,11 +78,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   // The simulator holds context parallelism as SimPlan::cp: a config's parallel.cp (what the
   // engine trains) moves there; --cp and parallel.cp name the same degree.
   in.plan.cp = a.cp;
-  if (const int64_t cp = in.plan.cfg.parallel.cp; cp > 1) {
-    if (a.cp > 1 && a.cp != cp)
-      throw ConfigError("--cp " + std::to_string(a.cp) + " but parallel.cp = " + std::to_string(cp) + ": give one of them");
-    in.plan.cp = cp, in.plan.cfg.parallel.cp = 1;
-  }
+  sim::take_context_parallel(in.plan);
   const int64_t gpus = a.gpus > 0 ? a.gpus : in.plan.gpus();
   in.cluster = sim::load_cluster(a.cluster, cluster_sets, gpus, local_path);
   sim::scale_compute_rate(in.cluster, a.compute_efficiency);

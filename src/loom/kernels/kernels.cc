@@ -36,6 +36,13 @@ Kernels with_bf16_storage(Kernels k, decltype(k.matmul_forward_bf16_in) fwd, dec
   return k;
 }
 
+// Note [bf16 attention probabilities] under context parallelism (Note [Context-parallel attention]).
+Kernels with_bf16_cp(Kernels k, decltype(k.cp_attention_forward_bf16) fwd, decltype(k.cp_attention_backward_bf16) bwd) {
+  k.cp_attention_forward_bf16 = fwd;
+  k.cp_attention_backward_bf16 = bwd;
+  return k;
+}
+
 Kernels with_bf16_moments(Kernels k, decltype(k.adamw_update_bf16_moments) adamw) {
   k.adamw_update_bf16_moments = adamw;
   return k;
@@ -51,12 +58,16 @@ const Kernels& kernels(KernelBackend backend, Precision precision) {
 #undef LOOM_KERNEL_CPU
 #undef LOOM_KERNEL_REF
   static const Kernels cpu_bf16 = with_bf16_storage(
-      with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16, &cpu::lm_head_loss_bf16, "cpu-bf16"),
+      with_bf16_cp(with_gemms(cpu_set, &cpu::matmul_forward_bf16, &cpu::matmul_backward_bf16, &cpu::lm_head_loss_bf16,
+                              "cpu-bf16"),
+                   &cpu::cp_attention_forward_bf16, &cpu::cp_attention_backward_bf16),
       &cpu::matmul_forward_bf16_in, &cpu::matmul_backward_bf16_in, &cpu::to_bf16, &cpu::attention_forward_bf16,
       &cpu::attention_backward_bf16, &cpu::layernorm_backward_from_out,
       &cpu::rmsnorm_backward_from_out, &cpu::gelu_backward_bf16_in, &cpu::swiglu_backward_bf16_in);
   static const Kernels ref_bf16 = with_bf16_storage(
-      with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16, &ref::lm_head_loss_bf16, "ref-bf16"),
+      with_bf16_cp(with_gemms(ref_set, &ref::matmul_forward_bf16, &ref::matmul_backward_bf16, &ref::lm_head_loss_bf16,
+                              "ref-bf16"),
+                   &ref::cp_attention_forward_bf16, &ref::cp_attention_backward_bf16),
       &ref::matmul_forward_bf16_in, &ref::matmul_backward_bf16_in, &ref::to_bf16, &ref::attention_forward_bf16,
       &ref::attention_backward_bf16, &ref::layernorm_backward_from_out,
       &ref::rmsnorm_backward_from_out, &ref::gelu_backward_bf16_in, &ref::swiglu_backward_bf16_in);

@@ -37,6 +37,8 @@ struct Kernels {
   // Precision::kBf16 only: attention with bf16 probabilities (Note [bf16 attention probabilities]).
   decltype(&cpu::attention_forward_bf16) attention_forward_bf16 = nullptr;
   decltype(&cpu::attention_backward_bf16) attention_backward_bf16 = nullptr;
+  decltype(&cpu::cp_attention_forward_bf16) cp_attention_forward_bf16 = nullptr;  // the same, context parallel
+  decltype(&cpu::cp_attention_backward_bf16) cp_attention_backward_bf16 = nullptr;
   // Precision::kBf16 only: norm backward from the kept bf16 output (Note [Norm backward from its output]).
   decltype(&cpu::layernorm_backward_from_out) layernorm_backward_from_out = nullptr;
   decltype(&cpu::rmsnorm_backward_from_out) rmsnorm_backward_from_out = nullptr;

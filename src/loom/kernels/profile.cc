@@ -28,7 +28,8 @@ namespace {
 #define LOOM_KERNEL_ID(name) k_##name,
 enum KernelId { LOOM_KERNEL_LIST(LOOM_KERNEL_ID) k_matmul_forward_bf16_in, k_matmul_backward_bf16_in, k_to_bf16,
                 k_attention_forward_bf16, k_attention_backward_bf16, k_layernorm_backward_from_out,
-                k_rmsnorm_backward_from_out, k_gelu_backward_bf16_in, k_swiglu_backward_bf16_in, k_adamw_update_bf16_moments, kKernelCount };
+                k_rmsnorm_backward_from_out, k_gelu_backward_bf16_in, k_swiglu_backward_bf16_in, k_adamw_update_bf16_moments,
+                k_cp_attention_forward_bf16, k_cp_attention_backward_bf16, kKernelCount };
 #undef LOOM_KERNEL_ID
 
 struct Slot {
@@ -94,6 +95,8 @@ Kernels profiled_kernels(const Kernels& k) {
   wrap<k_gelu_backward_bf16_in>(p.gelu_backward_bf16_in, "gelu_backward_bf16_in");
   wrap<k_swiglu_backward_bf16_in>(p.swiglu_backward_bf16_in, "swiglu_backward_bf16_in");
   wrap<k_adamw_update_bf16_moments>(p.adamw_update_bf16_moments, "adamw_update_bf16_moments");
+  wrap<k_cp_attention_forward_bf16>(p.cp_attention_forward_bf16, "cp_attention_forward_bf16");
+  wrap<k_cp_attention_backward_bf16>(p.cp_attention_backward_bf16, "cp_attention_backward_bf16");
   if (kernel_profile_enabled()) {
     static const bool registered = std::atexit(print_at_exit) == 0;
     (void)registered;

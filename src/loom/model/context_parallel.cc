@@ -33,9 +33,14 @@ const float* Model::gather_kv(const float* qkv, int64_t B, int64_t T) const {
   return cp_kv_.data();
 }
 
-void Model::attend_cp(float* out, float* probs, const float* qkv, int64_t B, int64_t T, const int32_t* doc_start) const {
+void Model::attend_cp(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
+                      const int32_t* doc_start) const {
   const float* kv = gather_kv(qkv, B, T);
-  k_.cp_attention_forward(out, probs, qkv, kv, cp_positions(), B, T, cp_.seq, Hl_, KVl_, cfg_.head_dim(), doc_start);
+  if (k_.cp_attention_forward_bf16)  // Note [bf16 attention probabilities]
+    k_.cp_attention_forward_bf16(out, probs, probs_h, qkv, kv, cp_positions(), B, T, cp_.seq, Hl_, KVl_,
+                                 cfg_.head_dim(), doc_start);
+  else
+    k_.cp_attention_forward(out, probs, qkv, kv, cp_positions(), B, T, cp_.seq, Hl_, KVl_, cfg_.head_dim(), doc_start);
 }
 
 // The tokens travel as floats (exact: ids are below 2^24, the vocabulary's bound).
@@ -67,14 +72,18 @@ void Model::cp_doc_starts(const int32_t* tokens, int64_t B, int64_t T, std::vect
 // them per layer would outweigh the rank's own activations). dL/dK|V of every position
 // (B,Tk,2 KV hd) goes back to rank-major blocks; the reduce-scatter sums each rank's block
 // over the group; the own block is added into dqkv's K|V columns.
-void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
-                               int64_t T) const {
+void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                               const bf16* probs_h, int64_t B, int64_t T) const {
   const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, Tk = cp_.seq;
   const int64_t block = B * T * kvrow;
   const float* kv = gather_kv(qkv, B, T);
   std::vector<float>& dkv = cp_dkv_;
   dkv.assign(size_t(B * Tk * kvrow), 0.0f);
-  k_.cp_attention_backward(dqkv, dkv.data(), dout, qkv, kv, probs, cp_positions(), B, T, Tk, Hl_, KVl_, hd);
+  if (k_.cp_attention_backward_bf16)
+    k_.cp_attention_backward_bf16(dqkv, dkv.data(), dout, qkv, kv, probs, probs_h, cp_positions(), B, T, Tk, Hl_, KVl_,
+                                  hd);
+  else
+    k_.cp_attention_backward(dqkv, dkv.data(), dout, qkv, kv, probs, cp_positions(), B, T, Tk, Hl_, KVl_, hd);
   for (int r = 0; r < cp_.size; ++r) {
     const std::vector<int32_t>& pos = cp_.positions[size_t(r)];
     for (int64_t b = 0; b < B; ++b)

@@ -279,13 +279,14 @@ class Model {
   // order, the rows' attention against it, and backward's dK|dV reduce-scattered to their
   // owners and added into dqkv.
   const float* gather_kv(const float* qkv, int64_t B, int64_t T) const;
-  void attend_cp(float* out, float* probs, const float* qkv, int64_t B, int64_t T, const int32_t* doc_start) const;
+  void attend_cp(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
+                 const int32_t* doc_start) const;
   // Note [Document-causal mask] under context parallelism: every row's document start as a
   // global position, from the cp group's tokens put in position order (ulysses: every
   // position's, (B, Tk), as its whole-sequence attention reads them).
   void cp_doc_starts(const int32_t* tokens, int64_t B, int64_t T, std::vector<int32_t>& out) const;
-  void attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
-                          int64_t T) const;
+  void attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, const bf16* probs_h,
+                          int64_t B, int64_t T) const;
   // Note [Ulysses attention] (ulysses.cc): rows to heads and back by all-to-all over the cp
   // group; a HeadRun is `heads` heads of hd columns starting at head column `first` of a row.
   struct HeadRun {

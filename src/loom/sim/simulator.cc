@@ -527,6 +527,13 @@ std::vector<OpCost> op_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   return out;
 }
 
+void take_context_parallel(SimPlan& plan) {
+  const int64_t cp = plan.cfg.parallel.cp;
+  if (cp <= 1) return;
+  LOOM_CONFIG_CHECK(plan.cp <= 1 || plan.cp == cp, "--cp ", plan.cp, " but parallel.cp = ", cp, ": give one of them");
+  plan.cp = cp, plan.cfg.parallel.cp = 1;
+}
+
 SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_events) {
   Setup s = make_setup(plan, cluster);
   build_chunks(s);

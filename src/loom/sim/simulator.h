@@ -47,6 +47,10 @@ struct SimPlan {
   int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 
+// The simulator holds context parallelism as SimPlan::cp: a config's parallel.cp (what the
+// engine trains) moves there. Throws ConfigError when the plan already names another cp.
+void take_context_parallel(SimPlan& plan);
+
 // One span of the timeline (Note [Trace schema] of train/trace.h: tid 0 compute, 1 comm).
 struct SimEvent {
   int64_t rank = 0;          // global rank (dp 0, tp 0, cp 0 of its pipeline rank)

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "loom/kernels/cpu/gemm_bf16.h"
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
 #include "loom/kernels/cpu/position_runs.h"
@@ -22,17 +23,26 @@ namespace loom::cpu {
 namespace {
 
 // One (batch, head): S = scale Q K^T per run, the row softmax over lo .. q_pos[t], O = P V.
-// q rows at stride row, k and v at stride kvrow, o at stride C; p (Tq, Tk).
-void cp_attend_head(float* o, float* p, const float* q, const float* k, const float* v, const int32_t* q_pos,
-                    const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t Tk, int64_t hd, int64_t row,
-                    int64_t kvrow, int64_t C, const int32_t* doc_start) {
+// q rows at stride row, k and v at stride kvrow, o at stride C; p (Tq, Tk). round: each
+// probability rounded to bf16 before P V reads it (Note [bf16 attention probabilities]),
+// kept in `keep` (Tq, Tk) when given.
+void cp_attend_head(float* o, float* p, bool round, bf16* keep, const float* q, const float* k, const float* v,
+                    const int32_t* q_pos, const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t Tk, int64_t hd,
+                    int64_t row, int64_t kvrow, int64_t C, const int32_t* doc_start) {
   const float scale = 1.0f / std::sqrt(float(hd));
   for (auto [t0, t1] : runs) {
     const int64_t keys = q_pos[t1 - 1] + 1;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - t0, keys, hd, scale, q + t0 * row, row, k, kvrow, 0.0f,
                 p + t0 * Tk, Tk);
     for (int64_t t = t0; t < t1; t++) {
-      softmax_window(p + t * Tk, doc_start ? doc_start[t] : 0, q_pos[t], Tk);
+      float* pr = p + t * Tk;
+      softmax_window(pr, doc_start ? doc_start[t] : 0, q_pos[t], Tk);
+      if (round)
+        for (int64_t j = 0; j < Tk; j++) {
+          const bf16 h = loom::to_bf16(pr[j]);
+          pr[j] = loom::from_bf16(h);
+          if (keep) keep[t * Tk + j] = h;
+        }
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1 - t0, hd, keys, 1.0f, p + t0 * Tk, Tk, v, kvrow, 0.0f,
                 o + t0 * C, C);
@@ -41,23 +51,44 @@ void cp_attend_head(float* o, float* p, const float* q, const float* k, const fl
 
 }  // namespace
 
-void cp_attention_forward(float* out, float* probs, const float* qkv, const float* kv, const int32_t* q_pos, int64_t B,
-                          int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
+namespace {
+
+void cp_attend(float* out, float* probs, bool round, bf16* keep, const float* qkv, const float* kv,
+               const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd,
+               const int32_t* doc_start) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const std::vector<std::pair<int64_t, int64_t>> runs = position_runs(q_pos, Tq);
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; bh++) {
     const int64_t b = bh / H, h = bh % H, kh = h / group;
     const float* keys = kv + b * Tk * kvrow;
-    cp_attend_head(out + b * Tq * C + h * hd, probs + bh * Tq * Tk, qkv + b * Tq * row + h * hd, keys + kh * hd,
-                   keys + (KV + kh) * hd, q_pos, runs, Tk, hd, row, kvrow, C, doc_start ? doc_start + b * Tq : nullptr);
+    float* p = keep ? scratch_floats(size_t(Tq) * size_t(Tk)) : probs + bh * Tq * Tk;
+    cp_attend_head(out + b * Tq * C + h * hd, p, round, keep ? keep + bh * Tq * Tk : nullptr, qkv + b * Tq * row + h * hd,
+                   keys + kh * hd, keys + (KV + kh) * hd, q_pos, runs, Tk, hd, row, kvrow, C,
+                   doc_start ? doc_start + b * Tq : nullptr);
   }
 }
 
+}  // namespace
+
+void cp_attention_forward(float* out, float* probs, const float* qkv, const float* kv, const int32_t* q_pos, int64_t B,
+                          int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
+  cp_attend(out, probs, false, nullptr, qkv, kv, q_pos, B, Tq, Tk, H, KV, hd, doc_start);
+}
+
+void cp_attention_forward_bf16(float* out, float* probs, bf16* probs_h, const float* qkv, const float* kv,
+                               const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
+                               int64_t hd, const int32_t* doc_start) {
+  cp_attend(out, probs_h ? nullptr : probs, true, probs_h, qkv, kv, q_pos, B, Tq, Tk, H, KV, hd, doc_start);
+}
+
+namespace {
+
 // Over (batch, kv head) tasks: the query heads of one group add into the same dK, dV rows.
-void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
-                           const float* probs, const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                           int64_t KV, int64_t hd) {
+// Each head's P is probs (fp32) or kept (bf16, widened into scratch).
+void cp_attend_backward(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                        const float* probs, const bf16* kept, const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk,
+                        int64_t H, int64_t KV, int64_t hd) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
   const std::vector<std::pair<int64_t, int64_t>> runs = position_runs(q_pos, Tq);
@@ -70,7 +101,14 @@ void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const flo
     float* dk = dkv + b * Tk * kvrow + kh * hd;
     float* dv = dkv + b * Tk * kvrow + (KV + kh) * hd;
     for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-      const float* p = probs + (b * H + h) * Tq * Tk;
+      const float* p = probs ? probs + (b * H + h) * Tq * Tk : nullptr;
+      if (kept) {
+        float* w = scratch_floats(size_t(Tq) * size_t(Tk), 1);
+        const bf16* kr = kept + (b * H + h) * Tq * Tk;
+#pragma omp simd
+        for (int64_t i = 0; i < Tq * Tk; i++) w[i] = loom::from_bf16(kr[i]);
+        p = w;
+      }
       const float* dy = dout + b * Tq * C + h * hd;
       const float* q = qkv + b * Tq * row + h * hd;
       float* dq = dqkv + b * Tq * row + h * hd;
@@ -99,6 +137,20 @@ void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const flo
       }
     }
   }
+}
+
+}  // namespace
+
+void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                           const float* probs, const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                           int64_t KV, int64_t hd) {
+  cp_attend_backward(dqkv, dkv, dout, qkv, kv, probs, nullptr, q_pos, B, Tq, Tk, H, KV, hd);
+}
+
+void cp_attention_backward_bf16(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                                const float* probs, const bf16* probs_h, const int32_t* q_pos, int64_t B, int64_t Tq,
+                                int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+  cp_attend_backward(dqkv, dkv, dout, qkv, kv, probs_h ? nullptr : probs, probs_h, q_pos, B, Tq, Tk, H, KV, hd);
 }
 
 }  // namespace loom::cpu

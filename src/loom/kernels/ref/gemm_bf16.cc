@@ -120,6 +120,23 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
   tmpl::attention_backward<float>(dqkv, dout, qkv, probs_h ? p.data() : probs, B, T, H, KV, hd);
 }
 
+void cp_attention_forward_bf16(float* out, float* probs, bf16* probs_h, const float* qkv, const float* kv,
+                               const int32_t* q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
+                               int64_t hd, const int32_t* doc_start) {
+  std::vector<float> p(probs_h ? static_cast<std::size_t>(B * H * Tq * Tk) : 0);
+  float* dst = probs_h ? p.data() : probs;
+  tmpl::cp_attention_forward<float>(out, dst, qkv, kv, q_pos, B, Tq, Tk, H, KV, hd, doc_start,
+                                    [](float x) { return round_bf16(x); });
+  if (probs_h) to_bf16(probs_h, dst, B * H * Tq * Tk);  // exact: the values are bf16 already
+}
+
+void cp_attention_backward_bf16(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                                const float* probs, const bf16* probs_h, const int32_t* q_pos, int64_t B, int64_t Tq,
+                                int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+  const std::vector<float> p = probs_h ? widened(probs_h, B * H * Tq * Tk) : std::vector<float>();
+  tmpl::cp_attention_backward<float>(dqkv, dkv, dout, qkv, kv, probs_h ? p.data() : probs, q_pos, B, Tq, Tk, H, KV, hd);
+}
+
 void gelu_backward_bf16_in(float* dinp, const bf16* inp, const float* dout, int64_t n) {
   std::vector<float> g(static_cast<size_t>(n), 0.0f);  // overwrites dinp, which may be dout
   tmpl::gelu_backward<float>(g.data(), widened(inp, n).data(), dout, n);

@@ -324,11 +324,12 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs,
 }
 
 // Note [Context-parallel attention] (ops.inc): local query rows against gathered keys.
-template <typename S>
+template <typename S, typename RoundP = S (*)(S)>
 void cp_attention_forward(S* out, S* probs, const S* qkv, const S* kv, const int32_t* q_pos, int64_t B, int64_t Tq,
-                          int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start = nullptr) {
+                          int64_t Tk, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start = nullptr,
+                          RoundP round_p = [](S x) { return x; }) {
   detail::attend_rows(out, probs, qkv, (H + 2 * KV) * hd, kv, kv + KV * hd, 2 * KV * hd, q_pos, B, Tq, Tk, H, KV, hd,
-                      doc_start, [](S x) { return x; });
+                      doc_start, round_p);
 }
 
 template <typename S>

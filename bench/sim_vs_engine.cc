@@ -176,6 +176,27 @@ static Row make_row(int pass, const char* name, const std::vector<std::string>& 
   return r;
 }
 
+// Every row on configs A and B (fp32 layouts, then the bf16 ones when bf16_spec is given),
+// less those whose label does not name `only`.
+static std::vector<Row> make_rows(const char* spec, const char* bf16_spec, int steps, const char* only) {
+  // Config A: GPT 4 x 256 (~3.4M params), B: GPT 8 x 256; sequences of 128, batch 8.
+  const std::vector<std::pair<const char*, std::vector<std::string>>> models = {
+      {"A", {"model.layers=4", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}},
+      {"B", {"model.layers=8", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}}};
+  const std::vector<std::vector<std::string>> layouts = fp32_layouts();
+  // bf16 rows: the layouts whose GEMM split differs (whole, dp, tp, pp).
+  const std::vector<std::vector<std::string>> bf16_layouts = {
+      {}, {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=4"}};
+  std::vector<Row> rows;
+  for (int pass = 0; pass < (bf16_spec ? 2 : 1); pass++)
+    for (const auto& [name, model] : models)
+      for (const auto& layout : pass == 0 ? layouts : bf16_layouts) {
+        Row r = make_row(pass, name, model, layout, pass == 0 ? spec : bf16_spec, steps);
+        if (!only || r.label.find(only) != std::string::npos) rows.push_back(std::move(r));
+      }
+  return rows;
+}
+
 // The medians, and each pass's step-time errors written beside its cluster file (Note [Error
 // bands]: `loom plan`'s bands on that cluster).
 static void report(const std::vector<double>& time_errs, const std::vector<double>& mem_errs,
@@ -211,22 +232,8 @@ int main(int argc_in, char** argv_in) {
   const std::string loom_bin = std::string(argv[0]).substr(0, std::string(argv[0]).rfind('/') + 1) + "../loom";
   const int steps = argc > 2 ? std::atoi(argv[2]) : 6;
   try {
-    // Config A: GPT 4 x 256 (~3.4M params), B: GPT 8 x 256; sequences of 128, batch 8.
-    const std::vector<std::pair<const char*, std::vector<std::string>>> models = {
-        {"A", {"model.layers=4", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}},
-        {"B", {"model.layers=8", "model.d_model=256", "model.heads=8", "model.ffn=1024", "model.ctx=128"}}};
-    const std::vector<std::vector<std::string>> layouts = fp32_layouts();
-    // bf16 rows: the layouts whose GEMM split differs (whole, dp, tp, pp).
-    const std::vector<std::vector<std::string>> bf16_layouts = {
-        {}, {"parallel.dp=2"}, {"parallel.tp=2"}, {"parallel.pp=2", "train.grad_accum=4"}};
     const bool with_bf16 = argc > 3;
-    std::vector<Row> rows;
-    for (int pass = 0; pass < (with_bf16 ? 2 : 1); pass++)
-      for (const auto& [name, model] : models)
-        for (const auto& layout : pass == 0 ? layouts : bf16_layouts) {
-          Row r = make_row(pass, name, model, layout, pass == 0 ? argv[1] : argv[3], steps);
-          if (!only || r.label.find(only) != std::string::npos) rows.push_back(std::move(r));
-        }
+    std::vector<Row> rows = make_rows(argv[1], with_bf16 ? argv[3] : nullptr, steps, only);
     for (Row& r : rows)
       if (also && r.pass == 0)
         r.also_step_s = loom::sim::simulate(r.plan, loom::sim::load_cluster(also, {}, r.plan.gpus(), also)).step_time_s;

@@ -71,6 +71,25 @@ struct SyncChoice {
   bool qwz = false, qgz = false, hpz = false;
 };
 
+// The config loom's engine would train for a plan: the simulator holds context parallelism as
+// SimPlan::cp, the engine as parallel.cp (zigzag needs 2 cp chunks of the sequence, else the
+// plain split).
+Config engine_config(const sim::SimPlan& p) {
+  Config c = p.cfg;
+  c.parallel.cp = p.cp;
+  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0) c.parallel.cp_split = CpSplit::kPlain;
+  return c;
+}
+
+// What the config check says of a candidate; under --framework loom with cp > 1 also what it
+// says of the engine's config (the cp refusals: e.g. ring with bf16), so the planner never
+// ranks a plan the engine refuses. GPU frameworks' cp plans are priced, not run by loom.
+std::vector<std::string> candidate_errors(const sim::SimPlan& p) {
+  std::vector<std::string> errs = validation_errors(p.cfg);
+  if (errs.empty() && p.cp > 1 && p.framework == sim::Framework::kLoom) errs = validation_errors(engine_config(p));
+  return errs;
+}
+
 // The context-parallel modes a plan of `cp` ranks tries: under --framework loom the engine's
 // allgather and ring (Note [Ring attention pricing]), and ulysses where cp divides each tp
 // rank's heads and kv heads (Note [Ulysses attention]); the GPU frameworks' own scheme (ring,
@@ -430,7 +449,7 @@ PlanReport search_plans(const PlanRequest& req) {
                   q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc}, q.cp_mode = cp_mode;
                   q.vocab_parallel = vocab_parallel, q.compress = sync.compress;
                   q.zeropp_qwz = sync.qwz, q.zeropp_qgz = sync.qgz, q.zeropp_hpz = sync.hpz;
-                  const std::vector<std::string> errs = validation_errors(plan.cfg);
+                  const std::vector<std::string> errs = candidate_errors(plan);
                   if (!errs.empty()) {
                     acc.prune("invalid: " + errs.front().substr(0, errs.front().find(" = ")), layout_label(plan));
                     continue;
@@ -468,8 +487,9 @@ PlanReport search_plans(const PlanRequest& req) {
 std::string engine_refusal(const sim::SimPlan& p) {
   if (p.cp > 1 && p.framework != sim::Framework::kLoom)
     return detail::cat("context parallelism (cp ", p.cp, ") is priced as ", sim::framework_name(p.framework),
-                       "'s ring attention, while loom's engine runs parallel.cp_mode = allgather, ring or ulysses "
-                       "(priced under --framework loom)");
+                       p.cfg.parallel.cp_mode == CpMode::kUlysses ? "'s Ulysses all-to-all" : "'s ring attention",
+                       ", while loom's engine runs parallel.cp_mode = allgather, ring or ulysses (priced under "
+                       "--framework loom)");
   if (p.gemm_format != sim::GemmFormat::kBf16)
     return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
                        " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");
@@ -481,9 +501,7 @@ std::string emit_loom_toml(const sim::SimPlan& p) {
   if (const std::string why = engine_refusal(p); !why.empty())
     throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") is not one loom's engine runs as planned: " +
                       why + "; plan without it (drop --cp / --precision) to emit a config loom trains, or --emit megatron");
-  Config c = p.cfg;  // the simulator holds context parallelism as SimPlan::cp; the engine as parallel.cp
-  c.parallel.cp = p.cp;
-  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0) c.parallel.cp_split = CpSplit::kPlain;  // zigzag needs 2 cp chunks
+  const Config c = engine_config(p);
   if (const std::vector<std::string> errs = validation_errors(c); !errs.empty())
     throw ConfigError("--emit loom: the best plan (" + layout_label(p) + ") is refused by loom's engine: " + errs.front());
   std::ostringstream os;

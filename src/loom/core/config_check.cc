@@ -363,8 +363,11 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
          "use parallel.cp_mode = allgather or ulysses, or train.precision = fp32 or fp16");
   refuse(p.pp > 1 && streams(p.schedule), "parallel.schedule = " + std::string(schedule_name(p.schedule)),
          "use a flushing schedule (1f1b, gpipe, interleaved, zb-h1, zb-h2, zb-v)");
-  refuse(p.compress != CompressKind::kNone, "parallel.compress = " + std::string(compress_name(p.compress)),
-         "set parallel.compress = none");
+  // Adasum (Maleki et al.) combines independent gradients, averaging the parallel parts; the
+  // ranks of a cp group hold parts of one gradient, which must be summed.
+  if (p.reduce == GradReduce::kAdasum && p.cp > 1)
+    errs.push_back(is + "with parallel.reduce = adasum: Adasum combines independent gradients, and a cp group's ranks "
+                   "hold parts of one; use parallel.reduce = mean (the compressors run with cp)");
   refuse(c.offload.optimizer != OffloadTier::kNone || c.offload.params != OffloadTier::kNone ||
              c.offload.grads != OffloadTier::kNone,
          "offload", "set offload.* = none");

@@ -70,6 +70,20 @@ TEST(OptimizerOffload, TrainingEqualsInMemoryBitForBit) {
   EXPECT_TRUE(fs::is_empty(dir.path)) << "the scratch files are unlinked at once";
 }
 
+// Context parallelism (Note [Context-parallel chunks]) beside the offloaded optimizer: a cp
+// rank's moments are its replica's whole, streamed as any rank's; all three cp modes, alone
+// and with dp 2 x ZeRO-3, equal their in-memory runs bit for bit.
+TEST(OptimizerOffload, ContextParallelTrainingEqualsInMemoryBitForBit) {
+  TempDir dir("loom-offload-cp");
+  expect_offload_equals_in_memory(
+      {{"parallel.cp=2"}, {"parallel.cp=2", "parallel.cp_mode=ring"}, {"parallel.cp=2", "parallel.cp_mode=ulysses"},
+       {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3"}},
+      {"offload.optimizer=disk", "offload.dir=" + dir.path.string(), "offload.sub_group_mb=0.01"},
+      [](const TrainSummary&, const TrainSummary& off, const std::string& what) {
+        EXPECT_GT(off.offload_written_bytes, 0) << what;
+      });
+}
+
 // Parameter offload (Note [Parameter offload]) equals in-memory training bit for bit: GPT
 // and Llama, grad_accum 1 and 3, full recompute (units read again in backward), dp 2 (ZeRO
 // 0), tp 2, and a GPT pipeline whose stages each hold a copy of the tied embedding.

@@ -368,9 +368,6 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
   if (p.reduce == GradReduce::kAdasum && p.cp > 1)
     errs.push_back(is + "with parallel.reduce = adasum: Adasum combines independent gradients, and a cp group's ranks "
                    "hold parts of one; use parallel.reduce = mean (the compressors run with cp)");
-  refuse(c.offload.optimizer != OffloadTier::kNone || c.offload.params != OffloadTier::kNone ||
-             c.offload.grads != OffloadTier::kNone,
-         "offload", "set offload.* = none");
   refuse(c.train.device != Device::kCpu, "train.device = " + std::string(name_of(c.train.device)),
          "use train.device = cpu");
   refuse(c.comm.grad_dtype != FloatFormat::kFp32 || c.comm.param_dtype != FloatFormat::kFp32 ||

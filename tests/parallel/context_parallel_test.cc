@@ -126,6 +126,21 @@ TEST(ContextParallel, CompressedGradientsStayWithinTheirBounds) {
   }
 }
 
+// bf16 messages (gradients, ZeRO-3's parameter gathers, pipeline transfers) and ZeRO++
+// (quantized gathers and gradients, the secondary copy) over the dp x cp group: within loom
+// verify's bounds for each (the bf16 and quantized ones looser, as at cp 1).
+TEST(ContextParallel, CommunicationFormatsAndZeroPlusPlusCompose) {
+  const std::vector<Sets> layouts = {
+      {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3", "comm.param_dtype=bf16"},
+      {"parallel.cp=2", "parallel.dp=2", "comm.grad_dtype=bf16"},
+      {"parallel.cp=2", "parallel.pp=2", "train.grad_accum=2", "comm.p2p_dtype=bf16"},
+      {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3", "parallel.zeropp_qwz=true", "parallel.zeropp_qgz=true"},
+      {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3", "parallel.zeropp_hpz=true"}};
+  const std::vector<VerifyRow> rows = verify_layouts(load_config("", tiny({})), layouts);
+  ASSERT_EQ(rows.size(), layouts.size());
+  for (const VerifyRow& r : rows) EXPECT_TRUE(r.ok) << r.layout << ": " << r.error << " loss rel " << r.max_loss_rel;
+}
+
 // What context parallelism does not run yet is refused naming what works (document masks run:
 // DocumentMask.ParallelLayoutsMatchTheSingleProcessRun).
 TEST(ContextParallel, RefusesWhatItDoesNotRunYet) {

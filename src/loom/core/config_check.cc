@@ -370,10 +370,6 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
                    "hold parts of one; use parallel.reduce = mean (the compressors run with cp)");
   refuse(c.train.device != Device::kCpu, "train.device = " + std::string(name_of(c.train.device)),
          "use train.device = cpu");
-  refuse(c.comm.grad_dtype != FloatFormat::kFp32 || c.comm.param_dtype != FloatFormat::kFp32 ||
-             c.comm.p2p_dtype != FloatFormat::kFp32,
-         "comm.*_dtype = bf16", "keep comm.grad_dtype, param_dtype and p2p_dtype at fp32");
-  refuse(p.zeropp_qwz || p.zeropp_qgz || p.zeropp_hpz, "ZeRO++", "set parallel.zeropp_* = false");
 }
 
 }  // namespace

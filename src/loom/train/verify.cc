@@ -81,6 +81,7 @@ VerifyTolerance tolerance_for(const Config& c) {
   const bool fp16 = c.train.precision == Precision::kFp16;
   if (k == CompressKind::kNone) {
     if (bf16 || fp16) return {kBf16TrainLossRel, std::max(kBf16TrainWeightAbs, rounding_weight_abs(c))};
+    if (c.comm.p2p_dtype == FloatFormat::kBf16) return {kZeroPlusPlusLossRel, rounding_weight_abs(c)};
     return VerifyTolerance{};
   }
   // bf16's ring rounds each hop to 8 bits: a flipped update moves a weight by up to 2 lr_k.

@@ -16,12 +16,11 @@ namespace loom {
 // all-gather brings every rank's block (rank-major: rank, batch row, local row); cp_kv_
 // (B,Tk,2 KV hd) holds them at their positions. Returns cp_kv_.
 const float* Model::gather_kv(const float* qkv, int64_t B, int64_t T) const {
-  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, Tk = cp_.seq;
+  const int64_t hd = cfg_.head_dim(), kvrow = 2 * KVl_ * hd, Tk = cp_.seq;
   const int64_t block = B * T * kvrow;
   cp_blocks_.resize(size_t(cp_.size * block));
   cp_kv_.resize(size_t(B * Tk * kvrow));
-  float* mine = cp_blocks_.data() + cp_.rank * block;
-  for (int64_t n = 0; n < B * T; ++n) std::memcpy(mine + n * kvrow, qkv + n * row + Hl_ * hd, size_t(kvrow) * sizeof(float));
+  take_kv_columns(cp_blocks_.data() + cp_.rank * block, qkv, B * T);
   cp_.comm->all_gather_blocks(cp_blocks_.data(), block);
   for (int r = 0; r < cp_.size; ++r) {
     const std::vector<int32_t>& pos = cp_.positions[size_t(r)];
@@ -74,7 +73,7 @@ void Model::cp_doc_starts(const int32_t* tokens, int64_t B, int64_t T, std::vect
 // over the group; the own block is added into dqkv's K|V columns.
 void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
                                const bf16* probs_h, int64_t B, int64_t T) const {
-  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, Tk = cp_.seq;
+  const int64_t hd = cfg_.head_dim(), kvrow = 2 * KVl_ * hd, Tk = cp_.seq;
   const int64_t block = B * T * kvrow;
   const float* kv = gather_kv(qkv, B, T);
   std::vector<float>& dkv = cp_dkv_;
@@ -92,11 +91,20 @@ void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv,
                     size_t(kvrow) * sizeof(float));
   }
   cp_.comm->reduce_scatter_blocks(cp_blocks_.data(), block);
-  const float* mine = cp_blocks_.data() + cp_.rank * block;
-  for (int64_t n = 0; n < B * T; ++n) {
+  add_kv_columns(dqkv, cp_blocks_.data() + cp_.rank * block, B * T);
+}
+
+void Model::take_kv_columns(float* kv, const float* qkv, int64_t rows) const {
+  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd;
+  for (int64_t n = 0; n < rows; ++n) std::memcpy(kv + n * kvrow, qkv + n * row + Hl_ * hd, size_t(kvrow) * sizeof(float));
+}
+
+void Model::add_kv_columns(float* dqkv, const float* g, int64_t rows) const {
+  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd;
+  for (int64_t n = 0; n < rows; ++n) {
     float* d = dqkv + n * row + Hl_ * hd;
-    const float* g = mine + n * kvrow;
-    for (int64_t e = 0; e < kvrow; ++e) d[e] += g[e];
+    const float* gr = g + n * kvrow;
+    for (int64_t e = 0; e < kvrow; ++e) d[e] += gr[e];
   }
 }
 

@@ -279,6 +279,10 @@ class Model {
   // order, the rows' attention against it, and backward's dK|dV reduce-scattered to their
   // owners and added into dqkv.
   const float* gather_kv(const float* qkv, int64_t B, int64_t T) const;
+  // The K|V columns of `rows` rows of qkv ((H+2KV)hd each) into kv (2 KV hd each), and a
+  // dK|dV g of that shape added back into dqkv's K|V columns (all-gather and ring).
+  void take_kv_columns(float* kv, const float* qkv, int64_t rows) const;
+  void add_kv_columns(float* dqkv, const float* g, int64_t rows) const;
   void attend_cp(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
                  const int32_t* doc_start) const;
   // Note [Document-causal mask] under context parallelism: every row's document start as a

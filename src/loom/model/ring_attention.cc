@@ -7,7 +7,6 @@
 // with its owner and is added into the owner's dqkv. The K|V block moves while the step
 // computes; the gradient, written by the step, moves after it.
 #include <cmath>
-#include <cstring>
 #include <utility>
 
 #include "loom/core/error.h"
@@ -15,22 +14,13 @@
 
 namespace loom {
 
-namespace {
-
-// This rank's K|V columns of qkv (B,T,(H+2KV)hd) into kv (B,T,2 KV hd).
-void own_kv(float* kv, const float* qkv, int64_t rows, int64_t row, int64_t q_cols, int64_t kvrow) {
-  for (int64_t n = 0; n < rows; ++n) std::memcpy(kv + n * kvrow, qkv + n * row + q_cols, size_t(kvrow) * sizeof(float));
-}
-
-}  // namespace
-
 void Model::attend_ring(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
                         const int32_t* doc_start) const {
-  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
+  const int64_t hd = cfg_.head_dim(), kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
   const int cp = cp_.size;
   cp_kv_.resize(size_t(2 * block));
   float *cur = cp_kv_.data(), *next = cur + block;
-  own_kv(cur, qkv, B * T, row, Hl_ * hd, kvrow);
+  take_kv_columns(cur, qkv, B * T);
   cp_out_.assign(size_t(B * T * Hl_ * hd), 0.0f);  // the unnormalised output
   cp_ml_.resize(size_t(B * Hl_ * T * 2));
   for (size_t i = 0; i < cp_ml_.size(); i += 2) cp_ml_[i] = -INFINITY, cp_ml_[i + 1] = 0.0f;
@@ -52,7 +42,7 @@ void Model::attend_ring(float* out, float* probs, const float* qkv, int64_t B, i
 void Model::attend_ring_backward(float* dqkv, const float* dout, const float* out, const float* qkv,
                                  const float* probs, int64_t B, int64_t T) const {
   LOOM_CHECK(out != nullptr, "ring attention's backward needs the attention output (fp32 activations)");
-  const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
+  const int64_t hd = cfg_.head_dim(), kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
   const int64_t C = Hl_ * hd;
   const int cp = cp_.size;
   // D (B,H,T) = rowsum(dO * O): every key's sum of p_j dP_j in one dot product a row (in
@@ -71,7 +61,7 @@ void Model::attend_ring_backward(float* dqkv, const float* dout, const float* ou
   cp_kv_.resize(size_t(2 * block));
   cp_dkv_.assign(size_t(2 * block), 0.0f);
   float *kv = cp_kv_.data(), *kv_next = kv + block, *dkv = cp_dkv_.data(), *dkv_next = dkv + block;
-  own_kv(kv, qkv, B * T, row, Hl_ * hd, kvrow);
+  take_kv_columns(kv, qkv, B * T);
   for (int s = 0; s < cp; ++s) {
     const int src = (cp_.rank - s + cp) % cp;
     std::function<void()> arrived;
@@ -85,11 +75,7 @@ void Model::attend_ring_backward(float* dqkv, const float* dout, const float* ou
     std::swap(kv, kv_next), std::swap(dkv, dkv_next);  // a shift overwrites the whole arriving block
   }
   // After cp shifts the gradient held is this rank's own block's, summed over every rank.
-  for (int64_t n = 0; n < B * T; ++n) {
-    float* d = dqkv + n * row + Hl_ * hd;
-    const float* g = dkv + n * kvrow;
-    for (int64_t e = 0; e < kvrow; ++e) d[e] += g[e];
-  }
+  add_kv_columns(dqkv, dkv, B * T);
 }
 
 }  // namespace loom

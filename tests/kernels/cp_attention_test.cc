@@ -213,10 +213,12 @@ TEST(CpAttention, FastKernelMatchesTheReference) {
 
 // Note [Ring attention]: a rank's rows against the cp ranks' K|V blocks one at a time, in the
 // ring's order (rank r at step s holds rank (r - s) mod cp's block), with the online softmax,
-// equal the all-gather kernel's output and probabilities; the backward steps' dQ equals its,
-// and each block's travelling dK|dV its rows of the gathered dK|dV. cp 2, 3, 4, zigzag and
-// plain, masked and not, the reference and the fast kernels (the online rescaling and D =
-// rowsum(dO O) reorder float sums: 1e-5 of the scale, attention's cpu-vs-ref bound).
+// equal the all-gather kernel's output, and each row's log-sum-exp is the one its
+// probabilities have (lse = s_tt - log p_tt at the row's own key, always visible); the
+// backward steps, recomputing P from lse, give the all-gather kernel's dQ, and each block's
+// travelling dK|dV its rows of the gathered dK|dV. cp 2, 3, 4, zigzag and plain, masked and
+// not, the reference and the fast kernels (the online rescaling and D = rowsum(dO O) reorder
+// float sums: 1e-5 of the scale, attention's cpu-vs-ref bound).
 TEST(RingAttention, BlocksAroundTheRingEqualTheGatheredKernel) {
   std::mt19937 rng(13);
   Case c;
@@ -247,17 +249,29 @@ TEST(RingAttention, BlocksAroundTheRingEqualTheGatheredKernel) {
           std::vector<float> o(size_t(c.B * Tq * C)), p(size_t(c.B * c.H * Tq * c.T));
           ref::cp_attention_forward(o.data(), p.data(), l.qkv.data(), l.kv.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.KV,
                                     c.hd, doc);
-          std::vector<float> acc(o.size(), 0.0f), ml(size_t(c.B * c.H * Tq * 2)), ro(o.size()), rp(p.size(), 7.0f);
+          std::vector<float> acc(o.size(), 0.0f), ml(size_t(c.B * c.H * Tq * 2)), ro(o.size()), lse(size_t(c.B * c.H * Tq));
           for (size_t i = 0; i < ml.size(); i += 2) ml[i] = -INFINITY, ml[i + 1] = 0.0f;
           for (int s = 0; s < cp; ++s) {
             const std::vector<int32_t> pos = rank::cp_positions(c.T, cp, (r - s + cp) % cp, split);
             const std::vector<float> kv = block_of(l, pos);
-            step(acc.data(), ml.data(), rp.data(), l.qkv.data(), kv.data(), l.pos.data(), pos.data(), c.B, Tq, Tq, c.T,
-                 c.H, c.KV, c.hd, doc);
+            step(acc.data(), ml.data(), l.qkv.data(), kv.data(), l.pos.data(), pos.data(), c.B, Tq, Tq, c.H, c.KV, c.hd,
+                 doc);
           }
-          finish(ro.data(), rp.data(), acc.data(), ml.data(), l.pos.data(), c.B, Tq, c.T, c.H, c.hd, doc);
+          finish(ro.data(), lse.data(), acc.data(), ml.data(), c.B, Tq, c.H, c.hd);
           EXPECT_LT(off(ro, o), 1e-5);
-          EXPECT_LT(off(rp, p), 1e-5);
+          std::vector<float> want(lse.size());
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t h = 0; h < c.H; ++h)
+              for (int64_t t = 0; t < Tq; ++t) {
+                const int64_t j = l.pos[size_t(t)];
+                const float* q = l.qkv.data() + (b * Tq + t) * row + h * c.hd;
+                const float* k = l.kv.data() + (b * c.T + j) * kvrow + (h / (c.H / c.KV)) * c.hd;
+                double s = 0;
+                for (int64_t e = 0; e < c.hd; ++e) s += double(q[e]) * k[e];
+                want[size_t((b * c.H + h) * Tq + t)] =
+                    float(s / std::sqrt(double(c.hd)) - std::log(double(p[size_t(((b * c.H + h) * Tq + t) * c.T + j)])));
+              }
+          EXPECT_LT(off(lse, want), 1e-5);
           const std::vector<float> dy = normal(rng, o.size());
           std::vector<float> dq(l.qkv.size(), 0.0f), dkv(l.kv.size(), 0.0f), rdq = dq, rdkv = dkv, D(size_t(c.B * c.H * Tq));
           ref::cp_attention_backward(dq.data(), dkv.data(), dy.data(), l.qkv.data(), l.kv.data(), p.data(), l.pos.data(),
@@ -274,8 +288,8 @@ TEST(RingAttention, BlocksAroundTheRingEqualTheGatheredKernel) {
             const std::vector<int32_t> pos = rank::cp_positions(c.T, cp, (r - s + cp) % cp, split);
             const std::vector<float> kv = block_of(l, pos);
             std::vector<float> g(kv.size(), 0.0f);
-            back(rdq.data(), g.data(), dy.data(), D.data(), l.qkv.data(), kv.data(), rp.data(), l.pos.data(), pos.data(),
-                 c.B, Tq, Tq, c.T, c.H, c.KV, c.hd);
+            back(rdq.data(), g.data(), dy.data(), D.data(), l.qkv.data(), kv.data(), lse.data(), l.pos.data(), pos.data(),
+                 c.B, Tq, Tq, c.H, c.KV, c.hd, doc);
             for (int64_t b = 0; b < c.B; ++b)  // the block's rows back at their positions
               for (size_t u = 0; u < pos.size(); ++u)
                 std::copy_n(g.begin() + (b * Tq + int64_t(u)) * kvrow, kvrow, rdkv.begin() + (b * c.T + pos[u]) * kvrow);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -105,6 +106,27 @@ TEST(AsyncPipe, DataParallelReplicasEqualTheirReferenceBitForBit) {
   }
   expect_equal_to_reference("pipemare", {"parallel.pp=3", "parallel.dp=2", "train.batch=4",
                                          "parallel.sync_warmup_steps=2", "train.val_every=3"});
+}
+
+// Context parallelism inside each stage (issue 53): a stage's cp ranks run the stream together
+// and reduce its gradient over dp x cp before each update: the same layout's reference bit for
+// bit in every cp mode (Ulysses on Llama: cp 2 divides its 4 heads and 2 kv heads), and the cp
+// 1 stream's losses within loom verify's exact bound (the cp sums run in another order).
+TEST(AsyncPipe, ContextParallelStagesEqualTheirReferenceBitForBit) {
+  for (const std::string kind : {"pipedream", "pipemare"}) {
+    const std::vector<TrainSummary> got = expect_equal_to_reference(kind, {"parallel.pp=2", "parallel.cp=2"});
+    ASSERT_EQ(got.size(), 4u) << kind;
+    expect_equal_to_reference(kind, {"parallel.pp=2", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2",
+                                     "train.batch=4"});
+    std::vector<std::string> llama = {"parallel.pp=2", "parallel.cp=2", "parallel.cp_mode=ulysses"};
+    llama.insert(llama.end(), kLlama.begin(), kLlama.end());
+    expect_equal_to_reference(kind, llama);
+    const std::vector<TrainSummary> one =
+        testing_support::train_keeping_params(base({"parallel.pp=2", "parallel.schedule=" + kind}));
+    ASSERT_EQ(one[0].losses.size(), got[0].losses.size());
+    for (size_t i = 0; i < got[0].losses.size(); i++)
+      EXPECT_NEAR(got[0].losses[i], one[0].losses[i], 1e-5 * std::fabs(one[0].losses[i])) << kind << " step " << i;
+  }
 }
 
 // Note [Synchronous warm-up]: warm-up steps flush after every minibatch, so a run that is

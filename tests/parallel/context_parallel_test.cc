@@ -95,16 +95,22 @@ TEST(ContextParallel, RingLayoutsEqualTheSingleProcessRun) {
 }
 
 // bf16 (Note [bf16 attention probabilities]: the gathered kernel rounds each probability as
-// the single process's does) and fp16 (attention in fp32, as the single process runs it),
-// allgather and ring (fp16) beside Ulysses' above: loom verify's bf16 / fp16 bounds.
+// the single process's does; ring attention never forms the normalised probabilities, so its
+// P V reads unrounded weights, within the same bounds: loom verify, 20 steps of tiny at seq
+// 96, ring cp 2-4 x tp / ZeRO-3 / pp: loss 5.6e-6 - 2.0e-5, weights 1.5e-3 - 1.9e-3 against
+// 1e-4 and the flip bound 1.05e-2) and fp16 (attention in fp32, as the single process runs
+// it), allgather and ring beside Ulysses' above: loom verify's bf16 / fp16 bounds.
 TEST(ContextParallel, HalfPrecisionLayoutsEqualTheSingleProcessRun) {
-  for (const std::string precision : {"train.precision=bf16", "train.precision=fp16"})
+  for (const std::string precision : {"train.precision=bf16", "train.precision=fp16"}) {
     expect_layouts_match({precision}, {{"parallel.cp=2"},
                                        {"parallel.cp=3"},
                                        {"parallel.cp=2", "parallel.tp=2", "parallel.sp=true"},
                                        {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3"}});
-  expect_layouts_match({"train.precision=fp16"}, {{"parallel.cp=2", "parallel.cp_mode=ring"},
-                                                  {"parallel.cp=3", "parallel.cp_mode=ring"}});
+    expect_layouts_match({precision}, {{"parallel.cp=2", "parallel.cp_mode=ring"},
+                                       {"parallel.cp=3", "parallel.cp_mode=ring"}});
+  }
+  expect_layouts_match({"train.precision=bf16", "model.arch=llama", "model.kv_heads=2"},
+                       {{"parallel.cp=2", "parallel.cp_mode=ring", "parallel.recompute=selective"}});
 }
 
 // The gradient compressors over the dp x cp gradient group (a cp rank's gradient is its part
@@ -146,9 +152,6 @@ TEST(ContextParallel, CommunicationFormatsAndZeroPlusPlusCompose) {
 TEST(ContextParallel, RefusesWhatItDoesNotRunYet) {
   auto error = [](const Sets& sets) { return testing_support::error_message([&] { load_config("", tiny(sets)); }); };
   EXPECT_NE(error({"parallel.cp=5"}).find("use train.seq a multiple of 10"), std::string::npos);
-  EXPECT_NE(error({"parallel.cp=2", "train.precision=bf16", "parallel.cp_mode=ring"})
-                .find("use parallel.cp_mode = allgather or ulysses, or train.precision = fp32 or fp16"),
-            std::string::npos);
   EXPECT_NE(error({"parallel.cp=2", "parallel.dp=2", "parallel.reduce=adasum"}).find("use parallel.reduce = mean"),
             std::string::npos);
   EXPECT_NE(error({"parallel.cp=0"}).find("parallel.cp = 0: expected >= 1"), std::string::npos);

@@ -123,6 +123,20 @@ TEST(TwoBw, DataParallelReplicasEqualTheDelayedUpdateReference) {
                              "parallel.sync_warmup_steps=2"});
 }
 
+// Context parallelism inside each stage (issue 53): the stage's cp ranks apply the delayed
+// updates of their dp x cp-reduced gradients exactly as the same layout's reference, GPT and
+// Llama, allgather and ring, with dp 2.
+TEST(TwoBw, ContextParallelStagesEqualTheDelayedUpdateReference) {
+  const std::vector<std::string> llama = {"model.preset=llama", "model.layers=4", "model.d_model=64", "model.heads=4",
+                                          "model.kv_heads=2", "model.ffn=96"};
+  std::vector<std::string> layout = {"parallel.pp=2", "parallel.cp=2", "train.grad_accum=2", "train.batch=2"};
+  EXPECT_EQ(expect_equal_to_reference(layout).size(), 4u);
+  layout.insert(layout.end(), llama.begin(), llama.end());
+  expect_equal_to_reference(layout);
+  expect_equal_to_reference({"parallel.pp=2", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2",
+                             "train.grad_accum=2", "train.batch=4"});
+}
+
 // Validation and checkpoints flush the stream: the reference flushes at the same steps, a
 // resume from a mid-run checkpoint continues the run bit for bit, and pp = 1 is plain
 // training (nothing in flight to delay).

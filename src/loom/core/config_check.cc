@@ -356,13 +356,6 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
   };
   refuse(p.ps_servers > 0, "parallel.ps_servers", "set parallel.ps_servers = 0");
   refuse(c.data.bucketing, "data.bucketing", "set data.bucketing = false");
-  // Ring attention merges unnormalised weights (Note [Ring attention]): there is no probability
-  // to round to bf16 before P V reads it, as the bf16 run's attention does.
-  refuse(c.train.precision == Precision::kBf16 && p.cp_mode == CpMode::kRing,
-         "train.precision = bf16 and parallel.cp_mode = ring",
-         "use parallel.cp_mode = allgather or ulysses, or train.precision = fp32 or fp16");
-  refuse(p.pp > 1 && streams(p.schedule), "parallel.schedule = " + std::string(schedule_name(p.schedule)),
-         "use a flushing schedule (1f1b, gpipe, interleaved, zb-h1, zb-h2, zb-v)");
   // Adasum (Maleki et al.) combines independent gradients, averaging the parallel parts; the
   // ranks of a cp group hold parts of one gradient, which must be summed.
   if (p.reduce == GradReduce::kAdasum && p.cp > 1)

@@ -59,10 +59,13 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   mm_backward(a.datty, gw(g.attn_proj_w), gw(g.attn_proj_b), dattn, {s.atty, s.atty_h}, w.attn_proj_w, N, H * hd, C,
               fresh(2));
   const float* qkv = widen(s.qkv, s.qkv_h, N * Q);
-  if (recompute_[size_t(l)] == Recompute::kSelective)  // only P is needed: with bf16 storage
-    attend(s.atty_h ? dqkv : s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));  // s.atty is datty's buffer
+  // Only P is needed (ring attention kept its log-sum-exp): with bf16 storage s.atty is
+  // datty's buffer.
+  if (recompute_[size_t(l)] == Recompute::kSelective && !keeps_lse())
+    attend(s.atty_h ? dqkv : s.atty, s.probs, s.probs_h, qkv, B, T, doc_starts(sl));
   zero(dqkv, N * Q);
-  attend_backward(dqkv, a.datty, s.atty_h ? nullptr : s.atty, qkv, s.probs, s.probs_h, B, T);
+  attend_backward(dqkv, a.datty, {s.atty_h ? nullptr : s.atty, s.atty_h}, qkv, s.probs, s.probs_h, B, T,
+                  doc_starts(sl));
   if (!gpt) k_.rope_backward(dqkv, B, T, H, KV, hd, float(cfg_.rope_theta), cp_positions());
   mm_backward(a.dnorm, gw(g.qkv_w), gw(g.qkv_b), dqkv, {s.norm1, s.norm1_h}, w.qkv_w, N, C, Q, fresh(3));
   reduce_input_grad(a.dnorm, N);

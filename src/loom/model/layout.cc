@@ -164,13 +164,19 @@ float** view_field(ModelView& v, const std::string& name) {
   return nullptr;
 }
 
+int64_t key_seq_of(const ParallelConfig& p, int64_t seq_len) {
+  if (p.cp <= 1) return 0;
+  return p.cp_mode == CpMode::kRing ? kLseOnly : seq_len;
+}
+
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
                           int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
                           int w_slots, int64_t key_seq) {
   const int64_t tp = part.tp, N = micro_batch * seq, C = m.d_model, hd = m.head_dim();
   const int64_t Hl = m.heads / tp, KVl = m.kv_heads / tp, F = m.ffn / tp;
   const int64_t Q = (Hl + 2 * KVl) * hd, HD = Hl * hd, F2 = m.arch == Arch::kGpt ? F : 2 * F;
-  const int64_t P = micro_batch * Hl * seq * (key_seq > 0 ? key_seq : seq);
+  const bool lse = key_seq == kLseOnly;
+  const int64_t P = micro_batch * Hl * seq * (lse ? 1 : key_seq > 0 ? key_seq : seq);
   const bool split = sp && tp > 1;
   const int64_t Nr = split ? N / tp : N;
   auto take = [](int64_t n) { return (n + 15) / 16 * 16; };
@@ -179,14 +185,15 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   // rstd), MLP hidden (F2), its activation (F), block output.
   // Note [Lean residual stream]: with bf16 activations x1 lives in a shared buffer and the
   // block output only where keeps_block_output says.
+  const int64_t probs = lse ? take(P) : kept(P);
   auto block = [&](bool with_probs, bool keep_out) {
     const int64_t residual = bf16_activations ? (keep_out ? take(Nr * C) : 0) : 2 * take(Nr * C);
-    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs ? kept(P) : 0) + kept(N * HD) + kept(N * C) +
+    return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs || lse ? probs : 0) + kept(N * HD) + kept(N * C) +
            2 * take(Nr) + kept(N * F2) + kept(N * F) + residual;
   };
   const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
   const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
-  int64_t total = (any_full ? block(true, false) : 0) + (any_selective ? kept(P) : 0);
+  int64_t total = (any_full ? block(true, false) : 0) + (any_selective && !lse ? probs : 0);
   const auto chunks = part.resolved_chunks(m);
   if (bf16_activations)  // staging buffers; the shared x1 and, where used, the two block outputs
     total += take(N * (m.arch == Arch::kGpt ? std::max(C, HD) : std::max({C, HD, F}))) + take(N * std::max(Q, F2)) +

@@ -59,18 +59,18 @@ const float* Model::widen(float* f, const bf16* h, int64_t n) const {
 void Model::attend(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
                    const int32_t* doc_start) const {
   if (cp_.size > 1 && cp_.mode == CpMode::kUlysses) return attend_ulysses(out, probs, probs_h, qkv, B, T, doc_start);
-  if (cp_.size > 1 && cp_.mode == CpMode::kRing) return attend_ring(out, probs, qkv, B, T, doc_start);  // fp32 / fp16
+  if (keeps_lse()) return attend_ring(out, probs, qkv, B, T, doc_start);
   if (cp_.size > 1) return attend_cp(out, probs, probs_h, qkv, B, T, doc_start);
   const int64_t hd = cfg_.head_dim();
   if (k_.attention_forward_bf16) k_.attention_forward_bf16(out, probs, probs_h, qkv, B, T, Hl_, KVl_, hd, doc_start);
   else k_.attention_forward(out, probs, qkv, B, T, Hl_, KVl_, hd, doc_start);
 }
 
-void Model::attend_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* probs,
-                            const bf16* probs_h, int64_t B, int64_t T) const {
+void Model::attend_backward(float* dqkv, const float* dout, GemmIn out, const float* qkv, const float* probs,
+                            const bf16* probs_h, int64_t B, int64_t T, const int32_t* doc_start) const {
   if (cp_.size > 1 && cp_.mode == CpMode::kUlysses)
     return attend_ulysses_backward(dqkv, dout, qkv, probs, probs_h, B, T);
-  if (cp_.size > 1 && cp_.mode == CpMode::kRing) return attend_ring_backward(dqkv, dout, out, qkv, probs, B, T);
+  if (keeps_lse()) return attend_ring_backward(dqkv, dout, out, qkv, probs, B, T, doc_start);
   if (cp_.size > 1) return attend_cp_backward(dqkv, dout, qkv, probs, probs_h, B, T);
   const int64_t hd = cfg_.head_dim();
   if (k_.attention_backward_bf16) k_.attention_backward_bf16(dqkv, dout, qkv, probs, probs_h, B, T, Hl_, KVl_, hd);

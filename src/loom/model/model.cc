@@ -131,15 +131,15 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
   const int64_t max_batch = max_batch_, max_seq = max_seq_, N = max_batch * max_seq, C = cfg.d_model, hd = cfg.head_dim();
   // Local (this tp rank's) widths: heads Hl_, kv heads KVl_, MLP Fl_.
   const int64_t Q = (Hl_ + 2 * KVl_) * hd, HD = Hl_ * hd, F = Fl_, F2 = cfg.arch == Arch::kGpt ? F : 2 * F;
-  const int64_t P = max_batch * Hl_ * max_seq * key_len(max_seq), Nr = rows(N);  // Nr: residual-stream rows (sp: a shard)
+  const int64_t P = max_batch * Hl_ * max_seq * std::max<int64_t>(1, key_len(max_seq)), Nr = rows(N);  // Nr: residual-stream rows (sp: a shard)
   LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
              " rows divisible by tp = ", part.tp);
   Acts& a = *(acts_ = std::make_unique<Acts>());
   const bool gelu = cfg.arch == Arch::kGpt;  // Note [Lean residual stream]: the activation in place
   const bool any_full = std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
-  const bool any_selective = std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
-  auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, in bf16 with bf16 storage
-    if (bf16_acts_) f = nullptr, h = c.take_bf16(P);
+  const bool shared_p = !keeps_lse() && std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
+  auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, bf16 with bf16 storage; ring's lse fp32
+    if (bf16_acts_ && !keeps_lse()) f = nullptr, h = c.take_bf16(P);
     else f = c.take(P), h = nullptr;
   };
   // (The measuring pass carves from a null base, so "shared" cannot be read off the pointer.)
@@ -172,7 +172,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
       if (shares_block_outputs(chunks_, recompute_)) a.res_out[0] = c.take(Nr * C), a.res_out[1] = c.take(Nr * C);
     }
     if (any_full) carve_block(c, a.recompute_block, false, false, 0);
-    if (any_selective) take_probs(c, a.shared_probs, a.shared_probs_h);
+    if (shared_p) take_probs(c, a.shared_probs, a.shared_probs_h);
     a.slots.assign(chunks_.size() * size_t(act_slots), {});
     for (size_t i = 0; i < a.slots.size(); i++) {
       Slot& sl = a.slots[i];
@@ -188,7 +188,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
           continue;
         }
         const int l = chunks_[chunk].first + int(j);
-        carve_block(c, b, r == Recompute::kSelective, keeps_block_output(recompute_, l, chunks_[chunk].second), j);
+        carve_block(c, b, shared_p && r == Recompute::kSelective, keeps_block_output(recompute_, l, chunks_[chunk].second), j);
       }
       if (chunk_has_embed(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
       else sl.dinput = c.take(Nr * C);

@@ -269,12 +269,14 @@ class Model {
   // The fp32 values of a kept activation: f itself, or h widened into f (a staging buffer).
   const float* widen(float* f, const bf16* h, int64_t n) const;
   // Attention of one block at this precision: bf16 rounds and keeps P (probs_h, or probs
-  // in fp32 storage; Note [bf16 attention probabilities]); fp32 / fp16 keep probs.
+  // in fp32 storage; Note [bf16 attention probabilities]); fp32 / fp16 keep probs. Ring
+  // attention keeps each row's log-sum-exp in probs instead (keeps_lse()).
   void attend(float* out, float* probs, bf16* probs_h, const float* qkv, int64_t B, int64_t T,
               const int32_t* doc_start) const;
-  // out: the attention's output (ring attention's backward reads it; null with bf16 storage).
-  void attend_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* probs,
-                       const bf16* probs_h, int64_t B, int64_t T) const;
+  // out: the attention's output, fp32 or kept in bf16 (ring attention's backward reads it,
+  // and the doc starts: it recomputes the probabilities).
+  void attend_backward(float* dqkv, const float* dout, GemmIn out, const float* qkv, const float* probs,
+                       const bf16* probs_h, int64_t B, int64_t T, const int32_t* doc_start) const;
   // Note [Context-parallel attention] (context_parallel.cc): the cp group's K|V in position
   // order, the rows' attention against it, and backward's dK|dV reduce-scattered to their
   // owners and added into dqkv.
@@ -307,14 +309,18 @@ class Model {
                                const bf16* probs_h, int64_t B, int64_t T) const;
   // Note [Ring attention] (ring_attention.cc): K|V blocks around the cp ring.
   void attend_ring(float* out, float* probs, const float* qkv, int64_t B, int64_t T, const int32_t* doc_start) const;
-  void attend_ring_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* probs,
-                            int64_t B, int64_t T) const;
+  void attend_ring_backward(float* dqkv, const float* dout, GemmIn out, const float* qkv, const float* lse,
+                            int64_t B, int64_t T, const int32_t* doc_start) const;
+  // Ring attention keeps one fp32 log-sum-exp per query row for its backward, not P.
+  bool keeps_lse() const { return cp_.size > 1 && cp_.mode == CpMode::kRing; }
   // A local row's position in its sequence (Note [Context-parallel chunks]), and all of them
   // (null without context parallelism: row t is position t).
   int64_t position(int64_t t) const { return cp_.size > 1 ? cp_.positions[size_t(cp_.rank)][size_t(t)] : t; }
   const int32_t* cp_positions() const { return cp_.size > 1 ? cp_.positions[size_t(cp_.rank)].data() : nullptr; }
-  // Keys a query row may see: the whole sequence under context parallelism, else the rows.
-  int64_t key_len(int64_t T) const { return cp_.size > 1 ? cp_.seq : T; }
+  // Floats kept per query row for attention's backward: P over the keys it may see (the
+  // whole sequence under context parallelism, else the rows), or ring attention's one
+  // log-sum-exp; as activation_floats's key_seq.
+  int64_t key_len(int64_t T) const { return keeps_lse() ? kLseOnly : cp_.size > 1 ? cp_.seq : T; }
   void add_positions(float* x, int64_t B, int64_t T) const;     // x (B,T,C) += wpe at the rows' positions
   void add_position_grads(const float* d, int64_t B, int64_t T);  // dwpe at the rows' positions += d (B,T,C)
   void mm_forward(float* out, GemmIn in, const float* w, const float* b, int64_t N, int64_t IC, int64_t OC) const;

@@ -5,7 +5,10 @@
 // again with its dK|dV travelling beside it: at step s the rank adds its rows' share into
 // the block it holds and hands block and gradient on; after cp steps every gradient is back
 // with its owner and is added into the owner's dqkv. The K|V block moves while the step
-// computes; the gradient, written by the step, moves after it.
+// computes; the gradient, written by the step, moves after it. Between the passes a rank
+// keeps each query row's log-sum-exp (B,H,T) in the layer's probs buffer, not P (B,H,T,cp T):
+// the backward step recomputes its block's probabilities, so attention's saved state grows
+// with T/cp, not with T^2/cp.
 #include <cmath>
 #include <utility>
 
@@ -14,7 +17,7 @@
 
 namespace loom {
 
-void Model::attend_ring(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
+void Model::attend_ring(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                         const int32_t* doc_start) const {
   const int64_t hd = cfg_.head_dim(), kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
   const int cp = cp_.size;
@@ -29,22 +32,25 @@ void Model::attend_ring(float* out, float* probs, const float* qkv, int64_t B, i
     std::function<void()> arrived;
     if (s + 1 < cp) arrived = cp_.comm->ring_shift(cur, next, block);
     span("cp ring step", s, true);  // the kernel alone: the trace shows the shift beside it
-    k_.ring_attention_step(cp_out_.data(), cp_ml_.data(), probs, qkv, cur, cp_positions(),
-                           cp_.positions[size_t(src)].data(), B, T, T, cp_.seq, Hl_, KVl_, hd, doc_start);
+    k_.ring_attention_step(cp_out_.data(), cp_ml_.data(), qkv, cur, cp_positions(), cp_.positions[size_t(src)].data(),
+                           B, T, T, Hl_, KVl_, hd, doc_start);
     span("cp ring step", s, false);
     if (arrived) arrived();
     std::swap(cur, next);
   }
-  k_.ring_attention_finish(out, probs, cp_out_.data(), cp_ml_.data(), cp_positions(), B, T, cp_.seq, Hl_, hd,
-                           doc_start);
+  k_.ring_attention_finish(out, lse, cp_out_.data(), cp_ml_.data(), B, T, Hl_, hd);
 }
 
-void Model::attend_ring_backward(float* dqkv, const float* dout, const float* out, const float* qkv,
-                                 const float* probs, int64_t B, int64_t T) const {
-  LOOM_CHECK(out != nullptr, "ring attention's backward needs the attention output (fp32 activations)");
+void Model::attend_ring_backward(float* dqkv, const float* dout, GemmIn out_in, const float* qkv, const float* lse,
+                                 int64_t B, int64_t T, const int32_t* doc_start) const {
   const int64_t hd = cfg_.head_dim(), kvrow = 2 * KVl_ * hd, block = B * T * kvrow;
   const int64_t C = Hl_ * hd;
   const int cp = cp_.size;
+  const float* out = out_in.f;
+  if (out_in.h) {  // kept in bf16: widened into cp_out_, the forward's accumulator
+    cp_out_.resize(size_t(B * T * C));
+    out = widen(cp_out_.data(), out_in.h, B * T * C);
+  }
   // D (B,H,T) = rowsum(dO * O): every key's sum of p_j dP_j in one dot product a row (in
   // cp_ml_, the forward's (m, l) being done with).
   cp_ml_.resize(size_t(B * Hl_ * T));
@@ -67,8 +73,8 @@ void Model::attend_ring_backward(float* dqkv, const float* dout, const float* ou
     std::function<void()> arrived;
     if (s + 1 < cp) arrived = cp_.comm->ring_shift(kv, kv_next, block);
     span("cp ring step", s, true);
-    k_.ring_attention_backward_step(dqkv, dkv, dout, cp_ml_.data(), qkv, kv, probs, cp_positions(),
-                                    cp_.positions[size_t(src)].data(), B, T, T, cp_.seq, Hl_, KVl_, hd);
+    k_.ring_attention_backward_step(dqkv, dkv, dout, cp_ml_.data(), qkv, kv, lse, cp_positions(),
+                                    cp_.positions[size_t(src)].data(), B, T, T, Hl_, KVl_, hd, doc_start);
     span("cp ring step", s, false);
     cp_.comm->ring_shift(dkv, dkv_next, block)();  // the gradient goes on to where its block goes next
     if (arrived) arrived();

@@ -189,8 +189,9 @@ void cp_before_attention(std::vector<Op>& ops, const LayerShape& x) {
 // loom's ring (parallel.cp_mode = ring, Note [Ring attention]) shifts each rank's K|V block
 // (n 2 kv / t values) cp - 1 times while the attention kernel computes on the block it
 // holds: those shifts cost only what the kernel's time does not cover; backward shifts the
-// blocks again under its kernel and each block's dK|dV cp times after the step that wrote
-// it (exposed). Priced after the attention op, whose time the pass hands to it.
+// blocks again under its kernel (2.5x the forward's: it recomputes the scores from each row's
+// log-sum-exp) and each block's dK|dV cp times after the step that wrote it (exposed).
+// Priced after the attention op, whose time the pass hands to it.
 void cp_after_attention(std::vector<Op>& ops, const LayerShape& x) {
   const double n = x.tokens(), dt = x.dtype_bytes, kv = x.g * (x.h / x.a);
   if (x.cp > 1 && x.cp_ulysses) ops.push_back(comm("cp_out_to_rows", OpKind::kAllToAll, Axis::kCp, n * x.h / x.t * dt));
@@ -232,10 +233,13 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
     a.bytes = 2 * n * (x.h + 2 * kv) / x.t * dt + n * x.a / x.t * 4;
     ops.push_back(a);
   } else if (x.fused_attention) {
-    Op a = gemm("attention", rows, x.s, hd, dt, heads, true);
+    // loom's ring (Note [Ring attention]) keeps each row's log-sum-exp, not P, and its
+    // backward recomputes the scores (priced in add_backward).
+    const bool ring = x.cp > 1 && x.cp_ring;
+    Op a = gemm(ring ? "ring_attention" : "attention", rows, x.s, hd, dt, heads, true);
     a.kind = Op::Kind::kAttention;
     a.flops *= 2;  // QK^T and PV
-    a.bytes = probs * dt + 2 * n * (x.h + 2 * kv) / x.t * dt;
+    a.bytes = (ring ? n * x.a / x.t * 4 : probs * dt) + 2 * n * (x.h + 2 * kv) / x.t * dt;
     ops.push_back(a);
   } else {
     ops.push_back(gemm("scores", rows, x.s, hd, dt, heads, true));

@@ -46,9 +46,10 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
   double attention_s = 0;  // Note [Ring attention pricing]
   for (const Op& o : ops) {
     if (o.kind == Op::Kind::kAttention) {
-      // loom's backward kernel does about twice the forward's work; flash attention's
-      // recomputes the scores too (2.5x, Dao et al.).
-      attention_s = (o.name == "flash_attention" ? 2.5 : 2.0) * kernel_time_s(c.device, o);
+      // loom's backward kernel does about twice the forward's work; flash attention's and
+      // loom's ring attention's recompute the scores too (2.5x, Dao et al.).
+      const bool rescore = o.name == "flash_attention" || o.name == "ring_attention";
+      attention_s = (rescore ? 2.5 : 2.0) * kernel_time_s(c.device, o);
       p.compute += attention_s;
     } else if (o.kind == Op::Kind::kComm && o.ring_steps > 0) {
       const double shift = collective_time_s(c, o.coll, o.bytes, pl.cp);

@@ -1,7 +1,9 @@
 #include "loom/train/trainer.h"
+
 #include "loom/modes/ps/ps_server.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <cblas.h>
 
@@ -326,6 +328,10 @@ void report_memory(Reporter& rep, const Config& cfg, Engine& e, const Updater& u
   sum.memory_peak_total_bytes = e.memory.peak_total();
   os << "; at most " << bytes_text(sum.memory_peak_total_bytes) << " at once";
   if (cfg.memory.limit_gib > 0) os << " (budget memory.limit_gib = " << cfg.memory.limit_gib << ")";
+  // Beside the tracked buffers: everything the process touched (scratch, the kernels' per-thread
+  // buffers, the loaders; ranks run as threads share one process).
+  struct rusage ru {};
+  if (::getrusage(RUSAGE_SELF, &ru) == 0) os << "; process peak RSS " << bytes_text(int64_t(ru.ru_maxrss) * 1024);
   if (const StateFile* f = u.adamw().offload_file()) {
     sum.offload_read_bytes = f->bytes_read(), sum.offload_written_bytes = f->bytes_written();
     os << (cfg.offload.params == OffloadTier::kDisk ? "; optimizer and parameter offload: " : "; optimizer offload: ") << bytes_text(f->bytes_read()) << " read, " << bytes_text(f->bytes_written())

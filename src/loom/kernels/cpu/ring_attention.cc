@@ -1,5 +1,6 @@
 // Ring attention's steps (Note [Ring attention], kernels/ops.inc): a rank's query rows
-// against one block of keys and values with the online softmax, and the block's backward.
+// against one block of keys and values with the online softmax, and the block's backward,
+// which recomputes the block's probabilities from the scores and the row's log-sum-exp.
 // Queries and keys come in runs of consecutive positions (position_runs.h); per (batch, head)
 // the GEMMs run over each (query run, key run) pair that has a visible key (the key run
 // starts at or before the query run's last position): a zig-zag rank's late chunk meets a
@@ -34,9 +35,9 @@ std::vector<Pair> visible_pairs(const int32_t* q_pos, int64_t Tq, const int32_t*
 
 }  // namespace
 
-void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, const float* kv, const int32_t* q_pos,
-                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV,
-                         int64_t hd, const int32_t* doc_start) {
+void ring_attention_step(float* acc, float* ml, const float* qkv, const float* kv, const int32_t* q_pos,
+                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t H, int64_t KV, int64_t hd,
+                         const int32_t* doc_start) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
   const std::vector<Pair> pairs = visible_pairs(q_pos, Tq, k_pos, Tb);
@@ -65,14 +66,8 @@ void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, 
       const float m = std::max(st[0], mx), c = std::exp(st[0] - m);
       float l = st[1] * c;
       for (int64_t e = 0; e < hd; e++) a[t * C + e] *= c;
-      float* p = probs + (bh * Tq + t) * Tk;
       for (int64_t u = 0; u < Tb; u++) {
-        if (k_pos[u] < lo || k_pos[u] > hi) {
-          sr[u] = 0.0f;
-          continue;
-        }
-        p[k_pos[u]] = sr[u];
-        sr[u] = std::exp(sr[u] - m);
+        sr[u] = k_pos[u] < lo || k_pos[u] > hi ? 0.0f : std::exp(sr[u] - m);
         l += sr[u];
       }
       st[0] = m, st[1] = l;
@@ -83,17 +78,15 @@ void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, 
   }
 }
 
-void ring_attention_finish(float* out, float* probs, const float* acc, const float* ml, const int32_t* q_pos, int64_t B,
-                           int64_t Tq, int64_t Tk, int64_t H, int64_t hd, const int32_t* doc_start) {
+void ring_attention_finish(float* out, float* lse, const float* acc, const float* ml, int64_t B, int64_t Tq, int64_t H,
+                           int64_t hd) {
   const int64_t C = H * hd;
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; bh++) {
     const int64_t b = bh / H, h = bh % H;
     for (int64_t t = 0; t < Tq; t++) {
-      const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t];
-      const float m = ml[(bh * Tq + t) * 2], inv = 1.0f / ml[(bh * Tq + t) * 2 + 1];
-      float* p = probs + (bh * Tq + t) * Tk;
-      for (int64_t j = 0; j < Tk; j++) p[j] = j >= lo && j <= hi ? std::exp(p[j] - m) * inv : 0.0f;
+      const float m = ml[(bh * Tq + t) * 2], l = ml[(bh * Tq + t) * 2 + 1], inv = 1.0f / l;
+      lse[bh * Tq + t] = m + std::log(l);
       const int64_t at = (b * Tq + t) * C + h * hd;
       for (int64_t e = 0; e < hd; e++) out[at + e] = acc[at + e] * inv;
     }
@@ -102,8 +95,9 @@ void ring_attention_finish(float* out, float* probs, const float* acc, const flo
 
 // Over (batch, kv head) tasks: the query heads of one group add into the same dK, dV rows.
 void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, const float* D, const float* qkv,
-                                  const float* kv, const float* probs, const int32_t* q_pos, const int32_t* k_pos,
-                                  int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+                                  const float* kv, const float* lse, const int32_t* q_pos, const int32_t* k_pos,
+                                  int64_t B, int64_t Tq, int64_t Tb, int64_t H, int64_t KV, int64_t hd,
+                                  const int32_t* doc_start) {
   const int64_t row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd, group = H / KV, C = H * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
   const std::vector<Pair> pairs = visible_pairs(q_pos, Tq, k_pos, Tb);
@@ -117,18 +111,23 @@ void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, co
     float* dk = dkv + b * Tb * kvrow + kh * hd;
     float* dv = dkv + b * Tb * kvrow + (KV + kh) * hd;
     for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-      const float* p = probs + (b * H + h) * Tq * Tk;
       const float* dy = dout + b * Tq * C + h * hd;
       const float* q = qkv + b * Tq * row + h * hd;
       const float* Dh = D + (b * H + h) * Tq;
+      const float* Lh = lse + (b * H + h) * Tq;
       float* dq = dqkv + b * Tq * row + h * hd;
       for (const Pair& x : pairs) {
         const int64_t n = x.t1 - x.t0, m = x.u1 - x.u0;
         float* P = pb + x.t0 * Tb + x.u0;
         float* dS = ds + x.t0 * Tb + x.u0;
-        // The pair's columns of P (0 where masked: the finished probabilities are).
-        for (int64_t t = x.t0; t < x.t1; t++)
-          for (int64_t u = x.u0; u < x.u1; u++) pb[t * Tb + u] = k_pos[u] <= q_pos[t] ? p[t * Tk + k_pos[u]] : 0.0f;
+        // The pair's P recomputed: e^(scale q.k - lse) where visible, else 0.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, hd, scale, q + x.t0 * row, row, k + x.u0 * kvrow,
+                    kvrow, 0.0f, P, Tb);
+        for (int64_t t = x.t0; t < x.t1; t++) {
+          const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0;
+          for (int64_t u = x.u0; u < x.u1; u++)
+            pb[t * Tb + u] = k_pos[u] >= lo && k_pos[u] <= q_pos[t] ? std::exp(pb[t * Tb + u] - Lh[t]) : 0.0f;
+        }
         // dP = dO V^T ; dV += P^T dO
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, hd, 1.0f, dy + x.t0 * C, C, v + x.u0 * kvrow, kvrow,
                     0.0f, dS, Tb);

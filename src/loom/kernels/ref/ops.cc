@@ -80,21 +80,23 @@ void cp_attention_backward(float* dqkv, float* dkv, const float* dout, const flo
   tmpl::cp_attention_backward<float>(dqkv, dkv, dout, qkv, kv, probs, q_pos, B, Tq, Tk, H, KV, hd);
 }
 
-void ring_attention_step(float* acc, float* ml, float* probs, const float* qkv, const float* kv, const int32_t* q_pos,
-                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV,
-                         int64_t hd, const int32_t* doc_start) {
-  tmpl::ring_attention_step<float>(acc, ml, probs, qkv, kv, q_pos, k_pos, B, Tq, Tb, Tk, H, KV, hd, doc_start);
+void ring_attention_step(float* acc, float* ml, const float* qkv, const float* kv, const int32_t* q_pos,
+                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t H, int64_t KV, int64_t hd,
+                         const int32_t* doc_start) {
+  tmpl::ring_attention_step<float>(acc, ml, qkv, kv, q_pos, k_pos, B, Tq, Tb, H, KV, hd, doc_start);
 }
 
-void ring_attention_finish(float* out, float* probs, const float* acc, const float* ml, const int32_t* q_pos, int64_t B,
-                           int64_t Tq, int64_t Tk, int64_t H, int64_t hd, const int32_t* doc_start) {
-  tmpl::ring_attention_finish<float>(out, probs, acc, ml, q_pos, B, Tq, Tk, H, hd, doc_start);
+void ring_attention_finish(float* out, float* lse, const float* acc, const float* ml, int64_t B, int64_t Tq, int64_t H,
+                           int64_t hd) {
+  tmpl::ring_attention_finish<float>(out, lse, acc, ml, B, Tq, H, hd);
 }
 
 void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, const float* D, const float* qkv,
-                                  const float* kv, const float* probs, const int32_t* q_pos, const int32_t* k_pos,
-                                  int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
-  tmpl::ring_attention_backward_step<float>(dqkv, dkv, dout, D, qkv, kv, probs, q_pos, k_pos, B, Tq, Tb, Tk, H, KV, hd);
+                                  const float* kv, const float* lse, const int32_t* q_pos, const int32_t* k_pos,
+                                  int64_t B, int64_t Tq, int64_t Tb, int64_t H, int64_t KV, int64_t hd,
+                                  const int32_t* doc_start) {
+  tmpl::ring_attention_backward_step<float>(dqkv, dkv, dout, D, qkv, kv, lse, q_pos, k_pos, B, Tq, Tb, H, KV, hd,
+                                            doc_start);
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {

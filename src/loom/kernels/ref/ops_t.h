@@ -341,11 +341,17 @@ void cp_attention_backward(S* dqkv, S* dkv, const S* dout, const S* qkv, const S
 
 // Note [Ring attention] (ops.inc): one block of keys with the online softmax; scores in fp64.
 template <typename S>
-void ring_attention_step(S* acc, S* ml, S* probs, const S* qkv, const S* kv, const int32_t* q_pos,
-                         const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb, int64_t Tk, int64_t H, int64_t KV,
-                         int64_t hd, const int32_t* doc_start) {
+double ring_score(const S* qr, const S* kr, int64_t hd) {
+  double d = 0;
+  for (int64_t e = 0; e < hd; e++) d += double(qr[e]) * kr[e];
+  return d / std::sqrt(double(hd));
+}
+
+template <typename S>
+void ring_attention_step(S* acc, S* ml, const S* qkv, const S* kv, const int32_t* q_pos, const int32_t* k_pos,
+                         int64_t B, int64_t Tq, int64_t Tb, int64_t H, int64_t KV, int64_t hd,
+                         const int32_t* doc_start) {
   const int64_t group = H / KV, row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd;
-  const double scale = 1.0 / std::sqrt(double(hd));
   std::vector<double> s(static_cast<size_t>(Tb)), a(static_cast<size_t>(hd));
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
@@ -355,10 +361,7 @@ void ring_attention_step(S* acc, S* ml, S* probs, const S* qkv, const S* kv, con
         double mx = -INFINITY;
         for (int64_t u = 0; u < Tb; u++) {
           if (k_pos[u] < lo || k_pos[u] > hi) continue;
-          const S* kr = kv + (b * Tb + u) * kvrow + kh * hd;
-          double d = 0;
-          for (int64_t e = 0; e < hd; e++) d += double(qr[e]) * kr[e];
-          s[size_t(u)] = d * scale;
+          s[size_t(u)] = ring_score(qr, kv + (b * Tb + u) * kvrow + kh * hd, hd);
           mx = std::max(mx, s[size_t(u)]);
         }
         if (mx == -INFINITY) continue;  // no key of this block is visible
@@ -367,12 +370,10 @@ void ring_attention_step(S* acc, S* ml, S* probs, const S* qkv, const S* kv, con
         const double m = std::max(double(st[0]), mx), c = std::exp(double(st[0]) - m);
         double l = double(st[1]) * c;
         for (int64_t e = 0; e < hd; e++) a[size_t(e)] = double(out[e]) * c;
-        S* p = probs + ((b * H + h) * Tq + t) * Tk;
         for (int64_t u = 0; u < Tb; u++) {
           if (k_pos[u] < lo || k_pos[u] > hi) continue;
           const double w = std::exp(s[size_t(u)] - m);
           l += w;
-          p[k_pos[u]] = S(s[size_t(u)]);
           const S* vr = kv + (b * Tb + u) * kvrow + (KV + kh) * hd;
           for (int64_t e = 0; e < hd; e++) a[size_t(e)] += w * vr[e];
         }
@@ -382,43 +383,39 @@ void ring_attention_step(S* acc, S* ml, S* probs, const S* qkv, const S* kv, con
 }
 
 template <typename S>
-void ring_attention_finish(S* out, S* probs, const S* acc, const S* ml, const int32_t* q_pos, int64_t B, int64_t Tq,
-                           int64_t Tk, int64_t H, int64_t hd, const int32_t* doc_start) {
+void ring_attention_finish(S* out, S* lse, const S* acc, const S* ml, int64_t B, int64_t Tq, int64_t H, int64_t hd) {
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t t = 0; t < Tq; t++) {
-        const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0, hi = q_pos[t];
         const S* st = ml + ((b * H + h) * Tq + t) * 2;
         const double m = st[0], l = st[1];
-        S* p = probs + ((b * H + h) * Tq + t) * Tk;
-        for (int64_t j = 0; j < Tk; j++) p[j] = j >= lo && j <= hi ? S(std::exp(double(p[j]) - m) / l) : S(0);
+        lse[(b * H + h) * Tq + t] = S(m + std::log(l));
         const int64_t at = (b * Tq + t) * H * hd + h * hd;
         for (int64_t e = 0; e < hd; e++) out[at + e] = S(double(acc[at + e]) / l);
       }
 }
 
 template <typename S>
-void ring_attention_backward_step(S* dqkv, S* dkv, const S* dout, const S* D, const S* qkv, const S* kv,
-                                  const S* probs, const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq,
-                                  int64_t Tb, int64_t Tk, int64_t H, int64_t KV, int64_t hd) {
+void ring_attention_backward_step(S* dqkv, S* dkv, const S* dout, const S* D, const S* qkv, const S* kv, const S* lse,
+                                  const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tb,
+                                  int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
   const int64_t group = H / KV, row = (H + 2 * KV) * hd, kvrow = 2 * KV * hd;
   const double scale = 1.0 / std::sqrt(double(hd));
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t t = 0; t < Tq; t++) {
-        const int64_t kh = h / group;
-        const S* p = probs + ((b * H + h) * Tq + t) * Tk;
+        const int64_t kh = h / group, lo = doc_start ? doc_start[b * Tq + t] : 0;
         const S* dy = dout + (b * Tq + t) * H * hd + h * hd;
         const S* qr = qkv + (b * Tq + t) * row + h * hd;
         S* dq = dqkv + (b * Tq + t) * row + h * hd;
-        const double Dt = D[(b * H + h) * Tq + t];
+        const double Dt = D[(b * H + h) * Tq + t], L = lse[(b * H + h) * Tq + t];
         for (int64_t u = 0; u < Tb; u++) {
-          if (k_pos[u] > q_pos[t]) continue;
-          const double pj = p[k_pos[u]];
+          if (k_pos[u] < lo || k_pos[u] > q_pos[t]) continue;
           const S* kr = kv + (b * Tb + u) * kvrow + kh * hd;
           const S* vr = kv + (b * Tb + u) * kvrow + (KV + kh) * hd;
           S* dk = dkv + (b * Tb + u) * kvrow + kh * hd;
           S* dv = dkv + (b * Tb + u) * kvrow + (KV + kh) * hd;
+          const double pj = std::exp(ring_score(qr, kr, hd) - L);
           double dp = 0;
           for (int64_t e = 0; e < hd; e++) dp += double(dy[e]) * vr[e];
           const double ds = pj * (dp - Dt) * scale;

@@ -26,6 +26,7 @@ model=(--set model.preset=gpt2 --set model.layers=6 --set model.d_model=384 --se
 # loom train for layout $1 at sequence $2 and $3 steps, output in $tmp/log.
 train() {
   local layout=$1 seq=$2 n=$3 cp=1 args=()
+  shift 3
   IFS=, read -ra kv <<< "$layout"
   for x in "${kv[@]}"; do
     args+=(--set "parallel.$x")
@@ -33,7 +34,7 @@ train() {
   done
   local launch=()
   [[ $cp -gt 1 ]] && launch=(--nproc "$cp")
-  build/release/loom train "${launch[@]}" "${model[@]}" "${args[@]}" --set "model.ctx=$seq" --set "train.seq=$seq" \
+  env -u OPENBLAS_CORETYPE build/release/loom train "${launch[@]}" "${model[@]}" "${args[@]}" --set "model.ctx=$seq" --set "train.seq=$seq" \
     --set train.batch=1 --set "train.steps=$n" --set train.val_every=0 --set train.val_batches=1 \
     --set checkpoint.dir= --set train.threads=1 --set "memory.limit_gib=$limit" "$@" > "$tmp/log" 2>&1
 }
@@ -44,7 +45,7 @@ fits() {
   train "$1" "$2" 1 &
   local pid=$!
   while kill -0 "$pid" 2> /dev/null; do
-    if grep -q "^loom train:\|^  corpus\|^corpus\|model .* params" "$tmp/log" 2> /dev/null; then
+    if grep -q "^loom train: " "$tmp/log" 2> /dev/null; then  # the header: past the memory check
       pkill -TERM -P "$pid" 2> /dev/null || true
       kill -TERM "$pid" 2> /dev/null || true
       wait "$pid" 2> /dev/null || true
@@ -85,5 +86,5 @@ for layout in "${layouts[@]}"; do
   per_rank=$(awk -v t="$tps" -v c="$cp" 'BEGIN { printf "%.1f", t / c }')
   if [[ $base_seq -eq 0 ]]; then base_seq=$seq base_tps=$per_rank; fi
   awk -v l="$layout" -v s="$seq" -v b="$base_seq" -v t="$per_rank" -v bt="$base_tps" -v m="$mem" 'BEGIN {
-    printf "%-22s longest seq %6d (%.2fx the first layout's)  %8.1f tokens/s per rank (%.2fx)  %s\n", l, s, s / b, t, t / bt, m }'
+    printf "%-22s longest seq %6d (%.2fx the first layout)  %8.1f tokens/s per rank (%.2fx)  %s\n", l, s, s / b, t, t / bt, m }'
 done

@@ -8,6 +8,7 @@
 #include <set>
 #include <random>
 
+#include "loom/core/error.h"
 #include "loom/data/length_buckets.h"
 #include "support/error_message.h"
 
@@ -88,6 +89,27 @@ TEST(LengthBuckets, BucketLengthIsTheSmallestBucketThatHolds) {
         ASSERT_EQ(plan.bucket_length(len), want) << "seq " << seq << " buckets " << buckets << " length " << len;
       }
     }
+}
+
+// Context parallelism's rounding: each bucket length rounded up to the multiple (2 cp), never
+// past seq; a seq that is not a multiple is refused naming both.
+TEST(LengthBuckets, BucketLengthsRoundUpToTheMultiple) {
+  for (int64_t multiple : {int64_t(4), int64_t(6), int64_t(8)}) {
+    const int64_t seq = 48;
+    const BucketPlan plan({{1, 1}}, BucketOptions{seq, 6, 1, 0, multiple});
+    for (int64_t len = 1; len <= seq; len++) {
+      const int64_t plain = (len + 7) / 8 * 8, want = (plain + multiple - 1) / multiple * multiple;
+      ASSERT_EQ(plan.bucket_length(len), std::min(seq, want)) << "multiple " << multiple << " length " << len;
+      ASSERT_EQ(plan.bucket_length(len) % multiple, 0);
+    }
+  }
+  try {
+    BucketPlan({{1, 1}}, BucketOptions{50, 5, 1, 0, 4});
+    FAIL() << "seq 50 is no multiple of 4";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 4 need a sequence length that is one, not 50"), std::string::npos)
+        << e.what();
+  }
 }
 
 std::vector<Sample> random_samples(std::mt19937& rng, size_t n, int64_t seq) {

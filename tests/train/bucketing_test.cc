@@ -82,6 +82,34 @@ TEST(Bucketing, DpTimesGradAccumMatchesTheSingleProcessRun) {
   }
 }
 
+// Context parallelism (issue 53): each padded length rounded up to a multiple of 2 cp (cp 3:
+// 6, so lengths 8, 16, ... of the single run become 12, 18, ...), each rank keeping its chunks
+// of every bucketed micro-batch at their global positions; every cp mode, the plain split,
+// dp 2 x ZeRO-2 and tp 2: the single-process run's losses and weights within loom verify's
+// exact bounds (padding, more of it at cp 3, adds nothing; the same as the single run's at
+// cp 2 and 4, whose multiples 4 and 8 the lengths already are).
+TEST(Bucketing, ContextParallelMatchesTheSingleProcessRun) {
+  const FortuneShards shards;
+  auto keep = [](const Config& c) { return testing_support::train_keeping_params(c); };
+  const TrainSummary single = keep(shards.config({}))[0];
+  for (const auto& layout : std::vector<std::vector<std::string>>{
+           {"parallel.cp=2"},
+           {"parallel.cp=3", "parallel.cp_mode=ring"},
+           {"parallel.cp=4", "parallel.cp_mode=ulysses"},
+           {"parallel.cp=2", "parallel.cp_split=plain", "parallel.tp=2"},
+           {"parallel.cp=2", "parallel.dp=2", "train.grad_accum=3", "parallel.zero=2"}}) {
+    const std::vector<TrainSummary> par = keep(shards.config(layout));
+    std::string at;
+    for (const std::string& x : layout) at += x + " ";
+    const VerifyRow row = compare_runs(at, single, par[0]);
+    EXPECT_TRUE(row.ok) << at << ": " << row.error << " loss rel " << row.max_loss_rel << ", weight "
+                        << row.max_weight_abs;
+    if (layout[0] == "parallel.cp=3") EXPECT_GT(par[0].padding_fraction, single.padding_fraction) << at;
+    else if (layout.back().find("zero") == std::string::npos)  // grad_accum 3 pads smaller micro-batches
+      EXPECT_EQ(par[0].padding_fraction, single.padding_fraction) << at;
+  }
+}
+
 TEST(Bucketing, RefusesLayoutsAndDataItCannotRun) {
   const FortuneShards shards;
   using testing_support::error_message;

@@ -355,7 +355,6 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
     if (bad) errs.push_back(is + "with " + what + ": not built for context parallelism yet; " + fix);
   };
   refuse(p.ps_servers > 0, "parallel.ps_servers", "set parallel.ps_servers = 0");
-  refuse(c.data.bucketing, "data.bucketing", "set data.bucketing = false");
   // Adasum (Maleki et al.) combines independent gradients, averaging the parallel parts; the
   // ranks of a cp group hold parts of one gradient, which must be summed.
   if (p.reduce == GradReduce::kAdasum && p.cp > 1)

@@ -44,6 +44,8 @@ BucketPlan::BucketPlan(std::vector<Sample> samples, const BucketOptions& opt) : 
   LOOM_CHECK(opt.seq > 0 && opt.buckets >= 1 && opt.buckets <= opt.seq, "data.buckets = ", opt.buckets,
              " must be between 1 and the sequence length ", opt.seq);
   LOOM_CHECK(opt.pool >= 1, "data.bucket_pool = ", opt.pool, " must be at least 1");
+  LOOM_CHECK(opt.multiple >= 1 && opt.seq % opt.multiple == 0, "padded lengths in multiples of ", opt.multiple,
+             " need a sequence length that is one, not ", opt.seq);
 }
 
 int64_t BucketPlan::bucket_length(int64_t length) const {
@@ -51,7 +53,8 @@ int64_t BucketPlan::bucket_length(int64_t length) const {
   // ceil(i seq / b) >= length  <=>  i seq / b > length - 1  <=>  i > (length - 1) b / seq,
   // so the smallest such i is floor((length - 1) b / seq) + 1.
   const int64_t i = (length - 1) * opt_.buckets / opt_.seq + 1;
-  return (i * opt_.seq + opt_.buckets - 1) / opt_.buckets;
+  const int64_t bucket = (i * opt_.seq + opt_.buckets - 1) / opt_.buckets;
+  return std::min(opt_.seq, (bucket + opt_.multiple - 1) / opt_.multiple * opt_.multiple);
 }
 
 std::vector<Sample> BucketPlan::global_batch(int64_t step, int64_t B) const {

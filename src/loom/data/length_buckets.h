@@ -21,8 +21,10 @@
 //    rank k takes rows k, k + dp, ... so the ranks' lengths match (no rank waits for a
 //    longer one). A micro-batch is padded to its bucket: the smallest of the lengths
 //    ceil(i seq / data.buckets), i = 1..buckets, that holds its longest row (by default
-//    multiples of 8: few shapes, each a multiple of the vector width); padded positions
-//    have target kPadTarget (the kernels' kIgnoreTarget).
+//    multiples of 8: few shapes, each a multiple of the vector width), rounded up to a
+//    multiple of 2 cp (cp with the plain split) under context parallelism, so each cp rank
+//    holds its equal chunks of it; padded positions have target kPadTarget (the kernels'
+//    kIgnoreTarget).
 //  - Loss. Step loss = (sum of the real targets' losses) / R, R = the global batch's real
 //    target count (known to every rank from the plan, no communication), so any split
 //    over micro-batches and dp ranks gives exactly the gradient of one big batch.
@@ -52,6 +54,7 @@ struct BucketOptions {
   int64_t buckets = 1;  // padded lengths ceil(i seq / buckets), i = 1..buckets
   int64_t pool = 16;    // global batches per sorted megabatch (1: no length grouping)
   uint64_t seed = 0;
+  int64_t multiple = 1;  // padded lengths rounded up to a multiple of this (seq is one)
 };
 
 // One micro-batch of one rank: which samples, padded to what length.

@@ -33,6 +33,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   if (rc.cp_size > 1) {  // Note [Context-parallel chunks]: every cp rank's positions of a sequence
     o.cp.size = rc.cp_size, o.cp.rank = rc.cp_rank, o.cp.seq = cfg.seq_len(), o.cp.comm = rc.cp_comm.get();
     o.cp.positions = rc.plan->cp_positions, o.cp.mode = cfg.parallel.cp_mode;
+    o.cp.positions_at = [plan = rc.plan](int64_t seq) { return cp_positions_of(*plan, seq); };
   }
   o.sp = cfg.parallel.sp;
   o.recompute = rc.plan->recompute;

@@ -126,6 +126,7 @@ void Model::norm_backward(float* dx, float* gw, float* gb, const float* dfull, c
 }
 
 void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws) {
+  use_cp_length(T);
   Acts& a = *acts_;
   // A split backward's weight gradients are final only after its W (weight_chunk fires).
   auto ready = [&](int first_final) {

@@ -94,6 +94,14 @@ void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv,
   add_kv_columns(dqkv, cp_blocks_.data() + cp_.rank * block, B * T);
 }
 
+void Model::use_cp_length(int64_t T) {
+  if (cp_.size <= 1 || T * cp_.size == cp_.seq) return;
+  LOOM_CHECK(cp_.positions_at, "context parallelism was given no positions for a ", T * cp_.size,
+             "-token sequence (train.seq ", cp_.seq, ")");
+  cp_.seq = T * cp_.size;
+  cp_.positions = cp_.positions_at(cp_.seq);
+}
+
 void Model::take_kv_columns(float* kv, const float* qkv, int64_t rows) const {
   const int64_t hd = cfg_.head_dim(), row = (Hl_ + 2 * KVl_) * hd, kvrow = 2 * KVl_ * hd;
   for (int64_t n = 0; n < rows; ++n) std::memcpy(kv + n * kvrow, qkv + n * row + Hl_ * hd, size_t(kvrow) * sizeof(float));

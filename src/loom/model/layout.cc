@@ -164,9 +164,9 @@ float** view_field(ModelView& v, const std::string& name) {
   return nullptr;
 }
 
-int64_t key_seq_of(const ParallelConfig& p, int64_t seq_len) {
-  if (p.cp <= 1) return 0;
-  return p.cp_mode == CpMode::kRing ? kLseOnly : seq_len;
+int64_t key_seq_of(int64_t cp, CpMode mode, int64_t seq_len) {
+  if (cp <= 1) return 0;
+  return mode == CpMode::kRing ? kLseOnly : seq_len;
 }
 
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,

@@ -98,9 +98,10 @@ struct ModelPart {
 // attention, which keeps one fp32 log-sum-exp per query row instead of P (Note [Ring
 // attention]), in every layer that is not fully recomputed, and no shared P.
 inline constexpr int64_t kLseOnly = -1;
-// key_seq for a layout training sequences of seq_len tokens: kLseOnly under ring attention,
-// seq_len under other context parallelism (a rank's rows are seq_len / cp), else 0.
-int64_t key_seq_of(const ParallelConfig& p, int64_t seq_len);
+// key_seq for a layout training sequences of seq_len tokens over cp ranks in `mode`: kLseOnly
+// under ring attention, seq_len under other context parallelism (a rank's rows are seq_len /
+// cp), else 0.
+int64_t key_seq_of(int64_t cp, CpMode mode, int64_t seq_len);
 int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t micro_batch, int64_t seq,
                           int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
                           int w_slots = 0, int64_t key_seq = 0);

@@ -393,6 +393,7 @@ void Model::check_whole(const char* what) const {
 
 void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const float* x_in, int64_t B, int64_t T) {
   check_shape(B, T);
+  use_cp_length(T);
   const int64_t N = B * T, C = cfg_.d_model;
   if (chunk_has_embed(chunk)) {
     LOOM_CHECK(tokens != nullptr, "the embedding chunk needs tokens");

@@ -63,6 +63,8 @@ struct ContextParallel {
   std::vector<std::vector<int32_t>> positions;  // per cp rank: its positions, ascending (rank/cp_chunks.h)
   TpComm* comm = nullptr;                      // all-gather / reduce-scatter / all-to-all of equal blocks over the cp group
   CpMode mode = CpMode::kAllGather;            // allgather (context_parallel.cc), ulysses or ring (their files)
+  // Every cp rank's positions of a shorter whole sequence (a bucketed micro-batch's length).
+  std::function<std::vector<std::vector<int32_t>>(int64_t seq)> positions_at;
 };
 
 struct ModelOptions {
@@ -313,6 +315,9 @@ class Model {
                             int64_t B, int64_t T, const int32_t* doc_start) const;
   // Ring attention keeps one fp32 log-sum-exp per query row for its backward, not P.
   bool keeps_lse() const { return cp_.size > 1 && cp_.mode == CpMode::kRing; }
+  // A micro-batch of T rows a rank: every cp rank's positions of its whole T cp tokens (a
+  // bucketed batch is shorter than train.seq; Note [Length bucketing]).
+  void use_cp_length(int64_t T);
   // A local row's position in its sequence (Note [Context-parallel chunks]), and all of them
   // (null without context parallelism: row t is position t).
   int64_t position(int64_t t) const { return cp_.size > 1 ? cp_.positions[size_t(cp_.rank)][size_t(t)] : t; }

@@ -85,9 +85,15 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   for (const parallel::Bucket& b : parallel::plan_units(cfg.model, 1, part, &whole_units).buckets)
     plan.unit_floats.push_back(b.count);
   if (p.ps_servers > 0) plan.ps_keys = rank::ps_partition(plan.layout.total_floats(), int(p.ps_servers));
-  for (int r = 0; r < int(p.cp) && p.cp > 1; ++r)
-    plan.cp_positions.push_back(rank::cp_positions(cfg.seq_len(), int(p.cp), r, p.cp_split));
+  plan.cp = int(p.cp), plan.cp_split = p.cp_split;
+  if (p.cp > 1) plan.cp_positions = cp_positions_of(plan, cfg.seq_len());
   return plan;
+}
+
+std::vector<std::vector<int32_t>> cp_positions_of(const RankPlan& plan, int64_t seq) {
+  std::vector<std::vector<int32_t>> out;
+  for (int r = 0; r < plan.cp && plan.cp > 1; ++r) out.push_back(rank::cp_positions(seq, plan.cp, r, plan.cp_split));
+  return out;
 }
 
 std::vector<FlatRange> ps_saved_ranges(const RankPlan& server, const ModelConfig& m) {

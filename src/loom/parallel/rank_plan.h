@@ -52,7 +52,14 @@ struct RankPlan {
   std::vector<FlatRange> ps_keys;    // parameter servers: each of the shard's servers' key ranges
   // cp > 1 (Note [Context-parallel chunks]): each cp rank's global positions of a sequence.
   std::vector<std::vector<int32_t>> cp_positions;
+  int cp = 1;
+  CpSplit cp_split = CpSplit::kZigZag;
 };
+
+// Each cp rank's positions of a sequence of `seq` tokens (cp_positions is train.seq's): a
+// bucketed micro-batch's padded length (Note [Length bucketing]), a multiple of 2 cp (zigzag)
+// or cp (plain).
+std::vector<std::vector<int32_t>> cp_positions_of(const RankPlan& plan, int64_t seq);
 
 // Throws loom::Error when the layout's schedule does not finish (the validator's problem).
 // A parameter server's plan (Note [Parameter server with model parallelism]) is its shard's

@@ -189,7 +189,7 @@ double loom_activation_bytes(const Setup& s, int64_t r, const std::vector<int>& 
   const std::vector<Recompute>& rk = s.rk;
   auto floats = [&](const ModelPart& part, int slots, int w_slots = 0) {
     return double(activation_floats(cfg.model, part, cfg.micro_batch(), s.seq / s.cp, slots, rk, cfg.parallel.sp,
-                                    cfg.train.precision == Precision::kBf16, w_slots, key_seq_of(cfg.parallel, s.seq)));
+                                    cfg.train.precision == Precision::kBf16, w_slots, key_seq_of(s.cp, cfg.parallel.cp_mode, s.seq)));
   };
   ModelPart all = parallel::rank_part(cfg, int(r), 0);
   all.chunks = all.resolved_chunks(cfg.model);

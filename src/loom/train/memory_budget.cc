@@ -84,7 +84,7 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   if (rough < double(int64_t(1) << 56))
     acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
                                  cfg.train.precision == Precision::kBf16, rc.plan->w_slots,
-                                 key_seq_of(cfg.parallel, cfg.seq_len()));
+                                 key_seq_of(cfg.parallel.cp, cfg.parallel.cp_mode, cfg.seq_len()));
   std::vector<int64_t> units = rc.plan->unit_floats;
   std::sort(units.begin(), units.end(), std::greater<>());
   units.resize(std::min<size_t>(units.size(), 3));

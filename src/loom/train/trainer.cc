@@ -184,27 +184,40 @@ struct StepTokens {
 // scaling it by dp N / R (R: the global batch's real targets) makes the dp average of the
 // summed gradients the gradient of the global batch's mean over its R real targets. The
 // step's share is the sum: dp times this rank's part, as Updater averages over dp.
+// Context parallelism: dp counts the dp x cp ranks and a rank's N its rows of the padded
+// length (a multiple of 2 cp), which it keeps at its positions of that length.
 class BucketBatches final : public MicroBatches {
  public:
-  BucketBatches(const BucketLoader& data, int64_t step, int dp, double S)
-      : data_(data), plan_(data.plan(step)), dp_(dp), S_(S) {}
+  BucketBatches(const BucketLoader& data, int64_t step, const RankContext& rc, double S)
+      : data_(data), plan_(data.plan(step)), dp_(rc.dp_size), cp_(rc.cp_size), cp_rank_(rc.cp_rank), rank_(*rc.plan),
+        S_(S) {}
   StepTokens tokens() const { return {plan_.real_targets, plan_.positions}; }
   int64_t count() const override { return int64_t(plan_.micros.size()); }
   Shape shape(int64_t m) const override {
     const data::MicroPlan& mp = plan_.micros[size_t(m)];
-    const int64_t rows = int64_t(mp.rows.size()), N = rows * mp.seq;
+    const int64_t rows = int64_t(mp.rows.size()), N = rows * (mp.seq / cp_);
     const double scale = double(dp_) * double(N) / double(plan_.real_targets);
-    return {rows, mp.seq, float(scale * S_), scale};
+    return {rows, mp.seq / cp_, float(scale * S_), scale};
   }
   void fill(int64_t m, int32_t* tokens, int32_t* targets) const override {
-    data_.fill(plan_.micros[size_t(m)], tokens, targets);
+    const data::MicroPlan& mp = plan_.micros[size_t(m)];
+    if (cp_ == 1) return data_.fill(mp, tokens, targets);
+    const int64_t rows = int64_t(mp.rows.size()), T = mp.seq;
+    std::vector<int32_t> tok(size_t(rows * T)), tgt(tok.size());
+    data_.fill(mp, tok.data(), tgt.data());
+    const std::vector<int32_t> pos = cp_positions_of(rank_, T)[size_t(cp_rank_)];
+    const int64_t Tl = int64_t(pos.size());
+    for (int64_t b = 0; b < rows; ++b)
+      for (int64_t t = 0; t < Tl; ++t)
+        tokens[b * Tl + t] = tok[size_t(b * T + pos[size_t(t)])], targets[b * Tl + t] = tgt[size_t(b * T + pos[size_t(t)])];
   }
   double mean(double loss_sum) const override { return loss_sum; }
 
  private:
   const BucketLoader& data_;
   const BucketLoader::Step plan_;
-  int dp_;
+  int dp_, cp_, cp_rank_;
+  const RankPlan& rank_;
   double S_;
 };
 
@@ -213,7 +226,7 @@ class BucketBatches final : public MicroBatches {
 double step_gradients(Engine& e, const Config& cfg, const DataLoader& train_data, const BucketLoader* buckets,
                       int64_t step, double S, bool flush, StepTokens& tokens) {
   if (buckets) {
-    const BucketBatches batches(*buckets, step, e.rc.dp_size, S);
+    const BucketBatches batches(*buckets, step, e.rc, S);
     tokens = batches.tokens();
     return e.pass->run(batches, step, flush);
   }
@@ -524,7 +537,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
       l->keep_columns(rc.plan->cp_positions[size_t(rc.cp_rank)]);
   static_assert(data::kPadTarget == kIgnoreTarget);
   const std::unique_ptr<BucketLoader> buckets =
-      cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.dp_rank, rc.dp_size) : nullptr;
+      cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.data_rank(), rc.data_size()) : nullptr;
   check_fits(cfg, rc, mb, Tl);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, everyone(rc), rep);  // held to the end of the run
   Engine e(cfg, rc, mb, Tl);

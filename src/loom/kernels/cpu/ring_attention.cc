@@ -15,6 +15,7 @@
 #include "loom/kernels/cpu/ops.h"
 #include "loom/kernels/cpu/parallel.h"
 #include "loom/kernels/cpu/position_runs.h"
+#include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::cpu {
 
@@ -66,8 +67,8 @@ void ring_attention_step(float* acc, float* ml, const float* qkv, const float* k
       const float m = std::max(st[0], mx), c = std::exp(st[0] - m);
       float l = st[1] * c;
       for (int64_t e = 0; e < hd; e++) a[t * C + e] *= c;
-      for (int64_t u = 0; u < Tb; u++) {
-        sr[u] = k_pos[u] < lo || k_pos[u] > hi ? 0.0f : std::exp(sr[u] - m);
+      for (int64_t u = 0; u < Tb; u++) {  // exp_approx vectorises (vecmath.h), as the softmax's does
+        sr[u] = k_pos[u] < lo || k_pos[u] > hi ? 0.0f : exp_approx(sr[u] - m);
         l += sr[u];
       }
       st[0] = m, st[1] = l;
@@ -126,7 +127,7 @@ void ring_attention_backward_step(float* dqkv, float* dkv, const float* dout, co
         for (int64_t t = x.t0; t < x.t1; t++) {
           const int64_t lo = doc_start ? doc_start[b * Tq + t] : 0;
           for (int64_t u = x.u0; u < x.u1; u++)
-            pb[t * Tb + u] = k_pos[u] >= lo && k_pos[u] <= q_pos[t] ? std::exp(pb[t * Tb + u] - Lh[t]) : 0.0f;
+            pb[t * Tb + u] = k_pos[u] >= lo && k_pos[u] <= q_pos[t] ? exp_approx(pb[t * Tb + u] - Lh[t]) : 0.0f;
         }
         // dP = dO V^T ; dV += P^T dO
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, hd, 1.0f, dy + x.t0 * C, C, v + x.u0 * kvrow, kvrow,

@@ -184,7 +184,9 @@ TEST(DocumentMask, ParallelLayoutsMatchTheSingleProcessRun) {
            // Note [Ulysses attention]: the whole sequence's document starts on each rank's heads.
            {"data.doc_mask=true", "parallel.cp=2", "parallel.cp_mode=ulysses"},
            // Note [Ring attention]: each block's keys masked by their global positions.
-           {"data.doc_mask=true", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2"}}) {
+           {"data.doc_mask=true", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2"},
+           // and its backward recomputes each block's probabilities under the same mask.
+           {"data.doc_mask=true", "parallel.cp=4", "parallel.cp_mode=ring", "parallel.recompute=selective"}}) {
     const auto par = testing_support::train_as_threads(cfg(layout));
     ASSERT_EQ(par[0].losses.size(), single[0].losses.size());
     for (size_t i = 0; i < single[0].losses.size(); i++)

@@ -58,7 +58,7 @@ TEST(ContextParallel, LlamaLayoutsEqualTheSingleProcessRun) {
 // Note [Ulysses attention]: rows to heads by all-to-all, the whole sequence's attention on
 // heads / cp heads, back to rows: cp 2 and 4 (one head a rank), zigzag and plain, with tp 2 + sp
 // (cp splits the tp rank's 2 heads), dp 2 x ZeRO-3 and pp 2; Llama's GQA (4 heads, 2 kv heads)
-// at cp 2, alone and with dp 2 x ZeRO-2 x pp 2; bf16 and fp16.
+// at cp 2, alone and with dp 2 x ZeRO-2 x pp 2; cp 3 on six heads; bf16 and fp16.
 TEST(ContextParallel, UlyssesLayoutsEqualTheSingleProcessRun) {
   const std::string u = "parallel.cp_mode=ulysses";
   expect_layouts_match({}, {{"parallel.cp=2", u},
@@ -70,6 +70,11 @@ TEST(ContextParallel, UlyssesLayoutsEqualTheSingleProcessRun) {
   expect_layouts_match({"model.arch=llama", "model.kv_heads=2"},
                        {{"parallel.cp=2", u},
                         {"parallel.cp=2", u, "parallel.dp=2", "parallel.zero=2", "parallel.pp=2", "train.grad_accum=2"}});
+  // cp 3 (odd): six heads of 16, two a rank; Llama's 6 heads over 3 kv heads, one kv head a rank.
+  expect_layouts_match({"model.heads=6", "model.d_model=96"},
+                       {{"parallel.cp=3", u}, {"parallel.cp=3", u, "parallel.dp=2", "parallel.zero=3"}});
+  expect_layouts_match({"model.arch=llama", "model.heads=6", "model.kv_heads=3", "model.d_model=96"},
+                       {{"parallel.cp=3", u, "parallel.cp_split=plain"}});
   // bf16 and fp16 (each rank runs the whole sequence's attention kernel of that precision on
   // its heads): within loom verify's bf16 / fp16 bounds of the single process.
   for (const std::string precision : {"train.precision=bf16", "train.precision=fp16"})

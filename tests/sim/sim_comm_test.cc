@@ -131,6 +131,36 @@ TEST(Simulator, RingShiftsHideUnderTheAttentionKernel) {
   }
 }
 
+// Note [Ring attention pricing]: on a calibrated attention curve the ring's kernel is cp calls
+// over s / cp keys each, priced at the curve's efficiency for one call's FLOPs; the all-gather
+// mode's kernel is one call of the same FLOPs. With the curve rising with size, the ring's
+// calls run slower.
+TEST(Simulator, RingKernelIsCpCallsAtTheirOwnEfficiency) {
+  const sim::ClusterSpec c = sim::cluster_from_toml(
+      "name = \"cpu\"\nnodes = 1\ndevices_per_node = 4\n[device]\npeak_tflops = 0.1\nmemory_gib = 16\n"
+      "memory_gbps = 10\ndtype_bytes = 4\nmixed_precision = false\ngemm_efficiency = [[1, 1.0]]\n"
+      "memory_efficiency = [[1, 1.0]]\nattention_efficiency = [[1e6, 0.1], [1e10, 0.8]]\n[intra]\ngbps = 5\n"
+      "[inter]\ngbps = 1\n",
+      "test");
+  const ModelConfig m = load_config("", {"model.preset=gpt2"}).model;
+  const int64_t cp = 4;
+  auto attention = [&](bool ring) {
+    LayerShape x = LayerShape::of(m, 1, 4096, 1, cp, false, 4);
+    x.fused_attention = true, x.cp_ring = ring;
+    for (const Op& o : block_forward_ops(x))
+      if (o.kind == Op::Kind::kAttention) return o;
+    return Op{};
+  };
+  const Op ring = attention(true), gather = attention(false);
+  EXPECT_EQ(ring.calls, cp);
+  EXPECT_EQ(gather.calls, 1);
+  EXPECT_DOUBLE_EQ(ring.flops, gather.flops);
+  const double per = ring.flops / double(cp), d = c.device.peak_flops;
+  EXPECT_NEAR(kernel_time_s(c.device, ring),
+              double(cp) * (per / (d * c.device.attention_efficiency.at(per)) + c.device.kernel_overhead_s), 1e-15);
+  EXPECT_GT(kernel_time_s(c.device, ring), kernel_time_s(c.device, gather));
+}
+
 // Note [Parameter server with model parallelism] priced: with tp 2 x pp 2 workers each rank
 // pushes and pulls its own shard (its stage's tp slice) to that shard's S servers, so every
 // rank's round is the formula above over its own parameters, the shards' parameters add up

@@ -191,7 +191,9 @@ void cp_before_attention(std::vector<Op>& ops, const LayerShape& x) {
 // holds: those shifts cost only what the kernel's time does not cover; backward shifts the
 // blocks again under its kernel (2.5x the forward's: it recomputes the scores from each row's
 // log-sum-exp) and each block's dK|dV cp times after the step that wrote it (exposed).
-// Priced after the attention op, whose time the pass hands to it.
+// Priced after the attention op, whose time the pass hands to it. The kernel itself is cp
+// calls, one a step over the s / cp keys it brought, each priced at the calibrated attention
+// curve's efficiency for its own FLOPs (the per-chunk efficiency: smaller calls run slower).
 void cp_after_attention(std::vector<Op>& ops, const LayerShape& x) {
   const double n = x.tokens(), dt = x.dtype_bytes, kv = x.g * (x.h / x.a);
   if (x.cp > 1 && x.cp_ulysses) ops.push_back(comm("cp_out_to_rows", OpKind::kAllToAll, Axis::kCp, n * x.h / x.t * dt));
@@ -240,6 +242,9 @@ std::vector<Op> block_forward_ops(const LayerShape& x) {
     a.kind = Op::Kind::kAttention;
     a.flops *= 2;  // QK^T and PV
     a.bytes = (ring ? n * x.a / x.t * 4 : probs * dt) + 2 * n * (x.h + 2 * kv) / x.t * dt;
+    // Note [Ring attention pricing]: one kernel call a ring step, each over the s / cp keys
+    // that step brought, at the curve's efficiency for that call's size.
+    if (ring) a.calls = int(x.cp);
     ops.push_back(a);
   } else {
     ops.push_back(gemm("scores", rows, x.s, hd, dt, heads, true));
@@ -472,8 +477,10 @@ double kernel_time_s(const DeviceSpec& d, const Op& op) {
       const double e = c->at(op.seq);
       return op.flops / (d.peak_flops * e) * head_dim_factor(d, op.kernel, e, op.head_dim) + d.kernel_overhead_s;
     }
-  if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty())
-    return op.flops / (d.peak_flops * d.attention_efficiency.at(op.flops)) + d.kernel_overhead_s;
+  if (op.kind == Op::Kind::kAttention && !d.attention_efficiency.points.empty()) {
+    const double per_call = op.flops / op.calls;
+    return op.calls * (per_call / (d.peak_flops * d.attention_efficiency.at(per_call)) + d.kernel_overhead_s);
+  }
   if (op.kind == Op::Kind::kGemm || op.kind == Op::Kind::kAttention) return gemm_time_s(d, op.flops, op.bytes, op.width, op.fp8);
   return memory_class_time_s(d, op, false);
 }

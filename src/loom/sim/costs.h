@@ -55,6 +55,7 @@ struct Op {
   int ring_steps = 0;
   Attention kernel = Attention::kUnfused;  // kAttention: a flash kernel is priced by its curve at `seq`
   double seq = 0;                          // kAttention: the key length its tiles sweep
+  int calls = 1;  // kAttention on a calibrated curve: the kernel calls it runs as, flops / calls each
   double head_dim = 0;                     // kAttention: h / a
   MemClass mem_class = MemClass::kGeneric;  // kMemory: Note [Memory-bound kernel classes]
   bool backward = true;  // kMemory: has a backward kernel of its own (loom's residual adds do not)

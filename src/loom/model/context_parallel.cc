@@ -97,7 +97,7 @@ void Model::attend_cp_backward(float* dqkv, const float* dout, const float* qkv,
 void Model::use_cp_length(int64_t T) {
   if (cp_.size <= 1 || T * cp_.size == cp_.seq) return;
   LOOM_CHECK(cp_.positions_at, "context parallelism was given no positions for a ", T * cp_.size,
-             "-token sequence (train.seq ", cp_.seq, ")");
+             "-token sequence (it has them for ", cp_.seq, ")");
   cp_.seq = T * cp_.size;
   cp_.positions = cp_.positions_at(cp_.seq);
 }

@@ -82,8 +82,9 @@ Config engine_config(const sim::SimPlan& p) {
 }
 
 // What the config check says of a candidate; under --framework loom with cp > 1 also what it
-// says of the engine's config (the cp refusals: e.g. ring with bf16), so the planner never
-// ranks a plan the engine refuses. GPU frameworks' cp plans are priced, not run by loom.
+// says of the engine's config (the cp refusals: e.g. Ulysses where cp does not divide the
+// heads, or Adasum), so the planner never ranks a plan the engine refuses. GPU frameworks' cp
+// plans are priced, not run by loom.
 std::vector<std::string> candidate_errors(const sim::SimPlan& p) {
   std::vector<std::string> errs = validation_errors(p.cfg);
   if (errs.empty() && p.cp > 1 && p.framework == sim::Framework::kLoom) errs = validation_errors(engine_config(p));

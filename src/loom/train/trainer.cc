@@ -1,5 +1,4 @@
 #include "loom/train/trainer.h"
-
 #include "loom/modes/ps/ps_server.h"
 
 #include <omp.h>

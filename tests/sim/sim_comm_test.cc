@@ -106,6 +106,7 @@ TEST(Simulator, UlyssesSendsRowsToHeadsAndBack) {
 // kernel covers the K|V shifts.
 TEST(Simulator, RingShiftsHideUnderTheAttentionKernel) {
   ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  c.device.overlap_cost = 0;  // a device whose transfers take no compute (the contention: the test below)
   const ModelConfig m = load_config("", {"model.preset=gpt2"}).model;
   for (const double seq : {512.0, 16384.0}) {
     const int64_t cp = 4;
@@ -159,6 +160,51 @@ TEST(Simulator, RingKernelIsCpCallsAtTheirOwnEfficiency) {
   EXPECT_NEAR(kernel_time_s(c.device, ring),
               double(cp) * (per / (d * c.device.attention_efficiency.at(per)) + c.device.kernel_overhead_s), 1e-15);
   EXPECT_GT(kernel_time_s(c.device, ring), kernel_time_s(c.device, gather));
+}
+
+// Note [Ring attention pricing] on a device with an overlap cost (a CPU, where the group's
+// worker drives the shift beside the kernel): shifts the kernel covers cost overlap_cost of
+// their time, not zero; those it does not cover cost their uncovered part as before.
+TEST(Simulator, RingShiftsUnderTheKernelCostTheirContention) {
+  ClusterSpec c = load_cluster("dgx-a100", {}, 8, "");
+  c.device.overlap_cost = 0.5;
+  const ModelConfig m = load_config("", {"model.preset=gpt2"}).model;
+  const int64_t cp = 4;
+  LayerShape x = LayerShape::of(m, 1, 16384, 1, cp, false, 2);
+  x.fused_attention = true, x.cp_ring = true;
+  const std::vector<Op> ops = block_forward_ops(x);
+  double A = 0, bytes = 0;
+  for (const Op& o : ops) {
+    if (o.kind == Op::Kind::kAttention) A = kernel_time_s(c.device, o);
+    if (o.kind == Op::Kind::kComm && o.axis == Axis::kCp) bytes = o.bytes;
+  }
+  Places pl;
+  pl.cp = place_group(c, cp, 1);
+  const double T = collective_time_s(c, OpKind::kSend, bytes, pl.cp);
+  ASSERT_LT(3 * T, A) << "16K tokens: the kernel covers the shifts";
+  const UnitCost u = unit_cost(c, pl, ops, Recompute::kNone, false, false);
+  EXPECT_NEAR(u.fwd.cp, 0.5 * 3 * T, 1e-15);
+  EXPECT_NEAR(u.bwd.cp, 0.5 * 3 * T + 4 * T, 1e-15);
+}
+
+// Note [Context-parallel copies]: loom's engine (cp_regather) moves rows around each cp
+// collective; the op's bytes are the note's counts, in units of a rank's n rows of one
+// column (n dt / t): GPT-2 (h 768, 12 heads, no GQA: w2 = 1536, w3 = 2304) at cp 4, 1,024
+// tokens a rank, fp32. The GPU stacks' pricing (no regather) has no such op.
+TEST(Simulator, ContextParallelCopiesArePricedAsTheEngineMovesThem) {
+  const ModelConfig m = load_config("", {"model.preset=gpt2"}).model;
+  const double unit = 1024 * 4, h = 768, w2 = 1536, w3 = 2304;
+  auto copies = [&](bool ring, bool ulysses, bool loom) {
+    LayerShape x = LayerShape::of(m, 1, 4096, 1, 4, false, 4);
+    x.fused_attention = true, x.cp_ring = ring, x.cp_ulysses = ulysses, x.cp_regather = loom;
+    for (const Op& o : block_forward_ops(x))
+      if (o.name == "cp_copies") return std::pair{o.bytes, o.backward_bytes};
+    return std::pair{-1.0, -1.0};
+  };
+  EXPECT_EQ(copies(false, false, true), std::pair(2 * 5 * w2 * unit, 5 * 5 * w2 * unit));  // all-gather, cp 4
+  EXPECT_EQ(copies(true, false, true), std::pair((2 * w2 + 3 * h) * unit, (7 * w2 + 2 * h) * unit));
+  EXPECT_EQ(copies(false, true, true), std::pair((4 * w3 + 4 * h) * unit, (10 * w3 + 4 * h) * unit));
+  EXPECT_EQ(copies(false, false, false).first, -1.0);
 }
 
 // Note [Parameter server with model parallelism] priced: with tp 2 x pp 2 workers each rank

@@ -185,12 +185,43 @@ void cp_before_attention(std::vector<Op>& ops, const LayerShape& x) {
   }
 }
 
+// Note [Context-parallel copies]
+// loom's engine moves rows between its layouts around each cp collective (model/
+// context_parallel.cc, ring_attention.cc, ulysses.cc); per layer, in units of one rank's rows
+// of a width (n w dt / t bytes; w2 = 2 kv, the K|V columns, w3 = h + 2 kv, all of qkv):
+//   allgather  forward: K|V columns out of qkv (read + write, 2 w2), the gathered blocks into
+//              position order (2 cp w2); backward: the same again (it gathers again), dK|dV
+//              zeroed (cp w2), put back in rank order (2 cp w2), the own block added (3 w2):
+//              2 (1 + cp) w2 and 5 (1 + cp) w2;
+//   ring       forward: K|V columns (2 w2), the accumulator zeroed (h) and normalised (2 h);
+//              backward: rowsum(dO O) (2 h), two dK|dV blocks zeroed (2 w2), K|V columns
+//              (2 w2), the own block's gradient added (3 w2): 2 w2 + 3 h and 7 w2 + 2 h;
+//   ulysses    each pass to heads or to rows packs and unpacks its rows (2 + 2 of its width;
+//              an unpack that adds, 3): forward qkv to heads (4 w3), out to rows (4 h);
+//              backward qkv and dO to heads (4 w3 + 4 h), dqkv zeroed (w3), to rows adding
+//              (5 w3): 4 w3 + 4 h and 10 w3 + 4 h.
+// Memory-bound work the kernels' pricing does not hold: on config B at cp 2 (allgather) it
+// measured 6.3 ms a step (the copies timed in place, 20 steps) against 0.30 s.
+Op cp_copies(const LayerShape& x) {
+  const double unit = x.tokens() * x.dtype_bytes / x.t, w2 = 2 * x.g * (x.h / x.a), w3 = x.h + w2;
+  double fwd = 0, bwd = 0;
+  if (x.cp_ulysses) fwd = 4 * w3 + 4 * x.h, bwd = 10 * w3 + 4 * x.h;
+  else if (x.cp_ring) fwd = 2 * w2 + 3 * x.h, bwd = 7 * w2 + 2 * x.h;
+  else fwd = 2 * (1 + x.cp) * w2, bwd = 5 * (1 + x.cp) * w2;
+  Op o = mem("cp_copies", fwd * unit);
+  o.backward_bytes = bwd * unit;
+  return o;
+}
+
 // Note [Ring attention pricing]
 // loom's ring (parallel.cp_mode = ring, Note [Ring attention]) shifts each rank's K|V block
 // (n 2 kv / t values) cp - 1 times while the attention kernel computes on the block it
-// holds: those shifts cost only what the kernel's time does not cover; backward shifts the
-// blocks again under its kernel (2.5x the forward's: it recomputes the scores from each row's
-// log-sum-exp) and each block's dK|dV cp times after the step that wrote it (exposed).
+// holds: those shifts cost what the kernel's time does not cover, and where it covers them
+// the compute their progress takes from the kernel (overlapped_s, Note [Overlap contention]:
+// the group's worker drives the transfer beside it; 0 on devices with no overlap_cost);
+// backward shifts the blocks again under its kernel (2.5x the forward's: it recomputes the
+// scores from each row's log-sum-exp) and each block's dK|dV cp times after the step that
+// wrote it (exposed).
 // Priced after the attention op, whose time the pass hands to it. The kernel itself is cp
 // calls, one a step over the s / cp keys it brought, each priced at the calibrated attention
 // curve's efficiency for its own FLOPs (the per-chunk efficiency: smaller calls run slower).
@@ -202,6 +233,7 @@ void cp_after_attention(std::vector<Op>& ops, const LayerShape& x) {
     g.ring_steps = int(x.cp);
     ops.push_back(g);
   }
+  if (x.cp > 1 && x.cp_regather) ops.push_back(cp_copies(x));
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ void add_forward(const ClusterSpec& c, const Places& pl, const std::vector<Op>& 
     if (core_only && !o.attention_core) continue;
     if (o.kind == Op::Kind::kComm && o.ring_steps > 0) {
       const double shifts = (o.ring_steps - 1) * collective_time_s(c, o.coll, o.bytes, pl.cp);
-      p.cp += std::max(0.0, shifts - attention_s);
+      p.cp += overlapped_s(c.device, shifts, attention_s);  // the hidden part costs its contention
     } else if (o.kind == Op::Kind::kComm) {
       const double t = collective_time_s(c, o.coll, o.bytes, o.axis == Axis::kCp ? pl.cp : pl.tp);
       (o.axis == Axis::kCp ? p.cp : p.tp) += t;
@@ -53,7 +53,7 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       p.compute += attention_s;
     } else if (o.kind == Op::Kind::kComm && o.ring_steps > 0) {
       const double shift = collective_time_s(c, o.coll, o.bytes, pl.cp);
-      p.cp += std::max(0.0, (o.ring_steps - 1) * shift - attention_s) + o.ring_steps * shift;
+      p.cp += overlapped_s(c.device, (o.ring_steps - 1) * shift, attention_s) + o.ring_steps * shift;
     } else if (o.kind == Op::Kind::kGemm) {
       const Curve& f = c.device.gemm_backward_factor;
       const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width, o.fp8) * (f.points.empty() ? 1.0 : f.at(o.flops));

@@ -29,6 +29,35 @@ TEST(ClusterPresets, BlackwellAndV100LoadWithTheirDatasheetFigures) {
             load_cluster("gb200-nvl72", {}, 0, "").device.memory_bytes);
 }
 
+// Note [Partial racks]: a job takes whole 4-GPU trays of NVL72 racks, spread evenly over the
+// fewest racks (256 GPUs: 4 racks of 64, so a tp 16 group still fits a rack's NVLink); whole
+// racks stay whole; sizes no even tray split holds are refused with the rule, and whole-node
+// presets keep their rule. tray_devices survives the written spec.
+TEST(ClusterPresets, AJobTakesWholeTraysOfNvl72Racks) {
+  for (const char* preset : {"gb200-nvl72", "gb300-nvl72"}) {
+    const ClusterSpec c = load_cluster(preset, {}, 256, "");
+    EXPECT_EQ(c.nodes, 4) << preset;
+    EXPECT_EQ(c.devices_per_node, 64) << preset;
+    EXPECT_EQ(c.tray_devices, 4) << preset;
+  }
+  const ClusterSpec whole = load_cluster("gb200-nvl72", {}, 144, "");
+  EXPECT_EQ(whole.nodes, 2);
+  EXPECT_EQ(whole.devices_per_node, 72);
+  const ClusterSpec odd = load_cluster("gb200-nvl72", {}, 100, "");  // 25 trays: 5 racks of 5 trays
+  EXPECT_EQ(odd.nodes, 5);
+  EXPECT_EQ(odd.devices_per_node, 20);
+  try {
+    load_cluster("gb200-nvl72", {}, 74, "");
+    ADD_FAILURE() << "74 GPUs are not whole trays";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("whole trays of 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_cluster("dgx-b200", {}, 12, ""), ConfigError);
+  EXPECT_THROW(load_cluster("gb200-nvl72", {"cluster.tray_devices=5"}, 0, ""), ConfigError);  // 72 is not whole trays of 5
+  const ClusterSpec back = cluster_from_toml(cluster_to_toml(load_cluster("gb300-nvl72", {}, 0, "")), "round trip");
+  EXPECT_EQ(back.tray_devices, 4);
+}
+
 // A tp 16 all-reduce of 256 MiB: in an NVL72 rack one node of 16 on NVLink 5 (900 GB/s x
 // 0.75 per direction), on DGX B200 nodes two nodes of 8 whose traffic between them shares
 // the node's eight 400 Gb/s NICs (8 x 50 GB/s x 0.9 = 360 GB/s against NVLink's 675) - the

@@ -262,11 +262,15 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   }
   for (const auto& s : sets) apply_set(tbl, s);
   TableReader root(&tbl, "", origin,
-                   {"name", "nodes", "devices_per_node", "device", "intra", "inter", "offload", "busbw"});
+                   {"name", "nodes", "devices_per_node", "tray_devices", "device", "intra", "inter", "offload", "busbw"});
   ClusterSpec c;
   c.name = root.text("name", origin);
   c.nodes = root.integer("nodes", 1);
   c.devices_per_node = root.integer("devices_per_node", 1);
+  c.tray_devices = root.integer("tray_devices", 0);  // a positive integer where given
+  if (c.tray_devices > 0 && c.devices_per_node % c.tray_devices != 0)
+    throw ConfigError(detail::cat(origin, ": tray_devices = ", c.tray_devices, " does not divide devices_per_node = ",
+                                  c.devices_per_node, ": a node holds whole trays (Note [Partial racks])"));
   TableReader d(root.sub("device"), "device.", origin,
                 {"name", "peak_tflops", "memory_gib", "memory_gbps", "dtype_bytes", "mixed_precision",
                  "gemm_efficiency", "memory_efficiency", "attention_efficiency", "flash1_efficiency",
@@ -343,6 +347,26 @@ std::string cluster_file_path(const std::string& source, const std::string& loca
   return toml(source) ? source : "";
 }
 
+// Note [Partial racks]
+// An NVL72 rack is 18 compute trays of 4 GPUs in one NVLink domain, and a job takes whole
+// trays, not whole racks: 256 GPUs are 4 racks of 64 (16 trays each), not 3 racks and a
+// remainder. With tray_devices set, --gpus N that is not a whole number of nodes spreads over
+// the fewest nodes R that hold N / R devices each in whole trays; the node (the NVLink domain
+// the job's groups see) is then N / R devices. Refused, naming the nearest sizes, when none
+// does. Whole-node presets (DGX, tray_devices = 0) keep the whole-node rule.
+namespace {
+void spread_over_racks(ClusterSpec& c, int64_t gpus) {
+  for (int64_t racks = (gpus + c.devices_per_node - 1) / c.devices_per_node; racks <= gpus / c.tray_devices; racks++)
+    if (gpus % racks == 0 && (gpus / racks) % c.tray_devices == 0 && gpus / racks <= c.devices_per_node) {
+      c.devices_per_node = gpus / racks, c.nodes = racks;
+      return;
+    }
+  throw ConfigError(detail::cat("--gpus ", gpus, " does not spread evenly over ", c.name, " nodes in whole trays of ",
+                                c.tray_devices, " devices (Note [Partial racks]); use a multiple of ", c.tray_devices,
+                                " that some number of nodes of at most ", c.devices_per_node, " holds evenly"));
+}
+}  // namespace
+
 // Each rank of a shared device (loom ranks on one CPU) gets its share of the processor.
 //
 // Note [Oversubscribed cores]
@@ -416,6 +440,8 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
     if (gpus < c.devices_per_node) {
       c.nodes = 1;
       c.devices_per_node = gpus;
+    } else if (gpus % c.devices_per_node != 0 && c.tray_devices > 0) {
+      spread_over_racks(c, gpus);
     } else if (gpus % c.devices_per_node != 0) {
       throw ConfigError(detail::cat("--gpus ", gpus, " is not a whole number of ", c.name, " nodes (",
                                     c.devices_per_node, " devices each); use ",
@@ -445,7 +471,8 @@ std::string cluster_to_toml(const ClusterSpec& c) {
        << "\nefficiency = " << t.efficiency << "\n";
   };
   os << "name = " << toml::value<std::string>(c.name) << "\nnodes = " << c.nodes
-     << "\ndevices_per_node = " << c.devices_per_node << "\n\n[device]\nname = " << toml::value<std::string>(c.device.name)
+     << "\ndevices_per_node = " << c.devices_per_node << (c.tray_devices > 0 ? "\ntray_devices = " + std::to_string(c.tray_devices) : "")
+     << "\n\n[device]\nname = " << toml::value<std::string>(c.device.name)
      << "\npeak_tflops = " << c.device.peak_flops / 1e12 << "\nmemory_gib = " << c.device.memory_bytes / double(int64_t(1) << 30)
      << "\nmemory_gbps = " << c.device.memory_bw / 1e9 << "\ndtype_bytes = " << c.device.dtype_bytes
      << "\nmixed_precision = " << (c.device.mixed_precision ? "true" : "false")

@@ -138,6 +138,9 @@ struct OffloadTier {
 struct ClusterSpec {
   std::string name;
   int64_t nodes = 1, devices_per_node = 1;
+  // Note [Partial racks]: > 0 where a job may take part of each node in whole trays of this
+  // many devices (an NVL72 rack's compute trays); 0: whole nodes only.
+  int64_t tray_devices = 0;
   DeviceSpec device;
   LinkTier intra, inter;
   OffloadTier offload;
@@ -151,7 +154,8 @@ const char* cluster_preset_toml(const std::string& name);  // nullptr if not com
 
 // `source`: a preset name, "local" (read from `local_path`), or a path to a .toml file.
 // `sets`: "cluster.key=value" or "cluster.section.key=value". `gpus` > 0 sets nodes =
-// gpus / devices_per_node (or one node of `gpus` devices when fewer than a node).
+// gpus / devices_per_node (or one node of `gpus` devices when fewer than a node; with
+// tray_devices, the fewest nodes that hold `gpus` evenly in whole trays, Note [Partial racks]).
 // Throws ConfigError naming the problem.
 ClusterSpec load_cluster(const std::string& source, const std::vector<std::string>& sets, int64_t gpus,
                          const std::string& local_path);

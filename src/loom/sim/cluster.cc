@@ -250,16 +250,21 @@ const char* mem_class_key(MemClass c) {
   }
 }
 
-ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
-                              const std::vector<std::string>& sets) {
-  toml::table tbl;
+namespace {
+toml::table parse_spec(const std::string& text, const std::string& origin) {
   try {
-    tbl = toml::parse(text, origin);
+    return toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << origin << ": " << e.description() << " (line " << e.source().begin.line << ")";
     throw ConfigError(os.str());
   }
+}
+}  // namespace
+
+ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin,
+                              const std::vector<std::string>& sets) {
+  toml::table tbl = parse_spec(text, origin);
   for (const auto& s : sets) apply_set(tbl, s);
   TableReader root(&tbl, "", origin,
                    {"name", "nodes", "devices_per_node", "tray_devices", "device", "intra", "inter", "offload", "busbw"});

@@ -30,8 +30,9 @@ TEST(ClusterPresets, BlackwellAndV100LoadWithTheirDatasheetFigures) {
 }
 
 // Note [Partial racks]: a job takes whole 4-GPU trays of NVL72 racks, spread evenly over the
-// fewest racks (256 GPUs: 4 racks of 64, so a tp 16 group still fits a rack's NVLink); whole
-// racks stay whole; sizes no even tray split holds are refused with the rule, and whole-node
+// fewest racks that can hold it (256 GPUs: 4 racks of 64, so a tp 16 group still fits a
+// rack's NVLink); whole racks stay whole; sizes no even tray split holds are refused naming
+// the sizes around them, and whole-node
 // presets keep their rule. tray_devices survives the written spec.
 TEST(ClusterPresets, AJobTakesWholeTraysOfNvl72Racks) {
   for (const char* preset : {"gb200-nvl72", "gb300-nvl72"}) {
@@ -43,14 +44,15 @@ TEST(ClusterPresets, AJobTakesWholeTraysOfNvl72Racks) {
   const ClusterSpec whole = load_cluster("gb200-nvl72", {}, 144, "");
   EXPECT_EQ(whole.nodes, 2);
   EXPECT_EQ(whole.devices_per_node, 72);
-  const ClusterSpec odd = load_cluster("gb200-nvl72", {}, 100, "");  // 25 trays: 5 racks of 5 trays
-  EXPECT_EQ(odd.nodes, 5);
-  EXPECT_EQ(odd.devices_per_node, 20);
+  const ClusterSpec two = load_cluster("gb200-nvl72", {}, 104, "");  // 2 racks of 52 (13 trays)
+  EXPECT_EQ(two.nodes, 2);
+  EXPECT_EQ(two.devices_per_node, 52);
   try {
-    load_cluster("gb200-nvl72", {}, 74, "");
-    ADD_FAILURE() << "74 GPUs are not whole trays";
+    load_cluster("gb200-nvl72", {}, 100, "");  // 2 racks of 50: not whole trays
+    ADD_FAILURE() << "100 GPUs do not spread over 2 racks in whole trays";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("whole trays of 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("whole trays of 4 devices"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use 96 or 104"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_cluster("dgx-b200", {}, 12, ""), ConfigError);
   EXPECT_THROW(load_cluster("gb200-nvl72", {"cluster.tray_devices=5"}, 0, ""), ConfigError);  // 72 is not whole trays of 5

@@ -355,20 +355,22 @@ std::string cluster_file_path(const std::string& source, const std::string& loca
 // Note [Partial racks]
 // An NVL72 rack is 18 compute trays of 4 GPUs in one NVLink domain, and a job takes whole
 // trays, not whole racks: 256 GPUs are 4 racks of 64 (16 trays each), not 3 racks and a
-// remainder. With tray_devices set, --gpus N that is not a whole number of nodes spreads over
-// the fewest nodes R that hold N / R devices each in whole trays; the node (the NVLink domain
-// the job's groups see) is then N / R devices. Refused, naming the nearest sizes, when none
-// does. Whole-node presets (DGX, tray_devices = 0) keep the whole-node rule.
+// remainder. With tray_devices set, --gpus N that is not a whole number of nodes spreads
+// evenly over the fewest nodes that can hold it, R = ceil(N / devices_per_node), when N / R
+// is whole trays; the node (the NVLink domain the job's groups see) is then N / R devices.
+// Otherwise refused, naming the sizes around N that spread so. Whole-node presets (DGX,
+// tray_devices = 0) keep the whole-node rule.
 namespace {
 void spread_over_racks(ClusterSpec& c, int64_t gpus) {
-  for (int64_t racks = (gpus + c.devices_per_node - 1) / c.devices_per_node; racks <= gpus / c.tray_devices; racks++)
-    if (gpus % racks == 0 && (gpus / racks) % c.tray_devices == 0 && gpus / racks <= c.devices_per_node) {
-      c.devices_per_node = gpus / racks, c.nodes = racks;
-      return;
-    }
-  throw ConfigError(detail::cat("--gpus ", gpus, " does not spread evenly over ", c.name, " nodes in whole trays of ",
-                                c.tray_devices, " devices (Note [Partial racks]); use a multiple of ", c.tray_devices,
-                                " that some number of nodes of at most ", c.devices_per_node, " holds evenly"));
+  const int64_t racks = (gpus + c.devices_per_node - 1) / c.devices_per_node, step = racks * c.tray_devices;
+  if (gpus % step == 0) {
+    c.devices_per_node = gpus / racks, c.nodes = racks;
+    return;
+  }
+  throw ConfigError(detail::cat("--gpus ", gpus, " does not spread evenly over ", racks, " ", c.name,
+                                " nodes in whole trays of ", c.tray_devices, " devices (Note [Partial racks]); use ",
+                                std::max((racks - 1) * c.devices_per_node, gpus / step * step), " or ",
+                                (gpus / step + 1) * step));
 }
 }  // namespace
 

@@ -58,6 +58,9 @@ TEST(ClusterPresets, AJobTakesWholeTraysOfNvl72Racks) {
   EXPECT_THROW(load_cluster("gb200-nvl72", {"cluster.tray_devices=5"}, 0, ""), ConfigError);  // 72 is not whole trays of 5
   const ClusterSpec back = cluster_from_toml(cluster_to_toml(load_cluster("gb300-nvl72", {}, 0, "")), "round trip");
   EXPECT_EQ(back.tray_devices, 4);
+  const ClusterSpec six = load_cluster("gb300-nvl72", {}, 6, "");  // part of one rack, as on any preset
+  EXPECT_EQ(six.devices_per_node, 6);
+  EXPECT_EQ(cluster_from_toml(cluster_to_toml(six), "round trip").devices_per_node, 6);
 }
 
 // A tp 16 all-reduce of 256 MiB: in an NVL72 rack one node of 16 on NVLink 5 (900 GB/s x

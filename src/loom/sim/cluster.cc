@@ -358,8 +358,9 @@ std::string cluster_file_path(const std::string& source, const std::string& loca
 // remainder. With tray_devices set, --gpus N that is not a whole number of nodes spreads
 // evenly over the fewest nodes that can hold it, R = ceil(N / devices_per_node), when N / R
 // is whole trays; the node (the NVLink domain the job's groups see) is then N / R devices.
-// Otherwise refused, naming the sizes around N that spread so. Whole-node presets (DGX,
-// tray_devices = 0) keep the whole-node rule.
+// Otherwise refused, naming the sizes around N that spread so. Fewer devices than a node are
+// part of one node, as on every preset. Whole-node presets (DGX, tray_devices = 0) keep the
+// whole-node rule.
 namespace {
 void spread_over_racks(ClusterSpec& c, int64_t gpus) {
   const int64_t racks = (gpus + c.devices_per_node - 1) / c.devices_per_node, step = racks * c.tray_devices;
@@ -444,9 +445,10 @@ ClusterSpec load_cluster(const std::string& source, const std::vector<std::strin
       throw ConfigError(detail::cat("--gpus ", gpus, ": cluster ", c.name, " is one machine shared by at most ",
                                     c.devices_per_node, " ranks (cluster.devices_per_node); use --gpus <= ",
                                     c.devices_per_node));
-    if (gpus < c.devices_per_node) {
+    if (gpus < c.devices_per_node) {  // part of one node, as on every preset (trays or not)
       c.nodes = 1;
       c.devices_per_node = gpus;
+      if (c.tray_devices > 0 && gpus % c.tray_devices != 0) c.tray_devices = 0;  // the spec stays one that loads
     } else if (gpus % c.devices_per_node != 0 && c.tray_devices > 0) {
       spread_over_racks(c, gpus);
     } else if (gpus % c.devices_per_node != 0) {

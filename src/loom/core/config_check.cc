@@ -339,7 +339,7 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
   }
   if (p.cp == 1) return;
   const std::string is = "parallel.cp = " + std::to_string(p.cp) + " ";
-  const int64_t pieces = p.cp_split == CpSplit::kZigZag ? 2 * p.cp : p.cp;
+  const int64_t pieces = cp_pieces(p.cp, p.cp_split);
   if (c.seq_len() % pieces != 0)
     errs.push_back(is + "with parallel.cp_split = " + name_of(p.cp_split) + ": the sequence of " +
                    std::to_string(c.seq_len()) + " tokens does not split into " + std::to_string(pieces) +

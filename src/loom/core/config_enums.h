@@ -4,6 +4,7 @@
 // written. Nothing outside core/ compares their text (issue 52).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace loom {
@@ -18,6 +19,9 @@ enum class PsMode { kSync, kAsync, kSsp };        // "sync" | "async" | "ssp"
 // chunks] in rank/cp_chunks.h).
 enum class CpMode { kAllGather, kRing, kUlysses };  // "allgather" | "ring" | "ulysses"
 enum class CpSplit { kZigZag, kPlain };              // "zigzag" | "plain"
+// Equal chunks a sequence splits into over cp ranks: two a rank zig-zagged, one plain
+// (Note [Context-parallel chunks] in rank/cp_chunks.h).
+inline int64_t cp_pieces(int64_t cp, CpSplit s) { return s == CpSplit::kZigZag ? 2 * cp : cp; }
 
 // train.loss_scale (Note [Dynamic loss scaling]) is text: a word or a number. Its kind, for
 // text the config check accepted: "auto", "dynamic", "none", else a static scale.

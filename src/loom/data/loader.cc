@@ -347,7 +347,7 @@ data::BucketPlan make_bucket_plan(const TrainData& d, const Config& cfg) {
   o.pool = cfg.data.bucket_pool;
   o.seed = uint64_t(cfg.train.seed);
   // Context parallelism splits each padded length into 2 cp chunks (zigzag) or cp.
-  if (cfg.parallel.cp > 1) o.multiple = cfg.parallel.cp * (cfg.parallel.cp_split == CpSplit::kZigZag ? 2 : 1);
+  if (cfg.parallel.cp > 1) o.multiple = cp_pieces(cfg.parallel.cp, cfg.parallel.cp_split);
   return data::BucketPlan(data::document_samples(*d.train, d.end_of_document, o.seq), o);
 }
 

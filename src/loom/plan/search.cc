@@ -77,7 +77,7 @@ struct SyncChoice {
 Config engine_config(const sim::SimPlan& p) {
   Config c = p.cfg;
   c.parallel.cp = p.cp;
-  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0) c.parallel.cp_split = CpSplit::kPlain;
+  if (p.cp > 1 && c.seq_len() % cp_pieces(p.cp, CpSplit::kZigZag) != 0) c.parallel.cp_split = CpSplit::kPlain;
   return c;
 }
 

@@ -7,7 +7,7 @@ namespace loom::rank {
 
 std::vector<int32_t> cp_positions(int64_t T, int cp, int rank, CpSplit split) {
   LOOM_CHECK(cp >= 1 && rank >= 0 && rank < cp, "context-parallel rank ", rank, " of ", cp);
-  const int64_t pieces = split == CpSplit::kZigZag ? 2 * int64_t(cp) : cp;
+  const int64_t pieces = cp_pieces(cp, split);
   if (T % pieces != 0)
     throw ConfigError(detail::cat("a sequence of ", T, " tokens does not split into ", pieces, " equal chunks for parallel.cp = ",
                                   cp, split == CpSplit::kZigZag ? " (zigzag: 2 cp chunks)" : "", "; use a sequence length that is a multiple of ",

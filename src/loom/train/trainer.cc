@@ -20,6 +20,7 @@
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
+#include "loom/rank/cp_chunks.h"
 #include "loom/ckpt/checkpoint.h"
 #include "loom/data/loader.h"
 #include "loom/data/mixture.h"
@@ -204,7 +205,7 @@ class BucketBatches final : public MicroBatches {
     const int64_t rows = int64_t(mp.rows.size()), T = mp.seq;
     std::vector<int32_t> tok(size_t(rows * T)), tgt(tok.size());
     data_.fill(mp, tok.data(), tgt.data());
-    const std::vector<int32_t> pos = cp_positions_of(rank_, T)[size_t(cp_rank_)];
+    const std::vector<int32_t> pos = rank::cp_positions(T, cp_, cp_rank_, rank_.cp_split);  // this rank's alone
     const int64_t Tl = int64_t(pos.size());
     for (int64_t b = 0; b < rows; ++b)
       for (int64_t t = 0; t < Tl; ++t)

@@ -7,7 +7,9 @@
 # "floor m / p": the bubble the unequal stage work leaves under any schedule (Note [Bubble
 # floor] in sim/simulator.h), measured in the run and predicted; a measured floor above the
 # predicted one is a rank the machine slowed. BEST_OF=N runs each layout N times and keeps
-# the fastest run (default 1).
+# the fastest run (default 1). SPLITS="5,1 6,0" also runs each schedule at pp 2 with those
+# stage splits (parallel.pp_layers; a 0 end stage only embeds or only runs the head: Note
+# [Stage split]).
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -48,11 +50,18 @@ for c in $configs; do
   for pp in 2 4; do
     note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
     ref_bubble="" ref_tok=""
+    splits="-"; [[ $pp == 2 ]] && splits="- ${SPLITS:-}"
+    for split in $splits; do
     for s in $schedules; do
       vpp=1; [[ $s == zb-v ]] && vpp=2
+      layout="pp$pp m8" split_args=()
+      if [[ $split != - ]]; then
+        [[ $vpp == 1 ]] || continue
+        layout="pp$pp m8 $split" split_args=(--pp-layers "$split")
+      fi
       layers=$(model_sets "$c" | { grep -o "model.layers=[0-9]*" || true; } | cut -d= -f2); layers=${layers:-4}  # tiny: 4
       if (( layers < pp * vpp )); then
-        printf "%-4s %-14s %-7s %s\n" "$c" "pp$pp m8" "$s" "n/a: $layers layers < pp x vpp = $((pp * vpp))"
+        printf "%-4s %-14s %-7s %s\n" "$c" "$layout" "$s" "n/a: $layers layers < pp x vpp = $((pp * vpp))"
         continue
       fi
       ga=8 n=$((steps + 2)) drop=2 extra=""
@@ -63,7 +72,7 @@ for c in $configs; do
       best=0  # BEST_OF runs, keeping the fastest (the machine's least disturbed one)
       for ((try = 0; try < best_of; try++)); do
         env -u OPENBLAS_CORETYPE "$loom" train --json --nproc "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" \
-          --schedule "$s" --set $(model_sets "$c") $extra checkpoint.dir= train.val_every=0 train.val_batches=1 \
+          --schedule "$s" "${split_args[@]}" --set $(model_sets "$c") $extra checkpoint.dir= train.val_every=0 train.val_batches=1 \
           train.log_every=1 "train.steps=$n" train.threads=1 --trace "$tmp/t.json" > "$tmp/t.out" 2> "$tmp/m.err"
         t=$(tok_s "$tmp/t.out" "$drop")
         if /usr/bin/python3 -c "import sys; sys.exit(0 if $t > $best else 1)"; then
@@ -71,7 +80,7 @@ for c in $configs; do
         fi
       done
       "$loom" simulate --cluster local --gpus "$pp" --pp "$pp" --vpp "$vpp" --grad-accum "$ga" --schedule "$s" \
-        --set $(model_sets "$c") $extra --trace "$tmp/p.json" > /dev/null
+        "${split_args[@]}" --set $(model_sets "$c") $extra --trace "$tmp/p.json" > /dev/null
       read -r pred meas floor pfloor < <("$loom" compare --json "$tmp/p.json" "$tmp/m.json" | /usr/bin/python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
@@ -80,10 +89,11 @@ floor = [r for r in rows if r["category"] == "bubble floor"][0]
 print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])')
       tok=$best
       [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
-      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "pp$pp m8" "$s" \
+      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "$layout" "$s" \
         "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" \
         "$(/usr/bin/python3 -c "print('%.1f / %.1f' % (100*$floor, 100*$pfloor))")" "$tok" \
         "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")" "$note"
+    done
     done
   done
 done

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <fstream>
 
 #include "loom/core/config.h"
@@ -133,9 +135,29 @@ TEST(Config, ParallelViolationsAreAllListedWithValidChoices) {
   EXPECT_EQ(error_of({"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=2"}), "");
   EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=3,3"}).find("summing to model.layers = 4"),
             std::string::npos);
-  EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=3,x"}).find("'x' is not a positive layer count"),
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=3,x"}).find("'x' is not a layer count"),
+            std::string::npos);
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=5,-1"}).find("'-1' is not a layer count"),
             std::string::npos);
   EXPECT_EQ(error_of({"parallel.pp=2", "parallel.pp_layers=1,3"}), "");
+  // Note [Stage split]: the ends may hold no block; a middle stage may not.
+  EXPECT_EQ(error_of({"parallel.pp=2", "parallel.pp_layers=0,4"}), "");
+  EXPECT_EQ(error_of({"parallel.pp=3", "parallel.pp_layers=0,4,0", "train.grad_accum=4"}), "");
+  EXPECT_NE(error_of({"parallel.pp=3", "parallel.pp_layers=2,0,2", "train.grad_accum=4"})
+                .find("stage 1 holds no layers; only the first stage (it embeds) and the last"),
+            std::string::npos);
+  EXPECT_NE(error_of({"parallel.pp=2", "parallel.pp_layers=1,3", "parallel.pp_account_loss=true"})
+                .find("fixes every stage's layers"),
+            std::string::npos);
+  // Accounting lets 4 layers + embedding + loss fill 6 stages (pp 3 x vpp 2); without it, 5
+  // stages is the most.
+  EXPECT_EQ(error_of({"parallel.pp=3", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=3",
+                      "train.batch=12", "parallel.pp_account_embedding=true", "parallel.pp_account_loss=true"}),
+            "");
+  EXPECT_NE(error_of({"parallel.pp=3", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=3",
+                      "train.batch=12"})
+                .find("6 stages exceeds model.layers = 4"),
+            std::string::npos);
   EXPECT_NE(error_of({}, "[parallel]\ndp = 2\nbogus = 1\n").find("keys in [parallel]"), std::string::npos);
 }
 
@@ -160,6 +182,36 @@ TEST(Config, NonFiniteNumbersAndHugeSizesAreRefusedFromEverySource) {
   // fire between two of them.
   for (const char* bad : {"comm.hang_s=-1", "comm.hang_s=1", "comm.hang_s=1e12"})
     EXPECT_NE(error_of({bad}).find("expected 0 (no hang check) or seconds in [2, 1e9)"), std::string::npos) << bad;
+}
+
+// Note [Stage split]: the even split, Megatron-LM's accounted split, and pp_layers as given.
+TEST(Config, StageSplitCountsTheEmbeddingAndTheLossWhereAsked) {
+  ParallelConfig p;
+  p.pp = 8, p.vpp = 8;
+  std::vector<int> even = p.layer_split(126);  // 126 over 64: 62 stages of 2, the ends 1
+  EXPECT_EQ(even.front(), 1);
+  EXPECT_EQ(even.back(), 1);
+  EXPECT_EQ(std::count(even.begin(), even.end(), 2), 62);
+  p.pp_account_embedding = p.pp_account_loss = true;  // 128 over 64, the ends give one back
+  const std::vector<int> both = p.layer_split(126);
+  EXPECT_EQ(both.front(), 1);
+  EXPECT_EQ(both.back(), 1);
+  EXPECT_EQ(std::count(both.begin(), both.end(), 2), 62);
+  p.pp = 16;  // 128 over 128: the first stage only embeds, the last only runs the head
+  const std::vector<int> ends = p.layer_split(126);
+  EXPECT_EQ(ends.front(), 0);
+  EXPECT_EQ(ends.back(), 0);
+  EXPECT_EQ(std::count(ends.begin(), ends.end(), 1), 126);
+  ParallelConfig q;
+  q.pp = 2;
+  EXPECT_EQ(q.layer_split(6), (std::vector<int>{3, 3}));
+  q.pp_account_loss = true;  // 7 over 2 = 4, 3, and the last gives one to the loss
+  EXPECT_EQ(q.layer_split(6), (std::vector<int>{4, 2}));
+  q.pp_account_loss = false, q.pp_account_embedding = true;
+  EXPECT_EQ(q.layer_split(6), (std::vector<int>{3, 3}));
+  q.pp_layers = {1, 5};
+  q.pp_account_embedding = false;
+  EXPECT_EQ(q.layer_split(6), (std::vector<int>{1, 5}));
 }
 
 TEST(Config, TomlRoundTrip) {

@@ -66,6 +66,8 @@ const std::vector<std::vector<std::string>> kLayouts = {
     {"parallel.pp=2", "parallel.schedule=gpipe", "train.grad_accum=4"},
     {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved", "train.grad_accum=4"},
     {"parallel.pp=3", "train.grad_accum=3"},
+    {"parallel.pp=3", "parallel.pp_layers=0,4,0", "train.grad_accum=3"},  // Note [Stage split]
+    {"parallel.dp=2", "parallel.pp=2", "parallel.pp_layers=4,0", "train.grad_accum=2"},
     {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=2"},
     {"parallel.dp=2", "parallel.pp=2", "parallel.zero=2", "train.grad_accum=2", "parallel.bucket_mb=0.05"},
     {"parallel.tp=2"},

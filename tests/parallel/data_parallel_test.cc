@@ -149,6 +149,28 @@ TEST(Pipeline, OddAndUnevenSplitsMatchTheSingleProcessRun) {
                   {"pp3 split 3,1,3", {"parallel.pp=3", "parallel.pp_layers=3,1,3", "train.grad_accum=2"}}});
 }
 
+// Note [Stage split]: a first stage that only embeds and a last that only runs the final
+// norm, head and loss; GPT's tied head on a rank without the embedding, and Llama's own.
+TEST(Pipeline, StagesWithoutBlocksMatchTheSingleProcessRun) {
+  expect_matches(gpt_config({"model.layers=4"}),
+                 {{"pp2 split 0,4", {"parallel.pp=2", "parallel.pp_layers=0,4", "train.grad_accum=2"}},
+                  {"pp2 split 4,0", {"parallel.pp=2", "parallel.pp_layers=4,0", "train.grad_accum=2"}},
+                  {"pp3 split 0,4,0", {"parallel.pp=3", "parallel.pp_layers=0,4,0", "train.grad_accum=3"}},
+                  {"pp2 x vpp2 split 0,2,2,0", {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved",
+                                                "parallel.pp_layers=0,2,2,0", "train.grad_accum=4"}},
+                  {"pp2 zb-v split 0,2,2,0", {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v",
+                                              "parallel.pp_layers=0,2,2,0", "train.grad_accum=4"}},
+                  {"pp3 x vpp2 accounted", {"parallel.pp=3", "parallel.vpp=2", "parallel.schedule=interleaved",
+                                            "parallel.pp_account_embedding=true", "parallel.pp_account_loss=true",
+                                            "train.grad_accum=3"}}});
+  Config llama = llama_config();
+  llama.model.layers = 4;
+  expect_matches(llama, {{"llama pp2 split 0,4 zb-h1", {"parallel.pp=2", "parallel.pp_layers=0,4",
+                                                        "parallel.schedule=zb-h1", "train.grad_accum=2"}},
+                         {"llama dp2 x pp2 split 4,0 zero2", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=2",
+                                                             "parallel.pp_layers=4,0", "train.grad_accum=2"}}});
+}
+
 TEST(Pipeline, WithDataParallelAndZeroMatchesTheSingleProcessRun) {
   expect_matches(gpt_config({"model.layers=4"}),
                  {{"dp2 x pp2", {"parallel.dp=2", "parallel.pp=2", "train.grad_accum=2"}},
@@ -221,6 +243,8 @@ TEST(Pipeline, StageLayersAndParts) {
   EXPECT_EQ(parallel::stage_layers(7, 2, {3, 4}), (std::vector<int>{3, 4}));
   EXPECT_THROW(parallel::stage_layers(3, 4), Error);
   EXPECT_THROW(parallel::stage_layers(7, 2, {3, 3}), Error);
+  EXPECT_EQ(parallel::stage_layers(4, 3, {0, 4, 0}), (std::vector<int>{0, 4, 0}));  // Note [Stage split]
+  EXPECT_THROW(parallel::stage_layers(4, 3, {2, 0, 2}), Error);
   // Interleaved: rank 1 of pp 2 x vpp 2 holds virtual stages 1 and 3.
   const ModelPart p = parallel::pipeline_part({1, 2, 2, 3}, 2, 2, 1);
   EXPECT_EQ(p.chunks, (std::vector<std::pair<int, int>>{{1, 3}, {5, 8}}));

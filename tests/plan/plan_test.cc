@@ -26,6 +26,44 @@ TEST(StageDp, HandExamples) {
   EXPECT_TRUE(split_stages({1, 1, 1}, 2, 0, 0, {1, 1}).layers.empty());  // caps cannot hold 3 layers
 }
 
+// Note [Stage DP]: an end stage may hold no layer where that is strictly better.
+TEST(StageDp, EmptyEndsOnlyWhenStrictlyBetter) {
+  // A head of 5 on four unit layers over two stages: {3 | 1 + 5} = 6, {4 | 0 + 5} = 5.
+  const StageSplit heavy = split_stages({1, 1, 1, 1}, 2, 0, 5, {}, true);
+  EXPECT_EQ(heavy.layers, (std::vector<int>{4, 0}));
+  EXPECT_DOUBLE_EQ(heavy.bottleneck_s, 5);
+  EXPECT_EQ(split_stages({1, 1, 1, 1}, 2, 0, 5).layers, (std::vector<int>{3, 1}));  // not asked: both hold layers
+  // An embedding of 4 and a head of 4 around two layers over three stages: {0 | 2 | 0} = 4.
+  EXPECT_EQ(split_stages({1, 1}, 3, 4, 4, {}, true).layers, (std::vector<int>{0, 2, 0}));
+  // A tie keeps every stage holding a layer: {1 | 1} = 2 against {0 | 2} = 2.
+  EXPECT_EQ(split_stages({1, 1}, 2, 1, 0, {}, true).layers, (std::vector<int>{1, 1}));
+  // More stages than layers: only with both ends empty.
+  EXPECT_EQ(split_stages({1, 1}, 4, 1, 1, {}, true).layers, (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_TRUE(split_stages({1, 1}, 5, 1, 1, {}, true).layers.empty());
+}
+
+TEST(StageDp, MatchesBruteForceWithEmptyEnds) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.1, 3.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int L = 1 + int(rng() % 8), S = 1 + int(rng() % (L + 2));
+    std::vector<double> t(static_cast<size_t>(L));
+    for (double& v : t) v = u(rng);
+    const double first = 4 * u(rng) * (rng() % 2), last = 4 * u(rng) * (rng() % 2);
+    const StageSplit dp = split_stages(t, S, first, last, {}, true);
+    const StageSplit bf = split_stages_brute_force(t, S, first, last, {}, true);
+    ASSERT_EQ(dp.layers.empty(), bf.layers.empty()) << "trial " << trial;
+    if (dp.layers.empty()) continue;
+    EXPECT_NEAR(dp.bottleneck_s, bf.bottleneck_s, 1e-12) << "trial " << trial;
+    int sum = 0;
+    for (size_t k = 0; k < dp.layers.size(); ++k) {
+      sum += dp.layers[k];
+      if (k > 0 && k + 1 < dp.layers.size()) EXPECT_GE(dp.layers[k], 1) << "trial " << trial;
+    }
+    EXPECT_EQ(sum, L);
+  }
+}
+
 TEST(StageDp, MatchesBruteForceOnRandomProblems) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0.1, 3.0);

@@ -53,6 +53,23 @@ TEST(Simulator, NoScheduleGoesBelowTheFloorOfUnequalStages) {
   }
 }
 
+// Note [Stage split]: a last stage that only runs the (256-row) head carries almost no work,
+// so the floor is that of 8 blocks on one rank of two, 1 - 8 / (2 x 8) = 50%; Megatron's
+// accounted split is priced as the explicit split it resolves to (8 + 1 over 2 = 5, 4; the
+// last gives one to the loss: 5, 3).
+TEST(Simulator, PricesStagesWithoutBlocksAndTheAccountedSplit) {
+  const SimResult head_only = simulate(plan_of({"parallel.pp_layers=8,0"}), free_links(2));
+  EXPECT_NEAR(head_only.bubble_floor, 0.5, 0.005);
+  const SimResult accounted = simulate(plan_of({"parallel.pp_account_loss=true"}), free_links(2));
+  const SimResult explicit_split = simulate(plan_of({"parallel.pp_layers=5,3"}), free_links(2));
+  EXPECT_DOUBLE_EQ(accounted.step_time_s, explicit_split.step_time_s);
+  EXPECT_DOUBLE_EQ(accounted.bubble_floor, explicit_split.bubble_floor);
+  EXPECT_NEAR(accounted.bubble_floor, 1 - 8.0 / (2 * 5), 0.005);
+  ASSERT_EQ(accounted.ranks.size(), explicit_split.ranks.size());
+  for (size_t r = 0; r < accounted.ranks.size(); ++r)
+    EXPECT_DOUBLE_EQ(accounted.ranks[r].memory.total(), explicit_split.ranks[r].memory.total()) << "rank " << r;
+}
+
 // Per pipeline rank and step kind (F / B), the mean duration of its steps in the trace.
 std::map<std::pair<int64_t, char>, double> step_means(const SimResult& r) {
   std::map<std::pair<int64_t, char>, std::pair<double, int>> sum;

@@ -173,8 +173,13 @@ std::vector<KeyDef> parallel_keys() {
                     parse_recompute, recompute_text),
       LOOM_TEXT_KEY(parallel, zero_keep, "ZeRO-3: layers whose gathered parameters stay for the whole step, per layer "
                     "keep | shard (e.g. \"keep*4,shard*20\"); empty = shard all", parse_zero_keep, zero_keep_text),
-      LOOM_TEXT_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\"; empty = even split", parse_pp_layers,
+      LOOM_TEXT_KEY(parallel, pp_layers, "layers per pipeline stage, e.g. \"3,4\" (the first and last may be 0: "
+                    "a stage that only embeds or only runs the head); empty = even split", parse_pp_layers,
                     pp_layers_text),
+      LOOM_BOOL_KEY(parallel, pp_account_embedding, "the even split counts the embedding as a layer of the first "
+                    "stage (Megatron-LM's --account-for-embedding-in-pipeline-split)"),
+      LOOM_BOOL_KEY(parallel, pp_account_loss, "the even split counts the head and loss as a layer of the last "
+                    "stage (Megatron-LM's --account-for-loss-in-pipeline-split)"),
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
       LOOM_TEXT_KEY(parallel, compress, "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd | onebit_adam | zero_one_adam | topk_adam",
                     parse_compress, compress_name),

@@ -177,6 +177,9 @@ std::vector<bool> parse_zero_keep(const std::string& text);
 std::string zero_keep_text(const std::vector<bool>& layers);
 // "3,4" <-> {3, 4}; "" <-> {}.
 std::vector<int64_t> parse_pp_layers(const std::string& text);
+// `layers` over `stages` as evenly as possible, the remainder to the middle stages (the ends
+// also embed and run the head).
+std::vector<int> even_stage_split(int layers, int stages);
 std::string pp_layers_text(const std::vector<int64_t>& split);
 // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd" | "onebit_adam" | "zero_one_adam"
 const char* compress_name(CompressKind k);
@@ -206,6 +209,11 @@ struct ParallelConfig {
   ScheduleKind schedule = ScheduleKind::k1F1B;       // gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | 2bw | pipedream | pipemare
   std::vector<Recompute> recompute{Recompute::kNone};  // one for every layer, or one per layer
   std::vector<int64_t> pp_layers;  // layers per pipeline stage, e.g. {3, 4}; empty: as even as possible
+  // Megatron-LM's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-
+  // split: the default split counts the embedding (the loss) as one more layer of the first
+  // (last) stage (Note [Stage split] in parallel_config.cc).
+  bool pp_account_embedding = false;
+  bool pp_account_loss = false;
   std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
   // Gradient compression (Note [Gradient compressors]); defaults are the papers'.
@@ -268,8 +276,9 @@ struct ParallelConfig {
   std::string shape_text() const;
   // The parallel.dp that fills `ranks` ranks with this tp, pp and ps_servers; 0 when none does.
   int64_t dp_for(int64_t ranks) const;
-  // pp_layers as ints ({} when empty).
-  std::vector<int> layer_split() const { return {pp_layers.begin(), pp_layers.end()}; }
+  // Blocks per virtual stage (pp x vpp of them) of a `layers`-layer model: pp_layers, else the
+  // accounted split, else as even as possible (Note [Stage split] in parallel_config.cc).
+  std::vector<int> layer_split(int64_t layers) const;
   // The recompute policy of each of `layers` layers. Throws ConfigError when the list does
   // not cover them (validate() has already refused that for a loaded config).
   std::vector<Recompute> recompute_layers(int64_t layers) const;

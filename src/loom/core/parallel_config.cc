@@ -1,5 +1,6 @@
 // Validation of the [parallel] section: every violation with its values and valid choices.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <sstream>
 
@@ -80,10 +81,12 @@ void check_pipeline(const Config& c, std::vector<std::string>& errs) {
   const int64_t L = c.model.layers;
   if (p.pp < 1 || p.vpp < 1 || L < 1) return;
   const int64_t stages = p.pp * p.vpp;
-  if (stages > L)
+  const int64_t accounted = int64_t(p.pp_account_embedding) + int64_t(p.pp_account_loss);
+  if (p.pp_layers.empty() && stages > L + accounted)
     errs.push_back("parallel.pp x parallel.vpp = " + str(p.pp) + " x " + str(p.vpp) + " = " + str(stages) +
-                   " stages exceeds model.layers = " + str(L) + ": every stage needs a layer; valid pp at vpp " +
-                   str(p.vpp) + ": 1.." + str(L / p.vpp));
+                   " stages exceeds model.layers = " + str(L) +
+                   (accounted ? " + " + str(accounted) + " accounted (embedding, loss)" : std::string()) +
+                   ": every stage needs a layer; valid pp at vpp " + str(p.vpp) + ": 1.." + str((L + accounted) / p.vpp));
   if (p.vpp > 1 && p.schedule != ScheduleKind::kInterleaved1F1B && p.schedule != ScheduleKind::kZbV)
     errs.push_back("parallel.vpp = " + str(p.vpp) + " needs parallel.schedule = interleaved or zb-v (it is '" +
                    schedule_name(p.schedule) + "')");
@@ -116,6 +119,13 @@ void check_pipeline(const Config& c, std::vector<std::string>& errs) {
       errs.push_back("parallel.pp_layers = \"" + pp_layers_text(split) + "\" lists " + str(int64_t(split.size())) +
                      " stages with " + str(sum) + " layers; need " + str(stages) + " stages (pp x vpp) summing to " +
                      "model.layers = " + str(L));
+    for (size_t i = 1; i + 1 < split.size(); ++i)
+      if (split[i] == 0)
+        errs.push_back("parallel.pp_layers = \"" + pp_layers_text(split) + "\": stage " + str(int64_t(i)) +
+                       " holds no layers; only the first stage (it embeds) and the last (it runs the head) may");
+    if (accounted)
+      errs.push_back("parallel.pp_layers = \"" + pp_layers_text(split) + "\" fixes every stage's layers, so "
+                     "parallel.pp_account_embedding / pp_account_loss have nothing to split: drop one or the other");
   }
 }
 
@@ -495,13 +505,43 @@ std::vector<int64_t> parse_pp_layers(const std::string& text) {
     try {
       size_t pos = 0;
       const long long v = std::stoll(item, &pos);
-      if (pos != item.size() || v <= 0 || v > kMaxLayers) throw 0;
+      if (pos != item.size() || v < 0 || v > kMaxLayers) throw 0;
       out.push_back(v);
     } catch (...) {
       throw ConfigError("parallel.pp_layers = \"" + text + "\": '" + item +
-                        "' is not a positive layer count; expected e.g. \"3,4\"");
+                        "' is not a layer count; expected e.g. \"3,4\"");
     }
   }
+  return out;
+}
+
+// Note [Stage split]
+// The blocks of each virtual stage, in stage order. Given parallel.pp_layers, those (the
+// first and last may be 0: a stage that only embeds, or only runs the final norm, head
+// and loss). Else the even split: L blocks over S stages, floor(L / S) each and the
+// remainder one each to the stages nearest the middle, since the ends also embed and run
+// the head. Megatron-LM's accounting counts the embedding and/or the loss as one more
+// layer: L + k "layers" split evenly, then the first (embedding) and/or the last (loss)
+// stage gives one back; Llama 3.1 405B's 126 blocks over pp 8 x vpp 8 = 64 stages are 128
+// over 64, 2 each, with 1 block beside the embedding and 1 before the head. (Megatron
+// requires L + k divisible by S; loom gives the remainder to the middle as above.)
+std::vector<int> even_stage_split(int layers, int stages) {
+  std::vector<int> out(size_t(stages), layers / stages);
+  std::vector<int> order(static_cast<size_t>(stages));
+  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
+  const double mid = (stages - 1) / 2.0;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
+  for (int i = 0; i < layers % stages; i++) out[size_t(order[size_t(i)])]++;
+  return out;
+}
+
+std::vector<int> ParallelConfig::layer_split(int64_t layers) const {
+  if (!pp_layers.empty()) return {pp_layers.begin(), pp_layers.end()};
+  const int stages = int(pp * vpp);
+  if (!pp_account_embedding && !pp_account_loss) return even_stage_split(int(layers), stages);
+  std::vector<int> out = even_stage_split(int(layers) + int(pp_account_embedding) + int(pp_account_loss), stages);
+  if (pp_account_embedding) out.front()--;
+  if (pp_account_loss) out.back()--;
   return out;
 }
 

@@ -98,9 +98,12 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   LOOM_CHECK(w_slots_ == 0 || std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) == 0,
              "a split backward (zero-bubble schedules) cannot run fully recomputed layers: their inputs are gone by "
              "the weight-gradient step; use recompute none or selective");
-  for (auto [b, e] : chunks_)
-    LOOM_CHECK(0 <= b && b < e && e <= cfg.layers, "model chunk [", b, ", ", e, ") is not a layer range of the ",
-               cfg.layers, "-layer model");
+  for (int c = 0; c < chunks(); ++c) {  // Note [Stage split]: a chunk that embeds or runs the head may hold no block
+    const auto [b, e] = chunks_[size_t(c)];
+    const bool may_be_empty = chunk_has_embed(c) || chunk_has_head(c);
+    LOOM_CHECK(0 <= b && (b < e || (b == e && may_be_empty)) && e <= cfg.layers, "model chunk [", b, ", ", e,
+               ") is not a layer range of the ", cfg.layers, "-layer model");
+  }
   if (opt.huge_params && !opt.params_elsewhere) huge_resize(params_, size_t(layout_.total_floats()));  // zeros
   else params_.assign(layout_.total_floats(), 0.0f);
   if (opt.params_elsewhere) release_pages(params_.data(), int64_t(params_.size() * sizeof(float)));

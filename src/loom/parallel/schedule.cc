@@ -341,26 +341,21 @@ ScheduleCheck validate(const Schedule& s) {
 }
 
 std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split) {
-  LOOM_CHECK(stages >= 1 && layers >= stages, "cannot split ", layers, " layers into ", stages,
-             " pipeline stages: every stage needs a layer");
-  if (!split.empty()) {
-    int sum = 0;
-    for (int v : split) {
-      LOOM_CHECK(v >= 1, "pipeline split has a stage with ", v, " layers");
-      sum += v;
-    }
-    LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ",
-               sum, " layers does not match ", stages, " stages of a ", layers, "-layer model");
-    return split;
+  if (split.empty()) {
+    LOOM_CHECK(stages >= 1 && layers >= stages, "cannot split ", layers, " layers into ", stages,
+               " pipeline stages: every stage needs a layer");
+    return even_stage_split(layers, stages);
   }
-  std::vector<int> out(size_t(stages), layers / stages);
-  // The ends also run the embedding and the head: the remainder goes to the middle stages.
-  std::vector<int> order(static_cast<size_t>(stages));
-  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
-  const double mid = (stages - 1) / 2.0;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
-  for (int i = 0; i < layers % stages; i++) out[size_t(order[size_t(i)])]++;
-  return out;
+  int sum = 0;
+  for (size_t i = 0; i < split.size(); ++i) {
+    const bool end = i == 0 || i + 1 == split.size();  // Note [Stage split]: the ends may hold no blocks
+    LOOM_CHECK(split[i] >= (end ? 0 : 1), "pipeline split has stage ", i, " of ", split.size(), " with ", split[i],
+               " layers");
+    sum += split[i];
+  }
+  LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ", sum,
+             " layers does not match ", stages, " stages of a ", layers, "-layer model");
+  return split;
 }
 
 }  // namespace loom::parallel

@@ -135,7 +135,8 @@ struct ScheduleCheck {
 // Streams: replays ages 0 .. stream_depth() and a flushing step as one list.
 ScheduleCheck validate(const Schedule& s);
 
-// Layers of each virtual stage: `split` (pp x vpp entries, summing to layers) or, when
+// Layers of each virtual stage: `split` (pp x vpp entries, summing to layers; the first and
+// last may be 0, Note [Stage split] in core/parallel_config.cc) or, when
 // empty, as even as possible with the remainder going to the middle stages (the first
 // stage also embeds and the last runs the head). Throws loom::Error on a bad split.
 std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split = {});

@@ -29,7 +29,7 @@ ModelPart rank_part(const Config& cfg, int pp_rank, int tp_rank) {
   const ParallelConfig& p = cfg.parallel;
   ModelPart part;
   if (p.pp > 1) {
-    const std::vector<int> counts = stage_layers(int(cfg.model.layers), int(p.pp * p.vpp), p.layer_split());
+    const std::vector<int> counts = stage_layers(int(cfg.model.layers), int(p.pp * p.vpp), p.layer_split(cfg.model.layers));
     part = pipeline_part(counts, int(p.pp), int(p.vpp), pp_rank, p.schedule);
   }
   part.tp = int(p.tp), part.tp_rank = tp_rank;

@@ -135,7 +135,8 @@ bool refine_stages(const PlanRequest& req, PlanCandidate& c) {
   const auto rk = par.recompute_layers(c.plan.cfg.model.layers);
   std::vector<double> t;
   for (const Recompute r : rk) t.push_back(bc.time_s[int(r)]);
-  const StageSplit split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s);
+  // The ends may hold no block (Note [Stage split]): an embedding or a head as heavy as a stage.
+  const StageSplit split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s, {}, true);
   if (split.layers.empty()) return false;
   PlanCandidate next = c;
   next.plan.cfg.parallel.pp_layers.assign(split.layers.begin(), split.layers.end());
@@ -151,7 +152,7 @@ bool refine_recompute(const PlanRequest& req, PlanCandidate& c, PlanReport& rep)
   const ParallelConfig& par = c.plan.cfg.parallel;
   const int64_t L = c.plan.cfg.model.layers, V = par.pp * par.vpp;
   const sim::BlockCosts bc = sim::block_costs(c.plan, req.cluster);
-  const std::vector<int> per_stage = parallel::stage_layers(int(L), int(V), par.layer_split());
+  const std::vector<int> per_stage = parallel::stage_layers(int(L), int(V), par.layer_split(L));
   LayerIlp p;
   p.group_budget_bytes.assign(size_t(par.pp), 0);
   p.group_base_s.assign(size_t(par.pp), 0);
@@ -245,6 +246,8 @@ std::string layout_label(const sim::SimPlan& p) {
   os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << schedule_name(q.schedule)
      << " recompute " << recompute_text(q.recompute);
   if (!q.pp_layers.empty()) os << " layers " << pp_layers_text(q.pp_layers);
+  if (q.pp_account_embedding || q.pp_account_loss)
+    os << " account" << (q.pp_account_embedding ? " embedding" : "") << (q.pp_account_loss ? " loss" : "");
   if (!q.zero_keep.empty()) os << " keep " << zero_keep_text(q.zero_keep);
   if (q.compress != CompressKind::kNone) os << " compress " << compress_name(q.compress);
   if (q.zeropp_qwz || q.zeropp_qgz || q.zeropp_hpz)
@@ -525,7 +528,10 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
   os << " --micro-batch-size " << c.micro_batch() << " --global-batch-size " << c.train.batch
      << " --tensor-model-parallel-size " << q.tp << " --pipeline-model-parallel-size " << q.pp;
   if (p.cp > 1) os << " --context-parallel-size " << p.cp;
-  if (q.vpp > 1) os << " --num-layers-per-virtual-pipeline-stage " << m.layers / (q.pp * q.vpp);
+  const int64_t accounted = int64_t(q.pp_account_embedding) + int64_t(q.pp_account_loss);
+  if (q.vpp > 1) os << " --num-layers-per-virtual-pipeline-stage " << (m.layers + accounted) / (q.pp * q.vpp);
+  if (q.pp_account_embedding) os << " --account-for-embedding-in-pipeline-split";
+  if (q.pp_account_loss) os << " --account-for-loss-in-pipeline-split";
   if (q.sp) os << " --sequence-parallel";
   if (q.zero >= 1) os << " --use-distributed-optimizer";
   const auto rk = q.recompute_layers(m.layers);

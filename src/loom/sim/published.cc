@@ -365,6 +365,14 @@ PublishedCase published_case(const PublishedRun& row) {
       "parallel.sp=" + std::string(implied_sp(row) ? "true" : "false"),
       "parallel.recompute=" + std::string(rec.rfind("full", 0) == 0 ? "full" : rec.rfind("selective", 0) == 0 ? "selective" : "none"),
       "parallel.micro_batch=" + std::to_string(mb), "parallel.zero=" + std::to_string(zero_stage(row))});
+  // Megatron builds an interleaved pipeline only when each virtual stage gets the same
+  // number of layers; Llama 3.1 405B's 126 over pp 8 x vpp 8 (or 16 x 8) runs with the
+  // embedding and the loss counted as layers (NVIDIA's Llama 3 recipes set
+  // account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split):
+  // Note [Stage split].
+  const int64_t L = int64_t(num(row, "num_layers")), V = int64_t(num(row, "pipeline_parallel", 1)) * vpp;
+  if (vpp > 1 && L % V != 0 && (L + 2) % V == 0)
+    sets.insert(sets.end(), {"parallel.pp_account_embedding=true", "parallel.pp_account_loss=true"});
   c.plan.cfg = load_config("", sets);
   c.plan.framework = published_framework(row);
   c.plan.gemm_format = format;

@@ -129,7 +129,7 @@ void build_chunks(Setup& s) {
   ZeroLayerCost zero[3][2];
   for (int r = 0; r < 3; ++r)
     for (int k = 0; k < 2; ++k) zero[r][k] = zero_layer_cost(s, block[size_t(r)], Recompute(r), k == 1);
-  const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split());
+  const std::vector<int> layers = parallel::stage_layers(int(model.layers), int(s.V), par.layer_split(model.layers));
   // Note [Resident memory]: loom's engine hands the gradient pages of the ZeRO-2/3 pieces it
   // does not own back to the OS after each reduction, and the next backward's `dW +=`
   // faults them in again (its gradients are fp32 in every precision): seconds per

@@ -153,10 +153,11 @@ TEST(Published, AttentionKernelFollowsTheRowsFramework) {
   EXPECT_EQ(published_case(row_of("somebody's trainer", "")).plan.attention, Attention::kUnfused);
 }
 
-// Issue 57: a row's precision picks its GEMM format (Note [fp8 GEMMs]); one the simulator
-// cannot price (NVFP4) is refused by name (and bench/sim_published lists it as skipped),
-// never simulated as bf16.
-TEST(Published, ARowsPrecisionPicksItsGemmFormatAndNvfp4IsUnsupported) {
+// Issue 57: a row's precision picks its GEMM format (Note [fp8 GEMMs], Note [NVFP4 GEMMs]);
+// one the simulator cannot price (another 4- or 6-bit format) is refused by name (and
+// bench/sim_published lists it as skipped), never simulated as bf16; NVFP4 on a GPU without
+// fp4 tensor cores is refused naming the device.
+TEST(Published, ARowsPrecisionPicksItsGemmFormatAndUnpricedFormatsAreRefused) {
   for (const auto& [p, want] : std::vector<std::pair<std::string, GemmFormat>>{
            {"fp8", GemmFormat::kFp8}, {"amp_fp8", GemmFormat::kFp8}, {"fp8 (hybrid)", GemmFormat::kFp8},
            {"fp8 (current scaling)", GemmFormat::kFp8Current}, {"mxfp8", GemmFormat::kMxfp8},
@@ -167,14 +168,28 @@ TEST(Published, ARowsPrecisionPicksItsGemmFormatAndNvfp4IsUnsupported) {
     EXPECT_EQ(published_case(row).plan.gemm_format, want) << p;
     EXPECT_GT(check_published(row).predicted, 0) << p;
   }
+  for (const char* p : {"mxfp4", "fp6"}) {
+    PublishedRun row = row_of("Megatron-Core r0.8.0", "");
+    row.fields["precision"] = p;
+    try {
+      published_case(row);
+      ADD_FAILURE() << p << " was simulated";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("precision '") + p + "' is not priced"), std::string::npos)
+          << e.what();
+    }
+  }
   PublishedRun row = row_of("Megatron-Core r0.8.0", "");
   row.fields["precision"] = "nvfp4";
+  EXPECT_EQ(published_case(row).plan.gemm_format, GemmFormat::kNvfp4);
   try {
-    published_case(row);
-    ADD_FAILURE() << "nvfp4 was simulated";
+    check_published(row);
+    ADD_FAILURE() << "nvfp4 was simulated on an H100";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("precision 'nvfp4' is not priced yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has no fp4 tensor cores"), std::string::npos) << e.what();
   }
+  row.fields["gpu_type"] = "B200 (DGX-B200)";
+  EXPECT_GT(check_published(row).predicted, 0);
 }
 
 // Narayanan et al. (2021) eq. (3) counts the recomputed forward: 96 B s l h^2 (1 + s/6h +

@@ -104,5 +104,57 @@ TEST(Fp8, RefusedWhereThereAreNoFp8TensorCoresAndOnLoomsEngine) {
   EXPECT_EQ(parse_gemm_format("mxfp8"), GemmFormat::kMxfp8);
 }
 
+// Note [NVFP4 GEMMs]: on a B200 (fp4 peak 9,000 TFLOP/s dense) a GEMM runs at the fp4 peak
+// times the curve; a cast of n values moves 2 (amax) + 2 (read) + 2 x (0.5 + 1/16) bytes a
+// value; operands take half a byte plus a scale byte per 16; a weight's two copies 2 x (0.5 +
+// 1/256) bytes.
+TEST(Nvfp4, AGemmRunsAtTheFp4PeakAndItsCastsAndCopiesAreBlockScaled) {
+  const ClusterSpec c = load_cluster("dgx-b200", {}, 8, "");
+  const double flops = 1e12, overhead = c.device.kernel_overhead_s, e = c.device.gemm_efficiency.at(flops);
+  EXPECT_NEAR(gemm_time_s(c.device, flops, 0, 0, true, true), flops / (9000e12 * e) + overhead, 1e-12);
+  EXPECT_NEAR(gemm_time_s(c.device, flops, 0, 0, true, false), flops / (4500e12 * e) + overhead, 1e-12);
+  EXPECT_DOUBLE_EQ(fp8_cast_bytes(GemmFormat::kNvfp4, 1e6), 5.125e6);
+  EXPECT_DOUBLE_EQ(operand_bytes(GemmFormat::kNvfp4, 2), 0.5625);
+  EXPECT_DOUBLE_EQ(operand_bytes(GemmFormat::kMxfp8, 2), 1);
+  EXPECT_DOUBLE_EQ(operand_bytes(GemmFormat::kBf16, 2), 2);
+  EXPECT_DOUBLE_EQ(weight_copy_bytes(GemmFormat::kNvfp4), 2 * (0.5 + 1.0 / 256));
+  EXPECT_DOUBLE_EQ(weight_copy_bytes(GemmFormat::kFp8), 2);
+  EXPECT_EQ(parse_gemm_format("nvfp4"), GemmFormat::kNvfp4);
+  const ModelConfig m = load_config("", {"model.preset=gpt2", "model.d_model=1024", "model.heads=16",
+                                         "model.ffn=4096", "model.ctx=2048"}).model;
+  LayerShape x = LayerShape::of(m, 1, 2048, 1, 1, false, 2);
+  x.gemm_format = GemmFormat::kNvfp4;
+  int linears = 0;
+  for (const Op& o : block_forward_ops(x))
+    if (o.name == "fc1") {
+      linears++;
+      EXPECT_TRUE(o.fp8 && o.fp4);
+      EXPECT_DOUBLE_EQ(o.bytes, 0.5625 * (2048.0 * 1024 + 1024.0 * 4096) + 2048.0 * 4096 * 2);
+    }
+  EXPECT_EQ(linears, 1);
+}
+
+// On a B200 an NVFP4 step is faster than fp8's but not twice, holds 2 x (0.5 + 1/256) bytes
+// per weight where fp8 holds 2, and NVFP4 is refused on an H100 (no fp4 tensor cores).
+TEST(Nvfp4, AStepIsFasterThanFp8ButNotTwiceAndRefusedWithoutFp4TensorCores) {
+  const ClusterSpec c = load_cluster("dgx-b200", {}, 16, "");
+  SimPlan p = llama_plan();
+  p.gemm_format = GemmFormat::kFp8Current;
+  const SimResult fp8 = simulate(p, c);
+  p.gemm_format = GemmFormat::kNvfp4;
+  const SimResult fp4 = simulate(p, c);
+  EXPECT_LT(fp4.step_time_s, fp8.step_time_s);
+  EXPECT_GT(fp4.step_time_s, fp8.step_time_s / 2);
+  const double per_block = (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336) / 2;
+  EXPECT_NEAR(fp8.ranks[0].memory.params - fp4.ranks[0].memory.params,
+              32 * per_block * (2 - 2 * (0.5 + 1.0 / 256)), 1.0);
+  try {
+    simulate(p, load_cluster("dgx-h100", {}, 16, ""));
+    FAIL() << "nvfp4 on an H100 was priced";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no fp4 tensor cores"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace loom::sim

@@ -98,7 +98,7 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                   "gather (Note [Backward prefetch]; --framework fsdp). Default pre")
       ->check(CLI::IsMember({"pre", "post"}));
   app->add_option("--precision", a.precision,
-                  "bf16 | fp8 | fp8-current | mxfp8: the transformer blocks' linear layers (Note [fp8 GEMMs]; "
+                  "bf16 | fp8 | fp8-current | mxfp8 | nvfp4: the transformer blocks' linear layers (Note [fp8 GEMMs], Note [NVFP4 GEMMs]; "
                   "attention, norms and the head stay bf16)");
   app->add_option("--compute-efficiency", a.compute_efficiency,
                   "Fraction of the cluster's GEMM and attention rate your stack's kernels reach (an older or less "

@@ -286,7 +286,8 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "norm_backward", "activation_efficiency", "activation_efficiency_1t", "activation_backward",
                  "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
                  "gemm_width_efficiency_1t", "overlap_cost", "flash3_head_dim_rate", "oversubscription",
-                 "oversubscribed_sync_us", "speed_probe_gflops", "fp8_peak_tflops", "fp8_gemm_efficiency"});
+                 "oversubscribed_sync_us", "speed_probe_gflops", "fp8_peak_tflops", "fp8_gemm_efficiency",
+                 "fp4_peak_tflops"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -302,6 +303,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   read_optional_curves(root, d, c.device);
   c.device.kernel_overhead_s = d.number("kernel_overhead_us", 0, false) * 1e-6;
   c.device.fp8_peak_flops = d.number("fp8_peak_tflops", 0, false) * 1e12;
+  c.device.fp4_peak_flops = d.number("fp4_peak_tflops", 0, false) * 1e12;
   c.device.special_function_rate = d.number("special_function_tops", 0, false) * 1e12;
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
   if ((c.device.overlap_cost = d.number("overlap_cost", 0, false)) > 4)  // >= 0: number() refuses the rest

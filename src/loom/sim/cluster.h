@@ -42,6 +42,7 @@ struct DeviceSpec {
   // fraction of it one GEMM reaches (empty: gemm_efficiency's fraction).
   double fp8_peak_flops = 0;
   Curve fp8_gemm_efficiency;
+  double fp4_peak_flops = 0;  // Note [NVFP4 GEMMs]: dense fp4 FLOP/s (0: no fp4 tensor cores)
   double memory_bytes = 0;
   double memory_bw = 0;           // bytes/s
   int64_t dtype_bytes = 2;        // activations and working weights

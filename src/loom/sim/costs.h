@@ -26,10 +26,11 @@ enum class Attention { kUnfused = 0, kFlash1 = 1, kFlash2 = 2, kFlash3 = 3 };
 
 // The format of the transformer blocks' linear-layer GEMMs (Note [fp8 GEMMs] in costs.cc):
 // bf16 (or fp16), fp8 with per-tensor delayed scaling (Transformer Engine's recipe), fp8 with
-// per-tensor current scaling (an amax pass before each cast), or MXFP8 (one E8M0 scale per
-// 32 values, Blackwell). Attention, norms, the embedding and the head stay bf16.
-enum class GemmFormat { kBf16, kFp8, kFp8Current, kMxfp8 };
-// "bf16" | "fp8" | "fp8-current" | "mxfp8"; throws ConfigError naming the choices.
+// per-tensor current scaling (an amax pass before each cast), MXFP8 (one E8M0 scale per
+// 32 values, Blackwell), or NVFP4 (4-bit values, one E4M3 scale per 16 and an fp32 scale per
+// tensor, Blackwell; Note [NVFP4 GEMMs]). Attention, norms, the embedding and the head stay bf16.
+enum class GemmFormat { kBf16, kFp8, kFp8Current, kMxfp8, kNvfp4 };
+// "bf16" | "fp8" | "fp8-current" | "mxfp8" | "nvfp4"; throws ConfigError naming the choices.
 GemmFormat parse_gemm_format(const std::string& name);
 const char* gemm_format_name(GemmFormat f);
 
@@ -61,6 +62,7 @@ struct Op {
   bool backward = true;  // kMemory: has a backward kernel of its own (loom's residual adds do not)
   double width = 0;       // kGemm of a linear layer: min(in, out features) (Note [GEMM width]); 0: other GEMMs
   bool fp8 = false;       // kGemm: runs at the device's fp8 rate, forward and backward (Note [fp8 GEMMs])
+  bool fp4 = false;       // kGemm with fp8: at the device's fp4 rate instead (Note [NVFP4 GEMMs])
   double backward_bytes = -1;  // kMemory: the backward kernel's bytes when >= 0 (else about twice the forward's)
 };
 
@@ -126,10 +128,17 @@ double kernel_time_s(const DeviceSpec& d, const Op& op);
 // A memory-bound op's forward or backward (Note [Memory-bound kernel classes]).
 double memory_class_time_s(const DeviceSpec& d, const Op& op, bool backward);
 // `width`: a linear layer's narrower feature count (Op::width; 0: priced by FLOPs alone).
-double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width = 0, bool fp8 = false);
+// `fp8` / `fp4`: at the device's fp8 / fp4 peak (Note [fp8 GEMMs], Note [NVFP4 GEMMs]).
+double gemm_time_s(const DeviceSpec& d, double flops, double bytes, double width = 0, bool fp8 = false,
+                   bool fp4 = false);
 // Note [fp8 GEMMs]: bytes one cast of `elements` bf16 values moves in `f` (read, the fp8
 // copy and its transpose, an amax pass, block scales).
 double fp8_cast_bytes(GemmFormat f, double elements);
+// Bytes a GEMM operand value takes in `f` (2 in bf16, 1 in fp8 and MXFP8, 0.5 + 1/16 in NVFP4).
+double operand_bytes(GemmFormat f, double bf16_bytes);
+// Bytes a weight's low-precision copies held through the step take (the copy and its
+// transpose; 0 in bf16).
+double weight_copy_bytes(GemmFormat f);
 double memory_time_s(const DeviceSpec& d, double bytes);
 // What a collective of comm_s seconds run beside window_s seconds of compute adds to the
 // window (Note [Overlap contention]): max(comm - window, overlap_cost x min(comm, window)).

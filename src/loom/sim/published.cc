@@ -318,6 +318,21 @@ std::string fit_unstated_recompute(PublishedCase& c) {
   c.plan.cfg.parallel.recompute = {Recompute::kNone};
   return detail::cat("recompute unstated: none, though nothing fits (", tried, ")");
 }
+
+// Note [fp8 GEMMs], Note [NVFP4 GEMMs]: fp8 rows by their scaling, NVFP4; a precision the
+// simulator cannot price (another 4- or 6-bit format) is refused by name, never priced as bf16.
+GemmFormat row_gemm_format(const PublishedRun& row) {
+  const std::string precision = text(row, "precision");
+  LOOM_CHECK((!contains(precision, "fp4") || contains(precision, "nvfp4")) && !contains(precision, "fp6"),
+             "published run ", row.id(), ": precision '", precision,
+             "' is not priced (the simulator prices bf16 / fp16, fp8, MXFP8 and NVFP4 GEMMs)");
+  return contains(precision, "nvfp4")     ? GemmFormat::kNvfp4
+         : contains(precision, "mxfp8")   ? GemmFormat::kMxfp8
+         : contains(precision, "current") ? GemmFormat::kFp8Current
+         : contains(precision, "fp8")     ? GemmFormat::kFp8
+                                          : GemmFormat::kBf16;
+}
+
 }  // namespace
 
 // The cluster preset of a row's gpu_type ("" when none): the GB200 / GB300 rows run in NVL72
@@ -336,15 +351,7 @@ PublishedCase published_case(const PublishedRun& row) {
   const std::string preset = gpu_preset(gpu);
   LOOM_CHECK(!preset.empty(), "published run ", row.id(), ": gpu_type '", gpu,
              "' has no cluster preset (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72, gb300-nvl72, dgx-v100)");
-  // Note [fp8 GEMMs]: fp8 rows by their scaling; a precision the simulator cannot price
-  // (NVFP4) is refused by name, never priced as bf16.
-  const std::string precision = text(row, "precision");
-  LOOM_CHECK(!contains(precision, "fp4"), "published run ", row.id(), ": precision '", precision,
-             "' is not priced yet (the simulator prices bf16 / fp16, fp8 and MXFP8 GEMMs)");
-  const GemmFormat format = contains(precision, "mxfp8")     ? GemmFormat::kMxfp8
-                                 : contains(precision, "current") ? GemmFormat::kFp8Current
-                                 : contains(precision, "fp8")     ? GemmFormat::kFp8
-                                                                  : GemmFormat::kBf16;
+  const GemmFormat format = row_gemm_format(row);
   // The 40 GB A100 (SXM4) has HBM2 at 1,555 GB/s against the 80 GB part's 2,039 (NVIDIA A100
   // datasheet); the rest of the dgx-a100 preset holds for both.
   const std::vector<std::string> a100_40 = {"cluster.device.name=A100-SXM4-40GB", "cluster.device.memory_gib=40",

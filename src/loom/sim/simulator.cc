@@ -82,6 +82,10 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
     LOOM_CONFIG_CHECK(cluster.device.fp8_peak_flops > 0, "--precision ", gemm_format_name(plan.gemm_format),
                       ": device ", cluster.device.name, " of cluster ", cluster.name,
                       " has no fp8 tensor cores (cluster.device.fp8_peak_tflops is 0); H100 and Blackwell do");
+    LOOM_CONFIG_CHECK(plan.gemm_format != GemmFormat::kNvfp4 || cluster.device.fp4_peak_flops > 0,
+                      "--precision nvfp4: device ", cluster.device.name, " of cluster ", cluster.name,
+                      " has no fp4 tensor cores (cluster.device.fp4_peak_tflops is 0); Blackwell does (dgx-b200, "
+                      "gb200-nvl72, gb300-nvl72); use fp8 or mxfp8 here");
     s.x.gemm_format = plan.gemm_format;
   }
   s.x.vocab_split = par.vocab_parallel && s.tp > 1;
@@ -398,7 +402,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.optimizer_s = 0;
   }
   rep.memory = rank_memory(s, r, st, rep);
-  rep.memory.params += 2 * fp8_weights;  // Note [fp8 GEMMs]: the fp8 copy and its transpose (none in bf16)
+  rep.memory.params += weight_copy_bytes(s.x.gemm_format) * fp8_weights;  // Note [fp8 GEMMs]: the copy and its transpose
   if (par.ps_servers > 0) rep.memory.optimizer = 0;
   // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
   if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;

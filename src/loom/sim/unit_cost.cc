@@ -56,7 +56,7 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
       p.cp += overlapped_s(c.device, (o.ring_steps - 1) * shift, attention_s) + o.ring_steps * shift;
     } else if (o.kind == Op::Kind::kGemm) {
       const Curve& f = c.device.gemm_backward_factor;
-      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width, o.fp8) * (f.points.empty() ? 1.0 : f.at(o.flops));
+      const double t = 2 * gemm_time_s(c.device, o.flops, o.bytes, o.width, o.fp8, o.fp4) * (f.points.empty() ? 1.0 : f.at(o.flops));
       p.compute += t;
       p.gemm += t;
       if (wgt) wgt->compute += t / 2;

@@ -156,6 +156,8 @@ TEST(Pipeline, StagesWithoutBlocksMatchTheSingleProcessRun) {
                  {{"pp2 split 0,4", {"parallel.pp=2", "parallel.pp_layers=0,4", "train.grad_accum=2"}},
                   {"pp2 split 4,0", {"parallel.pp=2", "parallel.pp_layers=4,0", "train.grad_accum=2"}},
                   {"pp3 split 0,4,0", {"parallel.pp=3", "parallel.pp_layers=0,4,0", "train.grad_accum=3"}},
+                  {"pp2 split 0,4 recompute full", {"parallel.pp=2", "parallel.pp_layers=0,4",
+                                                    "parallel.recompute=full", "train.grad_accum=2"}},
                   {"pp2 x vpp2 split 0,2,2,0", {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved",
                                                 "parallel.pp_layers=0,2,2,0", "train.grad_accum=4"}},
                   {"pp2 zb-v split 0,2,2,0", {"parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v",

@@ -139,6 +139,10 @@ TEST(ZeroBubble, EqualsOneFOneBWithDataAndTensorParallelAndLlama) {
       {"parallel.pp=2", "parallel.tp=2", "parallel.sp=true", "train.grad_accum=2", "train.batch=2"},
       {"parallel.pp=3", "parallel.recompute=selective", "train.grad_accum=6", "train.batch=6"},
       {"parallel.pp=2", "train.precision=bf16", "train.grad_accum=4", "train.batch=4"},
+      // Note [Stage split]: a head-only last stage in bf16, an embedding-only first with selective recompute
+      {"parallel.pp=2", "parallel.pp_layers=4,0", "train.precision=bf16", "train.grad_accum=4", "train.batch=4"},
+      {"parallel.pp=3", "parallel.pp_layers=0,4,0", "parallel.recompute=selective", "train.grad_accum=3",
+       "train.batch=3"},
   };
   for (auto l : std::vector<std::vector<std::string>>{{"parallel.pp=2", "train.grad_accum=4", "train.batch=4"},
                                                       {"parallel.pp=2", "parallel.tp=2", "train.grad_accum=2",

@@ -191,11 +191,14 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
     return kept(N * C) + 2 * take(Nr) + kept(N * Q) + (with_probs || lse ? probs : 0) + kept(N * HD) + kept(N * C) +
            2 * take(Nr) + kept(N * F2) + kept(N * F) + residual;
   };
-  const bool any_full = std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
-  const bool any_selective = std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
-  int64_t total = (any_full ? block(true, false) : 0) + (any_selective && !lse ? probs : 0);
   const auto chunks = part.resolved_chunks(m);
-  if (bf16_activations)  // staging buffers; the shared x1 and, where used, the two block outputs
+  // A part of no block (a stage that only embeds or only runs the head: Note [Stage split])
+  // carves none of the blocks' shared buffers and scratch.
+  const bool blocks = holds_blocks(chunks);
+  const bool any_full = blocks && std::count(recompute.begin(), recompute.end(), Recompute::kFull) > 0;
+  const bool any_selective = blocks && std::count(recompute.begin(), recompute.end(), Recompute::kSelective) > 0;
+  int64_t total = (any_full ? block(true, false) : 0) + (any_selective && !lse ? probs : 0);
+  if (bf16_activations && blocks)  // staging buffers; the shared x1 and, where used, the two block outputs
     total += take(N * (m.arch == Arch::kGpt ? std::max(C, HD) : std::max({C, HD, F}))) + take(N * std::max(Q, F2)) +
              take(Nr * C) +
              (shares_block_outputs(chunks, recompute) ? 2 * take(Nr * C) : 0);
@@ -216,7 +219,8 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
   total += take(N);                                                            // losses
   // backward scratch; with bf16 storage the norms', attention's and the MLP's input gradients
   // live in the staging buffers (Note [Lean residual stream])
-  total += take(N * C) + take(N * Q) + (bf16_activations ? 0 : take(N * C) + take(N * HD) + take(N * F2) + take(N * F));
+  total += take(N * C);  // dres
+  if (blocks) total += take(N * Q) + (bf16_activations ? 0 : take(N * C) + take(N * HD) + take(N * F2) + take(N * F));
   if (split) total += take(N * C) + take(2 * C);
   return total;
 }

@@ -106,6 +106,13 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
                           int act_slots, const std::vector<Recompute>& recompute, bool sp, bool bf16_activations,
                           int w_slots = 0, int64_t key_seq = 0);
 
+// Whether any of the [begin, end) chunks holds a block (Note [Stage split]: an end stage may hold none).
+inline bool holds_blocks(const std::vector<std::pair<int, int>>& chunks) {
+  for (auto [b, e] : chunks)
+    if (b < e) return true;
+  return false;
+}
+
 // Note [Lean residual stream] (model.cc): with bf16 activations, whether layer l (of a chunk
 // ending before layer chunk_end) keeps its block output: only when something reads it after
 // the forward, i.e. l is the chunk's last layer (the chunk's output) or the next layer is

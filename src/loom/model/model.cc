@@ -139,8 +139,11 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
              " rows divisible by tp = ", part.tp);
   Acts& a = *(acts_ = std::make_unique<Acts>());
   const bool gelu = cfg.arch == Arch::kGpt;  // Note [Lean residual stream]: the activation in place
-  const bool any_full = std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
-  const bool shared_p = !keeps_lse() && std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
+  // A part of no block carves none of the blocks' shared buffers (activation_floats, layout.h).
+  const bool blocks = holds_blocks(chunks_);
+  const bool any_full = blocks && std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
+  const bool shared_p =
+      blocks && !keeps_lse() && std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
   auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, bf16 with bf16 storage; ring's lse fp32
     if (bf16_acts_ && !keeps_lse()) f = nullptr, h = c.take_bf16(P);
     else f = c.take(P), h = nullptr;
@@ -169,7 +172,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
   };
   for (int pass = 0; pass < 2; pass++) {
     Carver c(pass == 0 ? nullptr : a.storage.get());
-    if (bf16_acts_) {
+    if (bf16_acts_ && blocks) {
       a.stage = c.take(N * (gelu ? std::max(C, HD) : std::max({C, HD, F}))), a.stage2 = c.take(N * std::max(Q, F2));
       a.res_x1 = c.take(Nr * C);
       if (shares_block_outputs(chunks_, recompute_)) a.res_out[0] = c.take(Nr * C), a.res_out[1] = c.take(Nr * C);
@@ -232,11 +235,13 @@ void Model::carve_scratch(Carver& c, int64_t N) {
   // backward overwrites dL/d(activation) with dL/d(fc output) in place) or, for SwiGLU,
   // dL/d(activation) in `stage` and dL/d(fc output) in `stage2` (before attention's backward
   // widens qkv into it).
-  a.dnorm = bf16_acts_ ? a.stage : c.take(N * C);
-  a.datty = bf16_acts_ ? a.stage : c.take(N * HD);
-  a.dqkv = c.take(N * Q);
-  a.dfch = bf16_acts_ ? a.stage2 : c.take(N * F2);
-  a.dfcg = !bf16_acts_ ? c.take(N * F) : cfg_.arch == Arch::kGpt ? a.stage2 : a.stage;
+  if (holds_blocks(chunks_)) {  // a part of no block runs no block backward
+    a.dnorm = bf16_acts_ ? a.stage : c.take(N * C);
+    a.datty = bf16_acts_ ? a.stage : c.take(N * HD);
+    a.dqkv = c.take(N * Q);
+    a.dfch = bf16_acts_ ? a.stage2 : c.take(N * F2);
+    a.dfcg = !bf16_acts_ ? c.take(N * F) : cfg_.arch == Arch::kGpt ? a.stage2 : a.stage;
+  }
   if (sp_) a.full_tmp = c.take(N * C), a.norm_grad_tmp = c.take(2 * C);
 }
 

@@ -139,11 +139,9 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
              " rows divisible by tp = ", part.tp);
   Acts& a = *(acts_ = std::make_unique<Acts>());
   const bool gelu = cfg.arch == Arch::kGpt;  // Note [Lean residual stream]: the activation in place
-  // A part of no block carves none of the blocks' shared buffers (activation_floats, layout.h).
-  const bool blocks = holds_blocks(chunks_);
-  const bool any_full = blocks && std::count(recompute_.begin(), recompute_.end(), Recompute::kFull) > 0;
-  const bool shared_p =
-      blocks && !keeps_lse() && std::count(recompute_.begin(), recompute_.end(), Recompute::kSelective) > 0;
+  const bool blocks = holds_blocks(chunks_);  // else none of the blocks' shared buffers (activation_floats)
+  const auto count = [&](Recompute r) { return blocks && std::count(recompute_.begin(), recompute_.end(), r) > 0; };
+  const bool any_full = count(Recompute::kFull), shared_p = !keeps_lse() && count(Recompute::kSelective);
   auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, bf16 with bf16 storage; ring's lse fp32
     if (bf16_acts_ && !keeps_lse()) f = nullptr, h = c.take_bf16(P);
     else f = c.take(P), h = nullptr;

@@ -138,8 +138,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
   LOOM_CHECK(!sp_ || N % part.tp == 0, "sequence parallel needs micro-batch x seq = ", N,
              " rows divisible by tp = ", part.tp);
   Acts& a = *(acts_ = std::make_unique<Acts>());
-  // gelu (Note [Lean residual stream]): the activation in place; no blocks: none of their shared buffers
-  const bool gelu = cfg.arch == Arch::kGpt, blocks = holds_blocks(chunks_);
+  const bool gelu = cfg.arch == Arch::kGpt, blocks = holds_blocks(chunks_);  // Note [Lean residual stream]
   const auto count = [&](Recompute r) { return blocks && std::count(recompute_.begin(), recompute_.end(), r) > 0; };
   const bool any_full = count(Recompute::kFull), shared_p = !keeps_lse() && count(Recompute::kSelective);
   auto take_probs = [&](Carver& c, float*& f, bf16*& h) {  // P, bf16 with bf16 storage; ring's lse fp32

@@ -53,6 +53,9 @@ const std::vector<Pair>& pairs() {
       {"tp2 x pp2 -> dp4", {}, {"parallel.tp=2", "parallel.pp=2"}, {"parallel.dp=4"}},
       {"zero3 dp4 -> tp2 x dp2", {}, {"parallel.dp=4", "parallel.zero=3"}, {"parallel.tp=2", "parallel.dp=2"}},
       {"pp4 -> pp2", {}, {"parallel.pp=4"}, {"parallel.pp=2"}},
+      // Note [Stage split]: stages that only embed / only run the head, into the accounted split.
+      {"pp3 split 0,4,0 -> pp2 accounted", {}, {"parallel.pp=3", "parallel.pp_layers=0,4,0"},
+       {"parallel.pp=2", "parallel.pp_layers=", "parallel.pp_account_loss=true"}},
       {"zero1 dp2 -> single", {}, {"parallel.dp=2", "parallel.zero=1"}, {}},
       {"single -> tp2 + sp", {}, {}, {"parallel.tp=2", "parallel.sp=true"}},
       {"tp2 replicated vocab -> tp4", {}, {"parallel.tp=2", "parallel.vocab_parallel=false"}, {"parallel.tp=4"}},

@@ -17,6 +17,7 @@
 #include "loom/cli/supervise.h"
 #include "loom/comm/mpi_backend.h"
 #include "loom/comm/world.h"
+#include "loom/train/preflight.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/core/owned.h"
@@ -74,6 +75,7 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
     co.check_desync = cfg.comm.check_desync;
     comm::World world(comm::make_mpi_backend(), co);
+    if (world.world_size() > 1) preflight(world, cfg);  // Note [Preflight]
     logging = world.global_rank() == 0;
     comm::World* many = world.world_size() > 1 ? &world : nullptr;
     s = gpu ? train_on_device(cfg, opt, many) : many ? train(cfg, opt, world) : train(cfg, opt);

@@ -336,6 +336,8 @@ std::string pread_text(int fd, size_t max_bytes) {
 
 }  // namespace
 
+std::string lock_path(const std::string& dir) { return (fs::path(dir) / kLockName).string(); }
+
 DirLock::DirLock(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);

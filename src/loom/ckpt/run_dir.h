@@ -76,6 +76,9 @@ void check_run_dir(const std::string& dir, bool resuming, bool overwrite);
 // An exclusive flock on dir/loom.lock, held until destroyed. Creates `dir` (and parents).
 // Throws Error naming the path and the OS reason when it cannot be created or written,
 // and ConfigError naming the holder (pid, host) when another live job holds it.
+// The lock file DirLock holds in `dir`.
+std::string lock_path(const std::string& dir);
+
 class DirLock {
  public:
   explicit DirLock(const std::string& dir);

@@ -1,8 +1,13 @@
 // Before the first step: claiming the outputs and loading --resume (run_start.h).
 #include "loom/train/run_start.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -43,7 +48,40 @@ std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& op
       lock.reset();
     }
   agree_or_throw(group, rank, error);
+  if (group && group->size() > 1 && !cfg.checkpoint.dir.empty()) check_shared_dir(cfg.checkpoint.dir, *group);
   return lock;
+}
+
+// Note [Shared checkpoint directory]
+// A sharded save has every rank write its file into the temporary step directory rank 0
+// made, which rank 0 then renames into place (Note [Sharded checkpoints]), so checkpoint.dir
+// must be one directory that every rank reaches: a filesystem every host mounts. A job whose
+// hosts each see a directory of their own would fail at its first save, after the steps
+// before it. So before step 1 each rank reads the lock rank 0 has just written there
+// (loom.lock: "loom-lock-1 pid P on HOST") and the ranks all-gather a CRC-32 of what they
+// read (0: nothing there); a rank that read anything other than rank 0 did is named with its
+// host, on every rank.
+void check_shared_dir(const std::string& dir, comm::Group& everyone) {
+  std::ifstream in(lock_path(dir), std::ios::binary);
+  const std::string text = in ? std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()) : "";
+  const int64_t mine = in ? 1 + int64_t(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text.data()),
+                                              uInt(text.size())))
+                          : 0;
+  std::vector<int64_t> all(size_t(everyone.size()));
+  everyone.all_gather(std::span<const int64_t>(&mine, 1), std::span<int64_t>(all));
+  const std::vector<std::string>& hosts = everyone.world().hosts();
+  auto host = [&](int r) {
+    const size_t g = size_t(everyone.global_rank_of(r));
+    return g < hosts.size() ? " on host " + hosts[g] : std::string();
+  };
+  std::string blind;
+  for (int r = 1; r < everyone.size(); ++r)
+    if (all[size_t(r)] != all[0]) blind += (blind.empty() ? "" : ", ") + ("rank " + std::to_string(r)) + host(r);
+  if (!blind.empty())
+    throw ConfigError("checkpoint.dir '" + dir + "' is not one directory for every rank: rank 0" + host(0) +
+                      " holds its lock there and it is not seen by " + blind + "; every rank writes its shard into "
+                      "the step directory rank 0 makes, so put checkpoint.dir on a filesystem every host mounts (Note "
+                      "[Shared checkpoint directory])");
 }
 
 namespace {

@@ -25,6 +25,11 @@ class Reporter;
 // Returns rank 0's lock (nullptr elsewhere, or without checkpoint.dir).
 std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::Group* everyone, Reporter& rep);
 
+// Note [Shared checkpoint directory]: collective over `everyone`, after rank 0 took the lock in
+// `dir` (claim_outputs): throws ConfigError on every rank when a rank does not see that lock,
+// naming each such rank and its host.
+void check_shared_dir(const std::string& dir, comm::Group& everyone);
+
 // Note [Resume auto]
 // --resume auto takes checkpoint.dir's complete steps newest first (whatever `latest`
 // says: a save killed between publishing a step and updating `latest` leaves a newer

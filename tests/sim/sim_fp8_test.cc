@@ -62,6 +62,10 @@ TEST(Fp8, ABlocksLinearLayersCastTheirInputsAndOutputGradients) {
     if (o.kind == Op::Kind::kAttention || o.attention_core) EXPECT_FALSE(o.fp8) << o.name;
 }
 
+// Llama 3 8B at tp 2: 32 blocks of qkv (4096 x 6144 / 2), proj (4096 x 4096 / 2) and the
+// SwiGLU MLP (3 x 4096 x 14336 / 2) weights.
+constexpr double kLlamaBlockWeights = (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336) / 2;
+
 SimPlan llama_plan() {
   SimPlan p;
   p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=8192", "train.batch=64", "parallel.tp=2", "parallel.dp=8"});
@@ -83,10 +87,8 @@ TEST(Fp8, AStepIsFasterThanBf16ButNotTwiceAndHoldsTheFp8Copies) {
   EXPECT_GT(fp8.step_time_s, bf16.step_time_s / 2);
   EXPECT_GT(current.step_time_s, fp8.step_time_s);  // the amax pass
   EXPECT_EQ(fp8.model_flops, bf16.model_flops);
-  // Llama 3 8B at tp 2: 32 blocks of qkv (4096 x 6144 / 2), proj (4096 x 4096 / 2) and the
-  // SwiGLU MLP (3 x 4096 x 14336 / 2) weights, 2 bytes each.
-  const double per_block = (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336) / 2;
-  EXPECT_NEAR(fp8.ranks[0].memory.params - bf16.ranks[0].memory.params, 32 * per_block * 2, 1.0);
+  // 2 bytes each of the 32 blocks' linear weights
+  EXPECT_NEAR(fp8.ranks[0].memory.params - bf16.ranks[0].memory.params, 32 * kLlamaBlockWeights * 2, 1.0);
 }
 
 TEST(Fp8, RefusedWhereThereAreNoFp8TensorCoresAndOnLoomsEngine) {
@@ -145,9 +147,8 @@ TEST(Nvfp4, AStepIsFasterThanFp8ButNotTwiceAndRefusedWithoutFp4TensorCores) {
   const SimResult fp4 = simulate(p, c);
   EXPECT_LT(fp4.step_time_s, fp8.step_time_s);
   EXPECT_GT(fp4.step_time_s, fp8.step_time_s / 2);
-  const double per_block = (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336) / 2;
   EXPECT_NEAR(fp8.ranks[0].memory.params - fp4.ranks[0].memory.params,
-              32 * per_block * (2 - 2 * (0.5 + 1.0 / 256)), 1.0);
+              32 * kLlamaBlockWeights * (2 - 2 * (0.5 + 1.0 / 256)), 1.0);
   try {
     simulate(p, load_cluster("dgx-h100", {}, 16, ""));
     FAIL() << "nvfp4 on an H100 was priced";

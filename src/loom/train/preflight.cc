@@ -29,17 +29,6 @@ namespace loom {
 
 namespace {
 
-uint32_t crc_of(const void* data, size_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {  // crc32 takes a uInt length
-    const uInt chunk = uInt(std::min<size_t>(n, size_t(1) << 30));
-    c = crc32(c, p, chunk);
-    p += chunk, n -= chunk;
-  }
-  return uint32_t(c);
-}
-
 // The main program's NT_GNU_BUILD_ID descriptor (empty when it has none).
 std::string build_id_bytes() {
   std::string out;
@@ -70,10 +59,10 @@ std::string build_id_bytes() {
 
 uint32_t build_crc() {
   const std::string id = build_id_bytes();
-  if (!id.empty()) return crc_of(id.data(), id.size());
+  if (!id.empty()) return crc32_of(id.data(), id.size());
   std::ifstream exe("/proc/self/exe", std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(exe)), std::istreambuf_iterator<char>());
-  return crc_of(bytes.data(), bytes.size());
+  return crc32_of(bytes.data(), bytes.size());
 }
 
 std::string hex(uint32_t v) {
@@ -84,6 +73,17 @@ std::string hex(uint32_t v) {
 
 }  // namespace
 
+uint32_t crc32_of(const void* data, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {  // crc32 takes a uInt length
+    const uInt chunk = uInt(std::min<size_t>(n, size_t(1) << 30));
+    c = crc32(c, p, chunk);
+    p += chunk, n -= chunk;
+  }
+  return uint32_t(c);
+}
+
 std::string build_id_hex() {
   std::string out;
   for (unsigned char c : build_id_bytes()) out += hex(c).substr(6);
@@ -92,7 +92,7 @@ std::string build_id_hex() {
 
 RankIdentity identity_of(const Config& cfg) {
   const std::string toml = to_toml(cfg);
-  return {build_crc(), crc_of(toml.data(), toml.size())};
+  return {build_crc(), crc32_of(toml.data(), toml.size())};
 }
 
 std::string preflight_problem(const std::vector<RankIdentity>& ranks, const std::vector<std::string>& hosts) {

@@ -1,8 +1,6 @@
 // Before the first step: claiming the outputs and loading --resume (run_start.h).
 #include "loom/train/run_start.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +11,7 @@
 #include "loom/core/error.h"
 #include "loom/core/owned.h"
 #include "loom/comm/agree.h"
+#include "loom/train/preflight.h"
 #include "loom/train/report.h"
 #include "loom/ckpt/shard_format.h"
 
@@ -64,9 +63,7 @@ std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& op
 void check_shared_dir(const std::string& dir, comm::Group& everyone) {
   std::ifstream in(lock_path(dir), std::ios::binary);
   const std::string text = in ? std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()) : "";
-  const int64_t mine = in ? 1 + int64_t(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text.data()),
-                                              uInt(text.size())))
-                          : 0;
+  const int64_t mine = in ? 1 + int64_t(crc32_of(text.data(), text.size())) : 0;
   std::vector<int64_t> all(size_t(everyone.size()));
   everyone.all_gather(std::span<const int64_t>(&mine, 1), std::span<int64_t>(all));
   const std::vector<std::string>& hosts = everyone.world().hosts();

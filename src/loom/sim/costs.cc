@@ -175,8 +175,8 @@ double fp8_cast_bytes(GemmFormat f, double elements) {
 // column-wise copies (2 x (0.5 + 1/16)): (4 + 1.125) n; the wgrad operands' 16-point random
 // Hadamard transform and the gradients' stochastic rounding are taken as fused into that
 // cast. The weights' copies (16 x 16 blocks, one scale per 256) hold 2 x (0.5 + 1/256)
-// bytes a weight. Not modelled: the recipe's few layers kept in bf16 (the paper keeps the
-// last ~15% of blocks there; which ones a published stack keeps is not stated).
+// bytes a weight. Not modelled: the recipe's few layers kept in bf16 (in the paper a small
+// share of the blocks, mostly the last ones; which ones a published stack keeps is not stated).
 double operand_bytes(GemmFormat f, double bf16_bytes) {
   switch (f) {
     case GemmFormat::kBf16: return bf16_bytes;

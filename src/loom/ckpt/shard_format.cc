@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -10,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/comm/mesh.h"
+#include "loom/core/fileio.h"
 #include "loom/rank/duties.h"
 #include "loom/core/error.h"
 
@@ -183,17 +183,7 @@ std::string rank_file_name(int rank) {
   return b;
 }
 
-uint32_t crc_of(const float* p, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = reinterpret_cast<const Bytef*>(p);
-  size_t left = n * sizeof(float);
-  while (left > 0) {
-    const uInt chunk = uInt(std::min<size_t>(left, size_t(1) << 30));
-    crc = crc32(crc, bytes, chunk);
-    bytes += chunk, left -= chunk;
-  }
-  return uint32_t(crc);
-}
+uint32_t crc_of(const float* p, size_t n) { return crc32_of(p, n * sizeof(float)); }
 
 std::vector<Tensor> tensor_table(const Config& cfg) {
   const ParamLayout whole(cfg.model), sliced = tp_layout(cfg, 0);

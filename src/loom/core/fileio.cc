@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +19,17 @@
 #include "loom/core/owned.h"
 
 namespace loom {
+
+uint32_t crc32_of(const void* data, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const uInt chunk = uInt(std::min<size_t>(n, size_t(1) << 30));
+    c = crc32(c, p, chunk);
+    p += chunk, n -= chunk;
+  }
+  return uint32_t(c);
+}
 
 std::string read_file_bytes(const std::string& path) {
   // A FIFO or device (/dev/zero, /dev/urandom) is refused, not read: Note [Ownership by content].

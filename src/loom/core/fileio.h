@@ -6,6 +6,9 @@
 
 namespace loom {
 
+// CRC-32 (zlib's) of n bytes, any n (zlib takes 32-bit lengths: fed in pieces).
+uint32_t crc32_of(const void* data, size_t n);
+
 // The bytes of a regular file (a FIFO or device is refused, never read).
 std::string read_file_bytes(const std::string& path);
 // Writes to a new `path.loom-tmp-<token>` (Note [Ownership by content]), fsyncs, renames

@@ -36,15 +36,7 @@ T get(const uint8_t* p, size_t at) {
   std::memcpy(&v, p + at, sizeof v);
   return v;
 }
-uint32_t crc(const uint8_t* p, uint64_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  for (uint64_t done = 0; done < n;) {  // zlib takes 32-bit lengths
-    const uInt chunk = uInt(std::min<uint64_t>(n - done, 1u << 30));
-    c = crc32(c, p + done, chunk);
-    done += chunk;
-  }
-  return uint32_t(c);
-}
+uint32_t crc(const uint8_t* p, uint64_t n) { return crc32_of(p, size_t(n)); }
 
 }  // namespace
 

@@ -2,16 +2,14 @@
 
 #include <elf.h>
 #include <link.h>
-#include <zlib.h>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <span>
 #include <sstream>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
 
 namespace loom {
 
@@ -60,8 +58,7 @@ std::string build_id_bytes() {
 uint32_t build_crc() {
   const std::string id = build_id_bytes();
   if (!id.empty()) return crc32_of(id.data(), id.size());
-  std::ifstream exe("/proc/self/exe", std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(exe)), std::istreambuf_iterator<char>());
+  const std::string bytes = read_file_bytes("/proc/self/exe");
   return crc32_of(bytes.data(), bytes.size());
 }
 
@@ -72,17 +69,6 @@ std::string hex(uint32_t v) {
 }
 
 }  // namespace
-
-uint32_t crc32_of(const void* data, size_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {  // crc32 takes a uInt length
-    const uInt chunk = uInt(std::min<size_t>(n, size_t(1) << 30));
-    c = crc32(c, p, chunk);
-    p += chunk, n -= chunk;
-  }
-  return uint32_t(c);
-}
 
 std::string build_id_hex() {
   std::string out;

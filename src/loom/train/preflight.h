@@ -20,8 +20,6 @@ struct RankIdentity {
   uint32_t build = 0, config = 0;
 };
 RankIdentity identity_of(const Config& cfg);
-// CRC-32 (zlib's) of n bytes.
-uint32_t crc32_of(const void* data, size_t n);
 // The executable's GNU build-id in hex ("" when it has none).
 std::string build_id_hex();
 

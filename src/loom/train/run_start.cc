@@ -9,9 +9,9 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "loom/core/owned.h"
 #include "loom/comm/agree.h"
-#include "loom/train/preflight.h"
 #include "loom/train/report.h"
 #include "loom/ckpt/shard_format.h"
 

@@ -3,12 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
+#include <sstream>
 
 #include "loom/ckpt/run_dir.h"
 #include "loom/comm/world.h"
 #include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/model/layout.h"
+#include "loom/train/memory_budget.h"
 #include "loom/train/preflight.h"
 #include "loom/train/run_start.h"
+#include "loom/train/trainer.h"
 
 namespace loom {
 namespace {
@@ -61,6 +67,89 @@ TEST(Preflight, ACheckpointDirectoryARankDoesNotSeeIsRefusedOnEveryRank) {
           << e;
     }
   }
+}
+
+// Note [Host memory preflight]: the estimates of each host's ranks add up against the least
+// available memory its ranks read; an unknown reading (0) leaves a host unchecked.
+TEST(Preflight, TheRanksOfAHostMustFitItsMemoryTogether) {
+  const int64_t gib = int64_t(1) << 30;
+  const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+  EXPECT_EQ(host_memory_problem({{3 * gib, 8 * gib, 0}, {3 * gib, 8 * gib, 1}, {3 * gib, 6 * gib, 2}, {3 * gib, 7 * gib, 3}},
+                                hosts),
+            "");
+  const std::string b = host_memory_problem(
+      {{3 * gib, 8 * gib, 0}, {3 * gib, 8 * gib, 1}, {3 * gib, 7 * gib, 2}, {4 * gib, 5 * gib, 3}}, hosts);
+  EXPECT_NE(b.find("host b runs ranks 2, 3, whose estimates add up to 7.00 GiB (rank 2 3.00 GiB, rank 3 4.00 GiB) "
+                   "but it has 5.00 GiB available"),
+            std::string::npos)
+      << b;
+  EXPECT_EQ(b.find("host a"), std::string::npos) << b;
+  EXPECT_NE(b.find("run fewer ranks on such a host"), std::string::npos) << b;
+  EXPECT_EQ(host_memory_problem({{3 * gib, 0, 0}, {3 * gib, 0, 1}}, {"a", "a"}), "");
+  EXPECT_NE(host_memory_problem({{std::numeric_limits<int64_t>::max(), 8 * gib, 0}}, {"a"}).find("rank 0 too much"),
+            std::string::npos);
+  EXPECT_GT(host_available_bytes(), 0);  // /proc/meminfo is there
+}
+
+// Two dp ranks whose host holds one of them but not both: on one host both ranks refuse
+// before step 1, naming the host; "on two hosts" (each with that memory) the run trains.
+TEST(Preflight, RanksThatFitAloneButNotTogetherAreRefusedBeforeTheFirstStep) {
+  const Config c = load_config("", {"parallel.dp=2", "train.steps=1", "train.batch=4", "checkpoint.dir=",
+                                    "train.threads=1", "model.layers=2", "model.d_model=256", "model.heads=4",
+                                    "model.ffn=1024", "train.val_every=0"});
+  std::ostringstream sink;
+  TrainOptions o;
+  o.out = o.err = &sink;
+  auto train_on = [&](const std::vector<std::string>& hosts, int64_t bytes) {
+    o.host_memory = [bytes] { return bytes; };
+    return comm::run_threads(2, {}, [&](comm::World& w) { train(c, o, w); }, hosts);
+  };
+  // The estimate each rank states, read back from a refusal: "rank 0 N MiB".
+  const std::vector<std::string> tiny = train_on({"a", "a"}, 1);
+  const size_t at = tiny[0].find("rank 0 ");
+  ASSERT_NE(at, std::string::npos) << tiny[0];
+  const int64_t mib = std::stoll(tiny[0].substr(at + 7));
+  ASSERT_GE(mib, 3) << tiny[0];  // so that 1.5x the rounded estimate lies between one and two ranks' need
+  const int64_t host = 3 * mib * (int64_t(1) << 20) / 2;
+  const std::vector<std::string> one_host = train_on({"a", "a"}, host);
+  for (const std::string& e : one_host)
+    EXPECT_NE(e.find("host a runs ranks 0, 1, whose estimates add up to"), std::string::npos) << e;
+  EXPECT_EQ(train_on({"a", "b"}, host), std::vector<std::string>(2));
+}
+
+// Note [Checkpoint room]: a fresh run of 10 steps saving every 3 saves at steps 3, 6, 9 and
+// 10; keep_last bounds what is on disk while the last is written; a resume needs the next.
+TEST(Preflight, CheckpointRoomCountsTheSavesKeptAtOnce) {
+  auto room = [](std::vector<std::string> sets, bool resuming) {
+    sets.insert(sets.end(), {"train.steps=10", "model.layers=2", "model.d_model=64", "model.heads=2"});
+    return checkpoint_room(load_config("", sets), resuming);
+  };
+  const Config c = load_config("", {"model.layers=2", "model.d_model=64", "model.heads=2"});
+  const double adamw = 12.0 * double(ParamLayout(c.model).param_count());
+  const CheckpointRoom three = room({"checkpoint.save_every=3", "checkpoint.keep_last=3"}, false);
+  EXPECT_EQ(three.saves, 4);
+  EXPECT_EQ(three.at_once, 4);
+  EXPECT_DOUBLE_EQ(three.one_bytes, adamw);
+  EXPECT_DOUBLE_EQ(three.need_bytes, 4 * adamw);
+  EXPECT_EQ(room({"checkpoint.save_every=3", "checkpoint.keep_last=1"}, false).at_once, 2);
+  EXPECT_EQ(room({"checkpoint.save_every=3", "checkpoint.keep_last=0"}, false).at_once, 4);
+  EXPECT_EQ(room({"checkpoint.save_every=0"}, false).saves, 1);  // the end only
+  EXPECT_DOUBLE_EQ(room({"checkpoint.save_every=3", "checkpoint.keep_last=0"}, true).need_bytes, adamw);
+  EXPECT_DOUBLE_EQ(room({"optim.name=sgd"}, false).one_bytes, adamw * 2 / 3);
+  // 405B parameters' checkpoints do not fit a test machine's disk: refused, naming the room.
+  const std::string dir = ::testing::TempDir();
+  try {
+    check_checkpoint_room(load_config("", {"model.preset=llama3-405b"}), dir, false);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("preflight (Note [Checkpoint room]): this run's checkpoints (1 saves of at "
+                                         "least 4870.24 GB each"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("GB free: free space, lower checkpoint.keep_last"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_checkpoint_room(c, dir, false));
 }
 
 }  // namespace

@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <vector>
 
 #include "loom/comm/agree.h"
+#include "loom/comm/group.h"
+#include "loom/comm/world.h"
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
 #include "loom/engine/engine.h"
@@ -70,9 +74,13 @@ std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstim
 
 }  // namespace
 
-// The activations are the model's own carve (activation_floats), after a floating-point
-// estimate has ruled out sizes whose integer products would overflow.
-void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T) {
+namespace {
+
+// The estimate of this rank's resident state, and the refusal when it does not fit the budget
+// (or, without one, the machine) on its own. The activations are the model's own carve
+// (activation_floats), after a floating-point estimate has ruled out sizes whose integer
+// products would overflow (need: INT64_MAX).
+std::pair<int64_t, std::string> rank_need(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T) {
   const int64_t params = ParamLayout(cfg.model, {}, rc.part).param_count();
   const ModelConfig& m = cfg.model;
   // Per layer and slot at least: the residual stream, qkv, the ffn activations, the
@@ -91,12 +99,11 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
   // Note [Part memory estimates]: what the parts this rank's engine would be made of hold.
   const MemoryEstimate e = estimate_parts({cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
                                            std::accumulate(units.begin(), units.end(), int64_t(0)), rc.pp_rank});
+  const int64_t need = acts >= 0 ? e.total() : std::numeric_limits<int64_t>::max();
   const bool budget = cfg.memory.limit_gib > 0;
   const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
                               : int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
-  if (have <= 0) return;
-  // Ranks of one machine share it; a launch across machines sees only its own here.
-  if (acts >= 0 && e.total() <= have) return;
+  if (have <= 0 || need <= have) return {need, ""};
   std::ostringstream os;
   os << "model.preset '" << m.preset << "': this rank's part holds " << params << " parameters (ZeRO-" << rc.zero
      << ", dp " << rc.dp_size << "); its resident state needs params " << bytes_text(e.params) << ", grads "
@@ -106,7 +113,98 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T)
      << (acts >= 0 ? bytes_text(e.total()) : std::string("too much")) << ", but "
      << (budget ? "memory.limit_gib allows " : "this machine has ") << bytes_text(have) << "; "
      << remedies(cfg, rc, e);
-  throw ConfigError(os.str());
+  return {need, os.str()};
+}
+
+// A number of bytes from the first line of `path` ("max" or unreadable: 0).
+int64_t number_in(const std::string& path) {
+  std::ifstream in(path);
+  long long v = 0;
+  return in >> v ? int64_t(v) : 0;
+}
+
+std::string this_host() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+}
+
+}  // namespace
+
+int64_t host_available_bytes() {
+  int64_t avail = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    long long kib = 0;
+    meminfo >> kib;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    if (key == "MemAvailable:") avail = int64_t(kib) * 1024;
+  }
+  if (avail <= 0) avail = int64_t(::sysconf(_SC_AVPHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
+  // cgroup v2: /proc/self/cgroup's "0::PATH"; the limit less what the group already uses.
+  std::ifstream self("/proc/self/cgroup");
+  for (std::string line; std::getline(self, line);)
+    if (line.rfind("0::", 0) == 0) {
+      const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+      if (const int64_t limit = number_in(dir + "/memory.max"); limit > 0)
+        avail = std::min(avail, std::max<int64_t>(0, limit - number_in(dir + "/memory.current")));
+    }
+  return std::max<int64_t>(avail, 0);
+}
+
+std::string host_memory_problem(const std::vector<RankMemory>& ranks, const std::vector<std::string>& hosts) {
+  std::vector<std::string> seen;
+  for (const std::string& h : hosts)
+    if (std::find(seen.begin(), seen.end(), h) == seen.end()) seen.push_back(h);
+  std::ostringstream os;
+  for (const std::string& h : seen) {
+    double need = 0;  // in double: an unknown estimate is INT64_MAX
+    int64_t avail = std::numeric_limits<int64_t>::max();
+    std::string who, each;
+    for (size_t r = 0; r < ranks.size() && r < hosts.size(); ++r) {
+      if (hosts[r] != h) continue;
+      need += double(ranks[r].need);
+      if (ranks[r].available > 0) avail = std::min(avail, ranks[r].available);
+      const std::string name = std::to_string(ranks[r].rank);
+      who += (who.empty() ? "" : ", ") + name;
+      each += std::string(each.empty() ? "" : ", ") + "rank " + name + " " +
+              (ranks[r].need == std::numeric_limits<int64_t>::max() ? "too much" : bytes_text(ranks[r].need));
+    }
+    if (avail == std::numeric_limits<int64_t>::max() || need <= double(avail)) continue;
+    os << "\n  host " << h << " runs ranks " << who << ", whose estimates add up to " << bytes_text(int64_t(std::min(need, 9e18)))
+       << " (" << each << ") but it has " << bytes_text(avail) << " available";
+  }
+  const std::string found = os.str();
+  if (found.empty()) return "";
+  return "preflight: the ranks of a host need more memory than it has (Note [Host memory preflight]; each estimate "
+         "counts the rank's parameters, gradients, optimizer state and activations):" + found +
+         "\n  run fewer ranks on such a host (spread the job over more hosts), or shrink each rank's state: "
+         "parallel.zero, offload.optimizer = disk, parallel.recompute = full, a smaller micro-batch, or split the model "
+         "further (parallel.tp / pp); `loom simulate` sizes a layout first";
+}
+
+void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T,
+                const std::function<int64_t()>& host_memory) {
+  const auto [need, alone] = rank_need(cfg, rc, mb, T);
+  comm::Group* group = everyone(rc);
+  const int rank = group ? group->group_rank() : 0;
+  agree_or_throw(group, rank, alone.empty() ? nullptr : std::make_exception_ptr(ConfigError(alone)));
+  // Note [Host memory preflight]: every rank's (need, available), then one verdict everywhere.
+  const RankMemory mine{need, host_memory ? host_memory() : host_available_bytes(), 0};
+  std::vector<RankMemory> all{mine};
+  std::vector<std::string> hosts{this_host()};
+  if (group && group->size() > 1) {
+    const int64_t packed[2] = {mine.need, mine.available};
+    std::vector<int64_t> got(size_t(2 * group->size()));
+    group->all_gather(std::span<const int64_t>(packed, 2), std::span<int64_t>(got));
+    all.clear(), hosts.clear();
+    for (int r = 0; r < group->size(); ++r) {
+      const size_t g = size_t(group->global_rank_of(r));
+      all.push_back({got[size_t(2 * r)], got[size_t(2 * r + 1)], int(g)});
+      const std::vector<std::string>& named = group->world().hosts();
+      hosts.push_back(g < named.size() ? named[g] : "?");
+    }
+  }
+  if (const std::string problem = host_memory_problem(all, hosts); !problem.empty()) throw ConfigError(problem);
 }
 
 void check_budget(const Config& cfg, const MemoryTracker& memory, comm::Group* group, int group_rank) {

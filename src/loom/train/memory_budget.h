@@ -14,7 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "loom/core/config.h"
 #include "loom/core/memory.h"
@@ -27,9 +29,33 @@ namespace comm {
 class Group;
 }
 
-// Throws ConfigError when the estimate does not fit memory.limit_gib (or, without a budget,
-// this machine's memory), naming the categories and the settings that would shrink them.
-void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T);
+// Collective over everyone(rc). Throws ConfigError on every rank when a rank's estimate does
+// not fit memory.limit_gib (or, without a budget, its machine's memory), naming the categories
+// and the settings that would shrink them, or when the ranks of one host together need more
+// than it has available (Note [Host memory preflight]). `host_memory` (tests) replaces
+// host_available_bytes().
+void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T,
+                const std::function<int64_t()>& host_memory = {});
+
+// Note [Host memory preflight]
+// check_fits bounds each rank's estimate by memory.limit_gib or by its machine, but the ranks
+// of one host share that machine: eight ranks of 3 GiB do not fit a host of 16 GiB although
+// each does alone, and the job would swap or be killed by the kernel mid-run. So before
+// anything is allocated each rank states its estimate (parameters, gradients, optimizer state,
+// activations: Note [Part memory estimates]) and what its host has available, in one
+// all-gather; every rank then sums the estimates of each host's ranks and, where a sum exceeds
+// the least that host's ranks read, refuses with the same message naming the host, its ranks
+// and their needs. Available is MemAvailable of /proc/meminfo (what can be allocated without
+// swapping), bounded by the limit of the process's cgroup (a container's or a Slurm job's).
+struct RankMemory {
+  int64_t need = 0;       // this rank's estimate, bytes
+  int64_t available = 0;  // its host's available memory as this rank read it, bytes (0: unknown)
+  int rank = 0;           // its global rank, to name it
+};
+// The refusal for ranks[i] on hosts[i] (empty: every host holds its ranks).
+std::string host_memory_problem(const std::vector<RankMemory>& ranks, const std::vector<std::string>& hosts);
+// This host's available memory in bytes (0: unknown).
+int64_t host_available_bytes();
 
 // After a step, with memory.limit_gib set: collective over `group` (nullptr: one process).
 // Throws Error on every rank when any rank's measured peak exceeded the budget.

@@ -14,10 +14,46 @@
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
 #include "loom/ckpt/shard_format.h"
+#include "loom/model/layout.h"
 
 namespace loom {
 
 namespace fs = std::filesystem;
+
+// Note [Checkpoint room]
+// A save checks its own file's room before writing it (require_free_space), but a run whose
+// disk cannot hold its checkpoints would learn that at its first save or, with keep_last, at
+// a later one, after the steps before it. So before step 1 rank 0 checks that checkpoint.dir's
+// file system holds what the run will have on disk at its peak beyond what is there now: a
+// checkpoint is at least 4 bytes for each parameter and each optimizer moment (AdamW two, SGD
+// one; headers and tp's replicated tensors left out, so this is a lower bound); the run saves
+// n = ceil(train.steps / save_every) times (its end included), and a save is written before
+// keep_last = k prunes the oldest, so writing the last one holds min(n, k + 1) of them. A
+// resumed run has saved some of its n already and the directory holds them (the step it
+// resumes from is not known yet here): only the next save is certain, one checkpoint's room.
+CheckpointRoom checkpoint_room(const Config& cfg, bool resuming) {
+  const CheckpointConfig& c = cfg.checkpoint;
+  CheckpointRoom r;
+  const int64_t every = std::max<int64_t>(1, c.save_every > 0 ? c.save_every : cfg.train.steps);
+  r.saves = (cfg.train.steps + every - 1) / every;
+  r.one_bytes = 4.0 * double(ParamLayout(cfg.model).param_count()) * (1 + (cfg.optim.sgd() ? 1 : 2));
+  r.at_once = resuming ? 1 : c.keep_last > 0 ? std::min(r.saves, c.keep_last + 1) : r.saves;
+  r.need_bytes = r.one_bytes * double(std::max<int64_t>(1, r.at_once));
+  return r;
+}
+
+void check_checkpoint_room(const Config& cfg, const std::string& dir, bool resuming) {
+  const CheckpointRoom r = checkpoint_room(cfg, resuming);
+  require_free_space(dir, r.need_bytes,
+                     "preflight (Note [Checkpoint room]): this run's checkpoints (" + std::to_string(r.saves) +
+                         " saves of at least " + detail::cat(r.one_bytes / 1e9) + " GB each: " +
+                         std::to_string(ParamLayout(cfg.model).param_count()) +
+                         " parameters and their optimizer moments, 4 bytes each; " +
+                         (resuming ? std::string("the next save") : std::to_string(r.at_once) + " new on disk at once with "
+                                     "checkpoint.keep_last = " + std::to_string(cfg.checkpoint.keep_last)) + ")",
+                     "free space, lower checkpoint.keep_last, raise checkpoint.save_every, or set checkpoint.dir on "
+                     "another file system");
+}
 
 std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::Group* group, Reporter& rep) {
   const int rank = group ? group->group_rank() : 0;
@@ -38,6 +74,7 @@ std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& op
             throw ConfigError("checkpoint.dir '" + dir + "' holds checkpoints of another model (newest " +
                               describe_newest(s) + "); resume into a new checkpoint.dir");
         for (const std::string& n : remove_stale(s)) rep.info("removed an unfinished save: " + dir + "/" + n);
+        check_checkpoint_room(cfg, dir, !opt.resume.empty() && s.holds_checkpoints());
         if (opt.overwrite && opt.resume.empty())
           if (const std::string to = move_aside(s); !to.empty())
             rep.info("--overwrite: moved the earlier run's checkpoints (newest " + describe_newest(s) + ") to " + to);

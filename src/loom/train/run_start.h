@@ -25,6 +25,18 @@ class Reporter;
 // Returns rank 0's lock (nullptr elsewhere, or without checkpoint.dir).
 std::unique_ptr<DirLock> claim_outputs(const Config& cfg, const TrainOptions& opt, comm::Group* everyone, Reporter& rep);
 
+// Note [Checkpoint room]: what a run's new checkpoints take on disk at their peak; `resuming`:
+// a resume that finds checkpoints there.
+struct CheckpointRoom {
+  int64_t saves = 0;     // saves the run makes from step 0, its end included
+  int64_t at_once = 0;   // new checkpoints on disk while the last is written, itself included
+  double one_bytes = 0;  // a lower bound on one checkpoint
+  double need_bytes = 0; // free space needed now
+};
+CheckpointRoom checkpoint_room(const Config& cfg, bool resuming);
+// Throws Error when checkpoint.dir's file system has less free space than checkpoint_room's.
+void check_checkpoint_room(const Config& cfg, const std::string& dir, bool resuming);
+
 // Note [Shared checkpoint directory]: collective over `everyone`, after rank 0 took the lock in
 // `dir` (claim_outputs): throws ConfigError on every rank when a rank does not see that lock,
 // naming each such rank and its host.

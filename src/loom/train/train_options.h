@@ -39,6 +39,9 @@ struct TrainOptions {
   // (or its reference) reports its minibatch and the weight version it computes on.
   std::string async_reference;
   std::function<void(int stage, int64_t batch, bool forward, int64_t version)> on_weight_version;
+  // Tests: this host's available memory in bytes, in place of what the system reports (Note
+  // [Host memory preflight]).
+  std::function<int64_t()> host_memory;
   // Tests: a parameter-server worker runs this before each push (injected delays).
   std::function<void(int64_t step)> before_ps_push;
   // Tests: a parameter server runs this for every push it applies (Note [Asynchronous

@@ -538,7 +538,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   static_assert(data::kPadTarget == kIgnoreTarget);
   const std::unique_ptr<BucketLoader> buckets =
       cfg.data.bucketing ? std::make_unique<BucketLoader>(*data, cfg, rc.data_rank(), rc.data_size()) : nullptr;
-  check_fits(cfg, rc, mb, Tl);
+  check_fits(cfg, rc, mb, Tl, given.host_memory);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, everyone(rc), rep);  // held to the end of the run
   Engine e(cfg, rc, mb, Tl);
   prepare_engine(cfg, given, rc, e);

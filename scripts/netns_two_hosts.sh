@@ -6,6 +6,7 @@
 #
 #   scripts/netns_two_hosts.sh up [RATE]     # RATE e.g. 1gbit: shape both directions with tc tbf
 #   scripts/netns_two_hosts.sh run NP_PER_HOST -- PROGRAM ARGS...   # mpirun across both hosts
+#   scripts/netns_two_hosts.sh exec -- COMMAND ARGS...   # a command that starts mpirun itself, in loom-a
 #   scripts/netns_two_hosts.sh down
 #
 # `run` starts mpirun inside loom-a; OpenMPI reaches loom-b through this script's `agent`
@@ -64,8 +65,19 @@ case "${1:-}" in
         --mca btl self,vader,tcp -x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         ${ASAN_OPTIONS:+-x ASAN_OPTIONS="$ASAN_OPTIONS"} "$@"
     ;;
+  exec)
+    # As `run`, but the command starts mpirun itself (`loom train --hosts 10.77.0.1:N,10.77.0.2:N`):
+    # it runs inside loom-a with the same MCA settings as environment, which mpirun reads.
+    shift
+    [ "${1:-}" = "--" ] && shift
+    export OMPI_MCA_plm_rsh_agent="$self agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+      OMPI_MCA_oob_tcp_if_include=10.77.0.0/24 OMPI_MCA_btl_tcp_if_include=10.77.0.0/24 \
+      OMPI_MCA_btl=self,vader,tcp OMPI_MCA_hwloc_base_binding_policy=none \
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    exec ip netns exec loom-a unshare --uts /bin/sh -c 'hostname loom-a && exec "$@"' sh "$@"
+    ;;
   *)
-    sed -n '2,13p' "$0"
+    sed -n '2,14p' "$0"
     exit 2
     ;;
 esac

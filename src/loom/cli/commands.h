@@ -28,6 +28,7 @@ struct TrainArgs {
   LayoutFlags layout;
   bool json = false, csv = false;
   int nproc = 0;  // > 0: relaunch under mpirun with that many ranks
+  std::string hosts;  // a hostfile or HOST:SLOTS,...: relaunch across those hosts (Note [Host lists])
   std::string trace;  // Chrome-trace JSON path
   std::string resume;  // auto | DIR (Note [Sharded checkpoints])
   int64_t save_every = -1;

@@ -169,6 +169,9 @@ void add_train_commands(CLI::App& app, Args& a, std::vector<Command>& cmds, int 
   add_layout_flags(t, train.layout);
   t->add_option("--nproc", train.nproc, "Run the layout's ranks here: relaunches itself under mpirun -np N")
       ->check(at_least(1));
+  t->add_option("--hosts", train.hosts,
+                "Run the layout's ranks across hosts: a hostfile of lines HOST slots=N (OpenMPI's and DeepSpeed's "
+                "format) or HOST:SLOTS,...; relaunches itself under mpirun --host and supervises every rank");
   t->add_option("--trace", train.trace, "Write a Chrome-trace JSON of the run (one track per rank; open in Perfetto)");
   t->add_option("--save-every", train.save_every, "Sharded resumable checkpoint every N steps (checkpoint.save_every)")
       ->check(at_least(0));

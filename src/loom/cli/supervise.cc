@@ -64,6 +64,7 @@
 #include "loom/comm/mpi_backend.h"
 #include "loom/core/error.h"
 #include "loom/core/liveness.h"
+#include "loom/core/status_link.h"
 
 #ifndef LOOM_MPIEXEC
 #define LOOM_MPIEXEC "mpirun"
@@ -95,18 +96,28 @@ int read_int(const std::string& path, int missing) {
   return v;
 }
 
-std::vector<std::string> mpirun_args(int nproc, int argc, char** argv) {
+// `hosts` (--hosts): mpirun's --host, and the variables ranks on other hosts need (mpirun
+// passes its environment only to the ranks on its own host; -x forwards the named ones).
+std::vector<std::string> mpirun_args(int nproc, int argc, char** argv, const std::vector<HostSlots>& hosts) {
   std::vector<std::string> args = {LOOM_MPIEXEC, "-np", std::to_string(nproc)};
+  if (!hosts.empty()) {
+    args.insert(args.end(), {"--host", host_arg(hosts)});
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e, name = kv.substr(0, kv.find('='));
+      if (name.rfind("LOOM_", 0) == 0 || name.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) == 0 || name == "OMP_NUM_THREADS")
+        args.insert(args.end(), {"-x", name});
+    }
+  }
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   args.push_back(n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]));
   for (int i = 1; i < argc; i++) {
     const std::string s = argv[i];
-    if (s == "--nproc") {
+    if (s == "--nproc" || s == "--hosts") {
       i++;
       continue;
     }
-    if (s.rfind("--nproc=", 0) == 0) continue;
+    if (s.rfind("--nproc=", 0) == 0 || s.rfind("--hosts=", 0) == 0) continue;
     args.push_back(s);
   }
   return args;
@@ -175,6 +186,25 @@ pid_t start_mpirun(std::vector<std::string> args, int stderr_fd) {
   if (child < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
   return child;
 }
+
+// Where the ranks run (Note [Status over TCP]): their hosts as --hosts names them, and the
+// channel to those on other hosts (null under --nproc: every rank is local).
+struct Placement {
+  StatusServer* server = nullptr;
+  std::vector<std::string> hosts;  // per rank (empty: --nproc)
+  // "rank R on host H (pid P)"; the pid of a local rank only.
+  std::string name(size_t r, pid_t pid) const {
+    std::string s = "rank " + std::to_string(r);
+    if (r < hosts.size()) s += " on host " + hosts[r];
+    return pid > 0 ? s + " (pid " + std::to_string(pid) + ")" : s;
+  }
+  bool lost(size_t r) const { return server && server->lost(int(r)); }
+  // SIGKILL to a local rank; "kill" to a remote one.
+  void kill(size_t r, pid_t pid) const {
+    if (pid > 0 && alive(pid)) ::kill(pid, SIGKILL);
+    else if (server) server->kill(int(r));
+  }
+};
 
 // What the supervisor saw of the job while it ran.
 struct Watch {
@@ -250,9 +280,9 @@ struct Heartbeat {
 };
 
 // Ends a stuck job: SIGKILL to every rank still there and to mpirun; `what` names why.
-void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const std::string& what, Watch& w) {
-  for (pid_t p : pids)
-    if (p > 0 && alive(p)) ::kill(p, SIGKILL);
+void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const Placement& at, const std::string& what,
+                   Watch& w) {
+  for (size_t r = 0; r < pids.size(); ++r) at.kill(r, pids[r]);
   ::kill(child, SIGKILL);  // a stopped process takes SIGKILL too
   w.launcher_stuck = true;
   w.killed += "\n  " + what + "; killed with mpirun (pid " + std::to_string(child) + ") and every rank still there";
@@ -260,36 +290,36 @@ void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const std::strin
 
 // Note [Supervised launch]: a launcher that outlives its ranks, or a launcher or rank that
 // stays stopped, ends the job.
-void check_stuck(pid_t child, const std::vector<pid_t>& pids, const std::vector<char>& done, bool all_done_long,
-                 StoppedFor& launcher, std::vector<StoppedFor>& ranks, Clock::time_point now, Watch& w) {
+void check_stuck(pid_t child, const std::vector<pid_t>& pids, const Placement& at, const std::vector<char>& done,
+                 bool all_done_long, StoppedFor& launcher, std::vector<StoppedFor>& ranks, Clock::time_point now,
+                 Watch& w) {
   if (w.launcher_stuck) return;
   const std::string secs = std::to_string(kStopped.count());
   if (all_done_long)
-    return end_stuck_job(child, pids, "mpirun: still running " + std::to_string(kLauncherGrace.count()) +
+    return end_stuck_job(child, pids, at, "mpirun: still running " + std::to_string(kLauncherGrace.count()) +
                                           " s after every rank had recorded its exit (stopped or hung)", w);
-  if (launcher.too_long(child, now)) return end_stuck_job(child, pids, "mpirun: stopped (SIGSTOP) for " + secs + " s", w);
+  if (launcher.too_long(child, now))
+    return end_stuck_job(child, pids, at, "mpirun: stopped (SIGSTOP) for " + secs + " s", w);
   for (size_t r = 0; r < pids.size(); ++r)
     if (!done[r] && ranks[r].too_long(pids[r], now))
-      return end_stuck_job(child, pids, "rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) +
-                                            "): stopped (SIGSTOP) for " + secs + " s", w);
+      return end_stuck_job(child, pids, at, at.name(r, pids[r]) + ": stopped (SIGSTOP) for " + secs + " s", w);
 }
 
 // Note [Heartbeats]: a frozen or hung rank ends the job.
-void check_beats(pid_t child, const std::vector<pid_t>& pids, const std::vector<char>& done,
+void check_beats(pid_t child, const std::vector<pid_t>& pids, const Placement& at, const std::vector<char>& done,
                  const std::string& status_dir, double hang_s, std::vector<Heartbeat>& beats, Clock::time_point now,
                  Watch& w) {
   for (size_t r = 0; r < pids.size(); ++r) {
     if (done[r]) continue;
     const std::string why = beats[r].check(status_dir + "/beat-" + std::to_string(r), hang_s, now);
     if (!why.empty())
-      return end_stuck_job(child, pids, "rank " + std::to_string(r) + " (pid " + std::to_string(pids[r]) + "): " + why,
-                           w);
+      return end_stuck_job(child, pids, at, at.name(r, pids[r]) + ": " + why, w);
   }
 }
 
 // Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
 Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, double hang_s,
-                StderrRelay& relay, int& wstatus) {
+                const Placement& at, StderrRelay& relay, int& wstatus) {
   const auto grace = std::chrono::duration<double>(std::min(timeout_s, 10.0));
   Watch w;
   std::vector<pid_t> pids(size_t(nproc), 0);
@@ -312,24 +342,24 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       if (!pids[size_t(r)]) pids[size_t(r)] = read_int(status_dir + "/pid-" + rs, 0);
       if (done[size_t(r)]) continue;
       const int code = read_int(status_dir + "/rank-" + rs, -1);
-      const bool gone = code >= 0 || (pids[size_t(r)] > 0 && !alive(pids[size_t(r)]));
+      const bool gone = code >= 0 || (pids[size_t(r)] > 0 && !alive(pids[size_t(r)])) || at.lost(size_t(r));
       if (!gone) continue;
       done[size_t(r)] = 1;
       if (code != 0 && !first_failure) first_failure = now, failed_rank = r;
     }
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
-    check_stuck(child, pids, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);
+    check_stuck(child, pids, at, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);
     if (now - beats_read >= kBeatPoll && !w.launcher_stuck && !kill_time) {
       beats_read = now;
-      check_beats(child, pids, done, status_dir, hang_s, beats, now, w);
+      check_beats(child, pids, at, done, status_dir, hang_s, beats, now, w);
     }
     const bool expired = first_failure && now - *first_failure > grace;
     if ((g_signal || expired) && !kill_time) {
       if (g_signal) w.signal = g_signal;
-      for (int r = 0; r < nproc; ++r)
-        if (!done[size_t(r)] && pids[size_t(r)] > 0 && alive(pids[size_t(r)])) {
-          ::kill(pids[size_t(r)], SIGKILL);
-          w.killed += "\n  rank " + std::to_string(r) + " (pid " + std::to_string(pids[size_t(r)]) + "): killed, " +
+      for (size_t r = 0; r < size_t(nproc); ++r)
+        if (!done[r] && (at.server || (pids[r] > 0 && alive(pids[r])))) {
+          at.kill(r, pids[r]);
+          w.killed += "\n  " + at.name(r, pids[r]) + ": killed, " +
                       (w.signal ? std::string("the supervisor got signal ") + std::to_string(w.signal)
                                 : "still running " + std::to_string(int(grace.count())) + " s after rank " +
                                       std::to_string(failed_rank) + " failed");
@@ -350,25 +380,50 @@ const char* rank_env() {
   return rank ? rank : std::getenv("PMI_RANK");
 }
 
-// Note [Heartbeats]: the rank's side, written whole and renamed into place once a second.
+// Note [Status over TCP]: a rank on another host than its supervisor's reports over this link
+// (set once by join_supervisor, before any thread reads it; null for a local rank).
+StatusLink* g_link = nullptr;
+
+// Note [Heartbeats]: the rank's side, written whole and renamed into place once a second (or
+// sent over the link).
 [[noreturn]] void beat_loop(const std::string& path) {
   const std::string next = path + ".next";
   for (uint64_t seq = 1;; ++seq) {
     timespec cpu{};
     ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
-    {
-      std::ofstream f(next, std::ios::trunc);
-      f << seq << " " << int64_t(cpu.tv_sec) * 1000 + cpu.tv_nsec / 1000000 << " " << liveness::waits_in_flight() << " "
-        << liveness::current_step() << "\n";
+    const std::string beat = std::to_string(seq) + " " + std::to_string(int64_t(cpu.tv_sec) * 1000 + cpu.tv_nsec / 1000000) +
+                             " " + std::to_string(liveness::waits_in_flight()) + " " +
+                             std::to_string(liveness::current_step());
+    if (g_link) {
+      g_link->send("beat " + beat);
+    } else {
+      std::ofstream(next, std::ios::trunc) << beat << "\n";
+      ::rename(next.c_str(), path.c_str());
     }
-    ::rename(next.c_str(), path.c_str());
     std::this_thread::sleep_for(kBeatPeriod);
   }
 }
 
+// Note [Status over TCP]: a random token for the ranks' hello (hex of 16 bytes of urandom).
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char b[16] = {};
+  urandom.read(reinterpret_cast<char*>(b), sizeof b);
+  std::string s;
+  char hex[3];
+  for (unsigned char c : b) std::snprintf(hex, sizeof hex, "%02x", c), s += hex;
+  return s;
+}
+
+std::string this_host() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+}
+
 }  // namespace
 
-int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s) {
+int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
+                        const std::vector<HostSlots>& hosts) {
   // OpenMPI refuses more ranks than cores and running as root unless told; --nproc is the
   // convenience path, so it asks for both (MPICH ignores these variables).
   ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
@@ -379,37 +434,53 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, doub
   const std::string status_dir = tmpl;
   ::setenv("LOOM_STATUS_DIR", status_dir.c_str(), 1);
   ::setenv("LOOM_SUPERVISOR_PID", std::to_string(::getpid()).c_str(), 1);
+  std::unique_ptr<StatusServer> server;
+  Placement at;
+  if (!hosts.empty()) {  // Note [Status over TCP]
+    const std::string token = random_token();
+    server = std::make_unique<StatusServer>(status_dir, nproc, token);
+    at.server = server.get(), at.hosts = host_of_ranks(hosts);
+    ::setenv("LOOM_SUPERVISOR_ADDR", server->addresses().c_str(), 1);
+    ::setenv("LOOM_SUPERVISOR_HOST", this_host().c_str(), 1);
+    ::setenv("LOOM_SUPERVISOR_TOKEN", token.c_str(), 1);
+  }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   int err_pipe[2] = {-1, -1};
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) err_pipe[0] = err_pipe[1] = -1;  // then mpirun writes to ours directly
-  const pid_t child = start_mpirun(mpirun_args(nproc, argc, argv), err_pipe[1]);
+  const pid_t child = start_mpirun(mpirun_args(nproc, argc, argv, hosts), err_pipe[1]);
   if (err_pipe[1] >= 0) ::close(err_pipe[1]);
   StderrRelay relay(err_pipe[0]);
   int wstatus = 0;
-  const Watch w = supervise(child, nproc, status_dir, timeout_s, hang_s, relay, wstatus);
+  const Watch w = supervise(child, nproc, status_dir, timeout_s, hang_s, at, relay, wstatus);
   const int launcher_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
   int rc = 0;
   std::string failed;
   for (int r = 0; r < nproc; ++r) {
     const std::string rs = std::to_string(r);
     const int code = read_int(status_dir + "/rank-" + rs, -1);
-    if (code < 0) failed += "\n  rank " + rs + ": left no exit code (killed, or died in a signal)";
-    else if (code != 0) failed += "\n  rank " + rs + ": exited " + std::to_string(code);
+    const std::string who = at.name(size_t(r), 0);
+    if (code < 0) failed += "\n  " + who + ": left no exit code (killed, died in a signal" +
+                            (at.lost(size_t(r)) ? ", or its host was lost: its connection closed)" : ")");
+    else if (code != 0) failed += "\n  " + who + ": exited " + std::to_string(code);
     if (code != 0 && rc == 0) rc = code > 0 ? code : 1;
     ::unlink((status_dir + "/rank-" + rs).c_str());
     ::unlink((status_dir + "/pid-" + rs).c_str());
     ::unlink((status_dir + "/beat-" + rs).c_str());
     ::unlink((status_dir + "/beat-" + rs + ".next").c_str());
+    ::unlink((status_dir + "/rank-" + rs + ".next").c_str());
   }
+  at.server = nullptr;
+  server.reset();  // no more files written into the status directory
   ::rmdir(status_dir.c_str());
   if (launcher_rc == 127 && failed.find("exited") == std::string::npos) return 127;
   // A launcher killed after every rank had ended says nothing about the ranks' work.
   if (rc == 0 && launcher_rc != 0 && !(w.launcher_stuck && failed.empty())) rc = launcher_rc;
   if (w.signal) rc = 128 + w.signal;
-  if (!failed.empty()) std::cerr << "loom: --nproc " << nproc << ": the job failed:" << failed << "\n";
-  if (!w.killed.empty()) std::cerr << "loom: --nproc " << nproc << ": the supervisor killed:" << w.killed << "\n";
+  const std::string flag = hosts.empty() ? "--nproc " + std::to_string(nproc) : "--hosts " + host_arg(hosts);
+  if (!failed.empty()) std::cerr << "loom: " << flag << ": the job failed:" << failed << "\n";
+  if (!w.killed.empty()) std::cerr << "loom: " << flag << ": the supervisor killed:" << w.killed << "\n";
   return rc;
 }
 
@@ -418,8 +489,23 @@ void join_supervisor() {
   const char* rank = rank_env();
   const char* sup = std::getenv("LOOM_SUPERVISOR_PID");
   if (!dir || !rank || !sup) return;
-  std::ofstream(std::string(dir) + "/pid-" + rank) << ::getpid() << "\n";
   const pid_t supervisor = pid_t(std::atol(sup));
+  const char* addr = std::getenv("LOOM_SUPERVISOR_ADDR");
+  const char* sup_host = std::getenv("LOOM_SUPERVISOR_HOST");
+  const char* token = std::getenv("LOOM_SUPERVISOR_TOKEN");
+  if (addr && sup_host && token && this_host() != sup_host) {  // Note [Status over TCP]
+    g_link = new StatusLink(addr, std::atoi(rank), this_host(), token);  // lives as long as the process
+    std::thread(beat_loop, std::string()).detach();
+    std::thread([r = std::string(rank)] {
+      if (g_link->wait_for_kill()) ::raise(SIGKILL);
+      std::fprintf(stderr, "loom: rank %s: the --hosts supervisor is gone (its connection closed); stopping this rank\n",
+                   r.c_str());
+      std::fflush(stderr);
+      ::_exit(1);
+    }).detach();
+    return;
+  }
+  std::ofstream(std::string(dir) + "/pid-" + rank) << ::getpid() << "\n";
   std::thread(beat_loop, std::string(dir) + "/beat-" + rank).detach();
   std::thread([supervisor, r = std::string(rank)] {
     while (alive(supervisor)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -434,6 +520,10 @@ void record_exit(int code) {
   const char* dir = status_dir_env();
   const char* rank = rank_env();
   if (!dir || !rank) return;
+  if (g_link) {
+    g_link->send("exit " + std::to_string(code));
+    return;
+  }
   std::ofstream(std::string(dir) + "/rank-" + rank) << code << "\n";
 }
 

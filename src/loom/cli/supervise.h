@@ -1,12 +1,19 @@
 // `loom train --nproc N`: the supervisor and its ranks' side of it (Note [Supervised launch]).
 #pragma once
 
+#include <vector>
+
+#include "loom/core/hosts.h"
+
 namespace loom::cli {
 
-// Runs `mpirun -np nproc <this binary> <argv without --nproc>` and supervises it; returns
-// the exit code. `timeout_s` is comm.timeout_s (it bounds the grace given to survivors),
-// `hang_s` comm.hang_s (Note [Heartbeats]; 0: no hang check).
-int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s);
+// Runs `mpirun -np nproc <this binary> <argv without --nproc / --hosts>` and supervises it;
+// returns the exit code. `timeout_s` is comm.timeout_s (it bounds the grace given to
+// survivors), `hang_s` comm.hang_s (Note [Heartbeats]; 0: no hang check). `hosts` (--hosts;
+// empty: this host) go to mpirun's --host, and the ranks on other hosts report over TCP (Note
+// [Status over TCP]).
+int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
+                        const std::vector<HostSlots>& hosts = {});
 
 // In a rank under a supervised launch: records its pid for the supervisor, starts its
 // heartbeat (Note [Heartbeats]) and a watcher that ends the rank when the supervisor is

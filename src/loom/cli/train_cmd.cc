@@ -18,6 +18,7 @@
 #include "loom/comm/mpi_backend.h"
 #include "loom/comm/world.h"
 #include "loom/train/preflight.h"
+#include "loom/core/hosts.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/core/owned.h"
@@ -105,20 +106,27 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
     check_output_file(a.trace, "--trace", a.overwrite, owned::marks::kTrace);
     check_run_dir(cfg.checkpoint.dir, !a.resume.empty(), a.overwrite);
   }
-  if (a.nproc > 0) {
-    if (comm::launched_by_mpi()) throw ConfigError("--nproc " + std::to_string(a.nproc) + " under mpirun: use one");
+  if (a.nproc > 0 || !a.hosts.empty()) {
+    const std::string flag = a.hosts.empty() ? "--nproc" : "--hosts";
+    if (comm::launched_by_mpi()) throw ConfigError(flag + " under mpirun: use one");
+    const std::vector<HostSlots> hosts = a.hosts.empty() ? std::vector<HostSlots>{} : parse_hosts(a.hosts);
+    const int nproc = hosts.empty() ? a.nproc : total_slots(hosts);
+    if (!hosts.empty() && a.nproc > 0 && a.nproc != nproc)
+      throw ConfigError("--nproc " + std::to_string(a.nproc) + " but --hosts " + host_arg(hosts) + " gives " +
+                        std::to_string(nproc) + " slots; drop --nproc (the slots are the ranks) or change the slots");
     const ParallelConfig& p = cfg.parallel;
-    if (a.nproc != p.ranks())
-      throw ConfigError("--nproc " + std::to_string(a.nproc) + " but the layout " + p.shape_text() + " needs " +
-                        std::to_string(p.ranks()) + " ranks; pass " +
-                        (p.dp_for(a.nproc) > 0 ? "--dp " + std::to_string(p.dp_for(a.nproc)) + " or " : "") +
-                        "--nproc " + std::to_string(p.ranks()));
-    if (a.nproc > 1) {
-      if (a.nproc > int(::sysconf(_SC_NPROCESSORS_ONLN)))
-        std::cerr << "loom: warning: --nproc " << a.nproc << " starts " << a.nproc << " ranks on "
+    const std::string what = hosts.empty() ? "--nproc " + std::to_string(nproc)
+                                           : "--hosts " + host_arg(hosts) + " (" + std::to_string(nproc) + " slots)";
+    if (nproc != p.ranks())
+      throw ConfigError(what + " but the layout " + p.shape_text() + " needs " + std::to_string(p.ranks()) +
+                        " ranks; pass " + (p.dp_for(nproc) > 0 ? "--dp " + std::to_string(p.dp_for(nproc)) + " or " : "") +
+                        (hosts.empty() ? "--nproc " + std::to_string(p.ranks()) : std::string("hosts with that many slots")));
+    if (nproc > 1 || !hosts.empty()) {
+      if (hosts.empty() && nproc > int(::sysconf(_SC_NPROCESSORS_ONLN)))
+        std::cerr << "loom: warning: --nproc " << nproc << " starts " << nproc << " ranks on "
                   << ::sysconf(_SC_NPROCESSORS_ONLN) << " cores: they will take turns on them, and every step waits "
                   << "for the slowest (set train.threads = 1, or use fewer ranks)\n";
-      return launch_under_mpirun(a.nproc, argc, argv, cfg.comm.timeout_s, cfg.comm.hang_s);
+      return launch_under_mpirun(nproc, argc, argv, cfg.comm.timeout_s, cfg.comm.hang_s, hosts);
     }
   }
   try {

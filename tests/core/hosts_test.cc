@@ -1,0 +1,119 @@
+// Note [Host lists] and Note [Status over TCP].
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "loom/core/error.h"
+#include "loom/core/hosts.h"
+#include "loom/core/status_link.h"
+
+namespace loom {
+namespace {
+
+std::string refusal(const std::string& spec) {
+  try {
+    parse_hosts(spec);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hosts, InlineListsAndHostfilesGiveTheSameHostsInOrder) {
+  const std::vector<HostSlots> inline_list = parse_hosts("node-a:2,10.0.0.7:3,c");
+  ASSERT_EQ(inline_list.size(), 3u);
+  EXPECT_EQ(host_arg(inline_list), "node-a:2,10.0.0.7:3,c:1");
+  EXPECT_EQ(total_slots(inline_list), 6);
+  EXPECT_EQ(host_of_ranks(inline_list),
+            (std::vector<std::string>{"node-a", "node-a", "10.0.0.7", "10.0.0.7", "10.0.0.7", "c"}));
+  // OpenMPI's and DeepSpeed's hostfile: comments, blank lines, max_slots, a bare host.
+  const std::string file = ::testing::TempDir() + "/hosts_test_hostfile";
+  std::ofstream(file) << "# the job's hosts\nnode-a slots=2   # first\n\n10.0.0.7 slots=3 max_slots=8\nc\n";
+  EXPECT_EQ(host_arg(parse_hosts(file)), "node-a:2,10.0.0.7:3,c:1");
+}
+
+TEST(Hosts, BadListsAreRefusedNamingTheItemOrLine) {
+  EXPECT_NE(refusal("a:2,a:1").find("host a is listed twice"), std::string::npos);
+  EXPECT_NE(refusal("a:0").find("item 'a:0' (expected HOST or HOST:SLOTS): host a needs a positive slot count"),
+            std::string::npos)
+      << refusal("a:0");
+  EXPECT_NE(refusal("a:two").find("item 'a:two'"), std::string::npos);
+  EXPECT_NE(refusal("a b:2").find("'a b' is not a host name"), std::string::npos) << refusal("a b:2");
+  EXPECT_NE(refusal("").find("names no host"), std::string::npos) << refusal("");
+  EXPECT_NE(refusal("a,,b").find("item ''"), std::string::npos) << refusal("a,,b");
+  EXPECT_NE(refusal("/no/such/hostfile").find("no hostfile '/no/such/hostfile'"), std::string::npos);
+  try {
+    parse_hostfile_text("a slots=2\nb cpus=4\n", "hosts.txt");
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("hosts.txt line 2: 'cpus=4' is not understood (expected HOST slots=N)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+std::string read(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+// Waits up to 5 s for `done`.
+template <class F>
+bool eventually(F done) {
+  for (int i = 0; i < 500 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return done();
+}
+
+TEST(StatusOverTcp, ARanksLinesBecomeTheStatusFilesAndAClosedLinkIsALostRank) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/status_over_tcp";
+  fs::remove_all(dir), fs::create_directories(dir);
+  StatusServer server(dir, 3, "secret");
+  const std::string addrs = server.addresses();
+  EXPECT_NE(addrs.find("127.0.0.1:"), std::string::npos) << addrs;
+  {
+    StatusLink one(addrs, 1, "host-b", "secret");
+    ASSERT_TRUE(eventually([&] { return server.host_of(1) == "host-b"; }));
+    EXPECT_TRUE(one.send("beat 7 1234 0 41"));
+    ASSERT_TRUE(eventually([&] { return read(dir + "/beat-1") == "7 1234 0 41"; })) << read(dir + "/beat-1");
+    EXPECT_TRUE(one.send("exit 0"));
+    ASSERT_TRUE(eventually([&] { return read(dir + "/rank-1") == "0"; }));
+  }
+  StatusLink two(addrs, 2, "host-c", "secret");
+  ASSERT_TRUE(eventually([&] { return server.host_of(2) == "host-c"; }));
+  EXPECT_FALSE(server.lost(1));  // it said exit before its connection closed
+  // The supervisor ends a remote rank by saying kill.
+  std::thread killer([&] { EXPECT_TRUE(server.kill(2)); });
+  EXPECT_TRUE(two.wait_for_kill());
+  killer.join();
+  {
+    StatusLink gone(addrs, 0, "host-a", "secret");
+    ASSERT_TRUE(eventually([&] { return server.host_of(0) == "host-a"; }));
+  }  // closed without exit: lost
+  EXPECT_TRUE(eventually([&] { return server.lost(0); }));
+  EXPECT_FALSE(fs::exists(dir + "/rank-0"));
+  // A hello with another token speaks for nobody.
+  StatusLink stranger(addrs, 2, "host-x", "guess");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server.host_of(2), "host-c");
+  EXPECT_FALSE(stranger.wait_for_kill());  // the server closed it
+}
+
+TEST(StatusOverTcp, NoSupervisorAtAnyAddressIsAnErrorNamingThem) {
+  try {
+    StatusLink link("127.0.0.1:1", 3, "host-d", "t");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3 on host host-d cannot reach its supervisor at any of 127.0.0.1:1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom

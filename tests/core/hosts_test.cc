@@ -1,4 +1,4 @@
-// Note [Host lists] and Note [Status over TCP].
+// Note [Host lists], Note [Status over TCP] and Note [Elastic shapes].
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -6,6 +6,8 @@
 #include <fstream>
 #include <thread>
 
+#include "loom/core/config.h"
+#include "loom/core/elastic.h"
 #include "loom/core/error.h"
 #include "loom/core/hosts.h"
 #include "loom/core/status_link.h"
@@ -112,6 +114,44 @@ TEST(StatusOverTcp, NoSupervisorAtAnyAddressIsAnErrorNamingThem) {
     EXPECT_NE(std::string(e.what()).find("rank 3 on host host-d cannot reach its supervisor at any of 127.0.0.1:1"),
               std::string::npos)
         << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// Note [Elastic shapes]: the model's split stays; dp shrinks to the largest that fits the
+// slots and divides the global batch's micro-batches; the micro-batch stays.
+TEST(ElasticShape, DataParallelismShrinksAndAccumulationKeepsTheGlobalBatch) {
+  const Config c = load_config("", {"parallel.dp=4", "parallel.tp=2", "train.batch=24", "train.grad_accum=1"});
+  EXPECT_EQ(c.micro_batch(), 6);
+  const ElasticShape six = elastic_shape(c, 6);  // 3 replicas fit; 4 micro-batches: dp 2
+  EXPECT_EQ(six.dp, 2);
+  EXPECT_EQ(six.grad_accum, 2);
+  EXPECT_EQ(six.micro_batch, 6);
+  EXPECT_EQ(six.ranks, 4);
+  EXPECT_EQ(elastic_shape(c, 8).dp, 4);
+  EXPECT_EQ(elastic_shape(c, 2).grad_accum, 4);
+  EXPECT_NE(elastic_shape(c, 1).problem.find("1 slots hold no replica of the model's split (cp x tp x pp = 2 ranks)"),
+            std::string::npos);
+  const Config ps = load_config("", {"parallel.dp=2", "parallel.ps_servers=1"});
+  EXPECT_NE(elastic_shape(ps, 8).problem.find("parameter-server"), std::string::npos);
+}
+
+TEST(ElasticShape, TheRangeIsMinToMaxHosts) {
+  EXPECT_EQ(parse_elastic("2:4").min_hosts, 2);
+  EXPECT_EQ(parse_elastic("2:4").max_hosts, 4);
+  EXPECT_EQ(parse_elastic("3").max_hosts, 3);
+  for (const char* bad : {"4:2", "0:2", "a:b", ":", "2:"}) {
+    try {
+      parse_elastic(bad);
+      ADD_FAILURE() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("--elastic ") + bad), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -12,7 +12,12 @@ usage: check_hosts.py LOOM
   frozen:      the remote rank is SIGSTOPped with comm.timeout_s 300: its beats stop and the
                job ends within 40 s, naming it as frozen (its pid is not the supervisor's to
                see), and the stopped process does not outlive the job;
-  signals:     the supervisor gets SIGTERM: no rank outlives it by more than 5 s.
+  signals:     the supervisor gets SIGTERM: no rank outlives it by more than 5 s;
+  elastic:     --elastic 1:2, the remote rank SIGKILLed after a checkpoint: the job re-forms on
+               the one host left with no command (dp 2 -> 1, grad_accum 1 -> 2), loses at most
+               save_every steps, and its final weights equal, bit for bit, a run resumed by hand
+               from the same step on that layout;
+  below-min:   --elastic 2:2 loses a host: it stops (fewer than MIN), and --resume auto goes on.
 Exits 77 (ctest SKIP) where network namespaces cannot be made.
 """
 import os
@@ -25,7 +30,7 @@ import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
-from soak import newest_step, rank_pid  # noqa: E402
+from soak import final_files, newest_step, rank_pid  # noqa: E402
 
 NETNS = os.path.join(here, "..", "..", "scripts", "netns_two_hosts.sh")
 HOSTS = "10.77.0.1:1,10.77.0.2:1"
@@ -59,6 +64,63 @@ def with_env(**kv):
 def expect(cond, msg, out):
     if not cond:
         fail(msg, out)
+
+
+def kill_remote_after_a_save(proc, ckpt):
+    deadline = time.time() + 60
+    while newest_step(ckpt) < 6 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    pid = rank_pid(1, ckpt)
+    if pid is None:
+        fail("the remote rank's process was not found", proc.communicate()[0])
+    os.kill(pid, signal.SIGKILL)
+    return newest_step(ckpt)
+
+
+def elastic(loom, work):
+    steps = 40
+    ckpt = os.path.join(work, "elastic")
+    keep = ("--set", "checkpoint.keep_last=0", "train.log_every=1")
+    proc = subprocess.Popen(cmd(loom, ckpt, steps, "--elastic", "1:2", *keep),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_after = kill_remote_after_a_save(proc, ckpt)
+    killed_at, first_new_step, lines = time.time(), None, []
+    for line in proc.stdout:  # the time from the kill to the re-formed job's first step (printed)
+        lines.append(line)
+        if first_new_step is None and line.startswith("step ") and any(l.startswith("resumed from") for l in lines):
+            first_new_step = time.time() - killed_at
+    proc.wait(timeout=180)
+    out = "".join(lines)
+    print(f"elastic: from the SIGKILL to the re-formed job's first step: {first_new_step:.2f} s")
+    expect(proc.returncode == 0 and f"step {steps}/{steps}" in out, f"the elastic job exited {proc.returncode}", out)
+    expect("lost 10.77.0.2; going on with 1 host (10.77.0.1:1): dp 1, grad_accum 2, micro-batch 4" in out,
+           "the re-forming was not said", out)
+    at = [l for l in out.splitlines() if l.startswith("resumed from")]
+    expect(len(at) == 1, "no single resume line", out)
+    step = int(at[0].split(" at step ")[1].split()[0])
+    expect(killed_after <= step and step % 2 == 0, f"resumed from step {step}, killed after step {killed_after}", out)
+    # By hand: the same step's checkpoint, resumed on the re-formed layout in one process.
+    by_hand = os.path.join(work, "by-hand")
+    os.makedirs(by_hand)
+    shutil.copytree(os.path.join(ckpt, f"step-{step:08d}"), os.path.join(by_hand, f"step-{step:08d}"))
+    r = subprocess.run([loom, "train", "--resume", "auto", "--save-every", "2", "--set", "train.batch=8",
+                        "train.seq=64", f"train.steps={steps}", "model.layers=2", "train.val_every=0",
+                        "train.val_batches=1", "train.threads=1", f"checkpoint.dir={by_hand}",
+                        "checkpoint.keep_last=0", "parallel.dp=1", "train.grad_accum=2", "parallel.micro_batch=4"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    expect(r.returncode == 0, "the by-hand resume failed", r.stdout)
+    expect(final_files(ckpt, steps, 1) == final_files(by_hand, steps, 1),
+           "the elastic job's final weights differ from the by-hand resume's", out)
+
+    ckpt = os.path.join(work, "below-min")
+    proc = subprocess.Popen(cmd(loom, ckpt, steps, "--elastic", "2:2"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    kill_remote_after_a_save(proc, ckpt)
+    out = proc.communicate(timeout=120)[0]
+    expect(proc.returncode != 0 and "1 host (10.77.0.1:1) left, fewer than MIN 2: stopping" in out,
+           f"below MIN: rc {proc.returncode}", out)
+    rc, out, _ = run(loom, ckpt, steps, "--resume", "auto")
+    expect(rc == 0 and f"step {steps}/{steps}" in out, f"the resume after a stop below MIN exited {rc}", out)
 
 
 def main():
@@ -117,7 +179,8 @@ def main():
         while time.time() - t0 < 5 and (rank_pid(0, ckpt) or rank_pid(1, ckpt)):
             time.sleep(0.1)
         expect(rank_pid(0, ckpt) is None and rank_pid(1, ckpt) is None, "a rank outlived its supervisor by 5 s", out)
-        print("ok: trains, hung, killed + resume, frozen, signals across two hosts")
+        elastic(loom, work)
+        print("ok: trains, hung, killed + resume, frozen, signals, elastic, below-min across two hosts")
     finally:
         subprocess.run([NETNS, "down"])
         shutil.rmtree(work, ignore_errors=True)

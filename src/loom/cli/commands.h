@@ -29,6 +29,7 @@ struct TrainArgs {
   bool json = false, csv = false;
   int nproc = 0;  // > 0: relaunch under mpirun with that many ranks
   std::string hosts;  // a hostfile or HOST:SLOTS,...: relaunch across those hosts (Note [Host lists])
+  std::string elastic;  // MIN:MAX hosts: re-form on the hosts left when some fail (Note [Elastic launch])
   std::string trace;  // Chrome-trace JSON path
   std::string resume;  // auto | DIR (Note [Sharded checkpoints])
   int64_t save_every = -1;

@@ -172,6 +172,9 @@ void add_train_commands(CLI::App& app, Args& a, std::vector<Command>& cmds, int 
   t->add_option("--hosts", train.hosts,
                 "Run the layout's ranks across hosts: a hostfile of lines HOST slots=N (OpenMPI's and DeepSpeed's "
                 "format) or HOST:SLOTS,...; relaunches itself under mpirun --host and supervises every rank");
+  t->add_option("--elastic", train.elastic,
+                "MIN:MAX hosts, with --hosts: when hosts fail, go on without them (spares from the host list fill in) "
+                "on a re-planned layout from the newest checkpoint, while MIN remain (needs --save-every)");
   t->add_option("--trace", train.trace, "Write a Chrome-trace JSON of the run (one track per rank; open in Perfetto)");
   t->add_option("--save-every", train.save_every, "Sharded resumable checkpoint every N steps (checkpoint.save_every)")
       ->check(at_least(0));

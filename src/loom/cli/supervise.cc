@@ -113,11 +113,11 @@ std::vector<std::string> mpirun_args(int nproc, int argc, char** argv, const std
   args.push_back(n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]));
   for (int i = 1; i < argc; i++) {
     const std::string s = argv[i];
-    if (s == "--nproc" || s == "--hosts") {
+    if (s == "--nproc" || s == "--hosts" || s == "--elastic") {
       i++;
       continue;
     }
-    if (s.rfind("--nproc=", 0) == 0 || s.rfind("--hosts=", 0) == 0) continue;
+    if (s.rfind("--nproc=", 0) == 0 || s.rfind("--hosts=", 0) == 0 || s.rfind("--elastic=", 0) == 0) continue;
     args.push_back(s);
   }
   return args;
@@ -209,6 +209,9 @@ struct Placement {
 // What the supervisor saw of the job while it ran.
 struct Watch {
   std::string killed;  // lines naming the ranks it had to kill
+  // Ranks that failed on their own account: gone without an exit code before the supervisor
+  // killed anything, or ended as stuck (hung, frozen, stopped); not the survivors it killed.
+  std::vector<char> faulty;
   int signal = 0;      // the signal that stopped the supervisor, if any
   bool launcher_stuck = false;  // the job was ended as stuck (check_stuck)
 };
@@ -280,8 +283,10 @@ struct Heartbeat {
 };
 
 // Ends a stuck job: SIGKILL to every rank still there and to mpirun; `what` names why.
-void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const Placement& at, const std::string& what,
-                   Watch& w) {
+// `culprit`: the rank found stuck (-1: mpirun).
+void end_stuck_job(pid_t child, const std::vector<pid_t>& pids, const Placement& at, int culprit,
+                   const std::string& what, Watch& w) {
+  if (culprit >= 0 && size_t(culprit) < w.faulty.size()) w.faulty[size_t(culprit)] = 1;
   for (size_t r = 0; r < pids.size(); ++r) at.kill(r, pids[r]);
   ::kill(child, SIGKILL);  // a stopped process takes SIGKILL too
   w.launcher_stuck = true;
@@ -296,13 +301,13 @@ void check_stuck(pid_t child, const std::vector<pid_t>& pids, const Placement& a
   if (w.launcher_stuck) return;
   const std::string secs = std::to_string(kStopped.count());
   if (all_done_long)
-    return end_stuck_job(child, pids, at, "mpirun: still running " + std::to_string(kLauncherGrace.count()) +
+    return end_stuck_job(child, pids, at, -1, "mpirun: still running " + std::to_string(kLauncherGrace.count()) +
                                           " s after every rank had recorded its exit (stopped or hung)", w);
   if (launcher.too_long(child, now))
-    return end_stuck_job(child, pids, at, "mpirun: stopped (SIGSTOP) for " + secs + " s", w);
+    return end_stuck_job(child, pids, at, -1, "mpirun: stopped (SIGSTOP) for " + secs + " s", w);
   for (size_t r = 0; r < pids.size(); ++r)
     if (!done[r] && ranks[r].too_long(pids[r], now))
-      return end_stuck_job(child, pids, at, at.name(r, pids[r]) + ": stopped (SIGSTOP) for " + secs + " s", w);
+      return end_stuck_job(child, pids, at, int(r), at.name(r, pids[r]) + ": stopped (SIGSTOP) for " + secs + " s", w);
 }
 
 // Note [Heartbeats]: a frozen or hung rank ends the job.
@@ -313,7 +318,7 @@ void check_beats(pid_t child, const std::vector<pid_t>& pids, const Placement& a
     if (done[r]) continue;
     const std::string why = beats[r].check(status_dir + "/beat-" + std::to_string(r), hang_s, now);
     if (!why.empty())
-      return end_stuck_job(child, pids, at, at.name(r, pids[r]) + ": " + why, w);
+      return end_stuck_job(child, pids, at, int(r), at.name(r, pids[r]) + ": " + why, w);
   }
 }
 
@@ -322,6 +327,7 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
                 const Placement& at, StderrRelay& relay, int& wstatus) {
   const auto grace = std::chrono::duration<double>(std::min(timeout_s, 10.0));
   Watch w;
+  w.faulty.assign(size_t(nproc), 0);
   std::vector<pid_t> pids(size_t(nproc), 0);
   std::vector<char> done(size_t(nproc), 0);
   std::optional<Clock::time_point> first_failure, kill_time, all_done;
@@ -345,6 +351,7 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       const bool gone = code >= 0 || (pids[size_t(r)] > 0 && !alive(pids[size_t(r)])) || at.lost(size_t(r));
       if (!gone) continue;
       done[size_t(r)] = 1;
+      if (code < 0 && !kill_time && !w.launcher_stuck) w.faulty[size_t(r)] = 1;
       if (code != 0 && !first_failure) first_failure = now, failed_rank = r;
     }
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
@@ -423,7 +430,7 @@ std::string this_host() {
 }  // namespace
 
 int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
-                        const std::vector<HostSlots>& hosts) {
+                        const std::vector<HostSlots>& hosts, std::vector<int>* faulty) {
   // OpenMPI refuses more ranks than cores and running as root unless told; --nproc is the
   // convenience path, so it asks for both (MPICH ignores these variables).
   ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
@@ -454,6 +461,9 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, doub
   StderrRelay relay(err_pipe[0]);
   int wstatus = 0;
   const Watch w = supervise(child, nproc, status_dir, timeout_s, hang_s, at, relay, wstatus);
+  if (faulty)
+    for (int r = 0; r < nproc; ++r)
+      if (w.faulty[size_t(r)]) faulty->push_back(r);
   const int launcher_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
   int rc = 0;
   std::string failed;

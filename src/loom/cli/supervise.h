@@ -11,9 +11,11 @@ namespace loom::cli {
 // returns the exit code. `timeout_s` is comm.timeout_s (it bounds the grace given to
 // survivors), `hang_s` comm.hang_s (Note [Heartbeats]; 0: no hang check). `hosts` (--hosts;
 // empty: this host) go to mpirun's --host, and the ranks on other hosts report over TCP (Note
-// [Status over TCP]).
+// [Status over TCP]). `faulty` (when given) receives the ranks that failed on their own
+// account: gone without an exit code, or ended as hung, frozen or stopped (not the survivors
+// the supervisor killed after them).
 int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
-                        const std::vector<HostSlots>& hosts = {});
+                        const std::vector<HostSlots>& hosts = {}, std::vector<int>* faulty = nullptr);
 
 // In a rank under a supervised launch: records its pid for the supervisor, starts its
 // heartbeat (Note [Heartbeats]) and a watcher that ends the rank when the supervisor is

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "loom/cli/commands.h"
+#include "loom/cli/elastic.h"
 #include "loom/cli/supervise.h"
 #include "loom/comm/mpi_backend.h"
 #include "loom/comm/world.h"
@@ -106,10 +107,15 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
     check_output_file(a.trace, "--trace", a.overwrite, owned::marks::kTrace);
     check_run_dir(cfg.checkpoint.dir, !a.resume.empty(), a.overwrite);
   }
-  if (a.nproc > 0 || !a.hosts.empty()) {
+  if (a.nproc > 0 || !a.hosts.empty() || !a.elastic.empty()) {
     const std::string flag = a.hosts.empty() ? "--nproc" : "--hosts";
     if (comm::launched_by_mpi()) throw ConfigError(flag + " under mpirun: use one");
     const std::vector<HostSlots> hosts = a.hosts.empty() ? std::vector<HostSlots>{} : parse_hosts(a.hosts);
+    if (!a.elastic.empty()) {
+      if (hosts.empty()) throw ConfigError("--elastic " + a.elastic + " needs --hosts (the hosts it may run on)");
+      if (a.nproc > 0) throw ConfigError("--elastic: drop --nproc (the hosts' slots are the ranks)");
+      return run_elastic(hosts, a.elastic, cfg, argc, argv);
+    }
     const int nproc = hosts.empty() ? a.nproc : total_slots(hosts);
     if (!hosts.empty() && a.nproc > 0 && a.nproc != nproc)
       throw ConfigError("--nproc " + std::to_string(a.nproc) + " but --hosts " + host_arg(hosts) + " gives " +

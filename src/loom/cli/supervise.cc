@@ -250,6 +250,7 @@ constexpr auto kBeatPeriod = std::chrono::seconds(1);
 constexpr auto kBeatPoll = std::chrono::milliseconds(500);
 constexpr int64_t kActiveCpuMs = 50;  // CPU time per beat that counts as work
 constexpr auto kFrozen = std::chrono::seconds(15);  // after kStopped: a stopped rank is named as such
+constexpr auto kStalled = std::chrono::seconds(4);  // beats this old when a failure's grace ends: not running
 
 struct Heartbeat {
   bool seen = false;
@@ -365,11 +366,15 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       if (g_signal) w.signal = g_signal;
       for (size_t r = 0; r < size_t(nproc); ++r)
         if (!done[r] && (at.server || (pids[r] > 0 && alive(pids[r])))) {
+          // One that cannot run (stopped, or its beats stalled) failed on its own account.
+          const bool frozen = (pids[r] > 0 && stopped(pids[r])) || (beats[r].seen && now - beats[r].changed > kStalled);
+          if (frozen && !w.signal) w.faulty[r] = 1;
           at.kill(r, pids[r]);
           w.killed += "\n  " + at.name(r, pids[r]) + ": killed, " +
                       (w.signal ? std::string("the supervisor got signal ") + std::to_string(w.signal)
                                 : "still running " + std::to_string(int(grace.count())) + " s after rank " +
-                                      std::to_string(failed_rank) + " failed");
+                                      std::to_string(failed_rank) + " failed") +
+                      (frozen ? " (it was not running: stopped, or no heartbeat)" : "");
         }
       kill_time = now;
       if (w.signal) ::kill(child, SIGKILL);

@@ -146,8 +146,14 @@ TempDir::TempDir(const std::string& parent, const std::string& base) {
 
 TempDir::~TempDir() {
   if (path_.empty()) return;
+  // Made exclusively by this process: every entry is ours. The marker goes last, just before
+  // the then empty directory, so a kill while removing leaves a directory still proved loom's
+  // (Note [Ownership by content]).
   std::error_code ec;
-  fs::remove_all(path_, ec);  // made exclusively by this process: every entry is ours
+  for (const auto& e : fs::directory_iterator(path_, ec))
+    if (e.path().filename() != kMarker) fs::remove_all(e.path(), ec);
+  ::unlink((path_ + "/" + kMarker).c_str());
+  ::rmdir(path_.c_str());
   if (marker_fd_ >= 0) ::close(marker_fd_);
 }
 

@@ -11,7 +11,11 @@
 //    for the directory's whole life; the kernel drops it when the maker dies, however it
 //    dies. So a later command proves a temporary directory is an abandoned one of loom's
 //    by three facts: a real directory (not a symlink) whose marker is a regular file
-//    naming the same token, and whose flock it can take. Only those are removed.
+//    naming the same token, and whose flock it can take. Only those are removed. The maker
+//    removes its directory's other entries before the marker (then at once the empty
+//    directory), so one killed while removing leaves a directory still proved its own: a
+//    save interrupted by the supervisor's kill is cleared by the next run (issue 54: a loss
+//    while an elastic job re-formed left one that was not).
 //  - Temporary files are `<path>.loom-tmp-<token>`, created with O_CREAT|O_EXCL|O_NOFOLLOW
 //    (never through a symlink, never over an existing file) and renamed over their target.
 //  - Everything loom reads at a path a user can name is opened without blocking (a FIFO

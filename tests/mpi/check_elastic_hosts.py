@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""`loom train --hosts ... --elastic` on four "hosts" (network namespaces, HOSTS=4
+scripts/netns_hosts.sh), one rank each, dp 4 (Note [Elastic launch]).
+
+usage: check_elastic_hosts.py LOOM
+
+  twice:       --elastic 2:4; every process of host d is SIGKILLed (the host lost), then, once the
+               re-formed job has saved, host b's: it re-forms twice with no command (dp 4 -> 2 on
+               a, b; then on a, c) and its final weights equal, bit for bit, a run resumed by hand
+               from the second re-forming's step on its layout and hosts;
+  in-recovery: host d is lost, and host b while the job re-forms on a and b (its rank started,
+               before its first step): it re-forms again (on a and c) and finishes;
+  hung:        every process of host d is SIGSTOPped (comm.timeout_s 300): its beats stop, the
+               supervisor ends the job as frozen and it re-forms without d;
+  all-lost:    --elastic 1:4; every rank is killed: the job stops cleanly (no host left), and
+               --resume auto on the four hosts finishes it.
+Prints the seconds from each loss to the re-formed job's first step. Exits 77 (ctest SKIP)
+where network namespaces cannot be made.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
+from soak import final_files, newest_step, rank_pid  # noqa: E402
+
+NETNS = os.path.join(here, "..", "..", "scripts", "netns_hosts.sh")
+ALL = "10.77.0.1:1,10.77.0.2:1,10.77.0.3:1,10.77.0.4:1"
+STEPS = 300  # long enough (~10 s) for a second loss after a re-forming
+
+
+def fail(msg, out=""):
+    print(out)
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def args(loom, ckpt, *extra, hosts=ALL, dp=4):
+    return [loom, "train", "--hosts", hosts, "--dp", str(dp), "--save-every", "2", "--set", "train.batch=8",
+            "train.seq=64", f"train.steps={STEPS}", "model.layers=2", "train.val_every=0", "train.val_batches=1",
+            "train.threads=1", f"checkpoint.dir={ckpt}", "checkpoint.keep_last=0", "train.log_every=1",
+            "comm.timeout_s=5", *extra]
+
+
+class Job:
+    """A job under the namespace harness whose output is read as it comes, with times."""
+
+    def __init__(self, loom, ckpt, *extra):
+        self.proc = subprocess.Popen([NETNS, "exec", "--", *args(loom, ckpt, *extra)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines = []  # (time, line)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line))
+
+    def wait_for(self, text, after=0.0, limit=90):
+        deadline = time.time() + limit
+        while time.time() < deadline:
+            for t, line in list(self.lines):
+                if t >= after and text in line:
+                    return t
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.02)
+        fail(f"no line with {text!r}", self.out())
+
+    def finish(self, limit=240):
+        self.proc.wait(timeout=limit)
+        self.reader.join(timeout=10)
+        return self.proc.returncode, self.out()
+
+    def out(self):
+        return "".join(line for _, line in self.lines)
+
+
+def lose(host, sig="KILL"):
+    subprocess.run([NETNS, "kill", host, sig], check=True, capture_output=True)
+    return time.time()
+
+
+def wait_for_save(ckpt, step, limit=60):
+    deadline = time.time() + limit
+    while newest_step(ckpt) < step and time.time() < deadline:
+        time.sleep(0.02)
+    if newest_step(ckpt) < step:
+        fail(f"no checkpoint of step {step} within {limit} s")
+
+
+def first_step_after(job, t):
+    return job.wait_for("step ", after=job.wait_for("resumed from", after=t)) - t
+
+
+def resumed_steps(out):
+    return [int(l.split(" at step ")[1].split()[0]) for l in out.splitlines() if l.startswith("resumed from")]
+
+
+def twice(loom, work):
+    ckpt = os.path.join(work, "twice")
+    job = Job(loom, ckpt, "--elastic", "2:4")
+    wait_for_save(ckpt, 6)
+    t = lose("loom-d")
+    print(f"twice: host d lost; first step of the re-formed job {first_step_after(job, t):.2f} s later")
+    job.wait_for("resumed from", after=t)
+    wait_for_save(ckpt, resumed_steps(job.out())[-1] + 2)  # a checkpoint of the re-formed job
+    t = lose("loom-b")
+    print(f"twice: host b lost; first step of the re-formed job {first_step_after(job, t):.2f} s later")
+    rc, out = job.finish()
+    if rc != 0 or f"step {STEPS}/{STEPS}" not in out:
+        fail(f"the job that lost two hosts exited {rc}", out)
+    for said in ("lost 10.77.0.4; going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): dp 2, grad_accum 2",
+                 "lost 10.77.0.2; going on with 2 hosts (10.77.0.1:1,10.77.0.3:1): dp 2, grad_accum 2"):
+        if said not in out:
+            fail(f"not said: {said}", out)
+    step = resumed_steps(out)[-1]
+    by_hand = os.path.join(work, "by-hand")
+    os.makedirs(by_hand)
+    shutil.copytree(os.path.join(ckpt, f"step-{step:08d}"), os.path.join(by_hand, f"step-{step:08d}"))
+    r = subprocess.run([NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--grad-accum", "2",
+                                                       hosts="10.77.0.1:1,10.77.0.3:1", dp=2)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        fail("the by-hand resume failed", r.stdout)
+    if final_files(ckpt, STEPS, 2) != final_files(by_hand, STEPS, 2):
+        fail(f"the final weights differ from the by-hand resume from step {step}", out)
+
+
+def in_recovery(loom, work):
+    ckpt = os.path.join(work, "in-recovery")
+    job = Job(loom, ckpt, "--elastic", "2:4")
+    wait_for_save(ckpt, 6)
+    old = rank_pid(1, ckpt)
+    t = lose("loom-d")
+    job.wait_for("re-forming 1", after=t)
+    deadline = time.time() + 30  # the re-formed job's rank 1 (on host b) has started
+    while rank_pid(1, ckpt) in (None, old) and time.time() < deadline:
+        time.sleep(0.01)
+    lose("loom-b")  # while the re-formed job starts: before its first step
+    rc, out = job.finish()
+    if rc != 0 or "re-forming 2" not in out or f"step {STEPS}/{STEPS}" not in out:
+        fail(f"a loss during the re-forming: rc {rc}", out)
+
+
+def hung(loom, work):
+    ckpt = os.path.join(work, "hung")
+    job = Job(loom, ckpt, "--elastic", "2:4", "--set", "comm.timeout_s=300")
+    wait_for_save(ckpt, 6)
+    t = lose("loom-d", "STOP")
+    print(f"hung: host d stopped; first step of the re-formed job {first_step_after(job, t):.2f} s later")
+    rc, out = job.finish()
+    if rc != 0 or "no heartbeat" not in out or "lost 10.77.0.4" not in out:
+        fail(f"a stopped host: rc {rc}", out)
+    lose("loom-d", "CONT")
+    lose("loom-d")  # what the stop left there
+
+
+def all_lost(loom, work):
+    ckpt = os.path.join(work, "all-lost")
+    job = Job(loom, ckpt, "--elastic", "1:4")
+    wait_for_save(ckpt, 6)
+    os.kill(rank_pid(0, ckpt), signal.SIGKILL)  # host a's rank (the supervisor lives on host a too)
+    for host in ("loom-b", "loom-c", "loom-d"):
+        lose(host)
+    rc, out = job.finish()
+    if rc == 0 or "0 hosts () left" not in out:
+        fail(f"every host lost: rc {rc}", out)
+    r = subprocess.run([NETNS, "exec", "--", *args(loom, ckpt, "--resume", "auto")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0 or f"step {STEPS}/{STEPS}" not in r.stdout:
+        fail("the resume after every host was lost failed", r.stdout)
+
+
+def main():
+    loom = os.path.abspath(sys.argv[1])
+    if subprocess.run(["ip", "netns", "add", "loom-probe"], capture_output=True).returncode != 0:
+        print("SKIP: cannot create network namespaces here (needs root with CAP_SYS_ADMIN/NET_ADMIN)")
+        sys.exit(77)
+    subprocess.run(["ip", "netns", "del", "loom-probe"])
+    work = tempfile.mkdtemp(prefix="loom-elastic-")
+    try:
+        for case in (twice, in_recovery, hung, all_lost):
+            subprocess.run([NETNS, "up"], check=True, env=dict(os.environ, HOSTS="4"), capture_output=True)
+            case(loom, work)
+        print("ok: twice, in-recovery, hung, all-lost on four hosts")
+    finally:
+        subprocess.run([NETNS, "down"])
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

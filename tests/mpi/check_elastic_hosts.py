@@ -13,7 +13,11 @@ usage: check_elastic_hosts.py LOOM
   hung:        every process of host d is SIGSTOPped (comm.timeout_s 300): its beats stop, the
                supervisor ends the job as frozen and it re-forms without d;
   all-lost:    --elastic 1:4; every rank is killed: the job stops cleanly (no host left), and
-               --resume auto on the four hosts finishes it.
+               --resume auto on the four hosts finishes it;
+  grows:       --elastic 2:4 with comm.rejoin_s 3: host d is lost (re-formed on a and b), answers
+               again, and the job stops after its next checkpoint and grows back onto the four
+               hosts (dp 4) with no step lost; its final weights equal, bit for bit, a run resumed
+               by hand from that checkpoint on the four hosts.
 Prints the seconds from each loss to the re-formed job's first step. Exits 77 (ctest SKIP)
 where network namespaces cannot be made.
 """
@@ -178,6 +182,35 @@ def all_lost(loom, work):
         fail("the resume after every host was lost failed", r.stdout)
 
 
+def grows(loom, work):
+    ckpt = os.path.join(work, "grows")
+    job = Job(loom, ckpt, "--elastic", "2:4", "--set", "comm.rejoin_s=3")
+    wait_for_save(ckpt, 6)
+    lose("loom-d")
+    rc, out = job.finish()
+    if rc != 0 or f"step {STEPS}/{STEPS}" not in out:
+        fail(f"the job that lost and regained a host exited {rc}", out)
+    said = "(re-forming 2): grew onto 10.77.0.4; going on with 4 hosts (10.77.0.1:1,10.77.0.2:1,10.77.0.3:1,10.77.0.4:1)" \
+           ": dp 4, grad_accum 1"
+    if said not in out:
+        fail(f"not said: {said}", out)
+    stopped = [int(l.split("stopped after saving step ")[1].split(",")[0]) for l in out.splitlines()
+               if "stopped after saving step " in l]
+    step = resumed_steps(out)[-1]
+    if stopped != [step]:
+        fail(f"stopped after {stopped}, resumed from {step}: a step lost or repeated", out)
+    by_hand = os.path.join(work, "grows-by-hand")
+    os.makedirs(by_hand)
+    shutil.copytree(os.path.join(ckpt, f"step-{step:08d}"), os.path.join(by_hand, f"step-{step:08d}"))
+    r = subprocess.run([NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        fail("the by-hand resume on four hosts failed", r.stdout)
+    if final_files(ckpt, STEPS, 4) != final_files(by_hand, STEPS, 4):
+        fail(f"the grown job's final weights differ from the by-hand resume from step {step}", out)
+    print(f"grows: stopped after step {stopped[0]} and resumed there on four hosts")
+
+
 def main():
     loom = os.path.abspath(sys.argv[1])
     if subprocess.run(["ip", "netns", "add", "loom-probe"], capture_output=True).returncode != 0:
@@ -186,10 +219,10 @@ def main():
     subprocess.run(["ip", "netns", "del", "loom-probe"])
     work = tempfile.mkdtemp(prefix="loom-elastic-")
     try:
-        for case in (twice, in_recovery, hung, all_lost):
+        for case in (twice, in_recovery, hung, all_lost, grows):
             subprocess.run([NETNS, "up"], check=True, env=dict(os.environ, HOSTS="4"), capture_output=True)
             case(loom, work)
-        print("ok: twice, in-recovery, hung, all-lost on four hosts")
+        print("ok: twice, in-recovery, hung, all-lost, grows on four hosts")
     finally:
         subprocess.run([NETNS, "down"])
         shutil.rmtree(work, ignore_errors=True)

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -204,6 +205,12 @@ struct Placement {
     if (pid > 0 && alive(pid)) ::kill(pid, SIGKILL);
     else if (server) server->kill(int(r));
   }
+  // Note [Elastic growth]: asks every rank to stop after its next checkpoint (local ranks read
+  // the file `stop`, remote ones are told).
+  void request_stop(const std::string& status_dir, int nproc) const {
+    std::ofstream(status_dir + "/stop") << "stop\n";
+    for (int r = 0; server && r < nproc; ++r) server->send(r, "stop");
+  }
 };
 
 // What the supervisor saw of the job while it ran.
@@ -325,7 +332,7 @@ void check_beats(pid_t child, const std::vector<pid_t>& pids, const Placement& a
 
 // Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
 Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, double hang_s,
-                const Placement& at, StderrRelay& relay, int& wstatus) {
+                const Placement& at, const std::function<bool()>& want_stop, StderrRelay& relay, int& wstatus) {
   const auto grace = std::chrono::duration<double>(std::min(timeout_s, 10.0));
   Watch w;
   w.faulty.assign(size_t(nproc), 0);
@@ -337,6 +344,7 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
   std::vector<Heartbeat> beats(static_cast<size_t>(nproc));
   Clock::time_point beats_read;
   int failed_rank = -1;
+  bool stop_asked = false;
   for (;;) {
     const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
     if (got == child) {
@@ -353,9 +361,10 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       if (!gone) continue;
       done[size_t(r)] = 1;
       if (code < 0 && !kill_time && !w.launcher_stuck) w.faulty[size_t(r)] = 1;
-      if (code != 0 && !first_failure) first_failure = now, failed_rank = r;
+      if (code != 0 && code != kStopToReform && !first_failure) first_failure = now, failed_rank = r;
     }
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
+    if (want_stop && !stop_asked && !first_failure && want_stop()) at.request_stop(status_dir, nproc), stop_asked = true;
     check_stuck(child, pids, at, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);
     if (now - beats_read >= kBeatPoll && !w.launcher_stuck && !kill_time) {
       beats_read = now;
@@ -395,6 +404,7 @@ const char* rank_env() {
 // Note [Status over TCP]: a rank on another host than its supervisor's reports over this link
 // (set once by join_supervisor, before any thread reads it; null for a local rank).
 StatusLink* g_link = nullptr;
+std::atomic<bool> g_stop_asked{false};  // a remote rank was told "stop" (Note [Elastic growth])
 
 // Note [Heartbeats]: the rank's side, written whole and renamed into place once a second (or
 // sent over the link).
@@ -435,7 +445,8 @@ std::string this_host() {
 }  // namespace
 
 int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
-                        const std::vector<HostSlots>& hosts, std::vector<int>* faulty) {
+                        const std::vector<HostSlots>& hosts, std::vector<int>* faulty,
+                        const std::function<bool()>& want_stop) {
   // OpenMPI refuses more ranks than cores and running as root unless told; --nproc is the
   // convenience path, so it asks for both (MPICH ignores these variables).
   ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
@@ -465,7 +476,7 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, doub
   if (err_pipe[1] >= 0) ::close(err_pipe[1]);
   StderrRelay relay(err_pipe[0]);
   int wstatus = 0;
-  const Watch w = supervise(child, nproc, status_dir, timeout_s, hang_s, at, relay, wstatus);
+  const Watch w = supervise(child, nproc, status_dir, timeout_s, hang_s, at, want_stop, relay, wstatus);
   if (faulty)
     for (int r = 0; r < nproc; ++r)
       if (w.faulty[size_t(r)]) faulty->push_back(r);
@@ -478,7 +489,7 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, doub
     const std::string who = at.name(size_t(r), 0);
     if (code < 0) failed += "\n  " + who + ": left no exit code (killed, died in a signal" +
                             (at.lost(size_t(r)) ? ", or its host was lost: its connection closed)" : ")");
-    else if (code != 0) failed += "\n  " + who + ": exited " + std::to_string(code);
+    else if (code != 0 && code != kStopToReform) failed += "\n  " + who + ": exited " + std::to_string(code);
     if (code != 0 && rc == 0) rc = code > 0 ? code : 1;
     ::unlink((status_dir + "/rank-" + rs).c_str());
     ::unlink((status_dir + "/pid-" + rs).c_str());
@@ -488,6 +499,7 @@ int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, doub
   }
   at.server = nullptr;
   server.reset();  // no more files written into the status directory
+  ::unlink((status_dir + "/stop").c_str());
   ::rmdir(status_dir.c_str());
   if (launcher_rc == 127 && failed.find("exited") == std::string::npos) return 127;
   // A launcher killed after every rank had ended says nothing about the ranks' work.
@@ -512,7 +524,7 @@ void join_supervisor() {
     g_link = new StatusLink(addr, std::atoi(rank), this_host(), token);  // lives as long as the process
     std::thread(beat_loop, std::string()).detach();
     std::thread([r = std::string(rank)] {
-      if (g_link->wait_for_kill()) ::raise(SIGKILL);
+      if (g_link->wait_for_kill(&g_stop_asked)) ::raise(SIGKILL);
       std::fprintf(stderr, "loom: rank %s: the --hosts supervisor is gone (its connection closed); stopping this rank\n",
                    r.c_str());
       std::fflush(stderr);
@@ -529,6 +541,12 @@ void join_supervisor() {
     std::fflush(stderr);
     ::_exit(1);
   }).detach();
+}
+
+bool stop_requested() {
+  if (g_link) return g_stop_asked;
+  const char* dir = status_dir_env();
+  return dir && ::access((std::string(dir) + "/stop").c_str(), F_OK) == 0;
 }
 
 void record_exit(int code) {

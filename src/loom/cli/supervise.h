@@ -1,6 +1,7 @@
 // `loom train --nproc N`: the supervisor and its ranks' side of it (Note [Supervised launch]).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "loom/core/hosts.h"
@@ -14,8 +15,18 @@ namespace loom::cli {
 // [Status over TCP]). `faulty` (when given) receives the ranks that failed on their own
 // account: gone without an exit code, or ended as hung, frozen or stopped (not the survivors
 // the supervisor killed after them).
+// `want_stop` (polled while the job runs): once it says true, every rank is asked to stop after
+// its next checkpoint (Note [Elastic growth]); ranks that do exit kStopToReform.
 int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
-                        const std::vector<HostSlots>& hosts = {}, std::vector<int>* faulty = nullptr);
+                        const std::vector<HostSlots>& hosts = {}, std::vector<int>* faulty = nullptr,
+                        const std::function<bool()>& want_stop = {});
+
+// A rank's exit code when it stopped after a checkpoint as its supervisor asked (EX_TEMPFAIL).
+inline constexpr int kStopToReform = 75;
+
+// In a rank under an --elastic supervisor: whether it asked the job to stop at its next
+// checkpoint (Note [Elastic growth]); false otherwise.
+bool stop_requested();
 
 // In a rank under a supervised launch: records its pid for the supervisor, starts its
 // heartbeat (Note [Heartbeats]) and a watcher that ends the rank when the supervisor is

@@ -73,6 +73,7 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
   const bool gpu = cfg.train.device == Device::kCuda;
   if (comm::launched_by_mpi()) {
     join_supervisor();
+    if (std::getenv("LOOM_ELASTIC")) opt.stop_requested = stop_requested;  // Note [Elastic growth]
     comm::CommOptions co;
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
     co.check_desync = cfg.comm.check_desync;
@@ -81,17 +82,18 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
     logging = world.global_rank() == 0;
     comm::World* many = world.world_size() > 1 ? &world : nullptr;
     s = gpu ? train_on_device(cfg, opt, many) : many ? train(cfg, opt, world) : train(cfg, opt);
-    record_exit(0);  // the work is done: said before MPI_Finalize, which waits on mpirun (Note [Supervised launch])
+    // The work is done: said before MPI_Finalize, which waits on mpirun (Note [Supervised launch]).
+    record_exit(s.stopped_at > 0 ? kStopToReform : 0);
   } else {
     s = gpu ? train_on_device(cfg, opt, nullptr) : train(cfg, opt);
   }
   if (!a.json && !a.csv && logging && s.losses.empty())  // resumed at its last step: no figures to give
     std::cerr << "done: nothing to train (the checkpoint is at train.steps = " << cfg.train.steps
               << "; raise train.steps to continue)\n";
-  else if (!a.json && !a.csv && logging)
+  else if (!a.json && !a.csv && logging && s.stopped_at == 0)
     std::cerr << "done: final val_loss " << s.final_val_loss << " nats (unigram entropy " << s.unigram_entropy
               << "), " << int64_t(s.tokens_per_s) << " tokens/s\n";
-  return 0;
+  return s.stopped_at > 0 ? kStopToReform : 0;
 }
 
 }  // namespace
@@ -114,7 +116,7 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
     if (!a.elastic.empty()) {
       if (hosts.empty()) throw ConfigError("--elastic " + a.elastic + " needs --hosts (the hosts it may run on)");
       if (a.nproc > 0) throw ConfigError("--elastic: drop --nproc (the hosts' slots are the ranks)");
-      return run_elastic(hosts, a.elastic, cfg, argc, argv);
+      return run_elastic(a.hosts, hosts, a.elastic, cfg, argc, argv);
     }
     const int nproc = hosts.empty() ? a.nproc : total_slots(hosts);
     if (!hosts.empty() && a.nproc > 0 && a.nproc != nproc)
@@ -135,8 +137,9 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
       return launch_under_mpirun(nproc, argc, argv, cfg.comm.timeout_s, cfg.comm.hang_s, hosts);
     }
   }
+  int code = 0;
   try {
-    train_this_rank(a, cfg);
+    code = train_this_rank(a, cfg);
   } catch (const Error& e) {
     record_exit(e.kind() == Error::Kind::kConfig ? 2 : 1);
     throw;
@@ -144,8 +147,8 @@ int run_train(const TrainArgs& a, int argc, char** argv) {
     record_exit(1);
     throw;
   }
-  record_exit(0);
-  return 0;
+  record_exit(code);
+  return code;
 }
 
 int run_verify(const VerifyArgs& a) {

@@ -304,6 +304,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(checkpoint, keep_last, "sharded checkpoints to keep, newest first; 0 = all"),
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_FLOAT_KEY(comm, hang_s, "--nproc: seconds a rank may block outside any collective, using no CPU, before the supervisor ends the job (0 = off)"),
+      LOOM_FLOAT_KEY(comm, rejoin_s, "--elastic: seconds after which a lost host is probed again; the job grows back onto it at its next checkpoint"),
       LOOM_BOOL_KEY(comm, check_desync, "debug: compare each collective's op/count across ranks first"),
       LOOM_ENUM_KEY(comm, grad_dtype, "fp32 | bf16: payload of the data-parallel gradient all-reduce or reduce-scatter (any ZeRO stage)", parse_float_format),
       LOOM_ENUM_KEY(comm, param_dtype, "fp32 | bf16: ZeRO-3's parameter all-gathers in bf16 (compute sees rounded weights)", parse_float_format),

@@ -95,6 +95,7 @@ struct CheckpointConfig {
 struct CommConfig {
   double timeout_s = 300;      // bound on every collective; survivors of a dead rank exit within it
   double hang_s = 25;          // --nproc: a rank idle outside any collective this long ends the job (0: off)
+  double rejoin_s = 60;        // --elastic: a lost host is tried again after this long (Note [Elastic growth])
   bool check_desync = false;   // debug: group members compare every collective's descriptor first
   FloatFormat grad_dtype = FloatFormat::kFp32;   // bf16: the dp gradient all-reduce sends bf16 (Note [Compressed all-reduce])
   FloatFormat param_dtype = FloatFormat::kFp32;  // bf16: ZeRO-3 gathers bf16 parameter copies (Note [bf16 parameter gathers])

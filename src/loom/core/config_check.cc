@@ -99,6 +99,8 @@ void check_io(const Config& c, std::vector<std::string>& errs) {
                    " needs checkpoint.dir (where to save)");
   if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
     errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds in (0, 1e9)");
+  if (!(c.comm.rejoin_s >= 1 && c.comm.rejoin_s < 1e9))
+    errs.push_back("comm.rejoin_s = " + fmt_double(c.comm.rejoin_s) + ": expected seconds >= 1 (default 60)");
   if (!(c.comm.hang_s == 0 || (c.comm.hang_s >= 2 && c.comm.hang_s < 1e9)))
     errs.push_back("comm.hang_s = " + fmt_double(c.comm.hang_s) +
                    ": expected 0 (no hang check) or seconds in [2, 1e9) (the heartbeat comes once a second)");

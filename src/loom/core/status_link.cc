@@ -119,9 +119,9 @@ bool StatusServer::lost(int r) const {
   return r >= 0 && size_t(r) < lost_.size() && lost_[size_t(r)];
 }
 
-bool StatusServer::kill(int r) {
+bool StatusServer::send(int r, const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
-  return r >= 0 && size_t(r) < fds_.size() && fds_[size_t(r)] >= 0 && write_all(fds_[size_t(r)], "kill\n");
+  return r >= 0 && size_t(r) < fds_.size() && fds_[size_t(r)] >= 0 && write_all(fds_[size_t(r)], line + "\n");
 }
 
 void StatusServer::on_line(Peer& p, const std::string& line) {
@@ -207,7 +207,7 @@ bool StatusLink::send(const std::string& line) {
   return fd_ >= 0 && write_all(fd_, line + "\n");
 }
 
-bool StatusLink::wait_for_kill() {
+bool StatusLink::wait_for_kill(std::atomic<bool>* stop) {
   std::string pending;
   char buf[256];
   for (;;) {
@@ -215,8 +215,12 @@ bool StatusLink::wait_for_kill() {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     pending.append(buf, size_t(n));
-    if (pending.find("kill\n") != std::string::npos) return true;
-    if (pending.size() > 4096) pending.erase(0, pending.size() - 8);
+    for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+      const std::string line = pending.substr(0, nl);
+      if (line == "kill") return true;
+      if (line == "stop" && stop) *stop = true;
+    }
+    if (pending.size() > 4096) pending.clear();
   }
 }
 

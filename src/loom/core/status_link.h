@@ -44,8 +44,9 @@ class StatusServer {
   std::string host_of(int r) const;
   // Rank `r` connected and its connection closed without "exit".
   bool lost(int r) const;
-  // Sends "kill" to rank `r`; false if it has no open connection.
-  bool kill(int r);
+  // Sends "kill" (or `line`) to rank `r`; false if it has no open connection.
+  bool kill(int r) { return send(r, "kill"); }
+  bool send(int r, const std::string& line);
 
  private:
   struct Peer {
@@ -78,8 +79,9 @@ class StatusLink {
 
   // Sends one line (a '\n' is added); false once the connection is gone.
   bool send(const std::string& line);
-  // Blocks until the supervisor says "kill" (returns true) or the connection closes (false).
-  bool wait_for_kill();
+  // Blocks until the supervisor says "kill" (returns true) or the connection closes (false);
+  // sets `*stop` when it says "stop" (Note [Elastic growth]).
+  bool wait_for_kill(std::atomic<bool>* stop = nullptr);
 
  private:
   int fd_ = -1;

@@ -1,5 +1,6 @@
 #include "loom/train/step_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -43,7 +44,8 @@ int64_t run_steps(Role& role, const Config& cfg, int global_rank, const Spans& s
     // non-finite loss there means the weights themselves ran away (issue 59).
     if (!s.deferred) check_finite_loss(cfg, step, s.outcome.loss);
     publish(cfg, s, held, observers);
-    if (s.stop) break;
+    if (s.stop || std::any_of(observers.begin(), observers.end(), [](const StepObserver* o) { return o->stops(); }))
+      break;
   }
   return first;
 }

@@ -115,6 +115,11 @@ void CheckpointTrigger::after_step(const StepOutcome& s) {
   save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, role_.state(), role_.params(),
                world_ ? &world_->world_group() : nullptr, world_ ? world_->global_rank() : 0);
   role_.saved();
+  // Note [Elastic growth]: asked to stop? One agreement, so every rank stops after this save.
+  if (!stop_requested_ || s.last) return;
+  int64_t asked = stop_requested_() ? 1 : 0;
+  if (world_) world_->world_group().all_reduce(std::span<int64_t>(&asked, 1), comm::ReduceOp::kMax);
+  if (asked) stopped_at_ = s.step + 1;
 }
 
 namespace {

@@ -72,6 +72,8 @@ class StepObserver {
  public:
   virtual ~StepObserver() = default;
   virtual void after_step(const StepOutcome& s) = 0;
+  // The loop stops after this step (the same answer on every rank).
+  virtual bool stops() const { return false; }
 };
 
 // The report line of every step and the summary's per-step rows (losses, step times, loss
@@ -105,15 +107,21 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
 // Every role's (Note [One step loop]): the state is the role's.
 class CheckpointTrigger : public StepObserver {
  public:
-  CheckpointTrigger(const Config& cfg, Role& role, comm::World* world, const Spans& spans)
-      : cfg_(cfg), role_(role), world_(world), spans_(spans) {}
+  CheckpointTrigger(const Config& cfg, Role& role, comm::World* world, const Spans& spans,
+                    std::function<bool()> stop_requested = {})
+      : cfg_(cfg), role_(role), world_(world), spans_(spans), stop_requested_(std::move(stop_requested)) {}
   void after_step(const StepOutcome& s) override;
+  bool stops() const override { return stopped_at_ > 0; }
+  // > 0: the step after whose save the job stops (Note [Elastic growth]).
+  int64_t stopped_at() const { return stopped_at_; }
 
  private:
   const Config& cfg_;
   Role& role_;
   comm::World* world_;
   const Spans& spans_;
+  std::function<bool()> stop_requested_;
+  int64_t stopped_at_ = 0;
 };
 
 // The validation loss every train.val_every steps and after the last step.

@@ -39,6 +39,10 @@ struct TrainOptions {
   // (or its reference) reports its minibatch and the weight version it computes on.
   std::string async_reference;
   std::function<void(int stage, int64_t batch, bool forward, int64_t version)> on_weight_version;
+  // Note [Elastic growth]: under an elastic supervisor, whether it asks the job to stop at its
+  // next checkpoint (to grow onto more hosts). Checked on every rank after each save, with one
+  // agreement, so all stop after the same step. Unset: never asked.
+  std::function<bool()> stop_requested;
   // Tests: this host's available memory in bytes, in place of what the system reports (Note
   // [Host memory preflight]).
   std::function<int64_t()> host_memory;
@@ -81,6 +85,7 @@ struct TrainSummary {
   // ZeRO-3: unit gathers over the dp group and, under hpZ (Note [hpZ]), within the host.
   int64_t param_gathers = 0, param_gathers_on_host = 0;
   std::vector<float> final_params;  // filled when TrainOptions::keep_params (tests)
+  int64_t stopped_at = 0;  // > 0: stopped after saving this step, as asked (Note [Elastic growth])
   // This rank's peak resident bytes per category (params, grads, optimizer, activations),
   // measured (Note [Resident memory]), and the ZeRO formula for its model states.
   std::vector<std::pair<std::string, int64_t>> memory_peak_bytes;

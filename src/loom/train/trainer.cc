@@ -558,7 +558,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   TrainerRole role(cfg, given, e, updater, train_data, buckets.get(), world, rep, sum, spans);
   StepLog log(rep, sum, cfg, t0);
   log.set_mixture(data->train->mixed());
-  CheckpointTrigger checkpoints(cfg, role, world, spans);
+  CheckpointTrigger checkpoints(cfg, role, world, spans, given.stop_requested);
   Validation validation(cfg, e, val_data, rep, sum, data->val_bytes_per_token, spans);
   StepObserver* const observers[] = {&log, &validation, &checkpoints};  // Note [Step observers]
   const int64_t first_step = run_steps(role, cfg, global_rank, spans, observers);  // Note [One step loop]
@@ -573,7 +573,11 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   if (tb) summary_scalars(*tb, cfg, sum);
   check_tied_copies(e, rc);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
-  if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)
+  sum.stopped_at = checkpoints.stopped_at();
+  if (sum.stopped_at > 0)
+    rep.info("stopped after saving step " + std::to_string(sum.stopped_at) + ", as the --elastic supervisor asked, to "
+             "go on on more hosts (Note [Elastic growth])");
+  else if (!cfg.checkpoint.dir.empty() && first_step < cfg.train.steps)
     rep.info("saved checkpoint " + cfg.checkpoint.dir + "/" + shard::step_name(cfg.train.steps) + " (latest)");
   return sum;
 }

@@ -109,6 +109,22 @@ TEST(Cli, SimulatePrintsOneJsonObjectWithTheIssueFields) {
   EXPECT_NE(pic.find("<svg"), std::string::npos);
 }
 
+// Note [Goodput] and Note [Elastic shapes]: simulate reports the goodput and save interval, and
+// the layout an elastic job re-forms to after losing nodes; a partial failure model is refused.
+TEST(Cli, SimulateReportsGoodputAndTheShrunkLayout) {
+  const std::string base = "simulate --model llama3-70b --cluster dgx-h100 --gpus 1024 --tp 8 --pp 4 --global-batch 960 "
+                           "--seq 8192 --sp --recompute selective";
+  Result r = run(base + " --node-mtbf-h 50000 --save-s 60 --restart-s 600 --shrink-nodes 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("goodput: job MTBF 390.62 h over 128 nodes; save every"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("shrink: losing 4 node(s) (32 GPUs) of 128: dp 32 -> 30, grad_accum 30 -> 32 on 960 GPUs"),
+            std::string::npos)
+      << r.output;
+  r = run(base + " --node-mtbf-h 50000");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("needs --node-mtbf-h H"), std::string::npos) << r.output;
+}
+
 // --ops itemizes the cost model per op; the block's GEMMs, attention and norms are there,
 // and each row's step column is its forward + backward times the blocks and micro-batches.
 TEST(Cli, SimulateOpsItemizesTheCostModel) {

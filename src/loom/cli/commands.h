@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/sim/goodput.h"
 #include "loom/sim/simulator.h"
 
 namespace CLI {
@@ -104,7 +105,13 @@ struct SimArgs {
   double compute_efficiency = 1;     // fraction of the cluster's GEMM/attention rate: Note [Stack efficiency]
   std::string backward_prefetch;     // pre (default) | post: FSDP's BackwardPrefetch, Note [Backward prefetch]
   std::string precision;             // bf16 (default) | fp8 | fp8-current | mxfp8: Note [fp8 GEMMs]
+  // Note [Goodput]: per-node MTBF in hours (0: none), measured save and restart seconds.
+  double node_mtbf_h = 0, save_s = -1, restart_s = -1;
+  int64_t shrink_nodes = 0;  // simulate: the layout after losing this many nodes (Note [Elastic shapes])
 };
+// Note [Goodput]: the failure model of --node-mtbf-h / --save-s / --restart-s (node_mtbf_s 0
+// when none is given). Throws ConfigError when one is given without the others.
+sim::FailureModel failure_model(const SimArgs& a);
 struct SimInputs {
   sim::SimPlan plan;
   sim::ClusterSpec cluster;

@@ -58,6 +58,12 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--model", a.model, "Model preset (see loom train --help), or custom with --set model.*");
   app->add_option("--config", a.config_path, "TOML config for the model and run");
   app->add_option("--set", a.sets, "Override a key: model.*, train.*, parallel.*, cluster.* (repeatable)")->take_all();
+  app->add_option("--node-mtbf-h", a.node_mtbf_h,
+                  "Mean hours between failures of one node: report the expected goodput and the save interval "
+                  "that maximises it (Daly; needs --save-s and --restart-s)");
+  app->add_option("--save-s", a.save_s, "Measured seconds of one checkpoint save (with --node-mtbf-h)");
+  app->add_option("--restart-s", a.restart_s,
+                  "Measured seconds from a failure to the first step of the restarted job (with --node-mtbf-h)");
   app->add_option("--cluster", a.cluster, "dgx-a100 | dgx-h100 | dgx-b200 | gb200-nvl72 | gb300-nvl72 | dgx-v100 | local (from loom calibrate) | local-bf16 (calibrate --precision bf16) | FILE.toml")
       ->capture_default_str();
   app->add_option("--gpus", a.gpus, "Devices: sets the node count; --dp defaults to gpus / (tp x pp x cp)")
@@ -206,6 +212,10 @@ void add_sim_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
   sm->add_flag("--ops", a.sim.ops, "Also print what the cost model charges each op of a block, the embedding and the "
                                    "head per micro-batch (forward, backward), to set beside LOOM_KERNEL_PROFILE");
   sm->add_option("--svg", a.sim.svg, "Write the simulated step as an SVG timeline");
+  sm->add_option("--shrink-nodes", a.sim.shrink_nodes,
+                 "Also price the layout an --elastic job re-forms to after losing this many nodes (dp shrunk, "
+                 "accumulation raised: Note [Elastic shapes])")
+      ->check(at_least(1));
   sm->add_flag("--overwrite", a.sim.overwrite, "Let --trace/--svg replace an existing file that is not an earlier "
                                                "output of loom's");
   cmds.push_back({sm, [&a] { return loom::cli::run_simulate(a.sim); }});

@@ -3,6 +3,7 @@
 #include <functional>
 #include <sstream>
 #include <iomanip>
+#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -72,9 +73,13 @@ void set_ps(const std::string& flag, plan::PlanRequest& req) {
 // One JSON object per plan (with its error band), then the summary (with --explain's
 // comparison of #1 and #2).
 void print_json(const plan::PlanReport& rep, const PlanArgs& a,
-                const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band) {
+                const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band,
+                const std::function<std::optional<sim::GoodputReport>(const plan::PlanCandidate&)>& goodput) {
   for (const plan::PlanCandidate& c : rep.ranked) {
     nlohmann::json j = result_json(c.result);
+    if (const auto g = goodput(c))
+      j["goodput"] = {{"job_mtbf_s", g->job_mtbf_s}, {"daly_interval_s", g->daly_s}, {"young_interval_s", g->young_s},
+                      {"save_every", g->save_every}, {"goodput", g->goodput}};
     j["layout"] = layout_json(c.plan);
     j["how"] = c.how;
     j["error_band"] = band_json(band(c));
@@ -98,7 +103,8 @@ void print_json(const plan::PlanReport& rep, const PlanArgs& a,
 
 // The ranked plans as text, each with its error band; --explain's comparison; what was pruned.
 void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const PlanArgs& a,
-                const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band) {
+                const std::function<sim::ErrorBand(const plan::PlanCandidate&)>& band,
+                const std::function<std::optional<sim::GoodputReport>(const plan::PlanCandidate&)>& goodput) {
   const double gib = double(int64_t(1) << 30);
   std::cout << "loom plan: " << req.like.cfg.model.preset << " on " << a.sim.gpus << " x " << req.cluster.device.name
             << " (" << req.cluster.name << "), global batch " << req.global_batch << " x seq " << req.like.cfg.seq_len()
@@ -114,6 +120,7 @@ void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const
               << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
               << " GiB\n";
     std::cout << "    " << band_text(band(c)) << "\n";
+    if (const auto g = goodput(c)) std::cout << "    " << sim::goodput_text(*g, g->nodes) << "\n";
     if (r.warmup_steps > 0)  // Note [Synchronous warm-up]: what the ranking uses
       std::cout << "    synchronous warm-up: " << r.warmup_steps << " steps at " << r.warmup_step_time_s
                 << " s; mean step over the run " << plan::run_step_s(c) << " s\n";
@@ -133,6 +140,7 @@ void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const
 
 int run_plan(const PlanArgs& a) {
   if (a.sim.gpus <= 0) throw ConfigError("loom plan needs --gpus N (the devices to plan for)");
+  const sim::FailureModel failures = failure_model(a.sim);
   if (!a.emit.empty() && a.emit != "loom" && a.emit != "megatron")
     throw ConfigError("--emit '" + a.emit + "': expected loom or megatron");
   if (a.top < 1) throw ConfigError("--top " + std::to_string(a.top) + ": expected >= 1");
@@ -193,11 +201,17 @@ int run_plan(const PlanArgs& a) {
     }
     if (a.out.empty()) return 0;
   }
+  // Note [Goodput]: each plan's expected goodput and save interval, at its predicted step time.
+  auto goodput = [&](const plan::PlanCandidate& c) -> std::optional<sim::GoodputReport> {
+    if (failures.node_mtbf_s <= 0) return std::nullopt;
+    const int64_t per_node = std::max<int64_t>(req.cluster.devices_per_node, 1);
+    return sim::goodput_report(failures, (c.result.gpus + per_node - 1) / per_node, plan::run_step_s(c));
+  };
   if (a.sim.json) {
-    print_json(rep, a, band);
+    print_json(rep, a, band, goodput);
     return 0;
   }
-  print_text(rep, req, a, band);
+  print_text(rep, req, a, band, goodput);
   return 0;
 }
 

@@ -14,8 +14,10 @@
 #include "loom/core/fileio.h"
 #include "loom/core/owned.h"
 #include "loom/ckpt/run_dir.h"
-#include "loom/sim/timeline.h"
+#include "loom/core/elastic.h"
 #include "loom/sim/calibrate.h"
+#include "loom/sim/goodput.h"
+#include "loom/sim/timeline.h"
 
 namespace loom::cli {
 
@@ -198,7 +200,75 @@ void print_ops(std::ostream& os, const SimInputs& in, const sim::SimResult& r) {
   os.unsetf(std::ios::fixed);
 }
 
+sim::FailureModel failure_model(const SimArgs& a) {
+  const bool any = a.node_mtbf_h > 0 || a.save_s >= 0 || a.restart_s >= 0;
+  if (!any) return {};
+  if (!(a.node_mtbf_h > 0 && a.save_s > 0 && a.restart_s >= 0))
+    throw ConfigError("goodput (Note [Goodput]) needs --node-mtbf-h H (mean hours between one node's failures, > 0), "
+                      "--save-s S (> 0, one checkpoint save) and --restart-s R (>= 0, a failure to the first step "
+                      "again), all three; given " + std::to_string(a.node_mtbf_h) + ", " + std::to_string(a.save_s) +
+                      ", " + std::to_string(a.restart_s));
+  return {a.node_mtbf_h * 3600, a.save_s, a.restart_s};
+}
+
+namespace {
+
+int64_t nodes_of(int64_t gpus, const sim::ClusterSpec& c) {
+  return (gpus + c.devices_per_node - 1) / std::max<int64_t>(c.devices_per_node, 1);
+}
+
+// Note [Elastic shapes]: the layout an --elastic job re-forms to after losing `lost` nodes,
+// simulated beside the whole one.
+nlohmann::json shrink_report(const SimInputs& in, const sim::SimResult& r, int64_t lost, std::ostream* text) {
+  const int64_t per_node = std::max<int64_t>(in.cluster.devices_per_node, 1), slots = r.gpus - lost * per_node;
+  if (slots <= 0)
+    throw ConfigError("--shrink-nodes " + std::to_string(lost) + ": the layout runs on " + std::to_string(r.gpus) +
+                      " GPUs, " + std::to_string(nodes_of(r.gpus, in.cluster)) + " nodes of " + std::to_string(per_node));
+  Config whole = in.plan.cfg;
+  whole.parallel.cp = in.plan.cp;  // the model's split, as the engine holds it
+  const ElasticShape shape = elastic_shape(whole, slots);
+  nlohmann::json j = {{"lost_nodes", lost}, {"slots", slots}};
+  if (!shape.problem.empty()) {
+    if (text) *text << "shrink: losing " << lost << " node(s): " << shape.problem << "; the job would stop\n";
+    j["problem"] = shape.problem;
+    return j;
+  }
+  sim::SimPlan p = in.plan;
+  p.cfg.parallel.dp = shape.dp, p.cfg.train.grad_accum = shape.grad_accum, p.cfg.parallel.micro_batch = shape.micro_batch;
+  sim::ClusterSpec smaller = in.cluster;  // the nodes the re-formed job holds
+  if (p.gpus() < per_node) smaller.nodes = 1, smaller.devices_per_node = p.gpus();
+  else smaller.nodes = p.gpus() / per_node;
+  if (smaller.devices() != p.gpus()) {
+    const std::string why = "the re-formed layout's " + std::to_string(p.gpus()) + " GPUs are not whole nodes of " +
+                            std::to_string(per_node) + "; not priced";
+    if (text) *text << "shrink: losing " << lost << " node(s): dp " << shape.dp << ": " << why << "\n";
+    j["problem"] = why;
+    return j;
+  }
+  const sim::SimResult s = sim::simulate(p, smaller);
+  const bool fits = s.peak_memory_bytes <= in.cluster.device.memory_bytes;
+  if (text)
+    *text << std::fixed << std::setprecision(3) << "shrink: losing " << lost << " node(s) (" << lost * per_node
+          << " GPUs) of " << nodes_of(r.gpus, in.cluster) << ": dp " << in.plan.cfg.parallel.dp << " -> " << shape.dp
+          << ", grad_accum " << in.plan.cfg.train.grad_accum << " -> " << shape.grad_accum << " on " << shape.ranks
+          << " GPUs (Note [Elastic shapes]): step " << r.step_time_s << " -> " << s.step_time_s << " s, tokens/s x"
+          << std::setprecision(2) << s.tokens_per_s / r.tokens_per_s << ", peak " << std::setprecision(1)
+          << s.peak_memory_bytes / double(int64_t(1) << 30) << " GiB" << (fits ? "" : " (does not fit: the job would stop)")
+          << "\n";
+  j.update({{"dp", shape.dp}, {"grad_accum", shape.grad_accum}, {"gpus", shape.ranks}, {"step_time_s", s.step_time_s},
+            {"tokens_per_s", s.tokens_per_s}, {"peak_memory_bytes", s.peak_memory_bytes}, {"fits", fits}});
+  return j;
+}
+
+nlohmann::json goodput_json(const sim::GoodputReport& g) {
+  return {{"job_mtbf_s", g.job_mtbf_s}, {"daly_interval_s", g.daly_s}, {"young_interval_s", g.young_s},
+          {"save_every", g.save_every}, {"goodput", g.goodput}};
+}
+
+}  // namespace
+
 int run_simulate(const SimArgs& a) {
+  const sim::FailureModel failures = failure_model(a);
   const SimInputs in = resolve_sim_inputs(a);
   check_output_file(a.trace, "--trace", a.overwrite, owned::marks::kTrace);  // before any work (Note [User-named outputs])
   check_output_file(a.svg, "--svg", a.overwrite, owned::marks::kSvg);
@@ -218,12 +288,18 @@ int run_simulate(const SimArgs& a) {
     j["model"] = in.plan.cfg.model.preset;
     j["model_notes"] = in.plan.cfg.model.notes;  // Note [Model given by shape]
     j["cluster"] = in.cluster.name;
+    if (failures.node_mtbf_s > 0)
+      j["goodput"] = goodput_json(sim::goodput_report(failures, nodes_of(r.gpus, in.cluster), r.step_time_s));
+    if (a.shrink_nodes > 0) j["shrink"] = shrink_report(in, r, a.shrink_nodes, nullptr);
     std::cout << j.dump() << std::endl;
   } else {
     std::cout << title.str() << "\n";
     for (const std::string& n : in.plan.cfg.model.notes) std::cout << "note: " << n << "\n";
     print_result(std::cout, r, in.cluster.device.memory_bytes);
     if (a.ops) print_ops(std::cout, in, r);
+    const int64_t nodes = nodes_of(r.gpus, in.cluster);
+    if (failures.node_mtbf_s > 0) std::cout << sim::goodput_text(sim::goodput_report(failures, nodes, r.step_time_s), nodes) << "\n";
+    if (a.shrink_nodes > 0) shrink_report(in, r, a.shrink_nodes, &std::cout);
   }
   return 0;
 }

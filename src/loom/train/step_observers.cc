@@ -112,8 +112,10 @@ void CheckpointTrigger::after_step(const StepOutcome& s) {
   const bool free_ps = cfg_.parallel.ps_servers > 0 && cfg_.ps.free_running();
   if (free_ps ? !(s.last && !cfg_.checkpoint.dir.empty()) : !saves_checkpoint(cfg_, s.step)) return;
   const Spans::Scope span = spans_.open("checkpoint", "io");
+  const auto t0 = Clock::now();
   save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, role_.state(), role_.params(),
                world_ ? &world_->world_group() : nullptr, world_ ? world_->global_rank() : 0);
+  saves_++, save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   role_.saved();
   // Note [Elastic growth]: asked to stop? One agreement, so every rank stops after this save.
   if (!stop_requested_ || s.last) return;

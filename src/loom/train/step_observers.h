@@ -114,6 +114,9 @@ class CheckpointTrigger : public StepObserver {
   bool stops() const override { return stopped_at_ > 0; }
   // > 0: the step after whose save the job stops (Note [Elastic growth]).
   int64_t stopped_at() const { return stopped_at_; }
+  // Saves made and their wall seconds in all (the measured save cost, Note [Goodput]).
+  int64_t saves() const { return saves_; }
+  double save_seconds() const { return save_s_; }
 
  private:
   const Config& cfg_;
@@ -121,7 +124,8 @@ class CheckpointTrigger : public StepObserver {
   comm::World* world_;
   const Spans& spans_;
   std::function<bool()> stop_requested_;
-  int64_t stopped_at_ = 0;
+  int64_t stopped_at_ = 0, saves_ = 0;
+  double save_s_ = 0;
 };
 
 // The validation loss every train.val_every steps and after the last step.

@@ -19,6 +19,7 @@ pkgs=(
   python3-protobuf                  # the independent reader of TensorBoard event files (tests/reference/check_tensorboard.py)
   librsvg2-bin                      # rsvg-convert: loom plot --out FILE.png renders its SVG with it
   clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)
+  slurm-wlm                         # srun runs loom's ranks (tests/mpi/check_slurm.sh: a one-machine cluster)
 )
 if [[ "${1:-}" == "--oracle" ]]; then
   pkgs+=(python3-torch python3-numpy google-perftools libgoogle-perftools4)

@@ -30,19 +30,11 @@ import tempfile
 import threading
 import time
 
-here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
-from soak import final_files, newest_step, rank_pid  # noqa: E402
+from hosts_harness import NETNS, by_hand_equal, fail, require_netns, resumed_steps  # noqa: E402
+from soak import newest_step, rank_pid  # noqa: E402  (hosts_harness put scripts/ on the path)
 
-NETNS = os.path.join(here, "..", "..", "scripts", "netns_hosts.sh")
 ALL = "10.77.0.1:1,10.77.0.2:1,10.77.0.3:1,10.77.0.4:1"
 STEPS = 300  # long enough (~10 s) for a second loss after a re-forming
-
-
-def fail(msg, out=""):
-    print(out)
-    print("FAIL:", msg)
-    sys.exit(1)
 
 
 def args(loom, ckpt, *extra, hosts=ALL, dp=4):
@@ -103,10 +95,6 @@ def first_step_after(job, t):
     return job.wait_for("step ", after=job.wait_for("resumed from", after=t)) - t
 
 
-def resumed_steps(out):
-    return [int(l.split(" at step ")[1].split()[0]) for l in out.splitlines() if l.startswith("resumed from")]
-
-
 def twice(loom, work):
     ckpt = os.path.join(work, "twice")
     job = Job(loom, ckpt, "--elastic", "2:4")
@@ -126,15 +114,9 @@ def twice(loom, work):
             fail(f"not said: {said}", out)
     step = resumed_steps(out)[-1]
     by_hand = os.path.join(work, "by-hand")
-    os.makedirs(by_hand)
-    shutil.copytree(os.path.join(ckpt, f"step-{step:08d}"), os.path.join(by_hand, f"step-{step:08d}"))
-    r = subprocess.run([NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--grad-accum", "2",
-                                                       hosts="10.77.0.1:1,10.77.0.3:1", dp=2)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        fail("the by-hand resume failed", r.stdout)
-    if final_files(ckpt, STEPS, 2) != final_files(by_hand, STEPS, 2):
-        fail(f"the final weights differ from the by-hand resume from step {step}", out)
+    by_hand_equal(ckpt, by_hand, step, STEPS, 2,
+                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--grad-accum", "2",
+                                               hosts="10.77.0.1:1,10.77.0.3:1", dp=2)], out)
 
 
 def in_recovery(loom, work):
@@ -200,23 +182,13 @@ def grows(loom, work):
     if stopped != [step]:
         fail(f"stopped after {stopped}, resumed from {step}: a step lost or repeated", out)
     by_hand = os.path.join(work, "grows-by-hand")
-    os.makedirs(by_hand)
-    shutil.copytree(os.path.join(ckpt, f"step-{step:08d}"), os.path.join(by_hand, f"step-{step:08d}"))
-    r = subprocess.run([NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto")], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        fail("the by-hand resume on four hosts failed", r.stdout)
-    if final_files(ckpt, STEPS, 4) != final_files(by_hand, STEPS, 4):
-        fail(f"the grown job's final weights differ from the by-hand resume from step {step}", out)
+    by_hand_equal(ckpt, by_hand, step, STEPS, 4, [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto")], out)
     print(f"grows: stopped after step {stopped[0]} and resumed there on four hosts")
 
 
 def main():
     loom = os.path.abspath(sys.argv[1])
-    if subprocess.run(["ip", "netns", "add", "loom-probe"], capture_output=True).returncode != 0:
-        print("SKIP: cannot create network namespaces here (needs root with CAP_SYS_ADMIN/NET_ADMIN)")
-        sys.exit(77)
-    subprocess.run(["ip", "netns", "del", "loom-probe"])
+    require_netns()
     work = tempfile.mkdtemp(prefix="loom-elastic-")
     try:
         for case in (twice, in_recovery, hung, all_lost, grows):

@@ -24,6 +24,10 @@
 //    non-zero when one was killed before it had). A stopped rank would otherwise hold every
 //    collective until comm.timeout_s (300 s by default).
 //  - A rank that hangs while it runs ends the job within comm.hang_s (Note [Heartbeats]).
+//  - `--hosts` runs the ranks across hosts under the same checks: a rank on another host than
+//    the supervisor's reports over TCP instead of the status files and is named with its host
+//    (Note [Status over TCP] in core/status_link.h); the ranks that failed on their own account
+//    are told apart from the survivors killed after them, for --elastic (Note [Elastic launch]).
 //
 // Note [Heartbeats]
 // Each rank of a supervised job writes LOOM_STATUS_DIR/beat-R once a second from a thread of

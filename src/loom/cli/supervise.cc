@@ -441,11 +441,6 @@ std::string random_token() {
   return s;
 }
 
-std::string this_host() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
-}
-
 }  // namespace
 
 int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,

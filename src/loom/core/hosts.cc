@@ -1,5 +1,7 @@
 #include "loom/core/hosts.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <fstream>
@@ -92,6 +94,11 @@ std::string host_arg(const std::vector<HostSlots>& hosts) {
   std::string s;
   for (const HostSlots& h : hosts) s += (s.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
   return s;
+}
+
+std::string this_host() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 && name[0] ? name : "localhost";
 }
 
 std::vector<std::string> host_of_ranks(const std::vector<HostSlots>& hosts) {

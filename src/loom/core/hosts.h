@@ -31,4 +31,7 @@ std::string host_arg(const std::vector<HostSlots>& hosts);
 // The host of every rank, in rank order.
 std::vector<std::string> host_of_ranks(const std::vector<HostSlots>& hosts);
 
+// This machine's host name (gethostname; "localhost" if it has none).
+std::string this_host();
+
 }  // namespace loom

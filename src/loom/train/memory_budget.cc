@@ -16,6 +16,7 @@
 #include "loom/comm/group.h"
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/hosts.h"
 #include "loom/model/layout.h"
 #include "loom/engine/engine.h"
 #include "loom/train/rank_context.h"
@@ -121,11 +122,6 @@ int64_t number_in(const std::string& path) {
   std::ifstream in(path);
   long long v = 0;
   return in >> v ? int64_t(v) : 0;
-}
-
-std::string this_host() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ ALL = "10.77.0.1:1,10.77.0.2:1,10.77.0.3:1,10.77.0.4:1"
 STEPS = 300  # long enough (~10 s) for a second loss after a re-forming
 
 
-def args(loom, ckpt, *extra, hosts=ALL, dp=4):
-    return [loom, "train", "--hosts", hosts, "--dp", str(dp), "--save-every", "2", "--set", "train.batch=8",
+def args(loom, ckpt, *extra, hosts=ALL, dp=4, save_every=2):
+    return [loom, "train", "--hosts", hosts, "--dp", str(dp), "--save-every", str(save_every), "--set", "train.batch=8",
             "train.seq=64", f"train.steps={STEPS}", "model.layers=2", "train.val_every=0", "train.val_batches=1",
             "train.threads=1", f"checkpoint.dir={ckpt}", "checkpoint.keep_last=0", "train.log_every=1",
             "comm.timeout_s=5", *extra]
@@ -47,8 +47,9 @@ def args(loom, ckpt, *extra, hosts=ALL, dp=4):
 class Job:
     """A job under the namespace harness whose output is read as it comes, with times."""
 
-    def __init__(self, loom, ckpt, *extra):
-        self.proc = subprocess.Popen([NETNS, "exec", "--", *args(loom, ckpt, *extra)], stdout=subprocess.PIPE,
+    def __init__(self, loom, ckpt, *extra, save_every=2):
+        self.proc = subprocess.Popen([NETNS, "exec", "--", *args(loom, ckpt, *extra, save_every=save_every)],
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines = []  # (time, line)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -186,15 +187,69 @@ def grows(loom, work):
     print(f"grows: stopped after step {stopped[0]} and resumed there on four hosts")
 
 
+def memory_stores(ckpt):
+    """The in-memory stores of the job writing `ckpt` (Note [In-memory checkpoints]), by host."""
+    out = {}
+    for name in os.listdir("/dev/shm"):
+        marker = os.path.join("/dev/shm", name, "loom-memory")
+        if name.startswith("loom-memory-") and os.path.isfile(marker):
+            with open(marker) as f:
+                if f.read().split(" ", 1)[1].strip() == os.path.abspath(ckpt):
+                    out[name[len("loom-memory-") + 17:]] = os.path.join("/dev/shm", name)  # after the 16-hex hash
+    return out
+
+
+def memory(loom, work):
+    """Disk checkpoints every 100 steps, in-memory ones every 2: host d is lost with its memory
+    (its store removed as it is killed); the job re-forms from the peers' copies, losing at most
+    2 steps and reading no disk checkpoint, and equals a by-hand resume from that step."""
+    ckpt = os.path.join(work, "memory")
+    job = Job(loom, ckpt, "--elastic", "2:4", "--set", "checkpoint.memory_every=2", save_every=100)
+    job.wait_for(f"step 20/{STEPS}")
+    stores = memory_stores(ckpt)
+    if sorted(stores) != ["loom-a", "loom-b", "loom-c", "loom-d"]:
+        fail(f"the stores are {sorted(stores)}, not one a host", job.out())
+    t = lose("loom-d")
+    shutil.rmtree(stores["loom-d"])
+    seen = [int(line.split("step ")[1].split("/")[0]) for when, line in list(job.lines)
+            if when <= t and line.startswith("step ")]
+    print(f"memory: host d lost after step {seen[-1]}; first step of the re-formed job {first_step_after(job, t):.2f} s "
+          "later")
+    rc, out = job.finish()
+    if rc != 0 or f"step {STEPS}/{STEPS}" not in out:
+        fail(f"the job that lost a host with its memory exited {rc}", out)
+    resumed = [l for l in out.splitlines() if l.startswith("resumed from the in-memory checkpoint of step ")]
+    step = resumed_steps(out)[-1]
+    if len(resumed) != 1 or step < seen[-1] - 2 or step >= 100:
+        fail(f"resumed at step {step} after step {seen[-1]} was seen: more than memory_every = 2 lost, or not from "
+             "memory", out)
+    if memory_stores(ckpt):
+        fail(f"stores left after the job ended: {memory_stores(ckpt)}", out)
+    # By hand: the uninterrupted job's disk checkpoint of that step, resumed on a and b, ends
+    # with the job's final weights.
+    reference = os.path.join(work, "memory-reference")
+    r = subprocess.run([NETNS, "exec", "--", *args(loom, reference)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    if r.returncode != 0:
+        fail("the uninterrupted reference failed", r.stdout)
+    by_hand = os.path.join(work, "memory-by-hand")
+    by_hand_equal(reference, by_hand, step, STEPS, 2,
+                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--grad-accum", "2",
+                                               hosts="10.77.0.1:1,10.77.0.2:1", dp=2)], out, against=ckpt)
+    for line in out.splitlines():
+        if "re-forming" in line or "in-memory" in line:
+            print("memory:", line)
+
+
 def main():
     loom = os.path.abspath(sys.argv[1])
     require_netns()
     work = tempfile.mkdtemp(prefix="loom-elastic-")
     try:
-        for case in (twice, in_recovery, hung, all_lost, grows):
+        for case in (memory, twice, in_recovery, hung, all_lost, grows):
             subprocess.run([NETNS, "up"], check=True, env=dict(os.environ, HOSTS="4"), capture_output=True)
             case(loom, work)
-        print("ok: twice, in-recovery, hung, all-lost, grows on four hosts")
+        print("ok: memory, twice, in-recovery, hung, all-lost, grows on four hosts")
     finally:
         subprocess.run([NETNS, "down"])
         shutil.rmtree(work, ignore_errors=True)

@@ -36,12 +36,13 @@ def resumed_steps(out):
     return [int(l.split(" at step ")[1].split()[0]) for l in out.splitlines() if l.startswith("resumed from")]
 
 
-def by_hand_equal(ckpt, by_hand, step, steps, ranks, command, out):
+def by_hand_equal(ckpt, by_hand, step, steps, ranks, command, out, against=None):
     """Copies `ckpt`'s step `step` into `by_hand`, resumes from it with `command` (which trains
-    into `by_hand` to `steps`), and fails unless the final rank files equal `ckpt`'s bit for bit."""
+    into `by_hand` to `steps`), and fails unless the final rank files equal those of `against`
+    (default `ckpt`) bit for bit."""
     os.makedirs(by_hand)
     shutil.copytree(os.path.join(ckpt, f"step-{step:08d}"), os.path.join(by_hand, f"step-{step:08d}"))
     r = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     expect(r.returncode == 0, "the by-hand resume failed", r.stdout)
-    expect(final_files(ckpt, steps, ranks) == final_files(by_hand, steps, ranks),
+    expect(final_files(against or ckpt, steps, ranks) == final_files(by_hand, steps, ranks),
            f"the final weights differ from the by-hand resume from step {step}", out)

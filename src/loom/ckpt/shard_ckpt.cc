@@ -119,6 +119,29 @@ RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Ten
   return rf;
 }
 
+int64_t agreed_optimizer_steps(const Config& cfg, const ShardState& s, comm::Group* world) {
+  // From the ranks that step it (a parameter-server job's workers hold no optimizer: Note
+  // [Parameter server]).
+  if (!world || cfg.parallel.ps_servers == 0) return s.optimizer_steps;
+  double most[1] = {double(s.optimizer_steps)};
+  world->all_reduce(std::span<double>(most, 1), comm::ReduceOp::kMax);
+  return int64_t(most[0]);
+}
+
+Manifest manifest_of(const Config& cfg, int64_t step, int64_t optimizer_steps, const ShardState& s,
+                     std::vector<RankFile> ranks) {
+  Manifest m;
+  m.step = step, m.optimizer_steps = optimizer_steps, m.config = cfg, m.tensors = tensor_table(cfg);
+  m.loss_scale = s.loss_scale;
+  if (!s.compressor.empty()) m.compressor_signature = s.compressor_signature;
+  m.ranks = std::move(ranks);
+  for (size_t r = 0; r < m.ranks.size(); ++r) {
+    const std::vector<int> c = rank_coords(cfg.parallel, int(r));
+    m.ranks[r].pp_rank = c[0], m.ranks[r].dp_rank = c[1], m.ranks[r].tp_rank = c[2];
+  }
+  return m;
+}
+
 void publish(const std::string& root, owned::TempDir& tmp, const Manifest& m, int64_t keep_last,
              const std::function<void(const char*)>& at) {
   const std::string name = step_name(m.step);
@@ -188,26 +211,15 @@ void save_into(const Config& cfg, int64_t step, const ShardState& s, comm::Group
     error = std::current_exception();
   }
   agree_or_throw(world, global_rank, error);
-  // The optimizer's step count, from the ranks that step it (a parameter-server job's
-  // workers hold no optimizer: Note [Parameter server]).
-  int64_t optimizer_steps = s.optimizer_steps;
-  if (world && cfg.parallel.ps_servers > 0) {
-    double most[1] = {double(optimizer_steps)};
-    world->all_reduce(std::span<double>(most, 1), comm::ReduceOp::kMax);
-    optimizer_steps = int64_t(most[0]);
-  }
+  const int64_t optimizer_steps = shard::agreed_optimizer_steps(cfg, s, world);
   if (global_rank == 0) try {
-      shard::Manifest m;
-      m.step = step, m.optimizer_steps = optimizer_steps, m.config = cfg, m.tensors = table;
-      m.loss_scale = s.loss_scale;
-      if (!s.compressor.empty()) m.compressor_signature = s.compressor_signature;
+      std::vector<shard::RankFile> ranks;
       for (int r = 0; r < world_size; ++r) {
         const std::string path = (fs::path(tmp) / ("rank-" + std::to_string(r) + ".json")).string();
-        m.ranks.push_back(shard::parse_rank(read_text(path), path));
-        const std::vector<int> c = shard::rank_coords(cfg.parallel, r);
-        m.ranks.back().pp_rank = c[0], m.ranks.back().dp_rank = c[1], m.ranks.back().tp_rank = c[2];
+        ranks.push_back(shard::parse_rank(read_text(path), path));
         fs::remove(path);
       }
+      const shard::Manifest m = shard::manifest_of(cfg, step, optimizer_steps, s, std::move(ranks));
       shard::publish(root, *made, m, cfg.checkpoint.keep_last, [&](const char* point) { failpoint(point, step, 0); });
     } catch (...) {
       error = std::current_exception();

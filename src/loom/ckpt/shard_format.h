@@ -16,6 +16,9 @@
 
 namespace loom {
 struct ShardState;
+namespace comm {
+class Group;
+}
 }
 
 namespace loom::shard {
@@ -94,6 +97,14 @@ RankFile parse_rank(std::string_view text, const std::string& where);
 // `mid_write` (optional) runs once the parameter section is on disk, the moments not yet.
 RankFile write_rank_file(const std::string& dir, int rank, const std::vector<Tensor>& table, const ShardState& s,
                          const std::function<void()>& mid_write = {});
+// The optimizer's step count the manifest records: this rank's, or in a parameter-server
+// job the most of any rank's (collective over `world` there).
+int64_t agreed_optimizer_steps(const Config& cfg, const ShardState& s, comm::Group* world);
+// The manifest of a save of step `step`: every rank's piece table (global rank order) with
+// its mesh coordinates, the model's tensor table, and s's loss scale and compressor
+// signature (the same on every rank).
+Manifest manifest_of(const Config& cfg, int64_t step, int64_t optimizer_steps, const ShardState& s,
+                     std::vector<RankFile> ranks);
 // Rank 0's half of a save: writes m as `tmp`/manifest.json, publishes `tmp` as
 // root/step-N (an earlier step of that name is moved aside), replaces `latest`, keeps the newest `keep_last` steps (0: all).
 // `at` (optional) is called at the points "manifest" (written) and "latest" (renamed).

@@ -26,7 +26,9 @@ namespace loom::cli {
 // relaunches with no human step: the layout of Note [Elastic shapes] for the slots left, given
 // as --set parallel.dp / train.grad_accum / parallel.micro_batch in place of the user's layout
 // flags, and --resume auto in place of --resume and --overwrite, so the ranks reshard the
-// newest complete checkpoint into the new layout. At most save_every steps are lost. A job
+// newest complete checkpoint into the new layout: the hosts' in-memory one when it is whole and
+// newer (Note [In-memory checkpoints]), else the disk's. At most save_every (memory_every)
+// steps are lost. A job
 // with fewer than MIN hosts left stops with the failure's exit code; `--resume auto` continues it
 // by hand later. Each re-forming is said on stderr with the hosts lost, the new layout and the
 // seconds from the failure being seen to the relaunch.
@@ -76,6 +78,23 @@ int launch(const std::vector<std::string>& args, const std::vector<HostSlots>& h
 
 std::string describe(const std::vector<HostSlots>& hosts) {
   return std::to_string(hosts.size()) + (hosts.size() == 1 ? " host (" : " hosts (") + host_arg(hosts) + ")";
+}
+
+// Note [In-memory checkpoints]: one rank a host of `hosts` makes their stores whole (gather:
+// before a job that runs on fewer of the survivors than hold the copies) or removes them (drop:
+// the hosts a finished job no longer ran on). A failure is said and the job goes on: its ranks
+// fall back to what their hosts hold, then to the disk.
+void memory_stores(const char* what, const std::vector<HostSlots>& hosts, const std::vector<std::string>& args,
+                   const Config& cfg) {
+  if (cfg.checkpoint.memory_every <= 0 || hosts.empty()) return;
+  std::vector<HostSlots> one;
+  for (const HostSlots& h : hosts) one.push_back({h.host, 1});
+  ::setenv("LOOM_MEMORY_STORES", what, 1);
+  const int rc = launch(args, one, cfg, nullptr, {});
+  ::unsetenv("LOOM_MEMORY_STORES");
+  if (rc != 0)
+    std::cerr << "loom: --elastic: the in-memory stores' " << what << " on " << describe(one) << " exited " << rc
+              << "; going on\n";
 }
 
 bool contains(const std::vector<HostSlots>& hosts, const std::string& h) {
@@ -172,9 +191,10 @@ std::string drop_lost(const std::vector<int>& faulty, const std::vector<HostSlot
 int run_elastic(const std::string& spec, const std::vector<HostSlots>& hosts, const std::string& elastic,
                 const Config& cfg, int argc, char** argv) {
   const ElasticRange range = parse_elastic(elastic);
-  if (cfg.checkpoint.dir.empty() || cfg.checkpoint.save_every <= 0)
-    throw ConfigError("--elastic re-forms a job from its newest checkpoint: set checkpoint.dir and --save-every N "
-                      "(at most N steps are lost when a host fails)");
+  if (cfg.checkpoint.dir.empty() || (cfg.checkpoint.save_every <= 0 && cfg.checkpoint.memory_every <= 0))
+    throw ConfigError("--elastic re-forms a job from its newest checkpoint: set checkpoint.dir and --save-every N, "
+                      "or checkpoint.memory_every = N (at most N steps are lost when a host fails; Note [In-memory "
+                      "checkpoints])");
   if (int(hosts.size()) < range.min_hosts)
     throw ConfigError("--elastic " + elastic + ": --hosts " + host_arg(hosts) + " gives " + std::to_string(hosts.size()) +
                       " hosts, fewer than MIN " + std::to_string(range.min_hosts));
@@ -199,6 +219,12 @@ int run_elastic(const std::string& spec, const std::vector<HostSlots>& hosts, co
         if (!contains(active, h.host)) why += (why.empty() ? "grew onto " : ", ") + h.host;
       active = growth.grown();
     } else {
+      if (rc == 0) {  // done: the stores of the hosts it no longer ran on go too
+        std::vector<HostSlots> idle;
+        for (const HostSlots& h : active)
+          if (!contains(running, h.host)) idle.push_back(h);
+        memory_stores("drop", idle, args, cfg);
+      }
       if (rc == 0 || faulty.empty()) return rc;  // done, or a failure no other host would mend
       why = "lost " + drop_lost(faulty, running, active, spares, range.max_hosts, growth);
     }
@@ -211,6 +237,7 @@ int run_elastic(const std::string& spec, const std::vector<HostSlots>& hosts, co
     }
     running = first_slots(active, shape.ranks);
     args = relaunch_args(argc, argv, shape);
+    if (rc != kStopToReform) memory_stores("gather", active, args, cfg);
     std::cerr << "loom: --elastic " << elastic << " (re-forming " << round << "): " << why << "; going on with "
               << describe(running) << ": dp " << shape.dp << ", grad_accum " << shape.grad_accum << ", micro-batch "
               << shape.micro_batch << ", from the newest checkpoint ("

@@ -23,6 +23,7 @@
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/core/owned.h"
+#include "loom/ckpt/memory_ckpt.h"
 #include "loom/ckpt/run_dir.h"
 #include "loom/train/trainer.h"
 #if LOOM_CUDA
@@ -59,6 +60,20 @@ TrainSummary train_on_device(const Config& cfg, const TrainOptions& opt, comm::W
 #endif
 }
 
+// Note [In-memory checkpoints]: a launch of one rank a host by the --elastic supervisor that
+// makes the hosts' stores whole (gather) or removes them (drop), and trains nothing.
+int memory_stores(const Config& cfg, comm::World& world, const std::string& what) {
+  if (what != "gather" && what != "drop") throw ConfigError("LOOM_MEMORY_STORES = '" + what + "': expected gather or drop");
+  if (what == "drop") {
+    drop_memory(cfg, &world.world_group());
+  } else if (const std::optional<MemoryStep> m = restore_memory(cfg, &world.world_group()); m && world.global_rank() == 0) {
+    std::cerr << "loom: in-memory checkpoint of step " << m->step << " made whole on " << world.world_size()
+              << " hosts\n";
+  }
+  record_exit(0);
+  return 0;
+}
+
 int train_this_rank(const TrainArgs& a, const Config& cfg) {
   TrainOptions opt;
   opt.json = a.json, opt.csv = a.csv;
@@ -78,6 +93,7 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
     co.check_desync = cfg.comm.check_desync;
     comm::World world(comm::make_mpi_backend(), co);
+    if (const char* stores = std::getenv("LOOM_MEMORY_STORES")) return memory_stores(cfg, world, stores);
     if (world.world_size() > 1) preflight(world, cfg);  // Note [Preflight]
     logging = world.global_rank() == 0;
     comm::World* many = world.world_size() > 1 ? &world : nullptr;

@@ -302,6 +302,8 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(checkpoint, dir, "where the final checkpoint is saved; empty = no save"),
       LOOM_INT_KEY(checkpoint, save_every, "> 0: sharded resumable checkpoint every N steps (dir/step-N)"),
       LOOM_INT_KEY(checkpoint, keep_last, "sharded checkpoints to keep, newest first; 0 = all"),
+      LOOM_INT_KEY(checkpoint, memory_every, "> 0: in-memory checkpoint every N steps in each host's memory and a peer host's; a lost host costs at most N steps and no disk read"),
+      LOOM_STRING_KEY(checkpoint, memory_dir, "memory file system (tmpfs) holding the in-memory checkpoints' per-host stores"),
       LOOM_FLOAT_KEY(comm, timeout_s, "seconds any collective may take before every rank reports and exits"),
       LOOM_FLOAT_KEY(comm, hang_s, "--nproc: seconds a rank may block outside any collective, using no CPU, before the supervisor ends the job (0 = off)"),
       LOOM_FLOAT_KEY(comm, rejoin_s, "--elastic: seconds after which a lost host is probed again; the job grows back onto it at its next checkpoint"),

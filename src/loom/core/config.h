@@ -90,6 +90,8 @@ struct CheckpointConfig {
   std::string dir = "runs/default";  // empty: do not save
   int64_t save_every = 0;      // > 0: a sharded, resumable checkpoint every N steps (Note [Sharded checkpoints])
   int64_t keep_last = 3;       // sharded checkpoints kept (newest first); 0 keeps all
+  int64_t memory_every = 0;    // > 0: an in-memory checkpoint every N steps, copied to a peer host (Note [In-memory checkpoints])
+  std::string memory_dir = "/dev/shm";  // the memory file system the hosts' stores live in
 };
 
 struct CommConfig {

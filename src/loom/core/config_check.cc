@@ -97,6 +97,14 @@ void check_io(const Config& c, std::vector<std::string>& errs) {
   if (c.checkpoint.save_every > 0 && c.checkpoint.dir.empty())
     errs.push_back("checkpoint.save_every = " + std::to_string(c.checkpoint.save_every) +
                    " needs checkpoint.dir (where to save)");
+  if (c.checkpoint.memory_every < 0)
+    errs.push_back("checkpoint.memory_every = " + std::to_string(c.checkpoint.memory_every) + ": expected >= 0 (0: off)");
+  if (c.checkpoint.memory_every > 0 && c.checkpoint.dir.empty())
+    errs.push_back("checkpoint.memory_every = " + std::to_string(c.checkpoint.memory_every) +
+                   " needs checkpoint.dir (the disk checkpoints stay the fallback when both copies of a shard are lost)");
+  if (c.checkpoint.memory_every > 0 && c.checkpoint.memory_dir.empty())
+    errs.push_back("checkpoint.memory_every = " + std::to_string(c.checkpoint.memory_every) +
+                   " needs checkpoint.memory_dir (a memory file system such as /dev/shm)");
   if (!(c.comm.timeout_s > 0 && c.comm.timeout_s < 1e9))
     errs.push_back("comm.timeout_s = " + fmt_double(c.comm.timeout_s) + ": expected seconds in (0, 1e9)");
   if (!(c.comm.rejoin_s >= 1 && c.comm.rejoin_s < 1e9))
@@ -304,6 +312,10 @@ void check_ps(const Config& c, std::vector<std::string>& errs) {
   if (p.zero != 0 || p.compress != CompressKind::kNone || p.reduce != GradReduce::kMean)
     errs.push_back(is + "with parallel.zero / compress / reduce: the servers hold the optimizer state and average "
                    "exact gradients; set zero = 0, compress = none, reduce = mean");
+  if (c.checkpoint.memory_every > 0 && c.ps.free_running())
+    errs.push_back(is + "with ps.mode = " + std::string(name_of(c.ps.mode)) + " and checkpoint.memory_every = " +
+                   std::to_string(c.checkpoint.memory_every) + ": free-running workers reach a step at different "
+                   "times; set checkpoint.memory_every = 0 or ps.mode = sync");
   if (c.checkpoint.save_every > 0 && c.ps.free_running())
     errs.push_back(is + "with ps.mode = " + std::string(name_of(c.ps.mode)) + " and checkpoint.save_every = " +
                    std::to_string(c.checkpoint.save_every) + ": free-running workers reach a step at different "

@@ -13,6 +13,7 @@
 #include "loom/core/owned.h"
 #include "loom/comm/agree.h"
 #include "loom/train/report.h"
+#include "loom/ckpt/memory_ckpt.h"
 #include "loom/ckpt/shard_format.h"
 #include "loom/model/layout.h"
 
@@ -124,6 +125,8 @@ struct Candidate {
   std::string dir;   // a step directory, or the checkpoint.dir holding whole-model files
   bool whole = false;
   std::string name;  // for the log
+  int64_t step = -1;  // a sharded step's number
+  bool memory = false;  // a host store's step (Note [In-memory checkpoints])
 };
 
 std::vector<Candidate> auto_candidates(const std::string& root, Reporter& rep) {
@@ -131,7 +134,7 @@ std::vector<Candidate> auto_candidates(const std::string& root, Reporter& rep) {
   std::vector<Candidate> out;
   for (auto it = s.steps.rbegin(); it != s.steps.rend(); ++it) {
     const std::string name = shard::step_name(*it);
-    out.push_back({(fs::path(root) / name).string(), false, name});
+    out.push_back({(fs::path(root) / name).string(), false, name, *it});
   }
   if (s.whole) out.push_back({root, true, "the whole-model checkpoint in " + root});
   if (s.latest && !s.steps.empty()) {  // `latest` is a hint; say when it disagrees
@@ -148,6 +151,21 @@ std::vector<Candidate> auto_candidates(const std::string& root, Reporter& rep) {
                out.front().name + " is the newest complete step");
   }
   return out;
+}
+
+// Note [In-memory checkpoints]: the newest step the hosts' stores hold whole goes first
+// when it is no older than the newest on disk (no disk read, fewer steps lost).
+void memory_candidate(const Config& cfg, comm::Group* group, Reporter& rep, std::vector<Candidate>& candidates) {
+  const std::optional<MemoryStep> m = restore_memory(cfg, group);
+  if (!m) return;
+  const int64_t disk = candidates.empty() ? -1 : candidates.front().step;
+  const std::string name = detail::cat("the in-memory checkpoint of step ", m->step, " (held on ", m->hosts,
+                                       " hosts; ", m->copied_bytes, " bytes copied to rank 0's host)");
+  if (m->step < disk) {
+    rep.info("resume auto: " + name + " is older than " + candidates.front().name + " on disk");
+    return;
+  }
+  candidates.insert(candidates.begin(), Candidate{m->dir, false, name, m->step, true});
 }
 
 int64_t load_one(const Candidate& c, const Config& cfg, ShardState& s, int rank) {
@@ -172,6 +190,7 @@ int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s,
   } else {
     throw ConfigError("--resume " + where + ": no checkpoint there (no manifest.json, latest, or whole-model files)");
   }
+  if (is_auto && cfg.checkpoint.memory_every > 0) memory_candidate(cfg, group, rep, candidates);
   if (candidates.empty()) {
     rep.info("resume auto: no checkpoint in " + where + "; starting at step 0");
     return 0;
@@ -191,7 +210,7 @@ int64_t load_resume(const Config& cfg, const std::string& resume, ShardState& s,
         throw ConfigError(detail::cat("--resume: checkpoint ", c.dir, " is at step ", step, ", past train.steps = ",
                                       cfg.train.steps, "; raise train.steps to continue"));
       if (!s.compressor_note.empty()) rep.info("warning: " + s.compressor_note);
-      rep.info("resumed from " + c.dir + " at step " + std::to_string(step) +
+      rep.info("resumed from " + (c.memory ? c.name + " (" + c.dir + ")" : c.dir) + " at step " + std::to_string(step) +
                (c.whole ? " (whole-model checkpoint)" : [&] {
                  const std::string from = shard_layout(c.dir), here = layout_text(cfg.parallel);
                  return from == here ? std::string() : " (resharded from " + from + " to " + here + ")";

@@ -5,6 +5,7 @@
 #include <exception>
 #include <sstream>
 
+#include "loom/ckpt/memory_ckpt.h"
 #include "loom/comm/agree.h"
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -86,6 +87,13 @@ bool saves_checkpoint(const Config& cfg, int64_t step) {
   return !cfg.checkpoint.dir.empty() && ((every > 0 && done % every == 0) || done == cfg.train.steps);
 }
 
+// Note [In-memory checkpoints]: every memory_every steps, never at the end (the disk save is
+// there).
+bool saves_memory(const Config& cfg, int64_t step) {
+  const int64_t every = cfg.checkpoint.memory_every, done = step + 1;
+  return every > 0 && done % every == 0 && done != cfg.train.steps;
+}
+
 bool validates(const Config& cfg, int64_t step) {
   const int64_t every = cfg.train.val_every;
   return step + 1 == cfg.train.steps || (every > 0 && (step + 1) % every == 0);
@@ -94,34 +102,69 @@ bool validates(const Config& cfg, int64_t step) {
 // Note [Synchronous warm-up]: the warm-up steps flush too. Only a stream (2bw, pipedream,
 // pipemare) or a test's reference of one reads the flag; the flushing schedules ignore it.
 bool flushes_pipeline(const Config& cfg, int64_t step) {
-  return validates(cfg, step) || saves_checkpoint(cfg, step) || step < cfg.parallel.sync_warmup_steps;
+  return validates(cfg, step) || saves_checkpoint(cfg, step) || saves_memory(cfg, step) ||
+         step < cfg.parallel.sync_warmup_steps;
 }
 
-void save_checked(const Config& cfg, int64_t done, const ShardState& state, std::span<const float> params,
-                  comm::Group* world, int global_rank) {
+namespace {
+
+void refuse_non_finite(const Config& cfg, int64_t done, std::span<const float> params, comm::Group* world,
+                       int global_rank) {
   std::exception_ptr bad;
   if (!std::all_of(params.begin(), params.end(), [](float x) { return std::isfinite(x); }))
     bad = std::make_exception_ptr(diverged("parameters hold NaN or infinity after step " + std::to_string(done) +
                                                " (the earlier checkpoints are kept)",
                                            cfg.optim.lr, cfg.optim.warmup_steps));
   agree_or_throw(world, global_rank, bad);
+}
+
+}  // namespace
+
+void save_checked(const Config& cfg, int64_t done, const ShardState& state, std::span<const float> params,
+                  comm::Group* world, int global_rank) {
+  refuse_non_finite(cfg, done, params, world, global_rank);
   save_shards(cfg, done, state, world, global_rank);
 }
 
 void CheckpointTrigger::after_step(const StepOutcome& s) {
   const bool free_ps = cfg_.parallel.ps_servers > 0 && cfg_.ps.free_running();
-  if (free_ps ? !(s.last && !cfg_.checkpoint.dir.empty()) : !saves_checkpoint(cfg_, s.step)) return;
+  const bool disk = free_ps ? s.last && !cfg_.checkpoint.dir.empty() : saves_checkpoint(cfg_, s.step);
+  const bool memory = !free_ps && saves_memory(cfg_, s.step);
+  if (!disk && !memory) return;
   const Spans::Scope span = spans_.open("checkpoint", "io");
-  const auto t0 = Clock::now();
-  save_checked(cfg_, free_ps ? cfg_.train.steps : s.step + 1, role_.state(), role_.params(),
-               world_ ? &world_->world_group() : nullptr, world_ ? world_->global_rank() : 0);
-  saves_++, save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  comm::Group* const group = world_ ? &world_->world_group() : nullptr;
+  const int rank = world_ ? world_->global_rank() : 0;
+  const int64_t done = free_ps ? cfg_.train.steps : s.step + 1;
+  if (disk) {
+    const auto t0 = Clock::now();
+    save_checked(cfg_, done, role_.state(), role_.params(), group, rank);
+    saves_++, save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  if (memory) {  // Note [In-memory checkpoints]
+    const auto t0 = Clock::now();
+    if (!disk) refuse_non_finite(cfg_, done, role_.params(), group, rank);
+    save_memory(cfg_, done, role_.state(), group);
+    memory_saves_++, memory_save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
   role_.saved();
+  // The run is over and its last step on disk: the hosts' in-memory stores go.
+  if (s.last && cfg_.checkpoint.memory_every > 0) drop_memory(cfg_, group);
   // Note [Elastic growth]: asked to stop? One agreement, so every rank stops after this save.
   if (!stop_requested_ || s.last) return;
   int64_t asked = stop_requested_() ? 1 : 0;
   if (world_) world_->world_group().all_reduce(std::span<int64_t>(&asked, 1), comm::ReduceOp::kMax);
   if (asked) stopped_at_ = s.step + 1;
+}
+
+void CheckpointTrigger::report(Reporter& rep) const {
+  auto line = [&](const char* what, int64_t n, double seconds, const char* why) {
+    if (n == 0) return;
+    char each[32];
+    std::snprintf(each, sizeof each, "%.3g", seconds / double(n));
+    rep.info(detail::cat(what, n, " saved, ", each, " s each on rank 0 (", why, ")"));
+  };
+  line("checkpoints: ", saves_, save_s_, "the --save-s of loom plan's goodput, Note [Goodput]");
+  line("in-memory checkpoints: ", memory_saves_, memory_save_s_, "Note [In-memory checkpoints]");
 }
 
 namespace {

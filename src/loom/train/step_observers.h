@@ -65,6 +65,7 @@ struct StepOutcome {
 // the last) or lies in the synchronous warm-up: the steps where a stream schedule flushes
 // (Note [PipeDream-2BW], Note [Synchronous warm-up]).
 bool saves_checkpoint(const Config& cfg, int64_t step);
+bool saves_memory(const Config& cfg, int64_t step);  // Note [In-memory checkpoints]
 bool validates(const Config& cfg, int64_t step);
 bool flushes_pipeline(const Config& cfg, int64_t step);
 
@@ -103,7 +104,8 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
                   comm::Group* world, int global_rank);
 
 // Saves a sharded checkpoint every checkpoint.save_every steps and after the last step (a
-// free-running PS job: after its last push only, as step train.steps; Note [PS checkpoints]).
+// free-running PS job: after its last push only, as step train.steps; Note [PS checkpoints]),
+// and an in-memory one every checkpoint.memory_every steps (Note [In-memory checkpoints]).
 // Every role's (Note [One step loop]): the state is the role's.
 class CheckpointTrigger : public StepObserver {
  public:
@@ -114,9 +116,9 @@ class CheckpointTrigger : public StepObserver {
   bool stops() const override { return stopped_at_ > 0; }
   // > 0: the step after whose save the job stops (Note [Elastic growth]).
   int64_t stopped_at() const { return stopped_at_; }
-  // Saves made and their wall seconds in all (the measured save cost, Note [Goodput]).
-  int64_t saves() const { return saves_; }
-  double save_seconds() const { return save_s_; }
+  // The saves made, disk and memory, and their mean wall seconds (the measured save cost:
+  // loom plan's --save-s, Note [Goodput]).
+  void report(Reporter& rep) const;
 
  private:
   const Config& cfg_;
@@ -124,8 +126,8 @@ class CheckpointTrigger : public StepObserver {
   comm::World* world_;
   const Spans& spans_;
   std::function<bool()> stop_requested_;
-  int64_t stopped_at_ = 0, saves_ = 0;
-  double save_s_ = 0;
+  int64_t stopped_at_ = 0, saves_ = 0, memory_saves_ = 0;
+  double save_s_ = 0, memory_save_s_ = 0;
 };
 
 // The validation loss every train.val_every steps and after the last step.

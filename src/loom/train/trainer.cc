@@ -575,12 +575,7 @@ TrainSummary run(const Config& cfg, const TrainOptions& given, comm::World* worl
   check_tied_copies(e, rc);
   if (given.keep_params) sum.final_params = final_params(cfg, e, rc);
   sum.stopped_at = checkpoints.stopped_at();
-  if (checkpoints.saves() > 0) {
-    char each[32];
-    std::snprintf(each, sizeof each, "%.3g", checkpoints.save_seconds() / double(checkpoints.saves()));
-    rep.info(detail::cat("checkpoints: ", checkpoints.saves(), " saved, ", each,
-                         " s each on rank 0 (the --save-s of loom plan's goodput, Note [Goodput])"));
-  }
+  checkpoints.report(rep);
   if (sum.stopped_at > 0)
     rep.info("stopped after saving step " + std::to_string(sum.stopped_at) + ", as the --elastic supervisor asked, to "
              "go on on more hosts (Note [Elastic growth])");

@@ -1,0 +1,412 @@
+// In-memory checkpoints on the job's hosts (Note [In-memory checkpoints] in memory_ckpt.h).
+#include "loom/ckpt/memory_ckpt.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "loom/ckpt/compressor_state.h"
+#include "loom/ckpt/shard_ckpt.h"
+#include "loom/ckpt/shard_format.h"
+#include "loom/comm/agree.h"
+#include "loom/comm/group.h"
+#include "loom/comm/world.h"
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/hosts.h"
+#include "loom/core/owned.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMarkerFile = "loom-memory";
+constexpr const char* kManifest = "manifest.json";
+constexpr size_t kChunk = size_t(1) << 28;  // bytes a message carries (a count is an int)
+constexpr int kTagBase = 7100;
+
+std::string job_dir(const Config& cfg) { return fs::absolute(cfg.checkpoint.dir).lexically_normal().string(); }
+std::string marker_line(const Config& cfg) { return "loom-memory-v1 " + job_dir(cfg) + "\n"; }
+
+// The ranks of a group by host: hosts in order of first appearance.
+struct Hosts {
+  std::vector<std::string> of;          // per group rank
+  std::vector<int> index;               // per group rank: its host's index
+  std::vector<std::vector<int>> ranks;  // per host: its group ranks, ascending
+  bool leads(int r) const { return ranks[size_t(index[size_t(r)])].front() == r; }
+  int leader(int host) const { return ranks[size_t(host)].front(); }
+  // The rank that keeps r's copy: the same index on the next host (-1: one host).
+  int peer(int r) const {
+    if (ranks.size() < 2) return -1;
+    const std::vector<int>& mine = ranks[size_t(index[size_t(r)])];
+    const size_t at = size_t(std::find(mine.begin(), mine.end(), r) - mine.begin());
+    const std::vector<int>& next = ranks[(size_t(index[size_t(r)]) + 1) % ranks.size()];
+    return next[at % next.size()];
+  }
+};
+
+Hosts hosts_of(comm::Group* g) {
+  Hosts h;
+  const int n = g ? g->size() : 1;
+  for (int r = 0; r < n; ++r) {
+    std::string name = this_host();
+    if (g) {
+      const std::vector<std::string>& named = g->world().hosts();
+      const size_t global = size_t(g->global_rank_of(r));
+      name = global < named.size() ? named[global] : "localhost";
+    }
+    auto it = std::find_if(h.ranks.begin(), h.ranks.end(), [&](const std::vector<int>& on) {
+      return h.of[size_t(on.front())] == name;
+    });
+    h.of.push_back(name);
+    if (it == h.ranks.end()) {
+      h.index.push_back(int(h.ranks.size()));
+      h.ranks.push_back({r});
+    } else {
+      h.index.push_back(int(it - h.ranks.begin()));
+      it->push_back(r);
+    }
+  }
+  return h;
+}
+
+// Proves the store at `path` this job's by its marker (or, `create`, makes it); false when
+// absent and not created. Anything else at the path is refused, never touched.
+bool open_store(const Config& cfg, const std::string& path, bool create) {
+  const owned::Kind k = owned::kind_of(path);
+  if (k == owned::Kind::kNone) {
+    if (!create) return false;
+    if (owned::kind_of(cfg.checkpoint.memory_dir) != owned::Kind::kDir)
+      throw ConfigError("checkpoint.memory_dir = '" + cfg.checkpoint.memory_dir +
+                        "' is not a directory on this host; set it to a memory file system every host has (/dev/shm)");
+    std::error_code ec;
+    fs::create_directory(path, ec);
+    if (ec) throw Error("checkpoint.memory_dir: cannot make '" + path + "': " + ec.message());
+    write_file_atomic((fs::path(path) / kMarkerFile).string(), marker_line(cfg));
+    return true;
+  }
+  std::string text;
+  if (k == owned::Kind::kDir) try {
+      text = owned::read_regular((fs::path(path) / kMarkerFile).string(), 4096, false);
+    } catch (const Error&) {
+    }
+  if (text != marker_line(cfg))
+    throw ConfigError("checkpoint.memory_dir: '" + path + "' is " +
+                      (k == owned::Kind::kDir ? "a directory without this job's marker (" + std::string(kMarkerFile) +
+                                                    " naming " + job_dir(cfg) + ")"
+                                              : std::string(owned::kind_text(k))) +
+                      ", not this job's in-memory store; loom touches only what it wrote: remove it, or set "
+                      "checkpoint.memory_dir elsewhere");
+  return true;
+}
+
+// The step directories of a proven store, by step.
+std::map<int64_t, fs::path> store_steps(const std::string& store) {
+  std::map<int64_t, fs::path> out;
+  for (const fs::directory_entry& e : fs::directory_iterator(store)) {
+    const std::string name = e.path().filename().string();
+    long long step = -1;
+    char tail = 0;
+    if (owned::kind_of(e.path().string()) == owned::Kind::kDir && name.size() == 13 &&
+        std::sscanf(name.c_str(), "step-%8lld%c", &step, &tail) == 1 && step >= 0)
+      out[step] = e.path();
+  }
+  return out;
+}
+
+// Removes the steps of a proven store that `drop` selects.
+template <typename Drop>
+void clear_steps(const std::string& store, Drop drop) {
+  for (const auto& [step, dir] : store_steps(store))
+    if (drop(step)) fs::remove_all(dir);
+}
+
+// "step file bytes" lines: the whole files of a proven store (a file of loom's form only).
+std::string list_store(const std::string& store) {
+  std::ostringstream os;
+  for (const auto& [step, dir] : store_steps(store))
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      const bool ours = name == kManifest || (name.size() == 14 && name.rfind("rank-", 0) == 0) ||
+                        (name.size() == 18 && name.rfind("compress-", 0) == 0);
+      if (ours && owned::kind_of(e.path().string()) == owned::Kind::kFile)
+        os << step << " " << name << " " << fs::file_size(e.path()) << "\n";
+    }
+  return os.str();
+}
+
+std::vector<std::string> gather_text(comm::Group* g, const std::string& mine) {
+  if (!g || g->size() == 1) return {mine};
+  const int64_t len = int64_t(mine.size());
+  std::vector<int64_t> lens(size_t(g->size()));
+  g->all_gather(std::span<const int64_t>(&len, 1), std::span<int64_t>(lens)).wait();
+  const size_t most = size_t(std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end())));
+  std::vector<uint8_t> padded(most, 0), all(most * lens.size());
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  g->all_gather(std::span<const uint8_t>(padded), std::span<uint8_t>(all)).wait();
+  std::vector<std::string> out;
+  for (size_t r = 0; r < lens.size(); ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + r * most), size_t(lens[r]));
+  return out;
+}
+
+std::string broadcast_text(comm::Group* g, std::string text, int root) {
+  if (!g || g->size() == 1) return text;
+  int64_t len = int64_t(text.size());
+  g->broadcast(std::span<int64_t>(&len, 1), root).wait();
+  text.resize(size_t(len));
+  std::vector<uint8_t> bytes(text.begin(), text.end());
+  if (len > 0) g->broadcast(std::span<uint8_t>(bytes), root).wait();
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// The ops moving `bytes` to or from `peer`, in messages of at most kChunk bytes; tags from
+// `tag` up, so two files between one pair of ranks are told apart.
+void add_ops(std::vector<comm::P2POp>& ops, bool send, std::string& bytes, int peer, int tag) {
+  for (size_t at = 0, i = 0; at < bytes.size(); at += kChunk, ++i) {
+    const size_t n = std::min(kChunk, bytes.size() - at);
+    uint8_t* p = reinterpret_cast<uint8_t*>(bytes.data() + at);
+    ops.push_back(send ? comm::isend_op(std::span<const uint8_t>(p, n), peer, tag + 2 * int(i))
+                       : comm::irecv_op(std::span<uint8_t>(p, n), peer, tag + 2 * int(i)));
+  }
+}
+
+void run_ops(comm::Group* g, std::vector<comm::P2POp> ops) {
+  if (g && !ops.empty()) g->batch(std::move(ops)).wait();
+}
+
+// Writes this rank's files (and returns their bytes: the rank file, the compressor file or
+// "") into `dir` through a staging directory, so that a name present is a whole file.
+std::pair<std::string, std::string> write_own(const Config& cfg, const ShardState& s, int r, const fs::path& dir,
+                                              std::string& table) {
+  const fs::path stage = dir / (".staging-" + std::to_string(r));
+  fs::remove_all(stage);
+  fs::create_directory(stage);
+  const shard::RankFile rf = shard::write_rank_file(stage.string(), r, shard::tensor_table(cfg), s);
+  std::pair<std::string, std::string> bytes{read_file_bytes((stage / rf.file).string()), ""};
+  fs::rename(stage / rf.file, dir / rf.file);
+  if (!s.compressor.empty()) {
+    const std::string name = compressor_file_name(r);
+    write_compressor_file(stage.string(), r, s.compressor);
+    bytes.second = read_file_bytes((stage / name).string());
+    fs::rename(stage / name, dir / name);
+  }
+  fs::remove(stage);
+  table = shard::rank_json(rf);
+  return bytes;
+}
+
+template <typename F>
+void agreed(comm::Group* g, F&& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_or_throw(g, g ? g->group_rank() : 0, error);
+}
+
+}  // namespace
+
+std::string memory_store_path(const Config& cfg, const std::string& host) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a, 64 bits, of the absolute checkpoint.dir
+  for (const unsigned char c : job_dir(cfg)) hash = (hash ^ c) * 1099511628211ull;
+  std::string safe = host;
+  for (char& c : safe)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_')) c = '_';
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return (fs::path(cfg.checkpoint.memory_dir) / ("loom-memory-" + std::string(hex) + "-" + safe)).string();
+}
+
+void save_memory(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world) {
+  const Hosts h = hosts_of(world);
+  const int r = world ? world->group_rank() : 0, n = int(h.of.size());
+  const std::string store = memory_store_path(cfg, h.of[size_t(r)]);
+  const fs::path dir = fs::path(store) / shard::step_name(step);
+  // The host's first rank proves the store and clears what a save of this step or a later
+  // one left (a job resumed from an older step).
+  agreed(world, [&] {
+    if (!h.leads(r)) return;
+    open_store(cfg, store, true);
+    clear_steps(store, [&](int64_t m) { return m >= step; });
+    fs::create_directory(dir);
+  });
+  // Every rank writes its own files; one all-gather brings every rank's outcome, piece table
+  // and file sizes to every rank ("E<error>" for a failure).
+  std::pair<std::string, std::string> own;
+  std::string said;
+  try {
+    std::string table;
+    own = write_own(cfg, s, r, dir, table);
+    said = std::to_string(own.first.size()) + " " + std::to_string(own.second.size()) + " " + table;
+  } catch (const std::exception& e) {
+    said = std::string("E") + e.what();
+  }
+  const std::vector<std::string> all = gather_text(world, said);
+  std::vector<int64_t> bin(static_cast<size_t>(n)), comp(static_cast<size_t>(n));
+  std::vector<shard::RankFile> ranks;
+  for (int q = 0; q < n; ++q) {
+    const std::string& t = all[size_t(q)];
+    if (t.rfind('E', 0) == 0) throw Error("in-memory checkpoint of step " + std::to_string(step) + ": rank " +
+                                          std::to_string(q) + " on host " + h.of[size_t(q)] + ": " + t.substr(1));
+    std::istringstream in(t);
+    in >> bin[size_t(q)] >> comp[size_t(q)];
+    ranks.push_back(shard::parse_rank(t.substr(size_t(in.tellg()) + 1), "rank " + std::to_string(q) + "'s pieces"));
+  }
+  // Each rank's files to its peer on the next host, which keeps them in its store; every
+  // host's first rank writes the manifest (every rank has every piece table).
+  std::map<int, std::pair<std::string, std::string>> kept;  // the copies this rank keeps, by their rank
+  std::vector<comm::P2POp> ops;
+  if (const int peer = h.peer(r); peer >= 0) {
+    add_ops(ops, true, own.first, peer, kTagBase);
+    add_ops(ops, true, own.second, peer, kTagBase + 1);
+  }
+  for (int q = 0; q < n; ++q)
+    if (q != r && h.peer(q) == r) {
+      auto& [b, c] = kept[q];
+      b.resize(size_t(bin[size_t(q)])), c.resize(size_t(comp[size_t(q)]));
+      add_ops(ops, false, b, q, kTagBase);
+      add_ops(ops, false, c, q, kTagBase + 1);
+    }
+  run_ops(world, std::move(ops));
+  const int64_t optimizer_steps = shard::agreed_optimizer_steps(cfg, s, world);
+  agreed(world, [&] {
+    for (const auto& [q, files] : kept) {
+      write_file_atomic((dir / shard::rank_file_name(q)).string(), files.first);
+      if (!files.second.empty()) write_file_atomic((dir / compressor_file_name(q)).string(), files.second);
+    }
+    if (h.leads(r))
+      write_file_atomic((dir / kManifest).string(),
+                        shard::manifest_json(shard::manifest_of(cfg, step, optimizer_steps, s, std::move(ranks))));
+  });
+  // Every store holds step `step` whole: the older ones go.
+  if (h.leads(r)) clear_steps(store, [&](int64_t m) { return m != step; });
+}
+
+namespace {
+
+struct Copy {
+  int64_t bytes = 0;
+  std::vector<int> hosts;  // the hosts holding it, ascending
+};
+using StepFiles = std::map<std::string, Copy>;
+
+std::map<int64_t, StepFiles> parse_listings(const Hosts& h, const std::vector<std::string>& listings) {
+  std::map<int64_t, StepFiles> held;
+  for (size_t host = 0; host < h.ranks.size(); ++host) {
+    std::istringstream in(listings[size_t(h.leader(int(host)))]);
+    int64_t step = 0, bytes = 0;
+    std::string name;
+    while (in >> step >> name >> bytes) {
+      Copy& c = held[step][name];
+      c.bytes = bytes;
+      c.hosts.push_back(int(host));
+    }
+  }
+  return held;
+}
+
+// The step's manifest, read by the first host holding it and broadcast; nullopt when it
+// does not parse or names a file no running host holds (the same verdict on every rank).
+bool whole_step(comm::Group* world, const Hosts& h, const Config& cfg, int64_t step, const StepFiles& files) {
+  const auto m = files.find(kManifest);
+  if (m == files.end()) return false;
+  const int root = h.leader(m->second.hosts.front());
+  const int r = world ? world->group_rank() : 0;
+  std::string text;
+  if (r == root) try {
+      text = read_file_bytes((fs::path(memory_store_path(cfg, h.of[size_t(r)])) / shard::step_name(step) /
+                              kManifest).string());
+    } catch (const Error&) {
+    }
+  text = broadcast_text(world, text, root);
+  try {
+    const shard::Manifest parsed = shard::parse_manifest(text, "the in-memory manifest of step " + std::to_string(step));
+    return parsed.step == step && std::all_of(parsed.ranks.begin(), parsed.ranks.end(), [&](const shard::RankFile& f) {
+             return files.count(f.file) > 0;
+           });
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::optional<MemoryStep> restore_memory(const Config& cfg, comm::Group* world) {
+  const Hosts h = hosts_of(world);
+  const int r = world ? world->group_rank() : 0;
+  const std::string store = memory_store_path(cfg, h.of[size_t(r)]);
+  std::string listing;
+  agreed(world, [&] {
+    if (h.leads(r) && open_store(cfg, store, false)) listing = list_store(store);
+  });
+  const std::map<int64_t, StepFiles> held = parse_listings(h, gather_text(world, listing));
+  for (auto it = held.rbegin(); it != held.rend(); ++it) {
+    if (!whole_step(world, h, cfg, it->first, it->second)) continue;
+    const int64_t step = it->first;
+    const fs::path dir = fs::path(store) / shard::step_name(step);
+    MemoryStep out{step, dir.string(), 0, 0};
+    std::vector<bool> holds(h.ranks.size(), false);
+    for (const auto& [name, copy] : it->second)
+      for (const int host : copy.hosts) holds[size_t(host)] = true;
+    out.hosts = int(std::count(holds.begin(), holds.end(), true));
+    // Every host lacking a file gets it from a holder, in the order of (file, host) pairs;
+    // holders take turns.
+    agreed(world, [&] {
+      if (h.leads(r) && open_store(cfg, store, true) && !fs::exists(dir)) fs::create_directory(dir);
+    });
+    const int mine = h.index[size_t(r)];
+    std::exception_ptr error;
+    size_t turn = 0;
+    for (const auto& [name, copy] : it->second)
+      for (int host = 0; host < int(h.ranks.size()); ++host) {
+        if (std::binary_search(copy.hosts.begin(), copy.hosts.end(), host)) continue;
+        const int from = copy.hosts[turn++ % copy.hosts.size()];
+        if (!h.leads(r) || (mine != from && mine != host)) continue;
+        std::string bytes;
+        if (mine == from) try {
+            bytes = read_file_bytes((dir / name).string());
+          } catch (...) {
+            if (!error) error = std::current_exception();
+          }
+        bytes.resize(size_t(copy.bytes));  // a damaged read is sent as it is; the CRCs catch it
+        std::vector<comm::P2POp> ops;
+        add_ops(ops, mine == from, bytes, h.leader(mine == from ? host : from), kTagBase);
+        run_ops(world, std::move(ops));
+        if (mine == host) try {
+            write_file_atomic((dir / name).string(), bytes);
+            out.copied_bytes += copy.bytes;
+          } catch (...) {
+            if (!error) error = std::current_exception();
+          }
+      }
+    agree_or_throw(world, r, error);
+    return out;
+  }
+  return std::nullopt;
+}
+
+void drop_memory(const Config& cfg, comm::Group* world) {
+  const Hosts h = hosts_of(world);
+  const int r = world ? world->group_rank() : 0;
+  agreed(world, [&] {
+    const std::string store = memory_store_path(cfg, h.of[size_t(r)]);
+    if (!h.leads(r) || !open_store(cfg, store, false)) return;
+    clear_steps(store, [](int64_t) { return true; });
+    fs::remove((fs::path(store) / kMarkerFile));
+    std::error_code ec;
+    fs::remove(store, ec);  // anything else left in it stays, with the directory
+  });
+}
+
+}  // namespace loom

@@ -135,10 +135,51 @@ TEST(ElasticShape, DataParallelismShrinksAndAccumulationKeepsTheGlobalBatch) {
   EXPECT_EQ(six.ranks, 4);
   EXPECT_EQ(elastic_shape(c, 8).dp, 4);
   EXPECT_EQ(elastic_shape(c, 2).grad_accum, 4);
-  EXPECT_NE(elastic_shape(c, 1).problem.find("1 slots hold no replica of the model's split (cp x tp x pp = 2 ranks)"),
-            std::string::npos);
+  EXPECT_FALSE(elastic_shape(c, 2).replanned);
   const Config ps = load_config("", {"parallel.dp=2", "parallel.ps_servers=1"});
   EXPECT_NE(elastic_shape(ps, 8).problem.find("parameter-server"), std::string::npos);
+}
+
+// Note [Elastic shapes]: slots that hold no replica re-plan the split: the most slots used,
+// then the most of tp, then of pp, each candidate through the engine's config checks.
+TEST(ElasticShape, TooFewSlotsForTheSplitReplanIt) {
+  const Config c = load_config("", {"parallel.dp=4", "parallel.tp=2", "train.batch=24", "train.grad_accum=1"});
+  const ElasticShape one = elastic_shape(c, 1);  // was: "1 slots hold no replica of the model's split"
+  EXPECT_TRUE(one.replanned);
+  EXPECT_EQ(one.problem, "");
+  EXPECT_EQ(one.split_text(), "tp 1 pp 1 cp 1");
+  EXPECT_EQ(one.dp, 1);
+  EXPECT_EQ(one.grad_accum, 4);
+  EXPECT_EQ(one.micro_batch, 6);
+  // tp 4 x pp 2 (8 ranks a replica) on 3 slots: tp 2 x pp 1, tp 1 x pp 2 and dp 2 of tp 1 x pp 1
+  // all use 2 slots; tp 2 is kept.
+  const Config big = load_config("", {"model.layers=4", "model.heads=4", "parallel.tp=4", "parallel.pp=2",
+                                      "parallel.vpp=2", "parallel.schedule=interleaved", "parallel.sp=true",
+                                      "train.batch=8", "train.grad_accum=4"});
+  const ElasticShape three = elastic_shape(big, 3);
+  EXPECT_TRUE(three.replanned);
+  EXPECT_EQ(three.split_text(), "tp 2 pp 1 cp 1");
+  EXPECT_EQ(three.ranks, 2);
+  EXPECT_EQ(three.vpp, 1);  // no pipeline left: no chunks, and the schedule is 1f1b
+  EXPECT_EQ(three.schedule, ScheduleKind::k1F1B);
+  EXPECT_TRUE(three.sp);
+  const Config shaped = with_shape(big, three);
+  EXPECT_EQ(validation_errors(shaped), std::vector<std::string>{});
+  EXPECT_EQ(shaped.train.batch, 8);
+  EXPECT_EQ(shaped.micro_batch() * shaped.train.grad_accum * shaped.parallel.dp, 8);
+  // The sets a relaunch passes give the same config.
+  std::vector<std::string> sets = {"model.layers=4", "model.heads=4", "parallel.tp=4", "parallel.pp=2", "parallel.vpp=2",
+                                   "parallel.schedule=interleaved", "parallel.sp=true", "train.batch=8",
+                                   "train.grad_accum=4"};
+  for (const std::string& s : three.sets()) sets.push_back(s);
+  const Config relaunched = load_config("", sets);
+  EXPECT_EQ(relaunched.parallel.tp, 2);
+  EXPECT_EQ(relaunched.parallel.pp, 1);
+  EXPECT_EQ(relaunched.parallel.ranks(), 2);
+  EXPECT_EQ(relaunched.micro_batch(), shaped.micro_batch());
+  // A split whose smaller forms the config refuses is not offered: 3 heads take no tp 2.
+  const Config odd = load_config("", {"model.heads=3", "model.d_model=96", "parallel.tp=3", "train.batch=4"});
+  EXPECT_EQ(elastic_shape(odd, 2).split_text(), "tp 1 pp 1 cp 1");
 }
 
 TEST(ElasticShape, TheRangeIsMinToMaxHosts) {

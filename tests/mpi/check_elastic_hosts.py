@@ -14,6 +14,11 @@ usage: check_elastic_hosts.py LOOM
                supervisor ends the job as frozen and it re-forms without d;
   all-lost:    --elastic 1:4; every rank is killed: the job stops cleanly (no host left), and
                --resume auto on the four hosts finishes it;
+  memory:      in-memory checkpoints every 2 steps (disk every 100): host d lost with its memory;
+               the job resumes from the peers' copies (at most 2 steps lost) and equals a by-hand
+               resume from the uninterrupted job's disk checkpoint of that step;
+  replan:      tp 4: host d lost leaves no replica; the split is re-planned to tp 2 on a and b,
+               equal to a by-hand resume on that layout;
   grows:       --elastic 2:4 with comm.rejoin_s 3: host d is lost (re-formed on a and b), answers
                again, and the job stops after its next checkpoint and grows back onto the four
                hosts (dp 4) with no step lost; its final weights equal, bit for bit, a run resumed
@@ -47,8 +52,8 @@ def args(loom, ckpt, *extra, hosts=ALL, dp=4, save_every=2):
 class Job:
     """A job under the namespace harness whose output is read as it comes, with times."""
 
-    def __init__(self, loom, ckpt, *extra, save_every=2):
-        self.proc = subprocess.Popen([NETNS, "exec", "--", *args(loom, ckpt, *extra, save_every=save_every)],
+    def __init__(self, loom, ckpt, *extra, save_every=2, dp=4):
+        self.proc = subprocess.Popen([NETNS, "exec", "--", *args(loom, ckpt, *extra, save_every=save_every, dp=dp)],
                                      stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines = []  # (time, line)
@@ -241,15 +246,35 @@ def memory(loom, work):
             print("memory:", line)
 
 
+def replan(loom, work):
+    """tp 4 on the four hosts: host d lost leaves 3 slots, no replica of tp 4; the split is
+    re-planned to tp 2 on a and b (Note [Elastic shapes]) and the job equals a by-hand resume
+    on that layout."""
+    ckpt = os.path.join(work, "replan")
+    job = Job(loom, ckpt, "--elastic", "2:4", "--tp", "4", "--sp", dp=1)
+    wait_for_save(ckpt, 6)
+    t = lose("loom-d")
+    print(f"replan: host d lost; first step of the re-formed job {first_step_after(job, t):.2f} s later")
+    rc, out = job.finish()
+    said = "going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): re-planned to tp 2 pp 1 cp 1, dp 1, grad_accum 1"
+    if rc != 0 or f"step {STEPS}/{STEPS}" not in out or said not in out:
+        fail(f"the re-planned job exited {rc} (or did not say: {said})", out)
+    step = resumed_steps(out)[-1]
+    by_hand = os.path.join(work, "replan-by-hand")
+    by_hand_equal(ckpt, by_hand, step, STEPS, 2,
+                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--tp", "2", "--sp",
+                                               hosts="10.77.0.1:1,10.77.0.2:1", dp=1)], out)
+
+
 def main():
     loom = os.path.abspath(sys.argv[1])
     require_netns()
     work = tempfile.mkdtemp(prefix="loom-elastic-")
     try:
-        for case in (memory, twice, in_recovery, hung, all_lost, grows):
+        for case in (memory, replan, twice, in_recovery, hung, all_lost, grows):
             subprocess.run([NETNS, "up"], check=True, env=dict(os.environ, HOSTS="4"), capture_output=True)
             case(loom, work)
-        print("ok: memory, twice, in-recovery, hung, all-lost, grows on four hosts")
+        print("ok: memory, replan, twice, in-recovery, hung, all-lost, grows on four hosts")
     finally:
         subprocess.run([NETNS, "down"])
         shutil.rmtree(work, ignore_errors=True)

@@ -45,9 +45,11 @@ namespace loom::cli {
 
 namespace {
 
-// argv less the options a relaunch sets itself (each with its value), then those.
+// argv less the options a relaunch sets itself (each with its value; a re-planned split's
+// too), then those.
 std::vector<std::string> relaunch_args(int argc, char** argv, const ElasticShape& s) {
-  const std::vector<std::string> with_value = {"--dp", "--grad-accum", "--micro-batch", "--resume"};
+  std::vector<std::string> with_value = {"--dp", "--grad-accum", "--micro-batch", "--resume"};
+  if (s.replanned) with_value.insert(with_value.end(), {"--tp", "--pp", "--vpp", "--pp-layers", "--schedule"});
   std::vector<std::string> out;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
@@ -57,12 +59,11 @@ std::vector<std::string> relaunch_args(int argc, char** argv, const ElasticShape
     }
     const bool joined = std::any_of(with_value.begin(), with_value.end(),
                                     [&](const std::string& f) { return a.rfind(f + "=", 0) == 0; });
-    if (joined || a == "--overwrite") continue;
+    if (joined || a == "--overwrite" || (s.replanned && a == "--sp")) continue;
     out.push_back(a);
   }
-  out.insert(out.end(), {"--resume", "auto", "--set", "parallel.dp=" + std::to_string(s.dp),
-                         "train.grad_accum=" + std::to_string(s.grad_accum),
-                         "parallel.micro_batch=" + std::to_string(s.micro_batch)});
+  out.insert(out.end(), {"--resume", "auto", "--set"});
+  for (const std::string& set : s.sets()) out.push_back(set);
   return out;
 }
 
@@ -239,7 +240,8 @@ int run_elastic(const std::string& spec, const std::vector<HostSlots>& hosts, co
     args = relaunch_args(argc, argv, shape);
     if (rc != kStopToReform) memory_stores("gather", active, args, cfg);
     std::cerr << "loom: --elastic " << elastic << " (re-forming " << round << "): " << why << "; going on with "
-              << describe(running) << ": dp " << shape.dp << ", grad_accum " << shape.grad_accum << ", micro-batch "
+              << describe(running) << ": " << (shape.replanned ? "re-planned to " + shape.split_text() + ", " : "")
+              << "dp " << shape.dp << ", grad_accum " << shape.grad_accum << ", micro-batch "
               << shape.micro_batch << ", from the newest checkpoint ("
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - seen).count()
               << " s after the job ended)\n";

@@ -234,7 +234,8 @@ nlohmann::json shrink_report(const SimInputs& in, const sim::SimResult& r, int64
     return j;
   }
   sim::SimPlan p = in.plan;
-  p.cfg.parallel.dp = shape.dp, p.cfg.train.grad_accum = shape.grad_accum, p.cfg.parallel.micro_batch = shape.micro_batch;
+  p.cfg = with_shape(whole, shape);
+  p.cp = shape.cp, p.cfg.parallel.cp = 1;  // the simulator takes cp as SimPlan::cp
   sim::ClusterSpec smaller = in.cluster;  // the nodes the re-formed job holds
   if (p.gpus() < per_node) smaller.nodes = 1, smaller.devices_per_node = p.gpus();
   else smaller.nodes = p.gpus() / per_node;
@@ -249,7 +250,9 @@ nlohmann::json shrink_report(const SimInputs& in, const sim::SimResult& r, int64
   const bool fits = s.peak_memory_bytes <= in.cluster.device.memory_bytes;
   if (text)
     *text << std::fixed << std::setprecision(3) << "shrink: losing " << lost << " node(s) (" << lost * per_node
-          << " GPUs) of " << nodes_of(r.gpus, in.cluster) << ": dp " << in.plan.cfg.parallel.dp << " -> " << shape.dp
+          << " GPUs) of " << nodes_of(r.gpus, in.cluster) << ": "
+          << (shape.replanned ? "re-planned to " + shape.split_text() + ", " : "") << "dp " << in.plan.cfg.parallel.dp
+          << " -> " << shape.dp
           << ", grad_accum " << in.plan.cfg.train.grad_accum << " -> " << shape.grad_accum << " on " << shape.ranks
           << " GPUs (Note [Elastic shapes]): step " << r.step_time_s << " -> " << s.step_time_s << " s, tokens/s x"
           << std::setprecision(2) << s.tokens_per_s / r.tokens_per_s << ", peak " << std::setprecision(1)

@@ -1,12 +1,20 @@
 // In-memory checkpoints on the job's hosts (Note [In-memory checkpoints] in memory_ckpt.h).
 #include "loom/ckpt/memory_ckpt.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <span>
 #include <sstream>
 #include <vector>
 
@@ -168,14 +176,53 @@ std::string broadcast_text(comm::Group* g, std::string text, int root) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+// A store file mapped whole, so that a copy goes from one host's memory to the other's with no
+// buffer between: read-only (a file to send), or made `size` bytes long as `path`.part to be
+// received into and renamed into place by keep() (so a name present is a whole file).
+class Mapped {
+ public:
+  Mapped(const std::string& path, size_t size, bool make) : path_(path), size_(size), make_(make) {
+    const std::string at = make ? path + ".part" : path;
+    fd_ = make ? ::open(at.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)
+               : ::open(at.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd_ < 0) throw Error("in-memory checkpoint: cannot open '" + at + "': " + std::strerror(errno));
+    if (!make) size_ = size_t(::lseek(fd_, 0, SEEK_END));
+    if (make && ::ftruncate(fd_, off_t(size_)) != 0)
+      throw Error("in-memory checkpoint: '" + at + "' cannot hold " + std::to_string(size_) + " bytes (" +
+                  std::strerror(errno) + "); checkpoint.memory_dir needs room for two steps of a host's shards");
+    if (size_ == 0) return;
+    void* p = ::mmap(nullptr, size_, make ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) throw Error("in-memory checkpoint: cannot map '" + at + "': " + std::strerror(errno));
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ~Mapped() {
+    if (data_) ::munmap(data_, size_);
+    if (fd_ >= 0) ::close(fd_);
+    if (make_ && !kept_) ::unlink((path_ + ".part").c_str());
+  }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+  std::span<uint8_t> bytes() { return {data_, data_ ? size_ : 0}; }
+  void keep() {
+    fs::rename(path_ + ".part", path_);
+    kept_ = true;
+  }
+
+ private:
+  std::string path_;
+  size_t size_ = 0;
+  bool make_ = false, kept_ = false;
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+};
+
 // The ops moving `bytes` to or from `peer`, in messages of at most kChunk bytes; tags from
 // `tag` up, so two files between one pair of ranks are told apart.
-void add_ops(std::vector<comm::P2POp>& ops, bool send, std::string& bytes, int peer, int tag) {
+void add_ops(std::vector<comm::P2POp>& ops, bool send, std::span<uint8_t> bytes, int peer, int tag) {
   for (size_t at = 0, i = 0; at < bytes.size(); at += kChunk, ++i) {
-    const size_t n = std::min(kChunk, bytes.size() - at);
-    uint8_t* p = reinterpret_cast<uint8_t*>(bytes.data() + at);
-    ops.push_back(send ? comm::isend_op(std::span<const uint8_t>(p, n), peer, tag + 2 * int(i))
-                       : comm::irecv_op(std::span<uint8_t>(p, n), peer, tag + 2 * int(i)));
+    const std::span<uint8_t> part = bytes.subspan(at, std::min(kChunk, bytes.size() - at));
+    ops.push_back(send ? comm::isend_op(std::span<const uint8_t>(part), peer, tag + 2 * int(i))
+                       : comm::irecv_op(part, peer, tag + 2 * int(i)));
   }
 }
 
@@ -183,25 +230,24 @@ void run_ops(comm::Group* g, std::vector<comm::P2POp> ops) {
   if (g && !ops.empty()) g->batch(std::move(ops)).wait();
 }
 
-// Writes this rank's files (and returns their bytes: the rank file, the compressor file or
-// "") into `dir` through a staging directory, so that a name present is a whole file.
+// Writes this rank's files into `dir` through a staging directory, so that a name present is a
+// whole file; returns their names (the rank file, the compressor file or "") and piece table.
 std::pair<std::string, std::string> write_own(const Config& cfg, const ShardState& s, int r, const fs::path& dir,
                                               std::string& table) {
   const fs::path stage = dir / (".staging-" + std::to_string(r));
   fs::remove_all(stage);
   fs::create_directory(stage);
   const shard::RankFile rf = shard::write_rank_file(stage.string(), r, shard::tensor_table(cfg), s);
-  std::pair<std::string, std::string> bytes{read_file_bytes((stage / rf.file).string()), ""};
+  std::pair<std::string, std::string> names{rf.file, ""};
   fs::rename(stage / rf.file, dir / rf.file);
   if (!s.compressor.empty()) {
-    const std::string name = compressor_file_name(r);
+    names.second = compressor_file_name(r);
     write_compressor_file(stage.string(), r, s.compressor);
-    bytes.second = read_file_bytes((stage / name).string());
-    fs::rename(stage / name, dir / name);
+    fs::rename(stage / names.second, dir / names.second);
   }
   fs::remove(stage);
   table = shard::rank_json(rf);
-  return bytes;
+  return names;
 }
 
 template <typename F>
@@ -228,27 +274,92 @@ std::string memory_store_path(const Config& cfg, const std::string& host) {
   return (fs::path(cfg.checkpoint.memory_dir) / ("loom-memory-" + std::string(hex) + "-" + safe)).string();
 }
 
-void save_memory(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world) {
+// The copies of one save on their way: this rank's files going to its peer, its peers'
+// coming into its store (renamed into place once all have arrived).
+struct MemorySaver::InFlight {
+  int64_t step = 0;
+  std::vector<std::unique_ptr<Mapped>> own, kept;
+  comm::Work work;
+  bool arrived = false;
+};
+
+MemorySaver::MemorySaver(const Config& cfg, comm::World* world) : cfg_(cfg), world_(world) {
+  if (!world_ || world_->world_size() == 1) return;
+  std::vector<int> all(size_t(world_->world_size()));
+  for (size_t r = 0; r < all.size(); ++r) all[r] = int(r);
+  group_ = world_->group({all}, "memory-checkpoints");  // the copies' own queue, beside training's
+}
+
+MemorySaver::~MemorySaver() {
+  if (!flight_) return;
+  try {  // the mappings outlive the transfer
+    flight_->work.wait();
+  } catch (...) {
+  }
+}
+
+void MemorySaver::poll() {
+  if (!flight_ || flight_->arrived || !flight_->work.done()) return;
+  try {
+    flight_->work.wait();
+    for (const std::unique_ptr<Mapped>& m : flight_->kept) m->keep();
+    flight_->arrived = true;
+  } catch (...) {  // said on every rank at the next save or the end (complete)
+  }
+}
+
+void MemorySaver::complete() {
+  comm::Group* world = world_ ? &world_->world_group() : nullptr;
+  const Hosts h = hosts_of(world);
+  const int r = world ? world->group_rank() : 0;
+  std::exception_ptr error;
+  if (flight_ && !flight_->arrived) try {
+      flight_->work.wait();
+      for (const std::unique_ptr<Mapped>& m : flight_->kept) m->keep();
+      flight_->arrived = true;
+    } catch (...) {
+      error = std::current_exception();
+    }
+  const int64_t step = flight_ ? flight_->step : -1;
+  flight_.reset();
+  agree_or_throw(world, r, error);
+  // Every store holds `step` whole: the older ones go.
+  if (step >= 0 && h.leads(r))
+    clear_steps(memory_store_path(cfg_, h.of[size_t(r)]), [&](int64_t m) { return m < step; });
+}
+
+void MemorySaver::finish(bool drop) {
+  complete();
+  if (drop) drop_memory(cfg_, world_ ? &world_->world_group() : nullptr);
+}
+
+void MemorySaver::save(int64_t step, const ShardState& s) {
+  complete();
+  comm::Group* world = world_ ? &world_->world_group() : nullptr;
   const Hosts h = hosts_of(world);
   const int r = world ? world->group_rank() : 0, n = int(h.of.size());
-  const std::string store = memory_store_path(cfg, h.of[size_t(r)]);
+  const std::string store = memory_store_path(cfg_, h.of[size_t(r)]);
   const fs::path dir = fs::path(store) / shard::step_name(step);
   // The host's first rank proves the store and clears what a save of this step or a later
   // one left (a job resumed from an older step).
   agreed(world, [&] {
     if (!h.leads(r)) return;
-    open_store(cfg, store, true);
+    open_store(cfg_, store, true);
     clear_steps(store, [&](int64_t m) { return m >= step; });
     fs::create_directory(dir);
   });
+  auto f = std::make_unique<InFlight>();
+  f->step = step;
   // Every rank writes its own files; one all-gather brings every rank's outcome, piece table
   // and file sizes to every rank ("E<error>" for a failure).
-  std::pair<std::string, std::string> own;
   std::string said;
   try {
     std::string table;
-    own = write_own(cfg, s, r, dir, table);
-    said = std::to_string(own.first.size()) + " " + std::to_string(own.second.size()) + " " + table;
+    const auto [bin, comp] = write_own(cfg_, s, r, dir, table);
+    f->own.push_back(std::make_unique<Mapped>((dir / bin).string(), 0, false));
+    if (!comp.empty()) f->own.push_back(std::make_unique<Mapped>((dir / comp).string(), 0, false));
+    said = std::to_string(f->own[0]->bytes().size()) + " " +
+           std::to_string(f->own.size() > 1 ? f->own[1]->bytes().size() : 0) + " " + table;
   } catch (const std::exception& e) {
     said = std::string("E") + e.what();
   }
@@ -263,34 +374,31 @@ void save_memory(const Config& cfg, int64_t step, const ShardState& s, comm::Gro
     in >> bin[size_t(q)] >> comp[size_t(q)];
     ranks.push_back(shard::parse_rank(t.substr(size_t(in.tellg()) + 1), "rank " + std::to_string(q) + "'s pieces"));
   }
-  // Each rank's files to its peer on the next host, which keeps them in its store; every
-  // host's first rank writes the manifest (every rank has every piece table).
-  std::map<int, std::pair<std::string, std::string>> kept;  // the copies this rank keeps, by their rank
+  // Every host's first rank writes the manifest (every rank has every piece table); each
+  // rank's files go to its peer on the next host in the background, received straight into
+  // the peer's store (a step is whole where all its files are: Note [In-memory checkpoints]).
+  const int64_t optimizer_steps = shard::agreed_optimizer_steps(cfg_, s, world);
   std::vector<comm::P2POp> ops;
-  if (const int peer = h.peer(r); peer >= 0) {
-    add_ops(ops, true, own.first, peer, kTagBase);
-    add_ops(ops, true, own.second, peer, kTagBase + 1);
-  }
-  for (int q = 0; q < n; ++q)
-    if (q != r && h.peer(q) == r) {
-      auto& [b, c] = kept[q];
-      b.resize(size_t(bin[size_t(q)])), c.resize(size_t(comp[size_t(q)]));
-      add_ops(ops, false, b, q, kTagBase);
-      add_ops(ops, false, c, q, kTagBase + 1);
-    }
-  run_ops(world, std::move(ops));
-  const int64_t optimizer_steps = shard::agreed_optimizer_steps(cfg, s, world);
   agreed(world, [&] {
-    for (const auto& [q, files] : kept) {
-      write_file_atomic((dir / shard::rank_file_name(q)).string(), files.first);
-      if (!files.second.empty()) write_file_atomic((dir / compressor_file_name(q)).string(), files.second);
-    }
     if (h.leads(r))
       write_file_atomic((dir / kManifest).string(),
-                        shard::manifest_json(shard::manifest_of(cfg, step, optimizer_steps, s, std::move(ranks))));
+                        shard::manifest_json(shard::manifest_of(cfg_, step, optimizer_steps, s, std::move(ranks))));
+    if (const int peer = h.peer(r); peer >= 0)
+      for (size_t i = 0; i < f->own.size(); ++i) add_ops(ops, true, f->own[i]->bytes(), peer, kTagBase + int(i));
+    for (int q = 0; q < n; ++q)
+      if (q != r && h.peer(q) == r) {
+        f->kept.push_back(std::make_unique<Mapped>((dir / shard::rank_file_name(q)).string(), size_t(bin[size_t(q)]), true));
+        add_ops(ops, false, f->kept.back()->bytes(), q, kTagBase);
+        if (comp[size_t(q)] == 0) continue;
+        f->kept.push_back(
+            std::make_unique<Mapped>((dir / compressor_file_name(q)).string(), size_t(comp[size_t(q)]), true));
+        add_ops(ops, false, f->kept.back()->bytes(), q, kTagBase + 1);
+      }
   });
-  // Every store holds step `step` whole: the older ones go.
-  if (h.leads(r)) clear_steps(store, [&](int64_t m) { return m != step; });
+  comm::CallOptions background;
+  background.async = background.lazy = true;
+  if (group_ && !ops.empty()) f->work = group_->batch(std::move(ops), background);
+  flight_ = std::move(f);
 }
 
 namespace {
@@ -340,6 +448,43 @@ bool whole_step(comm::Group* world, const Hosts& h, const Config& cfg, int64_t s
   }
 }
 
+// Every host lacking a file of the step gets it from a holder, host to host in the order of
+// (file, host) pairs, the holders taking turns; returns the bytes this host received. An
+// error is kept in `error` (the caller agrees on it) and the rank still takes part in every
+// transfer (sending zeros, receiving into a buffer), so its partner never waits.
+int64_t fetch_missing(comm::Group* world, const Hosts& h, const fs::path& dir, const StepFiles& files,
+                      std::exception_ptr& error) {
+  const int r = world ? world->group_rank() : 0, mine = h.index[size_t(r)];
+  int64_t copied = 0;
+  size_t turn = 0;
+  for (const auto& [name, copy] : files)
+    for (int host = 0; host < int(h.ranks.size()); ++host) {
+      if (std::binary_search(copy.hosts.begin(), copy.hosts.end(), host)) continue;
+      const int from = copy.hosts[turn++ % copy.hosts.size()];
+      if (!h.leads(r) || (mine != from && mine != host)) continue;
+      std::unique_ptr<Mapped> file;
+      try {
+        file = std::make_unique<Mapped>((dir / name).string(), size_t(copy.bytes), mine != from);
+        if (file->bytes().size() != size_t(copy.bytes)) throw Error("'" + (dir / name).string() + "' changed size");
+      } catch (...) {
+        if (!error) error = std::current_exception();
+        file.reset();
+      }
+      std::vector<uint8_t> spare(file ? 0 : size_t(copy.bytes));
+      std::vector<comm::P2POp> ops;
+      add_ops(ops, mine == from, file ? file->bytes() : std::span<uint8_t>(spare), h.leader(mine == from ? host : from),
+              kTagBase);
+      run_ops(world, std::move(ops));
+      if (mine == host && file) try {
+          file->keep();
+          copied += copy.bytes;
+        } catch (...) {
+          if (!error) error = std::current_exception();
+        }
+    }
+  return copied;
+}
+
 }  // namespace
 
 std::optional<MemoryStep> restore_memory(const Config& cfg, comm::Group* world) {
@@ -360,36 +505,11 @@ std::optional<MemoryStep> restore_memory(const Config& cfg, comm::Group* world) 
     for (const auto& [name, copy] : it->second)
       for (const int host : copy.hosts) holds[size_t(host)] = true;
     out.hosts = int(std::count(holds.begin(), holds.end(), true));
-    // Every host lacking a file gets it from a holder, in the order of (file, host) pairs;
-    // holders take turns.
     agreed(world, [&] {
       if (h.leads(r) && open_store(cfg, store, true) && !fs::exists(dir)) fs::create_directory(dir);
     });
-    const int mine = h.index[size_t(r)];
     std::exception_ptr error;
-    size_t turn = 0;
-    for (const auto& [name, copy] : it->second)
-      for (int host = 0; host < int(h.ranks.size()); ++host) {
-        if (std::binary_search(copy.hosts.begin(), copy.hosts.end(), host)) continue;
-        const int from = copy.hosts[turn++ % copy.hosts.size()];
-        if (!h.leads(r) || (mine != from && mine != host)) continue;
-        std::string bytes;
-        if (mine == from) try {
-            bytes = read_file_bytes((dir / name).string());
-          } catch (...) {
-            if (!error) error = std::current_exception();
-          }
-        bytes.resize(size_t(copy.bytes));  // a damaged read is sent as it is; the CRCs catch it
-        std::vector<comm::P2POp> ops;
-        add_ops(ops, mine == from, bytes, h.leader(mine == from ? host : from), kTagBase);
-        run_ops(world, std::move(ops));
-        if (mine == host) try {
-            write_file_atomic((dir / name).string(), bytes);
-            out.copied_bytes += copy.bytes;
-          } catch (...) {
-            if (!error) error = std::current_exception();
-          }
-      }
+    out.copied_bytes = fetch_missing(world, h, dir, it->second, error);
     agree_or_throw(world, r, error);
     return out;
   }

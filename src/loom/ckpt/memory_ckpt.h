@@ -10,13 +10,17 @@
 // (rank-RRRRR.bin, compress-RRRRR.bin, manifest.json: Note [Sharded checkpoints]), each file
 // written under a temporary name and renamed, so a file present is whole.
 //
-// A save (collective over the whole job): every rank writes its own file into its host's store,
-// then sends it to its peer, the rank with the same index on the next host in the job's order
-// of hosts (fewer ranks there: the index modulo their count), which writes it into its host's
-// store; rank 0 merges the piece tables into the manifest, which every host's store gets. After
-// one agreement that every rank succeeded, each store drops its older steps. So every file of
-// the newest step lives on two distinct hosts, and losing any one host loses no file. A job on
-// one host keeps one copy (it survives a rank's death, not the host's), and says so.
+// A save (collective over the whole job): every rank writes its own file into its host's store
+// and every host's store gets the manifest (each rank has every piece table after one
+// all-gather); then each rank's file goes to its peer, the rank with the same index on the next
+// host in the job's order of hosts (fewer ranks there: the index modulo their count), in the
+// background on a group of its own while training goes on: the file is mapped and sent from
+// the store, received straight into the peer's store under a temporary name and renamed once
+// all of a rank's copies have arrived (polled after each step). The next save (or a stop, or
+// the end) first waits for those copies and agrees that every rank has them; only then does
+// each store drop the older steps. So the newest step whose copies have arrived, and always
+// the one before it, has every file on two distinct hosts, and losing any one host loses no
+// file. A job on one host keeps one copy (it survives a rank's death, not the host's).
 //
 // A resume (`--resume auto`, as an elastic job relaunches: Note [Elastic launch]) first asks
 // every host's store what it holds (one rank a host reads its store; the lists are
@@ -32,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -41,15 +46,40 @@ struct Config;
 struct ShardState;
 namespace comm {
 class Group;
+class World;
 }
 
 // The store of the job of `cfg` on `host` (a path; it may not exist).
 std::string memory_store_path(const Config& cfg, const std::string& host);
 
-// Collective over `world` (every rank of the job, rank r's files named by its group rank;
-// nullptr: one process). Saves `s` as step `step` into this host's store and its peer's.
-// Throws loom::Error on every rank when any rank fails (the older step stays).
-void save_memory(const Config& cfg, int64_t step, const ShardState& s, comm::Group* world);
+// One run's in-memory saves (every rank of the job holds one; rank r's files are named by its
+// global rank).
+class MemorySaver {
+ public:
+  // Collective over `world` (nullptr: one process): makes the group the copies travel on.
+  MemorySaver(const Config& cfg, comm::World* world);
+  ~MemorySaver();
+  MemorySaver(const MemorySaver&) = delete;
+  MemorySaver& operator=(const MemorySaver&) = delete;
+  // Collective: completes the previous save (its copies arrived everywhere: the older steps
+  // go), writes `s` as step `step` into this host's store with the manifest, and starts
+  // sending its copy to the peer in the background. Throws loom::Error on every rank when
+  // any rank fails (the older step stays).
+  void save(int64_t step, const ShardState& s);
+  // Local, after each step: the copies received, once all have arrived, take their names.
+  void poll();
+  // Collective: completes the save in flight (so its step is whole on two hosts) and, with
+  // `drop`, removes the job's stores (the run is over).
+  void finish(bool drop);
+
+ private:
+  void complete();
+  struct InFlight;
+  const Config& cfg_;
+  comm::World* world_;
+  std::unique_ptr<comm::Group> group_;
+  std::unique_ptr<InFlight> flight_;
+};
 
 struct MemoryStep {
   int64_t step = 0;

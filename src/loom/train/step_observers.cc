@@ -126,7 +126,14 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
   save_shards(cfg, done, state, world, global_rank);
 }
 
+CheckpointTrigger::CheckpointTrigger(const Config& cfg, Role& role, comm::World* world, const Spans& spans,
+                                     std::function<bool()> stop_requested)
+    : cfg_(cfg), role_(role), world_(world), spans_(spans), stop_requested_(std::move(stop_requested)) {
+  if (cfg.checkpoint.memory_every > 0) memory_ = std::make_unique<MemorySaver>(cfg, world);
+}
+
 void CheckpointTrigger::after_step(const StepOutcome& s) {
+  if (memory_) memory_->poll();
   const bool free_ps = cfg_.parallel.ps_servers > 0 && cfg_.ps.free_running();
   const bool disk = free_ps ? s.last && !cfg_.checkpoint.dir.empty() : saves_checkpoint(cfg_, s.step);
   const bool memory = !free_ps && saves_memory(cfg_, s.step);
@@ -143,17 +150,18 @@ void CheckpointTrigger::after_step(const StepOutcome& s) {
   if (memory) {  // Note [In-memory checkpoints]
     const auto t0 = Clock::now();
     if (!disk) refuse_non_finite(cfg_, done, role_.params(), group, rank);
-    save_memory(cfg_, done, role_.state(), group);
+    memory_->save(done, role_.state());
     memory_saves_++, memory_save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   }
   role_.saved();
   // The run is over and its last step on disk: the hosts' in-memory stores go.
-  if (s.last && cfg_.checkpoint.memory_every > 0) drop_memory(cfg_, group);
+  if (s.last && memory_) memory_->finish(true);
   // Note [Elastic growth]: asked to stop? One agreement, so every rank stops after this save.
   if (!stop_requested_ || s.last) return;
   int64_t asked = stop_requested_() ? 1 : 0;
   if (world_) world_->world_group().all_reduce(std::span<int64_t>(&asked, 1), comm::ReduceOp::kMax);
   if (asked) stopped_at_ = s.step + 1;
+  if (asked && memory_) memory_->finish(false);  // the step the job resumes from, whole on two hosts
 }
 
 void CheckpointTrigger::report(Reporter& rep) const {

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "loom/ckpt/memory_ckpt.h"
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/train/report.h"
 #include "loom/train/train_options.h"
@@ -109,9 +111,9 @@ void save_checked(const Config& cfg, int64_t done, const ShardState& state, std:
 // Every role's (Note [One step loop]): the state is the role's.
 class CheckpointTrigger : public StepObserver {
  public:
+  // Collective (the in-memory saves' group, Note [In-memory checkpoints]).
   CheckpointTrigger(const Config& cfg, Role& role, comm::World* world, const Spans& spans,
-                    std::function<bool()> stop_requested = {})
-      : cfg_(cfg), role_(role), world_(world), spans_(spans), stop_requested_(std::move(stop_requested)) {}
+                    std::function<bool()> stop_requested = {});
   void after_step(const StepOutcome& s) override;
   bool stops() const override { return stopped_at_ > 0; }
   // > 0: the step after whose save the job stops (Note [Elastic growth]).
@@ -126,6 +128,7 @@ class CheckpointTrigger : public StepObserver {
   comm::World* world_;
   const Spans& spans_;
   std::function<bool()> stop_requested_;
+  std::unique_ptr<MemorySaver> memory_;  // checkpoint.memory_every > 0
   int64_t stopped_at_ = 0, saves_ = 0, memory_saves_ = 0;
   double save_s_ = 0, memory_save_s_ = 0;
 };

@@ -48,20 +48,12 @@ namespace {
 // argv less the options a relaunch sets itself (each with its value; a re-planned split's
 // too), then those.
 std::vector<std::string> relaunch_args(int argc, char** argv, const ElasticShape& s) {
-  std::vector<std::string> with_value = {"--dp", "--grad-accum", "--micro-batch", "--resume"};
-  if (s.replanned) with_value.insert(with_value.end(), {"--tp", "--pp", "--vpp", "--pp-layers", "--schedule"});
-  std::vector<std::string> out;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (std::find(with_value.begin(), with_value.end(), a) != with_value.end()) {
-      ++i;
-      continue;
-    }
-    const bool joined = std::any_of(with_value.begin(), with_value.end(),
-                                    [&](const std::string& f) { return a.rfind(f + "=", 0) == 0; });
-    if (joined || a == "--overwrite" || (s.replanned && a == "--sp")) continue;
-    out.push_back(a);
+  std::vector<std::string> with_value = {"--dp", "--grad-accum", "--micro-batch", "--resume"}, bare = {"--overwrite"};
+  if (s.replanned) {
+    with_value.insert(with_value.end(), {"--tp", "--pp", "--vpp", "--pp-layers", "--schedule"});
+    bare.push_back("--sp");
   }
+  std::vector<std::string> out = without_options(argc, argv, 0, with_value, bare);
   out.insert(out.end(), {"--resume", "auto", "--set"});
   for (const std::string& set : s.sets()) out.push_back(set);
   return out;

@@ -77,6 +77,25 @@
 
 namespace loom::cli {
 
+std::vector<std::string> without_options(int argc, char** argv, int first, const std::vector<std::string>& with_value,
+                                         const std::vector<std::string>& bare) {
+  auto among = [](const std::vector<std::string>& names, const std::string& a) {
+    return std::find(names.begin(), names.end(), a) != names.end();
+  };
+  std::vector<std::string> out;
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (among(with_value, a)) {
+      ++i;
+      continue;
+    }
+    const bool joined = std::any_of(with_value.begin(), with_value.end(),
+                                    [&](const std::string& f) { return a.rfind(f + "=", 0) == 0; });
+    if (!joined && !among(bare, a)) out.push_back(a);
+  }
+  return out;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -116,15 +135,7 @@ std::vector<std::string> mpirun_args(int nproc, int argc, char** argv, const std
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   args.push_back(n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]));
-  for (int i = 1; i < argc; i++) {
-    const std::string s = argv[i];
-    if (s == "--nproc" || s == "--hosts" || s == "--elastic") {
-      i++;
-      continue;
-    }
-    if (s.rfind("--nproc=", 0) == 0 || s.rfind("--hosts=", 0) == 0 || s.rfind("--elastic=", 0) == 0) continue;
-    args.push_back(s);
-  }
+  for (std::string& a : without_options(argc, argv, 1, {"--nproc", "--hosts", "--elastic"})) args.push_back(std::move(a));
   return args;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "loom/core/hosts.h"
@@ -20,6 +21,11 @@ namespace loom::cli {
 int launch_under_mpirun(int nproc, int argc, char** argv, double timeout_s, double hang_s,
                         const std::vector<HostSlots>& hosts = {}, std::vector<int>* faulty = nullptr,
                         const std::function<bool()>& want_stop = {});
+
+// argv[first..argc) less the options `with_value` (each with its value, given as "--x V" or
+// "--x=V") and the flags `bare`: what a relaunch keeps of a command line.
+std::vector<std::string> without_options(int argc, char** argv, int first, const std::vector<std::string>& with_value,
+                                         const std::vector<std::string>& bare = {});
 
 // A rank's exit code when it stopped after a checkpoint as its supervisor asked (EX_TEMPFAIL).
 inline constexpr int kStopToReform = 75;

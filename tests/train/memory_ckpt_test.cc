@@ -179,6 +179,19 @@ TEST(MemoryCheckpoints, AStoreLoomCannotProveItsOwnIsRefusedAndLeftAlone) {
   EXPECT_EQ(s.losses.size(), 4u);
   EXPECT_FALSE(fs::exists(store));
   EXPECT_NE(sink.str().find("in-memory checkpoints: 1 saved"), std::string::npos) << sink.str();
+  // A run stopped after its in-memory save of step 2 leaves its store; a fresh run over it
+  // (--overwrite) removes it first, so no later --resume auto takes the earlier run's step.
+  o.overwrite = true;
+  o.stop_requested = [] { return true; };
+  EXPECT_EQ(train(c, o).stopped_at, 2);
+  EXPECT_TRUE(fs::is_directory(store + "/" + shard::step_name(2)));
+  std::ostringstream fresh;
+  o.out = o.err = &fresh;
+  o.stop_requested = {};
+  train(c, o);
+  EXPECT_NE(fresh.str().find("not resuming: removed the in-memory checkpoints an earlier run"), std::string::npos)
+      << fresh.str();
+  EXPECT_FALSE(fs::exists(store));
 }
 
 }  // namespace

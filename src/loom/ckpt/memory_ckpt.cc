@@ -516,17 +516,20 @@ std::optional<MemoryStep> restore_memory(const Config& cfg, comm::Group* world) 
   return std::nullopt;
 }
 
-void drop_memory(const Config& cfg, comm::Group* world) {
+bool drop_memory(const Config& cfg, comm::Group* world) {
   const Hosts h = hosts_of(world);
   const int r = world ? world->group_rank() : 0;
+  bool dropped = false;
   agreed(world, [&] {
     const std::string store = memory_store_path(cfg, h.of[size_t(r)]);
     if (!h.leads(r) || !open_store(cfg, store, false)) return;
+    dropped = true;
     clear_steps(store, [](int64_t) { return true; });
     fs::remove((fs::path(store) / kMarkerFile));
     std::error_code ec;
     fs::remove(store, ec);  // anything else left in it stays, with the directory
   });
+  return dropped;
 }
 
 }  // namespace loom

@@ -93,7 +93,8 @@ struct MemoryStep {
 std::optional<MemoryStep> restore_memory(const Config& cfg, comm::Group* world);
 
 // Collective over `world`: removes the job's store on every host (only a store its marker
-// proves the job's).
-void drop_memory(const Config& cfg, comm::Group* world);
+// proves the job's); true when this rank's host had one. A run that does not resume drops
+// them first, so that a later `--resume auto` never takes an earlier run's step.
+bool drop_memory(const Config& cfg, comm::Group* world);
 
 }  // namespace loom

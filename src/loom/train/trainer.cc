@@ -1,4 +1,6 @@
 #include "loom/train/trainer.h"
+
+#include "loom/ckpt/memory_ckpt.h"
 #include "loom/modes/ps/ps_server.h"
 
 #include <omp.h>
@@ -241,10 +243,15 @@ int64_t resume_point(const Config& cfg, const TrainOptions& opt, Engine& e, Upda
                      comm::World* world, Reporter& rep) {
   // Nothing to load: no state views either (bf16 moments would be widened for nothing, 8
   // bytes a parameter at the run's start).
-  if (opt.resume.empty()) return 0;
+  comm::Group* const everyone_here = rc.ps ? &world->world_group() : everyone(rc);
+  if (opt.resume.empty()) {  // Note [In-memory checkpoints]: an earlier run's steps are not this run's
+    if (cfg.checkpoint.memory_every > 0 && drop_memory(cfg, everyone_here))
+      rep.info("not resuming: removed the in-memory checkpoints an earlier run with this checkpoint.dir left");
+    return 0;
+  }
   ShardState s = rank_state(e, updater, cfg);
   // A PS job's servers load their shards alongside (Note [PS checkpoints]).
-  const int64_t step = load_resume(cfg, opt.resume, s, rc.ps ? &world->world_group() : everyone(rc), rep);
+  const int64_t step = load_resume(cfg, opt.resume, s, everyone_here, rep);
   updater.adamw().settle_moments(true);  // bf16 moments: store what was loaded
   for (const std::unique_ptr<Part>& p : e.parts) p->after_resume(step);
   updater.adamw().set_steps_taken(s.optimizer_steps);

@@ -76,7 +76,11 @@ class Job:
         fail(f"no line with {text!r}", self.out())
 
     def finish(self, limit=240):
-        self.proc.wait(timeout=limit)
+        try:
+            self.proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"the job did not end within {limit} s", self.out())
         self.reader.join(timeout=10)
         return self.proc.returncode, self.out()
 

@@ -45,11 +45,11 @@ Config with_shape(const Config& cfg, const ElasticShape& s) {
 std::vector<std::string> ElasticShape::sets() const {
   std::vector<std::string> out = {"parallel.dp=" + std::to_string(dp), "train.grad_accum=" + std::to_string(grad_accum),
                                   "parallel.micro_batch=" + std::to_string(micro_batch)};
-  if (replanned)
-    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"tp", tp}, {"pp", pp}, {"cp", cp}, {"vpp", vpp}})
-      out.push_back(std::string("parallel.") + key + "=" + std::to_string(v));
-  if (replanned) out.insert(out.end(), {"parallel.pp_layers=", "parallel.sp=" + std::string(sp ? "true" : "false"),
-                                        std::string("parallel.schedule=") + schedule_name(schedule)});
+  if (!replanned) return out;
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"tp", tp}, {"pp", pp}, {"cp", cp}, {"vpp", vpp}})
+    out.push_back(std::string("parallel.") + key + "=" + std::to_string(v));
+  out.insert(out.end(), {"parallel.pp_layers=", "parallel.sp=" + std::string(sp ? "true" : "false"),
+                         std::string("parallel.schedule=") + schedule_name(schedule)});
   return out;
 }
 

@@ -182,6 +182,37 @@ TEST(ElasticShape, TooFewSlotsForTheSplitReplanIt) {
   EXPECT_EQ(elastic_shape(odd, 2).split_text(), "tp 1 pp 1 cp 1");
 }
 
+// Note [Elastic shapes]: what `refuses` turns down (memory, in the supervisor) moves the choice
+// on tier by tier: the split kept, smaller splits, a higher ZeRO stage, then any split the slots
+// hold, the smallest first.
+TEST(ElasticShape, ARefusedShapeMovesTheChoiceToTheNextTier) {
+  const Config c = load_config("", {"parallel.dp=4", "parallel.zero=1", "model.heads=4", "train.batch=8",
+                                    "train.grad_accum=1"});
+  std::vector<std::string> asked;
+  auto refuse = [&](int64_t up_to_split, int64_t up_to_zero) {
+    return [&asked, up_to_split, up_to_zero](const ElasticShape& s) -> std::string {
+      asked.push_back(s.split_text() + " dp " + std::to_string(s.dp));
+      return s.tp * s.pp * s.cp <= up_to_split && s.zero <= up_to_zero ? "too big" : "";
+    };
+  };
+  EXPECT_EQ(elastic_shape(c, 4, refuse(0, 3)).split_text(), "tp 1 pp 1 cp 1");  // nothing refused: kept
+  asked.clear();
+  const ElasticShape z2 = elastic_shape(c, 4, refuse(1, 1));
+  EXPECT_EQ(z2.split_text(), "tp 1 pp 1 cp 1 zero 2");
+  EXPECT_EQ(z2.dp, 4);
+  EXPECT_EQ(asked, (std::vector<std::string>{"tp 1 pp 1 cp 1 dp 4", "tp 1 pp 1 cp 1 zero 2 dp 4"}));
+  asked.clear();
+  const ElasticShape tp2 = elastic_shape(c, 4, refuse(1, 3));  // every unsplit shape refused
+  EXPECT_EQ(tp2.split_text(), "tp 2 pp 1 cp 1");  // the smallest split using 4 slots, the most tp
+  EXPECT_EQ(tp2.dp, 2);
+  EXPECT_EQ(tp2.zero, 1);
+  EXPECT_FALSE(tp2.zero_raised);
+  EXPECT_EQ(asked.size(), 4u);  // zero 1, 2, 3 unsplit, then tp 2
+  const ElasticShape none = elastic_shape(c, 4, refuse(64, 3));
+  EXPECT_NE(none.problem.find("slots hold fits; the first (tp 1 pp 1 cp 1, dp 4): too big"), std::string::npos)
+      << none.problem;
+}
+
 TEST(ElasticShape, TheRangeIsMinToMaxHosts) {
   EXPECT_EQ(parse_elastic("2:4").min_hosts, 2);
   EXPECT_EQ(parse_elastic("2:4").max_hosts, 4);

@@ -19,6 +19,9 @@ usage: check_elastic_hosts.py LOOM
                resume from the uninterrupted job's disk checkpoint of that step;
   replan:      tp 4: host d lost leaves no replica; the split is re-planned to tp 2 on a and b,
                equal to a by-hand resume on that layout;
+  fits:        dp 4 x ZeRO-1 under a memory.limit_gib between what a dp 2 rank needs at ZeRO-1 and
+               at ZeRO-2: host d lost, the supervisor's memory check turns dp 2 at ZeRO-1 down and
+               re-plans to ZeRO-2, equal to a by-hand resume on that layout;
   grows:       --elastic 2:4 with comm.rejoin_s 3: host d is lost (re-formed on a and b), answers
                again, and the job stops after its next checkpoint and grows back onto the four
                hosts (dp 4) with no step lost; its final weights equal, bit for bit, a run resumed
@@ -27,6 +30,7 @@ Prints the seconds from each loss to the re-formed job's first step. Exits 77 (c
 where network namespaces cannot be made.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -270,15 +274,55 @@ def replan(loom, work):
                                                hosts="10.77.0.1:1,10.77.0.2:1", dp=1)], out)
 
 
+def rank_need_mib(loom, zero, model):
+    """Rank 0's estimate at dp 2 (micro-batch 2, grad_accum 2) and ZeRO `zero`, read from the
+    refusal under a budget nothing fits (Note [Memory budget])."""
+    r = subprocess.run([loom, "train", "--nproc", "2", "--dp", "2", "--zero", str(zero), "--micro-batch", "2",
+                        "--grad-accum", "2", "--set", "train.batch=8", "train.seq=64", "train.steps=1", "model.layers=2",
+                        "train.val_every=0", "train.threads=1", "checkpoint.dir=", "memory.limit_gib=0.0001", *model],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    got = re.search(r"activations at micro-batch 2 x seq 64 \d+ MiB = (\d+) MiB", r.stdout)
+    if r.returncode == 0 or not got:
+        fail(f"no refusal with an estimate at ZeRO-{zero}", r.stdout)
+    return int(got.group(1))
+
+
+def fits(loom, work):
+    """dp 4 x ZeRO-1 under a budget that holds a dp 2 rank at ZeRO-2 but not at ZeRO-1: host d
+    lost, the supervisor re-plans to ZeRO-2 (Note [Elastic shapes]: the first shape whose ranks
+    fit memory) and the job equals a by-hand resume on that layout."""
+    model = ["model.layers=4", "model.d_model=512", "model.heads=8", "parallel.bucket_mb=1"]  # 1 MiB buckets
+    z1, z2 = rank_need_mib(loom, 1, model), rank_need_mib(loom, 2, model)
+    if z1 - z2 < 4:
+        fail(f"ZeRO-2 at dp 2 should need a few MiB less than ZeRO-1: {z2} against {z1} MiB")
+    steps = 40  # a larger model than the other cases': fewer steps
+    budget = [f"memory.limit_gib={(z1 + z2) / 2 / 1024:.6f}", f"train.steps={steps}", *model]
+    ckpt = os.path.join(work, "fits")
+    job = Job(loom, ckpt, "--elastic", "2:4", "--zero", "1", "--set", *budget)
+    wait_for_save(ckpt, 6)
+    t = lose("loom-d")
+    print(f"fits: host d lost (dp 2 needs {z1} MiB a rank at ZeRO-1, {z2} at ZeRO-2, budget {(z1 + z2) / 2} MiB); "
+          f"first step of the re-formed job {first_step_after(job, t):.2f} s later")
+    rc, out = job.finish()
+    said = "going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): re-planned to tp 1 pp 1 cp 1 zero 2, dp 2, grad_accum 2"
+    if rc != 0 or f"step {steps}/{steps}" not in out or said not in out:
+        fail(f"the job re-planned for memory exited {rc} (or did not say: {said})", out)
+    step = resumed_steps(out)[-1]
+    by_hand = os.path.join(work, "fits-by-hand")
+    by_hand_equal(ckpt, by_hand, step, steps, 2,
+                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--zero", "2", "--grad-accum", "2",
+                                               "--set", *budget, hosts="10.77.0.1:1,10.77.0.2:1", dp=2)], out)
+
+
 def main():
     loom = os.path.abspath(sys.argv[1])
     require_netns()
     work = tempfile.mkdtemp(prefix="loom-elastic-")
     try:
-        for case in (memory, replan, twice, in_recovery, hung, all_lost, grows):
+        for case in (fits, memory, replan, twice, in_recovery, hung, all_lost, grows):
             subprocess.run([NETNS, "up"], check=True, env=dict(os.environ, HOSTS="4"), capture_output=True)
             case(loom, work)
-        print("ok: memory, replan, twice, in-recovery, hung, all-lost, grows on four hosts")
+        print("ok: fits, memory, replan, twice, in-recovery, hung, all-lost, grows on four hosts")
     finally:
         subprocess.run([NETNS, "down"])
         shutil.rmtree(work, ignore_errors=True)

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <tuple>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -77,6 +78,29 @@ TEST(DataParallelPlan, TiedEmbeddingGetsTheFirstBucketAlone) {
   // The rest still tile the buffer, last tensor first.
   EXPECT_EQ(plan.buckets[1].offset + plan.buckets[1].count, layout.total_floats());
   EXPECT_EQ(plan.buckets.back().first_tensor, 1);
+}
+
+// Note [Unreduced gradients]: wte 100 (tied: the head writes it first), blocks 1 (h.1: 30, 40)
+// and 0 (h.0: 10, 20), normf 5; a bucket a tensor, launched last tensor first. With two
+// reductions running at most, the peak is at block 0's hook: everything written (205) less
+// the first bucket retired (5) = 200.
+TEST(DataParallelPlan, UnreducedGradientsPeakWhenTwoReductionsStillRun) {
+  ASSERT_EQ(parallel::GradSync::kShardsInFlight, 2u);
+  std::vector<ParamSpec> specs;
+  for (auto [name, layer, numel] : std::vector<std::tuple<const char*, int, int64_t>>{
+           {"wte", -1, 100}, {"h.0.a", 0, 10}, {"h.0.b", 0, 20}, {"h.1.a", 1, 30}, {"h.1.b", 1, 40}, {"normf.w", -1, 5}}) {
+    ParamSpec x;
+    x.name = name, x.layer = layer, x.numel = numel, x.offset = specs.empty() ? 0 : specs.back().offset + specs.back().numel;
+    specs.push_back(x);
+  }
+  parallel::DataParallelPlan plan;
+  for (int t = 5; t >= 0; --t) plan.buckets.push_back({specs[size_t(t)].offset, specs[size_t(t)].numel, t, t});
+  EXPECT_EQ(parallel::unreduced_peak_floats(plan, specs), 200);
+  // Untied (a head of its own): wte is written only by the embedding, last: the peak is at the
+  // last hook, 205 less the three buckets retired by then (5, 40, 30).
+  specs.push_back(specs.back());
+  specs.back().name = "head.w", specs.back().numel = 0;
+  EXPECT_EQ(parallel::unreduced_peak_floats(plan, specs), 130);
 }
 
 struct Case {

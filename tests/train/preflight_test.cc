@@ -9,8 +9,11 @@
 #include "loom/ckpt/run_dir.h"
 #include "loom/comm/world.h"
 #include "loom/core/config.h"
+#include "loom/core/elastic.h"
 #include "loom/core/error.h"
 #include "loom/model/layout.h"
+#include "loom/parallel/grad_sync.h"
+#include "loom/parallel/rank_plan.h"
 #include "loom/train/memory_budget.h"
 #include "loom/train/preflight.h"
 #include "loom/train/run_start.h"
@@ -115,6 +118,58 @@ TEST(Preflight, RanksThatFitAloneButNotTogetherAreRefusedBeforeTheFirstStep) {
   for (const std::string& e : one_host)
     EXPECT_NE(e.find("host a runs ranks 0, 1, whose estimates add up to"), std::string::npos) << e;
   EXPECT_EQ(train_on({"a", "b"}, host), std::vector<std::string>(2));
+}
+
+// Note [Elastic shapes]: the re-plan takes the first shape whose ranks fit memory by the
+// engine's own estimate. dp 4 x ZeRO-1 (1 MiB buckets) on two slots keeps its split at dp 2,
+// whose optimizer pieces are twice as large; under a budget between that and ZeRO-2's need at dp 2 it raises
+// the stage (tier 3) instead; so too when the two ranks share a host with room for two ZeRO-2
+// ranks only; with room for nothing it refuses, naming the first shape and the budget.
+TEST(Preflight, AnElasticReplanTakesTheFirstLayoutWhoseRanksFitMemory) {
+  Config c = load_config("", {"parallel.dp=4", "parallel.zero=1", "train.batch=8", "train.grad_accum=1",
+                              "model.layers=4", "model.d_model=256", "model.heads=4", "model.ffn=1024", "train.seq=64",
+                              "parallel.bucket_mb=1"});
+  const ElasticShape kept = elastic_shape(c, 2);
+  ASSERT_FALSE(kept.replanned);
+  ASSERT_EQ(kept.dp, 2);
+  const Config z1 = with_shape(c, kept);
+  Config z2 = z1;
+  z2.parallel.zero = 2;
+  const int64_t need1 = rank_need_bytes(z1, 0), need2 = rank_need_bytes(z2, 0);
+  // ZeRO-2 at dp 2 keeps half the gradients (2 bytes a parameter) fewer, less the other half of
+  // those not yet reduced at their peak (Note [Unreduced gradients]).
+  const int64_t params = ParamLayout(c.model).param_count();
+  const RankPlan plan = plan_rank(z2, 0);
+  const int64_t unreduced = parallel::unreduced_peak_floats(plan.dp_plan, plan.layout.specs());
+  EXPECT_LT(unreduced, params / 2);  // 1 MiB buckets: far from the whole part
+  EXPECT_EQ(need1 - need2, 2 * params - 2 * unreduced);
+  EXPECT_EQ(rank_need_bytes(z1, 1), need1);
+  auto on = [](const std::vector<std::string>& hosts, int64_t available, const Config& x) {
+    return [=](const ElasticShape& s) { return layout_memory_problem(with_shape(x, s), hosts, available); };
+  };
+  const double gib = double(int64_t(1) << 30);
+  c.memory.limit_gib = double(need1 + need2) / 2 / gib;
+  const ElasticShape raised = elastic_shape(c, 2, on({"a", "b"}, 0, c));
+  EXPECT_EQ(raised.problem, "");
+  EXPECT_TRUE(raised.replanned);
+  EXPECT_EQ(raised.split_text(), "tp 1 pp 1 cp 1 zero 2");
+  EXPECT_EQ(raised.dp, 2);
+  EXPECT_EQ(raised.grad_accum, 2);
+  std::vector<std::string> sets = {"parallel.dp=4", "parallel.zero=1", "train.batch=8", "train.grad_accum=1",
+                                   "model.layers=4", "model.d_model=256", "model.heads=4", "model.ffn=1024", "train.seq=64",
+                                   "parallel.bucket_mb=1"};
+  for (const std::string& s : raised.sets()) sets.push_back(s);
+  EXPECT_EQ(load_config("", sets).parallel.zero, 2);  // what the relaunch passes
+  EXPECT_FALSE(elastic_shape(c, 4, on({"a", "a", "b", "b"}, 0, c)).replanned);  // dp 4's pieces fit
+  // No budget, one host with room for two ZeRO-2 ranks and not two ZeRO-1 ones.
+  c.memory.limit_gib = 0;
+  EXPECT_EQ(elastic_shape(c, 2, on({"a", "a"}, need1 + need2, c)).split_text(), "tp 1 pp 1 cp 1 zero 2");
+  EXPECT_FALSE(elastic_shape(c, 2, on({"a", "b"}, need1 + need2, c)).replanned);  // a host each: kept
+  c.memory.limit_gib = 1.0 / 1024;
+  const ElasticShape none = elastic_shape(c, 2, on({"a", "b"}, 0, c));
+  EXPECT_NE(none.problem.find("slots hold fits; the first (tp 1 pp 1 cp 1, dp 2): rank 0: "), std::string::npos)
+      << none.problem;
+  EXPECT_NE(none.problem.find("memory.limit_gib allows 1 MiB"), std::string::npos) << none.problem;
 }
 
 // Note [Checkpoint room]: a fresh run of 10 steps saving every 3 saves at steps 3, 6, 9 and

@@ -14,6 +14,7 @@
 #include "loom/cli/supervise.h"
 #include "loom/core/elastic.h"
 #include "loom/core/error.h"
+#include "loom/train/memory_budget.h"
 
 namespace loom::cli {
 
@@ -50,7 +51,7 @@ namespace {
 std::vector<std::string> relaunch_args(int argc, char** argv, const ElasticShape& s) {
   std::vector<std::string> with_value = {"--dp", "--grad-accum", "--micro-batch", "--resume"}, bare = {"--overwrite"};
   if (s.replanned) {
-    with_value.insert(with_value.end(), {"--tp", "--pp", "--vpp", "--pp-layers", "--schedule"});
+    with_value.insert(with_value.end(), {"--tp", "--pp", "--vpp", "--pp-layers", "--schedule", "--zero"});
     bare.push_back("--sp");
   }
   std::vector<std::string> out = without_options(argc, argv, 0, with_value, bare);
@@ -94,6 +95,23 @@ bool contains(const std::vector<HostSlots>& hosts, const std::string& h) {
   return std::any_of(hosts.begin(), hosts.end(), [&](const HostSlots& x) { return x.host == h; });
 }
 
+// The first `ranks` slots of `active`.
+std::vector<HostSlots> first_slots(const std::vector<HostSlots>& active, int64_t ranks) {
+  std::vector<HostSlots> out;
+  for (int64_t left = ranks; const HostSlots& h : active)
+    if (left > 0) out.push_back({h.host, int(std::min<int64_t>(h.slots, left))}), left -= out.back().slots;
+  return out;
+}
+
+// Note [Elastic shapes]: the first shape for the slots of `active` whose ranks fit memory on
+// the hosts they would run on (each host taken to have what this one has available now).
+ElasticShape fitting_shape(const Config& cfg, const std::vector<HostSlots>& active) {
+  const int64_t available = host_available_bytes();
+  return elastic_shape(cfg, total_slots(active), [&](const ElasticShape& s) {
+    return layout_memory_problem(with_shape(cfg, s), host_of_ranks(first_slots(active, s.ranks)), available);
+  });
+}
+
 // Whether `host` takes a launch now (its name is checked by parse_hosts: no shell syntax).
 bool answers(const std::string& host) {
   const std::string cmd = "timeout 20 mpirun --host " + host + ":1 -np 1 true >/dev/null 2>&1";
@@ -133,7 +151,7 @@ class Growth {
         else retry_at_[h.host] = Clock::now() + rejoin_;
       }
     }
-    if (more.size() == active.size() || elastic_shape(cfg, total_slots(more)).ranks <= running_ranks) return false;
+    if (more.size() == active.size() || fitting_shape(cfg, more).ranks <= running_ranks) return false;
     grown_ = more;
     return true;
   }
@@ -149,14 +167,6 @@ class Growth {
   std::set<std::string> answered_;
   Clock::time_point next_look_{};
 };
-
-// The first `ranks` slots of `active`.
-std::vector<HostSlots> first_slots(const std::vector<HostSlots>& active, int64_t ranks) {
-  std::vector<HostSlots> out;
-  for (int64_t left = ranks; const HostSlots& h : active)
-    if (left > 0) out.push_back({h.host, int(std::min<int64_t>(h.slots, left))}), left -= out.back().slots;
-  return out;
-}
 
 }  // namespace
 
@@ -221,7 +231,7 @@ int run_elastic(const std::string& spec, const std::vector<HostSlots>& hosts, co
       if (rc == 0 || faulty.empty()) return rc;  // done, or a failure no other host would mend
       why = "lost " + drop_lost(faulty, running, active, spares, range.max_hosts, growth);
     }
-    const ElasticShape shape = elastic_shape(cfg, total_slots(active));
+    const ElasticShape shape = fitting_shape(cfg, active);
     if (int(active.size()) < range.min_hosts || !shape.problem.empty()) {
       std::cerr << "loom: --elastic " << elastic << ": " << why << "; " << describe(active) << " left, "
                 << (shape.problem.empty() ? "fewer than MIN " + std::to_string(range.min_hosts) : shape.problem)

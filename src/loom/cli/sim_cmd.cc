@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
+#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -217,8 +219,23 @@ int64_t nodes_of(int64_t gpus, const sim::ClusterSpec& c) {
   return (gpus + c.devices_per_node - 1) / std::max<int64_t>(c.devices_per_node, 1);
 }
 
-// Note [Elastic shapes]: the layout an --elastic job re-forms to after losing `lost` nodes,
-// simulated beside the whole one.
+// One shape of an --elastic job after a shrink, simulated on the nodes it holds (no value: its
+// GPUs are not whole nodes).
+std::optional<sim::SimResult> simulate_shape(const SimInputs& in, const Config& whole, const ElasticShape& shape) {
+  const int64_t per_node = std::max<int64_t>(in.cluster.devices_per_node, 1);
+  sim::SimPlan p = in.plan;
+  p.cfg = with_shape(whole, shape);
+  p.cp = shape.cp, p.cfg.parallel.cp = 1;  // the simulator takes cp as SimPlan::cp
+  sim::ClusterSpec smaller = in.cluster;  // the nodes the re-formed job holds
+  if (p.gpus() < per_node) smaller.nodes = 1, smaller.devices_per_node = p.gpus();
+  else smaller.nodes = p.gpus() / per_node;
+  if (smaller.devices() != p.gpus()) return std::nullopt;
+  return sim::simulate(p, smaller);
+}
+
+// Note [Elastic shapes]: the layout an --elastic job re-forms to after losing `lost` nodes (the
+// first shape whose simulated peak fits the device: the planner's memory check), simulated
+// beside the whole one.
 nlohmann::json shrink_report(const SimInputs& in, const sim::SimResult& r, int64_t lost, std::ostream* text) {
   const int64_t per_node = std::max<int64_t>(in.cluster.devices_per_node, 1), slots = r.gpus - lost * per_node;
   if (slots <= 0)
@@ -226,27 +243,29 @@ nlohmann::json shrink_report(const SimInputs& in, const sim::SimResult& r, int64
                       " GPUs, " + std::to_string(nodes_of(r.gpus, in.cluster)) + " nodes of " + std::to_string(per_node));
   Config whole = in.plan.cfg;
   whole.parallel.cp = in.plan.cp;  // the model's split, as the engine holds it
-  const ElasticShape shape = elastic_shape(whole, slots);
+  // The first shape priced whose peak fits the device (the planner's memory check; not asked when
+  // the whole layout does not fit either; at most 64 shapes priced).
+  const bool check = r.peak_memory_bytes <= in.cluster.device.memory_bytes;
+  std::map<std::string, sim::SimResult> priced;
+  auto gib = [](double bytes) { return detail::cat(std::fixed, std::setprecision(1), bytes / double(int64_t(1) << 30), " GiB"); };
+  const ElasticShape shape = elastic_shape(whole, slots, [&](const ElasticShape& x) -> std::string {
+    if (priced.size() >= 64) return "not priced (64 layouts were)";
+    const std::optional<sim::SimResult> s = simulate_shape(in, whole, x);
+    if (!s) return "its " + std::to_string(x.ranks) + " GPUs are not whole nodes of " + std::to_string(per_node);
+    priced[x.split_text() + " dp " + std::to_string(x.dp)] = *s;
+    if (check && s->peak_memory_bytes > in.cluster.device.memory_bytes)
+      return "simulated peak " + gib(s->peak_memory_bytes) + " over the device's " +
+             gib(in.cluster.device.memory_bytes);
+    return "";
+  });
   nlohmann::json j = {{"lost_nodes", lost}, {"slots", slots}};
-  if (!shape.problem.empty()) {
+  const auto at = priced.find(shape.split_text() + " dp " + std::to_string(shape.dp));
+  if (!shape.problem.empty() && at == priced.end()) {
     if (text) *text << "shrink: losing " << lost << " node(s): " << shape.problem << "; the job would stop\n";
     j["problem"] = shape.problem;
     return j;
   }
-  sim::SimPlan p = in.plan;
-  p.cfg = with_shape(whole, shape);
-  p.cp = shape.cp, p.cfg.parallel.cp = 1;  // the simulator takes cp as SimPlan::cp
-  sim::ClusterSpec smaller = in.cluster;  // the nodes the re-formed job holds
-  if (p.gpus() < per_node) smaller.nodes = 1, smaller.devices_per_node = p.gpus();
-  else smaller.nodes = p.gpus() / per_node;
-  if (smaller.devices() != p.gpus()) {
-    const std::string why = "the re-formed layout's " + std::to_string(p.gpus()) + " GPUs are not whole nodes of " +
-                            std::to_string(per_node) + "; not priced";
-    if (text) *text << "shrink: losing " << lost << " node(s): dp " << shape.dp << ": " << why << "\n";
-    j["problem"] = why;
-    return j;
-  }
-  const sim::SimResult s = sim::simulate(p, smaller);
+  const sim::SimResult& s = at->second;
   const bool fits = s.peak_memory_bytes <= in.cluster.device.memory_bytes;
   if (text)
     *text << std::fixed << std::setprecision(3) << "shrink: losing " << lost << " node(s) (" << lost * per_node
@@ -256,7 +275,7 @@ nlohmann::json shrink_report(const SimInputs& in, const sim::SimResult& r, int64
           << ", grad_accum " << in.plan.cfg.train.grad_accum << " -> " << shape.grad_accum << " on " << shape.ranks
           << " GPUs (Note [Elastic shapes]): step " << r.step_time_s << " -> " << s.step_time_s << " s, tokens/s x"
           << std::setprecision(2) << s.tokens_per_s / r.tokens_per_s << ", peak " << std::setprecision(1)
-          << s.peak_memory_bytes / double(int64_t(1) << 30) << " GiB" << (fits ? "" : " (does not fit: the job would stop)")
+          << s.peak_memory_bytes / double(int64_t(1) << 30) << " GiB" << (fits ? "" : " (no layout fits: the job would stop)")
           << "\n";
   j.update({{"dp", shape.dp}, {"grad_accum", shape.grad_accum}, {"gpus", shape.ranks}, {"step_time_s", s.step_time_s},
             {"tokens_per_s", s.tokens_per_s}, {"peak_memory_bytes", s.peak_memory_bytes}, {"fits", fits}});

@@ -8,7 +8,9 @@
 //                                Note [Model-state bytes]);
 //   GatherPart (parts.cc)        ZeRO-3: the own parameter pieces and the gather pool;
 //   SyncPart (parts.cc)          ZeRO-2/3: the gradient pieces (whole under a stateful
-//                                compressor or Adasum, Note [Compressed ZeRO-2/3]);
+//                                compressor or Adasum, Note [Compressed ZeRO-2/3]); ZeRO-2
+//                                also the others' share of the gradients not yet reduced
+//                                (Note [Unreduced gradients]);
 //   PsPart (modes/ps)            a parameter server's worker: no optimizer state;
 //   OffloadPart (modes/offload)  the file's buffers in place of the state it holds, and
 //                                what offloading the parameters would leave (for remedies);
@@ -41,6 +43,9 @@ struct EstimateInputs {
   int64_t activation_bytes = 0;  // the model's activation carve
   int64_t units_in_flight = 0;   // floats of its three largest units (Note [Chunk manager])
   int pp_rank = 0;
+  // ZeRO-2 (dp > 1): the most floats of unreduced gradients resident at once (Note
+  // [Unreduced gradients]); 0: the whole part.
+  int64_t unreduced_floats = 0;
   int64_t shards() const { return dp > 1 ? dp : 1; }
   int64_t param_bytes() const { return params * int64_t(sizeof(float)); }  // fp32: params, grads, each moment
 };

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
+#include <map>
+#include <cstdint>
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
@@ -22,6 +25,38 @@ void release_unowned(const Bucket& b, int dp, int rank, float* base) {
   const int64_t piece = b.count / dp, own = b.offset + rank * piece;
   release_pages(base + b.offset, (own - b.offset) * int64_t(sizeof(float)));
   release_pages(base + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+}
+
+int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs) {
+  std::vector<int> hooks;  // the grad-ready hook's first_final values, in call order
+  std::map<int, int> first_of_block;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].layer >= 0) first_of_block.emplace(specs[i].layer, int(i));
+    if (specs[i].name == "normf.w") hooks.push_back(int(i));
+  }
+  for (auto b = first_of_block.rbegin(); b != first_of_block.rend(); ++b) hooks.push_back(b->second);
+  hooks.push_back(0);
+  std::vector<int64_t> suffix(specs.size() + 1, 0);  // floats of the tensors at or after i
+  for (size_t i = specs.size(); i-- > 0;) suffix[i] = suffix[i + 1] + specs[i].numel;
+  // GPT's tied wte, when this part holds the head: written by the head, at the first hook.
+  const auto named = [&](const char* n) {
+    return std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& x) { return x.name == n; });
+  };
+  const bool tied = !specs.empty() && specs[0].name == "wte" && named("normf.w") && !named("head.w");
+  const int64_t wte = tied ? specs[0].numel : 0;
+  std::deque<int64_t> running;
+  int64_t retired = 0, peak = 0;
+  size_t next = 0;
+  auto launch = [&](size_t b) {
+    if (running.size() >= GradSync::kShardsInFlight) retired += running.front(), running.pop_front();
+    running.push_back(plan.buckets[b].count);
+  };
+  if (plan.tied_first) next = 1;  // wte's bucket is all-reduced whole and stays (Note [Tied embedding reduction])
+  for (const int f : hooks) {
+    peak = std::max(peak, suffix[size_t(f)] + (f > 0 ? wte : 0) - retired);
+    for (; next < plan.buckets.size() && plan.buckets[next].first_tensor >= f; ++next) launch(next);
+  }
+  return peak;
 }
 
 void gather_pieces(comm::Group& dp, const DataParallelPlan& plan, float* full, const float* packed) {
@@ -192,11 +227,12 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
 void GradSync::on_ready(int first_final) {
   if (!grads_ || compressing()) return;  // compressors run after backward, in finish()
   if (plan_.tied_first && next_ == 0) return;  // bucket 0 (wte) goes first, at head_done
-  if (mode_ == Mode::kShardEveryMicro) release_done(false);
+  if (mode_ == Mode::kShardEveryMicro) release_done(SIZE_MAX);  // those done, waiting for none
   const comm::CallOptions async{.async = true, .compression = compression_};
   for (; next_ < plan_.buckets.size() && plan_.buckets[next_].first_tensor >= first_final; next_++) {
     const Bucket& b = plan_.buckets[next_];
     if (b.first_tensor == 0 && hold_first_ && !finishing_) return;
+    if (mode_ == Mode::kShardEveryMicro) release_done(kShardsInFlight - 1);  // room for this one
     std::span<float> all(grads_ + b.offset, size_t(b.count));
     if (mode_ == Mode::kAllReduce) {
       pending_.push_back(dp_.all_reduce(all, comm::ReduceOp::kAvg, async));
@@ -236,7 +272,7 @@ void GradSync::finish(bool last_micro) {
   for (size_t i = 0; i < pending_.size(); i++) complete(i);
   if (tracker_) tracker_->sample();
   if (mode_ == Mode::kShardEveryMicro && !compressing()) {
-    release_done(true);
+    release_done(0);
     if (last_micro)
       for (const Bucket& b : plan_.buckets) {
         const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
@@ -268,10 +304,10 @@ void GradSync::reset_compressor_state() {
 }
 
 // Hands back the non-owned part of every reduced bucket, in launch order, stopping at the
-// first one still running unless wait_all (Note [Resident memory]).
-void GradSync::release_done(bool wait_all) {
+// first one still running once at most `running` are (Note [Resident memory]).
+void GradSync::release_done(size_t running) {
   for (; released_ < pending_.size(); released_++) {
-    if (!wait_all && !pending_[released_].done()) return;
+    if (pending_.size() - released_ <= running && !pending_[released_].done()) return;
     complete(released_);
     release_unowned(plan_.buckets[pending_bucket_[released_]], plan_.dp, dp_.group_rank(), grads_);
   }

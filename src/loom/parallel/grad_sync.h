@@ -61,6 +61,22 @@ void gather_pieces(comm::Group& dp, const DataParallelPlan& plan, float* full, c
 DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, const ModelPart& part,
                                    std::vector<Bucket> buckets);
 
+// Note [Unreduced gradients]
+// Under ZeRO-2 (GradSync's kShardEveryMicro) a rank's gradient pages outside its own pieces
+// are resident from the moment backward writes them to the moment their bucket's
+// reduce-scatter finishes and releases them. Backward writes a block's gradients whole before
+// it says they are final (Model's grad-ready hook, once per block, the head's suffix first,
+// 0 last); then that block's buckets launch, each waiting for the oldest reduction while
+// kShardsInFlight run. So at each hook the rank holds every gradient written since the start
+// of the micro-batch less the buckets whose reductions were retired; taking each reduction to
+// finish as late as that rule allows (exactly kShardsInFlight still running) bounds the
+// peak. GPT's tied wte is written by the head, at the first hook, when the part holds it; in
+// a bucket of its own first (plan.tied_first) it is all-reduced whole (Note [Tied embedding
+// reduction]) and stays. The engine's memory estimate counts this peak's non-owned
+// share (Note [Part memory estimates]).
+// The peak floats, over the layout `specs` of the plan's buckets.
+int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs);
+
 class GradSync {
  public:
   // kAllReduce (stage 0/1) and kReduceScatter (stage 2 in a pipeline) run on the last
@@ -68,7 +84,10 @@ class GradSync {
   // micro-batch and sums: each own piece accumulates the reduced sums while the rest of
   // the buffer is released back to zero after each reduction (Note [Resident memory]),
   // so a rank never keeps more than one micro-batch of unreduced gradients; the last
-  // micro-batch's finish divides the own pieces by dp.
+  // micro-batch's finish divides the own pieces by dp. At most kShardsInFlight reductions
+  // run at once (a bucket waits for the oldest before it starts), so the unreduced
+  // gradients resident are at most those buckets' and the one backward is filling.
+  static constexpr size_t kShardsInFlight = 2;
   enum class Mode { kAllReduce, kReduceScatter, kShardEveryMicro };
   // `compression`: the payload of the gradient all-reduces or reduce-scatters (comm.grad_dtype,
   // parallel.compress = bf16 | int8; Note [Compressed all-reduce], Note [Ring codecs]).
@@ -162,7 +181,7 @@ class GradSync {
   std::vector<std::unique_ptr<QgzScatter>> qgz_pending_;  // per pending_ entry under qgZ
   void complete(size_t i);  // waits for pending_[i] (and finishes its qgZ sum)
   size_t released_ = 0;                  // kShardEveryMicro: pending_[0, released_) handed back
-  void release_done(bool wait_all);
+  void release_done(size_t running);  // 0: waits for them all
   // Per step: ledger time when backward ended and when the last bucket finished.
   struct Window {
     double begin_us, backward_end_us, done_us;

@@ -19,6 +19,7 @@
 #include "loom/core/hosts.h"
 #include "loom/model/layout.h"
 #include "loom/engine/engine.h"
+#include "loom/parallel/rank_plan.h"
 #include "loom/train/rank_context.h"
 
 namespace loom {
@@ -32,9 +33,16 @@ std::string bytes_text(int64_t bytes) {
 
 namespace {
 
+// A rank of a layout, as its memory estimate needs it: its plan, ZeRO stage and dp group size
+// (dp x cp ranks; a parameter-server worker's: the workers).
+struct RankSpot {
+  const RankPlan& plan;
+  int zero = 0, dp_size = 1;
+};
+
 // What would shrink an estimate that does not fit: the remedy of the largest category
 // first; splitting the model last.
-std::string remedies(const Config& cfg, const RankContext& rc, const MemoryEstimate& e) {
+std::string remedies(const Config& cfg, const RankSpot& rc, const MemoryEstimate& e) {
   std::vector<std::pair<int64_t, std::string>> out;  // (bytes of the category it shrinks, text)
   // Sub-groups small enough that the buffers take at most half of the state: the
   // configured size, else the largest power of two (in MiB) with buffers <= a quarter.
@@ -80,26 +88,31 @@ namespace {
 // The estimate of this rank's resident state, and the refusal when it does not fit the budget
 // (or, without one, the machine) on its own. The activations are the model's own carve
 // (activation_floats), after a floating-point estimate has ruled out sizes whose integer
-// products would overflow (need: INT64_MAX).
-std::pair<int64_t, std::string> rank_need(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T) {
-  const int64_t params = ParamLayout(cfg.model, {}, rc.part).param_count();
+// products would overflow (need: INT64_MAX). A pure function of the config and the rank's
+// plan (Note [Rank plan]): the elastic supervisor asks it of layouts no rank runs yet.
+std::pair<int64_t, std::string> rank_need(const Config& cfg, const RankSpot& rc, int64_t mb, int64_t T) {
+  const RankPlan& plan = rc.plan;
+  const int64_t params = ParamLayout(cfg.model, {}, plan.part).param_count();
   const ModelConfig& m = cfg.model;
   // Per layer and slot at least: the residual stream, qkv, the ffn activations, the
   // attention probabilities (B, H, T, T); the logits (B, T, V) once.
   const double rough = double(mb) * double(T) *
                        (double(m.layers) * (4.0 * double(m.d_model) + double(m.ffn) + double(m.heads) * double(cfg.seq_len())) +
-                        double(m.vocab)) * 4.0 * double(std::max(1, rc.act_slots));
+                        double(m.vocab)) * 4.0 * double(std::max(1, plan.act_slots));
   int64_t acts = -1;  // unknown: beyond any memory
   if (rough < double(int64_t(1) << 56))
-    acts = 4 * activation_floats(m, rc.part, mb, T, rc.act_slots, rc.plan->recompute, cfg.parallel.sp,
-                                 cfg.train.precision == Precision::kBf16, rc.plan->w_slots,
+    acts = 4 * activation_floats(m, plan.part, mb, T, plan.act_slots, plan.recompute, cfg.parallel.sp,
+                                 cfg.train.precision == Precision::kBf16, plan.w_slots,
                                  key_seq_of(cfg.parallel.cp, cfg.parallel.cp_mode, cfg.seq_len()));
-  std::vector<int64_t> units = rc.plan->unit_floats;
+  std::vector<int64_t> units = plan.unit_floats;
   std::sort(units.begin(), units.end(), std::greater<>());
   units.resize(std::min<size_t>(units.size(), 3));
   // Note [Part memory estimates]: what the parts this rank's engine would be made of hold.
-  const MemoryEstimate e = estimate_parts({cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
-                                           std::accumulate(units.begin(), units.end(), int64_t(0)), rc.pp_rank});
+  EstimateInputs in{cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
+                    std::accumulate(units.begin(), units.end(), int64_t(0)), plan.pp_rank};
+  if (plan.duties.grad == rank::GradPath::kShardEveryMicro && rc.dp_size > 1)
+    in.unreduced_floats = parallel::unreduced_peak_floats(plan.dp_plan, plan.layout.specs());
+  const MemoryEstimate e = estimate_parts(in);
   const int64_t need = acts >= 0 ? e.total() : std::numeric_limits<int64_t>::max();
   const bool budget = cfg.memory.limit_gib > 0;
   const int64_t have = budget ? int64_t(cfg.memory.limit_gib * double(int64_t(1) << 30))
@@ -180,7 +193,7 @@ std::string host_memory_problem(const std::vector<RankMemory>& ranks, const std:
 
 void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T,
                 const std::function<int64_t()>& host_memory) {
-  const auto [need, alone] = rank_need(cfg, rc, mb, T);
+  const auto [need, alone] = rank_need(cfg, {*rc.plan, rc.zero, rc.dp_size}, mb, T);
   comm::Group* group = everyone(rc);
   const int rank = group ? group->group_rank() : 0;
   agree_or_throw(group, rank, alone.empty() ? nullptr : std::make_exception_ptr(ConfigError(alone)));
@@ -201,6 +214,32 @@ void check_fits(const Config& cfg, const RankContext& rc, int64_t mb, int64_t T,
     }
   }
   if (const std::string problem = host_memory_problem(all, hosts); !problem.empty()) throw ConfigError(problem);
+}
+
+namespace {
+
+// Rank `r` of cfg's layout's estimate, and its refusal on its own (rank_need).
+std::pair<int64_t, std::string> layout_rank_need(const Config& cfg, int r) {
+  const ParallelConfig& p = cfg.parallel;
+  const int dp_size = p.servers() > 0 ? int(p.dp) : std::max<int>(1, int(p.dp_ranks()));
+  return rank_need(cfg, {plan_rank(cfg, r), int(p.zero), dp_size}, cfg.micro_batch(), cfg.local_seq());
+}
+
+}  // namespace
+
+int64_t rank_need_bytes(const Config& cfg, int global_rank) { return layout_rank_need(cfg, global_rank).first; }
+
+std::string layout_memory_problem(const Config& cfg, const std::vector<std::string>& host_of_rank,
+                                  int64_t host_available) {
+  std::vector<RankMemory> ranks;
+  for (int r = 0; r < int(cfg.parallel.world()); ++r) {
+    const auto [need, alone] = layout_rank_need(cfg, r);
+    if (!alone.empty()) return "rank " + std::to_string(r) + ": " + alone;
+    ranks.push_back({need, host_available, r});
+  }
+  std::vector<std::string> hosts = host_of_rank;
+  hosts.resize(ranks.size(), "?");
+  return host_memory_problem(ranks, hosts);
 }
 
 void check_budget(const Config& cfg, const MemoryTracker& memory, comm::Group* group, int group_rank) {

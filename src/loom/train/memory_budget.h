@@ -57,6 +57,16 @@ std::string host_memory_problem(const std::vector<RankMemory>& ranks, const std:
 // This host's available memory in bytes (0: unknown).
 int64_t host_available_bytes();
 
+// The same checks for every rank of cfg's layout before any runs it (the elastic supervisor's
+// re-plan, Note [Elastic shapes]): each rank's estimate from its plan (plan_rank), against
+// memory.limit_gib (or this machine's memory), and the ranks placed on `host_of_rank` (rank
+// order; a layout of more ranks: "?") summed per host against `host_available` bytes each (0:
+// unchecked). Empty when it fits, else the refusal check_fits would give.
+std::string layout_memory_problem(const Config& cfg, const std::vector<std::string>& host_of_rank,
+                                  int64_t host_available);
+// Rank `global_rank` of cfg's layout's estimate in bytes (what check_fits states for it).
+int64_t rank_need_bytes(const Config& cfg, int global_rank);
+
 // After a step, with memory.limit_gib set: collective over `group` (nullptr: one process).
 // Throws Error on every rank when any rank's measured peak exceeded the budget.
 void check_budget(const Config& cfg, const MemoryTracker& memory, comm::Group* group, int group_rank);

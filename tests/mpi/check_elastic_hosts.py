@@ -180,11 +180,14 @@ def all_lost(loom, work):
 
 def grows(loom, work):
     ckpt = os.path.join(work, "grows")
-    job = Job(loom, ckpt, "--elastic", "2:4", "--set", "comm.rejoin_s=3")
+    # Long enough that the re-formed dp 2 job (about 90 steps a second on two cores) is still
+    # running when host d answers again (comm.rejoin_s, then a probe: 4-6 s after the loss).
+    steps = 1200  # saving every 20 (60 checkpoints of 5 MB kept, for the by-hand resume)
+    job = Job(loom, ckpt, "--elastic", "2:4", "--set", "comm.rejoin_s=3", f"train.steps={steps}", save_every=20)
     wait_for_save(ckpt, 6)
     lose("loom-d")
     rc, out = job.finish()
-    if rc != 0 or f"step {STEPS}/{STEPS}" not in out:
+    if rc != 0 or f"step {steps}/{steps}" not in out:
         fail(f"the job that lost and regained a host exited {rc}", out)
     said = "(re-forming 2): grew onto 10.77.0.4; going on with 4 hosts (10.77.0.1:1,10.77.0.2:1,10.77.0.3:1,10.77.0.4:1)" \
            ": dp 4, grad_accum 1"
@@ -196,7 +199,9 @@ def grows(loom, work):
     if stopped != [step]:
         fail(f"stopped after {stopped}, resumed from {step}: a step lost or repeated", out)
     by_hand = os.path.join(work, "grows-by-hand")
-    by_hand_equal(ckpt, by_hand, step, STEPS, 4, [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto")], out)
+    by_hand_equal(ckpt, by_hand, step, steps, 4,
+                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--set", f"train.steps={steps}",
+                                                    save_every=20)], out)
     print(f"grows: stopped after step {stopped[0]} and resumed there on four hosts")
 
 

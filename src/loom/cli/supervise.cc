@@ -392,13 +392,14 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
         if (!done[r] && (at.server || (pids[r] > 0 && alive(pids[r])))) {
           // One that cannot run (stopped, or its beats stalled) failed on its own account.
           const bool frozen = (pids[r] > 0 && stopped(pids[r])) || (beats[r].seen && now - beats[r].changed > kStalled);
-          if (frozen && !w.signal) w.faulty[r] = 1;
+          if ((frozen || !beats[r].seen) && !w.signal) w.faulty[r] = 1;  // or never started (Note [Start deadline] in train_cmd.cc)
           at.kill(r, pids[r]);
           w.killed += "\n  " + at.name(r, pids[r]) + ": killed, " +
                       (w.signal ? std::string("the supervisor got signal ") + std::to_string(w.signal)
                                 : "still running " + std::to_string(int(grace.count())) + " s after rank " +
                                       std::to_string(failed_rank) + " failed") +
-                      (frozen ? " (it was not running: stopped, or no heartbeat)" : "");
+                      (frozen ? " (it was not running: stopped, or no heartbeat)"
+                              : beats[r].seen ? "" : " (it never started: no heartbeat)");
         }
       kill_time = now;
       if (w.signal) ::kill(child, SIGKILL);

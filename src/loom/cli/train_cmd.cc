@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,6 +22,7 @@
 #include "loom/comm/world.h"
 #include "loom/train/preflight.h"
 #include "loom/core/hosts.h"
+#include "loom/core/liveness.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
 #include "loom/core/owned.h"
@@ -74,6 +77,28 @@ int memory_stores(const Config& cfg, comm::World& world, const std::string& what
   return 0;
 }
 
+// Note [Start deadline]
+// MPI_Init waits for every rank of the job (OpenMPI's PMIx fence). When a rank's host is lost
+// while the job starts (an --elastic job re-forming loses another host), the ranks already in
+// MPI_Init can wait there for good: loom's collectives, bounded by comm.timeout_s, have not
+// begun, and a spinning rank uses CPU time, so its heartbeats do not call it hung. So the
+// world's start-up runs under a deadline of max(comm.timeout_s, 30 s): past it the rank says
+// so on stderr, records exit code 1 for its supervisor and leaves. The supervisor then ends
+// the job as after any failure, and counts a rank that never beat (it never started: its host
+// is gone) as failed on its own account, so an --elastic job re-forms without that host.
+double start_deadline_s(const Config& cfg) { return std::max(cfg.comm.timeout_s, 30.0); }
+
+void start_overdue() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  std::fprintf(stderr,
+               "loom: rank %s: MPI start-up did not finish within max(comm.timeout_s, 30) s: a rank of the job did "
+               "not start or its host is unreachable; stopping this rank\n",
+               rank ? rank : "?");
+  std::fflush(stderr);
+  record_exit(1);
+  ::_exit(1);
+}
+
 int train_this_rank(const TrainArgs& a, const Config& cfg) {
   TrainOptions opt;
   opt.json = a.json, opt.csv = a.csv;
@@ -92,7 +117,9 @@ int train_this_rank(const TrainArgs& a, const Config& cfg) {
     comm::CommOptions co;
     co.timeout = std::chrono::milliseconds(int64_t(cfg.comm.timeout_s * 1000));
     co.check_desync = cfg.comm.check_desync;
+    std::optional<liveness::Deadline> deadline(std::in_place, start_deadline_s(cfg), start_overdue);
     comm::World world(comm::make_mpi_backend(), co);
+    deadline.reset();
     if (const char* stores = std::getenv("LOOM_MEMORY_STORES")) return memory_stores(cfg, world, stores);
     if (world.world_size() > 1) preflight(world, cfg);  // Note [Preflight]
     logging = world.global_rank() == 0;

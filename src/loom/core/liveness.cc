@@ -48,4 +48,20 @@ void enter_step(int64_t step, int rank) {
   }
 }
 
+Deadline::Deadline(double seconds, std::function<void()> on_expiry) {
+  watch_ = std::thread([this, seconds, expire = std::move(on_expiry)] {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return met_; })) expire();
+  });
+}
+
+Deadline::~Deadline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    met_ = true;
+  }
+  cv_.notify_all();
+  watch_.join();
+}
+
 }  // namespace loom::liveness

@@ -1,7 +1,11 @@
 // What a rank's heartbeat reports about it (Note [Heartbeats] in cli/supervise.cc).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 namespace loom::liveness {
 
@@ -22,6 +26,22 @@ class Waiting {
   ~Waiting() { end_wait(); }
   Waiting(const Waiting&) = delete;
   Waiting& operator=(const Waiting&) = delete;
+};
+
+// Runs `on_expiry` on a thread of its own unless the Deadline is destroyed (met) within
+// `seconds` (Note [Start deadline] in cli/train_cmd.cc). on_expiry may end the process.
+class Deadline {
+ public:
+  Deadline(double seconds, std::function<void()> on_expiry);
+  ~Deadline();
+  Deadline(const Deadline&) = delete;
+  Deadline& operator=(const Deadline&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool met_ = false;
+  std::thread watch_;
 };
 
 // At the start of step `step` (0-based) of global rank `rank`: records the step, then Note

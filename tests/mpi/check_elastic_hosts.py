@@ -259,6 +259,21 @@ def memory(loom, work):
             print("memory:", line)
 
 
+def re_planned(loom, name, job, ckpt, work, steps, said, by_hand_flags, dp, note=""):
+    """Host d lost from `job`: it must re-form on a and b saying `said` and finish `steps`, its
+    final weights bit for bit a by-hand resume from the same step with `by_hand_flags` at dp."""
+    t = lose("loom-d")
+    print(f"{name}: host d lost{note}; first step of the re-formed job {first_step_after(job, t):.2f} s later")
+    rc, out = job.finish()
+    if rc != 0 or f"step {steps}/{steps}" not in out or said not in out:
+        fail(f"the re-planned job exited {rc} (or did not say: {said})", out)
+    step = resumed_steps(out)[-1]
+    by_hand = os.path.join(work, f"{name}-by-hand")
+    by_hand_equal(ckpt, by_hand, step, steps, 2,
+                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", *by_hand_flags,
+                                               hosts="10.77.0.1:1,10.77.0.2:1", dp=dp)], out)
+
+
 def replan(loom, work):
     """tp 4 on the four hosts: host d lost leaves 3 slots, no replica of tp 4; the split is
     re-planned to tp 2 on a and b (Note [Elastic shapes]) and the job equals a by-hand resume
@@ -266,17 +281,9 @@ def replan(loom, work):
     ckpt = os.path.join(work, "replan")
     job = Job(loom, ckpt, "--elastic", "2:4", "--tp", "4", "--sp", dp=1)
     wait_for_save(ckpt, 6)
-    t = lose("loom-d")
-    print(f"replan: host d lost; first step of the re-formed job {first_step_after(job, t):.2f} s later")
-    rc, out = job.finish()
-    said = "going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): re-planned to tp 2 pp 1 cp 1, dp 1, grad_accum 1"
-    if rc != 0 or f"step {STEPS}/{STEPS}" not in out or said not in out:
-        fail(f"the re-planned job exited {rc} (or did not say: {said})", out)
-    step = resumed_steps(out)[-1]
-    by_hand = os.path.join(work, "replan-by-hand")
-    by_hand_equal(ckpt, by_hand, step, STEPS, 2,
-                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--tp", "2", "--sp",
-                                               hosts="10.77.0.1:1,10.77.0.2:1", dp=1)], out)
+    re_planned(loom, "replan", job, ckpt, work, STEPS,
+               "going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): re-planned to tp 2 pp 1 cp 1, dp 1, grad_accum 1",
+               ["--tp", "2", "--sp"], dp=1)
 
 
 def rank_need_mib(loom, zero, model):
@@ -305,18 +312,10 @@ def fits(loom, work):
     ckpt = os.path.join(work, "fits")
     job = Job(loom, ckpt, "--elastic", "2:4", "--zero", "1", "--set", *budget)
     wait_for_save(ckpt, 6)
-    t = lose("loom-d")
-    print(f"fits: host d lost (dp 2 needs {z1} MiB a rank at ZeRO-1, {z2} at ZeRO-2, budget {(z1 + z2) / 2} MiB); "
-          f"first step of the re-formed job {first_step_after(job, t):.2f} s later")
-    rc, out = job.finish()
-    said = "going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): re-planned to tp 1 pp 1 cp 1 zero 2, dp 2, grad_accum 2"
-    if rc != 0 or f"step {steps}/{steps}" not in out or said not in out:
-        fail(f"the job re-planned for memory exited {rc} (or did not say: {said})", out)
-    step = resumed_steps(out)[-1]
-    by_hand = os.path.join(work, "fits-by-hand")
-    by_hand_equal(ckpt, by_hand, step, steps, 2,
-                  [NETNS, "exec", "--", *args(loom, by_hand, "--resume", "auto", "--zero", "2", "--grad-accum", "2",
-                                               "--set", *budget, hosts="10.77.0.1:1,10.77.0.2:1", dp=2)], out)
+    re_planned(loom, "fits", job, ckpt, work, steps,
+               "going on with 2 hosts (10.77.0.1:1,10.77.0.2:1): re-planned to tp 1 pp 1 cp 1 zero 2, dp 2, grad_accum 2",
+               ["--zero", "2", "--grad-accum", "2", "--set", *budget], dp=2,
+               note=f" (dp 2 needs {z1} MiB a rank at ZeRO-1, {z2} at ZeRO-2, budget {(z1 + z2) / 2} MiB)")
 
 
 def main():

@@ -27,7 +27,7 @@ void release_unowned(const Bucket& b, int dp, int rank, float* base) {
   release_pages(base + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
 }
 
-int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs) {
+int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs, bool head_writes_wte) {
   std::vector<int> hooks;  // the grad-ready hook's first_final values, in call order
   std::map<int, int> first_of_block;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -38,12 +38,7 @@ int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<Pa
   hooks.push_back(0);
   std::vector<int64_t> suffix(specs.size() + 1, 0);  // floats of the tensors at or after i
   for (size_t i = specs.size(); i-- > 0;) suffix[i] = suffix[i + 1] + specs[i].numel;
-  // GPT's tied wte, when this part holds the head: written by the head, at the first hook.
-  const auto named = [&](const char* n) {
-    return std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& x) { return x.name == n; });
-  };
-  const bool tied = !specs.empty() && specs[0].name == "wte" && named("normf.w") && !named("head.w");
-  const int64_t wte = tied ? specs[0].numel : 0;
+  const int64_t wte = head_writes_wte && !specs.empty() ? specs[0].numel : 0;  // at the first hook
   std::deque<int64_t> running;
   int64_t retired = 0, peak = 0;
   size_t next = 0;

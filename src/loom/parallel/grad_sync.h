@@ -74,8 +74,9 @@ DataParallelPlan plan_from_buckets(const ModelConfig& m, int dp, bool sharded, c
 // a bucket of its own first (plan.tied_first) it is all-reduced whole (Note [Tied embedding
 // reduction]) and stays. The engine's memory estimate counts this peak's non-owned
 // share (Note [Part memory estimates]).
-// The peak floats, over the layout `specs` of the plan's buckets.
-int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs);
+// The peak floats, over the layout `specs` of the plan's buckets; `head_writes_wte`: GPT's
+// tied wte (specs[0]) in a part that holds the head.
+int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs, bool head_writes_wte);
 
 class GradSync {
  public:

@@ -111,7 +111,8 @@ std::pair<int64_t, std::string> rank_need(const Config& cfg, const RankSpot& rc,
   EstimateInputs in{cfg, rc.zero, rc.dp_size, params, std::max<int64_t>(acts, 0),
                     std::accumulate(units.begin(), units.end(), int64_t(0)), plan.pp_rank};
   if (plan.duties.grad == rank::GradPath::kShardEveryMicro && rc.dp_size > 1)
-    in.unreduced_floats = parallel::unreduced_peak_floats(plan.dp_plan, plan.layout.specs());
+    in.unreduced_floats = parallel::unreduced_peak_floats(plan.dp_plan, plan.layout.specs(),
+                                                          m.arch == Arch::kGpt && plan.part.head && plan.part.embed);
   const MemoryEstimate e = estimate_parts(in);
   const int64_t need = acts >= 0 ? e.total() : std::numeric_limits<int64_t>::max();
   const bool budget = cfg.memory.limit_gib > 0;

@@ -61,6 +61,24 @@ TEST(RunDir, SurveyTellsLoomsEntriesFromTheUsers) {
   EXPECT_FALSE(fs::exists(stale));
 }
 
+// The supervisor's SIGKILL between a save's mkdir and its marker (seen in
+// mpi_supervisor_supervisor-signals): the directory with its marker beside it is a stale
+// entry, not the user's, and --resume auto clears it.
+TEST(RunDir, ASaveKilledAsItsDirectoryIsMadeIsStale) {
+  const std::string d = fresh("killed_mkdir");
+  tagged_step(d + "/step-00000005");
+  const std::string tmp = "step-00000010.loom-tmp-0123456789abcdef";
+  fs::create_directories(d + "/" + tmp);
+  std::ofstream(d + "/" + tmp + ".loom-owner") << "loom-owned-1 0123456789abcdef pid 1 host x\n";
+  const DirSurvey s = survey_dir(d);
+  EXPECT_TRUE(s.foreign.empty());
+  EXPECT_EQ(s.stale, (std::vector<std::string>{tmp, tmp + ".loom-owner"}));
+  EXPECT_EQ(remove_stale(s), std::vector<std::string>{tmp});  // its marker with it
+  EXPECT_FALSE(fs::exists(d + "/" + tmp));
+  EXPECT_FALSE(fs::exists(d + "/" + tmp + ".loom-owner"));
+  EXPECT_EQ(survey_dir(d).steps, std::vector<int64_t>{5});
+}
+
 // Issue 59: names alone decide nothing. Each entry below looks like one of loom's by its
 // name, and its content (or its kind) says it is the user's.
 TEST(RunDir, LookalikeNamesAreTheUsers) {

@@ -76,6 +76,58 @@ TEST(Owned, OnlyAMarkedDirectoryWhoseMakerIsGoneIsAbandoned) {
   EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 5);  // `mine` removed itself
 }
 
+// Note [Ownership by content]: the states a kill can leave while a temporary directory is
+// made, published or removed (its marker beside it, by a maker now gone), each proved and
+// cleared; imitations of them are not.
+TEST(Owned, EveryInstantOfATemporaryDirectoryLeavesItProved) {
+  const std::string d = fresh("instants");
+  const auto marker = [&](const std::string& path, const char* token) {
+    std::ofstream(path) << "loom-owned-1 " << token << " pid 1 host x\n";
+  };
+  const std::string a = "ck.loom-tmp-00000000000000a1", b = "ck.loom-tmp-00000000000000b2",
+                    c = "ck.loom-tmp-00000000000000c3";
+  marker(d + "/" + a + ".loom-owner", "00000000000000a1");  // made: the marker, not yet the directory
+  fs::create_directories(d + "/" + b);                       // made: the directory, the marker still beside
+  marker(d + "/" + b + ".loom-owner", "00000000000000b2");
+  fs::create_directories(d + "/" + c);                       // published or removed midway: files left
+  std::ofstream(d + "/" + c + "/rank-0.bin") << "x";
+  marker(d + "/" + c + ".loom-owner", "00000000000000c3");
+  EXPECT_EQ(parse_marker_name(b + ".loom-owner"), b);
+  EXPECT_FALSE(parse_marker_name("ck.loom-owner"));
+  for (const std::string& n : {a + ".loom-owner", b, b + ".loom-owner", c, c + ".loom-owner"})
+    EXPECT_TRUE(is_abandoned_temp(d, n)) << n;
+  // Imitations: a directory beside a marker naming another token; a marker that is a symlink.
+  const std::string x = "ck.loom-tmp-00000000000000d4", y = "ck.loom-tmp-00000000000000e5";
+  fs::create_directories(d + "/" + x);
+  marker(d + "/" + x + ".loom-owner", "00000000000000ff");
+  fs::create_directories(d + "/" + y);
+  marker(d + "/elsewhere", "00000000000000e5");
+  fs::create_symlink(d + "/elsewhere", d + "/" + y + ".loom-owner");
+  for (const std::string& n : {x, x + ".loom-owner", y, y + ".loom-owner"}) EXPECT_FALSE(is_abandoned_temp(d, n)) << n;
+  EXPECT_EQ(remove_abandoned(d, "ck"), (std::vector<std::string>{a + ".loom-owner", b, c}));
+  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 5);  // x, y, their markers, elsewhere
+  {
+    // A live maker's marker, moved out as it is while publishing: live, not abandoned.
+    TempDir mine(d, "live");
+    const std::string name = fs::path(mine.path()).filename().string();
+    fs::rename(mine.path() + "/.loom-owner", mine.path() + ".loom-owner");
+    bool live = false;
+    EXPECT_FALSE(is_abandoned_temp(d, name, &live));
+    EXPECT_TRUE(live);
+    EXPECT_FALSE(is_abandoned_temp(d, name + ".loom-owner", &live));
+    EXPECT_TRUE(live);
+    fs::rename(mine.path() + ".loom-owner", mine.path() + "/.loom-owner");
+    // A failed finish puts the marker back inside: still proved, still live.
+    std::ofstream(mine.path() + "/left") << "x";
+    EXPECT_THROW(mine.finish_empty(), Error);
+    EXPECT_TRUE(fs::exists(mine.path() + "/.loom-owner"));
+    EXPECT_FALSE(fs::exists(mine.path() + ".loom-owner"));
+    EXPECT_FALSE(is_abandoned_temp(d, name, &live));
+    EXPECT_TRUE(live);
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 5);  // `mine` and its marker gone
+}
+
 TEST(Owned, APublishedDirectoryKeepsNoMarker) {
   const std::string d = fresh("publish");
   {

@@ -414,8 +414,9 @@ std::vector<std::string> remove_stale(const DirSurvey& s) {
     const std::string p = (fs::path(s.path) / n).string();
     std::error_code ec;
     // Checked again here: the survey may be old, and only proven entries go.
-    if (owned::is_abandoned_temp(s.path, n) ||
-        (owned::kind_of(p) == owned::Kind::kFile && small_matches(p, 64, is_latest_text)))
+    if (owned::remove_abandoned_entry(s.path, n))
+      removed.push_back(n);
+    else if (owned::kind_of(p) == owned::Kind::kFile && small_matches(p, 64, is_latest_text))
       if (fs::remove_all(p, ec); !ec) removed.push_back(n);
   }
   return removed;

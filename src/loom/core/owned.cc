@@ -125,93 +125,185 @@ void require_regular(const std::string& path) {
               ", where loom wrote a regular file; loom does not follow or open it");
 }
 
+namespace {
+
+// "<temp dir name>.loom-owner": where a temporary directory's marker lies while the directory
+// is being made or removed (Note [Ownership by content]).
+std::string sibling_of(const std::string& temp_path) { return temp_path + kMarker; }
+
+// The marker `path` (a regular file, not followed) names `token`; `fd_out` gets the open
+// descriptor (for its flock) when it does, else -1.
+bool marker_names(const std::string& path, const std::string& token, int* fd_out) {
+  *fd_out = -1;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  const bool ours = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                    read_fd(fd, 512).rfind(std::string(kMarkerMagic) + token + " ", 0) == 0;
+  if (!ours) {
+    ::close(fd);
+    return false;
+  }
+  *fd_out = fd;
+  return true;
+}
+
+// A marker file with its whole text and this process's flock, made to appear at `path`
+// at once: written into an unnamed file (O_TMPFILE) and then linked, so no instant shows
+// a marker without its text. Where the file system has no O_TMPFILE it is created at
+// `path` and then written (a kill between the two leaves an empty file, which proves
+// nothing and is left alone). Returns the descriptor; throws Error.
+int make_marker(const std::string& dir, const std::string& path, const std::string& text) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  const bool unnamed = fd >= 0;
+  if (!unnamed) fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+  if (ok && unnamed) {
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    ok = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0;
+  }
+  if (!ok) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    if (!unnamed && fd >= 0) ::unlink(path.c_str());
+    throw Error("cannot write loom's ownership marker '" + path + "': " + why);
+  }
+  return fd;
+}
+
+}  // namespace
+
+// The marker moves between `<dir>/.loom-owner` and the sibling `<dir>.loom-owner` by rename,
+// which keeps the file and so the flock; at every instant one of the two names the token
+// (Note [Ownership by content]).
 TempDir::TempDir(const std::string& parent, const std::string& base) {
   token_ = new_token();
-  path_ = (fs::path(parent.empty() ? "." : parent) / temp_name(base, token_)).string();
-  if (::mkdir(path_.c_str(), 0755) != 0)
-    throw Error("cannot create the temporary directory '" + path_ + "': " + std::strerror(errno));
-  const std::string marker = path_ + "/" + kMarker;
-  marker_fd_ = ::open(marker.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const std::string dir = parent.empty() ? "." : parent;
+  path_ = (fs::path(dir) / temp_name(base, token_)).string();
   const std::string text = std::string(kMarkerMagic) + token_ + " pid " + std::to_string(::getpid()) + " host " +
                            host_name() + "\n";
-  if (marker_fd_ < 0 || ::flock(marker_fd_, LOCK_EX | LOCK_NB) != 0 ||
-      ::write(marker_fd_, text.data(), text.size()) != ssize_t(text.size())) {
+  marker_fd_ = make_marker(dir, sibling_of(path_), text);  // first, so the directory is never unproved
+  if (::mkdir(path_.c_str(), 0755) != 0 || ::rename(sibling_of(path_).c_str(), (path_ + "/" + kMarker).c_str()) != 0) {
     const std::string why = std::strerror(errno);
-    if (marker_fd_ >= 0) ::close(marker_fd_), ::unlink(marker.c_str());
-    marker_fd_ = -1;
     ::rmdir(path_.c_str());
-    throw Error("cannot write into the temporary directory '" + path_ + "': " + why);
+    ::unlink(sibling_of(path_).c_str());
+    ::close(marker_fd_);
+    marker_fd_ = -1;
+    throw Error("cannot create the temporary directory '" + path_ + "': " + why);
   }
 }
 
 TempDir::~TempDir() {
   if (path_.empty()) return;
-  // Made exclusively by this process: every entry is ours. The marker goes last, just before
-  // the then empty directory, so a kill while removing leaves a directory still proved loom's
-  // (Note [Ownership by content]).
+  // The marker goes out beside the directory first and is removed last, so a kill while
+  // removing leaves a directory still proved loom's.
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(path_, ec))
-    if (e.path().filename() != kMarker) fs::remove_all(e.path(), ec);
-  ::unlink((path_ + "/" + kMarker).c_str());
-  ::rmdir(path_.c_str());
+  const bool out = ::rename((path_ + "/" + kMarker).c_str(), sibling_of(path_).c_str()) == 0;
+  fs::remove_all(path_, ec);
+  if (out && !ec) ::unlink(sibling_of(path_).c_str());
   if (marker_fd_ >= 0) ::close(marker_fd_);
 }
 
-void TempDir::drop_marker() {
-  ::unlink((path_ + "/" + kMarker).c_str());
+void TempDir::marker_out() {
+  if (::rename((path_ + "/" + kMarker).c_str(), sibling_of(path_).c_str()) != 0)
+    throw Error("cannot move loom's marker out of '" + path_ + "': " + std::strerror(errno));
+}
+
+void TempDir::marker_back(const std::string& what) {
+  const std::string why = std::strerror(errno);
+  ::rename(sibling_of(path_).c_str(), (path_ + "/" + kMarker).c_str());
+  throw Error(what + ": " + why);
+}
+
+void TempDir::release() {
+  ::unlink(sibling_of(path_).c_str());
   if (marker_fd_ >= 0) ::close(marker_fd_);
   marker_fd_ = -1;
+  path_.clear();
 }
 
 void TempDir::publish(const std::string& dest) {
-  drop_marker();
-  if (::rename(path_.c_str(), dest.c_str()) != 0)
-    throw Error("cannot rename '" + path_ + "' to '" + dest + "': " + std::strerror(errno));
-  path_.clear();
+  marker_out();
+  if (::rename(path_.c_str(), dest.c_str()) != 0) marker_back("cannot rename '" + path_ + "' to '" + dest + "'");
+  release();
 }
 
 void TempDir::finish_empty() {
-  drop_marker();
-  if (::rmdir(path_.c_str()) != 0)
-    throw Error("cannot remove the temporary directory '" + path_ + "': " + std::strerror(errno));
-  path_.clear();
+  marker_out();
+  if (::rmdir(path_.c_str()) != 0) marker_back("cannot remove the temporary directory '" + path_ + "'");
+  release();
 }
+
+std::optional<std::string> parse_marker_name(const std::string& name) {
+  const size_t n = std::strlen(kMarker);
+  if (name.size() <= n || name.compare(name.size() - n, n, kMarker) != 0) return std::nullopt;
+  const std::string dir = name.substr(0, name.size() - n);
+  if (!parse_temp_name(dir)) return std::nullopt;
+  return dir;
+}
+
+namespace {
+
+// The marker that proves `<dir>/<name>` (a temporary directory or its sibling marker) loom's:
+// its descriptor, or -1. A directory is proved by the marker inside it or, while it is being
+// made or removed, by its sibling; the inside is looked at twice, as a live maker may be
+// moving the marker in meanwhile.
+int proving_marker(const std::string& dir, const std::string& name) {
+  int fd = -1;
+  if (const auto temp = parse_marker_name(name)) {
+    marker_names((fs::path(dir) / name).string(), parse_temp_name(*temp)->second, &fd);
+    return fd;
+  }
+  const auto parsed = parse_temp_name(name);
+  const std::string path = (fs::path(dir) / name).string();
+  if (!parsed || kind_of(path) != Kind::kDir) return -1;
+  const std::string inside = path + "/" + kMarker;
+  if (marker_names(inside, parsed->second, &fd) || marker_names(sibling_of(path), parsed->second, &fd) ||
+      marker_names(inside, parsed->second, &fd))
+    return fd;
+  return -1;
+}
+
+}  // namespace
 
 bool is_abandoned_temp(const std::string& dir, const std::string& name, bool* live) {
   if (live) *live = false;
-  const auto parsed = parse_temp_name(name);
-  const std::string path = (fs::path(dir) / name).string();
-  if (!parsed || kind_of(path) != Kind::kDir) return false;
-  const int fd = ::open((path + "/" + kMarker).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  const int fd = proving_marker(dir, name);
   if (fd < 0) return false;
-  struct stat st {};
-  bool ours = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (ours) {
-    const std::string text = read_fd(fd, 512);
-    ours = text.rfind(std::string(kMarkerMagic) + parsed->second + " ", 0) == 0;
-  }
-  bool abandoned = false;
-  if (ours) {
-    abandoned = ::flock(fd, LOCK_EX | LOCK_NB) == 0;  // the maker's flock is gone: so is the maker
-    if (live) *live = !abandoned;
-  }
+  const bool abandoned = ::flock(fd, LOCK_EX | LOCK_NB) == 0;  // the maker's flock is gone: so is the maker
+  if (live) *live = !abandoned;
   ::close(fd);
   return abandoned;
+}
+
+bool remove_abandoned_entry(const std::string& dir, const std::string& name) {
+  if (!is_abandoned_temp(dir, name)) return false;
+  const auto temp = parse_marker_name(name);
+  const std::string path = (fs::path(dir) / (temp ? *temp : name)).string();
+  // Removed as the maker removes it: the marker beside the directory first, gone last.
+  std::error_code ec;
+  if (kind_of(path) == Kind::kDir) {
+    ::rename((path + "/" + kMarker).c_str(), sibling_of(path).c_str());
+    fs::remove_all(path, ec);
+  }
+  if (!ec) ::unlink(sibling_of(path).c_str());
+  return !ec;
 }
 
 std::vector<std::string> remove_abandoned(const std::string& parent, const std::string& base) {
   std::vector<std::string> removed;
   std::error_code ec;
   const std::string dir = parent.empty() ? "." : parent;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const auto parsed = parse_temp_name(name);
-    if (!parsed || (!base.empty() && parsed->first != base) || !is_abandoned_temp(dir, name)) continue;
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
-    if (!rm) removed.push_back(name);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());  // a directory before its sibling marker
+  for (const std::string& name : names) {
+    const auto temp = parse_marker_name(name);
+    const auto parsed = parse_temp_name(temp ? *temp : name);
+    if (!parsed || (!base.empty() && parsed->first != base)) continue;
+    if (remove_abandoned_entry(dir, name)) removed.push_back(name);
   }
-  std::sort(removed.begin(), removed.end());
   return removed;
 }
 

@@ -11,11 +11,16 @@
 //    for the directory's whole life; the kernel drops it when the maker dies, however it
 //    dies. So a later command proves a temporary directory is an abandoned one of loom's
 //    by three facts: a real directory (not a symlink) whose marker is a regular file
-//    naming the same token, and whose flock it can take. Only those are removed. The maker
-//    removes its directory's other entries before the marker (then at once the empty
-//    directory), so one killed while removing leaves a directory still proved its own: a
-//    save interrupted by the supervisor's kill is cleared by the next run (issue 54: a loss
-//    while an elastic job re-formed left one that was not).
+//    naming the same token, and whose flock it can take. Only those are removed.
+//  - No instant leaves the directory unproved, so a kill anywhere (the supervisor's, a
+//    lost host's) leaves what the next run can clear (issue 54; a restart refused a save's
+//    directory killed between its mkdir and its marker). While the directory is made,
+//    published or removed the marker lies beside it, as `<base>.loom-tmp-<token>.loom-owner`,
+//    and moves by rename (the same file, so the same flock): the marker is made first,
+//    whole, beside the name (written unnamed, then linked), then the directory, then the
+//    marker moved in; publishing moves it out, renames the directory, then removes it;
+//    removing moves it out, removes the directory, then it. A directory is proved by the
+//    marker inside it or beside it; a marker beside no directory is removed alone.
 //  - Temporary files are `<path>.loom-tmp-<token>`, created with O_CREAT|O_EXCL|O_NOFOLLOW
 //    (never through a symlink, never over an existing file) and renamed over their target.
 //  - Everything loom reads at a path a user can name is opened without blocking (a FIFO
@@ -68,21 +73,32 @@ class TempDir {
 
   const std::string& path() const { return path_; }
   const std::string& token() const { return token_; }
-  // Removes the marker and renames the directory to `dest` (which must not exist).
+  // Renames the directory to `dest` (which must not exist), leaving no marker in it.
   void publish(const std::string& dest);
   // Removes the marker and the directory, which must then be empty (its files were moved
   // out); throws Error when something is left.
   void finish_empty();
 
  private:
-  void drop_marker();
+  void marker_out();                               // into the sibling name
+  [[noreturn]] void marker_back(const std::string& what);  // after a failed step; throws
+  void release();                                  // the sibling and the flock; done
+
   std::string path_, token_;
   int marker_fd_ = -1;
 };
 
-// Is `<dir>/<name>` an abandoned temporary directory of loom's (marker verified, its
-// maker gone)? `live` is set when it is loom's but its maker still holds it.
+// "<temp dir name>" of a marker lying beside its directory ("<temp dir name>.loom-owner").
+std::optional<std::string> parse_marker_name(const std::string& name);
+
+// Is `<dir>/<name>` an abandoned temporary directory of loom's, or the marker beside one
+// (marker verified, its maker gone)? `live` is set when it is loom's but its maker still
+// holds it.
 bool is_abandoned_temp(const std::string& dir, const std::string& name, bool* live = nullptr);
+
+// Removes `<dir>/<name>` (and the marker beside it) when is_abandoned_temp proves it; true
+// when it did.
+bool remove_abandoned_entry(const std::string& dir, const std::string& name);
 
 // Removes the abandoned temporary directories `<parent>/<base>.loom-tmp-*` (every base
 // when `base` is empty); returns their names. Entries it cannot prove are left alone.

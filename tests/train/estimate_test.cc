@@ -7,9 +7,9 @@
 namespace loom {
 namespace {
 
-MemoryEstimate estimate(const std::vector<std::string>& sets, int zero, int dp, int pp_rank = 0) {
+MemoryEstimate estimate(const std::vector<std::string>& sets, int zero, int dp, int pp_rank = 0, int64_t unreduced = 0) {
   const Config cfg = load_config("", sets);
-  return estimate_parts({cfg, zero, dp, 1000, 123, 300, pp_rank});
+  return estimate_parts({cfg, zero, dp, 1000, 123, 300, pp_rank, unreduced});
 }
 
 TEST(PartEstimates, EachPartAddsItsShare) {
@@ -22,13 +22,17 @@ TEST(PartEstimates, EachPartAddsItsShare) {
   EXPECT_EQ(e.activations, 123);
   EXPECT_EQ(e.total(), 16123);
   // ZeRO-3 at dp 4: own pieces 1,000 + the pool min(4,000, 300 x 4) = 1,200; gradient and
-  // moment pieces a quarter.
-  e = estimate({"parallel.dp=4", "parallel.zero=3"}, 3, 4);
+  // moment pieces a quarter, and the others' three quarters of the gradients not yet
+  // reduced (Note [Unreduced gradients]): 400 floats at the peak, 1,600 x 3 / 4 = 1,200.
+  e = estimate({"parallel.dp=4", "parallel.zero=3"}, 3, 4, 0, 400);
   EXPECT_EQ(e.gather_pool, 1200);
   EXPECT_EQ(e.params, 2200);
-  EXPECT_EQ(e.grads, 1000);
+  EXPECT_EQ(e.grads, 1000 + 1200);
   EXPECT_EQ(e.moment_floats, 250);
   EXPECT_EQ(e.optimizer, 2000);
+  // ZeRO-2 alike; with no peak known, the whole part may be unreduced: 1,000 + 3,000.
+  EXPECT_EQ(estimate({"parallel.dp=4", "parallel.zero=2"}, 2, 4, 0, 400).grads, 2200);
+  EXPECT_EQ(estimate({"parallel.dp=4", "parallel.zero=3"}, 3, 4).grads, 4000);
   // ZeRO-2 with PowerSGD keeps the step's gradient whole (Note [Compressed ZeRO-2/3]).
   e = estimate({"parallel.dp=4", "parallel.zero=2", "parallel.compress=powersgd"}, 2, 4);
   EXPECT_EQ(e.params, 4000);

@@ -43,7 +43,7 @@ struct EstimateInputs {
   int64_t activation_bytes = 0;  // the model's activation carve
   int64_t units_in_flight = 0;   // floats of its three largest units (Note [Chunk manager])
   int pp_rank = 0;
-  // ZeRO-2 (dp > 1): the most floats of unreduced gradients resident at once (Note
+  // ZeRO-2 and 3 (dp > 1): the most floats of unreduced gradients resident at once (Note
   // [Unreduced gradients]); 0: the whole part.
   int64_t unreduced_floats = 0;
   int64_t shards() const { return dp > 1 ? dp : 1; }

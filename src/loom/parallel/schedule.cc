@@ -200,9 +200,26 @@ StageSite Schedule::site(int v) const {
   return {};
 }
 
-char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : 'W'; }
+char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : p == Phase::kW ? 'W' : 'V'; }
 
-Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
+namespace {
+Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp);
+}  // namespace
+
+Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab) {
+  Schedule s = plain_schedule(kind, pp, m, vpp);
+  if (!vocab) return s;
+  LOOM_CHECK(!streams(kind), "parallel.pp_vocab with schedule ", schedule_name(kind),
+             ": the vocabulary passes run in the flushing schedules (gpipe, 1f1b, interleaved, zb-h1, zb-h2, "
+             "zb-v); not yet in the streams (2bw, pipedream, pipemare)");
+  LOOM_CHECK(pp >= 2, "parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs pp >= 2, got ", pp);
+  add_vocab_passes(s);
+  return s;
+}
+
+namespace {
+
+Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
   LOOM_CHECK(m >= 1, "pipeline: micro-batches must be >= 1, got ", m);
   if (kind == ScheduleKind::kZbV) {
@@ -240,8 +257,6 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp) {
   return s;
 }
 
-namespace {
-
 // Note [Pipeline streams]: the steps of one stream - ages 0 .. depth, then a flushing one - as
 // one list of (depth + 2) m micro-batches (step k's micro-batch i is k m + i; a negative i is
 // an earlier step's), which validate() replays like any flushing schedule.
@@ -275,17 +290,31 @@ ScheduleCheck validate(const Schedule& s) {
   auto& done_f = done[0];
   auto& done_b = done[1];
   std::vector<size_t> next(pp, 0);
+  std::vector<char> done_v(size_t(m + 2), 0);  // Note [Vocabulary passes]: V(k) at k + 1
   // Per rank and chunk: micro-batches held (F run, not yet released) and W's pending.
   std::vector<std::vector<int>> held = out.chunk_peak_in_flight, pending = held;
   size_t remaining = 0;
-  for (const auto& r : s.steps) remaining += r.size();
+  for (const auto& r : s.steps) remaining += r.size(), out.step_tick.emplace_back(r.size(), -1);
+  // Note [Vocabulary passes]: a pass runs once every rank has reached it (a collective);
+  // micro-batch i's head needs the last stage's F(i), whose B(i) needs the head.
+  auto vocab_ready = [&](int k) {
+    if (!s.vocab() || k < -1 || k > m || done_v[size_t(k + 1)] || (k >= 0 && k < m && !done_f[stages - 1][k]))
+      return false;
+    for (int q = 0; q < pp; ++q)
+      if (next[q] >= s.steps[q].size() || s.steps[q][next[q]].phase != Phase::kV || s.steps[q][next[q]].micro_batch != k)
+        return false;
+    return true;
+  };
   auto ready = [&](int r, const PipeStep& st) {
     const int v = s.stage(r, st.chunk), mb = st.micro_batch;
+    if (st.phase == Phase::kV) return vocab_ready(mb);
     if (mb < 0 || mb >= m || st.chunk < 0 || st.chunk >= vpp || done[size_t(st.phase)][v][mb]) return false;
     switch (st.phase) {
       case Phase::kF: return v == 0 || done_f[v - 1][mb];
-      case Phase::kB: return done_f[v][mb] && (v == stages - 1 || done_b[v + 1][mb]);
+      case Phase::kB:
+        return done_f[v][mb] && (v == stages - 1 ? !s.vocab() || done_v[size_t(mb + 1)] : done_b[v + 1][mb]);
       case Phase::kW: return split && done_b[v][mb];
+      case Phase::kV: break;
     }
     return false;
   };
@@ -311,7 +340,13 @@ ScheduleCheck validate(const Schedule& s) {
       return out;
     }
     for (int r : movers) {  // all movers' inputs were checked before this round's effects
+      out.step_tick[size_t(r)][next[r]] = out.ticks;
       const PipeStep& st = s.steps[r][next[r]++];
+      if (st.phase == Phase::kV) {  // every rank moves past it this round
+        done_v[size_t(st.micro_batch + 1)] = 1;
+        --remaining;
+        continue;
+      }
       const size_t c = size_t(st.chunk);
       done[size_t(st.phase)][s.stage(r, st.chunk)][st.micro_batch] = 1;
       int& h = held[r][c];
@@ -328,6 +363,11 @@ ScheduleCheck validate(const Schedule& s) {
     }
     ++out.ticks;
   }
+  for (int k = -1; s.vocab() && k <= m; ++k)
+    if (!done_v[size_t(k + 1)]) {
+      out.problem = detail::cat("vocabulary pass ", k, " never ran");
+      return out;
+    }
   for (int v = 0; v < stages; ++v)
     for (int mb = 0; mb < m; ++mb)
       if (!done_f[v][mb] || !done_b[v][mb] || (split && !done[2][v][mb])) {

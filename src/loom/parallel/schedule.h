@@ -82,10 +82,30 @@ namespace loom::parallel {
 
 using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_name()
 
+// Note [Vocabulary passes]
+// Yeung et al., "Balancing Pipeline Parallelism with Vocabulary Parallelism" (2024): with
+// parallel.pp_vocab the LM head, the loss and the input embedding are split by vocabulary
+// rows over the pp ranks of a pipeline (over pp x tp with tp), so no stage carries them
+// alone. Their passes are collectives over those ranks, so every rank runs them, in one
+// order: m + 2 vocabulary passes V(-1) .. V(m), one step each (Phase::kV; the step's
+// micro_batch names the pass). V(i), 0 <= i < m, is micro-batch i's head and loss: the last
+// stage's output broadcast, each rank's logits slice, the softmax max and sums all-reduced,
+// the input gradient reduced onto the last stage. It runs where the head would: the plain
+// schedule's unit-time replay gives each step a tick, and every rank runs V(i) after its
+// steps of ticks up to that of the last stage's F(i) and before the rest (the last stage so
+// between its F(i) and B(i)). No cycle can form: a step before V(i) depends only on steps
+// of earlier ticks, which are before V(i) on their ranks too. The
+// embedding rides in them (Schedule::passes): micro-batch j's lookup (each rank its rows,
+// summed onto the first stage) in the last pass before the first stage's F(j), V(-1) (a
+// prologue at the step's start) for the first ones; its gradient (the first stage's
+// broadcast, each rank adding its rows) in the first pass after the first stage's B(j),
+// V(m) (an epilogue at the end) for the last. validate() replays a pass as a barrier of all
+// ranks. The streams (2bw, pipedream, pipemare) are refused with it for now.
+//
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
-// W: the weight gradient of a split backward.
-enum class Phase : unsigned char { kF, kB, kW };
-char phase_letter(Phase p);  // 'F' | 'B' | 'W'
+// W: the weight gradient of a split backward. V: a vocabulary pass (above).
+enum class Phase : unsigned char { kF, kB, kW, kV };
+char phase_letter(Phase p);  // 'F' | 'B' | 'W' | 'V'
 
 struct PipeStep {
   Phase phase = Phase::kF;
@@ -102,10 +122,20 @@ struct StageSite {
   int rank = 0, chunk = 0;
 };
 
+// What vocabulary pass V(k) carries (Note [Vocabulary passes]): micro-batch `head`'s head
+// and loss (-1: none) and the embedding's lookups and gradients of the micro-batches listed.
+struct VocabPass {
+  int head = -1;
+  std::vector<int> embed, embed_grad;
+};
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1, vpp = 1, micro_batches = 1;
   std::vector<std::vector<PipeStep>> steps;  // [pipeline rank] -> ordered steps
+  // Note [Vocabulary passes]: empty without parallel.pp_vocab; else passes[k + 1] is V(k).
+  std::vector<VocabPass> passes;
+  bool vocab() const { return !passes.empty(); }
   bool split() const { return splits_backward(kind); }  // has W steps
   int stage(int rank, int chunk) const { return virtual_stage(kind, pp, rank, chunk); }
   StageSite site(int stage) const;  // the inverse of stage()
@@ -114,7 +144,11 @@ struct Schedule {
 // Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,
 // vpp >= 2 only for interleaved (which also needs micro_batches % pp == 0), 2bw with
 // micro_batches >= pp, pipedream and pipemare with micro_batches = 1.
-Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1);
+// `vocab`: with vocabulary passes (Note [Vocabulary passes]); refused for the streams.
+Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1, bool vocab = false);
+// Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
+// [Vocabulary passes]).
+void add_vocab_passes(Schedule& s);
 
 // Note [Pipeline streams]: rank r's list for the step `age` steps after its stream started
 // (0: it starts it), flushing the stream when `flush`. steps_back(i, m): how many steps
@@ -131,6 +165,7 @@ struct ScheduleCheck {
   std::vector<int> peak_pending_w;   // per rank: most weight gradients pending at once (0 unless split)
   std::vector<std::vector<int>> chunk_peak_pending_w;  // per rank, per chunk: the same for that chunk
   int ticks = 0;                     // length of the replay in unit-time steps
+  std::vector<std::vector<int>> step_tick;  // per rank, per step of its list: the tick it ran in
 };
 // Streams: replays ages 0 .. stream_depth() and a flushing step as one list.
 ScheduleCheck validate(const Schedule& s);

@@ -1,0 +1,56 @@
+// Note [Vocabulary passes] (schedule.h): where each rank runs them, and what each carries.
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
+
+namespace loom::parallel {
+
+void add_vocab_passes(Schedule& s) {
+  LOOM_ASSERT(!s.vocab(), "vocabulary passes added twice");
+  const int m = s.micro_batches;
+  const ScheduleCheck plain = validate(s);
+  LOOM_ASSERT(plain.ok, "schedule ", schedule_name(s.kind), " does not finish: ", plain.problem);
+  // head_tick[i]: the tick of the last stage's F(i) in the plain replay.
+  const StageSite last = s.site(s.pp * s.vpp - 1);
+  std::vector<int> head_tick(size_t(m), -1);
+  const std::vector<PipeStep>& last_list = s.steps[size_t(last.rank)];
+  for (size_t j = 0; j < last_list.size(); ++j)
+    if (last_list[j].phase == Phase::kF && last_list[j].chunk == last.chunk)
+      head_tick[size_t(last_list[j].micro_batch)] = plain.step_tick[size_t(last.rank)][j];
+  // Every rank: V(-1) first, V(i) before its first step of a later tick than head_tick[i],
+  // V(m) last.
+  for (size_t r = 0; r < s.steps.size(); ++r) {
+    std::vector<PipeStep> out{{Phase::kV, -1, 0}};
+    int next_head = 0;
+    for (size_t j = 0; j < s.steps[r].size(); ++j) {
+      while (next_head < m && plain.step_tick[r][j] > head_tick[size_t(next_head)])
+        out.push_back({Phase::kV, next_head++, 0});
+      out.push_back(s.steps[r][j]);
+    }
+    while (next_head <= m) out.push_back({Phase::kV, next_head++, 0});
+    s.steps[r] = std::move(out);
+  }
+  // The embedding rides with the first stage's passes: a lookup in the last one before its
+  // F, a gradient in the first one after its B.
+  s.passes.assign(size_t(m + 2), VocabPass{});
+  for (int k = 0; k < m; ++k) s.passes[size_t(k + 1)].head = k;
+  const StageSite first = s.site(0);
+  int pass = -1;
+  std::vector<int> grads;  // B run, gradient not yet carried
+  for (const PipeStep& st : s.steps[size_t(first.rank)]) {
+    if (st.phase == Phase::kV) {
+      pass = st.micro_batch;
+      VocabPass& v = s.passes[size_t(pass + 1)];
+      v.embed_grad.insert(v.embed_grad.end(), grads.begin(), grads.end());
+      grads.clear();
+    } else if (st.chunk == first.chunk && st.phase == Phase::kF) {
+      s.passes[size_t(pass + 1)].embed.push_back(st.micro_batch);
+    } else if (st.chunk == first.chunk && st.phase == Phase::kB) {
+      grads.push_back(st.micro_batch);
+    }
+  }
+  LOOM_ASSERT(grads.empty(), "the epilogue V(", m, ") is the first stage's last step");
+}
+
+}  // namespace loom::parallel

@@ -207,5 +207,20 @@ TEST(Preflight, CheckpointRoomCountsTheSavesKeptAtOnce) {
   EXPECT_NO_THROW(check_checkpoint_room(c, dir, false));
 }
 
+// Note [Vocabulary passes]: loom simulate prices parallel.pp_vocab; the engine refuses it by
+// name (no rank starts a layout it cannot run), and the plain layout still plans.
+TEST(Preflight, TheEngineRefusesTheVocabularySplitItDoesNotRunYet) {
+  const std::vector<std::string> sets = {"parallel.pp=2", "model.layers=2", "train.grad_accum=2"};
+  std::vector<std::string> vocab = sets;
+  vocab.push_back("parallel.pp_vocab=true");
+  try {
+    plan_rank(load_config("", vocab), 0);
+    FAIL() << "pp_vocab planned";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pp_vocab = false"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(plan_rank(load_config("", sets), 1));
+}
+
 }  // namespace
 }  // namespace loom

@@ -116,7 +116,7 @@ void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const
     std::cout << std::fixed << "#" << ++i << "  " << plan::layout_label(c.plan) << "  [" << c.how << "]\n"
               << std::setprecision(3) << "    step " << r.step_time_s << " s, MFU " << r.mfu << ", HFU " << r.hfu
               << ", " << std::setprecision(1) << r.tflops_per_gpu << " TFLOP/s/GPU; compute " << std::setprecision(3)
-              << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.dp_exposed
+              << b.compute << " s, exposed comm " << b.tp_comm + b.cp_comm + b.zero_comm + b.vocab_comm + b.dp_exposed
               << " s, bubble " << b.pp_idle << " s; peak " << std::setprecision(1) << r.peak_memory_bytes / gib
               << " GiB\n";
     std::cout << "    " << band_text(band(c)) << "\n";

@@ -129,7 +129,8 @@ nlohmann::json result_json(const sim::SimResult& r) {
           {"bubble_floor", r.bubble_floor},
           {"peak_memory_bytes", r.peak_memory_bytes}, {"peak_rank", r.peak_rank}, {"gpus", r.gpus},
           {"breakdown", {{"compute_s", b.compute}, {"recompute_s", b.recompute}, {"tp_comm_s", b.tp_comm},
-                         {"cp_comm_s", b.cp_comm}, {"zero_comm_s", b.zero_comm}, {"pipeline_idle_s", b.pp_idle},
+                         {"cp_comm_s", b.cp_comm}, {"zero_comm_s", b.zero_comm}, {"vocab_comm_s", b.vocab_comm},
+                         {"pipeline_idle_s", b.pp_idle},
                          {"dp_exposed_s", b.dp_exposed}, {"optimizer_s", b.optimizer},
                          {"param_fetch_exposed_s", b.param_fetch}}},
           {"memory", ranks}, {"warnings", r.warnings}, {"warmup_steps", r.warmup_steps},
@@ -150,6 +151,7 @@ void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes
      << b.tp_comm << " | cp comm " << b.cp_comm << " | zero comm " << b.zero_comm << " | pipeline idle " << b.pp_idle
      << " | dp exposed " << b.dp_exposed << " | optimizer " << b.optimizer;
   if (b.param_fetch > 0) os << " | parameter fetch (exposed) " << b.param_fetch;
+  if (b.vocab_comm > 0) os << " | vocabulary passes' comm " << b.vocab_comm;
   os << "\nmemory per pipeline rank (GiB):   params    grads optimizer activations buffers    total\n";
   for (const sim::RankReport& k : r.ranks) {
     const sim::MemoryBreakdown& m = k.memory;

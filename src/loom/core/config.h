@@ -217,6 +217,10 @@ struct ParallelConfig {
   // (last) stage (Note [Stage split] in parallel_config.cc).
   bool pp_account_embedding = false;
   bool pp_account_loss = false;
+  // The head, the loss and the embedding split by vocabulary rows over the pp ranks (Note
+  // [Vocabulary passes] in parallel/schedule.h). Priced by loom simulate; the engine refuses
+  // it until it runs it (issue 55).
+  bool pp_vocab = false;
   std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
   // Gradient compression (Note [Gradient compressors]); defaults are the papers'.

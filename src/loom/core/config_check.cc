@@ -378,6 +378,20 @@ void check_cp(const Config& c, std::vector<std::string>& errs) {
          "use train.device = cpu");
 }
 
+// Note [Vocabulary passes] (parallel/schedule.h).
+void check_pp_vocab(const ParallelConfig& p, std::vector<std::string>& errs) {
+  if (!p.pp_vocab) return;
+  if (p.pp < 2)
+    errs.push_back("parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs parallel.pp >= 2 (have " +
+                   std::to_string(p.pp) + "); drop it without a pipeline");
+  if (streams(p.schedule))
+    errs.push_back(std::string("parallel.pp_vocab runs in the flushing schedules (gpipe, 1f1b, interleaved, zb-h1, "
+                               "zb-h2, zb-v), not yet with parallel.schedule = ") + schedule_name(p.schedule));
+  if (p.pp_account_embedding || p.pp_account_loss)
+    errs.push_back("parallel.pp_vocab spreads the embedding and the loss over every stage, so parallel."
+                   "pp_account_embedding / pp_account_loss have nothing to account: drop them");
+}
+
 }  // namespace
 
 std::vector<std::string> validation_errors(const Config& c) {
@@ -392,6 +406,7 @@ std::vector<std::string> validation_errors(const Config& c) {
   check_cp(c, errs);
   check_sgd(c, errs);
   check_moments(c, errs);
+  check_pp_vocab(c.parallel, errs);
   append_parallel_errors(c, errs);
   return errs;
 }

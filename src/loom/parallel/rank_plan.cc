@@ -41,6 +41,9 @@ parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part
 
 RankPlan plan_rank(const Config& cfg, int global_rank) {
   const ParallelConfig& p = cfg.parallel;
+  LOOM_CONFIG_CHECK(!p.pp_vocab, "parallel.pp_vocab: loom simulate prices the vocabulary split over the pipeline, "
+                    "but the engine does not run it yet (issue 55); set parallel.pp_vocab = false to train, or "
+                    "parallel.pp_layers to move blocks off the head's stage");
   if (p.ps_servers > 0 && global_rank >= p.world()) {  // Note [Parameter server with model parallelism]
     const rank::PsPlace at = rank::ps_place(p, global_rank);
     RankPlan server = plan_rank(cfg, at.worker);

@@ -272,6 +272,37 @@ Schedule stream_list(const Schedule& s) {
   return out;
 }
 
+// The ranks of a deadlocked replay and the steps they wait to run.
+std::string deadlock_text(const Schedule& s, const std::vector<size_t>& next, int ticks) {
+  std::ostringstream os;
+  os << "deadlock after " << ticks << " steps:";
+  for (int r = 0; r < s.pp; ++r) {
+    if (next[size_t(r)] >= s.steps[size_t(r)].size()) continue;
+    const PipeStep& st = s.steps[size_t(r)][next[size_t(r)]];
+    os << " rank " << r << " waits to run " << phase_letter(st.phase) << st.micro_batch << " (chunk " << st.chunk
+       << ");";
+  }
+  if (!s.split()) os << " (schedule " << schedule_name(s.kind) << " has no W steps)";
+  return os.str();
+}
+
+// The first step a finished replay never ran ("" when none): done[phase][v][mb], done_v[k + 1].
+std::string missing_step(const Schedule& s, const std::vector<std::vector<std::vector<char>>>& done,
+                         const std::vector<char>& done_v) {
+  const int m = s.micro_batches;
+  for (int k = -1; s.vocab() && k <= m; ++k)
+    if (!done_v[size_t(k + 1)]) return detail::cat("vocabulary pass ", k, " never ran");
+  for (int v = 0; v < s.pp * s.vpp; ++v)
+    for (int mb = 0; mb < m; ++mb)
+      if (!done[0][size_t(v)][size_t(mb)] || !done[1][size_t(v)][size_t(mb)] || (s.split() && !done[2][size_t(v)][size_t(mb)]))
+        return detail::cat("virtual stage ", v, " never ran ",
+                           !done[0][size_t(v)][size_t(mb)] ? "forward"
+                           : !done[1][size_t(v)][size_t(mb)] ? "backward"
+                                                             : "the weight gradient",
+                           " of micro-batch ", mb);
+  return "";
+}
+
 }  // namespace
 
 // Replay in rounds: in each round every rank whose next step has its inputs runs it. A
@@ -318,33 +349,21 @@ ScheduleCheck validate(const Schedule& s) {
     }
     return false;
   };
-  auto count = [](int& now, int& peak, int delta) {
-    now += delta;
-    peak = std::max(peak, now);
-  };
+  auto count = [](int& now, int& peak, int delta) { peak = std::max(peak, now += delta); };
   while (remaining > 0) {
     std::vector<int> movers;
     for (int r = 0; r < pp; ++r)
       if (next[r] < s.steps[r].size() && ready(r, s.steps[r][next[r]])) movers.push_back(r);
     if (movers.empty()) {
-      std::ostringstream os;
-      os << "deadlock after " << out.ticks << " steps:";
-      for (int r = 0; r < pp; ++r) {
-        if (next[r] >= s.steps[r].size()) continue;
-        const PipeStep& st = s.steps[r][next[r]];
-        os << " rank " << r << " waits to run " << phase_letter(st.phase) << st.micro_batch << " (chunk " << st.chunk
-           << ");";
-      }
-      if (!split) os << " (schedule " << schedule_name(s.kind) << " has no W steps)";
-      out.problem = os.str();
+      out.problem = deadlock_text(s, next, out.ticks);
       return out;
     }
     for (int r : movers) {  // all movers' inputs were checked before this round's effects
       out.step_tick[size_t(r)][next[r]] = out.ticks;
       const PipeStep& st = s.steps[r][next[r]++];
+      --remaining;
       if (st.phase == Phase::kV) {  // every rank moves past it this round
         done_v[size_t(st.micro_batch + 1)] = 1;
-        --remaining;
         continue;
       }
       const size_t c = size_t(st.chunk);
@@ -359,24 +378,11 @@ ScheduleCheck validate(const Schedule& s) {
       for (int x = 0; x < vpp; ++x) all_held += held[r][size_t(x)], all_pending += pending[r][size_t(x)];
       out.peak_in_flight[r] = std::max(out.peak_in_flight[r], all_held);
       out.peak_pending_w[r] = std::max(out.peak_pending_w[r], all_pending);
-      --remaining;
     }
     ++out.ticks;
   }
-  for (int k = -1; s.vocab() && k <= m; ++k)
-    if (!done_v[size_t(k + 1)]) {
-      out.problem = detail::cat("vocabulary pass ", k, " never ran");
-      return out;
-    }
-  for (int v = 0; v < stages; ++v)
-    for (int mb = 0; mb < m; ++mb)
-      if (!done_f[v][mb] || !done_b[v][mb] || (split && !done[2][v][mb])) {
-        out.problem = detail::cat("virtual stage ", v, " never ran ",
-                                  !done_f[v][mb] ? "forward" : !done_b[v][mb] ? "backward" : "the weight gradient",
-                                  " of micro-batch ", mb);
-        return out;
-      }
-  out.ok = true;
+  out.problem = missing_step(s, done, done_v);
+  out.ok = out.problem.empty();
   return out;
 }
 

@@ -25,6 +25,7 @@ std::vector<TermDelta> term_deltas(const sim::SimResult& first, const sim::SimRe
       {"recompute", a.recompute, b.recompute},
       {"exposed tensor-parallel comm", a.tp_comm, b.tp_comm},
       {"exposed context-parallel comm", a.cp_comm, b.cp_comm},
+      {"vocabulary passes' comm over the pipeline", a.vocab_comm, b.vocab_comm},
       {"exposed ZeRO gathers / reduce-scatters", a.zero_comm, b.zero_comm},
       {"pipeline idle (bubble)", a.pp_idle, b.pp_idle},
       {"exposed data-parallel reduction", a.dp_exposed, b.dp_exposed},

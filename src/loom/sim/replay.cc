@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "loom/core/error.h"
 #include "loom/parallel/schedule.h"
@@ -29,6 +30,7 @@ bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vect
       if (parallel::virtual_stage(s.plan.cfg.parallel.schedule, int(s.pp), int(r), c) == other) return 0.0;
     return s.p2p_s;
   };
+  if (st.phase == Phase::kV) return false;  // run_vocab_pass runs it, on every rank at once
   const size_t i = size_t(st.micro_batch);
   double dep = 0;
   if (st.phase == Phase::kF) {
@@ -86,13 +88,47 @@ namespace {
 using Lists = std::vector<std::vector<parallel::PipeStep>>;
 using Done = std::vector<std::vector<double>>;
 
+// Note [Vocabulary passes]: when every rank's next step is the same pass (and its head's
+// input, the last stage's F, is done), all run it together from the latest of their free
+// times; each rank's share costs the same. False when some rank has not reached it.
+bool run_vocab_pass(const Setup& s, const Lists& lists, const std::vector<parallel::VocabPass>& passes,
+                    const Done& fdone, std::vector<RankState>& ranks, std::vector<SimEvent>* events) {
+  int k = -2;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    if (ranks[r].next >= lists[r].size()) return false;
+    const parallel::PipeStep& st = lists[r][ranks[r].next];
+    if (st.phase != parallel::Phase::kV || (k != -2 && st.micro_batch != k)) return false;
+    k = st.micro_batch;
+  }
+  const parallel::VocabPass& v = passes[size_t(k + 1)];
+  double start = 0;
+  if (v.head >= 0 && (start = fdone[size_t(s.V - 1)][size_t(v.head)]) < 0) return false;
+  Pass cost;
+  auto add = [&cost](const Pass& p, double times) {
+    cost.compute += times * p.compute, cost.tp += times * p.tp, cost.cp += times * p.cp, cost.vocab += times * p.vocab;
+  };
+  if (v.head >= 0) add(s.vocab_head, 1);
+  add(s.vocab_embed, double(v.embed.size()));
+  add(s.vocab_embed_grad, double(v.embed_grad.size()));
+  for (const RankState& rs : ranks) start = std::max(start, rs.free_at);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    RankState& rs = ranks[r];
+    rs.spent.compute += cost.compute, rs.spent.tp += cost.tp, rs.spent.cp += cost.cp, rs.spent.vocab += cost.vocab;
+    rs.free_at = start + cost.total();
+    ++rs.next;
+    if (events) events->push_back({int64_t(r) * s.tp * s.cp * s.dp, 0, "V" + std::to_string(k), "vocab", start, rs.free_at});
+  }
+  return true;
+}
+
 // Every rank runs its list (from rs.next = 0) as far as inputs allow, until all are done.
 void run_lists(const Setup& s, const Lists& lists, Done& fdone, Done& bdone, std::vector<RankState>& ranks,
-               std::vector<SimEvent>* events) {
+               std::vector<SimEvent>* events, const std::vector<parallel::VocabPass>& passes = {}) {
   size_t remaining = 0;
   for (size_t r = 0; r < lists.size(); ++r) remaining += lists[r].size(), ranks[r].next = 0;
   while (remaining > 0) {
     bool moved = false;
+    if (!passes.empty() && run_vocab_pass(s, lists, passes, fdone, ranks, events)) remaining -= lists.size(), moved = true;
     for (int64_t r = 0; r < s.pp; ++r) {
       RankState& rs = ranks[size_t(r)];
       const auto& steps = lists[size_t(r)];
@@ -156,7 +192,7 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
 
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
-  const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp));
+  const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp), par.pp_vocab);
   const bool stream = streams(par.schedule) && s.pp > 1;
   const int64_t steps = stream ? steady_stream_age(sched) + 2 : 1;
   Done fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(steps * s.m), -1.0));
@@ -165,7 +201,7 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   for (RankState& rs : ranks)
     rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.pending = rs.pending_peak = rs.held;
   if (stream) return replay_stream(s, sched, fdone, bdone, std::move(ranks), events);
-  run_lists(s, sched.steps, fdone, bdone, ranks, events);
+  run_lists(s, sched.steps, fdone, bdone, ranks, events, sched.passes);
   return ranks;
 }
 

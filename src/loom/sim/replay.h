@@ -24,7 +24,15 @@ struct Setup {
   double p2p_bytes = 0, p2p_s = 0;
   std::vector<ChunkCost> chunks;  // per virtual stage
   bool split = false;             // the schedule splits backward into B and W
+  // Note [Vocabulary passes] (parallel.pp_vocab): what one rank's share of a micro-batch's
+  // head and loss, of an embedding lookup and of its gradient cost, their collectives over
+  // the pipeline included; and the parameters of a rank's vocabulary slices.
+  Pass vocab_head, vocab_embed, vocab_embed_grad;
+  double vocab_params = 0;
 };
+
+// sim/vocab_cost.cc: fills the vocab_* fields of a plan with parallel.pp_vocab.
+void price_vocab_passes(Setup& s);
 
 struct RankState {
   double free_at = 0, live = 0, peak_live = 0, recomputed = 0, last_bwd_window = 0;

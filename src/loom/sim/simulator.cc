@@ -144,6 +144,7 @@ void build_chunks(Setup& s) {
   const double refault = s.plan.framework == Framework::kLoom && par.zero >= 2 && G > 1 && fault_bw > 0
                              ? (1 - 1 / G) * 4.0 / fault_bw / (s.pp > 1 ? double(s.m) : 1.0)
                              : 0.0;
+  if (par.pp_vocab) price_vocab_passes(s);
   s.chunks.assign(static_cast<size_t>(s.V), ChunkCost{});
   int64_t first = 0;
   for (int64_t v = 0; v < s.V; ++v) {
@@ -165,13 +166,17 @@ void build_chunks(Setup& s) {
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
     ch.fp8_weights = double(n) * fp8_block;
-    if (v == 0) {
-      add_unit(ch, embed, 1);
-      ch.params += embedding_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
-    }
-    if (v == s.V - 1) {
-      add_unit(ch, head, 1);
-      ch.params += head_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
+    if (par.pp_vocab) {  // Note [Vocabulary passes]: every rank's first chunk holds a slice
+      if (v < s.pp) ch.params += s.vocab_params;
+    } else {
+      if (v == 0) {
+        add_unit(ch, embed, 1);
+        ch.params += embedding_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
+      }
+      if (v == s.V - 1) {
+        add_unit(ch, head, 1);
+        ch.params += head_params(model, int64_t(s.x.vocab_t())).per_tp_rank;
+      }
     }
     ch.bwd.compute += refault * ch.params;
   }
@@ -472,6 +477,7 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   b.compute = sp.compute;
   b.tp_comm = sp.tp;
   b.cp_comm = sp.cp;
+  b.vocab_comm = sp.vocab;
   b.zero_comm = sp.zero + w.param_gather_s;
   b.pp_idle = w.pipeline_end_s - w.busy_s;
   b.dp_exposed = w.dp_exposed_s + w.tied_s + w.ps_s;

@@ -79,6 +79,7 @@ struct RankReport {
 struct Breakdown {  // seconds of the slowest rank's step
   double compute = 0, recompute = 0, tp_comm = 0, cp_comm = 0, zero_comm = 0;
   double pp_idle = 0, dp_exposed = 0, optimizer = 0, param_fetch = 0;
+  double vocab_comm = 0;  // parallel.pp_vocab's collectives (Note [Vocabulary passes])
 };
 
 struct SimResult {

@@ -77,7 +77,7 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
 }  // namespace
 
 Pass minus(Pass a, const Pass& b) {
-  a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero;
+  a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero, a.vocab -= b.vocab;
   return a;
 }
 

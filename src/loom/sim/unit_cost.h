@@ -18,8 +18,9 @@ struct Places {
 
 struct Pass {
   double compute = 0, tp = 0, cp = 0, zero = 0;
-  double gemm = 0;  // the GEMM part of compute (not added to total)
-  double total() const { return compute + tp + cp + zero; }
+  double vocab = 0;  // the vocabulary passes' collectives over the pipeline (Note [Vocabulary passes])
+  double gemm = 0;   // the GEMM part of compute (not added to total)
+  double total() const { return compute + tp + cp + zero + vocab; }
 };
 
 // a - b, term by term (a split backward's B is its bwd less its wgt).

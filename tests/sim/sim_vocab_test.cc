@@ -1,0 +1,87 @@
+// Note [Vocabulary passes] (parallel/schedule.h) priced (sim/vocab_cost.cc): the head, the loss
+// and the embedding spread over every pipeline rank leave no floor of unequal stages.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/core/config.h"
+#include "loom/core/error.h"
+#include "loom/sim/cluster.h"
+#include "loom/sim/simulator.h"
+
+namespace loom::sim {
+namespace {
+
+ClusterSpec free_links(int64_t gpus) {  // the replay's timing is pure schedule and stage work
+  return load_cluster("dgx-a100",
+                      {"cluster.intra.gbps=1e12", "cluster.inter.gbps=1e12", "cluster.intra.latency_us=0",
+                       "cluster.inter.latency_us=0"},
+                      gpus, "");
+}
+
+SimPlan plan_of(const std::vector<std::string>& sets) {
+  // 8 blocks of d_model 2048 and a 256k-row head (about 8 blocks' forward and backward).
+  std::vector<std::string> all = {"model.preset=llama", "model.layers=8", "model.d_model=2048", "model.heads=16",
+                                  "model.kv_heads=8", "model.ffn=5632", "model.vocab=256000", "parallel.pp=2",
+                                  "model.ctx=2048", "train.batch=8", "train.grad_accum=8", "train.seq=2048"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  SimPlan p;
+  p.cfg = load_config("", all);
+  return p;
+}
+
+// Without the passes the last stage carries the head: a floor well above 20%. With them
+// every rank carries half of it: the floor is gone, the step shorter, and the work the
+// same (the head's GEMM at half the width, the embedding's lookup now on both ranks).
+TEST(VocabPasses, SpreadTheHeadSoNoFloorIsLeft) {
+  for (const char* schedule : {"1f1b", "gpipe", "zb-h1", "interleaved"}) {
+    std::vector<std::string> sets = {std::string("parallel.schedule=") + schedule};
+    if (std::string(schedule) == "interleaved") sets.push_back("parallel.vpp=2");
+    const SimResult plain = simulate(plan_of(sets), free_links(2), true);
+    sets.push_back("parallel.pp_vocab=true");
+    const SimResult vocab = simulate(plan_of(sets), free_links(2), true);
+    EXPECT_GT(plain.bubble_floor, 0.2) << schedule;
+    EXPECT_LT(vocab.bubble_floor, 0.01) << schedule;
+    EXPECT_LT(vocab.step_time_s, plain.step_time_s) << schedule;
+    double busy_plain = 0, busy_vocab = 0;
+    for (const RankReport& r : plain.ranks) busy_plain += r.busy_s;
+    for (const RankReport& r : vocab.ranks) busy_vocab += r.busy_s;
+    EXPECT_NEAR(busy_vocab / busy_plain, 1.0, 0.03) << schedule;
+    // Every rank runs the m + 2 passes, each at the same time on both.
+    std::map<std::string, std::vector<double>> starts;
+    for (const SimEvent& e : vocab.events)
+      if (e.cat == "vocab") starts[e.name].push_back(e.t0_s);
+    EXPECT_EQ(starts.size(), 10u) << schedule;
+    for (const auto& [name, at] : starts) {
+      ASSERT_EQ(at.size(), 2u) << schedule << " " << name;
+      EXPECT_DOUBLE_EQ(at[0], at[1]) << schedule << " " << name;
+    }
+  }
+}
+
+// The passes' collectives are priced on real links: the last stage's output broadcast, three
+// floats a token all-reduced and the input gradient reduced per head; a reduce per lookup
+// and a broadcast per gradient (the pipeline's ranks on two nodes here: the inter-node link).
+TEST(VocabPasses, PriceTheirCollectivesOverThePipeline) {
+  const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
+  SimPlan p = plan_of({"parallel.pp_vocab=true", "parallel.tp=8", "parallel.pp=2"});
+  const SimResult r = simulate(p, c);
+  EXPECT_GT(r.breakdown.vocab_comm, 0.0);
+  p.cfg.parallel.pp_vocab = false;
+  EXPECT_EQ(simulate(p, c).breakdown.vocab_comm, 0.0);
+}
+
+TEST(VocabPasses, AreRefusedWhereTheyCannotRun) {
+  EXPECT_THROW(load_config("", {"parallel.pp_vocab=true"}), ConfigError);  // pp 1
+  EXPECT_THROW(load_config("", {"parallel.pp_vocab=true", "parallel.pp=2", "parallel.schedule=2bw",
+                                "train.grad_accum=2", "model.layers=2"}),
+               ConfigError);
+  EXPECT_THROW(load_config("", {"parallel.pp_vocab=true", "parallel.pp=2", "parallel.pp_account_loss=true",
+                                "model.layers=2"}),
+               ConfigError);
+}
+
+}  // namespace
+}  // namespace loom::sim

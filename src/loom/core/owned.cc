@@ -149,27 +149,24 @@ bool marker_names(const std::string& path, const std::string& token, int* fd_out
 }
 
 // A marker file with its whole text and this process's flock, made to appear at `path`
-// at once: written into an unnamed file (O_TMPFILE) and then linked, so no instant shows
-// a marker without its text. Where the file system has no O_TMPFILE it is created at
-// `path` and then written (a kill between the two leaves an empty file, which proves
-// nothing and is left alone). Returns the descriptor; throws Error.
+// at once: written into an unnamed file (O_TMPFILE) and then linked through /proc, so no
+// instant shows a marker without its text. Where the file system has no O_TMPFILE (or /proc
+// is not mounted) it is created at `path` and then written (a kill between the two leaves an
+// empty file, which proves nothing and is left alone). Returns the descriptor; throws Error.
 int make_marker(const std::string& dir, const std::string& path, const std::string& text) {
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
-  const bool unnamed = fd >= 0;
-  if (!unnamed) fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
-            ::write(fd, text.data(), text.size()) == ssize_t(text.size());
-  if (ok && unnamed) {
+  auto fill = [&](int fd) {
+    return ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+  };
+  if (const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644); fd >= 0) {
     const std::string self = "/proc/self/fd/" + std::to_string(fd);
-    ok = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0;
+    if (fill(fd) && ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0) return fd;
+    ::close(fd);
   }
-  if (!ok) {
-    const std::string why = std::strerror(errno);
-    if (fd >= 0) ::close(fd);
-    if (!unnamed && fd >= 0) ::unlink(path.c_str());
-    throw Error("cannot write loom's ownership marker '" + path + "': " + why);
-  }
-  return fd;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd >= 0 && fill(fd)) return fd;
+  const std::string why = std::strerror(errno);
+  if (fd >= 0) ::close(fd), ::unlink(path.c_str());
+  throw Error("cannot write loom's ownership marker '" + path + "': " + why);
 }
 
 }  // namespace

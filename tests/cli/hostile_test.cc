@@ -148,6 +148,18 @@ TEST(Hostile, ImpossibleModelsAreRefusedBeforeTheSearch) {
   EXPECT_NE(r.output.find("DOES NOT FIT"), std::string::npos) << r.output;
 }
 
+// Note [Vocabulary passes]: loom simulate prices parallel.pp_vocab; loom plan, which
+// recommends only what the engine runs, refuses to search it by name.
+TEST(Hostile, ThePlannerDoesNotSearchTheVocabularySplitTheEngineRefuses) {
+  const std::string vocab = " --model gpt2 --set model.layers=4 --set parallel.pp=2 --set parallel.pp_vocab=true";
+  Result r = run("plan" + vocab + " --gpus 4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("loom plan does not search it"), std::string::npos) << r.output;
+  r = run("simulate" + vocab + " --gpus 2 --pp 2 --grad-accum 4 --global-batch 4");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("vocabulary passes' comm"), std::string::npos) << r.output;
+}
+
 // Finding 16: an end-of-document token past 32 bits (CRCs made valid) is refused, not cut.
 TEST(Hostile, AShardHeaderEndOfDocumentPast32BitsIsRefused) {
   const std::string d = fresh("eod");

@@ -73,6 +73,22 @@ TEST(VocabPasses, PriceTheirCollectivesOverThePipeline) {
   EXPECT_EQ(simulate(p, c).breakdown.vocab_comm, 0.0);
 }
 
+// GPT's tied wte: each rank's slice serves its head and its embedding, so no stage keeps the
+// whole table's copy: an even split holds the same parameters on both ranks, and the last
+// stage half the 50,257 x 768 table (plus the positions, priced on every rank) instead of
+// its whole copy.
+TEST(VocabPasses, KeepNoCopyOfTheTiedEmbedding) {
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=gpt2", "model.layers=4", "parallel.pp=2", "train.batch=4", "train.grad_accum=4",
+                           "parallel.pp_vocab=true"});
+  const SimResult vocab = simulate(p, free_links(2));
+  EXPECT_DOUBLE_EQ(vocab.ranks[0].params, vocab.ranks[1].params);
+  p.cfg.parallel.pp_vocab = false;
+  const SimResult plain = simulate(p, free_links(2));
+  const double wte = 50257.0 * 768, wpe = 1024.0 * 768;
+  EXPECT_DOUBLE_EQ(plain.ranks[1].params - vocab.ranks[1].params, wte / 2 - wpe);
+}
+
 TEST(VocabPasses, AreRefusedWhereTheyCannotRun) {
   EXPECT_THROW(load_config("", {"parallel.pp_vocab=true"}), ConfigError);  // pp 1
   EXPECT_THROW(load_config("", {"parallel.pp_vocab=true", "parallel.pp=2", "parallel.schedule=2bw",

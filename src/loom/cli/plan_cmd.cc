@@ -156,9 +156,7 @@ int run_plan(const PlanArgs& a) {
   base.layout.dp = 1;
   base.gpus = 0;
   const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
-  // Note [Vocabulary passes]: priced by loom simulate, not yet run by the engine, so never
-  // searched (the planner recommends only what the engine runs).
-  if (in.plan.cfg.parallel.pp_vocab)
+  if (in.plan.cfg.parallel.pp_vocab)  // Note [Vocabulary passes]: priced, not yet run, so never searched
     throw ConfigError("parallel.pp_vocab: loom plan does not search it while the engine does not run it (issue 55); "
                       "price a layout with it with loom simulate, or drop it to plan");
   plan::PlanRequest req;

@@ -363,8 +363,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   const ModelConfig& model = s.plan.cfg.model;
   const DeviceSpec& dev = s.cluster.device;
   const ScheduleKind kind = par.schedule;
-  // GPT's tied wte is copied on the first and last stage's ranks, unless one rank holds both
-  // (ZB-V) or every rank holds its own slice for both (Note [Vocabulary passes]).
+  // GPT's tied wte: copied on the ends, unless one rank holds both (ZB-V) or each its slice (pp_vocab).
   const bool tied = model.arch == Arch::kGpt && s.pp > 1 && kind != ScheduleKind::kZbV && !par.pp_vocab;
   const double G = double(s.dp * s.cp);
   RankReport rep;

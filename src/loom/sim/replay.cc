@@ -104,16 +104,13 @@ bool run_vocab_pass(const Setup& s, const Lists& lists, const std::vector<parall
   double start = 0;
   if (v.head >= 0 && (start = fdone[size_t(s.V - 1)][size_t(v.head)]) < 0) return false;
   Pass cost;
-  auto add = [&cost](const Pass& p, double times) {
-    cost.compute += times * p.compute, cost.tp += times * p.tp, cost.cp += times * p.cp, cost.vocab += times * p.vocab;
-  };
-  if (v.head >= 0) add(s.vocab_head, 1);
-  add(s.vocab_embed, double(v.embed.size()));
-  add(s.vocab_embed_grad, double(v.embed_grad.size()));
+  if (v.head >= 0) add_to(cost, s.vocab_head);
+  add_to(cost, s.vocab_embed, double(v.embed.size()));
+  add_to(cost, s.vocab_embed_grad, double(v.embed_grad.size()));
   for (const RankState& rs : ranks) start = std::max(start, rs.free_at);
   for (size_t r = 0; r < ranks.size(); ++r) {
     RankState& rs = ranks[r];
-    rs.spent.compute += cost.compute, rs.spent.tp += cost.tp, rs.spent.cp += cost.cp, rs.spent.vocab += cost.vocab;
+    add_to(rs.spent, cost);
     rs.free_at = start + cost.total();
     ++rs.next;
     if (events) events->push_back({int64_t(r) * s.tp * s.cp * s.dp, 0, "V" + std::to_string(k), "vocab", start, rs.free_at});

@@ -76,6 +76,11 @@ void add_backward(const ClusterSpec& c, const Places& pl, const std::vector<Op>&
 
 }  // namespace
 
+void add_to(Pass& to, const Pass& p, double times) {
+  to.compute += times * p.compute, to.tp += times * p.tp, to.cp += times * p.cp, to.zero += times * p.zero;
+  to.vocab += times * p.vocab, to.gemm += times * p.gemm;
+}
+
 Pass minus(Pass a, const Pass& b) {
   a.compute -= b.compute, a.tp -= b.tp, a.cp -= b.cp, a.zero -= b.zero, a.vocab -= b.vocab;
   return a;

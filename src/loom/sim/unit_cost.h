@@ -25,6 +25,8 @@ struct Pass {
 
 // a - b, term by term (a split backward's B is its bwd less its wgt).
 Pass minus(Pass a, const Pass& b);
+// to += times x p, term by term.
+void add_to(Pass& to, const Pass& p, double times = 1);
 
 // Per-micro-batch cost of one block / embedding / head: forward, backward and recompute;
 // wgt: the part of bwd that is weight-gradient GEMMs (a block's W step).

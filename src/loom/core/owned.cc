@@ -169,6 +169,19 @@ int make_marker(const std::string& dir, const std::string& path, const std::stri
   throw Error("cannot write loom's ownership marker '" + path + "': " + why);
 }
 
+// Removes the marked directory `path` as its maker does: the marker moved out beside it
+// first, the directory, then the marker (wherever it was), so a kill midway leaves it
+// proved loom's. False when the directory could not be removed (the marker then stays).
+bool remove_marked_dir(const std::string& path) {
+  std::error_code ec;
+  if (kind_of(path) == Kind::kDir) {
+    ::rename((path + "/" + kMarker).c_str(), sibling_of(path).c_str());
+    fs::remove_all(path, ec);
+  }
+  if (!ec) ::unlink(sibling_of(path).c_str());
+  return !ec;
+}
+
 }  // namespace
 
 // The marker moves between `<dir>/.loom-owner` and the sibling `<dir>.loom-owner` by rename,
@@ -193,12 +206,7 @@ TempDir::TempDir(const std::string& parent, const std::string& base) {
 
 TempDir::~TempDir() {
   if (path_.empty()) return;
-  // The marker goes out beside the directory first and is removed last, so a kill while
-  // removing leaves a directory still proved loom's.
-  std::error_code ec;
-  const bool out = ::rename((path_ + "/" + kMarker).c_str(), sibling_of(path_).c_str()) == 0;
-  fs::remove_all(path_, ec);
-  if (out && !ec) ::unlink(sibling_of(path_).c_str());
+  remove_marked_dir(path_);
   if (marker_fd_ >= 0) ::close(marker_fd_);
 }
 
@@ -277,15 +285,7 @@ bool is_abandoned_temp(const std::string& dir, const std::string& name, bool* li
 bool remove_abandoned_entry(const std::string& dir, const std::string& name) {
   if (!is_abandoned_temp(dir, name)) return false;
   const auto temp = parse_marker_name(name);
-  const std::string path = (fs::path(dir) / (temp ? *temp : name)).string();
-  // Removed as the maker removes it: the marker beside the directory first, gone last.
-  std::error_code ec;
-  if (kind_of(path) == Kind::kDir) {
-    ::rename((path + "/" + kMarker).c_str(), sibling_of(path).c_str());
-    fs::remove_all(path, ec);
-  }
-  if (!ec) ::unlink(sibling_of(path).c_str());
-  return !ec;
+  return remove_marked_dir((fs::path(dir) / (temp ? *temp : name)).string());
 }
 
 std::vector<std::string> remove_abandoned(const std::string& parent, const std::string& base) {

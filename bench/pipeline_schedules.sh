@@ -10,6 +10,8 @@
 # the fastest run (default 1). SPLITS="5,1 6,0" also runs each schedule at pp 2 with those
 # stage splits (parallel.pp_layers; a 0 end stage only embeds or only runs the head: Note
 # [Stage split]).
+# A schedule written S+v runs S with the vocabulary split over the pipeline (parallel.pp_vocab,
+# Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v".
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -52,7 +54,8 @@ for c in $configs; do
     ref_bubble="" ref_tok=""
     splits="-"; [[ $pp == 2 ]] && splits="- ${SPLITS:-}"
     for split in $splits; do
-    for s in $schedules; do
+    for sv in $schedules; do
+      s=${sv%+v} vocab=""; [[ $sv == *+v ]] && vocab="parallel.pp_vocab=true"
       vpp=1; [[ $s == zb-v ]] && vpp=2
       layout="pp$pp m8" split_args=()
       if [[ $split != - ]]; then
@@ -61,13 +64,13 @@ for c in $configs; do
       fi
       layers=$(model_sets "$c" | { grep -o "model.layers=[0-9]*" || true; } | cut -d= -f2); layers=${layers:-4}  # tiny: 4
       if (( layers < pp * vpp )); then
-        printf "%-4s %-14s %-7s %s\n" "$c" "$layout" "$s" "n/a: $layers layers < pp x vpp = $((pp * vpp))"
+        printf "%-4s %-14s %-7s %s\n" "$c" "$layout" "$sv" "n/a: $layers layers < pp x vpp = $((pp * vpp))"
         continue
       fi
-      ga=8 n=$((steps + 2)) drop=2 extra=""
+      ga=8 n=$((steps + 2)) drop=2 extra="$vocab"
       if per_batch "$s"; then
         batch=$(model_sets "$c" | grep -o "train.batch=[0-9]*" | cut -d= -f2)
-        ga=1 n=$((8 * (steps + 2))) drop=16 extra="train.batch=$((batch / 8)) optim.grad_clip=0"
+        ga=1 n=$((8 * (steps + 2))) drop=16 extra="$vocab train.batch=$((batch / 8)) optim.grad_clip=0"
       fi
       best=0  # BEST_OF runs, keeping the fastest (the machine's least disturbed one)
       for ((try = 0; try < best_of; try++)); do
@@ -89,7 +92,7 @@ floor = [r for r in rows if r["category"] == "bubble floor"][0]
 print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])')
       tok=$best
       [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
-      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "$layout" "$s" \
+      printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "$layout" "$sv" \
         "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" \
         "$(/usr/bin/python3 -c "print('%.1f / %.1f' % (100*$floor, 100*$pfloor))")" "$tok" \
         "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")" "$note"

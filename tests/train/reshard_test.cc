@@ -78,6 +78,14 @@ const std::vector<Pair>& pairs() {
        {"parallel.dp=1", "parallel.pp=1", "parallel.tp=2", "parallel.ps_servers=0"}},
       {"zero1 dp2 x pp2 -> ps tp2 + 2 servers per shard", {}, {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1"},
        {"parallel.dp=1", "parallel.pp=1", "parallel.tp=2", "parallel.zero=0", "parallel.ps_servers=2"}},
+      // Note [Vocabulary passes]: the vocabulary rows split over pp (x tp), in and out.
+      {"pp2 vocab split -> single", {}, {"parallel.pp=2", "parallel.pp_vocab=true"},
+       {"parallel.pp=1", "parallel.pp_vocab=false"}},
+      {"llama tp2 x pp2 vocab split -> pp3 vocab split", {"model.arch=llama", "model.kv_heads=2"},
+       {"parallel.tp=2", "parallel.pp=2", "parallel.pp_vocab=true"}, {"parallel.tp=1", "parallel.pp=3"}},
+      {"zero1 dp2 -> tp2 replicated vocab x pp2 vocab split", {}, {"parallel.dp=2", "parallel.zero=1"},
+       {"parallel.dp=1", "parallel.zero=0", "parallel.tp=2", "parallel.pp=2", "parallel.pp_vocab=true",
+        "parallel.vocab_parallel=false"}},
   };
   return p;
 }

@@ -22,17 +22,11 @@ using nlohmann::json;
 // Float counts above this are refused before any arithmetic on them (2^40 floats = 4 TiB).
 constexpr int64_t kMaxFloats = int64_t(1) << 40;
 
-// The layout a tp slice of the whole model has (every layer, both ends).
-ParamLayout tp_layout(const Config& cfg, int tp_rank) {
-  ModelPart part;
-  part.tp = int(cfg.parallel.tp), part.tp_rank = tp_rank, part.vocab_parallel = cfg.parallel.vocab_parallel;
-  return ParamLayout(cfg.model, {}, part);
-}
 
 json layout_json(const ParallelConfig& p) {
   return {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"vpp", p.vpp}, {"sp", p.sp}, {"zero", p.zero},
           {"pp_layers", pp_layers_text(p.pp_layers)}, {"vocab_parallel", p.vocab_parallel},
-          {"ps_servers", p.ps_servers}};
+          {"ps_servers", p.ps_servers}, {"pp_vocab", p.pp_vocab}};
 }
 
 json rank_to_json(const RankFile& r) {
@@ -99,12 +93,7 @@ RankFile rank_from_json(const json& j, const std::string& where) {
 
 // Every piece inside its tensor's slice and inside its section of the file.
 void check_pieces(const Manifest& m, const std::string& where) {
-  const int tp = int(m.config.parallel.tp);
-  std::vector<std::map<std::string, int64_t>> local_numel(static_cast<size_t>(tp));
-  for (int t = 0; t < tp; ++t) {
-    const ParamLayout slice = tp_layout(m.config, t);
-    for (const ParamSpec& s : slice.specs()) local_numel[size_t(t)][s.name] = s.numel;
-  }
+  const Slices slices(m.config);
   for (const RankFile& r : m.ranks) {
     int64_t start[kSections + 1] = {kHeaderBytes, 0, 0, 0};
     for (int s = 0; s < kSections; ++s) start[s + 1] = start[s] + 4 * r.floats[s];
@@ -112,8 +101,9 @@ void check_pieces(const Manifest& m, const std::string& where) {
       const std::string at = where + ", " + r.file;
       if (p.tensor >= int(m.tensors.size()))
         throw Error(detail::cat("checkpoint: ", at, ": piece names tensor #", p.tensor, " of ", m.tensors.size()));
-      const std::string& name = m.tensors[size_t(p.tensor)].name;
-      const int64_t numel = local_numel[size_t(r.tp_rank)].at(name);
+      const Tensor& t = m.tensors[size_t(p.tensor)];
+      const std::string& name = t.name;
+      const int64_t numel = slices.spec(t, slices.of(t, r)).numel;
       if (p.local_offset + p.count > numel)
         throw Error(detail::cat("checkpoint: ", at, ": piece of ", name, " covers elements ", p.local_offset, "..",
                                 p.local_offset + p.count, ", past its ", numel));
@@ -126,30 +116,28 @@ void check_pieces(const Manifest& m, const std::string& where) {
 }
 
 
-// Every element of every tensor, in every section, is held by some piece: of its own tp
-// slice for a split tensor, of any tp rank for a replicated one. Pieces may repeat
-// elements (dp replicas hold copies); none may be missing, or loading could not
-// assemble the tensor. Reads no data: the manifest alone says it.
+// Every element of every tensor, in every section, is held by some piece of its slice
+// (Slices; any rank's for a replicated one). Pieces may repeat elements (dp replicas hold
+// copies); none may be missing, or loading could not assemble the tensor. Reads no data:
+// the manifest alone says it.
 void check_coverage(const Manifest& m, const std::string& where) {
-  const int tp = int(m.config.parallel.tp);
-  std::vector<ParamLayout> slices;
-  for (int t = 0; t < tp; ++t) slices.push_back(tp_layout(m.config, t));
+  const Slices slices(m.config);
   // runs[tensor][section][slice] = (first, end) element ranges
-  std::vector<std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>>> runs(
-      m.tensors.size(), std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>>(
-                            kSections, std::vector<std::vector<std::pair<int64_t, int64_t>>>(size_t(tp))));
+  std::vector<std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>>> runs(m.tensors.size());
+  for (size_t t = 0; t < m.tensors.size(); ++t)
+    runs[t].assign(kSections, std::vector<std::vector<std::pair<int64_t, int64_t>>>(size_t(slices.count(m.tensors[t]))));
   for (const RankFile& r : m.ranks)
     for (const Piece& p : r.pieces) {
-      const int slice = m.tensors[size_t(p.tensor)].split_dim < 0 ? 0 : r.tp_rank;
+      const int slice = slices.of(m.tensors[size_t(p.tensor)], r);
       runs[size_t(p.tensor)][size_t(p.section)][size_t(slice)].push_back({p.local_offset, p.local_offset + p.count});
     }
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const bool replicated = m.tensors[t].split_dim < 0;
     for (int sec = 0; sec < kSections; ++sec)
-      for (int slice = 0; slice < (replicated ? 1 : tp); ++slice) {
+      for (int slice = 0; slice < slices.count(m.tensors[t]); ++slice) {
         auto& v = runs[t][size_t(sec)][size_t(slice)];
         std::sort(v.begin(), v.end());
-        const int64_t numel = slices[size_t(slice)].at(m.tensors[t].name).numel;
+        const int64_t numel = slices.spec(m.tensors[t], slice).numel;
         int64_t covered = 0;
         for (const auto& [lo, hi] : v) {
           if (lo > covered) break;
@@ -157,13 +145,44 @@ void check_coverage(const Manifest& m, const std::string& where) {
         }
         if (covered < numel)
           throw Error(detail::cat("checkpoint: '", where, "': no piece holds tensor ", m.tensors[t].name, " section ",
-                                  kSectionNames[sec], replicated ? "" : " tp slice " + std::to_string(slice),
+                                  kSectionNames[sec], replicated ? "" : " slice " + std::to_string(slice),
                                   " elements from ", covered, " (of ", numel, "): the manifest is incomplete"));
       }
   }
 }
 
 }  // namespace
+
+Slices::Slices(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  tp_ = int(p.tp);
+  vocab_tp_ = p.vocab_parallel ? tp_ : 1;
+  vocab_pp_ = p.pp_vocab ? int(p.pp) : 1;
+  for (int k = 0; k < vocab_pp_ * tp_; ++k) {
+    ModelPart part;  // every layer, both ends
+    part.tp = tp_, part.tp_rank = k % tp_, part.vocab_parallel = p.vocab_parallel;
+    part.vocab_pp = vocab_pp_, part.vocab_pp_rank = k / tp_;
+    layouts_.emplace_back(cfg.model, LayoutPadding{}, part);
+  }
+}
+
+bool Slices::vocab_rows(const Tensor& t) const { return vocab_pp_ > 1 && layouts_[0].at(t.name).vocab_parts > 0; }
+
+int Slices::count(const Tensor& t) const {
+  if (vocab_rows(t)) return vocab_pp_ * vocab_tp_;
+  return t.split_dim < 0 ? 1 : tp_;
+}
+
+int Slices::of(const Tensor& t, const RankFile& r) const {
+  if (vocab_rows(t)) return r.pp_rank * vocab_tp_ + (vocab_tp_ > 1 ? r.tp_rank : 0);
+  return t.split_dim < 0 ? 0 : r.tp_rank;
+}
+
+const ParamSpec& Slices::spec(const Tensor& t, int slice) const {
+  LOOM_ASSERT(slice >= 0 && slice < count(t));
+  if (vocab_rows(t)) return layouts_[size_t(vocab_tp_ > 1 ? slice : slice * tp_)].at(t.name);  // vocab part == slice
+  return layouts_[size_t(t.split_dim < 0 ? 0 : slice)].at(t.name);
+}
 
 std::string step_name(int64_t step) {
   char b[32];
@@ -186,10 +205,15 @@ std::string rank_file_name(int rank) {
 uint32_t crc_of(const float* p, size_t n) { return crc32_of(p, n * sizeof(float)); }
 
 std::vector<Tensor> tensor_table(const Config& cfg) {
-  const ParamLayout whole(cfg.model), sliced = tp_layout(cfg, 0);
+  ModelPart part;  // tp rank 0's and (pp_vocab) vocabulary part 0's layout
+  part.tp = int(cfg.parallel.tp), part.vocab_parallel = cfg.parallel.vocab_parallel;
+  if (cfg.parallel.pp_vocab) part.vocab_pp = int(cfg.parallel.pp);
+  const ParamLayout whole(cfg.model), sliced(cfg.model, {}, part);
   std::vector<Tensor> out;
-  for (const ParamSpec& s : whole.specs())
-    out.push_back({s.name, s.shape, cfg.parallel.tp > 1 ? sliced.at(s.name).split_dim : -1});
+  for (const ParamSpec& s : whole.specs()) {
+    const ParamSpec& mine = sliced.at(s.name);
+    out.push_back({s.name, s.shape, mine.vocab_parts > 0 ? 0 : cfg.parallel.tp > 1 ? mine.split_dim : -1});
+  }
   return out;
 }
 

@@ -55,6 +55,24 @@ struct RankFile {
   std::vector<Piece> pieces;
 };
 
+// How a checkpoint of `cfg` cuts each tensor over its rank files: a replicated tensor is
+// one slice any rank may hold; a tp-split one has tp slices, rank file (pp, tp_rank) holding
+// slice tp_rank; the vocabulary rows under parallel.pp_vocab (Note [Vocabulary passes] in
+// parallel/schedule.h) have one slice per vocabulary part, rank (pp, tp_rank) holding part
+// ModelPart::vocab_index(). Each slice's local form is a ParamSpec of some rank's layout.
+class Slices {
+ public:
+  explicit Slices(const Config& cfg);
+  int count(const Tensor& t) const;
+  int of(const Tensor& t, const RankFile& r) const;
+  const ParamSpec& spec(const Tensor& t, int slice) const;
+
+ private:
+  bool vocab_rows(const Tensor& t) const;
+  int tp_ = 1, vocab_tp_ = 1, vocab_pp_ = 1;  // tp; the vocabulary's parts over tp and over pp
+  std::vector<ParamLayout> layouts_;  // [vocab pp rank x tp + tp rank]: that rank's whole-model layout
+};
+
 struct Manifest {
   int64_t step = 0, optimizer_steps = 0;
   LossScaleState loss_scale;  // scale 0: the run had no loss scaling

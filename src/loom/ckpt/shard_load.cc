@@ -87,24 +87,21 @@ class PieceReader {
 // Whole tensors of one checkpoint, by tensor and section.
 class WholeTensors {
  public:
-  WholeTensors(const std::string& dir, const Manifest& m, int prefer_rank) : m_(m), reader_(dir, m) {
-    const int tp = int(m.config.parallel.tp);
-    for (int t = 0; t < tp; ++t) {
-      ModelPart part;
-      part.tp = tp, part.tp_rank = t, part.vocab_parallel = m.config.parallel.vocab_parallel;
-      slices_.emplace_back(m.config.model, LayoutPadding{}, part);
-    }
-    whole_ = std::make_unique<ParamLayout>(m.config.model);
-    // pieces_[tensor][section][tp rank]: (rank, piece), the preferred rank's first.
-    pieces_.assign(m.tensors.size(), std::vector<std::vector<std::vector<std::pair<int, int>>>>(
-                                         shard::kSections, std::vector<std::vector<std::pair<int, int>>>(size_t(tp))));
+  WholeTensors(const std::string& dir, const Manifest& m, int prefer_rank)
+      : m_(m), reader_(dir, m), slices_(m.config), whole_(std::make_unique<ParamLayout>(m.config.model)) {
+    // pieces_[tensor][section][slice]: (rank, piece), the preferred rank's first.
+    pieces_.resize(m.tensors.size());
+    for (size_t t = 0; t < m.tensors.size(); ++t)
+      pieces_[t].assign(shard::kSections,
+                        std::vector<std::vector<std::pair<int, int>>>(size_t(slices_.count(m.tensors[t]))));
     std::vector<int> order(m.ranks.size());
     for (size_t r = 0; r < order.size(); ++r) order[r] = int(r);
     if (prefer_rank >= 0 && prefer_rank < int(order.size())) std::rotate(order.begin(), order.begin() + prefer_rank, order.begin() + prefer_rank + 1);
     for (int r : order)
       for (size_t i = 0; i < m.ranks[size_t(r)].pieces.size(); ++i) {
         const Piece& p = m.ranks[size_t(r)].pieces[i];
-        pieces_[size_t(p.tensor)][size_t(p.section)][size_t(m.ranks[size_t(r)].tp_rank)].push_back({r, int(i)});
+        const int slice = slices_.of(m.tensors[size_t(p.tensor)], m.ranks[size_t(r)]);
+        pieces_[size_t(p.tensor)][size_t(p.section)][size_t(slice)].push_back({r, int(i)});
       }
   }
 
@@ -113,33 +110,33 @@ class WholeTensors {
     const std::string& name = m_.tensors[size_t(t)].name;
     const ParamSpec& w = whole_->at(name);
     std::vector<float> out(size_t(w.numel), 0.0f);
-    const int tp = int(slices_.size());
-    const bool replicated = m_.tensors[size_t(t)].split_dim < 0;
-    for (int slice = 0; slice < (replicated ? 1 : tp); ++slice) {
-      const ParamSpec& local = slices_[size_t(slice)].at(name);
+    const shard::Tensor& tensor = m_.tensors[size_t(t)];
+    for (int slice = 0; slice < slices_.count(tensor); ++slice) {
+      const ParamSpec& local = slices_.spec(tensor, slice);
       std::vector<float> buf(size_t(local.numel));
       std::vector<char> have(size_t(local.numel), 0);
       int64_t missing = local.numel;
-      // A replicated tensor may come from any tp rank's copy.
-      for (int from = replicated ? 0 : slice; from < (replicated ? tp : slice + 1) && missing > 0; ++from)
-        for (auto [r, i] : pieces_[size_t(t)][size_t(sec)][size_t(from)]) {
-          const Piece& p = m_.ranks[size_t(r)].pieces[size_t(i)];
-          if (std::all_of(have.begin() + p.local_offset, have.begin() + p.local_offset + p.count, [](char c) { return c; })) continue;
-          std::vector<float> got(size_t(p.count));
-          reader_.read(r, p, got.data());
-          for (int64_t k = 0; k < p.count; ++k)
-            if (!have[size_t(p.local_offset + k)]) {
-              buf[size_t(p.local_offset + k)] = got[size_t(k)], have[size_t(p.local_offset + k)] = 1;
-              --missing;
-            }
-          if (missing == 0) break;
-        }
+      // A replicated tensor is one slice, which any rank's copy holds.
+      for (auto [r, i] : pieces_[size_t(t)][size_t(sec)][size_t(slice)]) {
+        const Piece& p = m_.ranks[size_t(r)].pieces[size_t(i)];
+        if (std::all_of(have.begin() + p.local_offset, have.begin() + p.local_offset + p.count, [](char c) { return c; })) continue;
+        std::vector<float> got(size_t(p.count));
+        reader_.read(r, p, got.data());
+        for (int64_t k = 0; k < p.count; ++k)
+          if (!have[size_t(p.local_offset + k)]) {
+            buf[size_t(p.local_offset + k)] = got[size_t(k)], have[size_t(p.local_offset + k)] = 1;
+            --missing;
+          }
+        if (missing == 0) break;
+      }
       if (missing > 0) {
         const int64_t first = std::find(have.begin(), have.end(), 0) - have.begin();
         throw Error(detail::cat("checkpoint: no rank file holds tensor ", name, " section ", shard::kSectionNames[sec],
-                                " elements from ", first, " of tp slice ", slice, " (", missing, " floats missing)"));
+                                " elements from ", first, " of slice ", slice, " (", missing, " floats missing)"));
       }
-      local_to_whole(local, w.shape, buf.data(), out.data(), replicated ? 1 : tp, replicated ? 0 : slice);
+      const bool replicated = tensor.split_dim < 0;
+      local_to_whole(local, w.shape, buf.data(), out.data(), replicated ? 1 : slices_.count(tensor),
+                     replicated ? 0 : slice);
     }
     return out;
   }
@@ -154,7 +151,7 @@ class WholeTensors {
  private:
   const Manifest& m_;
   PieceReader reader_;
-  std::vector<ParamLayout> slices_;
+  shard::Slices slices_;
   std::unique_ptr<ParamLayout> whole_;
   std::vector<std::vector<std::vector<std::vector<std::pair<int, int>>>>> pieces_;
 };
@@ -222,6 +219,7 @@ void check_same_model(const Config& saved, const Config& cfg, const std::string&
 
 std::string layout_text(const ParallelConfig& p) {
   return detail::cat("dp ", p.dp, " tp ", p.tp, " pp ", p.pp, " vpp ", p.vpp, " zero ", p.zero, p.sp ? " sp" : "",
+                     p.pp_vocab ? " pp_vocab" : "",
                      p.ps_servers > 0 ? detail::cat(" + ", p.ps_servers, " parameter servers") : std::string(), " on ",
                      p.ranks(), " ranks");
 }

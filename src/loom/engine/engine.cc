@@ -30,6 +30,7 @@ ModelOptions model_options(const Config& cfg, const RankContext& rc, const paral
   o.act_slots = rc.act_slots;
   o.w_slots = rc.plan->w_slots;
   o.tp_comm = rc.tp_comm.get();
+  o.vocab_comm = rc.vocab_comm.get();
   if (rc.cp_size > 1) {  // Note [Context-parallel chunks]: every cp rank's positions of a sequence
     o.cp.size = rc.cp_size, o.cp.rank = rc.cp_rank, o.cp.seq = cfg.seq_len(), o.cp.comm = rc.cp_comm.get();
     o.cp.positions = rc.plan->cp_positions, o.cp.mode = cfg.parallel.cp_mode;

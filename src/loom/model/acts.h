@@ -10,6 +10,9 @@
 
 namespace loom {
 
+// Throws naming the first id outside [0, vocab) (`what`: "token" or "target").
+void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what);
+
 // Saved activations of one chunk for one micro-batch in flight, and the shared backward
 // scratch, carved from one allocation. N = B*T rows; Q = (H + 2 KV) * hd; F2 = F (GPT)
 // or 2F (Llama gate|up).

@@ -154,7 +154,7 @@ void Model::backward_chunk(Slot& sl, int chunk, int64_t B, int64_t T, WSlot* ws)
     ready(block_first_tensor_[l]);
   }
   if (!ws) settle_fresh(first, last);  // Note [Fresh gradients]: none is left; a split backward's W clears them
-  if (chunk_has_embed(chunk)) {
+  if (embeds_here(chunk)) {
     span("embedding backward", -1, true);
     writes(embed_unit(), true);
     if (tied_hooks_.embedding && tied_hooks_.embedding(sl.tokens, a.dres, N)) {
@@ -213,7 +213,7 @@ void Model::weight_chunk(const Slot& sl, const WSlot& ws, int chunk, int64_t B, 
     if (grad_ready_) grad_ready_(block_first_tensor_[l]);
   }
   settle_fresh(first, last);
-  if (chunk_has_embed(chunk) && grad_ready_) grad_ready_(0);
+  if (embeds_here(chunk) && grad_ready_) grad_ready_(0);
 }
 
 }  // namespace loom

@@ -34,17 +34,23 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
 
 ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding, const ModelPart& part) {
   const int64_t C = m.d_model, F = m.ffn, hd = m.head_dim(), tp = part.tp;
-  const int64_t Vp = part.vocab_split() ? part.vocab_shard(m) * tp : m.vocab;  // padded to a multiple of tp
+  const int parts = part.vocab_parts();
+  const int64_t Vp = part.vocab_shard(m) * parts;  // padded to a multiple of the parts
   const bool gpt = m.arch == Arch::kGpt;
   const int t = int(tp);
   // Column-parallel weights split their output rows, row-parallel ones their input
   // columns; norms, row-parallel biases and wpe are replicated.
   auto vocab_rows = [&](const std::string& name) {
-    if (part.vocab_split()) add(name, {Vp, C}, true, -1, 0, {Vp}, t);
+    if (part.vocab_split()) add(name, {Vp, C}, true, -1, 0, {Vp}, parts);
     else add(name, {Vp, C}, true, -1);  // replicated over tp
     specs_.back().global_rows = m.vocab;
+    if (part.pp_vocab()) specs_.back().vocab_parts = parts, specs_.back().vocab_index = part.vocab_index();
   };
-  if (part.embed || (gpt && part.head)) vocab_rows("wte");
+  // Under pp_vocab the vocabulary tensors come first: their gradients are final only after
+  // the step's last vocabulary pass, so no suffix of the layout that a backward declares
+  // final (Model::GradReadyHook) may hold them.
+  if (part.embed || (gpt && part.head) || part.pp_vocab()) vocab_rows("wte");
+  if (!gpt && part.pp_vocab()) vocab_rows("head.w");
   if (gpt && part.embed) add("wpe", {m.ctx, C}, true, -1);
   for (int l = 0; l < int(m.layers); l++) {
     if (!part.holds_layer(l)) continue;
@@ -68,7 +74,7 @@ ParamLayout::ParamLayout(const ModelConfig& m, const LayoutPadding& padding, con
   if (part.head) {
     add("normf.w", {C}, false, -1);
     if (gpt) add("normf.b", {C}, false, -1);
-    if (!gpt) vocab_rows("head.w");
+    if (!gpt && !part.pp_vocab()) vocab_rows("head.w");
   }
   if (!padding.segment_last.empty()) pad_segments(padding);
 }
@@ -209,7 +215,7 @@ int64_t activation_floats(const ModelConfig& m, const ModelPart& part, int64_t m
       slot += r == Recompute::kFull ? take(Nr * C)
                                     : block(r == Recompute::kNone, keeps_block_output(recompute, l, chunks[c].second));
     }
-    slot += (part.embed && c == 0) ? take(N) : take(Nr * C);  // tokens, or the boundary gradient
+    slot += (part.embed && c == 0 && !part.pp_vocab()) ? take(N) : take(Nr * C);  // tokens, or the boundary gradient
     if (part.head && c + 1 == chunks.size()) slot += take(N * C) + 2 * take(Nr) + take(N * C);
     total += slot * act_slots;
     // Note [B/W split]: per W slot and layer, the upstream gradients of the four linears.

@@ -36,6 +36,10 @@ struct ParamSpec {
   int split_dim = -1;
   std::vector<int64_t> segments;
   int64_t global_rows = 0;     // rows of the whole tensor (dim 0), padding excluded
+  // Vocabulary rows (wte, Llama's head.w) split over more ranks than tp (Note [Vocabulary
+  // passes] in parallel/schedule.h: over pp x tp): the parts and this rank's part, which
+  // replace (tp, tp_rank) wherever the tensor is sliced; 0: split over tp like the rest.
+  int vocab_parts = 0, vocab_index = 0;
 };
 
 // Extra padding so that groups of consecutive tensors each span a multiple of `multiple`
@@ -65,16 +69,35 @@ struct ModelPart {
   // layers), or (false) whole on every tp rank, trading memory and head compute for the
   // vocabulary collectives (parallel.vocab_parallel).
   bool vocab_parallel = true;
-  bool vocab_split() const { return tp > 1 && vocab_parallel; }
-  // Vocabulary rows per tp rank: ceil(vocab / tp) when split, else all of them.
-  int64_t vocab_shard(const ModelConfig& m) const { return vocab_split() ? (m.vocab + tp - 1) / tp : m.vocab; }
+  // Note [Vocabulary passes] (parallel/schedule.h), parallel.pp_vocab: the vocabulary rows
+  // split over the pipeline's vocab_pp ranks as well (this rank is vocab_pp_rank of them):
+  // every pipeline rank holds its rows of wte (and Llama's head.w) and runs its share of the
+  // lookups, the head and the loss in the vocabulary passes; the first stage keeps wpe, the
+  // last the final norm. 1: off.
+  int vocab_pp = 1, vocab_pp_rank = 0;
+  int vocab_head_pp_rank = 0;  // the pipeline rank holding the head (pp - 1; 0 under ZB-V)
+  bool pp_vocab() const { return vocab_pp > 1; }
+  // The ranks the vocabulary rows split over and this rank's part: pp_vocab's pipeline ranks
+  // times tp's (when split over tp), pipeline-major.
+  int vocab_parts() const { return vocab_pp * (tp > 1 && vocab_parallel ? tp : 1); }
+  int vocab_index() const { return vocab_pp_rank * (vocab_parts() / vocab_pp) + (tp > 1 && vocab_parallel ? tp_rank : 0); }
+  bool vocab_split() const { return vocab_parts() > 1; }
+  // Whether this rank speaks for its tp group's copy of what the vocabulary group sums: tp
+  // rank 0 where the group spans tp, every rank where each tp rank has its own group.
+  bool vocab_speaker() const { return tp_rank == 0 || vocab_parts() == vocab_pp; }
+  // Vocabulary rows per part: ceil(vocab / parts) when split, else all of them.
+  int64_t vocab_shard(const ModelConfig& m) const {
+    const int64_t p = vocab_parts();
+    return (m.vocab + p - 1) / p;
+  }
   // Chunks with an empty list resolved against the model.
   std::vector<std::pair<int, int>> resolved_chunks(const ModelConfig& m) const {
     return chunks.empty() ? std::vector<std::pair<int, int>>{{0, int(m.layers)}} : chunks;
   }
   // GPT's tied wte on a last stage that does not embed: a copy of the first stage's tensor
   // (Note [Tied embedding reduction]).
-  bool holds_tied_copy(const ModelConfig& m) const { return m.arch == Arch::kGpt && head && !embed; }
+  // (Under pp_vocab every rank's rows serve both: no copy.)
+  bool holds_tied_copy(const ModelConfig& m) const { return m.arch == Arch::kGpt && head && !embed && !pp_vocab(); }
   bool holds_layer(int l) const {
     if (chunks.empty()) return true;
     for (auto [b, e] : chunks)

@@ -86,6 +86,12 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   LOOM_CHECK(cfg.heads % part.tp == 0 && cfg.kv_heads % part.tp == 0 && cfg.ffn % part.tp == 0, "tp = ", part.tp,
              " must divide heads ", cfg.heads, ", kv_heads ", cfg.kv_heads, " and ffn ", cfg.ffn);
   if (part.tp == 1) tp_comm_ = nullptr;
+  vocab_comm_ = part.pp_vocab() ? opt.vocab_comm : tp_comm_;
+  LOOM_CHECK(!part.pp_vocab() || (opt.vocab_comm && !sp_ && cp_.size == 1 && part.vocab_pp_rank >= 0 &&
+                                  part.vocab_pp_rank < part.vocab_pp &&
+                                  (!part.head || part.vocab_head_pp_rank == part.vocab_pp_rank)),
+             "the vocabulary split over the pipeline (parallel.pp_vocab) needs its group and runs without sequence "
+             "and context parallelism (pipeline rank ", part.vocab_pp_rank, " of ", part.vocab_pp, ")");
   LOOM_CHECK(cp_.size == 1 || (cp_.comm && int(cp_.positions.size()) == cp_.size && cp_.rank >= 0 &&
                                cp_.rank < cp_.size && int64_t(cp_.positions[size_t(cp_.rank)].size()) == max_seq),
              "a context-parallel model (cp = ", cp_.size, ") needs its group and every rank's ", max_seq, " positions");
@@ -112,6 +118,7 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   if (opt.grads_elsewhere) release_pages(grads_.data(), int64_t(grads_.size() * sizeof(float)));
   pv_ = make_view(layout_, cfg_, params_.data());
   gv_ = make_view(layout_, cfg_, grads_.data());
+  if (part.pp_vocab() && cfg.arch == Arch::kGpt) pv_.head_w = pv_.wte, gv_.head_w = gv_.wte;  // every rank's rows are tied
   index_units();
   index_fresh();
   block_first_tensor_.assign(cfg.layers, -1);
@@ -193,7 +200,7 @@ void Model::carve_activations(const ModelPart& part, int act_slots) {
         const int l = chunks_[chunk].first + int(j);
         carve_block(c, b, shared_p && r == Recompute::kSelective, keeps_block_output(recompute_, l, chunks_[chunk].second), j);
       }
-      if (chunk_has_embed(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
+      if (embeds_here(chunk)) sl.tokens = reinterpret_cast<int32_t*>(c.take(N));
       else sl.dinput = c.take(Nr * C);
       if (chunk_has_head(chunk))
         sl.normf = c.take(N * C), sl.normf_mean = c.take(Nr), sl.normf_rstd = c.take(Nr), sl.dnormf = c.take(N * C);
@@ -289,7 +296,7 @@ void Model::init_weights(uint64_t seed, float* into, const std::function<void(in
   for (const ParamSpec& s : whole.specs()) {
     const ParamSpec* mine = layout_.find(s.name);
     // A split tensor is drawn whole, then this rank's slice is kept.
-    const bool slice = mine && mine->split_dim >= 0 && part_.tp > 1;
+    const bool slice = mine && mine->split_dim >= 0 && (part_.tp > 1 || mine->vocab_parts > 0);
     if (!mine || slice) discard.assign(size_t(s.numel), 0.0f);
     float* p = mine && !slice ? base + mine->offset : discard.data();
     const bool is_norm = s.name.find("norm") != std::string::npos;
@@ -374,16 +381,11 @@ void Model::norm_forward(float* full_out, float* mean, float* rstd, const float*
 }
 
 
-namespace {
-// Throws naming the first id outside [0, vocab).
 void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
   for (int64_t i = 0; i < n; i++)
     LOOM_CHECK(ids[i] >= 0 && ids[i] < vocab, what, " id ", ids[i], " at position ", i,
                " is outside the vocabulary [0, ", vocab, ")");
 }
-
-
-}  // namespace
 
 Model::Slot& Model::slot(int chunk, int s) const {
   LOOM_CHECK(chunk >= 0 && chunk < chunks() && s >= 0 && s < act_slots_, "model chunk ", chunk, " slot ", s,
@@ -400,7 +402,7 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
   check_shape(B, T);
   use_cp_length(T);
   const int64_t N = B * T, C = cfg_.d_model;
-  if (chunk_has_embed(chunk)) {
+  if (embeds_here(chunk)) {
     LOOM_CHECK(tokens != nullptr, "the embedding chunk needs tokens");
     check_ids(tokens, N, cfg_.vocab, "token");
     std::memcpy(sl.tokens, tokens, size_t(N) * sizeof(int32_t));
@@ -439,7 +441,7 @@ float Model::stage_forward(int chunk, int s, const int32_t* tokens, const float*
                            int64_t B, int64_t T, float grad_scale) {
   Slot& sl = slot(chunk, s);
   forward_chunk(sl, chunk, tokens, x_in, B, T);
-  if (!chunk_has_head(chunk)) return 0.0f;
+  if (!chunk_has_head(chunk) || part_.pp_vocab()) return 0.0f;  // pp_vocab: the head runs in a vocabulary pass
   const int64_t N = B * T, C = cfg_.d_model;
   LOOM_CHECK(targets != nullptr, "the head chunk needs targets");
   std::memset(sl.dnormf, 0, size_t(N * C) * sizeof(float));
@@ -454,7 +456,7 @@ const float* Model::stage_output(int chunk, int s) const {
 }
 
 const float* Model::stage_input_grad(int chunk, int s) const {
-  LOOM_CHECK(!chunk_has_embed(chunk), "the embedding chunk has no input activation gradient");
+  LOOM_CHECK(!embeds_here(chunk), "the embedding chunk has no input activation gradient");
   return slot(chunk, s).dinput;
 }
 

@@ -73,6 +73,9 @@ struct ModelOptions {
   ModelPart part;                   // pipeline chunks, tensor-parallel slice
   int act_slots = 1;                // micro-batches whose activations a chunk holds at once
   TpComm* tp_comm = nullptr;        // required when part.tp > 1
+  // Required when part.pp_vocab(): the all-reduces over the vocabulary group (the pipeline's
+  // ranks x tp, in part.vocab_index() order; Note [Vocabulary passes] in parallel/schedule.h).
+  TpComm* vocab_comm = nullptr;
   std::vector<Recompute> recompute; // per layer; empty: none
   bool sp = false;                  // sequence parallel (needs part.tp > 1; Note [Sequence parallel])
   Precision precision = Precision::kFp32;  // kBf16: bf16 GEMM inputs (Note [bf16 rounding points])
@@ -127,6 +130,8 @@ class Model {
   int chunks() const { return int(chunks_.size()); }
   bool chunk_has_embed(int c) const { return part_.embed && c == 0; }
   bool chunk_has_head(int c) const { return part_.head && c + 1 == chunks(); }
+  // Whether chunk c looks the embedding up itself (not under pp_vocab, whose passes do).
+  bool embeds_here(int c) const { return chunk_has_embed(c) && !part_.pp_vocab(); }
 
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual output projections
   // scaled by 1/sqrt(2 * layers), biases 0, norm weights 1. Deterministic from the seed,
@@ -220,6 +225,32 @@ class Model {
   void set_document_mask(int32_t end_of_document);
   // The activation storage (one allocation), for memory reports.
   const void* activation_storage() const;
+
+  // Note [Vocabulary passes] (parallel/schedule.h), under part.pp_vocab(): the embedding
+  // chunk takes its input as x_in (the lookup below) and leaves dL/d(input) at
+  // stage_input_grad; the head chunk's forward stops at the final norm and its backward
+  // reads the gradient vocab_head left. Each call below is collective over the vocabulary
+  // group: every rank makes the same calls in the same order.
+  // out (B,T,C) = wte[tokens] (+ wpe) on every rank, each rank looking up its rows.
+  void vocab_lookup(float* out, const int32_t* tokens, int64_t B, int64_t T);
+  // The head and loss of the micro-batch in the last stage's activation slot `slot` (read
+  // there only): its final-norm output broadcast, each rank's logits rows, the softmax's
+  // max and sums all-reduced. Returns the mean loss on every rank. backward: also ADDS
+  // d(grad_scale * loss) to each rank's head rows and leaves dL/d(norm output) in the slot.
+  float vocab_head(int slot, const int32_t* targets, int64_t B, int64_t T, float grad_scale, bool backward);
+  // dout (B,T,C): dL/d(embedding output), read on the first stage only (tp rank 0):
+  // broadcast, and each rank ADDS its rows' gradient (the first stage wpe's).
+  void vocab_embed_grad(const float* dout, const int32_t* tokens, int64_t B, int64_t T);
+  // Returns once every rank of the vocabulary group has called it (a one-float all-reduce):
+  // a traced pass's span starts there, as a step's starts once its input is here.
+  void vocab_meet() const {
+    float x = 0;
+    vocab_comm_->all_reduce_sum(&x, 1);
+  }
+  // After the step's last vocabulary pass: the vocabulary tensors' gradients are final.
+  void vocab_grads_final() {
+    if (grad_ready_) grad_ready_(0);
+  }
 
   // Mean loss only.
   float forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
@@ -341,6 +372,10 @@ class Model {
     if (tp_comm_) tp_comm_->all_reduce_sum(x, n);
   }
   void embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t T) const;
+  // Note [Vocabulary passes]: x summed over the vocabulary group, onto group rank root
+  // (pp_vocab without tp in the group) or onto every rank; the last stage's speaker's rank.
+  void vocab_sum(float* x, int64_t n, int root) const;
+  int last_stage_root() const { return part_.vocab_head_pp_rank * (part_.vocab_parts() / part_.vocab_pp); }
   void embed_backward(const float* dout, const int32_t* tokens, int64_t B, int64_t T);
   // Mean loss over N rows of head(x); with dx, also dx += d(scale * loss)/dx and head grads.
   float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
@@ -369,6 +404,8 @@ class Model {
   int act_slots_ = 1;
   int w_slots_ = 0;
   TpComm* tp_comm_ = nullptr;
+  TpComm* vocab_comm_ = nullptr;  // the vocabulary parts' group: tp_comm_, or pp_vocab's
+  mutable std::vector<float> vocab_x_, vocab_dx_;  // pp_vocab: (N,C) a pass's broadcast input and its gradient
   ContextParallel cp_;
   mutable std::vector<float> cp_blocks_, cp_kv_;  // the gathered K|V: rank-major blocks, then in position order
   mutable std::vector<float> cp_dkv_;             // backward: dL/dK|V of every position (B, Tk, 2 KV hd)

@@ -14,6 +14,10 @@ class TpComm {
   // In place over the tp group; every member gets identical bits.
   virtual void all_reduce_sum(float* x, int64_t n) = 0;
   virtual void all_reduce_max(float* x, int64_t n) = 0;
+  // In place: every member gets group rank root's x; the sum over the group lands in root's
+  // x (the others' x is left undefined).
+  virtual void broadcast(float* x, int64_t n, int root) = 0;
+  virtual void reduce_sum(float* x, int64_t n, int root) = 0;
   // Sequence parallel, in place on `full` = tp blocks of `block` floats, block r belonging
   // to tp rank r: all-gather fills every block from its owner; reduce-scatter leaves the
   // sum over ranks of this rank's block in that block (the other blocks are left as is).

@@ -13,6 +13,7 @@ namespace {
 // whole_offset < 0 marks local padding (vocabulary rows past the real vocabulary).
 template <typename Fn>
 void for_each_run(const ParamSpec& spec, const std::vector<int64_t>& whole_shape, int tp, int tp_rank, Fn run) {
+  if (spec.vocab_parts > 0) tp = spec.vocab_parts, tp_rank = spec.vocab_index;  // pp_vocab's rows
   if (spec.split_dim < 0) {
     run(int64_t{0}, int64_t{0}, spec.numel);
     return;

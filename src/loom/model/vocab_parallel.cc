@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/model/acts.h"
 #include "loom/model/model.h"
 
 namespace loom {
@@ -22,11 +23,12 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
     if (sp_) std::memcpy(out, full_tmp() + row0(N) * C, size_t(rows(N) * C) * sizeof(float));
     return;
   }
-  // out = sum over tp of (own rows of wte looked up, zero elsewhere); rank 0 adds wpe.
-  // Sequence parallel: the sum is reduce-scattered and out holds the own rows only.
+  // out = sum over the vocabulary parts (tp, or pp x tp under pp_vocab) of (own rows of wte
+  // looked up, zero elsewhere); tp rank 0 of the rank holding wpe adds it. Sequence
+  // parallel: the sum is reduce-scattered and out holds the own rows only.
   float* full = sp_ ? full_tmp() : out;
-  const int64_t lo = part_.tp_rank * Vl_;
-  const bool add_pos = pv_.wpe && part_.tp_rank == 0;
+  const int64_t lo = part_.vocab_index() * Vl_;
+  const bool add_pos = pv_.wpe && part_.vocab_speaker();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
     float* o = full + n * C;
@@ -39,7 +41,7 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
     }
   }
   if (!sp_) {
-    tp_sum(out, N * C);
+    vocab_sum(out, N * C, 0);  // (pp_vocab: onto the first stage)
     return;
   }
   const int64_t n = rows(N);
@@ -60,7 +62,7 @@ void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, 
   // dout is replicated (gathered under sequence parallel): every rank adds the rows of its
   // own tokens, and all add wpe's.
   dout = gather_grad(dout, N);
-  const int64_t lo = part_.tp_rank * Vl_;
+  const int64_t lo = part_.vocab_index() * Vl_;
   for (int64_t n = 0; n < N; n++) {
     const float* d = dout + n * C;
     const int64_t tok = tokens[n] - lo;
@@ -100,8 +102,8 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
     k_.lm_head_loss(losses, dx, dx ? gv_.head_w : nullptr, x, pv_.head_w, targets, N, C, V, grad_scale / float(N));
   } else {
     // Per row i: loss_i = log(sum_v exp(z_v - m)) + m - z_target, with m, the sum and
-    // z_target all-reduced over tp; padded vocabulary columns are left out.
-    const int64_t lo = part_.tp_rank * Vl_, valid = std::clamp<int64_t>(V - lo, 0, Vl_);
+    // z_target all-reduced over the vocabulary parts; padded vocabulary columns are left out.
+    const int64_t lo = part_.vocab_index() * Vl_, valid = std::clamp<int64_t>(V - lo, 0, Vl_);
     const int64_t R = std::max<int64_t>(1, std::min(N, kLogitBudgetFloats / Vl_));
     std::vector<float> logits(static_cast<size_t>(R * Vl_)), mx(static_cast<size_t>(R)), st(static_cast<size_t>(2 * R));
     const float scale = grad_scale / float(N);
@@ -112,7 +114,7 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
         const float* z = logits.data() + i * Vl_;
         mx[size_t(i)] = valid > 0 ? *std::max_element(z, z + valid) : -INFINITY;
       }
-      tp_comm_->all_reduce_max(mx.data(), rows);
+      vocab_comm_->all_reduce_max(mx.data(), rows);
       for (int64_t i = 0; i < rows; i++) {
         const float* z = logits.data() + i * Vl_;
         double sum = 0;
@@ -121,7 +123,7 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
         st[size_t(i)] = float(sum);
         st[size_t(rows + i)] = t >= 0 && t < valid ? z[t] : 0.0f;
       }
-      tp_comm_->all_reduce_sum(st.data(), 2 * rows);
+      vocab_comm_->all_reduce_sum(st.data(), 2 * rows);
       for (int64_t i = 0; i < rows; i++)
         losses[r0 + i] = targets[r0 + i] == kIgnoreTarget
                              ? 0.0f
@@ -141,7 +143,7 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
         if (t >= 0 && t < valid) z[t] -= scale;
       }
       k_.matmul_backward(dx + r0 * C, gv_.head_w, nullptr, logits.data(), x + r0 * C, pv_.head_w, rows, C, Vl_, false);
-      tp_sum(dx + r0 * C, rows * C);  // each rank's columns give part of dL/dx
+      vocab_sum(dx + r0 * C, rows * C, last_stage_root());  // each rank's columns give part of dL/dx
     }
   }
   if (dx && tied) writes(embed_unit(), false);
@@ -152,6 +154,53 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
   double s = 0;
   for (int64_t i = 0; i < N; i++) s += losses[i];
   return float(s / double(N));
+}
+
+// Note [Vocabulary passes] (parallel/schedule.h): this rank's share of each pass. What one
+// stage holds (the last stage's norm output, the first stage's embedding gradient) is
+// broadcast from it, one rank speaking for its tp group's equal copies
+// (ModelPart::vocab_speaker); what every rank adds to (the lookups, the head's input
+// gradient) is reduced onto the stage that needs it, all-reduced where that is a tp group.
+void Model::vocab_sum(float* x, int64_t n, int root) const {
+  if (part_.pp_vocab() && part_.vocab_parts() == part_.vocab_pp) vocab_comm_->reduce_sum(x, n, root);
+  else vocab_comm_->all_reduce_sum(x, n);
+}
+
+void Model::vocab_lookup(float* out, const int32_t* tokens, int64_t B, int64_t T) {
+  LOOM_ASSERT(part_.pp_vocab());
+  check_shape(B, T);
+  check_ids(tokens, B * T, cfg_.vocab, "token");
+  span("embedding", -1, true);
+  embed_forward(out, tokens, B, T);
+  span("embedding", -1, false);
+}
+
+float Model::vocab_head(int s, const int32_t* targets, int64_t B, int64_t T, float grad_scale, bool backward) {
+  LOOM_ASSERT(part_.pp_vocab());
+  check_shape(B, T);
+  const int64_t N = B * T, C = cfg_.d_model;
+  Slot* sl = part_.head ? &slot(chunks() - 1, s) : nullptr;
+  vocab_x_.resize(size_t(N * C));
+  if (sl && part_.vocab_speaker()) std::memcpy(vocab_x_.data(), sl->normf, size_t(N * C) * sizeof(float));
+  vocab_comm_->broadcast(vocab_x_.data(), N * C, last_stage_root());
+  if (backward) vocab_dx_.assign(size_t(N * C), 0.0f);
+  const float loss = head_loss(vocab_x_.data(), targets, N, backward ? vocab_dx_.data() : nullptr, grad_scale);
+  if (backward && sl) std::memcpy(sl->dnormf, vocab_dx_.data(), size_t(N * C) * sizeof(float));
+  return loss;
+}
+
+void Model::vocab_embed_grad(const float* dout, const int32_t* tokens, int64_t B, int64_t T) {
+  LOOM_ASSERT(part_.pp_vocab());
+  check_shape(B, T);
+  const int64_t N = B * T, C = cfg_.d_model;
+  vocab_x_.resize(size_t(N * C));
+  if (part_.embed && part_.vocab_speaker()) std::memcpy(vocab_x_.data(), dout, size_t(N * C) * sizeof(float));
+  vocab_comm_->broadcast(vocab_x_.data(), N * C, 0);  // the first stage's speaker is part 0
+  span("embedding backward", -1, true);
+  writes(embed_unit(), true);
+  embed_backward(vocab_x_.data(), tokens, B, T);
+  writes(embed_unit(), false);
+  span("embedding backward", -1, false);
 }
 
 }  // namespace loom

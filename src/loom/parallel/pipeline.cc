@@ -119,7 +119,7 @@ void PipelineRunner::plan_receive_order() {
     for (const PipeStep& st : s.steps[size_t(from)]) {
       const int v = s.stage(from, st.chunk);
       const bool fwd = st.phase == Phase::kF;
-      if (st.phase == Phase::kW || (fwd && v == last) || (!fwd && v == 0)) continue;
+      if (st.phase == Phase::kW || st.phase == Phase::kV || (fwd && v == last) || (!fwd && v == 0)) continue;
       const StageSite to = s.site(fwd ? v + 1 : v - 1);
       if (to.rank == pp_rank_) receive_order_[link(from, fwd, false)].push_back(st.micro_batch * s.vpp + to.chunk);
     }
@@ -187,7 +187,9 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
                              float grad_scale, double* loss) {
   const int v = virtual_stage(chunk), vpp = schedule_.vpp;
   const float* x_in = nullptr;
-  if (v > 0) {
+  if (v == 0 && schedule_.vocab()) {  // looked up in an earlier vocabulary pass
+    x_in = lookups_.at(micro).data();
+  } else if (v > 0) {
     const StageSite from = schedule_.site(v - 1);
     if (from.rank == pp_rank_) {  // ZB-V's turn: the other chunk's output, still held
       x_in = model_.stage_output(from.chunk, slot_of_[size_t(from.chunk)][size_t(micro)]);
@@ -199,6 +201,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
   wait_pending(chunk, slot);  // the slot's output may still be on its way out
   if (step_hook_) step_hook_(Phase::kF, micro, chunk, true);  // the step's span starts once its input is here
   const float l = model_.stage_forward(chunk, slot, tokens, x_in, targets, B_, T_, grad_scale);
+  if (v == 0) lookups_.erase(micro);
   if (is_last(chunk)) {
     *loss += l;
     return;
@@ -227,6 +230,10 @@ void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
   if (w_slot >= 0) model_.stage_backward_input(chunk, slot, w_slot, dy, B_, T_);
   else model_.stage_backward(chunk, slot, dy, B_, T_);
   turn_.erase(micro);  // (only ZB-V's turn had one)
+  if (v == 0 && schedule_.vocab()) {  // carried by a later vocabulary pass
+    const float* grad = model_.stage_input_grad(chunk, slot);
+    embed_grads_[micro].assign(grad, grad + recv_buf_.size());
+  }
   if (v == 0) return;
   const StageSite to = schedule_.site(v - 1);
   const float* grad = model_.stage_input_grad(chunk, slot);
@@ -235,6 +242,35 @@ void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
     return;
   }
   sends_[size_t(chunk)][size_t(slot)] = send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
+}
+
+void PipelineRunner::vocab_pass(int k, const BatchFn& batch, float grad_scale, double* loss) {
+  const VocabPass& p = schedule_.passes[size_t(k + 1)];
+  std::vector<int32_t> tok(size_t(B_ * T_)), tgt(tok.size());
+  for (int j : p.embed_grad) {
+    batch(j, tok.data(), tgt.data());
+    auto it = embed_grads_.find(j);
+    LOOM_ASSERT(model_.chunk_has_embed(0) == (it != embed_grads_.end()), "pipeline rank ", pp_rank_,
+                " vocabulary pass ", k, ": micro-batch ", j, "'s embedding gradient is not where it should be");
+    model_.vocab_embed_grad(it == embed_grads_.end() ? nullptr : it->second.data(), tok.data(), B_, T_);
+    if (it != embed_grads_.end()) embed_grads_.erase(it);
+  }
+  if (p.head >= 0) {
+    batch(p.head, tok.data(), tgt.data());
+    const int last_chunk = model_.chunks() - 1;
+    const int slot = holds_head() ? slot_of_[size_t(last_chunk)][size_t(p.head)] : -1;
+    LOOM_ASSERT(!holds_head() || slot >= 0, "pipeline rank ", pp_rank_, " runs micro-batch ", p.head,
+                "'s head before its forward");
+    const float l = model_.vocab_head(slot, tgt.data(), B_, T_, grad_scale, true);
+    if (holds_head()) *loss += l;
+  }
+  for (int j : p.embed) {
+    batch(j, tok.data(), tgt.data());
+    std::vector<float>& x = lookups_[j];
+    x.resize(recv_buf_.size());
+    model_.vocab_lookup(x.data(), tok.data(), B_, T_);
+    if (!model_.chunk_has_embed(0)) lookups_.erase(j);  // only the first stage forwards it
+  }
 }
 
 namespace {
@@ -270,6 +306,15 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
     if (steps[size_t(i)].micro_batch < 0) carried_done = i + 1;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
+    if (s.phase == Phase::kV) {  // Note [Vocabulary passes]: a collective of the vocabulary group
+      if (step_hook_) {  // the span starts once every rank is here (waiting for the others is idle)
+        model_.vocab_meet();
+        step_hook_(s.phase, s.micro_batch, 0, true);
+      }
+      vocab_pass(s.micro_batch, batch, grad_scale, &loss);
+      if (step_hook_) step_hook_(s.phase, s.micro_batch, 0, false);
+      continue;
+    }
     if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
     if (i == last_grads && before_last_backward) before_last_backward();
     if (stream && stream->weights && s.phase != Phase::kW)  // Note [Pipeline streams]
@@ -300,6 +345,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
     if (step_hook_) step_hook_(s.phase, s.micro_batch, s.chunk, false);
     if (streams_ && s.phase == Phase::kB && stream->after_backward) stream->after_backward(steps_back(s.micro_batch, m));
   }
+  if (schedule_.vocab()) model_.vocab_grads_final();
   if (stream && stream->weights) stream->weights(-1, true);
   // A stream between flushes: a send may be received only in a later step (its trailing
   // backward), so it is not waited for here - a rendezvous send would hold this rank out of
@@ -307,7 +353,8 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   if (!streams_ || stream->flush)
     for (auto& per_chunk : sends_)
       for (auto& w : per_chunk) w.wait();
-  LOOM_ASSERT(early_.empty() && turn_.empty(), "pipeline rank ", pp_rank_, " ended a step with messages unused");
+  LOOM_ASSERT(early_.empty() && turn_.empty() && lookups_.empty() && embed_grads_.empty(), "pipeline rank ", pp_rank_,
+              " ended a step with messages unused");
   expect_.clear();
   if (streams_) end_stream_step(stream->flush);
   return loss;
@@ -317,7 +364,16 @@ double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* target
   double loss = 0;
   const StepHook hook = std::exchange(step_hook_, nullptr);  // validation is not a schedule step
   for (auto& of : slot_of_) of[0] = 0;  // every chunk runs micro-batch 0 on slot 0 (ZB-V's turn reads it)
+  if (schedule_.vocab()) {  // Note [Vocabulary passes]: the lookup, the chunks, then the head, on every rank
+    lookups_[0].resize(recv_buf_.size());
+    model_.vocab_lookup(lookups_[0].data(), tokens, B_, T_);
+    if (!model_.chunk_has_embed(0)) lookups_.clear();
+  }
   for (int c = 0; c < schedule_.vpp; c++) forward(0, c, 0, tokens, targets, 0.0f, &loss);
+  if (schedule_.vocab()) {
+    const float l = model_.vocab_head(0, targets, B_, T_, 0.0f, false);
+    if (holds_head()) loss += l;
+  }
   for (auto& of : slot_of_) of[0] = -1;
   step_hook_ = hook;
   for (auto& per_chunk : sends_)

@@ -107,6 +107,10 @@ class PipelineRunner {
                double* loss);
   void backward(int micro, int chunk, int slot, int w_slot);
   void wait_pending(int chunk, int slot);
+  // Note [Vocabulary passes]: pass V(k)'s embedding gradients, head and lookups, in that
+  // order on every rank.
+  void vocab_pass(int k, const BatchFn& batch, float grad_scale, double* loss);
+  bool holds_head() const { return model_.chunk_has_head(model_.chunks() - 1); }
   // Sends n floats from `src` to the link's peer, as bf16 through the (chunk, slot) buffer
   // on a bf16 wire; receives into recv_buf_ (widened from bf16 on a bf16 wire).
   comm::Work send(comm::Group& link, const float* src, int chunk, int slot, int tag);
@@ -139,6 +143,9 @@ class PipelineRunner {
   std::map<comm::Group*, std::deque<int>> expect_;         // what is left of it this step
   std::map<std::pair<comm::Group*, int>, std::vector<float>> early_;  // arrived before their step
   std::map<int, std::vector<float>> turn_;  // ZB-V: micro-batch -> gradient handed from chunk 1 to chunk 0
+  // Vocabulary passes, first stage: micro-batch -> its embedding output (looked up, not yet
+  // forwarded) and -> dL/d(embedding output) (backward run, not yet carried).
+  std::map<int, std::vector<float>> lookups_, embed_grads_;
   // Streams: slot_of_ is indexed by micro-batch + depth m (earlier steps' below depth m), and
   // tags cycle through depth + 1 sets of m micro-batches, step by step.
   bool streams_ = false;

@@ -2,6 +2,7 @@
 #include "loom/parallel/rank_plan.h"
 
 #include <algorithm>
+#include <string>
 
 #include "loom/comm/mesh.h"
 #include "loom/core/error.h"
@@ -37,13 +38,29 @@ parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part
   return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, wte_bucket(cfg));
 }
 
+// Note [Vocabulary passes] (parallel/schedule.h): what the engine runs it with so far; the
+// simulator prices the rest (config_check.cc refuses what neither does).
+void refuse_pp_vocab_parts(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  if (!p.pp_vocab) return;
+  auto refuse = [&](bool bad, const std::string& what, const std::string& fix) {
+    LOOM_CONFIG_CHECK(!bad, "parallel.pp_vocab with ", what, ": loom simulate prices it, but the engine does not run "
+                      "it yet (issue 55); ", fix, ", or set parallel.pp_vocab = false");
+  };
+  refuse(p.sp, "parallel.sp", "set parallel.sp = false");
+  refuse(p.cp > 1, "parallel.cp = " + std::to_string(p.cp), "use parallel.cp = 1");
+  refuse(p.zero >= 2, "parallel.zero = " + std::to_string(p.zero), "use parallel.zero = 0 or 1");
+  refuse(p.ps_servers > 0, "parameter servers", "set parallel.ps_servers = 0");
+  // Their units (Note [ZeRO-3]) hold the embedding and the head apart; every rank's rows hold both.
+  refuse(cfg.offload.params != OffloadTier::kNone || cfg.offload.grads != OffloadTier::kNone,
+         "offload.params / offload.grads", "offload only the optimizer (offload.optimizer = disk)");
+}
+
 }  // namespace
 
 RankPlan plan_rank(const Config& cfg, int global_rank) {
   const ParallelConfig& p = cfg.parallel;
-  LOOM_CONFIG_CHECK(!p.pp_vocab, "parallel.pp_vocab: loom simulate prices the vocabulary split over the pipeline, "
-                    "but the engine does not run it yet (issue 55); set parallel.pp_vocab = false to train, or "
-                    "parallel.pp_layers to move blocks off the head's stage");
+  refuse_pp_vocab_parts(cfg);
   if (p.ps_servers > 0 && global_rank >= p.world()) {  // Note [Parameter server with model parallelism]
     const rank::PsPlace at = rank::ps_place(p, global_rank);
     RankPlan server = plan_rank(cfg, at.worker);
@@ -60,8 +77,7 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   int act_slots = 1, w_slots = 0;
   std::vector<int> chunk_peaks(size_t(p.vpp), 1);
   if (p.pp > 1) {
-    schedule = parallel::make_schedule(p.schedule, int(p.pp),
-                                       int(cfg.train.grad_accum), int(p.vpp));
+    schedule = parallel::make_schedule(p.schedule, int(p.pp), int(cfg.train.grad_accum), int(p.vpp), p.pp_vocab);
     const parallel::ScheduleCheck check = parallel::validate(*schedule);
     LOOM_CHECK(check.ok, "pipeline schedule ", schedule_name(p.schedule), " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];

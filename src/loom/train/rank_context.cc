@@ -17,6 +17,11 @@ class GroupTpComm : public TpComm {
   explicit GroupTpComm(comm::Group& g) : g_(g) {}
   void all_reduce_sum(float* x, int64_t n) override { g_.all_reduce(std::span<float>(x, size_t(n)), comm::ReduceOp::kSum); }
   void all_reduce_max(float* x, int64_t n) override { g_.all_reduce(std::span<float>(x, size_t(n)), comm::ReduceOp::kMax); }
+  void broadcast(float* x, int64_t n, int root) override { g_.broadcast(std::span<float>(x, size_t(n)), root); }
+  void reduce_sum(float* x, int64_t n, int root) override {
+    in_.assign(x, x + n);  // the reduce reads and writes separate buffers
+    g_.reduce(std::span<const float>(in_), std::span<float>(x, size_t(n)), root, comm::ReduceOp::kSum);
+  }
   void all_gather_blocks(float* full, int64_t block) override {
     std::span<float> all(full, size_t(block * g_.size()));
     g_.all_gather(std::span<const float>(all.subspan(size_t(block * g_.group_rank()), size_t(block))), all);
@@ -41,6 +46,7 @@ class GroupTpComm : public TpComm {
 
  private:
   comm::Group& g_;
+  std::vector<float> in_;
 };
 
 
@@ -120,8 +126,14 @@ RankContext make_rank_context(const Config& cfg, comm::World* world) {
     }
     LOOM_ASSERT(rc.dp_rank == rc.plan->dp_rank && rc.tp_rank == rc.plan->tp_rank, "groups disagree with the mesh");
     if (world->world_size() > 1) rc.stats = world->group(mesh, {"pp", "dp", "tp"});
-    // GPT's tied wte: the first and last stage hold a copy each, unless one rank holds both (ZB-V).
-    if (pp > 1 && cfg.model.arch == Arch::kGpt && p.schedule != ScheduleKind::kZbV) {
+    if (p.pp_vocab) {  // Note [Vocabulary passes]: a pipeline's ranks (x tp where the vocabulary splits over it)
+      rc.vocab = world->group(mesh, p.vocab_parallel ? std::vector<std::string>{"pp", "tp"} : std::vector<std::string>{"pp"});
+      rc.vocab_comm = std::make_unique<GroupTpComm>(*rc.vocab);
+      LOOM_ASSERT(rc.vocab->group_rank() == rc.plan->part.vocab_index(), "the vocabulary group disagrees with the mesh");
+    }
+    // GPT's tied wte: the first and last stage hold a copy each, unless one rank holds both
+    // (ZB-V) or every rank holds its rows of the one table (pp_vocab).
+    if (pp > 1 && cfg.model.arch == Arch::kGpt && p.schedule != ScheduleKind::kZbV && !p.pp_vocab) {
       std::vector<std::vector<int>> partition;
       for (const auto& pipe : mesh.groups({"pp"})) {
         partition.push_back({pipe.front(), pipe.back()});

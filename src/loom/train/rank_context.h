@@ -25,6 +25,8 @@ struct RankContext {
   std::unique_ptr<comm::Group> dp_node;  // ZeRO++ hpZ: this dp group's ranks on this host (Note [hpZ])
   std::unique_ptr<comm::Group> tp;       // null when tp == 1
   std::unique_ptr<TpComm> tp_comm;       // the model's view of `tp`
+  std::unique_ptr<comm::Group> vocab;    // parallel.pp_vocab: a pipeline's ranks x tp (Note [Vocabulary passes])
+  std::unique_ptr<TpComm> vocab_comm;    // the model's view of `vocab`
   // Context parallelism (Note [Context-parallel chunks]): `dp` above holds dp x cp ranks, this
   // rank's cp group is its replica's cp ranks (null when cp == 1), and the data a rank reads
   // is its replica's: data_rank() of data_size().
@@ -55,8 +57,10 @@ struct RankContext {
   // The head part of a GPT pipeline holds a copy of wte that is not its own to count.
   bool holds_tied_copy(const ModelConfig& m) const { return part.holds_tied_copy(m); }
   // Replicated tensors are counted (norm, whole-model assembly) by tp rank 0 only.
+  // (pp_vocab's vocabulary rows are split over tp only where the vocabulary is.)
   bool counts(const ParamSpec& s, const ModelConfig& m) const {
-    return !(s.name == "wte" && holds_tied_copy(m)) && (s.split_dim >= 0 || tp_rank == 0);
+    const bool split_over_tp = s.vocab_parts > 0 ? s.vocab_parts > part.vocab_pp : s.split_dim >= 0;
+    return !(s.name == "wte" && holds_tied_copy(m)) && (split_over_tp || tp_rank == 0);
   }
 };
 

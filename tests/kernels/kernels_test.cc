@@ -224,6 +224,29 @@ TEST(Kernels, RopeAndAttention) {
   }
 }
 
+// Note [Vocabulary-parallel softmax]: one rank's columns exponentiated against the agreed
+// row maxima, padding zeroed, and the row sums; a rank holding only padding sums to 0.
+TEST(Kernels, SoftmaxExpRowsOfOneRanksColumns) {
+  Rand rnd;
+  for (auto [rows, V, valid] : {std::tuple<int64_t, int64_t, int64_t>{7, 25129, 25128}, {5, 300, 300}, {3, 16, 0}}) {
+    auto z = rnd.normal(rows * V, 4.0f);
+    std::vector<float> mx(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; i++)  // the group's maximum may exceed this rank's
+      mx[size_t(i)] = valid == 0 ? -INFINITY : *std::max_element(z.begin() + i * V, z.begin() + i * V + valid) + 0.5f * float(i);
+    auto e1 = z, e2 = z;
+    std::vector<float> s1(static_cast<size_t>(rows), -1.0f), s2 = s1;
+    ref::softmax_exp_rows(e1.data(), mx.data(), s1.data(), rows, V, valid);
+    cpu::softmax_exp_rows(e2.data(), mx.data(), s2.data(), rows, V, valid);
+    EXPECT_CLOSE(e2, e1, 1e-6);
+    EXPECT_CLOSE(s2, s1, 1e-5);  // float sums over ~25k terms
+    for (int64_t i = 0; i < rows; i++) {
+      for (int64_t v = valid; v < V; v++) ASSERT_EQ(e2[size_t(i * V + v)], 0.0f) << "padding column " << v;
+      if (valid == 0) EXPECT_EQ(s2[size_t(i)], 0.0f);
+      else EXPECT_NEAR(e1[size_t(i * V)], std::exp(double(z[size_t(i * V)]) - mx[size_t(i)]), 1e-6);
+    }
+  }
+}
+
 TEST(Kernels, CrossEntropyAndFusedHeadAtGpt2Vocab) {
   Rand rnd;
   for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{5, 20, 50257}, {13, 36, 256}, {1, 8, 7}}) {

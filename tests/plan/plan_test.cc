@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <map>
 #include <set>
 
 #include "loom/plan/layer_ilp.h"
@@ -303,6 +304,63 @@ TEST(PlanSearch, ContextParallelPlansTryEachModeTheEngineRuns) {
   // In bf16 too: the engine runs every mode (ring keeps its log-sum-exp in fp32).
   req.like.cfg.train.precision = Precision::kBf16;
   EXPECT_EQ(modes_ranked(), (std::set<std::string>{"allgather", "ring", "ulysses"}));
+}
+
+// Issue 55 item 3 (Note [Vocabulary passes]): under --framework loom every pipelined layout
+// is tried with the vocabulary split over its stages where the engine runs it. Config B's
+// 50,257-row head is about ten of its six blocks' work: the fastest pp 2 plan carries the
+// split, faster than the same layout without it (not every layout gains on an A100: ZB-V
+// already puts both ends on one rank); with a 2,048-row vocabulary (config M) the passes
+// buy nothing and the fastest pp 2 plan goes without. Every ranked plan with it is one the
+// engine runs and emits; the Megatron-LM arguments say it has no flag there.
+TEST(PlanSearch, ChoosesTheVocabularySplitOverThePipelineWhenItPays) {
+  auto pipelined = [](int64_t vocab) {
+    PlanRequest req;
+    req.like.framework = sim::Framework::kLoom;
+    req.like.cfg = load_config("", {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6",
+                                    "model.ffn=1536", "model.ctx=256", "model.vocab=" + std::to_string(vocab),
+                                    "train.batch=8"});
+    req.cluster = sim::load_cluster("dgx-a100", {}, 2, "");
+    req.global_batch = 8;
+    req.top = 100000;
+    req.refine = false;
+    req.compress = {};
+    std::vector<PlanCandidate> out;
+    for (const PlanCandidate& c : search_plans(req).ranked)
+      if (c.plan.cfg.parallel.pp == 2) out.push_back(c);
+    return out;
+  };
+  const std::vector<PlanCandidate> b = pipelined(50257);
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(b.front().plan.cfg.parallel.pp_vocab) << layout_label(b.front().plan);
+  std::map<std::string, double> without;  // layout less " pp_vocab" -> step time
+  for (const PlanCandidate& c : b)
+    if (!c.plan.cfg.parallel.pp_vocab) without[layout_label(c.plan)] = c.result.step_time_s;
+  int faster = 0, slower = 0;
+  for (const PlanCandidate& c : b) {
+    const ParallelConfig& q = c.plan.cfg.parallel;
+    if (!q.pp_vocab) continue;
+    EXPECT_EQ(engine_refusal(c.plan), "") << layout_label(c.plan);
+    EXPECT_TRUE(!q.sp && q.zero <= 1 && !streams(q.schedule)) << layout_label(c.plan);
+    EXPECT_NO_THROW(emit_loom_toml(c.plan)) << layout_label(c.plan);
+    std::string label = layout_label(c.plan);
+    label.erase(label.find(" pp_vocab"), 9);
+    if (!without.count(label)) continue;
+    (c.result.step_time_s < without[label] ? faster : slower)++;
+    if (&c == &b.front()) EXPECT_LT(c.result.step_time_s, without[label]) << label;
+  }
+  EXPECT_GT(faster, slower);
+  EXPECT_NE(emit_megatron_args(b.front().plan).find("parallel.pp_vocab"), std::string::npos);
+  const std::vector<PlanCandidate> m = pipelined(2048);
+  ASSERT_FALSE(m.empty());
+  EXPECT_FALSE(m.front().plan.cfg.parallel.pp_vocab) << layout_label(m.front().plan);
+  // What the engine refuses is never searched, and named when set by hand.
+  sim::SimPlan z3 = b.front().plan;
+  z3.cfg.parallel.zero = 3;
+  EXPECT_NE(engine_refusal(z3).find("parallel.pp_vocab with parallel.zero = 3"), std::string::npos) << engine_refusal(z3);
+  sim::SimPlan megatron = b.front().plan;
+  megatron.framework = sim::Framework::kMegatron;
+  EXPECT_NE(engine_refusal(megatron).find("priced for loom's engine"), std::string::npos) << engine_refusal(megatron);
 }
 
 }  // namespace

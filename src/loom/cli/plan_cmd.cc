@@ -156,9 +156,6 @@ int run_plan(const PlanArgs& a) {
   base.layout.dp = 1;
   base.gpus = 0;
   const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
-  if (in.plan.cfg.parallel.pp_vocab)  // Note [Vocabulary passes]: priced, not yet run, so never searched
-    throw ConfigError("parallel.pp_vocab: loom plan does not search it while the engine does not run it (issue 55); "
-                      "price a layout with it with loom simulate, or drop it to plan");
   plan::PlanRequest req;
   req.like = in.plan;
   std::vector<std::string> cluster_sets;

@@ -19,7 +19,8 @@ inline constexpr int32_t kIgnoreTarget = -1;
   X(attention_forward) X(attention_backward) X(cp_attention_forward) X(cp_attention_backward)      \
   X(ring_attention_step) X(ring_attention_finish) X(ring_attention_backward_step)                  \
   X(residual_forward) X(crossentropy_forward)                                                      \
-  X(crossentropy_backward_inplace) X(lm_head_loss) X(lm_head_logits_row) X(adamw_update)           \
+  X(crossentropy_backward_inplace) X(lm_head_loss) X(softmax_exp_rows) X(lm_head_logits_row)       \
+  X(adamw_update)                                                                                  \
   X(sum_squares) X(scale_inplace)
 
 struct Kernels {

@@ -84,6 +84,14 @@ constexpr int64_t kLogitBudgetFloats = int64_t{1} << 23;
 
 }  // namespace
 
+// Note [Vocabulary-parallel softmax]
+// Split by vocabulary rows (tp's split, or pp_vocab's over pp x tp), rank k holds logits
+// z_v for its rows only. Per token row: m = max over the group of the ranks' maxima
+// (all-reduced), each rank's S_k = sum of exp(z_v - m) over its rows and its target logit
+// (the owner's, 0 elsewhere) summed over the group; loss = log S + m - z_target, and dz_v =
+// scale (exp(z_v - m) / S - [v = target]). softmax_exp_rows exponentiates in place between
+// the two all-reduces (the kernels' vectorised exponential; the reference's in double), so
+// the backward reuses e_v without a second exponential.
 float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale) {
   const int64_t C = cfg_.d_model, V = cfg_.vocab;
   for (int64_t i = 0; i < N; i++)
@@ -113,34 +121,30 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
       for (int64_t i = 0; i < rows; i++) {
         const float* z = logits.data() + i * Vl_;
         mx[size_t(i)] = valid > 0 ? *std::max_element(z, z + valid) : -INFINITY;
+        const int64_t t = targets[r0 + i] - lo;
+        st[size_t(rows + i)] = t >= 0 && t < valid ? z[t] : 0.0f;  // the target's logit, on its rank
       }
       vocab_comm_->all_reduce_max(mx.data(), rows);
-      for (int64_t i = 0; i < rows; i++) {
-        const float* z = logits.data() + i * Vl_;
-        double sum = 0;
-        for (int64_t v = 0; v < valid; v++) sum += std::exp(double(z[v]) - mx[size_t(i)]);
-        const int64_t t = targets[r0 + i] - lo;
-        st[size_t(i)] = float(sum);
-        st[size_t(rows + i)] = t >= 0 && t < valid ? z[t] : 0.0f;
-      }
+      // Note [Vocabulary-parallel softmax]: e = exp(z - m) in place, and each row's share of the sum.
+      k_.softmax_exp_rows(logits.data(), mx.data(), st.data(), rows, Vl_, valid);
       vocab_comm_->all_reduce_sum(st.data(), 2 * rows);
       for (int64_t i = 0; i < rows; i++)
         losses[r0 + i] = targets[r0 + i] == kIgnoreTarget
                              ? 0.0f
                              : float(std::log(double(st[size_t(i)])) + mx[size_t(i)] - st[size_t(rows + i)]);
       if (!dx) continue;
-      // dz_v = scale * (softmax_v - [v == target]); padded columns get 0.
+      // dz_v = scale * (softmax_v - [v == target]) = e_v * scale / sum - scale [v == target].
+#pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < rows; i++) {
-        float* z = logits.data() + i * Vl_;
+        float* e = logits.data() + i * Vl_;
         if (targets[r0 + i] == kIgnoreTarget) {
-          std::fill(z, z + Vl_, 0.0f);
+          std::fill(e, e + Vl_, 0.0f);
           continue;
         }
-        const float m = mx[size_t(i)], inv = 1.0f / st[size_t(i)];
-        for (int64_t v = 0; v < valid; v++) z[v] = std::exp(z[v] - m) * inv * scale;
-        std::fill(z + valid, z + Vl_, 0.0f);
+        const float k = scale / st[size_t(i)];
+        for (int64_t v = 0; v < valid; v++) e[v] *= k;
         const int64_t t = targets[r0 + i] - lo;
-        if (t >= 0 && t < valid) z[t] -= scale;
+        if (t >= 0 && t < valid) e[t] -= scale;
       }
       k_.matmul_backward(dx + r0 * C, gv_.head_w, nullptr, logits.data(), x + r0 * C, pv_.head_w, rows, C, Vl_, false);
       vocab_sum(dx + r0 * C, rows * C, last_stage_root());  // each rank's columns give part of dL/dx

@@ -38,29 +38,11 @@ parallel::DataParallelPlan make_dp_plan(const Config& cfg, const ModelPart& part
   return parallel::plan_data_parallel(cfg.model, dp, caps, cfg.parallel.zero > 0, part, wte_bucket(cfg));
 }
 
-// Note [Vocabulary passes] (parallel/schedule.h): what the engine runs it with so far; the
-// simulator prices the rest (config_check.cc refuses what neither does).
-void refuse_pp_vocab_parts(const Config& cfg) {
-  const ParallelConfig& p = cfg.parallel;
-  if (!p.pp_vocab) return;
-  auto refuse = [&](bool bad, const std::string& what, const std::string& fix) {
-    LOOM_CONFIG_CHECK(!bad, "parallel.pp_vocab with ", what, ": loom simulate prices it, but the engine does not run "
-                      "it yet (issue 55); ", fix, ", or set parallel.pp_vocab = false");
-  };
-  refuse(p.sp, "parallel.sp", "set parallel.sp = false");
-  refuse(p.cp > 1, "parallel.cp = " + std::to_string(p.cp), "use parallel.cp = 1");
-  refuse(p.zero >= 2, "parallel.zero = " + std::to_string(p.zero), "use parallel.zero = 0 or 1");
-  refuse(p.ps_servers > 0, "parameter servers", "set parallel.ps_servers = 0");
-  // Their units (Note [ZeRO-3]) hold the embedding and the head apart; every rank's rows hold both.
-  refuse(cfg.offload.params != OffloadTier::kNone || cfg.offload.grads != OffloadTier::kNone,
-         "offload.params / offload.grads", "offload only the optimizer (offload.optimizer = disk)");
-}
-
 }  // namespace
 
 RankPlan plan_rank(const Config& cfg, int global_rank) {
   const ParallelConfig& p = cfg.parallel;
-  refuse_pp_vocab_parts(cfg);
+  if (const std::string why = parallel::pp_vocab_refusal(cfg); !why.empty()) throw ConfigError(why);
   if (p.ps_servers > 0 && global_rank >= p.world()) {  // Note [Parameter server with model parallelism]
     const rank::PsPlace at = rank::ps_place(p, global_rank);
     RankPlan server = plan_rank(cfg, at.worker);

@@ -149,6 +149,10 @@ Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1
 // Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
 // [Vocabulary passes]).
 void add_vocab_passes(Schedule& s);
+// What the engine does not run the vocabulary passes with yet (the simulator prices it; the
+// config check refuses what neither does): the refusal naming the setting and its fix, or ""
+// (also without parallel.pp_vocab). The engine throws it, the planner never offers it.
+std::string pp_vocab_refusal(const Config& cfg);
 
 // Note [Pipeline streams]: rank r's list for the step `age` steps after its stream started
 // (0: it starts it), flushing the stream when `flush`. steps_back(i, m): how many steps

@@ -1,4 +1,5 @@
 // Note [Vocabulary passes] (schedule.h): where each rank runs them, and what each carries.
+#include <string>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -51,6 +52,23 @@ void add_vocab_passes(Schedule& s) {
     }
   }
   LOOM_ASSERT(grads.empty(), "the epilogue V(", m, ") is the first stage's last step");
+}
+
+std::string pp_vocab_refusal(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  auto refusal = [](const std::string& what, const std::string& fix) {
+    return "parallel.pp_vocab with " + what + ": loom simulate prices it, but the engine does not run it yet (issue " +
+           "55); " + fix + ", or set parallel.pp_vocab = false";
+  };
+  if (!p.pp_vocab) return "";
+  if (p.sp) return refusal("parallel.sp", "set parallel.sp = false");
+  if (p.cp > 1) return refusal("parallel.cp = " + std::to_string(p.cp), "use parallel.cp = 1");
+  if (p.zero >= 2) return refusal("parallel.zero = " + std::to_string(p.zero), "use parallel.zero = 0 or 1");
+  if (p.ps_servers > 0) return refusal("parameter servers", "set parallel.ps_servers = 0");
+  // Their units (Note [ZeRO-3]) hold the embedding and the head apart; every rank's rows hold both.
+  if (cfg.offload.params != OffloadTier::kNone || cfg.offload.grads != OffloadTier::kNone)
+    return refusal("offload.params / offload.grads", "offload only the optimizer (offload.optimizer = disk)");
+  return "";
 }
 
 }  // namespace loom::parallel

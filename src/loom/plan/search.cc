@@ -88,6 +88,8 @@ Config engine_config(const sim::SimPlan& p) {
 std::vector<std::string> candidate_errors(const sim::SimPlan& p) {
   std::vector<std::string> errs = validation_errors(p.cfg);
   if (errs.empty() && p.cp > 1 && p.framework == sim::Framework::kLoom) errs = validation_errors(engine_config(p));
+  if (errs.empty() && p.cfg.parallel.pp_vocab)  // Note [Vocabulary passes]: searched only where the engine runs it
+    if (const std::string why = engine_refusal(p); !why.empty()) errs.push_back("parallel.pp_vocab = true: " + why);
   return errs;
 }
 
@@ -217,6 +219,7 @@ bool offloaded(const PlanRequest& req, PlanCandidate& c, PlanReport& rep) {
     if (params && !(o.cfg.memory.limit_gib > 0))  // the chunk manager's budget: the device
       o.cfg.memory.limit_gib = 0.97 * req.cluster.device.memory_bytes / double(int64_t(1) << 30);
     if (level == 2) o.cfg.offload.grads = loom::OffloadTier::kDisk, o.cfg.offload.chunk_mb = std::max(1.0, std::floor(o.cfg.offload.chunk_mb));
+    if (!parallel::pp_vocab_refusal(o.cfg).empty()) return false;  // Note [Vocabulary passes]
     PlanCandidate next{o, sim::simulate(o, req.cluster), c.how};
     ++rep.evaluated;
     double most = 0;  // parameters on the fullest pipeline rank; its state is what the tier must hold
@@ -243,6 +246,7 @@ std::string layout_label(const sim::SimPlan& p) {
   if (p.cp > 1 && q.cp_mode != CpMode::kAllGather) os << " " << name_of(q.cp_mode);
   if (q.sp) os << " sp";
   if (!q.vocab_parallel && q.tp > 1) os << " vocab-replicated";
+  if (q.pp_vocab) os << " pp_vocab";
   os << " zero " << q.zero << " mb " << p.cfg.micro_batch() << " x " << p.cfg.train.grad_accum << " " << schedule_name(q.schedule)
      << " recompute " << recompute_text(q.recompute);
   if (!q.pp_layers.empty()) os << " layers " << pp_layers_text(q.pp_layers);
@@ -445,13 +449,15 @@ PlanReport search_plans(const PlanRequest& req) {
           for (const auto& [sched, vpp] : schedules_tried(req, L, pp))
             for (bool sp : {false, true})
               for (bool vocab_parallel : {true, false})
+              for (bool pp_vocab : {false, true})
               for (int64_t zero : sim::framework_zero_stages(req.like.framework))  // Note [Sharding implementations]
                 for (const SyncChoice& sync : sync_choices(req, plan, zero))
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:
                   if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
+                  if (pp_vocab && (pp == 1 || streams(sched) || req.like.framework != sim::Framework::kLoom)) continue;
                   q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc}, q.cp_mode = cp_mode;
-                  q.vocab_parallel = vocab_parallel, q.compress = sync.compress;
+                  q.vocab_parallel = vocab_parallel, q.pp_vocab = pp_vocab, q.compress = sync.compress;
                   q.zeropp_qwz = sync.qwz, q.zeropp_qgz = sync.qgz, q.zeropp_hpz = sync.hpz;
                   const std::vector<std::string> errs = candidate_errors(plan);
                   if (!errs.empty()) {
@@ -497,6 +503,10 @@ std::string engine_refusal(const sim::SimPlan& p) {
   if (p.gemm_format != sim::GemmFormat::kBf16)
     return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
                        " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");
+  if (p.cfg.parallel.pp_vocab && p.framework != sim::Framework::kLoom)
+    return detail::cat("parallel.pp_vocab (the vocabulary split over the pipeline) is priced for loom's engine, not ",
+                       sim::framework_name(p.framework), "'s (price it under --framework loom)");
+  if (p.cfg.parallel.pp_vocab) return parallel::pp_vocab_refusal(engine_config(p));
   return "";
 }
 
@@ -550,6 +560,9 @@ std::string emit_megatron_args(const sim::SimPlan& p) {
        << "loom's engine runs it (--emit loom)";
   if (!q.vocab_parallel && q.tp > 1)
     os << "\n# parallel.vocab_parallel = false (embedding and head whole on every tp rank) has no Megatron-LM flag";
+  if (q.pp_vocab)
+    os << "\n# parallel.pp_vocab (the vocabulary split over the pipeline, Yeung et al. 2024) has no Megatron-LM flag; "
+       << "loom's engine runs it (--emit loom)";
   if (!q.zero_keep.empty())
     os << "\n# parallel.zero_keep " << zero_keep_text(q.zero_keep) << " (ZeRO-3 layers kept gathered) has no Megatron-LM flag";
   if (q.compress != CompressKind::kNone)

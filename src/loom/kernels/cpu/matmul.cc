@@ -291,6 +291,23 @@ void lm_head_loss_fp16(float* losses, float* dx, float* dw, const float* x, cons
   head_loss(losses, dx, dw, x, w, targets, N, C, V, dloss_scale, HeadGemm::kFp16);
 }
 
+void softmax_exp_rows(float* z, const float* mx, float* sums, int64_t rows, int64_t V, int64_t valid) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; i++) {
+    float* r = z + i * V;
+    const float m = mx[i];
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = 0; v < valid; v++) {
+      const float e = exp_approx(r[v] - m);
+      r[v] = e;
+      sum += e;
+    }
+    std::fill(r + valid, r + V, 0.0f);
+    sums[i] = sum;
+  }
+}
+
 void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C, int64_t V) {
   cblas_sgemv(CblasRowMajor, CblasNoTrans, V, C, 1.0f, w, C, x, 1, 0.0f, logits, 1);
 }

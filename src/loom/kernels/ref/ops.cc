@@ -1,4 +1,6 @@
 // float instantiation of the templated reference kernels (ops_t.h).
+#include <cmath>
+
 #include "loom/kernels/ref/ops.h"
 #include "loom/kernels/ref/ops_t.h"
 
@@ -113,6 +115,16 @@ void crossentropy_backward_inplace(float* logits, const int32_t* targets, const 
 
 void lm_head_loss(float* losses, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float dloss_scale) {
   tmpl::lm_head_loss<float>(losses, dx, dw, x, w, targets, N, C, V, dloss_scale);
+}
+
+void softmax_exp_rows(float* z, const float* mx, float* sums, int64_t rows, int64_t V, int64_t valid) {
+  for (int64_t i = 0; i < rows; i++) {
+    float* r = z + i * V;
+    double sum = 0;
+    for (int64_t v = 0; v < valid; v++) sum += (r[v] = float(std::exp(double(r[v]) - double(mx[i]))));
+    for (int64_t v = valid; v < V; v++) r[v] = 0.0f;
+    sums[i] = float(sum);
+  }
 }
 
 void lm_head_logits_row(float* logits, const float* x, const float* w, int64_t C, int64_t V) {

@@ -98,12 +98,15 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
     LOOM_CHECK(targets[i] == kIgnoreTarget || (targets[i] >= 0 && targets[i] < V), "target id ", targets[i],
                " at position ", i, " is outside the vocabulary [0, ", V, ")");
   float* losses = acts_losses();
-  const bool tied = cfg_.arch == Arch::kGpt;  // the head reads wte, the embedding unit's
+  // The units holding the head's weights (Note [ZeRO-3]): its own; GPT's tied head also the
+  // embedding's (wte); under pp_vocab only the embedding's, where every rank's vocabulary
+  // rows lead the layout (layout.cc).
+  const bool tied = cfg_.arch == Arch::kGpt, own = !part_.pp_vocab(), embed = tied || !own;
   span("head", -1, true);
-  use(head_unit(), true);
-  if (tied) use(embed_unit(), true);
-  if (dx) writes(head_unit(), true);  // the head's gradients (GPT's tied head: wte's)
-  if (dx && tied) writes(embed_unit(), true);
+  if (own) use(head_unit(), true);
+  if (embed) use(embed_unit(), true);
+  if (dx && own) writes(head_unit(), true);  // the head's gradients (GPT's tied head: wte's)
+  if (dx && embed) writes(embed_unit(), true);
   if (!part_.vocab_split()) {
     // Whole head (tp = 1, or replicated over tp: x is whole on every rank, so each computes
     // the same loss, dx and head gradient).
@@ -150,10 +153,10 @@ float Model::head_loss(const float* x, const int32_t* targets, int64_t N, float*
       vocab_sum(dx + r0 * C, rows * C, last_stage_root());  // each rank's columns give part of dL/dx
     }
   }
-  if (dx && tied) writes(embed_unit(), false);
-  if (dx) writes(head_unit(), false);
-  if (tied) use(embed_unit(), false);
-  use(head_unit(), false);
+  if (dx && embed) writes(embed_unit(), false);
+  if (dx && own) writes(head_unit(), false);
+  if (embed) use(embed_unit(), false);
+  if (own) use(head_unit(), false);
   span("head", -1, false);
   double s = 0;
   for (int64_t i = 0; i < N; i++) s += losses[i];
@@ -175,7 +178,9 @@ void Model::vocab_lookup(float* out, const int32_t* tokens, int64_t B, int64_t T
   check_shape(B, T);
   check_ids(tokens, B * T, cfg_.vocab, "token");
   span("embedding", -1, true);
+  use(embed_unit(), true);
   embed_forward(out, tokens, B, T);
+  use(embed_unit(), false);
   span("embedding", -1, false);
 }
 

@@ -63,11 +63,8 @@ std::string pp_vocab_refusal(const Config& cfg) {
   if (!p.pp_vocab) return "";
   if (p.sp) return refusal("parallel.sp", "set parallel.sp = false");
   if (p.cp > 1) return refusal("parallel.cp = " + std::to_string(p.cp), "use parallel.cp = 1");
-  if (p.zero >= 2) return refusal("parallel.zero = " + std::to_string(p.zero), "use parallel.zero = 0 or 1");
+
   if (p.ps_servers > 0) return refusal("parameter servers", "set parallel.ps_servers = 0");
-  // Their units (Note [ZeRO-3]) hold the embedding and the head apart; every rank's rows hold both.
-  if (cfg.offload.params != OffloadTier::kNone || cfg.offload.grads != OffloadTier::kNone)
-    return refusal("offload.params / offload.grads", "offload only the optimizer (offload.optimizer = disk)");
   return "";
 }
 

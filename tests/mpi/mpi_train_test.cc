@@ -81,6 +81,11 @@ const std::vector<std::vector<std::string>> kLayouts = {
     {"parallel.tp=4"},
     {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"},
     {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "train.grad_accum=2"},
+    // Note [Vocabulary passes]: the vocabulary over the pipeline's ranks (broadcasts and reduces over MPI)
+    {"parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
+    {"parallel.pp=3", "parallel.pp_vocab=true", "parallel.schedule=zb-h1", "train.grad_accum=3"},
+    {"parallel.tp=2", "parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=2"},
+    {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.pp_vocab=true", "train.grad_accum=2"},
 };
 
 TEST(MpiTrain, GptLayoutsMatchTheSingleProcessRun) { check_layouts("gpt", kLayouts); }

@@ -85,6 +85,7 @@ const std::vector<std::vector<std::string>> kLayouts = {
     {"parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
     {"parallel.pp=3", "parallel.pp_vocab=true", "parallel.schedule=zb-h1", "train.grad_accum=3"},
     {"parallel.tp=2", "parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=2"},
+    {"parallel.tp=2", "parallel.sp=true", "parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=2"},
     {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.pp_vocab=true", "train.grad_accum=2"},
 };
 

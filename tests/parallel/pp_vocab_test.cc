@@ -51,12 +51,15 @@ TEST(PpVocab, EveryFlushingScheduleEqualsTheSingleProcessRun) {
   expect_every_layout_exact(base(true), layouts, "llama");
 }
 
-TEST(PpVocab, ComposesWithTensorAndDataParallelZeroOffloadAndPrecision) {
+TEST(PpVocab, ComposesWithTensorSequenceAndDataParallelZeroOffloadAndPrecision) {
   const std::vector<Sets> layouts = {
       {"parallel.pp=2", "parallel.tp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.tp=2", "parallel.pp_vocab=true", "parallel.vocab_parallel=false",
        "train.grad_accum=4"},
       {"parallel.pp=3", "parallel.tp=2", "parallel.pp_vocab=true", "parallel.schedule=zb-h2", "train.grad_accum=4"},
+      {"parallel.pp=2", "parallel.tp=2", "parallel.sp=true", "parallel.pp_vocab=true", "train.grad_accum=4"},
+      {"parallel.pp=2", "parallel.tp=2", "parallel.sp=true", "parallel.pp_vocab=true", "parallel.vocab_parallel=false",
+       "parallel.recompute=full", "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.dp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.dp=2", "parallel.zero=1", "parallel.pp_vocab=true", "parallel.schedule=zb-v",
        "parallel.vpp=2", "train.grad_accum=2"},

@@ -210,14 +210,16 @@ TEST(Preflight, CheckpointRoomCountsTheSavesKeptAtOnce) {
 // Note [Vocabulary passes]: loom simulate prices parallel.pp_vocab; the engine refuses it by
 // name (no rank starts a layout it cannot run), and the plain layout still plans.
 // Note [Vocabulary passes]: the engine runs the vocabulary split over the pipeline with
-// dp, tp (split or replicated vocabulary), ZeRO-1/2/3, offload and every flushing schedule;
+// dp, tp (split or replicated vocabulary), sp, ZeRO-1/2/3, offload and every flushing schedule;
 // what it does not run yet is refused by name with the fix, before any rank starts.
 TEST(Preflight, TheEngineRefusesWhatTheVocabularySplitDoesNotRunYet) {
   const std::vector<std::string> sets = {"parallel.pp=2", "model.layers=2", "train.grad_accum=2",
                                          "parallel.pp_vocab=true"};
   EXPECT_NO_THROW(plan_rank(load_config("", sets), 1));
+  std::vector<std::string> sp = sets;
+  sp.insert(sp.end(), {"parallel.tp=2", "parallel.sp=true", "parallel.dp=2", "parallel.zero=3"});
+  EXPECT_NO_THROW(plan_rank(load_config("", sp), 3));
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
-      {{"parallel.tp=2", "parallel.sp=true"}, "parallel.sp = false"},
       {{"parallel.cp=2", "train.seq=64"}, "parallel.cp = 1"},
       {{"parallel.dp=2", "parallel.ps_servers=1"}, "parallel.ps_servers = 0"},
   };

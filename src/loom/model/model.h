@@ -238,8 +238,9 @@ class Model {
   // max and sums all-reduced. Returns the mean loss on every rank. backward: also ADDS
   // d(grad_scale * loss) to each rank's head rows and leaves dL/d(norm output) in the slot.
   float vocab_head(int slot, const int32_t* targets, int64_t B, int64_t T, float grad_scale, bool backward);
-  // dout (B,T,C): dL/d(embedding output), read on the first stage only (tp rank 0):
-  // broadcast, and each rank ADDS its rows' gradient (the first stage wpe's).
+  // dout (B,T,C), or its rows under sequence parallel: dL/d(embedding output), read on the
+  // first stage only: gathered, broadcast, and each rank ADDS its rows' gradient (the first
+  // stage wpe's).
   void vocab_embed_grad(const float* dout, const int32_t* tokens, int64_t B, int64_t T);
   // Returns once every rank of the vocabulary group has called it (a one-float all-reduce):
   // a traced pass's span starts there, as a step's starts once its input is here.

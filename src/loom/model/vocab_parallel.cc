@@ -25,7 +25,8 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
   }
   // out = sum over the vocabulary parts (tp, or pp x tp under pp_vocab) of (own rows of wte
   // looked up, zero elsewhere); tp rank 0 of the rank holding wpe adds it. Sequence
-  // parallel: the sum is reduce-scattered and out holds the own rows only.
+  // parallel: out holds the own rows only, the sum reduce-scattered over tp (pp_vocab: summed
+  // whole over its group, then the own rows kept).
   float* full = sp_ ? full_tmp() : out;
   const int64_t lo = part_.vocab_index() * Vl_;
   const bool add_pos = pv_.wpe && part_.vocab_speaker();
@@ -40,8 +41,9 @@ void Model::embed_forward(float* out, const int32_t* tokens, int64_t B, int64_t 
       for (int64_t c = 0; c < C; c++) o[c] += p[c];
     }
   }
-  if (!sp_) {
-    vocab_sum(out, N * C, 0);  // (pp_vocab: onto the first stage)
+  if (!sp_ || part_.pp_vocab()) {
+    vocab_sum(full, N * C, 0);  // (pp_vocab: onto the first stage)
+    if (sp_) std::memcpy(out, full + row0(N) * C, size_t(rows(N) * C) * sizeof(float));
     return;
   }
   const int64_t n = rows(N);
@@ -59,9 +61,9 @@ void Model::embed_backward(const float* dout, const int32_t* tokens, int64_t B, 
     if (cp_.size > 1 && gv_.wpe) add_position_grads(d, B, T);
     return;
   }
-  // dout is replicated (gathered under sequence parallel): every rank adds the rows of its
-  // own tokens, and all add wpe's.
-  dout = gather_grad(dout, N);
+  // dout is replicated (gathered under sequence parallel; pp_vocab's pass gathered it): every
+  // rank adds the rows of its own tokens, and all add wpe's.
+  if (!part_.pp_vocab()) dout = gather_grad(dout, N);
   const int64_t lo = part_.vocab_index() * Vl_;
   for (int64_t n = 0; n < N; n++) {
     const float* d = dout + n * C;
@@ -203,6 +205,7 @@ void Model::vocab_embed_grad(const float* dout, const int32_t* tokens, int64_t B
   check_shape(B, T);
   const int64_t N = B * T, C = cfg_.d_model;
   vocab_x_.resize(size_t(N * C));
+  if (part_.embed) dout = gather_grad(dout, N);  // sequence parallel: the tp ranks' rows, whole
   if (part_.embed && part_.vocab_speaker()) std::memcpy(vocab_x_.data(), dout, size_t(N * C) * sizeof(float));
   vocab_comm_->broadcast(vocab_x_.data(), N * C, 0);  // the first stage's speaker is part 0
   span("embedding backward", -1, true);

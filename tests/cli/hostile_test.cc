@@ -153,18 +153,18 @@ TEST(Hostile, ImpossibleModelsAreRefusedBeforeTheSearch) {
 // Note [Vocabulary passes]: loom simulate prices parallel.pp_vocab; loom plan, which
 // recommends only what the engine runs, refuses to search it by name.
 // The planner searches the vocabulary split over the pipeline only where the engine runs it
-// (Note [Vocabulary passes]): no ranked plan pairs it with context parallelism.
+// (Note [Vocabulary passes]): no ranked plan pairs it with a stream schedule or parameter servers.
 TEST(Hostile, ThePlannerSearchesTheVocabularySplitOnlyWhereTheEngineRunsIt) {
   const std::string vocab = " --model gpt2 --set model.layers=4 --set parallel.pp=2 --set parallel.pp_vocab=true";
-  Result r = run("plan" + vocab + " --gpus 4 --framework loom --cp 2 --top 400");
+  Result r = run("plan" + vocab + " --gpus 4 --framework loom --ps dense --top 400");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find(" pp_vocab "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("invalid: parallel.pp_vocab"), std::string::npos) << r.output;  // the refused, pruned
   std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);)  // the ranked plans: "#N  dp .. tp .. pp .."
     if (line.size() > 1 && line[0] == '#' && std::isdigit(static_cast<unsigned char>(line[1])) &&
         line.find(" pp_vocab ") != std::string::npos)
-      EXPECT_EQ(line.find(" cp 2"), std::string::npos) << line;
+      for (const char* no : {" 2bw ", " pipedream ", " pipemare ", "parameter servers"})
+        EXPECT_EQ(line.find(no), std::string::npos) << line;
   r = run("simulate" + vocab + " --gpus 2 --pp 2 --grad-accum 4 --global-batch 4");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("vocabulary passes' comm"), std::string::npos) << r.output;

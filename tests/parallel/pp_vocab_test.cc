@@ -51,7 +51,7 @@ TEST(PpVocab, EveryFlushingScheduleEqualsTheSingleProcessRun) {
   expect_every_layout_exact(base(true), layouts, "llama");
 }
 
-TEST(PpVocab, ComposesWithTensorSequenceAndDataParallelZeroOffloadAndPrecision) {
+TEST(PpVocab, ComposesWithTensorSequenceContextAndDataParallelZeroOffloadAndPrecision) {
   const std::vector<Sets> layouts = {
       {"parallel.pp=2", "parallel.tp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.tp=2", "parallel.pp_vocab=true", "parallel.vocab_parallel=false",
@@ -70,6 +70,8 @@ TEST(PpVocab, ComposesWithTensorSequenceAndDataParallelZeroOffloadAndPrecision) 
        "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.pp_vocab=true", "offload.params=disk",
        "offload.optimizer=disk", "offload.dir=" + ::testing::TempDir(), "train.grad_accum=2"},
+      {"parallel.pp=2", "parallel.cp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
+      {"parallel.pp=2", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.pp_vocab=true", "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.pp_vocab=true", "parallel.recompute=selective", "train.grad_accum=4"},
       {"parallel.pp=2", "parallel.pp_vocab=true", "train.precision=bf16", "train.grad_accum=4"},
   };

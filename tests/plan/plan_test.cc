@@ -341,7 +341,7 @@ TEST(PlanSearch, ChoosesTheVocabularySplitOverThePipelineWhenItPays) {
     const ParallelConfig& q = c.plan.cfg.parallel;
     if (!q.pp_vocab) continue;
     EXPECT_EQ(engine_refusal(c.plan), "") << layout_label(c.plan);
-    EXPECT_TRUE(c.plan.cp == 1 && !streams(q.schedule)) << layout_label(c.plan);
+    EXPECT_TRUE(q.ps_servers == 0 && !streams(q.schedule)) << layout_label(c.plan);
     EXPECT_NO_THROW(emit_loom_toml(c.plan)) << layout_label(c.plan);
     std::string label = layout_label(c.plan);
     label.erase(label.find(" pp_vocab"), 9);
@@ -355,9 +355,9 @@ TEST(PlanSearch, ChoosesTheVocabularySplitOverThePipelineWhenItPays) {
   ASSERT_FALSE(m.empty());
   EXPECT_FALSE(m.front().plan.cfg.parallel.pp_vocab) << layout_label(m.front().plan);
   // What the engine refuses is never searched, and named when set by hand.
-  sim::SimPlan cp = b.front().plan;
-  cp.cp = 2;
-  EXPECT_NE(engine_refusal(cp).find("parallel.pp_vocab with parallel.cp = 2"), std::string::npos) << engine_refusal(cp);
+  sim::SimPlan ps = b.front().plan;
+  ps.cfg.parallel.ps_servers = 1;
+  EXPECT_NE(engine_refusal(ps).find("parallel.pp_vocab with parameter servers"), std::string::npos) << engine_refusal(ps);
   sim::SimPlan megatron = b.front().plan;
   megatron.framework = sim::Framework::kMegatron;
   EXPECT_NE(engine_refusal(megatron).find("priced for loom's engine"), std::string::npos) << engine_refusal(megatron);

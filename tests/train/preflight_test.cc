@@ -210,7 +210,7 @@ TEST(Preflight, CheckpointRoomCountsTheSavesKeptAtOnce) {
 // Note [Vocabulary passes]: loom simulate prices parallel.pp_vocab; the engine refuses it by
 // name (no rank starts a layout it cannot run), and the plain layout still plans.
 // Note [Vocabulary passes]: the engine runs the vocabulary split over the pipeline with
-// dp, tp (split or replicated vocabulary), sp, ZeRO-1/2/3, offload and every flushing schedule;
+// dp, tp (split or replicated vocabulary), sp, cp, ZeRO-1/2/3, offload and every flushing schedule;
 // what it does not run yet is refused by name with the fix, before any rank starts.
 TEST(Preflight, TheEngineRefusesWhatTheVocabularySplitDoesNotRunYet) {
   const std::vector<std::string> sets = {"parallel.pp=2", "model.layers=2", "train.grad_accum=2",
@@ -220,7 +220,6 @@ TEST(Preflight, TheEngineRefusesWhatTheVocabularySplitDoesNotRunYet) {
   sp.insert(sp.end(), {"parallel.tp=2", "parallel.sp=true", "parallel.dp=2", "parallel.zero=3"});
   EXPECT_NO_THROW(plan_rank(load_config("", sp), 3));
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
-      {{"parallel.cp=2", "train.seq=64"}, "parallel.cp = 1"},
       {{"parallel.dp=2", "parallel.ps_servers=1"}, "parallel.ps_servers = 0"},
   };
   for (const auto& [extra, fix] : refused) {

@@ -87,11 +87,11 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
              " must divide heads ", cfg.heads, ", kv_heads ", cfg.kv_heads, " and ffn ", cfg.ffn);
   if (part.tp == 1) tp_comm_ = nullptr;
   vocab_comm_ = part.pp_vocab() ? opt.vocab_comm : tp_comm_;
-  LOOM_CHECK(!part.pp_vocab() || (opt.vocab_comm && cp_.size == 1 && part.vocab_pp_rank >= 0 &&
+  LOOM_CHECK(!part.pp_vocab() || (opt.vocab_comm && part.vocab_pp_rank >= 0 &&
                                   part.vocab_pp_rank < part.vocab_pp &&
                                   (!part.head || part.vocab_head_pp_rank == part.vocab_pp_rank)),
-             "the vocabulary split over the pipeline (parallel.pp_vocab) needs its group and runs without context "
-             "parallelism (pipeline rank ", part.vocab_pp_rank, " of ", part.vocab_pp, ")");
+             "the vocabulary split over the pipeline (parallel.pp_vocab) needs its group (pipeline rank ",
+             part.vocab_pp_rank, " of ", part.vocab_pp, ")");
   LOOM_CHECK(cp_.size == 1 || (cp_.comm && int(cp_.positions.size()) == cp_.size && cp_.rank >= 0 &&
                                cp_.rank < cp_.size && int64_t(cp_.positions[size_t(cp_.rank)].size()) == max_seq),
              "a context-parallel model (cp = ", cp_.size, ") needs its group and every rank's ", max_seq, " positions");

@@ -61,7 +61,6 @@ std::string pp_vocab_refusal(const Config& cfg) {
            "55); " + fix + ", or set parallel.pp_vocab = false";
   };
   if (!p.pp_vocab) return "";
-  if (p.cp > 1) return refusal("parallel.cp = " + std::to_string(p.cp), "use parallel.cp = 1");
 
   if (p.ps_servers > 0) return refusal("parameter servers", "set parallel.ps_servers = 0");
   return "";

@@ -1,7 +1,7 @@
 // The parameter layout table. Parameters, gradients and AdamW moments each live in one
 // flat float buffer with this layout; every tensor is an (offset, numel) view.
 // Note [flat state]: tensors are stored layer-major (embeddings, block 0..L-1, final norm,
-// head) and each offset is aligned to kAlignFloats so views are SIMD-aligned and a ZeRO
+// head; under pp_vocab the vocabulary rows, wte and Llama's head, lead) and each offset is aligned to kAlignFloats so views are SIMD-aligned and a ZeRO
 // shard or DDP bucket can be cut at tensor boundaries. Padding floats are always zero.
 #pragma once
 
@@ -59,7 +59,8 @@ struct LayoutPadding {
 // stage). Tensors keep their global names ("h.5.attn.qkv.w"). GPT ties the head to wte,
 // so a head part without the embedding holds its own copy of wte: both copies start
 // equal (same init), their gradients are summed across the two ranks and their updates
-// are then identical (Megatron's embedding group does the same).
+// are then identical (Megatron's embedding group does the same). Under pp_vocab every rank
+// holds its rows of the one table instead (no copy).
 struct ModelPart {
   std::vector<std::pair<int, int>> chunks;  // [begin, end) per chunk; empty: all layers, one chunk
   bool embed = true;

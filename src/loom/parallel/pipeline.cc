@@ -258,7 +258,7 @@ void PipelineRunner::vocab_pass(int k, const BatchFn& batch, float grad_scale, d
   if (p.head >= 0) {
     batch(p.head, tok.data(), tgt.data());
     const int last_chunk = model_.chunks() - 1;
-    const int slot = holds_head() ? slot_of_[size_t(last_chunk)][size_t(p.head)] : -1;
+    const int slot = holds_head() ? slot_of_[size_t(last_chunk)][size_t(index_of(p.head))] : -1;
     LOOM_ASSERT(!holds_head() || slot >= 0, "pipeline rank ", pp_rank_, " runs micro-batch ", p.head,
                 "'s head before its forward");
     const float l = model_.vocab_head(slot, tgt.data(), B_, T_, grad_scale, true);

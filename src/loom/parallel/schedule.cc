@@ -192,13 +192,15 @@ int virtual_stage(ScheduleKind kind, int pp, int rank, int chunk) {
   return chunk * pp + rank;
 }
 
-StageSite Schedule::site(int v) const {
+StageSite stage_site(ScheduleKind kind, int pp, int vpp, int v) {
   for (int r = 0; r < pp; ++r)
     for (int c = 0; c < vpp; ++c)
-      if (stage(r, c) == v) return {r, c};
+      if (virtual_stage(kind, pp, r, c) == v) return {r, c};
   LOOM_ASSERT(false, "virtual stage ", v, " outside ", pp, " x ", vpp);
   return {};
 }
+
+StageSite Schedule::site(int v) const { return stage_site(kind, pp, vpp, v); }
 
 char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : p == Phase::kW ? 'W' : 'V'; }
 

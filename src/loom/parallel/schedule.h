@@ -121,6 +121,8 @@ int virtual_stage(ScheduleKind kind, int pp, int rank, int chunk);
 struct StageSite {
   int rank = 0, chunk = 0;
 };
+// The inverse of virtual_stage: the rank and chunk running virtual stage v of pp x vpp.
+StageSite stage_site(ScheduleKind kind, int pp, int vpp, int v);
 
 // What vocabulary pass V(k) carries (Note [Vocabulary passes]): micro-batch `head`'s head
 // and loss (-1: none) and the embedding's lookups and gradients of the micro-batches listed.

@@ -36,10 +36,7 @@ ModelPart rank_part(const Config& cfg, int pp_rank, int tp_rank) {
   part.vocab_parallel = p.vocab_parallel;
   if (p.pp_vocab) {  // Note [Vocabulary passes]
     part.vocab_pp = int(p.pp), part.vocab_pp_rank = pp_rank;
-    const int last = int(p.pp * p.vpp) - 1;
-    for (int r = 0; r < p.pp; ++r)
-      for (int c = 0; c < p.vpp; ++c)
-        if (virtual_stage(p.schedule, int(p.pp), r, c) == last) part.vocab_head_pp_rank = r;
+    part.vocab_head_pp_rank = stage_site(p.schedule, int(p.pp), int(p.vpp), int(p.pp * p.vpp) - 1).rank;
   }
   return part;
 }

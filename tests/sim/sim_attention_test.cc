@@ -309,8 +309,8 @@ TEST(Published, NemoLauncherRowsTakeTheirConfigs) {
 }
 
 // Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.957 of the preset's
-// compute rate, Megatron-core (NeMo 24.12's launcher, Megatron-LM's r0.8.0 README) at 0.864;
-// the same stacks on A100, and Megatron-LM before core, at the preset's own.
+// compute rate, Megatron-core (NeMo 24.12's launcher, Megatron-LM's r0.8.0 README) at 0.864,
+// on Blackwell too; the same stacks on A100, and Megatron-LM before core, at the preset's own.
 TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   const double h100 = load_cluster("dgx-h100", {}, 8, "").device.peak_flops;
   const std::string foundry = "llm-foundry / Composer (PyTorch FSDP, FlashAttention)";
@@ -322,6 +322,11 @@ TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   PublishedRun a100 = row_of(foundry, "");
   a100.fields["gpu_type"] = "A100-SXM4-80GB";
   EXPECT_EQ(published_case(a100).cluster.device.peak_flops, load_cluster("dgx-a100", {}, 8, "").device.peak_flops);
+  // Megatron-core on Blackwell takes its H100 factor (the B200 preset's curves are the H100's).
+  PublishedRun b200 = row_of("Megatron-Bridge / NeMo 25.11", "");
+  b200.fields["gpu_type"] = "B200 (DGX-B200)";
+  const double b200_peak = load_cluster("dgx-b200", {}, 8, "").device.peak_flops;
+  EXPECT_NEAR(published_case(b200).cluster.device.peak_flops, 0.864 * b200_peak, 1e-6 * b200_peak);
   // A slower compute rate is a slower step, by less than the rate (memory-bound kernels and
   // collectives keep theirs).
   const PublishedCase c = published_case(row_of(foundry, ""));

@@ -150,9 +150,10 @@ const char* gemm_format_name(GemmFormat f) {
 //    caching from the first micro-batch, as Megatron-core uses it): 4 bytes a weight at the
 //    memory rate, priced with the optimizer's pass; the fp8 copy and its transpose (2 bytes
 //    a weight) held through the step.
-// Not modelled: the forward casts fused into the norm or activation before them (so the
-// cast bytes are an upper bound), fp8 activations saved for backward (the activation memory
-// stays bf16's), and the amax history update (a few values a tensor). Attention, norms, the
+// The inputs each layer saves for backward are its fp8 copies (Note [fp8 saved inputs] in
+// memory_model.cc). Not modelled: the forward casts fused into the norm or activation before
+// them (so the cast bytes are an upper bound) and the amax history update (a few values a
+// tensor). Attention, norms, the
 // embedding and the head stay bf16, as in Megatron-core's default recipe.
 double fp8_cast_bytes(GemmFormat f, double elements) {
   switch (f) {

@@ -22,6 +22,12 @@ namespace loom::sim {
 // (GQA: K and V are g/a of Q; SwiGLU: gate, up and their product are kept; no dropout) and
 // context parallelism (s/cp query rows against s keys) follow the same derivation; for the
 // GPT shapes of the paper it reduces to its Table 2 exactly.
+//
+// Note [fp8 saved inputs]: in an fp8 format (Note [fp8 GEMMs]) each linear layer keeps for
+// its weight gradient the input it cast forward, not the bf16 one (Transformer Engine saves
+// the fp8 copy that its wgrad GEMM reads): the QKV, projection, MLP and fc2 inputs take
+// operand_bytes (1 in fp8 and MXFP8, 0.5 + 1/16 in NVFP4) an element. The norms'
+// inputs, Q, K, V and the MLP's other hidden terms stay in the activation dtype.
 
 namespace {
 
@@ -37,10 +43,12 @@ LayerTerms layer_terms(const LayerShape& x) {
   const bool gpt = x.arch == Arch::kGpt;
   LayerTerms L;
   const double mask = x.dropout ? 1 : 0;  // bytes per element of a dropout mask
+  const double in = operand_bytes(x.gemm_format, dt);  // a linear layer's saved input (Note [fp8 saved inputs])
   // norm inputs (2), QKV input, MLP input, and the two residual dropout masks
-  L.replicated = n * x.h * (4 * dt + 2 * mask);
+  L.replicated = n * x.h * (2 * dt + 2 * in + 2 * mask);
   // Q, K, V, projection input; MLP hidden: GELU input + output, or SwiGLU gate, up, product
-  L.split = n * (x.h * dt + 2 * kv * dt + x.h * dt) + n * x.f * (gpt ? 2 * dt : 3 * dt);
+  // (the fc2 input: the GELU output or the product)
+  L.split = n * (x.h * dt + 2 * kv * dt + x.h * in) + n * x.f * ((gpt ? 1 : 2) * dt + in);
   // softmax output; for GPT also its dropout mask and dropout output
   L.scores = n * x.s * x.a * (x.dropout ? 2 * dt + mask : dt);
   if (x.flash()) L.scores = n * x.a * 4;  // flash attention keeps the fp32 row log-sum-exp, not the scores

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::sim {
 
@@ -91,21 +92,26 @@ std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
 }
 
 bool nemo_launcher(const PublishedRun& row) { return contains(text(row, "framework"), "NeMo Launcher"); }
+// NVIDIA's own performance tables: NeMo (its launcher, NeMo 1.x and 2.x) and Megatron-Bridge.
+bool nvidia_recipe(const PublishedRun& row) {
+  const std::string fw = text(row, "framework");
+  return contains(fw, "NeMo") || contains(fw, "Megatron-Bridge");
+}
 // Megatron-core with Transformer Engine: NeMo's engine, and Megatron-LM's own core releases.
 bool megatron_core(const PublishedRun& row) {
   const std::string fw = text(row, "framework");
   return contains(fw, "NeMo") || contains(fw, "Megatron-Core");
 }
 
-// PyTorch FSDP and MaxText shard parameters, gradients and optimizer state (ZeRO-3;
-// SHARD_GRAD_OP keeps parameters whole, ZeRO-2); Megatron's DDP shards nothing; the
-// distributed optimizer (ZeRO-1) where Megatron's flags or NeMo's configs imply it.
+// PyTorch FSDP, Megatron-FSDP and MaxText shard parameters, gradients and optimizer state
+// (ZeRO-3; SHARD_GRAD_OP keeps parameters whole, ZeRO-2); Megatron's DDP shards nothing; the
+// distributed optimizer (ZeRO-1) where Megatron's flags or NVIDIA's recipes imply it.
 int64_t zero_stage(const PublishedRun& row) {
   const std::string z = text(row, "zero_or_sharding");
-  if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3")) return 3;
+  if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3") || contains(z, "Megatron-FSDP")) return 3;
   if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2")) return 2;
   if (z.empty() && contains(text(row, "notes"), "--overlap-param-gather")) return 1;  // Note [Unstated Megatron flags]
-  if (z.empty() && nemo_launcher(row)) return 1;  // Note [NeMo launcher configs]
+  if ((z.empty() || contains(z, "not stated")) && nvidia_recipe(row)) return 1;  // Note [NVIDIA recipes]
   return 0;
 }
 
@@ -123,8 +129,28 @@ int64_t zero_stage(const PublishedRun& row) {
 // overlapped with the GEMMs) is true in each except Nemotron-4 340B's. A row that states a value
 // keeps it. (Llama 3.1 8B's config was not read; it runs tp 1, where only the optimizer's
 // settings apply, taken as its siblings'.)
+//
+// Note [NVIDIA recipes]
+// NVIDIA's other performance tables (S05-S08: NeMo 24.03 and 24.07's performance pages, run
+// with the launcher's configs of those releases; NeMo 2's and Megatron-Bridge's
+// scripts/performance recipes, which Megatron-LM's Llama README says its fp8 table follows)
+// state the layout and leave the rest to the recipe. What every such recipe sets is taken, as
+// for the launcher above: the distributed optimizer with the gradient reduce and the parameter
+// gather overlapped (the launcher's distributed_fused_adam with overlap_grad_sync and
+// overlap_param_sync; NeMo 2's and Megatron-Bridge's use_distributed_optimizer with
+// overlap_grad_reduce and overlap_param_gather), so a row whose sharding is unstated or reads
+// "distributed optimizer setting not stated" runs ZeRO-1; sequence parallelism with Transformer
+// Engine's userbuffer tp overlap wherever tp > 1, except NVFP4, for which Megatron-Bridge's
+// Llama recipes turn the tp overlap off. Megatron-FSDP (its "optim_grads_params" sharding) is
+// ZeRO-3. Recompute is stated by the launcher's S09 configs; elsewhere it is the least that
+// fits (Note [Unstated recompute]). Megatron-Bridge's FSDP recipes on Grace-Blackwell offload
+// some layers' activations to the host instead (cpu_offloading_num_layers); that offload is not
+// modelled, so those rows take the block recompute that fits in its place.
 bool nemo_340b(const PublishedRun& row) { return nemo_launcher(row) && contains(text(row, "model"), "Nemotron-4 340B"); }
-bool nemo_tp_overlap(const PublishedRun& row) { return nemo_launcher(row) && !nemo_340b(row); }
+bool recipe_tp_overlap(const PublishedRun& row) {
+  if (nemo_launcher(row)) return !nemo_340b(row);
+  return nvidia_recipe(row) && !contains(text(row, "precision"), "nvfp4");
+}
 
 // Note [Unstated Megatron flags]
 // Megatron-LM's README rows (2024-07, Megatron-Core r0.8.0) give the model, the parallel sizes
@@ -143,7 +169,7 @@ bool nemo_tp_overlap(const PublishedRun& row) { return nemo_launcher(row) && !ne
 bool implied_sp(const PublishedRun& row) {
   const std::string sp = text(row, "sequence_parallel");
   if (!sp.empty()) return sp == "yes";
-  return num(row, "tensor_parallel") > 1 && (contains(text(row, "notes"), "--tp-comm-overlap") || nemo_launcher(row));
+  return num(row, "tensor_parallel") > 1 && (contains(text(row, "notes"), "--tp-comm-overlap") || nvidia_recipe(row));
 }
 
 // What the row left unstated and was read from Megatron's flags and defaults, for the report.
@@ -152,10 +178,12 @@ std::string unstated_flags(const PublishedRun& row) {
   auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
   if (text(row, "micro_batch_size").empty()) add("micro-batch unstated: 1");
   if (text(row, "ffn_hidden").empty()) add("ffn unstated: 4 h");
-  if (nemo_launcher(row)) {
-    if (text(row, "zero_or_sharding").empty()) add("NeMo launcher config: distributed optimizer (ZeRO-1), overlapped");
+  if (nvidia_recipe(row)) {
+    if (zero_stage(row) == 1)
+      add(std::string(nemo_launcher(row) ? "NeMo launcher config" : "NVIDIA recipe") +
+          ": distributed optimizer (ZeRO-1), overlapped");
     if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("sequence parallel");
-    if (nemo_tp_overlap(row) && num(row, "tensor_parallel") > 1) add("tp communication overlapped");
+    if (recipe_tp_overlap(row) && num(row, "tensor_parallel") > 1) add("tp communication overlapped");
     if (text(row, "recompute").empty() && nemo_340b(row)) add("recompute selective");
     return out;
   }
@@ -212,13 +240,18 @@ Attention published_attention(const PublishedRun& row) {
 //   Megatron-core's on H100 (NeMo's engine), so Megatron-LM's README rows of Megatron-Core
 //   r0.8.0 (S04) take it too; they were seen before that choice (+13% to +37% at 1), so they
 //   do not check it.
+//   Megatron-core on Blackwell (B200, GB200, GB300): the same 0.864. Those presets' kernel
+//   curves are the H100's measured ones by assumption (no Blackwell kernel was timed), so what
+//   the stack loses beyond them is taken as it is on the H100; its rows (S07, S08) were seen
+//   before this choice and do not check it. Pre-Hopper rows (A100, V100) take 1.
 constexpr double kFoundryH100Efficiency = 0.957;
-constexpr double kMegatronCoreH100Efficiency = 0.864;
+constexpr double kMegatronCoreEfficiency = 0.864;
 
 double stack_efficiency(const PublishedRun& row) {
-  if (text(row, "gpu_type").rfind("H100", 0) != 0) return 1.0;
-  if (text(row, "framework").rfind("llm-foundry", 0) == 0) return kFoundryH100Efficiency;
-  return megatron_core(row) ? kMegatronCoreH100Efficiency : 1.0;
+  const std::string gpu = text(row, "gpu_type");
+  if (gpu.rfind("A100", 0) == 0 || gpu.rfind("V100", 0) == 0) return 1.0;
+  if (gpu.rfind("H100", 0) == 0 && text(row, "framework").rfind("llm-foundry", 0) == 0) return kFoundryH100Efficiency;
+  return megatron_core(row) ? kMegatronCoreEfficiency : 1.0;
 }
 
 // Whose ZeRO ran the row (Note [Sharding implementations]): rows that shard gradients or
@@ -232,6 +265,20 @@ Framework published_framework(const PublishedRun& row) {
   const bool early = contains(fw, "2020") || contains(fw, "2021") || contains(source, "2021") || contains(source, "SC21") ||
                      contains(source, "SC'21");
   return contains(fw, "DeepSpeed") && early ? Framework::kDeepSpeed2021 : Framework::kFsdp;
+}
+
+// Note [Published metrics]
+// A row is compared in what its source measured, read in this order: the step time; for a
+// GPT, TFLOP/s by Megatron's count (Narayanan et al. 2021, the formula its sources use);
+// tokens/s; TFLOP/s by Megatron's count as the last resort. A Llama's TFLOP/s were counted
+// by its source's own formula (GQA, the three-matrix MLP, its vocabulary): NVIDIA's Llama rows
+// that give both imply 0.95-1.06 x Megatron's count per token, a bias of up to 6% that the
+// rows' tokens/s do not carry.
+std::string published_metric(const PublishedRun& row, bool gpt) {
+  if (!text(row, "iteration_time_s").empty() && !(gpt && !text(row, "tflops_per_gpu").empty()))
+    return "iteration_time_s";
+  if (!gpt && !text(row, "tokens_per_sec_per_gpu").empty()) return "tokens_per_sec_per_gpu";
+  return "tflops_per_gpu";
 }
 
 // Whether the row's TFLOP/s count the recomputed forward (Narayanan et al. 2021's 96-form
@@ -297,24 +344,59 @@ double megatron_flops_per_iteration(double B, double s, double l, double h, doub
 // Note [Unstated recompute]
 // A row that leaves its recompute unstated is read as none, but a run that ran fit in its
 // GPUs' memory: where the row's sharding is known (ZeRO-2/3 and FSDP stated; ZeRO-1 implied by
-// --overlap-param-gather, Note [Unstated Megatron flags]), recompute is the remaining lever, and
-// the least recompute whose predicted peak fits the device is taken (none, selective, full;
-// none again if nothing fits) and said. Rows that name no sharding may have fit by an unstated
-// distributed optimizer instead (Megatron-core's, NeMo's recipes), so they keep none.
-// MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s, 2 x 8,192 tokens a GPU) need 351 GiB
-// without recompute.
+// --overlap-param-gather, Note [Unstated Megatron flags], or by NVIDIA's recipes, Note [NVIDIA
+// recipes]), recompute is the remaining lever, and the least recompute whose predicted peak
+// fits the device is taken (none, selective, full; none again if nothing fits) and said. A
+// Megatron stack also recomputes by the block (--recompute-method block --recompute-num-layers
+// N: the first N layers of every virtual stage whole, the others kept; NVIDIA's recipes set it
+// where all or nothing would not pay), so its rows take the least N that fits between
+// selective and full. Rows that name no sharding may have fit by an unstated distributed
+// optimizer instead, so they keep none. MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s,
+// 2 x 8,192 tokens a GPU) need 351 GiB without recompute.
 namespace {
-std::string fit_unstated_recompute(PublishedCase& c) {
+// Full recompute of the first `n` layers of each of the plan's virtual stages, none after.
+std::vector<Recompute> block_recompute(const SimPlan& plan, int n) {
+  const ModelConfig& m = plan.cfg.model;
+  const ParallelConfig& p = plan.cfg.parallel;
+  std::vector<Recompute> out;
+  for (int count : parallel::stage_layers(int(m.layers), int(p.pp * p.vpp), p.layer_split(m.layers)))
+    for (int i = 0; i < count; ++i) out.push_back(i < n ? Recompute::kFull : Recompute::kNone);
+  return out;
+}
+
+// The least block count that fits (the peak falls as it grows), by bisection; 0 if only
+// recomputing every layer fits, or nothing does.
+int least_fitting_blocks(PublishedCase& c) {
+  const ModelConfig& m = c.plan.cfg.model;
+  const int most = int(m.layers / (c.plan.cfg.parallel.pp * c.plan.cfg.parallel.vpp));  // some layer kept
+  int lo = 1, hi = most + 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    c.plan.cfg.parallel.recompute = block_recompute(c.plan, mid);
+    if (simulate(c.plan, c.cluster).peak_memory_bytes <= c.cluster.device.memory_bytes) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo <= most ? lo : 0;
+}
+
+std::string fit_unstated_recompute(PublishedCase& c, bool blocks) {
   const double device = c.cluster.device.memory_bytes;
   std::string tried;
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+  auto fits = [&](Recompute r, const char* name) {
     c.plan.cfg.parallel.recompute = {r};
     const double peak = simulate(c.plan, c.cluster).peak_memory_bytes;
-    const char* name = r == Recompute::kNone ? "none" : r == Recompute::kSelective ? "selective" : "full";
-    if (peak <= device) return r == Recompute::kNone ? "" : detail::cat("recompute unstated: ", name, " (", tried, ")");
+    if (peak <= device) return true;
     tried += detail::cat(tried.empty() ? "" : ", ", name, " needs ", int64_t(peak / double(int64_t(1) << 30)), " GiB of ",
                          int64_t(device / double(int64_t(1) << 30)));
+    return false;
+  };
+  if (fits(Recompute::kNone, "none")) return "";
+  if (fits(Recompute::kSelective, "selective")) return detail::cat("recompute unstated: selective (", tried, ")");
+  if (const int n = blocks ? least_fitting_blocks(c) : 0; n > 0) {
+    c.plan.cfg.parallel.recompute = block_recompute(c.plan, n);
+    return detail::cat("recompute unstated: full on the first ", n, " layers of each virtual stage (", tried, ")");
   }
+  if (fits(Recompute::kFull, "full")) return detail::cat("recompute unstated: full (", tried, ")");
   c.plan.cfg.parallel.recompute = {Recompute::kNone};
   return detail::cat("recompute unstated: none, though nothing fits (", tried, ")");
 }
@@ -389,10 +471,10 @@ PublishedCase published_case(const PublishedRun& row) {
   // Note [Tensor-parallel overlap]).
   const std::string notes = text(row, "notes");
   auto flag = [&](const char* f) { return notes.find(f) != std::string::npos; };
-  const bool nemo = nemo_launcher(row);  // Note [NeMo launcher configs]
+  const bool nemo = nvidia_recipe(row) && zero_stage(row) == 1;  // Note [NVIDIA recipes]
   c.plan.dp_overlap = text(row, "zero_or_sharding").find("impl=torch") != std::string::npos || flag("--overlap-grad-reduce") || nemo;
   c.plan.param_gather_overlap = flag("--overlap-param-gather") || nemo;
-  c.plan.tp_overlap = flag("--tp-comm-overlap") || nemo_tp_overlap(row);
+  c.plan.tp_overlap = flag("--tp-comm-overlap") || recipe_tp_overlap(row);
   // Composer (llm-foundry) gathers backward's next unit after the current one's gradients
   // (Note [Backward prefetch]); its rows leave backward_prefetch at Composer's default.
   c.plan.backward_prefetch_post = text(row, "framework").rfind("llm-foundry", 0) == 0 && zero_stage(row) >= 3;
@@ -401,19 +483,11 @@ PublishedCase published_case(const PublishedRun& row) {
   c.plan.blocking_p2p = text(row, "framework").rfind("Megatron-LM", 0) == 0;
   c.plan.attention = published_attention(row);
   scale_compute_rate(c.cluster, stack_efficiency(row));
-  // Megatron's FLOPs count is GPT-2's; a Llama row's TFLOP/s were counted otherwise (its
-  // source's own formula), so it is compared by step time where the row has one.
-  const bool gpt = c.plan.cfg.model.arch == Arch::kGpt;
-  if (!text(row, "tflops_per_gpu").empty() && (gpt || text(row, "iteration_time_s").empty())) {
-    c.metric = "tflops_per_gpu";
-    c.published = num(row, "tflops_per_gpu");
-  } else {
-    c.metric = "iteration_time_s";
-    c.published = num(row, "iteration_time_s");
-  }
+  c.metric = published_metric(row, c.plan.cfg.model.arch == Arch::kGpt);
+  c.published = num(row, c.metric.c_str());
   c.assumed = unstated_flags(row);
   if (rec.empty() && zero_stage(row) >= 1 && !nemo_launcher(row))  // NeMo's configs state theirs
-    if (const std::string r = fit_unstated_recompute(c); !r.empty()) c.assumed += (c.assumed.empty() ? "" : "; ") + r;
+    if (const std::string r = fit_unstated_recompute(c, megatron_core(row)); !r.empty()) c.assumed += (c.assumed.empty() ? "" : "; ") + r;
   return c;
 }
 
@@ -425,6 +499,8 @@ PublishedCheck check_published(const PublishedRun& row) {
     const double F = megatron_flops_per_iteration(double(c.plan.cfg.train.batch), double(m.ctx), double(m.layers),
                                                   double(m.d_model), double(m.vocab), counts_recompute(row));
     out.predicted = F / out.result.step_time_s / double(c.plan.gpus()) / 1e12;
+  } else if (c.metric == "tokens_per_sec_per_gpu") {
+    out.predicted = out.result.tokens_per_s / double(c.plan.gpus());
   } else {
     out.predicted = out.result.step_time_s;
   }

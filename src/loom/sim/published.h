@@ -30,7 +30,9 @@ std::vector<PublishedRun> parse_published_runs(const std::string& text, const st
 struct PublishedCase {
   SimPlan plan;
   ClusterSpec cluster;
-  std::string metric;       // "tflops_per_gpu" (Megatron's count) or "iteration_time_s"
+  // "tflops_per_gpu" (Megatron's count), "iteration_time_s" or "tokens_per_sec_per_gpu"
+  // (Note [Published metrics]).
+  std::string metric;
   double published = 0;
   std::string assumed;      // what the row left unstated and was inferred (Note [Unstated recompute])
 };
@@ -43,8 +45,8 @@ struct PublishedCheck {
   double published = 0, predicted = 0;
   double error() const { return (predicted - published) / published; }  // in the row's metric
   // In step time whatever the metric (predicted / measured - 1; negative: predicted too fast):
-  // a TFLOP/s row's is published / predicted - 1.
-  double step_time_error() const { return metric == "tflops_per_gpu" ? published / predicted - 1 : error(); }
+  // a rate's (TFLOP/s, tokens/s) is published / predicted - 1.
+  double step_time_error() const { return metric == "iteration_time_s" ? error() : published / predicted - 1; }
   SimResult result;
   SimPlan plan;  // the row as simulated
   std::string assumed;  // PublishedCase::assumed

@@ -77,6 +77,19 @@ TEST(VocabPasses, OneFOneBCarriesTheEmbeddingInThePassesAroundTheFirstStage) {
   }
 }
 
+// The buffers the first stage holds for the embedding (vocab_buffers): 1F1B at pp 2, m 4 holds
+// the two lookups of V(-1) before F0 (then at most one gradient or lookup: V(i) carries
+// B(i-1)'s gradient away before it looks F(i+1)'s up); GPipe holds the four gradients of its
+// backwards until V(4). Every other rank one, for the lookup it sums onto the first stage.
+TEST(VocabPasses, TheFirstStageHoldsItsLookupsAndGradientsInFlight) {
+  const Schedule one = make_schedule(ScheduleKind::k1F1B, 2, 4, 1, true);
+  EXPECT_EQ(vocab_buffers(one, 0), 2);
+  EXPECT_EQ(vocab_buffers(one, 1), 1);
+  const Schedule gpipe = make_schedule(ScheduleKind::kGPipe, 2, 4, 1, true);
+  EXPECT_EQ(vocab_buffers(gpipe, 0), 4);
+  EXPECT_EQ(vocab_buffers(gpipe, 1), 1);
+}
+
 // A pass that one rank skips is a deadlock the validator names; the streams and pp 1 are
 // refused with the passes.
 TEST(VocabPasses, AMissingPassDeadlocksAndTheStreamsAreRefused) {

@@ -95,6 +95,7 @@ Engine::Engine(const Config& cfg, RankContext& rc_, int64_t mb, int64_t T)
   memory.track(memory.category("grads"), model.grads().data(), state_bytes);
   memory.category("optimizer");
   memory.track(memory.category("activations"), model.activation_storage(), model.activation_bytes());
+  for (const auto& [p, bytes] : model.pass_buffers()) memory.track(memory.category("buffers"), p, bytes);
   make_parts(cfg, rc_, *this, mb, T);
 }
 

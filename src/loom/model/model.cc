@@ -92,6 +92,10 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
                                   (!part.head || part.vocab_head_pp_rank == part.vocab_pp_rank)),
              "the vocabulary split over the pipeline (parallel.pp_vocab) needs its group (pipeline rank ",
              part.vocab_pp_rank, " of ", part.vocab_pp, ")");
+  if (part.pp_vocab()) {  // made once, at their largest: the memory report tracks them (pass_buffers)
+    vocab_x_.resize(size_t(max_batch * max_seq * cfg.d_model));
+    vocab_dx_.resize(vocab_x_.size());
+  }
   LOOM_CHECK(cp_.size == 1 || (cp_.comm && int(cp_.positions.size()) == cp_.size && cp_.rank >= 0 &&
                                cp_.rank < cp_.size && int64_t(cp_.positions[size_t(cp_.rank)].size()) == max_seq),
              "a context-parallel model (cp = ", cp_.size, ") needs its group and every rank's ", max_seq, " positions");

@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "loom/core/bf16.h"
@@ -225,6 +226,9 @@ class Model {
   void set_document_mask(int32_t end_of_document);
   // The activation storage (one allocation), for memory reports.
   const void* activation_storage() const;
+  // pp_vocab's (B,T,C) pass buffers, the head's broadcast input and its gradient (empty
+  // without pp_vocab): (start, bytes) each, for memory reports.
+  std::vector<std::pair<const void*, int64_t>> pass_buffers() const;
 
   // Note [Vocabulary passes] (parallel/schedule.h), under part.pp_vocab(): the embedding
   // chunk takes its input as x_in (the lookup below) and leaves dL/d(input) at

@@ -186,6 +186,13 @@ void Model::vocab_lookup(float* out, const int32_t* tokens, int64_t B, int64_t T
   span("embedding", -1, false);
 }
 
+std::vector<std::pair<const void*, int64_t>> Model::pass_buffers() const {
+  std::vector<std::pair<const void*, int64_t>> out;
+  for (const std::vector<float>* v : {&vocab_x_, &vocab_dx_})
+    if (!v->empty()) out.emplace_back(v->data(), int64_t(v->size() * sizeof(float)));
+  return out;
+}
+
 float Model::vocab_head(int s, const int32_t* targets, int64_t B, int64_t T, float grad_scale, bool backward) {
   LOOM_ASSERT(part_.pp_vocab());
   check_shape(B, T);

@@ -83,6 +83,14 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
     send_h_.assign(size_t(schedule.vpp), std::vector<std::vector<comm::bf16>>(size_t(slots)));
   }
   by_direction_ = schedule.kind == ScheduleKind::kZbV;
+  if (schedule.vocab()) {
+    vocab_pool_.assign(size_t(vocab_buffers(schedule, pp_rank)), std::vector<float>(recv_buf_.size()));
+    for (size_t i = 0; i < vocab_pool_.size(); ++i) {
+      vocab_free_.push_back(int(i));
+      if (tracker_)
+        tracker_->track(tracker_->category("buffers"), vocab_pool_[i].data(), int64_t(recv_buf_.size() * sizeof(float)));
+    }
+  }
   // A stream's links carry it across steps, received in the order sent: no per-step plan.
   if (!streams_) plan_receive_order();
 }
@@ -130,6 +138,22 @@ namespace {
 // The other member of a two-member link group.
 int peer(const comm::Group& link) { return 1 - link.group_rank(); }
 }  // namespace
+
+float* PipelineRunner::hold_vocab(std::map<int, int>& held, int micro) {
+  LOOM_ASSERT(!vocab_free_.empty() && !held.count(micro), "pipeline rank ", pp_rank_, " has no vocabulary buffer for ",
+              "micro-batch ", micro, " (", vocab_pool_.size(), " made)");
+  const int i = vocab_free_.back();
+  vocab_free_.pop_back();
+  held[micro] = i;
+  return vocab_pool_[size_t(i)].data();
+}
+
+void PipelineRunner::release_vocab(std::map<int, int>& held, int micro) {
+  auto it = held.find(micro);
+  LOOM_ASSERT(it != held.end(), "pipeline rank ", pp_rank_, " holds no vocabulary buffer for micro-batch ", micro);
+  vocab_free_.push_back(it->second);
+  held.erase(it);
+}
 
 void PipelineRunner::wait_pending(int chunk, int slot) { sends_[size_t(chunk)][size_t(slot)].wait(); }
 
@@ -187,8 +211,10 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
                              float grad_scale, double* loss) {
   const int v = virtual_stage(chunk), vpp = schedule_.vpp;
   const float* x_in = nullptr;
-  if (v == 0 && schedule_.vocab()) {  // looked up in an earlier vocabulary pass
-    x_in = lookups_.at(micro).data();
+  const bool looked_up = v == 0 && schedule_.vocab();
+  if (looked_up) {  // in an earlier vocabulary pass
+    LOOM_ASSERT(lookups_.count(micro), "pipeline rank ", pp_rank_, " forwards micro-batch ", micro, " unlooked-up");
+    x_in = vocab_pool_[size_t(lookups_.at(micro))].data();
   } else if (v > 0) {
     const StageSite from = schedule_.site(v - 1);
     if (from.rank == pp_rank_) {  // ZB-V's turn: the other chunk's output, still held
@@ -201,7 +227,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
   wait_pending(chunk, slot);  // the slot's output may still be on its way out
   if (step_hook_) step_hook_(Phase::kF, micro, chunk, true);  // the step's span starts once its input is here
   const float l = model_.stage_forward(chunk, slot, tokens, x_in, targets, B_, T_, grad_scale);
-  if (v == 0) lookups_.erase(micro);
+  if (looked_up) release_vocab(lookups_, micro);
   if (is_last(chunk)) {
     *loss += l;
     return;
@@ -232,7 +258,7 @@ void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
   turn_.erase(micro);  // (only ZB-V's turn had one)
   if (v == 0 && schedule_.vocab()) {  // carried by a later vocabulary pass
     const float* grad = model_.stage_input_grad(chunk, slot);
-    embed_grads_[micro].assign(grad, grad + recv_buf_.size());
+    std::copy(grad, grad + recv_buf_.size(), hold_vocab(embed_grads_, micro));
   }
   if (v == 0) return;
   const StageSite to = schedule_.site(v - 1);
@@ -249,11 +275,11 @@ void PipelineRunner::vocab_pass(int k, const BatchFn& batch, float grad_scale, d
   std::vector<int32_t> tok(size_t(B_ * T_)), tgt(tok.size());
   for (int j : p.embed_grad) {
     batch(j, tok.data(), tgt.data());
-    auto it = embed_grads_.find(j);
-    LOOM_ASSERT(model_.chunk_has_embed(0) == (it != embed_grads_.end()), "pipeline rank ", pp_rank_,
-                " vocabulary pass ", k, ": micro-batch ", j, "'s embedding gradient is not where it should be");
-    model_.vocab_embed_grad(it == embed_grads_.end() ? nullptr : it->second.data(), tok.data(), B_, T_);
-    if (it != embed_grads_.end()) embed_grads_.erase(it);
+    const bool held = embed_grads_.count(j) > 0;
+    LOOM_ASSERT(model_.chunk_has_embed(0) == held, "pipeline rank ", pp_rank_, " vocabulary pass ", k,
+                ": micro-batch ", j, "'s embedding gradient is not where it should be");
+    model_.vocab_embed_grad(held ? vocab_pool_[size_t(embed_grads_.at(j))].data() : nullptr, tok.data(), B_, T_);
+    if (held) release_vocab(embed_grads_, j);
   }
   if (p.head >= 0) {
     batch(p.head, tok.data(), tgt.data());
@@ -266,10 +292,8 @@ void PipelineRunner::vocab_pass(int k, const BatchFn& batch, float grad_scale, d
   }
   for (int j : p.embed) {
     batch(j, tok.data(), tgt.data());
-    std::vector<float>& x = lookups_[j];
-    x.resize(recv_buf_.size());
-    model_.vocab_lookup(x.data(), tok.data(), B_, T_);
-    if (!model_.chunk_has_embed(0)) lookups_.erase(j);  // only the first stage forwards it
+    model_.vocab_lookup(hold_vocab(lookups_, j), tok.data(), B_, T_);
+    if (!model_.chunk_has_embed(0)) release_vocab(lookups_, j);  // only the first stage forwards it
   }
 }
 
@@ -365,9 +389,8 @@ double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* target
   const StepHook hook = std::exchange(step_hook_, nullptr);  // validation is not a schedule step
   for (auto& of : slot_of_) of[0] = 0;  // every chunk runs micro-batch 0 on slot 0 (ZB-V's turn reads it)
   if (schedule_.vocab()) {  // Note [Vocabulary passes]: the lookup, the chunks, then the head, on every rank
-    lookups_[0].resize(recv_buf_.size());
-    model_.vocab_lookup(lookups_[0].data(), tokens, B_, T_);
-    if (!model_.chunk_has_embed(0)) lookups_.clear();
+    model_.vocab_lookup(hold_vocab(lookups_, 0), tokens, B_, T_);
+    if (!model_.chunk_has_embed(0)) release_vocab(lookups_, 0);
   }
   for (int c = 0; c < schedule_.vpp; c++) forward(0, c, 0, tokens, targets, 0.0f, &loss);
   if (schedule_.vocab()) {

@@ -143,9 +143,14 @@ class PipelineRunner {
   std::map<comm::Group*, std::deque<int>> expect_;         // what is left of it this step
   std::map<std::pair<comm::Group*, int>, std::vector<float>> early_;  // arrived before their step
   std::map<int, std::vector<float>> turn_;  // ZB-V: micro-batch -> gradient handed from chunk 1 to chunk 0
-  // Vocabulary passes, first stage: micro-batch -> its embedding output (looked up, not yet
-  // forwarded) and -> dL/d(embedding output) (backward run, not yet carried).
-  std::map<int, std::vector<float>> lookups_, embed_grads_;
+  // Vocabulary passes: vocab_buffers(schedule, rank) (B,T,C) buffers, made and tracked once;
+  // micro-batch -> the one holding its embedding output (looked up, not yet forwarded; on the
+  // first stage) and -> dL/d(embedding output) (backward run, not yet carried).
+  std::vector<std::vector<float>> vocab_pool_;
+  std::vector<int> vocab_free_;
+  std::map<int, int> lookups_, embed_grads_;
+  float* hold_vocab(std::map<int, int>& held, int micro);  // a free buffer, now micro's
+  void release_vocab(std::map<int, int>& held, int micro);
   // Streams: slot_of_ is indexed by micro-batch + depth m (earlier steps' below depth m), and
   // tags cycle through depth + 1 sets of m micro-batches, step by step.
   bool streams_ = false;

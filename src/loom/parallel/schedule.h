@@ -100,7 +100,10 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // prologue at the step's start) for the first ones; its gradient (the first stage's
 // broadcast, each rank adding its rows) in the first pass after the first stage's B(j),
 // V(m) (an epilogue at the end) for the last. validate() replays a pass as a barrier of all
-// ranks. The streams (2bw, pipedream, pipemare) are refused with it for now.
+// ranks. Memory: every rank holds the head's broadcast input and its gradient, (B, T, C)
+// each, and vocab_buffers() boundary-sized buffers for the embedding's lookups and gradients
+// in flight (the first stage; one elsewhere); the engine tracks them as "buffers" and the
+// simulator counts them. The streams (2bw, pipedream, pipemare) are refused with it for now.
 //
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).
@@ -151,6 +154,12 @@ Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1
 // Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
 // [Vocabulary passes]).
 void add_vocab_passes(Schedule& s);
+// How many boundary-sized (B, T, C) buffers rank `rank` holds at once for the passes' embedding
+// (Note [Vocabulary passes]): the first stage a lookup per micro-batch looked up and not yet
+// forwarded and an embedding gradient per backward run and not yet carried; every other rank
+// one, for the lookup it sums onto the first stage. The engine makes that many; the simulator
+// counts them.
+int vocab_buffers(const Schedule& s, int rank);
 // What the engine does not run the vocabulary passes with yet (the simulator prices it; the
 // config check refuses what neither does): the refusal naming the setting and its fix, or ""
 // (also without parallel.pp_vocab). The engine throws it, the planner never offers it.

@@ -1,4 +1,5 @@
 // Note [Vocabulary passes] (schedule.h): where each rank runs them, and what each carries.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,28 @@ void add_vocab_passes(Schedule& s) {
     }
   }
   LOOM_ASSERT(grads.empty(), "the epilogue V(", m, ") is the first stage's last step");
+}
+
+int vocab_buffers(const Schedule& s, int rank) {
+  LOOM_ASSERT(s.vocab() && rank >= 0 && rank < s.pp);
+  const StageSite first = s.site(0);
+  if (rank != first.rank) return 1;
+  int held = 0, peak = 0;
+  for (const PipeStep& st : s.steps[size_t(rank)]) {
+    if (st.phase == Phase::kV) {  // its gradients carried first, then its lookups made
+      const VocabPass& p = s.passes[size_t(st.micro_batch + 1)];
+      held -= int(p.embed_grad.size());
+      held += int(p.embed.size());
+    } else if (st.chunk == first.chunk && st.phase == Phase::kF) {
+      held -= 1;  // the lookup forwarded
+      continue;
+    } else if (st.chunk == first.chunk && st.phase == Phase::kB) {
+      held += 1;  // the gradient kept for a later pass
+    }
+    peak = std::max(peak, held);
+  }
+  LOOM_ASSERT(held == 0, "rank ", rank, " ends its step holding ", held, " vocabulary buffers");
+  return std::max(peak, 1);  // validation looks one micro-batch up
 }
 
 std::string pp_vocab_refusal(const Config& cfg) {

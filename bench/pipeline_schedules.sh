@@ -12,6 +12,7 @@
 # [Stage split]).
 # A schedule written S+v runs S with the vocabulary split over the pipeline (parallel.pp_vocab,
 # Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v".
+# PPS="2" runs only those pipeline depths (default "2 4").
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -49,7 +50,7 @@ per_batch() { [[ $1 == pipedream || $1 == pipemare ]]; }
 
 printf "%-4s %-14s %-7s %10s %10s %11s %9s %10s %s\n" cfg layout sched "measured" "predicted" "floor m / p" "tokens/s" "vs 1f1b" note
 for c in $configs; do
-  for pp in 2 4; do
+  for pp in ${PPS:-2 4}; do
     note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
     ref_bubble="" ref_tok=""
     splits="-"; [[ $pp == 2 ]] && splits="- ${SPLITS:-}"

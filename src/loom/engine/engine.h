@@ -150,6 +150,9 @@ class Updater {
   // Note [2BW without a barrier]: the pending gradient's tied-wte sum and norm, started as
   // soon as it is complete; a step's loss sum, started at its end and taken at the next.
   void start_pending_norm(std::vector<float>& g);
+  void start_norm_sum(std::vector<float>& g);  // the mean over replicas, the squares, their sum started
+  void start_deferred_norm();
+  std::vector<float>* deferred_norm_ = nullptr;  // the first stage's pending gradient, squares not yet taken
   void dp_mean(std::vector<float>& g);
   double take_pending_norm();
   void take_earlier_loss(Result& r);

@@ -268,16 +268,16 @@ Framework published_framework(const PublishedRun& row) {
 }
 
 // Note [Published metrics]
-// A row is compared in what its source measured, read in this order: the step time; for a
-// GPT, TFLOP/s by Megatron's count (Narayanan et al. 2021, the formula its sources use);
-// tokens/s; TFLOP/s by Megatron's count as the last resort. A Llama's TFLOP/s were counted
-// by its source's own formula (GQA, the three-matrix MLP, its vocabulary): NVIDIA's Llama rows
-// that give both imply 0.95-1.06 x Megatron's count per token, a bias of up to 6% that the
-// rows' tokens/s do not carry.
+// A row is compared in what its source measured: a GPT row by its TFLOP/s where it gives them
+// (Megatron's count, Narayanan et al. 2021, is its sources' own formula); otherwise the step
+// time, then tokens/s, and TFLOP/s in Megatron's count only as the last resort. A Llama's
+// TFLOP/s were counted by its source's own formula (GQA, the three-matrix MLP, its
+// vocabulary): NVIDIA's Llama rows that give both imply 0.95-1.06 x Megatron's count per token,
+// a bias of up to 6% that the rows' tokens/s do not carry.
 std::string published_metric(const PublishedRun& row, bool gpt) {
-  if (!text(row, "iteration_time_s").empty() && !(gpt && !text(row, "tflops_per_gpu").empty()))
-    return "iteration_time_s";
-  if (!gpt && !text(row, "tokens_per_sec_per_gpu").empty()) return "tokens_per_sec_per_gpu";
+  if (gpt && !text(row, "tflops_per_gpu").empty()) return "tflops_per_gpu";
+  if (!text(row, "iteration_time_s").empty()) return "iteration_time_s";
+  if (!text(row, "tokens_per_sec_per_gpu").empty()) return "tokens_per_sec_per_gpu";
   return "tflops_per_gpu";
 }
 
@@ -368,7 +368,9 @@ std::vector<Recompute> block_recompute(const SimPlan& plan, int n) {
 // recomputing every layer fits, or nothing does.
 int least_fitting_blocks(PublishedCase& c) {
   const ModelConfig& m = c.plan.cfg.model;
-  const int most = int(m.layers / (c.plan.cfg.parallel.pp * c.plan.cfg.parallel.vpp));  // some layer kept
+  const ParallelConfig& p = c.plan.cfg.parallel;
+  const std::vector<int> stages = parallel::stage_layers(int(m.layers), int(p.pp * p.vpp), p.layer_split(m.layers));
+  const int most = *std::max_element(stages.begin(), stages.end()) - 1;  // the largest stage keeps a layer
   int lo = 1, hi = most + 1;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;

@@ -52,6 +52,22 @@ TEST(Published, LlamaRowsCompareByTokensPerSecond) {
   EXPECT_EQ(published_case(rate_only).metric, "tflops_per_gpu");
 }
 
+// A Nemotron row that leaves its vocabulary unstated runs Nemotron's 256,000-token tokenizer
+// (and says so); any other, the padded GPT-2 vocabulary of 51,200; a stated one wins.
+TEST(Published, UnstatedVocabularyIsTheModelFamilys) {
+  PublishedRun row = llama_row("NeMo 24.07 (Megatron-Core)");
+  row.fields["model"] = "Nemotron-8B", row.fields["vocab_size"] = "", row.fields["ffn_hidden"] = "4224";
+  const PublishedCase n = published_case(row);
+  EXPECT_EQ(n.plan.cfg.model.vocab, 256000);
+  EXPECT_NE(n.assumed.find("vocabulary unstated: Nemotron's 256,000"), std::string::npos) << n.assumed;
+  PublishedRun gpt = llama_row("NeMo 24.07 (Megatron-Core)");
+  gpt.fields["model"] = "GPT3-20B", gpt.fields["vocab_size"] = "", gpt.fields["ffn_hidden"] = "4096";
+  gpt.fields["num_query_groups"] = "";
+  EXPECT_EQ(published_case(gpt).plan.cfg.model.vocab, 51200);
+  row.fields["vocab_size"] = "32000";
+  EXPECT_EQ(published_case(row).plan.cfg.model.vocab, 32000);
+}
+
 // Note [NVIDIA recipes]: NeMo's and Megatron-Bridge's performance rows run the distributed
 // optimizer with the reduce and the gather overlapped, and sp with overlapped tp
 // communication at tp > 1 (not for NVFP4); Megatron-FSDP is ZeRO-3; a stated value wins.

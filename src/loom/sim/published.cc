@@ -76,10 +76,20 @@ bool contains(const std::string& hay, const std::string& needle) { return hay.fi
 // Nemotron-4 (grouped-query attention, a two-matrix squared-ReLU MLP) runs as Llama with
 // ffn = 2/3 ffn_hidden, the SwiGLU MLP of the same parameters and FLOPs. Everything else is
 // GPT. Returns the model's config keys.
+bool is_nemotron(const PublishedRun& row) {
+  std::string name = text(row, "model");  // any case: "Nemotron-8B", "NEMOTRON4_15B"
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  return contains(name, "nemotron");
+}
+// Vocabulary unstated: Nemotron's tokenizer, 256,000 tokens (Nemotron-4 15B technical report,
+// Parmar et al. 2024, Sec. 2; every Nemotron row of the reference that states one), else the
+// Megatron papers' padded GPT-2 vocabulary, 51,200.
+int64_t row_vocab(const PublishedRun& row) { return int64_t(num(row, "vocab_size", is_nemotron(row) ? 256000 : 51200)); }
+
 std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
   std::string name = text(row, "model");  // any case: "Llama 3.1 70B", "LLAMA3_70B"
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
-  const bool llama = contains(name, "llama"), nemotron = contains(name, "nemotron");
+  const bool llama = contains(name, "llama"), nemotron = is_nemotron(row);
   // Unstated on a GPT row: Megatron-LM's default 4 h (Note [Unstated Megatron flags]).
   int64_t ffn = int64_t(num(row, "ffn_hidden", llama || nemotron ? -1 : 4 * num(row, "hidden_size")));
   if (nemotron) ffn = ffn * 2 / 3;
@@ -87,7 +97,7 @@ std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
           "model.layers=" + text(row, "num_layers"), "model.d_model=" + text(row, "hidden_size"),
           "model.heads=" + std::to_string(heads),
           "model.kv_heads=" + std::to_string(int64_t(num(row, "num_query_groups", double(heads)))),
-          "model.ffn=" + std::to_string(ffn), "model.vocab=" + std::to_string(int64_t(num(row, "vocab_size", 51200))),
+          "model.ffn=" + std::to_string(ffn), "model.vocab=" + std::to_string(row_vocab(row)),
           "model.ctx=" + text(row, "seq_length")};
 }
 
@@ -178,6 +188,7 @@ std::string unstated_flags(const PublishedRun& row) {
   auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
   if (text(row, "micro_batch_size").empty()) add("micro-batch unstated: 1");
   if (text(row, "ffn_hidden").empty()) add("ffn unstated: 4 h");
+  if (text(row, "vocab_size").empty() && is_nemotron(row)) add("vocabulary unstated: Nemotron's 256,000");
   if (nvidia_recipe(row)) {
     if (zero_stage(row) == 1)
       add(std::string(nemo_launcher(row) ? "NeMo launcher config" : "NVIDIA recipe") +

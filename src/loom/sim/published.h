@@ -24,7 +24,8 @@ std::vector<PublishedRun> read_published_runs(const std::string& path);
 std::vector<PublishedRun> parse_published_runs(const std::string& text, const std::string& origin);
 
 // The row's configuration as a plan on its cluster preset (dgx-a100 for A100 rows).
-// Missing vocabulary: 51,200 (the Megatron papers' padded GPT-2 vocabulary). Rows whose
+// Missing vocabulary: 51,200 (the Megatron papers' padded GPT-2 vocabulary; a Nemotron's:
+// 256,000, its tokenizer's). Rows whose
 // notes give an interleave factor (or calculon's assumed 3 for 175B/530B in Korthikanti
 // et al., which the paper's activation Figure 1 reproduces exactly) run interleaved.
 struct PublishedCase {

@@ -76,20 +76,20 @@ bool contains(const std::string& hay, const std::string& needle) { return hay.fi
 // Nemotron-4 (grouped-query attention, a two-matrix squared-ReLU MLP) runs as Llama with
 // ffn = 2/3 ffn_hidden, the SwiGLU MLP of the same parameters and FLOPs. Everything else is
 // GPT. Returns the model's config keys.
-bool is_nemotron(const PublishedRun& row) {
-  std::string name = text(row, "model");  // any case: "Nemotron-8B", "NEMOTRON4_15B"
+// The row's model name in lower case (sources write "Llama 3.1 70B", "LLAMA3_70B").
+std::string model_name(const PublishedRun& row) {
+  std::string name = text(row, "model");
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
-  return contains(name, "nemotron");
+  return name;
 }
+bool is_nemotron(const PublishedRun& row) { return contains(model_name(row), "nemotron"); }
 // Vocabulary unstated: Nemotron's tokenizer, 256,000 tokens (Nemotron-4 15B technical report,
 // Parmar et al. 2024, Sec. 2; every Nemotron row of the reference that states one), else the
 // Megatron papers' padded GPT-2 vocabulary, 51,200.
 int64_t row_vocab(const PublishedRun& row) { return int64_t(num(row, "vocab_size", is_nemotron(row) ? 256000 : 51200)); }
 
 std::vector<std::string> model_keys(const PublishedRun& row, int64_t heads) {
-  std::string name = text(row, "model");  // any case: "Llama 3.1 70B", "LLAMA3_70B"
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
-  const bool llama = contains(name, "llama"), nemotron = is_nemotron(row);
+  const bool llama = contains(model_name(row), "llama"), nemotron = is_nemotron(row);
   // Unstated on a GPT row: Megatron-LM's default 4 h (Note [Unstated Megatron flags]).
   int64_t ffn = int64_t(num(row, "ffn_hidden", llama || nemotron ? -1 : 4 * num(row, "hidden_size")));
   if (nemotron) ffn = ffn * 2 / 3;

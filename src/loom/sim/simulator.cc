@@ -342,10 +342,8 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
     }
     if (par.zero >= 3 && s.gather_bytes < s.wbytes)  // bf16 gather buffers beside the pool: unit + own piece, twice
       mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.gather_bytes * (1.0 + 1.0 / G);
-    if (par.pp_vocab && s.pp > 1) {  // Note [Vocabulary passes]: the head's input and gradient, the lookups (floats)
-      const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp), true);
-      mem.buffers += 4 * (2 * s.x.tokens() * s.x.h + parallel::vocab_buffers(sched, int(r)) * boundary);
-    }
+    if (par.pp_vocab && s.pp > 1)  // Note [Vocabulary passes]: the head's input and gradient, the lookups (floats)
+      mem.buffers += 4 * (2 * s.x.tokens() * s.x.h + st.vocab_buffers * boundary);
     return mem;
   }
   if (s.pp > 1) mem.buffers += 2 * s.p2p_bytes;                              // send + receive

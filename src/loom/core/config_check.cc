@@ -384,9 +384,9 @@ void check_pp_vocab(const ParallelConfig& p, std::vector<std::string>& errs) {
   if (p.pp < 2)
     errs.push_back("parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs parallel.pp >= 2 (have " +
                    std::to_string(p.pp) + "); drop it without a pipeline");
-  if (streams(p.schedule))
+  if (updates_per_batch(p.schedule))
     errs.push_back(std::string("parallel.pp_vocab runs in the flushing schedules (gpipe, 1f1b, interleaved, zb-h1, "
-                               "zb-h2, zb-v), not yet with parallel.schedule = ") + schedule_name(p.schedule));
+                               "zb-h2, zb-v) and 2bw, not with parallel.schedule = ") + schedule_name(p.schedule));
   if (p.pp_account_embedding || p.pp_account_loss)
     errs.push_back("parallel.pp_vocab spreads the embedding and the loss over every stage, so parallel."
                    "pp_account_embedding / pp_account_loss have nothing to account: drop them");

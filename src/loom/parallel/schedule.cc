@@ -176,6 +176,7 @@ int stream_depth(const Schedule& s) { return steps_back(1 - s.pp, s.micro_batche
 
 std::vector<PipeStep> stream_steps(const Schedule& s, int rank, int age, bool flush) {
   LOOM_ASSERT(streams(s.kind) && rank >= 0 && rank < s.pp && age >= 0);
+  if (!s.stream_vocab.empty()) return s.stream_vocab[size_t(stream_variant(s, age, flush))].steps[size_t(rank)];
   const int m = s.micro_batches;
   std::vector<PipeStep> out;
   for (const PipeStep& st : s.steps[size_t(rank)])
@@ -211,9 +212,9 @@ Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp);
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab) {
   Schedule s = plain_schedule(kind, pp, m, vpp);
   if (!vocab) return s;
-  LOOM_CHECK(!streams(kind), "parallel.pp_vocab with schedule ", schedule_name(kind),
+  LOOM_CHECK(!updates_per_batch(kind), "parallel.pp_vocab with schedule ", schedule_name(kind),
              ": the vocabulary passes run in the flushing schedules (gpipe, 1f1b, interleaved, zb-h1, zb-h2, "
-             "zb-v); not yet in the streams (2bw, pipedream, pipemare)");
+             "zb-v) and 2bw, not in pipedream or pipemare");
   LOOM_CHECK(pp >= 2, "parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs pp >= 2, got ", pp);
   add_vocab_passes(s);
   return s;
@@ -261,16 +262,25 @@ Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp) {
 
 // Note [Pipeline streams]: the steps of one stream - ages 0 .. depth, then a flushing one - as
 // one list of (depth + 2) m micro-batches (step k's micro-batch i is k m + i; a negative i is
-// an earlier step's), which validate() replays like any flushing schedule.
+// an earlier step's), which validate() replays like any flushing schedule. With vocabulary
+// passes, step k's V(p) is the list's pass k (m + 2) + p, its micro-batches renumbered alike.
 Schedule stream_list(const Schedule& s) {
   const int steps = std::max(stream_depth(s), 1) + 2;  // a steady step even at pp = 1
-  Schedule out{ScheduleKind::k1F1B, s.pp, 1, steps * s.micro_batches, std::vector<std::vector<PipeStep>>(size_t(s.pp))};
+  const int m = s.micro_batches;
+  Schedule out{ScheduleKind::k1F1B, s.pp, 1, steps * m, std::vector<std::vector<PipeStep>>(size_t(s.pp))};
   for (int r = 0; r < s.pp; ++r)
     for (int k = 0; k < steps; ++k)
       for (PipeStep st : stream_steps(s, r, k, k == steps - 1)) {
-        st.micro_batch += k * s.micro_batches;
+        st.micro_batch += k * (st.phase == Phase::kV ? m + 2 : m);
         out.steps[size_t(r)].push_back(st);
       }
+  for (int k = 0; k < steps && s.vocab(); ++k)
+    for (VocabPass v : stream_passes(s, k, k == steps - 1)) {
+      if (v.head >= 0) v.head += k * m;
+      for (int& j : v.embed) j += k * m;
+      for (int& j : v.embed_grad) j += k * m;
+      out.passes.push_back(std::move(v));
+    }
   return out;
 }
 
@@ -292,8 +302,8 @@ std::string deadlock_text(const Schedule& s, const std::vector<size_t>& next, in
 std::string missing_step(const Schedule& s, const std::vector<std::vector<std::vector<char>>>& done,
                          const std::vector<char>& done_v) {
   const int m = s.micro_batches;
-  for (int k = -1; s.vocab() && k <= m; ++k)
-    if (!done_v[size_t(k + 1)]) return detail::cat("vocabulary pass ", k, " never ran");
+  for (size_t k = 0; k < s.passes.size(); ++k)
+    if (!done_v[k]) return detail::cat("vocabulary pass ", int(k) - 1, " never ran");
   for (int v = 0; v < s.pp * s.vpp; ++v)
     for (int mb = 0; mb < m; ++mb)
       if (!done[0][size_t(v)][size_t(mb)] || !done[1][size_t(v)][size_t(mb)] || (s.split() && !done[2][size_t(v)][size_t(mb)]))
@@ -303,6 +313,36 @@ std::string missing_step(const Schedule& s, const std::vector<std::vector<std::v
                                                              : "the weight gradient",
                            " of micro-batch ", mb);
   return "";
+}
+
+// Per micro-batch, the vocabulary pass that heads it (`head`) or looks it up; -2: none.
+std::vector<int> pass_of(const Schedule& s, bool head) {
+  const int m = s.micro_batches;
+  std::vector<int> out(size_t(m), -2);
+  for (size_t k = 0; k < s.passes.size(); ++k) {
+    const VocabPass& v = s.passes[k];
+    if (head && v.head >= 0 && v.head < m) out[size_t(v.head)] = int(k) - 1;
+    for (int j : head ? std::vector<int>{} : v.embed)
+      if (j >= 0 && j < m) out[size_t(j)] = int(k) - 1;
+  }
+  return out;
+}
+
+// What rank r holds after step st (per chunk: activations held, W's pending), and its peaks.
+void count_held(const PipeStep& st, bool split, std::vector<int>& held, std::vector<int>& pending, int r,
+                ScheduleCheck& out) {
+  auto count = [](int& now, int& peak, int delta) { peak = std::max(peak, now += delta); };
+  const size_t c = size_t(st.chunk);
+  int& h = held[c];
+  int& w = pending[c];
+  if (st.phase == Phase::kF) count(h, out.chunk_peak_in_flight[r][c], 1);
+  if (st.phase == Phase::kB && !split) count(h, out.chunk_peak_in_flight[r][c], -1);
+  if (st.phase == Phase::kB && split) count(w, out.chunk_peak_pending_w[r][c], 1);
+  if (st.phase == Phase::kW) count(h, out.chunk_peak_in_flight[r][c], -1), count(w, out.chunk_peak_pending_w[r][c], -1);
+  int all_held = 0, all_pending = 0;
+  for (size_t x = 0; x < held.size(); ++x) all_held += held[x], all_pending += pending[x];
+  out.peak_in_flight[size_t(r)] = std::max(out.peak_in_flight[size_t(r)], all_held);
+  out.peak_pending_w[size_t(r)] = std::max(out.peak_pending_w[size_t(r)], all_pending);
 }
 
 }  // namespace
@@ -323,7 +363,11 @@ ScheduleCheck validate(const Schedule& s) {
   auto& done_f = done[0];
   auto& done_b = done[1];
   std::vector<size_t> next(pp, 0);
-  std::vector<char> done_v(size_t(m + 2), 0);  // Note [Vocabulary passes]: V(k) at k + 1
+  // Note [Vocabulary passes]: V(k) at k + 1; per micro-batch, the pass heading it and the one
+  // looking it up.
+  std::vector<char> done_v(s.passes.size(), 0);
+  const std::vector<int> head_pass = pass_of(s, true), lookup_pass = pass_of(s, false);
+  auto passed = [&](int k) { return k >= -1 && done_v[size_t(k + 1)] != 0; };
   // Per rank and chunk: micro-batches held (F run, not yet released) and W's pending.
   std::vector<std::vector<int>> held = out.chunk_peak_in_flight, pending = held;
   size_t remaining = 0;
@@ -331,8 +375,11 @@ ScheduleCheck validate(const Schedule& s) {
   // Note [Vocabulary passes]: a pass runs once every rank has reached it (a collective);
   // micro-batch i's head needs the last stage's F(i), whose B(i) needs the head.
   auto vocab_ready = [&](int k) {
-    if (!s.vocab() || k < -1 || k > m || done_v[size_t(k + 1)] || (k >= 0 && k < m && !done_f[stages - 1][k]))
-      return false;
+    if (!s.vocab() || k < -1 || k + 1 >= int(s.passes.size()) || done_v[size_t(k + 1)]) return false;
+    const VocabPass& v = s.passes[size_t(k + 1)];
+    if (v.head >= 0 && !done_f[stages - 1][v.head]) return false;
+    for (int j : v.embed_grad)  // the first stage's B(j) made the gradient it carries
+      if (j < 0 || j >= m || !done_b[0][j]) return false;
     for (int q = 0; q < pp; ++q)
       if (next[q] >= s.steps[q].size() || s.steps[q][next[q]].phase != Phase::kV || s.steps[q][next[q]].micro_batch != k)
         return false;
@@ -343,15 +390,14 @@ ScheduleCheck validate(const Schedule& s) {
     if (st.phase == Phase::kV) return vocab_ready(mb);
     if (mb < 0 || mb >= m || st.chunk < 0 || st.chunk >= vpp || done[size_t(st.phase)][v][mb]) return false;
     switch (st.phase) {
-      case Phase::kF: return v == 0 || done_f[v - 1][mb];
+      case Phase::kF: return v == 0 ? !s.vocab() || passed(lookup_pass[mb]) : done_f[v - 1][mb] != 0;
       case Phase::kB:
-        return done_f[v][mb] && (v == stages - 1 ? !s.vocab() || done_v[size_t(mb + 1)] : done_b[v + 1][mb]);
+        return done_f[v][mb] && (v == stages - 1 ? !s.vocab() || passed(head_pass[mb]) : done_b[v + 1][mb]);
       case Phase::kW: return split && done_b[v][mb];
       case Phase::kV: break;
     }
     return false;
   };
-  auto count = [](int& now, int& peak, int delta) { peak = std::max(peak, now += delta); };
   while (remaining > 0) {
     std::vector<int> movers;
     for (int r = 0; r < pp; ++r)
@@ -368,18 +414,8 @@ ScheduleCheck validate(const Schedule& s) {
         done_v[size_t(st.micro_batch + 1)] = 1;
         continue;
       }
-      const size_t c = size_t(st.chunk);
       done[size_t(st.phase)][s.stage(r, st.chunk)][st.micro_batch] = 1;
-      int& h = held[r][c];
-      int& w = pending[r][c];
-      if (st.phase == Phase::kF) count(h, out.chunk_peak_in_flight[r][c], 1);
-      if (st.phase == Phase::kB && !split) count(h, out.chunk_peak_in_flight[r][c], -1);
-      if (st.phase == Phase::kB && split) count(w, out.chunk_peak_pending_w[r][c], 1);
-      if (st.phase == Phase::kW) count(h, out.chunk_peak_in_flight[r][c], -1), count(w, out.chunk_peak_pending_w[r][c], -1);
-      int all_held = 0, all_pending = 0;
-      for (int x = 0; x < vpp; ++x) all_held += held[r][size_t(x)], all_pending += pending[r][size_t(x)];
-      out.peak_in_flight[r] = std::max(out.peak_in_flight[r], all_held);
-      out.peak_pending_w[r] = std::max(out.peak_pending_w[r], all_pending);
+      count_held(st, split, held[r], pending[r], r, out);
     }
     ++out.ticks;
   }

@@ -103,7 +103,20 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // ranks. Memory: every rank holds the head's broadcast input and its gradient, (B, T, C)
 // each, and vocab_buffers() boundary-sized buffers for the embedding's lookups and gradients
 // in flight (the first stage; one elsewhere); the engine tracks them as "buffers" and the
-// simulator counts them. The streams (2bw, pipedream, pipemare) are refused with it for now.
+// simulator counts them.
+//
+// Note [Vocabulary passes in a stream]
+// 2bw runs the passes too (pipedream and pipemare, one micro-batch a step, do not): each step
+// of a stream has its own V(-1) .. V(m), placed as above by the ticks of a replay of the plain
+// stream (ages 0, 1 and a flush as one list, so a step's ticks include the previous step's
+// trailing backwards), each pass within its own step on every rank: V(i) heads this step's
+// micro-batch i, and the first stage's trailing backwards' embedding gradients (micro-batch
+// i - m of the step before) ride in this step's passes, so a pass can carry gradients of two
+// steps (their micro-batch indices say which). The four kinds of step (stream_variant: age 0
+// or older, flushing or not) each have their lists and passes (Schedule::stream_vocab).
+// Passes being collectives, a step's V(-1) waits for every rank to finish the step before:
+// the first stage's forwards of a step start once the last stage has ended the previous one,
+// which the simulator prices (about (pp - 1) F a step on the last stage).
 //
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).
@@ -134,12 +147,21 @@ struct VocabPass {
   std::vector<int> embed, embed_grad;
 };
 
+// One step's lists with its vocabulary passes (Note [Vocabulary passes in a stream]).
+struct StreamStep {
+  std::vector<std::vector<PipeStep>> steps;  // [pipeline rank] -> ordered steps
+  std::vector<VocabPass> passes;             // passes[k + 1] is V(k)
+};
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1, vpp = 1, micro_batches = 1;
   std::vector<std::vector<PipeStep>> steps;  // [pipeline rank] -> ordered steps
-  // Note [Vocabulary passes]: empty without parallel.pp_vocab; else passes[k + 1] is V(k).
+  // Note [Vocabulary passes]: empty without parallel.pp_vocab; else passes[k + 1] is V(k) (a
+  // stream: its steady step's).
   std::vector<VocabPass> passes;
+  // A stream with vocabulary passes: each kind of step, by stream_variant(); else empty.
+  std::vector<StreamStep> stream_vocab;
   bool vocab() const { return !passes.empty(); }
   bool split() const { return splits_backward(kind); }  // has W steps
   int stage(int rank, int chunk) const { return virtual_stage(kind, pp, rank, chunk); }
@@ -149,7 +171,8 @@ struct Schedule {
 // Throws loom::Error naming the value and a valid choice: pp >= 1, micro_batches >= 1,
 // vpp >= 2 only for interleaved (which also needs micro_batches % pp == 0), 2bw with
 // micro_batches >= pp, pipedream and pipemare with micro_batches = 1.
-// `vocab`: with vocabulary passes (Note [Vocabulary passes]); refused for the streams.
+// `vocab`: with vocabulary passes (Note [Vocabulary passes]; 2bw: Note [Vocabulary passes in a
+// stream]); refused for pipedream and pipemare.
 Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1, bool vocab = false);
 // Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
 // [Vocabulary passes]).
@@ -169,6 +192,10 @@ std::string pp_vocab_refusal(const Config& cfg);
 // (0: it starts it), flushing the stream when `flush`. steps_back(i, m): how many steps
 // before the current one micro-batch index i (negative: an earlier step's) belongs to.
 std::vector<PipeStep> stream_steps(const Schedule& s, int rank, int age, bool flush);
+// Note [Vocabulary passes in a stream]: which kind of step that is (0: age 0, 1: older; + 2
+// when it flushes) and its passes (micro-batch indices as stream_steps numbers them).
+int stream_variant(const Schedule& s, int age, bool flush);
+const std::vector<VocabPass>& stream_passes(const Schedule& s, int age, bool flush);
 int steps_back(int micro, int m);
 int stream_depth(const Schedule& s);
 

@@ -163,11 +163,20 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
   const int steady_age = steady_stream_age(sched);
   for (int k = 0; k < steady_age + 2; ++k) {
     Lists lists(size_t(s.pp));
+    const bool flush = k == steady_age + 1;
     for (int r = 0; r < int(s.pp); ++r)
-      for (parallel::PipeStep st : parallel::stream_steps(sched, r, k, k == steady_age + 1))
-        st.micro_batch += k * int(s.m), lists[size_t(r)].push_back(st);
+      for (parallel::PipeStep st : parallel::stream_steps(sched, r, k, flush)) {
+        if (st.phase != parallel::Phase::kV) st.micro_batch += k * int(s.m);  // a pass keeps its index
+        lists[size_t(r)].push_back(st);
+      }
+    std::vector<parallel::VocabPass> passes;  // Note [Vocabulary passes in a stream]: this step's
+    if (sched.vocab())
+      for (parallel::VocabPass v : parallel::stream_passes(sched, k, flush)) {
+        if (v.head >= 0) v.head += k * int(s.m);
+        passes.push_back(std::move(v));
+      }
     if (k == steady_age) before = ranks;
-    run_lists(s, lists, fdone, bdone, ranks, k == steady_age && events ? &steady : nullptr);
+    run_lists(s, lists, fdone, bdone, ranks, k == steady_age && events ? &steady : nullptr, passes);
     if (k == steady_age) out = ranks;
   }
   for (size_t r = 0; r < out.size(); ++r) {

@@ -2,6 +2,8 @@
 // against its single-process reference with one-step-delayed updates.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -42,8 +44,10 @@ int64_t peak(const TrainSummary& s, const std::string& category) {
 }
 
 // Every rank of the 2bw pipeline `layout` reports the reference's losses and whole-model
-// final weights, bit for bit; returns the pipeline's summaries.
-std::vector<TrainSummary> expect_equal_to_reference(const std::vector<std::string>& layout, bool single = false) {
+// final weights, bit for bit (with `bound`: losses within bound x 0.1 relative, weights within
+// bound absolute); returns the pipeline's summaries.
+std::vector<TrainSummary> expect_equal_to_reference(const std::vector<std::string>& layout, bool single = false,
+                                                    double bound = 0) {
   std::vector<std::string> sets = layout;
   sets.push_back("parallel.schedule=2bw");
   if (single) sets.push_back("optim.grad_clip=0");
@@ -52,12 +56,19 @@ std::vector<TrainSummary> expect_equal_to_reference(const std::vector<std::strin
   std::string at;
   for (const std::string& s : layout) at += s + " ";
   for (size_t r = 0; r < got.size(); r++) {
-    EXPECT_EQ(got[r].losses, want.losses) << at << "rank " << r;
+    if (bound == 0) EXPECT_EQ(got[r].losses, want.losses) << at << "rank " << r;
+    for (size_t i = 0; bound > 0 && i < want.losses.size() && i < got[r].losses.size(); i++)
+      EXPECT_NEAR(got[r].losses[i], want.losses[i], 0.1 * bound * std::abs(want.losses[i])) << at << "step " << i;
     EXPECT_EQ(got[r].final_params.size(), want.final_params.size()) << at;
     if (got[r].final_params.size() != want.final_params.size()) continue;
     size_t differ = 0;
-    for (size_t i = 0; i < want.final_params.size(); i++) differ += got[r].final_params[i] != want.final_params[i];
-    EXPECT_EQ(differ, 0u) << at << "rank " << r << ": weights differing from the delayed-update reference";
+    double worst = 0;
+    for (size_t i = 0; i < want.final_params.size(); i++) {
+      differ += got[r].final_params[i] != want.final_params[i];
+      worst = std::max(worst, double(std::abs(got[r].final_params[i] - want.final_params[i])));
+    }
+    if (bound == 0) EXPECT_EQ(differ, 0u) << at << "rank " << r << ": weights differing from the delayed-update reference";
+    else EXPECT_LE(worst, bound) << at << "rank " << r << ": " << differ << " weights differ";
   }
   return got;
 }
@@ -135,6 +146,40 @@ TEST(TwoBw, ContextParallelStagesEqualTheDelayedUpdateReference) {
   expect_equal_to_reference(layout);
   expect_equal_to_reference({"parallel.pp=2", "parallel.cp=2", "parallel.cp_mode=ring", "parallel.dp=2",
                              "train.grad_accum=2", "train.batch=4"});
+}
+
+// Note [Vocabulary passes in a stream]: with the head, the loss and the embedding split over the
+// pipeline's ranks (parallel.pp_vocab), the stream applies the delayed updates exactly as the
+// same layout's flushing reference, the step's trailing embedding gradients carried into the
+// previous step's pending gradient: pp 2-4, GPT (one tied table) and Llama, with tp 2, dp 2
+// and a validation flush.
+TEST(TwoBw, VocabularyPassesEqualTheDelayedUpdateReference) {
+  const std::vector<std::string> llama = {"model.preset=llama", "model.layers=4", "model.d_model=64", "model.heads=4",
+                                          "model.kv_heads=2", "model.ffn=96"};
+  for (std::vector<std::string> layout : std::vector<std::vector<std::string>>{
+           {"parallel.pp=2", "train.grad_accum=2", "train.batch=2"},
+           {"parallel.pp=2", "train.grad_accum=4", "train.batch=4", "train.val_every=3"},
+           {"parallel.pp=3", "train.grad_accum=4", "train.batch=4"},
+           {"parallel.pp=2", "parallel.tp=2", "train.grad_accum=2", "train.batch=2"},
+           {"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2", "train.batch=4"}}) {
+    layout.push_back("parallel.pp_vocab=true");
+    expect_equal_to_reference(layout);
+    layout.insert(layout.end(), llama.begin(), llama.end());
+    expect_equal_to_reference(layout);
+  }
+  // At pp 4 the stream adds micro-batch m - 1's head to the tied table before micro-batch
+  // m - 3's embedding gradient (the first stage's B(m - 3) trails into the next step) where
+  // 1F1B adds them the other way round: the same sums in another order, within loom verify's
+  // weight bound (measured at m 4: at most 1.2e-7 apart). Llama's head and embedding are two tensors,
+  // each summed in micro-batch order: bit for bit.
+  for (int m : {4, 8}) {
+    const std::vector<std::string> four = {"parallel.pp=4", "train.grad_accum=" + std::to_string(m),
+                                           "train.batch=" + std::to_string(m), "parallel.pp_vocab=true"};
+    expect_equal_to_reference(four, false, 1e-4);
+    std::vector<std::string> untied = four;
+    untied.insert(untied.end(), llama.begin(), llama.end());
+    expect_equal_to_reference(untied);
+  }
 }
 
 // Validation and checkpoints flush the stream: the reference flushes at the same steps, a

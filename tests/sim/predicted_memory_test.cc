@@ -108,6 +108,7 @@ TEST(PredictedMemory, TheVocabularySplitWithinFivePercentOfTheEngine) {
       kBase, {{"parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=4"},
               {"parallel.pp=2", "parallel.pp_vocab=true", "parallel.schedule=gpipe", "train.grad_accum=4"},
               {"parallel.pp=2", "parallel.pp_vocab=true", "parallel.schedule=zb-h1", "train.grad_accum=4"},
+              {"parallel.pp=2", "parallel.pp_vocab=true", "parallel.schedule=2bw", "train.grad_accum=4"},
               {"model.preset=llama", "model.layers=8", "model.d_model=256", "model.heads=8", "model.kv_heads=4",
                "model.ffn=512", "model.ctx=64", "parallel.pp=2", "parallel.pp_vocab=true", "train.grad_accum=4"}},
       true);

@@ -229,6 +229,10 @@ class Model {
   // pp_vocab's (B,T,C) pass buffers, the head's broadcast input and its gradient (empty
   // without pp_vocab): (start, bytes) each, for memory reports.
   std::vector<std::pair<const void*, int64_t>> pass_buffers() const;
+  // Note [Vocabulary passes in a stream] (parallel/schedule.h): the leading run of the flat
+  // layout the vocabulary passes add gradients to (wte, Llama's head.w, the first stage's wpe);
+  // empty without pp_vocab.
+  FlatRange vocab_range() const;
 
   // Note [Vocabulary passes] (parallel/schedule.h), under part.pp_vocab(): the embedding
   // chunk takes its input as x_in (the lookup below) and leaves dL/d(input) at

@@ -193,6 +193,16 @@ std::vector<std::pair<const void*, int64_t>> Model::pass_buffers() const {
   return out;
 }
 
+FlatRange Model::vocab_range() const {
+  if (!part_.pp_vocab()) return {0, 0};
+  int64_t end = 0;
+  for (const char* name : {"wte", "head.w", "wpe"})
+    if (const ParamSpec* s = layout_.find(name)) end = std::max(end, s->offset + s->numel);
+  const ParamSpec* wte = layout_.find("wte");
+  LOOM_ASSERT(wte && wte->offset == 0, "the vocabulary tensors lead the layout under pp_vocab");
+  return {0, end};
+}
+
 float Model::vocab_head(int s, const int32_t* targets, int64_t B, int64_t T, float grad_scale, bool backward) {
   LOOM_ASSERT(part_.pp_vocab());
   check_shape(B, T);

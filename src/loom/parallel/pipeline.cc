@@ -207,14 +207,14 @@ comm::Group* PipelineRunner::link(int peer_rank, bool activation, bool sending) 
   return g;
 }
 
-void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets,
-                             float grad_scale, double* loss) {
+void PipelineRunner::forward(int micro, int local, int chunk, int slot, const int32_t* tokens,
+                             const int32_t* targets, float grad_scale, double* loss) {
   const int v = virtual_stage(chunk), vpp = schedule_.vpp;
   const float* x_in = nullptr;
   const bool looked_up = v == 0 && schedule_.vocab();
   if (looked_up) {  // in an earlier vocabulary pass
-    LOOM_ASSERT(lookups_.count(micro), "pipeline rank ", pp_rank_, " forwards micro-batch ", micro, " unlooked-up");
-    x_in = vocab_pool_[size_t(lookups_.at(micro))].data();
+    LOOM_ASSERT(lookups_.count(local), "pipeline rank ", pp_rank_, " forwards micro-batch ", local, " unlooked-up");
+    x_in = vocab_pool_[size_t(lookups_.at(local))].data();
   } else if (v > 0) {
     const StageSite from = schedule_.site(v - 1);
     if (from.rank == pp_rank_) {  // ZB-V's turn: the other chunk's output, still held
@@ -227,7 +227,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
   wait_pending(chunk, slot);  // the slot's output may still be on its way out
   if (step_hook_) step_hook_(Phase::kF, micro, chunk, true);  // the step's span starts once its input is here
   const float l = model_.stage_forward(chunk, slot, tokens, x_in, targets, B_, T_, grad_scale);
-  if (looked_up) release_vocab(lookups_, micro);
+  if (looked_up) release_vocab(lookups_, local);
   if (is_last(chunk)) {
     *loss += l;
     return;
@@ -239,7 +239,7 @@ void PipelineRunner::forward(int micro, int chunk, int slot, const int32_t* toke
 }
 
 // w_slot >= 0: B of a split backward (Note [B/W split] in model/model.h).
-void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
+void PipelineRunner::backward(int micro, int local, int chunk, int slot, int w_slot) {
   const int v = virtual_stage(chunk), vpp = schedule_.vpp;
   const float* dy = nullptr;
   if (!is_last(chunk)) {
@@ -258,7 +258,7 @@ void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
   turn_.erase(micro);  // (only ZB-V's turn had one)
   if (v == 0 && schedule_.vocab()) {  // carried by a later vocabulary pass
     const float* grad = model_.stage_input_grad(chunk, slot);
-    std::copy(grad, grad + recv_buf_.size(), hold_vocab(embed_grads_, micro));
+    std::copy(grad, grad + recv_buf_.size(), hold_vocab(embed_grads_, local));
   }
   if (v == 0) return;
   const StageSite to = schedule_.site(v - 1);
@@ -270,16 +270,22 @@ void PipelineRunner::backward(int micro, int chunk, int slot, int w_slot) {
   sends_[size_t(chunk)][size_t(slot)] = send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
 }
 
-void PipelineRunner::vocab_pass(int k, const BatchFn& batch, float grad_scale, double* loss) {
-  const VocabPass& p = schedule_.passes[size_t(k + 1)];
+void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss,
+                                const Stream* stream) {
   std::vector<int32_t> tok(size_t(B_ * T_)), tgt(tok.size());
   for (int j : p.embed_grad) {
-    batch(j, tok.data(), tgt.data());
+    auto looked = vocab_tokens_.find(token_key(j));
     const bool held = embed_grads_.count(j) > 0;
-    LOOM_ASSERT(model_.chunk_has_embed(0) == held, "pipeline rank ", pp_rank_, " vocabulary pass ", k,
-                ": micro-batch ", j, "'s embedding gradient is not where it should be");
-    model_.vocab_embed_grad(held ? vocab_pool_[size_t(embed_grads_.at(j))].data() : nullptr, tok.data(), B_, T_);
+    LOOM_ASSERT(looked != vocab_tokens_.end() && model_.chunk_has_embed(0) == held, "pipeline rank ", pp_rank_,
+                ": micro-batch ", j, "'s embedding gradient or its tokens are not where they should be");
+    // Note [Vocabulary passes in a stream]: a trailing backward's is the step before's gradient.
+    const bool before = j < 0 && stream && stream->swap_vocab;
+    if (before) stream->swap_vocab();
+    model_.vocab_embed_grad(held ? vocab_pool_[size_t(embed_grads_.at(j))].data() : nullptr, looked->second.data(), B_,
+                            T_);
+    if (before) stream->swap_vocab();
     if (held) release_vocab(embed_grads_, j);
+    vocab_tokens_.erase(looked);
   }
   if (p.head >= 0) {
     batch(p.head, tok.data(), tgt.data());
@@ -293,8 +299,25 @@ void PipelineRunner::vocab_pass(int k, const BatchFn& batch, float grad_scale, d
   for (int j : p.embed) {
     batch(j, tok.data(), tgt.data());
     model_.vocab_lookup(hold_vocab(lookups_, j), tok.data(), B_, T_);
+    vocab_tokens_[token_key(j)] = tok;  // for its gradient's pass
     if (!model_.chunk_has_embed(0)) release_vocab(lookups_, j);  // only the first stage forwards it
   }
+}
+
+// Note [Vocabulary passes]: V(k), a collective of the vocabulary group. A stream's passes
+// compute on the current weights; `last_carried`: the last to carry a trailing backward's
+// embedding gradient (Note [Vocabulary passes in a stream]).
+void PipelineRunner::run_vocab_step(int k, const std::vector<VocabPass>& passes, bool last_carried,
+                                    const BatchFn& batch, float grad_scale, double* loss, const Stream* stream) {
+  if (stream && stream->weights) stream->weights(0, true);
+  if (stream && k == -1 && stream->vocab_pending) stream->vocab_pending(true);
+  if (step_hook_) {  // the span starts once every rank is here (waiting for the others is idle)
+    model_.vocab_meet();
+    step_hook_(Phase::kV, k, 0, true);
+  }
+  vocab_pass(passes[size_t(k + 1)], batch, grad_scale, loss, stream);
+  if (step_hook_) step_hook_(Phase::kV, k, 0, false);
+  if (stream && last_carried && stream->vocab_pending) stream->vocab_pending(false);
 }
 
 namespace {
@@ -327,23 +350,27 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   const int m = schedule_.micro_batches;
   int carried_done = 0;
   for (int i = 0; streams_ && i < int(steps.size()); i++)
-    if (steps[size_t(i)].micro_batch < 0) carried_done = i + 1;
+    if (steps[size_t(i)].phase != Phase::kV && steps[size_t(i)].micro_batch < 0) carried_done = i + 1;
+  // Note [Vocabulary passes in a stream]: this step's passes, and the last carrying a trailing
+  // backward's embedding gradient (-1, V(-1), when none does).
+  const std::vector<VocabPass>& passes =
+      streams_ && schedule_.vocab() ? stream_passes(schedule_, stream->age, stream->flush) : schedule_.passes;
+  int carried_vocab = -1;
+  for (size_t k = 0; streams_ && k < passes.size(); ++k)
+    for (int j : passes[k].embed_grad)
+      if (j < 0) carried_vocab = int(k) - 1;
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
-    if (s.phase == Phase::kV) {  // Note [Vocabulary passes]: a collective of the vocabulary group
-      if (step_hook_) {  // the span starts once every rank is here (waiting for the others is idle)
-        model_.vocab_meet();
-        step_hook_(s.phase, s.micro_batch, 0, true);
-      }
-      vocab_pass(s.micro_batch, batch, grad_scale, &loss);
-      if (step_hook_) step_hook_(s.phase, s.micro_batch, 0, false);
+    if (streams_ && i == carried_done && stream->batch_gradients) stream->batch_gradients();
+    if (s.phase == Phase::kV) {
+      run_vocab_step(s.micro_batch, passes, s.micro_batch == carried_vocab, batch, grad_scale, &loss,
+                     streams_ ? stream : nullptr);
       continue;
     }
     if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
     if (i == last_grads && before_last_backward) before_last_backward();
     if (stream && stream->weights && s.phase != Phase::kW)  // Note [Pipeline streams]
       stream->weights(steps_back(s.micro_batch, m), s.phase == Phase::kF);
-    if (streams_ && i == carried_done && stream->batch_gradients) stream->batch_gradients();
     int& slot = slot_of_[size_t(s.chunk)][size_t(index_of(s.micro_batch))];
     int& w_slot = w_slot_of_[size_t(s.chunk)][size_t(index_of(s.micro_batch))];
     const int wire = wire_micro(s.micro_batch);
@@ -351,11 +378,11 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
       slot = take_slot(slot_busy_[size_t(s.chunk)]);
       const bool needs_data = model_.chunk_has_embed(s.chunk) || model_.chunk_has_head(s.chunk);
       if (needs_data) batch(s.micro_batch, tok.data(), tgt.data());
-      forward(wire, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
+      forward(wire, s.micro_batch, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
     } else if (s.phase == Phase::kB) {
       LOOM_ASSERT(slot >= 0);
       if (split) w_slot = take_slot(w_busy_[size_t(s.chunk)]);
-      backward(wire, s.chunk, slot, split ? w_slot : -1);
+      backward(wire, s.micro_batch, s.chunk, slot, split ? w_slot : -1);
     } else {
       LOOM_ASSERT(slot >= 0 && w_slot >= 0);
       model_.stage_backward_weight(s.chunk, slot, w_slot, B_, T_);
@@ -377,8 +404,9 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   if (!streams_ || stream->flush)
     for (auto& per_chunk : sends_)
       for (auto& w : per_chunk) w.wait();
-  LOOM_ASSERT(early_.empty() && turn_.empty() && lookups_.empty() && embed_grads_.empty(), "pipeline rank ", pp_rank_,
-              " ended a step with messages unused");
+  LOOM_ASSERT(early_.empty() && turn_.empty() && lookups_.empty() && embed_grads_.empty() &&
+                  (vocab_tokens_.empty() || (streams_ && !stream->flush)),
+              "pipeline rank ", pp_rank_, " ended a step with messages unused");
   expect_.clear();
   if (streams_) end_stream_step(stream->flush);
   return loss;
@@ -392,7 +420,7 @@ double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* target
     model_.vocab_lookup(hold_vocab(lookups_, 0), tokens, B_, T_);
     if (!model_.chunk_has_embed(0)) release_vocab(lookups_, 0);
   }
-  for (int c = 0; c < schedule_.vpp; c++) forward(0, c, 0, tokens, targets, 0.0f, &loss);
+  for (int c = 0; c < schedule_.vpp; c++) forward(0, 0, c, 0, tokens, targets, 0.0f, &loss);
   if (schedule_.vocab()) {
     const float l = model_.vocab_head(0, targets, B_, T_, 0.0f, false);
     if (holds_head()) loss += l;

@@ -81,12 +81,20 @@ class PipelineRunner {
   // the last trailing backward, or first), before any step that adds to this step's.
   // pipedream / pipemare: after_backward(back) runs after each backward (its micro-batch is
   // `back` steps old). A flushing schedule given a Stream (a reference) gets weights() only.
+  // Note [Vocabulary passes in a stream] (2bw with pp_vocab): the passes compute on the current
+  // weights; batch_gradients() then leaves the tensors the passes add to (Model::vocab_range())
+  // alone, whose gradient is two steps' at once while trailing backwards' embedding gradients
+  // are carried: vocab_pending(true) before a step's first pass moves their gradient so far to
+  // the pending one, swap_vocab() around each trailing contribution adds it there, and
+  // vocab_pending(false) after the last says that part of the pending gradient is complete.
   struct Stream {
     int age = 0;
     bool flush = true;
     std::function<void(int back, bool forward)> weights;
     std::function<void()> batch_gradients;
     std::function<void(int back)> after_backward;
+    std::function<void(bool begin)> vocab_pending;
+    std::function<void()> swap_vocab;
   };
   double run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
                   const Stream* stream = nullptr);
@@ -103,13 +111,17 @@ class PipelineRunner {
  private:
   int virtual_stage(int chunk) const { return schedule_.stage(pp_rank_, chunk); }
   bool is_last(int chunk) const { return virtual_stage(chunk) == schedule_.pp * schedule_.vpp - 1; }
-  void forward(int micro, int chunk, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
-               double* loss);
-  void backward(int micro, int chunk, int slot, int w_slot);
+  // micro: the tag's micro-batch (wire_micro); local: the step's own index of it (negative: a
+  // trailing backward's), which the vocabulary passes name.
+  void forward(int micro, int local, int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+               float grad_scale, double* loss);
+  void backward(int micro, int local, int chunk, int slot, int w_slot);
   void wait_pending(int chunk, int slot);
   // Note [Vocabulary passes]: pass V(k)'s embedding gradients, head and lookups, in that
   // order on every rank.
-  void vocab_pass(int k, const BatchFn& batch, float grad_scale, double* loss);
+  void vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss, const Stream* stream);
+  void run_vocab_step(int k, const std::vector<VocabPass>& passes, bool last_carried, const BatchFn& batch,
+                      float grad_scale, double* loss, const Stream* stream);
   bool holds_head() const { return model_.chunk_has_head(model_.chunks() - 1); }
   // Sends n floats from `src` to the link's peer, as bf16 through the (chunk, slot) buffer
   // on a bf16 wire; receives into recv_buf_ (widened from bf16 on a bf16 wire).
@@ -149,6 +161,11 @@ class PipelineRunner {
   std::vector<std::vector<float>> vocab_pool_;
   std::vector<int> vocab_free_;
   std::map<int, int> lookups_, embed_grads_;
+  // Tokens of the micro-batches looked up whose embedding gradient is not yet carried, by
+  // stream position (step x m + micro-batch; the micro-batch in a flushing schedule): a 2bw
+  // trailing backward's are the step before's.
+  std::map<int64_t, std::vector<int32_t>> vocab_tokens_;
+  int64_t token_key(int local) const { return stream_step_ * schedule_.micro_batches + local; }
   float* hold_vocab(std::map<int, int>& held, int micro);  // a free buffer, now micro's
   void release_vocab(std::map<int, int>& held, int micro);
   // Streams: slot_of_ is indexed by micro-batch + depth m (earlier steps' below depth m), and

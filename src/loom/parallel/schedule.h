@@ -114,9 +114,13 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // i - m of the step before) ride in this step's passes, so a pass can carry gradients of two
 // steps (their micro-batch indices say which). The four kinds of step (stream_variant: age 0
 // or older, flushing or not) each have their lists and passes (Schedule::stream_vocab).
-// Passes being collectives, a step's V(-1) waits for every rank to finish the step before:
-// the first stage's forwards of a step start once the last stage has ended the previous one,
-// which the simulator prices (about (pp - 1) F a step on the last stage).
+// Passes being collectives, they hold the ranks together as in the flushing schedules (a
+// step's V(-1) also waits for every rank to end the step before), so the stream keeps little of
+// 2bw's gain over 1F1B: on the 8-block, 256k-vocabulary Llama of tests/sim/sim_vocab_test.cc
+// at pp 2, m 8 the simulator prices 1F1B's bubble 15.3% and 2bw's 13.9% with the passes (35.9%
+// without, its floor). In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the
+// passes compute on the current weights, and the tensors they add to keep two steps' gradients
+// apart while trailing embedding gradients are carried.
 //
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).

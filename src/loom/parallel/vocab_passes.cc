@@ -159,7 +159,6 @@ std::string pp_vocab_refusal(const Config& cfg) {
   if (!p.pp_vocab) return "";
 
   if (p.ps_servers > 0) return refusal("parameter servers", "set parallel.ps_servers = 0");
-  if (p.schedule == ScheduleKind::k2BW) return refusal("schedule 2bw", "use a flushing schedule (1f1b, zb-h1, zb-v, ...)");
   return "";
 }
 

@@ -6,7 +6,7 @@
 namespace loom {
 
 TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
-    : model_(model), pipeline_(pipeline), stash_(model.params().size(), 0.0f) {
+    : model_(model), pipeline_(pipeline), stash_(model.params().size(), 0.0f), vocab_(model.vocab_range()) {
   memory.track(memory.category("params"), stash_.data(), int64_t(stash_.size() * sizeof(float)));
   if (pipeline_) {
     pending_.assign(model.grads().size(), 0.0f);
@@ -27,15 +27,37 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   o.weights = [this](int back, bool) {  // back = -1: the step is over
     if ((back > 0) != bound_previous_) bind(bound_previous_ = back > 0);
   };
+  parts_done_ = 0;
+  // Everything after the vocabulary tensors (all of it without pp_vocab).
   o.batch_gradients = [this] {
     if (!started_) return;  // the stream starts: nothing carried over
     std::vector<float>& g = model_.grads();
-    std::copy(g.begin(), g.end(), pending_.begin());
-    std::fill(g.begin(), g.end(), 0.0f);
-    has_pending_ = true;
-    if (on_pending) on_pending(pending_);
+    const auto from = g.begin() + vocab_.count;
+    std::copy(from, g.end(), pending_.begin() + vocab_.count);
+    std::fill(from, g.end(), 0.0f);
+    complete_part();
+  };
+  if (vocab_.count == 0) return o;
+  // Note [Vocabulary passes in a stream]: the vocabulary tensors' part, which the step's
+  // first pass moves and its trailing embedding gradients then add to.
+  o.vocab_pending = [this](bool begin) {
+    if (!started_) return;
+    if (!begin) return complete_part();
+    float* g = model_.grads().data() + vocab_.offset;
+    std::copy(g, g + vocab_.count, pending_.data() + vocab_.offset);
+    std::fill(g, g + vocab_.count, 0.0f);
+  };
+  o.swap_vocab = [this] {
+    float* g = model_.grads().data() + vocab_.offset;
+    std::swap_ranges(g, g + vocab_.count, pending_.data() + vocab_.offset);
   };
   return o;
+}
+
+void TwoBwState::complete_part() {
+  if (++parts_done_ < (vocab_.count > 0 ? 2 : 1)) return;
+  has_pending_ = true;
+  if (on_pending) on_pending(pending_);
 }
 
 void TwoBwState::begin_pass() {

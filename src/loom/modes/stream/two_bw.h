@@ -7,7 +7,10 @@
 // gradient); before the step's first own backward that complete gradient moves to the
 // pending buffer. At the step's end: stash <- W(t-1), then W(t) = AdamW(W(t-1), pending).
 // A flushing step also finishes its own gradient (the cool-down backwards) and applies it
-// after the pending one; the next step starts the stream again.
+// after the pending one; the next step starts the stream again. Under pp_vocab the tensors the
+// vocabulary passes add to (Model::vocab_range()) complete apart: the step's first pass moves
+// their gradient to the pending buffer and the trailing embedding gradients it carries are
+// added there (Note [Vocabulary passes in a stream] in parallel/schedule.h).
 //
 // The reference (TrainOptions::two_bw_reference: one process, or a flushing pipeline of the
 // same layout) applies the same updates in the same order with the same values, one step
@@ -74,6 +77,11 @@ class TwoBwState final : public StreamPart {
   bool pipeline_;
   std::vector<float> stash_;    // the other weight version (laid out as the parameters)
   std::vector<float> pending_;  // pipeline: the previous step's complete gradient
+  // The pending gradient's two parts (Note [Vocabulary passes in a stream]): the tensors the
+  // vocabulary passes add to (vocab_, empty without pp_vocab) and the rest, each complete.
+  void complete_part();
+  FlatRange vocab_;
+  int parts_done_ = 0;
   bool started_ = false;        // the previous step did not flush
   bool has_pending_ = false;
   bool stash_valid_ = false;    // reference: the step computes on the stash

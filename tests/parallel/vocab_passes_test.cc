@@ -5,12 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/parallel/schedule.h"
 
 namespace loom::parallel {
 namespace {
+
+// A rank's list as "V-1 F0 ... ".
+std::string text(const std::vector<PipeStep>& list) {
+  std::string out;
+  for (const PipeStep& st : list) out += phase_letter(st.phase) + std::to_string(st.micro_batch) + " ";
+  return out;
+}
 
 struct Kind {
   ScheduleKind kind;
@@ -63,11 +72,6 @@ TEST(VocabPasses, EveryFlushingScheduleFinishesWithTheSameMemory) {
 // Lookups ride in the last pass before the first stage's F, gradients in the first after its B.
 TEST(VocabPasses, OneFOneBCarriesTheEmbeddingInThePassesAroundTheFirstStage) {
   const Schedule s = make_schedule(ScheduleKind::k1F1B, 2, 4, 1, true);
-  auto text = [](const std::vector<PipeStep>& list) {
-    std::string out;
-    for (const PipeStep& st : list) out += phase_letter(st.phase) + std::to_string(st.micro_batch) + " ";
-    return out;
-  };
   EXPECT_EQ(text(s.steps[0]), "V-1 F0 F1 V0 B0 V1 F2 B1 V2 F3 B2 V3 B3 V4 ");
   EXPECT_EQ(text(s.steps[1]), "V-1 F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 V4 ");
   const std::vector<std::vector<int>> embed = {{0, 1}, {}, {2}, {3}, {}, {}}, grad = {{}, {}, {0}, {1}, {2}, {3}};
@@ -142,11 +146,6 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
 // epilogue carries nothing (B2's gradient left in V3) but ends the step on every rank.
 TEST(VocabPasses, ASteadyTwoBwStepCarriesTheStepBeforesLastGradient) {
   const Schedule s = make_schedule(ScheduleKind::k2BW, 2, 4, 1, true);
-  auto text = [](const std::vector<PipeStep>& list) {
-    std::string out;
-    for (const PipeStep& st : list) out += phase_letter(st.phase) + std::to_string(st.micro_batch) + " ";
-    return out;
-  };
   EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "V-1 F0 B-1 V0 F1 B0 V1 F2 B1 V2 F3 B2 V3 V4 ");
   EXPECT_EQ(text(stream_steps(s, 1, 1, false)), "V-1 F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 V4 ");
   const std::vector<VocabPass>& p = stream_passes(s, 1, false);

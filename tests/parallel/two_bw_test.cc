@@ -151,8 +151,8 @@ TEST(TwoBw, ContextParallelStagesEqualTheDelayedUpdateReference) {
 // Note [Vocabulary passes in a stream]: with the head, the loss and the embedding split over the
 // pipeline's ranks (parallel.pp_vocab), the stream applies the delayed updates exactly as the
 // same layout's flushing reference, the step's trailing embedding gradients carried into the
-// previous step's pending gradient: pp 2-4, GPT (one tied table) and Llama, with tp 2, dp 2
-// and a validation flush.
+// previous step's pending gradient: pp 2-4, GPT (one tied table) and Llama, with tp 2, dp 2,
+// cp 2, a validation flush and synchronous warm-up steps (streams of one step).
 TEST(TwoBw, VocabularyPassesEqualTheDelayedUpdateReference) {
   const std::vector<std::string> llama = {"model.preset=llama", "model.layers=4", "model.d_model=64", "model.heads=4",
                                           "model.kv_heads=2", "model.ffn=96"};
@@ -161,7 +161,9 @@ TEST(TwoBw, VocabularyPassesEqualTheDelayedUpdateReference) {
            {"parallel.pp=2", "train.grad_accum=4", "train.batch=4", "train.val_every=3"},
            {"parallel.pp=3", "train.grad_accum=4", "train.batch=4"},
            {"parallel.pp=2", "parallel.tp=2", "train.grad_accum=2", "train.batch=2"},
-           {"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2", "train.batch=4"}}) {
+           {"parallel.pp=2", "parallel.dp=2", "train.grad_accum=2", "train.batch=4"},
+           {"parallel.pp=2", "parallel.cp=2", "train.grad_accum=2", "train.batch=2"},
+           {"parallel.pp=3", "train.grad_accum=3", "train.batch=3", "parallel.sync_warmup_steps=2"}}) {
     layout.push_back("parallel.pp_vocab=true");
     expect_equal_to_reference(layout);
     layout.insert(layout.end(), llama.begin(), llama.end());
@@ -187,20 +189,22 @@ TEST(TwoBw, VocabularyPassesEqualTheDelayedUpdateReference) {
 // training (nothing in flight to delay).
 TEST(TwoBw, FlushesAtCheckpointsAndResumesBitForBit) {
   testing_support::TempDir dir("loom-2bw");
-  const std::vector<std::string> layout = {"parallel.pp=2", "train.grad_accum=2", "train.batch=4",
-                                           "train.val_every=2", "train.steps=6"};
-  expect_equal_to_reference(layout);
-  std::vector<std::string> saving = layout;
-  saving.push_back("parallel.schedule=2bw");
-  saving.push_back("checkpoint.save_every=3");
-  saving.push_back("checkpoint.dir=" + (dir / "whole"));
-  const std::vector<TrainSummary> whole = testing_support::train_keeping_params(base(saving));
-  saving.back() = "checkpoint.dir=" + (dir / "resumed");
-  const std::vector<TrainSummary> resumed =
-      testing_support::train_keeping_params(base(saving), dir / "whole" + "/step-00000003");
-  ASSERT_EQ(resumed[0].losses.size(), 3u);
-  EXPECT_EQ(resumed[0].losses, std::vector<float>(whole[0].losses.begin() + 3, whole[0].losses.end()));
-  EXPECT_EQ(resumed[0].final_params, whole[0].final_params);
+  for (const std::string vocab : {"false", "true"}) {  // and with the vocabulary split
+    const std::vector<std::string> layout = {"parallel.pp=2", "train.grad_accum=2", "train.batch=4",
+                                             "train.val_every=2", "train.steps=6", "parallel.pp_vocab=" + vocab};
+    expect_equal_to_reference(layout);
+    std::vector<std::string> saving = layout;
+    saving.push_back("parallel.schedule=2bw");
+    saving.push_back("checkpoint.save_every=3");
+    saving.push_back("checkpoint.dir=" + (dir / ("whole-" + vocab)));
+    const std::vector<TrainSummary> whole = testing_support::train_keeping_params(base(saving));
+    saving.back() = "checkpoint.dir=" + (dir / ("resumed-" + vocab));
+    const std::vector<TrainSummary> resumed =
+        testing_support::train_keeping_params(base(saving), dir / ("whole-" + vocab) + "/step-00000003");
+    ASSERT_EQ(resumed[0].losses.size(), 3u) << vocab;
+    EXPECT_EQ(resumed[0].losses, std::vector<float>(whole[0].losses.begin() + 3, whole[0].losses.end())) << vocab;
+    EXPECT_EQ(resumed[0].final_params, whole[0].final_params) << vocab;
+  }
   const std::vector<TrainSummary> one = testing_support::train_keeping_params(base({"parallel.schedule=2bw"}));
   const std::vector<TrainSummary> plain = testing_support::train_keeping_params(base({}));
   EXPECT_EQ(one[0].losses, plain[0].losses);

@@ -181,6 +181,7 @@ void print_plans(const std::string& path, const std::vector<std::string>& only =
     const double published = loom::sim::simulate(pc.plan, pc.cluster).step_time_s;
     loom::plan::PlanRequest req;
     req.like = pc.plan;  // the published framework's own communication
+    req.like.activation_offload_layers = 0;  // not a searched choice (Note [Activation offload])
     req.cluster = pc.cluster;
     req.global_batch = pc.plan.cfg.train.batch;
     req.top = 1;

@@ -94,6 +94,30 @@ TEST(Fp8, AStepIsFasterThanBf16ButNotTwiceAndHoldsTheFp8Copies) {
   EXPECT_NEAR(fp8.ranks[0].memory.params - bf16.ranks[0].memory.params, 32 * kLlamaBlockWeights * 2, 1.0);
 }
 
+// Note [fp8 weights under ZeRO-3]: sharded (FSDP's ZeRO-3), a rank holds the fp8 copies of the
+// two units its gather pool holds (2 x 2 bytes of one block's linear weights), not its 32
+// blocks', and casts the blocks' weights in each forward and backward (2 m = 8 casts in the
+// passes, m = 4) instead of once a step; unsharded (ZeRO-2) it casts once and holds them all.
+TEST(Fp8, ShardedWeightsAreCastAtEachGatherAndHeldOnlyThere) {
+  const ClusterSpec c = load_cluster("dgx-h100", {}, 16, "");
+  auto run = [&](int zero, GemmFormat f) {
+    SimPlan p = llama_plan();
+    p.framework = Framework::kFsdp;
+    p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=8192", "train.batch=64", "train.grad_accum=4",
+                             "parallel.tp=2", "parallel.dp=8", "parallel.zero=" + std::to_string(zero)});
+    p.gemm_format = f;
+    return simulate(p, c);
+  };
+  const SimResult sharded = run(3, GemmFormat::kFp8), whole = run(2, GemmFormat::kFp8);
+  EXPECT_NEAR(sharded.ranks[0].memory.params - run(3, GemmFormat::kBf16).ranks[0].memory.params,
+              2 * kLlamaBlockWeights * 2, 1.0);
+  EXPECT_NEAR(whole.ranks[0].memory.params - run(2, GemmFormat::kBf16).ranks[0].memory.params,
+              32 * kLlamaBlockWeights * 2, 1.0);
+  const double cast = memory_time_s(c.device, fp8_cast_bytes(GemmFormat::kFp8, 32 * kLlamaBlockWeights));
+  EXPECT_NEAR(sharded.breakdown.compute - whole.breakdown.compute, 8 * cast, 1e-6);
+  EXPECT_LT(sharded.breakdown.optimizer, whole.breakdown.optimizer);  // no step cast
+}
+
 TEST(Fp8, RefusedWhereThereAreNoFp8TensorCoresAndOnLoomsEngine) {
   SimPlan p = llama_plan();
   p.gemm_format = GemmFormat::kFp8;

@@ -105,6 +105,7 @@ struct SimArgs {
   double compute_efficiency = 1;     // fraction of the cluster's GEMM/attention rate: Note [Stack efficiency]
   std::string backward_prefetch;     // pre (default) | post: FSDP's BackwardPrefetch, Note [Backward prefetch]
   std::string precision;             // bf16 (default) | fp8 | fp8-current | mxfp8: Note [fp8 GEMMs]
+  int64_t activation_offload = 0;    // Megatron's --cpu-offloading-num-layers: Note [Activation offload]
   // Note [Goodput]: per-node MTBF in hours (0: none), measured save and restart seconds.
   double node_mtbf_h = 0, save_s = -1, restart_s = -1;
   int64_t shrink_nodes = 0;  // simulate: the layout after losing this many nodes (Note [Elastic shapes])

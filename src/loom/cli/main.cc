@@ -106,6 +106,11 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
   app->add_option("--precision", a.precision,
                   "bf16 | fp8 | fp8-current | mxfp8 | nvfp4: the transformer blocks' linear layers (Note [fp8 GEMMs], Note [NVFP4 GEMMs]; "
                   "attention, norms and the head stay bf16)");
+  app->add_option("--activation-offload", a.activation_offload,
+                  "N: the first N layers' saved activations kept in host memory between their passes (Megatron-core "
+                  "--cpu-offloading-num-layers; pp 1, no recompute, a cluster with device.host_gbps: Note [Activation "
+                  "offload]). Default 0")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--compute-efficiency", a.compute_efficiency,
                   "Fraction of the cluster's GEMM and attention rate your stack's kernels reach (an older or less "
                   "tuned stack on the same device; Note [Stack efficiency]). Default 1");

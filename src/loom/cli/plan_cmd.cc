@@ -156,6 +156,10 @@ int run_plan(const PlanArgs& a) {
   base.layout.dp = 1;
   base.gpus = 0;
   const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
+  if (a.sim.activation_offload > 0)  // Note [Activation offload]: pp 1 and no recompute, not a searched choice
+    throw ConfigError("--activation-offload " + std::to_string(a.sim.activation_offload) +
+                      ": loom plan does not search activation offload; price a layout with it by `loom simulate "
+                      "--activation-offload N`");
   plan::PlanRequest req;
   req.like = in.plan;
   std::vector<std::string> cluster_sets;

@@ -287,7 +287,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
                  "residual_efficiency", "residual_efficiency_1t", "residual_backward", "gemm_width_efficiency",
                  "gemm_width_efficiency_1t", "overlap_cost", "flash3_head_dim_rate", "oversubscription",
                  "oversubscribed_sync_us", "speed_probe_gflops", "fp8_peak_tflops", "fp8_gemm_efficiency",
-                 "fp4_peak_tflops"});
+                 "fp4_peak_tflops", "host_gbps"});
   c.device.name = d.text("name", "device");
   c.device.peak_flops = d.number("peak_tflops", 0) * 1e12;
   c.device.memory_bytes = d.number("memory_gib", 0) * double(int64_t(1) << 30);
@@ -306,6 +306,7 @@ ClusterSpec cluster_from_toml(const std::string& text, const std::string& origin
   c.device.fp4_peak_flops = d.number("fp4_peak_tflops", 0, false) * 1e12;
   c.device.special_function_rate = d.number("special_function_tops", 0, false) * 1e12;
   c.device.page_fault_bw = d.number("page_fault_gbps", 0, false) * 1e9;
+  c.device.host_bw = d.number("host_gbps", 0, false) * 1e9;
   if ((c.device.overlap_cost = d.number("overlap_cost", 0, false)) > 4)  // >= 0: number() refuses the rest
     bad(origin, "device.overlap_cost", detail::cat("= ", c.device.overlap_cost, ": expected 0 to 4 (Note [Overlap contention])"));
   if ((c.device.oversubscribed_sync_s = d.number("oversubscribed_sync_us", 0, false) * 1e-6) > 0.01)
@@ -492,6 +493,7 @@ std::string cluster_to_toml(const ClusterSpec& c) {
   if (!c.device.attention_efficiency.points.empty())
     os << "\nattention_efficiency = " << curve(c.device.attention_efficiency);
   if (c.device.special_function_rate > 0) os << "\nspecial_function_tops = " << c.device.special_function_rate / 1e12;
+  if (c.device.host_bw > 0) os << "\nhost_gbps = " << c.device.host_bw / 1e9;
   if (!c.device.optimizer_efficiency.points.empty())
     os << "\noptimizer_efficiency = " << curve(c.device.optimizer_efficiency);
   if (!c.device.optimizer_efficiency_1t.points.empty())

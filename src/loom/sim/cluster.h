@@ -75,6 +75,9 @@ struct DeviceSpec {
   // accumulates): loom's engine releases the pieces ZeRO-2/3 do not own after each use
   // (Note [Resident memory]), and the next write faults them in zeroed. 0: not modelled.
   double page_fault_bw = 0;
+  // Note [Activation offload] (sim/offload_cost.cc): bytes/s each way between the device and its
+  // host's memory (Grace-Blackwell's NVLink-C2C); 0: not stated (no activation offload).
+  double host_bw = 0;
   // Note [Oversubscribed cores] (sim/cluster.cc): shared devices only; x: ranks per thread
   // (devices_per_node / threads) -> the processor's throughput kept over one rank per core,
   // and the wait every collective costs then, as `loom calibrate` measures them. Empty / 0:

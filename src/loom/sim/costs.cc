@@ -150,6 +150,13 @@ const char* gemm_format_name(GemmFormat f) {
 //    caching from the first micro-batch, as Megatron-core uses it): 4 bytes a weight at the
 //    memory rate, priced with the optimizer's pass; the fp8 copy and its transpose (2 bytes
 //    a weight) held through the step.
+// Note [fp8 weights under ZeRO-3]: with the parameters sharded (FSDP, Megatron-FSDP, ZeRO-3)
+// no rank holds a layer's weights between its passes, so there is nothing to cache: each
+// forward and backward casts the unit it gathered (the cast and transpose, 4 bytes a weight as
+// above, priced in the pass) and frees the copies with it, so a rank holds the fp8 copies of
+// the two units its gather pool holds, not the whole stage's (Megatron-FSDP keeps the
+// transposes only with keep_fp8_transpose_cache, off by default). Not modelled: fp8 all-gathers
+// (fp8_param_gather, FSDP2 float8), which gather the fp8 values and skip the forward's cast.
 // The inputs each layer saves for backward are its fp8 copies (Note [fp8 saved inputs] in
 // memory_model.cc). Not modelled: the forward casts fused into the norm or activation before
 // them (so the cast bytes are an upper bound) and the amax history update (a few values a

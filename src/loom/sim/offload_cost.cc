@@ -1,10 +1,51 @@
-// Pricing offload's transfers (Note [Page-cached offload]) and parameter offload's chunks
-// (Note [Chunk manager], Note [ZeRO-3 offload], Note [Replicated-parameter offload]).
+// Pricing offload's transfers (Note [Page-cached offload]), parameter offload's chunks
+// (Note [Chunk manager], Note [ZeRO-3 offload], Note [Replicated-parameter offload]) and the
+// GPU frameworks' activation offload (Note [Activation offload]).
 #include <algorithm>
 
+#include "loom/core/error.h"
 #include "loom/sim/replay.h"
 
 namespace loom::sim {
+
+// Note [Activation offload]
+// Megatron-core's CPU offloading (--cpu-offloading-num-layers N, Transformer Engine's offload
+// context): the activations the first N layers save for backward are copied to host memory as
+// their forward ends and copied back ahead of their backward, so the device holds the other
+// layers' and one offloaded layer's in transit. NVIDIA's Grace-Blackwell recipes use it in
+// place of recompute (Megatron-Bridge's Llama 3 70B GB300 presets offload 20-30 layers under
+// Megatron-FSDP). Each copy overlaps the next layer's pass (the copy engines, not the SMs), so
+// a layer's copy costs only what its bytes over the host link (device.host_gbps each way)
+// outlast its own forward or backward; that excess is priced into the pass as compute time.
+// Megatron-core's TransformerConfig refuses it with pipeline parallelism, with recompute and for
+// N >= layers, and so does the simulator.
+void check_activation_offload(const SimPlan& plan, const ClusterSpec& cluster) {
+  const int64_t n = plan.activation_offload_layers;
+  if (n == 0) return;
+  const ParallelConfig& par = plan.cfg.parallel;
+  LOOM_CONFIG_CHECK(n > 0 && n < plan.cfg.model.layers, "--activation-offload ", n, ": expected 0 to model.layers - 1 (",
+                    plan.cfg.model.layers - 1, "; Megatron-core keeps the last layer's on the device)");
+  LOOM_CONFIG_CHECK(plan.framework != Framework::kLoom, "--activation-offload prices Megatron-core's CPU offloading; "
+                    "loom's engine does not offload activations (use --framework megatron or fsdp)");
+  LOOM_CONFIG_CHECK(par.pp == 1, "--activation-offload with pp ", par.pp, ": Megatron-core offloads activations only "
+                    "without pipeline parallelism; set --pp 1 or drop it");
+  for (Recompute r : par.recompute_layers(plan.cfg.model.layers))
+    LOOM_CONFIG_CHECK(r == Recompute::kNone, "--activation-offload with recompute ", recompute_text(par.recompute),
+                      ": Megatron-core offloads in place of recomputing; set --recompute none or drop it");
+  LOOM_CONFIG_CHECK(cluster.device.host_bw > 0, "--activation-offload: device ", cluster.device.name, " of cluster ",
+                    cluster.name, " states no host link (device.host_gbps); set it, e.g. --set "
+                    "cluster.device.host_gbps=450 for NVLink-C2C");
+}
+
+// Note [Activation offload]: layer `b`'s saved activations leave the device between its passes,
+// one offloaded layer's staying resident in transit; the copies' excess over its passes.
+void offload_layer(const Setup& s, ChunkCost& ch, const UnitCost& b) {
+  const double copy = b.act_bytes / s.cluster.device.host_bw;
+  ch.fwd.compute += std::max(0.0, copy - b.fwd.total());
+  ch.bwd.compute += std::max(0.0, copy - b.bwd.total());
+  ch.act_bytes -= b.act_bytes;
+  ch.offload_buffer = std::max(ch.offload_buffer, b.act_bytes);
+}
 
 // Note [Page-cached offload]
 // On a calibrated CPU (a shared device) the offload file lives in the page cache whenever it

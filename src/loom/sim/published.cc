@@ -153,9 +153,14 @@ int64_t zero_stage(const PublishedRun& row) {
 // Engine's userbuffer tp overlap wherever tp > 1, except NVFP4, for which Megatron-Bridge's
 // Llama recipes turn the tp overlap off. Megatron-FSDP (its "optim_grads_params" sharding) is
 // ZeRO-3. Recompute is stated by the launcher's S09 configs; elsewhere it is the least that
-// fits (Note [Unstated recompute]). Megatron-Bridge's FSDP recipes on Grace-Blackwell offload
-// some layers' activations to the host instead (cpu_offloading_num_layers); that offload is not
-// modelled, so those rows take the block recompute that fits in its place.
+// fits (Note [Unstated recompute]). On Grace-Blackwell without pipeline parallelism the recipes
+// offload activations to the Grace host instead (Megatron-Bridge's Llama 3 presets set
+// cpu_offloading_num_layers, 20-30 layers for Llama 3 70B on GB300 under Megatron-FSDP), so
+// such a row that fits only with help offloads the least layers that fit (Note [Activation
+// offload]) before it recomputes.
+bool grace_offload(const PublishedRun& row, const PublishedCase& c) {
+  return nvidia_recipe(row) && c.cluster.device.host_bw > 0 && c.plan.cfg.parallel.pp == 1;
+}
 bool nemo_340b(const PublishedRun& row) { return nemo_launcher(row) && contains(text(row, "model"), "Nemotron-4 340B"); }
 bool recipe_tp_overlap(const PublishedRun& row) {
   if (nemo_launcher(row)) return !nemo_340b(row);
@@ -361,7 +366,8 @@ double megatron_flops_per_iteration(double B, double s, double l, double h, doub
 // Megatron stack also recomputes by the block (--recompute-method block --recompute-num-layers
 // N: the first N layers of every virtual stage whole, the others kept; NVIDIA's recipes set it
 // where all or nothing would not pay), so its rows take the least N that fits between
-// selective and full. Rows that name no sharding may have fit by an unstated distributed
+// selective and full; NVIDIA's Grace-Blackwell recipe rows at pp 1 first try the least layers
+// offloaded to the host (Note [Activation offload], Note [NVIDIA recipes]). Rows that name no sharding may have fit by an unstated distributed
 // optimizer instead, so they keep none. MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s,
 // 2 x 8,192 tokens a GPU) need 351 GiB without recompute.
 namespace {
@@ -392,7 +398,21 @@ int least_fitting_blocks(PublishedCase& c) {
   return lo <= most ? lo : 0;
 }
 
-std::string fit_unstated_recompute(PublishedCase& c, bool blocks) {
+// The least layer count whose activations offloaded make the plan fit, by bisection; 0 if none
+// short of every layer does (Note [Activation offload]).
+int64_t least_fitting_offload(PublishedCase& c) {
+  c.plan.cfg.parallel.recompute = {Recompute::kNone};
+  int64_t lo = 1, hi = c.plan.cfg.model.layers;  // hi: none fits
+  while (lo < hi) {
+    c.plan.activation_offload_layers = (lo + hi) / 2;
+    if (simulate(c.plan, c.cluster).peak_memory_bytes <= c.cluster.device.memory_bytes) hi = c.plan.activation_offload_layers;
+    else lo = c.plan.activation_offload_layers + 1;
+  }
+  c.plan.activation_offload_layers = lo < c.plan.cfg.model.layers ? lo : 0;
+  return c.plan.activation_offload_layers;
+}
+
+std::string fit_unstated_recompute(PublishedCase& c, bool blocks, bool offload) {
   const double device = c.cluster.device.memory_bytes;
   std::string tried;
   auto fits = [&](Recompute r, const char* name) {
@@ -404,6 +424,8 @@ std::string fit_unstated_recompute(PublishedCase& c, bool blocks) {
     return false;
   };
   if (fits(Recompute::kNone, "none")) return "";
+  if (const int64_t n = offload ? least_fitting_offload(c) : 0; n > 0)
+    return detail::cat("recompute unstated: none, the first ", n, " layers' activations offloaded to the host (", tried, ")");
   if (fits(Recompute::kSelective, "selective")) return detail::cat("recompute unstated: selective (", tried, ")");
   if (const int n = blocks ? least_fitting_blocks(c) : 0; n > 0) {
     c.plan.cfg.parallel.recompute = block_recompute(c.plan, n);
@@ -500,7 +522,8 @@ PublishedCase published_case(const PublishedRun& row) {
   c.published = num(row, c.metric.c_str());
   c.assumed = unstated_flags(row);
   if (rec.empty() && zero_stage(row) >= 1 && !nemo_launcher(row))  // NeMo's configs state theirs
-    if (const std::string r = fit_unstated_recompute(c, megatron_core(row)); !r.empty()) c.assumed += (c.assumed.empty() ? "" : "; ") + r;
+    if (const std::string r = fit_unstated_recompute(c, megatron_core(row), grace_offload(row, c)); !r.empty())
+      c.assumed += (c.assumed.empty() ? "" : "; ") + r;
   return c;
 }
 

@@ -22,6 +22,10 @@ struct Setup {
   double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
   double scatter_bytes = 4;  // and of one gradient in ZeRO-2/3's reduce-scatters (Note [qgZ])
   double p2p_bytes = 0, p2p_s = 0;
+  // Note [fp8 weights under ZeRO-3] (sim/costs.cc): a block's fp8 weights, and whether each
+  // gathered unit makes its fp8 copies itself (freed with it) rather than once a step.
+  double fp8_block = 0;
+  bool fp8_per_gather = false;
   std::vector<ChunkCost> chunks;  // per virtual stage
   bool split = false;             // the schedule splits backward into B and W
   // Note [Vocabulary passes] (parallel.pp_vocab): what one rank's share of a micro-batch's
@@ -54,5 +58,9 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
 double cached_copy_s(const Setup& s, double read, double written);
 bool page_cached(const Setup& s, const RankReport& rep);
 void price_param_offload(const Setup& s, RankReport& rep);
+// Note [Activation offload]: the plan's activation offload refused where Megatron-core or the
+// cluster cannot run it; one offloaded layer `b` priced into its virtual stage `ch`.
+void check_activation_offload(const SimPlan& plan, const ClusterSpec& cluster);
+void offload_layer(const Setup& s, ChunkCost& ch, const UnitCost& b);
 
 }  // namespace loom::sim

@@ -55,6 +55,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
   check_framework_zero(plan);
+  check_activation_offload(plan, cluster);
   LOOM_CONFIG_CHECK(cfg.offload.params != loom::OffloadTier::kDisk || plan.framework == Framework::kLoom,
                     "offload.params = disk is loom's chunk manager (Note [Chunk manager]): simulate it with "
                     "--framework loom, or drop offload.params");
@@ -124,9 +125,10 @@ void build_chunks(Setup& s) {
   head.act_bytes = head_activation_bytes(s.x);
   if (s.plan.framework == Framework::kLoom) fuse_backward_into_forward(head);  // Note [Fused loss backward]
   const ParamCount bp = block_params(model, s.tp);
-  double fp8_block = 0;  // Note [fp8 GEMMs]: a block's fp8 weights, FLOPs / (2 n) of each fp8 GEMM
+  double& fp8_block = s.fp8_block;  // Note [fp8 GEMMs]: a block's fp8 weights, FLOPs / (2 n) of each fp8 GEMM
   for (const Op& o : block_forward_ops(s.x))
     if (o.fp8) fp8_block += o.flops / (2 * s.x.tokens());
+  s.fp8_per_gather = fp8_block > 0 && par.zero >= 3 && s.dp * s.cp > 1;  // Note [fp8 weights under ZeRO-3]
   const std::vector<bool> keep = par.zero_keep_layers(model.layers);
   // ZeRO-2/3 per layer and micro-batch, by recompute policy and kept or not: priced once, as
   // the framework runs them (Note [Sharding implementations]).
@@ -159,6 +161,7 @@ void build_chunks(Setup& s) {
       const ZeroLayerCost& z = zero[int(s.rk[size_t(l)])][keep[size_t(l)] ? 1 : 0];
       ch.fwd.zero += z.fwd;
       ch.bwd.zero += z.bwd;
+      if (l - first < s.plan.activation_offload_layers) offload_layer(s, ch, b);  // Note [Activation offload]
     }
     // A block's dY per linear (model.h Note [B/W split]): 2 C + F2 + Q values per token row.
     const double hd = s.x.h / s.x.a, f2 = (model.arch == Arch::kGpt ? 1 : 2) * s.x.f / s.x.t;
@@ -166,6 +169,11 @@ void build_chunks(Setup& s) {
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
     ch.fp8_weights = double(n) * fp8_block;
+    if (s.fp8_per_gather) {  // Note [fp8 weights under ZeRO-3]: cast where each pass gathers the unit
+      const double cast = memory_time_s(s.cluster.device, fp8_cast_bytes(s.x.gemm_format, ch.fp8_weights));
+      ch.fwd.compute += cast;
+      ch.bwd.compute += cast;
+    }
     if (par.pp_vocab) {  // Note [Vocabulary passes]: every rank's first chunk holds a slice
       if (v < s.pp) ch.params += s.vocab_params;
     } else {
@@ -323,6 +331,8 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   if (s.plan.cfg.offload.params == loom::OffloadTier::kDisk && s.cluster.device.mixed_precision)  // the masters are the file's p
     mem.optimizer -= 4 * moment_floats / 2;
   mem.activations = st.peak_live;
+  for (int64_t c = 0; c < s.vpp; ++c)  // Note [Activation offload]: a layer's activations in transit
+    mem.activations += s.chunks[size_t(parallel::virtual_stage(par.schedule, int(s.pp), int(r), int(c)))].offload_buffer;
   mem.params += kept_layers(s, r) * block_params(model, s.tp).per_tp_rank * s.wbytes;  // whole gathered copies
   if (s.plan.framework == Framework::kLoom) {
     mem.activations = loom_activation_bytes(s, r, chunk_peaks(s, st), st.pending_peak);
@@ -360,6 +370,19 @@ double fp8_weights_of(const Setup& s, int64_t r, ScheduleKind kind) {
   return w;
 }
 
+// Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
+// g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
+// corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).
+double stream_copies(const Setup& s, int64_t r) {
+  const ScheduleKind kind = s.plan.cfg.parallel.schedule;
+  const int64_t tau = s.pp - 1 - r;
+  return s.pp <= 1                                    ? 0
+         : kind == ScheduleKind::k2BW                 ? 5
+         : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
+         : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
+                                                       : 0;
+}
+
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const ModelConfig& model = s.plan.cfg.model;
@@ -388,18 +411,11 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   rep.optimizer_s = dev.optimizer_efficiency.points.empty()
                         ? memory_time_s(dev, update_bytes)
                         : update_bytes / (dev.memory_bw * dev.optimizer_efficiency.at(update_bytes)) + dev.kernel_overhead_s;
-  // Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
-  // g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
-  // corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).
-  const int64_t tau = s.pp - 1 - r;
-  const double copies = s.pp <= 1 ? 0
-                        : kind == ScheduleKind::k2BW                   ? 5
-                        : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
-                        : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
-                                                                       : 0;
-  rep.optimizer_s += memory_time_s(dev, copies * rep.params * s.wbytes);
-  const double fp8_weights = fp8_weights_of(s, r, kind);  // Note [fp8 GEMMs]: their cast, once a step
-  rep.optimizer_s += memory_time_s(dev, fp8_cast_bytes(s.x.gemm_format, fp8_weights));
+  rep.optimizer_s += memory_time_s(dev, stream_copies(s, r) * rep.params * s.wbytes);
+  // Note [fp8 GEMMs]: their cast, once a step, and their copy and transpose held through it;
+  // under ZeRO-3 (Note [fp8 weights under ZeRO-3]) those of the two units gathered at once.
+  const double fp8_weights = s.fp8_per_gather ? 2 * s.fp8_block : fp8_weights_of(s, r, kind);
+  if (!s.fp8_per_gather) rep.optimizer_s += memory_time_s(dev, fp8_cast_bytes(s.x.gemm_format, fp8_weights));
   // Note [Optimizer offload]: the moments stream through the offload tier while the update
   // runs, so the slower of the two bounds the phase; one I/O thread reads and writes in turn.
   const bool offload = s.plan.cfg.offload.optimizer == loom::OffloadTier::kDisk;
@@ -409,7 +425,7 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.optimizer_s = 0;
   }
   rep.memory = rank_memory(s, r, st, rep);
-  rep.memory.params += weight_copy_bytes(s.x.gemm_format) * fp8_weights;  // Note [fp8 GEMMs]: the copy and its transpose
+  rep.memory.params += weight_copy_bytes(s.x.gemm_format) * fp8_weights;
   if (par.ps_servers > 0) rep.memory.optimizer = 0;
   // Note [PipeDream weight stashing]: the tied wte's gradients in flight between the ends.
   if (updates_per_batch(kind) && tied && (r == 0 || r == s.pp - 1)) rep.memory.buffers += double(s.pp) * wte * 4;

@@ -44,6 +44,9 @@ struct SimPlan {
   bool backward_prefetch_post = false;
   // Note [fp8 GEMMs] (sim/costs.cc): the blocks' linear layers in bf16 or an fp8 format.
   GemmFormat gemm_format = GemmFormat::kBf16;
+  // Note [Activation offload] (sim/offload_cost.cc): Megatron's --cpu-offloading-num-layers, the
+  // first N layers' saved activations kept in host memory between their passes.
+  int64_t activation_offload_layers = 0;
   int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 

@@ -43,6 +43,7 @@ struct ChunkCost {
   double act_bytes = 0, transient_bytes = 0, params = 0;
   double w_bytes = 0;   // split backward: upstream gradients kept from B to W
   double fp8_weights = 0;  // Note [fp8 GEMMs]: weights of its fp8 linear layers (cast once a step)
+  double offload_buffer = 0;  // Note [Activation offload]: one offloaded layer's activations in transit
 };
 
 // Adds a unit's passes `times` over to a virtual stage's sums.

@@ -182,6 +182,7 @@ void print_plans(const std::string& path, const std::vector<std::string>& only =
     loom::plan::PlanRequest req;
     req.like = pc.plan;  // the published framework's own communication
     req.like.activation_offload_layers = 0;  // not a searched choice (Note [Activation offload])
+    req.like.fp8_param_gather = false;
     req.cluster = pc.cluster;
     req.global_batch = pc.plan.cfg.train.batch;
     req.top = 1;

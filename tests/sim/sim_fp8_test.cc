@@ -118,6 +118,31 @@ TEST(Fp8, ShardedWeightsAreCastAtEachGatherAndHeldOnlyThere) {
   EXPECT_LT(sharded.breakdown.optimizer, whole.breakdown.optimizer);  // no step cast
 }
 
+// With fp8 gathers the all-gather moves 1 byte a weight instead of 2 (half the ZeRO time where it
+// is exposed), the forward casts nothing and the backward only transposes the fp8 values (2
+// bytes a weight); refused without fp8 GEMMs or ZeRO-3.
+TEST(Fp8, Fp8GathersMoveOneByteAWeightAndOnlyTransposeInBackward) {
+  const ClusterSpec c = load_cluster("dgx-h100", {}, 16, "");
+  auto plan = [&](int zero, GemmFormat f, bool fp8_gather) {
+    SimPlan p = llama_plan();
+    p.framework = Framework::kFsdp;
+    p.cfg = load_config("", {"model.preset=llama3-8b", "model.ctx=8192", "train.batch=64", "train.grad_accum=4",
+                             "parallel.tp=2", "parallel.dp=8", "parallel.zero=" + std::to_string(zero)});
+    p.gemm_format = f;
+    p.fp8_param_gather = fp8_gather;
+    return p;
+  };
+  const SimResult bf16_gather = simulate(plan(3, GemmFormat::kFp8, false), c);
+  const SimResult fp8_gather = simulate(plan(3, GemmFormat::kFp8, true), c);
+  const double w = 32 * kLlamaBlockWeights;
+  const double saved = 8 * memory_time_s(c.device, fp8_cast_bytes(GemmFormat::kFp8, w)) -
+                       4 * memory_time_s(c.device, 2 * w);  // 4 forwards' and 4 backwards' casts, 4 transposes
+  EXPECT_NEAR(bf16_gather.breakdown.compute - fp8_gather.breakdown.compute, saved, 1e-6);
+  EXPECT_LT(fp8_gather.breakdown.zero_comm, bf16_gather.breakdown.zero_comm);
+  EXPECT_THROW(simulate(plan(3, GemmFormat::kBf16, true), c), ConfigError);
+  EXPECT_THROW(simulate(plan(2, GemmFormat::kFp8, true), c), ConfigError);
+}
+
 TEST(Fp8, RefusedWhereThereAreNoFp8TensorCoresAndOnLoomsEngine) {
   SimPlan p = llama_plan();
   p.gemm_format = GemmFormat::kFp8;

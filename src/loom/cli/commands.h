@@ -106,6 +106,7 @@ struct SimArgs {
   std::string backward_prefetch;     // pre (default) | post: FSDP's BackwardPrefetch, Note [Backward prefetch]
   std::string precision;             // bf16 (default) | fp8 | fp8-current | mxfp8: Note [fp8 GEMMs]
   int64_t activation_offload = 0;    // Megatron's --cpu-offloading-num-layers: Note [Activation offload]
+  bool fp8_param_gather = false;     // ZeRO-3 gathers in fp8: Note [fp8 weights under ZeRO-3]
   // Note [Goodput]: per-node MTBF in hours (0: none), measured save and restart seconds.
   double node_mtbf_h = 0, save_s = -1, restart_s = -1;
   int64_t shrink_nodes = 0;  // simulate: the layout after losing this many nodes (Note [Elastic shapes])

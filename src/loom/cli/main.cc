@@ -111,6 +111,9 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                   "--cpu-offloading-num-layers; pp 1, no recompute, a cluster with device.host_gbps: Note [Activation "
                   "offload]). Default 0")
       ->check(CLI::NonNegativeNumber);
+  app->add_flag("--fp8-param-gather", a.fp8_param_gather,
+               "ZeRO-3 gathers the weights' fp8 values (Megatron --fp8-param-gather, FSDP2's float8 all-gather; "
+               "with --precision fp8/mxfp8/nvfp4 and --framework fsdp: Note [fp8 weights under ZeRO-3])");
   app->add_option("--compute-efficiency", a.compute_efficiency,
                   "Fraction of the cluster's GEMM and attention rate your stack's kernels reach (an older or less "
                   "tuned stack on the same device; Note [Stack efficiency]). Default 1");

@@ -160,6 +160,9 @@ int run_plan(const PlanArgs& a) {
     throw ConfigError("--activation-offload " + std::to_string(a.sim.activation_offload) +
                       ": loom plan does not search activation offload; price a layout with it by `loom simulate "
                       "--activation-offload N`");
+  if (a.sim.fp8_param_gather)  // Note [fp8 weights under ZeRO-3]: ZeRO-3 only, and the search varies ZeRO
+    throw ConfigError("--fp8-param-gather: loom plan does not search fp8 gathers; price a ZeRO-3 layout with them by "
+                      "`loom simulate --zero 3 --fp8-param-gather`");
   plan::PlanRequest req;
   req.like = in.plan;
   std::vector<std::string> cluster_sets;

@@ -1,4 +1,5 @@
 // `loom simulate`: one layout of one model on one cluster, predicted (Note [Simulated step]).
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -105,6 +106,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.plan.backward_prefetch_post = a.backward_prefetch == "post";
   if (!a.precision.empty()) in.plan.gemm_format = sim::parse_gemm_format(a.precision);  // Note [fp8 GEMMs]
   in.plan.activation_offload_layers = a.activation_offload;
+  in.plan.fp8_param_gather = a.fp8_param_gather;
   return in;
 }
 
@@ -141,15 +143,16 @@ nlohmann::json result_json(const sim::SimResult& r) {
 void print_result(std::ostream& os, const sim::SimResult& r, double device_bytes) {
   const sim::Breakdown& b = r.breakdown;
   const double gib = double(int64_t(1) << 30);
+  auto zeroed = [](double x) { return std::abs(x) < 1e-12 ? 0.0 : x; };  // a rounding's -0.0 prints as 0.0
   os << std::fixed << std::setprecision(3) << "step time " << r.step_time_s << " s   tokens/s " << std::setprecision(0)
      << r.tokens_per_s << "   TFLOP/s per GPU " << std::setprecision(1) << r.tflops_per_gpu << " (model FLOPs)\n"
      << std::setprecision(3) << "MFU " << r.mfu << " (model FLOPs)   HFU " << r.hfu
-     << " (hardware FLOPs, with recompute)   pipeline bubble " << std::setprecision(1) << 100 * r.bubble_fraction
+     << " (hardware FLOPs, with recompute)   pipeline bubble " << std::setprecision(1) << 100 * zeroed(r.bubble_fraction)
      << "%";
   if (r.bubble_fraction > 0) os << " (floor " << 100 * r.bubble_floor << "% from unequal stages: Note [Bubble floor])";
   os << "\n"
      << std::setprecision(3) << "slowest rank (s): compute " << b.compute << " (recompute " << b.recompute << ") | tp comm "
-     << b.tp_comm << " | cp comm " << b.cp_comm << " | zero comm " << b.zero_comm << " | pipeline idle " << b.pp_idle
+     << b.tp_comm << " | cp comm " << b.cp_comm << " | zero comm " << b.zero_comm << " | pipeline idle " << zeroed(b.pp_idle)
      << " | dp exposed " << b.dp_exposed << " | optimizer " << b.optimizer;
   if (b.param_fetch > 0) os << " | parameter fetch (exposed) " << b.param_fetch;
   if (b.vocab_comm > 0) os << " | vocabulary passes' comm " << b.vocab_comm;

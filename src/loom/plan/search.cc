@@ -424,8 +424,9 @@ PlanReport search_plans(const PlanRequest& req) {
   Acc acc{rep};
   const int64_t gpus = req.cluster.devices(), B = req.global_batch, L = req.like.cfg.model.layers;
   LOOM_CHECK(B > 0, "--global-batch is required (sequences per optimizer step)");
-  LOOM_CONFIG_CHECK(req.like.activation_offload_layers == 0, "the planner does not search activation offload (Note "
-                    "[Activation offload]); price a layout with it by simulating it");
+  LOOM_CONFIG_CHECK(req.like.activation_offload_layers == 0 && !req.like.fp8_param_gather,
+                    "the planner does not search activation offload or fp8 gathers (Note [Activation offload], Note "
+                    "[fp8 weights under ZeRO-3]); price a layout with them by simulating it");
   if (const std::string why = impossible(req); !why.empty()) {
     acc.prune(why, "every layout");
     return rep;

@@ -155,8 +155,12 @@ const char* gemm_format_name(GemmFormat f) {
 // forward and backward casts the unit it gathered (the cast and transpose, 4 bytes a weight as
 // above, priced in the pass) and frees the copies with it, so a rank holds the fp8 copies of
 // the two units its gather pool holds, not the whole stage's (Megatron-FSDP keeps the
-// transposes only with keep_fp8_transpose_cache, off by default). Not modelled: fp8 all-gathers
-// (fp8_param_gather, FSDP2 float8), which gather the fp8 values and skip the forward's cast.
+// transposes only with keep_fp8_transpose_cache, off by default). With fp8 all-gathers
+// (SimPlan::fp8_param_gather: Megatron's --fp8-param-gather, FSDP2's float8 all-gather) the
+// gathers move the format's operand bytes (1 a weight for fp8 and MXFP8, 0.5625 for NVFP4),
+// the forward computes on what arrived, and the backward only transposes it (read and write
+// the operand bytes); the owner's cast of its shard after the update (1 / dp of the weights) is
+// not priced.
 // The inputs each layer saves for backward are its fp8 copies (Note [fp8 saved inputs] in
 // memory_model.cc). Not modelled: the forward casts fused into the norm or activation before
 // them (so the cast bytes are an upper bound) and the amax history update (a few values a

@@ -97,6 +97,14 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
                                                   : s.wbytes;
   // Note [qgZ]: an all-to-all of int8 blocks sends as many bytes as a reduce-scatter of them, as the ring
   // codecs do (Note [Ring codecs]); whole buckets (Note [Compressed ZeRO-2/3]) leave no reduce-scatter.
+  if (plan.fp8_param_gather) {  // Note [fp8 weights under ZeRO-3]
+    LOOM_CONFIG_CHECK(plan.gemm_format != GemmFormat::kBf16 && par.zero >= 3 && plan.framework != Framework::kLoom &&
+                          plan.framework != Framework::kDeepSpeed2021,
+                      "--fp8-param-gather gathers ZeRO-3's weights in fp8: it needs --precision fp8 (or mxfp8, nvfp4), "
+                      "ZeRO-3 and --framework fsdp (Megatron-FSDP, FSDP2); have precision ",
+                      gemm_format_name(plan.gemm_format), ", zero ", par.zero, ", framework ", framework_name(plan.framework));
+    s.gather_bytes = operand_bytes(plan.gemm_format, s.wbytes);
+  }
   s.scatter_bytes = par.reduces_whole_buckets() ? 0.0
                     : par.zeropp_qgz || par.compress == CompressKind::kInt8 ? 1.0 + 4.0 / 256
                     : cfg.comm.grad_dtype == FloatFormat::kBf16 || par.compress == CompressKind::kBf16
@@ -171,8 +179,9 @@ void build_chunks(Setup& s) {
     ch.fp8_weights = double(n) * fp8_block;
     if (s.fp8_per_gather) {  // Note [fp8 weights under ZeRO-3]: cast where each pass gathers the unit
       const double cast = memory_time_s(s.cluster.device, fp8_cast_bytes(s.x.gemm_format, ch.fp8_weights));
-      ch.fwd.compute += cast;
-      ch.bwd.compute += cast;
+      const double transpose = memory_time_s(s.cluster.device, 2 * operand_bytes(s.x.gemm_format, 2) * ch.fp8_weights);
+      ch.fwd.compute += s.plan.fp8_param_gather ? 0.0 : cast;
+      ch.bwd.compute += s.plan.fp8_param_gather ? transpose : cast;
     }
     if (par.pp_vocab) {  // Note [Vocabulary passes]: every rank's first chunk holds a slice
       if (v < s.pp) ch.params += s.vocab_params;

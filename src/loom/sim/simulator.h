@@ -47,6 +47,9 @@ struct SimPlan {
   // Note [Activation offload] (sim/offload_cost.cc): Megatron's --cpu-offloading-num-layers, the
   // first N layers' saved activations kept in host memory between their passes.
   int64_t activation_offload_layers = 0;
+  // Note [fp8 weights under ZeRO-3] (sim/costs.cc): ZeRO-3 gathers the weights' fp8 values
+  // (Megatron's --fp8-param-gather, FSDP2's float8 all-gather), not the bf16 ones.
+  bool fp8_param_gather = false;
   int64_t gpus() const { return cfg.parallel.ranks() * cp; }  // parameter servers take a device slot each
 };
 

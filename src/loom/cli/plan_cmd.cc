@@ -136,6 +136,17 @@ void print_text(const plan::PlanReport& rep, const plan::PlanRequest& req, const
             << rep.ilp_s << " s), search " << rep.total_s << " s\n";
 }
 
+// What `loom simulate` prices but the search does not vary: refused by name.
+void refuse_unsearched(const SimArgs& a) {
+  if (a.activation_offload > 0)  // Note [Activation offload]: pp 1 and no recompute, not a searched choice
+    throw ConfigError("--activation-offload " + std::to_string(a.activation_offload) +
+                      ": loom plan does not search activation offload; price a layout with it by `loom simulate "
+                      "--activation-offload N`");
+  if (a.fp8_param_gather)  // Note [fp8 weights under ZeRO-3]: ZeRO-3 only, and the search varies ZeRO
+    throw ConfigError("--fp8-param-gather: loom plan does not search fp8 gathers; price a ZeRO-3 layout with them by "
+                      "`loom simulate --zero 3 --fp8-param-gather`");
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& a) {
@@ -156,13 +167,7 @@ int run_plan(const PlanArgs& a) {
   base.layout.dp = 1;
   base.gpus = 0;
   const SimInputs in = resolve_sim_inputs(base);  // validates the model and run keys
-  if (a.sim.activation_offload > 0)  // Note [Activation offload]: pp 1 and no recompute, not a searched choice
-    throw ConfigError("--activation-offload " + std::to_string(a.sim.activation_offload) +
-                      ": loom plan does not search activation offload; price a layout with it by `loom simulate "
-                      "--activation-offload N`");
-  if (a.sim.fp8_param_gather)  // Note [fp8 weights under ZeRO-3]: ZeRO-3 only, and the search varies ZeRO
-    throw ConfigError("--fp8-param-gather: loom plan does not search fp8 gathers; price a ZeRO-3 layout with them by "
-                      "`loom simulate --zero 3 --fp8-param-gather`");
+  refuse_unsearched(a.sim);
   plan::PlanRequest req;
   req.like = in.plan;
   std::vector<std::string> cluster_sets;

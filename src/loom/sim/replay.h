@@ -22,10 +22,6 @@ struct Setup {
   double gather_bytes = 4;  // bytes of one parameter in ZeRO-3's all-gathers (comm.param_dtype)
   double scatter_bytes = 4;  // and of one gradient in ZeRO-2/3's reduce-scatters (Note [qgZ])
   double p2p_bytes = 0, p2p_s = 0;
-  // Note [fp8 weights under ZeRO-3] (sim/costs.cc): a block's fp8 weights, and whether each
-  // gathered unit makes its fp8 copies itself (freed with it) rather than once a step.
-  double fp8_block = 0;
-  bool fp8_per_gather = false;
   std::vector<ChunkCost> chunks;  // per virtual stage
   bool split = false;             // the schedule splits backward into B and W
   // Note [Vocabulary passes] (parallel.pp_vocab): what one rank's share of a micro-batch's
@@ -33,6 +29,10 @@ struct Setup {
   // the pipeline included; and the parameters of a rank's vocabulary slices.
   Pass vocab_head, vocab_embed, vocab_embed_grad;
   double vocab_params = 0;
+  // Note [fp8 weights under ZeRO-3] (sim/costs.cc): a block's fp8 weights, and whether each
+  // gathered unit makes its fp8 copies itself (freed with it) rather than once a step.
+  double fp8_block = 0;
+  bool fp8_per_gather = false;
 };
 
 // sim/vocab_cost.cc: fills the vocab_* fields of a plan with parallel.pp_vocab.

@@ -117,6 +117,15 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
 }
 
 // Per virtual stage: its layers' block costs plus the embedding (first) and head (last).
+// Note [fp8 weights under ZeRO-3]: each pass casts the unit it gathered (or, gathering fp8
+// values, the forward nothing and the backward their transpose).
+void price_gathered_fp8(const Setup& s, ChunkCost& ch) {
+  const double cast = memory_time_s(s.cluster.device, fp8_cast_bytes(s.x.gemm_format, ch.fp8_weights));
+  const double transpose = memory_time_s(s.cluster.device, 2 * operand_bytes(s.x.gemm_format, 2) * ch.fp8_weights);
+  ch.fwd.compute += s.plan.fp8_param_gather ? 0.0 : cast;
+  ch.bwd.compute += s.plan.fp8_param_gather ? transpose : cast;
+}
+
 void build_chunks(Setup& s) {
   const ModelConfig& model = s.plan.cfg.model;
   const ParallelConfig& par = s.plan.cfg.parallel;
@@ -177,12 +186,7 @@ void build_chunks(Setup& s) {
     first += n;
     ch.params = double(n) * bp.per_tp_rank;
     ch.fp8_weights = double(n) * fp8_block;
-    if (s.fp8_per_gather) {  // Note [fp8 weights under ZeRO-3]: cast where each pass gathers the unit
-      const double cast = memory_time_s(s.cluster.device, fp8_cast_bytes(s.x.gemm_format, ch.fp8_weights));
-      const double transpose = memory_time_s(s.cluster.device, 2 * operand_bytes(s.x.gemm_format, 2) * ch.fp8_weights);
-      ch.fwd.compute += s.plan.fp8_param_gather ? 0.0 : cast;
-      ch.bwd.compute += s.plan.fp8_param_gather ? transpose : cast;
-    }
+    if (s.fp8_per_gather) price_gathered_fp8(s, ch);
     if (par.pp_vocab) {  // Note [Vocabulary passes]: every rank's first chunk holds a slice
       if (v < s.pp) ch.params += s.vocab_params;
     } else {

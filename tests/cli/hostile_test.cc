@@ -163,7 +163,7 @@ TEST(Hostile, ThePlannerSearchesTheVocabularySplitOnlyWhereTheEngineRunsIt) {
   for (std::string line; std::getline(lines, line);)  // the ranked plans: "#N  dp .. tp .. pp .."
     if (line.size() > 1 && line[0] == '#' && std::isdigit(static_cast<unsigned char>(line[1])) &&
         line.find(" pp_vocab ") != std::string::npos)
-      for (const char* no : {" 2bw ", " pipedream ", " pipemare ", "parameter servers"})
+      for (const char* no : {" pipedream ", " pipemare ", "parameter servers"})  // 2bw runs it (issue 55)
         EXPECT_EQ(line.find(no), std::string::npos) << line;
   r = run("simulate" + vocab + " --gpus 2 --pp 2 --grad-accum 4 --global-batch 4");
   EXPECT_EQ(r.code, 0) << r.output;

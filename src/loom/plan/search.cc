@@ -458,7 +458,7 @@ PlanReport search_plans(const PlanRequest& req) {
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                   // Same as sp off / vocab-parallel / zero 0 there:
                   if ((sp && tp == 1) || (!vocab_parallel && tp == 1) || (zero > 0 && dp * cp == 1)) continue;
-                  if (pp_vocab && (pp == 1 || streams(sched) || req.like.framework != sim::Framework::kLoom)) continue;
+                  if (pp_vocab && (pp == 1 || updates_per_batch(sched) || req.like.framework != sim::Framework::kLoom)) continue;
                   q.schedule = sched, q.vpp = vpp, q.sp = sp, q.zero = zero, q.recompute = {rc}, q.cp_mode = cp_mode;
                   q.vocab_parallel = vocab_parallel, q.pp_vocab = pp_vocab, q.compress = sync.compress;
                   q.zeropp_qwz = sync.qwz, q.zeropp_qgz = sync.qgz, q.zeropp_hpz = sync.hpz;

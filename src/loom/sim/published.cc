@@ -1,6 +1,7 @@
 #include "loom/sim/published.h"
 
 #include <algorithm>
+#include <functional>
 #include <cctype>
 
 #include <fstream>
@@ -383,33 +384,34 @@ std::vector<Recompute> block_recompute(const SimPlan& plan, int n) {
 
 // The least block count that fits (the peak falls as it grows), by bisection; 0 if only
 // recomputing every layer fits, or nothing does.
-int least_fitting_blocks(PublishedCase& c) {
-  const ModelConfig& m = c.plan.cfg.model;
-  const ParallelConfig& p = c.plan.cfg.parallel;
-  const std::vector<int> stages = parallel::stage_layers(int(m.layers), int(p.pp * p.vpp), p.layer_split(m.layers));
-  const int most = *std::max_element(stages.begin(), stages.end()) - 1;  // the largest stage keeps a layer
-  int lo = 1, hi = most + 1;
+// The least n in [1, most] for which `set(n)` makes the plan fit (the peak falls as n grows),
+// by bisection; 0 if none does.
+int64_t least_that_fits(PublishedCase& c, int64_t most, const std::function<void(int64_t)>& set) {
+  int64_t lo = 1, hi = most + 1;
   while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    c.plan.cfg.parallel.recompute = block_recompute(c.plan, mid);
+    const int64_t mid = (lo + hi) / 2;
+    set(mid);
     if (simulate(c.plan, c.cluster).peak_memory_bytes <= c.cluster.device.memory_bytes) hi = mid;
     else lo = mid + 1;
   }
   return lo <= most ? lo : 0;
 }
 
-// The least layer count whose activations offloaded make the plan fit, by bisection; 0 if none
-// short of every layer does (Note [Activation offload]).
+int least_fitting_blocks(PublishedCase& c) {
+  const ModelConfig& m = c.plan.cfg.model;
+  const ParallelConfig& p = c.plan.cfg.parallel;
+  const std::vector<int> stages = parallel::stage_layers(int(m.layers), int(p.pp * p.vpp), p.layer_split(m.layers));
+  const int most = *std::max_element(stages.begin(), stages.end()) - 1;  // the largest stage keeps a layer
+  return int(least_that_fits(c, most, [&](int64_t n) { c.plan.cfg.parallel.recompute = block_recompute(c.plan, int(n)); }));
+}
+
+// The least layer count whose activations offloaded make the plan fit; 0 if none short of
+// every layer does (Note [Activation offload]).
 int64_t least_fitting_offload(PublishedCase& c) {
   c.plan.cfg.parallel.recompute = {Recompute::kNone};
-  int64_t lo = 1, hi = c.plan.cfg.model.layers;  // hi: none fits
-  while (lo < hi) {
-    c.plan.activation_offload_layers = (lo + hi) / 2;
-    if (simulate(c.plan, c.cluster).peak_memory_bytes <= c.cluster.device.memory_bytes) hi = c.plan.activation_offload_layers;
-    else lo = c.plan.activation_offload_layers + 1;
-  }
-  c.plan.activation_offload_layers = lo < c.plan.cfg.model.layers ? lo : 0;
-  return c.plan.activation_offload_layers;
+  const int64_t n = least_that_fits(c, c.plan.cfg.model.layers - 1, [&](int64_t k) { c.plan.activation_offload_layers = k; });
+  c.plan.activation_offload_layers = n;
+  return n;
 }
 
 std::string fit_unstated_recompute(PublishedCase& c, bool blocks, bool offload) {

@@ -6,7 +6,8 @@
 namespace loom {
 
 TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
-    : model_(model), pipeline_(pipeline), stash_(model.params().size(), 0.0f), vocab_(model.vocab_range()) {
+    : model_(model), pipeline_(pipeline), stash_(model.params().size(), 0.0f),
+      vocab_(model.vocab_range().count) {  // a leading run (Model::vocab_range asserts offset 0)
   memory.track(memory.category("params"), stash_.data(), int64_t(stash_.size() * sizeof(float)));
   if (pipeline_) {
     pending_.assign(model.grads().size(), 0.0f);
@@ -32,30 +33,30 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   o.batch_gradients = [this] {
     if (!started_) return;  // the stream starts: nothing carried over
     std::vector<float>& g = model_.grads();
-    const auto from = g.begin() + vocab_.count;
-    std::copy(from, g.end(), pending_.begin() + vocab_.count);
+    const auto from = g.begin() + vocab_;
+    std::copy(from, g.end(), pending_.begin() + vocab_);
     std::fill(from, g.end(), 0.0f);
     complete_part();
   };
-  if (vocab_.count == 0) return o;
+  if (vocab_ == 0) return o;
   // Note [Vocabulary passes in a stream]: the vocabulary tensors' part, which the step's
   // first pass moves and its trailing embedding gradients then add to.
   o.vocab_pending = [this](bool begin) {
     if (!started_) return;
     if (!begin) return complete_part();
-    float* g = model_.grads().data() + vocab_.offset;
-    std::copy(g, g + vocab_.count, pending_.data() + vocab_.offset);
-    std::fill(g, g + vocab_.count, 0.0f);
+    float* g = model_.grads().data();
+    std::copy(g, g + vocab_, pending_.data());
+    std::fill(g, g + vocab_, 0.0f);
   };
   o.swap_vocab = [this] {
-    float* g = model_.grads().data() + vocab_.offset;
-    std::swap_ranges(g, g + vocab_.count, pending_.data() + vocab_.offset);
+    float* g = model_.grads().data();
+    std::swap_ranges(g, g + vocab_, pending_.data());
   };
   return o;
 }
 
 void TwoBwState::complete_part() {
-  if (++parts_done_ < (vocab_.count > 0 ? 2 : 1)) return;
+  if (++parts_done_ < (vocab_ > 0 ? 2 : 1)) return;
   has_pending_ = true;
   if (on_pending) on_pending(pending_);
 }

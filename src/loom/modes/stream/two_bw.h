@@ -77,10 +77,10 @@ class TwoBwState final : public StreamPart {
   bool pipeline_;
   std::vector<float> stash_;    // the other weight version (laid out as the parameters)
   std::vector<float> pending_;  // pipeline: the previous step's complete gradient
-  // The pending gradient's two parts (Note [Vocabulary passes in a stream]): the tensors the
-  // vocabulary passes add to (vocab_, empty without pp_vocab) and the rest, each complete.
+  // The pending gradient's two parts (Note [Vocabulary passes in a stream]): the leading
+  // vocab_ floats the vocabulary passes add to (0 without pp_vocab) and the rest, each complete.
   void complete_part();
-  FlatRange vocab_;
+  int64_t vocab_ = 0;
   int parts_done_ = 0;
   bool started_ = false;        // the previous step did not flush
   bool has_pending_ = false;

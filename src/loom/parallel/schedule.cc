@@ -86,75 +86,112 @@ std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
 
 // ZB-V (Qi et al., ICLR 2024, Sec. 6): chunk 0 of rank r is stage r and chunk 1 stage
 // 2 pp - 1 - r, so rank 0 holds both ends and each rank's two chunks together do equal
-// work. Built by list scheduling on durations F = 4, B = 5, W = 3 ticks (loom's measured
-// ratio on a GPT block, rounded: the input-gradient step carries the attention backward,
-// the weight step only the dW GEMMs): whenever a rank is free it starts one step whose
-// input is done - B before F (or, the other order, F before B), within each the later stage
-// first and per chunk in micro-batch order, an F only while the rank holds fewer than 2 pp
-// chunk activations (1F1B's peak: pp micro-batches of a whole stage); when neither is ready,
-// the W whose B finished first. Both orders are built and the one that ends first in ticks
-// is kept (B first on a tie): at pp 2 and m = 8, B first leaves 5.4% of the ticks idle and F
-// first 2.5% (1F1B: 11.1%); at pp 8, B first is better. The order only has to be good;
-// validate() proves it. A `forward_first` run that does not finish returns no steps.
-struct ZbVList {
-  std::vector<std::vector<PipeStep>> steps;
-  int ticks = 0;
+// block work. Built by list scheduling on each virtual stage's F, B and W durations (Note
+// [ZB-V by stage work]; without them F = 4, B = 5, W = 3 everywhere, loom's measured ratio on
+// a GPT block, rounded: the input-gradient step carries the attention backward, the weight
+// step only the dW GEMMs): whenever a rank is free it starts one step whose input is done -
+// B before F (or, the other order, F before B), within each the later stage first and per
+// chunk in micro-batch order, an F only while the rank holds fewer than 2 pp chunk
+// activations (1F1B's peak: pp micro-batches of a whole stage), or with a reserve a chunk-0
+// F only while it holds fewer than 2 pp - 1 (so a fast first stage cannot fill the rank with
+// forwards while the V's turn, its chunk-1 F, waits on a slower stage: that deadlocks); when
+// neither is ready, the W whose B finished first. Both orders, each without and with the
+// reserve, are built and the one that ends first is kept (the earlier of B first, F first, B
+// first with the reserve, F first with it on a tie): at pp 2 and m = 8 with the unit
+// durations, B first leaves 5.4% of the time idle and F first 2.5% (1F1B: 11.1%); at pp 8, B
+// first is better. The order only has to be good; validate() proves it.
+class ZbVList {
+ public:
+  std::vector<std::vector<PipeStep>> steps;  // [rank] -> its list
+  double end = 0;                            // when the last step ends
+
+  ZbVList(int pp, int m, bool forward_first, bool reserve, const StageWork& work)
+      : steps(size_t(pp)), pp_(pp), m_(m), forward_first_(forward_first), reserve_(reserve), work_(work), next_(size_t(2 * pp), {0, 0, 0}),
+        held_(size_t(pp), 0), free_at_(size_t(pp), 0),
+        done_(3, std::vector<std::vector<double>>(size_t(2 * pp), std::vector<double>(size_t(m), -1))) {}
+
+  // Builds the lists; false if the order deadlocks.
+  bool build() {
+    size_t left = size_t(3 * 2 * pp_ * m_);
+    // Event-driven: nothing becomes ready between two ends of steps, so t jumps to the next
+    // one. A step of no work (a stage holding only the embedding) frees its rank at once, so
+    // the ranks are gone over again until none starts anything at t.
+    for (double t = 0; left > 0;) {
+      for (bool started = true; started;) {
+        started = false;
+        for (int r = 0; r < pp_; r++)
+          if (free_at_[size_t(r)] <= t && start_one(r, t)) started = true, --left;
+      }
+      double next = -1;
+      for (double f : free_at_)
+        if (f > t && (next < 0 || f < next)) next = f;
+      if (left > 0 && next < 0) return false;  // every rank free and none can start
+      t = next;
+    }
+    return true;
+  }
+
+ private:
+  int stage(int r, int c) const { return virtual_stage(ScheduleKind::kZbV, pp_, r, c); }
+  double cost(Phase ph, int v) const {
+    return work_.empty() ? std::array<double, 3>{4, 5, 3}[size_t(ph)] : work_[size_t(v)][size_t(ph)];
+  }
+  bool ran_before(Phase ph, int v, int i, double t) const {
+    const double at = done_[size_t(ph)][size_t(v)][size_t(i)];
+    return at >= 0 && at <= t;
+  }
+  bool ready(int r, Phase ph, int c, double t) const {
+    const int i = next_[size_t(2 * r + c)][size_t(ph)], v = stage(r, c), last = 2 * pp_ - 1;
+    if (i >= m_) return false;
+    const int cap = 2 * pp_ - (reserve_ && c == 0 ? 1 : 0);
+    if (ph == Phase::kF) return held_[size_t(r)] < cap && (v == 0 || ran_before(Phase::kF, v - 1, i, t));
+    if (ph == Phase::kB) return ran_before(Phase::kF, v, i, t) && (v == last || ran_before(Phase::kB, v + 1, i, t));
+    return ran_before(Phase::kB, v, i, t);
+  }
+  // Starts rank r's next step at t if one is ready: B / F in the run's order (the later chunk
+  // first), else the W whose B ended first.
+  bool start_one(int r, double t) {
+    const Phase order[2][2] = {{Phase::kB, Phase::kF}, {Phase::kF, Phase::kB}};
+    int pick_c = -1;
+    Phase pick = Phase::kF;
+    for (Phase ph : order[forward_first_ ? 1 : 0])
+      for (int c : {1, 0})
+        if (pick_c < 0 && ready(r, ph, c, t)) pick_c = c, pick = ph;
+    double best = -1;
+    for (int c : {0, 1})
+      if (pick_c < 0 || pick == Phase::kW)
+        if (ready(r, Phase::kW, c, t)) {
+          const double at = done_[1][size_t(stage(r, c))][size_t(next_[size_t(2 * r + c)][2])];
+          if (best < 0 || at < best) best = at, pick_c = c, pick = Phase::kW;
+        }
+    if (pick_c < 0) return false;
+    const int i = next_[size_t(2 * r + pick_c)][size_t(pick)]++, v = stage(r, pick_c);
+    free_at_[size_t(r)] = done_[size_t(pick)][size_t(v)][size_t(i)] = t + cost(pick, v);
+    end = std::max(end, free_at_[size_t(r)]);
+    held_[size_t(r)] += pick == Phase::kF ? 1 : pick == Phase::kW ? -1 : 0;
+    steps[size_t(r)].push_back({pick, i, pick_c});
+    return true;
+  }
+
+  int pp_, m_;
+  bool forward_first_, reserve_;
+  const StageWork& work_;
+  std::vector<std::array<int, 3>> next_;  // [2 rank + chunk] -> next micro-batch per phase
+  std::vector<int> held_;                 // per rank: chunk activations held (F run, W not yet)
+  std::vector<double> free_at_;           // per rank: when its running step ends
+  std::vector<std::vector<std::vector<double>>> done_;  // [phase][stage][micro]: its end, -1 before it starts
 };
 
-ZbVList zero_bubble_v_list(int pp, int m, bool forward_first) {
-  const int V = 2 * pp, cap = 2 * pp, cost[3] = {4, 5, 3};
-  auto stage = [&](int r, int c) { return virtual_stage(ScheduleKind::kZbV, pp, r, c); };
-  // done[phase][stage][micro]: the tick it finishes, -1 before it starts.
-  std::vector<std::vector<std::vector<int>>> done(3, std::vector<std::vector<int>>(V, std::vector<int>(m, -1)));
-  std::vector<std::array<int, 3>> next0(pp, {0, 0, 0}), next1 = next0;  // per rank: next micro per phase, chunk 0 / 1
-  std::vector<int> held(pp, 0), free_at(pp, 0);
-  ZbVList out{std::vector<std::vector<PipeStep>>(size_t(pp)), 0};
-  const Phase order[2][2] = {{Phase::kB, Phase::kF}, {Phase::kF, Phase::kB}};
-  size_t left = size_t(3 * V * m);
-  for (int t = 0; left > 0; t++) {
-    if (t >= 100 * 3 * V * (m + 1)) {
-      LOOM_ASSERT(forward_first, "zb-v list scheduling did not finish");
-      return {};
+std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m, const StageWork& work) {
+  std::vector<std::vector<PipeStep>> best;
+  double best_end = -1;
+  for (bool reserve : {false, true})
+    for (bool forward_first : {false, true}) {
+      ZbVList l(pp, m, forward_first, reserve, work);
+      if (l.build() && (best_end < 0 || l.end < best_end)) best = std::move(l.steps), best_end = l.end;
     }
-    for (int r = 0; r < pp; r++) {
-      if (free_at[r] > t) continue;
-      auto nx = [&](int c) -> std::array<int, 3>& { return c == 0 ? next0[r] : next1[r]; };
-      auto ran_before = [&](int ph, int v, int i) { return done[ph][v][i] >= 0 && done[ph][v][i] <= t; };
-      auto ready = [&](Phase ph, int c) {
-        const int i = nx(c)[size_t(ph)], v = stage(r, c);
-        if (i >= m) return false;
-        if (ph == Phase::kF) return held[r] < cap && (v == 0 || ran_before(0, v - 1, i));
-        if (ph == Phase::kB) return ran_before(0, v, i) && (v == V - 1 || ran_before(1, v + 1, i));
-        return ran_before(1, v, i);
-      };
-      int pick_c = -1;
-      Phase pick = Phase::kF;
-      for (Phase ph : order[forward_first ? 1 : 0])
-        for (int c : {1, 0})
-          if (pick_c < 0 && ready(ph, c)) pick_c = c, pick = ph;
-      if (pick_c < 0) {  // the W whose B ran first
-        int best = -1;
-        for (int c : {0, 1})
-          if (ready(Phase::kW, c)) {
-            const int at = done[1][stage(r, c)][nx(c)[2]];
-            if (best < 0 || at < best) best = at, pick_c = c, pick = Phase::kW;
-          }
-      }
-      if (pick_c < 0) continue;
-      const int i = nx(pick_c)[size_t(pick)]++;
-      free_at[r] = done[size_t(pick)][stage(r, pick_c)][i] = t + cost[int(pick)];
-      out.ticks = std::max(out.ticks, free_at[r]);
-      held[r] += pick == Phase::kF ? 1 : pick == Phase::kW ? -1 : 0;
-      out.steps[size_t(r)].push_back({pick, i, pick_c});
-      --left;
-    }
-  }
-  return out;
-}
-
-std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m) {
-  ZbVList b = zero_bubble_v_list(pp, m, false), f = zero_bubble_v_list(pp, m, true);
-  return !f.steps.empty() && f.ticks < b.ticks ? std::move(f.steps) : std::move(b.steps);
+  LOOM_ASSERT(best_end >= 0, "zb-v list scheduling did not finish at pp ", pp, ", m ", m);
+  return best;
 }
 
 // Note [Pipeline streams]: the steady step of rank r: F(i), then B(i - w).
@@ -206,11 +243,11 @@ StageSite Schedule::site(int v) const { return stage_site(kind, pp, vpp, v); }
 char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : p == Phase::kW ? 'W' : 'V'; }
 
 namespace {
-Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp);
+Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work);
 }  // namespace
 
-Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab) {
-  Schedule s = plain_schedule(kind, pp, m, vpp);
+Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, const StageWork& work) {
+  Schedule s = plain_schedule(kind, pp, m, vpp, work);
   if (!vocab) return s;
   LOOM_CHECK(!updates_per_batch(kind), "parallel.pp_vocab with schedule ", schedule_name(kind),
              ": the vocabulary passes run in the flushing schedules (gpipe, 1f1b, interleaved, zb-h1, zb-h2, "
@@ -222,7 +259,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab) {
 
 namespace {
 
-Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp) {
+Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
   LOOM_CHECK(m >= 1, "pipeline: micro-batches must be >= 1, got ", m);
   if (kind == ScheduleKind::kZbV) {
@@ -241,7 +278,9 @@ Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp) {
              "it runs one micro-batch per step, got ", m, "; use 1 (or 2bw to accumulate >= pp micro-batches)");
   Schedule s{kind, pp, vpp, m, {}};
   if (kind == ScheduleKind::kZbV) {
-    s.steps = zero_bubble_v(pp, m);
+    LOOM_CHECK(work.empty() || work.size() == size_t(2 * pp), "zb-v stage work has ", work.size(),
+               " stages, the schedule ", 2 * pp);
+    s.steps = zero_bubble_v(pp, m, work);
     return s;
   }
   for (int r = 0; r < pp; ++r) {
@@ -440,6 +479,26 @@ std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& sp
   LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ", sum,
              " layers does not match ", stages, " stages of a ", layers, "-layer model");
   return split;
+}
+
+StageWork stage_work(const Config& cfg, int pp, int vpp) {
+  const ModelConfig& m = cfg.model;
+  const double d = double(m.d_model), kv = double(m.kv_heads > 0 ? m.kv_heads : m.heads) * double(m.head_dim());
+  const double seq = double(cfg.train.seq > 0 ? cfg.train.seq : m.ctx);
+  const double mats = m.arch == Arch::kLlama ? 3 : 2;  // SwiGLU's gate, up and down; GPT's fc and proj
+  // Per token, forward FLOPs: a block's linear layers and causal attention (q k^T and p v over
+  // seq / 2 keys on average), the head's logits.
+  const double block = 2 * (d * (d + 2 * kv) + d * d + mats * d * double(m.ffn)) + 2 * seq * d;
+  const double head = cfg.parallel.pp_vocab ? 0 : 2 * d * double(m.vocab) / block;  // in blocks
+  const int stages = pp * vpp;
+  const std::vector<int> layers = stage_layers(int(m.layers), stages, cfg.parallel.layer_split(m.layers));
+  StageWork out(static_cast<size_t>(stages));
+  for (int v = 0; v < stages; ++v) {
+    const double n = double(layers[size_t(v)]);
+    out[size_t(v)] = {4 * n, 5 * n, 3 * n};
+    if (v == stages - 1) out[size_t(v)][0] += 4 * head, out[size_t(v)][1] += 8 * head;  // B makes dX and dW
+  }
+  return out;
 }
 
 }  // namespace loom::parallel

@@ -73,6 +73,7 @@
 // over the run (plan::run_step_s).
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,24 @@ struct StreamStep {
   std::vector<VocabPass> passes;             // passes[k + 1] is V(k)
 };
 
+// Note [ZB-V by stage work]
+// ZB-V's list is built by list scheduling on each step's duration (schedule.cc). With every
+// stage priced alike, the generator believes the two ends of the V - rank 0's chunks, which
+// also embed and run the head - as fast as the rest, and leaves a rank's W's for the end
+// where the real stages would have given it idle time before a late B: on config A (the
+// tiny GPT at pp 2) a traced run idled rank 0 for 1.26 ms at the end of a 50 ms step while
+// rank 1 ran four W's, two of which fitted a 0.82 ms wait before its last B
+// (docs/log/benchmarks.md). Qi et al. (ICLR 2024, Sec. 3) schedule on profiled T_F, T_B,
+// T_W; loom prices them from the stages' forward FLOPs a token (stage_work), so the engine,
+// the simulator and the planner build the same list from the config alone: a block is F =
+// 4, B = 5, W = 3 (the measured ratio above), the head adds 4 h to F and 8 h to B (its
+// backward, dX and dW both, runs in B: Note [B/W split]), h = 2 d V over a block's forward
+// FLOPs 2 (d (d + 2 kv) + d^2 + k d ffn) + 2 s d (k = 2 GPT, 3 Llama; causal attention over
+// s / 2 keys on average); the embedding's lookup is taken as free. With parallel.pp_vocab
+// the head and the embedding run in the vocabulary passes, on every rank alike: blocks only.
+using StageWork = std::vector<std::array<double, 3>>;  // [virtual stage] -> F, B, W durations
+StageWork stage_work(const Config& cfg, int pp, int vpp);
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1, vpp = 1, micro_batches = 1;
@@ -177,7 +196,9 @@ struct Schedule {
 // micro_batches >= pp, pipedream and pipemare with micro_batches = 1.
 // `vocab`: with vocabulary passes (Note [Vocabulary passes]; 2bw: Note [Vocabulary passes in a
 // stream]); refused for pipedream and pipemare.
-Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1, bool vocab = false);
+// `work`: zb-v's stage durations (Note [ZB-V by stage work]); empty: equal stages.
+Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1, bool vocab = false,
+                       const StageWork& work = {});
 // Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
 // [Vocabulary passes]).
 void add_vocab_passes(Schedule& s);

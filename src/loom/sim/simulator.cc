@@ -547,9 +547,9 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   out.embed_s = e.fwd.total() + e.bwd.total();
   out.head_s = h.fwd.total() + h.bwd.total();
   const ParallelConfig& par = plan.cfg.parallel;
-  const parallel::ScheduleCheck chk = parallel::validate(
-      parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp)));
-  out.in_flight = chk.peak_in_flight;
+  const parallel::StageWork work = parallel::stage_work(plan.cfg, int(s.pp), int(s.vpp));
+  out.in_flight = parallel::validate(parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp), false, work))
+                      .peak_in_flight;
   return out;
 }
 

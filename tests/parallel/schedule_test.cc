@@ -203,7 +203,7 @@ TEST(Schedule, ZeroBubbleVFinishesOnUnequalStages) {
 
 // The list built on the stages' durations ends sooner, run on those durations, than the one
 // built on equal stages: config B's split at pp 2 (6 blocks as 1, 2, 2, 1; the 50,257-row head
-// on the last, ten blocks' forward) and config A's (the tiny preset: a block a stage, a
+// on the last, 31 blocks' forward with its backward) and config A's (the tiny preset: a block a stage, a
 // 256-row head). A stage with no blocks (an embedding-only first stage) takes no time.
 TEST(Schedule, ZeroBubbleVOnStageWorkEndsSoonerThanOnEqualStages) {
   Config b;
@@ -218,13 +218,14 @@ TEST(Schedule, ZeroBubbleVOnStageWorkEndsSoonerThanOnEqualStages) {
     const Schedule on_units = make_schedule(ScheduleKind::kZbV, 2, 8, 2);
     EXPECT_LT(replay_time(on_work, work), replay_time(on_units, work)) << cfg->model.vocab;
   }
-  // B's stage work by hand: a block's forward 2 (d (3 d) + d^2 + 2 d ffn) + 2 s d FLOPs a token.
+  // B's stage work by hand: a block's forward 2 (d (3 d) + d^2 + 2 d ffn) + 2 s d FLOPs a token,
+  // the head's 2 d V.
   const double d = 384, block = 2 * (d * 3 * d + d * d + 2 * d * 1536) + 2 * 256 * d, h = 2 * d * 50257 / block;
   const StageWork w = stage_work(b, 2, 2);
   EXPECT_EQ(w[0], (std::array<double, 3>{4, 5, 3}));
   EXPECT_EQ(w[1], (std::array<double, 3>{8, 10, 6}));
-  EXPECT_NEAR(w[3][0], 4 + 4 * h, 1e-9);
-  EXPECT_NEAR(w[3][1], 5 + 8 * h, 1e-9);
+  EXPECT_NEAR(w[3][0], 4 + 12 * h, 1e-9);  // the fused head's forward and backward, in F
+  EXPECT_EQ(w[3][1], 5);
   EXPECT_EQ(w[3][2], 3);
   EXPECT_NEAR(h, 10.33, 0.01);
   b.parallel.pp_vocab = true;  // the head runs in the vocabulary passes, on every rank

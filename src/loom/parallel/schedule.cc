@@ -496,7 +496,7 @@ StageWork stage_work(const Config& cfg, int pp, int vpp) {
   for (int v = 0; v < stages; ++v) {
     const double n = double(layers[size_t(v)]);
     out[size_t(v)] = {4 * n, 5 * n, 3 * n};
-    if (v == stages - 1) out[size_t(v)][0] += 4 * head, out[size_t(v)][1] += 8 * head;  // B makes dX and dW
+    if (v == stages - 1) out[size_t(v)][0] += 12 * head;  // the fused LM head: its backward runs in F
   }
   return out;
 }

@@ -106,8 +106,8 @@ class ZbVList {
   double end = 0;                            // when the last step ends
 
   ZbVList(int pp, int m, bool forward_first, bool reserve, const StageWork& work)
-      : steps(size_t(pp)), pp_(pp), m_(m), forward_first_(forward_first), reserve_(reserve), work_(work), next_(size_t(2 * pp), {0, 0, 0}),
-        held_(size_t(pp), 0), free_at_(size_t(pp), 0),
+      : steps(size_t(pp)), pp_(pp), m_(m), forward_first_(forward_first), reserve_(reserve), work_(work),
+        next_(size_t(2 * pp), {0, 0, 0}), held_(size_t(pp), 0), free_at_(size_t(pp), 0),
         done_(3, std::vector<std::vector<double>>(size_t(2 * pp), std::vector<double>(size_t(m), -1))) {}
 
   // Builds the lists; false if the order deadlocks.

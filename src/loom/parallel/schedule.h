@@ -170,12 +170,14 @@ struct StreamStep {
 // the simulator and the planner build the same list from the config alone: a block is F =
 // 4, B = 5, W = 3 (loom's measured ratio on a GPT block, schedule.cc), and the head adds 12 h
 // to the last stage's F: the fused LM-head kernel makes the logits, the loss and their
-// gradients (dX and the head's dW) in the forward step (Model::stage_forward), three GEMMs of
+// gradients (dX and the head's dW) in the forward step (Model::stage_forward; the simulator's
+// Note [Fused loss backward] in sim/unit_cost.h prices it so), three GEMMs of
 // 2 d V FLOPs a token, h = 2 d V over a block's forward FLOPs 2 (d (d + 2 kv) + d^2 + k d ffn)
 // + 2 s d (k = 2 GPT, 3 Llama; causal attention over s / 2 keys on average); the embedding's
 // lookup is taken as free. On config B (h = 10.3) that is 31 blocks' forward; the simulator
-// prices the step at 27 and a traced run took 26-32 (docs/log/benchmarks.md). With parallel.pp_vocab
-// the head and the embedding run in the vocabulary passes, on every rank alike: blocks only.
+// prices the step at 27 and a traced run took 26-32 (docs/log/benchmarks.md). With
+// parallel.pp_vocab the head and the embedding run in the vocabulary passes, on every rank
+// alike: blocks only.
 using StageWork = std::vector<std::array<double, 3>>;  // [virtual stage] -> F, B, W durations
 StageWork stage_work(const Config& cfg, int pp, int vpp);
 

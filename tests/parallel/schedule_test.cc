@@ -233,6 +233,7 @@ TEST(Schedule, ZeroBubbleVOnStageWorkEndsSoonerThanOnEqualStages) {
   EXPECT_EQ(stage_work(b, 2, 2)[3], (std::array<double, 3>{4, 5, 3}));
   b.parallel.pp_layers = {0, 2, 3, 1};  // Note [Stage split]: an embedding-only first stage
   EXPECT_EQ(stage_work(b, 2, 2)[0], (std::array<double, 3>{0, 0, 0}));
+  EXPECT_TRUE(stage_work(Config{}, 2, 2).empty());  // no model shape yet: equal stages
 }
 
 TEST(Schedule, ValidatorRefusesMisplacedWeightGradients) {

@@ -489,6 +489,7 @@ StageWork stage_work(const Config& cfg, int pp, int vpp) {
   // Per token, forward FLOPs: a block's linear layers and causal attention (q k^T and p v over
   // seq / 2 keys on average), the head's logits.
   const double block = 2 * (d * (d + 2 * kv) + d * d + mats * d * double(m.ffn)) + 2 * seq * d;
+  if (!(block > 0)) return {};  // a model without a shape yet: equal stages
   const double head = cfg.parallel.pp_vocab ? 0 : 2 * d * double(m.vocab) / block;  // in blocks
   const int stages = pp * vpp;
   const std::vector<int> layers = stage_layers(int(m.layers), stages, cfg.parallel.layer_split(m.layers));

@@ -115,10 +115,6 @@ TEST(Schedule, ZeroBubbleSchedulesFinishWithBoundedMemoryAndOrderedWeightGradien
     }
 }
 
-// ZB-V: chunk 0 of rank r is stage r, chunk 1 stage 2 pp - 1 - r; every p and m finishes
-// with F, B and W in micro-batch order per chunk and at most 2 pp chunk activations held
-// (1F1B's peak of pp whole-stage micro-batches). Its bubble is the simulator's to check
-// (Simulator.ZeroBubbleSchedulesMoveWorkIntoTheBubble), on real step costs.
 // A ZB-V list finishes, runs F, B and W in micro-batch order per chunk, and holds at most
 // 2 pp chunk activations on any rank.
 void expect_finishes_in_order_within_memory(const Schedule& s, const std::string& at) {
@@ -132,6 +128,10 @@ void expect_finishes_in_order_within_memory(const Schedule& s, const std::string
   }
 }
 
+// ZB-V: chunk 0 of rank r is stage r, chunk 1 stage 2 pp - 1 - r; every p and m finishes
+// with F, B and W in micro-batch order per chunk and at most 2 pp chunk activations held
+// (1F1B's peak of pp whole-stage micro-batches). Its bubble is the simulator's to check
+// (Simulator.ZeroBubbleSchedulesMoveWorkIntoTheBubble), on real step costs.
 TEST(Schedule, ZeroBubbleVFinishesWithBoundedMemory) {
   for (int pp = 1; pp <= 8; ++pp)
     for (int m = 1; m <= 16; ++m) {
@@ -202,9 +202,10 @@ TEST(Schedule, ZeroBubbleVFinishesOnUnequalStages) {
 }
 
 // The list built on the stages' durations ends sooner, run on those durations, than the one
-// built on equal stages: config B's split at pp 2 (6 blocks as 1, 2, 2, 1; the 50,257-row head
-// on the last, 31 blocks' forward with its backward) and config A's (the tiny preset: a block a stage, a
-// 256-row head). A stage with no blocks (an embedding-only first stage) takes no time.
+// built on equal stages: config B's split at pp 2 (6 blocks as 1, 2, 2, 1; the 50,257-row
+// head on the last, 31 blocks' forward with its backward) and config A's (the tiny preset: a
+// block a stage, a 256-row head). A stage with no blocks (an embedding-only first stage)
+// takes no time.
 TEST(Schedule, ZeroBubbleVOnStageWorkEndsSoonerThanOnEqualStages) {
   Config b;
   b.model.arch = Arch::kGpt, b.model.layers = 6, b.model.d_model = 384, b.model.heads = 6, b.model.ffn = 1536;

@@ -157,13 +157,14 @@ class ZbVList {
     for (Phase ph : order[forward_first_ ? 1 : 0])
       for (int c : {1, 0})
         if (pick_c < 0 && ready(r, ph, c, t)) pick_c = c, pick = ph;
-    double best = -1;
-    for (int c : {0, 1})
-      if (pick_c < 0 || pick == Phase::kW)
+    if (pick_c < 0) {  // the W whose B ended first
+      double best = -1;
+      for (int c : {0, 1})
         if (ready(r, Phase::kW, c, t)) {
           const double at = done_[1][size_t(stage(r, c))][size_t(next_[size_t(2 * r + c)][2])];
           if (best < 0 || at < best) best = at, pick_c = c, pick = Phase::kW;
         }
+    }
     if (pick_c < 0) return false;
     const int i = next_[size_t(2 * r + pick_c)][size_t(pick)]++, v = stage(r, pick_c);
     free_at_[size_t(r)] = done_[size_t(pick)][size_t(v)][size_t(i)] = t + cost(pick, v);

@@ -75,7 +75,7 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
   slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
   w_slot_of_ = slot_of_;
   w_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(check.peak_pending_w[size_t(pp_rank)]), false));
-  sends_.assign(size_t(schedule.vpp), std::vector<comm::Work>(size_t(slots)));
+  for (auto& per_kind : sends_) per_kind.assign(size_t(schedule.vpp), std::vector<comm::Work>(size_t(slots)));
   if (bf16_wire_) {
     recv_h_.resize(recv_buf_.size());
     if (tracker_)
@@ -155,12 +155,29 @@ void PipelineRunner::release_vocab(std::map<int, int>& held, int micro) {
   held.erase(it);
 }
 
-void PipelineRunner::wait_pending(int chunk, int slot) { sends_[size_t(chunk)][size_t(slot)].wait(); }
+// Note [Sends by buffer]
+// A send reads its source until the receiver has taken it, so the source's next writer waits
+// for it: a slot's forward rewrites its stage output (what F sent), its backward its input
+// gradient (what B sent) - two buffers, so a forward does not wait for the gradient its slot's
+// backward sent, nor a backward for an activation. On the last stage of 1F1B on two ranks
+// waiting for both held every forward until the previous stage had taken the backward's
+// gradient, 0.1-0.3 ms a micro-batch of config A's 6 ms (a traced 2bw step). The bf16 wire
+// converts both into one buffer per slot (send_h_), so there a writer waits for both.
+void PipelineRunner::wait_pending(int chunk, int slot, Carried carried) {
+  sends_[carried][size_t(chunk)][size_t(slot)].wait();
+  if (bf16_wire_) sends_[1 - carried][size_t(chunk)][size_t(slot)].wait();
+}
+
+void PipelineRunner::wait_all_sends() {
+  for (auto& per_kind : sends_)
+    for (auto& per_chunk : per_kind)
+      for (auto& w : per_chunk) w.wait();
+}
 
 comm::Work PipelineRunner::send(comm::Group& link, const float* src, int chunk, int slot, int tag) {
   const size_t n = recv_buf_.size();
   if (!bf16_wire_) return link.send(std::span<const float>(src, n), peer(link), tag, {.async = true});
-  std::vector<comm::bf16>& h = send_h_[size_t(chunk)][size_t(slot)];  // free: wait_pending(chunk, slot) ran
+  std::vector<comm::bf16>& h = send_h_[size_t(chunk)][size_t(slot)];  // free: wait_pending ran
   if (h.empty()) {
     h.resize(n);
     if (tracker_) tracker_->track(tracker_->category("buffers"), h.data(), int64_t(n * sizeof(comm::bf16)));
@@ -224,7 +241,7 @@ void PipelineRunner::forward(int micro, int local, int chunk, int slot, const in
       x_in = recv_buf_.data();
     }
   }
-  wait_pending(chunk, slot);  // the slot's output may still be on its way out
+  wait_pending(chunk, slot, kActivation);  // the slot's output may still be on its way out
   if (step_hook_) step_hook_(Phase::kF, micro, chunk, true);  // the step's span starts once its input is here
   const float l = model_.stage_forward(chunk, slot, tokens, x_in, targets, B_, T_, grad_scale);
   if (looked_up) release_vocab(lookups_, local);
@@ -234,7 +251,7 @@ void PipelineRunner::forward(int micro, int local, int chunk, int slot, const in
   }
   const StageSite to = schedule_.site(v + 1);
   if (to.rank == pp_rank_) return;
-  sends_[size_t(chunk)][size_t(slot)] =
+  sends_[kActivation][size_t(chunk)][size_t(slot)] =
       send(*link(to.rank, true, true), model_.stage_output(chunk, slot), chunk, slot, micro * vpp + to.chunk);
 }
 
@@ -251,7 +268,7 @@ void PipelineRunner::backward(int micro, int local, int chunk, int slot, int w_s
       dy = recv_buf_.data();
     }
   }
-  wait_pending(chunk, slot);
+  wait_pending(chunk, slot, kGradient);
   if (step_hook_) step_hook_(Phase::kB, micro, chunk, true);
   if (w_slot >= 0) model_.stage_backward_input(chunk, slot, w_slot, dy, B_, T_);
   else model_.stage_backward(chunk, slot, dy, B_, T_);
@@ -267,7 +284,7 @@ void PipelineRunner::backward(int micro, int local, int chunk, int slot, int w_s
     turn_[micro].assign(grad, grad + recv_buf_.size());
     return;
   }
-  sends_[size_t(chunk)][size_t(slot)] = send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
+  sends_[kGradient][size_t(chunk)][size_t(slot)] = send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
 }
 
 void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss,
@@ -401,9 +418,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   // A stream between flushes: a send may be received only in a later step (its trailing
   // backward), so it is not waited for here - a rendezvous send would hold this rank out of
   // the step's end; its slot's next use waits for it (wait_pending).
-  if (!streams_ || stream->flush)
-    for (auto& per_chunk : sends_)
-      for (auto& w : per_chunk) w.wait();
+  if (!streams_ || stream->flush) wait_all_sends();
   LOOM_ASSERT(early_.empty() && turn_.empty() && lookups_.empty() && embed_grads_.empty() &&
                   (vocab_tokens_.empty() || (streams_ && !stream->flush)),
               "pipeline rank ", pp_rank_, " ended a step with messages unused");
@@ -427,8 +442,7 @@ double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* target
   }
   for (auto& of : slot_of_) of[0] = -1;
   step_hook_ = hook;
-  for (auto& per_chunk : sends_)
-    for (auto& w : per_chunk) w.wait();
+  wait_all_sends();
   return loss;
 }
 

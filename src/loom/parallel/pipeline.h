@@ -14,6 +14,7 @@
 // share. ZB-V's turn (stages pp - 1 and pp, both on the last rank) is a local hand-over.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -116,7 +117,11 @@ class PipelineRunner {
   void forward(int micro, int local, int chunk, int slot, const int32_t* tokens, const int32_t* targets,
                float grad_scale, double* loss);
   void backward(int micro, int local, int chunk, int slot, int w_slot);
-  void wait_pending(int chunk, int slot);
+  // Note [Sends by buffer]: waits for the sends still reading the buffer that `carried` (a
+  // slot's stage output, or its input gradient) is about to overwrite.
+  enum Carried { kActivation = 0, kGradient = 1 };
+  void wait_pending(int chunk, int slot, Carried carried);
+  void wait_all_sends();
   // Note [Vocabulary passes]: pass V(k)'s embedding gradients, head and lookups, in that
   // order on every rank.
   void vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss, const Stream* stream);
@@ -142,7 +147,8 @@ class PipelineRunner {
   std::vector<std::vector<bool>> slot_busy_;   // [chunk][slot]
   std::vector<std::vector<int>> w_slot_of_;    // split backward: [chunk][micro] -> W slot, -1 when free
   std::vector<std::vector<bool>> w_busy_;      // [chunk][W slot]
-  std::vector<std::vector<comm::Work>> sends_;  // [chunk][slot]: the last send from that slot
+  // [Carried][chunk][slot]: the last send from that slot's stage output / input gradient
+  std::array<std::vector<std::vector<comm::Work>>, 2> sends_;
   bool bf16_wire_ = false;
   std::vector<comm::bf16> recv_h_;                      // bf16 wire: (B,T,C) as received
   // bf16 wire: [chunk][slot] (B,T,C) in flight, made on the slot's first send (a chunk

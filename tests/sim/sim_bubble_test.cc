@@ -112,5 +112,18 @@ TEST(BubbleFloor, ZeroBubbleVOnStageWorkReachesIt) {
   EXPECT_LT(r.bubble_fraction - r.bubble_floor, 0.005);
 }
 
+// With the vocabulary split (parallel.pp_vocab) the head runs in the passes, every rank's
+// share alike, and the V's stages are blocks only; on plan_of's 8 blocks over 4 virtual
+// stages split 1, 3, 3, 1 (rank 0 two blocks, rank 1 six) the list built on those blocks
+// left the passes out of its choice; zb-v now keeps the list that ends first with them
+// (parallel::replay_time), which reaches the floor.
+TEST(BubbleFloor, ZeroBubbleVWithTheVocabularySplitReachesIt) {
+  const SimResult r = simulate(plan_of({"parallel.vpp=2", "parallel.schedule=zb-v", "model.vocab=50257",
+                                        "parallel.pp_vocab=true", "parallel.pp_layers=1,3,3,1"}),
+                               free_links(2));
+  EXPECT_GT(r.bubble_floor, 0.05);
+  EXPECT_LT(r.bubble_fraction - r.bubble_floor, 0.005);
+}
+
 }  // namespace
 }  // namespace loom::sim

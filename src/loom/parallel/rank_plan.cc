@@ -60,7 +60,8 @@ RankPlan plan_rank(const Config& cfg, int global_rank) {
   std::vector<int> chunk_peaks(size_t(p.vpp), 1);
   if (p.pp > 1) {
     schedule = parallel::make_schedule(p.schedule, int(p.pp), int(cfg.train.grad_accum), int(p.vpp), p.pp_vocab,
-                                       parallel::stage_work(cfg, int(p.pp), int(p.vpp)));
+                                       parallel::stage_work(cfg, int(p.pp), int(p.vpp)),
+                                       parallel::vocab_pass_work(cfg, int(p.pp)));
     const parallel::ScheduleCheck check = parallel::validate(*schedule);
     LOOM_CHECK(check.ok, "pipeline schedule ", schedule_name(p.schedule), " does not finish: ", check.problem);
     act_slots = check.peak_in_flight[size_t(c[0])];

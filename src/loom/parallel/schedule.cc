@@ -1,6 +1,7 @@
 #include "loom/parallel/schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <array>
 #include <cmath>
 #include <sstream>
@@ -247,7 +248,7 @@ namespace {
 Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work);
 }  // namespace
 
-Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, const StageWork& work) {
+Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, const StageWork& work, double pass_work) {
   Schedule s = plain_schedule(kind, pp, m, vpp, work);
   if (!vocab) return s;
   LOOM_CHECK(!updates_per_batch(kind), "parallel.pp_vocab with schedule ", schedule_name(kind),
@@ -255,7 +256,55 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, co
              "zb-v) and 2bw, not in pipedream or pipemare");
   LOOM_CHECK(pp >= 2, "parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs pp >= 2, got ", pp);
   add_vocab_passes(s);
+  // Note [ZB-V by stage work]: the passes go where a unit-time replay of the plain lists puts
+  // them, so with them the list built on equal stages can end sooner than the one built on
+  // the work (config B's default split); the shorter on the work is kept.
+  if (kind == ScheduleKind::kZbV && !work.empty()) {
+    Schedule equal = plain_schedule(kind, pp, m, vpp, {});
+    add_vocab_passes(equal);
+    if (replay_time(equal, work, pass_work) < replay_time(s, work, pass_work)) s = std::move(equal);
+  }
   return s;
+}
+
+double replay_time(const Schedule& s, const StageWork& work, double pass_work) {
+  const int V = s.pp * s.vpp, m = s.micro_batches;
+  auto cost = [&](Phase ph, int v) {
+    static constexpr double kUnit[3] = {4, 5, 3};
+    return work.empty() ? kUnit[int(ph)] : work[size_t(v)][size_t(ph)];
+  };
+  // end[phase][v][i]: when micro-batch i's step of that phase on virtual stage v ended (-1: not yet).
+  std::vector<std::vector<std::vector<double>>> end(3, std::vector<std::vector<double>>(size_t(V), std::vector<double>(size_t(m), -1)));
+  std::vector<size_t> pos(size_t(s.pp), 0);
+  std::vector<double> free_at(size_t(s.pp), 0);
+  auto at_pass = [&](int r) { return pos[size_t(r)] < s.steps[size_t(r)].size() && s.steps[size_t(r)][pos[size_t(r)]].phase == Phase::kV; };
+  for (bool moved = true; moved;) {
+    moved = false;
+    bool all_at_pass = true;  // a pass: every rank leaves it together
+    for (int r = 0; r < s.pp; ++r) all_at_pass = all_at_pass && at_pass(r);
+    if (all_at_pass) {
+      const int k = s.steps[0][pos[0]].micro_batch;
+      const double done = *std::max_element(free_at.begin(), free_at.end()) + (k >= 0 && k < m ? pass_work : 0);
+      for (int r = 0; r < s.pp; ++r) free_at[size_t(r)] = done, ++pos[size_t(r)];
+      moved = true;
+      continue;
+    }
+    for (int r = 0; r < s.pp; ++r) {
+      if (pos[size_t(r)] == s.steps[size_t(r)].size() || at_pass(r)) continue;
+      const PipeStep& st = s.steps[size_t(r)][pos[size_t(r)]];
+      const int v = s.stage(r, st.chunk), i = st.micro_batch;
+      std::vector<double> deps = {free_at[size_t(r)]};
+      if (st.phase == Phase::kF && v > 0) deps.push_back(end[0][size_t(v - 1)][size_t(i)]);
+      if (st.phase == Phase::kB) deps.push_back(end[0][size_t(v)][size_t(i)]), deps.push_back(v + 1 < V ? end[1][size_t(v + 1)][size_t(i)] : 0);
+      if (st.phase == Phase::kW) deps.push_back(end[1][size_t(v)][size_t(i)]);
+      if (*std::min_element(deps.begin(), deps.end()) < 0) continue;
+      free_at[size_t(r)] = end[size_t(st.phase)][size_t(v)][size_t(i)] = *std::max_element(deps.begin(), deps.end()) + cost(st.phase, v);
+      ++pos[size_t(r)], moved = true;
+    }
+  }
+  for (int r = 0; r < s.pp; ++r)
+    if (pos[size_t(r)] < s.steps[size_t(r)].size()) return std::numeric_limits<double>::infinity();
+  return *std::max_element(free_at.begin(), free_at.end());
 }
 
 namespace {
@@ -482,16 +531,31 @@ std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& sp
   return split;
 }
 
-StageWork stage_work(const Config& cfg, int pp, int vpp) {
+namespace {
+// Per token, a block's forward FLOPs: its linear layers and causal attention (q k^T and p v
+// over seq / 2 keys on average); 0 for a model without a shape yet.
+double block_flops(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   const double d = double(m.d_model), kv = double(m.kv_heads > 0 ? m.kv_heads : m.heads) * double(m.head_dim());
   const double seq = double(cfg.train.seq > 0 ? cfg.train.seq : m.ctx);
   const double mats = m.arch == Arch::kLlama ? 3 : 2;  // SwiGLU's gate, up and down; GPT's fc and proj
-  // Per token, forward FLOPs: a block's linear layers and causal attention (q k^T and p v over
-  // seq / 2 keys on average), the head's logits.
-  const double block = 2 * (d * (d + 2 * kv) + d * d + mats * d * double(m.ffn)) + 2 * seq * d;
-  if (!(block > 0)) return {};  // a model without a shape yet: equal stages
-  const double head = cfg.parallel.pp_vocab ? 0 : 2 * d * double(m.vocab) / block;  // in blocks
+  return 2 * (d * (d + 2 * kv) + d * d + mats * d * double(m.ffn)) + 2 * seq * d;
+}
+// h of Note [ZB-V by stage work]: the head's logits' forward FLOPs a token, in blocks.
+double head_in_blocks(const Config& cfg) {
+  const double block = block_flops(cfg);
+  return block > 0 ? 2 * double(cfg.model.d_model) * double(cfg.model.vocab) / block : 0;
+}
+}  // namespace
+
+double vocab_pass_work(const Config& cfg, int pp) {
+  return cfg.parallel.pp_vocab && pp > 0 ? 12 * head_in_blocks(cfg) / pp : 0;
+}
+
+StageWork stage_work(const Config& cfg, int pp, int vpp) {
+  const ModelConfig& m = cfg.model;
+  if (!(block_flops(cfg) > 0)) return {};  // a model without a shape yet: equal stages
+  const double head = cfg.parallel.pp_vocab ? 0 : head_in_blocks(cfg);  // in blocks
   const int stages = pp * vpp;
   const std::vector<int> layers = stage_layers(int(m.layers), stages, cfg.parallel.layer_split(m.layers));
   StageWork out(static_cast<size_t>(stages));

@@ -177,9 +177,17 @@ struct StreamStep {
 // lookup is taken as free. On config B (h = 10.3) that is 31 blocks' forward; the simulator
 // prices the step at 27 and a traced run took 26-32 (docs/log/benchmarks.md). With
 // parallel.pp_vocab the head and the embedding run in the vocabulary passes, on every rank
-// alike: blocks only.
+// alike: blocks only. The passes are barriers placed by a unit-time replay of the plain
+// lists (Note [Vocabulary passes]), which the list built on the work does not see, so with
+// them make_schedule also builds the list on equal stages and keeps the one that ends first
+// by replay_time, each pass lasting vocab_pass_work (the head's 12 h over the pp ranks): on
+// config B's default split (1, 2, 2, 1) the equal-stage one (simulated zb-v bubble 12.1%
+// against 14.7%, floor 11.7%), on 2, 2, 1, 1 the one on the work (2.7% against 3.9% at m 16).
 using StageWork = std::vector<std::array<double, 3>>;  // [virtual stage] -> F, B, W durations
 StageWork stage_work(const Config& cfg, int pp, int vpp);
+// With parallel.pp_vocab, one vocabulary pass's work on each rank in stage_work's units: the
+// fused head's 12 h over the pp ranks (the embedding's share taken as free); 0 without it.
+double vocab_pass_work(const Config& cfg, int pp);
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
@@ -202,8 +210,9 @@ struct Schedule {
 // `vocab`: with vocabulary passes (Note [Vocabulary passes]; 2bw: Note [Vocabulary passes in a
 // stream]); refused for pipedream and pipemare.
 // `work`: zb-v's stage durations (Note [ZB-V by stage work]); empty: equal stages.
+// `pass_work`: a vocabulary pass's (vocab_pass_work), for zb-v's choice of list with passes.
 Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1, bool vocab = false,
-                       const StageWork& work = {});
+                       const StageWork& work = {}, double pass_work = 0);
 // Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
 // [Vocabulary passes]).
 void add_vocab_passes(Schedule& s);
@@ -241,6 +250,11 @@ struct ScheduleCheck {
 };
 // Streams: replays ages 0 .. stream_depth() and a flushing step as one list.
 ScheduleCheck validate(const Schedule& s);
+// How long a flushing schedule's lists take when each step lasts its stage's work (empty:
+// every stage F = 4, B = 5, W = 3) and a vocabulary pass is a barrier of every rank lasting
+// pass_work (the head's passes V(0) .. V(m - 1); the embedding's V(-1) and V(m) none); +inf
+// when they do not finish.
+double replay_time(const Schedule& s, const StageWork& work = {}, double pass_work = 0);
 
 // Layers of each virtual stage: `split` (pp x vpp entries, summing to layers; the first and
 // last may be 0, Note [Stage split] in core/parallel_config.cc) or, when

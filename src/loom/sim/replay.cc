@@ -200,7 +200,8 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp), par.pp_vocab,
-                                                           parallel::stage_work(s.plan.cfg, int(s.pp), int(s.vpp)));
+                                                           parallel::stage_work(s.plan.cfg, int(s.pp), int(s.vpp)),
+                                                           parallel::vocab_pass_work(s.plan.cfg, int(s.pp)));
   const bool stream = streams(par.schedule) && s.pp > 1;
   const int64_t steps = stream ? steady_stream_age(sched) + 2 : 1;
   Done fdone(static_cast<size_t>(s.V), std::vector<double>(static_cast<size_t>(steps * s.m), -1.0));

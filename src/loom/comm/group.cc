@@ -15,17 +15,32 @@ BackgroundWait& background_wait() {
 }
 
 bool background_nap(Clock::duration waited, Clock::time_point until) {
-  const std::atomic<bool>* urgent = background_wait().urgent;
-  if (!urgent || *urgent) return false;
+  const BackgroundWait& w = background_wait();
+  if (!w.urgent || *w.urgent) return false;
   const Clock::duration nap =
       std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50), std::chrono::milliseconds(1));
-  std::this_thread::sleep_until(std::min(until, Clock::now() + nap));
+  const Clock::time_point end = std::min(until, Clock::now() + nap);
+  if (!w.cv) {
+    std::this_thread::sleep_until(end);
+    return true;
+  }
+  std::unique_lock<std::mutex> lock(*w.mu);
+  w.cv->wait_until(lock, end, [&] { return w.urgent->load(); });
   return true;
+}
+
+// Raises urgent under the lock a napping worker waits with, so the nap cannot miss it.
+void Work::make_urgent() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->urgent = true;
+  }
+  state_->cv.notify_all();
 }
 
 void Work::wait() {
   if (!state_) return;
-  state_->urgent = true;
+  make_urgent();
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
@@ -33,7 +48,7 @@ void Work::wait() {
 
 bool Work::wait_for(std::chrono::milliseconds d) {
   if (!state_) return true;
-  state_->urgent = true;
+  make_urgent();
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, d, [&] { return state_->done; })) return false;
   if (state_->error) std::rethrow_exception(state_->error);
@@ -273,13 +288,14 @@ void Group::worker_loop() {
     lock.unlock();
     std::exception_ptr error;
     const bool background = job.lazy || job.d.op == OpKind::kSend || job.d.op == OpKind::kRecv;
-    background_wait().urgent = background ? &job.state->urgent : nullptr;  // Note [Background waits]
+    background_wait() = background ? BackgroundWait{&job.state->urgent, &job.state->mu, &job.state->cv}
+                                   : BackgroundWait{};  // Note [Background waits]
     try {
       execute(job.d, job.issued);
     } catch (...) {
       error = std::current_exception();
     }
-    background_wait().urgent = nullptr;
+    background_wait() = BackgroundWait{};
     {
       std::lock_guard<std::mutex> state_lock(job.state->mu);
       job.state->done = true;

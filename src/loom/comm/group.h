@@ -47,6 +47,7 @@ class Work {
 
  private:
   friend class Group;
+  void make_urgent();
   struct State {
     std::mutex mu;
     std::condition_variable cv;

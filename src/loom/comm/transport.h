@@ -14,10 +14,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,19 +41,25 @@ using Clock = std::chrono::steady_clock;
 // M pp 2's B 82-95 ms where 1F1B's joint backward takes 94 and B alone should take ~57).
 // So while a worker runs a send or receive nobody waits on yet, the MPI transport sleeps a
 // quarter of the time waited so far, 50 us to 1 ms (about 1,000 wake-ups a second at most);
-// as soon as the caller blocks on the Work it raises `urgent` and the wait polls as before.
+// as soon as the caller blocks on the Work it raises `urgent`, which also ends a nap in
+// progress, and the wait polls as before.
 // The transfer itself needs no polling on the sender: the receiver moves the data, and any
 // MPI call of the process (the caller's next receive) completes the request. Collectives
 // keep polling (a nonblocking collective advances only inside MPI calls), unless the caller
 // marks one `lazy` (CallOptions): its result is wanted much later, so a round noticed up to
 // 1 ms late costs nothing (2bw's step sums, started a step before they are read). The
 // shared-memory algorithms' spin waits (Link::spin_until) nap the same way.
+// A nap ends early once a caller waits: Work::wait raises `urgent` under `mu` and notifies
+// `cv`, which the nap waits on (a nap slept through would add up to 1 ms to every wait).
 struct BackgroundWait {
   const std::atomic<bool>* urgent = nullptr;  // set while a worker runs a send, receive or lazy collective
+  std::mutex* mu = nullptr;                   // with urgent: the Work's lock and condition
+  std::condition_variable* cv = nullptr;
 };
 BackgroundWait& background_wait();  // this thread's
 // On a worker in such a background wait: sleeps a quarter of `waited` (50 us to 1 ms, not
-// past `until`) and returns true. Elsewhere returns false at once (the caller polls).
+// past `until`, and no longer once the caller waits) and returns true. Elsewhere returns
+// false at once (the caller polls).
 bool background_nap(Clock::duration waited, Clock::time_point until);
 
 inline constexpr int kFirstInternalTag = 16384;

@@ -284,7 +284,8 @@ void PipelineRunner::backward(int micro, int local, int chunk, int slot, int w_s
     turn_[micro].assign(grad, grad + recv_buf_.size());
     return;
   }
-  sends_[kGradient][size_t(chunk)][size_t(slot)] = send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
+  sends_[kGradient][size_t(chunk)][size_t(slot)] =
+      send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
 }
 
 void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss,

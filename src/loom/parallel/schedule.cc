@@ -1,9 +1,9 @@
 #include "loom/parallel/schedule.h"
 
 #include <algorithm>
-#include <limits>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -248,7 +248,8 @@ namespace {
 Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work);
 }  // namespace
 
-Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, const StageWork& work, double pass_work) {
+Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, const StageWork& work,
+                       double pass_work) {
   Schedule s = plain_schedule(kind, pp, m, vpp, work);
   if (!vocab) return s;
   LOOM_CHECK(!updates_per_batch(kind), "parallel.pp_vocab with schedule ", schedule_name(kind),
@@ -268,16 +269,21 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, co
 }
 
 double replay_time(const Schedule& s, const StageWork& work, double pass_work) {
+  LOOM_ASSERT(!streams(s.kind), "replay_time replays one flushing step, not the stream of ", schedule_name(s.kind));
   const int V = s.pp * s.vpp, m = s.micro_batches;
   auto cost = [&](Phase ph, int v) {
     static constexpr double kUnit[3] = {4, 5, 3};
     return work.empty() ? kUnit[int(ph)] : work[size_t(v)][size_t(ph)];
   };
   // end[phase][v][i]: when micro-batch i's step of that phase on virtual stage v ended (-1: not yet).
-  std::vector<std::vector<std::vector<double>>> end(3, std::vector<std::vector<double>>(size_t(V), std::vector<double>(size_t(m), -1)));
+  using PerStage = std::vector<std::vector<double>>;
+  std::vector<PerStage> end(3, PerStage(size_t(V), std::vector<double>(size_t(m), -1)));
   std::vector<size_t> pos(size_t(s.pp), 0);
   std::vector<double> free_at(size_t(s.pp), 0);
-  auto at_pass = [&](int r) { return pos[size_t(r)] < s.steps[size_t(r)].size() && s.steps[size_t(r)][pos[size_t(r)]].phase == Phase::kV; };
+  auto at_pass = [&](int r) {
+    const std::vector<PipeStep>& list = s.steps[size_t(r)];
+    return pos[size_t(r)] < list.size() && list[pos[size_t(r)]].phase == Phase::kV;
+  };
   for (bool moved = true; moved;) {
     moved = false;
     bool all_at_pass = true;  // a pass: every rank leaves it together
@@ -295,10 +301,12 @@ double replay_time(const Schedule& s, const StageWork& work, double pass_work) {
       const int v = s.stage(r, st.chunk), i = st.micro_batch;
       std::vector<double> deps = {free_at[size_t(r)]};
       if (st.phase == Phase::kF && v > 0) deps.push_back(end[0][size_t(v - 1)][size_t(i)]);
-      if (st.phase == Phase::kB) deps.push_back(end[0][size_t(v)][size_t(i)]), deps.push_back(v + 1 < V ? end[1][size_t(v + 1)][size_t(i)] : 0);
+      if (st.phase == Phase::kB)
+        deps.push_back(end[0][size_t(v)][size_t(i)]), deps.push_back(v + 1 < V ? end[1][size_t(v + 1)][size_t(i)] : 0);
       if (st.phase == Phase::kW) deps.push_back(end[1][size_t(v)][size_t(i)]);
       if (*std::min_element(deps.begin(), deps.end()) < 0) continue;
-      free_at[size_t(r)] = end[size_t(st.phase)][size_t(v)][size_t(i)] = *std::max_element(deps.begin(), deps.end()) + cost(st.phase, v);
+      const double t = *std::max_element(deps.begin(), deps.end()) + cost(st.phase, v);
+      free_at[size_t(r)] = end[size_t(st.phase)][size_t(v)][size_t(i)] = t;
       ++pos[size_t(r)], moved = true;
     }
   }

@@ -19,13 +19,8 @@ bool background_nap(Clock::duration waited, Clock::time_point until) {
   if (!w.urgent || *w.urgent) return false;
   const Clock::duration nap =
       std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50), std::chrono::milliseconds(1));
-  const Clock::time_point end = std::min(until, Clock::now() + nap);
-  if (!w.cv) {
-    std::this_thread::sleep_until(end);
-    return true;
-  }
-  std::unique_lock<std::mutex> lock(*w.mu);
-  w.cv->wait_until(lock, end, [&] { return w.urgent->load(); });
+  std::unique_lock<std::mutex> lock(*w.mu);  // the worker sets urgent, mu and cv together
+  w.cv->wait_until(lock, std::min(until, Clock::now() + nap), [&] { return w.urgent->load(); });
   return true;
 }
 

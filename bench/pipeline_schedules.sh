@@ -2,7 +2,7 @@
 # Pipeline schedules on this machine (issue 17): for configs A and B at m = 8 micro-batches,
 # pp 2 (one rank per core) and pp 4 (oversubscribed: four ranks on two cores, labelled so),
 # (and M: B's blocks on even stages) each schedule's measured bubble (Note [Measured bubble] in cli/compare_cmd.cc: from the
-# run's --trace, the first step left out) and steady global tokens/s, against 1F1B in the
+# run's --trace, the first step and a stream's flushing steps left out) and steady global tokens/s, against 1F1B in the
 # same run, and the simulator's predicted bubble for the same layout (--cluster local).
 # "floor m / p": the bubble the unequal stage work leaves under any schedule (Note [Bubble
 # floor] in sim/simulator.h), measured in the run and predicted; a measured floor above the

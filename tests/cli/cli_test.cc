@@ -202,6 +202,44 @@ TEST(Cli, CompareReportsTheBubbleAndTheFloorOfUnequalStages) {
   EXPECT_NEAR(got["bubble floor"].second, 0.25, 1e-9);
 }
 
+// Note [Measured bubble]: a stream's flushing steps are left out while steady ones exist. Four
+// 10 ms steps a rank (the first left out), each rank busy from 1 to 9 ms of its step: windows
+// of 9 ms, bubble 1 - 16 / 18 = 1/9, floor 0; in the flushing step 4 (marked) rank 1 is busy
+// 2 ms: bubble 1 - 10 / 18 = 4/9, floor 1 - 10 / 16 = 0.375. Marked all through, every counted
+// step counts.
+TEST(Cli, CompareLeavesOutAStreamsFlushingSteps) {
+  const std::string dir = testing::TempDir();
+  auto write = [&](const std::string& name, bool all_flush) {
+    std::ofstream f(dir + "/" + name);
+    f << "{\"traceEvents\": [";
+    for (int k = 0; k < 4; k++)
+      for (int pid : {0, 1}) {
+        const bool flush = all_flush || k == 3, short_one = k == 3 && pid == 1;
+        f << (k || pid ? "," : "") << "{\"ph\": \"X\", \"cat\": \"step\", \"pid\": " << pid
+          << ", \"ts\": " << 10000 * k << ", \"dur\": 10000" << (flush ? ", \"args\": {\"flush\": 1}" : "")
+          << "},{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"F\", \"pid\": " << pid
+          << ", \"ts\": " << 10000 * k + 1000 << ", \"dur\": " << (short_one ? 2000 : 8000) << "}";
+      }
+    f << "]}";
+  };
+  auto measured = [&](const std::string& name) {
+    const Result r = run("compare --json " + dir + "/" + name + " " + dir + "/" + name);
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::map<std::string, double> got;
+    for (const auto& row : nlohmann::json::parse(r.output))
+      if (row["rank"] == "all") got[row["category"]] = row["measured"];
+    return std::pair{got["pipeline bubble"], got["bubble floor"]};
+  };
+  write("flush_last.json", false);
+  write("flush_all.json", true);
+  const auto [bubble, floor] = measured("flush_last.json");
+  EXPECT_NEAR(bubble, 1.0 / 9, 1e-9);
+  EXPECT_NEAR(floor, 0.0, 1e-9);
+  const auto [all_bubble, all_floor] = measured("flush_all.json");
+  EXPECT_NEAR(all_bubble, (1.0 / 9 + 1.0 / 9 + 4.0 / 9) / 3, 1e-9);
+  EXPECT_NEAR(all_floor, 0.375 / 3, 1e-9);
+}
+
 // On a calibrated CPU `loom simulate` prices the batch split `loom train` runs (one
 // micro-batch of the whole batch unless grad_accum says otherwise); Megatron's micro-batch 1
 // stays the default of the GPU frameworks.

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -209,6 +212,35 @@ TEST(TwoBw, FlushesAtCheckpointsAndResumesBitForBit) {
   const std::vector<TrainSummary> plain = testing_support::train_keeping_params(base({}));
   EXPECT_EQ(one[0].losses, plain[0].losses);
   EXPECT_EQ(one[0].final_params, plain[0].final_params);
+}
+
+// Note [Trace schema]: the trace marks the steps a stream flushes (here the validation at
+// step 2 and the last, step 4) with args {"flush": 1} on every rank, and only those; a
+// flushing schedule's steps are not marked (every one of them flushes).
+TEST(TwoBw, TraceMarksTheFlushingSteps) {
+  testing_support::TempDir dir("loom-2bw-trace");
+  for (const std::string schedule : {"2bw", "1f1b"}) {
+    TrainOptions o;
+    o.trace_path = dir / (schedule + ".json");
+    testing_support::train_as_threads(base({"parallel.pp=2", "train.grad_accum=2", "train.batch=4", "train.steps=4",
+                                            "train.val_every=2", "parallel.schedule=" + schedule}),
+                                      o);
+    std::ifstream f(o.trace_path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    std::map<int, std::vector<std::string>> marked;  // rank -> its marked steps
+    int steps = 0;
+    for (const auto& e : j.at("traceEvents")) {
+      if (e.value("cat", "") != "step") continue;
+      ++steps;
+      if (e.contains("args") && e["args"].value("flush", 0) == 1) marked[e.at("pid").get<int>()].push_back(e["name"]);
+    }
+    EXPECT_EQ(steps, 2 * 4) << schedule;
+    if (schedule == "1f1b") {
+      EXPECT_TRUE(marked.empty());
+    }
+    for (int r = 0; r < 2 && schedule == "2bw"; r++)
+      EXPECT_EQ(marked[r], (std::vector<std::string>{"step 2", "step 4"})) << r;
+  }
 }
 
 TEST(TwoBw, RefusesWhatItDoesNotRun) {

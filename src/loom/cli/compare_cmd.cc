@@ -11,8 +11,12 @@
 // over the counted steps. A rank's window stops where its next step starts, if that comes
 // first: 2bw's steps overlap across ranks (Note [PipeDream-2BW]), and time a rank spends on
 // its next step is not this step's idle (flushing schedules start the next step after the
-// update, so nothing changes for them). A simulated trace is one step starting at 0, where
-// this is the simulator's bubble_fraction (1 - busy / (pp x pipeline end)).
+// update, so nothing changes for them). A stream's flushing steps (marked in the trace: Note
+// [Trace schema]; the run's last, validation and checkpoint steps) are left out while it has
+// steady ones: they ramp down as 1F1B does, and the simulator prices the steady step (on
+// config A at pp 2, 2bw's last step measured 10 points over the floor, its others 1.6-2.9).
+// A simulated trace is one step starting at 0, where this is the simulator's bubble_fraction
+// (1 - busy / (pp x pipeline end)).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -34,6 +38,7 @@ struct RankTimes {
   std::map<std::string, double> memory_mib;  // peak per series
   struct PipeStep {
     double start = 0, busy = 0, last_end = 0;  // a counted step: its start, time in pipeline steps, their end
+    bool flush = false;                          // a stream's flushing step
   };
   std::vector<PipeStep> pipe;  // empty without pipeline steps
 };
@@ -65,6 +70,7 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
   if (!j.contains("traceEvents") || !j["traceEvents"].is_array())
     throw ConfigError("compare: '" + path + "' has no traceEvents array (write it with --trace)");
   std::map<int64_t, Spans> steps, validation, compute, comm, pipeline;
+  std::map<int64_t, std::vector<double>> flushes;  // start of each flushing step
   std::map<int64_t, double> last_end;
   std::map<int64_t, RankTimes> out;
   for (const auto& e : j["traceEvents"]) {
@@ -77,6 +83,8 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
     if (ph != "X") continue;
     const double a = e.value("ts", 0.0) * 1e-6, b = a + e.value("dur", 0.0) * 1e-6;
     last_end[pid] = std::max(last_end[pid], b);
+    if (cat == "step" && e.contains("args") && e["args"].is_object() && e["args"].value("flush", 0) == 1)
+      flushes[pid].push_back(a);
     if (cat == "step") steps[pid].push_back({a, b});
     else if (name == "validation") validation[pid].push_back({a, b});
     else if (cat == "compute" || cat == "pipeline") compute[pid].push_back({a, b});
@@ -115,7 +123,8 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
     // Note [Measured bubble]: each counted step's pipeline steps.
     const Spans counted = steps[pid].empty() ? Spans{{0.0, end}} : steps[pid];
     for (auto [a, b] : counted) {
-      RankTimes::PipeStep ps{a, 0, a};
+      const std::vector<double>& f = flushes[pid];
+      RankTimes::PipeStep ps{a, 0, a, std::find(f.begin(), f.end(), a) != f.end()};
       for (auto [x, y] : pipeline[pid])
         if (x >= a && y <= b) ps.busy += y - x, ps.last_end = std::max(ps.last_end, y);
       if (ps.busy > 0) r.pipe.push_back(ps);
@@ -133,16 +142,23 @@ Bubble pipeline_bubble(const std::map<int64_t, RankTimes>& ranks) {
   size_t steps = SIZE_MAX;
   for (const auto& [pid, r] : ranks) steps = std::min(steps, r.pipe.size());
   if (ranks.size() < 2 || steps == 0 || steps == SIZE_MAX) return {};
+  auto flushes = [&](size_t k) {
+    return std::any_of(ranks.begin(), ranks.end(), [&](const auto& r) { return r.second.pipe[k].flush; });
+  };
+  size_t steady = 0;
+  for (size_t k = 0; k < steps; k++) steady += !flushes(k);
   Bubble out{0, 0};
   for (size_t k = 0; k < steps; k++) {
+    if (steady > 0 && flushes(k)) continue;
     double end = 0, busy = 0, window = 0, most = 0;
     for (const auto& [pid, r] : ranks) end = std::max(end, r.pipe[k].last_end);
     for (const auto& [pid, r] : ranks) {
       const double stop = k + 1 < r.pipe.size() ? std::min(end, r.pipe[k + 1].start) : end;
       busy += r.pipe[k].busy, window += stop - r.pipe[k].start, most = std::max(most, r.pipe[k].busy);
     }
-    out.fraction += (1 - busy / window) / double(steps);
-    out.floor += sim::bubble_floor(busy, most, double(ranks.size())) / double(steps);
+    const double counted = double(steady > 0 ? steady : steps);
+    out.fraction += (1 - busy / window) / counted;
+    out.floor += sim::bubble_floor(busy, most, double(ranks.size())) / counted;
   }
   return out;
 }

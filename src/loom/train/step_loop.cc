@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/core/liveness.h"
@@ -38,7 +40,9 @@ int64_t run_steps(Role& role, const Config& cfg, int global_rank, const Spans& s
   StepOutcome held;  // a 2bw step whose loss comes with the next step's result
   for (int64_t step = first; role.runs(step, first); step++) {
     liveness::enter_step(step, global_rank);  // the heartbeat's step; Note [Failpoints]
-    const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step");
+    std::vector<std::pair<std::string, int64_t>> args;  // Note [Trace schema]: a stream's flush marked
+    if (streams(cfg.parallel.schedule) && flushes_pipeline(cfg, step)) args.push_back({"flush", 1});
+    const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step", std::move(args));
     const Role::Step s = role.step(step);
     // A skipped step's loss is checked too: the forward pass has no loss scale, so a
     // non-finite loss there means the weights themselves ran away (issue 59).

@@ -31,8 +31,9 @@ Spans::Scope::~Scope() {
   if (t_) t_->end();
 }
 
-Spans::Scope Spans::open(const std::string& name, const char* category) const {
-  if (t_) t_->begin(name, category);
+Spans::Scope Spans::open(const std::string& name, const char* category,
+                         std::vector<std::pair<std::string, int64_t>> args) const {
+  if (t_) t_->begin(name, category, std::move(args));
   return Scope(t_);
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/ckpt/memory_ckpt.h"
 #include "loom/ckpt/shard_ckpt.h"
@@ -44,8 +46,9 @@ class Spans {
    private:
     Trace* t_;
   };
-  // Opens a span that closes when the returned scope ends.
-  Scope open(const std::string& name, const char* category) const;
+  // Opens a span that closes when the returned scope ends; `args` as Trace::begin's.
+  Scope open(const std::string& name, const char* category,
+             std::vector<std::pair<std::string, int64_t>> args = {}) const;
 
  private:
   Trace* t_;

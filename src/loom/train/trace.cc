@@ -19,16 +19,16 @@ double Trace::now_us() const {
   return steady - origin_;
 }
 
-void Trace::begin(const std::string& name, const std::string& cat) {
-  open_.push_back({name, now_us()});
-  open_cat_.push_back(cat);
+void Trace::begin(const std::string& name, const std::string& cat, Args args) {
+  open_.push_back({name, cat, now_us(), std::move(args)});
 }
 
 void Trace::end() {
   LOOM_ASSERT(!open_.empty());
-  span(open_.back().first, open_cat_.back(), open_.back().second, now_us());
+  Open& o = open_.back();
+  events_.push_back({std::move(o.name), std::move(o.cat), 'X', o.start, std::max(0.0, now_us() - o.start), 0,
+                     std::move(o.args)});
   open_.pop_back();
-  open_cat_.pop_back();
 }
 
 void Trace::span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid) {
@@ -71,6 +71,11 @@ std::string Trace::events_json(double shift_us) const {
     nlohmann::json j = {{"name", e.name}, {"cat", e.cat}, {"ph", std::string(1, e.ph)}, {"pid", rank_},
                         {"tid", e.tid}, {"ts", e.ts + shift_us}};
     if (e.ph == 'X') j["dur"] = e.dur;
+    if (e.ph == 'X' && !e.values.empty()) {
+      nlohmann::json args = nlohmann::json::object();
+      for (const auto& [k, v] : e.values) args[k] = v;
+      j["args"] = args;
+    }
     if (e.ph == 'C') {
       nlohmann::json args = nlohmann::json::object();
       for (const auto& [k, v] : e.values) args[k + " MiB"] = double(v) / (1 << 20);

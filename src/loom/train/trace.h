@@ -10,6 +10,9 @@
 // series per category in MiB; "M" metadata names the tracks. Times are steady-clock
 // microseconds minus the earliest rank's start, so ranks on one machine line up. The
 // simulator writes the same schema (issue 5), which is what makes the two comparable.
+// A step span ("step" category) of a stream schedule that flushes (Note [PipeDream-2BW])
+// carries args {"flush": 1}: it ramps down as 1F1B does, which the stream's steady step,
+// the one the simulator prices, does not (Note [Measured bubble] in cli/compare_cmd.cc).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +31,9 @@ class Trace {
   // `origin_steady_us`: what t = 0 of this rank's times is (the ledger's origin).
   Trace(int rank, double origin_steady_us);
   double now_us() const;
-  void begin(const std::string& name, const std::string& cat);
+  // `args`: integer fields of the span's "args" (e.g. {"flush", 1}).
+  using Args = std::vector<std::pair<std::string, int64_t>>;
+  void begin(const std::string& name, const std::string& cat, Args args = {});
   void end();
   void span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid = 0);
   void counter(double t_us, const std::vector<std::pair<std::string, int64_t>>& bytes);
@@ -46,14 +51,18 @@ class Trace {
     char ph;
     double ts, dur;
     int tid;
-    std::vector<std::pair<std::string, int64_t>> values;
+    Args values;  // a counter's bytes per series; an X event's args
   };
   std::string events_json(double shift_us) const;
   int rank_;
   double origin_;
   std::vector<Event> events_;
-  std::vector<std::pair<std::string, double>> open_;  // begin() stack: name, start
-  std::vector<std::string> open_cat_;
+  struct Open {
+    std::string name, cat;
+    double start;
+    Args args;
+  };
+  std::vector<Open> open_;  // begin() stack
 };
 
 }  // namespace loom

@@ -19,8 +19,9 @@ bool background_nap(Clock::duration waited, Clock::time_point until) {
   if (!w.urgent || *w.urgent) return false;
   const Clock::duration nap =
       std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50), std::chrono::milliseconds(1));
-  std::unique_lock<std::mutex> lock(*w.mu);  // the worker sets urgent, mu and cv together
-  w.cv->wait_until(lock, std::min(until, Clock::now() + nap), [&] { return w.urgent->load(); });
+  std::unique_lock<std::mutex> lock(*w.mu);  // the worker sets urgent, poked, mu and cv together
+  w.cv->wait_until(lock, std::min(until, Clock::now() + nap), [&] { return w.urgent->load() || w.poked->load(); });
+  w.poked->store(false);  // a poke before the nap began ends it at once
   return true;
 }
 
@@ -263,12 +264,21 @@ Work Group::submit(Descriptor d, CallOptions o) {
   }
   Work w;
   w.state_ = std::make_shared<Work::State>();
+  std::shared_ptr<Work::State> ahead;  // a background wait this job queues behind
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back({std::move(d), issued, w.state_, o.lazy});
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    ahead = running_;
   }
   cv_.notify_all();
+  if (ahead) {  // Note [Background waits]: end its nap, so the queue moves once it is done
+    {
+      std::lock_guard<std::mutex> lock(ahead->mu);
+      ahead->poked = true;
+    }
+    ahead->cv.notify_all();
+  }
   return w;
 }
 
@@ -280,11 +290,13 @@ void Group::worker_loop() {
     Job job = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
+    const bool background = job.lazy || job.d.op == OpKind::kSend || job.d.op == OpKind::kRecv;
+    if (background) running_ = job.state;
     lock.unlock();
     std::exception_ptr error;
-    const bool background = job.lazy || job.d.op == OpKind::kSend || job.d.op == OpKind::kRecv;
-    background_wait() = background ? BackgroundWait{&job.state->urgent, &job.state->mu, &job.state->cv}
-                                   : BackgroundWait{};  // Note [Background waits]
+    background_wait() = background
+                            ? BackgroundWait{&job.state->urgent, &job.state->poked, &job.state->mu, &job.state->cv}
+                            : BackgroundWait{};  // Note [Background waits]
     try {
       execute(job.d, job.issued);
     } catch (...) {
@@ -299,6 +311,7 @@ void Group::worker_loop() {
     job.state->cv.notify_all();
     lock.lock();
     busy_ = false;
+    running_.reset();
     cv_.notify_all();
   }
 }

@@ -54,6 +54,7 @@ class Work {
     bool done = false;
     std::exception_ptr error;
     std::atomic<bool> urgent{false};  // Note [Background waits]: a caller waits on it
+    std::atomic<bool> poked{false};   // Note [Background waits]: a job was queued behind it
   };
   std::shared_ptr<State> state_;
 };
@@ -190,6 +191,7 @@ class Group {
   std::condition_variable cv_;
   std::deque<Job> queue_;
   bool busy_ = false;
+  std::shared_ptr<Work::State> running_;  // the worker's job, while it is a background wait
   bool stop_ = false;
   std::string failure_;  // first failure's diagnosis; non-empty = group unusable
   std::thread worker_;

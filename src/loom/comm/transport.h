@@ -51,15 +51,22 @@ using Clock = std::chrono::steady_clock;
 // shared-memory algorithms' spin waits (Link::spin_until) nap the same way.
 // A nap ends early once a caller waits: Work::wait raises `urgent` under `mu` and notifies
 // `cv`, which the nap waits on (a nap slept through would add up to 1 ms to every wait).
+// It also ends, once, when a job is queued behind it (Group::submit sets `poked`): the
+// worker runs one job at a time, so a send the next stage waits for would otherwise start
+// only when the nap before it ran out. On config A's zb-v at pp 2 the first stage's send of
+// a gradient queued behind the send of an activation the other rank had taken 0.05 ms after
+// it was queued; the worker noticed 0.9 ms later, and the other rank sat idle until then.
+// The wait then naps on as before if its own transfer is still not done.
 struct BackgroundWait {
-  const std::atomic<bool>* urgent = nullptr;  // set while a worker runs a send, receive or lazy collective
+  std::atomic<bool>* urgent = nullptr;        // set while a worker runs a send, receive or lazy collective
+  std::atomic<bool>* poked = nullptr;         // with urgent: a job queued behind (cleared by the nap)
   std::mutex* mu = nullptr;                   // with urgent: the Work's lock and condition
   std::condition_variable* cv = nullptr;
 };
 BackgroundWait& background_wait();  // this thread's
 // On a worker in such a background wait: sleeps a quarter of `waited` (50 us to 1 ms, not
-// past `until`, and no longer once the caller waits) and returns true. Elsewhere returns
-// false at once (the caller polls).
+// past `until`, and no longer once the caller waits or a job is queued behind) and returns
+// true. Elsewhere returns false at once (the caller polls).
 bool background_nap(Clock::duration waited, Clock::time_point until);
 
 inline constexpr int kFirstInternalTag = 16384;

@@ -265,9 +265,17 @@ Work Group::submit(Descriptor d, CallOptions o) {
   Work w;
   w.state_ = std::make_shared<Work::State>();
   std::shared_ptr<Work::State> ahead;  // a background wait this job queues behind
+  std::optional<TransferId> posted;
+  if (d.op == OpKind::kSend && transport_->posts_from_any_thread()) {  // Note [Sends posted at submit]
+    try {
+      posted = transport_->isend(d.in, d.root, d.tag);
+    } catch (const CommError&) {
+      // The worker starts it again and fails it with the group's diagnosis.
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({std::move(d), issued, w.state_, o.lazy});
+    queue_.push_back({std::move(d), issued, w.state_, o.lazy, posted});
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
     ahead = running_;
   }
@@ -298,7 +306,7 @@ void Group::worker_loop() {
                             ? BackgroundWait{&job.state->urgent, &job.state->poked, &job.state->mu, &job.state->cv}
                             : BackgroundWait{};  // Note [Background waits]
     try {
-      execute(job.d, job.issued);
+      execute(job.d, job.issued, job.posted);
     } catch (...) {
       error = std::current_exception();
     }

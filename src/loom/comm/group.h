@@ -18,6 +18,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -163,8 +164,9 @@ class Group {
   void validate(const Descriptor& d) const;
   void validate_algorithm(const Descriptor& d) const;
   Algorithm choose(const Descriptor& d, double* estimate_us) const;
-  void execute(Descriptor& d, Ledger::Issued issued);
-  void dispatch(Descriptor& d, Algorithm a, class Link& link);
+  // `posted`: a send already started at submit (Note [Sends posted at submit]).
+  void execute(Descriptor& d, Ledger::Issued issued, std::optional<TransferId> posted = std::nullopt);
+  void dispatch(Descriptor& d, Algorithm a, class Link& link, std::optional<TransferId> posted);
   void check_desync(const Descriptor& d, uint64_t group_seq, class Link& link);
   std::string diagnosis(const Descriptor& d, uint64_t group_seq, const std::string& cause, double elapsed_s);
   // How long a diagnosis waits for the peers' status: status_grace, at most half the timeout.
@@ -186,6 +188,7 @@ class Group {
     Ledger::Issued issued;
     std::shared_ptr<Work::State> state;
     bool lazy = false;
+    std::optional<TransferId> posted;  // Note [Sends posted at submit]
   };
   std::mutex mu_;
   std::condition_variable cv_;

@@ -49,10 +49,11 @@ std::string seconds(double s) {
 
 }  // namespace
 
-void Group::execute(Descriptor& d, Ledger::Issued issued) {
+void Group::execute(Descriptor& d, Ledger::Issued issued, std::optional<TransferId> posted) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.empty()) {
+      if (posted) transport_->cancel(*posted);
       world_.ledger().finish(issued.seq, false);
       throw CommError(detail::cat("group ", name_, " is unusable after an earlier failure:\n", failure_));
     }
@@ -85,7 +86,7 @@ void Group::execute(Descriptor& d, Ledger::Issued issued) {
       if (inter_) inter.emplace(*inter_, deadline, on_wait, inter_scratch_);
       hierarchical_all_reduce(intra, inter ? &*inter : nullptr, d.out, d.count, d.dtype, d.reduce, size());
     } else {
-      dispatch(d, algorithm, link);
+      dispatch(d, algorithm, link, posted);
     }
   } catch (const CommError& e) {
     // Diagnose while the ledger still shows this call running, then record the failure.
@@ -101,7 +102,8 @@ void Group::execute(Descriptor& d, Ledger::Issued issued) {
   world_.ledger().finish(issued.seq, true);
 }
 
-void Group::dispatch(Descriptor& d, Algorithm a, Link& link) {
+void Group::dispatch(Descriptor& d, Algorithm a, Link& link, std::optional<TransferId> posted) {
+  if (posted) return link.wait({&*posted, 1}, "send", d.root);  // Note [Sends posted at submit]
   const size_t block = d.count * dtype_bytes(d.dtype);
   if (a == Algorithm::kNative) {
     NativeCollectives& nc = *transport_->native();

@@ -169,6 +169,7 @@ class MpiTransport final : public Transport, public NativeCollectives {
   }
   NativeCollectives* native() override { return this; }
   SharedSegment* shared() override { return segment_.get(); }
+  bool posts_from_any_thread() const override { return true; }  // mu_ around every MPI call
 
   TransferId all_reduce(std::span<const std::byte> in, std::span<std::byte> out, size_t count, DType dtype,
                         ReduceOp op) override {

@@ -149,7 +149,9 @@ class Transport {
 // 0.1-0.2 ms after the stage had produced it, a wait the next stage paid on every transfer of
 // config A's zb-v (15 a step on the first stage, a 48 ms step). The order of a group's
 // messages is the order they were submitted either way: a synchronous call waits for the
-// queue to empty first, and every asynchronous send is started at its submit.
+// queue to empty first, and every asynchronous send is started at its submit. The ledger
+// (and a trace) still starts the send when the worker takes it up, and its timeout counts
+// from there.
 
 // What one rank reports about itself when a collective is diagnosed.
 struct GroupProgress {

@@ -52,11 +52,12 @@ using Clock = std::chrono::steady_clock;
 // A nap ends early once a caller waits: Work::wait raises `urgent` under `mu` and notifies
 // `cv`, which the nap waits on (a nap slept through would add up to 1 ms to every wait).
 // It also ends, once, when a job is queued behind it (Group::submit sets `poked`): the
-// worker runs one job at a time, so a send the next stage waits for would otherwise start
-// only when the nap before it ran out. On config A's zb-v at pp 2 the first stage's send of
-// a gradient queued behind the send of an activation the other rank had taken 0.05 ms after
-// it was queued; the worker noticed 0.9 ms later, and the other rank sat idle until then.
-// The wait then naps on as before if its own transfer is still not done.
+// worker runs one job at a time, so a job that starts on the worker (a receive; a send the
+// transport cannot start at submit, Note [Sends posted at submit]) would otherwise start only
+// when the nap before it ran out. On config A's zb-v at pp 2 (before sends were posted at
+// submit) the first stage's send of a gradient queued behind the send of an activation the
+// other rank had taken 0.05 ms after it was queued; the worker noticed 0.9 ms later, and the
+// other rank sat idle until then. The wait naps on if its own transfer is still not done.
 struct BackgroundWait {
   std::atomic<bool>* urgent = nullptr;        // set while a worker runs a send, receive or lazy collective
   std::atomic<bool>* poked = nullptr;         // with urgent: a job queued behind (cleared by the nap)

@@ -26,13 +26,12 @@ void Trace::begin(const std::string& name, const std::string& cat, Args args) {
 void Trace::end() {
   LOOM_ASSERT(!open_.empty());
   Open& o = open_.back();
-  events_.push_back({std::move(o.name), std::move(o.cat), 'X', o.start, std::max(0.0, now_us() - o.start), 0,
-                     std::move(o.args)});
+  span(o.name, o.cat, o.start, now_us(), 0, std::move(o.args));
   open_.pop_back();
 }
 
-void Trace::span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid) {
-  events_.push_back({name, cat, 'X', t0_us, std::max(0.0, t1_us - t0_us), tid, {}});
+void Trace::span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid, Args args) {
+  events_.push_back({name, cat, 'X', t0_us, std::max(0.0, t1_us - t0_us), tid, std::move(args)});
 }
 
 void Trace::counter(double t_us, const std::vector<std::pair<std::string, int64_t>>& bytes) {

@@ -34,8 +34,8 @@ class Trace {
   // `args`: integer fields of the span's "args" (e.g. {"flush", 1}).
   using Args = std::vector<std::pair<std::string, int64_t>>;
   void begin(const std::string& name, const std::string& cat, Args args = {});
+  void span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid = 0, Args args = {});
   void end();
-  void span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int tid = 0);
   void counter(double t_us, const std::vector<std::pair<std::string, int64_t>>& bytes);
   // Adds every collective and transfer of the ledger (same origin) on the comm thread.
   void add_ledger(const comm::Ledger& ledger);

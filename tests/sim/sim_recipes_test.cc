@@ -108,6 +108,35 @@ TEST(Published, NvidiaRecipeRowsTakeTheRecipesSettings) {
   EXPECT_FALSE(other.plan.dp_overlap || other.plan.tp_overlap);
 }
 
+// Note [NVIDIA recipes]: NeMo 1.x ran Llama 2 7B with the launcher's llama2_7b.yaml, which
+// sets neither sequence parallelism nor the userbuffer tp overlap; other models and NeMo 2's
+// recipes keep both, and a row that states sp keeps it.
+TEST(Published, NemoOneLlama2SevenBRowsRunTheirConfigsPlainTensorParallelism) {
+  PublishedRun row = llama_row("NeMo 24.03.01 (Megatron-Core)");
+  row.fields["model"] = "LLAMA2-7B", row.fields["tensor_parallel"] = "2", row.fields["data_parallel"] = "4";
+  const PublishedCase c = published_case(row);
+  EXPECT_FALSE(c.plan.cfg.parallel.sp || c.plan.tp_overlap);
+  EXPECT_TRUE(c.plan.dp_overlap && c.plan.param_gather_overlap);  // the config's distributed_fused_adam
+  EXPECT_NE(c.assumed.find("llama2_7b config: no sequence parallelism, no tp overlap"), std::string::npos)
+      << c.assumed;
+  EXPECT_EQ(c.assumed.find("sequence parallel;"), std::string::npos) << c.assumed;
+  PublishedRun spelled = row;
+  spelled.fields["model"] = "Llama 2 7B";
+  EXPECT_FALSE(published_case(spelled).plan.tp_overlap);
+  PublishedRun stated = row;
+  stated.fields["sequence_parallel"] = "yes";
+  const PublishedCase s = published_case(stated);
+  EXPECT_TRUE(s.plan.cfg.parallel.sp);
+  EXPECT_FALSE(s.plan.tp_overlap);
+  PublishedRun llama3 = row;
+  llama3.fields["model"] = "LLAMA3-8B";
+  const PublishedCase l = published_case(llama3);
+  EXPECT_TRUE(l.plan.cfg.parallel.sp && l.plan.tp_overlap);
+  PublishedRun nemo2 = row;
+  nemo2.fields["framework"] = "NeMo 25.04.rc2 (Megatron-Core)";
+  EXPECT_TRUE(published_case(nemo2).plan.tp_overlap);
+}
+
 // Note [Unstated recompute]: a Megatron row that fits neither without recompute nor with
 // selective takes the least N whose block recompute (the first N layers of every virtual
 // stage whole) fits; N - 1 does not fit. Another stack's row goes to full recompute.

@@ -159,11 +159,25 @@ int64_t zero_stage(const PublishedRun& row) {
 // cpu_offloading_num_layers, 20-30 layers for Llama 3 70B on GB300 under Megatron-FSDP), so
 // such a row that fits only with help offloads the least layers that fit (Note [Activation
 // offload]) before it recomputes.
+//
+// NeMo 1.x's pages (24.03, 24.07) ran the launcher's training config of the model. Llama 2
+// 7B's (NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama2_7b.yaml,
+// the same in the fork of Transformer Engine's context-parallel author, whose run names carry
+// the cp, tp and sequence sizes) sets sequence_parallel: false and ub_tp_comm_overlap: False.
+// So such a row at tp > 1 (the 24.03 long-sequence table's Llama 2 7B with cp) runs plain tp:
+// its all-reduces on the critical path, the norms over the whole sequence. On those rows (84,
+// 87) the prediction was 38% and 12% too fast in TFLOP/s, 22% and 8% with the config read.
 bool grace_offload(const PublishedRun& row, const PublishedCase& c) {
   return nvidia_recipe(row) && c.cluster.device.host_bw > 0 && c.plan.cfg.parallel.pp == 1;
 }
 bool nemo_340b(const PublishedRun& row) { return nemo_launcher(row) && contains(text(row, "model"), "Nemotron-4 340B"); }
+bool nemo1_llama2_7b(const PublishedRun& row) {
+  std::string m = model_name(row);
+  std::erase_if(m, [](char ch) { return ch == ' ' || ch == '-' || ch == '_'; });
+  return contains(text(row, "framework"), "NeMo 24.0") && contains(m, "llama27b");
+}
 bool recipe_tp_overlap(const PublishedRun& row) {
+  if (nemo1_llama2_7b(row)) return false;
   if (nemo_launcher(row)) return !nemo_340b(row);
   return nvidia_recipe(row) && !contains(text(row, "precision"), "nvfp4");
 }
@@ -185,6 +199,7 @@ bool recipe_tp_overlap(const PublishedRun& row) {
 bool implied_sp(const PublishedRun& row) {
   const std::string sp = text(row, "sequence_parallel");
   if (!sp.empty()) return sp == "yes";
+  if (nemo1_llama2_7b(row)) return false;  // Note [NVIDIA recipes]
   return num(row, "tensor_parallel") > 1 && (contains(text(row, "notes"), "--tp-comm-overlap") || nvidia_recipe(row));
 }
 
@@ -201,6 +216,8 @@ std::string unstated_flags(const PublishedRun& row) {
           ": distributed optimizer (ZeRO-1), overlapped");
     if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("sequence parallel");
     if (recipe_tp_overlap(row) && num(row, "tensor_parallel") > 1) add("tp communication overlapped");
+    if (nemo1_llama2_7b(row) && num(row, "tensor_parallel") > 1)
+      add("NeMo launcher's llama2_7b config: no sequence parallelism, no tp overlap");
     if (text(row, "recompute").empty() && nemo_340b(row)) add("recompute selective");
     return out;
   }

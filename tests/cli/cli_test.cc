@@ -240,6 +240,39 @@ TEST(Cli, CompareLeavesOutAStreamsFlushingSteps) {
   EXPECT_NEAR(all_floor, 0.375 / 3, 1e-9);
 }
 
+// Note [Measured bubble]: a 2bw update's work inside the stream (category "update") is busy
+// time, as a pipeline step is. One 10 ms step a rank: rank 0 works 1-7 ms and updates 7-9,
+// rank 1 works 2-8: windows of 9 ms, bubble 1 - (8 + 6) / 18 = 2/9, floor 1 - 14 / 16 =
+// 1/8. Counted as idle (category "compute", which the flushing schedules' updates carry) the
+// same span leaves 1 - 12 / 16 = 1/4 and a floor of 0.
+TEST(Cli, CompareCountsAStreamsUpdateAsBusy) {
+  const std::string dir = testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& update_cat) {
+    std::ofstream f(dir + "/" + name);
+    f << "{\"traceEvents\": [";
+    for (int pid : {0, 1}) f << "{\"ph\": \"X\", \"cat\": \"step\", \"pid\": " << pid << ", \"ts\": 0, \"dur\": 10000},";
+    f << "{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"F0\", \"pid\": 0, \"ts\": 1000, \"dur\": 6000},"
+      << "{\"ph\": \"X\", \"cat\": \"" << update_cat << "\", \"name\": \"U\", \"pid\": 0, \"ts\": 7000, \"dur\": 2000},"
+      << "{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"F0\", \"pid\": 1, \"ts\": 2000, \"dur\": 6000}]}";
+  };
+  auto measured = [&](const std::string& name) {
+    const Result r = run("compare --json " + dir + "/" + name + " " + dir + "/" + name);
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::map<std::string, double> got;
+    for (const auto& row : nlohmann::json::parse(r.output))
+      if (row["rank"] == "all") got[row["category"]] = row["measured"];
+    return std::pair{got["pipeline bubble"], got["bubble floor"]};
+  };
+  write("update_busy.json", "update");
+  write("update_idle.json", "compute");
+  const auto [bubble, floor] = measured("update_busy.json");
+  EXPECT_NEAR(bubble, 2.0 / 9, 1e-9);
+  EXPECT_NEAR(floor, 1.0 / 8, 1e-9);
+  const auto [idle_bubble, idle_floor] = measured("update_idle.json");
+  EXPECT_NEAR(idle_bubble, 1.0 / 4, 1e-9);
+  EXPECT_NEAR(idle_floor, 0.0, 1e-9);
+}
+
 // On a calibrated CPU `loom simulate` prices the batch split `loom train` runs (one
 // micro-batch of the whole batch unless grad_accum says otherwise); Megatron's micro-batch 1
 // stays the default of the GPU frameworks.

@@ -243,6 +243,52 @@ TEST(TwoBw, TraceMarksTheFlushingSteps) {
   }
 }
 
+// Note [Measured bubble]: a pipeline stage traces its update rule's work inside the stream
+// (the gradient's move, its squares, the stash copy, AdamW) as "U" spans of category
+// "update" in every step that does not flush, never inside a pipeline step; 1F1B's update
+// after its drain carries none.
+TEST(TwoBw, TraceMarksTheUpdateWorkInsideTheStream) {
+  testing_support::TempDir dir("loom-2bw-update-trace");
+  for (const std::string schedule : {"2bw", "1f1b"}) {
+    TrainOptions o;
+    o.trace_path = dir / (schedule + ".json");
+    testing_support::train_as_threads(base({"parallel.pp=2", "train.grad_accum=2", "train.batch=4", "train.steps=4",
+                                            "train.val_every=0", "parallel.schedule=" + schedule}),
+                                      o);
+    std::ifstream f(o.trace_path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    struct Span {
+      double a, b;
+      bool flush;
+    };
+    std::map<int, std::vector<Span>> steps, updates, pipeline;  // rank -> spans
+    for (const auto& e : j.at("traceEvents")) {
+      if (e.value("ph", "") != "X") continue;
+      const double a = e.value("ts", 0.0), b = a + e.value("dur", 0.0);
+      const int pid = e.at("pid").get<int>();
+      const std::string cat = e.value("cat", "");
+      const bool flush = e.contains("args") && e["args"].is_object() && e["args"].value("flush", 0) == 1;
+      if (cat == "step") steps[pid].push_back({a, b, flush});
+      if (cat == "update") updates[pid].push_back({a, b, false});
+      if (cat == "pipeline") pipeline[pid].push_back({a, b, false});
+    }
+    for (int r = 0; r < 2; r++) {
+      if (schedule == "1f1b") {
+        EXPECT_TRUE(updates[r].empty()) << r;
+        continue;
+      }
+      ASSERT_EQ(steps[r].size(), 4u) << r;
+      for (const Span& st : steps[r]) {
+        int inside = 0;
+        for (const Span& u : updates[r]) inside += u.a >= st.a && u.b <= st.b;
+        if (!st.flush) EXPECT_GE(inside, 1) << "rank " << r << " step at " << st.a;
+      }
+      for (const Span& u : updates[r])
+        for (const Span& p : pipeline[r]) EXPECT_TRUE(u.b <= p.a || u.a >= p.b) << "rank " << r;
+    }
+  }
+}
+
 TEST(TwoBw, RefusesWhatItDoesNotRun) {
   auto error = [](std::vector<std::string> sets) {
     sets.push_back("parallel.schedule=2bw");

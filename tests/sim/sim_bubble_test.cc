@@ -3,6 +3,7 @@
 // gradients in its F.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,34 @@ TEST(Simulator, NoScheduleGoesBelowTheFloorOfUnequalStages) {
       EXPECT_GE(r.bubble_fraction, r.bubble_floor - 1e-9) << split << " " << schedule;
     }
   }
+}
+
+// Note [Measured bubble]: 2bw's steady step updates inside the stream, so its update is a
+// "U" span of category "update" that counts as busy in the bubble and the floor, ending where
+// RankReport::update_end_s says; 1F1B's update follows its drain, an "optimizer" span outside.
+TEST(Simulator, TwoBwsUpdateCountsAsBusyInsideTheStream) {
+  const SimResult two = simulate(plan_of({"parallel.schedule=2bw", "parallel.pp_layers=3,5"}), free_links(2), true);
+  double busy = 0, most = 0, end = 0;
+  for (const RankReport& r : two.ranks) {
+    ASSERT_GT(r.optimizer_s, 0);
+    EXPECT_GT(r.update_end_s, r.pipeline_end_s);
+    int updates = 0;
+    for (const SimEvent& e : two.events)
+      if (e.rank == r.global_rank && e.cat == "update") {
+        ++updates;
+        EXPECT_EQ(e.name, "U");
+        EXPECT_DOUBLE_EQ(e.t1_s, r.update_end_s);
+        EXPECT_NEAR(e.t1_s - e.t0_s, r.optimizer_s, 1e-12);
+      }
+    EXPECT_EQ(updates, 1) << r.pp_rank;
+    busy += r.busy_s + r.optimizer_s, most = std::max(most, r.busy_s + r.optimizer_s);
+    end = std::max(end, r.update_end_s);
+  }
+  EXPECT_NEAR(two.bubble_fraction, 1 - busy / (2 * end), 1e-12);
+  EXPECT_NEAR(two.bubble_floor, bubble_floor(busy, most, 2), 1e-12);
+  const SimResult flushing = simulate(plan_of({"parallel.pp_layers=3,5"}), free_links(2), true);
+  for (const RankReport& r : flushing.ranks) EXPECT_EQ(r.update_end_s, 0);
+  for (const SimEvent& e : flushing.events) EXPECT_NE(e.cat, "update");
 }
 
 // Note [Stage split]: a last stage that only runs the (256-row) head carries almost no work,

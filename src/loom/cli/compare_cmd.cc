@@ -5,8 +5,10 @@
 //
 // Note [Measured bubble]
 // For step k: every rank's time from its step start to the end of the step's last
-// pipeline step on any rank, less its time in pipeline steps (F, B, W, and the per-minibatch
-// updates U of pipedream / pipemare, which run inside the stream), summed over ranks,
+// pipeline step on any rank, less its time in pipeline steps (F, B, W, and the updates U that
+// run inside the stream: pipedream / pipemare's per minibatch, and 2bw's work of a step's
+// update, category "update": the gradient's move and squares, the stash copy, AdamW - work,
+// not idle, though the flushing schedules do theirs outside the window), summed over ranks,
 // over the sum of those windows: 1 - sum_r busy_r / sum_r (end_k - start_r,k), averaged
 // over the counted steps. A rank's window stops where its next step starts, if that comes
 // first: 2bw's steps overlap across ranks (Note [PipeDream-2BW]), and time a rank spends on
@@ -16,7 +18,7 @@
 // steady ones: they ramp down as 1F1B does, and the simulator prices the steady step (on
 // config A at pp 2, 2bw's last step measured 10 points over the floor, its others 1.6-2.9).
 // A simulated trace is one step starting at 0, where this is the simulator's bubble_fraction
-// (1 - busy / (pp x pipeline end)).
+// (1 - busy / (pp x pipeline end), 2bw's update inside both: RankReport::update_end_s).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -87,8 +89,8 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
       flushes[pid].push_back(a);
     if (cat == "step") steps[pid].push_back({a, b});
     else if (name == "validation") validation[pid].push_back({a, b});
-    else if (cat == "compute" || cat == "pipeline") compute[pid].push_back({a, b});
-    if (cat == "pipeline") pipeline[pid].push_back({a, b});
+    else if (cat == "compute" || cat == "pipeline" || cat == "update") compute[pid].push_back({a, b});
+    if (cat == "pipeline" || cat == "update") pipeline[pid].push_back({a, b});
     else if (cat == "collective" || cat == "transfer") comm[pid].push_back({a, b});
   }
   for (const auto& [pid, end] : last_end) {

@@ -197,6 +197,19 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
 
 }  // namespace
 
+// Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
+// g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
+// corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).
+double stream_copies(const Setup& s, int64_t r) {
+  const ScheduleKind kind = s.plan.cfg.parallel.schedule;
+  const int64_t tau = s.pp - 1 - r;
+  return s.pp <= 1                                    ? 0
+         : kind == ScheduleKind::k2BW                 ? 5
+         : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
+         : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
+                                                       : 0;
+}
+
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const parallel::Schedule sched = parallel::make_schedule(par.schedule, int(s.pp), int(s.m), int(s.vpp), par.pp_vocab,

@@ -51,6 +51,9 @@ struct RankState {
 // Replays the plan's schedule (2bw: Note [Simulated 2BW]) and returns each pipeline rank's
 // state at the step's end; `events` (optional) receives the trace.
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
+// Note [Pipeline streams]: the passes over a stage's parameters its stream's copies around
+// each update take (2bw's stash and pending gradient, pipedream's stash, pipemare's).
+double stream_copies(const Setup& s, int64_t r);
 
 // sim/offload_cost.cc: Note [Page-cached offload]'s copies (`read` bytes out of the page cache,
 // `written` into it), whether a rank's offload file stays in the page cache, and Note [Chunk

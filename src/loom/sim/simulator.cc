@@ -383,19 +383,6 @@ double fp8_weights_of(const Setup& s, int64_t r, ScheduleKind kind) {
   return w;
 }
 
-// Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
-// g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
-// corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).
-double stream_copies(const Setup& s, int64_t r) {
-  const ScheduleKind kind = s.plan.cfg.parallel.schedule;
-  const int64_t tau = s.pp - 1 - r;
-  return s.pp <= 1                                    ? 0
-         : kind == ScheduleKind::k2BW                 ? 5
-         : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
-         : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
-                                                       : 0;
-}
-
 RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vector<SimEvent>* events) {
   const ParallelConfig& par = s.plan.cfg.parallel;
   const ModelConfig& model = s.plan.cfg.model;
@@ -463,7 +450,9 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   phase("param_fetch (exposed)", "io", 0, rep.param_fetch_exposed_s);
   phase("grad_sync (exposed)", "collective", 1, rep.dp_exposed_s);
   phase("tied_embedding_sync", "collective", 1, rep.tied_s);
-  phase("optimizer", "compute", 0, rep.optimizer_s);
+  const bool in_stream = kind == ScheduleKind::k2BW && s.pp > 1;  // Note [Measured bubble]
+  phase(in_stream ? "U" : "optimizer", in_stream ? "update" : "compute", 0, rep.optimizer_s);
+  rep.update_end_s = in_stream ? t : 0;
   phase("ps_push_update_pull", "collective", 1, rep.ps_s);
   phase("param_gather", "collective", 1, rep.param_gather_s);
   rep.step_end_s = t;
@@ -478,8 +467,8 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   for (size_t r = 0; r < res.ranks.size(); ++r) {
     if (res.ranks[r].step_end_s > res.ranks[worst].step_end_s) worst = r;
     if (res.ranks[r].memory.total() > res.ranks[heaviest].memory.total()) heaviest = r;
-    busy += res.ranks[r].busy_s, most = std::max(most, res.ranks[r].busy_s);
-    pipe_end = std::max(pipe_end, res.ranks[r].pipeline_end_s);
+    busy += res.ranks[r].bubble_busy_s(), most = std::max(most, res.ranks[r].bubble_busy_s());
+    pipe_end = std::max(pipe_end, res.ranks[r].bubble_end_s());
   }
   const RankReport& w = res.ranks[worst];
   res.step_time_s = w.step_end_s;

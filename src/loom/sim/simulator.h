@@ -79,6 +79,11 @@ struct RankReport {
   double param_read_bytes = 0, param_read_s = 0, param_fetch_exposed_s = 0;
   double grad_spill_bytes = 0;  // Note [Gradient chunks]: gradient bytes written per step (exposed, with their reads)
   double step_end_s = 0;
+  // Note [Measured bubble]: where the update runs inside the stream (2bw's steady step), the
+  // end of its "U" span, which counts as busy in the bubble and the floor; 0 elsewhere.
+  double update_end_s = 0;
+  double bubble_busy_s() const { return busy_s + (update_end_s > 0 ? optimizer_s : 0); }
+  double bubble_end_s() const { return update_end_s > 0 ? update_end_s : pipeline_end_s; }
   std::vector<int> chunk_in_flight;  // per chunk: most micro-batches held at once in the replay
 };
 
@@ -141,7 +146,9 @@ SimResult simulate(const SimPlan& plan, const ClusterSpec& cluster, bool record_
 // The bubble no schedule of this stage split can go below: every rank's window in a step is
 // at least the busiest rank's work (in a flushing step all start together and the busiest
 // must fit its work before the end; a stream runs at the busiest stage's pace), so
-//   bubble >= 1 - sum_r busy_r / (p x max_r busy_r).
+//   bubble >= 1 - sum_r busy_r / (p x max_r busy_r),
+// busy_r: the rank's pipeline steps, and its update where that runs inside the stream (2bw:
+// Note [Measured bubble] in cli/compare_cmd.cc).
 // E.g. stages of 4 and 5 s: 1 - 9 / 10 = 10%, whatever the schedule; even stages: 0. What a
 // schedule can remove is the bubble above it (its ramp, its dependencies' waits); what is
 // left at the floor takes another stage split (parallel.layer_split) to remove. loom compare

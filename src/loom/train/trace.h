@@ -1,6 +1,7 @@
 // Chrome-trace (Perfetto) timelines of a run: one process track per rank with a compute
 // thread (kernel groups: embedding, each block's forward and backward, head, optimizer;
-// pipeline steps F, B, W and pipedream / pipemare's updates U; idle gaps; waits on offload
+// pipeline steps F, B, W and pipedream / pipemare's updates U; 2bw's update work inside the
+// stream, U of category "update" (Note [Measured bubble]); idle gaps; waits on offload
 // chunk transfers, category "io") and a communication thread (every collective and transfer
 // from the rank's ledger), plus memory counters (resident bytes per category).
 //

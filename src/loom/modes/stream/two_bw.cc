@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "loom/train/trace.h"
+
 namespace loom {
 
 TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
@@ -32,14 +34,17 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   // Everything after the vocabulary tensors (all of it without pp_vocab).
   o.batch_gradients = [this] {
     if (!started_) return;  // the stream starts: nothing carried over
-    std::vector<float>& g = model_.grads();
-    const auto from = g.begin() + vocab_;
-    std::copy(from, g.end(), pending_.begin() + vocab_);
-    // Note [Fresh gradients]: with the whole buffer moved, the linears' first backwards write
-    // theirs. On config M at pp 2 the move and the zeroing took 1.9-2.0 ms a step on each
-    // stage instead of 2.8-4.1, time the stage spends between two steps' lists.
-    if (vocab_ == 0) model_.zero_grads();
-    else std::fill(from, g.end(), 0.0f);
+    {
+      const UpdateScope busy(trace_);
+      std::vector<float>& g = model_.grads();
+      const auto from = g.begin() + vocab_;
+      std::copy(from, g.end(), pending_.begin() + vocab_);
+      // Note [Fresh gradients]: with the whole buffer moved, the linears' first backwards write
+      // theirs. On config M at pp 2 the move and the zeroing took 1.9-2.0 ms a step on each
+      // stage instead of 2.8-4.1, time the stage spends between two steps' lists.
+      if (vocab_ == 0) model_.zero_grads();
+      else std::fill(from, g.end(), 0.0f);
+    }
     complete_part();
   };
   if (vocab_ == 0) return o;
@@ -48,6 +53,7 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   o.vocab_pending = [this](bool begin) {
     if (!started_) return;
     if (!begin) return complete_part();
+    const UpdateScope busy(trace_);
     float* g = model_.grads().data();
     std::copy(g, g + vocab_, pending_.data());
     std::fill(g, g + vocab_, 0.0f);
@@ -57,6 +63,14 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
     std::swap_ranges(g, g + vocab_, pending_.data());
   };
   return o;
+}
+
+TwoBwState::UpdateScope::UpdateScope(Trace* t) : t_(t) {
+  if (t_) t_->begin("U", "update");
+}
+
+TwoBwState::UpdateScope::~UpdateScope() {
+  if (t_) t_->end();
 }
 
 void TwoBwState::complete_part() {

@@ -64,6 +64,23 @@ class TwoBwState final : public StreamPart {
   void before_updates(bool flush);
   void after_updates(bool flush);
 
+  // Note [Measured bubble]: the update rule's work inside the stream - the gradient's move to
+  // the pending buffer, its squares, the stash copy and AdamW of a step that does not flush -
+  // traced as "U" spans of category "update", so a rank's time in it counts as busy, as
+  // pipedream's per-minibatch updates do. A flushing step updates after its drain, as 1F1B.
+  class UpdateScope {
+   public:
+    explicit UpdateScope(Trace* t);
+    ~UpdateScope();
+    UpdateScope(const UpdateScope&) = delete;
+    UpdateScope& operator=(const UpdateScope&) = delete;
+
+   private:
+    Trace* t_;
+  };
+  [[nodiscard]] UpdateScope update_scope(bool flush) const { return UpdateScope(flush ? nullptr : trace_); }
+  void trace(Trace* t) override { trace_ = pipeline_ ? t : nullptr; }
+
   const std::vector<float>& stash() const { return stash_; }
   bool pipeline() const override { return pipeline_; }
   // Pipeline: called with the pending gradient as soon as it is complete (mid-step), so its
@@ -86,6 +103,7 @@ class TwoBwState final : public StreamPart {
   bool has_pending_ = false;
   bool stash_valid_ = false;    // reference: the step computes on the stash
   bool bound_previous_ = false;  // pipeline: the stash is bound
+  Trace* trace_ = nullptr;       // pipeline: Note [Measured bubble]
 };
 
 }  // namespace loom

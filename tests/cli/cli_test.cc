@@ -202,6 +202,16 @@ TEST(Cli, CompareReportsTheBubbleAndTheFloorOfUnequalStages) {
   EXPECT_NEAR(got["bubble floor"].second, 0.25, 1e-9);
 }
 
+// `loom compare` of a trace with itself: its measured (pipeline bubble, bubble floor).
+std::pair<double, double> measured_bubble(const std::string& trace) {
+  const Result r = run("compare --json " + trace + " " + trace);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::map<std::string, double> got;
+  for (const auto& row : nlohmann::json::parse(r.output))
+    if (row["rank"] == "all") got[row["category"]] = row["measured"];
+  return std::pair{got["pipeline bubble"], got["bubble floor"]};
+}
+
 // Note [Measured bubble]: a stream's flushing steps are left out while steady ones exist. Four
 // 10 ms steps a rank (the first left out), each rank busy from 1 to 9 ms of its step: windows
 // of 9 ms, bubble 1 - 16 / 18 = 1/9, floor 0; in the flushing step 4 (marked) rank 1 is busy
@@ -222,20 +232,12 @@ TEST(Cli, CompareLeavesOutAStreamsFlushingSteps) {
       }
     f << "]}";
   };
-  auto measured = [&](const std::string& name) {
-    const Result r = run("compare --json " + dir + "/" + name + " " + dir + "/" + name);
-    EXPECT_EQ(r.code, 0) << r.output;
-    std::map<std::string, double> got;
-    for (const auto& row : nlohmann::json::parse(r.output))
-      if (row["rank"] == "all") got[row["category"]] = row["measured"];
-    return std::pair{got["pipeline bubble"], got["bubble floor"]};
-  };
   write("flush_last.json", false);
   write("flush_all.json", true);
-  const auto [bubble, floor] = measured("flush_last.json");
+  const auto [bubble, floor] = measured_bubble(dir + "/flush_last.json");
   EXPECT_NEAR(bubble, 1.0 / 9, 1e-9);
   EXPECT_NEAR(floor, 0.0, 1e-9);
-  const auto [all_bubble, all_floor] = measured("flush_all.json");
+  const auto [all_bubble, all_floor] = measured_bubble(dir + "/flush_all.json");
   EXPECT_NEAR(all_bubble, (1.0 / 9 + 1.0 / 9 + 4.0 / 9) / 3, 1e-9);
   EXPECT_NEAR(all_floor, 0.375 / 3, 1e-9);
 }
@@ -255,20 +257,12 @@ TEST(Cli, CompareCountsAStreamsUpdateAsBusy) {
       << "{\"ph\": \"X\", \"cat\": \"" << update_cat << "\", \"name\": \"U\", \"pid\": 0, \"ts\": 7000, \"dur\": 2000},"
       << "{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"F0\", \"pid\": 1, \"ts\": 2000, \"dur\": 6000}]}";
   };
-  auto measured = [&](const std::string& name) {
-    const Result r = run("compare --json " + dir + "/" + name + " " + dir + "/" + name);
-    EXPECT_EQ(r.code, 0) << r.output;
-    std::map<std::string, double> got;
-    for (const auto& row : nlohmann::json::parse(r.output))
-      if (row["rank"] == "all") got[row["category"]] = row["measured"];
-    return std::pair{got["pipeline bubble"], got["bubble floor"]};
-  };
   write("update_busy.json", "update");
   write("update_idle.json", "compute");
-  const auto [bubble, floor] = measured("update_busy.json");
+  const auto [bubble, floor] = measured_bubble(dir + "/update_busy.json");
   EXPECT_NEAR(bubble, 2.0 / 9, 1e-9);
   EXPECT_NEAR(floor, 1.0 / 8, 1e-9);
-  const auto [idle_bubble, idle_floor] = measured("update_idle.json");
+  const auto [idle_bubble, idle_floor] = measured_bubble(dir + "/update_idle.json");
   EXPECT_NEAR(idle_bubble, 1.0 / 4, 1e-9);
   EXPECT_NEAR(idle_floor, 0.0, 1e-9);
 }

@@ -214,19 +214,24 @@ TEST(TwoBw, FlushesAtCheckpointsAndResumesBitForBit) {
   EXPECT_EQ(one[0].final_params, plain[0].final_params);
 }
 
+// The trace of 4 steps of `schedule` at pp 2 (2 micro-batches), validating every `val_every`.
+nlohmann::json traced_run(const std::string& schedule, int val_every) {
+  testing_support::TempDir dir("loom-2bw-trace-" + schedule);
+  TrainOptions o;
+  o.trace_path = dir / "trace.json";
+  testing_support::train_as_threads(base({"parallel.pp=2", "train.grad_accum=2", "train.batch=4", "train.steps=4",
+                                          "train.val_every=" + std::to_string(val_every), "parallel.schedule=" + schedule}),
+                                    o);
+  std::ifstream f(o.trace_path);
+  return nlohmann::json::parse(f);
+}
+
 // Note [Trace schema]: the trace marks the steps a stream flushes (here the validation at
 // step 2 and the last, step 4) with args {"flush": 1} on every rank, and only those; a
 // flushing schedule's steps are not marked (every one of them flushes).
 TEST(TwoBw, TraceMarksTheFlushingSteps) {
-  testing_support::TempDir dir("loom-2bw-trace");
   for (const std::string schedule : {"2bw", "1f1b"}) {
-    TrainOptions o;
-    o.trace_path = dir / (schedule + ".json");
-    testing_support::train_as_threads(base({"parallel.pp=2", "train.grad_accum=2", "train.batch=4", "train.steps=4",
-                                            "train.val_every=2", "parallel.schedule=" + schedule}),
-                                      o);
-    std::ifstream f(o.trace_path);
-    const nlohmann::json j = nlohmann::json::parse(f);
+    const nlohmann::json j = traced_run(schedule, 2);
     std::map<int, std::vector<std::string>> marked;  // rank -> its marked steps
     int steps = 0;
     for (const auto& e : j.at("traceEvents")) {
@@ -248,15 +253,8 @@ TEST(TwoBw, TraceMarksTheFlushingSteps) {
 // "update" in every step that does not flush, never inside a pipeline step; 1F1B's update
 // after its drain carries none.
 TEST(TwoBw, TraceMarksTheUpdateWorkInsideTheStream) {
-  testing_support::TempDir dir("loom-2bw-update-trace");
   for (const std::string schedule : {"2bw", "1f1b"}) {
-    TrainOptions o;
-    o.trace_path = dir / (schedule + ".json");
-    testing_support::train_as_threads(base({"parallel.pp=2", "train.grad_accum=2", "train.batch=4", "train.steps=4",
-                                            "train.val_every=0", "parallel.schedule=" + schedule}),
-                                      o);
-    std::ifstream f(o.trace_path);
-    const nlohmann::json j = nlohmann::json::parse(f);
+    const nlohmann::json j = traced_run(schedule, 0);
     struct Span {
       double a, b;
       bool flush;

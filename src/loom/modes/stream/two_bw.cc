@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "loom/train/trace.h"
 
@@ -32,7 +33,7 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   };
   parts_done_ = 0;
   // Everything after the vocabulary tensors (all of it without pp_vocab).
-  o.batch_gradients = [this] {
+  o.batch_gradients = [this, flush] {
     if (!started_) return;  // the stream starts: nothing carried over
     {
       const UpdateScope busy(trace_);
@@ -44,6 +45,10 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
       // stage instead of 2.8-4.1, time the stage spends between two steps' lists.
       if (vocab_ == 0) model_.zero_grads();
       else std::fill(from, g.end(), 0.0f);
+      if (!flush) {  // Note [Early stash]
+        std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
+        stash_copied_ = true;
+      }
     }
     complete_part();
   };
@@ -97,7 +102,7 @@ std::vector<TwoBwState::Update> TwoBwState::updates(int64_t step, bool flush) {
 
 void TwoBwState::before_updates(bool flush) {
   if (flush) return;  // the next step starts the stream on the updated weights
-  std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
+  if (!std::exchange(stash_copied_, false)) std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
   stash_valid_ = true;
 }
 

@@ -6,6 +6,11 @@
 // buffer carries over between steps (the trailing backwards finish the previous step's
 // gradient); before the step's first own backward that complete gradient moves to the
 // pending buffer. At the step's end: stash <- W(t-1), then W(t) = AdamW(W(t-1), pending).
+// Note [Early stash]: nothing reads the stash between the step's last trailing backward and
+// the next step's first, and W(t-1) does not change before the step's end, so a pipeline
+// stage copies stash <- W(t-1) as it moves the gradient (after the trailing backwards), not at
+// the step's end: there the first stage's update delays its next forwards, which the last
+// stage waits for (config M at pp 2: that copy took 10-31 ms in slow runs).
 // A flushing step also finishes its own gradient (the cool-down backwards) and applies it
 // after the pending one; the next step starts the stream again. Under pp_vocab the tensors the
 // vocabulary passes add to (Model::vocab_range()) complete apart: the step's first pass moves
@@ -103,6 +108,7 @@ class TwoBwState final : public StreamPart {
   bool has_pending_ = false;
   bool stash_valid_ = false;    // reference: the step computes on the stash
   bool bound_previous_ = false;  // pipeline: the stash is bound
+  bool stash_copied_ = false;    // pipeline: this step's stash <- W is made (Note [Early stash])
   Trace* trace_ = nullptr;       // pipeline: Note [Measured bubble]
 };
 

@@ -170,16 +170,26 @@ int64_t zero_stage(const PublishedRun& row) {
 bool grace_offload(const PublishedRun& row, const PublishedCase& c) {
   return nvidia_recipe(row) && c.cluster.device.host_bw > 0 && c.plan.cfg.parallel.pp == 1;
 }
-bool nemo_340b(const PublishedRun& row) { return nemo_launcher(row) && contains(text(row, "model"), "Nemotron-4 340B"); }
-bool nemo1_llama2_7b(const PublishedRun& row) {
+// Where a model's own config departs from what every recipe sets (sp and the userbuffer tp
+// overlap at tp > 1, no recompute): Nemotron-4 340B's launcher config (no tp overlap,
+// selective recompute) and NeMo 1.x's Llama 2 7B config (neither sp nor tp overlap).
+struct ModelConfigFlags {
+  const char* config = nullptr;  // the config that says so; nullptr: the recipe's settings
+  bool sp = true, tp_overlap = true;
+  const char* recompute = "";  // when the row states none
+};
+ModelConfigFlags model_config_flags(const PublishedRun& row) {
+  if (nemo_launcher(row) && contains(text(row, "model"), "Nemotron-4 340B"))
+    return {"the NeMo launcher's Nemotron-4 340B config", true, false, "selective"};
   std::string m = model_name(row);
   std::erase_if(m, [](char ch) { return ch == ' ' || ch == '-' || ch == '_'; });
-  return contains(text(row, "framework"), "NeMo 24.0") && contains(m, "llama27b");
+  if (contains(text(row, "framework"), "NeMo 24.0") && contains(m, "llama27b"))
+    return {"NeMo launcher's llama2_7b config", false, false, ""};
+  return {};
 }
 bool recipe_tp_overlap(const PublishedRun& row) {
-  if (nemo1_llama2_7b(row)) return false;
-  if (nemo_launcher(row)) return !nemo_340b(row);
-  return nvidia_recipe(row) && !contains(text(row, "precision"), "nvfp4");
+  if (!model_config_flags(row).tp_overlap) return false;
+  return nemo_launcher(row) || (nvidia_recipe(row) && !contains(text(row, "precision"), "nvfp4"));
 }
 
 // Note [Unstated Megatron flags]
@@ -199,7 +209,7 @@ bool recipe_tp_overlap(const PublishedRun& row) {
 bool implied_sp(const PublishedRun& row) {
   const std::string sp = text(row, "sequence_parallel");
   if (!sp.empty()) return sp == "yes";
-  if (nemo1_llama2_7b(row)) return false;  // Note [NVIDIA recipes]
+  if (!model_config_flags(row).sp) return false;  // Note [NVIDIA recipes]
   return num(row, "tensor_parallel") > 1 && (contains(text(row, "notes"), "--tp-comm-overlap") || nvidia_recipe(row));
 }
 
@@ -216,9 +226,10 @@ std::string unstated_flags(const PublishedRun& row) {
           ": distributed optimizer (ZeRO-1), overlapped");
     if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("sequence parallel");
     if (recipe_tp_overlap(row) && num(row, "tensor_parallel") > 1) add("tp communication overlapped");
-    if (nemo1_llama2_7b(row) && num(row, "tensor_parallel") > 1)
-      add("NeMo launcher's llama2_7b config: no sequence parallelism, no tp overlap");
-    if (text(row, "recompute").empty() && nemo_340b(row)) add("recompute selective");
+    const ModelConfigFlags f = model_config_flags(row);
+    if (!f.sp && num(row, "tensor_parallel") > 1)
+      add(std::string(f.config) + ": no sequence parallelism, no tp overlap");
+    if (text(row, "recompute").empty() && *f.recompute) add(std::string("recompute ") + f.recompute);
     return out;
   }
   if (text(row, "zero_or_sharding").empty() && zero_stage(row) == 1)
@@ -498,7 +509,7 @@ PublishedCase published_case(const PublishedRun& row) {
   const int64_t vpp = interleave(row);
   const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size", 1));
   const int64_t gb = int64_t(num(row, "global_batch_size"));
-  const std::string rec = text(row, "recompute").empty() && nemo_340b(row) ? "selective" : text(row, "recompute");
+  const std::string rec = text(row, "recompute").empty() ? model_config_flags(row).recompute : text(row, "recompute");
   std::vector<std::string> sets = model_keys(row, heads);
   sets.insert(sets.end(), {
       "train.batch=" + std::to_string(gb), "train.grad_accum=" + std::to_string(gb / (mb * dp)),

@@ -40,7 +40,7 @@ int64_t run_steps(Role& role, const Config& cfg, int global_rank, const Spans& s
   StepOutcome held;  // a 2bw step whose loss comes with the next step's result
   for (int64_t step = first; role.runs(step, first); step++) {
     liveness::enter_step(step, global_rank);  // the heartbeat's step; Note [Failpoints]
-    std::vector<std::pair<std::string, int64_t>> args;  // Note [Trace schema]: a stream's flush marked
+    Trace::Args args;  // Note [Trace schema]: a stream's flush marked
     if (streams(cfg.parallel.schedule) && flushes_pipeline(cfg, step)) args.push_back({"flush", 1});
     const Spans::Scope step_span = spans.open("step " + std::to_string(step + 1), "step", std::move(args));
     const Role::Step s = role.step(step);

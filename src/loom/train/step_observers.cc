@@ -27,16 +27,6 @@ namespace loom {
 // non-finite validation loss stops the run before the state that gave it is saved. A new per-step duty (a
 // profiler window, an early stop) is a new observer, not a new branch in the loop.
 
-Spans::Scope::~Scope() {
-  if (t_) t_->end();
-}
-
-Spans::Scope Spans::open(const std::string& name, const char* category,
-                         std::vector<std::pair<std::string, int64_t>> args) const {
-  if (t_) t_->begin(name, category, std::move(args));
-  return Scope(t_);
-}
-
 StepLog::StepLog(Reporter& rep, TrainSummary& sum, const Config& cfg, Clock::time_point t0)
     : seed_(uint64_t(cfg.train.seed)), batch_(cfg.train.batch), rep_(rep), sum_(sum), log_every_(cfg.train.log_every),
       steps_(cfg.train.steps), bucketing_(cfg.data.bucketing), t0_(t0), last_(t0) {}

@@ -13,6 +13,7 @@
 #include "loom/ckpt/memory_ckpt.h"
 #include "loom/ckpt/shard_ckpt.h"
 #include "loom/train/report.h"
+#include "loom/train/trace.h"
 #include "loom/train/train_options.h"
 
 namespace loom {
@@ -28,31 +29,7 @@ class DataLoader;
 namespace data {
 class MixedStream;
 }
-class Trace;
-
 using Clock = std::chrono::steady_clock;
-
-// Trace spans (Note [Trace schema]) when a trace is being written; no-ops otherwise.
-class Spans {
- public:
-  explicit Spans(Trace* t) : t_(t) {}
-  class Scope {
-   public:
-    explicit Scope(Trace* t) : t_(t) {}
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
-    ~Scope();
-
-   private:
-    Trace* t_;
-  };
-  // Opens a span that closes when the returned scope ends; `args` as Trace::begin's.
-  Scope open(const std::string& name, const char* category,
-             std::vector<std::pair<std::string, int64_t>> args = {}) const;
-
- private:
-  Trace* t_;
-};
 
 // One finished optimizer step as the loop hands it to its observers.
 struct StepOutcome {

@@ -23,6 +23,15 @@ void Trace::begin(const std::string& name, const std::string& cat, Args args) {
   open_.push_back({name, cat, now_us(), std::move(args)});
 }
 
+Spans::Scope::~Scope() {
+  if (t_) t_->end();
+}
+
+Spans::Scope Spans::open(const std::string& name, const char* category, Trace::Args args) const {
+  if (t_) t_->begin(name, category, std::move(args));
+  return Scope(t_);
+}
+
 void Trace::end() {
   LOOM_ASSERT(!open_.empty());
   Open& o = open_.back();

@@ -66,4 +66,25 @@ class Trace {
   std::vector<Open> open_;  // begin() stack
 };
 
+// Trace spans (Note [Trace schema]) when a trace is being written; no-ops otherwise.
+class Spans {
+ public:
+  explicit Spans(Trace* t) : t_(t) {}
+  class Scope {
+   public:
+    explicit Scope(Trace* t) : t_(t) {}
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope();
+
+   private:
+    Trace* t_;
+  };
+  // Opens a span that closes when the returned scope ends; `args` as Trace::begin's.
+  Scope open(const std::string& name, const char* category, Trace::Args args = {}) const;
+
+ private:
+  Trace* t_;
+};
+
 }  // namespace loom

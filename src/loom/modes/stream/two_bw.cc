@@ -4,8 +4,6 @@
 #include <cstring>
 #include <utility>
 
-#include "loom/train/trace.h"
-
 namespace loom {
 
 TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
@@ -36,7 +34,7 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   o.batch_gradients = [this, flush] {
     if (!started_) return;  // the stream starts: nothing carried over
     {
-      const UpdateScope busy(trace_);
+      const Spans::Scope busy = update_scope(false);
       std::vector<float>& g = model_.grads();
       const auto from = g.begin() + vocab_;
       std::copy(from, g.end(), pending_.begin() + vocab_);
@@ -58,7 +56,7 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
   o.vocab_pending = [this](bool begin) {
     if (!started_) return;
     if (!begin) return complete_part();
-    const UpdateScope busy(trace_);
+    const Spans::Scope busy = update_scope(false);
     float* g = model_.grads().data();
     std::copy(g, g + vocab_, pending_.data());
     std::fill(g, g + vocab_, 0.0f);
@@ -68,14 +66,6 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
     std::swap_ranges(g, g + vocab_, pending_.data());
   };
   return o;
-}
-
-TwoBwState::UpdateScope::UpdateScope(Trace* t) : t_(t) {
-  if (t_) t_->begin("U", "update");
-}
-
-TwoBwState::UpdateScope::~UpdateScope() {
-  if (t_) t_->end();
 }
 
 void TwoBwState::complete_part() {

@@ -33,6 +33,7 @@
 #include "loom/model/model.h"
 #include "loom/modes/stream/stream_part.h"
 #include "loom/parallel/pipeline.h"
+#include "loom/train/trace.h"
 
 namespace loom {
 
@@ -73,17 +74,9 @@ class TwoBwState final : public StreamPart {
   // the pending buffer, its squares, the stash copy and AdamW of a step that does not flush -
   // traced as "U" spans of category "update", so a rank's time in it counts as busy, as
   // pipedream's per-minibatch updates do. A flushing step updates after its drain, as 1F1B.
-  class UpdateScope {
-   public:
-    explicit UpdateScope(Trace* t);
-    ~UpdateScope();
-    UpdateScope(const UpdateScope&) = delete;
-    UpdateScope& operator=(const UpdateScope&) = delete;
-
-   private:
-    Trace* t_;
-  };
-  [[nodiscard]] UpdateScope update_scope(bool flush) const { return UpdateScope(flush ? nullptr : trace_); }
+  [[nodiscard]] Spans::Scope update_scope(bool flush) const {
+    return Spans(flush ? nullptr : trace_).open("U", "update");
+  }
   void trace(Trace* t) override { trace_ = pipeline_ ? t : nullptr; }
 
   const std::vector<float>& stash() const { return stash_; }

@@ -30,7 +30,7 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
   TwoBwState& s = *two_bw_;
   const std::vector<TwoBwState::Update> updates = s.updates(step, flush);
   {
-    const TwoBwState::UpdateScope busy = s.update_scope(flush);  // Note [Measured bubble]
+    const Spans::Scope busy = s.update_scope(flush);  // Note [Measured bubble]
     s.before_updates(flush);
   }
   start_deferred_norm();
@@ -48,7 +48,7 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
       ss = v[1];
     }
     r.norm = std::sqrt(ss / rc.dp_size);  // every dp replica counted the same gradient
-    const TwoBwState::UpdateScope busy = s.update_scope(flush);
+    const Spans::Scope busy = s.update_scope(flush);
     if (const double coef = clip_coef(r.norm, cfg_.optim.grad_clip); coef != 1.0)
       for (const FlatRange& o : adamw_.owned()) k.scale_inplace(g.data() + o.offset, o.count, float(coef));
     adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps));
@@ -81,7 +81,7 @@ void Updater::start_pending_norm(std::vector<float>& g) {
 void Updater::start_norm_sum(std::vector<float>& g) {
   dp_mean(g);
   {
-    const TwoBwState::UpdateScope busy = two_bw_->update_scope(false);
+    const Spans::Scope busy = two_bw_->update_scope(false);
     norm_buf_[0] = sum_squares(e_.model.ops(), g.data(), norm_ranges_);
   }
   norm_work_ = e_.rc.stats->all_reduce(std::span<double>(norm_buf_, 1), comm::ReduceOp::kSum, {.async = true, .lazy = true});

@@ -308,13 +308,13 @@ TEST(Published, NemoLauncherRowsTakeTheirConfigs) {
   EXPECT_FALSE(m.plan.dp_overlap || m.plan.param_gather_overlap || m.plan.tp_overlap);
 }
 
-// Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.957 of the preset's
+// Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.962 of the preset's
 // compute rate, Megatron-core (NeMo 24.12's launcher, Megatron-LM's r0.8.0 README) at 0.864,
 // on Blackwell too; the same stacks on A100, and Megatron-LM before core, at the preset's own.
 TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   const double h100 = load_cluster("dgx-h100", {}, 8, "").device.peak_flops;
   const std::string foundry = "llm-foundry / Composer (PyTorch FSDP, FlashAttention)";
-  EXPECT_NEAR(published_case(row_of(foundry, "")).cluster.device.peak_flops, 0.957 * h100, 1e-6 * h100);
+  EXPECT_NEAR(published_case(row_of(foundry, "")).cluster.device.peak_flops, 0.962 * h100, 1e-6 * h100);
   EXPECT_NEAR(published_case(row_of("NeMo (NeMo Launcher / Megatron-Core), container 24.12", "")).cluster.device.peak_flops,
               0.864 * h100, 1e-6 * h100);
   EXPECT_NEAR(published_case(row_of("Megatron-Core r0.8.0", "")).cluster.device.peak_flops, 0.864 * h100, 1e-6 * h100);
@@ -334,7 +334,18 @@ TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   full.device.peak_flops = h100;
   const double slow = simulate(c.plan, c.cluster).step_time_s, fast = simulate(c.plan, full).step_time_s;
   EXPECT_GT(slow, fast);
-  EXPECT_LT(slow, fast / 0.957);
+  EXPECT_LT(slow, fast / 0.962);
+}
+
+// Note [Stack efficiency]: llm-foundry's H100 factor is the one that prices its four
+// compute-bound rows (232, 238, 241, 244 of the reference set, copied beside this test) with zero
+// mean error, to the factor's three digits (a step of 0.001 moves that mean by ~0.1%).
+TEST(Published, FoundryH100FactorZeroesItsFitRowsMeanError) {
+  const auto rows = read_published_runs(LOOM_SOURCE_DIR "/tests/reference/foundry_h100_fit_rows.csv");
+  ASSERT_EQ(rows.size(), 4u);
+  double mean = 0;
+  for (const auto& row : rows) mean += check_published(row).error() / 4;
+  EXPECT_LT(std::fabs(mean), 0.0005) << mean;
 }
 
 // The 40 GB A100 rows run on the 40 GB part's HBM2 (1,555 GB/s, 40 GiB; datasheet), the rest

@@ -2,6 +2,7 @@
 // the compute cannot hide and the compute it slows, with the arithmetic shown.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,8 +84,10 @@ TEST(OverlapCost, HiddenZero3CollectivesCostKappaOfThemselves) {
 }
 
 // Note [Backward prefetch]: under BACKWARD_POST each layer's backward waits for its whole
-// gather and only the reduce-scatter hides under the compute: 12 x (0.159 AG (forward, hidden)
-// + AG + 0.159 RS); at overlap cost 0, 12 x AG. Frameworks other than fsdp refuse it.
+// gather, which shares the links with the reduce-scatter until the shorter is through, and
+// what is left of the reduce-scatter hides under the compute: with S = min(AG, RS),
+// 12 x (0.159 AG (forward, hidden) + AG + S + 0.159 (RS - S)); at overlap cost 0,
+// 12 x (AG + S). Frameworks other than fsdp refuse it.
 TEST(OverlapCost, BackwardPostPrefetchExposesTheGather) {
   SimPlan p;
   p.cfg = load_config("", {"model.preset=gpt2", "parallel.dp=16", "parallel.zero=3", "train.batch=128",
@@ -93,9 +96,10 @@ TEST(OverlapCost, BackwardPostPrefetchExposesTheGather) {
   p.backward_prefetch_post = true;
   const ClusterSpec c = load_cluster("dgx-a100", {}, 16, "");
   const auto [ag, rs] = gather_and_scatter_s(p, c);
-  EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * (0.159 * ag + ag + 0.159 * rs), 1e-12);
+  const double shared = std::min(ag, rs);
+  EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * (0.159 * ag + ag + shared + 0.159 * (rs - shared)), 1e-12);
   const ClusterSpec free_overlap = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, 16, "");
-  EXPECT_NEAR(simulate(p, free_overlap).breakdown.zero_comm, 12 * ag, 1e-12);
+  EXPECT_NEAR(simulate(p, free_overlap).breakdown.zero_comm, 12 * (ag + shared), 1e-12);
   for (Framework f : {Framework::kMegatron, Framework::kLoom}) {
     SimPlan other = p;
     other.framework = f;
@@ -106,6 +110,27 @@ TEST(OverlapCost, BackwardPostPrefetchExposesTheGather) {
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("--backward-prefetch post"), std::string::npos) << e.what();
     }
+  }
+}
+
+// Note [Backward prefetch]: the gather is through after AG + min(AG, RS) whichever of the two is
+// shorter. Int8 gathers (qwZ) beside bf16 reduce-scatters: 2 AG a layer; bf16 gathers beside int8
+// reduce-scatters (qgZ): AG + RS (overlap cost 0, so the rest of the reduce-scatter is free).
+TEST(OverlapCost, BackwardPostGatherSharesTheLinksWithTheReduceScatter) {
+  const ClusterSpec c = load_cluster("dgx-a100", {"cluster.device.overlap_cost=0"}, 16, "");
+  const GroupShape g = place_group(c, 16, 1);
+  const double int8 = 1 + 4.0 / 256;  // comm::kQuantBlock's fp32 scale per 256 values
+  for (const bool qwz : {true, false}) {
+    SimPlan p;
+    p.cfg = load_config("", {"model.preset=gpt2", "parallel.dp=16", "parallel.zero=3", "train.batch=128",
+                             "train.grad_accum=1", qwz ? "parallel.zeropp_qwz=true" : "parallel.zeropp_qgz=true"});
+    p.framework = Framework::kFsdp;
+    p.backward_prefetch_post = true;
+    const double unit = block_params(p.cfg.model, 1).per_tp_rank;
+    const double ag = collective_time_s(c, OpKind::kAllGather, unit * (qwz ? int8 : 2.0), g);
+    const double rs = collective_time_s(c, OpKind::kReduceScatter, unit * (qwz ? 2.0 : int8), g);
+    EXPECT_EQ(ag < rs, qwz);
+    EXPECT_NEAR(simulate(p, c).breakdown.zero_comm, 12 * (ag + std::min(ag, rs)), 1e-12) << qwz;
   }
 }
 

@@ -265,11 +265,12 @@ Attention published_attention(const PublishedRun& row) {
 // rate (the cluster's peak: GEMMs and attention alike; memory-bound kernels and links
 // unchanged). `loom simulate --compute-efficiency` states it for a user's stack.
 //   llm-foundry / Composer on H100 (the README's 2023 H100 BF16 tables: PyTorch FSDP with
-//   FlashAttention-1-class kernels): 0.957, the factor that prices the table's four
+//   FlashAttention-1-class kernels): 0.962, the factor that prices the table's four
 //   compute-bound rows - full recompute, >= 40k tokens a micro-batch, so FSDP's collectives are
 //   a few percent of the compute - with zero mean error (rows 232, 238, 241, 244, with their
 //   stack's backward prefetch, Note [Backward prefetch]); their sequences run from 1,024 to
-//   16,384, so it is a rate, not an attention curve. It was 0.873 over the preset's earlier,
+//   16,384, so it is a rate, not an attention curve (0.957 before BACKWARD_POST's gather was
+//   priced sharing the links with the reduce-scatter). It was 0.873 over the preset's earlier,
 //   partly assumed curves (GEMMs at 0.76 of peak from a single burst, 4 us a
 //   kernel): most of that gap was the preset's, not the stack's. The source's other 17 H100
 //   rows are its check. Its A100 rows take 1 (at 1 the stack's 27 A100 rows are priced with
@@ -289,7 +290,7 @@ Attention published_attention(const PublishedRun& row) {
 //   curves are the H100's measured ones by assumption (no Blackwell kernel was timed), so what
 //   the stack loses beyond them is taken as it is on the H100; its rows (S07, S08) were seen
 //   before this choice and do not check it. Pre-Hopper rows (A100, V100) take 1.
-constexpr double kFoundryH100Efficiency = 0.957;
+constexpr double kFoundryH100Efficiency = 0.962;
 constexpr double kMegatronCoreEfficiency = 0.864;
 
 double stack_efficiency(const PublishedRun& row) {

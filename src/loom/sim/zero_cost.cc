@@ -51,13 +51,19 @@ namespace loom::sim {
 // BackwardPrefetch). BACKWARD_PRE, torch's default and loom's engine's (ParamGather::acquire
 // prefetches the next unit as it takes the current one): issued before the current unit's
 // gradient computation, so it hides under it, as above. BACKWARD_POST: issued after it, so
-// "the next all-gather overlaps the current reduce-scatter" (the FSDP API docs), not compute:
-// the next unit's backward waits for its whole gather, and only the reduce-scatter hides under
-// that unit's compute:
-//   bwd = AG + overlapped(RS, C_bwd).
+// "the next all-gather overlaps the current reduce-scatter" (the FSDP API docs), not compute.
+// The two start together when the unit's gradients are done and run on the same links (each
+// NCCL kernel on its own channels over the same NVLink and NICs), each at about half the
+// bandwidth while both run (assumed: an even split): the gather is through after
+// AG + min(AG, RS), the next unit's backward waits for it, and what is left of the
+// reduce-scatter hides under that unit's compute:
+//   bwd = AG + min(AG, RS) + overlapped(RS - min(AG, RS), C_bwd).
 // Composer, and so llm-foundry, defaulted to it (composer/trainer/dist_strategy.py of 2023:
 // fsdp_config.get('backward_prefetch', 'BACKWARD_POST'); llm-foundry's benchmark yamls leave it
-// unset). The two collectives' sharing of the links is not priced.
+// unset). The sharing is what llm-foundry's H100 rows at few tokens a micro-batch showed: with
+// the gather priced alone (AG + overlapped(RS, C_bwd)) the rows whose collectives are a large
+// share of each micro-batch were 9-20% too fast (MPT-30B and -70B at 4-8k tokens a micro-batch,
+// MPT-13B at 4k), those at 40k+ within 1% (docs/log/benchmarks.md, 2026-12-04).
 //
 // Megatron-LM and Megatron-core shard only optimizer state (--use-distributed-optimizer,
 // ZeRO-1); ZeRO-2/3 there are refused rather than priced as something Megatron never ran.
@@ -87,7 +93,10 @@ ZeroLayerCost coalesced(const Setup& s, const UnitCost& b, bool keep) {
   const DeviceSpec& d = s.cluster.device;
   z.fwd = overlapped_s(d, ag, b.fwd.compute) * (keep ? 1.0 / double(s.m) : 1.0);
   const double window = b.bwd.compute + b.recompute.compute, gather = keep ? 0.0 : backward_gather_s(s, unit, ag);
-  z.bwd = s.plan.backward_prefetch_post ? gather + overlapped_s(d, rs, window)  // Note [Backward prefetch]
+  // Note [Backward prefetch]: under BACKWARD_POST the gather and the reduce-scatter start together
+  // and share the links until the shorter of the two is through.
+  const double shared = std::min(gather, rs);
+  z.bwd = s.plan.backward_prefetch_post ? gather + shared + overlapped_s(d, rs - shared, window)
                                         : overlapped_s(d, rs + gather, window);
   return z;
 }

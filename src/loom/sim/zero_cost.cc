@@ -52,12 +52,14 @@ namespace loom::sim {
 // prefetches the next unit as it takes the current one): issued before the current unit's
 // gradient computation, so it hides under it, as above. BACKWARD_POST: issued after it, so
 // "the next all-gather overlaps the current reduce-scatter" (the FSDP API docs), not compute.
-// The two start together when the unit's gradients are done and run on the same links (each
-// NCCL kernel on its own channels over the same NVLink and NICs), each at about half the
-// bandwidth while both run (assumed: an even split): the gather is through after
-// AG + min(AG, RS), the next unit's backward waits for it, and what is left of the
-// reduce-scatter hides under that unit's compute:
+// The two are issued together when the unit's gradients are done and move their bytes over the
+// same NVLink and NICs; priced as sharing them evenly while both run (assumed), so the gather
+// is through after AG + min(AG, RS), the next unit's backward waits for it, and what is left
+// of the reduce-scatter hides under that unit's compute:
 //   bwd = AG + min(AG, RS) + overlapped(RS - min(AG, RS), C_bwd).
+// (torch's ProcessGroupNCCL queues a group's collectives on one stream, so the two may run in
+// turn instead; with the reduce-scatter first that costs AG + RS, the same when the two are
+// equal, as in the rows below.)
 // Composer, and so llm-foundry, defaulted to it (composer/trainer/dist_strategy.py of 2023:
 // fsdp_config.get('backward_prefetch', 'BACKWARD_POST'); llm-foundry's benchmark yamls leave it
 // unset). The sharing is what llm-foundry's H100 rows at few tokens a micro-batch showed: with

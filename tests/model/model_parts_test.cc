@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 
@@ -166,6 +167,44 @@ TEST(Recompute, SelectiveAndFullGiveBitIdenticalLossesAndGradients) {
       if (policy[1] == Recompute::kFull) EXPECT_LT(m.activation_bytes(), plain.activation_bytes() / 2);
       else EXPECT_LT(m.activation_bytes(), plain.activation_bytes());
     }
+  }
+}
+
+// Counts the tensor-parallel all-reduces one rank issues; the sums themselves are left out (one
+// rank of two runs alone here, so only the calls are checked, not the numbers).
+class CountingTpComm : public TpComm {
+ public:
+  int all_reduces = 0;
+  void all_reduce_sum(float*, int64_t) override { all_reduces++; }
+  void all_reduce_max(float*, int64_t) override {}
+  void broadcast(float*, int64_t, int) override {}
+  void reduce_sum(float*, int64_t, int) override {}
+  void all_gather_blocks(float*, int64_t) override {}
+  void reduce_scatter_blocks(float*, int64_t) override {}
+  void all_to_all_blocks(const float*, float*, int64_t) override {}
+  std::function<void()> ring_shift(const float*, float*, int64_t) override { return [] {}; }
+};
+
+// Note [Recompute]: a fully recomputed layer reruns its forward up to the MLP activation, not
+// the output projection: at tp 2 it repeats the attention projection's all-reduce and not the
+// MLP's, one all-reduce a recomputed layer more than without recompute (two before).
+TEST(Recompute, FullRecomputeStopsBeforeTheMlpOutputProjection) {
+  for (Arch arch : {Arch::kGpt, Arch::kLlama}) {
+    const ModelConfig cfg = small(arch);
+    const Batch b = random_batch(16, cfg.vocab, 9);
+    int calls[2] = {0, 0};
+    for (int full = 0; full < 2; full++) {
+      CountingTpComm comm;
+      ModelOptions o = with_part({{}, true, true, 2, 0});
+      o.tp_comm = &comm;
+      if (full) o.recompute = {Recompute::kFull, Recompute::kNone, Recompute::kFull, Recompute::kFull};
+      Model m(cfg, 2, 8, KernelBackend::kCpu, o);
+      m.init_weights(4);
+      m.forward_backward(b.tok.data(), b.tgt.data(), 2, 8, 1.0f);
+      calls[full] = comm.all_reduces;
+    }
+    EXPECT_GT(calls[0], 0);
+    EXPECT_EQ(calls[1] - calls[0], 3) << "three recomputed layers, one all-reduce each";
   }
 }
 

@@ -16,7 +16,7 @@ void Model::backward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, W
   span("backward", l, true);
   use(l, true);
   writes(l, true);
-  if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T);
+  if (recompute_[size_t(l)] == Recompute::kFull) forward_block(sl, i, l, B, T, true);
   const Acts& a = *acts_;
   const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];

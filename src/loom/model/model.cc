@@ -17,9 +17,14 @@ namespace loom {
 // A layer's saved activations are pointers into the slot's storage. Selective recompute
 // points every such layer's `probs` at one shared buffer and reruns the attention core
 // before its backward; full recompute keeps only the block output (the next block's
-// input) per layer, points everything else at one shared block, and reruns the whole
-// block forward (its tensor-parallel all-reduces included) before its backward. The
-// kernels are deterministic, so recomputed values are bit-identical to the originals.
+// input) per layer, points everything else at one shared block, and reruns the block
+// forward (its tensor-parallel all-reduces included) before its backward, up to the MLP
+// activation fcg: the output projection's backward reads fcg and dL/d out, the residual's
+// nothing, so the projection, its all-reduce (or reduce-scatter) and the residual add are
+// not rerun - their result is the block output, which is kept or already consumed. That is
+// the last GEMM of four (a third of a GPT block's GEMM FLOPs at ffn 4h), as PyTorch's
+// non-reentrant checkpoint stops early (torch >= 2.1); Megatron's recompute reruns it all.
+// The kernels are deterministic, so recomputed values are bit-identical to the originals.
 
 // Note [Lean residual stream]
 // In train.precision = bf16 the norms' backward reads their kept bf16 outputs, not their
@@ -337,7 +342,7 @@ const int32_t* Model::doc_starts(const Slot& sl) const {
 }
 
 // Layer l (global index) = block i of the slot's chunk.
-void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
+void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, bool recompute) {
   const Slot::Block& s = sl.blocks[size_t(i)];
   const BlockView& w = pv_.blocks[l];
   const float* x0 = i == 0 ? sl.input : sl.blocks[size_t(i) - 1].out;  // (Nr,C)
@@ -367,7 +372,8 @@ void Model::forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T) {
     k_.swiglu_forward(s.fcg, s.fch, N, F);
   }
   keep(s.fcg, s.fcg_h, N * F);
-  row_parallel(s.out, {s.fcg, s.fcg_h}, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
+  if (!recompute)  // Note [Recompute]: nothing the backward reads comes after fcg
+    row_parallel(s.out, {s.fcg, s.fcg_h}, w.mlp_proj_w, w.mlp_proj_b, N, F, s.x1);  // out = x1 + fcg W2^T + b2
   use(l, false);
   span("forward", l, false);
 }
@@ -432,7 +438,7 @@ void Model::forward_chunk(Slot& sl, int chunk, const int32_t* tokens, const floa
     }
   }
   const auto [first, last] = chunks_[size_t(chunk)];
-  for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T);
+  for (int l = first; l < last; l++) forward_block(sl, l - first, l, B, T, false);
   if (!chunk_has_head(chunk)) return;
   const float* xl = sl.blocks.empty() ? sl.input : sl.blocks.back().out;
   use(head_unit(), true);

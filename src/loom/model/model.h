@@ -286,7 +286,9 @@ class Model {
   void weight_chunk(const Slot& sl, const WSlot& ws, int chunk, int64_t B, int64_t T);
   WSlot& wslot(int chunk, int w) const;
   void run_backward(int chunk, int slot, const float* dy, int64_t B, int64_t T, WSlot* ws);
-  void forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T);
+  // recompute: a full recompute before the layer's backward (Note [Recompute]), which stops
+  // before the MLP's output projection.
+  void forward_block(const Slot& sl, int i, int l, int64_t B, int64_t T, bool recompute);
   // Sequence-parallel helpers (Note [Sequence parallel]); without sp they reduce to the
   // plain tensor-parallel all-reduces.
   int64_t rows(int64_t N) const { return sp_ ? N / part_.tp : N; }  // residual-stream rows here

@@ -86,12 +86,18 @@ Pass minus(Pass a, const Pass& b) {
   return a;
 }
 
+std::vector<Op> full_recompute_ops(const std::vector<Op>& ops, bool stops_early) {
+  if (!stops_early) return ops;
+  const auto fc2 = std::find_if(ops.begin(), ops.end(), [](const Op& o) { return o.name.rfind("fc2", 0) == 0; });
+  return std::vector<Op>(ops.begin(), fc2);
+}
+
 UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
-                   bool weights) {
+                   bool weights, bool stops_early) {
   UnitCost u;
   add_forward(c, pl, ops, u.fwd);
   add_backward(c, pl, ops, u.bwd, weights ? &u.wgt : nullptr);
-  if (r == Recompute::kFull) add_forward(c, pl, ops, u.recompute);
+  if (r == Recompute::kFull) add_forward(c, pl, full_recompute_ops(ops, stops_early), u.recompute);
   if (r == Recompute::kSelective) add_forward(c, pl, ops, u.recompute, true);
   if (tp_overlap)
     for (Pass* p : {&u.fwd, &u.bwd, &u.recompute}) hide_tp(c.device, *p);

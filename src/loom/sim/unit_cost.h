@@ -50,12 +50,17 @@ struct ChunkCost {
 void add_unit(ChunkCost& ch, const UnitCost& u, double times);
 // The FLOPs of `ops` (with core_only, the attention core's only: selective recompute).
 double flops_of(const std::vector<Op>& ops, bool core_only);
+// What a full recompute reruns of a block's `ops`: all of them, or with stops_early (loom's
+// engine, Note [Recompute] in model/model.cc) those before the MLP's output projection
+// (fc2): the projection, its tp collective and the residual add are not rerun. Megatron's
+// and the other frameworks' recompute reruns the whole block.
+std::vector<Op> full_recompute_ops(const std::vector<Op>& ops, bool stops_early);
 // The passes of the unit made of `ops` under recompute `r`, its tp collectives hidden
 // behind its GEMMs with tp_overlap (Note [Tensor-parallel overlap]). weights: the ops are a
 // block's, whose dW GEMMs a split backward defers to W (the head's weight gradient is made
-// in forward, with the loss).
+// in forward, with the loss). stops_early: full_recompute_ops's.
 UnitCost unit_cost(const ClusterSpec& c, const Places& pl, const std::vector<Op>& ops, Recompute r, bool tp_overlap,
-                   bool weights = false);
+                   bool weights = false, bool stops_early = false);
 
 // Note [Fused loss backward]
 // loom's engine makes the head's gradients in its forward: lm_head_loss (and the

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/core/error.h"
 #include "loom/sim/costs.h"
 #include "loom/sim/simulator.h"
 #include "loom/sim/unit_cost.h"
+#include "loom/sim/zero_cost.h"
 
 namespace loom::sim {
 namespace {
@@ -97,16 +99,29 @@ TEST(MemoryClasses, ClassCurvesRoundTripAndOneThreadRanksTakeTheirs) {
 // sequences of 1024: the recomputed FLOPs (hardware - model) differ by exactly fc2's forward,
 // 2 s F h a sequence and layer; the recompute time by fc2's GEMM, its all-reduce and the
 // residual add.
+// PyTorch's non-reentrant checkpoint stops there too from torch 2.1 on: --framework fsdp with
+// --recompute-early-stop recomputes what loom's engine does; Megatron and DeepSpeed refuse the flag.
 TEST(Simulator, LoomsFullRecomputeStopsBeforeTheMlpOutputProjection) {
-  SimResult res[2];
-  const Framework frameworks[2] = {Framework::kMegatron, Framework::kLoom};
+  SimResult res[3];
+  const Framework frameworks[3] = {Framework::kMegatron, Framework::kLoom, Framework::kFsdp};
   const ClusterSpec c = load_cluster("dgx-a100", {}, 2, "");
-  for (int k = 0; k < 2; k++) {
-    SimPlan p;
-    p.cfg = load_config("", {"model.preset=gpt2", "parallel.tp=2", "parallel.recompute=full", "train.batch=8",
-                             "train.grad_accum=1"});
+  SimPlan p;
+  p.cfg = load_config("", {"model.preset=gpt2", "parallel.tp=2", "parallel.recompute=full", "train.batch=8",
+                           "train.grad_accum=1"});
+  for (int k = 0; k < 3; k++) {
     p.framework = frameworks[k];
+    p.recompute_early_stop = k == 2;
     res[k] = simulate(p, c);
+  }
+  EXPECT_DOUBLE_EQ(res[2].hardware_flops, res[1].hardware_flops);
+  for (Framework f : {Framework::kMegatron, Framework::kDeepSpeed2021}) {
+    p.framework = f;
+    try {
+      simulate(p, c);
+      ADD_FAILURE() << framework_name(f);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--recompute-early-stop"), std::string::npos) << e.what();
+    }
   }
   const double s = 1024, h = 768, F = 3072, layers = 12, batch = 8;
   const double megatron = res[0].hardware_flops - res[0].model_flops, loom = res[1].hardware_flops - res[1].model_flops;

@@ -104,6 +104,7 @@ struct SimArgs {
   std::string param_gather_overlap;  // on | off (default): Note [Parameter-gather overlap]
   double compute_efficiency = 1;     // fraction of the cluster's GEMM/attention rate: Note [Stack efficiency]
   std::string backward_prefetch;     // pre (default) | post: FSDP's BackwardPrefetch, Note [Backward prefetch]
+  bool recompute_early_stop = false;  // PyTorch's non-reentrant checkpoint from torch 2.1 (Note [Recompute])
   std::string precision;             // bf16 (default) | fp8 | fp8-current | mxfp8: Note [fp8 GEMMs]
   int64_t activation_offload = 0;    // Megatron's --cpu-offloading-num-layers: Note [Activation offload]
   bool fp8_param_gather = false;     // ZeRO-3 gathers in fp8: Note [fp8 weights under ZeRO-3]

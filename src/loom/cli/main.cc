@@ -103,6 +103,10 @@ void add_sim_flags(CLI::App* app, loom::cli::SimArgs& a) {
                   "(BACKWARD_PRE, torch's default) or after them (BACKWARD_POST, Composer's default), exposing the "
                   "gather (Note [Backward prefetch]; --framework fsdp). Default pre")
       ->check(CLI::IsMember({"pre", "post"}));
+  app->add_flag("--recompute-early-stop", a.recompute_early_stop,
+                "A fully recomputed block stops before the MLP's output projection, as PyTorch's non-reentrant "
+                "checkpoint does from torch 2.1 on and loom's engine always (Note [Recompute]; --framework fsdp). "
+                "Default: the whole block, as Megatron recomputes");
   app->add_option("--precision", a.precision,
                   "bf16 | fp8 | fp8-current | mxfp8 | nvfp4: the transformer blocks' linear layers (Note [fp8 GEMMs], Note [NVFP4 GEMMs]; "
                   "attention, norms and the head stay bf16)");

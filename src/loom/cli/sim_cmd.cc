@@ -104,6 +104,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.plan.tp_overlap = a.tp_overlap == "on";
   in.plan.param_gather_overlap = a.param_gather_overlap == "on";
   in.plan.backward_prefetch_post = a.backward_prefetch == "post";
+  in.plan.recompute_early_stop = a.recompute_early_stop;
   if (!a.precision.empty()) in.plan.gemm_format = sim::parse_gemm_format(a.precision);  // Note [fp8 GEMMs]
   in.plan.activation_offload_layers = a.activation_offload;
   in.plan.fp8_param_gather = a.fp8_param_gather;

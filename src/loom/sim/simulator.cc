@@ -37,8 +37,9 @@ namespace loom::sim {
 
 namespace {
 
-// Note [Recompute] (model/model.cc): loom's full recompute stops before the MLP's output projection.
-bool loom_recompute(const SimPlan& p) { return p.framework == Framework::kLoom; }
+// Note [Recompute] (model/model.cc): loom's full recompute, and PyTorch's non-reentrant one from torch
+// 2.1 on, stop before the MLP's output projection.
+bool stops_early(const SimPlan& p) { return p.framework == Framework::kLoom || p.recompute_early_stop; }
 
 Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   const Config& cfg = plan.cfg;
@@ -135,7 +136,7 @@ void build_chunks(Setup& s) {
   // One block cost per recompute policy; each layer adds the one its policy selects.
   std::vector<UnitCost> block;
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r, s.plan.tp_overlap, true, loom_recompute(s.plan)));
+    block.push_back(unit_cost(s.cluster, s.pl, block_forward_ops(s.x), r, s.plan.tp_overlap, true, stops_early(s.plan)));
     block.back().act_bytes = layer_activation_bytes(s.x, r);
     block.back().transient_bytes = layer_recompute_transient_bytes(s.x, r);
   }
@@ -484,7 +485,7 @@ void summarize(const Setup& s, const std::vector<RankState>& states, SimResult& 
   one.attention = s.x.attention;
   double extra = 0;  // recomputed forward FLOPs per sequence
   for (Recompute r : s.rk) {
-    if (r == Recompute::kFull) extra += flops_of(full_recompute_ops(block_forward_ops(one), loom_recompute(s.plan)), false);
+    if (r == Recompute::kFull) extra += flops_of(full_recompute_ops(block_forward_ops(one), stops_early(s.plan)), false);
     if (r == Recompute::kSelective) extra += flops_of(block_forward_ops(one), true);
   }
   res.hardware_flops = res.model_flops + extra * batch;
@@ -518,7 +519,7 @@ BlockCosts block_costs(const SimPlan& plan, const ClusterSpec& cluster) {
   const Setup s = make_setup(plan, cluster);
   BlockCosts out;
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r, plan.tp_overlap, false, loom_recompute(plan));
+    const UnitCost u = unit_cost(cluster, s.pl, block_forward_ops(s.x), r, plan.tp_overlap, false, stops_early(plan));
     out.time_s[int(r)] = u.fwd.total() + u.bwd.total() + u.recompute.total();
     out.act_bytes[int(r)] = layer_activation_bytes(s.x, r);
     const ParallelConfig& par = plan.cfg.parallel;

@@ -42,6 +42,10 @@ struct SimPlan {
   // Note [Backward prefetch] (sim/zero_cost.cc): FSDP's BACKWARD_POST, the next unit's gather
   // issued after the current unit's gradients (Composer's default); false: BACKWARD_PRE.
   bool backward_prefetch_post = false;
+  // Note [Recompute] (model/model.cc): a fully recomputed block stops before the MLP's output
+  // projection, as PyTorch's non-reentrant checkpoint does from torch 2.1 on (--framework fsdp);
+  // loom's engine always does, the other frameworks recompute the whole block.
+  bool recompute_early_stop = false;
   // Note [fp8 GEMMs] (sim/costs.cc): the blocks' linear layers in bf16 or an fp8 format.
   GemmFormat gemm_format = GemmFormat::kBf16;
   // Note [Activation offload] (sim/offload_cost.cc): Megatron's --cpu-offloading-num-layers, the

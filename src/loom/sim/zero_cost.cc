@@ -175,6 +175,10 @@ void check_framework_zero(const SimPlan& plan) {
                     ": --framework ", framework_name(plan.framework), " runs ZeRO ", stages_text(z),
                     " (Note [Sharding implementations]); ZeRO ", par.zero, " runs under --framework ",
                     frameworks_with_zero(par.zero));
+  LOOM_CONFIG_CHECK(!plan.recompute_early_stop || plan.framework == Framework::kFsdp || plan.framework == Framework::kLoom,
+                    "--recompute-early-stop is PyTorch's non-reentrant checkpoint from torch 2.1 (Note [Recompute]); "
+                    "--framework ", framework_name(plan.framework), " recomputes whole blocks: simulate it with "
+                    "--framework fsdp (loom's engine always stops early), or drop it");
   LOOM_CONFIG_CHECK(!plan.backward_prefetch_post || plan.framework == Framework::kFsdp,
                     "--backward-prefetch post is PyTorch FSDP's BACKWARD_POST (Note [Backward prefetch]); --framework ",
                     framework_name(plan.framework), " gathers as it does: simulate it with --framework fsdp, or drop it");

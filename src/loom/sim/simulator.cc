@@ -58,7 +58,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
              cluster.nodes, " nodes x ", cluster.devices_per_node, "); set --gpus ", plan.gpus(),
              " or change the layout");
   LOOM_CONFIG_CHECK(s.seq % s.cp == 0, "sequence ", s.seq, " is not divisible by --cp ", s.cp);
-  check_framework_zero(plan);
+  check_framework_runs(plan);
   check_activation_offload(plan, cluster);
   LOOM_CONFIG_CHECK(cfg.offload.params != loom::OffloadTier::kDisk || plan.framework == Framework::kLoom,
                     "offload.params = disk is loom's chunk manager (Note [Chunk manager]): simulate it with "

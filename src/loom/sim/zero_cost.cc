@@ -168,7 +168,7 @@ std::string frameworks_with_zero(int64_t zero) {
   return out;
 }
 
-void check_framework_zero(const SimPlan& plan) {
+void check_framework_runs(const SimPlan& plan) {
   const ParallelConfig& par = plan.cfg.parallel;
   const std::vector<int64_t> z = framework_zero_stages(plan.framework);
   LOOM_CONFIG_CHECK(std::find(z.begin(), z.end(), par.zero) != z.end(), "parallel.zero = ", par.zero,

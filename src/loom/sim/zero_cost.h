@@ -20,7 +20,8 @@ ZeroLayerCost zero_layer_cost(const Setup& s, const UnitCost& block, Recompute r
 // memory traffic (Note [Sharding implementations], (b)).
 double list_collective_s(const ClusterSpec& c, OpKind op, double bytes, const GroupShape& g);
 
-// A ZeRO setting the framework does not run: ConfigError naming what does.
-void check_framework_zero(const SimPlan& plan);
+// A setting the framework does not run (a ZeRO stage, ZeRO++, BACKWARD_POST, an early-stopped
+// recompute): ConfigError naming what does.
+void check_framework_runs(const SimPlan& plan);
 
 }  // namespace loom::sim

@@ -308,13 +308,13 @@ TEST(Published, NemoLauncherRowsTakeTheirConfigs) {
   EXPECT_FALSE(m.plan.dp_overlap || m.plan.param_gather_overlap || m.plan.tp_overlap);
 }
 
-// Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.962 of the preset's
+// Note [Stack efficiency]: llm-foundry's 2023 stack on H100 runs at 0.904 of the preset's
 // compute rate, Megatron-core (NeMo 24.12's launcher, Megatron-LM's r0.8.0 README) at 0.864,
 // on Blackwell too; the same stacks on A100, and Megatron-LM before core, at the preset's own.
 TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   const double h100 = load_cluster("dgx-h100", {}, 8, "").device.peak_flops;
   const std::string foundry = "llm-foundry / Composer (PyTorch FSDP, FlashAttention)";
-  EXPECT_NEAR(published_case(row_of(foundry, "")).cluster.device.peak_flops, 0.962 * h100, 1e-6 * h100);
+  EXPECT_NEAR(published_case(row_of(foundry, "")).cluster.device.peak_flops, 0.904 * h100, 1e-6 * h100);
   EXPECT_NEAR(published_case(row_of("NeMo (NeMo Launcher / Megatron-Core), container 24.12", "")).cluster.device.peak_flops,
               0.864 * h100, 1e-6 * h100);
   EXPECT_NEAR(published_case(row_of("Megatron-Core r0.8.0", "")).cluster.device.peak_flops, 0.864 * h100, 1e-6 * h100);
@@ -334,7 +334,7 @@ TEST(Published, FoundryOnH100RunsAtItsStacksComputeRate) {
   full.device.peak_flops = h100;
   const double slow = simulate(c.plan, c.cluster).step_time_s, fast = simulate(c.plan, full).step_time_s;
   EXPECT_GT(slow, fast);
-  EXPECT_LT(slow, fast / 0.962);
+  EXPECT_LT(slow, fast / 0.904);
 }
 
 // Note [Stack efficiency]: llm-foundry's H100 factor is the one that prices its four
@@ -346,6 +346,30 @@ TEST(Published, FoundryH100FactorZeroesItsFitRowsMeanError) {
   double mean = 0;
   for (const auto& row : rows) mean += check_published(row).error() / 4;
   EXPECT_LT(std::fabs(mean), 0.0005) << mean;
+}
+
+// Note [Published checkpoint]: llm-foundry's H100 BF16 and 80 GB A100 tables ran a torch 2.1
+// nightly with the non-reentrant checkpoint, so their full recompute stops before the MLP's
+// output projection; the 40 GB A100 table (torch 1.13), the FP8 table and other stacks rerun
+// the whole block.
+TEST(Published, FoundryRowsOfTheTorch21ImageStopTheirRecomputeEarly) {
+  const std::string readme = "mosaicml/llm-foundry scripts/train/benchmarking/README.md section ";
+  auto early = [&](const std::string& framework, const std::string& section, const std::string& gpu) {
+    PublishedRun row = row_of(framework, "");
+    row.fields["source_detail"] = readme + section + " (commit 4952183768)";
+    row.fields["gpu_type"] = gpu, row.fields["zero_or_sharding"] = "PyTorch FSDP FULL_SHARD (~ZeRO-3)";
+    row.fields["recompute"] = "full (activation checkpointing)";
+    const PublishedCase c = published_case(row);
+    EXPECT_EQ(c.plan.framework, Framework::kFsdp);
+    return c.plan.recompute_early_stop;
+  };
+  const std::string foundry = "llm-foundry / Composer (PyTorch FSDP, FlashAttention)";
+  EXPECT_TRUE(early(foundry, "'H100 80GB BF16'", "H100-80GB"));
+  EXPECT_TRUE(early(foundry, "'H100 80GB BF16 (Large Scale, >= 128 GPUs)'", "H100-80GB"));
+  EXPECT_TRUE(early(foundry, "'A100 80GB with 1600 Gbps node-node interconnect (RoCE)'", "A100-80GB"));
+  EXPECT_FALSE(early(foundry, "'A100 40GB with 1600 Gbps node-node interconnect (RoCE)'", "A100-40GB"));
+  EXPECT_FALSE(early(foundry, "'H100 80GB FP8'", "H100-80GB"));
+  EXPECT_FALSE(early("DeepSpeed (2023)", "'H100 80GB BF16'", "H100-80GB"));
 }
 
 // The 40 GB A100 rows run on the 40 GB part's HBM2 (1,555 GB/s, 40 GiB; datasheet), the rest

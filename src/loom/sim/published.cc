@@ -213,6 +213,20 @@ bool implied_sp(const PublishedRun& row) {
   return num(row, "tensor_parallel") > 1 && (contains(text(row, "notes"), "--tp-comm-overlap") || nvidia_recipe(row));
 }
 
+// Note [Published checkpoint]
+// llm-foundry's MPT configs use the non-reentrant checkpoint (activation_checkpointing_reentrant:
+// false at the rows' commit 4952183768), which stops recomputing once the backward's saved
+// tensors are rebuilt from torch 2.1 on (pytorch/pytorch#96866): Note [Recompute]. The README's
+// H100 BF16 and 80 GB A100 tables ran mosaicml/pytorch:2.1.0_cu121-nightly20230827 (the runs' own
+// table with an image column, benchmarking/h100new.md on a branch, has their tokens/s); the 40 GB
+// A100 table predates it (torch 1.13.1 reran the whole block); the 512-GPU "Large Scale" table
+// names no image and is assumed the H100 table's (said in the row's assumptions).
+bool published_recompute_stops_early(const PublishedRun& row) {
+  const std::string src = text(row, "source_detail");
+  return text(row, "framework").rfind("llm-foundry", 0) == 0 &&
+         (contains(src, "'H100 80GB BF16") || contains(src, "'A100 80GB"));
+}
+
 // What the row left unstated and was read from Megatron's flags and defaults, for the report.
 std::string unstated_flags(const PublishedRun& row) {
   std::string out;
@@ -232,6 +246,9 @@ std::string unstated_flags(const PublishedRun& row) {
     if (text(row, "recompute").empty() && *f.recompute) add(std::string("recompute ") + f.recompute);
     return out;
   }
+  if (published_recompute_stops_early(row) && text(row, "recompute").rfind("full", 0) == 0)
+    add(contains(text(row, "source_detail"), "Large Scale") ? "torch unstated: 2.1's early-stopped recompute, as the H100 table's"
+                                                           : "torch 2.1 nightly: recompute stops early");
   if (text(row, "zero_or_sharding").empty() && zero_stage(row) == 1)
     add("--overlap-param-gather: distributed optimizer (ZeRO-1)");
   if (text(row, "sequence_parallel").empty() && implied_sp(row)) add("--tp-comm-overlap: sequence parallel");
@@ -265,15 +282,16 @@ Attention published_attention(const PublishedRun& row) {
 // rate (the cluster's peak: GEMMs and attention alike; memory-bound kernels and links
 // unchanged). `loom simulate --compute-efficiency` states it for a user's stack.
 //   llm-foundry / Composer on H100 (the README's 2023 H100 BF16 tables: PyTorch FSDP with
-//   FlashAttention-1-class kernels): 0.962, the factor that prices the table's four
+//   FlashAttention-1-class kernels): 0.904, the factor that prices the table's four
 //   compute-bound rows - full recompute, >= 40k tokens a micro-batch, so FSDP's collectives are
 //   a few percent of the compute - with zero mean error (rows 232, 238, 241, 244, with their
-//   stack's backward prefetch, Note [Backward prefetch]); their sequences run from 1,024 to
-//   16,384, so it is a rate, not an attention curve (0.957 before BACKWARD_POST's gather was
-//   priced sharing the links with the reduce-scatter). It was 0.873 over the preset's earlier,
-//   partly assumed curves (GEMMs at 0.76 of peak from a single burst, 4 us a
-//   kernel): most of that gap was the preset's, not the stack's. The source's other 17 H100
-//   rows are its check. Its A100 rows take 1 (at 1 the stack's 27 A100 rows are priced with
+//   stack's backward prefetch, Note [Backward prefetch], and their torch's early-stopped
+//   recompute, Note [Published checkpoint]); their sequences run from 1,024 to 16,384, so it
+//   is a rate, not an attention curve. It was 0.962 while those rows were priced rerunning the
+//   whole block (then every row without recompute came out 7-12% too fast), 0.957 before
+//   BACKWARD_POST's gather was priced sharing the links with the reduce-scatter, and 0.873
+//   over the preset's earlier, partly assumed curves (GEMMs at 0.76 of peak from a single
+//   burst, 4 us a kernel). The source's other 17 H100 rows are its check. Its A100 rows take 1 (at 1 the stack's 27 A100 rows are priced with
 //   a median signed error of +3.3%, too fast if anything).
 //   Megatron-core with Transformer Engine on H100: NeMo 24.12 through its launcher (S09, read
 //   with its configs' flags, Note [NeMo launcher configs]) gives 0.864 by the same rule over
@@ -290,7 +308,7 @@ Attention published_attention(const PublishedRun& row) {
 //   curves are the H100's measured ones by assumption (no Blackwell kernel was timed), so what
 //   the stack loses beyond them is taken as it is on the H100; its rows (S07, S08) were seen
 //   before this choice and do not check it. Pre-Hopper rows (A100, V100) take 1.
-constexpr double kFoundryH100Efficiency = 0.962;
+constexpr double kFoundryH100Efficiency = 0.904;
 constexpr double kMegatronCoreEfficiency = 0.864;
 
 double stack_efficiency(const PublishedRun& row) {
@@ -547,6 +565,7 @@ PublishedCase published_case(const PublishedRun& row) {
   // Megatron-LM (2021, 2022) waits for each pipeline send/receive pair before computing on;
   // Megatron-core overlaps its pipeline communication by default.
   c.plan.blocking_p2p = text(row, "framework").rfind("Megatron-LM", 0) == 0;
+  c.plan.recompute_early_stop = c.plan.framework == Framework::kFsdp && published_recompute_stops_early(row);
   c.plan.attention = published_attention(row);
   scale_compute_rate(c.cluster, stack_efficiency(row));
   c.metric = published_metric(row, c.plan.cfg.model.arch == Arch::kGpt);

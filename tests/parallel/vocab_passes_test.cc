@@ -1,7 +1,8 @@
 // Note [Vocabulary passes]: every flushing schedule with the passes inserted finishes, keeps
-// its memory, runs the passes in one order on every rank, and carries each micro-batch's
-// embedding lookup and gradient once; 2bw's steps likewise (Note [Vocabulary passes in a
-// stream]).
+// the memory of its lists without them, runs the passes in one order on every rank, and
+// carries each micro-batch's embedding lookup and gradient once; 2bw's steps likewise (Note
+// [Vocabulary passes in a stream]). 1f1b's and 2bw's lists may run further ahead with the
+// passes (Note [Vocabulary passes ahead]).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,8 +36,10 @@ TEST(VocabPasses, EveryFlushingScheduleFinishesWithTheSameMemory) {
         if (k.kind == ScheduleKind::kInterleaved1F1B && m % pp != 0) continue;
         const std::string what = std::string(schedule_name(k.kind)) + " pp " + std::to_string(pp) + " m " +
                                  std::to_string(m);
-        const Schedule plain = make_schedule(k.kind, pp, m, k.vpp);
         const Schedule s = make_schedule(k.kind, pp, m, k.vpp, true);
+        // The lists between the passes: 1F1B's at the lag rule they run ahead by, the others' own.
+        const Schedule plain = k.kind == ScheduleKind::k1F1B ? make_lagged(k.kind, pp, m, s.lag)
+                                                             : make_schedule(k.kind, pp, m, k.vpp);
         const ScheduleCheck a = validate(plain), b = validate(s);
         ASSERT_TRUE(b.ok) << what << ": " << b.problem;
         EXPECT_EQ(b.peak_in_flight, a.peak_in_flight) << what;
@@ -67,14 +70,17 @@ TEST(VocabPasses, EveryFlushingScheduleFinishesWithTheSameMemory) {
       }
 }
 
-// 1F1B at pp 2, m 4. The plain replay's ticks: rank 1 (the head's stage) runs F(i) at 2i + 1,
-// so rank 0 runs V(i) after its steps of ticks <= 2i + 1: F0@0 F1@1 | B0@3 | F2@4 B1@5 | ...
-// Lookups ride in the last pass before the first stage's F, gradients in the first after its B.
+// 1F1B at pp 2, m 4, rank 0 one forward further ahead (Note [Vocabulary passes ahead]: its
+// warm-up 2) and its passes a tick earlier: between V(i) and V(i + 1) it runs B(i - 1), whose
+// gradient rank 1 sent before V(i), and F(i + 2), which rank 1 forwards after V(i + 1): nothing
+// waits on a pass. Lookups ride in the last pass before the first stage's F, gradients in the
+// first after its B.
 TEST(VocabPasses, OneFOneBCarriesTheEmbeddingInThePassesAroundTheFirstStage) {
   const Schedule s = make_schedule(ScheduleKind::k1F1B, 2, 4, 1, true);
-  EXPECT_EQ(text(s.steps[0]), "V-1 F0 F1 V0 B0 V1 F2 B1 V2 F3 B2 V3 B3 V4 ");
+  EXPECT_EQ(pipeline_lag(s, 0), 2);
+  EXPECT_EQ(text(s.steps[0]), "V-1 F0 V0 F1 F2 V1 B0 F3 V2 B1 V3 B2 B3 V4 ");
   EXPECT_EQ(text(s.steps[1]), "V-1 F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 V4 ");
-  const std::vector<std::vector<int>> embed = {{0, 1}, {}, {2}, {3}, {}, {}}, grad = {{}, {}, {0}, {1}, {2}, {3}};
+  const std::vector<std::vector<int>> embed = {{0}, {1, 2}, {3}, {}, {}, {}}, grad = {{}, {}, {}, {0}, {1}, {2, 3}};
   for (size_t k = 0; k < s.passes.size(); ++k) {
     EXPECT_EQ(s.passes[k].head, k >= 1 && k <= 4 ? int(k) - 1 : -1) << k;
     EXPECT_EQ(s.passes[k].embed, embed[k]) << k;
@@ -83,9 +89,9 @@ TEST(VocabPasses, OneFOneBCarriesTheEmbeddingInThePassesAroundTheFirstStage) {
 }
 
 // The buffers the first stage holds for the embedding (vocab_buffers): 1F1B at pp 2, m 4 holds
-// the two lookups of V(-1) before F0 (then at most one gradient or lookup: V(i) carries
-// B(i-1)'s gradient away before it looks F(i+1)'s up); GPipe holds the four gradients of its
-// backwards until V(4). Every other rank one, for the lookup it sums onto the first stage.
+// the two lookups of V0 before F1 and F2, and V4's two gradients of B2 and B3; GPipe holds the
+// four gradients of its backwards until V(4). Every other rank one, for the lookup it sums onto
+// the first stage.
 TEST(VocabPasses, TheFirstStageHoldsItsLookupsAndGradientsInFlight) {
   const Schedule one = make_schedule(ScheduleKind::k1F1B, 2, 4, 1, true);
   EXPECT_EQ(vocab_buffers(one, 0), 2);
@@ -103,8 +109,8 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
   for (int pp = 2; pp <= 4; ++pp)
     for (int m = pp; m <= 8; ++m) {
       const std::string what = "pp " + std::to_string(pp) + " m " + std::to_string(m);
-      const Schedule plain = make_schedule(ScheduleKind::k2BW, pp, m);
       const Schedule s = make_schedule(ScheduleKind::k2BW, pp, m, 1, true);
+      const Schedule plain = make_lagged(ScheduleKind::k2BW, pp, m, s.lag);  // its lists without passes
       const ScheduleCheck c = validate(s);
       ASSERT_TRUE(c.ok) << what << ": " << c.problem;
       EXPECT_EQ(c.peak_in_flight, validate(plain).peak_in_flight) << what;
@@ -141,19 +147,43 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
     }
 }
 
-// pp 2, m 4, a steady step: the first stage's trailing backward B(-1) (the step before's
-// micro-batch 3) runs after F0, so V0 carries its gradient with micro-batch 1's lookup; the
-// epilogue carries nothing (B2's gradient left in V3) but ends the step on every rank.
+// pp 2, m 4, a steady step, the first stage two micro-batches behind (Note [Vocabulary passes
+// ahead]): its trailing backwards B(-2), B(-1) (the step before's micro-batches 2 and 3) run
+// after F0 and F1, so V0 and V1 carry their gradients with micro-batches 2's and 3's lookups;
+// the epilogue carries nothing (B1's gradient left in V3) but ends the step on every rank.
 TEST(VocabPasses, ASteadyTwoBwStepCarriesTheStepBeforesLastGradient) {
   const Schedule s = make_schedule(ScheduleKind::k2BW, 2, 4, 1, true);
-  EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "V-1 F0 B-1 V0 F1 B0 V1 F2 B1 V2 F3 B2 V3 V4 ");
+  EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "V-1 F0 B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 V4 ");
   EXPECT_EQ(text(stream_steps(s, 1, 1, false)), "V-1 F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 V4 ");
   const std::vector<VocabPass>& p = stream_passes(s, 1, false);
-  EXPECT_EQ(p[1].embed_grad, std::vector<int>{-1});
-  EXPECT_EQ(p[1].embed, std::vector<int>{1});
+  EXPECT_EQ(p[1].embed_grad, std::vector<int>{-2});
+  EXPECT_EQ(p[1].embed, std::vector<int>{2});
+  EXPECT_EQ(p[2].embed_grad, std::vector<int>{-1});
   EXPECT_TRUE(p[5].embed_grad.empty() && p[5].embed.empty());
-  EXPECT_EQ(stream_passes(s, 1, true)[5].embed_grad, std::vector<int>{3});  // a flush carries B3's
+  EXPECT_EQ(stream_passes(s, 1, true)[5].embed_grad, (std::vector<int>{2, 3}));  // a flush carries B2's, B3's
   EXPECT_EQ(vocab_buffers(s, 0), 2);
+}
+
+// Note [Vocabulary passes ahead]: on two stages of three blocks (F 12, B 15, W 9) and passes worth
+// five blocks' forward (config B's head over two ranks), 1F1B's first stage runs one forward
+// further ahead and the step ends sooner than with the plain lag and placement, holding one
+// micro-batch more; 2bw takes the same rule, so its stream sums as its 1F1B reference does.
+TEST(VocabPasses, OneFOneBRunsAheadOfThePassesWhereThatEndsSooner) {
+  const StageWork work = {{12, 15, 9}, {12, 15, 9}};
+  const double pass = 60;
+  const Schedule s = make_schedule(ScheduleKind::k1F1B, 2, 8, 1, true, work, pass);
+  Schedule plain = make_lagged(ScheduleKind::k1F1B, 2, 8, LagRule::kPlain);
+  add_vocab_passes(plain);
+  EXPECT_EQ(pipeline_lag(s, 0), 2);
+  EXPECT_EQ(pipeline_lag(s, 1), 0);
+  EXPECT_LT(replay_time(s, work, pass), 0.95 * replay_time(plain, work, pass));
+  EXPECT_EQ(validate(s).peak_in_flight, (std::vector<int>{3, 1}));
+  EXPECT_EQ(validate(plain).peak_in_flight, (std::vector<int>{2, 1}));
+  const Schedule stream = make_schedule(ScheduleKind::k2BW, 2, 8, 1, true, work, pass);
+  EXPECT_EQ(stream.lag, s.lag);
+  EXPECT_EQ(pipeline_lag(stream, 0), 2);
+  // Without the passes nothing changes.
+  EXPECT_EQ(make_schedule(ScheduleKind::k1F1B, 2, 8, 1, false, work, pass).lag, LagRule::kPlain);
 }
 
 // A pass that one rank skips is a deadlock the validator names; pipedream, pipemare and pp 1

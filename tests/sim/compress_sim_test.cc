@@ -107,7 +107,10 @@ TEST(Planner, Bf16MomentsPriceTheirMemoryAndCarryACaveat) {
 // Note [PipeDream-2BW] in loom plan: 2bw layouts are searched (one pipeline, or dp replicas
 // of it without ZeRO: Note [Streams with data parallelism]), each priced at its steady step
 // and carrying the caveat that the delayed updates change the optimisation; where 1F1B at
-// the same layout also fits, 2bw is the faster of the two.
+// the same layout also fits, 2bw is the faster of the two - unless the layout splits the
+// vocabulary over the stages, whose passes end every 2bw step on every rank as they end 1F1B's
+// (Note [Vocabulary passes in a stream]), with both running ahead of them (Note [Vocabulary
+// passes ahead]): there 2bw keeps little of its gain and its extra copies can cost more.
 TEST(Planner, OffersTwoBwWithItsCaveat) {
   plan::PlanRequest req = gpt2_request(100000);
   req.cluster = load_cluster("dgx-a100", {}, 4, "");
@@ -122,7 +125,8 @@ TEST(Planner, OffersTwoBwWithItsCaveat) {
     EXPECT_TRUE(q.dp == 1 || q.zero == 0) << plan::layout_label(c.plan);
     EXPECT_NE(plan::approximation_caveat(c.plan).find("change the optimisation"), std::string::npos);
     for (const plan::PlanCandidate& o : rep.ranked)
-      if (o.plan.cfg.parallel.schedule == ScheduleKind::k1F1B && plan::layout_label(o.plan) ==
+      if (!q.pp_vocab && o.plan.cfg.parallel.schedule == ScheduleKind::k1F1B &&
+          plan::layout_label(o.plan) ==
               plan::layout_label(c.plan).replace(plan::layout_label(c.plan).find(" 2bw "), 5, " 1f1b ")) {
         EXPECT_LT(c.result.step_time_s, o.result.step_time_s) << plan::layout_label(c.plan);
       }
@@ -156,7 +160,9 @@ TEST(Planner, OffersAsynchronousPipelinesOnlyWhereTheyRun) {
 
 // Note [Synchronous warm-up] in loom plan: the asked-for warm-up changes the stream schedules
 // only (the flushing ones, synchronous throughout, are offered as before), and the ranking is
-// by the mean step over the run, in which the warm-up's flushing steps weigh.
+// by the mean step over the run, in which the warm-up's flushing steps weigh: more than the
+// stream's, except with the vocabulary split over the stages, whose 1F1B runs as far ahead of
+// its passes as the stream (Note [Vocabulary passes ahead]) without 2bw's extra copies.
 TEST(Planner, RanksStreamsWithTheirSynchronousWarmUp) {
   plan::PlanRequest req = gpt2_request(100000);
   req.cluster = load_cluster("dgx-a100", {}, 4, "");
@@ -173,7 +179,7 @@ TEST(Planner, RanksStreamsWithTheirSynchronousWarmUp) {
       EXPECT_EQ(q.sync_warmup_steps, 50) << plan::layout_label(c.plan);
       EXPECT_EQ(c.result.warmup_steps, 50);
       EXPECT_NEAR(plan::run_step_s(c), (c.result.warmup_step_time_s + c.result.step_time_s) / 2, 1e-12);
-      EXPECT_GT(plan::run_step_s(c), c.result.step_time_s);
+      if (!q.pp_vocab) EXPECT_GT(plan::run_step_s(c), c.result.step_time_s) << plan::layout_label(c.plan);
     } else {
       ++flushing;
       EXPECT_EQ(c.result.warmup_steps, 0) << plan::layout_label(c.plan);

@@ -91,14 +91,17 @@ TEST(VocabPasses, KeepNoCopyOfTheTiedEmbedding) {
 }
 
 // Note [Vocabulary passes in a stream]: 2bw with the passes is priced as it runs - the floor
-// gone as in the flushing schedules, the step shorter than 1F1B's with the passes (the
-// trailing backwards fill the warm-up), but the passes end each step on every rank, so the
-// step is no shorter than 2bw's own ramp-free bound: its busiest rank's work.
+// gone as in the flushing schedules, and (Note [Vocabulary passes ahead]) both it and 1F1B run
+// ahead of their passes, so neither idles more than a balanced pipeline's ramp, (pp - 1) / (m +
+// pp - 1) of the step (15.3% and 13.2% while the passes made each interval wait on the one
+// before); the passes still end each step on every rank, so 2bw keeps little of its gain over
+// 1F1B and the step is no shorter than its own ramp-free bound: its busiest rank's work.
 TEST(VocabPasses, RunInEveryStepOfTwoBw) {
   const SimResult flushing = simulate(plan_of({"parallel.pp_vocab=true"}), free_links(2), true);
   const SimResult stream = simulate(plan_of({"parallel.pp_vocab=true", "parallel.schedule=2bw"}), free_links(2), true);
   EXPECT_LT(stream.bubble_floor, 0.01);
-  EXPECT_LT(stream.step_time_s, flushing.step_time_s);
+  EXPECT_LT(flushing.bubble_fraction, 1.0 / 9);  // pp 2, m 8
+  EXPECT_LT(stream.bubble_fraction, 1.0 / 9);
   double busiest = 0;
   for (const RankReport& r : stream.ranks) busiest = std::max(busiest, r.busy_s);
   EXPECT_GE(stream.step_time_s, busiest);

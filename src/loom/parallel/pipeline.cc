@@ -172,6 +172,37 @@ void PipelineRunner::wait_all_sends() {
   for (auto& per_kind : sends_)
     for (auto& per_chunk : per_kind)
       for (auto& w : per_chunk) w.wait();
+  for (SentCopy& c : sent_copies_) c.work.wait();
+}
+
+// Note [Stream gradient sends]
+// In a stream a backward's input gradient may be taken only in the next step, by the previous
+// stage's trailing backward, and a step ends at a collective of every rank (2bw's update waits
+// for the gradient norm's all-reduce; the vocabulary passes' V(-1)). With the stages further
+// apart than one micro-batch (Note [Vocabulary passes ahead]) a stage sends two or more such
+// gradients in a step, and had its slot's next backward waited for the first (Note [Sends by
+// buffer]) it would wait across that collective for a receiver that is waiting in it. So a
+// stream sends each gradient from a copy, one (B,T,C) buffer per send in flight, reused once
+// taken: a memory copy of a boundary a backward, and the copies the job's peak keeps.
+void PipelineRunner::send_copy(comm::Group& link, const float* src, int tag) {
+  const size_t n = recv_buf_.size();
+  SentCopy* c = nullptr;
+  for (SentCopy& s : sent_copies_)
+    if (s.work.done()) c = &s;
+  if (!c) {
+    c = &sent_copies_.emplace_back();
+    c->data.resize(bf16_wire_ ? 0 : n), c->wire.resize(bf16_wire_ ? n : 0);
+    if (tracker_)
+      tracker_->track(tracker_->category("buffers"), bf16_wire_ ? static_cast<const void*>(c->wire.data()) : c->data.data(),
+                      int64_t(n * (bf16_wire_ ? sizeof(comm::bf16) : sizeof(float))));
+  }
+  if (bf16_wire_) {
+    for (size_t i = 0; i < n; i++) c->wire[i] = comm::float_to_bf16(src[i]);
+    c->work = link.send(std::span<const comm::bf16>(c->wire), peer(link), tag, {.async = true});
+  } else {
+    std::copy(src, src + n, c->data.begin());
+    c->work = link.send(std::span<const float>(c->data), peer(link), tag, {.async = true});
+  }
 }
 
 comm::Work PipelineRunner::send(comm::Group& link, const float* src, int chunk, int slot, int tag) {
@@ -284,6 +315,7 @@ void PipelineRunner::backward(int micro, int local, int chunk, int slot, int w_s
     turn_[micro].assign(grad, grad + recv_buf_.size());
     return;
   }
+  if (streams_) return send_copy(*link(to.rank, false, true), grad, micro * vpp + to.chunk);
   sends_[kGradient][size_t(chunk)][size_t(slot)] =
       send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
 }

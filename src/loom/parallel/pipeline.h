@@ -131,6 +131,8 @@ class PipelineRunner {
   // Sends n floats from `src` to the link's peer, as bf16 through the (chunk, slot) buffer
   // on a bf16 wire; receives into recv_buf_ (widened from bf16 on a bf16 wire).
   comm::Work send(comm::Group& link, const float* src, int chunk, int slot, int tag);
+  // Note [Stream gradient sends]: a stream's backward sends its input gradient from a copy.
+  void send_copy(comm::Group& link, const float* src, int tag);
   void recv(comm::Group& link, int tag);
   void recv_into(comm::Group& link, int tag, float* dst);
   // The link to (sending) or from `peer_rank` for an activation or a gradient.
@@ -154,6 +156,13 @@ class PipelineRunner {
   // bf16 wire: [chunk][slot] (B,T,C) in flight, made on the slot's first send (a chunk
   // uses only the slots of its own peak).
   std::vector<std::vector<std::vector<comm::bf16>>> send_h_;
+  // Note [Stream gradient sends]: (B,T,C) copies and their sends, reused once taken.
+  struct SentCopy {
+    std::vector<float> data;
+    std::vector<comm::bf16> wire;  // bf16 wire
+    comm::Work work;
+  };
+  std::vector<SentCopy> sent_copies_;
   MemoryTracker* tracker_ = nullptr;
   StepHook step_hook_;
   bool by_direction_ = false;  // ZB-V: links chosen by direction, not by what they carry

@@ -20,10 +20,11 @@ std::vector<PipeStep> gpipe_rank(int m) {
   return out;
 }
 
-// 1F1B: rank r warms up with min(pp - r - 1, m) forwards, then alternates one forward and
-// one backward, then drains the remaining backwards (Narayanan et al., PipeDream-Flush).
-std::vector<PipeStep> one_f_one_b_rank(int r, int pp, int m) {
-  const int warmup = std::min(pp - r - 1, m);
+// 1F1B: rank r warms up with min(lag, m) forwards (pipeline_lag: pp - r - 1, Narayanan et
+// al.'s PipeDream-Flush), then alternates one forward and one backward, then drains the
+// remaining backwards.
+std::vector<PipeStep> one_f_one_b_rank(int lag, int m) {
+  const int warmup = std::min(lag, m);
   std::vector<PipeStep> out;
   int f = 0, b = 0;
   for (; f < warmup; ++f) out.push_back({Phase::kF, f, 0});
@@ -197,8 +198,7 @@ std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m, const StageWork&
 }
 
 // Note [Pipeline streams]: the steady step of rank r: F(i), then B(i - w).
-std::vector<PipeStep> stream_rank(int r, int pp, int m) {
-  const int w = pp - r - 1;
+std::vector<PipeStep> stream_rank(int w, int m) {
   std::vector<PipeStep> out;
   for (int i = 0; i < m; ++i) {
     out.push_back({Phase::kF, i, 0});
@@ -211,7 +211,12 @@ std::vector<PipeStep> stream_rank(int r, int pp, int m) {
 
 int steps_back(int micro, int m) { return micro >= 0 ? 0 : (-micro + m - 1) / m; }
 
-int stream_depth(const Schedule& s) { return steps_back(1 - s.pp, s.micro_batches); }
+int pipeline_lag(const Schedule& s, int rank) {
+  const int plain = s.pp - rank - 1;
+  return s.lag == LagRule::kDouble ? 2 * plain : s.lag == LagRule::kOneMore && plain > 0 ? plain + 1 : plain;
+}
+
+int stream_depth(const Schedule& s) { return steps_back(-pipeline_lag(s, 0), s.micro_batches); }
 
 std::vector<PipeStep> stream_steps(const Schedule& s, int rank, int age, bool flush) {
   LOOM_ASSERT(streams(s.kind) && rank >= 0 && rank < s.pp && age >= 0);
@@ -220,7 +225,7 @@ std::vector<PipeStep> stream_steps(const Schedule& s, int rank, int age, bool fl
   std::vector<PipeStep> out;
   for (const PipeStep& st : s.steps[size_t(rank)])
     if (steps_back(st.micro_batch, m) <= age) out.push_back(st);
-  const int w = s.pp - rank - 1;
+  const int w = pipeline_lag(s, rank);
   if (flush)
     for (int i = m - w; i < m; ++i)
       if (steps_back(i, m) <= age) out.push_back({Phase::kB, i, 0});
@@ -245,7 +250,9 @@ StageSite Schedule::site(int v) const { return stage_site(kind, pp, vpp, v); }
 char phase_letter(Phase p) { return p == Phase::kF ? 'F' : p == Phase::kB ? 'B' : p == Phase::kW ? 'W' : 'V'; }
 
 namespace {
-Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work);
+Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work,
+                        LagRule lag = LagRule::kPlain);
+Schedule stream_list(const Schedule& s);
 }  // namespace
 
 Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, const StageWork& work,
@@ -256,6 +263,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, co
              ": the vocabulary passes run in the flushing schedules (gpipe, 1f1b, interleaved, zb-h1, zb-h2, "
              "zb-v) and 2bw, not in pipedream or pipemare");
   LOOM_CHECK(pp >= 2, "parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs pp >= 2, got ", pp);
+  if (kind == ScheduleKind::k1F1B || kind == ScheduleKind::k2BW) return ahead_of_passes(kind, pp, m, work, pass_work);
   add_vocab_passes(s);
   // Note [ZB-V by stage work]: the passes go where a unit-time replay of the plain lists puts
   // them, so with them the list built on equal stages can end sooner than the one built on
@@ -268,12 +276,18 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, co
   return s;
 }
 
+Schedule make_lagged(ScheduleKind kind, int pp, int m, LagRule lag) {
+  LOOM_ASSERT(kind == ScheduleKind::k1F1B || kind == ScheduleKind::k2BW, "lag rules are 1f1b's and 2bw's");
+  return plain_schedule(kind, pp, m, 1, {}, lag);
+}
+
 double replay_time(const Schedule& s, const StageWork& work, double pass_work) {
-  LOOM_ASSERT(!streams(s.kind), "replay_time replays one flushing step, not the stream of ", schedule_name(s.kind));
+  if (streams(s.kind)) return replay_time(stream_list(s), work, pass_work);
   const int V = s.pp * s.vpp, m = s.micro_batches;
-  auto cost = [&](Phase ph, int v) {
+  auto cost = [&](Phase ph, int v) {  // a backward that is not split makes its W too
     static constexpr double kUnit[3] = {4, 5, 3};
-    return work.empty() ? kUnit[int(ph)] : work[size_t(v)][size_t(ph)];
+    const auto& w = work.empty() ? kUnit : work[size_t(v)].data();
+    return w[int(ph)] + (ph == Phase::kB && !s.split() ? w[int(Phase::kW)] : 0);
   };
   // end[phase][v][i]: when micro-batch i's step of that phase on virtual stage v ended (-1: not yet).
   using PerStage = std::vector<std::vector<double>>;
@@ -289,8 +303,8 @@ double replay_time(const Schedule& s, const StageWork& work, double pass_work) {
     bool all_at_pass = true;  // a pass: every rank leaves it together
     for (int r = 0; r < s.pp; ++r) all_at_pass = all_at_pass && at_pass(r);
     if (all_at_pass) {
-      const int k = s.steps[0][pos[0]].micro_batch;
-      const double done = *std::max_element(free_at.begin(), free_at.end()) + (k >= 0 && k < m ? pass_work : 0);
+      const int k = s.steps[0][pos[0]].micro_batch;  // a head's pass lasts pass_work
+      const double done = *std::max_element(free_at.begin(), free_at.end()) + (s.passes[size_t(k + 1)].head >= 0 ? pass_work : 0);
       for (int r = 0; r < s.pp; ++r) free_at[size_t(r)] = done, ++pos[size_t(r)];
       moved = true;
       continue;
@@ -317,7 +331,7 @@ double replay_time(const Schedule& s, const StageWork& work, double pass_work) {
 
 namespace {
 
-Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work) {
+Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWork& work, LagRule lag) {
   LOOM_CHECK(pp >= 1, "pipeline: pp must be >= 1, got ", pp);
   LOOM_CHECK(m >= 1, "pipeline: micro-batches must be >= 1, got ", m);
   if (kind == ScheduleKind::kZbV) {
@@ -335,6 +349,7 @@ Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWo
   LOOM_CHECK(!updates_per_batch(kind) || m == 1, "schedule ", schedule_name(kind), " updates after every minibatch: ",
              "it runs one micro-batch per step, got ", m, "; use 1 (or 2bw to accumulate >= pp micro-batches)");
   Schedule s{kind, pp, vpp, m, {}};
+  s.lag = lag;
   if (kind == ScheduleKind::kZbV) {
     LOOM_CHECK(work.empty() || work.size() == size_t(2 * pp), "zb-v stage work has ", work.size(),
                " stages, the schedule ", 2 * pp);
@@ -344,14 +359,14 @@ Schedule plain_schedule(ScheduleKind kind, int pp, int m, int vpp, const StageWo
   for (int r = 0; r < pp; ++r) {
     switch (kind) {
       case ScheduleKind::kGPipe: s.steps.push_back(gpipe_rank(m)); break;
-      case ScheduleKind::k1F1B: s.steps.push_back(one_f_one_b_rank(r, pp, m)); break;
+      case ScheduleKind::k1F1B: s.steps.push_back(one_f_one_b_rank(pipeline_lag(s, r), m)); break;
       case ScheduleKind::kInterleaved1F1B: s.steps.push_back(interleaved_rank(r, pp, vpp, m)); break;
       case ScheduleKind::kZbH1: s.steps.push_back(zero_bubble_rank(pp - r, r, m)); break;
       case ScheduleKind::kZbH2: s.steps.push_back(zero_bubble_rank(2 * (pp - r) - 1, 2 * r, m)); break;
       case ScheduleKind::kZbV: break;  // above
       case ScheduleKind::k2BW:
       case ScheduleKind::kPipeDream:
-      case ScheduleKind::kPipeMare: s.steps.push_back(stream_rank(r, pp, m)); break;
+      case ScheduleKind::kPipeMare: s.steps.push_back(stream_rank(pipeline_lag(s, r), m)); break;
     }
   }
   return s;

@@ -118,8 +118,9 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // Passes being collectives, they hold the ranks together as in the flushing schedules (a
 // step's V(-1) also waits for every rank to end the step before), so the stream keeps little of
 // 2bw's gain over 1F1B: on the 8-block, 256k-vocabulary Llama of tests/sim/sim_vocab_test.cc
-// at pp 2, m 8 the simulator prices 1F1B's bubble 15.3% and 2bw's 13.9% with the passes (35.9%
-// without, its floor). In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the
+// at pp 2, m 8 the simulator prices 1F1B's bubble 5.2% and 2bw's 4.9% with the passes, both
+// running ahead of them (Note [Vocabulary passes ahead]; 15.3% and 13.2% at the plain lag), and
+// 2bw's step 1% longer than 1F1B's (its update's copies); 38.1% and 34.6% without the passes. In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the
 // passes compute on the current weights, and the tensors they add to keep two steps' gradients
 // apart while trailing embedding gradients are carried.
 //
@@ -189,6 +190,24 @@ StageWork stage_work(const Config& cfg, int pp, int vpp);
 // fused head's 12 h over the pp ranks (the embedding's share taken as free); 0 without it.
 double vocab_pass_work(const Config& cfg, int pp);
 
+// Note [Vocabulary passes ahead]
+// The passes are barriers of every rank (Note [Vocabulary passes]), so between V(i) and V(i + 1)
+// each rank can run only what its own earlier steps and the other ranks' steps before V(i)
+// allow. In 1F1B at pp 2 the first stage runs F(i + 1) and B(i - 1) between them, and B(i - 1)
+// waits for the last stage's B(i), which waits for V(i): the interval is B + B where the work is
+// F + B, and on config B, whose passes are each worth four blocks, a fifth of the step idles. Run
+// one forward further ahead, the first stage's F(i + 1) is done before V(i) and its B in the
+// interval is one the last stage finished an interval earlier: nothing waits. How far ahead pays
+// depends on the stages' and the passes' work, so make_schedule builds 1f1b's and 2bw's lists
+// with the plain lag (rank r's warm-up, a stream's w: pp - r - 1), one more on every rank but the
+// last, and twice the plain, each with the passes placed as Note [Vocabulary passes] places them
+// or one tick earlier on the ranks before the last (V(i) before their steps of F(i)'s tick on the
+// last stage), and keeps the one that ends first by replay_time (a stream's: its ages and a
+// flush, stream_list). A deeper lag holds more activations on the early ranks (validate's
+// peak_in_flight, which the engine allocates and the simulator prices). 2bw keeps two weight
+// versions only while a step's trailing backwards are the step before's: lags up to m.
+enum class LagRule : unsigned char { kPlain, kOneMore, kDouble };
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1, vpp = 1, micro_batches = 1;
@@ -198,6 +217,7 @@ struct Schedule {
   std::vector<VocabPass> passes;
   // A stream with vocabulary passes: each kind of step, by stream_variant(); else empty.
   std::vector<StreamStep> stream_vocab;
+  LagRule lag = LagRule::kPlain;  // Note [Vocabulary passes ahead]
   bool vocab() const { return !passes.empty(); }
   bool split() const { return splits_backward(kind); }  // has W steps
   int stage(int rank, int chunk) const { return virtual_stage(kind, pp, rank, chunk); }
@@ -213,9 +233,16 @@ struct Schedule {
 // `pass_work`: a vocabulary pass's (vocab_pass_work), for zb-v's choice of list with passes.
 Schedule make_schedule(ScheduleKind kind, int pp, int micro_batches, int vpp = 1, bool vocab = false,
                        const StageWork& work = {}, double pass_work = 0);
+// 1f1b's or 2bw's lists, without passes, at a lag rule (Note [Vocabulary passes ahead]): what
+// make_schedule(kind, pp, m, 1, true, ...) runs between its passes.
+Schedule make_lagged(ScheduleKind kind, int pp, int micro_batches, LagRule lag);
+// make_schedule's 1f1b or 2bw with vocabulary passes: its lists at the lag rule and placement
+// Note [Vocabulary passes ahead] chooses, the passes inserted.
+Schedule ahead_of_passes(ScheduleKind kind, int pp, int micro_batches, const StageWork& work, double pass_work);
 // Inserts the vocabulary passes into a flushing schedule's lists and fills s.passes (Note
-// [Vocabulary passes]).
-void add_vocab_passes(Schedule& s);
+// [Vocabulary passes]); `early`: a tick earlier on the ranks before the last (Note
+// [Vocabulary passes ahead]).
+void add_vocab_passes(Schedule& s, bool early = false);
 // How many boundary-sized (B, T, C) buffers rank `rank` holds at once for the passes' embedding
 // (Note [Vocabulary passes]): the first stage a lookup per micro-batch looked up and not yet
 // forwarded and an embedding gradient per backward run and not yet carried; every other rank
@@ -237,6 +264,9 @@ int stream_variant(const Schedule& s, int age, bool flush);
 const std::vector<VocabPass>& stream_passes(const Schedule& s, int age, bool flush);
 int steps_back(int micro, int m);
 int stream_depth(const Schedule& s);
+// How many forwards rank `rank` runs ahead of its backwards: 1F1B's warm-up and a stream's w,
+// pp - rank - 1, or more by s.lag (Note [Vocabulary passes ahead]).
+int pipeline_lag(const Schedule& s, int rank);
 
 struct ScheduleCheck {
   bool ok = false;

@@ -1,5 +1,6 @@
 // Note [Vocabulary passes] (schedule.h): where each rank runs them, and what each carries.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,20 +17,21 @@ using Lists = std::vector<std::vector<PipeStep>>;
 // heads; tick[r][j]: the tick of lists[r][j] in a replay of the lists without passes. Returns
 // the passes.
 std::vector<VocabPass> insert_passes(Lists& lists, const std::vector<std::vector<int>>& tick, int m, StageSite first,
-                                     StageSite last) {
+                                     StageSite last, bool early) {
   // head_tick[i]: the tick of the last stage's F(i).
   std::vector<int> head_tick(size_t(m), -1);
   const std::vector<PipeStep>& last_list = lists[size_t(last.rank)];
   for (size_t j = 0; j < last_list.size(); ++j)
     if (last_list[j].phase == Phase::kF && last_list[j].chunk == last.chunk && last_list[j].micro_batch >= 0)
       head_tick[size_t(last_list[j].micro_batch)] = tick[size_t(last.rank)][j];
-  // Every rank: V(-1) first, V(i) before its first step of a later tick than head_tick[i],
-  // V(m) last.
+  // Every rank: V(-1) first, V(i) before its first step of a later tick than head_tick[i]
+  // (early: of that tick, on the ranks before the last), V(m) last.
   for (size_t r = 0; r < lists.size(); ++r) {
     std::vector<PipeStep> out{{Phase::kV, -1, 0}};
+    const int later = early && int(r) != last.rank ? 0 : 1;
     int next_head = 0;
     for (size_t j = 0; j < lists[r].size(); ++j) {
-      while (next_head < m && tick[r][j] > head_tick[size_t(next_head)]) out.push_back({Phase::kV, next_head++, 0});
+      while (next_head < m && tick[r][j] >= head_tick[size_t(next_head)] + later) out.push_back({Phase::kV, next_head++, 0});
       out.push_back(lists[r][j]);
     }
     while (next_head <= m) out.push_back({Phase::kV, next_head++, 0});
@@ -60,7 +62,7 @@ std::vector<VocabPass> insert_passes(Lists& lists, const std::vector<std::vector
 // Note [Vocabulary passes in a stream]: each kind of step's lists with their passes, placed by
 // the ticks of the plain stream's replay (ages 0 .. depth and a flush as one list; a step
 // that both starts and flushes the stream, by its own replay).
-void add_stream_vocab_passes(Schedule& s) {
+void add_stream_vocab_passes(Schedule& s, bool early) {
   const int m = s.micro_batches, depth = stream_depth(s), steps = depth + 2;
   LOOM_ASSERT(s.kind == ScheduleKind::k2BW && depth == 1 && s.stream_vocab.empty());
   const StageSite first = s.site(0), last = s.site(s.pp - 1);
@@ -85,7 +87,7 @@ void add_stream_vocab_passes(Schedule& s) {
   s.stream_vocab.resize(4);
   auto fill = [&](int variant, Lists l, const std::vector<std::vector<int>>& t) {
     StreamStep& v = s.stream_vocab[size_t(variant)];
-    v.passes = insert_passes(l, t, m, first, last);
+    v.passes = insert_passes(l, t, m, first, last, early);
     v.steps = std::move(l);
   };
   fill(0, lists[0], ticks[0]);                  // age 0
@@ -100,12 +102,75 @@ void add_stream_vocab_passes(Schedule& s) {
 
 }  // namespace
 
-void add_vocab_passes(Schedule& s) {
+namespace {
+
+// The order one step's gradient of the vocabulary tensors receives its parts in: pass by pass,
+// the embedding gradients a pass carries (micro-batch j, as j + 1), then its head's (as
+// -(i + 1)). own: a step's own (j >= 0); else the previous step's, carried by this one (j < 0).
+std::vector<int> vocab_parts(const std::vector<VocabPass>& passes, int m, bool own) {
+  std::vector<int> out;
+  for (const VocabPass& p : passes) {
+    for (int j : p.embed_grad)
+      if ((j >= 0) == own) out.push_back(j + (own ? 0 : m) + 1);
+    if (own && p.head >= 0) out.push_back(-(p.head + 1));
+  }
+  return out;
+}
+
+// Whether 2bw's stream sums every step's vocabulary gradient in the order its flushing
+// reference (the 1F1B lists `flushing`) does: a step's own parts, then the trailing ones the
+// next step carries, for every kind of step and successor (stream_variant).
+bool stream_sums_like(const Schedule& stream, const Schedule& flushing) {
+  const int m = stream.micro_batches;
+  const std::vector<int> want = vocab_parts(flushing.passes, m, true);
+  auto own = [&](int v) { return vocab_parts(stream.stream_vocab[size_t(v)].passes, m, true); };
+  auto then = [&](int v, int next) {
+    std::vector<int> parts = own(v), trailing = vocab_parts(stream.stream_vocab[size_t(next)].passes, m, false);
+    parts.insert(parts.end(), trailing.begin(), trailing.end());
+    return parts;
+  };
+  return own(2) == want && own(3) == want && then(0, 1) == want && then(0, 3) == want && then(1, 1) == want &&
+         then(1, 3) == want;
+}
+
+// Note [Vocabulary passes ahead]: the lag rule and placement whose 1F1B lists with passes end
+// first by replay_time (the plain rule and placement on a tie, so the fewest activations held),
+// among those with which 2bw's stream (where m >= pp lets it run) sums its vocabulary gradients
+// in the 1F1B's order, applied to 1f1b or 2bw alike: a 2bw stream and its flushing reference
+// (TrainOptions::two_bw_reference) then agree to the bit.
+}  // namespace
+
+Schedule ahead_of_passes(ScheduleKind kind, int pp, int m, const StageWork& work, double pass_work) {
+  LagRule best_lag = LagRule::kPlain;
+  bool best_early = false;
+  double best_end = std::numeric_limits<double>::infinity();
+  for (LagRule lag : {LagRule::kPlain, LagRule::kOneMore, LagRule::kDouble})
+    for (bool early : {false, true}) {
+      Schedule f = make_lagged(ScheduleKind::k1F1B, pp, m, lag);
+      const bool plain = lag == LagRule::kPlain && !early;
+      if (!plain && pipeline_lag(f, 0) > m) continue;
+      add_vocab_passes(f, early);
+      if (!plain && m >= pp) {
+        Schedule stream = make_lagged(ScheduleKind::k2BW, pp, m, lag);
+        add_vocab_passes(stream, early);
+        if (!stream_sums_like(stream, f)) continue;
+      }
+      const double end = replay_time(f, work, pass_work);
+      if (end < best_end) best_lag = lag, best_early = early, best_end = end;
+    }
+  LOOM_ASSERT(best_end < std::numeric_limits<double>::infinity(), "1f1b with vocabulary passes at pp ", pp, ", m ", m,
+              " has no list that finishes");
+  Schedule s = make_lagged(kind, pp, m, best_lag);
+  add_vocab_passes(s, best_early);
+  return s;
+}
+
+void add_vocab_passes(Schedule& s, bool early) {
   LOOM_ASSERT(!s.vocab(), "vocabulary passes added twice");
-  if (streams(s.kind)) return add_stream_vocab_passes(s);
+  if (streams(s.kind)) return add_stream_vocab_passes(s, early);
   const ScheduleCheck plain = validate(s);
   LOOM_ASSERT(plain.ok, "schedule ", schedule_name(s.kind), " does not finish: ", plain.problem);
-  s.passes = insert_passes(s.steps, plain.step_tick, s.micro_batches, s.site(0), s.site(s.pp * s.vpp - 1));
+  s.passes = insert_passes(s.steps, plain.step_tick, s.micro_batches, s.site(0), s.site(s.pp * s.vpp - 1), early);
 }
 
 int stream_variant(const Schedule& s, int age, bool flush) {

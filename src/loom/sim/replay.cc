@@ -224,6 +224,9 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {
     rs.held.assign(size_t(s.vpp), 0), rs.chunk_peak = rs.pending = rs.pending_peak = rs.held;
   if (sched.vocab())
     for (int r = 0; r < int(s.pp); ++r) ranks[size_t(r)].vocab_buffers = parallel::vocab_buffers(sched, r);
+  if (stream)  // the previous rank takes the rest of a step's gradients in its next step
+    for (int r = 1; r < int(s.pp); ++r)
+      ranks[size_t(r)].send_copies = parallel::pipeline_lag(sched, r - 1) - parallel::pipeline_lag(sched, r);
   if (stream) return replay_stream(s, sched, fdone, bdone, std::move(ranks), events);
   run_lists(s, sched.steps, fdone, bdone, ranks, events, sched.passes);
   return ranks;

@@ -46,6 +46,7 @@ struct RankState {
   std::vector<int> held, chunk_peak;  // per chunk: micro-batches in flight now, and at most
   std::vector<int> pending, pending_peak;  // per chunk: W's pending now, and at most (split backward)
   int vocab_buffers = 0;  // pp_vocab: parallel::vocab_buffers of the replayed schedule (Note [Vocabulary passes])
+  int send_copies = 0;    // a stream: the input gradients in flight across a step's end (Note [Stream gradient sends])
 };
 
 // Replays the plan's schedule (2bw: Note [Simulated 2BW]) and returns each pipeline rank's

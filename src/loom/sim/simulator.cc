@@ -371,6 +371,8 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
       mem.buffers += 2 * block_params(model, s.tp).per_tp_rank * s.gather_bytes * (1.0 + 1.0 / G);
     if (par.pp_vocab && s.pp > 1)  // Note [Vocabulary passes]: the head's input and gradient, the lookups (floats)
       mem.buffers += 4 * (2 * s.x.tokens() * s.x.h + st.vocab_buffers * boundary);
+    const double wire = s.plan.cfg.comm.p2p_dtype == FloatFormat::kBf16 ? 2 : 4;  // Note [Stream gradient sends]
+    mem.buffers += st.send_copies * boundary * wire;
     return mem;
   }
   if (s.pp > 1) mem.buffers += 2 * s.p2p_bytes;                              // send + receive

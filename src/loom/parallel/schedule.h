@@ -120,9 +120,10 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // 2bw's gain over 1F1B: on the 8-block, 256k-vocabulary Llama of tests/sim/sim_vocab_test.cc
 // at pp 2, m 8 the simulator prices 1F1B's bubble 5.2% and 2bw's 4.9% with the passes, both
 // running ahead of them (Note [Vocabulary passes ahead]; 15.3% and 13.2% at the plain lag), and
-// 2bw's step 1% longer than 1F1B's (its update's copies); 38.1% and 34.6% without the passes. In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the
-// passes compute on the current weights, and the tensors they add to keep two steps' gradients
-// apart while trailing embedding gradients are carried.
+// 2bw's step 1% longer than 1F1B's (its update's copies); 38.1% and 34.6% without the passes.
+// In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the passes compute on the
+// current weights, and the tensors they add to keep two steps' gradients apart while trailing
+// embedding gradients are carried.
 //
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).

@@ -100,10 +100,6 @@ void add_stream_vocab_passes(Schedule& s, bool early) {
   LOOM_ASSERT(with.ok, "a one-step stream with vocabulary passes does not finish: ", with.problem);
 }
 
-}  // namespace
-
-namespace {
-
 // The order one step's gradient of the vocabulary tensors receives its parts in: pass by pass,
 // the embedding gradients a pass carries (micro-batch j, as j + 1), then its head's (as
 // -(i + 1)). own: a step's own (j >= 0); else the previous step's, carried by this one (j < 0).
@@ -133,13 +129,13 @@ bool stream_sums_like(const Schedule& stream, const Schedule& flushing) {
          then(1, 3) == want;
 }
 
+}  // namespace
+
 // Note [Vocabulary passes ahead]: the lag rule and placement whose 1F1B lists with passes end
 // first by replay_time (the plain rule and placement on a tie, so the fewest activations held),
 // among those with which 2bw's stream (where m >= pp lets it run) sums its vocabulary gradients
 // in the 1F1B's order, applied to 1f1b or 2bw alike: a 2bw stream and its flushing reference
 // (TrainOptions::two_bw_reference) then agree to the bit.
-}  // namespace
-
 Schedule ahead_of_passes(ScheduleKind kind, int pp, int m, const StageWork& work, double pass_work) {
   LagRule best_lag = LagRule::kPlain;
   bool best_early = false;

@@ -137,8 +137,7 @@ bool stream_sums_like(const Schedule& stream, const Schedule& flushing) {
 // in the 1F1B's order, applied to 1f1b or 2bw alike: a 2bw stream and its flushing reference
 // (TrainOptions::two_bw_reference) then agree to the bit.
 Schedule ahead_of_passes(ScheduleKind kind, int pp, int m, const StageWork& work, double pass_work) {
-  LagRule best_lag = LagRule::kPlain;
-  bool best_early = false;
+  Schedule best;
   double best_end = std::numeric_limits<double>::infinity();
   for (LagRule lag : {LagRule::kPlain, LagRule::kOneMore, LagRule::kDouble})
     for (bool early : {false, true}) {
@@ -146,19 +145,18 @@ Schedule ahead_of_passes(ScheduleKind kind, int pp, int m, const StageWork& work
       const bool plain = lag == LagRule::kPlain && !early;
       if (!plain && pipeline_lag(f, 0) > m) continue;
       add_vocab_passes(f, early);
-      if (!plain && m >= pp) {
-        Schedule stream = make_lagged(ScheduleKind::k2BW, pp, m, lag);
+      Schedule stream;  // 2bw's lists at the same rule, where m >= pp lets it run
+      if (kind == ScheduleKind::k2BW || (!plain && m >= pp)) {
+        stream = make_lagged(ScheduleKind::k2BW, pp, m, lag);
         add_vocab_passes(stream, early);
-        if (!stream_sums_like(stream, f)) continue;
+        if (!plain && !stream_sums_like(stream, f)) continue;
       }
       const double end = replay_time(f, work, pass_work);
-      if (end < best_end) best_lag = lag, best_early = early, best_end = end;
+      if (end < best_end) best = kind == ScheduleKind::k2BW ? std::move(stream) : std::move(f), best_end = end;
     }
   LOOM_ASSERT(best_end < std::numeric_limits<double>::infinity(), "1f1b with vocabulary passes at pp ", pp, ", m ", m,
               " has no list that finishes");
-  Schedule s = make_lagged(kind, pp, m, best_lag);
-  add_vocab_passes(s, best_early);
-  return s;
+  return best;
 }
 
 void add_vocab_passes(Schedule& s, bool early) {

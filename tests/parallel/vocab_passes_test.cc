@@ -102,9 +102,11 @@ TEST(VocabPasses, TheFirstStageHoldsItsLookupsAndGradientsInFlight) {
 }
 
 // Note [Vocabulary passes in a stream]: every kind of 2bw step (age 0 or older, flushing or
-// not) runs its plain steps in their order with V(-1) .. V(m) among them, looks each of its
-// micro-batches up once and carries each embedding gradient of a backward it runs once (a
-// trailing backward's, of the step before, too); the stream of them finishes.
+// not) runs its plain steps in their order with its passes among them in order; along a stream
+// (a lone flushing step, and ages 0 .. 3 with the last flushing) the first stage looks each
+// micro-batch up once, before its forward, and carries each embedding gradient once, after
+// its backward and in the order of the backwards, across the steps' ends too (Note [Vocabulary
+// passes across a step's end]); the stream of them finishes with the memory of the plain one.
 TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
   for (int pp = 2; pp <= 4; ++pp)
     for (int m = pp; m <= 8; ++m) {
@@ -114,53 +116,78 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
       const ScheduleCheck c = validate(s);
       ASSERT_TRUE(c.ok) << what << ": " << c.problem;
       EXPECT_EQ(c.peak_in_flight, validate(plain).peak_in_flight) << what;
-      for (int age = 0; age <= 1; ++age)
-        for (bool flush : {false, true}) {
+      const std::vector<VocabPass>& steady = stream_passes(s, 1, false);  // neither V(-1) nor V(m)
+      EXPECT_TRUE(steady.front().carries_nothing() && steady.back().carries_nothing()) << what;
+      for (int steps : {1, 4}) {
+        std::vector<int> looked, forwarded, made, carried;  // stream positions k m + j, in order
+        for (int age = 0; age < steps; ++age) {
+          const bool flush = age == steps - 1;
           const std::string kind = what + " age " + std::to_string(age) + (flush ? " flush" : "");
           const std::vector<VocabPass>& passes = stream_passes(s, age, flush);
           ASSERT_EQ(passes.size(), size_t(m + 2)) << kind;
-          std::vector<int> embeds, grads;
-          for (const VocabPass& v : passes) {
-            embeds.insert(embeds.end(), v.embed.begin(), v.embed.end());
-            grads.insert(grads.end(), v.embed_grad.begin(), v.embed_grad.end());
-          }
-          std::vector<int> first_b;
           for (int r = 0; r < pp; ++r) {
             std::vector<PipeStep> rest;
-            int next_pass = -1;
-            for (const PipeStep& st : stream_steps(s, r, age, flush))
-              if (st.phase == Phase::kV) EXPECT_EQ(st.micro_batch, next_pass++) << kind << " rank " << r;
-              else rest.push_back(st);
-            EXPECT_EQ(next_pass, m + 1) << kind;
+            int last_pass = -2;
+            for (const PipeStep& st : stream_steps(s, r, age, flush)) {
+              if (st.phase != Phase::kV) {
+                rest.push_back(st);
+                if (r == 0 && st.phase == Phase::kF) forwarded.push_back(age * m + st.micro_batch);
+                if (r == 0 && st.phase == Phase::kB) made.push_back(age * m + st.micro_batch);
+                continue;
+              }
+              EXPECT_GT(st.micro_batch, last_pass) << kind << " rank " << r;
+              last_pass = st.micro_batch;
+              if (r > 0) continue;
+              const VocabPass& p = passes[size_t(st.micro_batch + 1)];
+              for (int j : p.embed_grad) {
+                carried.push_back(age * m + j);
+                EXPECT_TRUE(std::find(made.begin(), made.end(), age * m + j) != made.end()) << kind << " G" << j;
+              }
+              for (int j : p.embed) looked.push_back(age * m + j);
+            }
             const std::vector<PipeStep> want = stream_steps(plain, r, age, flush);
             ASSERT_EQ(rest.size(), want.size()) << kind;
             for (size_t i = 0; i < rest.size(); ++i)
               EXPECT_TRUE(rest[i].phase == want[i].phase && rest[i].micro_batch == want[i].micro_batch) << kind;
-            for (const PipeStep& st : want)
-              if (r == 0 && st.phase == Phase::kB) first_b.push_back(st.micro_batch);
           }
-          std::vector<int> all(static_cast<size_t>(m), 0);
-          for (int i = 0; i < m; ++i) all[size_t(i)] = i;
-          EXPECT_EQ(embeds, all) << kind;
-          EXPECT_EQ(grads, first_b) << kind;
+          for (int f : forwarded)  // looked up before its forward (in an earlier pass or step)
+            EXPECT_TRUE(std::find(looked.begin(), looked.end(), f) != looked.end()) << kind << " F" << f;
         }
+        std::vector<int> all(size_t(steps * m));
+        for (int i = 0; i < steps * m; ++i) all[size_t(i)] = i;
+        EXPECT_EQ(looked, all) << what << ", " << steps << " steps";
+        EXPECT_EQ(forwarded, all) << what << ", " << steps << " steps";
+        EXPECT_EQ(carried, made) << what << ", " << steps << " steps";
+      }
     }
 }
 
 // pp 2, m 4, a steady step, the first stage two micro-batches behind (Note [Vocabulary passes
 // ahead]): its trailing backwards B(-2), B(-1) (the step before's micro-batches 2 and 3) run
-// after F0 and F1, so V0 and V1 carry their gradients with micro-batches 2's and 3's lookups;
-// the epilogue carries nothing (B1's gradient left in V3) but ends the step on every rank.
+// after F0 and F1, so V0 and V1 carry their gradients with micro-batches 2's and 3's lookups.
+// F0's and F1's lookups were the step before's, made in its V3 after the vocabulary tensors'
+// update, where this step's V3 makes the next step's (4, 5: Note [Vocabulary passes across a
+// step's end]); no V(-1) opens the step and no V(4) ends it. A flush keeps its V(4).
 TEST(VocabPasses, ASteadyTwoBwStepCarriesTheStepBeforesLastGradient) {
   const Schedule s = make_schedule(ScheduleKind::k2BW, 2, 4, 1, true);
-  EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "V-1 F0 B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 V4 ");
-  EXPECT_EQ(text(stream_steps(s, 1, 1, false)), "V-1 F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 V4 ");
+  EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "F0 B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 ");
+  EXPECT_EQ(text(stream_steps(s, 1, 1, false)), "F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 ");
   const std::vector<VocabPass>& p = stream_passes(s, 1, false);
+  EXPECT_TRUE(p[0].carries_nothing() && p[5].carries_nothing());
   EXPECT_EQ(p[1].embed_grad, std::vector<int>{-2});
   EXPECT_EQ(p[1].embed, std::vector<int>{2});
   EXPECT_EQ(p[2].embed_grad, std::vector<int>{-1});
-  EXPECT_TRUE(p[5].embed_grad.empty() && p[5].embed.empty());
+  EXPECT_EQ(p[4].embed, (std::vector<int>{4, 5}));
+  EXPECT_EQ(p[4].embed_grad, std::vector<int>{1});
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_EQ(p[k].update, k == 4) << "V" << int(k) - 1;
+  // The stream's first step looks its own first micro-batch up and updates nothing (no
+  // gradient is pending yet); a flush ends with V4 and leaves nothing to the next step.
+  EXPECT_EQ(text(stream_steps(s, 0, 0, false)).substr(0, 9), "V-1 F0 V0");
+  EXPECT_EQ(stream_passes(s, 0, false)[4].embed, (std::vector<int>{4, 5}));
+  EXPECT_FALSE(stream_passes(s, 0, false)[4].update);
+  EXPECT_EQ(text(stream_steps(s, 0, 1, true)), "F0 B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 B2 B3 V4 ");
   EXPECT_EQ(stream_passes(s, 1, true)[5].embed_grad, (std::vector<int>{2, 3}));  // a flush carries B2's, B3's
+  EXPECT_TRUE(stream_passes(s, 1, true)[4].embed.empty() && !stream_passes(s, 1, true)[4].update);
   EXPECT_EQ(vocab_buffers(s, 0), 2);
 }
 

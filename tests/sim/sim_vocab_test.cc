@@ -93,21 +93,23 @@ TEST(VocabPasses, KeepNoCopyOfTheTiedEmbedding) {
 // Note [Vocabulary passes in a stream]: 2bw with the passes is priced as it runs - the floor
 // gone as in the flushing schedules, and (Note [Vocabulary passes ahead]) both it and 1F1B run
 // ahead of their passes, so neither idles more than a balanced pipeline's ramp, (pp - 1) / (m +
-// pp - 1) of the step (15.3% and 13.2% while the passes made each interval wait on the one
-// before); the passes still end each step on every rank, so 2bw keeps little of its gain over
-// 1F1B and the step is no shorter than its own ramp-free bound: its busiest rank's work.
+// pp - 1) of the step. With no pass at its steps' ends (Note [Vocabulary passes across a step's
+// end]) the stream keeps most of its gain: its bubble less than half of 1F1B's (1.7% against
+// 5.2%; 4.9% while V(-1) and V(m) held every step's end) and its step the shorter, though no
+// shorter than its own ramp-free bound, its busiest rank's work.
 TEST(VocabPasses, RunInEveryStepOfTwoBw) {
   const SimResult flushing = simulate(plan_of({"parallel.pp_vocab=true"}), free_links(2), true);
   const SimResult stream = simulate(plan_of({"parallel.pp_vocab=true", "parallel.schedule=2bw"}), free_links(2), true);
   EXPECT_LT(stream.bubble_floor, 0.01);
   EXPECT_LT(flushing.bubble_fraction, 1.0 / 9);  // pp 2, m 8
-  EXPECT_LT(stream.bubble_fraction, 1.0 / 9);
+  EXPECT_LT(stream.bubble_fraction, 0.5 * flushing.bubble_fraction);
+  EXPECT_LT(stream.step_time_s, flushing.step_time_s);
   double busiest = 0;
   for (const RankReport& r : stream.ranks) busiest = std::max(busiest, r.busy_s);
   EXPECT_GE(stream.step_time_s, busiest);
-  int passes = 0;  // the steady step's V(-1) .. V(8) on each of the two ranks
+  int passes = 0;  // the steady step's V(0) .. V(7) on each of the two ranks
   for (const SimEvent& e : stream.events) passes += e.cat == "pipeline" && e.name[0] == 'V';
-  EXPECT_EQ(passes, 2 * 10);
+  EXPECT_EQ(passes, 2 * 8);
 }
 
 TEST(VocabPasses, AreRefusedWhereTheyCannotRun) {

@@ -176,7 +176,10 @@ Updater::Updater(const Config& cfg, Engine& e)
     }
   if (!(e.rc.zero > 0 && e.rc.dp)) local_norm_ranges_ = norm_ranges_;
   rule_ = update_rule(e);
-  if (two_bw_ && two_bw_->pipeline()) two_bw_->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
+  if (two_bw_ && two_bw_->pipeline()) {
+    two_bw_->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
+    two_bw_->on_vocab_update = [this](std::vector<float>& g, int64_t step) { update_vocab(g, step); };
+  }
   if (async_) attach_async();
   if (cfg.offload.optimizer == OffloadTier::kDisk) return;  // its buffers are tracked by offload_optimizer
   const int opt = e.memory.category("optimizer");

@@ -156,6 +156,13 @@ class Updater {
   void dp_mean(std::vector<float>& g);
   double take_pending_norm();
   void take_earlier_loss(Result& r);
+  // Note [Vocabulary passes across a step's end] (parallel/schedule.h): the pending gradient's
+  // vocabulary run applied in step `step`'s pass, clipped by the global norm (taken there and
+  // kept for the step's end, which applies the rest with the same step count).
+  void update_vocab(std::vector<float>& pending, int64_t step);
+  void update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
+                     bool counts_step);
+  double vocab_norm_ = -1;  // >= 0: the pending gradient's norm, taken by update_vocab
   // Note [PipeDream weight stashing] (modes/stream/async_update.cc): one minibatch's update on a
   // pipedream / pipemare stage (after its backward), the tied wte updates a last stage owes,
   // the step's end, and the reference's update.

@@ -4,12 +4,18 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/engine/engine.h"
 #include "loom/modes/stream/stream_part.h"
 #include "loom/parallel/grad_sync.h"
 #include "loom/train/trace.h"
 
 namespace loom {
+
+std::unique_ptr<MicroBatches> MicroBatches::following() const {
+  LOOM_ASSERT(false, "these micro-batches cannot name the next step's");
+  return nullptr;
+}
 
 double MicroBatchPass::run(const MicroBatches& batches, int64_t step, bool) {
   Model& model = e_.model;
@@ -58,7 +64,14 @@ double PipelinePass::run(const MicroBatches& batches, int64_t step, bool flush) 
     if (sync_) sync_->begin(model.grad_buffer());
   };
   if (stream_) stream_->begin_pass();
-  auto batch = [&](int micro, int32_t* tok, int32_t* tgt) { batches.fill(micro, tok, tgt); };
+  // Micro-batch m + i: the next step's i (Note [Vocabulary passes across a step's end]).
+  std::unique_ptr<MicroBatches> next;
+  auto batch = [&](int micro, int32_t* tok, int32_t* tgt) {
+    const int64_t m = batches.count();
+    if (micro < m) return batches.fill(micro, tok, tgt);
+    if (!next) next = batches.following();
+    next->fill(micro - m, tok, tgt);
+  };
   const std::optional<parallel::PipelineRunner::Stream> o = stream_ ? stream_->executor(step, flush) : std::nullopt;
   const double loss = pipe_->run_step(batch, batches.shape(0).grad_scale, arm, o ? &*o : nullptr);
   e_.memory.sample();

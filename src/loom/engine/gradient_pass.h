@@ -32,6 +32,9 @@ class MicroBatches {
   // Micro-batch m's tokens and targets (rows x seq each).
   virtual void fill(int64_t m, int32_t* tokens, int32_t* targets) const = 0;
   virtual double mean(double loss_sum) const = 0;
+  // The next step's micro-batches (Note [Vocabulary passes across a step's end] in
+  // parallel/schedule.h: a 2bw stream looks the next step's first ones up a step early).
+  virtual std::unique_ptr<MicroBatches> following() const;
 };
 
 class GradientPass : public Part {

@@ -115,6 +115,13 @@ void PipelineRunner::end_stream_step(bool flush) {
     for (int i = 0; flush && i < int(of.size()); ++i)
       LOOM_ASSERT(of[size_t(i)] < 0, "pipeline rank ", pp_rank_, " flushed with micro-batch ", i, " in flight");
   }
+  // Note [Vocabulary passes across a step's end]: the next step's lookups (made as m + i) and
+  // this step's gradients not yet carried (i, carried as i - m) under the next step's numbers.
+  for (std::map<int, int>* held : {&lookups_, &embed_grads_}) {
+    std::map<int, int> renamed;
+    for (const auto& [micro, buffer] : *held) renamed[micro - m] = buffer;
+    *held = std::move(renamed);
+  }
   ++stream_step_;
 }
 
@@ -320,8 +327,8 @@ void PipelineRunner::backward(int micro, int local, int chunk, int slot, int w_s
       send(*link(to.rank, false, true), grad, chunk, slot, micro * vpp + to.chunk);
 }
 
-void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss,
-                                const Stream* stream) {
+void PipelineRunner::vocab_pass(const VocabPass& p, bool last_carried, const BatchFn& batch, float grad_scale,
+                                double* loss, const Stream* stream) {
   std::vector<int32_t> tok(size_t(B_ * T_)), tgt(tok.size());
   for (int j : p.embed_grad) {
     auto looked = vocab_tokens_.find(token_key(j));
@@ -337,6 +344,7 @@ void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float 
     if (held) release_vocab(embed_grads_, j);
     vocab_tokens_.erase(looked);
   }
+  if (last_carried && stream->vocab_pending) stream->vocab_pending(false);
   if (p.head >= 0) {
     batch(p.head, tok.data(), tgt.data());
     const int last_chunk = model_.chunks() - 1;
@@ -346,6 +354,8 @@ void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float 
     const float l = model_.vocab_head(slot, tgt.data(), B_, T_, grad_scale, true);
     if (holds_head()) *loss += l;
   }
+  // Note [Vocabulary passes across a step's end]: W(t)'s rows before the next step's lookups.
+  if (p.update && stream && stream->vocab_update) stream->vocab_update();
   for (int j : p.embed) {
     batch(j, tok.data(), tgt.data());
     model_.vocab_lookup(hold_vocab(lookups_, j), tok.data(), B_, T_);
@@ -355,19 +365,19 @@ void PipelineRunner::vocab_pass(const VocabPass& p, const BatchFn& batch, float 
 }
 
 // Note [Vocabulary passes]: V(k), a collective of the vocabulary group. A stream's passes
-// compute on the current weights; `last_carried`: the last to carry a trailing backward's
-// embedding gradient (Note [Vocabulary passes in a stream]).
-void PipelineRunner::run_vocab_step(int k, const std::vector<VocabPass>& passes, bool last_carried,
+// compute on the current weights; `first`: the step's first pass; `last_carried`: the last to
+// carry a trailing backward's embedding gradient, or the first when none does (Note
+// [Vocabulary passes in a stream]).
+void PipelineRunner::run_vocab_step(int k, const std::vector<VocabPass>& passes, bool first, bool last_carried,
                                     const BatchFn& batch, float grad_scale, double* loss, const Stream* stream) {
   if (stream && stream->weights) stream->weights(0, true);
-  if (stream && k == -1 && stream->vocab_pending) stream->vocab_pending(true);
+  if (stream && first && stream->vocab_pending) stream->vocab_pending(true);
   if (step_hook_) {  // the span starts once every rank is here (waiting for the others is idle)
     model_.vocab_meet();
     step_hook_(Phase::kV, k, 0, true);
   }
-  vocab_pass(passes[size_t(k + 1)], batch, grad_scale, loss, stream);
+  vocab_pass(passes[size_t(k + 1)], stream && last_carried, batch, grad_scale, loss, stream);
   if (step_hook_) step_hook_(Phase::kV, k, 0, false);
-  if (stream && last_carried && stream->vocab_pending) stream->vocab_pending(false);
 }
 
 namespace {
@@ -405,7 +415,8 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   // backward's embedding gradient (-1, V(-1), when none does).
   const std::vector<VocabPass>& passes =
       streams_ && schedule_.vocab() ? stream_passes(schedule_, stream->age, stream->flush) : schedule_.passes;
-  int carried_vocab = -1;
+  const auto first_pass = std::find_if(steps.begin(), steps.end(), [](const PipeStep& st) { return st.phase == Phase::kV; });
+  int carried_vocab = first_pass == steps.end() ? -2 : first_pass->micro_batch;
   for (size_t k = 0; streams_ && k < passes.size(); ++k)
     for (int j : passes[k].embed_grad)
       if (j < 0) carried_vocab = int(k) - 1;
@@ -413,8 +424,8 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
     const PipeStep& s = steps[size_t(i)];
     if (streams_ && i == carried_done && stream->batch_gradients) stream->batch_gradients();
     if (s.phase == Phase::kV) {
-      run_vocab_step(s.micro_batch, passes, s.micro_batch == carried_vocab, batch, grad_scale, &loss,
-                     streams_ ? stream : nullptr);
+      run_vocab_step(s.micro_batch, passes, steps.begin() + i == first_pass, s.micro_batch == carried_vocab, batch,
+                     grad_scale, &loss, streams_ ? stream : nullptr);
       continue;
     }
     if (step_hook_ && s.phase == Phase::kW) step_hook_(s.phase, s.micro_batch, s.chunk, true);  // F, B: after their receive
@@ -452,8 +463,9 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   // backward), so it is not waited for here - a rendezvous send would hold this rank out of
   // the step's end; its slot's next use waits for it (wait_pending).
   if (!streams_ || stream->flush) wait_all_sends();
-  LOOM_ASSERT(early_.empty() && turn_.empty() && lookups_.empty() && embed_grads_.empty() &&
-                  (vocab_tokens_.empty() || (streams_ && !stream->flush)),
+  const bool carries_on = streams_ && !stream->flush;  // Note [Vocabulary passes across a step's end]
+  LOOM_ASSERT(early_.empty() && turn_.empty() && ((lookups_.empty() && embed_grads_.empty()) || carries_on) &&
+                  (vocab_tokens_.empty() || carries_on),
               "pipeline rank ", pp_rank_, " ended a step with messages unused");
   expect_.clear();
   if (streams_) end_stream_step(stream->flush);

@@ -88,6 +88,9 @@ class PipelineRunner {
   // are carried: vocab_pending(true) before a step's first pass moves their gradient so far to
   // the pending one, swap_vocab() around each trailing contribution adds it there, and
   // vocab_pending(false) after the last says that part of the pending gradient is complete.
+  // vocab_update() in the pass marked `update`, after its head: the vocabulary tensors' update
+  // before the next step's lookups (Note [Vocabulary passes across a step's end]); `batch` then
+  // gives micro-batch m + i for the next step's i.
   struct Stream {
     int age = 0;
     bool flush = true;
@@ -96,6 +99,7 @@ class PipelineRunner {
     std::function<void(int back)> after_backward;
     std::function<void(bool begin)> vocab_pending;
     std::function<void()> swap_vocab;
+    std::function<void()> vocab_update;
   };
   double run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
                   const Stream* stream = nullptr);
@@ -124,8 +128,10 @@ class PipelineRunner {
   void wait_all_sends();
   // Note [Vocabulary passes]: pass V(k)'s embedding gradients, head and lookups, in that
   // order on every rank.
-  void vocab_pass(const VocabPass& p, const BatchFn& batch, float grad_scale, double* loss, const Stream* stream);
-  void run_vocab_step(int k, const std::vector<VocabPass>& passes, bool last_carried, const BatchFn& batch,
+  // `last_carried`: the step's last pass to carry a trailing embedding gradient (a stream's).
+  void vocab_pass(const VocabPass& p, bool last_carried, const BatchFn& batch, float grad_scale, double* loss,
+                  const Stream* stream);
+  void run_vocab_step(int k, const std::vector<VocabPass>& passes, bool first, bool last_carried, const BatchFn& batch,
                       float grad_scale, double* loss, const Stream* stream);
   bool holds_head() const { return model_.chunk_has_head(model_.chunks() - 1); }
   // Sends n floats from `src` to the link's peer, as bf16 through the (chunk, slot) buffer

@@ -115,15 +115,33 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // i - m of the step before) ride in this step's passes, so a pass can carry gradients of two
 // steps (their micro-batch indices say which). The four kinds of step (stream_variant: age 0
 // or older, flushing or not) each have their lists and passes (Schedule::stream_vocab).
-// Passes being collectives, they hold the ranks together as in the flushing schedules (a
-// step's V(-1) also waits for every rank to end the step before), so the stream keeps little of
-// 2bw's gain over 1F1B: on the 8-block, 256k-vocabulary Llama of tests/sim/sim_vocab_test.cc
-// at pp 2, m 8 the simulator prices 1F1B's bubble 5.2% and 2bw's 4.9% with the passes, both
-// running ahead of them (Note [Vocabulary passes ahead]; 15.3% and 13.2% at the plain lag), and
-// 2bw's step 1% longer than 1F1B's (its update's copies); 38.1% and 34.6% without the passes.
+// Passes being collectives, they hold the ranks together as in the flushing schedules, but not
+// at a steady step's ends (Note [Vocabulary passes across a step's end]): on the 8-block,
+// 256k-vocabulary Llama of tests/sim/sim_vocab_test.cc at pp 2, m 8 the simulator prices 1F1B's
+// bubble 5.2% and 2bw's 1.7% with the passes, both running ahead of them (Note [Vocabulary
+// passes ahead]; 15.3% and 13.2% at the plain lag), and 2bw's step 2% shorter than 1F1B's (4.9%
+// and 1% longer while V(-1) and V(m) held each step's ends); 38.1% and 34.6% without the passes.
 // In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the passes compute on the
 // current weights, and the tensors they add to keep two steps' gradients apart while trailing
 // embedding gradients are carried.
+//
+// Note [Vocabulary passes across a step's end]
+// In a stream as above, every step's V(-1) (the first lookups) needs the vocabulary tensors
+// updated at the step before's end, and every rank's V(m) comes after its last step: two
+// barriers at each step boundary, after which the forwards ramp up again, the last stage idle
+// (pp - 1) F (config B's 2bw at pp 2: a 4.6% bubble simulated, 6.8% measured). Neither is
+// needed: the update W(t) = AdamW(W(t-1), g(t-1)) needs only the step
+// before's gradient, complete once every rank has run its trailing backwards and the passes
+// carried their embedding gradients, early in step t; and the lookups need only their tokens.
+// So in a step that does not flush every rank updates its vocabulary tensors in V(m - 1),
+// after its head (the last head of the step: nothing reads W(t-1)'s vocabulary rows after it)
+// and before its lookups, which are the next step's first ones (the data of step t + 1 read a
+// step early); and what V(m) carried rides at the front of the next step's V(0), among that
+// step's trailing gradients and in the same order of summation. The steady steps then have
+// neither V(-1) nor V(m); a stream still starts with V(-1) and a flush ends with V(m). The
+// rest of each rank's update stays at the step's end, with the same clipping factor (the
+// global norm, summed mid-step as before: Note [2BW without a barrier] in engine) and the same
+// step count, so every parameter gets the bits it got before (AdamW is elementwise).
 //
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).
@@ -148,10 +166,15 @@ struct StageSite {
 StageSite stage_site(ScheduleKind kind, int pp, int vpp, int v);
 
 // What vocabulary pass V(k) carries (Note [Vocabulary passes]): micro-batch `head`'s head
-// and loss (-1: none) and the embedding's lookups and gradients of the micro-batches listed.
+// and loss (-1: none) and the embedding's lookups and gradients of the micro-batches listed
+// (a stream's: j < 0 the step before's, j >= m the next step's micro-batch j - m); `update`:
+// the vocabulary tensors' update comes after its head, before its lookups (Note [Vocabulary
+// passes across a step's end]).
 struct VocabPass {
   int head = -1;
   std::vector<int> embed, embed_grad;
+  bool update = false;
+  bool carries_nothing() const { return head < 0 && embed.empty() && embed_grad.empty(); }
 };
 
 // One step's lists with its vocabulary passes (Note [Vocabulary passes in a stream]).

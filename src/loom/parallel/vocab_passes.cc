@@ -59,6 +59,43 @@ std::vector<VocabPass> insert_passes(Lists& lists, const std::vector<std::vector
   return passes;
 }
 
+// Note [Vocabulary passes across a step's end]: the next step's first lookups move from its
+// V(-1) into this step's V(m - 1), after the vocabulary tensors' update, and the gradients this
+// step's V(m) carries into the front of the next step's V(0); the passes left empty leave the
+// lists. Left as they are where the kinds of step that may follow each other disagree on
+// them, or where some rank's last trailing backward comes after V(m - 1).
+void carry_across_steps(Schedule& s) {
+  const int m = s.micro_batches;
+  std::vector<StreamStep>& v = s.stream_vocab;  // by stream_variant: 0 age 0, 1 older, + 2 flushing
+  const std::vector<int> lookups = v[1].passes[0].embed, tail = v[0].passes[size_t(m + 1)].embed_grad;
+  if (v[3].passes[0].embed != lookups || v[1].passes[size_t(m + 1)].embed_grad != tail) return;
+  for (const std::vector<PipeStep>& list : v[1].steps) {
+    const auto update = std::find_if(list.begin(), list.end(), [&](const PipeStep& st) {
+      return st.phase == Phase::kV && st.micro_batch == m - 1;
+    });
+    const bool trailing_after = std::any_of(update, list.end(), [](const PipeStep& st) {
+      return st.phase != Phase::kV && st.micro_batch < 0;
+    });
+    if (trailing_after) return;
+  }
+  for (int older : {1, 3}) {
+    std::vector<VocabPass>& p = v[size_t(older)].passes;
+    p[0].embed.clear();
+    for (auto j = tail.rbegin(); j != tail.rend(); ++j) p[1].embed_grad.insert(p[1].embed_grad.begin(), *j - m);
+  }
+  for (int steady : {0, 1}) {
+    std::vector<VocabPass>& p = v[size_t(steady)].passes;
+    p[size_t(m + 1)].embed_grad.clear();
+    for (int j : lookups) p[size_t(m)].embed.push_back(j + m);
+  }
+  v[1].passes[size_t(m)].update = true;
+  for (StreamStep& step : v)
+    for (std::vector<PipeStep>& list : step.steps)
+      std::erase_if(list, [&](const PipeStep& st) {
+        return st.phase == Phase::kV && step.passes[size_t(st.micro_batch + 1)].carries_nothing();
+      });
+}
+
 // Note [Vocabulary passes in a stream]: each kind of step's lists with their passes, placed by
 // the ticks of the plain stream's replay (ages 0 .. depth and a flush as one list; a step
 // that both starts and flushes the stream, by its own replay).
@@ -94,6 +131,7 @@ void add_stream_vocab_passes(Schedule& s, bool early) {
   fill(1, lists[1], ticks[1]);                  // older
   fill(2, once.steps, alone.step_tick);         // age 0, flushing
   fill(3, lists[size_t(steps - 1)], ticks[size_t(steps - 1)]);  // older, flushing
+  carry_across_steps(s);
   s.passes = s.stream_vocab[1].passes;
   const Schedule one{ScheduleKind::k1F1B, s.pp, 1, m, s.stream_vocab[2].steps, s.stream_vocab[2].passes};
   const ScheduleCheck with = validate(one);
@@ -177,9 +215,25 @@ const std::vector<VocabPass>& stream_passes(const Schedule& s, int age, bool flu
 }
 
 namespace {
-// The most boundary buffers `list` holds at once on the first stage (Note [Vocabulary passes]).
-int first_stage_buffers(const std::vector<PipeStep>& list, const std::vector<VocabPass>& passes, StageSite first) {
-  int held = 0, peak = 0;
+// The most boundary buffers `list` holds at once on the first stage (Note [Vocabulary passes]),
+// counting those a stream's step takes over from the step before and leaves to the next (Note
+// [Vocabulary passes across a step's end]): lookups of the next step's micro-batches (j >= m)
+// and gradients of backwards carried in the next step's passes.
+int first_stage_buffers(const std::vector<PipeStep>& list, const std::vector<VocabPass>& passes, StageSite first,
+                        int m) {
+  std::vector<int> looked, carried, forwarded, backward;
+  for (const VocabPass& p : passes) {
+    looked.insert(looked.end(), p.embed.begin(), p.embed.end());
+    carried.insert(carried.end(), p.embed_grad.begin(), p.embed_grad.end());
+  }
+  for (const PipeStep& st : list)
+    if (st.chunk == first.chunk && st.phase == Phase::kF) forwarded.push_back(st.micro_batch);
+    else if (st.chunk == first.chunk && st.phase == Phase::kB) backward.push_back(st.micro_batch);
+  auto absent = [](const std::vector<int>& of, const std::vector<int>& in) {
+    return int(std::count_if(of.begin(), of.end(), [&](int j) { return std::find(in.begin(), in.end(), j) == in.end(); }));
+  };
+  const int ahead = int(std::count_if(looked.begin(), looked.end(), [m](int j) { return j >= m; }));
+  int held = absent(forwarded, looked) + absent(carried, backward), peak = held;
   for (const PipeStep& st : list) {
     if (st.phase == Phase::kV) {  // its gradients carried first, then its lookups made
       const VocabPass& p = passes[size_t(st.micro_batch + 1)];
@@ -193,7 +247,8 @@ int first_stage_buffers(const std::vector<PipeStep>& list, const std::vector<Voc
     }
     peak = std::max(peak, held);
   }
-  LOOM_ASSERT(held == 0, "the first stage ends its step holding ", held, " vocabulary buffers");
+  LOOM_ASSERT(held == ahead + absent(backward, carried), "the first stage ends its step holding ", held,
+              " vocabulary buffers");
   return peak;
 }
 }  // namespace
@@ -203,9 +258,9 @@ int vocab_buffers(const Schedule& s, int rank) {
   const StageSite first = s.site(0);
   if (rank != first.rank) return 1;
   int peak = 0;
-  if (s.stream_vocab.empty()) peak = first_stage_buffers(s.steps[size_t(rank)], s.passes, first);
+  if (s.stream_vocab.empty()) peak = first_stage_buffers(s.steps[size_t(rank)], s.passes, first, s.micro_batches);
   for (const StreamStep& v : s.stream_vocab)
-    peak = std::max(peak, first_stage_buffers(v.steps[size_t(rank)], v.passes, first));
+    peak = std::max(peak, first_stage_buffers(v.steps[size_t(rank)], v.passes, first, s.micro_batches));
   return std::max(peak, 1);  // validation looks one micro-batch up
 }
 

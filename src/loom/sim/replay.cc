@@ -107,10 +107,12 @@ bool run_vocab_pass(const Setup& s, const Lists& lists, const std::vector<parall
   if (v.head >= 0) add_to(cost, s.vocab_head);
   add_to(cost, s.vocab_embed, double(v.embed.size()));
   add_to(cost, s.vocab_embed_grad, double(v.embed_grad.size()));
+  if (v.update) cost.compute += update_s(s, s.vocab_params);
   for (const RankState& rs : ranks) start = std::max(start, rs.free_at);
   for (size_t r = 0; r < ranks.size(); ++r) {
     RankState& rs = ranks[r];
     add_to(rs.spent, cost);
+    rs.vocab_updated = rs.vocab_updated || v.update;
     rs.free_at = start + cost.total();
     ++rs.next;
     if (events)  // a pipeline step, as the engine's trace has it (loom compare counts it as busy)
@@ -208,6 +210,18 @@ double stream_copies(const Setup& s, int64_t r) {
          : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
          : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
                                                        : 0;
+}
+
+double update_s(const Setup& s, double params) {
+  const DeviceSpec& dev = s.cluster.device;
+  const ParallelConfig& par = s.plan.cfg.parallel;
+  // Adam reads w, g, m, v and writes w, m, v (SGD: w, g, m and w, m; Note [SGD with
+  // momentum]); mixed precision also the fp16 copy and the fp16 -> fp32 gradient.
+  const double update_bytes_per_param = s.plan.cfg.optim.update_bytes() + (dev.mixed_precision ? 4.0 : 0.0);
+  const double bytes = params / (par.zero >= 1 ? double(s.dp * s.cp) : 1.0) * update_bytes_per_param;
+  return dev.optimizer_efficiency.points.empty()
+             ? memory_time_s(dev, bytes)
+             : bytes / (dev.memory_bw * dev.optimizer_efficiency.at(bytes)) + dev.kernel_overhead_s;
 }
 
 std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events) {

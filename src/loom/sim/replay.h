@@ -47,6 +47,8 @@ struct RankState {
   std::vector<int> pending, pending_peak;  // per chunk: W's pending now, and at most (split backward)
   int vocab_buffers = 0;  // pp_vocab: parallel::vocab_buffers of the replayed schedule (Note [Vocabulary passes])
   int send_copies = 0;    // a stream: the input gradients in flight across a step's end (Note [Stream gradient sends])
+  // Note [Vocabulary passes across a step's end]: a pass updated the vocabulary slices (not the step's end).
+  bool vocab_updated = false;
 };
 
 // Replays the plan's schedule (2bw: Note [Simulated 2BW]) and returns each pipeline rank's
@@ -55,6 +57,8 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
 // Note [Pipeline streams]: the passes over a stage's parameters its stream's copies around
 // each update take (2bw's stash and pending gradient, pipedream's stash, pipemare's).
 double stream_copies(const Setup& s, int64_t r);
+// The optimizer's update of `params` parameters on one rank (its piece under ZeRO).
+double update_s(const Setup& s, double params);
 
 // sim/offload_cost.cc: Note [Page-cached offload]'s copies (`read` bytes out of the page cache,
 // `written` into it), whether a rank's offload file stays in the page cache, and Note [Chunk

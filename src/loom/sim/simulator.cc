@@ -410,13 +410,8 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
     rep.dp_exposed_s = dp_exposed_s(s, r, rep.params, st.last_bwd_window);
   if (tied && (r == 0 || r == s.pp - 1))
     rep.tied_s = collective_time_s(s.cluster, OpKind::kAllReduce, wte * s.wbytes, s.pl.tied);
-  // Adam reads w, g, m, v and writes w, m, v (SGD: w, g, m and w, m; Note [SGD with
-  // momentum]); mixed precision also the fp16 copy and the fp16 -> fp32 gradient.
-  const double update_bytes_per_param = s.plan.cfg.optim.update_bytes() + (dev.mixed_precision ? 4.0 : 0.0);
-  const double update_bytes = rep.params / (par.zero >= 1 ? G : 1.0) * update_bytes_per_param;
-  rep.optimizer_s = dev.optimizer_efficiency.points.empty()
-                        ? memory_time_s(dev, update_bytes)
-                        : update_bytes / (dev.memory_bw * dev.optimizer_efficiency.at(update_bytes)) + dev.kernel_overhead_s;
+  // Note [Vocabulary passes across a step's end]: a stream's vocabulary slices update in a pass.
+  rep.optimizer_s = update_s(s, rep.params - (st.vocab_updated ? s.vocab_params : 0));
   rep.optimizer_s += memory_time_s(dev, stream_copies(s, r) * rep.params * s.wbytes);
   // Note [fp8 GEMMs]: their cast, once a step, and their copy and transpose held through it;
   // under ZeRO-3 (Note [fp8 weights under ZeRO-3]) those of the two units gathered at once.

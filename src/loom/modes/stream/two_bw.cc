@@ -4,6 +4,8 @@
 #include <cstring>
 #include <utility>
 
+#include "loom/core/error.h"
+
 namespace loom {
 
 TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
@@ -22,7 +24,8 @@ void TwoBwState::bind(bool previous) {
       model_.bind_unit_params(u, previous ? stash_.data() + model_.unit_range(u).offset : nullptr);
 }
 
-parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
+std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t step, bool flush) {
+  if (!pipeline_) return std::nullopt;
   parallel::PipelineRunner::Stream o;
   o.age = started_ ? 1 : 0;
   o.flush = flush;
@@ -65,6 +68,13 @@ parallel::PipelineRunner::Stream TwoBwState::executor(bool flush) {
     float* g = model_.grads().data();
     std::swap_ranges(g, g + vocab_, pending_.data());
   };
+  o.vocab_update = [this, step] {
+    if (!started_) return;  // the stream's first step: no pending gradient, no update at its end
+    LOOM_ASSERT(has_pending_ && !vocab_applied_, "the vocabulary tensors' update before the pending gradient");
+    const Spans::Scope busy = update_scope(false);
+    if (on_vocab_update) on_vocab_update(pending_, step);
+    vocab_applied_ = true;
+  };
   return o;
 }
 
@@ -97,7 +107,7 @@ void TwoBwState::before_updates(bool flush) {
 }
 
 void TwoBwState::after_updates(bool flush) {
-  has_pending_ = false;
+  has_pending_ = vocab_applied_ = false;
   started_ = !flush;
   if (flush) stash_valid_ = false;
 }

@@ -47,11 +47,7 @@ class TwoBwState final : public StreamPart {
   bool starts_stream() const { return !pipeline_ || !started_; }
   bool carries_gradients() const override { return !starts_stream(); }
   // Pipeline: the executor's part of a step.
-  parallel::PipelineRunner::Stream executor(bool flush);
-  std::optional<parallel::PipelineRunner::Stream> executor(int64_t, bool flush) override {
-    if (!pipeline_) return std::nullopt;
-    return executor(flush);
-  }
+  std::optional<parallel::PipelineRunner::Stream> executor(int64_t step, bool flush) override;
   // Reference: computes the step on the stash (when there is one) until end_pass(); no-ops
   // for a pipeline.
   void begin_pass() override;
@@ -84,6 +80,13 @@ class TwoBwState final : public StreamPart {
   // Pipeline: called with the pending gradient as soon as it is complete (mid-step), so its
   // norm can be summed over the ranks while the step goes on (Note [2BW without a barrier]).
   std::function<void(std::vector<float>& pending)> on_pending;
+  // Pipeline, under pp_vocab: called in step `step`'s pass that updates the vocabulary tensors
+  // with the pending gradient (Note [Vocabulary passes across a step's end] in
+  // parallel/schedule.h); the step's end then updates the rest. vocab_applied(): how many
+  // leading floats of the pending gradient are applied already (0 or the vocabulary run's).
+  std::function<void(std::vector<float>& pending, int64_t step)> on_vocab_update;
+  int64_t vocab_applied() const { return vocab_applied_ ? vocab_ : 0; }
+  int64_t vocab_floats() const { return vocab_; }
 
  private:
   void bind(bool previous);
@@ -99,6 +102,7 @@ class TwoBwState final : public StreamPart {
   int parts_done_ = 0;
   bool started_ = false;        // the previous step did not flush
   bool has_pending_ = false;
+  bool vocab_applied_ = false;  // this step's pass updated the vocabulary tensors
   bool stash_valid_ = false;    // reference: the step computes on the stash
   bool bound_previous_ = false;  // pipeline: the stash is bound
   bool stash_copied_ = false;    // pipeline: this step's stash <- W is made (Note [Early stash])

@@ -38,8 +38,17 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
   sum_loss(r, local_loss, 0, flush);
   for (const TwoBwState::Update& u : updates) {
     std::vector<float>& g = *u.grads;
+    const bool pending = &g != &e_.model.grads();
+    if (const int64_t applied = pending ? s.vocab_applied() : 0; applied > 0) {  // its vocabulary run is
+      r.norm = std::exchange(vocab_norm_, -1.0);
+      LOOM_ASSERT(r.norm >= 0);
+      const Spans::Scope busy = s.update_scope(flush);
+      update_ranges(g, r.norm, lr_at(cfg_.optim, u.batch, cfg_.train.steps),
+                    subtract(adamw_.owned(), {0, applied}), true);
+      continue;
+    }
     double ss = 0;
-    if (norm_started_ && &g != &e_.model.grads()) {
+    if (norm_started_ && pending) {
       ss = take_pending_norm();
     } else {
       if (s.pipeline()) dp_mean(g);  // a flush's own gradient (the reference's sync reduced it)
@@ -55,6 +64,26 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
   }
   s.after_updates(flush);
   return r;
+}
+
+// Note [Vocabulary passes across a step's end]: the vocabulary run's update mid-step, the rest
+// at the step's end; AdamW being elementwise, each float gets the bits one update would give.
+void Updater::update_vocab(std::vector<float>& pending, int64_t step) {
+  LOOM_ASSERT(norm_started_ && vocab_norm_ < 0, "the vocabulary tensors' update before the pending norm's sum");
+  vocab_norm_ = std::sqrt(take_pending_norm() / e_.rc.dp_size);  // every dp replica counted the same gradient
+  const int64_t n = int64_t(pending.size()), vocab = two_bw_->vocab_floats();
+  update_ranges(pending, vocab_norm_, lr_at(cfg_.optim, step - 1, cfg_.train.steps),
+                subtract(adamw_.owned(), {vocab, n - vocab}), false);
+}
+
+void Updater::update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
+                            bool counts_step) {
+  const Kernels& k = e_.model.ops();
+  if (const double coef = clip_coef(norm, cfg_.optim.grad_clip); coef != 1.0)
+    for (const FlatRange& o : ranges) k.scale_inplace(g.data() + o.offset, o.count, float(coef));
+  const int64_t t = adamw_.steps_taken() + 1;
+  adamw_.step_ranges(k, e_.model.params(), g, lr, t, ranges);
+  if (counts_step) adamw_.set_steps_taken(t);
 }
 
 void Updater::start_pending_norm(std::vector<float>& g) {

@@ -1,3 +1,4 @@
+// One step's micro-batches (train/step_batches.h).
 #include "loom/train/step_batches.h"
 
 #include <memory>
@@ -91,6 +92,5 @@ double step_gradients(Engine& e, const Config& cfg, const DataLoader& train_data
   for (const std::unique_ptr<Part>& p : e.parts) p->before_pass(train_data, step);
   return e.pass->run(FixedBatches(train_data, cfg, step, cfg.micro_batch(), cfg.local_seq(), S), step, flush);
 }
-
 
 }  // namespace loom

@@ -71,7 +71,6 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
   o.vocab_update = [this, step] {
     if (!started_) return;  // the stream's first step: no pending gradient, no update at its end
     LOOM_ASSERT(has_pending_ && !vocab_applied_, "the vocabulary tensors' update before the pending gradient");
-    const Spans::Scope busy = update_scope(false);
     if (on_vocab_update) on_vocab_update(pending_, step);
     vocab_applied_ = true;
   };

@@ -72,6 +72,7 @@ void Updater::update_vocab(std::vector<float>& pending, int64_t step) {
   LOOM_ASSERT(norm_started_ && vocab_norm_ < 0, "the vocabulary tensors' update before the pending norm's sum");
   vocab_norm_ = std::sqrt(take_pending_norm() / e_.rc.dp_size);  // every dp replica counted the same gradient
   const int64_t n = int64_t(pending.size()), vocab = two_bw_->vocab_floats();
+  const Spans::Scope busy = two_bw_->update_scope(false);  // Note [Measured bubble]: after the wait
   update_ranges(pending, vocab_norm_, lr_at(cfg_.optim, step - 1, cfg_.train.steps),
                 subtract(adamw_.owned(), {vocab, n - vocab}), false);
 }

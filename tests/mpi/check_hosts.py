@@ -77,6 +77,7 @@ def elastic(loom, work):
             first_new_step = time.time() - killed_at
     proc.wait(timeout=180)
     out = "".join(lines)
+    expect(first_new_step is not None, f"no step after a resume line (the elastic job exited {proc.returncode})", out)
     print(f"elastic: from the SIGKILL to the re-formed job's first step: {first_new_step:.2f} s")
     expect(proc.returncode == 0 and f"step {steps}/{steps}" in out, f"the elastic job exited {proc.returncode}", out)
     expect("lost 10.77.0.2; going on with 1 host (10.77.0.1:1): dp 1, grad_accum 2, micro-batch 4" in out,

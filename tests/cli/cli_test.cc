@@ -267,6 +267,25 @@ TEST(Cli, CompareCountsAStreamsUpdateAsBusy) {
   EXPECT_NEAR(idle_floor, 0.0, 1e-9);
 }
 
+// Note [Measured bubble]: an update inside a pipeline step (2bw's update of its vocabulary rows
+// in a pass: Note [Vocabulary passes across a step's end]) is counted once. Both ranks in V0 at
+// 1-7 ms of a 10 ms step, rank 0's U at 5-7 inside it: windows of 7 ms, busy 6 + 6, bubble
+// 1 - 12 / 14 = 1/7 (0 were the U counted again), floor 0.
+TEST(Cli, CompareCountsAnUpdateInsideAPassOnce) {
+  const std::string path = testing::TempDir() + "/update_nested.json";
+  {
+    std::ofstream f(path);
+    f << "{\"traceEvents\": [";
+    for (int pid : {0, 1}) f << "{\"ph\": \"X\", \"cat\": \"step\", \"pid\": " << pid << ", \"ts\": 0, \"dur\": 10000},";
+    f << "{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"V0\", \"pid\": 0, \"ts\": 1000, \"dur\": 6000},"
+      << "{\"ph\": \"X\", \"cat\": \"update\", \"name\": \"U\", \"pid\": 0, \"ts\": 5000, \"dur\": 2000},"
+      << "{\"ph\": \"X\", \"cat\": \"pipeline\", \"name\": \"V0\", \"pid\": 1, \"ts\": 1000, \"dur\": 6000}]}";
+  }
+  const auto [bubble, floor] = measured_bubble(path);
+  EXPECT_NEAR(bubble, 1.0 / 7, 1e-9);
+  EXPECT_NEAR(floor, 0.0, 1e-9);
+}
+
 // On a calibrated CPU `loom simulate` prices the batch split `loom train` runs (one
 // micro-batch of the whole batch unless grad_accum says otherwise); Megatron's micro-batch 1
 // stays the default of the GPU frameworks.

@@ -13,7 +13,8 @@
 // over the counted steps. A rank's window stops where its next step starts, if that comes
 // first: 2bw's steps overlap across ranks (Note [PipeDream-2BW]), and time a rank spends on
 // its next step is not this step's idle (flushing schedules start the next step after the
-// update, so nothing changes for them). A stream's flushing steps (marked in the trace: Note
+// update, so nothing changes for them). Busy is the union of those spans: 2bw's update of its
+// vocabulary rows runs inside a pass (Note [Vocabulary passes across a step's end]). A stream's flushing steps (marked in the trace: Note
 // [Trace schema]; the run's last, validation and checkpoint steps) are left out while it has
 // steady ones: they ramp down as 1F1B does, and the simulator prices the steady step (on
 // config A at pp 2, 2bw's last step measured 10 points over the floor, its others 1.6-2.9).
@@ -127,8 +128,10 @@ std::map<int64_t, RankTimes> summarize(const std::string& path) {
     for (auto [a, b] : counted) {
       const std::vector<double>& f = flushes[pid];
       RankTimes::PipeStep ps{a, 0, a, std::find(f.begin(), f.end(), a) != f.end()};
+      Spans inside;  // their union: a U may run inside a V (Note [Vocabulary passes across a step's end])
       for (auto [x, y] : pipeline[pid])
-        if (x >= a && y <= b) ps.busy += y - x, ps.last_end = std::max(ps.last_end, y);
+        if (x >= a && y <= b) inside.push_back({x, y}), ps.last_end = std::max(ps.last_end, y);
+      ps.busy = union_length(inside);
       if (ps.busy > 0) r.pipe.push_back(ps);
     }
   }

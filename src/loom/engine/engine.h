@@ -162,7 +162,7 @@ class Updater {
   void update_vocab(std::vector<float>& pending, int64_t step);
   void update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
                      bool counts_step);
-  double vocab_norm_ = -1;  // >= 0: the pending gradient's norm, taken by update_vocab
+  double vocab_norm_ = -1;  // >= 0: the pending gradient's norm, taken by update_vocab (its run applied)
   // Note [PipeDream weight stashing] (modes/stream/async_update.cc): one minibatch's update on a
   // pipedream / pipemare stage (after its backward), the tied wte updates a last stage owes,
   // the step's end, and the reference's update.

@@ -70,9 +70,8 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
   };
   o.vocab_update = [this, step] {
     if (!started_) return;  // the stream's first step: no pending gradient, no update at its end
-    LOOM_ASSERT(has_pending_ && !vocab_applied_, "the vocabulary tensors' update before the pending gradient");
+    LOOM_ASSERT(has_pending_, "the vocabulary tensors' update before the pending gradient");
     if (on_vocab_update) on_vocab_update(pending_, step);
-    vocab_applied_ = true;
   };
   return o;
 }
@@ -106,7 +105,7 @@ void TwoBwState::before_updates(bool flush) {
 }
 
 void TwoBwState::after_updates(bool flush) {
-  has_pending_ = vocab_applied_ = false;
+  has_pending_ = false;
   started_ = !flush;
   if (flush) stash_valid_ = false;
 }

@@ -81,11 +81,9 @@ class TwoBwState final : public StreamPart {
   // norm can be summed over the ranks while the step goes on (Note [2BW without a barrier]).
   std::function<void(std::vector<float>& pending)> on_pending;
   // Pipeline, under pp_vocab: called in step `step`'s pass that updates the vocabulary tensors
-  // with the pending gradient (Note [Vocabulary passes across a step's end] in
-  // parallel/schedule.h); the step's end then updates the rest. vocab_applied(): how many
-  // leading floats of the pending gradient are applied already (0 or the vocabulary run's).
+  // (the pending gradient's leading vocab_floats()) with the pending gradient (Note [Vocabulary
+  // passes across a step's end] in parallel/schedule.h); the step's end then updates the rest.
   std::function<void(std::vector<float>& pending, int64_t step)> on_vocab_update;
-  int64_t vocab_applied() const { return vocab_applied_ ? vocab_ : 0; }
   int64_t vocab_floats() const { return vocab_; }
 
  private:
@@ -102,7 +100,6 @@ class TwoBwState final : public StreamPart {
   int parts_done_ = 0;
   bool started_ = false;        // the previous step did not flush
   bool has_pending_ = false;
-  bool vocab_applied_ = false;  // this step's pass updated the vocabulary tensors
   bool stash_valid_ = false;    // reference: the step computes on the stash
   bool bound_previous_ = false;  // pipeline: the stash is bound
   bool stash_copied_ = false;    // pipeline: this step's stash <- W is made (Note [Early stash])

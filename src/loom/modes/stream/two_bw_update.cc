@@ -39,14 +39,13 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
   for (const TwoBwState::Update& u : updates) {
     std::vector<float>& g = *u.grads;
     const bool pending = &g != &e_.model.grads();
-    // Note [Vocabulary passes across a step's end]: the leading `applied` floats were updated in
-    // a pass, with this norm; the rest now, with the same step count.
-    if (const int64_t applied = pending ? s.vocab_applied() : 0; applied > 0) {
+    // Note [Vocabulary passes across a step's end]: the leading vocab_floats() were updated in a
+    // pass, with this norm; the rest now, with the same step count.
+    if (pending && vocab_norm_ >= 0) {
       r.norm = std::exchange(vocab_norm_, -1.0);
-      LOOM_ASSERT(r.norm >= 0);
       const Spans::Scope busy = s.update_scope(flush);
       update_ranges(g, r.norm, lr_at(cfg_.optim, u.batch, cfg_.train.steps),
-                    subtract(adamw_.owned(), {0, applied}), true);
+                    subtract(adamw_.owned(), {0, s.vocab_floats()}), true);
       continue;
     }
     double ss = 0;

@@ -96,8 +96,9 @@ TEST(TwoBw, EqualsTheDelayedUpdateReferenceBitForBit) {
       const std::vector<TrainSummary> flushing = testing_support::train_keeping_params(
           base({"parallel.pp=" + std::to_string(pp), "train.grad_accum=" + std::to_string(m),
                 "train.batch=" + std::to_string(m), "parallel.schedule=1f1b"}));
-      for (size_t r = 0; r < got.size(); r++) {
-        EXPECT_EQ(peak(got[r], "params"), 2 * peak(flushing[r], "params")) << "pp " << pp << " rank " << r;
+      for (size_t r = 0; r < got.size(); r++) {  // Note [Early stash]: no stash on the last stage
+        const int64_t versions = r + 1 < got.size() ? 2 : 1;
+        EXPECT_EQ(peak(got[r], "params"), versions * peak(flushing[r], "params")) << "pp " << pp << " rank " << r;
         EXPECT_EQ(peak(got[r], "grads"), 2 * peak(flushing[r], "grads")) << "pp " << pp << " rank " << r;
         EXPECT_EQ(peak(got[r], "activations"), peak(flushing[r], "activations")) << "pp " << pp << " rank " << r;
       }

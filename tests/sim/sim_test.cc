@@ -313,7 +313,7 @@ TEST(Simulator, TwoBwRemovesTheFlushBubble) {
     for (size_t i = 0; i < r.ranks.size(); i++) {
       EXPECT_NEAR(r.ranks[i].busy_s, ref.ranks[i].busy_s, 1e-9 * ref.ranks[i].busy_s);
       EXPECT_DOUBLE_EQ(r.ranks[i].memory.activations, ref.ranks[i].memory.activations);
-      EXPECT_DOUBLE_EQ(r.ranks[i].memory.params, 2 * ref.ranks[i].memory.params);
+      EXPECT_DOUBLE_EQ(r.ranks[i].memory.params, (i < 3 ? 2 : 1) * ref.ranks[i].memory.params);  // no stash on the last
       EXPECT_DOUBLE_EQ(r.ranks[i].memory.grads, 2 * ref.ranks[i].memory.grads);
     }
     size_t steps = 0;  // the trace holds the steady step: m forwards and m backwards a rank

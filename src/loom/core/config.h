@@ -127,12 +127,13 @@ inline bool streams(ScheduleKind k) {
 // [PipeDream weight stashing], Note [PipeMare] in modes/stream/async_pipe.h).
 inline bool updates_per_batch(ScheduleKind k) { return k == ScheduleKind::kPipeDream || k == ScheduleKind::kPipeMare; }
 // Parameter-sized fp32 buffers a stream's pipeline rank holds in the "params" and "grads"
-// categories: 2bw two of each (a stash, a pending gradient); pipedream one weight version
-// per minibatch in flight (pp - rank); pipemare W, the velocity and the corrected weights
-// where the stage's delay pp - 1 - rank is > 0; one each otherwise.
+// categories: 2bw two of each (a stash, a pending gradient), but no stash on the last stage,
+// which runs no trailing backward (its lag is 0 under every lag rule: Note [Early stash]);
+// pipedream one weight version per minibatch in flight (pp - rank); pipemare W, the velocity
+// and the corrected weights where the stage's delay pp - 1 - rank is > 0; one each otherwise.
 inline int stream_param_copies(ScheduleKind k, int pp, int pp_rank) {
   if (pp <= 1) return 1;
-  if (k == ScheduleKind::k2BW) return 2;
+  if (k == ScheduleKind::k2BW) return pp_rank < pp - 1 ? 2 : 1;
   if (k == ScheduleKind::kPipeDream) return pp - pp_rank;
   if (k == ScheduleKind::kPipeMare) return pp - 1 - pp_rank > 0 ? 3 : 1;
   return 1;

@@ -68,7 +68,8 @@ void make_parts(const Config& cfg, RankContext& rc, Engine& e, int64_t mb, int64
   else pass = std::make_unique<MicroBatchPass>(e, reduce);
   std::unique_ptr<StreamPart> stream;
   if (rc.schedule && rc.schedule->kind == ScheduleKind::k2BW)  // Note [PipeDream-2BW]
-    stream = std::make_unique<TwoBwState>(e.model, e.memory, true);
+    stream = std::make_unique<TwoBwState>(e.model, e.memory, true,
+                                          stream_param_copies(ScheduleKind::k2BW, rc.pp_size, rc.pp_rank) > 1);
   else if (rc.schedule && updates_per_batch(rc.schedule->kind))  // Note [PipeDream weight stashing]
     stream = std::make_unique<AsyncPipeState>(cfg, rc.schedule->kind, e.model, e.memory, rc.pp_rank, rc.pp_size, true,
                                               rc.embed && rc.holds_tied_copy(cfg.model));
@@ -178,6 +179,7 @@ Updater::Updater(const Config& cfg, Engine& e)
   rule_ = update_rule(e);
   if (two_bw_ && two_bw_->pipeline()) {
     two_bw_->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
+    two_bw_->on_backward = [this] { poll_deferred_norm(); };
     two_bw_->on_vocab_update = [this](std::vector<float>& g, int64_t step) { update_vocab(g, step); };
   }
   if (async_) attach_async();

@@ -152,6 +152,7 @@ class Updater {
   void start_pending_norm(std::vector<float>& g);
   void start_norm_sum(std::vector<float>& g);  // the mean over replicas, the squares, their sum started
   void start_deferred_norm();
+  void poll_deferred_norm();  // starts it if the tied sum is through
   std::vector<float>* deferred_norm_ = nullptr;  // the first stage's pending gradient, squares not yet taken
   void dp_mean(std::vector<float>& g);
   double take_pending_norm();
@@ -162,6 +163,7 @@ class Updater {
   void update_vocab(std::vector<float>& pending, int64_t step);
   void update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
                      bool counts_step);
+  float clip_scale(std::vector<float>& g, double norm, const std::vector<FlatRange>& ranges) const;
   double vocab_norm_ = -1;  // >= 0: the pending gradient's norm, taken by update_vocab (its run applied)
   // Note [PipeDream weight stashing] (modes/stream/async_update.cc): one minibatch's update on a
   // pipedream / pipemare stage (after its backward), the tied wte updates a last stage owes,

@@ -200,7 +200,7 @@ void AdamW::step(const Kernels& k, std::vector<float>& params, const std::vector
 }
 
 void AdamW::step_ranges(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
-                        int64_t t, const std::vector<FlatRange>& ranges) {
+                        int64_t t, const std::vector<FlatRange>& ranges, float grad_scale) {
   LOOM_ASSERT(!file_ && !awaiting_file_, "AdamW::step_ranges runs on in-memory moments");
   for (const Run& r : runs_)
     for (const FlatRange& q : ranges) {
@@ -208,9 +208,10 @@ void AdamW::step_ranges(const Kernels& k, std::vector<float>& params, const std:
       if (hi <= lo) continue;
       const int64_t s = r.state_offset + (lo - r.offset);
       if (cfg_.bf16_moments())
-        update_run_bf16(k, params.data() + lo, grads.data() + lo, s, lo, hi - lo, lr, r.weight_decay, t);
+        update_run_bf16(k, params.data() + lo, grads.data() + lo, s, lo, hi - lo, lr, r.weight_decay, t, grad_scale);
       else
-        update_run(k, params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, lr, r.weight_decay, t);
+        update_run(k, params.data() + lo, grads.data() + lo, m_.data() + s, v_.data() + s, hi - lo, lr, r.weight_decay, t,
+                   grad_scale);
     }
 }
 

@@ -95,7 +95,7 @@ class AdamW {
   // range updated alone gets the bits a whole step would give it (Note [PipeDream weight
   // stashing]: tied weights updated on their own schedule).
   void step_ranges(const Kernels& k, std::vector<float>& params, const std::vector<float>& grads, double lr,
-                   int64_t t, const std::vector<FlatRange>& ranges);
+                   int64_t t, const std::vector<FlatRange>& ranges, float grad_scale = 1.0f);
   // 1-bit Adam (Note [1-bit Adam] in parallel/compress.h), in two halves around the
   // caller's compressed all-reduce of the update u, with v and its bias correction
   // 1 - b2^frozen_at held where the warm-up left them: D = sqrt(v / (1 - b2^frozen_at)) + eps.

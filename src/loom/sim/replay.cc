@@ -199,14 +199,15 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
 
 }  // namespace
 
-// Note [Pipeline streams]: the copies around each update. 2bw: stash <- W, pending <- g,
-// g <- 0 (5 passes); pipedream: a stash <- W where the stage holds any (2); pipemare: the
-// corrected weights, the copy before the update and the velocity's pass (3 + 2 + 4).
+// Note [Pipeline streams]: the copies around each update. 2bw: stash <- W where the stage
+// holds one (2; Note [Early stash]: not the last), pending <- g, g <- 0 (3); pipedream: a stash
+// <- W where the stage holds any (2); pipemare: the corrected weights, the copy before the
+// update and the velocity's pass (3 + 2 + 4).
 double stream_copies(const Setup& s, int64_t r) {
   const ScheduleKind kind = s.plan.cfg.parallel.schedule;
   const int64_t tau = s.pp - 1 - r;
   return s.pp <= 1                                    ? 0
-         : kind == ScheduleKind::k2BW                 ? 5
+         : kind == ScheduleKind::k2BW                 ? 1 + 2 * stream_param_copies(kind, int(s.pp), int(r))
          : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
          : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
                                                        : 0;

@@ -8,17 +8,21 @@
 
 namespace loom {
 
-TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline)
-    : model_(model), pipeline_(pipeline), stash_(model.params().size(), 0.0f),
+TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline, bool stash)
+    : model_(model), pipeline_(pipeline),
       vocab_(model.vocab_range().count) {  // a leading run (Model::vocab_range asserts offset 0)
-  memory.track(memory.category("params"), stash_.data(), int64_t(stash_.size() * sizeof(float)));
+  if (!pipeline_ || stash) {  // Note [Early stash]: the last stage reads none
+    huge_resize(stash_, model.params().size(), 0.0f);  // Note [Huge pages]: walked whole each step
+    memory.track(memory.category("params"), stash_.data(), int64_t(stash_.size() * sizeof(float)));
+  }
   if (pipeline_) {
-    pending_.assign(model.grads().size(), 0.0f);
+    huge_resize(pending_, model.grads().size(), 0.0f);
     memory.track(memory.category("grads"), pending_.data(), int64_t(pending_.size() * sizeof(float)));
   }
 }
 
 void TwoBwState::bind(bool previous) {
+  LOOM_ASSERT(!previous || !stash_.empty(), "a trailing backward on the 2bw stage that holds no stash");
   for (int u = 0; u < model_.units(); u++)
     if (model_.unit_range(u).count > 0)
       model_.bind_unit_params(u, previous ? stash_.data() + model_.unit_range(u).offset : nullptr);
@@ -31,6 +35,9 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
   o.flush = flush;
   o.weights = [this](int back, bool) {  // back = -1: the step is over
     if ((back > 0) != bound_previous_) bind(bound_previous_ = back > 0);
+  };
+  o.after_backward = [this](int) {
+    if (on_backward) on_backward();
   };
   parts_done_ = 0;
   // Everything after the vocabulary tensors (all of it without pp_vocab).
@@ -46,7 +53,7 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
       // stage instead of 2.8-4.1, time the stage spends between two steps' lists.
       if (vocab_ == 0) model_.zero_grads();
       else std::fill(from, g.end(), 0.0f);
-      if (!flush) {  // Note [Early stash]
+      if (!flush && !stash_.empty()) {  // Note [Early stash]
         std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
         stash_copied_ = true;
       }
@@ -100,7 +107,8 @@ std::vector<TwoBwState::Update> TwoBwState::updates(int64_t step, bool flush) {
 
 void TwoBwState::before_updates(bool flush) {
   if (flush) return;  // the next step starts the stream on the updated weights
-  if (!std::exchange(stash_copied_, false)) std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
+  if (!std::exchange(stash_copied_, false) && !stash_.empty())
+    std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
   stash_valid_ = true;
 }
 

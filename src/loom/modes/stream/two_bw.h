@@ -10,7 +10,11 @@
 // the next step's first, and W(t-1) does not change before the step's end, so a pipeline
 // stage copies stash <- W(t-1) as it moves the gradient (after the trailing backwards), not at
 // the step's end: there the first stage's update delays its next forwards, which the last
-// stage waits for (config M at pp 2: that copy took 10-31 ms in slow runs).
+// stage waits for (config M at pp 2: that copy took 10-31 ms in slow runs). The last stage
+// runs each micro-batch's backward right after its forward, in its own step (its lag is 0
+// under every lag rule, Note [Vocabulary passes ahead]), so it never reads a stash and holds
+// none (stream_param_copies): two of its five passes a step over its parameters saved, on the
+// stage that holds the head and, in a GPT, the tied table.
 // A flushing step also finishes its own gradient (the cool-down backwards) and applies it
 // after the pending one; the next step starts the stream again. Under pp_vocab the tensors the
 // vocabulary passes add to (Model::vocab_range()) complete apart: the step's first pass moves
@@ -39,8 +43,9 @@ namespace loom {
 
 class TwoBwState final : public StreamPart {
  public:
-  // pipeline: this rank runs a 2bw pipeline stage; otherwise the single-process reference.
-  TwoBwState(Model& model, MemoryTracker& memory, bool pipeline);
+  // pipeline: this rank runs a 2bw pipeline stage, holding a stash when `stash`
+  // (stream_param_copies); otherwise the single-process reference (always a stash).
+  TwoBwState(Model& model, MemoryTracker& memory, bool pipeline, bool stash = true);
 
   // The step's gradients start at zero (the reference's always; a pipeline's when its step
   // starts the stream, else they carry the previous step's over).
@@ -75,11 +80,12 @@ class TwoBwState final : public StreamPart {
   }
   void trace(Trace* t) override { trace_ = pipeline_ ? t : nullptr; }
 
-  const std::vector<float>& stash() const { return stash_; }
   bool pipeline() const override { return pipeline_; }
   // Pipeline: called with the pending gradient as soon as it is complete (mid-step), so its
   // norm can be summed over the ranks while the step goes on (Note [2BW without a barrier]).
   std::function<void(std::vector<float>& pending)> on_pending;
+  // Pipeline: called after each backward (the deferred norm's poll, Note [2BW without a barrier]).
+  std::function<void()> on_backward;
   // Pipeline, under pp_vocab: called in step `step`'s pass that updates the vocabulary tensors
   // (the pending gradient's leading vocab_floats()) with the pending gradient (Note [Vocabulary
   // passes across a step's end] in parallel/schedule.h); the step's end then updates the rest.
@@ -91,7 +97,7 @@ class TwoBwState final : public StreamPart {
 
   Model& model_;
   bool pipeline_;
-  std::vector<float> stash_;    // the other weight version (laid out as the parameters)
+  std::vector<float> stash_;    // the other weight version (laid out as the parameters); none on the last stage
   std::vector<float> pending_;  // pipeline: the previous step's complete gradient
   // The pending gradient's two parts (Note [Vocabulary passes in a stream]): the leading
   // vocab_ floats the vocabulary passes add to (0 without pp_vocab) and the rest, each complete.

@@ -1,5 +1,6 @@
 #include "loom/core/memory.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -31,14 +32,17 @@ void release_pages(void* p, int64_t bytes) {
   LOOM_ASSERT(::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0);
 }
 
-void advise_huge_pages(void* p, int64_t bytes) {
+int64_t malloc_mapped_bytes() { return int64_t(::mallinfo2().hblkhd); }
+
+void advise_huge_pages(void* p, int64_t bytes, bool own_mapping) {
   // glibc serves blocks up to its largest mmap threshold (32 MiB on 64-bit) from heaps whose
   // address ranges later hold other buffers, and the advice stays with the range: a ZeRO
   // gradient buffer landing there would fault whole huge pages back in where it hands pages
-  // back. Larger blocks are mappings of their own, unmapped when freed, advice and all.
+  // back. Larger blocks are mappings of their own, unmapped when freed, advice and all; so is
+  // a smaller one its caller saw malloc map for it (own_mapping).
   constexpr int64_t kOwnMapping = int64_t(64) << 20;
-  if (bytes < kOwnMapping) return;
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  if (bytes < (own_mapping ? int64_t(kHuge) : kOwnMapping)) return;
   const auto lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
   const auto hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(std::max<int64_t>(bytes, 0))) / kHuge * kHuge;
   if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint (Note [Huge pages])

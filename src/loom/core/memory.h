@@ -27,14 +27,19 @@ void release_pages(void* p, int64_t bytes);
 // pages on the 2 MiB-aligned interior of a buffer of 64 MiB or more (smaller ones may sit in
 // malloc's heaps, where the advice would outlive them) before its first touch; a hint: where
 // the kernel has none the call does nothing. Pages handed back (release_pages) split as before.
-void advise_huge_pages(void* p, int64_t bytes);
+// own_mapping: the caller saw malloc map the block for itself (malloc_mapped_bytes grew by its
+// size), so the advice goes with it from 2 MiB up: config B's 60 MB stage buffers under
+// parallel.pp_vocab sat on 4 KiB pages, the first stage's AdamW 3-6x slower than the last's.
+void advise_huge_pages(void* p, int64_t bytes, bool own_mapping = false);
+int64_t malloc_mapped_bytes();  // what malloc holds in mappings of their own (mallinfo2's hblkhd)
 // v with room for n elements, advised (above) before anything touches them, then resized to n.
 template <typename T>
 void huge_resize(std::vector<T>& v, size_t n, const T& value = T()) {
   if (v.capacity() < n) {
     std::vector<T> fresh;
+    const int64_t mapped = malloc_mapped_bytes(), bytes = int64_t(n * sizeof(T));
     fresh.reserve(n);
-    advise_huge_pages(fresh.data(), int64_t(n * sizeof(T)));
+    advise_huge_pages(fresh.data(), bytes, malloc_mapped_bytes() - mapped >= bytes);
     fresh.assign(v.begin(), v.end());
     v.swap(fresh);
   }

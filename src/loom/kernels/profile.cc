@@ -115,7 +115,10 @@ std::vector<KernelTime> kernel_profile() {
 
 std::string kernel_profile_text() {
   std::ostringstream os;
-  os << "kernel profile (LOOM_KERNEL_PROFILE): kernel, calls, total ms, us per call\n";
+  // Under mpirun every rank prints its own, in no set order: the launcher's rank names it.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  os << "kernel profile (LOOM_KERNEL_PROFILE" << (rank ? std::string(", rank ") + rank : std::string())
+     << "): kernel, calls, total ms, us per call\n";
   for (const KernelTime& t : kernel_profile()) {
     char line[160];
     std::snprintf(line, sizeof line, "  %-28s %8lld %12.3f %12.2f\n", t.name.c_str(), static_cast<long long>(t.calls),

@@ -21,7 +21,7 @@ AsyncPipeState::AsyncPipeState(const Config& cfg, ScheduleKind kind, Model& mode
   const size_t n = model.params().size();
   const int params = memory.category("params");
   auto hold = [&](std::vector<float>& v, size_t size) {
-    v.assign(size, 0.0f);
+    huge_resize(v, size, 0.0f);  // zeros, on huge pages (Note [Huge pages]): walked whole each update
     memory.track(params, v.data(), int64_t(size * sizeof(float)));
   };
   if (kind == ScheduleKind::kPipeDream && pipeline && tau_ > 0) {

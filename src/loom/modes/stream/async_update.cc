@@ -36,7 +36,7 @@ void Updater::attach_async() {
   if (e_.rc.embed && wte) {
     tied_sends_.resize(size_t(e_.rc.pp_size));
     for (TiedSend& t : tied_sends_) {
-      t.buf.assign(size_t(wte->numel), 0.0f);
+      huge_resize(t.buf, size_t(wte->numel), 0.0f);
       e_.memory.track(e_.memory.category("buffers"), t.buf.data(), wte->numel * int64_t(sizeof(float)));
     }
   }

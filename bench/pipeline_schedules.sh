@@ -12,7 +12,9 @@
 # [Stage split]).
 # A schedule written S+v runs S with the vocabulary split over the pipeline (parallel.pp_vocab,
 # Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v".
-# PPS="2" runs only those pipeline depths (default "2 4").
+# PPS="2" runs only those pipeline depths (default "2 4"). A zb-h1 row also prints the Zero
+# Bubble paper's bubble for it at the run's F:B:W (of 1F1B's; 1F1B+v's for zb-h1+v) and the
+# least any schedule of its stages can have (zb_h1_figures; issue 55).
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -44,6 +46,35 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "token
 print(round(len(rows) / sum(1 / r["tokens_per_s"] for r in rows), 1))' "$1" "$2"
 }
 
+# Zero Bubble's (Qi et al. 2024, Sec. 3) ZB-H1 bubble against 1F1B's, (T_F + T_B - T_W) /
+# (T_F + T_B + T_W), at this run's F : B : W (each phase's median span a micro-batch, averaged
+# over the ranks); and the least bubble any schedule of these stages can have: rank r starts
+# no sooner than the forwards of the first micro-batch on the ranks before it (lead_r), so a
+# step lasts at least max_r (lead_r + busy_r), busy_r the rank's pipeline spans a step
+# (vocabulary passes included): bubble >= 1 - sum_r busy_r / (p x max_r (lead_r + busy_r)).
+# The paper's figure assumes equal stages; where the last stage is the busiest (a head) the
+# bound can lie above it.
+zb_h1_figures() {
+  /usr/bin/python3 -c '
+import json, re, statistics, sys
+t = json.load(open(sys.argv[1])); ev = t["traceEvents"] if isinstance(t, dict) else t
+spans = [e for e in ev if e.get("cat") == "pipeline" and re.match(r"[FBWV]-?[0-9]+([.][0-9]+)?$", e["name"])]
+ranks = sorted({e["pid"] for e in spans})
+starts = sorted(e["ts"] for e in spans if e["pid"] == ranks[0] and e["name"] in ("F0", "F0.0")) + [float("inf")]
+d, busy = {}, {}  # steps after the first (Note [Measured bubble]): a step from the first rank F0 to the next
+for e in spans:
+    k = max(i for i, s in enumerate(starts) if s <= e["ts"] + 1e-3) if e["ts"] + 1e-3 >= starts[0] else 0
+    if k == 0: continue
+    d.setdefault((e["pid"], e["name"][0]), []).append(e["dur"])
+    busy[(e["pid"], k)] = busy.get((e["pid"], k), 0) + e["dur"]
+med = {k: statistics.median(v) for k, v in d.items()}
+f, b, w = (statistics.mean(med[(r, ph)] for r in ranks) for ph in "FBW")
+per_step = [statistics.median(v for (q, k), v in busy.items() if q == r) for r in ranks]
+lead = [sum(med[(q, "F")] for q in ranks[:i]) for i in range(len(ranks))]
+bound = 1 - sum(per_step) / (len(ranks) * max(l + x for l, x in zip(lead, per_step)))
+print("%.3f %.2f:%.2f:%.2f %.4f" % ((f + b - w) / (f + b + w), f / 1e3, b / 1e3, w / 1e3, bound))' "$1"
+}
+
 # pipedream / pipemare update after every minibatch: one micro-batch per step (the same
 # micro-batch as the others' m = 8), 8 times the steps, no clipping (no global norm exists).
 per_batch() { [[ $1 == pipedream || $1 == pipemare ]]; }
@@ -52,7 +83,7 @@ printf "%-4s %-14s %-7s %10s %10s %11s %9s %10s %s\n" cfg layout sched "measured
 for c in $configs; do
   for pp in ${PPS:-2 4}; do
     note=$([[ $pp == 4 ]] && echo "oversubscribed: 4 ranks on 2 cores" || echo "")
-    ref_bubble="" ref_tok=""
+    ref_bubble="" ref_tok="" ref_v_bubble=""
     splits="-"; [[ $pp == 2 ]] && splits="- ${SPLITS:-}"
     for split in $splits; do
     for sv in $schedules; do
@@ -93,10 +124,17 @@ floor = [r for r in rows if r["category"] == "bubble floor"][0]
 print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])')
       tok=$best
       [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
+      [[ $sv == 1f1b+v && $split == - ]] && ref_v_bubble=$meas
+      paper=""  # ZB-H1: the paper's share of 1F1B's bubble (1F1B+v's for zb-h1+v), at this run's F:B:W
+      ref=$ref_bubble; [[ -n $vocab ]] && ref=$ref_v_bubble
+      if [[ $s == zb-h1 && -n $ref ]]; then
+        read -r ratio fbw bound < <(zb_h1_figures "$tmp/m.json")
+        paper=$(/usr/bin/python3 -c "print('; paper %.1f%% (%.3f x %.1f%%, F:B:W %s ms), any schedule >= %.1f%%' % (100*$ratio*$ref, $ratio, 100*$ref, '$fbw', 100*$bound))")
+      fi
       printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "$layout" "$sv" \
         "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" \
         "$(/usr/bin/python3 -c "print('%.1f / %.1f' % (100*$floor, 100*$pfloor))")" "$tok" \
-        "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")" "$note"
+        "$(/usr/bin/python3 -c "print('%.0f%% bubble, %.2fx tok/s' % (100*$meas/$ref_bubble, $tok/$ref_tok))")$paper" "$note"
     done
     done
   done

@@ -127,7 +127,7 @@ print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])'
       [[ $sv == 1f1b+v && $split == - ]] && ref_v_bubble=$meas
       paper=""  # ZB-H1: the paper's share of 1F1B's bubble (1F1B+v's for zb-h1+v), at this run's F:B:W
       ref=$ref_bubble; [[ -n $vocab ]] && ref=$ref_v_bubble
-      if [[ $s == zb-h1 && -n $ref ]]; then
+      if [[ $s == zb-h1 && $split == - && -n $ref ]]; then  # default split only (its 1F1B is ref)
         read -r ratio fbw bound < <(zb_h1_figures "$tmp/m.json")
         paper=$(/usr/bin/python3 -c "print('; paper %.1f%% (%.3f x %.1f%%, F:B:W %s ms), any schedule >= %.1f%%' % (100*$ratio*$ref, $ratio, 100*$ref, '$fbw', 100*$bound))")
       fi

@@ -81,7 +81,8 @@ class PipelineRunner {
   // current weights again). 2bw: batch_gradients() runs once the previous step's gradient is complete (after
   // the last trailing backward, or first), before any step that adds to this step's.
   // after_backward(back) runs after each backward (its micro-batch is `back` steps old):
-  // pipedream's and pipemare's updates, 2bw's poll of its norm (Note [2BW without a barrier]). A flushing schedule given a Stream (a reference) gets weights() only.
+  // pipedream's and pipemare's updates, 2bw's poll of its norm (Note [2BW without a barrier]).
+  // A flushing schedule given a Stream (a reference) gets weights() only.
   // Note [Vocabulary passes in a stream] (2bw with pp_vocab): the passes compute on the current
   // weights; batch_gradients() then leaves the tensors the passes add to (Model::vocab_range())
   // alone, whose gradient is two steps' at once while trailing backwards' embedding gradients

@@ -3,8 +3,9 @@
 # (scripts/cuda_bundle.sh): the CUDA tests, compute-sanitizer on them, GPU-vs-CPU parity
 # of short training runs (GPT and Llama, bf16), CPU <-> GPU checkpoint resumes, and the
 # GPT-2 124M benchmark against PyTorch eager and torch.compile on the same GPU.
-#   bench/cuda_device.sh [tests] [sanitize] [parity] [curve] [bench] [profile]   (default: tests sanitize parity bench;
+#   bench/cuda_device.sh [tests] [sanitize] [parity] [curve] [bench] [llama] [profile]   (default: tests sanitize parity bench;
 #   curve: GPT-2 loss curves of loom and PyTorch on the GPU from the same weights and batches;
+#   llama: a 1.1B Llama of head size 128, T 2048, LLAMA_BATCH=8 sequences, MFU and torch.compile at batch 1;
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
@@ -112,6 +113,49 @@ print(f"loom runs: {runs[0]:.0f} and {runs[1]:.0f} tokens/s")
 for name, tok in (("loom (mean)", loom), ("torch eager", eager["tokens_per_s"]), ("torch.compile", comp["tokens_per_s"])):
     print(f"{name:14s} {tok:10.0f} tokens/s  MFU {tok * flops / 1e12 / peak:.3f} (of measured bf16 GEMM peak {peak:.0f} TFLOP/s)")
 print(f"loom / eager {loom / eager['tokens_per_s']:.2f}x, loom / compile {loom / comp['tokens_per_s']:.2f}x")
+PY
+fi
+if [[ $what == *llama* ]]; then
+  # Llama of 1.14B parameters: 16 layers, d 2048, 16 heads of 128 (8 key/value heads), SwiGLU
+  # 8192, vocabulary 32000 (untied). Model FLOPs a token as the simulator counts them:
+  # 6 (N - V d) + 12 L d T (the input embedding is a lookup; attention counted unmasked).
+  LB=${LLAMA_BATCH:-8}
+  stamp "== Llama 1.1B, head size 128, T 2048, batch $LB (and 1): loom, then torch.compile at batch 1"
+  export PYTHONUNBUFFERED=1
+  [[ -s $out/gemm.json ]] || python3 bench/cuda_torch_peer.py gemm > $out/gemm.json
+  llama="--set model.preset=llama --set model.layers=16 --set model.d_model=2048 --set model.heads=16 --set model.kv_heads=8
+    --set model.ffn=8192 --set model.vocab=32000 --set model.ctx=2048"
+  for b in $LB 1; do
+    $loom train $llama --set train.steps=20 --json --precision bf16 $corpus --device cuda --set train.batch=$b \
+      --set train.seq=2048 --set train.val_every=0 --set train.log_every=5 --set checkpoint.dir=/tmp/ck-llama-$b \
+      > $out/llama-b$b.json 2>$out/llama-b$b.err || tail -5 $out/llama-b$b.err
+  done
+  timeout 300 python3 bench/cuda_torch_peer.py split compile flash 32000 16 2048 16 2048 10 8 8192 \
+    2>$out/llama-torch.err | tee $out/llama-torch.json
+  python3 - $out $LB <<'PY'
+import json, sys
+o, B = sys.argv[1], int(sys.argv[2])
+peak = json.load(open(f"{o}/gemm.json"))["bf16_gemm_tflops"]
+L, d, V, T, F, kv = 16, 2048, 32000, 2048, 8192, 8
+N = V * d * 2 + L * (d * d * 2 + 2 * d * (d // 16) * kv + 3 * d * F + 2 * d) + d
+flops = 6 * (N - V * d) + 12 * L * d * T
+def tok(b):
+    try:
+        return [json.loads(l) for l in open(f"{o}/llama-b{b}.json") if '"tokens_per_s"' in l][-1]["tokens_per_s"]
+    except (OSError, IndexError):
+        return float("nan")
+print(f"Llama {N / 1e9:.3f}B parameters, {flops / 1e9:.2f} GFLOP a token; bf16 GEMM peak measured {peak:.0f} TFLOP/s")
+for b in (B, 1):
+    t = tok(b)
+    print(f"loom batch {b}: {t:9.0f} tokens/s  {t * flops / 1e12:6.1f} TFLOP/s  MFU {t * flops / 1e12 / peak:.3f} "
+          f"of the measured peak, {t * flops / 1e12 / 989:.3f} of 989 (H100/H200 dense bf16)")
+try:
+    j = json.load(open(f"{o}/llama-torch.json"))
+    t = T / ((j["fwd_bwd_ms"] + j["optimizer_ms"]) / 1e3)
+    print(f"torch.compile batch 1 ({j['params'] / 1e9:.3f}B): {t:9.0f} tokens/s  MFU {t * flops / 1e12 / peak:.3f}; "
+          f"loom batch 1 / torch.compile {tok(1) / t:.2f}x")
+except (OSError, ValueError, KeyError) as e:
+    print("torch.compile peer: no result", e)
 PY
 fi
 if [[ $what == *curve* ]]; then

@@ -1,9 +1,10 @@
 // Note [CUDA flash attention]
 // Causal attention without the (T,T) matrices (FlashAttention-2, Dao 2023, Algorithms 1
-// and 2), for head sizes 32 and 64, on the tensor cores' mma.sync.m16n8k16 (bf16 in, fp32
-// accumulate). Forward: a block of 4 warps takes 128 query rows of one (b, h), 32 per warp
-// (two row tiles sharing every B fragment: 1.96 ms a GPT-2 step on an H200 against 2.15
-// with one), and walks the key tiles of 64 up to the diagonal keeping, per row, the
+// and 2), for head sizes 32, 64 and 128, on the tensor cores' mma.sync.m16n8k16 (bf16 in,
+// fp32 accumulate). Forward: a block of 4 warps takes 128 query rows of one (b, h), 32 per
+// warp (two row tiles sharing every B fragment: 1.96 ms a GPT-2 step on an H200 against
+// 2.15 with one; head size 128 takes one row tile, 64 rows a block, as its accumulators
+// alone fill 64 registers a row tile), and walks the key tiles of 64 up to the diagonal keeping, per row, the
 // running max m and sum l of exp2(s - m) (s = q.k scale log2 e, one fma from the raw q.k),
 // rescaling the output accumulator when m grows; it writes O = acc / l in bf16 and
 // L = m + log2 l. Only tiles that reach past a warp's first row are masked: every earlier
@@ -18,6 +19,10 @@
 // warp's S tile stays in registers: the accumulator layout of two 8-column mma tiles is
 // the A-operand layout of one 16-deep mma, so P (or dS) feeds the next mma directly; B
 // operands come from shared memory by ldmatrix, four 8x8 matrices per instruction.
+// Head size 128 in the backward: the block's own K and V tiles (dK/dV kernel) or Q and dO
+// tiles (dQ kernel) stay in shared memory and their A fragments are read by ldmatrix per
+// k-step (mma_abt_sa), since dK, dV, S^T and dP^T alone hold 192 fp32 registers a thread. Tiles live in dynamic shared memory (over
+// 48 KB at head size 128: up to 104 KB a block, of the H100/H200's 227).
 // Rounding differs from the materialised path only in that P is rounded to bf16 before
 // its normalisation by 1/l (forward) and recomputed from L (backward).
 #include <cuda_bf16.h>
@@ -25,160 +30,30 @@
 #include <cmath>
 
 #include "loom/cuda/check.h"
+#include "loom/cuda/mma_tile.cuh"
 #include "loom/cuda/ops.h"
 #include "loom/cuda/util.cuh"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kTile = 64;  // query and key rows per block
-constexpr int kPad = 8;    // bf16 padding per shared-memory row: conflict-free fragment loads
+using namespace mma_tile;
 
-__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ inline uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ inline uint32_t ld32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// A-operand fragments of 16 rows (row0.. row0+15 of a row-major matrix with row stride ld,
-// rows >= rows_valid read as 0) over HD columns: frag[k][0..3] for k-step k (mma.m16n8k16
-// A layout: (g, 2t), (g+8, 2t), (g, 2t+8), (g+8, 2t+8), g = lane/4, t = lane%4).
 template <int HD>
-__device__ inline void load_a(uint32_t (&frag)[HD / 16][4], const __nv_bfloat16* base, int64_t ld, int row0,
-                              int rows_valid) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int r0 = row0 + g, r1 = r0 + 8;
-#pragma unroll
-  for (int k = 0; k < HD / 16; k++) {
-    const int c = k * 16 + 2 * t;
-    frag[k][0] = r0 < rows_valid ? ld32(base + r0 * ld + c) : 0u;
-    frag[k][1] = r1 < rows_valid ? ld32(base + r1 * ld + c) : 0u;
-    frag[k][2] = r0 < rows_valid ? ld32(base + r0 * ld + c + 8) : 0u;
-    frag[k][3] = r1 < rows_valid ? ld32(base + r1 * ld + c + 8) : 0u;
-  }
-}
-
-// Copies a (64, HD) tile of rows row0.. (stride ld in global memory; rows past `rows` are
-// zero) into shared memory [64][HD + kPad] through cp.async (16 bytes a thread), so the
-// next tile loads while this one is computed on: the caller commits the group and waits.
+constexpr int kTileElems = kTile * (HD + kPad);  // one staged (64, HD) tile
+// Query row tiles of 16 per forward warp (see the Note).
 template <int HD>
-__device__ inline void stage_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t ld, int row0,
-                                        int rows) {
-  for (int idx = threadIdx.x; idx < kTile * HD / 8; idx += blockDim.x) {
-    const int r = idx / (HD / 8), c = (idx % (HD / 8)) * 8;
-    const bool valid = row0 + r < rows;
-    const __nv_bfloat16* src = base + (valid ? int64_t(row0 + r) * ld + c : 0);
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(tile + r * (HD + kPad) + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-  }
-}
-// 64 floats of a row statistic (rows past `rows` zero), 4 bytes a thread.
-__device__ inline void stage_row_async(float* dst, const float* src, int row0, int rows) {
-  if (threadIdx.x >= kTile) return;
-  const bool valid = row0 + int(threadIdx.x) < rows;
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + threadIdx.x));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src + (valid ? row0 + threadIdx.x : 0)),
-               "r"(valid ? 4 : 0));
-}
-__device__ inline void async_commit() { asm volatile("cp.async.commit_group;\n"); }
-__device__ inline void async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n"); }
-
-// ldmatrix of four 8x8 bf16 matrices: lanes 8j..8j+7 name the rows of matrix j, and lane
-// (g, t) receives in r[j] its row g, columns 2t, 2t+1 (.trans: row 2t, 2t+1 of column g).
-__device__ inline void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// acc(16 x 64) += A(16 x HD, fragments) B^T where B is a row-major [64][HD + kPad] tile
-// (B^T[k][n] = B[n][k]). The B fragment of column tile n, k-step k is B[8n + g][16k + 2t
-// (+1)] and B[8n + g][16k + 8 + 2t (+1)]: one ldmatrix over rows 8n.., columns 32c + 8j
-// (j = 0..3) gives both fragments of k-steps 2c and 2c + 1.
-template <int HD, int MT>
-__device__ inline void mma_abt_m(float (&acc)[MT][8][4], const uint32_t (&a)[MT][HD / 16][4],
-                                 const __nv_bfloat16* b) {
-  const int lane = threadIdx.x % 32;
-  const __nv_bfloat16* p = b + (lane % 8) * (HD + kPad) + (lane / 8) * 8;
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int c = 0; c < HD / 32; c++) {
-      uint32_t r[4];
-      ldsm_x4(r, p + n * 8 * (HD + kPad) + c * 32);
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) {  // each B fragment serves the warp's MT row tiles
-        mma(acc[mt][n], a[mt][2 * c], r[0], r[1]);
-        mma(acc[mt][n], a[mt][2 * c + 1], r[2], r[3]);
-      }
-    }
-}
+constexpr int kForwardMT = HD >= 128 ? 1 : 2;
+// Whether the backward kernels read the A fragments of their block's own rows (K and V;
+// Q and dO) from shared memory rather than holding them in registers (see the Note).
 template <int HD>
-__device__ inline void mma_abt(float (&acc)[8][4], const uint32_t (&a)[HD / 16][4], const __nv_bfloat16* b) {
-  mma_abt_m<HD, 1>(reinterpret_cast<float(&)[1][8][4]>(acc), reinterpret_cast<const uint32_t(&)[1][HD / 16][4]>(a), b);
-}
+constexpr bool kAFromSmem = HD >= 128;
 
-// acc(16 x HD) += P(16 x 64, as the fp32 accumulator of mma_abt) V, V a row-major
-// [64][HD + kPad] tile; P is rounded to bf16 on the way. The B fragment of column tile n,
-// k-step k is V[16k + 2t (+1)][8n + g] and V[16k + 8 + 2t (+1)][8n + g]: one transposing
-// ldmatrix over rows 16k + (lane % 16), columns 16c + 8 (lane / 16) gives both fragments of
-// column tiles 2c and 2c + 1.
-template <int HD, int MT>
-__device__ inline void mma_pv_m(float (&acc)[MT][HD / 8][4], const float (&p)[MT][8][4], const __nv_bfloat16* v) {
-  const int lane = threadIdx.x % 32;
-  const __nv_bfloat16* base = v + (lane % 16) * (HD + kPad) + (lane / 16) * 8;
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      a[mt][0] = pack(p[mt][2 * k][0], p[mt][2 * k][1]), a[mt][1] = pack(p[mt][2 * k][2], p[mt][2 * k][3]);
-      a[mt][2] = pack(p[mt][2 * k + 1][0], p[mt][2 * k + 1][1]), a[mt][3] = pack(p[mt][2 * k + 1][2], p[mt][2 * k + 1][3]);
-    }
-#pragma unroll
-    for (int c = 0; c < HD / 16; c++) {
-      uint32_t r[4];
-      ldsm_x4_trans(r, base + k * 16 * (HD + kPad) + c * 16);
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        mma(acc[mt][2 * c], a[mt], r[0], r[1]);
-        mma(acc[mt][2 * c + 1], a[mt], r[2], r[3]);
-      }
-    }
-  }
+// The block's dynamic shared memory (its size set at launch: kForwardBytes etc. below).
+__device__ inline __nv_bfloat16* smem_bf16() {
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  return reinterpret_cast<__nv_bfloat16*>(flash_smem);
 }
-template <int HD>
-__device__ inline void mma_pv(float (&acc)[HD / 8][4], const float (&p)[8][4], const __nv_bfloat16* v) {
-  mma_pv_m<HD, 1>(reinterpret_cast<float(&)[1][HD / 8][4]>(acc), reinterpret_cast<const float(&)[1][8][4]>(p), v);
-}
-
-__device__ inline float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ inline float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// Row (within the 16-row warp tile: g or g + 8) and column (within the 64-column tile) of
-// accumulator element i of column tile n.
-__device__ inline int acc_row(int i) { return (threadIdx.x % 32) / 4 + (i >= 2 ? 8 : 0); }
-__device__ inline int acc_col(int n, int i) { return n * 8 + 2 * (threadIdx.x % 4) + (i & 1); }
 
 // One key tile of the online softmax for a 16-row tile (FlashAttention-2 Algorithm 1, lines
 // 9-10): the row max m (log2 units) grows to cover the tile's scores s, the sum l and the
@@ -217,9 +92,8 @@ __device__ inline void online_softmax(float (&s)[8][4], float (&m)[2], float (&l
 template <int HD, int MT>
 __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                                                        int T, int H, int KV, float scale_log2) {
-  constexpr int kRows = 64 * MT;  // query rows per block
-  __shared__ __align__(16) __nv_bfloat16 kbuf[2][kTile * (HD + kPad)];
-  __shared__ __align__(16) __nv_bfloat16 vbuf[2][kTile * (HD + kPad)];
+  constexpr int kRows = 64 * MT, E = kTileElems<HD>;  // query rows per block
+  __nv_bfloat16 *const kbuf = smem_bf16(), *const vbuf = kbuf + 2 * E;  // [2][E] each
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
   const int bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -238,14 +112,14 @@ __global__ void __launch_bounds__(128) flash_forward_k(__nv_bfloat16* out, float
   for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
   const __nv_bfloat16 *kbase = base + (H + kvh) * HD, *vbase = base + (H + KV + kvh) * HD;
   const int last = (min(T, (qt + 1) * kRows) - 1) / kTile;  // the last key tile the block's rows see
-  stage_tile_async<HD>(kbuf[0], kbase, ld, 0, T);
-  stage_tile_async<HD>(vbuf[0], vbase, ld, 0, T);
+  stage_tile_async<HD>(kbuf, kbase, ld, 0, T);
+  stage_tile_async<HD>(vbuf, vbase, ld, 0, T);
   async_commit();
   for (int kt = 0; kt <= last; kt++) {
-    const __nv_bfloat16 *ks = kbuf[kt & 1], *vs = vbuf[kt & 1];
+    const __nv_bfloat16 *ks = kbuf + (kt & 1) * E, *vs = vbuf + (kt & 1) * E;
     if (kt < last) {  // the buffer it fills was last read before the previous iteration's end barrier
-      stage_tile_async<HD>(kbuf[(kt + 1) & 1], kbase, ld, (kt + 1) * kTile, T);
-      stage_tile_async<HD>(vbuf[(kt + 1) & 1], vbase, ld, (kt + 1) * kTile, T);
+      stage_tile_async<HD>(kbuf + ((kt + 1) & 1) * E, kbase, ld, (kt + 1) * kTile, T);
+      stage_tile_async<HD>(vbuf + ((kt + 1) & 1) * E, vbase, ld, (kt + 1) * kTile, T);
     }
     async_commit();
     async_wait_all_but_one();
@@ -298,68 +172,15 @@ __global__ void flash_delta_k(float* delta, const __nv_bfloat16* dout, const __n
   if (lane == 0) delta[(b * H + h) * T + t] = s;
 }
 
-// dK and dV of 64 keys (16 per warp) of one (b, h): the query tiles from the diagonal down,
-// Q, dO, L and D double-buffered. Writes bf16 into dqkv's key/value columns when every
-// query head has its own key/value head (direct), else fp32 per query head into dk, dv
-// (B,H,T,hd), summed over each group by flash_merge_kv_k.
+// The dK/dV kernel's result for the warp's 16 keys k0..: bf16 into dqkv's key/value columns
+// (direct, when every query head has its own key/value head), else fp32 per query head
+// into dk, dv (B,H,T,hd).
 template <int HD>
-__global__ void __launch_bounds__(128) flash_backward_kv_k(float* dk, float* dv, __nv_bfloat16* direct,
-                                                           const __nv_bfloat16* qkv, const __nv_bfloat16* dout,
-                                                           const float* lse, const float* delta, int T, int H, int KV,
-                                                           float scale_log2, float scale) {
-  __shared__ __align__(16) __nv_bfloat16 qbuf[2][kTile * (HD + kPad)];
-  __shared__ __align__(16) __nv_bfloat16 dobuf[2][kTile * (HD + kPad)];
-  __shared__ __align__(16) float lbuf[2][kTile], dbuf[2][kTile];
-  const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int64_t ld = int64_t(H + 2 * KV) * HD, ldo = int64_t(H) * HD;
-  const __nv_bfloat16* base = qkv + int64_t(b) * T * ld;
-  const __nv_bfloat16* obase = dout + int64_t(b) * T * ldo + h * HD;
-  const int k0 = kt * kTile + warp * 16;
-  uint32_t kf[HD / 16][4], vf[HD / 16][4];
-  load_a<HD>(kf, base + (H + kvh) * HD, ld, k0, T);
-  load_a<HD>(vf, base + (H + KV + kvh) * HD, ld, k0, T);
-  float dkacc[HD / 8][4] = {}, dvacc[HD / 8][4] = {};
-  const int tiles = (T + kTile - 1) / kTile;
-  const float *lrow = lse + int64_t(bh) * T, *drow = delta + int64_t(bh) * T;
-  auto prefetch = [&](int qt, int buf) {
-    stage_tile_async<HD>(qbuf[buf], base + h * HD, ld, qt * kTile, T);
-    stage_tile_async<HD>(dobuf[buf], obase, ldo, qt * kTile, T);
-    stage_row_async(lbuf[buf], lrow, qt * kTile, T);
-    stage_row_async(dbuf[buf], drow, qt * kTile, T);
-  };
-  prefetch(kt, 0);
-  async_commit();
-  for (int qt = kt; qt < tiles; qt++) {
-    const int buf = (qt - kt) & 1;
-    const __nv_bfloat16 *qs = qbuf[buf], *dos = dobuf[buf];
-    if (qt + 1 < tiles) prefetch(qt + 1, buf ^ 1);  // buf ^ 1 was last read before the previous end barrier
-    async_commit();
-    async_wait_all_but_one();
-    __syncthreads();
-    float p[8][4] = {}, dp[8][4] = {};
-    mma_abt<HD>(p, kf, qs);    // S^T (keys x queries)
-    mma_abt<HD>(dp, vf, dos);  // dP^T = V dO^T
-    // Masked: queries before the key (the diagonal tile) and past T (the last tile; their
-    // zero-filled Q, dO, L and D would contribute 0 anyway).
-    const bool edge = qt == kt || (qt + 1) * kTile > T;
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-      const float2 lq = *reinterpret_cast<const float2*>(lbuf[buf] + n * 8 + 2 * t);
-      const float2 dq = *reinterpret_cast<const float2*>(dbuf[buf] + n * 8 + 2 * t);
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int q = qt * kTile + acc_col(n, i), key = k0 + acc_row(i);
-        float pv = exp2f(fmaf(p[n][i], scale_log2, -((i & 1) ? lq.y : lq.x)));
-        if (edge && (q < key || q >= T)) pv = 0.0f;
-        p[n][i] = pv;
-        dp[n][i] = pv * (dp[n][i] - ((i & 1) ? dq.y : dq.x)) * scale;  // dS^T
-      }
-    }
-    mma_pv<HD>(dvacc, p, dos);  // dV += P^T dO
-    mma_pv<HD>(dkacc, dp, qs);   // dK += dS^T Q
-    __syncthreads();
-  }
+__device__ inline void store_dk_dv(const float (&dkacc)[HD / 8][4], const float (&dvacc)[HD / 8][4], float* dk,
+                                   float* dv, __nv_bfloat16* direct, int k0, int b, int bh, int kvh, int T, int H,
+                                   int KV) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int64_t ld = int64_t(H + 2 * KV) * HD;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int key = k0 + g + 8 * r;
@@ -386,24 +207,111 @@ __global__ void __launch_bounds__(128) flash_backward_kv_k(float* dk, float* dv,
   }
 }
 
+// dK and dV of 64 keys (16 per warp) of one (b, h): the query tiles from the diagonal down,
+// Q, dO, L and D double-buffered; K and V in registers, or at head size 128 staged once in
+// shared memory (kAFromSmem). Writes bf16 into dqkv's key/value columns when every
+// query head has its own key/value head (direct), else fp32 per query head into dk, dv
+// (B,H,T,hd), summed over each group by flash_merge_kv_k.
+template <int HD>
+__global__ void __launch_bounds__(128) flash_backward_kv_k(float* dk, float* dv, __nv_bfloat16* direct,
+                                                           const __nv_bfloat16* qkv, const __nv_bfloat16* dout,
+                                                           const float* lse, const float* delta, int T, int H, int KV,
+                                                           float scale_log2, float scale) {
+  constexpr int E = kTileElems<HD>;
+  constexpr bool kSmemKv = kAFromSmem<HD>;
+  // [2][E] each of Q and dO, then (kSmemKv) the block's K and V tiles, then L and D [2][64].
+  __nv_bfloat16 *const qbuf = smem_bf16(), *const dobuf = qbuf + 2 * E, *const kvblk = dobuf + 2 * E;
+  float* const lbuf = reinterpret_cast<float*>(kvblk + (kSmemKv ? 2 * E : 0));
+  float* const dbuf = lbuf + 2 * kTile;
+  const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, t = lane % 4;
+  const int64_t ld = int64_t(H + 2 * KV) * HD, ldo = int64_t(H) * HD;
+  const __nv_bfloat16* base = qkv + int64_t(b) * T * ld;
+  const __nv_bfloat16* obase = dout + int64_t(b) * T * ldo + h * HD;
+  const int k0 = kt * kTile + warp * 16;
+  uint32_t kf[HD / 16][4], vf[HD / 16][4];  // (unused, so not allocated, where kSmemKv)
+  if constexpr (kSmemKv) {  // joins the first prefetch's group
+    stage_tile_async<HD>(kvblk, base + (H + kvh) * HD, ld, kt * kTile, T);
+    stage_tile_async<HD>(kvblk + E, base + (H + KV + kvh) * HD, ld, kt * kTile, T);
+  } else {
+    load_a<HD>(kf, base + (H + kvh) * HD, ld, k0, T);
+    load_a<HD>(vf, base + (H + KV + kvh) * HD, ld, k0, T);
+  }
+  float dkacc[HD / 8][4] = {}, dvacc[HD / 8][4] = {};
+  const int tiles = (T + kTile - 1) / kTile;
+  const float *lrow = lse + int64_t(bh) * T, *drow = delta + int64_t(bh) * T;
+  auto prefetch = [&](int qt, int buf) {
+    stage_tile_async<HD>(qbuf + buf * E, base + h * HD, ld, qt * kTile, T);
+    stage_tile_async<HD>(dobuf + buf * E, obase, ldo, qt * kTile, T);
+    stage_row_async(lbuf + buf * kTile, lrow, qt * kTile, T);
+    stage_row_async(dbuf + buf * kTile, drow, qt * kTile, T);
+  };
+  prefetch(kt, 0);
+  async_commit();
+  for (int qt = kt; qt < tiles; qt++) {
+    const int buf = (qt - kt) & 1;
+    const __nv_bfloat16 *qs = qbuf + buf * E, *dos = dobuf + buf * E;
+    if (qt + 1 < tiles) prefetch(qt + 1, buf ^ 1);  // buf ^ 1 was last read before the previous end barrier
+    async_commit();
+    async_wait_all_but_one();
+    __syncthreads();
+    float p[8][4] = {}, dp[8][4] = {};
+    if constexpr (kSmemKv) {
+      mma_abt_sa<HD>(p, kvblk + warp * 16 * (HD + kPad), qs);        // S^T (keys x queries)
+      mma_abt_sa<HD>(dp, kvblk + E + warp * 16 * (HD + kPad), dos);  // dP^T = V dO^T
+    } else {
+      mma_abt<HD>(p, kf, qs);    // S^T (keys x queries)
+      mma_abt<HD>(dp, vf, dos);  // dP^T = V dO^T
+    }
+    // Masked: queries before the key (the diagonal tile) and past T (the last tile; their
+    // zero-filled Q, dO, L and D would contribute 0 anyway).
+    const bool edge = qt == kt || (qt + 1) * kTile > T;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+      const float2 lq = *reinterpret_cast<const float2*>(lbuf + buf * kTile + n * 8 + 2 * t);
+      const float2 dq = *reinterpret_cast<const float2*>(dbuf + buf * kTile + n * 8 + 2 * t);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int q = qt * kTile + acc_col(n, i), key = k0 + acc_row(i);
+        float pv = exp2f(fmaf(p[n][i], scale_log2, -((i & 1) ? lq.y : lq.x)));
+        if (edge && (q < key || q >= T)) pv = 0.0f;
+        p[n][i] = pv;
+        dp[n][i] = pv * (dp[n][i] - ((i & 1) ? dq.y : dq.x)) * scale;  // dS^T
+      }
+    }
+    mma_pv<HD>(dvacc, p, dos);  // dV += P^T dO
+    mma_pv<HD>(dkacc, dp, qs);   // dK += dS^T Q
+    __syncthreads();
+  }
+  store_dk_dv<HD>(dkacc, dvacc, dk, dv, direct, k0, b, bh, kvh, T, H, KV);
+}
+
 // dQ of 64 queries (16 per warp) of one (b, h): the key tiles up to the diagonal, K and V
-// double-buffered; written in bf16 into dqkv's query columns.
+// double-buffered; written in bf16 into dqkv's query columns. Q and dO in registers, or at
+// head size 128 staged once in shared memory (kAFromSmem).
 template <int HD>
 __global__ void __launch_bounds__(128) flash_backward_q_k(__nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
                                                           const __nv_bfloat16* dout, const float* lse,
                                                           const float* delta, int T, int H, int KV, float scale_log2,
                                                           float scale) {
-  __shared__ __align__(16) __nv_bfloat16 kbuf[2][kTile * (HD + kPad)];
-  __shared__ __align__(16) __nv_bfloat16 vbuf[2][kTile * (HD + kPad)];
+  constexpr int E = kTileElems<HD>;
+  constexpr bool kSmemQ = kAFromSmem<HD>;
+  // [2][E] each of K and V, then (kSmemQ) the block's Q and dO tiles.
+  __nv_bfloat16 *const kbuf = smem_bf16(), *const vbuf = kbuf + 2 * E, *const qblk = vbuf + 2 * E;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
   const int bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t ld = int64_t(H + 2 * KV) * HD, ldo = int64_t(H) * HD;
   const __nv_bfloat16* base = qkv + int64_t(b) * T * ld;
   const int q0 = qt * kTile + warp * 16;
-  uint32_t qf[HD / 16][4], dof[HD / 16][4];
-  load_a<HD>(qf, base + h * HD, ld, q0, T);
-  load_a<HD>(dof, dout + int64_t(b) * T * ldo + h * HD, ldo, q0, T);
+  uint32_t qf[HD / 16][4], dof[HD / 16][4];  // (unused, so not allocated, where kSmemQ)
+  if constexpr (kSmemQ) {  // joins the first K/V group
+    stage_tile_async<HD>(qblk, base + h * HD, ld, qt * kTile, T);
+    stage_tile_async<HD>(qblk + E, dout + int64_t(b) * T * ldo + h * HD, ldo, qt * kTile, T);
+  } else {
+    load_a<HD>(qf, base + h * HD, ld, q0, T);
+    load_a<HD>(dof, dout + int64_t(b) * T * ldo + h * HD, ldo, q0, T);
+  }
   float lr[2], dr[2];  // L and D of rows q0 + g and q0 + g + 8 (0 past T: those rows are not written)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -413,21 +321,26 @@ __global__ void __launch_bounds__(128) flash_backward_q_k(__nv_bfloat16* dqkv, c
   }
   float dqacc[HD / 8][4] = {};
   const __nv_bfloat16 *kbase = base + (H + kvh) * HD, *vbase = base + (H + KV + kvh) * HD;
-  stage_tile_async<HD>(kbuf[0], kbase, ld, 0, T);
-  stage_tile_async<HD>(vbuf[0], vbase, ld, 0, T);
+  stage_tile_async<HD>(kbuf, kbase, ld, 0, T);
+  stage_tile_async<HD>(vbuf, vbase, ld, 0, T);
   async_commit();
   for (int kt = 0; kt <= qt; kt++) {
-    const __nv_bfloat16 *ks = kbuf[kt & 1], *vs = vbuf[kt & 1];
+    const __nv_bfloat16 *ks = kbuf + (kt & 1) * E, *vs = vbuf + (kt & 1) * E;
     if (kt < qt) {
-      stage_tile_async<HD>(kbuf[(kt + 1) & 1], kbase, ld, (kt + 1) * kTile, T);
-      stage_tile_async<HD>(vbuf[(kt + 1) & 1], vbase, ld, (kt + 1) * kTile, T);
+      stage_tile_async<HD>(kbuf + ((kt + 1) & 1) * E, kbase, ld, (kt + 1) * kTile, T);
+      stage_tile_async<HD>(vbuf + ((kt + 1) & 1) * E, vbase, ld, (kt + 1) * kTile, T);
     }
     async_commit();
     async_wait_all_but_one();
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};
-    mma_abt<HD>(s, qf, ks);    // S (queries x keys)
-    mma_abt<HD>(dp, dof, vs);  // dP = dO V^T
+    if constexpr (kSmemQ) {
+      mma_abt_sa<HD>(s, qblk + warp * 16 * (HD + kPad), ks);       // S (queries x keys)
+      mma_abt_sa<HD>(dp, qblk + E + warp * 16 * (HD + kPad), vs);  // dP = dO V^T
+    } else {
+      mma_abt<HD>(s, qf, ks);    // S (queries x keys)
+      mma_abt<HD>(dp, dof, vs);  // dP = dO V^T
+    }
     const bool diagonal = kt == qt;
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -468,26 +381,48 @@ __global__ void flash_merge_kv_k(__nv_bfloat16* dqkv, const float* dk, const flo
   }
 }
 
+// Dynamic shared memory of each kernel (bytes), opted into past the default 48 KB once per
+// kernel (cudaFuncSetAttribute; the process uses one device).
+template <int HD>
+constexpr int kForwardBytes = 4 * kTileElems<HD> * 2;
+template <int HD>
+constexpr int kBackwardKvBytes = (kAFromSmem<HD> ? 6 : 4) * kTileElems<HD> * 2 + 4 * kTile * 4;
+template <int HD>
+constexpr int kBackwardQBytes = (kAFromSmem<HD> ? 6 : 4) * kTileElems<HD> * 2;
+template <typename Kernel>
+void allow_smem(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024)
+    LOOM_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
 template <int HD>
 void forward_hd(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, cudaStream_t s) {
+  constexpr int MT = kForwardMT<HD>, rows = 64 * MT;
+  static const bool opted = (allow_smem(flash_forward_k<HD, MT>, kForwardBytes<HD>), true);
+  (void)opted;
   const float scale_log2 = float(1.4426950408889634 / std::sqrt(double(HD)));
-  const dim3 grid(unsigned((T + 2 * kTile - 1) / (2 * kTile)), unsigned(B * H));
-  flash_forward_k<HD, 2><<<grid, 128, 0, s>>>(nv(out), lse, nv(qkv), int(T), int(H), int(KV), scale_log2);
+  const dim3 grid(unsigned((T + rows - 1) / rows), unsigned(B * H));
+  flash_forward_k<HD, MT><<<grid, 128, kForwardBytes<HD>, s>>>(nv(out), lse, nv(qkv), int(T), int(H), int(KV),
+                                                                scale_log2);
   LOOM_CUDA_LAUNCHED("flash_forward");
 }
 
 template <int HD>
 void backward_hd(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, FlashScratch sc, int64_t B,
                  int64_t T, int64_t H, int64_t KV, cudaStream_t s) {
+  static const bool opted = (allow_smem(flash_backward_kv_k<HD>, kBackwardKvBytes<HD>),
+                             allow_smem(flash_backward_q_k<HD>, kBackwardQBytes<HD>), true);
+  (void)opted;
   const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(B * H));
   const double scale = 1.0 / std::sqrt(double(HD));
   const float sl2 = float(scale * 1.4426950408889634), sc32 = float(scale);
   const bool direct = KV == H;
-  flash_backward_kv_k<HD><<<grid, 128, 0, s>>>(sc.dk, sc.dv, direct ? nv(dqkv) : nullptr, nv(qkv), nv(dout), lse,
-                                               sc.delta, int(T), int(H), int(KV), sl2, sc32);
+  flash_backward_kv_k<HD><<<grid, 128, kBackwardKvBytes<HD>, s>>>(sc.dk, sc.dv, direct ? nv(dqkv) : nullptr, nv(qkv),
+                                                                   nv(dout), lse, sc.delta, int(T), int(H), int(KV),
+                                                                   sl2, sc32);
   LOOM_CUDA_LAUNCHED("flash_backward_kv");
-  flash_backward_q_k<HD><<<grid, 128, 0, s>>>(nv(dqkv), nv(qkv), nv(dout), lse, sc.delta, int(T), int(H), int(KV),
-                                              sl2, sc32);
+  flash_backward_q_k<HD><<<grid, 128, kBackwardQBytes<HD>, s>>>(nv(dqkv), nv(qkv), nv(dout), lse, sc.delta, int(T),
+                                                                 int(H), int(KV), sl2, sc32);
   LOOM_CUDA_LAUNCHED("flash_backward_q");
   if (direct) return;
   const int64_t n = B * T * 2 * KV * HD;
@@ -497,12 +432,13 @@ void backward_hd(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse
 
 }  // namespace
 
-bool flash_supported(int64_t hd) { return hd == 32 || hd == 64; }
+bool flash_supported(int64_t hd) { return hd == 32 || hd == 64 || hd == 128; }
 
 void flash_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
                    cudaStream_t s) {
   if (hd == 32) forward_hd<32>(out, lse, qkv, B, T, H, KV, s);
-  else forward_hd<64>(out, lse, qkv, B, T, H, KV, s);
+  else if (hd == 64) forward_hd<64>(out, lse, qkv, B, T, H, KV, s);
+  else forward_hd<128>(out, lse, qkv, B, T, H, KV, s);
 }
 
 void flash_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
@@ -512,7 +448,8 @@ void flash_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* q
                                                          int(hd));
   LOOM_CUDA_LAUNCHED("flash_delta");
   if (hd == 32) backward_hd<32>(dqkv, qkv, dout, lse, scratch, B, T, H, KV, s);
-  else backward_hd<64>(dqkv, qkv, dout, lse, scratch, B, T, H, KV, s);
+  else if (hd == 64) backward_hd<64>(dqkv, qkv, dout, lse, scratch, B, T, H, KV, s);
+  else backward_hd<128>(dqkv, qkv, dout, lse, scratch, B, T, H, KV, s);
 }
 
 }  // namespace loom::cuda

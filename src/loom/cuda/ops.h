@@ -88,7 +88,7 @@ void rows_to_heads(bf16* out, const bf16* in, int64_t B, int64_t T, int64_t H, i
 
 // Note [CUDA flash attention] (flash.cu): causal attention reading q, k, v from qkv
 // (B,T,(H+2KV)*hd) and writing out (B,T,H*hd) bf16 and lse (B,H,T) fp32 (the log2 of each
-// row's softmax sum, plus its max), for hd in {32, 64} (flash_supported).
+// row's softmax sum, plus its max), for hd in {32, 64, 128} (flash_supported).
 bool flash_supported(int64_t hd);
 void flash_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
                    cudaStream_t s);

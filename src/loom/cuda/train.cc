@@ -63,7 +63,7 @@ void check_supported(const Config& cfg, int ranks) {
   for (Recompute r : p.recompute_layers(cfg.model.layers))
     if (r == Recompute::kSelective && !flash_supported(cfg.model.head_dim())) {
       no.push_back("parallel.recompute = selective with head size " + std::to_string(cfg.model.head_dim()) +
-                   " (selective is what flash attention does, for head sizes 32 and 64; use none or full)");
+                   " (selective is what flash attention does, for head sizes 32, 64 and 128; use none or full)");
       break;
     }
   if (cfg.data.bucketing) no.push_back("data.bucketing (not on the GPU yet)");

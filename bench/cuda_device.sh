@@ -6,6 +6,7 @@
 #   bench/cuda_device.sh [tests] [sanitize] [parity] [curve] [bench] [llama] [profile]   (default: tests sanitize parity bench;
 #   curve: GPT-2 loss curves of loom and PyTorch on the GPU from the same weights and batches;
 #   llama: a 1.1B Llama of head size 128, T 2048, LLAMA_BATCH=8 sequences, MFU and torch.compile at batch 1;
+#   fp8: bf16 against fp8 GEMMs at that Llama's shapes (bench/cuda_gemm.cc);
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
@@ -114,6 +115,10 @@ for name, tok in (("loom (mean)", loom), ("torch eager", eager["tokens_per_s"]),
     print(f"{name:14s} {tok:10.0f} tokens/s  MFU {tok * flops / 1e12 / peak:.3f} (of measured bf16 GEMM peak {peak:.0f} TFLOP/s)")
 print(f"loom / eager {loom / eager['tokens_per_s']:.2f}x, loom / compile {loom / comp['tokens_per_s']:.2f}x")
 PY
+fi
+if [[ $what == *fp8* ]]; then
+  stamp "== bf16 against fp8 GEMMs, the 1.1B Llama's linear layers over 16384 tokens (Note [CUDA fp8])"
+  $root/cuda_gemm 16384 2048 8192 1024 32000 2>&1 | tee $out/fp8-gemm.txt
 fi
 if [[ $what == *llama* ]]; then
   # Llama of 1.14B parameters: 16 layers, d 2048, 16 heads of 128 (8 key/value heads), SwiGLU

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Packs the CUDA build (cmake --preset cuda) for a lent GPU machine (issue 20), whose CUDA
 # image lacks loom's Debian libraries: .device/bundle.tar.xz holds the loom binary, the
-# CUDA test, every shared library they load except glibc, libstdc++ and CUDA's own, and the
-# default corpus (NCCL is not linked: loom opens the machine's libnccl.so.2 for dp > 1).
+# CUDA test, the GEMM benchmark (bench/cuda_gemm.cc), every shared library they load except
+# glibc, libstdc++ and CUDA's own, and the default corpus (NCCL is not linked: loom opens the machine's libnccl.so.2 for dp > 1).
 # bench/cuda_device.sh unpacks it there. .device/ is ignored by git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=$(mktemp -d)
 mkdir -p "$stage/lib" .device
-cp build/cuda/loom build/cuda/tests/cuda_test "$stage/"
-for so in $(ldd build/cuda/loom build/cuda/tests/cuda_test | awk '/=> \//{print $3}' | sort -u); do
+cp build/cuda/loom build/cuda/tests/cuda_test build/cuda/cuda_gemm "$stage/"
+for so in $(ldd build/cuda/loom build/cuda/tests/cuda_test build/cuda/cuda_gemm | awk '/=> \//{print $3}' | sort -u); do
   case $(basename "$so") in
     libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libcublas*|libcudart*) ;;
     *) cp -L "$so" "$stage/lib/" ;;

@@ -69,6 +69,7 @@ Blas::Blas(cudaStream_t s) : stream_(s) {
 
 Blas::~Blas() {
   plans_.clear();
+  fp8_plans_.clear();
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
   if (workspace_) cudaFree(workspace_);
@@ -79,8 +80,8 @@ Blas::~Blas() {
 // and keeps the fastest. (Not yet measured against taking the first answer alone; 32
 // candidates instead of 8 gave the same GPT-2 step on an H200, 35.30 vs 35.25 ms. The LM
 // head's slow GEMMs turned out to be its odd width, fixed by padding in cuda/model.cc.)
-cublasLtMatmulAlgo_t Blas::fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const bf16* A,
-                                   const bf16* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias) {
+cublasLtMatmulAlgo_t Blas::fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const void* A,
+                                   const void* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias) {
   if (found == 1) return res[0].algo;
   void* scratch = nullptr;
   LOOM_CUDA_OK(cudaMalloc(&scratch, size_t(d_elems) * (dt == Dt::kBf16 ? 2 : 4)));
@@ -228,6 +229,47 @@ void Blas::batched(const Batched& g) {
                                      &g.beta, g.C, cu(g.ct), int(g.ldc), g.sc, int(g.batch), CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx", shape_of(g.ta, g.tb, g.M, g.N, g.K));
+}
+
+// Row-major out(M,N) = A(M,K) B(N,K)^T is column-major out^T(N,M) = B^T A with cuBLAS's A
+// our B read transposed (K x N, leading dimension K) and its B our A (K x M): the TN form.
+void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const float* a_scale_inv, const uint8_t* B,
+                    Fp8 bt, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate) {
+  LOOM_CHECK(!accumulate || out_type == Dt::kF32, "accumulating GEMM outputs are fp32");
+  const std::string shape = std::string("fp8 ") + shape_of(false, true, M, N, K);
+  if (at == Fp8::kE5m2 && bt == Fp8::kE5m2)
+    throw Error(shape + ": both operands e5m2; cuBLASLt multiplies e4m3 by e4m3 or by e5m2");
+  if (M % 16 || N % 16 || K % 16)
+    throw Error(shape + ": fp8 GEMMs need M, N and K multiples of 16 (pad the tensor, or keep this GEMM in bf16)");
+  auto fp8_type = [](Fp8 f) { return f == Fp8::kE4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  std::unique_ptr<Plan>& slot = fp8_plans_[std::make_tuple(M, N, K, int(at), int(bt), int(out_type), accumulate)];
+  if (!slot) {
+    auto p = std::make_unique<Plan>();
+    blas_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "TRANSA");
+    blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "TRANSB");
+    const int8_t fast = 0;
+    blas_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "FAST_ACCUM");
+    blas_ok(cublasLtMatrixLayoutCreate(&p->a, fp8_type(bt), K, N, K), "layout A");
+    blas_ok(cublasLtMatrixLayoutCreate(&p->b, fp8_type(at), K, M, K), "layout B");
+    blas_ok(cublasLtMatrixLayoutCreate(&p->c, cu(out_type), N, M, N), "layout C");
+    cublasLtMatmulHeuristicResult_t res[kMaxCandidates];
+    const int found = candidates(*p, res, shape);
+    if (found == 0) throw Error("cuBLASLt has no algorithm for " + shape);
+    p->algo = fastest(*p, res, found, A, B, nullptr, out_type, M * N, beta, nullptr);
+    slot = std::move(p);
+  }
+  Plan& p = *slot;
+  // cuBLAS's A scale is our B's.
+  blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(b_scale_inv)),
+          "A_SCALE_POINTER");
+  blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(a_scale_inv)),
+          "B_SCALE_POINTER");
+  blas_ok(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, out, p.c, out, p.c,
+                         &p.algo, workspace_, kWorkspaceBytes, stream_),
+          "cublasLtMatmul", shape);
 }
 
 }  // namespace loom::cuda

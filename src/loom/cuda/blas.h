@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/core/bf16.h"
+#include "loom/cuda/fp8.h"
 
 namespace loom::cuda {
 
@@ -66,6 +67,16 @@ class Blas {
   };
   void batched(const Batched& g);
 
+  // out(M,N) = (or += when accumulate, fp32 only) *a_scale_inv *b_scale_inv A(M,K) B(N,K)^T
+  // (Note [CUDA fp8]): A and B fp8 of formats at and bt, row-major with K contiguous
+  // (Hopper's fp8 "TN" form), not both e5m2; the scale_inv are device scalars; out bf16 (a
+  // forward or backward-input GEMM) or fp32 (a weight gradient, accumulated). M, N and K
+  // multiples of 16 (cuBLASLt's fp8 alignment); else loom::Error naming the shape. fp32
+  // sums, with the fp8 MMA's fast accumulation off (Transformer Engine keeps it off for the
+  // gradients' GEMMs).
+  void fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const float* a_scale_inv, const uint8_t* B, Fp8 bt,
+                const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate = false);
+
  private:
   struct Plan;
   // The epilogue beyond the bias: none, GELU with its input stored to aux, or GELU's
@@ -74,8 +85,8 @@ class Blas {
   // Row-major D(M,N) = op(A) op(B) + beta C (C = D when c is null) [+ bias(N)] [epilogue
   // with aux (M,N), row stride ldd]. False where cuBLASLt has no algorithm for a GELU
   // epilogue (remembered per shape); other failures throw.
-  cublasLtMatmulAlgo_t fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const bf16* A,
-                               const bf16* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias);
+  cublasLtMatmulAlgo_t fastest(Plan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const void* A,
+                               const void* B, const void* c, Dt dt, int64_t d_elems, float beta, const void* bias);
   int candidates(Plan& p, cublasLtMatmulHeuristicResult_t* res, const std::string& shape);
   bool lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B, int64_t ldb,
           const void* c, void* D, Dt dt, int64_t ldd, float beta, const void* bias, Epi epi = Epi::kNone,
@@ -87,6 +98,8 @@ class Blas {
   std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int>,
            std::unique_ptr<Plan>>
       plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool>, std::unique_ptr<Plan>>
+      fp8_plans_;  // M, N, K, at, bt, out type, accumulate
 };
 
 }  // namespace loom::cuda

@@ -1,0 +1,42 @@
+// Note [CUDA fp8]
+// Per-tensor scaled fp8 (Micikevicius et al. 2022, "FP8 Formats for Deep Learning") with
+// Transformer Engine's delayed scaling, the pieces of issue 56 item 5. A tensor x is stored
+// as q = sat(x * scale) in e4m3 (largest finite 448: activations and weights) or e5m2
+// (57344: gradients), sat clamping to the largest finite value, and read back as
+// q * scale_inv, scale_inv = 1 / scale. A GEMM takes its two operands scaled apart and
+// multiplies the fp32 product by scale_inv_a scale_inv_b in its epilogue (Blas::fp8_gemm).
+// Delayed scaling: each cast raises this step's amax = max |x|; fp8_update_scale puts it
+// into a ring of the last H amaxes and sets the scale the next step's cast uses to
+// fp8_max / (max of the ring) / 2^margin (TE's DelayedScaling, amax_compute_algo "max").
+// Hopper's fp8 GEMMs read both operands with K contiguous (the "TN" form), so the backward
+// needs transposed copies; cast_transpose_fp8 writes both forms in one pass (TE's
+// cast-transpose).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "loom/core/bf16.h"
+
+namespace loom::cuda {
+
+enum class Fp8 { kE4m3, kE5m2 };
+
+// The largest finite value of the format: 448 (e4m3), 57344 (e5m2).
+float fp8_max(Fp8 f);
+
+// out[i] = sat(in[i] * *scale) in format f (one byte each); *amax = max(*amax, |in[i]|)
+// (the caller zeroes it where a step begins). scale and amax are device scalars.
+void cast_fp8(uint8_t* out, Fp8 f, const bf16* in, int64_t n, const float* scale, float* amax, cudaStream_t s);
+// The same for a row-major (R, C) matrix, writing out (R, C) and its transpose out_t (C, R);
+// either may be null.
+void cast_transpose_fp8(uint8_t* out, uint8_t* out_t, Fp8 f, const bf16* in, int64_t R, int64_t C, const float* scale,
+                        float* amax, cudaStream_t s);
+// Delayed scaling (one thread): history[step % H] = *amax, then where m = max(history) is
+// finite and positive, *scale = fp8_max(f) / m / 2^margin and *scale_inv = 1 / *scale
+// (else both keep their values: a tensor of zeros, or an overflow upstream).
+void fp8_update_scale(float* scale, float* scale_inv, float* history, int64_t H, int64_t step, const float* amax,
+                      Fp8 f, int margin, cudaStream_t s);
+
+}  // namespace loom::cuda

@@ -5,12 +5,14 @@
 # GPT-2 124M benchmark against PyTorch eager and torch.compile on the same GPU.
 #   bench/cuda_device.sh [tests] [sanitize] [parity] [curve] [bench] [llama] [profile]   (default: tests sanitize parity bench;
 #   curve: GPT-2 loss curves of loom and PyTorch on the GPU from the same weights and batches;
-#   llama: a 1.1B Llama of head size 128, T 2048, LLAMA_BATCH=8 sequences, MFU and torch.compile at batch 1;
+#   llama: a 1.1B Llama of head size 128, T 2048, LLAMA_BATCH=8 sequences, MFU and torch.compile at batch 1
+#   (LLAMA_TORCH=0: without it);
 #   fp8: bf16 against fp8 GEMMs at that Llama's shapes (bench/cuda_gemm.cc);
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
 what=${*:-tests sanitize parity bench}
+has() { [[ " $what " == *" $1 "* ]]; }  # whole words, so that no name matches inside a longer one
 out=${OUT:-/tmp/cuda-device}/logs; rm -rf $out; mkdir -p "$out"  # logs under $OUT as they are written (a run cut
                                                                   # short by the device's time limit keeps them)
 stamp() { echo "-- $(date +%T) $*"; }
@@ -26,10 +28,10 @@ ldd $loom $root/cuda_test | grep "not found" && echo "missing libraries"
 corpus="--set data.path=$root/fortunes"
 cpu_threads=$(nproc)
 
-if [[ $what == *tests* ]]; then
+if has tests; then
   stamp "== cuda_test"; $root/cuda_test 2>&1 | tee $out/cuda_test.log | tail -25
 fi
-if [[ $what == *sanitize* ]]; then
+if has sanitize; then
   stamp "== compute-sanitizer memcheck"
   # (NCCL's own kernels and threads stay out of it: the CudaNccl tests run above)
   compute-sanitizer --tool memcheck --error-exitcode 9 $root/cuda_test --gtest_filter=-CudaNccl.* 2>&1 | tee $out/memcheck.log | tail -6
@@ -51,7 +53,7 @@ n = min(len(la), len(lb)); d = max(abs(x - y) / abs(y) for x, y in zip(la[:n], l
 print(f"{name}: {n} steps, first {la[0]:.4f} vs {lb[0]:.4f}, last {la[n-1]:.4f} vs {lb[n-1]:.4f}, max rel diff {d:.2e}")
 PY
 }
-if [[ $what == *parity* ]]; then
+if has parity; then
   stamp "== parity: 20 steps, GPU vs CPU, both bf16"
   for m in tiny llama; do
     common="--set model.preset=$m --set train.steps=20 --json --precision bf16 $corpus --set train.val_every=0 --set train.log_every=1"
@@ -84,7 +86,7 @@ if [[ $what == *parity* ]]; then
   done
 fi
 
-if [[ $what == *bench* ]]; then
+if has bench; then
   stamp "== GPT-2 124M, T 1024, batch $B: loom vs PyTorch 2.x on this GPU"
   export PYTHONUNBUFFERED=1
   python3 bench/cuda_torch_peer.py gemm | tee $out/gemm.json
@@ -116,27 +118,27 @@ for name, tok in (("loom (mean)", loom), ("torch eager", eager["tokens_per_s"]),
 print(f"loom / eager {loom / eager['tokens_per_s']:.2f}x, loom / compile {loom / comp['tokens_per_s']:.2f}x")
 PY
 fi
-if [[ $what == *fp8* ]]; then
+if has fp8; then
   stamp "== bf16 against fp8 GEMMs, the 1.1B Llama's linear layers over 16384 tokens (Note [CUDA fp8])"
   $root/cuda_gemm 16384 2048 8192 1024 32000 2>&1 | tee $out/fp8-gemm.txt
 fi
-if [[ $what == *llama* ]]; then
-  # Llama of 1.14B parameters: 16 layers, d 2048, 16 heads of 128 (8 key/value heads), SwiGLU
-  # 8192, vocabulary 32000 (untied). Model FLOPs a token as the simulator counts them:
-  # 6 (N - V d) + 12 L d T (the input embedding is a lookup; attention counted unmasked).
+# Llama of 1.14B parameters: 16 layers, d 2048, 16 heads of 128 (8 key/value heads), SwiGLU
+# 8192, vocabulary 32000 (untied). Model FLOPs a token as the simulator counts them:
+# 6 (N - V d) + 12 L d T (the input embedding is a lookup; attention counted unmasked).
+llama="--set model.preset=llama --set model.layers=16 --set model.d_model=2048 --set model.heads=16 --set model.kv_heads=8
+  --set model.ffn=8192 --set model.vocab=32000 --set model.ctx=2048"
+if has llama; then
   LB=${LLAMA_BATCH:-8}
   stamp "== Llama 1.1B, head size 128, T 2048, batch $LB (and 1): loom, then torch.compile at batch 1"
   export PYTHONUNBUFFERED=1
   [[ -s $out/gemm.json ]] || python3 bench/cuda_torch_peer.py gemm > $out/gemm.json
-  llama="--set model.preset=llama --set model.layers=16 --set model.d_model=2048 --set model.heads=16 --set model.kv_heads=8
-    --set model.ffn=8192 --set model.vocab=32000 --set model.ctx=2048"
   for b in $LB 1; do
     $loom train $llama --set train.steps=20 --json --precision bf16 $corpus --device cuda --set train.batch=$b \
-      --set train.seq=2048 --set train.val_every=0 --set train.log_every=5 --set checkpoint.dir=/tmp/ck-llama-$b \
+      --set train.seq=2048 --set train.val_every=0 --set train.log_every=5 --set checkpoint.dir= \
       > $out/llama-b$b.json 2>$out/llama-b$b.err || tail -5 $out/llama-b$b.err
   done
-  timeout 300 python3 bench/cuda_torch_peer.py split compile flash 32000 16 2048 16 2048 10 8 8192 \
-    2>$out/llama-torch.err | tee $out/llama-torch.json
+  [[ ${LLAMA_TORCH:-1} == 1 ]] && timeout 300 python3 bench/cuda_torch_peer.py split compile flash 32000 16 2048 16 \
+    2048 10 8 8192 2>$out/llama-torch.err | tee $out/llama-torch.json
   python3 - $out $LB <<'PY'
 import json, sys
 o, B = sys.argv[1], int(sys.argv[2])
@@ -144,26 +146,26 @@ peak = json.load(open(f"{o}/gemm.json"))["bf16_gemm_tflops"]
 L, d, V, T, F, kv = 16, 2048, 32000, 2048, 8192, 8
 N = V * d * 2 + L * (d * d * 2 + 2 * d * (d // 16) * kv + 3 * d * F + 2 * d) + d
 flops = 6 * (N - V * d) + 12 * L * d * T
-def tok(b):
+def tok(name):
     try:
-        return [json.loads(l) for l in open(f"{o}/llama-b{b}.json") if '"tokens_per_s"' in l][-1]["tokens_per_s"]
+        return [json.loads(l) for l in open(f"{o}/llama-{name}.json") if '"tokens_per_s"' in l][-1]["tokens_per_s"]
     except (OSError, IndexError):
         return float("nan")
 print(f"Llama {N / 1e9:.3f}B parameters, {flops / 1e9:.2f} GFLOP a token; bf16 GEMM peak measured {peak:.0f} TFLOP/s")
-for b in (B, 1):
-    t = tok(b)
-    print(f"loom batch {b}: {t:9.0f} tokens/s  {t * flops / 1e12:6.1f} TFLOP/s  MFU {t * flops / 1e12 / peak:.3f} "
-          f"of the measured peak, {t * flops / 1e12 / 989:.3f} of 989 (H100/H200 dense bf16)")
+for name, what in ((f"b{B}", f"loom batch {B}"), ("b1", "loom batch 1")):
+    t = tok(name)
+    print(f"{what:14s}: {t:9.0f} tokens/s  {t * flops / 1e12:6.1f} TFLOP/s  MFU {t * flops / 1e12 / peak:.3f} "
+          f"of the measured bf16 peak, {t * flops / 1e12 / 989:.3f} of 989 (H100/H200 dense bf16)")
 try:
     j = json.load(open(f"{o}/llama-torch.json"))
     t = T / ((j["fwd_bwd_ms"] + j["optimizer_ms"]) / 1e3)
     print(f"torch.compile batch 1 ({j['params'] / 1e9:.3f}B): {t:9.0f} tokens/s  MFU {t * flops / 1e12 / peak:.3f}; "
-          f"loom batch 1 / torch.compile {tok(1) / t:.2f}x")
+          f"loom batch 1 / torch.compile {tok('b1') / t:.2f}x")
 except (OSError, ValueError, KeyError) as e:
     print("torch.compile peer: no result", e)
 PY
 fi
-if [[ $what == *curve* ]]; then
+if has curve; then
   echo "== loss curves: loom on the GPU vs PyTorch on the same GPU, same initial weights and batches"
   d=/tmp/cuda-curve; rm -rf $d; mkdir -p $d  # (the safetensors and checkpoint stay off $OUT)
   S="--set model.preset=gpt2 --set train.steps=20 --set train.batch=8 --set train.seq=1024 --set optim.lr=6e-4 --set optim.warmup_steps=10 $corpus"
@@ -177,7 +179,7 @@ if [[ $what == *curve* ]]; then
   paste $d/loom.txt $d/torch.txt | awk 'NR==1||NR%5==0'
   cp $d/*.txt $d/*.json $d/loom.err $out/ 2>/dev/null
 fi
-if [[ $what == *profile* ]]; then
+if has profile; then
   stamp "== where a GPT-2 step's GPU time goes (Note [CUDA profile])"
   LOOM_CUDA_PROFILE=1 $loom train --set model.preset=gpt2 --set train.steps=12 --precision bf16 $corpus --device cuda \
     --set train.batch=$B --set train.val_every=0 --set train.val_batches=1 --set train.seq=1024 \

@@ -62,28 +62,33 @@ TEST(CudaFp8, CastsMatchTheHostConversionAndTrackAmax) {
   EXPECT_EQ(decode(host_fp8(-1e6f, Fp8::kE5m2), Fp8::kE5m2), -57344.0);
 }
 
+// Two tensors in one launch (the second's amaxes halved): each row of the ring its own,
+// amax zeroed after each update.
 TEST(CudaFp8, DelayedScalingTakesTheRingsMax) {
   REQUIRE_DEVICE();
-  const int64_t H = 4;
-  Dev<float> scale(std::vector<float>{1.0f}), inv(std::vector<float>{1.0f}), hist(std::vector<float>(H, 0.0f));
-  Dev<float> amax(1);
+  const int64_t H = 4, n = 2;
+  Dev<float> scale(std::vector<float>(n, 1.0f)), inv(std::vector<float>(n, 1.0f)), hist(std::vector<float>(n * H, 0.0f));
+  Dev<float> amax(n);
   const float amaxes[] = {2.0f, 8.0f, 1.0f, 0.5f, 0.25f, 3.0f, 0.0f};
   std::vector<float> ring(H, 0.0f);
   float want = 1.0f;
   for (int64_t step = 0; step < int64_t(std::size(amaxes)); step++) {
-    EXPECT_EQ(cudaMemcpy(amax.p, &amaxes[step], sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    fp8_update_scale(scale.p, inv.p, hist.p, H, step, amax.p, Fp8::kE4m3, 1, nullptr);
+    const float both[n] = {amaxes[step], amaxes[step] / 2};
+    EXPECT_EQ(cudaMemcpy(amax.p, both, sizeof(both), cudaMemcpyHostToDevice), cudaSuccess);
+    fp8_update_scales(scale.p, inv.p, hist.p, amax.p, n, H, step, Fp8::kE4m3, 1, nullptr);
     ring[size_t(step % H)] = amaxes[step];
     const float m = *std::max_element(ring.begin(), ring.end());
     if (m > 0) want = 448.0f / m / 2.0f;
-    EXPECT_EQ(scale.get()[0], want) << "step " << step;
-    EXPECT_EQ(inv.get()[0], 1.0f / want) << "step " << step;
+    const std::vector<float> sc = scale.get(), si = inv.get();
+    EXPECT_EQ(sc[0], want) << "step " << step;
+    EXPECT_EQ(si[0], 1.0f / want) << "step " << step;
+    EXPECT_EQ(sc[1], 448.0f / (m / 2) / 2.0f) << "step " << step;
+    EXPECT_EQ(amax.get(), std::vector<float>(n, 0.0f)) << "step " << step;
   }
   // Steps 4-6 dropped 8 from the ring: the scale grew back.
   EXPECT_EQ(want, 448.0f / 3.0f / 2.0f);
 }
 
-// out = sa sb A B^T of fp8 operands, against the double product of their decoded values:
 // The products of fp8 values are exact in fp32; Hopper's fp8 tensor cores keep about 14
 // bits of their running sum between promotions to fp32 (DeepSeek-V3 report, section 3.3.2),
 // so fp32 out is held to 2e-4; bf16 out adds one rounding (2^-9): 4e-3.
@@ -117,7 +122,7 @@ TEST(CudaFp8, GemmMatchesTheProductOfItsFp8Values) {
     EXPECT_LT(e32, 2e-4) << int(at) << " x " << int(bt) << " fp32";
     std::printf("fp8 GEMM %s x %s: relative error bf16 out %.2e, fp32 out %.2e\n", at == Fp8::kE4m3 ? "e4m3" : "e5m2",
                 bt == Fp8::kE4m3 ? "e4m3" : "e5m2", e16, e32);
-    blas.fp8_gemm(acc.p, Dt::kF32, da.p, at, ia.p, db.p, bt, ib.p, M, N, K, true);
+    blas.fp8_gemm(acc.p, Dt::kF32, da.p, at, ia.p, db.p, bt, ib.p, M, N, K, acc.p);
     std::vector<float> twice = want;
     for (float& v : twice) v *= 2.0f;
     EXPECT_LT(rel(acc.get(), twice), 2e-4) << int(at) << " x " << int(bt) << " accumulated";

@@ -234,16 +234,16 @@ void Blas::batched(const Batched& g) {
 // Row-major out(M,N) = A(M,K) B(N,K)^T is column-major out^T(N,M) = B^T A with cuBLAS's A
 // our B read transposed (K x N, leading dimension K) and its B our A (K x M): the TN form.
 void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const float* a_scale_inv, const uint8_t* B,
-                    Fp8 bt, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, bool accumulate) {
-  LOOM_CHECK(!accumulate || out_type == Dt::kF32, "accumulating GEMM outputs are fp32");
+                    Fp8 bt, const float* b_scale_inv, int64_t M, int64_t N, int64_t K, const float* c) {
+  LOOM_CHECK(!c || out_type == Dt::kF32, "GEMM outputs with an added c are fp32");
   const std::string shape = std::string("fp8 ") + shape_of(false, true, M, N, K);
   if (at == Fp8::kE5m2 && bt == Fp8::kE5m2)
     throw Error(shape + ": both operands e5m2; cuBLASLt multiplies e4m3 by e4m3 or by e5m2");
   if (M % 16 || N % 16 || K % 16)
     throw Error(shape + ": fp8 GEMMs need M, N and K multiples of 16 (pad the tensor, or keep this GEMM in bf16)");
   auto fp8_type = [](Fp8 f) { return f == Fp8::kE4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  std::unique_ptr<Plan>& slot = fp8_plans_[std::make_tuple(M, N, K, int(at), int(bt), int(out_type), accumulate)];
+  const float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
+  std::unique_ptr<Plan>& slot = fp8_plans_[std::make_tuple(M, N, K, int(at), int(bt), int(out_type), c != nullptr)];
   if (!slot) {
     auto p = std::make_unique<Plan>();
     blas_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
@@ -267,8 +267,8 @@ void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const floa
           "A_SCALE_POINTER");
   blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(a_scale_inv)),
           "B_SCALE_POINTER");
-  blas_ok(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, out, p.c, out, p.c,
-                         &p.algo, workspace_, kWorkspaceBytes, stream_),
+  blas_ok(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, c ? c : out, p.c,
+                         out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream_),
           "cublasLtMatmul", shape);
 }
 

@@ -59,15 +59,19 @@ __global__ void cast_transpose_fp8_k(uint8_t* out, uint8_t* out_t, Fp8 f, const 
   raise_amax(amax, m);
 }
 
-__global__ void fp8_update_scale_k(float* scale, float* scale_inv, float* history, int64_t H, int64_t step,
-                                   const float* amax, float max, float margin_pow) {
-  history[step % H] = *amax;
+__global__ void fp8_update_scales_k(float* scale, float* scale_inv, float* history, float* amax, int64_t n,
+                                    int64_t H, int64_t step, float max, float margin_pow) {
+  const int64_t i = gtid();
+  if (i >= n) return;
+  float* row = history + i * H;
+  row[step % H] = amax[i];
+  amax[i] = 0.0f;
   float m = 0.0f;
-  for (int64_t i = 0; i < H; i++) m = fmaxf(m, history[i]);
+  for (int64_t j = 0; j < H; j++) m = fmaxf(m, row[j]);
   if (m > 0.0f && isfinite(m)) {
-    const float s = max / m / margin_pow;
-    *scale = s;
-    *scale_inv = 1.0f / s;
+    const float sc = max / m / margin_pow;
+    scale[i] = sc;
+    scale_inv[i] = 1.0f / sc;
   }
 }
 
@@ -87,11 +91,11 @@ void cast_transpose_fp8(uint8_t* out, uint8_t* out_t, Fp8 f, const bf16* in, int
   LOOM_CUDA_LAUNCHED("cast_transpose_fp8");
 }
 
-void fp8_update_scale(float* scale, float* scale_inv, float* history, int64_t H, int64_t step, const float* amax,
-                      Fp8 f, int margin, cudaStream_t s) {
-  fp8_update_scale_k<<<1, 1, 0, s>>>(scale, scale_inv, history, H, step, amax, fp8_max(f),
-                                     float(1 << margin));
-  LOOM_CUDA_LAUNCHED("fp8_update_scale");
+void fp8_update_scales(float* scale, float* scale_inv, float* history, float* amax, int64_t n, int64_t H,
+                       int64_t step, Fp8 f, int margin, cudaStream_t s) {
+  fp8_update_scales_k<<<unsigned((n + 127) / 128), 128, 0, s>>>(scale, scale_inv, history, amax, n, H, step, fp8_max(f),
+                                                                float(1 << margin));
+  LOOM_CUDA_LAUNCHED("fp8_update_scales");
 }
 
 }  // namespace loom::cuda

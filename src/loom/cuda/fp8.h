@@ -5,7 +5,7 @@
 // (57344: gradients), sat clamping to the largest finite value, and read back as
 // q * scale_inv, scale_inv = 1 / scale. A GEMM takes its two operands scaled apart and
 // multiplies the fp32 product by scale_inv_a scale_inv_b in its epilogue (Blas::fp8_gemm).
-// Delayed scaling: each cast raises this step's amax = max |x|; fp8_update_scale puts it
+// Delayed scaling: each cast raises this step's amax = max |x|; fp8_update_scales puts it
 // into a ring of the last H amaxes and sets the scale the next step's cast uses to
 // fp8_max / (max of the ring) / 2^margin (TE's DelayedScaling, amax_compute_algo "max").
 // Hopper's fp8 GEMMs read both operands with K contiguous (the "TN" form), so the backward
@@ -33,10 +33,12 @@ void cast_fp8(uint8_t* out, Fp8 f, const bf16* in, int64_t n, const float* scale
 // either may be null.
 void cast_transpose_fp8(uint8_t* out, uint8_t* out_t, Fp8 f, const bf16* in, int64_t R, int64_t C, const float* scale,
                         float* amax, cudaStream_t s);
-// Delayed scaling (one thread): history[step % H] = *amax, then where m = max(history) is
-// finite and positive, *scale = fp8_max(f) / m / 2^margin and *scale_inv = 1 / *scale
-// (else both keep their values: a tensor of zeros, or an overflow upstream).
-void fp8_update_scale(float* scale, float* scale_inv, float* history, int64_t H, int64_t step, const float* amax,
-                      Fp8 f, int margin, cudaStream_t s);
+// Delayed scaling of n tensors of format f (a thread each): for tensor i, history[i H +
+// step % H] = amax[i], then amax[i] = 0 (the next step raises it afresh), and where m = the
+// max of its history row is finite and positive, scale[i] = fp8_max(f) / m / 2^margin and
+// scale_inv[i] = 1 / that (else both keep their values: a tensor of zeros, or an overflow
+// upstream).
+void fp8_update_scales(float* scale, float* scale_inv, float* history, float* amax, int64_t n, int64_t H,
+                       int64_t step, Fp8 f, int margin, cudaStream_t s);
 
 }  // namespace loom::cuda

@@ -10,8 +10,10 @@ usage: check_hosts.py LOOM
   killed:      the remote rank dies in the save of step 4 (shard@4:1): the job fails naming it
                and its host, step 2's checkpoint is intact, and --resume auto finishes the run;
   signals:     the supervisor gets SIGTERM: no rank outlives it by more than 5 s;
-  elastic:     --elastic 1:2, the remote rank SIGKILLed after a checkpoint: the job re-forms on
-               the one host left with no command (dp 2 -> 1, grad_accum 1 -> 2), loses at most
+  elastic:     --elastic 1:2, the remote rank SIGKILLed after a checkpoint, and the local one a
+               second later, before its own diagnosis (as Open MPI's abort sometimes ends a
+               survivor): the job re-forms on the one host left with no command (dp 2 -> 1,
+               grad_accum 1 -> 2), loses at most
                save_every steps, and its final weights equal, bit for bit, a run resumed by hand
                from the same step on that layout;
   below-min:   --elastic 2:2 loses a host: it stops (fewer than MIN), and --resume auto goes on.
@@ -70,6 +72,12 @@ def elastic(loom, work):
     proc = subprocess.Popen(cmd(loom, ckpt, steps, "--elastic", "1:2", *keep),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_after = kill_remote_after_a_save(proc, ckpt)
+    # The survivor gone without an exit code after the failure was seen is not the one that failed.
+    time.sleep(1.0)  # (its own diagnosis takes comm.timeout_s / 2 = 2.5 s)
+    local = rank_pid(0, ckpt)
+    if local is None:
+        fail("the local rank ended within 1 s of its peer's death", proc.communicate()[0])
+    os.kill(local, signal.SIGKILL)
     killed_at, first_new_step, lines = time.time(), None, []
     for line in proc.stdout:  # the time from the kill to the re-formed job's first step (printed)
         lines.append(line)

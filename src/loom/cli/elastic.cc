@@ -22,17 +22,18 @@ namespace loom::cli {
 // `--elastic MIN:MAX` (hosts) with `--hosts`: the job runs on the first MAX hosts of the list;
 // the others are spares. When a run fails, the supervisor asks which ranks failed on their own
 // account (gone without an exit code, or ended as hung, frozen or stopped: not the survivors it
-// killed after them, nor ranks that exited with an error of their own, which no other host
-// would mend) and drops their hosts. While MIN hosts remain (spares filling in up to MAX), it
-// relaunches with no human step: the layout of Note [Elastic shapes] for the slots left, given
-// as --set parallel.dp / train.grad_accum / parallel.micro_batch in place of the user's layout
-// flags, and --resume auto in place of --resume and --overwrite, so the ranks reshard the
-// newest complete checkpoint into the new layout: the hosts' in-memory one when it is whole and
-// newer (Note [In-memory checkpoints]), else the disk's. At most save_every (memory_every)
-// steps are lost. A job
-// with fewer than MIN hosts left stops with the failure's exit code; `--resume auto` continues it
-// by hand later. Each re-forming is said on stderr with the hosts lost, the new layout and the
-// seconds from the failure being seen to the relaunch.
+// killed after them, nor a rank on its own host gone after another's failure (MPI's own abort
+// ends such a survivor at times; that host is up), nor ranks that exited with an error of their
+// own, which no other host would mend) and drops their hosts. While MIN hosts remain (spares
+// filling in up to MAX), it relaunches with no human step: the layout of Note [Elastic shapes]
+// for the slots left, given as --set parallel.dp / train.grad_accum / parallel.micro_batch in
+// place of the user's layout flags, and --resume auto in place of --resume and --overwrite, so
+// the ranks reshard the newest complete checkpoint into the new layout: the hosts' in-memory
+// one when it is whole and newer (Note [In-memory checkpoints]), else the disk's. At most
+// save_every (memory_every) steps are lost. A job with fewer than MIN hosts left stops with the
+// failure's exit code; `--resume auto` continues it by hand later. Each re-forming is said on
+// stderr with the hosts lost, the new layout and the seconds from the failure being seen to the
+// relaunch.
 //
 // Note [Elastic growth]
 // A lost host is tried again comm.rejoin_s after its loss, and a host the hostfile gains

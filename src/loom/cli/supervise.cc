@@ -232,7 +232,11 @@ struct Placement {
 struct Watch {
   std::string killed;  // lines naming the ranks it had to kill
   // Ranks that failed on their own account: gone without an exit code before the supervisor
-  // killed anything, or ended as stuck (hung, frozen, stopped); not the survivors it killed.
+  // killed anything, or ended as stuck (hung, frozen, stopped); not the survivors it killed,
+  // nor a rank on the supervisor's own host gone after another rank's failure was seen (its
+  // host is up, the supervisor runs there: a survivor taken down by that failure, as Open
+  // MPI's own abort sometimes ends one before loom's diagnosis; seen once in CI, when that
+  // host was dropped with the dead one's and the elastic job had none left).
   std::vector<char> faulty;
   int signal = 0;      // the signal that stopped the supervisor, if any
   bool launcher_stuck = false;  // the job was ended as stuck (check_stuck)
@@ -367,6 +371,7 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       return w;
     }
     const auto now = Clock::now();
+    const bool failure_seen = first_failure.has_value();  // in an earlier poll: ranks gone in this one went after
     for (int r = 0; r < nproc; ++r) {
       const std::string rs = std::to_string(r);
       if (!pids[size_t(r)]) pids[size_t(r)] = read_int(status_dir + "/pid-" + rs, 0);
@@ -375,7 +380,8 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       const bool gone = code >= 0 || (pids[size_t(r)] > 0 && !alive(pids[size_t(r)])) || at.lost(size_t(r));
       if (!gone) continue;
       done[size_t(r)] = 1;
-      if (code < 0 && !kill_time && !w.launcher_stuck) w.faulty[size_t(r)] = 1;
+      const bool local = pids[size_t(r)] > 0;  // (only ranks on the supervisor's host write a pid file)
+      if (code < 0 && !(failure_seen && local) && !kill_time && !w.launcher_stuck) w.faulty[size_t(r)] = 1;
       if (code != 0 && code != kStopToReform && !first_failure) first_failure = now, failed_rank = r;
     }
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;

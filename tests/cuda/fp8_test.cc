@@ -132,6 +132,9 @@ TEST(CudaFp8, GemmMatchesTheProductOfItsFp8Values) {
   Dev<bf16> out(static_cast<size_t>(64 * 64));
   EXPECT_THROW(blas.fp8_gemm(out.p, Dt::kBf16, x.p, Fp8::kE5m2, one.p, x.p, Fp8::kE5m2, one.p, 64, 64, 64), Error);
   EXPECT_THROW(blas.fp8_gemm(out.p, Dt::kBf16, x.p, Fp8::kE4m3, one.p, x.p, Fp8::kE4m3, one.p, 64, 64, 40), Error);
+  Dev<float> scales(std::vector<float>(8, 1.0f));  // a scale 4 bytes past a 16-byte boundary
+  EXPECT_THROW(blas.fp8_gemm(out.p, Dt::kBf16, x.p, Fp8::kE4m3, scales.p, x.p, Fp8::kE4m3, scales.p + 1, 64, 64, 64),
+               Error);
 }
 
 }  // namespace

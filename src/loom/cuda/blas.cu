@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -241,6 +242,10 @@ void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const floa
     throw Error(shape + ": both operands e5m2; cuBLASLt multiplies e4m3 by e4m3 or by e5m2");
   if (M % 16 || N % 16 || K % 16)
     throw Error(shape + ": fp8 GEMMs need M, N and K multiples of 16 (pad the tensor, or keep this GEMM in bf16)");
+  // Every scale these GEMMs ran with sat on a 16-byte boundary; the one 4 bytes past it failed
+  // (cuBLASLt status 15, H200, 2026-12-04: docs/log/benchmarks.md, session 61).
+  if (reinterpret_cast<uintptr_t>(a_scale_inv) % 16 || reinterpret_cast<uintptr_t>(b_scale_inv) % 16)
+    throw Error(shape + ": its scale_inv pointers must be 16-byte aligned (give each scale 16 bytes of its own)");
   auto fp8_type = [](Fp8 f) { return f == Fp8::kE4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
   const float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
   std::unique_ptr<Plan>& slot = fp8_plans_[std::make_tuple(M, N, K, int(at), int(bt), int(out_type), c != nullptr)];

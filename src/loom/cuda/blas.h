@@ -69,11 +69,11 @@ class Blas {
 
   // out(M,N) = *a_scale_inv *b_scale_inv A(M,K) B(N,K)^T [+ c(M,N)] (Note [CUDA fp8]): A and
   // B fp8 of formats at and bt, row-major with K contiguous (Hopper's fp8 "TN" form), not
-  // both e5m2; the scale_inv are device scalars; out bf16 (a forward or backward-input
-  // GEMM) or fp32, the only type with c (a residual, or out itself: a weight gradient
-  // accumulated). M, N and K multiples of 16 (cuBLASLt's fp8 alignment); else loom::Error
-  // naming the shape. fp32 sums, with the fp8 MMA's fast accumulation off (Transformer
-  // Engine keeps it off for the gradients' GEMMs).
+  // both e5m2; the scale_inv are device scalars, each 16-byte aligned; out bf16 (a forward
+  // or backward-input GEMM) or fp32, the only type with c (a residual, or out itself: a
+  // weight gradient accumulated). M, N and K multiples of 16 (cuBLASLt's fp8 alignment);
+  // else loom::Error naming the shape. fp32 sums, with the fp8 MMA's fast accumulation off
+  // (Transformer Engine keeps it off for the gradients' GEMMs).
   void fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const float* a_scale_inv, const uint8_t* B, Fp8 bt,
                 const float* b_scale_inv, int64_t M, int64_t N, int64_t K, const float* c = nullptr);
 

@@ -7,12 +7,13 @@
 #   curve: GPT-2 loss curves of loom and PyTorch on the GPU from the same weights and batches;
 #   llama: a 1.1B Llama of head size 128, T 2048, LLAMA_BATCH=8 sequences, MFU and torch.compile at batch 1
 #   (LLAMA_TORCH=0: without it);
-#   fp8: bf16 against fp8 GEMMs at that Llama's shapes (bench/cuda_gemm.cc);
+#   fp8: bf16 against fp8 GEMMs at that Llama's shapes (bench/cuda_gemm.cc), and llama runs fp8 too;
+#   fp8loss: that Llama FP8_STEPS=1000 steps (batch 2) in bf16 and with fp8 linear layers, validation losses;
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
 what=${*:-tests sanitize parity bench}
-has() { [[ " $what " == *" $1 "* ]]; }  # whole words, so that no name matches inside a longer one
+has() { [[ " $what " == *" $1 "* ]]; }  # whole words: fp8 is not fp8loss
 out=${OUT:-/tmp/cuda-device}/logs; rm -rf $out; mkdir -p "$out"  # logs under $OUT as they are written (a run cut
                                                                   # short by the device's time limit keeps them)
 stamp() { echo "-- $(date +%T) $*"; }
@@ -129,13 +130,16 @@ llama="--set model.preset=llama --set model.layers=16 --set model.d_model=2048 -
   --set model.ffn=8192 --set model.vocab=32000 --set model.ctx=2048"
 if has llama; then
   LB=${LLAMA_BATCH:-8}
-  stamp "== Llama 1.1B, head size 128, T 2048, batch $LB (and 1): loom, then torch.compile at batch 1"
+  stamp "== Llama 1.1B, head size 128, T 2048, batch $LB (and 1): loom (bf16; fp8 too with fp8), then torch.compile at batch 1"
   export PYTHONUNBUFFERED=1
   [[ -s $out/gemm.json ]] || python3 bench/cuda_torch_peer.py gemm > $out/gemm.json
-  for b in $LB 1; do
+  runs="b$LB:$LB:bf16 b1:1:bf16"
+  has fp8 && runs="$runs fp8-b$LB:$LB:fp8"
+  for r in $runs; do
+    IFS=: read -r name b fmt <<< "$r"
     $loom train $llama --set train.steps=20 --json --precision bf16 $corpus --device cuda --set train.batch=$b \
       --set train.seq=2048 --set train.val_every=0 --set train.log_every=5 --set checkpoint.dir= \
-      > $out/llama-b$b.json 2>$out/llama-b$b.err || tail -5 $out/llama-b$b.err
+      --set train.gemm_format=$fmt > $out/llama-$name.json 2>$out/llama-$name.err || tail -5 $out/llama-$name.err
   done
   [[ ${LLAMA_TORCH:-1} == 1 ]] && timeout 300 python3 bench/cuda_torch_peer.py split compile flash 32000 16 2048 16 \
     2048 10 8 8192 2>$out/llama-torch.err | tee $out/llama-torch.json
@@ -152,10 +156,13 @@ def tok(name):
     except (OSError, IndexError):
         return float("nan")
 print(f"Llama {N / 1e9:.3f}B parameters, {flops / 1e9:.2f} GFLOP a token; bf16 GEMM peak measured {peak:.0f} TFLOP/s")
-for name, what in ((f"b{B}", f"loom batch {B}"), ("b1", "loom batch 1")):
+for name, what in ((f"b{B}", f"loom batch {B}"), ("b1", "loom batch 1"), (f"fp8-b{B}", f"loom fp8 batch {B}")):
     t = tok(name)
-    print(f"{what:14s}: {t:9.0f} tokens/s  {t * flops / 1e12:6.1f} TFLOP/s  MFU {t * flops / 1e12 / peak:.3f} "
-          f"of the measured bf16 peak, {t * flops / 1e12 / 989:.3f} of 989 (H100/H200 dense bf16)")
+    if t == t:
+        print(f"{what:18s}: {t:9.0f} tokens/s  {t * flops / 1e12:6.1f} TFLOP/s  MFU {t * flops / 1e12 / peak:.3f} "
+              f"of the measured bf16 peak, {t * flops / 1e12 / 989:.3f} of 989 (H100/H200 dense bf16)")
+if tok(f"fp8-b{B}") == tok(f"fp8-b{B}"):
+    print(f"fp8 / bf16 at batch {B}: {tok(f'fp8-b{B}') / tok(f'b{B}'):.2f}x tokens/s")
 try:
     j = json.load(open(f"{o}/llama-torch.json"))
     t = T / ((j["fwd_bwd_ms"] + j["optimizer_ms"]) / 1e3)
@@ -163,6 +170,45 @@ try:
           f"loom batch 1 / torch.compile {tok('b1') / t:.2f}x")
 except (OSError, ValueError, KeyError) as e:
     print("torch.compile peer: no result", e)
+PY
+fi
+if has fp8loss; then
+  # FP8_RUNS: format:seed pairs; FP8_CONCURRENT=1 runs them at once on the one GPU (the
+  # tokens/s of such runs share it and are not a speed figure).
+  S=${FP8_STEPS:-1000} runs=${FP8_RUNS:-fp8:1 bf16:1}
+  stamp "== Llama 1.1B, $S steps of 2 x 2048 tokens, bf16 against fp8 linear layers: validation loss ($runs)"
+  one() {  # format seed
+    $loom train $llama --set train.steps=$S --json --precision bf16 $corpus --device cuda --set train.batch=2 \
+      --set train.seq=2048 --set train.val_every=0 --set train.val_batches=16 --set train.log_every=50 \
+      --set checkpoint.dir= --set train.gemm_format=$1 --set train.seed=$2 > $out/loss-$1-s$2.json \
+      2>$out/loss-$1-s$2.err || { tail -5 $out/loss-$1-s$2.err; return 1; }
+    stamp "$1 seed $2 done"
+  }
+  for r in $runs; do
+    if [[ ${FP8_CONCURRENT:-0} == 1 ]]; then one ${r%:*} ${r#*:} & else one ${r%:*} ${r#*:} || break; fi
+  done  # (sequential: the first failure ends it; put fp8 first, as the default does)
+  wait
+  python3 - $out <<'PY'
+import glob, json, re, sys
+o = sys.argv[1]
+runs = {}
+for path in sorted(glob.glob(f"{o}/loss-*-s*.json")):
+    fmt, seed = re.match(r".*/loss-(\w+)-s(\d+)\.json", path).groups()
+    rows = [json.loads(l) for l in open(path) if l.startswith("{")]
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    tps = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    if val:
+        runs[(fmt, int(seed))] = (val[-1], tps[-1], {r["step"]: r["loss"] for r in rows if "loss" in r})
+for (fmt, seed), (val, tps, _) in sorted(runs.items()):
+    print(f"{fmt:5s} seed {seed}: validation loss {val:.4f}, {tps:.0f} tokens/s")
+for seed in sorted({s for _, s in runs}):
+    if ("bf16", seed) in runs and ("fp8", seed) in runs:
+        b, f = runs[("bf16", seed)], runs[("fp8", seed)]
+        steps = sorted(set(b[2]) & set(f[2]))
+        for s in steps[:: max(1, len(steps) // 5)] + steps[-1:]:
+            print(f"  seed {seed} step {s:5d}: train loss bf16 {b[2][s]:.4f}  fp8 {f[2][s]:.4f}")
+        print(f"seed {seed}: fp8 / bf16 - 1 = {100 * (f[0] / b[0] - 1):+.2f}% validation loss, "
+              f"{f[1] / b[1]:.2f}x tokens/s")
 PY
 fi
 if has curve; then

@@ -80,6 +80,12 @@ TEST(Config, ValidationListsEveryViolation) {
   EXPECT_NE(error_of({"model.vocab=100"}).find("vocab >= 256"), std::string::npos);
   EXPECT_NE(error_of({"model.preset=llama", "model.kv_heads=3"}).find("kv_heads = 3 does not divide"), std::string::npos);
   EXPECT_NE(error_of({"train.seq=1000"}).find("exceeds model.ctx = 128"), std::string::npos);
+  // fp8 GEMMs (Note [CUDA fp8 linear layers]) run on the GPU only; a format unknown is named.
+  EXPECT_NE(error_of({"train.gemm_format=fp8"}).find("train.gemm_format = fp8 with train.device = cpu"),
+            std::string::npos);
+  EXPECT_NE(error_of({"train.gemm_format=fp4"}).find("train.gemm_format = 'fp4': expected bf16 or fp8"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"train.gemm_format=fp8", "train.device=cuda"}), "");
 }
 
 TEST(Config, ParallelLayoutKeepsTheGlobalBatch) {

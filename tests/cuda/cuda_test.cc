@@ -529,7 +529,14 @@ TEST(CudaTrain, RefusesWhatItDoesNotRunNamingWhatWorks) {
       {with({"offload.optimizer=disk", "offload.dir=/tmp"}), "offload"},
       {with({"model.d_model=96", "model.heads=2", "parallel.recompute=selective"}), "selective with head size 48"},
       {with({"train.loss_scale=1024"}), "train.loss_scale = 1024"},
+      {with({"train.device=cuda", "train.gemm_format=fp8"}), "fp8 with a GPT"},
+      {{"model.preset=llama", "train.precision=bf16", "train.device=cuda", "train.gemm_format=fp8", "model.ffn=1370"},
+       "fp8 with a dimension of 1370"},
+      {{"model.preset=llama", "train.precision=bf16", "train.device=cuda", "train.gemm_format=fp8", "parallel.dp=2"},
+       "fp8 with parallel.dp = 2"},
   };
+  EXPECT_EQ(message({"model.preset=llama", "train.precision=bf16", "train.device=cuda", "train.gemm_format=fp8"}), "")
+      << "the llama preset's dimensions are multiples of 16";
   for (const auto& r : refused) {
     const std::string m = message(r.sets);
     EXPECT_NE(m.find(r.piece), std::string::npos) << m;

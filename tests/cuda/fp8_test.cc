@@ -13,6 +13,8 @@
 #include "loom/core/error.h"
 #include "loom/cuda/blas.h"
 #include "loom/cuda/fp8.h"
+#include "loom/cuda/model.h"
+#include "loom/model/model.h"
 #include "cuda/cuda_test_util.h"
 
 namespace loom::cuda {
@@ -135,6 +137,57 @@ TEST(CudaFp8, GemmMatchesTheProductOfItsFp8Values) {
   Dev<float> scales(std::vector<float>(8, 1.0f));  // a scale 4 bytes past a 16-byte boundary
   EXPECT_THROW(blas.fp8_gemm(out.p, Dt::kBf16, x.p, Fp8::kE4m3, scales.p, x.p, Fp8::kE4m3, scales.p + 1, 64, 64, 64),
                Error);
+}
+
+// The Llama with fp8 linear layers (Note [CUDA fp8 linear layers]) against its bf16 self
+// from the same weights and tokens, after two steps of lr 0 (the weights stay; the scale
+// updates run) so that every cast uses delayed scales. e4m3 keeps 3 mantissa bits (2^-4
+// relative rounding) and e5m2 gradients 2: the loss within 2e-2, every gradient tensor
+// within 0.25 (an operand transposed or a scale misapplied gives errors near 1 or above).
+TEST(CudaFp8, LlamaLinearLayersStayNearTheBf16Model) {
+  REQUIRE_DEVICE();
+  ModelConfig m;
+  m.arch = Arch::kLlama, m.layers = 2, m.d_model = 128, m.heads = 4, m.kv_heads = 2, m.ffn = 176, m.vocab = 97;
+  m.ctx = 32;
+  const int64_t B = 3, T = 32;
+  ModelOptions opt;
+  opt.precision = Precision::kBf16;
+  Model cpu(m, B, T, KernelBackend::kRef, opt);
+  cpu.init_weights(uint64_t(rng()()));
+  std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
+  for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
+  for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
+  CudaModel ref(m, B, T), f8(m, B, T, true, {}, true);
+  ref.upload_params(cpu.params());
+  f8.upload_params(cpu.params());
+  OptimConfig o;
+  for (int64_t step = 1; step <= 2; step++) {
+    f8.zero_grads();
+    f8.forward_backward(tok.data(), tgt.data(), B, T, 1.0f);
+    f8.take_loss();
+    f8.adamw_step(o, 0.0, step, 1.0);
+  }
+  EXPECT_EQ(f8.download_params(), cpu.params()) << "lr 0 moved the weights";
+  double loss[2];
+  std::vector<float> grads[2];
+  for (int i = 0; i < 2; i++) {
+    CudaModel& model = i == 0 ? ref : f8;
+    model.zero_grads();
+    model.forward_backward(tok.data(), tgt.data(), B, T, 1.0f);
+    loss[i] = model.take_loss();
+    grads[i] = model.download_grads();
+  }
+  EXPECT_NEAR(loss[1], loss[0], 2e-2 * loss[0]);
+  double worst = 0;
+  for (const ParamSpec& sp : ref.layout().specs()) {
+    const std::vector<float> a(grads[1].begin() + sp.offset, grads[1].begin() + sp.offset + sp.numel);
+    const std::vector<float> b(grads[0].begin() + sp.offset, grads[0].begin() + sp.offset + sp.numel);
+    const double e = rel(a, b);
+    EXPECT_LT(e, 0.25) << sp.name;
+    worst = std::max(worst, e);
+  }
+  std::printf("fp8 Llama vs bf16: loss %.5f vs %.5f, worst gradient tensor relative error %.3f\n", loss[1], loss[0],
+              worst);
 }
 
 }  // namespace

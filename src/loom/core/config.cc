@@ -246,10 +246,9 @@ const std::vector<KeyDef>& schema() {
       LOOM_STRING_KEY(model, preset, "tiny | gpt2 | gpt2-medium | llama | gpt-1.7b..gpt-1t | gpt3-175b | llama2-7b/13b/70b | llama3-8b/70b/405b | custom; sets every model key"),
       KeyDef{"model.arch", "gpt | llama",
              [](Config& c, const RawValue& v, const std::string& k) {
-               std::string s = parse_string(k, v);
-               if (s == "gpt") c.model.arch = Arch::kGpt;
-               else if (s == "llama") c.model.arch = Arch::kLlama;
-               else bad_value(k, s, "'gpt' or 'llama'");
+               const std::string s = parse_string(k, v);
+               if (s != "gpt" && s != "llama") bad_value(k, s, "'gpt' or 'llama'");
+               c.model.arch = s == "gpt" ? Arch::kGpt : Arch::kLlama;
              },
              [](const Config& c) { return quote(c.model.arch == Arch::kGpt ? "gpt" : "llama"); }},
       LOOM_INT_KEY(model, layers, "transformer blocks"),
@@ -282,6 +281,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
       LOOM_ENUM_KEY(train, device, "cpu | cuda (one GPU, bf16; needs a build with -DLOOM_CUDA=ON)", parse_device),
       LOOM_ENUM_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)", parse_precision),
+      LOOM_STRING_KEY(train, gemm_format, "bf16 | fp8: the blocks' linear layers in fp8 with delayed scaling (train.device = cuda, Llama)"),
       LOOM_STRING_KEY(train, loss_scale, "auto (dynamic for fp16, else none) | dynamic | none | a power of two (static)"),
       LOOM_FLOAT_KEY(train, loss_scale_init, "dynamic loss scaling: the first scale (a power of two)"),
       LOOM_INT_KEY(train, loss_scale_window, "dynamic loss scaling: steps without overflow before the scale doubles"),

@@ -242,12 +242,17 @@ void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const floa
     throw Error(shape + ": both operands e5m2; cuBLASLt multiplies e4m3 by e4m3 or by e5m2");
   if (M % 16 || N % 16 || K % 16)
     throw Error(shape + ": fp8 GEMMs need M, N and K multiples of 16 (pad the tensor, or keep this GEMM in bf16)");
-  // Every scale these GEMMs ran with sat on a 16-byte boundary; the one 4 bytes past it failed
-  // (cuBLASLt status 15, H200, 2026-12-04: docs/log/benchmarks.md, session 61).
+  // Note [fp8 scale alignment] (cuda/fp8_linear.h): the one scale layout that has failed.
   if (reinterpret_cast<uintptr_t>(a_scale_inv) % 16 || reinterpret_cast<uintptr_t>(b_scale_inv) % 16)
     throw Error(shape + ": its scale_inv pointers must be 16-byte aligned (give each scale 16 bytes of its own)");
   auto fp8_type = [](Fp8 f) { return f == Fp8::kE4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
   const float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
+  auto set_scales = [&](cublasLtMatmulDesc_t op) {  // cuBLAS's A scale is our B's
+    blas_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(b_scale_inv)),
+            "A_SCALE_POINTER");
+    blas_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(a_scale_inv)),
+            "B_SCALE_POINTER");
+  };
   std::unique_ptr<Plan>& slot = fp8_plans_[std::make_tuple(M, N, K, int(at), int(bt), int(out_type), c != nullptr)];
   if (!slot) {
     auto p = std::make_unique<Plan>();
@@ -260,6 +265,7 @@ void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const floa
     blas_ok(cublasLtMatrixLayoutCreate(&p->a, fp8_type(bt), K, N, K), "layout A");
     blas_ok(cublasLtMatrixLayoutCreate(&p->b, fp8_type(at), K, M, K), "layout B");
     blas_ok(cublasLtMatrixLayoutCreate(&p->c, cu(out_type), N, M, N), "layout C");
+    set_scales(p->op);  // (the heuristic and the timing see the scales the GEMM runs with)
     cublasLtMatmulHeuristicResult_t res[kMaxCandidates];
     const int found = candidates(*p, res, shape);
     if (found == 0) throw Error("cuBLASLt has no algorithm for " + shape);
@@ -267,14 +273,15 @@ void Blas::fp8_gemm(void* out, Dt out_type, const uint8_t* A, Fp8 at, const floa
     slot = std::move(p);
   }
   Plan& p = *slot;
-  // cuBLAS's A scale is our B's.
-  blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(b_scale_inv)),
-          "A_SCALE_POINTER");
-  blas_ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(a_scale_inv)),
-          "B_SCALE_POINTER");
-  blas_ok(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta, c ? c : out, p.c,
-                         out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream_),
-          "cublasLtMatmul", shape);
+  set_scales(p.op);
+  const cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, B, p.a, A, p.b, &beta,
+                                           c ? c : out, p.c, out, p.c, &p.algo, workspace_, kWorkspaceBytes, stream_);
+  if (st != CUBLAS_STATUS_SUCCESS) {  // the operands' alignments, for a status the shape alone does not explain
+    auto mod = [](const void* q) { return std::to_string(reinterpret_cast<uintptr_t>(q) % 256); };
+    blas_ok(st, "cublasLtMatmul",
+            shape + " (addresses mod 256: A " + mod(A) + ", B " + mod(B) + ", out " + mod(out) + ", c " + mod(c) +
+                ", scales " + mod(a_scale_inv) + " " + mod(b_scale_inv) + ")");
+  }
 }
 
 }  // namespace loom::cuda

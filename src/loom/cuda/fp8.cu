@@ -60,7 +60,7 @@ __global__ void cast_transpose_fp8_k(uint8_t* out, uint8_t* out_t, Fp8 f, const 
 }
 
 __global__ void fp8_update_scales_k(float* scale, float* scale_inv, float* history, float* amax, int64_t n,
-                                    int64_t H, int64_t step, float max, float margin_pow) {
+                                    int64_t H, int64_t step, float max, float margin_pow, int64_t stride) {
   const int64_t i = gtid();
   if (i >= n) return;
   float* row = history + i * H;
@@ -70,8 +70,8 @@ __global__ void fp8_update_scales_k(float* scale, float* scale_inv, float* histo
   for (int64_t j = 0; j < H; j++) m = fmaxf(m, row[j]);
   if (m > 0.0f && isfinite(m)) {
     const float sc = max / m / margin_pow;
-    scale[i] = sc;
-    scale_inv[i] = 1.0f / sc;
+    scale[i * stride] = sc;
+    scale_inv[i * stride] = 1.0f / sc;
   }
 }
 
@@ -92,9 +92,9 @@ void cast_transpose_fp8(uint8_t* out, uint8_t* out_t, Fp8 f, const bf16* in, int
 }
 
 void fp8_update_scales(float* scale, float* scale_inv, float* history, float* amax, int64_t n, int64_t H,
-                       int64_t step, Fp8 f, int margin, cudaStream_t s) {
+                       int64_t step, Fp8 f, int margin, cudaStream_t s, int64_t stride) {
   fp8_update_scales_k<<<unsigned((n + 127) / 128), 128, 0, s>>>(scale, scale_inv, history, amax, n, H, step, fp8_max(f),
-                                                                float(1 << margin));
+                                                                float(1 << margin), stride);
   LOOM_CUDA_LAUNCHED("fp8_update_scales");
 }
 

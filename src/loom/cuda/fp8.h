@@ -35,10 +35,11 @@ void cast_transpose_fp8(uint8_t* out, uint8_t* out_t, Fp8 f, const bf16* in, int
                         float* amax, cudaStream_t s);
 // Delayed scaling of n tensors of format f (a thread each): for tensor i, history[i H +
 // step % H] = amax[i], then amax[i] = 0 (the next step raises it afresh), and where m = the
-// max of its history row is finite and positive, scale[i] = fp8_max(f) / m / 2^margin and
-// scale_inv[i] = 1 / that (else both keep their values: a tensor of zeros, or an overflow
-// upstream).
+// max of its history row is finite and positive, scale[i stride] = fp8_max(f) / m / 2^margin
+// and scale_inv[i stride] = 1 / that (else both keep their values: a tensor of zeros, or an
+// overflow upstream). stride 4 keeps each scale on its own 16 bytes (Note [fp8 scale
+// alignment] in fp8_linear.h).
 void fp8_update_scales(float* scale, float* scale_inv, float* history, float* amax, int64_t n, int64_t H,
-                       int64_t step, Fp8 f, int margin, cudaStream_t s);
+                       int64_t step, Fp8 f, int margin, cudaStream_t s, int64_t stride = 1);
 
 }  // namespace loom::cuda

@@ -11,12 +11,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
 #include "loom/core/error.h"
 #include "loom/cuda/blas.h"
 #include "loom/cuda/check.h"
+#include "loom/cuda/fp8_linear.h"
 #include "loom/cuda/nccl.h"
 #include "loom/cuda/ops.h"
 #include "loom/cuda/profile.h"
@@ -67,6 +69,8 @@ struct CudaModel::Impl {
   cudaStream_t s = nullptr;
   std::unique_ptr<Blas> blas;
   std::unique_ptr<Profile> prof;  // Note [CUDA profile]
+  std::unique_ptr<Fp8Linears> fp8;  // Note [CUDA fp8 linear layers]; null: bf16 GEMMs
+  bool fp8_stale = true;            // the weights changed since their fp8 copies were cast
   char* mem = nullptr;
   float *params, *grads, *mom1, *mom2;
   std::vector<bool> full;  // per layer: full recompute (its activations live in the shared set)
@@ -123,6 +127,28 @@ struct CudaModel::Impl {
   void backward_block(int l, int64_t B, int64_t T);
   void head(int64_t N, bool backward, float dscale);
   void norm_fwd(bf16* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N);
+  // Linear layer j (0 qkv, 1 attention projection, 2 fc, 3 MLP projection) of block l, in
+  // fp8 where fp8 is set (no bias then), else Blas::linear_*: y = x W^T [+ bias] [+ residual];
+  // backward dx = dy W (skipped where dx is null) and dw += dy^T x.
+  void linear(int l, int j, void* y, Dt t, const float* residual, const bf16* x, const bf16* w, const void* bias,
+              int64_t N, int64_t IC, int64_t OC) {
+    if (!fp8) return blas->linear_forward(y, t, x, w, bias, residual, N, IC, OC);
+    LOOM_CHECK(!bias, "fp8 linear layers have no bias");
+    fp8->forward(*blas, l, j, y, t, residual, x, N);
+  }
+  void linear_back(int l, int j, void* dx, Dt t, float* dw, const bf16* dy, const bf16* x, const bf16* w, int64_t N,
+                   int64_t IC, int64_t OC) {
+    if (fp8) return fp8->backward(*blas, l, j, dx, t, dw, dy, N);
+    if (dx) blas->linear_backward_input(dx, t, dy, w, N, IC, OC);
+    blas->linear_backward_weight(dw, dy, x, N, IC, OC);
+  }
+  void cast_fp8_weights() {
+    if (!fp8 || !fp8_stale) return;
+    std::vector<std::array<const bf16*, 4>> w;
+    for (const BlockView& b : pv.blocks) w.push_back({h(b.qkv_w), h(b.attn_proj_w), h(b.fc_w), h(b.mlp_proj_w)});
+    fp8->cast_weights(w);
+    fp8_stale = false;
+  }
 };
 
 void CudaModel::Impl::carve(Arena& a, int64_t total) {
@@ -174,7 +200,7 @@ void CudaModel::Impl::carve(Arena& a, int64_t total) {
 }
 
 CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash,
-                     const std::vector<Recompute>& recompute)
+                     const std::vector<Recompute>& recompute, bool fp8)
     : p_(new Impl), layout_(cfg) {
   Impl& p = *p_;
   p.flash = flash && flash_supported(cfg.head_dim());
@@ -220,12 +246,20 @@ CudaModel::CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool 
   p.gv = make_view(layout_, cfg, p.grads);
   p.blas = std::make_unique<Blas>(p.s);
   p.prof = std::make_unique<Profile>(p.s);
+  if (fp8) {
+    LOOM_CHECK(!p.gpt(), "fp8 linear layers run Llama's (no biases)");
+    const std::array<Fp8Linears::Shape, 4> shapes = {
+        {{p.C, p.Q}, {p.H * p.hd, p.C}, {p.C, p.F2}, {p.F, p.C}}};
+    p.fp8 = std::make_unique<Fp8Linears>(cfg.layers, shapes, max_batch * T, p.s);
+    bytes_ += p.fp8->device_bytes();
+  }
   LOOM_CUDA_OK(cudaStreamSynchronize(p.s));
 }
 
 CudaModel::~CudaModel() {
   if (!p_) return;
   p_->prof.reset();
+  p_->fp8.reset();
   p_->blas.reset();
   if (p_->s) cudaStreamSynchronize(p_->s);
   cudaFree(p_->mem);
@@ -242,6 +276,7 @@ void CudaModel::upload_params(const std::vector<float>& host) {
   LOOM_CUDA_OK(cudaMemcpyAsync(p_->params, host.data(), host.size() * 4, cudaMemcpyHostToDevice, p_->s));
   to_bf16(p_->params_h, p_->params, layout_.total_floats(), p_->s);
   p_->refresh_head();
+  p_->fp8_stale = true;
   LOOM_CUDA_OK(cudaStreamSynchronize(p_->s));
 }
 
@@ -314,30 +349,31 @@ void CudaModel::Impl::forward_block(int l, int64_t B, int64_t T) {
   prof->mark("norm");
   norm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, res[size_t(l)], w.norm1_w, w.norm1_b, N);
   prof->mark("gemm");
-  blas->linear_forward(a.qkv, Dt::kBf16, a.ln1, h(w.qkv_w), h(w.qkv_b), nullptr, N, C, Q);
+  linear(l, 0, a.qkv, Dt::kBf16, nullptr, a.ln1, h(w.qkv_w), h(w.qkv_b), N, C, Q);
   prof->mark("elementwise");
   if (!gpt()) rope(a.qkv, B, T, H, KV, hd, float(m.rope_theta), false, s);
   prof->mark("attention");
   attention_forward(a, B, T);
   prof->mark("gemm");
-  blas->linear_forward(a.x1, Dt::kF32, a.atty, h(w.attn_proj_w), w.attn_proj_b, res[size_t(l)], N, H * hd, C);
+  linear(l, 1, a.x1, Dt::kF32, res[size_t(l)], a.atty, h(w.attn_proj_w), w.attn_proj_b, N, H * hd, C);
   prof->mark("norm");
   norm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.x1, w.norm2_w, w.norm2_b, N);
   prof->mark("gemm");
   // GPT: GELU in the GEMM's epilogue where cuBLASLt has it (Note [CUDA precision]).
   if (!gpt() || !blas->linear_forward_gelu(a.fcg, a.fch, a.ln2, h(w.fc_w), h(w.fc_b), N, C, F2)) {
-    blas->linear_forward(a.fch, Dt::kBf16, a.ln2, h(w.fc_w), h(w.fc_b), nullptr, N, C, F2);
+    linear(l, 2, a.fch, Dt::kBf16, nullptr, a.ln2, h(w.fc_w), h(w.fc_b), N, C, F2);
     prof->mark("elementwise");
     if (gpt()) gelu_forward(a.fcg, a.fch, N * F, s);
     else swiglu_forward(a.fcg, a.fch, N, F, s);
   }
   prof->mark("gemm");
-  blas->linear_forward(res[size_t(l + 1)], Dt::kF32, a.fcg, h(w.mlp_proj_w), w.mlp_proj_b, a.x1, N, F, C);
+  linear(l, 3, res[size_t(l + 1)], Dt::kF32, a.x1, a.fcg, h(w.mlp_proj_w), w.mlp_proj_b, N, F, C);
 }
 
 void CudaModel::Impl::forward(int64_t B, int64_t T) {
   prof->mark("embedding");
   embedding_forward(res[0], tok, pv.wte, gpt() ? pv.wpe : nullptr, B, T, C, s);
+  cast_fp8_weights();
   for (int l = 0; l < int(m.layers); l++) forward_block(l, B, T);
   prof->mark("norm");
   norm_fwd(lnf, lnf_mean, lnf_rstd, res[size_t(m.layers)], pv.normf_w, pv.normf_b, B * T);
@@ -393,15 +429,13 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
   // MLP: dres = dL/d(block output), dres_h its bf16 copy (made by the norm backward before).
   prof->mark("gemm back");
   const bool fused = gpt() && blas->linear_backward_input_dgelu(dfch, dres_h, h(w.mlp_proj_w), a.fch, N, F, C);
-  if (!fused) blas->linear_backward_input(dfcg, Dt::kBf16, dres_h, h(w.mlp_proj_w), N, F, C);
-  blas->linear_backward_weight(g.mlp_proj_w, dres_h, a.fcg, N, F, C);
+  linear_back(l, 3, fused ? nullptr : dfcg, Dt::kBf16, g.mlp_proj_w, dres_h, a.fcg, h(w.mlp_proj_w), N, F, C);
   // (mlp_proj_b's gradient, the column sums of dres, came with the norm backward that made dres)
   prof->mark("elementwise");
   if (!fused && gpt()) gelu_backward(dfch, a.fch, dfcg, N * F, s);
   if (!gpt()) swiglu_backward(dfch, a.fch, dfcg, N, F, s);
   prof->mark("gemm back");
-  blas->linear_backward_input(dnorm, Dt::kF32, dfch, h(w.fc_w), N, C, F2);
-  blas->linear_backward_weight(g.fc_w, dfch, a.ln2, N, C, F2);
+  linear_back(l, 2, dnorm, Dt::kF32, g.fc_w, dfch, a.ln2, h(w.fc_w), N, C, F2);
   prof->mark("bias back");
   if (gpt()) bias_backward(g.fc_b, dfch, N, F2, colsum, s);
   prof->mark("norm back");
@@ -409,14 +443,12 @@ void CudaModel::Impl::backward_block(int l, int64_t B, int64_t T) {
                 colsum, s, dres_h, gpt() ? g.attn_proj_b : nullptr);
   // Attention: dres = dL/d(x1).
   prof->mark("gemm back");
-  blas->linear_backward_input(datty, Dt::kBf16, dres_h, h(w.attn_proj_w), N, H * hd, C);
-  blas->linear_backward_weight(g.attn_proj_w, dres_h, a.atty, N, H * hd, C);
+  linear_back(l, 1, datty, Dt::kBf16, g.attn_proj_w, dres_h, a.atty, h(w.attn_proj_w), N, H * hd, C);
   attention_backward(a, B, T);
   prof->mark("elementwise");
   if (!gpt()) rope(dqkv, B, T, H, KV, hd, float(m.rope_theta), true, s);
   prof->mark("gemm back");
-  blas->linear_backward_input(dnorm, Dt::kF32, dqkv, h(w.qkv_w), N, C, Q);
-  blas->linear_backward_weight(g.qkv_w, dqkv, a.ln1, N, C, Q);
+  linear_back(l, 0, dnorm, Dt::kF32, g.qkv_w, dqkv, a.ln1, h(w.qkv_w), N, C, Q);
   prof->mark("bias back");
   if (gpt()) bias_backward(g.qkv_b, dqkv, N, Q, colsum, s);
   prof->mark("norm back");
@@ -500,6 +532,7 @@ double CudaModel::grad_norm() {
 // ParamLayout::kAlignFloats), else a launch per run. norm_sq: clip on the device (ops.h
 // adamw), else scale the gradients by grad_scale.
 void CudaModel::Impl::update(const OptimConfig& o, double lr, int64_t step, double grad_scale, const double* norm_sq) {
+  if (fp8) fp8->update_scales(), fp8_stale = true;  // the step's amaxes are in; the weights change below
   bool one_launch = total % 4 == 0;
   for (const DecayRun& r : runs) one_launch = one_launch && r.offset % 4 == 0;
   if (one_launch)
@@ -540,6 +573,7 @@ void CudaModel::broadcast_params(Nccl& nccl) {
   nccl.broadcast(p_->params, layout_.total_floats(), 0, p_->s);
   to_bf16(p_->params_h, p_->params, layout_.total_floats(), p_->s);
   p_->refresh_head();
+  p_->fp8_stale = true;
   nccl.wait(p_->s, "parameter broadcast");
 }
 

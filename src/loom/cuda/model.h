@@ -27,9 +27,10 @@ class CudaModel {
   // input and runs its forward again in backward (the full layers share one set of
   // activation buffers), the same gradients in less memory. kSelective: what flash
   // attention does anyway (no (B,H,T,T) tensor is kept); refused with the materialised
-  // attention, which keeps it.
+  // attention, which keeps it. fp8: the blocks' linear layers in fp8 (Note [CUDA fp8 linear
+  // layers] in cuda/fp8_linear.h; Llama, every dimension and max_batch T multiples of 16).
   CudaModel(const ModelConfig& cfg, int64_t max_batch, int64_t T, bool flash = true,
-            const std::vector<Recompute>& recompute = {});
+            const std::vector<Recompute>& recompute = {}, bool fp8 = false);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;

@@ -50,6 +50,24 @@ void check_layout(const ParallelConfig& p, int ranks, std::vector<std::string>& 
                  ", or launch under mpirun -np " + std::to_string(p.dp) + ")");
 }
 
+// Note [CUDA fp8 linear layers]: Llama's blocks, one GPU, fp8 GEMM dimensions.
+static void check_fp8(const Config& cfg, std::vector<std::string>& no) {
+  const ModelConfig& m = cfg.model;
+  if (m.arch == Arch::kGpt)
+    no.push_back("train.gemm_format = fp8 with a GPT (its biases and GELU epilogue have no fp8 GEMM here: fp8 runs "
+                 "Llama's blocks)");
+  const int64_t hd = m.head_dim(), dims[] = {m.d_model, (m.heads + 2 * m.kv_heads) * hd, m.ffn, cfg.seq_len()};
+  for (int64_t d : dims)
+    if (d % 16 != 0) {
+      no.push_back("train.gemm_format = fp8 with a dimension of " + std::to_string(d) +
+                   " (d_model, the qkv width, ffn and train.seq must be multiples of 16 for fp8 GEMMs)");
+      break;
+    }
+  if (cfg.parallel.dp > 1)
+    no.push_back("train.gemm_format = fp8 with parallel.dp = " + std::to_string(cfg.parallel.dp) +
+                 " (the GPUs' amaxes are not all-reduced yet: fp8 runs on one GPU)");
+}
+
 void check_supported(const Config& cfg, int ranks) {
   const ParallelConfig& p = cfg.parallel;
   std::vector<std::string> no;
@@ -70,19 +88,21 @@ void check_supported(const Config& cfg, int ranks) {
   if (cfg.data.doc_mask) no.push_back("data.doc_mask (not on the GPU yet)");
   if (loss_scale_mode(cfg.train) != LossScaler::Mode::kNone)
     no.push_back("train.loss_scale = " + cfg.train.loss_scale + " (bf16 needs none: use auto or none)");
+  if (cfg.train.gemm_format == "fp8") check_fp8(cfg, no);
   if (cfg.model.arch == Arch::kLlama && cfg.model.head_dim() % 2 != 0)
     no.push_back("an odd Llama head size " + std::to_string(cfg.model.head_dim()) + " (RoPE rotates pairs)");
   if (no.empty()) return;
   std::string msg = "train.device = cuda does not run:";
   for (const std::string& n : no) msg += "\n  " + n;
-  msg += "\nit runs GPT and Llama, train.precision = bf16, one GPU or data parallelism over NCCL (one process per "
-         "GPU), recompute, gradient accumulation, validation and sharded checkpoints (resumable on the CPU and back)";
+  msg += "\nit runs GPT and Llama, train.precision = bf16 (Llama's blocks also in fp8: train.gemm_format = fp8), one "
+         "GPU or data parallelism over NCCL (one process per GPU), recompute, gradient accumulation, validation and "
+         "sharded checkpoints (resumable on the CPU and back)";
   throw ConfigError(msg);
 }
 
 namespace {
 
-std::string device_line(const CudaModel& model) {
+std::string device_line(const CudaModel& model, bool fp8) {
   int dev = 0;
   LOOM_CUDA_OK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
@@ -90,7 +110,9 @@ std::string device_line(const CudaModel& model) {
   std::ostringstream os;
   os << "  device cuda:" << dev << " " << prop.name << " (" << prop.multiProcessorCount << " SMs, "
      << (prop.totalGlobalMem >> 20) << " MiB); model, optimizer and activations take "
-     << (model.device_bytes() >> 20) << " MiB there; bf16 GEMMs, fp32 master weights (Note [CUDA precision])";
+     << (model.device_bytes() >> 20) << " MiB there; "
+     << (fp8 ? "fp8 GEMMs in the blocks (Note [CUDA fp8 linear layers]), bf16 elsewhere" : "bf16 GEMMs")
+     << ", fp32 master weights (Note [CUDA precision])";
   return os.str();
 }
 
@@ -203,7 +225,7 @@ std::string run_header(const Config& cfg, const TrainSummary& sum, const CudaMod
        << "; global batch " << cfg.train.batch << " = micro-batch " << cfg.micro_batch() << " x "
        << cfg.train.grad_accum << (ranks > 1 ? " x dp " + std::to_string(ranks) : "") << ", seq " << cfg.seq_len()
        << ", " << cfg.train.steps << " steps\n"
-       << device_line(model) << "\n  " << data.describe;
+       << device_line(model, cfg.train.gemm_format == "fp8") << "\n  " << data.describe;
   return head.str();
 }
 
@@ -223,7 +245,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& given, comm::World* wo
   const DataLoader train_data(*data->train, T, uint64_t(cfg.train.seed), r.rank, r.size, data->order);
   const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), r.rank, r.size, data->order);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, r.everyone(), rep);
-  CudaModel model(cfg.model, mb, T, true, cfg.parallel.recompute_layers(cfg.model.layers));
+  CudaModel model(cfg.model, mb, T, true, cfg.parallel.recompute_layers(cfg.model.layers),
+                  cfg.train.gemm_format == "fp8");
   HostState h;
   const int64_t first = start_state(cfg, opt, model, h, rep, r.everyone());
   if (r.nccl) model.broadcast_params(*r.nccl);

@@ -505,7 +505,8 @@ std::string engine_refusal(const sim::SimPlan& p) {
                        "--framework loom)");
   if (p.gemm_format != sim::GemmFormat::kBf16)
     return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
-                       " is priced for GPU stacks with fp8 tensor cores; loom's engine trains in fp32, bf16 or fp16");
+                       " is priced for GPU stacks with fp8 tensor cores; loom's engine runs fp8 GEMMs on one GPU only "
+                       "(train.gemm_format = fp8), not in the layouts the planner searches");
   if (p.cfg.parallel.pp_vocab && p.framework != sim::Framework::kLoom)
     return detail::cat("parallel.pp_vocab (the vocabulary split over the pipeline) is priced for loom's engine, not ",
                        sim::framework_name(p.framework), "'s (price it under --framework loom)");

@@ -81,9 +81,11 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   if (plan.framework == Framework::kLoom) s.x.dropout = false, s.x.fused_attention = true, s.x.fused_residual_grad = true;
   if (plan.framework != Framework::kLoom) s.x.attention = plan.attention;
   if (plan.gemm_format != GemmFormat::kBf16) {  // Note [fp8 GEMMs]
-    LOOM_CONFIG_CHECK(plan.framework != Framework::kLoom, "--precision ", gemm_format_name(plan.gemm_format),
-                      ": loom's engine trains in fp32, bf16 or fp16; fp8 is priced for Megatron-core and FSDP stacks "
-                      "on GPUs (--framework megatron or fsdp)");
+    LOOM_CONFIG_CHECK(plan.framework != Framework::kLoom, "--precision (or train.gemm_format) ",
+                      gemm_format_name(plan.gemm_format),
+                      ": fp8 is priced for Megatron-core and FSDP stacks on GPUs (--framework megatron or fsdp); "
+                      "loom's engine runs fp8 GEMMs on one GPU only (train.gemm_format = fp8, a Llama, "
+                      "train.device = cuda), which the simulator does not price yet");
     LOOM_CONFIG_CHECK(cluster.device.fp8_peak_flops > 0, "--precision ", gemm_format_name(plan.gemm_format),
                       ": device ", cluster.device.name, " of cluster ", cluster.name,
                       " has no fp8 tensor cores (cluster.device.fp8_peak_tflops is 0); H100 and Blackwell do");

@@ -8,7 +8,8 @@
 #   llama: a 1.1B Llama of head size 128, T 2048, LLAMA_BATCH=8 sequences, MFU and torch.compile at batch 1
 #   (LLAMA_TORCH=0: without it);
 #   fp8: bf16 against fp8 GEMMs at that Llama's shapes (bench/cuda_gemm.cc), and llama runs fp8 too;
-#   fp8loss: that Llama FP8_STEPS=1000 steps (batch 2) in bf16 and with fp8 linear layers, validation losses;
+#   fp8loss: that Llama FP8_STEPS=1000 steps (batch 2) in bf16 and with fp8 linear layers, validation losses
+#   (FP8_RUNS format:seed pairs; FP8_CORPUS: pysrc, the bundle's 11 MB corpus, or fortunes, the default 2.3 MB one);
 #   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
 set -uo pipefail
 B=${BENCH_BATCH:-16}
@@ -175,11 +176,11 @@ fi
 if has fp8loss; then
   # FP8_RUNS: format:seed pairs; FP8_CONCURRENT=1 runs them at once on the one GPU (the
   # tokens/s of such runs share it and are not a speed figure).
-  S=${FP8_STEPS:-1000} runs=${FP8_RUNS:-fp8:1 bf16:1}
-  stamp "== Llama 1.1B, $S steps of 2 x 2048 tokens, bf16 against fp8 linear layers: validation loss ($runs)"
+  S=${FP8_STEPS:-1000} runs=${FP8_RUNS:-fp8:1 bf16:1} text=$root/${FP8_CORPUS:-pysrc}
+  stamp "== Llama 1.1B, $S steps of 2 x 2048 tokens of $text, bf16 against fp8 linear layers: validation loss ($runs)"
   one() {  # format seed
-    $loom train $llama --set train.steps=$S --json --precision bf16 $corpus --device cuda --set train.batch=2 \
-      --set train.seq=2048 --set train.val_every=0 --set train.val_batches=16 --set train.log_every=50 \
+    $loom train $llama --set train.steps=$S --json --precision bf16 --set data.path=$text --device cuda \
+      --set train.batch=2 --set train.seq=2048 --set train.val_every=0 --set train.val_batches=64 --set train.log_every=50 \
       --set checkpoint.dir= --set train.gemm_format=$1 --set train.seed=$2 > $out/loss-$1-s$2.json \
       2>$out/loss-$1-s$2.err || { tail -5 $out/loss-$1-s$2.err; return 1; }
     stamp "$1 seed $2 done"

@@ -10,7 +10,7 @@
 #   fp8: bf16 against fp8 GEMMs at that Llama's shapes (bench/cuda_gemm.cc), and llama runs fp8 too;
 #   fp8loss: that Llama FP8_STEPS=1000 steps (batch 2) in bf16 and with fp8 linear layers, validation losses
 #   (FP8_RUNS format:seed pairs; FP8_CORPUS: pysrc, the bundle's 11 MB corpus, or fortunes, the default 2.3 MB one);
-#   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile])
+#   BENCH_BATCH=16 sequences of 1024 tokens per step; profile: Note [CUDA profile], of the Llama too with llama)
 set -uo pipefail
 B=${BENCH_BATCH:-16}
 what=${*:-tests sanitize parity bench}
@@ -231,6 +231,14 @@ if has profile; then
   LOOM_CUDA_PROFILE=1 $loom train --set model.preset=gpt2 --set train.steps=12 --precision bf16 $corpus --device cuda \
     --set train.batch=$B --set train.val_every=0 --set train.val_batches=1 --set train.seq=1024 \
     --set checkpoint.dir=/tmp/ck-profile --json 2>&1 | grep -A30 "cuda profile"
+  if has llama; then  # the 1.1B Llama at LLAMA_BATCH, bf16 and fp8 linear layers
+    for fmt in bf16 fp8; do
+      stamp "== where a step of the 1.1B Llama goes, $fmt linear layers (batch ${LLAMA_BATCH:-8})"
+      LOOM_CUDA_PROFILE=1 $loom train $llama --set train.steps=8 --precision bf16 $corpus --device cuda \
+        --set train.batch=${LLAMA_BATCH:-8} --set train.seq=2048 --set train.val_every=0 --set train.val_batches=1 \
+        --set checkpoint.dir= --set train.gemm_format=$fmt --json 2>&1 | grep -A30 "cuda profile"
+    done
+  fi
 fi
 rm -rf /tmp/ck-*
 stamp "done"

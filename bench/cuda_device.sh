@@ -206,7 +206,7 @@ for seed in sorted({s for _, s in runs}):
     if ("bf16", seed) in runs and ("fp8", seed) in runs:
         b, f = runs[("bf16", seed)], runs[("fp8", seed)]
         steps = sorted(set(b[2]) & set(f[2]))
-        for s in steps[:: max(1, len(steps) // 5)] + steps[-1:]:
+        for s in sorted(set(steps[:: max(1, len(steps) // 5)] + steps[-1:])):
             print(f"  seed {seed} step {s:5d}: train loss bf16 {b[2][s]:.4f}  fp8 {f[2][s]:.4f}")
         print(f"seed {seed}: fp8 / bf16 - 1 = {100 * (f[0] / b[0] - 1):+.2f}% validation loss, "
               f"{f[1] / b[1]:.2f}x tokens/s")

@@ -83,8 +83,9 @@ TEST(Config, ValidationListsEveryViolation) {
   // fp8 GEMMs (Note [CUDA fp8 linear layers]) run on the GPU only; a format unknown is named.
   EXPECT_NE(error_of({"train.gemm_format=fp8"}).find("train.gemm_format = fp8 with train.device = cpu"),
             std::string::npos);
-  EXPECT_NE(error_of({"train.gemm_format=fp4"}).find("train.gemm_format = 'fp4': expected bf16 or fp8"),
+  EXPECT_NE(error_of({"train.gemm_format=fp4"}).find("train.gemm_format = 'fp4': expected bf16, fp8"),
             std::string::npos);
+  EXPECT_NE(error_of({"train.gemm_format=mxfp8"}).find("engine runs bf16 or fp8"), std::string::npos);
   EXPECT_EQ(error_of({"train.gemm_format=fp8", "train.device=cuda"}), "");
 }
 

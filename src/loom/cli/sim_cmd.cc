@@ -106,7 +106,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   in.plan.backward_prefetch_post = a.backward_prefetch == "post";
   in.plan.recompute_early_stop = a.recompute_early_stop;
   // Note [fp8 GEMMs]: --precision, else the config's train.gemm_format (what `loom train` runs).
-  in.plan.gemm_format = sim::parse_gemm_format(a.precision.empty() ? in.plan.cfg.train.gemm_format : a.precision);
+  in.plan.gemm_format = a.precision.empty() ? in.plan.cfg.train.gemm_format : sim::parse_gemm_format(a.precision);
   in.plan.activation_offload_layers = a.activation_offload;
   in.plan.fp8_param_gather = a.fp8_param_gather;
   return in;

@@ -281,7 +281,7 @@ const std::vector<KeyDef>& schema() {
       LOOM_INT_KEY(train, threads, "CPU threads; 0 = OpenMP default"),
       LOOM_ENUM_KEY(train, device, "cpu | cuda (one GPU, bf16; needs a build with -DLOOM_CUDA=ON)", parse_device),
       LOOM_ENUM_KEY(train, precision, "fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation, fp32 master weights)", parse_precision),
-      LOOM_STRING_KEY(train, gemm_format, "bf16 | fp8: the blocks' linear layers in fp8 with delayed scaling (train.device = cuda, Llama)"),
+      LOOM_ENUM_KEY(train, gemm_format, "bf16 | fp8: the blocks' linear layers in fp8 with delayed scaling (train.device = cuda, Llama); fp8-current | mxfp8 | nvfp4: priced by loom simulate only", parse_gemm_format),
       LOOM_STRING_KEY(train, loss_scale, "auto (dynamic for fp16, else none) | dynamic | none | a power of two (static)"),
       LOOM_FLOAT_KEY(train, loss_scale_init, "dynamic loss scaling: the first scale (a power of two)"),
       LOOM_INT_KEY(train, loss_scale_window, "dynamic loss scaling: steps without overflow before the scale doubles"),

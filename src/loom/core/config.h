@@ -55,7 +55,7 @@ struct TrainConfig {
   int64_t threads = 0;         // 0: OpenMP default
   Device device = Device::kCpu;            // cpu | cuda (a -DLOOM_CUDA=ON build, one GPU; Note [CUDA precision] in cuda/ops.h)
   Precision precision = Precision::kFp32;  // fp32 | bf16 | fp16 (GEMM inputs rounded, fp32 accumulation; Note [bf16 rounding points])
-  std::string gemm_format = "bf16";        // bf16 | fp8: the GPU blocks' linear layers (Note [CUDA fp8 linear layers])
+  GemmFormat gemm_format = GemmFormat::kBf16;  // the blocks' linear layers: bf16, or fp8 on the GPU (Note [CUDA fp8 linear layers])
   // Note [Dynamic loss scaling]: auto (dynamic for fp16, else none) | dynamic | none | a
   // static power of two. Scales are powers of two; growth x2 and backoff x1/2 are fixed.
   std::string loss_scale = "auto";

@@ -144,9 +144,11 @@ bool check_train(const TrainConfig& t, const ModelConfig& m, std::vector<std::st
   if (t.threads < 0) errs.push_back("train.threads = " + std::to_string(t.threads) + ": expected >= 0");
   if (t.seed < 0) errs.push_back("train.seed = " + std::to_string(t.seed) + ": expected >= 0");
   append_loss_scale_errors(t, errs);
-  if (t.gemm_format != "bf16" && t.gemm_format != "fp8")
-    errs.push_back("train.gemm_format = '" + t.gemm_format + "': expected bf16 or fp8");
-  else if (t.gemm_format == "fp8" && t.device != Device::kCuda)
+  if (t.gemm_format != GemmFormat::kBf16 && t.gemm_format != GemmFormat::kFp8)
+    errs.push_back("train.gemm_format = " + std::string(name_of(t.gemm_format)) +
+                   ": loom's engine runs bf16 or fp8 (delayed scaling) GEMMs; loom simulate --precision prices " +
+                   name_of(t.gemm_format));
+  else if (t.gemm_format == GemmFormat::kFp8 && t.device != Device::kCuda)
     errs.push_back("train.gemm_format = fp8 with train.device = " + std::string(name_of(t.device)) +
                    ": fp8 GEMMs run on the GPU's tensor cores (Note [CUDA fp8 linear layers]); use train.device = cuda, "
                    "or train.gemm_format = bf16");

@@ -44,6 +44,17 @@ const char* name_of(Precision p) {
   return "?";
 }
 
+const char* name_of(GemmFormat f) {
+  switch (f) {
+    case GemmFormat::kBf16: return "bf16";
+    case GemmFormat::kFp8: return "fp8";
+    case GemmFormat::kFp8Current: return "fp8-current";
+    case GemmFormat::kMxfp8: return "mxfp8";
+    case GemmFormat::kNvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
 const char* name_of(OptimizerKind o) { return o == OptimizerKind::kSgd ? "sgd" : "adamw"; }
 const char* name_of(FloatFormat f) { return f == FloatFormat::kBf16 ? "bf16" : "fp32"; }
 const char* name_of(OffloadTier t) { return t == OffloadTier::kDisk ? "disk" : "none"; }
@@ -73,6 +84,11 @@ Device parse_device(const std::string& key, const std::string& text) {
 }
 Precision parse_precision(const std::string& key, const std::string& text) {
   return parse_named(key, text, {Precision::kFp32, Precision::kBf16, Precision::kFp16});
+}
+GemmFormat parse_gemm_format(const std::string& key, const std::string& text) {
+  return parse_named(key, text,
+                     {GemmFormat::kBf16, GemmFormat::kFp8, GemmFormat::kFp8Current, GemmFormat::kMxfp8, GemmFormat::kNvfp4},
+                     "bf16, fp8 (delayed scaling), fp8-current (current scaling), mxfp8 or nvfp4");
 }
 OptimizerKind parse_optimizer(const std::string& key, const std::string& text) {
   return parse_named(key, text, {OptimizerKind::kAdamW, OptimizerKind::kSgd});

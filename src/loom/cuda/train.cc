@@ -88,7 +88,7 @@ void check_supported(const Config& cfg, int ranks) {
   if (cfg.data.doc_mask) no.push_back("data.doc_mask (not on the GPU yet)");
   if (loss_scale_mode(cfg.train) != LossScaler::Mode::kNone)
     no.push_back("train.loss_scale = " + cfg.train.loss_scale + " (bf16 needs none: use auto or none)");
-  if (cfg.train.gemm_format == "fp8") check_fp8(cfg, no);
+  if (cfg.train.gemm_format == GemmFormat::kFp8) check_fp8(cfg, no);
   if (cfg.model.arch == Arch::kLlama && cfg.model.head_dim() % 2 != 0)
     no.push_back("an odd Llama head size " + std::to_string(cfg.model.head_dim()) + " (RoPE rotates pairs)");
   if (no.empty()) return;
@@ -225,7 +225,7 @@ std::string run_header(const Config& cfg, const TrainSummary& sum, const CudaMod
        << "; global batch " << cfg.train.batch << " = micro-batch " << cfg.micro_batch() << " x "
        << cfg.train.grad_accum << (ranks > 1 ? " x dp " + std::to_string(ranks) : "") << ", seq " << cfg.seq_len()
        << ", " << cfg.train.steps << " steps\n"
-       << device_line(model, cfg.train.gemm_format == "fp8") << "\n  " << data.describe;
+       << device_line(model, cfg.train.gemm_format == GemmFormat::kFp8) << "\n  " << data.describe;
   return head.str();
 }
 
@@ -246,7 +246,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& given, comm::World* wo
   const DataLoader val_data(*data->val, T, uint64_t(cfg.train.seed), r.rank, r.size, data->order);
   const std::unique_ptr<DirLock> lock = claim_outputs(cfg, given, r.everyone(), rep);
   CudaModel model(cfg.model, mb, T, true, cfg.parallel.recompute_layers(cfg.model.layers),
-                  cfg.train.gemm_format == "fp8");
+                  cfg.train.gemm_format == GemmFormat::kFp8);
   HostState h;
   const int64_t first = start_state(cfg, opt, model, h, rep, r.everyone());
   if (r.nccl) model.broadcast_params(*r.nccl);

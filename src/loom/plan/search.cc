@@ -504,7 +504,7 @@ std::string engine_refusal(const sim::SimPlan& p) {
                        ", while loom's engine runs parallel.cp_mode = allgather, ring or ulysses (priced under "
                        "--framework loom)");
   if (p.gemm_format != sim::GemmFormat::kBf16)
-    return detail::cat("--precision ", sim::gemm_format_name(p.gemm_format),
+    return detail::cat("--precision ", name_of(p.gemm_format),
                        " is priced for GPU stacks with fp8 tensor cores; loom's engine runs fp8 GEMMs on one GPU only "
                        "(train.gemm_format = fp8), not in the layouts the planner searches");
   if (p.cfg.parallel.pp_vocab && p.framework != sim::Framework::kLoom)

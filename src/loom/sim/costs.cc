@@ -114,25 +114,6 @@ void linear(std::vector<Op>& ops, const LayerShape& x, const char* name, double 
 
 }  // namespace
 
-GemmFormat parse_gemm_format(const std::string& name) {
-  for (GemmFormat f :
-       {GemmFormat::kBf16, GemmFormat::kFp8, GemmFormat::kFp8Current, GemmFormat::kMxfp8, GemmFormat::kNvfp4})
-    if (name == gemm_format_name(f)) return f;
-  throw ConfigError("--precision '" + name + "': expected bf16, fp8 (delayed scaling), fp8-current (current scaling), "
-                    "mxfp8 or nvfp4 (Note [fp8 GEMMs], Note [NVFP4 GEMMs])");
-}
-
-const char* gemm_format_name(GemmFormat f) {
-  switch (f) {
-    case GemmFormat::kBf16: return "bf16";
-    case GemmFormat::kFp8: return "fp8";
-    case GemmFormat::kFp8Current: return "fp8-current";
-    case GemmFormat::kMxfp8: return "mxfp8";
-    case GemmFormat::kNvfp4: return "nvfp4";
-  }
-  return "?";
-}
-
 // Note [fp8 GEMMs]
 // Transformer Engine's fp8 training (Micikevicius et al. 2022, "FP8 Formats for Deep
 // Learning") runs the transformer blocks' linear layers - qkv, the attention projection,

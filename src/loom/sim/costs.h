@@ -24,15 +24,11 @@ using comm::OpKind;  // kAllReduce, kAllGather, kReduceScatter; kSend: a pipelin
 // Transformer Engine runs it). The value is the flash generation (DeviceSpec::flash_efficiency).
 enum class Attention { kUnfused = 0, kFlash1 = 1, kFlash2 = 2, kFlash3 = 3 };
 
-// The format of the transformer blocks' linear-layer GEMMs (Note [fp8 GEMMs] in costs.cc):
-// bf16 (or fp16), fp8 with per-tensor delayed scaling (Transformer Engine's recipe), fp8 with
-// per-tensor current scaling (an amax pass before each cast), MXFP8 (one E8M0 scale per
-// 32 values, Blackwell), or NVFP4 (4-bit values, one E4M3 scale per 16 and an fp32 scale per
-// tensor, Blackwell; Note [NVFP4 GEMMs]). Attention, norms, the embedding and the head stay bf16.
-enum class GemmFormat { kBf16, kFp8, kFp8Current, kMxfp8, kNvfp4 };
-// "bf16" | "fp8" | "fp8-current" | "mxfp8" | "nvfp4"; throws ConfigError naming the choices.
-GemmFormat parse_gemm_format(const std::string& name);
-const char* gemm_format_name(GemmFormat f);
+// The format of the transformer blocks' linear-layer GEMMs (core/config_enums.h; Note [fp8
+// GEMMs] in costs.cc). Attention, norms, the embedding and the head stay bf16.
+using loom::GemmFormat;
+// --precision's text; throws ConfigError naming the choices.
+inline GemmFormat parse_gemm_format(const std::string& name) { return loom::parse_gemm_format("--precision", name); }
 
 // Which mesh axis a collective runs over (Note [Mesh order]: tp innermost, then cp, dp, pp).
 enum class Axis { kTp, kCp, kDp, kPp };

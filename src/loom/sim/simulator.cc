@@ -82,11 +82,11 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
   if (plan.framework != Framework::kLoom) s.x.attention = plan.attention;
   if (plan.gemm_format != GemmFormat::kBf16) {  // Note [fp8 GEMMs]
     LOOM_CONFIG_CHECK(plan.framework != Framework::kLoom, "--precision (or train.gemm_format) ",
-                      gemm_format_name(plan.gemm_format),
+                      name_of(plan.gemm_format),
                       ": fp8 is priced for Megatron-core and FSDP stacks on GPUs (--framework megatron or fsdp); "
                       "loom's engine runs fp8 GEMMs on one GPU only (train.gemm_format = fp8, a Llama, "
                       "train.device = cuda), which the simulator does not price yet");
-    LOOM_CONFIG_CHECK(cluster.device.fp8_peak_flops > 0, "--precision ", gemm_format_name(plan.gemm_format),
+    LOOM_CONFIG_CHECK(cluster.device.fp8_peak_flops > 0, "--precision ", name_of(plan.gemm_format),
                       ": device ", cluster.device.name, " of cluster ", cluster.name,
                       " has no fp8 tensor cores (cluster.device.fp8_peak_tflops is 0); H100 and Blackwell do");
     LOOM_CONFIG_CHECK(plan.gemm_format != GemmFormat::kNvfp4 || cluster.device.fp4_peak_flops > 0,
@@ -108,7 +108,7 @@ Setup make_setup(const SimPlan& plan, const ClusterSpec& cluster) {
                           plan.framework != Framework::kDeepSpeed2021,
                       "--fp8-param-gather gathers ZeRO-3's weights in fp8: it needs --precision fp8 (or mxfp8, nvfp4), "
                       "ZeRO-3 and --framework fsdp (Megatron-FSDP, FSDP2); have precision ",
-                      gemm_format_name(plan.gemm_format), ", zero ", par.zero, ", framework ", framework_name(plan.framework));
+                      name_of(plan.gemm_format), ", zero ", par.zero, ", framework ", framework_name(plan.framework));
     s.gather_bytes = operand_bytes(plan.gemm_format, s.wbytes);
   }
   s.scatter_bytes = par.reduces_whole_buckets() ? 0.0

@@ -24,6 +24,7 @@
 #include "loom/kernels/ref/ops.h"
 #include "loom/model/model.h"
 #include "loom/optim/optimizer.h"
+#include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
 
 namespace loom::cuda {
@@ -394,13 +395,10 @@ TEST(CudaModel, GptAndLlamaMatchTheCpuBf16Model) {
     m.kv_heads = arch == Arch::kGpt ? heads : std::max(1, heads / 2);
     m.ffn = arch == Arch::kGpt ? 256 : 176, m.vocab = 97, m.ctx = 32;
     const int64_t B = 3, T = 32;
-    ModelOptions opt;
-    opt.precision = Precision::kBf16;
-    Model cpu(m, B, T, KernelBackend::kRef, opt);
-    cpu.init_weights(uint64_t(rng()()));
-    std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(static_cast<size_t>(B * T));
-    for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
-    for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
+    CpuReference r(m, B, T);
+    Model& cpu = r.cpu;
+    const std::vector<int32_t>& tok = r.tok;
+    const std::vector<int32_t>& tgt = r.tgt;
     cpu.zero_grads();
     const float want = cpu.forward_backward(tok.data(), tgt.data(), B, T, 0.5f);
     CudaModel gpu(m, B, T, flash);
@@ -434,13 +432,10 @@ TEST(CudaModel, FullRecomputeGivesTheSameGradientsInLessMemory) {
     m.arch = arch, m.layers = 3, m.d_model = 128, m.heads = 4, m.kv_heads = arch == Arch::kGpt ? 4 : 2;
     m.ffn = arch == Arch::kGpt ? 256 : 176, m.vocab = 97, m.ctx = 64;
     const int64_t B = 2, T = 64;
-    ModelOptions opt;
-    opt.precision = Precision::kBf16;
-    Model cpu(m, B, T, KernelBackend::kRef, opt);
-    cpu.init_weights(uint64_t(rng()()));
-    std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
-    for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
-    for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
+    CpuReference r(m, B, T);
+    const Model& cpu = r.cpu;
+    const std::vector<int32_t>& tok = r.tok;
+    const std::vector<int32_t>& tgt = r.tgt;
     CudaModel keep(m, B, T), again(m, B, T, true, {Recompute::kFull, Recompute::kNone, Recompute::kFull});
     EXPECT_LT(again.device_bytes(), keep.device_bytes()) << int(arch);
     double loss[2];
@@ -470,13 +465,10 @@ TEST(CudaModel, ClipOnTheDeviceMatchesTheHost) {
   m.arch = Arch::kGpt, m.layers = 1, m.d_model = 64, m.heads = 2, m.kv_heads = 2, m.ffn = 128, m.vocab = 61;
   m.ctx = 16;
   const int64_t B = 2, T = 16;
-  std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
-  for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
-  for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
-  ModelOptions opt;
-  opt.precision = Precision::kBf16;
-  Model cpu(m, B, T, KernelBackend::kRef, opt);
-  cpu.init_weights(uint64_t(rng()()));
+  CpuReference r(m, B, T);
+  const Model& cpu = r.cpu;
+  const std::vector<int32_t>& tok = r.tok;
+  const std::vector<int32_t>& tgt = r.tgt;
   CudaModel gpu(m, B, T);
   gpu.upload_params(cpu.params());
   gpu.zero_grads();

@@ -15,6 +15,7 @@
 #include "loom/cuda/fp8.h"
 #include "loom/cuda/model.h"
 #include "loom/model/model.h"
+#include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
 
 namespace loom::cuda {
@@ -150,13 +151,10 @@ TEST(CudaFp8, LlamaLinearLayersStayNearTheBf16Model) {
   m.arch = Arch::kLlama, m.layers = 2, m.d_model = 128, m.heads = 4, m.kv_heads = 2, m.ffn = 176, m.vocab = 97;
   m.ctx = 32;
   const int64_t B = 3, T = 32;
-  ModelOptions opt;
-  opt.precision = Precision::kBf16;
-  Model cpu(m, B, T, KernelBackend::kRef, opt);
-  cpu.init_weights(uint64_t(rng()()));
-  std::vector<int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
-  for (int32_t& t : tok) t = int32_t(rng()() % m.vocab);
-  for (int32_t& t : tgt) t = int32_t(rng()() % m.vocab);
+  const CpuReference r(m, B, T);
+  const Model& cpu = r.cpu;
+  const std::vector<int32_t>& tok = r.tok;
+  const std::vector<int32_t>& tgt = r.tgt;
   CudaModel ref(m, B, T), f8(m, B, T, true, {}, true);
   ref.upload_params(cpu.params());
   f8.upload_params(cpu.params());

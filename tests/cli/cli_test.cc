@@ -337,6 +337,29 @@ TEST(Cli, SimulateAtAStacksComputeEfficiency) {
   }
 }
 
+// Note [fp8 GEMMs]: `loom simulate` prices the config's train.gemm_format (what `loom train`
+// runs) unless --precision says otherwise, and refuses fp8 under loom's own framework, which
+// it does not price, naming the key.
+TEST(Cli, SimulatePricesTheConfigsGemmFormat) {
+  // A 1.1B Llama, large enough that its GEMMs gain more than the casts cost.
+  const std::string args = "simulate --json --cluster dgx-h100 --gpus 1 --model llama --global-batch 8 "
+                           "--set model.layers=16 model.d_model=2048 model.heads=16 model.kv_heads=8 model.ffn=8192 "
+                           "model.vocab=32000 model.ctx=2048 train.seq=2048 train.device=cuda train.precision=bf16";
+  auto step = [](const Result& r) {
+    const size_t at = r.output.find("\"step_time_s\":");
+    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + 14));
+  };
+  const Result bf16 = run(args), fp8 = run(args + " --set train.gemm_format=fp8"),
+               back = run(args + " --set train.gemm_format=fp8 --precision bf16");
+  ASSERT_EQ(bf16.code, 0) << bf16.output;
+  ASSERT_EQ(fp8.code, 0) << fp8.output;
+  EXPECT_LT(step(fp8), step(bf16));
+  EXPECT_EQ(step(back), step(bf16));
+  const Result loom = run(args + " --set train.gemm_format=fp8 --framework loom");
+  EXPECT_EQ(loom.code, 2) << loom.output;
+  EXPECT_NE(loom.output.find("train.gemm_format"), std::string::npos) << loom.output;
+}
+
 }  // namespace
 
 // Issue 24: `loom simulate` given a model by shape says what it derived and what it took

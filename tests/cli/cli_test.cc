@@ -358,6 +358,13 @@ TEST(Cli, SimulatePricesTheConfigsGemmFormat) {
   const Result loom = run(args + " --set train.gemm_format=fp8 --framework loom");
   EXPECT_EQ(loom.code, 2) << loom.output;
   EXPECT_NE(loom.output.find("train.gemm_format"), std::string::npos) << loom.output;
+  // A config invalid as given is reported for what it says: the batch split simulate derives
+  // comes from its train.batch (8 here, set by key), not from the default's 16.
+  const Result only = run("simulate --cluster dgx-h100 --gpus 1 --model llama --set train.batch=8 "
+                          "train.device=cuda train.precision=bf16 train.gemm_format=mxfp8");
+  EXPECT_EQ(only.code, 2) << only.output;
+  EXPECT_NE(only.output.find("train.gemm_format = mxfp8"), std::string::npos) << only.output;
+  EXPECT_EQ(only.output.find("grad_accum"), std::string::npos) << only.output;
 }
 
 }  // namespace

@@ -89,6 +89,15 @@ TEST(Config, ValidationListsEveryViolation) {
   EXPECT_EQ(error_of({"train.gemm_format=fp8", "train.device=cuda"}), "");
 }
 
+// load_config_unvalidated types and parses what it is given but leaves the values'
+// validation to a later load_config (loom simulate derives its layout in between).
+TEST(Config, UnvalidatedLoadParsesButDoesNotValidate) {
+  EXPECT_NE(error_of({"model.heads=5"}), "");
+  EXPECT_EQ(load_config_unvalidated("", {"model.heads=5", "train.batch=8"}).model.heads, 5);
+  EXPECT_THROW(load_config_unvalidated("", {"model.heads=five"}), ConfigError);
+  EXPECT_THROW(load_config_unvalidated("", {"model.hedas=4"}), ConfigError);
+}
+
 TEST(Config, ParallelLayoutKeepsTheGlobalBatch) {
   Config c = load_config("", {"parallel.dp=2", "train.grad_accum=2"});  // batch 16
   EXPECT_EQ(c.micro_batch(), 4);

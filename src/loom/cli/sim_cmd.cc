@@ -31,6 +31,29 @@ std::string default_local_cluster_path(bool bf16) {
   return file;
 }
 
+// What the config file, --set and the layout flags say before simulate derives the rest of
+// the layout from them. Invalid as given, the final load in resolve_sim_inputs reports the
+// problem with every default applied; the layout is then derived from what was given where
+// it parses (so that the batch split it derives is not a second, spurious error), its
+// degrees at least 1.
+static Config probe_config(const SimArgs& a, const std::vector<std::string>& given) {
+  try {
+    return load_config(a.config_path, given);
+  } catch (const ConfigError&) {  // (reported by the final load)
+  }
+  Config probe;
+  try {
+    probe = load_config_unvalidated(a.config_path, given);
+  } catch (const ConfigError&) {
+    if (a.global_batch > 0) probe.train.batch = a.global_batch;
+  }
+  probe.parallel.tp = std::max<int64_t>(1, a.layout.tp > 0 ? a.layout.tp : probe.parallel.tp);
+  probe.parallel.pp = std::max<int64_t>(1, a.layout.pp > 0 ? a.layout.pp : probe.parallel.pp);
+  probe.train.batch = std::max<int64_t>(1, probe.train.batch);
+  probe.train.grad_accum = std::max<int64_t>(1, probe.train.grad_accum);
+  return probe;
+}
+
 SimInputs resolve_sim_inputs(const SimArgs& a) {
   std::vector<std::string> cfg_sets, cluster_sets;
   if (!a.model.empty()) cfg_sets.push_back("model.preset=" + a.model);
@@ -43,15 +66,7 @@ SimInputs resolve_sim_inputs(const SimArgs& a) {
   LayoutFlags shape = a.layout;  // the batch split is derived below, not probed
   shape.micro_batch = shape.grad_accum = -1;
   for (const std::string& s : shape.as_sets()) given.push_back(s);
-  Config probe;
-  try {
-    probe = load_config(a.config_path, given);
-  } catch (const ConfigError&) {
-    probe = Config{};  // the final load below reports the problem with every default applied
-    probe.parallel.tp = std::max<int64_t>(1, a.layout.tp);
-    probe.parallel.pp = std::max<int64_t>(1, a.layout.pp);
-    if (a.global_batch > 0) probe.train.batch = a.global_batch;
-  }
+  const Config probe = probe_config(a, given);
   LayoutFlags layout = a.layout;
   const ParallelConfig& q = probe.parallel;
   const bool dp_given = a.layout.dp > 0 || (q.dp != 1 && q.dp != 0);

@@ -397,7 +397,8 @@ std::vector<std::string> given_model_keys(const std::vector<Assignment>& a, cons
   return keys;
 }
 
-Config resolve(const std::vector<Assignment>& file_values, const std::vector<Assignment>& overrides) {
+// check: validate the values (else only the keys, types and parses are checked).
+Config resolve(const std::vector<Assignment>& file_values, const std::vector<Assignment>& overrides, bool check) {
   Config c;
   // Validate every key name first so a typo is reported even if the preset is also bad.
   for (const auto* list : {&file_values, &overrides})
@@ -424,9 +425,10 @@ Config resolve(const std::vector<Assignment>& file_values, const std::vector<Ass
   if (c.model.arch == Arch::kGpt && !kv_given) c.model.kv_heads = c.model.heads;
   if (!preset_named) complete_model_by_shape(c.model, given_model_keys(file_values, overrides));
   if (bad.empty()) {
-    validate(c);
+    if (check) validate(c);
     return c;
   }
+  if (!check) throw_config_errors(bad);
   // A bad value leaves its key at the default; the rest is checked as the run would be, so
   // one pass lists every problem.
   const std::vector<std::string> rest = validation_errors(c);
@@ -450,13 +452,13 @@ toml::table parse_toml_text(const std::string& text, const std::string& origin) 
 
 Config config_from_toml_string(const std::string& text, const std::vector<std::string>& overrides) {
   toml::table tbl = parse_toml_text(text, "<string>");
-  return resolve(flatten(tbl), parse_overrides(overrides));
+  return resolve(flatten(tbl), parse_overrides(overrides), true);
 }
 
 // A config is a few kilobytes; anything past this is not one.
 constexpr size_t kMaxConfigBytes = size_t(16) << 20;
 
-Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+static Config read_config(const std::string& toml_path, const std::vector<std::string>& overrides, bool check) {
   std::vector<Assignment> file_values;
   toml::table tbl;
   if (!toml_path.empty()) {
@@ -478,7 +480,15 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
     }
     file_values = flatten(tbl);
   }
-  return resolve(file_values, parse_overrides(overrides));
+  return resolve(file_values, parse_overrides(overrides), check);
+}
+
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  return read_config(toml_path, overrides, true);
+}
+
+Config load_config_unvalidated(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  return read_config(toml_path, overrides, false);
 }
 
 std::string to_toml(const Config& c) {

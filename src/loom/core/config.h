@@ -367,6 +367,10 @@ struct Config {
 // Loads `toml_path` (may be empty) and applies `overrides` ("section.key=value").
 // Throws ConfigError for unknown keys, bad syntax or type mismatch; then validates.
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+// The same without validating the values (unknown keys and values that do not parse still
+// throw): for a caller that derives keys from what was given before the one validated load
+// (loom simulate's layout from --gpus and the batch).
+Config load_config_unvalidated(const std::string& toml_path, const std::vector<std::string>& overrides);
 
 // Builds a config from TOML text (used for checkpoints and tests). Validates.
 Config config_from_toml_string(const std::string& text, const std::vector<std::string>& overrides = {});

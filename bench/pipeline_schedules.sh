@@ -15,6 +15,13 @@
 # PPS="2" runs only those pipeline depths (default "2 4"). A zb-h1 row also prints the Zero
 # Bubble paper's bubble for it at the run's F:B:W (of 1F1B's; 1F1B+v's for zb-h1+v) and the
 # least any schedule of its stages can have (zb_h1_figures; issue 55).
+# REPEAT=N runs the whole set N times, one after another (so a disturbance of the machine falls
+# on one repetition of every row, not on all of one row's), prints each repetition's rows and
+# then per row the medians: measured and predicted bubble, how many repetitions lie within 3
+# points of the simulator, the bubble over the measured floor, the error with each floor taken
+# out ((measured - floor m) - (predicted - floor p): the schedule's own bubble, where a rank the
+# machine slowed raises both measured figures alike), and for zb-h1 rows the points over the
+# paper's figure (repetitions within 2). Summary: repeat_summary below.
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -74,6 +81,37 @@ lead = [sum(med[(q, "F")] for q in ranks[:i]) for i in range(len(ranks))]
 bound = 1 - sum(per_step) / (len(ranks) * max(l + x for l, x in zip(lead, per_step)))
 print("%.3f %.2f:%.2f:%.2f %.4f" % ((f + b - w) / (f + b + w), f / 1e3, b / 1e3, w / 1e3, bound))' "$1"
 }
+
+# Per (cfg, layout, schedule) over the repetitions' rows on stdin (the table's columns; the
+# floors and the zb-h1 paper figure parsed from their text).
+repeat_summary() {
+  /usr/bin/python3 -c '
+import re, statistics as st, sys
+rows = {}
+for line in sys.stdin:
+    m = re.match(r"(\S+)\s+(pp\d+ m\d+(?: [0-9,]+)?)\s+(\S+)\s+([0-9.]+)%\s+([0-9.]+)%\s+([0-9.]+) / ([0-9.]+)", line)
+    if not m: continue
+    paper = re.search(r"paper ([0-9.]+)%", line)
+    rows.setdefault(m.group(1, 2, 3), []).append([float(x) for x in m.group(4, 5, 6, 7)] + [float(paper.group(1)) if paper else None])
+print("%-4s %-14s %-7s %3s %9s %9s %9s %8s %11s %11s  %s" % ("cfg", "layout", "sched", "n", "measured~", "predicted", "error~", "<= 3 pt", "over floor~", "floors out~", "paper"))
+for (c, layout, s), v in rows.items():
+    err = [m - p for m, p, fm, fp, _ in v]
+    papers = [m - pa for m, p, fm, fp, pa in v if pa is not None]
+    note = "%+.1f pt (within 2 in %d of %d)" % (st.median(papers), sum(d <= 2 for d in papers), len(papers)) if papers else ""
+    print("%-4s %-14s %-7s %3d %8.1f%% %8.1f%% %+8.1f %5d/%-2d %+11.1f %+11.1f  %s" % (c, layout, s, len(v), st.median(x[0] for x in v),
+          st.median(x[1] for x in v), st.median(err), sum(abs(e) <= 3 for e in err), len(v),
+          st.median(m - fm for m, p, fm, fp, _ in v), st.median((m - fm) - (p - fp) for m, p, fm, fp, _ in v), note))'
+}
+
+if (( ${REPEAT:-1} > 1 )); then  # the whole set REPEAT times, then the medians
+  for ((r = 1; r <= REPEAT; r++)); do
+    echo "repetition $r of $REPEAT"
+    REPEAT=1 "$0" "$steps" $configs | tee -a "$tmp/rows"
+  done
+  echo; echo "medians over $REPEAT repetitions (points; floors out: the schedule's own bubble, measured less predicted)"
+  repeat_summary < "$tmp/rows"
+  exit 0
+fi
 
 # pipedream / pipemare update after every minibatch: one micro-batch per step (the same
 # micro-batch as the others' m = 8), 8 times the steps, no clipping (no global norm exists).

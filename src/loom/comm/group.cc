@@ -14,11 +14,15 @@ BackgroundWait& background_wait() {
   return w;
 }
 
+Clock::duration background_nap_length(Clock::duration waited, bool send) {
+  const Clock::duration most = std::chrono::milliseconds(1);
+  return send ? most : std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50), most);
+}
+
 bool background_nap(Clock::duration waited, Clock::time_point until) {
   const BackgroundWait& w = background_wait();
   if (!w.urgent || *w.urgent) return false;
-  const Clock::duration nap =
-      std::clamp<Clock::duration>(waited / 4, std::chrono::microseconds(50), std::chrono::milliseconds(1));
+  const Clock::duration nap = background_nap_length(waited, w.send);
   std::unique_lock<std::mutex> lock(*w.mu);  // the worker sets urgent, poked, mu and cv together
   w.cv->wait_until(lock, std::min(until, Clock::now() + nap), [&] { return w.urgent->load() || w.poked->load(); });
   w.poked->store(false);  // a poke before the nap began ends it at once
@@ -303,7 +307,8 @@ void Group::worker_loop() {
     lock.unlock();
     std::exception_ptr error;
     background_wait() = background
-                            ? BackgroundWait{&job.state->urgent, &job.state->poked, &job.state->mu, &job.state->cv}
+                            ? BackgroundWait{&job.state->urgent, &job.state->poked, &job.state->mu, &job.state->cv,
+                                             job.d.op == OpKind::kSend}
                             : BackgroundWait{};  // Note [Background waits]
     try {
       execute(job.d, job.issued, job.posted);

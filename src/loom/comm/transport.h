@@ -58,17 +58,27 @@ using Clock = std::chrono::steady_clock;
 // submit) the first stage's send of a gradient queued behind the send of an activation the
 // other rank had taken 0.05 ms after it was queued; the worker noticed 0.9 ms later, and the
 // other rank sat idle until then. The wait naps on if its own transfer is still not done.
+// A send naps the full 1 ms from its first wait: nothing but noticing its end waits on the
+// sender's worker (the receiver moves the data; a caller that needs the end raises `urgent`,
+// a queued job pokes). Its short first naps had cost the compute beside them: on config A's
+// 2bw with the vocabulary split at pp 2, the last stage's first forward layer ran 1.06-1.16 ms
+// while its gradient send to the first stage was in flight (some 12 wake-ups in the layer's
+// millisecond) and 0.87 ms without one (traces; the same layer 0.89 ms single-process).
 struct BackgroundWait {
   std::atomic<bool>* urgent = nullptr;        // set while a worker runs a send, receive or lazy collective
   std::atomic<bool>* poked = nullptr;         // with urgent: a job queued behind (cleared by the nap)
   std::mutex* mu = nullptr;                   // with urgent: the Work's lock and condition
   std::condition_variable* cv = nullptr;
+  bool send = false;                          // with urgent: the job is a send (naps 1 ms from the start)
 };
 BackgroundWait& background_wait();  // this thread's
-// On a worker in such a background wait: sleeps a quarter of `waited` (50 us to 1 ms, not
-// past `until`, and no longer once the caller waits or a job is queued behind) and returns
-// true. Elsewhere returns false at once (the caller polls).
+// On a worker in such a background wait: sleeps a quarter of `waited` (50 us to 1 ms; a send
+// 1 ms; not past `until`, and no longer once the caller waits or a job is queued behind) and
+// returns true. Elsewhere returns false at once (the caller polls).
 bool background_nap(Clock::duration waited, Clock::time_point until);
+// The nap's length before `until` and the wake-ups cut it: a quarter of `waited`, 50 us to 1 ms;
+// a send's 1 ms.
+Clock::duration background_nap_length(Clock::duration waited, bool send);
 
 inline constexpr int kFirstInternalTag = 16384;
 

@@ -210,7 +210,6 @@ TEST_P(Collectives, BF16SumRoundsOncePerAddition) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Range(1, 9));
 
-// Groups from a mesh: pp=2 x dp=2 x tp=2 on 8 threads; each group sums its global ranks.
 // Note [Background waits]: a worker waiting on a transfer nobody waits for yet naps a quarter
 // of the time waited (50 us to 1 ms); a send, which only its end waits on, 1 ms from the start.
 TEST(BackgroundWaits, ASendNapsTheLongestNapFromItsFirstWait) {
@@ -222,6 +221,7 @@ TEST(BackgroundWaits, ASendNapsTheLongestNapFromItsFirstWait) {
   EXPECT_EQ(comm::background_nap_length(microseconds(400), true), microseconds(1000));
 }
 
+// Groups from a mesh: pp=2 x dp=2 x tp=2 on 8 threads; each group sums its global ranks.
 TEST(MeshGroups, SumsOverEachAxisMatchTheMembers) {
   expect_no_errors(run_threads(8, fast_options(), [](World& w) {
     const Mesh mesh({{"pp", 2}, {"dp", 2}, {"tp", 2}}, 8);

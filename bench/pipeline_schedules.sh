@@ -11,7 +11,8 @@
 # stage splits (parallel.pp_layers; a 0 end stage only embeds or only runs the head: Note
 # [Stage split]).
 # A schedule written S+v runs S with the vocabulary split over the pipeline (parallel.pp_vocab,
-# Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v".
+# Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v". zb-v and interleaved run two
+# model chunks a rank (--vpp 2), the rest one.
 # PPS="2" runs only those pipeline depths (default "2 4"). A zb-h1 row also prints the Zero
 # Bubble paper's bubble for it at the run's F:B:W (of 1F1B's; 1F1B+v's for zb-h1+v) and the
 # least any schedule of its stages can have (zb_h1_figures; issue 55).
@@ -126,7 +127,7 @@ for c in $configs; do
     for split in $splits; do
     for sv in $schedules; do
       s=${sv%+v} vocab=""; [[ $sv == *+v ]] && vocab="parallel.pp_vocab=true"
-      vpp=1; [[ $s == zb-v ]] && vpp=2
+      vpp=1; [[ $s == zb-v || $s == interleaved ]] && vpp=2
       layout="pp$pp m8" split_args=()
       if [[ $split != - ]]; then
         [[ $vpp == 1 ]] || continue

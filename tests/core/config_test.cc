@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fstream>
+#include <numeric>
 
 #include "loom/core/config.h"
 #include "loom/core/error.h"
@@ -228,6 +229,34 @@ TEST(Config, StageSplitCountsTheEmbeddingAndTheLossWhereAsked) {
   q.pp_layers = {1, 5};
   q.pp_account_embedding = false;
   EXPECT_EQ(q.layer_split(6), (std::vector<int>{1, 5}));
+}
+
+// Note [Stage split]: with the vocabulary over the pipeline, no rank takes a second block of
+// the remainder before every rank has one.
+TEST(Config, StageSplitWithTheVocabularySplitBalancesTheRanks) {
+  ParallelConfig p;
+  p.pp = 2, p.vpp = 2, p.schedule = ScheduleKind::kZbV;
+  EXPECT_EQ(p.layer_split(6), (std::vector<int>{1, 2, 2, 1}));  // rank 0 (the V's ends) embeds and runs the head
+  p.pp_vocab = true;
+  EXPECT_EQ(p.layer_split(6), (std::vector<int>{2, 2, 1, 1}));  // 3 blocks a rank, not 2 and 4
+  EXPECT_EQ(p.layer_split(7), (std::vector<int>{2, 2, 2, 1}));  // the third: rank 1's middle stage
+  EXPECT_EQ(p.layer_split(8), (std::vector<int>{2, 2, 2, 2}));
+  p.pp = 4;  // stages 3 and 4 are rank 3's, 2 and 5 rank 2's
+  EXPECT_EQ(p.layer_split(10), (std::vector<int>{1, 1, 2, 2, 1, 1, 1, 1}));
+  for (int layers : {8, 9, 11, 13, 15}) {
+    const std::vector<int> split = p.layer_split(layers);
+    std::vector<int> per_rank(4, 0);
+    for (int v = 0; v < 8; ++v) per_rank[size_t(stage_rank(p.schedule, 4, v))] += split[size_t(v)];
+    EXPECT_LE(*std::max_element(per_rank.begin(), per_rank.end()) - *std::min_element(per_rank.begin(), per_rank.end()),
+              1)
+        << layers << " layers";
+    EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), layers);
+  }
+  // Interleaved: the middle stages are already different ranks' (v mod pp), so as before.
+  p.schedule = ScheduleKind::kInterleaved1F1B, p.pp = 2;
+  EXPECT_EQ(p.layer_split(6), even_stage_split(6, 4));
+  p.pp_vocab = false;
+  EXPECT_EQ(p.layer_split(6), (std::vector<int>{1, 2, 2, 1}));
 }
 
 TEST(Config, TomlRoundTrip) {

@@ -181,7 +181,7 @@ std::vector<KeyDef> parallel_keys() {
       LOOM_BOOL_KEY(parallel, pp_account_loss, "the even split counts the head and loss as a layer of the last "
                     "stage (Megatron-LM's --account-for-loss-in-pipeline-split)"),
       LOOM_BOOL_KEY(parallel, pp_vocab, "the head, loss and embedding split by vocabulary over the pp ranks "
-                    "(Yeung et al. 2024; priced by loom simulate, not yet run by the engine)"),
+                    "(Yeung et al. 2024; Note [Vocabulary passes])"),
       LOOM_FLOAT_KEY(parallel, bucket_mb, "data-parallel gradient bucket cap in MiB"),
       LOOM_TEXT_KEY(parallel, compress, "dp gradient compression: none | bf16 | int8 | topk | terngrad | powersgd | onebit_adam | zero_one_adam | topk_adam",
                     parse_compress, compress_name),

@@ -185,6 +185,15 @@ std::vector<int64_t> parse_pp_layers(const std::string& text);
 // `layers` over `stages` as evenly as possible, the remainder to the middle stages (the ends
 // also embed and run the head).
 std::vector<int> even_stage_split(int layers, int stages);
+// The pipeline rank that runs virtual stage v (0 <= v < pp x vpp): zb-v's V (chunk 0 down the
+// ranks, chunk 1 back up), else Megatron's interleaving, v mod pp.
+inline int stage_rank(ScheduleKind kind, int pp, int v) {
+  if (kind == ScheduleKind::kZbV) return v < pp ? v : 2 * pp - 1 - v;
+  return v % pp;
+}
+// As even_stage_split, but no rank takes a second block of the remainder before every rank has
+// one (Note [Stage split]: with parallel.pp_vocab the ends carry no embedding or head).
+std::vector<int> rank_balanced_stage_split(int layers, int pp, int vpp, ScheduleKind kind);
 std::string pp_layers_text(const std::vector<int64_t>& split);
 // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd" | "onebit_adam" | "zero_one_adam"
 const char* compress_name(CompressKind k);
@@ -216,12 +225,12 @@ struct ParallelConfig {
   std::vector<int64_t> pp_layers;  // layers per pipeline stage, e.g. {3, 4}; empty: as even as possible
   // Megatron-LM's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-
   // split: the default split counts the embedding (the loss) as one more layer of the first
-  // (last) stage (Note [Stage split] in parallel_config.cc).
+  // (last) stage (Note [Stage split] in stage_split.cc).
   bool pp_account_embedding = false;
   bool pp_account_loss = false;
   // The head, the loss and the embedding split by vocabulary rows over the pp ranks (Note
-  // [Vocabulary passes] in parallel/schedule.h). Priced by loom simulate; the engine refuses
-  // it until it runs it (issue 55).
+  // [Vocabulary passes] in parallel/schedule.h); the default split balances each rank's blocks
+  // (Note [Stage split] in stage_split.cc).
   bool pp_vocab = false;
   std::vector<bool> zero_keep;     // ZeRO-3, true = kept gathered; one for all, one per layer, or empty: shard all
   double bucket_mb = 25;       // data-parallel gradient bucket cap in MiB (the first bucket is 1 MiB)
@@ -286,7 +295,7 @@ struct ParallelConfig {
   // The parallel.dp that fills `ranks` ranks with this tp, pp and ps_servers; 0 when none does.
   int64_t dp_for(int64_t ranks) const;
   // Blocks per virtual stage (pp x vpp of them) of a `layers`-layer model: pp_layers, else the
-  // accounted split, else as even as possible (Note [Stage split] in parallel_config.cc).
+  // accounted split, else as even as possible (Note [Stage split] in stage_split.cc).
   std::vector<int> layer_split(int64_t layers) const;
   // The recompute policy of each of `layers` layers. Throws ConfigError when the list does
   // not cover them (validate() has already refused that for a loaded config).

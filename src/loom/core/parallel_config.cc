@@ -515,36 +515,6 @@ std::vector<int64_t> parse_pp_layers(const std::string& text) {
   return out;
 }
 
-// Note [Stage split]
-// The blocks of each virtual stage, in stage order. Given parallel.pp_layers, those (the
-// first and last may be 0: a stage that only embeds, or only runs the final norm, head
-// and loss). Else the even split: L blocks over S stages, floor(L / S) each and the
-// remainder one each to the stages nearest the middle, since the ends also embed and run
-// the head. Megatron-LM's accounting counts the embedding and/or the loss as one more
-// layer: L + k "layers" split evenly, then the first (embedding) and/or the last (loss)
-// stage gives one back; Llama 3.1 405B's 126 blocks over pp 8 x vpp 8 = 64 stages are 128
-// over 64, 2 each, with 1 block beside the embedding and 1 before the head. (Megatron
-// requires L + k divisible by S; loom gives the remainder to the middle as above.)
-std::vector<int> even_stage_split(int layers, int stages) {
-  std::vector<int> out(size_t(stages), layers / stages);
-  std::vector<int> order(static_cast<size_t>(stages));
-  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
-  const double mid = (stages - 1) / 2.0;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
-  for (int i = 0; i < layers % stages; i++) out[size_t(order[size_t(i)])]++;
-  return out;
-}
-
-std::vector<int> ParallelConfig::layer_split(int64_t layers) const {
-  if (!pp_layers.empty()) return {pp_layers.begin(), pp_layers.end()};
-  const int stages = int(pp * vpp);
-  if (!pp_account_embedding && !pp_account_loss) return even_stage_split(int(layers), stages);
-  std::vector<int> out = even_stage_split(int(layers) + int(pp_account_embedding) + int(pp_account_loss), stages);
-  if (pp_account_embedding) out.front()--;
-  if (pp_account_loss) out.back()--;
-  return out;
-}
-
 std::string pp_layers_text(const std::vector<int64_t>& split) {
   std::string out;
   for (int64_t v : split) out += (out.empty() ? "" : ",") + str(v);

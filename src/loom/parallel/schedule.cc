@@ -238,11 +238,10 @@ int virtual_stage(ScheduleKind kind, int pp, int rank, int chunk) {
 }
 
 StageSite stage_site(ScheduleKind kind, int pp, int vpp, int v) {
-  for (int r = 0; r < pp; ++r)
-    for (int c = 0; c < vpp; ++c)
-      if (virtual_stage(kind, pp, r, c) == v) return {r, c};
-  LOOM_ASSERT(false, "virtual stage ", v, " outside ", pp, " x ", vpp);
-  return {};
+  LOOM_ASSERT(v >= 0 && v < pp * vpp, "virtual stage ", v, " outside ", pp, " x ", vpp);
+  const StageSite site{stage_rank(kind, pp, v), v / pp};
+  LOOM_ASSERT(virtual_stage(kind, pp, site.rank, site.chunk) == v);
+  return site;
 }
 
 StageSite Schedule::site(int v) const { return stage_site(kind, pp, vpp, v); }
@@ -264,16 +263,28 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, co
              "zb-v) and 2bw, not in pipedream or pipemare");
   LOOM_CHECK(pp >= 2, "parallel.pp_vocab splits the vocabulary over the pipeline's ranks and needs pp >= 2, got ", pp);
   if (kind == ScheduleKind::k1F1B || kind == ScheduleKind::k2BW) return ahead_of_passes(kind, pp, m, work, pass_work);
-  add_vocab_passes(s);
+  if (work.empty()) {
+    add_vocab_passes(s);
+    return s;
+  }
   // Note [ZB-V by stage work]: the passes go where a unit-time replay of the plain lists puts
   // them, so with them the list built on equal stages can end sooner than the one built on
-  // the work (config B's default split); the shorter on the work is kept.
-  if (kind == ScheduleKind::kZbV && !work.empty()) {
-    Schedule equal = plain_schedule(kind, pp, m, vpp, {});
-    add_vocab_passes(equal);
-    if (replay_time(equal, work, pass_work) < replay_time(s, work, pass_work)) s = std::move(equal);
-  }
-  return s;
+  // the work (config B's split 1, 2, 2, 1); and a pass placed a tick early on the ranks before
+  // the last (Note [Vocabulary passes ahead]) can end sooner than at its plain place. The
+  // list that ends first on the work is kept, the plain one on a tie.
+  std::vector<Schedule> lists{s};
+  if (kind == ScheduleKind::kZbV) lists.push_back(plain_schedule(kind, pp, m, vpp, {}));
+  Schedule best;
+  double best_end = std::numeric_limits<double>::infinity();
+  for (const Schedule& list : lists)
+    for (bool early : {false, true}) {
+      Schedule with = list;
+      add_vocab_passes(with, early);
+      if (early && !validate(with).ok) continue;
+      const double end = replay_time(with, work, pass_work);
+      if (end < best_end) best = std::move(with), best_end = end;
+    }
+  return best;
 }
 
 Schedule make_lagged(ScheduleKind kind, int pp, int m, LagRule lag) {
@@ -534,60 +545,6 @@ ScheduleCheck validate(const Schedule& s) {
   }
   out.problem = missing_step(s, done, done_v);
   out.ok = out.problem.empty();
-  return out;
-}
-
-std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split) {
-  if (split.empty()) {
-    LOOM_CHECK(stages >= 1 && layers >= stages, "cannot split ", layers, " layers into ", stages,
-               " pipeline stages: every stage needs a layer");
-    return even_stage_split(layers, stages);
-  }
-  int sum = 0;
-  for (size_t i = 0; i < split.size(); ++i) {
-    const bool end = i == 0 || i + 1 == split.size();  // Note [Stage split]: the ends may hold no blocks
-    LOOM_CHECK(split[i] >= (end ? 0 : 1), "pipeline split has stage ", i, " of ", split.size(), " with ", split[i],
-               " layers");
-    sum += split[i];
-  }
-  LOOM_CHECK(int(split.size()) == stages && sum == layers, "pipeline split of ", split.size(), " stages with ", sum,
-             " layers does not match ", stages, " stages of a ", layers, "-layer model");
-  return split;
-}
-
-namespace {
-// Per token, a block's forward FLOPs: its linear layers and causal attention (q k^T and p v
-// over seq / 2 keys on average); 0 for a model without a shape yet.
-double block_flops(const Config& cfg) {
-  const ModelConfig& m = cfg.model;
-  const double d = double(m.d_model), kv = double(m.kv_heads > 0 ? m.kv_heads : m.heads) * double(m.head_dim());
-  const double seq = double(cfg.train.seq > 0 ? cfg.train.seq : m.ctx);
-  const double mats = m.arch == Arch::kLlama ? 3 : 2;  // SwiGLU's gate, up and down; GPT's fc and proj
-  return 2 * (d * (d + 2 * kv) + d * d + mats * d * double(m.ffn)) + 2 * seq * d;
-}
-// h of Note [ZB-V by stage work]: the head's logits' forward FLOPs a token, in blocks.
-double head_in_blocks(const Config& cfg) {
-  const double block = block_flops(cfg);
-  return block > 0 ? 2 * double(cfg.model.d_model) * double(cfg.model.vocab) / block : 0;
-}
-}  // namespace
-
-double vocab_pass_work(const Config& cfg, int pp) {
-  return cfg.parallel.pp_vocab && pp > 0 ? 12 * head_in_blocks(cfg) / pp : 0;
-}
-
-StageWork stage_work(const Config& cfg, int pp, int vpp) {
-  const ModelConfig& m = cfg.model;
-  if (!(block_flops(cfg) > 0)) return {};  // a model without a shape yet: equal stages
-  const double head = cfg.parallel.pp_vocab ? 0 : head_in_blocks(cfg);  // in blocks
-  const int stages = pp * vpp;
-  const std::vector<int> layers = stage_layers(int(m.layers), stages, cfg.parallel.layer_split(m.layers));
-  StageWork out(static_cast<size_t>(stages));
-  for (int v = 0; v < stages; ++v) {
-    const double n = double(layers[size_t(v)]);
-    out[size_t(v)] = {4 * n, 5 * n, 3 * n};
-    if (v == stages - 1) out[size_t(v)][0] += 12 * head;  // the fused LM head: its backward runs in F
-  }
   return out;
 }
 

@@ -193,7 +193,7 @@ struct StreamStep {
 // (docs/log/benchmarks.md). Qi et al. (ICLR 2024, Sec. 3) schedule on profiled T_F, T_B,
 // T_W; loom prices them from the stages' forward FLOPs a token (stage_work), so the engine,
 // the simulator and the planner build the same list from the config alone: a block is F =
-// 4, B = 5, W = 3 (loom's measured ratio on a GPT block, schedule.cc), and the head adds 12 h
+// 4, B = 5, W = 3 (loom's measured ratio on a GPT block, stage_work.cc), and the head adds 12 h
 // to the last stage's F: the fused LM-head kernel makes the logits, the loss and their
 // gradients (dX and the head's dW) in the forward step (Model::stage_forward; the simulator's
 // Note [Fused loss backward] in sim/unit_cost.h prices it so), three GEMMs of
@@ -204,10 +204,15 @@ struct StreamStep {
 // parallel.pp_vocab the head and the embedding run in the vocabulary passes, on every rank
 // alike: blocks only. The passes are barriers placed by a unit-time replay of the plain
 // lists (Note [Vocabulary passes]), which the list built on the work does not see, so with
-// them make_schedule also builds the list on equal stages and keeps the one that ends first
-// by replay_time, each pass lasting vocab_pass_work (the head's 12 h over the pp ranks): on
-// config B's default split (1, 2, 2, 1) the equal-stage one (simulated zb-v bubble 12.1%
-// against 14.7%, floor 11.7%), on 2, 2, 1, 1 the one on the work (2.7% against 3.9% at m 16).
+// them make_schedule also builds the list on equal stages, places each list's passes as there
+// and a tick early on the ranks before the last (as Note [Vocabulary passes ahead] does for
+// 1f1b; every flushing schedule gets both places), and keeps the one that ends first by
+// replay_time, each pass lasting vocab_pass_work (the head's 12 h over the pp ranks): on
+// config B's split 1, 2, 2, 1 the equal-stage one (simulated zb-v bubble 12.1% against 14.7%,
+// floor 11.7%), on 2, 2, 1, 1 (the default with the vocabulary split, Note [Stage split]) the
+// one on the work (2.7% against 3.9% at m 16); on config M (8 blocks, 2,048 rows) interleaved
+// at pp 2 the early place (simulated bubble 5.6% against 15.9%; measured 6.4-9.3% against
+// 15.7-17.9%, docs/log/benchmarks.md, session 64).
 using StageWork = std::vector<std::array<double, 3>>;  // [virtual stage] -> F, B, W durations
 StageWork stage_work(const Config& cfg, int pp, int vpp);
 // With parallel.pp_vocab, one vocabulary pass's work on each rank in stage_work's units: the
@@ -311,7 +316,7 @@ ScheduleCheck validate(const Schedule& s);
 double replay_time(const Schedule& s, const StageWork& work = {}, double pass_work = 0);
 
 // Layers of each virtual stage: `split` (pp x vpp entries, summing to layers; the first and
-// last may be 0, Note [Stage split] in core/parallel_config.cc) or, when
+// last may be 0, Note [Stage split] in core/stage_split.cc) or, when
 // empty, as even as possible with the remainder going to the middle stages (the first
 // stage also embeds and the last runs the head). Throws loom::Error on a bad split.
 std::vector<int> stage_layers(int layers, int stages, const std::vector<int>& split = {});

@@ -19,11 +19,12 @@ namespace loom {
 // With parallel.pp_vocab the ends embed and run the head no more than any stage (the
 // vocabulary passes share them over every rank), so what counts is each rank's blocks: the
 // remainder still goes to the stages nearest the middle, but a rank takes a second one only
-// once every rank has one. That changes only zb-v, whose two middle stages are one rank's (the
-// V's turn): config B's 6 blocks at pp 2 were 1, 2, 2, 1, rank 1 holding 4 against rank 0's 2
-// (simulated bubble 12.2%, floor 11.8%); now 2, 2, 1, 1, 3 each (3.7%, floor 0), the step 9%
-// shorter, and at pp 4 (10 blocks) 25.7% -> 13.7% (docs/log/benchmarks.md, session 64). Without
-// pp_vocab zb-v's ends, both rank 0's, embed and run the head, and rank 1 should take more.
+// once every rank has one. That changes zb-v, whose two middle stages are one rank's (the V's
+// turn; interleaved's fall on different ranks): config B's 6 blocks at pp 2 were 1, 2, 2, 1,
+// rank 1 holding 4 against rank 0's 2 (simulated bubble 12.2%, floor 11.8%); now 2, 2, 1, 1, 3
+// each (3.7%, floor 0), the step 9% shorter, and at pp 4 (10 blocks) 25.7% -> 13.7%
+// (docs/log/benchmarks.md, session 64). Without pp_vocab zb-v's ends, both rank 0's, embed and
+// run the head, and rank 1 should take more.
 namespace {
 
 // Stages by distance from the middle, the earlier first on a tie.

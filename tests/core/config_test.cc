@@ -239,6 +239,7 @@ TEST(Config, StageSplitWithTheVocabularySplitBalancesTheRanks) {
   EXPECT_EQ(p.layer_split(6), (std::vector<int>{1, 2, 2, 1}));  // rank 0 (the V's ends) embeds and runs the head
   p.pp_vocab = true;
   EXPECT_EQ(p.layer_split(6), (std::vector<int>{2, 2, 1, 1}));  // 3 blocks a rank, not 2 and 4
+  EXPECT_EQ(rank_balanced_stage_split(6, 2, 2, p.schedule, true), (std::vector<int>{1, 1, 2, 2}));  // the other tie
   EXPECT_EQ(p.layer_split(7), (std::vector<int>{2, 2, 2, 1}));  // the third: rank 1's middle stage
   EXPECT_EQ(p.layer_split(8), (std::vector<int>{2, 2, 2, 2}));
   p.pp = 4;  // stages 3 and 4 are rank 3's, 2 and 5 rank 2's

@@ -363,6 +363,36 @@ TEST(PlanSearch, ChoosesTheVocabularySplitOverThePipelineWhenItPays) {
   EXPECT_NE(engine_refusal(megatron).find("priced for loom's engine"), std::string::npos) << engine_refusal(megatron);
 }
 
+// Issue 55 item 2 (Note [Stage split]): under the vocabulary split the refinement tries the
+// rank-balanced split with the other tie. On config B at pp 2 zb-v puts the extra blocks on the
+// V's return leg, 1, 1, 2, 2, faster than the default 2, 2, 1, 1; the plan is one the engine runs
+// and its TOML carries the split.
+TEST(PlanSearch, RefinesTheVocabularySplitsStagesByRank) {
+  PlanRequest req;
+  req.like.framework = sim::Framework::kLoom;
+  req.like.cfg = load_config("", {"model.preset=gpt2", "model.layers=6", "model.d_model=384", "model.heads=6",
+                                  "model.ffn=1536", "model.ctx=256", "train.batch=8"});
+  req.cluster = sim::load_cluster("dgx-a100", {}, 2, "");
+  req.global_batch = 8;
+  req.top = 100000;
+  req.compress = {};
+  int refined = 0;
+  for (const PlanCandidate& c : search_plans(req).ranked) {
+    const ParallelConfig& q = c.plan.cfg.parallel;
+    if (c.how.find("balanced split") == std::string::npos) continue;
+    ++refined;
+    EXPECT_TRUE(q.pp_vocab) << layout_label(c.plan);
+    if (q.schedule != ScheduleKind::kZbV) continue;
+    EXPECT_EQ(q.pp_layers, (std::vector<int64_t>{1, 1, 2, 2})) << layout_label(c.plan);
+    sim::SimPlan by_default = c.plan;
+    by_default.cfg.parallel.pp_layers.clear();
+    EXPECT_LT(c.result.step_time_s, sim::simulate(by_default, req.cluster).step_time_s) << layout_label(c.plan);
+    EXPECT_EQ(engine_refusal(c.plan), "") << layout_label(c.plan);
+    EXPECT_NE(emit_loom_toml(c.plan).find("1,1,2,2"), std::string::npos) << emit_loom_toml(c.plan);
+  }
+  EXPECT_GT(refined, 0);
+}
+
 }  // namespace
 }  // namespace loom::plan
 

@@ -193,7 +193,8 @@ inline int stage_rank(ScheduleKind kind, int pp, int v) {
 }
 // As even_stage_split, but no rank takes a second block of the remainder before every rank has
 // one (Note [Stage split]: with parallel.pp_vocab the ends carry no embedding or head).
-std::vector<int> rank_balanced_stage_split(int layers, int pp, int vpp, ScheduleKind kind);
+// later_first: of two stages as near the middle, the later first (what loom plan also tries).
+std::vector<int> rank_balanced_stage_split(int layers, int pp, int vpp, ScheduleKind kind, bool later_first = false);
 std::string pp_layers_text(const std::vector<int64_t>& split);
 // "none" | "bf16" | "int8" | "topk" | "terngrad" | "powersgd" | "onebit_adam" | "zero_one_adam"
 const char* compress_name(CompressKind k);

@@ -27,10 +27,10 @@ namespace loom {
 // run the head, and rank 1 should take more.
 namespace {
 
-// Stages by distance from the middle, the earlier first on a tie.
-std::vector<int> middle_first(int stages) {
+// Stages by distance from the middle, the earlier first on a tie (the later with later_first).
+std::vector<int> middle_first(int stages, bool later_first = false) {
   std::vector<int> order(static_cast<size_t>(stages));
-  for (int i = 0; i < stages; i++) order[size_t(i)] = i;
+  for (int i = 0; i < stages; i++) order[size_t(i)] = later_first ? stages - 1 - i : i;
   const double mid = (stages - 1) / 2.0;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - mid) < std::abs(b - mid); });
   return order;
@@ -45,10 +45,10 @@ std::vector<int> even_stage_split(int layers, int stages) {
   return out;
 }
 
-std::vector<int> rank_balanced_stage_split(int layers, int pp, int vpp, ScheduleKind kind) {
+std::vector<int> rank_balanced_stage_split(int layers, int pp, int vpp, ScheduleKind kind, bool later_first) {
   const int stages = pp * vpp;
   std::vector<int> out(size_t(stages), layers / stages), extra(size_t(pp), 0);
-  const std::vector<int> order = middle_first(stages);
+  const std::vector<int> order = middle_first(stages, later_first);
   std::vector<bool> given(size_t(stages), false);
   // Round k gives one block to each stage, middle first, whose rank has k so far.
   for (int left = layers % stages, k = 0; left > 0; ++k)

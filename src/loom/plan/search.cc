@@ -26,7 +26,7 @@ namespace loom::plan {
 //    rest are simulated (the same replay as `loom simulate`) and those over device memory
 //    are pruned as out of memory.
 // 2. Refine the best few: the stage DP re-splits layers when the embedding and head make
-//    the ends heavier; the layer ILP picks each layer's recompute policy so the slowest
+//    the ends heavier (under pp_vocab, the other rank-balanced split); the layer ILP picks each layer's recompute policy so the slowest
 //    stage is fastest within every stage's memory. A refinement is kept only if the
 //    simulator (not the solver's own estimate) says it is faster and fits.
 
@@ -130,21 +130,32 @@ std::vector<SyncChoice> sync_choices(const PlanRequest& req, const sim::SimPlan&
 }
 
 // Stage DP on a pipelined plan: per-layer fwd + bwd time, embedding and head at the ends.
+// Under parallel.pp_vocab the ends carry neither (the vocabulary passes share them over every
+// rank) and what the split must balance is each rank's blocks, which a DP over stages does not
+// see when a rank holds several: the rank-balanced split with the other tie (Note [Stage split])
+// is tried instead, e.g. config B's zb-v at pp 2 as 1, 1, 2, 2 beside the default 2, 2, 1, 1.
 bool refine_stages(const PlanRequest& req, PlanCandidate& c) {
   const ParallelConfig& par = c.plan.cfg.parallel;
   if (par.pp * par.vpp < 2) return false;
-  const sim::BlockCosts bc = sim::block_costs(c.plan, req.cluster);
-  const auto rk = par.recompute_layers(c.plan.cfg.model.layers);
-  std::vector<double> t;
-  for (const Recompute r : rk) t.push_back(bc.time_s[int(r)]);
-  // The ends may hold no block (Note [Stage split]): an embedding or a head as heavy as a stage.
-  const StageSplit split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s, {}, true);
-  if (split.layers.empty()) return false;
+  const int64_t L = c.plan.cfg.model.layers;
+  std::vector<int> split;
+  if (par.pp_vocab) {
+    split = rank_balanced_stage_split(int(L), int(par.pp), int(par.vpp), par.schedule, true);
+    if (split == par.layer_split(L)) return false;
+  } else {
+    const sim::BlockCosts bc = sim::block_costs(c.plan, req.cluster);
+    std::vector<double> t;
+    for (const Recompute r : par.recompute_layers(L)) t.push_back(bc.time_s[int(r)]);
+    // The ends may hold no block (Note [Stage split]): an embedding or a head as heavy as a stage.
+    split = split_stages(t, int(par.pp * par.vpp), bc.embed_s, bc.head_s, {}, true).layers;
+    if (split.empty()) return false;
+  }
   PlanCandidate next = c;
-  next.plan.cfg.parallel.pp_layers.assign(split.layers.begin(), split.layers.end());
+  next.plan.cfg.parallel.pp_layers.assign(split.begin(), split.end());
   next.result = sim::simulate(next.plan, req.cluster);
   if (!fits(next.result, req.cluster) || next.result.step_time_s >= c.result.step_time_s) return false;
-  next.how = c.how == "uniform" ? "stage DP" : c.how + " + stage DP";
+  const char* how = par.pp_vocab ? "balanced split" : "stage DP";
+  next.how = c.how == "uniform" ? how : c.how + " + " + how;
   c = next;
   return true;
 }

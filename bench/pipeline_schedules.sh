@@ -9,7 +9,7 @@
 # predicted one is a rank the machine slowed. BEST_OF=N runs each layout N times and keeps
 # the fastest run (default 1). SPLITS="5,1 6,0" also runs each schedule at pp 2 with those
 # stage splits (parallel.pp_layers; a 0 end stage only embeds or only runs the head: Note
-# [Stage split]).
+# [Stage split]), each where its count of stages is the row's (pp x vpp: "1,1,2,2" for zb-v).
 # A schedule written S+v runs S with the vocabulary split over the pipeline (parallel.pp_vocab,
 # Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v". zb-v and interleaved run two
 # model chunks a rank (--vpp 2), the rest one.
@@ -130,7 +130,7 @@ for c in $configs; do
       vpp=1; [[ $s == zb-v || $s == interleaved ]] && vpp=2
       layout="pp$pp m8" split_args=()
       if [[ $split != - ]]; then
-        [[ $vpp == 1 ]] || continue
+        (( $(tr ',' '\n' <<< "$split" | wc -l) == pp * vpp )) || continue  # a split per stage count
         layout="pp$pp m8 $split" split_args=(--pp-layers "$split")
       fi
       layers=$(model_sets "$c" | { grep -o "model.layers=[0-9]*" || true; } | cut -d= -f2); layers=${layers:-4}  # tiny: 4

@@ -26,9 +26,10 @@ namespace loom::plan {
 //    rest are simulated (the same replay as `loom simulate`) and those over device memory
 //    are pruned as out of memory.
 // 2. Refine the best few: the stage DP re-splits layers when the embedding and head make
-//    the ends heavier (under pp_vocab, the other rank-balanced split); the layer ILP picks each layer's recompute policy so the slowest
-//    stage is fastest within every stage's memory. A refinement is kept only if the
-//    simulator (not the solver's own estimate) says it is faster and fits.
+//    the ends heavier (under pp_vocab, the other rank-balanced split); the layer ILP picks
+//    each layer's recompute policy so the slowest stage is fastest within every stage's
+//    memory. A refinement is kept only if the simulator (not the solver's own estimate) says
+//    it is faster and fits.
 
 std::vector<int64_t> interleave_degrees(int64_t layers, int64_t pp) {
   std::vector<int64_t> out;

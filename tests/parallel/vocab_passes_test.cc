@@ -213,6 +213,46 @@ TEST(VocabPasses, OneFOneBRunsAheadOfThePassesWhereThatEndsSooner) {
   EXPECT_EQ(make_schedule(ScheduleKind::k1F1B, 2, 8, 1, false, work, pass).lag, LagRule::kPlain);
 }
 
+// Note [ZB-V with its passes]: the list scheduler that places zb-v's passes on the stages' work
+// finishes at pp 2 - 4 and m 1 - 9, on equal and unequal stages and passes short and long
+// beside a block: every rank runs V(-1) .. V(m) in order and each stage's F, B and W of every
+// micro-batch once, holds at most 2 pp chunk activations (the plain list's cap), and the
+// embedding rides once each way; make_schedule keeps a list that finishes.
+TEST(VocabPasses, ZeroBubbleVPlacesItsPassesOnTheWork) {
+  for (int pp = 2; pp <= 4; ++pp)
+    for (double pass : {0.5, 6.0, 60.0})
+      for (bool equal : {true, false}) {
+        StageWork work(size_t(2 * pp), {12, 15, 9});
+        if (!equal) work[0] = {24, 30, 18}, work[size_t(2 * pp - 1)] = {4, 5, 3};
+        for (int m = 1; m <= 9; ++m) {
+          const std::string what = "pp " + std::to_string(pp) + " pass " + std::to_string(pass) + " m " +
+                                   std::to_string(m) + (equal ? " equal" : " unequal");
+          const Schedule s = zero_bubble_v_with_passes(pp, m, work, pass);
+          ASSERT_EQ(s.steps.size(), size_t(pp)) << what;
+          const ScheduleCheck c = validate(s);
+          ASSERT_TRUE(c.ok) << what << ": " << c.problem;
+          for (int r = 0; r < pp; ++r) {
+            EXPECT_LE(c.peak_in_flight[size_t(r)], 2 * pp) << what;
+            int next_pass = -1;
+            std::vector<int> runs(size_t(3 * 2 * m), 0);  // [phase][chunk][micro]
+            for (const PipeStep& st : s.steps[size_t(r)])
+              if (st.phase == Phase::kV) EXPECT_EQ(st.micro_batch, next_pass++) << what << " rank " << r;
+              else ++runs[size_t((int(st.phase) * 2 + st.chunk) * m + st.micro_batch)];
+            EXPECT_EQ(next_pass, m + 1) << what;
+            EXPECT_EQ(runs, std::vector<int>(size_t(3 * 2 * m), 1)) << what << " rank " << r;
+          }
+          std::vector<int> embeds(size_t(m), 0), grads(size_t(m), 0);
+          for (const VocabPass& v : s.passes) {
+            for (int j : v.embed) ++embeds[size_t(j)];
+            for (int j : v.embed_grad) ++grads[size_t(j)];
+          }
+          EXPECT_EQ(embeds, std::vector<int>(size_t(m), 1)) << what;
+          EXPECT_EQ(grads, std::vector<int>(size_t(m), 1)) << what;
+          EXPECT_TRUE(validate(make_schedule(ScheduleKind::kZbV, pp, m, 2, true, work, pass)).ok) << what;
+        }
+      }
+}
+
 // A pass that one rank skips is a deadlock the validator names; pipedream, pipemare and pp 1
 // are refused with the passes.
 TEST(VocabPasses, AMissingPassDeadlocksAndTheStreamsAreRefused) {

@@ -86,117 +86,6 @@ std::vector<PipeStep> interleaved_rank(int r, int pp, int vpp, int m) {
   return out;
 }
 
-// ZB-V (Qi et al., ICLR 2024, Sec. 6): chunk 0 of rank r is stage r and chunk 1 stage
-// 2 pp - 1 - r, so rank 0 holds both ends and each rank's two chunks together do equal
-// block work. Built by list scheduling on each virtual stage's F, B and W durations (Note
-// [ZB-V by stage work]; without them F = 4, B = 5, W = 3 everywhere, loom's measured ratio on
-// a GPT block, rounded: the input-gradient step carries the attention backward, the weight
-// step only the dW GEMMs): whenever a rank is free it starts one step whose input is done -
-// B before F (or, the other order, F before B), within each the later stage first and per
-// chunk in micro-batch order, an F only while the rank holds fewer than 2 pp chunk
-// activations (1F1B's peak: pp micro-batches of a whole stage), or with a reserve a chunk-0
-// F only while it holds fewer than 2 pp - 1 (so a fast first stage cannot fill the rank with
-// forwards while the V's turn, its chunk-1 F, waits on a slower stage: that deadlocks); when
-// neither is ready, the W whose B finished first. Both orders, each without and with the
-// reserve, are built and the one that ends first is kept (the earlier of B first, F first, B
-// first with the reserve, F first with it on a tie): at pp 2 and m = 8 with the unit
-// durations, B first leaves 5.4% of the time idle and F first 2.5% (1F1B: 11.1%); at pp 8, B
-// first is better. The order only has to be good; validate() proves it.
-class ZbVList {
- public:
-  std::vector<std::vector<PipeStep>> steps;  // [rank] -> its list
-  double end = 0;                            // when the last step ends
-
-  ZbVList(int pp, int m, bool forward_first, bool reserve, const StageWork& work)
-      : steps(size_t(pp)), pp_(pp), m_(m), forward_first_(forward_first), reserve_(reserve), work_(work),
-        next_(size_t(2 * pp), {0, 0, 0}), held_(size_t(pp), 0), free_at_(size_t(pp), 0),
-        done_(3, std::vector<std::vector<double>>(size_t(2 * pp), std::vector<double>(size_t(m), -1))) {}
-
-  // Builds the lists; false if the order deadlocks.
-  bool build() {
-    size_t left = size_t(3 * 2 * pp_ * m_);
-    // Event-driven: nothing becomes ready between two ends of steps, so t jumps to the next
-    // one. A step of no work (a stage holding only the embedding) frees its rank at once, so
-    // the ranks are gone over again until none starts anything at t.
-    for (double t = 0; left > 0;) {
-      for (bool started = true; started;) {
-        started = false;
-        for (int r = 0; r < pp_; r++)
-          if (free_at_[size_t(r)] <= t && start_one(r, t)) started = true, --left;
-      }
-      double next = -1;
-      for (double f : free_at_)
-        if (f > t && (next < 0 || f < next)) next = f;
-      if (left > 0 && next < 0) return false;  // every rank free and none can start
-      t = next;
-    }
-    return true;
-  }
-
- private:
-  int stage(int r, int c) const { return virtual_stage(ScheduleKind::kZbV, pp_, r, c); }
-  double cost(Phase ph, int v) const {
-    return work_.empty() ? std::array<double, 3>{4, 5, 3}[size_t(ph)] : work_[size_t(v)][size_t(ph)];
-  }
-  bool ran_before(Phase ph, int v, int i, double t) const {
-    const double at = done_[size_t(ph)][size_t(v)][size_t(i)];
-    return at >= 0 && at <= t;
-  }
-  bool ready(int r, Phase ph, int c, double t) const {
-    const int i = next_[size_t(2 * r + c)][size_t(ph)], v = stage(r, c), last = 2 * pp_ - 1;
-    if (i >= m_) return false;
-    const int cap = 2 * pp_ - (reserve_ && c == 0 ? 1 : 0);
-    if (ph == Phase::kF) return held_[size_t(r)] < cap && (v == 0 || ran_before(Phase::kF, v - 1, i, t));
-    if (ph == Phase::kB) return ran_before(Phase::kF, v, i, t) && (v == last || ran_before(Phase::kB, v + 1, i, t));
-    return ran_before(Phase::kB, v, i, t);
-  }
-  // Starts rank r's next step at t if one is ready: B / F in the run's order (the later chunk
-  // first), else the W whose B ended first.
-  bool start_one(int r, double t) {
-    const Phase order[2][2] = {{Phase::kB, Phase::kF}, {Phase::kF, Phase::kB}};
-    int pick_c = -1;
-    Phase pick = Phase::kF;
-    for (Phase ph : order[forward_first_ ? 1 : 0])
-      for (int c : {1, 0})
-        if (pick_c < 0 && ready(r, ph, c, t)) pick_c = c, pick = ph;
-    if (pick_c < 0) {  // the W whose B ended first
-      double best = -1;
-      for (int c : {0, 1})
-        if (ready(r, Phase::kW, c, t)) {
-          const double at = done_[1][size_t(stage(r, c))][size_t(next_[size_t(2 * r + c)][2])];
-          if (best < 0 || at < best) best = at, pick_c = c, pick = Phase::kW;
-        }
-    }
-    if (pick_c < 0) return false;
-    const int i = next_[size_t(2 * r + pick_c)][size_t(pick)]++, v = stage(r, pick_c);
-    free_at_[size_t(r)] = done_[size_t(pick)][size_t(v)][size_t(i)] = t + cost(pick, v);
-    end = std::max(end, free_at_[size_t(r)]);
-    held_[size_t(r)] += pick == Phase::kF ? 1 : pick == Phase::kW ? -1 : 0;
-    steps[size_t(r)].push_back({pick, i, pick_c});
-    return true;
-  }
-
-  int pp_, m_;
-  bool forward_first_, reserve_;
-  const StageWork& work_;
-  std::vector<std::array<int, 3>> next_;  // [2 rank + chunk] -> next micro-batch per phase
-  std::vector<int> held_;                 // per rank: chunk activations held (F run, W not yet)
-  std::vector<double> free_at_;           // per rank: when its running step ends
-  std::vector<std::vector<std::vector<double>>> done_;  // [phase][stage][micro]: its end, -1 before it starts
-};
-
-std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m, const StageWork& work) {
-  std::vector<std::vector<PipeStep>> best;
-  double best_end = -1;
-  for (bool reserve : {false, true})
-    for (bool forward_first : {false, true}) {
-      ZbVList l(pp, m, forward_first, reserve, work);
-      if (l.build() && (best_end < 0 || l.end < best_end)) best = std::move(l.steps), best_end = l.end;
-    }
-  LOOM_ASSERT(best_end >= 0, "zb-v list scheduling did not finish at pp ", pp, ", m ", m);
-  return best;
-}
-
 // Note [Pipeline streams]: the steady step of rank r: F(i), then B(i - w).
 std::vector<PipeStep> stream_rank(int w, int m) {
   std::vector<PipeStep> out;
@@ -284,6 +173,11 @@ Schedule make_schedule(ScheduleKind kind, int pp, int m, int vpp, bool vocab, co
       const double end = replay_time(with, work, pass_work);
       if (end < best_end) best = std::move(with), best_end = end;
     }
+  if (kind == ScheduleKind::kZbV) {  // Note [ZB-V with its passes]: placed by the list scheduler
+    Schedule placed = zero_bubble_v_with_passes(pp, m, work, pass_work);
+    if (!placed.steps.empty() && validate(placed).ok && replay_time(placed, work, pass_work) < best_end)
+      best = std::move(placed);
+  }
   return best;
 }
 

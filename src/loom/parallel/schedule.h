@@ -212,7 +212,9 @@ struct StreamStep {
 // floor 11.7%), on 2, 2, 1, 1 (the default with the vocabulary split, Note [Stage split]) the
 // one on the work (2.7% against 3.9% at m 16); on config M (8 blocks, 2,048 rows) interleaved
 // at pp 2 the early place (simulated bubble 5.6% against 15.9%; measured 6.4-9.3% against
-// 15.7-17.9%, docs/log/benchmarks.md, session 64).
+// 15.7-17.9%, docs/log/benchmarks.md, session 64). zb-v also has its passes placed by its own
+// list scheduler, on the work (Note [ZB-V with its passes], zb_v.cc), kept where it ends
+// first: on B's 2, 2, 1, 1 at m 8, 793 units against 812 (simulated bubble 1.2% against 3.7%).
 using StageWork = std::vector<std::array<double, 3>>;  // [virtual stage] -> F, B, W durations
 StageWork stage_work(const Config& cfg, int pp, int vpp);
 // With parallel.pp_vocab, one vocabulary pass's work on each rank in stage_work's units: the
@@ -272,6 +274,15 @@ Schedule ahead_of_passes(ScheduleKind kind, int pp, int micro_batches, const Sta
 // [Vocabulary passes]); `early`: a tick earlier on the ranks before the last (Note
 // [Vocabulary passes ahead]).
 void add_vocab_passes(Schedule& s, bool early = false);
+// The passes V(-1) .. V(m) of a flushing list whose V steps are placed, V(k) heading
+// micro-batch k. The embedding rides with the passes of `list`, the first stage's rank's: a
+// lookup in the last pass before its F, a gradient in the first one after its B.
+std::vector<VocabPass> embedding_passes(const std::vector<PipeStep>& list, int m, StageSite first);
+// zb-v's lists on the stages' work (Note [ZB-V by stage work], parallel/zb_v.cc); with its
+// vocabulary passes placed by the same scheduler (Note [ZB-V with its passes]; steps empty
+// when no order finishes).
+std::vector<std::vector<PipeStep>> zero_bubble_v(int pp, int m, const StageWork& work);
+Schedule zero_bubble_v_with_passes(int pp, int m, const StageWork& work, double pass_work);
 // How many boundary-sized (B, T, C) buffers rank `rank` holds at once for the passes' embedding
 // (Note [Vocabulary passes]): the first stage a lookup per micro-batch looked up and not yet
 // forwarded and an embedding gradient per backward run and not yet carried; every other rank

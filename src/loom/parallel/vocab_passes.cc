@@ -37,26 +37,7 @@ std::vector<VocabPass> insert_passes(Lists& lists, const std::vector<std::vector
     while (next_head <= m) out.push_back({Phase::kV, next_head++, 0});
     lists[r] = std::move(out);
   }
-  // The embedding rides with the first stage's passes: a lookup in the last one before its
-  // F, a gradient in the first one after its B.
-  std::vector<VocabPass> passes(size_t(m + 2));
-  for (int k = 0; k < m; ++k) passes[size_t(k + 1)].head = k;
-  int pass = -1;
-  std::vector<int> grads;  // B run, gradient not yet carried
-  for (const PipeStep& st : lists[size_t(first.rank)]) {
-    if (st.phase == Phase::kV) {
-      pass = st.micro_batch;
-      VocabPass& v = passes[size_t(pass + 1)];
-      v.embed_grad.insert(v.embed_grad.end(), grads.begin(), grads.end());
-      grads.clear();
-    } else if (st.chunk == first.chunk && st.phase == Phase::kF) {
-      passes[size_t(pass + 1)].embed.push_back(st.micro_batch);
-    } else if (st.chunk == first.chunk && st.phase == Phase::kB) {
-      grads.push_back(st.micro_batch);
-    }
-  }
-  LOOM_ASSERT(grads.empty(), "the epilogue V(", m, ") is the first stage's last step");
-  return passes;
+  return embedding_passes(lists[size_t(first.rank)], m, first);
 }
 
 // Note [Vocabulary passes across a step's end]: the next step's first lookups move from its
@@ -195,6 +176,29 @@ Schedule ahead_of_passes(ScheduleKind kind, int pp, int m, const StageWork& work
   LOOM_ASSERT(best_end < std::numeric_limits<double>::infinity(), "1f1b with vocabulary passes at pp ", pp, ", m ", m,
               " has no list that finishes");
   return best;
+}
+
+// The embedding rides with the first stage's passes: a lookup in the last one before its F,
+// a gradient in the first one after its B.
+std::vector<VocabPass> embedding_passes(const std::vector<PipeStep>& list, int m, StageSite first) {
+  std::vector<VocabPass> passes(size_t(m + 2));
+  for (int k = 0; k < m; ++k) passes[size_t(k + 1)].head = k;
+  int pass = -1;
+  std::vector<int> grads;  // B run, gradient not yet carried
+  for (const PipeStep& st : list) {
+    if (st.phase == Phase::kV) {
+      pass = st.micro_batch;
+      VocabPass& v = passes[size_t(pass + 1)];
+      v.embed_grad.insert(v.embed_grad.end(), grads.begin(), grads.end());
+      grads.clear();
+    } else if (st.chunk == first.chunk && st.phase == Phase::kF) {
+      passes[size_t(pass + 1)].embed.push_back(st.micro_batch);
+    } else if (st.chunk == first.chunk && st.phase == Phase::kB) {
+      grads.push_back(st.micro_batch);
+    }
+  }
+  LOOM_ASSERT(grads.empty(), "the epilogue V(", m, ") is the first stage's last step");
+  return passes;
 }
 
 void add_vocab_passes(Schedule& s, bool early) {

@@ -251,6 +251,11 @@ TEST(VocabPasses, ZeroBubbleVPlacesItsPassesOnTheWork) {
           EXPECT_TRUE(validate(make_schedule(ScheduleKind::kZbV, pp, m, 2, true, work, pass)).ok) << what;
         }
       }
+  // Backfilling while a pass is due: at pp 3 on the unequal stages, m 16, the step ends at 1,499
+  // units (1,536 with the ranks waiting for the pass).
+  StageWork work(6, {12, 15, 9});
+  work[0] = {24, 30, 18}, work[5] = {4, 5, 3};
+  EXPECT_EQ(replay_time(zero_bubble_v_with_passes(3, 16, work, 6), work, 6), 1499);
 }
 
 // A pass that one rank skips is a deadlock the validator names; pipedream, pipemare and pp 1

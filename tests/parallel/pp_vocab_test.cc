@@ -44,7 +44,7 @@ TEST(PpVocab, EveryFlushingScheduleEqualsTheSingleProcessRun) {
   for (int pp : {2, 4})
     layouts.push_back({"parallel.pp=" + std::to_string(pp), "parallel.pp_vocab=true", "parallel.schedule=interleaved",
                        "parallel.vpp=2", "train.grad_accum=8"});
-  for (int pp : {2, 3})
+  for (int pp : {2, 3, 4})
     layouts.push_back({"parallel.pp=" + std::to_string(pp), "parallel.pp_vocab=true", "parallel.schedule=zb-v",
                        "parallel.vpp=2", "train.grad_accum=4"});
   expect_every_layout_exact(base(false), layouts, "gpt");

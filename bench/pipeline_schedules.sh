@@ -15,14 +15,16 @@
 # model chunks a rank (--vpp 2), the rest one.
 # PPS="2" runs only those pipeline depths (default "2 4"). A zb-h1 row also prints the Zero
 # Bubble paper's bubble for it at the run's F:B:W (of 1F1B's; 1F1B+v's for zb-h1+v) and the
-# least any schedule of its stages can have (zb_h1_figures; issue 55).
+# least any schedule of its stages can have (zb_h1_figures; issue 55); a zb-v row that least
+# too (the floor with the ramp: ZB-V's rank r waits for stages 0 .. r - 1's first forwards).
 # REPEAT=N runs the whole set N times, one after another (so a disturbance of the machine falls
 # on one repetition of every row, not on all of one row's), prints each repetition's rows and
 # then per row the medians: measured and predicted bubble, how many repetitions lie within 3
 # points of the simulator, the bubble over the measured floor, the error with each floor taken
 # out ((measured - floor m) - (predicted - floor p): the schedule's own bubble, where a rank the
-# machine slowed raises both measured figures alike), and for zb-h1 rows the points over the
-# paper's figure (repetitions within 2). Summary: repeat_summary below.
+# machine slowed raises both measured figures alike), for zb-h1 rows the points over the
+# paper's figure (repetitions within 2), and for zb-h1 and zb-v rows the points over the least
+# any schedule can have. Summary: repeat_summary below.
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
 set -euo pipefail
@@ -69,16 +71,18 @@ t = json.load(open(sys.argv[1])); ev = t["traceEvents"] if isinstance(t, dict) e
 spans = [e for e in ev if e.get("cat") == "pipeline" and re.match(r"[FBWV]-?[0-9]+([.][0-9]+)?$", e["name"])]
 ranks = sorted({e["pid"] for e in spans})
 starts = sorted(e["ts"] for e in spans if e["pid"] == ranks[0] and e["name"] in ("F0", "F0.0")) + [float("inf")]
-d, busy = {}, {}  # steps after the first (Note [Measured bubble]): a step from the first rank F0 to the next
+d, busy, first = {}, {}, {}  # steps after the first (Note [Measured bubble]): a step from the first rank F0 to the next
 for e in spans:
     k = max(i for i, s in enumerate(starts) if s <= e["ts"] + 1e-3) if e["ts"] + 1e-3 >= starts[0] else 0
     if k == 0: continue
     d.setdefault((e["pid"], e["name"][0]), []).append(e["dur"])
+    if e["name"][0] == "F" and not e["name"].endswith((".1", ".2", ".3")):  # chunk 0: stage r of rank r
+        first.setdefault(e["pid"], []).append(e["dur"])
     busy[(e["pid"], k)] = busy.get((e["pid"], k), 0) + e["dur"]
 med = {k: statistics.median(v) for k, v in d.items()}
 f, b, w = (statistics.mean(med[(r, ph)] for r in ranks) for ph in "FBW")
 per_step = [statistics.median(v for (q, k), v in busy.items() if q == r) for r in ranks]
-lead = [sum(med[(q, "F")] for q in ranks[:i]) for i in range(len(ranks))]
+lead = [sum(statistics.median(first[q]) for q in ranks[:i]) for i in range(len(ranks))]
 bound = 1 - sum(per_step) / (len(ranks) * max(l + x for l, x in zip(lead, per_step)))
 print("%.3f %.2f:%.2f:%.2f %.4f" % ((f + b - w) / (f + b + w), f / 1e3, b / 1e3, w / 1e3, bound))' "$1"
 }
@@ -93,15 +97,19 @@ for line in sys.stdin:
     m = re.match(r"(\S+)\s+(pp\d+ m\d+(?: [0-9,]+)?)\s+(\S+)\s+([0-9.]+)%\s+([0-9.]+)%\s+([0-9.]+) / ([0-9.]+)", line)
     if not m: continue
     paper = re.search(r"paper ([0-9.]+)%", line)
-    rows.setdefault(m.group(1, 2, 3), []).append([float(x) for x in m.group(4, 5, 6, 7)] + [float(paper.group(1)) if paper else None])
+    bound = re.search(r"any schedule >= ([0-9.]+)%", line)
+    rows.setdefault(m.group(1, 2, 3), []).append([float(x) for x in m.group(4, 5, 6, 7)] + [float(paper.group(1)) if paper else None]
+                                                 + [float(bound.group(1)) if bound else None])
 print("%-4s %-14s %-7s %3s %9s %9s %9s %8s %11s %11s  %s" % ("cfg", "layout", "sched", "n", "measured~", "predicted", "error~", "<= 3 pt", "over floor~", "floors out~", "paper"))
 for (c, layout, s), v in rows.items():
-    err = [m - p for m, p, fm, fp, _ in v]
-    papers = [m - pa for m, p, fm, fp, pa in v if pa is not None]
+    err = [m - p for m, p, fm, fp, _, _ in v]
+    papers = [m - pa for m, p, fm, fp, pa, _ in v if pa is not None]
+    bounds = [m - bd for m, p, fm, fp, _, bd in v if bd is not None]
     note = "%+.1f pt (within 2 in %d of %d)" % (st.median(papers), sum(d <= 2 for d in papers), len(papers)) if papers else ""
+    if bounds: note += ("; " if note else "") + "%+.1f pt over any schedule" % st.median(bounds)
     print("%-4s %-14s %-7s %3d %8.1f%% %8.1f%% %+8.1f %5d/%-2d %+11.1f %+11.1f  %s" % (c, layout, s, len(v), st.median(x[0] for x in v),
           st.median(x[1] for x in v), st.median(err), sum(abs(e) <= 3 for e in err), len(v),
-          st.median(m - fm for m, p, fm, fp, _ in v), st.median((m - fm) - (p - fp) for m, p, fm, fp, _ in v), note))'
+          st.median(m - fm for m, p, fm, fp, _, _ in v), st.median((m - fm) - (p - fp) for m, p, fm, fp, _, _ in v), note))'
 }
 
 if (( ${REPEAT:-1} > 1 )); then  # the whole set REPEAT times, then the medians
@@ -169,6 +177,9 @@ print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])'
       if [[ $s == zb-h1 && $split == - && -n $ref ]]; then  # default split only (its 1F1B is ref)
         read -r ratio fbw bound < <(zb_h1_figures "$tmp/m.json")
         paper=$(/usr/bin/python3 -c "print('; paper %.1f%% (%.3f x %.1f%%, F:B:W %s ms), any schedule >= %.1f%%' % (100*$ratio*$ref, $ratio, 100*$ref, '$fbw', 100*$bound))")
+      elif [[ $s == zb-v ]]; then  # the ramp-aware bound too (ZB-V's rank r waits for stages 0 .. r - 1's F)
+        read -r ratio fbw bound < <(zb_h1_figures "$tmp/m.json")
+        paper=$(/usr/bin/python3 -c "print('; any schedule >= %.1f%%' % (100*$bound))")
       fi
       printf "%-4s %-14s %-7s %9.1f%% %9.1f%% %11s %9s %10s %s\n" "$c" "$layout" "$sv" \
         "$(/usr/bin/python3 -c "print(100*$meas)")" "$(/usr/bin/python3 -c "print(100*$pred)")" \

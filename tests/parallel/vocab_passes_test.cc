@@ -27,6 +27,17 @@ struct Kind {
   int vpp;
 };
 
+// Every micro-batch's embedding lookup and gradient ride in exactly one pass each.
+void expect_each_embedding_once(const Schedule& s, int m, const std::string& what) {
+  std::vector<int> embeds(size_t(m), 0), grads(size_t(m), 0);
+  for (const VocabPass& v : s.passes) {
+    for (int j : v.embed) ++embeds[size_t(j)];
+    for (int j : v.embed_grad) ++grads[size_t(j)];
+  }
+  EXPECT_EQ(embeds, std::vector<int>(size_t(m), 1)) << what;
+  EXPECT_EQ(grads, std::vector<int>(size_t(m), 1)) << what;
+}
+
 TEST(VocabPasses, EveryFlushingScheduleFinishesWithTheSameMemory) {
   const Kind kinds[] = {{ScheduleKind::kGPipe, 1},  {ScheduleKind::k1F1B, 1}, {ScheduleKind::kInterleaved1F1B, 2},
                         {ScheduleKind::kZbH1, 1},   {ScheduleKind::kZbH2, 1}, {ScheduleKind::kZbV, 2}};
@@ -45,13 +56,7 @@ TEST(VocabPasses, EveryFlushingScheduleFinishesWithTheSameMemory) {
         EXPECT_EQ(b.peak_in_flight, a.peak_in_flight) << what;
         EXPECT_EQ(b.peak_pending_w, a.peak_pending_w) << what;
         ASSERT_EQ(s.passes.size(), size_t(m + 2)) << what;
-        std::vector<int> embeds(size_t(m), 0), grads(size_t(m), 0);
-        for (const VocabPass& v : s.passes) {
-          for (int j : v.embed) ++embeds[size_t(j)];
-          for (int j : v.embed_grad) ++grads[size_t(j)];
-        }
-        EXPECT_EQ(embeds, std::vector<int>(size_t(m), 1)) << what;
-        EXPECT_EQ(grads, std::vector<int>(size_t(m), 1)) << what;
+        expect_each_embedding_once(s, m, what);
         for (int r = 0; r < pp; ++r) {
           // The other steps in their order, and V(-1) .. V(m) in theirs.
           std::vector<PipeStep> rest;
@@ -241,13 +246,7 @@ TEST(VocabPasses, ZeroBubbleVPlacesItsPassesOnTheWork) {
             EXPECT_EQ(next_pass, m + 1) << what;
             EXPECT_EQ(runs, std::vector<int>(size_t(3 * 2 * m), 1)) << what << " rank " << r;
           }
-          std::vector<int> embeds(size_t(m), 0), grads(size_t(m), 0);
-          for (const VocabPass& v : s.passes) {
-            for (int j : v.embed) ++embeds[size_t(j)];
-            for (int j : v.embed_grad) ++grads[size_t(j)];
-          }
-          EXPECT_EQ(embeds, std::vector<int>(size_t(m), 1)) << what;
-          EXPECT_EQ(grads, std::vector<int>(size_t(m), 1)) << what;
+          expect_each_embedding_once(s, m, what);
           EXPECT_TRUE(validate(make_schedule(ScheduleKind::kZbV, pp, m, 2, true, work, pass)).ok) << what;
         }
       }

@@ -376,13 +376,14 @@ TEST(PlanSearch, RefinesTheVocabularySplitsStagesByRank) {
   req.global_batch = 8;
   req.top = 100000;
   req.compress = {};
-  int refined = 0;
+  int refined = 0, zbv = 0;
   for (const PlanCandidate& c : search_plans(req).ranked) {
     const ParallelConfig& q = c.plan.cfg.parallel;
     if (c.how.find("balanced split") == std::string::npos) continue;
     ++refined;
     EXPECT_TRUE(q.pp_vocab) << layout_label(c.plan);
     if (q.schedule != ScheduleKind::kZbV) continue;
+    ++zbv;
     EXPECT_EQ(q.pp_layers, (std::vector<int64_t>{1, 1, 2, 2})) << layout_label(c.plan);
     sim::SimPlan by_default = c.plan;
     by_default.cfg.parallel.pp_layers.clear();
@@ -391,6 +392,7 @@ TEST(PlanSearch, RefinesTheVocabularySplitsStagesByRank) {
     EXPECT_NE(emit_loom_toml(c.plan).find("1,1,2,2"), std::string::npos) << emit_loom_toml(c.plan);
   }
   EXPECT_GT(refined, 0);
+  EXPECT_GT(zbv, 0);  // (one micro-batch of 8 rows a step: the zb-v layout the search ranks)
 }
 
 }  // namespace

@@ -243,5 +243,36 @@ TEST(ModelMemory, ActivationStorageStartsWithNothingResident) {
   }
 }
 
+// Note [2BW's update in the waits]: swap_params hands the model another buffer in O(1); every
+// view then reads it (GPT's tied head included), and binding units to other weights and back
+// still works afterwards (the views that bind_unit_params rewrites are the ones read).
+TEST(ModelParams, SwappedBufferIsWhatTheModelReads) {
+  for (Arch a : {Arch::kGpt, Arch::kLlama}) {
+    const ModelConfig cfg = small(a);
+    const int64_t B = 2, T = 8;
+    const Batch b = random_batch(B * T, cfg.vocab, 5);
+    Model model(cfg, B, T), other_model(cfg, B, T);
+    model.init_weights(1), other_model.init_weights(2);
+    const float mine = model.forward_loss(b.tok.data(), b.tgt.data(), B, T);
+    const float theirs = other_model.forward_loss(b.tok.data(), b.tgt.data(), B, T);
+    ASSERT_NE(mine, theirs);
+    const std::vector<float> first = model.params();
+    std::vector<float> other = other_model.params();
+    const float* const buffer = other.data();
+    model.swap_params(other);
+    EXPECT_EQ(model.params().data(), buffer) << "a swap, not a copy";
+    EXPECT_EQ(other, first);
+    EXPECT_EQ(model.forward_loss(b.tok.data(), b.tgt.data(), B, T), theirs);
+    for (int u = 0; u < model.units(); u++)  // the old buffer bound, unit by unit
+      if (model.unit_range(u).count > 0) model.bind_unit_params(u, other.data() + model.unit_range(u).offset);
+    EXPECT_EQ(model.forward_loss(b.tok.data(), b.tgt.data(), B, T), mine);
+    for (int u = 0; u < model.units(); u++)
+      if (model.unit_range(u).count > 0) model.bind_unit_params(u, nullptr);
+    EXPECT_EQ(model.forward_loss(b.tok.data(), b.tgt.data(), B, T), theirs);
+    model.swap_params(other);  // and back
+    EXPECT_EQ(model.forward_loss(b.tok.data(), b.tgt.data(), B, T), mine);
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -288,6 +288,59 @@ TEST(TwoBw, TraceMarksTheUpdateWorkInsideTheStream) {
   }
 }
 
+// Note [2BW's update in the waits]: a first stage that only embeds spends most of each step
+// waiting for the last stage's gradients; it writes the pending update into the stash there,
+// piece by piece ("U wait" spans), so in steady steps some of them come before its step's
+// last backward. The run still equals the delayed-update reference bit for bit. Llama: its
+// norm's sum starts as soon as each stage's pending gradient is complete (no tied sum first),
+// and eight steady-ish steps give the sum many waits to arrive in.
+TEST(TwoBw, AStageThatWaitsUpdatesInItsWaits) {
+  const std::vector<std::string> layout = {"model.preset=llama",   "model.layers=4",        "model.d_model=64",
+                                           "model.heads=4",        "model.kv_heads=2",      "model.ffn=96",
+                                           "parallel.pp=2",        "parallel.pp_layers=0,4", "train.grad_accum=8",
+                                           "train.batch=8",        "train.steps=8"};
+  testing_support::TempDir dir("loom-2bw-waits");
+  TrainOptions o;
+  o.trace_path = dir / "trace.json";
+  o.keep_params = true;
+  std::vector<std::string> sets = layout;
+  sets.push_back("parallel.schedule=2bw");
+  const std::vector<TrainSummary> got = testing_support::train_as_threads(base(sets), o);
+  const TrainSummary want = reference(layout);
+  ASSERT_EQ(got.size(), 2u);
+  for (const TrainSummary& r : got) {
+    EXPECT_EQ(r.losses, want.losses);
+    EXPECT_TRUE(r.final_params == want.final_params) << "weights differ from the delayed-update reference";
+  }
+  std::ifstream f(o.trace_path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  struct Step {
+    double a, b;
+  };
+  std::vector<Step> steps;  // rank 0's steps that do not flush
+  std::vector<std::pair<double, double>> updates, backwards;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.value("ph", "") != "X" || e.at("pid").get<int>() != 0) continue;
+    const double a = e.value("ts", 0.0), b = a + e.value("dur", 0.0);
+    const std::string cat = e.value("cat", ""), name = e.value("name", "");
+    const bool flush = e.contains("args") && e["args"].is_object() && e["args"].value("flush", 0) == 1;
+    if (cat == "step" && !flush) steps.push_back({a, b});
+    if (cat == "update" && name == "U wait") updates.push_back({a, b});
+    if (cat == "pipeline" && name[0] == 'B') backwards.push_back({a, b});
+  }
+  ASSERT_GE(steps.size(), 6u);
+  int early = 0;  // steps with pieces of the update before their last backward
+  for (const Step& st : steps) {
+    double last_b = -1;
+    for (auto [a, b] : backwards)
+      if (a >= st.a && b <= st.b) last_b = std::max(last_b, a);
+    bool before = false;
+    for (auto [a, b] : updates) before = before || (a >= st.a && b <= last_b);
+    early += before;
+  }
+  EXPECT_GE(early, 1) << "of " << steps.size() << " steps";
+}
+
 TEST(TwoBw, RefusesWhatItDoesNotRun) {
   auto error = [](std::vector<std::string> sets) {
     sets.push_back("parallel.schedule=2bw");

@@ -54,24 +54,39 @@ TEST(Simulator, NoScheduleGoesBelowTheFloorOfUnequalStages) {
   }
 }
 
-// Note [Measured bubble]: 2bw's steady step updates inside the stream, so its update is a
-// "U" span of category "update" that counts as busy in the bubble and the floor, ending where
+// Note [Measured bubble]: 2bw's steady step updates inside the stream, so its update is work
+// of category "update" that counts as busy in the bubble and the floor, ending where
 // RankReport::update_end_s says; 1F1B's update follows its drain, an "optimizer" span outside.
+// Note [2BW's update in the waits]: the first stage (3 blocks against 5, and a stash) writes its
+// update in its waits before its backwards ("U wait" spans, each inside one such wait, none
+// over a pipeline step) and runs only what does not fit at the step's end ("U"); the last
+// stage holds no stash and updates at the end.
 TEST(Simulator, TwoBwsUpdateCountsAsBusyInsideTheStream) {
   const SimResult two = simulate(plan_of({"parallel.schedule=2bw", "parallel.pp_layers=3,5"}), free_links(2), true);
   double busy = 0, most = 0, end = 0;
   for (const RankReport& r : two.ranks) {
     ASSERT_GT(r.optimizer_s, 0);
-    EXPECT_GT(r.update_end_s, r.pipeline_end_s);
-    int updates = 0;
-    for (const SimEvent& e : two.events)
-      if (e.rank == r.global_rank && e.cat == "update") {
-        ++updates;
-        EXPECT_EQ(e.name, "U");
+    double at_end = 0, in_waits = 0;
+    int waits = 0;
+    for (const SimEvent& e : two.events) {
+      if (e.rank != r.global_rank || e.cat != "update") continue;
+      ASSERT_TRUE(e.name == "U" || e.name == "U wait") << e.name;
+      if (e.name == "U") {
         EXPECT_DOUBLE_EQ(e.t1_s, r.update_end_s);
-        EXPECT_NEAR(e.t1_s - e.t0_s, r.optimizer_s, 1e-12);
+        EXPECT_GE(e.t0_s, r.pipeline_end_s);
+        at_end += e.t1_s - e.t0_s;
+        continue;
       }
-    EXPECT_EQ(updates, 1) << r.pp_rank;
+      ++waits, in_waits += e.t1_s - e.t0_s;
+      EXPECT_LE(e.t1_s, r.pipeline_end_s);
+      for (const SimEvent& p : two.events)
+        if (p.rank == r.global_rank && p.cat == "pipeline") EXPECT_TRUE(e.t1_s <= p.t0_s || e.t0_s >= p.t1_s) << p.name;
+    }
+    EXPECT_NEAR(at_end + in_waits, r.optimizer_s, 1e-12) << r.pp_rank;
+    EXPECT_GE(r.update_end_s, r.pipeline_end_s + at_end - 1e-12) << r.pp_rank;
+    if (r.pp_rank == 0) EXPECT_GT(waits, 0);
+    else EXPECT_EQ(waits, 0) << "the last stage holds no stash";
+    if (r.pp_rank == 1) EXPECT_GT(r.update_end_s, r.pipeline_end_s);
     busy += r.busy_s + r.optimizer_s, most = std::max(most, r.busy_s + r.optimizer_s);
     end = std::max(end, r.update_end_s);
   }

@@ -180,6 +180,7 @@ Updater::Updater(const Config& cfg, Engine& e)
   if (two_bw_ && two_bw_->pipeline()) {
     two_bw_->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
     two_bw_->on_backward = [this] { poll_deferred_norm(); };
+    two_bw_->on_wait = [this](int left) { update_in_wait(left); };
     two_bw_->on_vocab_update = [this](std::vector<float>& g, int64_t step) { update_vocab(g, step); };
   }
   if (async_) attach_async();

@@ -164,7 +164,25 @@ class Updater {
   void update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
                      bool counts_step);
   float clip_scale(std::vector<float>& g, double norm, const std::vector<FlatRange>& ranges) const;
-  double vocab_norm_ = -1;  // >= 0: the pending gradient's norm, taken by update_vocab (its run applied)
+  // The pending gradient's global norm, taken once (>= 0; -1 before): by update_vocab, the
+  // update in the waits or the step's end. wait = false: -1 while its sum still runs.
+  double pending_norm(bool wait);
+  double pending_norm_ = -1;
+  bool vocab_applied_ = false;  // update_vocab applied the pending gradient's vocabulary run
+  // Note [2BW's update in the waits] (modes/stream/two_bw_update.cc): W(t) written into the
+  // stash, floats [vocab_floats(), next) so far, once the norm is in (ready).
+  struct StashUpdate {
+    bool ready = false;
+    float coef = 1;
+    double lr = 0;
+    int64_t t = 0, next = 0;
+    std::vector<FlatRange> ranges;  // the owned floats the update writes
+  };
+  StashUpdate stash_update_;
+  void update_in_wait(int left);
+  bool prepare_stash_update(bool wait);
+  void write_stash(int64_t to);
+  double finish_in_stash();
   // Note [PipeDream weight stashing] (modes/stream/async_update.cc): one minibatch's update on a
   // pipedream / pipemare stage (after its backward), the tied wte updates a last stage owes,
   // the step's end, and the reference's update.

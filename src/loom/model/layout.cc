@@ -246,4 +246,13 @@ std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange 
   return out;
 }
 
+std::vector<FlatRange> intersect(const std::vector<FlatRange>& ranges, FlatRange window) {
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    const int64_t lo = std::max(r.offset, window.offset), hi = std::min(r.offset + r.count, window.offset + window.count);
+    if (hi > lo) out.push_back({lo, hi - lo});
+  }
+  return out;
+}
+
 }  // namespace loom

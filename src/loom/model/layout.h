@@ -20,6 +20,8 @@ struct FlatRange {
 
 // `ranges` minus [hole.offset, hole.offset + hole.count).
 std::vector<FlatRange> subtract(const std::vector<FlatRange>& ranges, FlatRange hole);
+// The parts of `ranges` inside `window`.
+std::vector<FlatRange> intersect(const std::vector<FlatRange>& ranges, FlatRange window);
 
 struct ParamSpec {
   std::string name;            // loom name, e.g. "h.3.attn.qkv.w"

@@ -125,9 +125,9 @@ Model::Model(const ModelConfig& cfg, int64_t max_batch, int64_t max_seq, KernelB
   if (opt.huge_grads && !opt.grads_elsewhere) huge_resize(grads_, size_t(layout_.total_floats()));
   else grads_.assign(layout_.total_floats(), 0.0f);
   if (opt.grads_elsewhere) release_pages(grads_.data(), int64_t(grads_.size() * sizeof(float)));
-  pv_ = make_view(layout_, cfg_, params_.data());
+  view_params();
   gv_ = make_view(layout_, cfg_, grads_.data());
-  if (part.pp_vocab() && cfg.arch == Arch::kGpt) pv_.head_w = pv_.wte, gv_.head_w = gv_.wte;  // every rank's rows are tied
+  if (part.pp_vocab() && cfg.arch == Arch::kGpt) gv_.head_w = gv_.wte;  // every rank's rows are tied
   index_units();
   index_fresh();
   block_first_tensor_.assign(cfg.layers, -1);
@@ -283,6 +283,29 @@ void Model::index_units() {
     if (s.name == "wte" && cfg_.arch == Arch::kGpt && pv_.head_w == pv_.wte)
       unit_fields_[size_t(u)].push_back({&pv_.head_w, at});  // the tied head reads wte
   }
+}
+
+void Model::view_params() {
+  ModelView v = make_view(layout_, cfg_, params_.data());
+  if (part_.pp_vocab() && cfg_.arch == Arch::kGpt) v.head_w = v.wte;  // every rank's rows are tied
+  // unit_fields_ point into pv_, its blocks' storage included: that storage is kept (a moved
+  // vector keeps its buffer) and written over.
+  std::vector<BlockView> blocks = std::move(pv_.blocks);
+  blocks.resize(v.blocks.size());  // the constructor's first view, before unit_fields_ exist
+  std::copy(v.blocks.begin(), v.blocks.end(), blocks.begin());
+  v.blocks = std::move(blocks);
+  pv_ = std::move(v);
+}
+
+void Model::swap_params(std::vector<float>& other) {
+  LOOM_ASSERT(other.size() == params_.size(), "swap_params: ", other.size(), " floats for a ", params_.size(),
+              "-float parameter buffer");
+  for (int u = 0; u < units(); u++)  // a unit bound elsewhere would keep pointing there
+    for (auto [field, at] : unit_fields_[size_t(u)])
+      LOOM_ASSERT(unit_offset_[size_t(u)] < 0 || *field == params_.data() + unit_offset_[size_t(u)] + at,
+                  "swap_params with unit ", u, " bound to other weights");
+  params_.swap(other);
+  view_params();
 }
 
 void Model::bind_unit_params(int unit, float* base) {

@@ -113,6 +113,10 @@ class Model {
   // The layers point into these buffers: copy new values in, never reassign or resize.
   std::vector<float>& params() { return params_; }
   const std::vector<float>& params() const { return params_; }
+  // Exchanges the parameter buffer with `other` (laid out as params(), its size) and points
+  // every parameter view at the new one: O(1), no copy (Note [2BW's update in the waits]). No
+  // unit may be bound elsewhere (bind_unit_params) while it runs.
+  void swap_params(std::vector<float>& other);
   // Reading the gradients settles them first (Note [Fresh gradients]).
   std::vector<float>& grads() {
     settle_fresh(0, int(cfg_.layers));
@@ -392,6 +396,7 @@ class Model {
   float head_loss(const float* x, const int32_t* targets, int64_t N, float* dx, float grad_scale);
   float* acts_losses() const;  // (N) per-row losses scratch
   float* full_tmp() const;     // (N,C) sequence-parallel scratch
+  void view_params();  // pv_ over params_
   void index_units();
   void carve_activations(const ModelPart& part, int act_slots);
   void span(const char* what, int layer, bool begin) const {

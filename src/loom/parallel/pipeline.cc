@@ -388,6 +388,16 @@ int take_slot(std::vector<bool>& busy) {
   busy[size_t(slot)] = true;
   return slot;
 }
+
+// Note [Vocabulary passes in a stream]: the last of a step's passes that carries a trailing
+// backward's embedding gradient (-1: V(-1)), or `first`, the step's first pass, when none does.
+int last_carrying_pass(const std::vector<VocabPass>& passes, int first, bool stream) {
+  int last = first;
+  for (size_t k = 0; stream && k < passes.size(); ++k)
+    for (int j : passes[k].embed_grad)
+      if (j < 0) last = int(k) - 1;
+  return last;
+}
 }  // namespace
 
 double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
@@ -400,6 +410,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   int last_grads = -1;
   for (int i = 0; i < int(steps.size()); i++)
     if (steps[size_t(i)].phase == grads_phase) last_grads = i;
+  int backwards = int(std::count_if(steps.begin(), steps.end(), [](const PipeStep& st) { return st.phase == Phase::kB; }));
   const size_t n = size_t(B_ * T_);
   std::vector<int32_t> tok(n), tgt(n);
   double loss = 0;
@@ -416,10 +427,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   const std::vector<VocabPass>& passes =
       streams_ && schedule_.vocab() ? stream_passes(schedule_, stream->age, stream->flush) : schedule_.passes;
   const auto first_pass = std::find_if(steps.begin(), steps.end(), [](const PipeStep& st) { return st.phase == Phase::kV; });
-  int carried_vocab = first_pass == steps.end() ? -2 : first_pass->micro_batch;
-  for (size_t k = 0; streams_ && k < passes.size(); ++k)
-    for (int j : passes[k].embed_grad)
-      if (j < 0) carried_vocab = int(k) - 1;
+  const int carried_vocab = first_pass == steps.end() ? -2 : last_carrying_pass(passes, first_pass->micro_batch, streams_);
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
     if (streams_ && i == carried_done && stream->batch_gradients) stream->batch_gradients();
@@ -442,6 +450,8 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
       forward(wire, s.micro_batch, s.chunk, slot, tok.data(), tgt.data(), grad_scale, &loss);
     } else if (s.phase == Phase::kB) {
       LOOM_ASSERT(slot >= 0);
+      if (streams_ && stream->before_backward) stream->before_backward(backwards);
+      --backwards;
       if (split) w_slot = take_slot(w_busy_[size_t(s.chunk)]);
       backward(wire, s.micro_batch, s.chunk, slot, split ? w_slot : -1);
     } else {

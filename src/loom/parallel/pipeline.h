@@ -82,6 +82,9 @@ class PipelineRunner {
   // the last trailing backward, or first), before any step that adds to this step's.
   // after_backward(back) runs after each backward (its micro-batch is `back` steps old):
   // pipedream's and pipemare's updates, 2bw's poll of its norm (Note [2BW without a barrier]).
+  // before_backward(left) runs before each backward, before its input gradient's receive,
+  // with `left` this step's backwards from this one on (>= 1): the time a stage waits there
+  // for a slower later stage can hold other work (2bw: Note [2BW's update in the waits]).
   // A flushing schedule given a Stream (a reference) gets weights() only.
   // Note [Vocabulary passes in a stream] (2bw with pp_vocab): the passes compute on the current
   // weights; batch_gradients() then leaves the tensors the passes add to (Model::vocab_range())
@@ -98,6 +101,7 @@ class PipelineRunner {
     std::function<void(int back, bool forward)> weights;
     std::function<void()> batch_gradients;
     std::function<void(int back)> after_backward;
+    std::function<void(int left)> before_backward;
     std::function<void(bool begin)> vocab_pending;
     std::function<void()> swap_vocab;
     std::function<void()> vocab_update;

@@ -47,6 +47,8 @@ bool try_step(const Setup& s, int64_t r, const parallel::PipeStep& st, std::vect
   const Pass pass = st.phase == Phase::kF ? ch.fwd : st.phase == Phase::kW ? ch.wgt : s.split ? minus(ch.bwd, ch.wgt) : ch.bwd;
   const bool sends = st.phase == Phase::kF ? v < s.V - 1 && hop(v + 1) > 0 : st.phase == Phase::kB && v > 0 && hop(v - 1) > 0;
   const double start = std::max(rs.free_at, dep), end = start + pass.total();
+  if (st.phase == Phase::kB && int64_t(i) >= rs.own_from && start > rs.free_at)
+    rs.backward_waits.emplace_back(rs.free_at, start);  // Note [2BW's update in the waits]
   const double release = end + (sends && s.plan.blocking_p2p ? s.p2p_s : 0);
   rs.spent.compute += pass.compute;
   rs.spent.tp += pass.tp;
@@ -150,7 +152,9 @@ void run_lists(const Setup& s, const Lists& lists, Done& fdone, Done& bdone, std
 // stream - ages 0 .. 2 depth, then a flushing step - each rank's lists as the engine runs them
 // (micro-batch k m + i is step k's i), and reports a steady step (age 2 depth): each rank's
 // time from the end of its previous step's list to the end of the steady one, its busy
-// time and its trace from that start; the memory peaks are the whole stream's (1F1B's). On
+// time and its trace from that start (a stage with a stash writes its update in that step's
+// waits before its own backwards, Note [2BW's update in the waits]; the simulator places the
+// rest at the step's end); the memory peaks are the whole stream's (1F1B's). On
 // even stages only the transfers' latency is left of 1F1B's bubble. A flushing step
 // (checkpoint, validation, the last) costs about a 1F1B step.
 // The step the replay reports: past the ages where backwards are still missing (depth), and
@@ -178,6 +182,7 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
         passes.push_back(std::move(v));
       }
     if (k == steady_age) before = ranks;
+    for (RankState& rs : ranks) rs.own_from = k * s.m, rs.backward_waits.clear();
     run_lists(s, lists, fdone, bdone, ranks, k == steady_age && events ? &steady : nullptr, passes);
     if (k == steady_age) out = ranks;
   }
@@ -186,6 +191,7 @@ std::vector<RankState> replay_stream(const Setup& s, const parallel::Schedule& s
     out[r].spent = minus(out[r].spent, before[r].spent);
     out[r].recomputed -= before[r].recomputed;
     out[r].peak_live = ranks[r].peak_live, out[r].chunk_peak = ranks[r].chunk_peak;  // the stream's peaks
+    for (auto& [from, to] : out[r].backward_waits) from -= before[r].free_at, to -= before[r].free_at;
   }
   const int64_t stride = s.tp * s.cp * s.dp;  // SimEvent::rank is pipeline rank x stride
   if (events)
@@ -211,6 +217,17 @@ double stream_copies(const Setup& s, int64_t r) {
          : kind == ScheduleKind::kPipeDream && tau > 0 ? 2
          : kind == ScheduleKind::kPipeMare && tau > 0  ? 9
                                                        : 0;
+}
+
+double update_in_waits(const RankState& st, double update_s, std::vector<SimEvent>* events, int64_t global_rank) {
+  double left = update_s;
+  for (const auto& [from, to] : st.backward_waits) {
+    const double d = std::min(left, to - from);
+    if (d <= 0) break;
+    if (events) events->push_back({global_rank, 0, "U wait", "update", from, from + d});
+    left -= d;
+  }
+  return update_s - left;
 }
 
 double update_s(const Setup& s, double params) {

@@ -2,6 +2,7 @@
 // the plan's fixed setup, and each pipeline rank's state along the replay.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "loom/sim/costs.h"
@@ -49,6 +50,11 @@ struct RankState {
   int send_copies = 0;    // a stream: the input gradients in flight across a step's end (Note [Stream gradient sends])
   // Note [Vocabulary passes across a step's end]: a pass updated the vocabulary slices (not the step's end).
   bool vocab_updated = false;
+  // Note [2BW's update in the waits] (modes/stream/two_bw_update.cc): a stream step's waits
+  // before its own backwards (micro-batches from own_from on, past the trailing ones), [from,
+  // to), where a stage with a stash writes its update.
+  int64_t own_from = 0;
+  std::vector<std::pair<double, double>> backward_waits;
 };
 
 // Replays the plan's schedule (2bw: Note [Simulated 2BW]) and returns each pipeline rank's
@@ -57,6 +63,10 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
 // Note [Pipeline streams]: the passes over a stage's parameters its stream's copies around
 // each update take (2bw's stash and pending gradient, pipedream's stash, pipemare's).
 double stream_copies(const Setup& s, int64_t r);
+// Note [2BW's update in the waits]: how much of a 2bw stage's update of `update_s` seconds runs
+// in its steady step's waits before its own backwards (in time order; "U wait" events in the
+// trace, pipeline rank's events at `global_rank`); the rest runs at the step's end.
+double update_in_waits(const RankState& st, double update_s, std::vector<SimEvent>* events, int64_t global_rank);
 // The optimizer's update of `params` parameters on one rank (its piece under ZeRO).
 double update_s(const Setup& s, double params);
 

@@ -454,7 +454,11 @@ RankReport finish_rank(const Setup& s, int64_t r, const RankState& st, std::vect
   phase("grad_sync (exposed)", "collective", 1, rep.dp_exposed_s);
   phase("tied_embedding_sync", "collective", 1, rep.tied_s);
   const bool in_stream = kind == ScheduleKind::k2BW && s.pp > 1;  // Note [Measured bubble]
-  phase(in_stream ? "U" : "optimizer", in_stream ? "update" : "compute", 0, rep.optimizer_s);
+  // Note [2BW's update in the waits]: a stage with a stash writes its update while it waits.
+  const double waited = in_stream && stream_param_copies(kind, int(s.pp), int(r)) > 1
+                            ? update_in_waits(st, rep.optimizer_s, events, rep.global_rank)
+                            : 0;
+  phase(in_stream ? "U" : "optimizer", in_stream ? "update" : "compute", 0, rep.optimizer_s - waited);
   rep.update_end_s = in_stream ? t : 0;
   phase("ps_push_update_pull", "collective", 1, rep.ps_s);
   phase("param_gather", "collective", 1, rep.param_gather_s);

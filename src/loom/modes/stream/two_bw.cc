@@ -39,6 +39,12 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
   o.after_backward = [this](int) {
     if (on_backward) on_backward();
   };
+  flush_ = flush;
+  pending_batch_ = step - 1;
+  if (!flush && !stash_.empty())  // Note [2BW's update in the waits]
+    o.before_backward = [this](int left) {
+      if (has_pending_ && on_wait) on_wait(left);
+    };
   parts_done_ = 0;
   // Everything after the vocabulary tensors (all of it without pp_vocab).
   o.batch_gradients = [this, flush] {
@@ -53,10 +59,6 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
       // stage instead of 2.8-4.1, time the stage spends between two steps' lists.
       if (vocab_ == 0) model_.zero_grads();
       else std::fill(from, g.end(), 0.0f);
-      if (!flush && !stash_.empty()) {  // Note [Early stash]
-        std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
-        stash_copied_ = true;
-      }
     }
     complete_part();
   };
@@ -107,9 +109,23 @@ std::vector<TwoBwState::Update> TwoBwState::updates(int64_t step, bool flush) {
 
 void TwoBwState::before_updates(bool flush) {
   if (flush) return;  // the next step starts the stream on the updated weights
-  if (!std::exchange(stash_copied_, false) && !stash_.empty())
+  // Note [2BW's update in the waits]: the pending update writes the stash; else (a stream's
+  // first step, nothing pending) the next step's trailing backwards read today's weights.
+  if (!stash_.empty() && !updates_into_stash(flush))
     std::copy(model_.params().begin(), model_.params().end(), stash_.begin());
   stash_valid_ = true;
+}
+
+bool TwoBwState::updates_into_stash(bool flush) const {
+  return pipeline_ && !flush && !stash_.empty() && has_pending_;
+}
+
+void TwoBwState::take_stash_as_params() {
+  LOOM_ASSERT(updates_into_stash(flush_) && !bound_previous_, "the stash taken as the weights outside a 2bw step's end");
+  // The vocabulary rows were updated in place, in a pass (Note [Vocabulary passes across a
+  // step's end]); the stash's copy of them is read by nothing.
+  std::copy(model_.params().begin(), model_.params().begin() + vocab_, stash_.begin());
+  model_.swap_params(stash_);
 }
 
 void TwoBwState::after_updates(bool flush) {

@@ -7,14 +7,16 @@
 // gradient); before the step's first own backward that complete gradient moves to the
 // pending buffer. At the step's end: stash <- W(t-1), then W(t) = AdamW(W(t-1), pending).
 // Note [Early stash]: nothing reads the stash between the step's last trailing backward and
-// the next step's first, and W(t-1) does not change before the step's end, so a pipeline
-// stage copies stash <- W(t-1) as it moves the gradient (after the trailing backwards), not at
-// the step's end: there the first stage's update delays its next forwards, which the last
-// stage waits for (config M at pp 2: that copy took 10-31 ms in slow runs). The last stage
-// runs each micro-batch's backward right after its forward, in its own step (its lag is 0
-// under every lag rule, Note [Vocabulary passes ahead]), so it never reads a stash and holds
-// none (stream_param_copies): two of its five passes a step over its parameters saved, on the
-// stage that holds the head and, in a GPT, the tied table.
+// the next step's first, so a pipeline stage writes W(t) = AdamW(W(t-1), pending) into the
+// stash from then on, in pieces, and at the step's end takes the stash as its parameters and
+// its parameters (W(t-1)) as the stash, by exchanging the buffers: no copy at the step's end,
+// where the first stage's work delays its next forwards, which the last stage waits for
+// (config M at pp 2: the copy that stood there took 10-31 ms in slow runs; Note [2BW's update
+// in the waits] in modes/stream/two_bw_update.cc). The last stage runs each micro-batch's
+// backward right after its forward, in its own step (its lag is 0 under every lag rule, Note
+// [Vocabulary passes ahead]), so it never reads a stash and holds none (stream_param_copies):
+// two of its five passes a step over its parameters saved, on the stage that holds the head
+// and, in a GPT, the tied table; it updates in place at the step's end.
 // A flushing step also finishes its own gradient (the cool-down backwards) and applies it
 // after the pending one; the next step starts the stream again. Under pp_vocab the tensors the
 // vocabulary passes add to (Model::vocab_range()) complete apart: the step's first pass moves
@@ -70,13 +72,23 @@ class TwoBwState final : public StreamPart {
   // Around the updates of a step's end.
   void before_updates(bool flush);
   void after_updates(bool flush);
+  // Note [2BW's update in the waits]: a stage with a stash, between flushes, writes the pending
+  // update into the stash (W(t-1) read from the parameters), then at the step's end takes the
+  // stash as its weights (take_stash_as_params: the buffers exchanged, the vocabulary rows
+  // copied over); the pending gradient's batch (its learning rate).
+  bool updates_into_stash(bool flush) const;
+  std::vector<float>& stash() { return stash_; }
+  std::vector<float>& pending() { return pending_; }
+  int64_t pending_batch() const { return pending_batch_; }
+  void take_stash_as_params();
 
   // Note [Measured bubble]: the update rule's work inside the stream - the gradient's move to
   // the pending buffer, its squares, the stash copy and AdamW of a step that does not flush -
   // traced as "U" spans of category "update", so a rank's time in it counts as busy, as
   // pipedream's per-minibatch updates do. A flushing step updates after its drain, as 1F1B.
-  [[nodiscard]] Spans::Scope update_scope(bool flush) const {
-    return Spans(flush ? nullptr : trace_).open("U", "update");
+  // A piece written in a wait (Note [2BW's update in the waits]) is named "U wait".
+  [[nodiscard]] Spans::Scope update_scope(bool flush, const char* name = "U") const {
+    return Spans(flush ? nullptr : trace_).open(name, "update");
   }
   void trace(Trace* t) override { trace_ = pipeline_ ? t : nullptr; }
 
@@ -86,6 +98,10 @@ class TwoBwState final : public StreamPart {
   std::function<void(std::vector<float>& pending)> on_pending;
   // Pipeline: called after each backward (the deferred norm's poll, Note [2BW without a barrier]).
   std::function<void()> on_backward;
+  // Pipeline, a stage with a stash between flushes: called before each backward's receive once
+  // the pending gradient is complete, with the step's backwards left (Note [2BW's update in the
+  // waits]).
+  std::function<void(int left)> on_wait;
   // Pipeline, under pp_vocab: called in step `step`'s pass that updates the vocabulary tensors
   // (the pending gradient's leading vocab_floats()) with the pending gradient (Note [Vocabulary
   // passes across a step's end] in parallel/schedule.h); the step's end then updates the rest.
@@ -108,7 +124,8 @@ class TwoBwState final : public StreamPart {
   bool has_pending_ = false;
   bool stash_valid_ = false;    // reference: the step computes on the stash
   bool bound_previous_ = false;  // pipeline: the stash is bound
-  bool stash_copied_ = false;    // pipeline: this step's stash <- W is made (Note [Early stash])
+  bool flush_ = false;           // pipeline: the step running flushes
+  int64_t pending_batch_ = -1;   // pipeline: the batch the pending gradient is of
   Trace* trace_ = nullptr;       // pipeline: Note [Measured bubble]
 };
 

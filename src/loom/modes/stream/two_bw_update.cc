@@ -39,10 +39,14 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
   for (const TwoBwState::Update& u : updates) {
     std::vector<float>& g = *u.grads;
     const bool pending = &g != &e_.model.grads();
+    if (pending && s.updates_into_stash(flush)) {  // Note [2BW's update in the waits]
+      r.norm = finish_in_stash();
+      continue;
+    }
     // Note [Vocabulary passes across a step's end]: the leading vocab_floats() were updated in a
     // pass, with this norm; the rest now, with the same step count.
-    if (pending && vocab_norm_ >= 0) {
-      r.norm = std::exchange(vocab_norm_, -1.0);
+    if (pending && vocab_applied_) {
+      r.norm = pending_norm_;
       const Spans::Scope busy = s.update_scope(flush);
       update_ranges(g, r.norm, lr_at(cfg_.optim, u.batch, cfg_.train.steps),
                     subtract(adamw_.owned(), {0, s.vocab_floats()}), true);
@@ -62,19 +66,91 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
     const float coef = clip_scale(g, r.norm, adamw_.owned());
     adamw_.step(k, e_.model.params(), g, lr_at(cfg_.optim, u.batch, cfg_.train.steps), {}, {}, coef);
   }
+  pending_norm_ = -1, vocab_applied_ = false;
   s.after_updates(flush);
   return r;
+}
+
+// Note [2BW's update in the waits]
+// A stage with a stash writes W(t) = AdamW(W(t-1), pending) into the stash (Note [Early
+// stash] in two_bw.h) once the pending gradient and its global norm are in: a piece before
+// each of its backwards' receives, where it waits anyway while a later stage is slower (a
+// stage with the head; the first stage of config A at pp 2). The rest at the step's end,
+// then the buffers are exchanged. There the whole update (a copy and AdamW, about 0.5 ms on
+// A's first stage) had stood between the step's end and the next forwards, which the last
+// stage waited for. A piece is the floats left over the backwards left, a whole number of
+// 64-float blocks; AdamW being elementwise (Note [Vectorized AdamW]), every float gets the
+// bits the whole update gives it.
+void Updater::update_in_wait(int left) {
+  StashUpdate& u = stash_update_;
+  if (!u.ready && !prepare_stash_update(false)) return;
+  const int64_t end = int64_t(e_.model.params().size());
+  if (u.next >= end) return;
+  const int64_t piece = ((end - u.next + left - 1) / left + 63) / 64 * 64;
+  const Spans::Scope busy = two_bw_->update_scope(false, "U wait");  // Note [Measured bubble]
+  write_stash(std::min(end, u.next + piece));
+}
+
+// The norm (wait: until its sum is in; else false while it runs), the clipping coefficient,
+// the learning rate of the pending gradient's batch and the step count it is applied with.
+bool Updater::prepare_stash_update(bool wait) {
+  const double norm = pending_norm(wait);
+  if (norm < 0) return false;
+  StashUpdate& u = stash_update_;
+  const int64_t vocab = two_bw_->vocab_floats();  // applied in a pass (update_vocab)
+  u.ranges = subtract(adamw_.owned(), {0, vocab});
+  u.coef = clip_scale(two_bw_->pending(), norm, u.ranges);
+  u.lr = lr_at(cfg_.optim, two_bw_->pending_batch(), cfg_.train.steps);
+  u.t = adamw_.steps_taken() + 1;
+  u.next = vocab;
+  u.ready = true;
+  return true;
+}
+
+// Floats [next, to) of the stash: W(t-1) copied from the parameters, then updated in place.
+void Updater::write_stash(int64_t to) {
+  StashUpdate& u = stash_update_;
+  const std::vector<float>& p = e_.model.params();
+  std::vector<float>& stash = two_bw_->stash();
+  std::copy(p.begin() + u.next, p.begin() + to, stash.begin() + u.next);
+  adamw_.step_ranges(e_.model.ops(), stash, two_bw_->pending(), u.lr, u.t, intersect(u.ranges, {u.next, to - u.next}),
+                     u.coef);
+  u.next = to;
+}
+
+// The step's end: the rest of the stash, the step counted, the buffers exchanged.
+double Updater::finish_in_stash() {
+  if (!stash_update_.ready) prepare_stash_update(true);
+  {
+    const Spans::Scope busy = two_bw_->update_scope(false);
+    write_stash(int64_t(e_.model.params().size()));
+    adamw_.set_steps_taken(stash_update_.t);
+    two_bw_->take_stash_as_params();
+  }
+  stash_update_ = {};
+  return pending_norm_;
 }
 
 // Note [Vocabulary passes across a step's end]: the vocabulary run's update mid-step, the rest
 // at the step's end; AdamW being elementwise, each float gets the bits one update would give.
 void Updater::update_vocab(std::vector<float>& pending, int64_t step) {
-  LOOM_ASSERT(norm_started_ && vocab_norm_ < 0, "the vocabulary tensors' update before the pending norm's sum");
-  vocab_norm_ = std::sqrt(take_pending_norm() / e_.rc.dp_size);  // every dp replica counted the same gradient
+  LOOM_ASSERT(!vocab_applied_ && (norm_started_ || pending_norm_ >= 0),
+              "the vocabulary tensors' update before the pending norm's sum");
+  const double norm = pending_norm(true);
+  vocab_applied_ = true;
   const int64_t n = int64_t(pending.size()), vocab = two_bw_->vocab_floats();
   const Spans::Scope busy = two_bw_->update_scope(false);  // Note [Measured bubble]: after the wait
-  update_ranges(pending, vocab_norm_, lr_at(cfg_.optim, step - 1, cfg_.train.steps),
-                subtract(adamw_.owned(), {vocab, n - vocab}), false);
+  update_ranges(pending, norm, lr_at(cfg_.optim, step - 1, cfg_.train.steps), subtract(adamw_.owned(), {vocab, n - vocab}),
+                false);
+}
+
+double Updater::pending_norm(bool wait) {
+  if (pending_norm_ >= 0) return pending_norm_;
+  if (!wait) {
+    poll_deferred_norm();
+    if (!norm_started_ || deferred_norm_ || !wte_work_.done() || !norm_work_.done()) return -1;
+  }
+  return pending_norm_ = std::sqrt(take_pending_norm() / e_.rc.dp_size);  // every dp replica counted the same gradient
 }
 
 void Updater::update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,

@@ -7,7 +7,8 @@
 // For step k: every rank's time from its step start to the end of the step's last
 // pipeline step on any rank, less its time in pipeline steps (F, B, W, and the updates U that
 // run inside the stream: pipedream / pipemare's per minibatch, and 2bw's work of a step's
-// update, category "update": the gradient's move and squares, the stash copy, AdamW - work,
+// update, category "update": the gradient's move and squares, the stash copy, AdamW (the
+// pieces a stage writes while it waits are "U wait": Note [2BW's update in the waits]) - work,
 // not idle, though the flushing schedules do theirs outside the window), summed over ranks,
 // over the sum of those windows: 1 - sum_r busy_r / sum_r (end_k - start_r,k), averaged
 // over the counted steps. A rank's window stops where its next step starts, if that comes

@@ -65,7 +65,9 @@ std::vector<RankState> replay(const Setup& s, std::vector<SimEvent>* events);
 double stream_copies(const Setup& s, int64_t r);
 // Note [2BW's update in the waits]: how much of a 2bw stage's update of `update_s` seconds runs
 // in its steady step's waits before its own backwards (in time order; "U wait" events in the
-// trace, pipeline rank's events at `global_rank`); the rest runs at the step's end.
+// trace, pipeline rank's events at `global_rank`); the rest runs at the step's end. The
+// engine starts once the gradient norm's sum is in, which this takes to be by the first wait
+// (the sum starts as each rank's pending gradient completes, at its step's start).
 double update_in_waits(const RankState& st, double update_s, std::vector<SimEvent>* events, int64_t global_rank);
 // The optimizer's update of `params` parameters on one rank (its piece under ZeRO).
 double update_s(const Setup& s, double params);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/train/verify.h"
 #include "support/error_message.h"
 #include "support/temp_dir.h"
 #include "support/train_threads.h"
@@ -339,6 +340,31 @@ TEST(TwoBw, AStageThatWaitsUpdatesInItsWaits) {
     early += before;
   }
   EXPECT_GE(early, 1) << "of " << steps.size() << " steps";
+}
+
+// Note [Verify references]: loom verify holds 2bw to the single process with the same delayed
+// updates and pipedream to its flushing reference, within the exact bounds, and names the
+// reference; against the plain single-process run 2bw would differ by the delay. A 2bw run on
+// another seed is still a mismatch.
+TEST(TwoBw, VerifyHoldsStreamsToTheirOwnReferences) {
+  const Config single = base({"train.batch=4", "train.grad_accum=2"});
+  const std::vector<VerifyRow> rows =
+      verify_layouts(single, {{"parallel.pp=2", "parallel.schedule=2bw"},
+                              {"parallel.pp=2", "parallel.schedule=pipedream", "train.grad_accum=1", "optim.grad_clip=0"},
+                              {"parallel.pp=2", "parallel.schedule=2bw", "train.seed=7"},
+                              {"parallel.pp=2"}});
+  ASSERT_EQ(rows.size(), 4u);
+  for (size_t i : {0u, 1u, 3u}) EXPECT_TRUE(rows[i].ok) << rows[i].layout << ": " << rows[i].error << " loss rel " << rows[i].max_loss_rel;
+  EXPECT_EQ(rows[0].reference, "single process, one-step-delayed updates");
+  EXPECT_EQ(rows[1].reference, "the layout's flushing pipedream reference");
+  EXPECT_EQ(rows[3].reference, "single process");
+  EXPECT_FALSE(rows[2].ok);
+  EXPECT_GT(rows[2].max_loss_rel, 1e-4);
+  // The plain single-process run is not 2bw's reference: the delay alone is far outside the bound.
+  const TrainSummary plain = testing_support::train_keeping_params(single)[0];
+  const TrainSummary two = testing_support::train_keeping_params(base({"train.batch=4", "train.grad_accum=2", "parallel.pp=2",
+                                                                       "parallel.schedule=2bw"}))[0];
+  EXPECT_FALSE(compare_runs("2bw", plain, two).ok);
 }
 
 TEST(TwoBw, RefusesWhatItDoesNotRun) {

@@ -221,7 +221,8 @@ int run_verify(const VerifyArgs& a) {
   }
   std::cerr << "loom verify: " << layouts.size() << " layouts x " << base.train.steps << " steps of '"
             << base.model.preset << "' (global batch " << base.train.batch
-            << ") against the single-process run; ranks run as threads\n";
+            << ") against the single-process run (2bw, pipedream and pipemare: their own references, named below "
+               "the table); ranks run as threads\n";
   const std::vector<VerifyRow> rows = verify_layouts(base, layouts);
   int bad = 0;
   if (!a.json)
@@ -234,7 +235,7 @@ int run_verify(const VerifyArgs& a) {
                                   {"max_weight_abs", r.max_weight_abs}, {"loss_rel_bound", r.tolerance.loss_rel},
                                   {"weight_abs_bound", std::isfinite(r.tolerance.weight_abs) ? nlohmann::json(r.tolerance.weight_abs)
                                                                                              : nlohmann::json(nullptr)},
-                                  {"ok", r.ok}, {"error", r.error}}
+                                  {"reference", r.reference}, {"ok", r.ok}, {"error", r.error}}
                        .dump()
                 << "\n";
       continue;
@@ -248,6 +249,9 @@ int run_verify(const VerifyArgs& a) {
               << std::setw(16) << (r.error.empty() ? w.str() : "-") << std::setw(20) << b.str() << "  "
               << (r.ok ? "ok" : r.error.empty() ? "MISMATCH" : "FAILED: " + r.error) << "\n";
   }
+  for (const VerifyRow& r : rows)  // Note [Verify references]
+    if (!a.json && r.reference != VerifyRow{}.reference)
+      std::cout << "  " << r.layout << ": against " << r.reference << "\n";
   if (bad)
     std::cerr << "loom verify: " << bad << " of " << rows.size()
               << " layouts do not match (exact layouts: loss rel <= 1e-5, weights <= 1e-4; compressed gradients: the bound "

@@ -90,6 +90,30 @@ VerifyTolerance tolerance_for(const Config& c) {
   return {compressed_loss_rel(k), INFINITY};
 }
 
+namespace {
+
+// Every rank's summary of `c` run as threads in this process.
+std::vector<TrainSummary> train_threads(const Config& c, const TrainOptions& o) {
+  std::vector<TrainSummary> out(size_t(c.parallel.ranks()));
+  comm::CommOptions copt;
+  copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
+  const std::vector<std::string> errors = comm::run_threads(int(c.parallel.ranks()), copt, [&](comm::World& w) {
+    out[size_t(w.global_rank())] = train(c, o, w);
+  });
+  for (size_t r = 0; r < errors.size(); r++)
+    if (!errors[r].empty()) throw Error("rank " + std::to_string(r) + ": " + errors[r]);
+  return out;
+}
+
+}  // namespace
+
+std::string verify_reference(const Config& c) {
+  const ScheduleKind k = c.parallel.schedule;
+  if (k == ScheduleKind::k2BW && c.parallel.pp > 1) return "single process, one-step-delayed updates";
+  if (updates_per_batch(k)) return "the layout's flushing " + std::string(schedule_name(k)) + " reference";
+  return "single process";
+}
+
 std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std::vector<std::string>>& layouts,
                                       const VerifyTolerance* tol) {
   const std::string base_toml = to_toml(base);
@@ -98,7 +122,24 @@ std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std:
   o.json = true, o.out = &sink, o.err = &sink, o.keep_params = true;
   Config ref_cfg = base;
   ref_cfg.checkpoint.dir.clear();
-  const TrainSummary ref = train(ref_cfg, o);
+  const TrainSummary single = train(ref_cfg, o);
+  // Note [Verify references]: the run a layout is held to.
+  auto reference = [&](const Config& c) {
+    const ScheduleKind k = c.parallel.schedule;
+    if (k == ScheduleKind::k2BW && c.parallel.pp > 1) {
+      Config r = ref_cfg;
+      r.parallel.schedule = k, r.parallel.sync_warmup_steps = c.parallel.sync_warmup_steps;
+      TrainOptions ro = o;
+      ro.two_bw_reference = true;
+      return train(r, ro);
+    }
+    if (!updates_per_batch(k)) return single;
+    Config r = c;
+    r.parallel.schedule = ScheduleKind::k1F1B;
+    TrainOptions ro = o;
+    ro.async_reference = schedule_name(k);
+    return train_threads(r, ro)[0];
+  };
   std::vector<VerifyRow> rows;
   for (const auto& sets : layouts) {
     VerifyRow row;
@@ -108,15 +149,9 @@ std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std:
       c.checkpoint.dir.clear();
       LOOM_CHECK(c.train.batch == base.train.batch, "layout '", row.layout, "' changes train.batch from ",
                  base.train.batch, " to ", c.train.batch, ": compare layouts at one global batch");
-      std::vector<TrainSummary> out(size_t(c.parallel.ranks()));
-      comm::CommOptions copt;
-      copt.timeout = std::chrono::milliseconds(int64_t(c.comm.timeout_s * 1000));
-      const std::vector<std::string> errors = comm::run_threads(int(c.parallel.ranks()), copt, [&](comm::World& w) {
-        out[size_t(w.global_rank())] = train(c, o, w);
-      });
-      for (size_t r = 0; r < errors.size(); r++)
-        if (!errors[r].empty()) throw Error("rank " + std::to_string(r) + ": " + errors[r]);
-      row = compare_runs(row.layout, ref, out[0], tol ? *tol : tolerance_for(c));
+      const std::vector<TrainSummary> out = train_threads(c, o);
+      row = compare_runs(row.layout, reference(c), out[0], tol ? *tol : tolerance_for(c));
+      row.reference = verify_reference(c);
       // Every rank must end with the same weights (replicated state stays replicated); a
       // parameter server's ranks (after the workers) keep theirs to themselves.
       for (size_t r = 1; r < size_t(c.parallel.world()) && row.ok; r++)

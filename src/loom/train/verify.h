@@ -18,6 +18,7 @@ struct VerifyTolerance {
 
 struct VerifyRow {
   std::string layout;          // e.g. "dp=2 zero=1"
+  std::string reference = "single process";  // what it was held to (verify_reference)
   VerifyTolerance tolerance;   // the bound this layout was held to (tolerance_for)
   double max_loss_rel = 0;     // max over steps of |loss - ref| / |ref|
   double max_weight_abs = 0;   // max over parameters of |w - ref| after the last step
@@ -88,12 +89,23 @@ inline constexpr double kBf16TrainLossRel = 1e-4, kBf16TrainWeightAbs = 1e-3;
 double compressed_loss_rel(CompressKind k);
 VerifyTolerance tolerance_for(const Config& c);
 
+// Note [Verify references]
+// Every layout is held to the single-process run of the same seed, data and global batch,
+// except the schedules whose updates differ by design (Note [Pipeline streams]): a 2bw pipeline
+// to the single process applying the same one-step-delayed updates (TrainOptions::
+// two_bw_reference; its flushes at the same steps), and pipedream / pipemare, whose stages
+// compute on weights of different ages, to the same layout's flushing reference that binds
+// the same weight versions (TrainOptions::async_reference). Held to the same tolerances
+// (tolerance_for). Against the plain single-process run 2bw differs by the delay itself (2.8e-2
+// in loss over 6 steps of 'tiny'), which says nothing about its exactness.
+std::string verify_reference(const Config& c);
+
 // Compares a run with the reference; rows differ only in layout.
 VerifyRow compare_runs(const std::string& layout, const TrainSummary& ref, const TrainSummary& got,
                        const VerifyTolerance& tol = {});
 
 // Runs `base` with each layout's overrides (e.g. {"parallel.dp=2", "parallel.zero=1"}) as
-// threads in this process and compares each with the single-process run of `base`.
+// threads in this process and compares each with its reference (Note [Verify references]).
 // Each layout is held to tolerance_for(its config) unless `tol` is given.
 std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std::vector<std::string>>& layouts,
                                       const VerifyTolerance* tol = nullptr);

@@ -107,10 +107,19 @@ std::vector<TrainSummary> train_threads(const Config& c, const TrainOptions& o) 
 
 }  // namespace
 
-std::string verify_reference(const Config& c) {
+VerifyReference verify_reference_kind(const Config& c) {
   const ScheduleKind k = c.parallel.schedule;
-  if (k == ScheduleKind::k2BW && c.parallel.pp > 1) return "single process, one-step-delayed updates";
-  if (updates_per_batch(k)) return "the layout's flushing " + std::string(schedule_name(k)) + " reference";
+  if (k == ScheduleKind::k2BW && c.parallel.pp > 1) return VerifyReference::kDelayedSingle;
+  return updates_per_batch(k) ? VerifyReference::kFlushingLayout : VerifyReference::kSingle;
+}
+
+std::string verify_reference(const Config& c) {
+  switch (verify_reference_kind(c)) {
+    case VerifyReference::kDelayedSingle: return "single process, one-step-delayed updates";
+    case VerifyReference::kFlushingLayout:
+      return "the layout's flushing " + std::string(schedule_name(c.parallel.schedule)) + " reference";
+    case VerifyReference::kSingle: break;
+  }
   return "single process";
 }
 
@@ -125,19 +134,18 @@ std::vector<VerifyRow> verify_layouts(const Config& base, const std::vector<std:
   const TrainSummary single = train(ref_cfg, o);
   // Note [Verify references]: the run a layout is held to.
   auto reference = [&](const Config& c) {
-    const ScheduleKind k = c.parallel.schedule;
-    if (k == ScheduleKind::k2BW && c.parallel.pp > 1) {
+    const VerifyReference kind = verify_reference_kind(c);
+    if (kind == VerifyReference::kSingle) return single;
+    TrainOptions ro = o;
+    if (kind == VerifyReference::kDelayedSingle) {
       Config r = ref_cfg;
-      r.parallel.schedule = k, r.parallel.sync_warmup_steps = c.parallel.sync_warmup_steps;
-      TrainOptions ro = o;
+      r.parallel.schedule = c.parallel.schedule, r.parallel.sync_warmup_steps = c.parallel.sync_warmup_steps;
       ro.two_bw_reference = true;
       return train(r, ro);
     }
-    if (!updates_per_batch(k)) return single;
     Config r = c;
     r.parallel.schedule = ScheduleKind::k1F1B;
-    TrainOptions ro = o;
-    ro.async_reference = schedule_name(k);
+    ro.async_reference = schedule_name(c.parallel.schedule);
     return train_threads(r, ro)[0];
   };
   std::vector<VerifyRow> rows;

@@ -98,7 +98,9 @@ VerifyTolerance tolerance_for(const Config& c);
 // the same weight versions (TrainOptions::async_reference). Held to the same tolerances
 // (tolerance_for). Against the plain single-process run 2bw differs by the delay itself (2.8e-2
 // in loss over 6 steps of 'tiny'), which says nothing about its exactness.
-std::string verify_reference(const Config& c);
+enum class VerifyReference : unsigned char { kSingle, kDelayedSingle, kFlushingLayout };
+VerifyReference verify_reference_kind(const Config& c);
+std::string verify_reference(const Config& c);  // its name, as loom verify prints it
 
 // Compares a run with the reference; rows differ only in layout.
 VerifyRow compare_runs(const std::string& layout, const TrainSummary& ref, const TrainSummary& got,

@@ -2,6 +2,7 @@
 // the plan's fixed setup, and each pipeline rank's state along the replay.
 #pragma once
 
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -52,8 +53,9 @@ struct RankState {
   bool vocab_updated = false;
   // Note [2BW's update in the waits] (modes/stream/two_bw_update.cc): a stream step's waits
   // before its own backwards (micro-batches from own_from on, past the trailing ones), [from,
-  // to), where a stage with a stash writes its update.
-  int64_t own_from = 0;
+  // to), where a stage with a stash writes its update. Recorded only in a stream's replay
+  // (replay_stream sets own_from); a flushing replay, the planner's common case, records none.
+  int64_t own_from = std::numeric_limits<int64_t>::max();
   std::vector<std::pair<double, double>> backward_waits;
 };
 

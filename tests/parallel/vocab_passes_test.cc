@@ -125,6 +125,10 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
       EXPECT_TRUE(steady.front().carries_nothing() && steady.back().carries_nothing()) << what;
       for (int steps : {1, 4}) {
         std::vector<int> looked, forwarded, made, carried;  // stream positions k m + j, in order
+        // Per rank, the steps other than passes along the stream and along the plain one (positions
+        // k m + j): the same, though a step may run the next one's first forwards (Note [The next
+        // step's first forwards ahead]).
+        std::vector<std::vector<std::pair<Phase, int>>> ran(static_cast<size_t>(pp)), wanted = ran;
         for (int age = 0; age < steps; ++age) {
           const bool flush = age == steps - 1;
           const std::string kind = what + " age " + std::to_string(age) + (flush ? " flush" : "");
@@ -150,16 +154,16 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
               }
               for (int j : p.embed) looked.push_back(age * m + j);
             }
-            const std::vector<PipeStep> want = stream_steps(plain, r, age, flush);
-            ASSERT_EQ(rest.size(), want.size()) << kind;
-            for (size_t i = 0; i < rest.size(); ++i)
-              EXPECT_TRUE(rest[i].phase == want[i].phase && rest[i].micro_batch == want[i].micro_batch) << kind;
+            for (const PipeStep& st : rest) ran[size_t(r)].emplace_back(st.phase, age * m + st.micro_batch);
+            for (const PipeStep& st : stream_steps(plain, r, age, flush))
+              wanted[size_t(r)].emplace_back(st.phase, age * m + st.micro_batch);
           }
           for (int f : forwarded)  // looked up before its forward (in an earlier pass or step)
             EXPECT_TRUE(std::find(looked.begin(), looked.end(), f) != looked.end()) << kind << " F" << f;
         }
         std::vector<int> all(size_t(steps * m));
         for (int i = 0; i < steps * m; ++i) all[size_t(i)] = i;
+        EXPECT_EQ(ran, wanted) << what << ", " << steps << " steps";
         EXPECT_EQ(looked, all) << what << ", " << steps << " steps";
         EXPECT_EQ(forwarded, all) << what << ", " << steps << " steps";
         EXPECT_EQ(carried, made) << what << ", " << steps << " steps";
@@ -170,27 +174,36 @@ TEST(VocabPasses, EveryKindOfTwoBwStepCarriesItsOwnEmbedding) {
 // pp 2, m 4, a steady step, the first stage two micro-batches behind (Note [Vocabulary passes
 // ahead]): its trailing backwards B(-2), B(-1) (the step before's micro-batches 2 and 3) run
 // after F0 and F1, so V0 and V1 carry their gradients with micro-batches 2's and 3's lookups.
-// F0's and F1's lookups were the step before's, made in its V3 after the vocabulary tensors'
-// update, where this step's V3 makes the next step's (4, 5: Note [Vocabulary passes across a
-// step's end]); no V(-1) opens the step and no V(4) ends it. A flush keeps its V(4).
+// F0 ran in the step before, ahead of its V3 (Note [The next step's first forwards ahead]), so
+// this step starts at B(-2) and ends with the next step's F0 (as F4) before V3: V2 makes that
+// lookup after the vocabulary tensors' update, aside, and V3 the next step's F1's (5) after
+// taking it, once its head read the tensors of before; no V(-1) opens the step and no V(4) ends
+// it. A flush keeps its V(4) and runs no forward of the next step.
 TEST(VocabPasses, ASteadyTwoBwStepCarriesTheStepBeforesLastGradient) {
   const Schedule s = make_schedule(ScheduleKind::k2BW, 2, 4, 1, true);
-  EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "F0 B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 ");
+  EXPECT_EQ(text(stream_steps(s, 0, 1, false)), "B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 F4 V3 ");
   EXPECT_EQ(text(stream_steps(s, 1, 1, false)), "F0 V0 B0 F1 V1 B1 F2 V2 B2 F3 V3 B3 ");
   const std::vector<VocabPass>& p = stream_passes(s, 1, false);
   EXPECT_TRUE(p[0].carries_nothing() && p[5].carries_nothing());
   EXPECT_EQ(p[1].embed_grad, std::vector<int>{-2});
   EXPECT_EQ(p[1].embed, std::vector<int>{2});
   EXPECT_EQ(p[2].embed_grad, std::vector<int>{-1});
-  EXPECT_EQ(p[4].embed, (std::vector<int>{4, 5}));
+  EXPECT_EQ(p[3].embed, std::vector<int>{4});
+  EXPECT_EQ(p[4].embed, std::vector<int>{5});
   EXPECT_EQ(p[4].embed_grad, std::vector<int>{1});
-  for (size_t k = 0; k < p.size(); ++k) EXPECT_EQ(p[k].update, k == 4) << "V" << int(k) - 1;
+  for (size_t k = 0; k < p.size(); ++k) {
+    EXPECT_EQ(p[k].update && p[k].aside, k == 3) << "V" << int(k) - 1;
+    EXPECT_EQ(p[k].update && !p[k].aside, false) << "V" << int(k) - 1;
+    EXPECT_EQ(p[k].take, k == 4) << "V" << int(k) - 1;
+  }
   // The stream's first step looks its own first micro-batch up and updates nothing (no
   // gradient is pending yet); a flush ends with V4 and leaves nothing to the next step.
   EXPECT_EQ(text(stream_steps(s, 0, 0, false)).substr(0, 9), "V-1 F0 V0");
-  EXPECT_EQ(stream_passes(s, 0, false)[4].embed, (std::vector<int>{4, 5}));
-  EXPECT_FALSE(stream_passes(s, 0, false)[4].update);
-  EXPECT_EQ(text(stream_steps(s, 0, 1, true)), "F0 B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 B2 B3 V4 ");
+  EXPECT_EQ(text(stream_steps(s, 0, 0, false)).substr(text(stream_steps(s, 0, 0, false)).size() - 9), "B1 F4 V3 ");
+  EXPECT_EQ(stream_passes(s, 0, false)[3].embed, (std::vector<int>{4}));
+  EXPECT_EQ(stream_passes(s, 0, false)[4].embed, (std::vector<int>{5}));
+  for (const VocabPass& q : stream_passes(s, 0, false)) EXPECT_FALSE(q.update || q.take);
+  EXPECT_EQ(text(stream_steps(s, 0, 1, true)), "B-2 F1 V0 B-1 F2 V1 B0 F3 V2 B1 V3 B2 B3 V4 ");
   EXPECT_EQ(stream_passes(s, 1, true)[5].embed_grad, (std::vector<int>{2, 3}));  // a flush carries B2's, B3's
   EXPECT_TRUE(stream_passes(s, 1, true)[4].embed.empty() && !stream_passes(s, 1, true)[4].update);
   EXPECT_EQ(vocab_buffers(s, 0), 2);

@@ -181,7 +181,10 @@ Updater::Updater(const Config& cfg, Engine& e)
     two_bw_->on_pending = [this](std::vector<float>& g) { start_pending_norm(g); };
     two_bw_->on_backward = [this] { poll_deferred_norm(); };
     two_bw_->on_wait = [this](int left) { update_in_wait(left); };
-    two_bw_->on_vocab_update = [this](std::vector<float>& g, int64_t step) { update_vocab(g, step); };
+    two_bw_->on_vocab_update = [this](std::vector<float>& g, int64_t step, std::vector<float>* aside) {
+      update_vocab(g, step, aside);
+    };
+    two_bw_->on_ahead = [this] { finish_in_stash(); };
   }
   if (async_) attach_async();
   if (cfg.offload.optimizer == OffloadTier::kDisk) return;  // its buffers are tracked by offload_optimizer

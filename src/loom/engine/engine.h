@@ -160,9 +160,12 @@ class Updater {
   // Note [Vocabulary passes across a step's end] (parallel/schedule.h): the pending gradient's
   // vocabulary run applied in step `step`'s pass, clipped by the global norm (taken there and
   // kept for the step's end, which applies the rest with the same step count).
-  void update_vocab(std::vector<float>& pending, int64_t step);
-  void update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
-                     bool counts_step);
+  // aside: into that copy of the vocabulary run instead (Note [The next step's first forwards
+  // ahead] in parallel/schedule.h).
+  void update_vocab(std::vector<float>& pending, int64_t step, std::vector<float>* aside);
+  // AdamW of `ranges` of `params` (the parameters, or a copy laid out as their leading floats).
+  void update_ranges(std::vector<float>& params, std::vector<float>& g, double norm, double lr,
+                     const std::vector<FlatRange>& ranges, bool counts_step);
   float clip_scale(std::vector<float>& g, double norm, const std::vector<FlatRange>& ranges) const;
   // The pending gradient's global norm, taken once (>= 0; -1 before): by update_vocab, the
   // update in the waits or the step's end. wait = false: -1 while its sum still runs.

@@ -71,7 +71,8 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
   const int slots = check.peak_in_flight[size_t(pp_rank)];
   streams_ = streams(schedule.kind);
   depth_ = streams_ ? stream_depth(schedule) : 0;
-  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches * (1 + depth_)), -1));
+  const int ahead = streams_ ? 1 : 0;  // Note [The next step's first forwards ahead]
+  slot_of_.assign(size_t(schedule.vpp), std::vector<int>(size_t(schedule.micro_batches * (1 + depth_ + ahead)), -1));
   slot_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(slots), false));
   w_slot_of_ = slot_of_;
   w_busy_.assign(size_t(schedule.vpp), std::vector<bool>(size_t(check.peak_pending_w[size_t(pp_rank)]), false));
@@ -98,9 +99,12 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
 // Note [Pipeline streams]: a micro-batch's tag on the wire - its step's set of m, the sets
 // cycling over depth + 1 steps - so a message sent in one step and received in a later one
 // keeps its tag.
+// Note [The next step's first forwards ahead]: micro-batch m + i is the next step's i, tagged as
+// the receiver's next step takes it.
 int PipelineRunner::wire_micro(int micro) const {
   if (!streams_) return micro;
-  const int m = schedule_.micro_batches, back = steps_back(micro, m), sets = depth_ + 1;
+  const int m = schedule_.micro_batches, sets = depth_ + 2;
+  const int back = micro >= m ? -(micro / m) : steps_back(micro, m);
   const int set = int(((stream_step_ - back) % sets + sets) % sets);
   return set * m + (micro + back * m);
 }
@@ -354,11 +358,16 @@ void PipelineRunner::vocab_pass(const VocabPass& p, bool last_carried, const Bat
     const float l = model_.vocab_head(slot, tgt.data(), B_, T_, grad_scale, true);
     if (holds_head()) *loss += l;
   }
-  // Note [Vocabulary passes across a step's end]: W(t)'s rows before the next step's lookups.
-  if (p.update && stream && stream->vocab_update) stream->vocab_update();
+  // Note [Vocabulary passes across a step's end]: W(t)'s rows before the next step's lookups,
+  // aside while a later head still reads W(t - 1)'s (Note [The next step's first forwards ahead]).
+  if (p.update && stream && stream->vocab_update) stream->vocab_update(p.aside);
+  if (p.take && stream && stream->vocab_take) stream->vocab_take();
   for (int j : p.embed) {
     batch(j, tok.data(), tgt.data());
+    const bool next = j >= schedule_.micro_batches && stream && stream->lookup_aside;
+    if (next) stream->lookup_aside(true);
     model_.vocab_lookup(hold_vocab(lookups_, j), tok.data(), B_, T_);
+    if (next) stream->lookup_aside(false);
     vocab_tokens_[token_key(j)] = tok;  // for its gradient's pass
     if (!model_.chunk_has_embed(0)) release_vocab(lookups_, j);  // only the first stage forwards it
   }
@@ -389,6 +398,14 @@ int take_slot(std::vector<bool>& busy) {
   return slot;
 }
 
+// The index of the last of `steps` that `holds` is true of (-1: none).
+template <class Pred>
+int last_where(const std::vector<PipeStep>& steps, Pred holds) {
+  for (int i = int(steps.size()) - 1; i >= 0; --i)
+    if (holds(steps[size_t(i)])) return i;
+  return -1;
+}
+
 // Note [Vocabulary passes in a stream]: the last of a step's passes that carries a trailing
 // backward's embedding gradient (-1: V(-1)), or `first`, the step's first pass, when none does.
 int last_carrying_pass(const std::vector<VocabPass>& passes, int first, bool stream) {
@@ -407,9 +424,7 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
                                                : schedule_.steps[size_t(pp_rank_)];
   const bool split = schedule_.split();
   const Phase grads_phase = split ? Phase::kW : Phase::kB;  // the step that adds weight gradients
-  int last_grads = -1;
-  for (int i = 0; i < int(steps.size()); i++)
-    if (steps[size_t(i)].phase == grads_phase) last_grads = i;
+  const int last_grads = last_where(steps, [&](const PipeStep& st) { return st.phase == grads_phase; });
   int backwards = int(std::count_if(steps.begin(), steps.end(), [](const PipeStep& st) { return st.phase == Phase::kB; }));
   const size_t n = size_t(B_ * T_);
   std::vector<int32_t> tok(n), tgt(n);
@@ -419,18 +434,20 @@ double PipelineRunner::run_step(const BatchFn& batch, float grad_scale, const st
   // is complete (after its last trailing backward; the last stage's forwards add the head's
   // gradients, so nothing of this step's batch may run before it).
   const int m = schedule_.micro_batches;
-  int carried_done = 0;
-  for (int i = 0; streams_ && i < int(steps.size()); i++)
-    if (steps[size_t(i)].phase != Phase::kV && steps[size_t(i)].micro_batch < 0) carried_done = i + 1;
+  const int carried_done =
+      streams_ ? last_where(steps, [](const PipeStep& st) { return st.phase != Phase::kV && st.micro_batch < 0; }) + 1 : 0;
   // Note [Vocabulary passes in a stream]: this step's passes, and the last carrying a trailing
   // backward's embedding gradient (-1, V(-1), when none does).
   const std::vector<VocabPass>& passes =
       streams_ && schedule_.vocab() ? stream_passes(schedule_, stream->age, stream->flush) : schedule_.passes;
   const auto first_pass = std::find_if(steps.begin(), steps.end(), [](const PipeStep& st) { return st.phase == Phase::kV; });
   const int carried_vocab = first_pass == steps.end() ? -2 : last_carrying_pass(passes, first_pass->micro_batch, streams_);
+  bool ahead = false;  // Note [The next step's first forwards ahead]
   for (int i = 0; i < int(steps.size()); i++) {
     const PipeStep& s = steps[size_t(i)];
     if (streams_ && i == carried_done && stream->batch_gradients) stream->batch_gradients();
+    if (streams_ && s.phase == Phase::kF && s.micro_batch >= m && !std::exchange(ahead, true) && stream->ahead)
+      stream->ahead();
     if (s.phase == Phase::kV) {
       run_vocab_step(s.micro_batch, passes, steps.begin() + i == first_pass, s.micro_batch == carried_vocab, batch,
                      grad_scale, &loss, streams_ ? stream : nullptr);

@@ -92,9 +92,13 @@ class PipelineRunner {
   // are carried: vocab_pending(true) before a step's first pass moves their gradient so far to
   // the pending one, swap_vocab() around each trailing contribution adds it there, and
   // vocab_pending(false) after the last says that part of the pending gradient is complete.
-  // vocab_update() in the pass marked `update`, after its head: the vocabulary tensors' update
-  // before the next step's lookups (Note [Vocabulary passes across a step's end]); `batch` then
-  // gives micro-batch m + i for the next step's i.
+  // vocab_update(aside) in the pass marked `update`, after its head: the vocabulary tensors'
+  // update before the next step's lookups (Note [Vocabulary passes across a step's end]); `batch`
+  // then gives micro-batch m + i for the next step's i. Note [The next step's first forwards
+  // ahead] (parallel/schedule.h): an `aside` update goes into a copy, which lookup_aside(true /
+  // false) binds around each of the next step's lookups until vocab_take(), in the pass marked
+  // `take` after its head, copies it over the tensors; ahead() runs before the first of the
+  // next step's forwards this step runs (m + i), which compute on the next step's weights.
   struct Stream {
     int age = 0;
     bool flush = true;
@@ -104,7 +108,10 @@ class PipelineRunner {
     std::function<void(int left)> before_backward;
     std::function<void(bool begin)> vocab_pending;
     std::function<void()> swap_vocab;
-    std::function<void()> vocab_update;
+    std::function<void(bool aside)> vocab_update;
+    std::function<void()> vocab_take;
+    std::function<void(bool on)> lookup_aside;
+    std::function<void()> ahead;
   };
   double run_step(const BatchFn& batch, float grad_scale, const std::function<void()>& before_last_backward,
                   const Stream* stream = nullptr);
@@ -194,8 +201,9 @@ class PipelineRunner {
   int64_t token_key(int local) const { return stream_step_ * schedule_.micro_batches + local; }
   float* hold_vocab(std::map<int, int>& held, int micro);  // a free buffer, now micro's
   void release_vocab(std::map<int, int>& held, int micro);
-  // Streams: slot_of_ is indexed by micro-batch + depth m (earlier steps' below depth m), and
-  // tags cycle through depth + 1 sets of m micro-batches, step by step.
+  // Streams: slot_of_ is indexed by micro-batch + depth m (earlier steps' below depth m, the next
+  // step's forwards run ahead above m + depth m), and tags cycle through depth + 2 sets of m
+  // micro-batches, step by step.
   bool streams_ = false;
   int depth_ = 0;
   int64_t stream_step_ = 0;

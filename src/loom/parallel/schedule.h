@@ -143,6 +143,24 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // global norm, summed mid-step as before: Note [2BW without a barrier] in engine) and the same
 // step count, so every parameter gets the bits it got before (AdamW is elementwise).
 //
+// Note [The next step's first forwards ahead]
+// With the update in V(m - 1), the first stage still could not start the next step before that
+// pass: its first forward needs a lookup made after the update. In one stream (Note [Pipeline
+// streams]) the first stage, its lag ahead, runs that forward before the last stage's F(m - 1)
+// is done, so V(m - 1) waited for it: config A's 2bw at pp 2 left each stage idle one forward a
+// step, 3.8 of its 3.9% simulated bubble (the first stage before V(m - 1), the last before the
+// next V(0)). So a step that does not flush runs, on each rank, the next step's forwards that a
+// replay of the stream as one list runs before V(m - 1) (numbered m + i; the steps that follow
+// one, age 1 and older, start without them), each on the next step's weights: a stage with a
+// stash finishes writing W(t) into it and exchanges the buffers just before the first (Note
+// [Early stash]; the step's end then leaves them). Their lookups move to the first stage's last
+// pass before them, and the vocabulary tensors' update with them, `aside`: into a copy, which the
+// next step's lookups read while V(m - 1)'s head still reads W(t - 1)'s tensors; V(m - 1)
+// `take`s the copy over them after its head. Same values in the same order: the runs stay bit
+// for bit what they were (TwoBw.*, PpVocab.*). Cost: two copies of each rank's vocabulary
+// slices a step, and the copy's memory. Simulated bubbles at pp 2, m 8: A 3.9 -> 0.1%, M 4.0 ->
+// 0.2%, B 1.8 -> 0.2%, each its floor.
+//
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).
 enum class Phase : unsigned char { kF, kB, kW, kV };
@@ -174,6 +192,10 @@ struct VocabPass {
   int head = -1;
   std::vector<int> embed, embed_grad;
   bool update = false;
+  // Note [The next step's first forwards ahead]: `aside`, with `update`: the update goes into a
+  // copy of the vocabulary tensors, which the next step's lookups read until `take`, a later
+  // pass of the step, copies it over the tensors after its head.
+  bool aside = false, take = false;
   bool carries_nothing() const { return head < 0 && embed.empty() && embed_grad.empty(); }
 };
 

@@ -77,6 +77,94 @@ void carry_across_steps(Schedule& s) {
       });
 }
 
+// Note [The next step's first forwards ahead]: the leading forwards of rank r's next step that a
+// replay of the stream as one list runs before this step's V(m - 1) there (their ticks before
+// the pass's place, as insert_passes places it): for each rank, those of the step after `k`.
+std::vector<std::vector<PipeStep>> forwards_before_last_head(const std::vector<Lists>& lists,
+                                                             const std::vector<std::vector<std::vector<int>>>& ticks,
+                                                             int k, int m, StageSite last, bool early) {
+  int head_tick = -1;  // the last stage's F(m - 1) in step k
+  const std::vector<PipeStep>& last_list = lists[size_t(k)][size_t(last.rank)];
+  for (size_t j = 0; j < last_list.size(); ++j)
+    if (last_list[j].phase == Phase::kF && last_list[j].micro_batch == m - 1) head_tick = ticks[size_t(k)][size_t(last.rank)][j];
+  std::vector<std::vector<PipeStep>> out(lists[0].size());
+  for (size_t r = 0; r < out.size(); ++r) {
+    const int later = early && int(r) != last.rank ? 0 : 1;
+    const std::vector<PipeStep>& next = lists[size_t(k + 1)][r];
+    for (size_t j = 0; j < next.size() && ticks[size_t(k + 1)][r][j] < head_tick + later; ++j) {
+      if (next[j].phase != Phase::kF || next[j].micro_batch < 0) return {};  // only the next step's forwards move
+      out[r].push_back(next[j]);
+    }
+  }
+  return out;
+}
+
+bool same_steps(const std::vector<PipeStep>& a, const std::vector<PipeStep>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const PipeStep& x, const PipeStep& y) {
+    return x.phase == y.phase && x.micro_batch == y.micro_batch && x.chunk == y.chunk;
+  });
+}
+
+// Note [The next step's first forwards ahead]: moves them (as m + i) before each non-flushing
+// step's V(m - 1), out of the front of the steps that follow one (age 1 and older), their
+// lookups to the first stage's last pass before them, and (steps with a pending update) the
+// vocabulary tensors' update aside into that pass and its take into V(m - 1). Left as it is
+// where the two kinds of step that follow a non-flushing one would have different forwards
+// moved, where no forward moves, or where the vocabulary update was not carried across the
+// step's end (carry_across_steps).
+void pull_next_forwards(Schedule& s, const std::vector<Lists>& lists, const std::vector<std::vector<std::vector<int>>>& ticks,
+                        bool early) {
+  const int m = s.micro_batches;
+  const StageSite first = s.site(0), last = s.site(s.pp - 1);
+  std::vector<StreamStep>& v = s.stream_vocab;
+  if (!v[1].passes[size_t(m)].update) return;
+  const std::vector<std::vector<PipeStep>> pulled = forwards_before_last_head(lists, ticks, 0, m, last, early);
+  const std::vector<std::vector<PipeStep>> again = forwards_before_last_head(lists, ticks, 1, m, last, early);
+  if (pulled.empty() || again.empty() || pulled[size_t(first.rank)].empty()) return;
+  for (size_t r = 0; r < pulled.size(); ++r)
+    if (!same_steps(pulled[r], again[r])) return;
+  for (int older : {1, 3})
+    for (size_t r = 0; r < pulled.size(); ++r) {
+      std::vector<PipeStep>& list = v[size_t(older)].steps[r];
+      const std::vector<PipeStep> front(list.begin(), list.begin() + std::ptrdiff_t(pulled[r].size()));
+      LOOM_ASSERT(same_steps(front, pulled[r]), "a step's first forwards moved differently on rank ", r);
+      list.erase(list.begin(), list.begin() + std::ptrdiff_t(pulled[r].size()));
+    }
+  for (int steady : {0, 1}) {
+    StreamStep& step = v[size_t(steady)];
+    int aside = -2;  // the pass that now looks the moved forwards up
+    for (size_t r = 0; r < pulled.size(); ++r) {
+      std::vector<PipeStep>& list = step.steps[r];
+      auto at = std::find_if(list.begin(), list.end(), [&](const PipeStep& st) {
+        return st.phase == Phase::kV && st.micro_batch == m - 1;
+      });
+      LOOM_ASSERT(at != list.end(), "a non-flushing step without V(", m - 1, ") on rank ", r);
+      for (PipeStep st : pulled[r]) {
+        st.micro_batch += m;
+        at = list.insert(at, st) + 1;
+      }
+      if (int(r) != first.rank) continue;
+      const auto before = std::find_if(std::make_reverse_iterator(at - std::ptrdiff_t(pulled[r].size())), list.rend(),
+                                       [](const PipeStep& st) { return st.phase == Phase::kV; });
+      LOOM_ASSERT(before != list.rend(), "no pass before the moved forwards on rank ", r);
+      aside = before->micro_batch;
+    }
+    std::vector<int>& late = step.passes[size_t(m)].embed;
+    std::vector<int>& early_lookups = step.passes[size_t(aside + 1)].embed;
+    for (const PipeStep& st : pulled[size_t(first.rank)]) {
+      const auto it = std::find(late.begin(), late.end(), st.micro_batch + m);
+      LOOM_ASSERT(it != late.end(), "micro-batch ", st.micro_batch, " of the next step is not looked up in V(", m - 1, ")");
+      late.erase(it);
+      early_lookups.push_back(st.micro_batch + m);
+    }
+    if (steady == 1) {
+      step.passes[size_t(aside + 1)].update = step.passes[size_t(aside + 1)].aside = true;
+      step.passes[size_t(m)].update = false;
+      step.passes[size_t(m)].take = true;
+    }
+  }
+}
+
 // Note [Vocabulary passes in a stream]: each kind of step's lists with their passes, placed by
 // the ticks of the plain stream's replay (ages 0 .. depth and a flush as one list; a step
 // that both starts and flushes the stream, by its own replay).
@@ -113,7 +201,10 @@ void add_stream_vocab_passes(Schedule& s, bool early) {
   fill(2, once.steps, alone.step_tick);         // age 0, flushing
   fill(3, lists[size_t(steps - 1)], ticks[size_t(steps - 1)]);  // older, flushing
   carry_across_steps(s);
+  const std::vector<StreamStep> kept = s.stream_vocab;
+  pull_next_forwards(s, lists, ticks, early);
   s.passes = s.stream_vocab[1].passes;
+  if (!validate(s).ok) s.stream_vocab = kept, s.passes = s.stream_vocab[1].passes;
   const Schedule one{ScheduleKind::k1F1B, s.pp, 1, m, s.stream_vocab[2].steps, s.stream_vocab[2].passes};
   const ScheduleCheck with = validate(one);
   LOOM_ASSERT(with.ok, "a one-step stream with vocabulary passes does not finish: ", with.problem);
@@ -236,7 +327,11 @@ int first_stage_buffers(const std::vector<PipeStep>& list, const std::vector<Voc
   auto absent = [](const std::vector<int>& of, const std::vector<int>& in) {
     return int(std::count_if(of.begin(), of.end(), [&](int j) { return std::find(in.begin(), in.end(), j) == in.end(); }));
   };
-  const int ahead = int(std::count_if(looked.begin(), looked.end(), [m](int j) { return j >= m; }));
+  // (the next step's lookups its first forwards here do not take: Note [The next step's first
+  // forwards ahead])
+  const int ahead = int(std::count_if(looked.begin(), looked.end(), [&](int j) {
+    return j >= m && std::find(forwarded.begin(), forwarded.end(), j) == forwarded.end();
+  }));
   int held = absent(forwarded, looked) + absent(carried, backward), peak = held;
   for (const PipeStep& st : list) {
     if (st.phase == Phase::kV) {  // its gradients carried first, then its lookups made

@@ -110,11 +110,16 @@ bool run_vocab_pass(const Setup& s, const Lists& lists, const std::vector<parall
   add_to(cost, s.vocab_embed, double(v.embed.size()));
   add_to(cost, s.vocab_embed_grad, double(v.embed_grad.size()));
   if (v.update) cost.compute += update_s(s, s.vocab_params);
+  // Note [The next step's first forwards ahead]: the update aside copies the vocabulary slices
+  // first, and the take copies them back (each a read and a write of the slices).
+  const double copy_s = memory_time_s(s.cluster.device, 2 * s.wbytes * s.vocab_params);
+  if (v.aside || v.take) cost.compute += copy_s;
   for (const RankState& rs : ranks) start = std::max(start, rs.free_at);
   for (size_t r = 0; r < ranks.size(); ++r) {
     RankState& rs = ranks[r];
     add_to(rs.spent, cost);
     rs.vocab_updated = rs.vocab_updated || v.update;
+    rs.vocab_aside = rs.vocab_aside || v.aside;
     rs.free_at = start + cost.total();
     ++rs.next;
     if (events)  // a pipeline step, as the engine's trace has it (loom compare counts it as busy)

@@ -10,7 +10,8 @@ namespace loom {
 
 TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline, bool stash)
     : model_(model), pipeline_(pipeline),
-      vocab_(model.vocab_range().count) {  // a leading run (Model::vocab_range asserts offset 0)
+      vocab_(model.vocab_range().count),  // a leading run (Model::vocab_range asserts offset 0)
+      memory_(memory) {
   if (!pipeline_ || stash) {  // Note [Early stash]: the last stage reads none
     huge_resize(stash_, model.params().size(), 0.0f);  // Note [Huge pages]: walked whole each step
     memory.track(memory.category("params"), stash_.data(), int64_t(stash_.size() * sizeof(float)));
@@ -38,6 +39,9 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
   };
   o.after_backward = [this](int) {
     if (on_backward) on_backward();
+  };
+  o.ahead = [this] {  // Note [The next step's first forwards ahead]
+    if (updates_into_stash(flush_) && on_ahead) on_ahead();
   };
   flush_ = flush;
   pending_batch_ = step - 1;
@@ -77,12 +81,36 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
     float* g = model_.grads().data();
     std::swap_ranges(g, g + vocab_, pending_.data());
   };
-  o.vocab_update = [this, step] {
+  o.vocab_update = [this, step](bool aside) {
     if (!started_) return;  // the stream's first step: no pending gradient, no update at its end
     LOOM_ASSERT(has_pending_, "the vocabulary tensors' update before the pending gradient");
-    if (on_vocab_update) on_vocab_update(pending_, step);
+    if (aside && aside_.empty()) {
+      aside_.resize(size_t(vocab_));
+      memory_.track(memory_.category("params"), aside_.data(), vocab_ * int64_t(sizeof(float)));
+    }
+    if (on_vocab_update) on_vocab_update(pending_, step, aside ? &aside_ : nullptr);
+    aside_live_ = aside;
+  };
+  // Note [The next step's first forwards ahead]
+  o.vocab_take = [this] {
+    if (!aside_live_) return;  // (no update this step: the stream's first)
+    const Spans::Scope busy = update_scope(false);
+    std::copy(aside_.begin(), aside_.end(), model_.params().begin());
+    aside_live_ = false;
+  };
+  o.lookup_aside = [this](bool on) {
+    if (aside_live_) bind_aside(on);
   };
   return o;
+}
+
+// The units within the vocabulary tensors (the lookup's) bound to the aside copy, or back.
+void TwoBwState::bind_aside(bool on) {
+  for (int u = 0; u < model_.units(); u++) {
+    const FlatRange r = model_.unit_range(u);
+    if (r.count > 0 && r.offset + r.count <= vocab_)
+      model_.bind_unit_params(u, on ? aside_.data() + r.offset : nullptr);
+  }
 }
 
 void TwoBwState::complete_part() {
@@ -126,10 +154,13 @@ void TwoBwState::take_stash_as_params() {
   // step's end]); the stash's copy of them is read by nothing.
   std::copy(model_.params().begin(), model_.params().begin() + vocab_, stash_.begin());
   model_.swap_params(stash_);
+  stash_taken_ = true;
 }
 
 void TwoBwState::after_updates(bool flush) {
+  LOOM_ASSERT(!aside_live_, "a 2bw step ended with its vocabulary update aside, not taken");
   has_pending_ = false;
+  stash_taken_ = false;
   started_ = !flush;
   if (flush) stash_valid_ = false;
 }

@@ -105,8 +105,15 @@ class TwoBwState final : public StreamPart {
   // Pipeline, under pp_vocab: called in step `step`'s pass that updates the vocabulary tensors
   // (the pending gradient's leading vocab_floats()) with the pending gradient (Note [Vocabulary
   // passes across a step's end] in parallel/schedule.h); the step's end then updates the rest.
-  std::function<void(std::vector<float>& pending, int64_t step)> on_vocab_update;
+  // `aside`: into that buffer (laid out as the leading vocab_floats() of the parameters), not the
+  // parameters (Note [The next step's first forwards ahead]).
+  std::function<void(std::vector<float>& pending, int64_t step, std::vector<float>* aside)> on_vocab_update;
   int64_t vocab_floats() const { return vocab_; }
+  // Pipeline, a stage with a stash: called before the next step's first forward when this step
+  // runs it (Note [The next step's first forwards ahead]): the rest of the stash written and
+  // taken as the weights (take_stash_as_params), which the step's end then leaves as they are.
+  std::function<void()> on_ahead;
+  bool stash_taken() const { return stash_taken_; }
 
  private:
   void bind(bool previous);
@@ -125,6 +132,13 @@ class TwoBwState final : public StreamPart {
   bool stash_valid_ = false;    // reference: the step computes on the stash
   bool bound_previous_ = false;  // pipeline: the stash is bound
   bool flush_ = false;           // pipeline: the step running flushes
+  bool stash_taken_ = false;     // this step took the stash as its weights already
+  // Note [The next step's first forwards ahead]: W(t)'s vocabulary tensors, written by an `aside`
+  // update and read by the next step's lookups until the step's `take` copies them over.
+  std::vector<float> aside_;
+  bool aside_live_ = false;
+  MemoryTracker& memory_;
+  void bind_aside(bool on);
   int64_t pending_batch_ = -1;   // pipeline: the batch the pending gradient is of
   Trace* trace_ = nullptr;       // pipeline: Note [Measured bubble]
 };

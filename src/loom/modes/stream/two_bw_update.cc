@@ -48,7 +48,7 @@ Updater::Result Updater::step_two_bw(double local_loss, double, int64_t step, bo
     if (pending && vocab_applied_) {
       r.norm = pending_norm_;
       const Spans::Scope busy = s.update_scope(flush);
-      update_ranges(g, r.norm, lr_at(cfg_.optim, u.batch, cfg_.train.steps),
+      update_ranges(e_.model.params(), g, r.norm, lr_at(cfg_.optim, u.batch, cfg_.train.steps),
                     subtract(adamw_.owned(), {0, s.vocab_floats()}), true);
       continue;
     }
@@ -118,8 +118,11 @@ void Updater::write_stash(int64_t to) {
   u.next = to;
 }
 
-// The step's end: the rest of the stash, the step counted, the buffers exchanged.
+// The step's end, or before the next step's first forward when this step runs it (Note [The
+// next step's first forwards ahead] in parallel/schedule.h): the rest of the stash, the step
+// counted, the buffers exchanged, once.
 double Updater::finish_in_stash() {
+  if (two_bw_->stash_taken()) return pending_norm_;
   if (!stash_update_.ready) prepare_stash_update(true);
   {
     const Spans::Scope busy = two_bw_->update_scope(false);
@@ -133,15 +136,17 @@ double Updater::finish_in_stash() {
 
 // Note [Vocabulary passes across a step's end]: the vocabulary run's update mid-step, the rest
 // at the step's end; AdamW being elementwise, each float gets the bits one update would give.
-void Updater::update_vocab(std::vector<float>& pending, int64_t step) {
+void Updater::update_vocab(std::vector<float>& pending, int64_t step, std::vector<float>* aside) {
   LOOM_ASSERT(!vocab_applied_ && (norm_started_ || pending_norm_ >= 0),
               "the vocabulary tensors' update before the pending norm's sum");
   const double norm = pending_norm(true);
   vocab_applied_ = true;
   const int64_t n = int64_t(pending.size()), vocab = two_bw_->vocab_floats();
   const Spans::Scope busy = two_bw_->update_scope(false);  // Note [Measured bubble]: after the wait
-  update_ranges(pending, norm, lr_at(cfg_.optim, step - 1, cfg_.train.steps), subtract(adamw_.owned(), {vocab, n - vocab}),
-                false);
+  std::vector<float>& params = aside ? *aside : e_.model.params();
+  if (aside) std::copy(e_.model.params().begin(), e_.model.params().begin() + vocab, aside->begin());
+  update_ranges(params, pending, norm, lr_at(cfg_.optim, step - 1, cfg_.train.steps),
+                subtract(adamw_.owned(), {vocab, n - vocab}), false);
 }
 
 double Updater::pending_norm(bool wait) {
@@ -153,11 +158,11 @@ double Updater::pending_norm(bool wait) {
   return pending_norm_ = std::sqrt(take_pending_norm() / e_.rc.dp_size);  // every dp replica counted the same gradient
 }
 
-void Updater::update_ranges(std::vector<float>& g, double norm, double lr, const std::vector<FlatRange>& ranges,
-                            bool counts_step) {
+void Updater::update_ranges(std::vector<float>& params, std::vector<float>& g, double norm, double lr,
+                            const std::vector<FlatRange>& ranges, bool counts_step) {
   const float coef = clip_scale(g, norm, ranges);
   const int64_t t = adamw_.steps_taken() + 1;
-  adamw_.step_ranges(e_.model.ops(), e_.model.params(), g, lr, t, ranges, coef);
+  adamw_.step_ranges(e_.model.ops(), params, g, lr, t, ranges, coef);
   if (counts_step) adamw_.set_steps_taken(t);
 }
 

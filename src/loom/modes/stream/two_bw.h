@@ -17,6 +17,9 @@
 // [Vocabulary passes ahead]), so it never reads a stash and holds none (stream_param_copies):
 // two of its five passes a step over its parameters saved, on the stage that holds the head
 // and, in a GPT, the tied table; it updates in place at the step's end.
+// Under pp_vocab a step that runs the next step's first forwards exchanges the buffers just
+// before the first of them instead (Note [The next step's first forwards ahead] in
+// parallel/schedule.h), and updates its vocabulary tensors aside until its last head is done.
 // A flushing step also finishes its own gradient (the cool-down backwards) and applies it
 // after the pending one; the next step starts the stream again. Under pp_vocab the tensors the
 // vocabulary passes add to (Model::vocab_range()) complete apart: the step's first pass moves

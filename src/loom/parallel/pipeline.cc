@@ -97,10 +97,9 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, int pp_rank, Model& mod
 }
 
 // Note [Pipeline streams]: a micro-batch's tag on the wire - its step's set of m, the sets
-// cycling over depth + 1 steps - so a message sent in one step and received in a later one
-// keeps its tag.
-// Note [The next step's first forwards ahead]: micro-batch m + i is the next step's i, tagged as
-// the receiver's next step takes it.
+// cycling over depth + 2 steps - so a message sent in one step and received in a later one
+// keeps its tag; micro-batch m + i is the next step's i (Note [The next step's first forwards
+// ahead]), tagged as the receiver's next step takes it.
 int PipelineRunner::wire_micro(int micro) const {
   if (!streams_) return micro;
   const int m = schedule_.micro_batches, sets = depth_ + 2;

@@ -115,6 +115,7 @@ bool same_steps(const std::vector<PipeStep>& a, const std::vector<PipeStep>& b) 
 void pull_next_forwards(Schedule& s, const std::vector<Lists>& lists, const std::vector<std::vector<std::vector<int>>>& ticks,
                         bool early) {
   const int m = s.micro_batches;
+  const std::vector<StreamStep> kept = s.stream_vocab;
   const StageSite first = s.site(0), last = s.site(s.pp - 1);
   std::vector<StreamStep>& v = s.stream_vocab;
   if (!v[1].passes[size_t(m)].update) return;
@@ -149,6 +150,13 @@ void pull_next_forwards(Schedule& s, const std::vector<Lists>& lists, const std:
       LOOM_ASSERT(before != list.rend(), "no pass before the moved forwards on rank ", r);
       aside = before->micro_batch;
     }
+    // The update needs the step before's whole gradient: no trailing embedding gradient after it.
+    for (size_t k = size_t(aside + 2); k < step.passes.size(); ++k)
+      for (int j : step.passes[k].embed_grad)
+        if (j < 0) {
+          s.stream_vocab = kept;
+          return;
+        }
     std::vector<int>& late = step.passes[size_t(m)].embed;
     std::vector<int>& early_lookups = step.passes[size_t(aside + 1)].embed;
     for (const PipeStep& st : pulled[size_t(first.rank)]) {
@@ -201,10 +209,10 @@ void add_stream_vocab_passes(Schedule& s, bool early) {
   fill(2, once.steps, alone.step_tick);         // age 0, flushing
   fill(3, lists[size_t(steps - 1)], ticks[size_t(steps - 1)]);  // older, flushing
   carry_across_steps(s);
-  const std::vector<StreamStep> kept = s.stream_vocab;
+  const std::vector<StreamStep> carried = s.stream_vocab;
   pull_next_forwards(s, lists, ticks, early);
   s.passes = s.stream_vocab[1].passes;
-  if (!validate(s).ok) s.stream_vocab = kept, s.passes = s.stream_vocab[1].passes;
+  if (!validate(s).ok) s.stream_vocab = carried, s.passes = s.stream_vocab[1].passes;
   const Schedule one{ScheduleKind::k1F1B, s.pp, 1, m, s.stream_vocab[2].steps, s.stream_vocab[2].passes};
   const ScheduleCheck with = validate(one);
   LOOM_ASSERT(with.ok, "a one-step stream with vocabulary passes does not finish: ", with.problem);

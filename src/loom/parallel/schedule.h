@@ -121,6 +121,8 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // bubble 5.2% and 2bw's 1.7% with the passes, both running ahead of them (Note [Vocabulary
 // passes ahead]; 15.3% and 13.2% at the plain lag), and 2bw's step 2% shorter than 1F1B's (4.9%
 // and 1% longer while V(-1) and V(m) held each step's ends); 38.1% and 34.6% without the passes.
+// (2bw since runs the next step's first forwards ahead: 0.25%, its floor, and its step 3.1%
+// shorter than 1F1B's; Note [The next step's first forwards ahead].)
 // In the engine (PipelineRunner::Stream in pipeline.h, TwoBwState) the passes compute on the
 // current weights, and the tensors they add to keep two steps' gradients apart while trailing
 // embedding gradients are carried.

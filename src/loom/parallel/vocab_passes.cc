@@ -115,10 +115,14 @@ bool same_steps(const std::vector<PipeStep>& a, const std::vector<PipeStep>& b) 
 void pull_next_forwards(Schedule& s, const std::vector<Lists>& lists, const std::vector<std::vector<std::vector<int>>>& ticks,
                         bool early) {
   const int m = s.micro_batches;
-  const std::vector<StreamStep> kept = s.stream_vocab;
   const StageSite first = s.site(0), last = s.site(s.pp - 1);
   std::vector<StreamStep>& v = s.stream_vocab;
   if (!v[1].passes[size_t(m)].update) return;
+  // The update moves to V(m - 2) (the first stage's pass before the moved forwards, asserted
+  // below) and needs the step before's whole gradient: no trailing embedding gradient after it.
+  for (size_t k = size_t(m); k < v[1].passes.size(); ++k)
+    for (int j : v[1].passes[k].embed_grad)
+      if (j < 0) return;
   const std::vector<std::vector<PipeStep>> pulled = forwards_before_last_head(lists, ticks, 0, m, last, early);
   const std::vector<std::vector<PipeStep>> again = forwards_before_last_head(lists, ticks, 1, m, last, early);
   if (pulled.empty() || again.empty() || pulled[size_t(first.rank)].empty()) return;
@@ -147,16 +151,10 @@ void pull_next_forwards(Schedule& s, const std::vector<Lists>& lists, const std:
       if (int(r) != first.rank) continue;
       const auto before = std::find_if(std::make_reverse_iterator(at - std::ptrdiff_t(pulled[r].size())), list.rend(),
                                        [](const PipeStep& st) { return st.phase == Phase::kV; });
-      LOOM_ASSERT(before != list.rend(), "no pass before the moved forwards on rank ", r);
+      LOOM_ASSERT(before != list.rend() && before->micro_batch == m - 2, "the moved forwards on rank ", r,
+                  " do not follow V(", m - 2, ")");
       aside = before->micro_batch;
     }
-    // The update needs the step before's whole gradient: no trailing embedding gradient after it.
-    for (size_t k = size_t(aside + 2); k < step.passes.size(); ++k)
-      for (int j : step.passes[k].embed_grad)
-        if (j < 0) {
-          s.stream_vocab = kept;
-          return;
-        }
     std::vector<int>& late = step.passes[size_t(m)].embed;
     std::vector<int>& early_lookups = step.passes[size_t(aside + 1)].embed;
     for (const PipeStep& st : pulled[size_t(first.rank)]) {

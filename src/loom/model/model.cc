@@ -314,6 +314,13 @@ void Model::bind_unit_params(int unit, float* base) {
   for (auto [field, at] : unit_fields_[size_t(unit)]) *field = b + at;
 }
 
+void Model::bind_params(float* base, int64_t end) {
+  for (int u = 0; u < units(); u++) {
+    const FlatRange r = unit_range(u);
+    if (r.count > 0 && r.offset + r.count <= end) bind_unit_params(u, base ? base + r.offset : nullptr);
+  }
+}
+
 float* Model::full_tmp() const { return acts_->full_tmp; }
 const void* Model::activation_storage() const { return acts_->storage.get(); }
 

@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <utility>
@@ -204,6 +205,10 @@ class Model {
   // flat buffer, from the unit's first tensor on (a gathered copy elsewhere); nullptr points
   // them back at params().
   void bind_unit_params(int unit, float* base);
+  // Every unit that ends within the leading `end` floats of the flat layout bound to `base` laid
+  // out as params() (base + the unit's offset); nullptr points them back at params(). A weight
+  // version kept beside the parameters (2bw's stash, pipedream's, 2bw's aside vocabulary copy).
+  void bind_params(float* base, int64_t end = std::numeric_limits<int64_t>::max());
   // The flat range from a unit's first tensor to the end of its last ({0, 0}: not in this part).
   FlatRange unit_range(int unit) const {
     return unit_offset_[size_t(unit)] < 0 ? FlatRange{0, 0}

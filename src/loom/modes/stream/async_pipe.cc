@@ -44,11 +44,7 @@ AsyncPipeState::AsyncPipeState(const Config& cfg, ScheduleKind kind, Model& mode
   }
 }
 
-void AsyncPipeState::bind(float* base) {
-  for (int u = 0; u < model_.units(); u++)
-    if (model_.unit_range(u).count > 0)
-      model_.bind_unit_params(u, base ? base + model_.unit_range(u).offset : nullptr);
-}
+void AsyncPipeState::bind(float* base) { model_.bind_params(base); }
 
 int AsyncPipeState::depth(int64_t batch, int tau) const {
   return int(std::min<int64_t>(batch - stream_start_, tau));

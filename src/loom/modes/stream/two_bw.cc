@@ -24,9 +24,7 @@ TwoBwState::TwoBwState(Model& model, MemoryTracker& memory, bool pipeline, bool 
 
 void TwoBwState::bind(bool previous) {
   LOOM_ASSERT(!previous || !stash_.empty(), "a trailing backward on the 2bw stage that holds no stash");
-  for (int u = 0; u < model_.units(); u++)
-    if (model_.unit_range(u).count > 0)
-      model_.bind_unit_params(u, previous ? stash_.data() + model_.unit_range(u).offset : nullptr);
+  model_.bind_params(previous ? stash_.data() : nullptr);
 }
 
 std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t step, bool flush) {
@@ -98,19 +96,10 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
     std::copy(aside_.begin(), aside_.end(), model_.params().begin());
     aside_live_ = false;
   };
-  o.lookup_aside = [this](bool on) {
-    if (aside_live_) bind_aside(on);
+  o.lookup_aside = [this](bool on) {  // the units within the vocabulary tensors: the lookup's
+    if (aside_live_) model_.bind_params(on ? aside_.data() : nullptr, vocab_);
   };
   return o;
-}
-
-// The units within the vocabulary tensors (the lookup's) bound to the aside copy, or back.
-void TwoBwState::bind_aside(bool on) {
-  for (int u = 0; u < model_.units(); u++) {
-    const FlatRange r = model_.unit_range(u);
-    if (r.count > 0 && r.offset + r.count <= vocab_)
-      model_.bind_unit_params(u, on ? aside_.data() + r.offset : nullptr);
-  }
 }
 
 void TwoBwState::complete_part() {

@@ -141,7 +141,6 @@ class TwoBwState final : public StreamPart {
   std::vector<float> aside_;
   bool aside_live_ = false;
   MemoryTracker& memory_;
-  void bind_aside(bool on);
   int64_t pending_batch_ = -1;   // pipeline: the batch the pending gradient is of
   Trace* trace_ = nullptr;       // pipeline: Note [Measured bubble]
 };

@@ -348,7 +348,9 @@ void PipelineRunner::vocab_pass(const VocabPass& p, bool last_carried, const Bat
     vocab_tokens_.erase(looked);
   }
   if (last_carried && stream->vocab_pending) stream->vocab_pending(false);
+  const bool take = p.take && stream && stream->vocab_take;
   if (p.head >= 0) {
+    if (take) stream->vocab_take(true);  // the head reads W(t - 1)'s rows
     batch(p.head, tok.data(), tgt.data());
     const int last_chunk = model_.chunks() - 1;
     const int slot = holds_head() ? slot_of_[size_t(last_chunk)][size_t(index_of(p.head))] : -1;
@@ -360,7 +362,7 @@ void PipelineRunner::vocab_pass(const VocabPass& p, bool last_carried, const Bat
   // Note [Vocabulary passes across a step's end]: W(t)'s rows before the next step's lookups,
   // aside while a later head still reads W(t - 1)'s (Note [The next step's first forwards ahead]).
   if (p.update && stream && stream->vocab_update) stream->vocab_update(p.aside);
-  if (p.take && stream && stream->vocab_take) stream->vocab_take();
+  if (take) stream->vocab_take(false);
   for (int j : p.embed) {
     batch(j, tok.data(), tgt.data());
     const bool next = j >= schedule_.micro_batches && stream && stream->lookup_aside;

@@ -96,8 +96,9 @@ class PipelineRunner {
   // update before the next step's lookups (Note [Vocabulary passes across a step's end]); `batch`
   // then gives micro-batch m + i for the next step's i. Note [The next step's first forwards
   // ahead] (parallel/schedule.h): an `aside` update goes into a copy, which lookup_aside(true /
-  // false) binds around each of the next step's lookups until vocab_take(), in the pass marked
-  // `take` after its head, copies it over the tensors; ahead() runs before the first of the
+  // false) binds around each of the next step's lookups until vocab_take(false), in the pass
+  // marked `take` after its head, copies it over the tensors (vocab_take(true) before that head,
+  // which reads W(t - 1)'s tensors, wherever the stream keeps them); ahead() runs before the first of the
   // next step's forwards this step runs (m + i), which compute on the next step's weights.
   struct Stream {
     int age = 0;
@@ -109,7 +110,7 @@ class PipelineRunner {
     std::function<void(bool begin)> vocab_pending;
     std::function<void()> swap_vocab;
     std::function<void(bool aside)> vocab_update;
-    std::function<void()> vocab_take;
+    std::function<void(bool before_head)> vocab_take;
     std::function<void(bool on)> lookup_aside;
     std::function<void()> ahead;
   };

@@ -161,7 +161,10 @@ using ScheduleKind = loom::ScheduleKind;  // core/config.h, named by schedule_na
 // `take`s the copy over them after its head. Same values in the same order: the runs stay bit
 // for bit what they were (TwoBw.*, PpVocab.*). Cost: two copies of each rank's vocabulary
 // slices a step, and the copy's memory. Simulated bubbles at pp 2, m 8: A 3.9 -> 0.1%, M 4.0 ->
-// 0.2%, B 1.8 -> 0.2%, each its floor.
+// 0.2%, B 1.8 -> 0.2%, each its floor. A stage with a stash (Note [Early stash]) updates aside
+// into the stash's rows instead: the exchange makes them its parameters' and W(t - 1)'s the
+// stash's, where V(m - 1)'s head then reads them (bound there around it): one copy a step (it
+// copied them twice, and a third time at the exchange), and no copy's memory.
 //
 // F: forward. B: backward; the input gradient only when the schedule splits backward.
 // W: the weight gradient of a split backward. V: a vocabulary pass (above).

@@ -51,7 +51,8 @@ struct RankState {
   int send_copies = 0;    // a stream: the input gradients in flight across a step's end (Note [Stream gradient sends])
   // Note [Vocabulary passes across a step's end]: a pass updated the vocabulary slices (not the step's end).
   bool vocab_updated = false;
-  // Note [The next step's first forwards ahead]: a pass updated them aside, into a copy (memory).
+  // Note [The next step's first forwards ahead]: a pass updated them aside, into a copy (memory
+  // where no stash holds them).
   bool vocab_aside = false;
   // Note [2BW's update in the waits] (modes/stream/two_bw_update.cc): a stream step's waits
   // before its own backwards (micro-batches from own_from on, past the trailing ones), [from,

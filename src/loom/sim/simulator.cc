@@ -344,7 +344,8 @@ MemoryBreakdown rank_memory(const Setup& s, int64_t r, const RankState& st, cons
   // Note [Pipeline streams]: 2bw's second version and pending gradient, pipedream's stashes,
   // pipemare's velocity and corrected weights.
   mem.params *= stream_param_copies(par.schedule, int(s.pp), int(r));
-  if (st.vocab_aside) mem.params += s.wbytes * s.vocab_params;  // Note [The next step's first forwards ahead]
+  // Note [The next step's first forwards ahead]: the copy, where no stash holds W(t)'s rows.
+  if (st.vocab_aside && stream_param_copies(par.schedule, int(s.pp), int(r)) < 2) mem.params += s.wbytes * s.vocab_params;
   mem.grads *= stream_grad_copies(par.schedule, int(s.pp));
   if (offload)  // the moments leave; their sub-group buffers stay (fp32 masters too, in mixed precision)
     mem.optimizer += double(s.plan.cfg.offload.buffer_bytes(int64_t(moment_floats / 2))) - 4 * moment_floats;

@@ -64,9 +64,13 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
     }
     complete_part();
   };
-  if (vocab_ == 0) return o;
-  // Note [Vocabulary passes in a stream]: the vocabulary tensors' part, which the step's
-  // first pass moves and its trailing embedding gradients then add to.
+  if (vocab_ > 0) vocab_hooks(o, step);
+  return o;
+}
+
+// Note [Vocabulary passes in a stream]: the vocabulary tensors' part, which the step's first
+// pass moves and its trailing embedding gradients then add to, and their update in a pass.
+void TwoBwState::vocab_hooks(parallel::PipelineRunner::Stream& o, int64_t step) {
   o.vocab_pending = [this](bool begin) {
     if (!started_) return;
     if (!begin) return complete_part();
@@ -82,24 +86,30 @@ std::optional<parallel::PipelineRunner::Stream> TwoBwState::executor(int64_t ste
   o.vocab_update = [this, step](bool aside) {
     if (!started_) return;  // the stream's first step: no pending gradient, no update at its end
     LOOM_ASSERT(has_pending_, "the vocabulary tensors' update before the pending gradient");
-    if (aside && aside_.empty()) {
+    // Note [The next step's first forwards ahead]: a stage with a stash writes W(t)'s rows into
+    // the stash's, which the exchange makes the parameters' (no copy back).
+    vocab_in_stash_ = aside && updates_into_stash(flush_) && !stash_taken_;
+    if (aside && !vocab_in_stash_ && aside_.empty()) {
       aside_.resize(size_t(vocab_));
       memory_.track(memory_.category("params"), aside_.data(), vocab_ * int64_t(sizeof(float)));
     }
-    if (on_vocab_update) on_vocab_update(pending_, step, aside ? &aside_ : nullptr);
-    aside_live_ = aside;
+    if (on_vocab_update) on_vocab_update(pending_, step, !aside ? nullptr : vocab_in_stash_ ? &stash_ : &aside_);
+    aside_live_ = aside && !vocab_in_stash_;
   };
   // Note [The next step's first forwards ahead]
-  o.vocab_take = [this] {
-    if (!aside_live_) return;  // (no update this step: the stream's first)
+  o.vocab_take = [this](bool before_head) {
+    // In the stash: the head reads W(t - 1)'s rows, which the exchange, if made, left there.
+    if (vocab_in_stash_ && stash_taken_) model_.bind_params(before_head ? stash_.data() : nullptr, vocab_);
+    if (before_head || !aside_live_) return;  // (!aside_live_: no update this step, or it is in the stash)
     const Spans::Scope busy = update_scope(false);
     std::copy(aside_.begin(), aside_.end(), model_.params().begin());
     aside_live_ = false;
   };
   o.lookup_aside = [this](bool on) {  // the units within the vocabulary tensors: the lookup's
-    if (aside_live_) model_.bind_params(on ? aside_.data() : nullptr, vocab_);
+    // W(t)'s rows: the copy's, or the stash's until the exchange makes them the parameters'.
+    float* next = aside_live_ ? aside_.data() : vocab_in_stash_ && !stash_taken_ ? stash_.data() : nullptr;
+    if (next) model_.bind_params(on ? next : nullptr, vocab_);
   };
-  return o;
 }
 
 void TwoBwState::complete_part() {
@@ -139,9 +149,11 @@ bool TwoBwState::updates_into_stash(bool flush) const {
 
 void TwoBwState::take_stash_as_params() {
   LOOM_ASSERT(updates_into_stash(flush_) && !bound_previous_, "the stash taken as the weights outside a 2bw step's end");
-  // The vocabulary rows were updated in place, in a pass (Note [Vocabulary passes across a
-  // step's end]); the stash's copy of them is read by nothing.
-  std::copy(model_.params().begin(), model_.params().begin() + vocab_, stash_.begin());
+  // The vocabulary rows were updated in a pass (Note [Vocabulary passes across a step's end]):
+  // in place, then copied to the stash's, or aside into the stash's (Note [The next step's first
+  // forwards ahead]), which the exchange makes the parameters' and the parameters' (W(t - 1)'s,
+  // which a later head may read) the stash's.
+  if (!vocab_in_stash_) std::copy(model_.params().begin(), model_.params().begin() + vocab_, stash_.begin());
   model_.swap_params(stash_);
   stash_taken_ = true;
 }
@@ -149,7 +161,7 @@ void TwoBwState::take_stash_as_params() {
 void TwoBwState::after_updates(bool flush) {
   LOOM_ASSERT(!aside_live_, "a 2bw step ended with its vocabulary update aside, not taken");
   has_pending_ = false;
-  stash_taken_ = false;
+  stash_taken_ = vocab_in_stash_ = false;
   started_ = !flush;
   if (flush) stash_valid_ = false;
 }

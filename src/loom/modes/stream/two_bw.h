@@ -19,7 +19,8 @@
 // and, in a GPT, the tied table; it updates in place at the step's end.
 // Under pp_vocab a step that runs the next step's first forwards exchanges the buffers just
 // before the first of them instead (Note [The next step's first forwards ahead] in
-// parallel/schedule.h), and updates its vocabulary tensors aside until its last head is done.
+// parallel/schedule.h), and updates its vocabulary tensors aside until its last head is done,
+// on a stage with a stash into the stash's rows.
 // A flushing step also finishes its own gradient (the cool-down backwards) and applies it
 // after the pending one; the next step starts the stream again. Under pp_vocab the tensors the
 // vocabulary passes add to (Model::vocab_range()) complete apart: the step's first pass moves
@@ -120,6 +121,7 @@ class TwoBwState final : public StreamPart {
 
  private:
   void bind(bool previous);
+  void vocab_hooks(parallel::PipelineRunner::Stream& o, int64_t step);
 
   Model& model_;
   bool pipeline_;
@@ -140,6 +142,9 @@ class TwoBwState final : public StreamPart {
   // update and read by the next step's lookups until the step's `take` copies them over.
   std::vector<float> aside_;
   bool aside_live_ = false;
+  // A stage with a stash writes them into the stash's rows instead (no copy, no take), and its
+  // take pass's head reads W(t - 1)'s from the stash once the exchange made them its.
+  bool vocab_in_stash_ = false;
   MemoryTracker& memory_;
   int64_t pending_batch_ = -1;   // pipeline: the batch the pending gradient is of
   Trace* trace_ = nullptr;       // pipeline: Note [Measured bubble]

@@ -14,7 +14,10 @@
 # Note [Vocabulary passes]), e.g. SCHEDULES="1f1b 1f1b+v zb-h1+v". zb-v and interleaved run two
 # model chunks a rank (--vpp 2), the rest one.
 # PPS="2" runs only those pipeline depths (default "2 4"). A zb-h1 row also prints the Zero
-# Bubble paper's bubble for it at the run's F:B:W (of 1F1B's; 1F1B+v's for zb-h1+v) and the
+# Bubble paper's bubble for it at the run's F:B:W (of 1F1B's; 1F1B+v's for zb-h1+v), the points
+# over it with the floors out (the paper's share of 1F1B's bubble above 1F1B's measured floor,
+# against ZB-H1's bubble above its own: the paper's figure is for equal stages, and a rank the
+# machine slowed adds to both bubbles a floor no schedule removes), and the
 # least any schedule of its stages can have (zb_h1_figures; issue 55); a zb-v row that least
 # too (the floor with the ramp: ZB-V's rank r waits for stages 0 .. r - 1's first forwards).
 # REPEAT=N runs the whole set N times, one after another (so a disturbance of the machine falls
@@ -23,7 +26,7 @@
 # points of the simulator, the bubble over the measured floor, the error with each floor taken
 # out ((measured - floor m) - (predicted - floor p): the schedule's own bubble, where a rank the
 # machine slowed raises both measured figures alike), for zb-h1 rows the points over the
-# paper's figure (repetitions within 2), and for zb-h1 and zb-v rows the points over the least
+# paper's figure, as it is and with the floors out (repetitions within 2 each), and for zb-h1 and zb-v rows the points over the least
 # any schedule can have. Summary: repeat_summary below.
 # Needs a release build; calibrates the local cluster first unless it exists.
 # Usage: bench/pipeline_schedules.sh [steps] [configs...] [-- schedules...]
@@ -98,18 +101,22 @@ for line in sys.stdin:
     if not m: continue
     paper = re.search(r"paper ([0-9.]+)%", line)
     bound = re.search(r"any schedule >= ([0-9.]+)%", line)
+    out = re.search(r"floors out ([-+][0-9.]+) pt", line)
     rows.setdefault(m.group(1, 2, 3), []).append([float(x) for x in m.group(4, 5, 6, 7)] + [float(paper.group(1)) if paper else None]
-                                                 + [float(bound.group(1)) if bound else None])
+                                                 + [float(bound.group(1)) if bound else None, float(out.group(1)) if out else None])
 print("%-4s %-14s %-7s %3s %9s %9s %9s %8s %11s %11s  %s" % ("cfg", "layout", "sched", "n", "measured~", "predicted", "error~", "<= 3 pt", "over floor~", "floors out~", "paper"))
 for (c, layout, s), v in rows.items():
-    err = [m - p for m, p, fm, fp, _, _ in v]
-    papers = [m - pa for m, p, fm, fp, pa, _ in v if pa is not None]
-    bounds = [m - bd for m, p, fm, fp, _, bd in v if bd is not None]
-    note = "%+.1f pt (within 2 in %d of %d)" % (st.median(papers), sum(d <= 2 for d in papers), len(papers)) if papers else ""
+    err = [m - p for m, p, fm, fp, _, _, _ in v]
+    papers = [m - pa for m, p, fm, fp, pa, _, _ in v if pa is not None]
+    bounds = [m - bd for m, p, fm, fp, _, bd, _ in v if bd is not None]
+    outs = [o for *_, o in v if o is not None]
+    within = lambda ds: "(within 2 in %d of %d)" % (sum(d <= 2 for d in ds), len(ds))
+    note = "%+.1f pt %s" % (st.median(papers), within(papers)) if papers else ""
+    if outs: note += "; floors out %+.1f pt %s" % (st.median(outs), within(outs))
     if bounds: note += ("; " if note else "") + "%+.1f pt over any schedule" % st.median(bounds)
     print("%-4s %-14s %-7s %3d %8.1f%% %8.1f%% %+8.1f %5d/%-2d %+11.1f %+11.1f  %s" % (c, layout, s, len(v), st.median(x[0] for x in v),
           st.median(x[1] for x in v), st.median(err), sum(abs(e) <= 3 for e in err), len(v),
-          st.median(m - fm for m, p, fm, fp, _, _ in v), st.median((m - fm) - (p - fp) for m, p, fm, fp, _, _ in v), note))'
+          st.median(m - fm for m, p, fm, fp, *_ in v), st.median((m - fm) - (p - fp) for m, p, fm, fp, *_ in v), note))'
 }
 
 if (( ${REPEAT:-1} > 1 )); then  # the whole set REPEAT times, then the medians
@@ -170,13 +177,13 @@ row = [r for r in rows if r["category"] == "pipeline bubble"][0]
 floor = [r for r in rows if r["category"] == "bubble floor"][0]
 print(row["predicted"], row["measured"], floor["measured"], floor["predicted"])')
       tok=$best
-      [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok
-      [[ $sv == 1f1b+v && $split == - ]] && ref_v_bubble=$meas
+      [[ -z $ref_bubble ]] && ref_bubble=$meas ref_tok=$tok ref_floor=$floor
+      [[ $sv == 1f1b+v && $split == - ]] && ref_v_bubble=$meas ref_v_floor=$floor
       paper=""  # ZB-H1: the paper's share of 1F1B's bubble (1F1B+v's for zb-h1+v), at this run's F:B:W
-      ref=$ref_bubble; [[ -n $vocab ]] && ref=$ref_v_bubble
+      ref=$ref_bubble rf=$ref_floor; [[ -n $vocab ]] && ref=$ref_v_bubble rf=$ref_v_floor
       if [[ $s == zb-h1 && $split == - && -n $ref ]]; then  # default split only (its 1F1B is ref)
         read -r ratio fbw bound < <(zb_h1_figures "$tmp/m.json")
-        paper=$(/usr/bin/python3 -c "print('; paper %.1f%% (%.3f x %.1f%%, F:B:W %s ms), any schedule >= %.1f%%' % (100*$ratio*$ref, $ratio, 100*$ref, '$fbw', 100*$bound))")
+        paper=$(/usr/bin/python3 -c "print('; paper %.1f%% (%.3f x %.1f%%, F:B:W %s ms), floors out %+.1f pt, any schedule >= %.1f%%' % (100*$ratio*$ref, $ratio, 100*$ref, '$fbw', 100*(($meas - $floor) - $ratio*($ref - $rf)), 100*$bound))")
       elif [[ $s == zb-v ]]; then  # the ramp-aware bound too (ZB-V's rank r waits for stages 0 .. r - 1's F)
         read -r ratio fbw bound < <(zb_h1_figures "$tmp/m.json")
         paper=$(/usr/bin/python3 -c "print('; any schedule >= %.1f%%' % (100*$bound))")

@@ -17,8 +17,8 @@ usage: check_hosts.py LOOM
                save_every steps, and its final weights equal, bit for bit, a run resumed by hand
                from the same step on that layout;
   below-min:   --elastic 2:2 loses a host: it stops (fewer than MIN), and --resume auto goes on;
-  both:        --elastic 1:2, both ranks SIGKILLed at once, the local one first: the local host
-               is kept and the job re-forms on it.
+  both:        --elastic 1:2, the remote rank SIGKILLed and the local one at once after it (both
+               seen gone in one poll): the local host is kept and the job re-forms on it.
 A stopped remote host (its beats stop) is check_elastic_hosts.py's `hung` (label slow). Exits 77
 (ctest SKIP) where network namespaces cannot be made.
 """
@@ -56,11 +56,11 @@ def with_env(**kv):
     return env
 
 
-def kill_remote_after_a_save(proc, ckpt, local_first=False):
+def kill_remote_after_a_save(proc, ckpt, then_local=False):
     deadline = time.time() + 60
     while newest_step(ckpt) < 6 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
-    pids = [rank_pid(r, ckpt) for r in ((0, 1) if local_first else (1,))]
+    pids = [rank_pid(r, ckpt) for r in ((1, 0) if then_local else (1,))]
     if None in pids:
         fail("a rank's process was not found", proc.communicate()[0])
     for pid in pids:
@@ -116,13 +116,13 @@ def elastic(loom, work):
     rc, out, _ = run(loom, ckpt, steps, "--resume", "auto")
     expect(rc == 0 and f"step {steps}/{steps}" in out, f"the resume after a stop below MIN exited {rc}", out)
 
-    # Both ranks SIGKILLed at once, the local one first: its end is seen no later than the remote
-    # rank's loss, and its host, the supervisor's, is up (Watch::faulty in supervise.cc): the job
-    # re-forms there.
+    # The remote rank SIGKILLed and the local one at once after it, as Open MPI's abort can end
+    # it: both seen gone in one poll, the local one is the survivor (Watch::faulty in
+    # supervise.cc), its host the supervisor's, and the job re-forms there.
     ckpt = os.path.join(work, "both")
     proc = subprocess.Popen(cmd(loom, ckpt, 12, "--elastic", "1:2"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    kill_remote_after_a_save(proc, ckpt, local_first=True)
+    kill_remote_after_a_save(proc, ckpt, then_local=True)
     out = proc.communicate(timeout=180)[0]
     expect(proc.returncode == 0 and "lost 10.77.0.2; going on with 1 host (10.77.0.1:1)" in out and "step 12/12" in out,
            f"both ranks killed: rc {proc.returncode}", out)

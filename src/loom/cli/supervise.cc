@@ -236,9 +236,9 @@ struct Watch {
   // nor a rank on the supervisor's own host gone after another rank's failure was seen (its
   // host is up, the supervisor runs there: a survivor taken down by that failure, as Open
   // MPI's own abort sometimes ends one before loom's diagnosis; seen once in CI, when that
-  // host was dropped with the dead one's and the elastic job had none left); nor one gone there
-  // within kCollateral before (or in the same poll as) a rank of another host failing so: MPI's
-  // abort can outrun the lost connection's notice (seen in CI since; settle_suspects).
+  // host was dropped with the dead one's and the elastic job had none left), nor one seen gone
+  // in the same poll as a rank of another host gone so (the abort that ended it followed that
+  // rank's end by milliseconds: seen in CI since).
   std::vector<char> faulty;
   int signal = 0;      // the signal that stopped the supervisor, if any
   bool launcher_stuck = false;  // the job was ended as stuck (check_stuck)
@@ -249,7 +249,6 @@ struct Watch {
 // may stay stopped while the job runs (a stopped rank holds every collective until
 // comm.timeout_s, 300 s by default; a stopped mpirun holds MPI_Finalize and the output).
 constexpr auto kLauncherGrace = std::chrono::seconds(5);
-constexpr auto kCollateral = std::chrono::seconds(3);  // Watch::faulty
 constexpr auto kStopped = std::chrono::seconds(10);
 constexpr int kStoppedPolls = 100;  // and seen stopped this many polls in a row (~5 s of them)
 
@@ -352,19 +351,6 @@ void check_beats(pid_t child, const std::vector<pid_t>& pids, const Placement& a
   }
 }
 
-// Watch::faulty: a rank on the supervisor's host gone without a code before any failure was
-// seen (at suspect[r]) failed on its own account unless one of another host did (failed[q]:
-// when seen) within kCollateral of it.
-void settle_suspects(const std::vector<std::optional<Clock::time_point>>& suspect,
-                     const std::vector<std::optional<Clock::time_point>>& failed, Watch& w) {
-  for (size_t r = 0; r < suspect.size(); ++r) {
-    const auto near = [&](const std::optional<Clock::time_point>& f) {
-      return f && (*f > *suspect[r] ? *f - *suspect[r] : *suspect[r] - *f) <= kCollateral;
-    };
-    if (suspect[r] && std::none_of(failed.begin(), failed.end(), near)) w.faulty[r] = 1;
-  }
-}
-
 // Waits for mpirun, killing what outlives a failure's grace or a signal (see the Note).
 Watch supervise(pid_t child, int nproc, const std::string& status_dir, double timeout_s, double hang_s,
                 const Placement& at, const std::function<bool()>& want_stop, StderrRelay& relay, int& wstatus) {
@@ -373,7 +359,6 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
   w.faulty.assign(size_t(nproc), 0);
   std::vector<pid_t> pids(size_t(nproc), 0);
   std::vector<char> done(size_t(nproc), 0);
-  std::vector<std::optional<Clock::time_point>> suspect(static_cast<size_t>(nproc)), failed = suspect;  // settle_suspects
   std::optional<Clock::time_point> first_failure, kill_time, all_done;
   StoppedFor launcher;
   std::vector<StoppedFor> stopped_ranks = std::vector<StoppedFor>(size_t(nproc));
@@ -385,11 +370,12 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
     const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
     if (got == child) {
       for (int i = 0; i < 20 && relay.pump(50);) ++i;  // what mpirun wrote last, for up to 1 s
-      settle_suspects(suspect, failed, w);
       return w;
     }
     const auto now = Clock::now();
     const bool failure_seen = first_failure.has_value();  // in an earlier poll: ranks gone in this one went after
+    std::vector<int> local_gone;  // this poll's, faulty unless a rank of another host failed in it too (Watch)
+    bool remote_gone = false;
     for (int r = 0; r < nproc; ++r) {
       const std::string rs = std::to_string(r);
       if (!pids[size_t(r)]) pids[size_t(r)] = read_int(status_dir + "/pid-" + rs, 0);
@@ -399,10 +385,13 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       if (!gone) continue;
       done[size_t(r)] = 1;
       const bool local = pids[size_t(r)] > 0;  // (only ranks on the supervisor's host write a pid file)
-      if (code < 0 && !(failure_seen && local) && !kill_time && !w.launcher_stuck)
-        (local ? suspect : failed)[size_t(r)] = now, w.faulty[size_t(r)] = !local;
+      if (code < 0 && !(failure_seen && local) && !kill_time && !w.launcher_stuck) {
+        if (local) local_gone.push_back(r);
+        else w.faulty[size_t(r)] = 1, remote_gone = true;
+      }
       if (code != 0 && code != kStopToReform && !first_failure) first_failure = now, failed_rank = r;
     }
+    for (int r : local_gone) w.faulty[size_t(r)] = !remote_gone;
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
     if (want_stop && !stop_asked && !first_failure && want_stop()) at.request_stop(status_dir, nproc), stop_asked = true;
     check_stuck(child, pids, at, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);

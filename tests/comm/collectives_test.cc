@@ -99,18 +99,24 @@ TEST_P(Collectives, ReduceScatterAndAllGatherIncludingInPlace) {
   expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
     Group& g = w.world_group();
     const int r = w.global_rank();
+    // 70001 elements a block: several shared-memory rounds (Note [Shared-memory reduce-scatter]).
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(3001), size_t(70001)})
+      for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kShm}) {
+        // Block j of rank r's input holds (r + 1) * (j * 1000 + i); rank j gets n(n+1)/2 * that.
+        std::vector<float> in(count * n);
+        for (int j = 0; j < n; ++j)
+          for (size_t i = 0; i < count; ++i) in[j * count + i] = float((r + 1) * (j * 1000 + int(i % 100)));
+        std::vector<float> out(count);
+        g.reduce_scatter(std::span<const float>(in), std::span(out), ReduceOp::kSum, {a});
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[i], float(n * (n + 1) / 2 * (r * 1000 + int(i % 100)))) << algorithm_name(a);
+        // In place: the output is this rank's own block of the input.
+        std::span<float> own(in.data() + r * count, count);
+        g.reduce_scatter(std::span<const float>(in), own, ReduceOp::kAvg, {a});
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_FLOAT_EQ(own[i], (n + 1) / 2.0f * float(r * 1000 + int(i % 100))) << algorithm_name(a);
+      }
     for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(3001)}) {
-      // Block j of rank r's input holds (r + 1) * (j * 1000 + i); rank j gets n(n+1)/2 * that.
-      std::vector<float> in(count * n);
-      for (int j = 0; j < n; ++j)
-        for (size_t i = 0; i < count; ++i) in[j * count + i] = float((r + 1) * (j * 1000 + int(i % 100)));
-      std::vector<float> out(count);
-      g.reduce_scatter(std::span<const float>(in), std::span(out));
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], float(n * (n + 1) / 2 * (r * 1000 + int(i % 100))));
-      // In place: the output is this rank's own block of the input.
-      std::span<float> own(in.data() + r * count, count);
-      g.reduce_scatter(std::span<const float>(in), own, ReduceOp::kAvg);
-      for (size_t i = 0; i < count; ++i) ASSERT_FLOAT_EQ(own[i], (n + 1) / 2.0f * float(r * 1000 + int(i % 100)));
 
       std::vector<int64_t> mine(count), all(count * n);
       for (size_t i = 0; i < count; ++i) mine[i] = int64_t(r) * 100000 + int64_t(i);
@@ -123,6 +129,44 @@ TEST_P(Collectives, ReduceScatterAndAllGatherIncludingInPlace) {
       ASSERT_EQ(all2, all);
     }
   }));
+}
+
+// Note [Shared-memory reduce-scatter]: on random data rank r's output is, bit for bit, the
+// ring's: block r of rank r + 1, plus that of r + 2, ..., plus its own last, summed in float;
+// and the ring gives the same bits.
+TEST_P(Collectives, SharedMemoryReduceScatterGivesTheRingsBits) {
+  const int n = GetParam();
+  const size_t count = 70001;
+  std::random_device seed_source;
+  const unsigned seed = seed_source();
+  auto input = [&](int r) {
+    std::mt19937 rng(seed + unsigned(r));
+    std::normal_distribution<float> dist;
+    std::vector<float> x(count * size_t(n));
+    for (float& v : x) v = dist(rng);
+    return x;
+  };
+  std::vector<std::vector<float>> got(static_cast<size_t>(n)), ring(static_cast<size_t>(n));
+  expect_no_errors(run_threads(n, fast_options(), [&](World& w) {
+    const int r = w.global_rank();
+    const std::vector<float> in = input(r);
+    got[size_t(r)].assign(count, 0.0f);
+    ring[size_t(r)].assign(count, 0.0f);
+    w.world_group().reduce_scatter(std::span<const float>(in), std::span(got[size_t(r)]), ReduceOp::kSum,
+                                   {Algorithm::kShm});
+    w.world_group().reduce_scatter(std::span<const float>(in), std::span(ring[size_t(r)]), ReduceOp::kSum,
+                                   {Algorithm::kRing});
+  }));
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < n; ++r) inputs.push_back(input(r));
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(got[size_t(r)], ring[size_t(r)]) << "rank " << r << " seed " << seed;
+    for (size_t i = 0; i < count; ++i) {
+      float want = inputs[size_t((r + 1) % n)][size_t(r) * count + i];
+      for (int j = 2; j <= n; ++j) want += inputs[size_t((r + j) % n)][size_t(r) * count + i];
+      ASSERT_EQ(got[size_t(r)][i], want) << "rank " << r << " element " << i << " seed " << seed;
+    }
+  }
 }
 
 TEST_P(Collectives, BroadcastAndReduceFromEveryRoot) {

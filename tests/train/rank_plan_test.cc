@@ -99,7 +99,7 @@ TEST(RankPlan, SaysInTypesWhatEachRankDoes) {
   const std::vector<Case> cases = {
       {{}, GradPath::kNone, UpdateRule::kSynchronous},
       {{"parallel.dp=2"}, GradPath::kAllReduce, UpdateRule::kSynchronous},
-      {{"parallel.dp=2", "parallel.zero=1"}, GradPath::kAllReduce, UpdateRule::kSynchronous},
+      {{"parallel.dp=2", "parallel.zero=1"}, GradPath::kReduceScatter, UpdateRule::kSynchronous},
       {{"parallel.dp=2", "parallel.zero=2"}, GradPath::kShardEveryMicro, UpdateRule::kSynchronous},
       {{"parallel.dp=2", "parallel.zero=2", "parallel.pp=2"}, GradPath::kReduceScatter, UpdateRule::kSynchronous},
       {{"parallel.dp=2", "parallel.zero=3"}, GradPath::kShardEveryMicro, UpdateRule::kSynchronous},

@@ -390,6 +390,30 @@ void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_
   }
 }
 
+void shm_reduce_scatter(Link& l, SharedSegment& seg, std::span<const std::byte> in, std::span<std::byte> out,
+                        size_t count, DType dtype, ReduceOp op) {
+  const int n = l.size(), r = l.rank();
+  const size_t es = dtype_bytes(dtype);
+  if (n == 1 || count == 0) {  // every member skips alike, so the counters stay in step
+    if (count > 0) move_bytes(out.data(), in.data(), count * es);
+    return;
+  }
+  const size_t round = SharedSegment::kSlotBytes / (es * size_t(n));
+  for (size_t begin = 0; begin < count; begin += round) {
+    const uint64_t k = seg.next_chunk();  // numbered across calls, so slots keep alternating
+    const size_t len = std::min(round, count - begin);
+    auto sub = [&](int member, int block) {
+      return seg.region(member) + SharedSegment::kFlagBytes + (k % 2) * SharedSegment::kSlotBytes + size_t(block) * len * es;
+    };
+    for (int j = 0; j < n; ++j) std::memcpy(sub(r, j), in.data() + (size_t(j) * count + begin) * es, len * es);
+    shm_barrier(l, seg);
+    std::byte* acc = out.data() + begin * es;
+    std::memcpy(acc, sub(mod(r + 1, n), r), len * es);
+    for (int j = 2; j <= n; ++j) reduce_into(dtype, op, acc, sub(mod(r + j, n), r), len);
+    if (op == ReduceOp::kAvg) divide(dtype, acc, len, n);
+  }
+}
+
 void hierarchical_all_reduce(Link& intra, Link* inter, std::span<std::byte> buf, size_t count, DType dtype,
                              ReduceOp op, int group_size) {
   const ReduceOp step_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;

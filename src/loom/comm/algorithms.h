@@ -142,6 +142,23 @@ void shm_barrier(Link& l, SharedSegment& seg);
 // memory: a member stores its epoch and waits until every flag reaches it.
 void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_t count, DType dtype, ReduceOp op);
 
+// Note [Shared-memory reduce-scatter]
+// The reduce-scatter of a one-node group (in: count x size elements, block j for member j;
+// out: count elements, inside `in` or not) through the same regions, in rounds of len =
+// kSlotBytes / (size x element) elements of every block, numbered across calls like the
+// all-reduce's chunks (round k uses slot k % 2):
+//   1. each member copies the round's len elements of every block j into sub-slot j of its
+//      own slot;                                                   barrier
+//   2. member r sums sub-slot r of every slot into its output in the ring's order (member
+//      r + 1's first, then r + 2, ..., r itself last; ring_reduce_scatter's partial sums), so
+//      the bits are the ring's, whatever the placement; avg divides after.
+// Slot k % 2 is rewritten at round k + 2, after round k + 1's barrier, which no member passes
+// before it finished round k's step 2: one barrier a round. A member reads other members'
+// slots only, never their buffers, so an output inside the input is safe. Half the traffic of
+// shm_all_reduce, whose second half copies every piece back to every member.
+void shm_reduce_scatter(Link& l, SharedSegment& seg, std::span<const std::byte> in, std::span<std::byte> out,
+                        size_t count, DType dtype, ReduceOp op);
+
 // All-reduce over members on several nodes: all-reduce inside the node (shm when the node
 // shares memory, else recursive), ring all-reduce among node leaders (intra rank 0; `inter`
 // is non-null on leaders only), broadcast from the leader inside the node. avg divides by

@@ -136,6 +136,7 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link, std::optional<Trans
       else recursive_all_reduce(link, d.out, d.count, d.dtype, d.reduce);
       return;
     case OpKind::kReduceScatter:
+      if (a == Algorithm::kShm) return shm_reduce_scatter(link, *transport_->shared(), d.in, d.out, d.count, d.dtype, d.reduce);
       return ring_reduce_scatter(link, d.in, d.out, d.count, d.dtype, d.reduce,
                                  d.compression != Compression::kNone ? &ring_codec(d.compression) : nullptr);
     case OpKind::kAllGather: return ring_all_gather(link, d.in, d.out, d.count, d.dtype);

@@ -160,7 +160,7 @@ void check_batch(const Config& c, std::vector<std::string>& errs) {
 // data.bucketing (Note [Length bucketing] in data/length_buckets.h): rows of varying length
 // per micro-batch run on dp, tp and ZeRO; the pipeline runner and sequence parallelism size
 // their buffers and row splits for one fixed length.
-// comm.grad_dtype = bf16 runs the ring all-reduce (ZeRO 0/1) or reduce-scatter (ZeRO 2/3)
+// comm.grad_dtype = bf16 runs the ring all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1/2/3)
 // with bf16 messages (Note [Compressed all-reduce], Note [Ring codecs]).
 void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
   if (c.comm.grad_dtype == FloatFormat::kFp32) return;
@@ -172,7 +172,8 @@ void check_grad_dtype(const Config& c, std::vector<std::string>& errs) {
 }
 
 // Note [Adasum] (parallel/compress.h): recursive halving over a power-of-two dp group of
-// all-reduced (ZeRO 0/1), uncompressed gradients.
+// uncompressed gradients, whole buckets at the step's end under every ZeRO stage (Note
+// [Compressed ZeRO-2/3]).
 void check_adasum(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;
   if (p.dp < 2 || (p.dp & (p.dp - 1)) != 0)
@@ -238,8 +239,8 @@ void check_onebit_adam(const Config& c, std::vector<std::string>& errs) {
                    str(onebit_default_warmup(c.train.steps, c.optim.warmup_steps)));
 }
 
-// Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and the
-// all-reduce sync (ZeRO 0/1); the stateful ones keep residuals in gradient units, which
+// Note [Gradient compressors] (parallel/compress.h): every compressor needs dp >= 2 and reduces
+// whole buckets (under ZeRO too: Note [Compressed ZeRO-2/3]); the stateful ones keep residuals in gradient units, which
 // fp16's changing loss scale would corrupt.
 void check_compress(const Config& c, std::vector<std::string>& errs) {
   const ParallelConfig& p = c.parallel;

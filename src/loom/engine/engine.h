@@ -85,8 +85,10 @@ UpdateRule update_rule(const Engine& e);
 
 // Gradients to updated parameters, per ZeRO stage (Note [Sharded buckets]):
 //   stage 0: grads all-reduced in place; every rank clips and updates the whole buffer.
-//   stage 1: grads all-reduced; each rank updates its own pieces, then all-gathers them.
-//   stage 2: grads reduce-scattered (only the own pieces are reduced); as stage 1 after.
+//   stage 1: grads reduce-scattered at the step's last micro-batch (only the own pieces are
+//            reduced); each rank updates its own pieces, then all-gathers them.
+//   stage 2: as stage 1, the gradients sharded as backward makes them (Note [Unreduced
+//            gradients]; in a pipeline reduce-scattered at the last micro-batch, as stage 1).
 //   stage 3: as stage 2, but the parameters stay sharded: gathered copies are dropped.
 // Loss scaling (Note [Dynamic loss scaling]): backward starts from scaler().scale() times
 // the loss; step() divides the gradients by it (with the clipping coefficient, one pass)

@@ -40,6 +40,7 @@ SyncPart::SyncPart(const Config& cfg, const RankContext& rc, const parallel::Dat
   sync->set_compressors(compress, model.layout().specs());
   sync->set_qgz(cfg.parallel.zeropp_qgz);
   sync->hold_first_tensor(rc.embed != nullptr);
+  sync->keep_unowned(rc.zero == 1);
   sync->set_tracker(&memory);
   sync->measure_standalone();
   model.set_grad_ready_hook([sync](int first_final) { sync->on_ready(first_final); });

@@ -29,13 +29,14 @@
 // scaling); config validation refuses the rest.
 //
 // Note [Compressed ZeRO-2/3]
-// Under ZeRO-2/3 a compressed step reduces whole buckets as ZeRO 0/1 does and then keeps
+// Under ZeRO-1/2/3 a compressed step reduces whole buckets as ZeRO 0 does and then keeps
 // each rank's piece: the step's micro-batches accumulate the full gradient (no per-micro
 // reduce-scatter), the compressors (and Adasum) reduce each bucket once at the step's end,
-// and the pieces a rank does not own are handed back (Note [Resident memory]). So the
-// compressor's arithmetic, residuals and bits are ZeRO-1's, and ZeRO-2/3 differ from it only
-// in the optimizer's and the parameters' sharding; the gradient buffer is whole during the
-// step, as ZeRO-1's is. Exact (warm-up) steps reduce-scatter as usual. The bf16 and int8
+// and under ZeRO-2/3 the pieces a rank does not own are handed back (Note [Resident memory];
+// ZeRO-1 keeps its buffer whole). So the compressor's arithmetic, residuals and bits are ZeRO
+// 0's, and ZeRO-1/2/3 differ from it only in the optimizer's and the parameters' sharding; the
+// gradient buffer is whole during the step, as ZeRO 0's is. Exact (warm-up) steps
+// reduce-scatter as usual (ZeRO-1 at the last micro-batch). The bf16 and int8
 // codecs instead run in the reduce-scatter itself (Note [Ring codecs]).
 //
 // Note [1-bit Adam]

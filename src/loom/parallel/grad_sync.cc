@@ -136,7 +136,7 @@ void GradSync::set_compressors(const CompressSpec& spec, const std::vector<Param
 
 void GradSync::set_qgz(bool on) {
   LOOM_CHECK(!on || mode_ != Mode::kAllReduce, "parallel.zeropp_qgz quantises ZeRO-2/3's reduce-scatter; this sync "
-                                               "all-reduces (ZeRO 0/1)");
+                                               "all-reduces (ZeRO 0)");
   qgz_ = on;
 }
 
@@ -146,11 +146,14 @@ void GradSync::set_step(int64_t step) {
   if (compressing() && accordion_) accordion_->apply(compressors_);  // the settings a resume restored too
 }
 
-double GradSync::exact_wire_bytes() const {
+// A reduce-scatter is the ring all-reduce's first half (Note [Ring codecs]).
+double GradSync::ring_wire_bytes(CompressKind codec) const {
   double bytes = 0;
-  for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(CompressKind::kNone, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
-  return mode_ == Mode::kAllReduce ? bytes : bytes / 2;  // a reduce-scatter is half a ring all-reduce
+  for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(codec, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
+  return mode_ == Mode::kAllReduce ? bytes : bytes / 2;
 }
+
+double GradSync::exact_wire_bytes() const { return ring_wire_bytes(CompressKind::kNone); }
 
 double GradSync::wire_bytes() const {
   double bytes = 0;
@@ -163,10 +166,7 @@ double GradSync::wire_bytes() const {
     return bytes;
   }
   if (compression_ == comm::Compression::kNone) return exact_wire_bytes();
-  const CompressKind codec = compression_ == comm::Compression::kBF16 ? CompressKind::kBf16 : CompressKind::kInt8;
-  for (const Bucket& b : plan_.buckets) bytes += bucket_traffic(codec, 0, 0, {}, 0, -1, b.count, plan_.dp).wire_bytes(plan_.dp);
-  // A reduce-scatter is the ring all-reduce's first half (Note [Ring codecs]).
-  return mode_ == Mode::kAllReduce ? bytes : bytes / 2;
+  return ring_wire_bytes(compression_ == comm::Compression::kBF16 ? CompressKind::kBf16 : CompressKind::kInt8);
 }
 
 void GradSync::begin(float* grads) {
@@ -176,11 +176,20 @@ void GradSync::begin(float* grads) {
   begin_us_ = dp_.world().ledger().now_us();
 }
 
+// Bucket 0 (wte) whole under ZeRO 0; under ZeRO-1 its own piece, the rows added to that piece
+// only (on_embedding_rows): the update reads nothing else.
 void GradSync::on_tied_head_done() {
   if (!grads_ || !plan_.tied_first || next_ > 0 || compressing()) return;
   const Bucket& b = plan_.buckets[0];
-  pending_.push_back(dp_.all_reduce(std::span<float>(grads_ + b.offset, size_t(b.count)), comm::ReduceOp::kAvg,
-                                    {.async = true, .compression = compression_}));
+  const std::span<float> all(grads_ + b.offset, size_t(b.count));
+  const comm::CallOptions async{.async = true, .compression = compression_};
+  if (mode_ == Mode::kAllReduce) {
+    pending_.push_back(dp_.all_reduce(all, comm::ReduceOp::kAvg, async));
+  } else {
+    const size_t piece = size_t(b.count / plan_.dp);
+    pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
+                                          comm::ReduceOp::kAvg, async));
+  }
   pending_bucket_.push_back(0);
   next_ = 1;
 }
@@ -208,13 +217,18 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
   }
   dp_.all_gather(std::span<const int32_t>(tokens, size_t(m)), std::span<int32_t>(all_tok));
   dp_.all_gather(std::span<const float>(rows, size_t(m * C)), std::span<float>(all_rows));
-  float* wte = grads_ + plan_.buckets[0].offset;
+  // The floats of wte this rank keeps reduced: all of it, or its piece of bucket 0 (ZeRO-1).
+  const Bucket& b = plan_.buckets[0];
+  const int64_t piece = mode_ == Mode::kAllReduce ? b.count : b.count / dp;
+  const int64_t lo = mode_ == Mode::kAllReduce ? 0 : dp_.group_rank() * piece, hi = lo + piece;
+  float* wte = grads_ + b.offset;
   const float inv = 1.0f / float(dp);
   for (int r = 0; r < dp; r++)
     for (int64_t i = int64_t(r) * m; i < int64_t(r) * m + counts[size_t(r)]; i++) {
-      float* g = wte + int64_t(all_tok[size_t(i)]) * C;
+      const int64_t at = int64_t(all_tok[size_t(i)]) * C;
+      float* g = wte + at;
       const float* d = all_rows.data() + i * C;
-      for (int64_t c = 0; c < C; c++) g[c] += d[c] * inv;
+      for (int64_t c = std::max<int64_t>(0, lo - at); c < std::min(C, hi - at); c++) g[c] += d[c] * inv;
     }
   return true;
 }
@@ -259,7 +273,7 @@ void GradSync::finish(bool last_micro) {
       const std::span<float> g(grads_ + bk.offset, size_t(bk.count));
       compressors_[b]->reduce(dp_, g, step_);
       if (accordion_) accordion_->observe(b, g, step_, *compressors_[b]);
-      if (mode_ != Mode::kAllReduce) release_unowned(bk, plan_.dp, dp_.group_rank(), grads_);
+      if (mode_ != Mode::kAllReduce && !keep_unowned_) release_unowned(bk, plan_.dp, dp_.group_rank(), grads_);
     }
   finishing_ = true;
   on_ready(0);

@@ -82,8 +82,8 @@ int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<Pa
 
 class GradSync {
  public:
-  // kAllReduce (stage 0/1) and kReduceScatter (stage 2 in a pipeline) run on the last
-  // micro-batch of a step and average. kShardEveryMicro (stage 2/3) runs on every
+  // kAllReduce (stage 0) and kReduceScatter (stage 1, and stage 2 in a pipeline) run on the
+  // last micro-batch of a step and average. kShardEveryMicro (stage 2/3) runs on every
   // micro-batch and sums: each own piece accumulates the reduced sums while the rest of
   // the buffer is released back to zero after each reduction (Note [Resident memory]),
   // so a rank never keeps more than one micro-batch of unreduced gradients; the last
@@ -127,6 +127,9 @@ class GradSync {
 
   // ZeRO++ qgZ (Note [qgZ]): the reduce-scatter modes send int8 blocks by all-to-all.
   void set_qgz(bool on);
+  // ZeRO-1 keeps its gradient buffer whole: a compressed step's finish() does not hand back
+  // the pieces this rank does not own (Note [Compressed ZeRO-2/3]).
+  void keep_unowned(bool keep) { keep_unowned_ = keep; }
   // Keep the bucket holding tensor 0 (wte) until finish(): a GPT pipeline first sums the
   // tied embedding's two copies (first and last stage) before it is reduced.
   void hold_first_tensor(bool hold) { hold_first_ = hold; }
@@ -142,7 +145,9 @@ class GradSync {
   // model scatter them into wte: it gathers every dp rank's (tokens, rows) - N x C floats,
   // against V x C for wte - and adds them, scaled by 1/dp, in rank order, after bucket 0's
   // all-reduce, so every rank ends with the same average. Then the biggest tensor of GPT
-  // no longer waits for the very end of backward. Returns false when not armed.
+  // no longer waits for the very end of backward. Under ZeRO-1 bucket 0 is reduce-scattered
+  // and the rows are added to the own piece only, the part of wte the rank's update reads.
+  // Returns false when not armed.
   void on_tied_head_done();
   bool on_embedding_rows(const int32_t* tokens, const float* rows, int64_t n, int64_t C);
   // Launches what is left, waits for every bucket and disarms. `last_micro`: the step's
@@ -174,10 +179,11 @@ class GradSync {
   int64_t step_ = 0, steps_ = 0;
   double wire_sent_ = 0;
   StepSync sync_ = StepSync::kExact;  // this step's (set_step)
+  double ring_wire_bytes(CompressKind codec) const;
   MemoryTracker* tracker_ = nullptr;
   float* grads_ = nullptr;
   size_t next_ = 0;
-  bool hold_first_ = false, finishing_ = false;
+  bool hold_first_ = false, finishing_ = false, keep_unowned_ = false;
   std::vector<comm::Work> pending_;
   std::vector<size_t> pending_bucket_;   // bucket of each pending_ entry
   bool qgz_ = false;

@@ -15,7 +15,8 @@ namespace loom {
 namespace {
 
 // Note [Tied embedding reduction] applies to GPT's tied wte when one rank holds the whole
-// vocabulary and both ends of the model and the gradients are all-reduced.
+// vocabulary and both ends of the model and the gradients are reduced at the step's last
+// micro-batch (all-reduced; under ZeRO-1 reduce-scattered).
 bool tied_split(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   return cfg.model.arch == Arch::kGpt && p.dp_ranks() > 1 && p.tp == 1 && p.pp == 1 && p.zero <= 1;

@@ -58,7 +58,8 @@ GradPath grad_path(const Config& cfg, Role role) {
   if (p.dp_ranks() < 2) return GradPath::kNone;
   if (p.pp > 1 && streams(p.schedule)) return GradPath::kStreamMean;
   if (p.zero >= 2) return p.pp > 1 ? GradPath::kReduceScatter : GradPath::kShardEveryMicro;
-  return GradPath::kAllReduce;
+  // ZeRO-1 updates the own pieces only (Note [Sharded buckets]): their mean is all it needs.
+  return p.zero == 1 ? GradPath::kReduceScatter : GradPath::kAllReduce;
 }
 
 UpdateRule update_rule(const Config& cfg, Role role) {

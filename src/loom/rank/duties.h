@@ -7,8 +7,8 @@
 //   role     trainer (the training mesh's ranks), or under parallel.ps_servers a PS worker
 //            (the mesh's ranks) or a PS server (the ranks after them, Note [Parameter server]);
 //   grad     how its gradients cross the data-parallel group: not at all (dp 1), the bucketed
-//            all-reduce (ZeRO 0/1), the reduce-scatter at the last micro-batch (ZeRO-2 in a
-//            pipeline), one per micro-batch (ZeRO-2/3 otherwise), one exact mean of each
+//            all-reduce (ZeRO 0), the reduce-scatter at the last micro-batch (ZeRO-1, and ZeRO-2
+//            in a pipeline), one per micro-batch (ZeRO-2/3 otherwise), one exact mean of each
 //            update's whole gradient (2bw / pipedream / pipemare at dp > 1, Note [Streams with
 //            data parallelism]), or pushed to the servers; the compressors and Adasum ride on
 //            the first three (whole buckets on their steps, Note [Compressed ZeRO-2/3]) and the

@@ -265,7 +265,7 @@ double bucketed_overlap_s(const Setup& s, double t, double params, double window
   return alone + overlapped_s(s.cluster.device, t - alone, window);
 }
 
-// The all-reduced gradient sync (ZeRO 0/1) left after pipeline rank r's last backward
+// The gradient sync (ZeRO 0's all-reduce, ZeRO-1's reduce-scatter) left after pipeline rank r's last backward
 // window: the exact ring overlapped with backward but for its last bucket (the overlapped part
 // priced by Note [Overlap contention]), a ring codec likewise, or a stateful compressor or Adasum after backward (compressed_sync).
 double dp_exposed_s(const Setup& s, int64_t r, double params, double last_bwd_window) {

@@ -116,18 +116,20 @@ TEST_P(Collectives, ReduceScatterAndAllGatherIncludingInPlace) {
         for (size_t i = 0; i < count; ++i)
           ASSERT_FLOAT_EQ(own[i], (n + 1) / 2.0f * float(r * 1000 + int(i % 100))) << algorithm_name(a);
       }
-    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(3001)}) {
-
-      std::vector<int64_t> mine(count), all(count * n);
-      for (size_t i = 0; i < count; ++i) mine[i] = int64_t(r) * 100000 + int64_t(i);
-      g.all_gather(std::span<const int64_t>(mine), std::span(all));
-      for (int j = 0; j < n; ++j)
-        for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[j * count + i], int64_t(j) * 100000 + int64_t(i));
-      std::vector<int64_t> all2(count * n, -1);
-      std::copy(mine.begin(), mine.end(), all2.begin() + r * count);
-      g.all_gather(std::span<const int64_t>(all2.data() + r * count, count), std::span(all2));
-      ASSERT_EQ(all2, all);
-    }
+    // 70001 int64 a block: several shared-memory rounds of the all-gather.
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(3001), size_t(70001)})
+      for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kShm}) {
+        std::vector<int64_t> mine(count), all(count * n);
+        for (size_t i = 0; i < count; ++i) mine[i] = int64_t(r) * 100000 + int64_t(i);
+        g.all_gather(std::span<const int64_t>(mine), std::span(all), {a});
+        for (int j = 0; j < n; ++j)
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(all[j * count + i], int64_t(j) * 100000 + int64_t(i)) << algorithm_name(a);
+        std::vector<int64_t> all2(count * n, -1);
+        std::copy(mine.begin(), mine.end(), all2.begin() + r * count);
+        g.all_gather(std::span<const int64_t>(all2.data() + r * count, count), std::span(all2), {a});
+        ASSERT_EQ(all2, all) << algorithm_name(a);
+      }
   }));
 }
 

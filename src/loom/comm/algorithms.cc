@@ -414,6 +414,25 @@ void shm_reduce_scatter(Link& l, SharedSegment& seg, std::span<const std::byte> 
   }
 }
 
+void shm_all_gather(Link& l, SharedSegment& seg, std::span<const std::byte> in, std::span<std::byte> out,
+                    size_t count, DType dtype) {
+  const int n = l.size(), r = l.rank();
+  const size_t es = dtype_bytes(dtype);
+  if (n == 1 || count == 0) {  // every member skips alike, so the counters stay in step
+    move_bytes(out.data() + size_t(r) * count * es, in.data(), count * es);
+    return;
+  }
+  const size_t round = SharedSegment::kSlotBytes / es;
+  for (size_t begin = 0; begin < count; begin += round) {
+    const uint64_t k = seg.next_chunk();  // numbered across calls, so slots keep alternating
+    const size_t len = std::min(round, count - begin);
+    auto slot = [&](int member) { return seg.region(member) + SharedSegment::kFlagBytes + (k % 2) * SharedSegment::kSlotBytes; };
+    std::memcpy(slot(r), in.data() + begin * es, len * es);
+    shm_barrier(l, seg);
+    for (int j = 0; j < n; ++j) move_bytes(out.data() + (size_t(j) * count + begin) * es, slot(j), len * es);
+  }
+}
+
 void hierarchical_all_reduce(Link& intra, Link* inter, std::span<std::byte> buf, size_t count, DType dtype,
                              ReduceOp op, int group_size) {
   const ReduceOp step_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;

@@ -158,6 +158,12 @@ void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_
 // shm_all_reduce, whose second half copies every piece back to every member.
 void shm_reduce_scatter(Link& l, SharedSegment& seg, std::span<const std::byte> in, std::span<std::byte> out,
                         size_t count, DType dtype, ReduceOp op);
+// The all-gather of a one-node group (in: count elements; out: count x size, block j from
+// member j; `in` may be this member's own block of `out`) the same way: per round each member
+// copies kSlotBytes of its input into its slot, one barrier, then every slot's round into its
+// block of the output. A copy, so the bits are every algorithm's.
+void shm_all_gather(Link& l, SharedSegment& seg, std::span<const std::byte> in, std::span<std::byte> out,
+                    size_t count, DType dtype);
 
 // All-reduce over members on several nodes: all-reduce inside the node (shm when the node
 // shares memory, else recursive), ring all-reduce among node leaders (intra rank 0; `inter`

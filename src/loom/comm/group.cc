@@ -200,8 +200,8 @@ void Group::validate_algorithm(const Descriptor& d) const {
                  where(), "algorithm ", algorithm_name(d.algorithm), " is not offered for this call; use auto");
       break;
     case Algorithm::kShm:
-      LOOM_CHECK(d.op == OpKind::kAllReduce || d.op == OpKind::kReduceScatter, where(),
-                 "algorithm shm is offered for all_reduce and reduce_scatter only; use auto");
+      LOOM_CHECK(d.op == OpKind::kAllReduce || d.op == OpKind::kReduceScatter || d.op == OpKind::kAllGather, where(),
+                 "algorithm shm is offered for all_reduce, reduce_scatter and all_gather only; use auto");
       LOOM_CHECK(transport_->shared() != nullptr, where(), "algorithm shm needs every member on one node with shared "
                  "memory; this group spans nodes or the ", world_.backend().name(), " backend cannot share memory");
       break;
@@ -225,17 +225,17 @@ void Group::validate_algorithm(const Descriptor& d) const {
 // Note [Algorithm choice]
 // all_reduce with kAuto takes the cheapest algorithm by the cost model of cost.h (shm
 // inside a node; hierarchical across nodes when a node holds several members; else
-// recursive or ring by size and rank count). reduce_scatter runs through shared memory
-// inside a node (Note [Shared-memory reduce-scatter]: one copy in and one pass over the
-// slots, against the ring's size - 1 messages), else on the ring. Other ops have one
+// recursive or ring by size and rank count). reduce_scatter and all_gather run through
+// shared memory inside a node (Note [Shared-memory reduce-scatter]: one copy in and one pass
+// over the slots, against the ring's size - 1 messages), else on the ring. Other ops have one
 // algorithm each. Compression runs on the ring. The estimate goes into the ledger beside
 // the timing.
 Algorithm Group::choose(const Descriptor& d, double* estimate_us) const {
   const size_t bytes = d.count * dtype_bytes(d.dtype);
   const GroupShape shape{size(), nodes_, per_node_, transport_->shared() != nullptr};
   *estimate_us = 0;
-  if (d.op == OpKind::kReduceScatter && d.algorithm == Algorithm::kAuto && d.compression == Compression::kNone &&
-      shape.shared_memory)
+  if ((d.op == OpKind::kReduceScatter || d.op == OpKind::kAllGather) && d.algorithm == Algorithm::kAuto &&
+      d.compression == Compression::kNone && shape.shared_memory)
     return Algorithm::kShm;
   if (d.op != OpKind::kAllReduce) return d.algorithm == Algorithm::kAuto ? Algorithm::kRing : d.algorithm;
   if (d.compression != Compression::kNone) return Algorithm::kRing;

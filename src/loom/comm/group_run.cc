@@ -139,7 +139,9 @@ void Group::dispatch(Descriptor& d, Algorithm a, Link& link, std::optional<Trans
       if (a == Algorithm::kShm) return shm_reduce_scatter(link, *transport_->shared(), d.in, d.out, d.count, d.dtype, d.reduce);
       return ring_reduce_scatter(link, d.in, d.out, d.count, d.dtype, d.reduce,
                                  d.compression != Compression::kNone ? &ring_codec(d.compression) : nullptr);
-    case OpKind::kAllGather: return ring_all_gather(link, d.in, d.out, d.count, d.dtype);
+    case OpKind::kAllGather:
+      if (a == Algorithm::kShm) return shm_all_gather(link, *transport_->shared(), d.in, d.out, d.count, d.dtype);
+      return ring_all_gather(link, d.in, d.out, d.count, d.dtype);
     case OpKind::kBroadcast: return tree_broadcast(link, d.out, d.root);
     case OpKind::kReduce: return tree_reduce(link, d.in, d.out, d.count, d.dtype, d.reduce, d.root);
     case OpKind::kAllToAll: return pairwise_all_to_all(link, d.in, d.out, block);

@@ -167,9 +167,9 @@ def all_lost(loom, work):
     job = Job(loom, ckpt, "--elastic", "1:4")
     wait_for_save(ckpt, 6)
     os.kill(rank_pid(0, ckpt), signal.SIGKILL)  # host a's rank (the supervisor lives on host a too)
-    # First, in a poll of its own: a rank of the supervisor's host seen gone with another host's
-    # in one poll is that failure's survivor (Watch::faulty in supervise.cc).
-    time.sleep(0.5)
+    # First, well apart: a rank of the supervisor's host seen gone up to 0.4 s before another
+    # host's is that failure's survivor (Note [Survivors] in core/survivors.h).
+    time.sleep(1.5)
     for host in ("loom-b", "loom-c", "loom-d"):
         lose(host)
     rc, out = job.finish()

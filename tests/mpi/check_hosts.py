@@ -17,8 +17,9 @@ usage: check_hosts.py LOOM
                save_every steps, and its final weights equal, bit for bit, a run resumed by hand
                from the same step on that layout;
   below-min:   --elastic 2:2 loses a host: it stops (fewer than MIN), and --resume auto goes on;
-  both:        --elastic 1:2, the remote rank SIGKILLed and the local one at once after it (both
-               seen gone in one poll): the local host is kept and the job re-forms on it.
+  both:        --elastic 1:2, the remote rank SIGKILLed and the local one at once after it (seen
+               gone in one poll, or under load the local one first and the remote one within
+               0.4 s): the local host is kept and the job re-forms on it.
 A stopped remote host (its beats stop) is check_elastic_hosts.py's `hung` (label slow). Exits 77
 (ctest SKIP) where network namespaces cannot be made.
 """
@@ -117,8 +118,8 @@ def elastic(loom, work):
     expect(rc == 0 and f"step {steps}/{steps}" in out, f"the resume after a stop below MIN exited {rc}", out)
 
     # The remote rank SIGKILLed and the local one at once after it, as Open MPI's abort can end
-    # it: both seen gone in one poll, the local one is the survivor (Watch::faulty in
-    # supervise.cc), its host the supervisor's, and the job re-forms there.
+    # it: the local one is the survivor (Note [Survivors] in core/survivors.h), its host the
+    # supervisor's, and the job re-forms there.
     ckpt = os.path.join(work, "both")
     proc = subprocess.Popen(cmd(loom, ckpt, 12, "--elastic", "1:2"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -22,8 +22,8 @@ namespace loom::cli {
 // `--elastic MIN:MAX` (hosts) with `--hosts`: the job runs on the first MAX hosts of the list;
 // the others are spares. When a run fails, the supervisor asks which ranks failed on their own
 // account (gone without an exit code, or ended as hung, frozen or stopped: not the survivors it
-// killed after them, nor a rank on its own host gone after another's failure, or in the same
-// poll as one on another host (Watch::faulty in supervise.cc) (MPI's own abort
+// killed after them, nor a rank on its own host gone after another's failure, or just before
+// one on another host is seen gone (Note [Survivors] in core/survivors.h: MPI's own abort
 // ends such a survivor at times; that host is up), nor ranks that exited with an error of their
 // own, which no other host would mend) and drops their hosts. While MIN hosts remain (spares
 // filling in up to MAX), it relaunches with no human step: the layout of Note [Elastic shapes]

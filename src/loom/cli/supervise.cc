@@ -70,6 +70,7 @@
 #include "loom/core/error.h"
 #include "loom/core/liveness.h"
 #include "loom/core/status_link.h"
+#include "loom/core/survivors.h"
 
 #ifndef LOOM_MPIEXEC
 #define LOOM_MPIEXEC "mpirun"
@@ -231,14 +232,9 @@ struct Placement {
 // What the supervisor saw of the job while it ran.
 struct Watch {
   std::string killed;  // lines naming the ranks it had to kill
-  // Ranks that failed on their own account: gone without an exit code before the supervisor
-  // killed anything, or ended as stuck (hung, frozen, stopped); not the survivors it killed,
-  // nor a rank on the supervisor's own host gone after another rank's failure was seen (its
-  // host is up, the supervisor runs there: a survivor taken down by that failure, as Open
-  // MPI's own abort sometimes ends one before loom's diagnosis; seen once in CI, when that
-  // host was dropped with the dead one's and the elastic job had none left), nor one seen gone
-  // in the same poll as a rank of another host gone so (the abort that ended it followed that
-  // rank's end by milliseconds: seen in CI since).
+  // Ranks that failed on their own account (Note [Survivors] in core/survivors.h): gone
+  // without an exit code before the supervisor killed anything, or ended as stuck (hung,
+  // frozen, stopped); not the survivors it killed.
   std::vector<char> faulty;
   int signal = 0;      // the signal that stopped the supervisor, if any
   bool launcher_stuck = false;  // the job was ended as stuck (check_stuck)
@@ -357,6 +353,7 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
   const auto grace = std::chrono::duration<double>(std::min(timeout_s, 10.0));
   Watch w;
   w.faulty.assign(size_t(nproc), 0);
+  Survivors survivors(nproc);  // the ranks gone without an exit code, judged (Note [Survivors])
   std::vector<pid_t> pids(size_t(nproc), 0);
   std::vector<char> done(size_t(nproc), 0);
   std::optional<Clock::time_point> first_failure, kill_time, all_done;
@@ -370,12 +367,12 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
     const pid_t got = ::waitpid(child, &wstatus, WNOHANG);
     if (got == child) {
       for (int i = 0; i < 20 && relay.pump(50);) ++i;  // what mpirun wrote last, for up to 1 s
+      survivors.finish();
+      for (size_t r = 0; r < size_t(nproc); ++r) w.faulty[r] |= survivors.faulty()[r];
       return w;
     }
     const auto now = Clock::now();
     const bool failure_seen = first_failure.has_value();  // in an earlier poll: ranks gone in this one went after
-    std::vector<int> local_gone;  // this poll's, faulty unless a rank of another host failed in it too (Watch)
-    bool remote_gone = false;
     for (int r = 0; r < nproc; ++r) {
       const std::string rs = std::to_string(r);
       if (!pids[size_t(r)]) pids[size_t(r)] = read_int(status_dir + "/pid-" + rs, 0);
@@ -385,13 +382,10 @@ Watch supervise(pid_t child, int nproc, const std::string& status_dir, double ti
       if (!gone) continue;
       done[size_t(r)] = 1;
       const bool local = pids[size_t(r)] > 0;  // (only ranks on the supervisor's host write a pid file)
-      if (code < 0 && !(failure_seen && local) && !kill_time && !w.launcher_stuck) {
-        if (local) local_gone.push_back(r);
-        else w.faulty[size_t(r)] = 1, remote_gone = true;
-      }
+      if (code < 0 && !(failure_seen && local) && !kill_time && !w.launcher_stuck) survivors.gone(r, local, now);
       if (code != 0 && code != kStopToReform && !first_failure) first_failure = now, failed_rank = r;
     }
-    for (int r : local_gone) w.faulty[size_t(r)] = !remote_gone;
+    survivors.judge(now);
     if (!all_done && std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) all_done = now;
     if (want_stop && !stop_asked && !first_failure && want_stop()) at.request_stop(status_dir, nproc), stop_asked = true;
     check_stuck(child, pids, at, done, all_done && now - *all_done > kLauncherGrace, launcher, stopped_ranks, now, w);

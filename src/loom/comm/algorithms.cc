@@ -354,17 +354,14 @@ void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_
   if (n == 1 || count == 0) return;  // every member skips alike, so the counters stay in step
   const size_t es = dtype_bytes(dtype);
   const size_t chunk_elems = SharedSegment::kSlotBytes / es;
-  auto slot = [&](int member, size_t k) {
-    return seg.region(member) + SharedSegment::kFlagBytes + (k % 2) * SharedSegment::kSlotBytes;
-  };
   if (count * es <= kShmOneBarrierMaxBytes) {
     // Latency-bound: one barrier; every member sums all slots itself, in member order, so
     // all get the same bits. Slot reuse follows the same two-slot argument as below.
     const uint64_t k = seg.next_chunk();
-    std::memcpy(slot(r, k), buf.data(), count * es);
+    std::memcpy(seg.slot(r, k), buf.data(), count * es);
     shm_barrier(l, seg);
-    move_bytes(buf.data(), slot(0, k), count * es);
-    for (int j = 1; j < n; ++j) reduce_into(dtype, op, buf.data(), slot(j, k), count);
+    move_bytes(buf.data(), seg.slot(0, k), count * es);
+    for (int j = 1; j < n; ++j) reduce_into(dtype, op, buf.data(), seg.slot(j, k), count);
     if (op == ReduceOp::kAvg) divide(dtype, buf.data(), count, n);
     return;
   }
@@ -372,20 +369,20 @@ void shm_all_reduce(Link& l, SharedSegment& seg, std::span<std::byte> buf, size_
     const uint64_t k = seg.next_chunk();  // numbered across calls, so slots keep alternating
     const size_t len = std::min(chunk_elems, count - begin);
     std::byte* mine = buf.data() + begin * es;
-    std::memcpy(slot(r, k), mine, len * es);
+    std::memcpy(seg.slot(r, k), mine, len * es);
     shm_barrier(l, seg);
     // Piece r: own slot first, then the others in member order (fixed, so reproducible).
     const Chunk piece = chunk_of(len, n, r);
     if (piece.count) {
-      std::byte* acc = slot(r, k) + piece.begin * es;
+      std::byte* acc = seg.slot(r, k) + piece.begin * es;
       for (int j = 0; j < n; ++j)
-        if (j != r) reduce_into(dtype, op, acc, slot(j, k) + piece.begin * es, piece.count);
+        if (j != r) reduce_into(dtype, op, acc, seg.slot(j, k) + piece.begin * es, piece.count);
       if (op == ReduceOp::kAvg) divide(dtype, acc, piece.count, n);
     }
     shm_barrier(l, seg);
     for (int j = 0; j < n; ++j) {
       const Chunk p = chunk_of(len, n, j);
-      move_bytes(mine + p.begin * es, slot(j, k) + p.begin * es, p.count * es);
+      move_bytes(mine + p.begin * es, seg.slot(j, k) + p.begin * es, p.count * es);
     }
   }
 }
@@ -403,7 +400,7 @@ void shm_reduce_scatter(Link& l, SharedSegment& seg, std::span<const std::byte> 
     const uint64_t k = seg.next_chunk();  // numbered across calls, so slots keep alternating
     const size_t len = std::min(round, count - begin);
     auto sub = [&](int member, int block) {
-      return seg.region(member) + SharedSegment::kFlagBytes + (k % 2) * SharedSegment::kSlotBytes + size_t(block) * len * es;
+      return seg.slot(member, k) + size_t(block) * len * es;
     };
     for (int j = 0; j < n; ++j) std::memcpy(sub(r, j), in.data() + (size_t(j) * count + begin) * es, len * es);
     shm_barrier(l, seg);
@@ -426,10 +423,9 @@ void shm_all_gather(Link& l, SharedSegment& seg, std::span<const std::byte> in, 
   for (size_t begin = 0; begin < count; begin += round) {
     const uint64_t k = seg.next_chunk();  // numbered across calls, so slots keep alternating
     const size_t len = std::min(round, count - begin);
-    auto slot = [&](int member) { return seg.region(member) + SharedSegment::kFlagBytes + (k % 2) * SharedSegment::kSlotBytes; };
-    std::memcpy(slot(r), in.data() + begin * es, len * es);
+    std::memcpy(seg.slot(r, k), in.data() + begin * es, len * es);
     shm_barrier(l, seg);
-    for (int j = 0; j < n; ++j) move_bytes(out.data() + (size_t(j) * count + begin) * es, slot(j), len * es);
+    for (int j = 0; j < n; ++j) move_bytes(out.data() + (size_t(j) * count + begin) * es, seg.slot(j, k), len * es);
   }
 }
 

@@ -115,6 +115,8 @@ class SharedSegment {
   static constexpr size_t kRegionBytes = kFlagBytes + 2 * kSlotBytes;
   virtual ~SharedSegment() = default;
   virtual std::byte* region(int group_rank) = 0;
+  // Member `group_rank`'s pipeline slot for round k (rounds alternate between its two slots).
+  std::byte* slot(int group_rank, size_t k) { return region(group_rank) + kFlagBytes + (k % 2) * kSlotBytes; }
   uint64_t next_epoch() { return ++epoch_; }
   uint64_t next_chunk() { return chunk_++; }
   // Spins a waiting member makes before yielding its core: many when every member has a

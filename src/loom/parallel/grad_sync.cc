@@ -180,18 +180,21 @@ void GradSync::begin(float* grads) {
 // only (on_embedding_rows): the update reads nothing else.
 void GradSync::on_tied_head_done() {
   if (!grads_ || !plan_.tied_first || next_ > 0 || compressing()) return;
-  const Bucket& b = plan_.buckets[0];
-  const std::span<float> all(grads_ + b.offset, size_t(b.count));
-  const comm::CallOptions async{.async = true, .compression = compression_};
-  if (mode_ == Mode::kAllReduce) {
-    pending_.push_back(dp_.all_reduce(all, comm::ReduceOp::kAvg, async));
-  } else {
-    const size_t piece = size_t(b.count / plan_.dp);
-    pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), all.subspan(size_t(dp_.group_rank()) * piece, piece),
-                                          comm::ReduceOp::kAvg, async));
-  }
+  pending_.push_back(reduce_bucket(plan_.buckets[0]));
   pending_bucket_.push_back(0);
   next_ = 1;
+}
+
+// Bucket b's reduction, started: all-reduced whole, or reduce-scattered into this rank's piece
+// (summed under kShardEveryMicro, which averages at the step's end).
+comm::Work GradSync::reduce_bucket(const Bucket& b) {
+  const comm::CallOptions async{.async = true, .compression = compression_};
+  std::span<float> all(grads_ + b.offset, size_t(b.count));
+  if (mode_ == Mode::kAllReduce) return dp_.all_reduce(all, comm::ReduceOp::kAvg, async);
+  const size_t piece = size_t(b.count / plan_.dp);
+  std::span<float> own = all.subspan(size_t(dp_.group_rank()) * piece, piece);
+  const comm::ReduceOp op = mode_ == Mode::kShardEveryMicro ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
+  return dp_.reduce_scatter(std::span<const float>(all), own, op, async);  // codec: Note [Ring codecs]
 }
 
 bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64_t n, int64_t C) {
@@ -237,23 +240,16 @@ void GradSync::on_ready(int first_final) {
   if (!grads_ || compressing()) return;  // compressors run after backward, in finish()
   if (plan_.tied_first && next_ == 0) return;  // bucket 0 (wte) goes first, at head_done
   if (mode_ == Mode::kShardEveryMicro) release_done(SIZE_MAX);  // those done, waiting for none
-  const comm::CallOptions async{.async = true, .compression = compression_};
   for (; next_ < plan_.buckets.size() && plan_.buckets[next_].first_tensor >= first_final; next_++) {
     const Bucket& b = plan_.buckets[next_];
     if (b.first_tensor == 0 && hold_first_ && !finishing_) return;
     if (mode_ == Mode::kShardEveryMicro) release_done(kShardsInFlight - 1);  // room for this one
-    std::span<float> all(grads_ + b.offset, size_t(b.count));
-    if (mode_ == Mode::kAllReduce) {
-      pending_.push_back(dp_.all_reduce(all, comm::ReduceOp::kAvg, async));
-    } else if (qgz_) {
+    if (qgz_ && mode_ != Mode::kAllReduce) {
       qgz_pending_.resize(pending_.size());
-      qgz_pending_.push_back(std::make_unique<QgzScatter>(dp_, all));
+      qgz_pending_.push_back(std::make_unique<QgzScatter>(dp_, std::span<float>(grads_ + b.offset, size_t(b.count))));
       pending_.push_back(qgz_pending_.back()->take_work());
     } else {
-      const size_t piece = size_t(b.count / plan_.dp);
-      std::span<float> own = all.subspan(size_t(dp_.group_rank()) * piece, piece);
-      const comm::ReduceOp op = mode_ == Mode::kShardEveryMicro ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
-      pending_.push_back(dp_.reduce_scatter(std::span<const float>(all), own, op, async));  // codec: Note [Ring codecs]
+      pending_.push_back(reduce_bucket(b));
     }
     pending_bucket_.push_back(next_);
     if (tracker_) tracker_->sample();

@@ -189,6 +189,7 @@ class GradSync {
   bool qgz_ = false;
   std::vector<std::unique_ptr<QgzScatter>> qgz_pending_;  // per pending_ entry under qgZ
   void complete(size_t i);  // waits for pending_[i] (and finishes its qgZ sum)
+  comm::Work reduce_bucket(const Bucket& b);  // starts b's all-reduce or reduce-scatter
   size_t released_ = 0;                  // kShardEveryMicro: pending_[0, released_) handed back
   void release_done(size_t running);  // 0: waits for them all
   // Per step: ledger time when backward ended and when the last bucket finished.

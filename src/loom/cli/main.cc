@@ -10,6 +10,7 @@
 #include "loom/cli/commands.h"
 #include "loom/core/config.h"
 #include "loom/core/error.h"
+#include "loom/core/omp_wait.h"
 
 namespace {
 
@@ -370,6 +371,7 @@ void add_bench_commands(CLI::App& app, Args& a, std::vector<Command>& cmds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::reexec_for_passive_omp_wait(argv);  // Note [OpenMP wait policy]
   CLI::App app{"loom: train transformer models (GPT-2, Llama) and plan their parallel training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");

@@ -129,7 +129,8 @@ std::vector<std::string> mpirun_args(int nproc, int argc, char** argv, const std
     args.insert(args.end(), {"--host", host_arg(hosts)});
     for (char** e = environ; *e; ++e) {
       const std::string kv = *e, name = kv.substr(0, kv.find('='));
-      if (name.rfind("LOOM_", 0) == 0 || name.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) == 0 || name == "OMP_NUM_THREADS")
+      const bool omp = name == "OMP_NUM_THREADS" || name == "OMP_WAIT_POLICY" || name == "GOMP_SPINCOUNT";
+      if (name.rfind("LOOM_", 0) == 0 || name.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) == 0 || omp)
         args.insert(args.end(), {"-x", name});
     }
   }

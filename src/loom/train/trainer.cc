@@ -20,6 +20,7 @@
 
 #include "loom/comm/world.h"
 #include "loom/core/error.h"
+#include "loom/core/omp_wait.h"
 #include "loom/kernels/cpu/blas_info.h"
 #include "loom/model/model.h"
 #include "loom/parallel/grad_sync.h"
@@ -96,7 +97,7 @@ std::string layout_line(const Config& cfg, int64_t mb, int64_t T) {
   std::ostringstream os;
   os << "  global batch " << cfg.train.batch << " = micro-batch " << mb << " x " << cfg.train.grad_accum
      << " micro-batches x dp " << p.dp << ", seq " << T << ", " << cfg.train.batch * T << " tokens/step, "
-     << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank";
+     << cfg.train.steps << " steps, " << omp_get_max_threads() << " threads per rank (" << omp_wait_summary() << ")";
   if (cfg.optim.sgd()) os << ", SGD with momentum " << cfg.optim.momentum;  // Note [SGD with momentum]
   const char* prec = name_of(cfg.train.precision);
   if (cfg.train.precision != Precision::kFp32) os << ", precision " << prec << " (GEMM inputs " << prec << ", fp32 accumulation and master weights)";

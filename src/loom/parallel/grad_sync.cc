@@ -14,17 +14,14 @@ namespace loom::parallel {
 std::vector<FlatRange> DataParallelPlan::owned(int dp_rank) const {
   LOOM_ASSERT(dp_rank >= 0 && dp_rank < dp);
   std::vector<FlatRange> out;
-  for (const Bucket& b : buckets) {
-    const int64_t piece = b.count / dp;
-    out.push_back({b.offset + dp_rank * piece, piece});
-  }
+  for (const Bucket& b : buckets) out.push_back(own_piece(b, dp, dp_rank));
   return out;
 }
 
 void release_unowned(const Bucket& b, int dp, int rank, float* base) {
-  const int64_t piece = b.count / dp, own = b.offset + rank * piece;
-  release_pages(base + b.offset, (own - b.offset) * int64_t(sizeof(float)));
-  release_pages(base + own + piece, (b.offset + b.count - own - piece) * int64_t(sizeof(float)));
+  const FlatRange own = own_piece(b, dp, rank);
+  release_pages(base + b.offset, (own.offset - b.offset) * int64_t(sizeof(float)));
+  release_pages(base + own.offset + own.count, (b.offset + b.count - own.offset - own.count) * int64_t(sizeof(float)));
 }
 
 int64_t unreduced_peak_floats(const DataParallelPlan& plan, const std::vector<ParamSpec>& specs, bool head_writes_wte) {
@@ -58,11 +55,11 @@ void gather_pieces(comm::Group& dp, const DataParallelPlan& plan, float* full, c
   std::vector<comm::Work> pending;
   int64_t at = 0;
   for (const Bucket& b : plan.buckets) {
-    const int64_t piece = b.count / plan.dp;
+    const FlatRange piece = own_piece(b, plan.dp, dp.group_rank());
     std::span<float> all(full + b.offset, size_t(b.count));
-    const float* own = packed ? packed + at : full + b.offset + dp.group_rank() * piece;
-    pending.push_back(dp.all_gather(std::span<const float>(own, size_t(piece)), all, {.async = true}));
-    at += piece;
+    const float* own = packed ? packed + at : full + piece.offset;
+    pending.push_back(dp.all_gather(std::span<const float>(own, size_t(piece.count)), all, {.async = true}));
+    at += piece.count;
   }
   for (auto& w : pending) w.wait();
 }
@@ -191,8 +188,8 @@ comm::Work GradSync::reduce_bucket(const Bucket& b) {
   const comm::CallOptions async{.async = true, .compression = compression_};
   std::span<float> all(grads_ + b.offset, size_t(b.count));
   if (mode_ == Mode::kAllReduce) return dp_.all_reduce(all, comm::ReduceOp::kAvg, async);
-  const size_t piece = size_t(b.count / plan_.dp);
-  std::span<float> own = all.subspan(size_t(dp_.group_rank()) * piece, piece);
+  const FlatRange piece = own_piece(b, plan_.dp, dp_.group_rank());
+  std::span<float> own(grads_ + piece.offset, size_t(piece.count));
   const comm::ReduceOp op = mode_ == Mode::kShardEveryMicro ? comm::ReduceOp::kSum : comm::ReduceOp::kAvg;
   return dp_.reduce_scatter(std::span<const float>(all), own, op, async);  // codec: Note [Ring codecs]
 }
@@ -222,8 +219,8 @@ bool GradSync::on_embedding_rows(const int32_t* tokens, const float* rows, int64
   dp_.all_gather(std::span<const float>(rows, size_t(m * C)), std::span<float>(all_rows));
   // The floats of wte this rank keeps reduced: all of it, or its piece of bucket 0 (ZeRO-1).
   const Bucket& b = plan_.buckets[0];
-  const int64_t piece = mode_ == Mode::kAllReduce ? b.count : b.count / dp;
-  const int64_t lo = mode_ == Mode::kAllReduce ? 0 : dp_.group_rank() * piece, hi = lo + piece;
+  const FlatRange kept = mode_ == Mode::kAllReduce ? FlatRange{b.offset, b.count} : own_piece(b, dp, dp_.group_rank());
+  const int64_t lo = kept.offset - b.offset, hi = lo + kept.count;  // within wte
   float* wte = grads_ + b.offset;
   const float inv = 1.0f / float(dp);
   for (int r = 0; r < dp; r++)
@@ -280,9 +277,9 @@ void GradSync::finish(bool last_micro) {
     release_done(0);
     if (last_micro)
       for (const Bucket& b : plan_.buckets) {
-        const int64_t piece = b.count / plan_.dp, own = b.offset + dp_.group_rank() * piece;
+        const FlatRange own = own_piece(b, plan_.dp, dp_.group_rank());
         const float inv = 1.0f / float(plan_.dp);
-        for (float* g = grads_ + own; g < grads_ + own + piece; g++) *g *= inv;
+        for (float* g = grads_ + own.offset; g < grads_ + own.offset + own.count; g++) *g *= inv;
       }
   }
   const double done = ledger.now_us();
@@ -322,10 +319,10 @@ void GradSync::complete(size_t i) {
   pending_[i].wait();
   if (i >= qgz_pending_.size() || !qgz_pending_[i]) return;
   const Bucket& b = plan_.buckets[pending_bucket_[i]];
-  const int64_t piece = b.count / plan_.dp;
+  const FlatRange own = own_piece(b, plan_.dp, dp_.group_rank());
   // kReduceScatter averages here; kShardEveryMicro sums and finish() divides at the end.
   const float scale = mode_ == Mode::kReduceScatter ? 1.0f / float(plan_.dp) : 1.0f;
-  qgz_pending_[i]->complete(std::span<float>(grads_ + b.offset + dp_.group_rank() * piece, size_t(piece)), scale);
+  qgz_pending_[i]->complete(std::span<float>(grads_ + own.offset, size_t(own.count)), scale);
 }
 
 // Note [Overlap]

@@ -50,6 +50,11 @@ struct DataParallelPlan {
 DataParallelPlan plan_data_parallel(const ModelConfig& m, int dp, const BucketCaps& caps, bool sharded,
                                     const ModelPart& part = {}, WteBucket wte = WteBucket::kShared);
 
+// Piece `rank` of bucket `b` split evenly over `dp` ranks (Note [Sharded buckets]), flat.
+inline FlatRange own_piece(const Bucket& b, int dp, int rank) {
+  const int64_t piece = b.count / dp;
+  return {b.offset + rank * piece, piece};
+}
 // Makes everything of bucket `b` outside dp rank `rank`'s piece read zero and leave memory
 // (Note [Resident memory]); `base` is the flat buffer.
 void release_unowned(const Bucket& b, int dp, int rank, float* base);

@@ -66,7 +66,8 @@ int ParamGather::next_unit(int unit, int direction) const {
 void ParamGather::start_gather(int unit) {
   if (state_[size_t(unit)] != State::kShard) return;
   const Bucket& b = plan_.buckets[size_t(unit_bucket_[size_t(unit)])];
-  const int64_t piece = b.count / plan_.dp;
+  const FlatRange mine = own_piece(b, plan_.dp, dp_.group_rank());
+  const int64_t piece = mine.count;
   // The smallest free pool buffer that fits without being more than twice the unit (a
   // block must not sit in the embedding's buffer), or a new one of this unit's size: the
   // pool grows to the units held at once (current, prefetched, GPT's tied head + embedding).
@@ -95,7 +96,7 @@ void ParamGather::start_gather(int unit) {
   slot_user_[size_t(slot)] = unit;
   slot_of_[size_t(unit)] = slot;
   std::span<float> all(buf.data(), size_t(b.count));
-  const float* own = params_ + b.offset + dp_.group_rank() * piece;
+  const float* own = params_ + mine.offset;
   if (own_ && !from_node(unit)) own = own_(unit, true), own_held_[size_t(unit)] = true;
   decode_[size_t(unit)] = codec_ != comm::Compression::kNone && !from_node(unit);
   (from_node(unit) ? host_gathers_ : dp_gathers_)++;
@@ -128,7 +129,7 @@ void ParamGather::acquire(int unit) {
     finish_gather(unit);
     if (decode_[size_t(unit)]) {  // every rank's piece, own included
       const int slot = slot_of_[size_t(unit)];
-      const int64_t piece = plan_.buckets[size_t(unit_bucket_[size_t(unit)])].count / plan_.dp;
+      const int64_t piece = own_piece(plan_.buckets[size_t(unit_bucket_[size_t(unit)])], plan_.dp, 0).count;
       const size_t wire = comm::compressed_bytes(codec_, size_t(piece));
       for (int r = 0; r < plan_.dp; r++)
         comm::decompress(codec_, reinterpret_cast<const std::byte*>(pool_w_[size_t(slot)].data()) + size_t(r) * wire,

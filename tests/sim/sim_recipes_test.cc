@@ -1,6 +1,7 @@
 // What the published-run reader takes from NVIDIA's performance tables (Note [NVIDIA recipes]),
 // the metric a row is compared in (Note [Published metrics]), Megatron's block recompute where
-// a row's recompute is unstated (Note [Unstated recompute]), and the fp8 inputs a layer saves
+// a row's recompute is unstated (Note [Unstated recompute]), a layout short of its GPUs (Note
+// [A layout short of its GPUs]), and the fp8 inputs a layer saves
 // (Note [fp8 saved inputs]), with the arithmetic shown.
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "loom/core/config.h"
+#include "loom/core/error.h"
 #include "loom/parallel/schedule.h"
 #include "loom/sim/costs.h"
 #include "loom/sim/memory_model.h"
@@ -50,6 +52,29 @@ TEST(Published, LlamaRowsCompareByTokensPerSecond) {
   PublishedRun rate_only = row;
   rate_only.fields["tokens_per_sec_per_gpu"] = "";
   EXPECT_EQ(published_case(rate_only).metric, "tflops_per_gpu");
+}
+
+// Note [A layout short of its GPUs]: a row scored per GPU whose tp x pp x dp x cp covers a
+// whole fraction of its GPUs runs on the GPUs the layout covers, with the same per-GPU result
+// as the consistent row, and says so; a layout over the GPUs, one that does not divide them, or
+// a row scored by its step time is refused.
+TEST(Published, ALayoutShortOfItsGpusRunsOnTheGpusItCovers) {
+  const PublishedCheck whole = check_published(llama_row("NeMo 24.07 (Megatron-Core)"));
+  PublishedRun row = llama_row("NeMo 24.07 (Megatron-Core)");
+  row.fields["num_gpus"] = "32";  // dp 8 x tp 1 x pp 1 = a quarter of it
+  const PublishedCheck quarter = check_published(row);
+  EXPECT_EQ(quarter.plan.gpus(), 8);
+  EXPECT_DOUBLE_EQ(quarter.predicted, whole.predicted);
+  EXPECT_NE(quarter.assumed.find("tp x pp x dp x cp covers 8 of the 32 GPUs listed: simulated on 8"),
+            std::string::npos)
+      << quarter.assumed;
+  EXPECT_EQ(whole.assumed.find("GPUs listed"), std::string::npos) << whole.assumed;
+  row.fields["num_gpus"] = "12";  // 8 does not divide it
+  EXPECT_THROW(check_published(row), loom::Error);
+  row.fields["num_gpus"] = "4";  // the layout needs more than listed
+  EXPECT_THROW(check_published(row), loom::Error);
+  row.fields["num_gpus"] = "32", row.fields["iteration_time_s"] = "2.5";  // a step time is the job's
+  EXPECT_THROW(check_published(row), loom::Error);
 }
 
 // A Nemotron row that leaves its vocabulary unstated runs Nemotron's 256,000-token tokenizer

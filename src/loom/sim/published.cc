@@ -405,84 +405,25 @@ double megatron_flops_per_iteration(double B, double s, double l, double h, doub
   return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
 }
 
-// Note [Unstated recompute]
-// A row that leaves its recompute unstated is read as none, but a run that ran fit in its
-// GPUs' memory: where the row's sharding is known (ZeRO-2/3 and FSDP stated; ZeRO-1 implied by
-// --overlap-param-gather, Note [Unstated Megatron flags], or by NVIDIA's recipes, Note [NVIDIA
-// recipes]), recompute is the remaining lever, and the least recompute whose predicted peak
-// fits the device is taken (none, selective, full; none again if nothing fits) and said. A
-// Megatron stack also recomputes by the block (--recompute-method block --recompute-num-layers
-// N: the first N layers of every virtual stage whole, the others kept; NVIDIA's recipes set it
-// where all or nothing would not pay), so its rows take the least N that fits between
-// selective and full; NVIDIA's Grace-Blackwell recipe rows at pp 1 first try the least layers
-// offloaded to the host (Note [Activation offload], Note [NVIDIA recipes]). Rows that name no sharding may have fit by an unstated distributed
-// optimizer instead, so they keep none. MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s,
-// 2 x 8,192 tokens a GPU) need 351 GiB without recompute.
 namespace {
-// Full recompute of the first `n` layers of each of the plan's virtual stages, none after.
-std::vector<Recompute> block_recompute(const SimPlan& plan, int n) {
-  const ModelConfig& m = plan.cfg.model;
-  const ParallelConfig& p = plan.cfg.parallel;
-  std::vector<Recompute> out;
-  for (int count : parallel::stage_layers(int(m.layers), int(p.pp * p.vpp), p.layer_split(m.layers)))
-    for (int i = 0; i < count; ++i) out.push_back(i < n ? Recompute::kFull : Recompute::kNone);
-  return out;
-}
 
-// The least block count that fits (the peak falls as it grows), by bisection; 0 if only
-// recomputing every layer fits, or nothing does.
-// The least n in [1, most] for which `set(n)` makes the plan fit (the peak falls as n grows),
-// by bisection; 0 if none does.
-int64_t least_that_fits(PublishedCase& c, int64_t most, const std::function<void(int64_t)>& set) {
-  int64_t lo = 1, hi = most + 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    set(mid);
-    if (simulate(c.plan, c.cluster).peak_memory_bytes <= c.cluster.device.memory_bytes) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo <= most ? lo : 0;
-}
-
-int least_fitting_blocks(PublishedCase& c) {
-  const ModelConfig& m = c.plan.cfg.model;
-  const ParallelConfig& p = c.plan.cfg.parallel;
-  const std::vector<int> stages = parallel::stage_layers(int(m.layers), int(p.pp * p.vpp), p.layer_split(m.layers));
-  const int most = *std::max_element(stages.begin(), stages.end()) - 1;  // the largest stage keeps a layer
-  return int(least_that_fits(c, most, [&](int64_t n) { c.plan.cfg.parallel.recompute = block_recompute(c.plan, int(n)); }));
-}
-
-// The least layer count whose activations offloaded make the plan fit; 0 if none short of
-// every layer does (Note [Activation offload]).
-int64_t least_fitting_offload(PublishedCase& c) {
-  c.plan.cfg.parallel.recompute = {Recompute::kNone};
-  const int64_t n = least_that_fits(c, c.plan.cfg.model.layers - 1, [&](int64_t k) { c.plan.activation_offload_layers = k; });
-  c.plan.activation_offload_layers = n;
-  return n;
-}
-
-std::string fit_unstated_recompute(PublishedCase& c, bool blocks, bool offload) {
-  const double device = c.cluster.device.memory_bytes;
-  std::string tried;
-  auto fits = [&](Recompute r, const char* name) {
-    c.plan.cfg.parallel.recompute = {r};
-    const double peak = simulate(c.plan, c.cluster).peak_memory_bytes;
-    if (peak <= device) return true;
-    tried += detail::cat(tried.empty() ? "" : ", ", name, " needs ", int64_t(peak / double(int64_t(1) << 30)), " GiB of ",
-                         int64_t(device / double(int64_t(1) << 30)));
-    return false;
-  };
-  if (fits(Recompute::kNone, "none")) return "";
-  if (const int64_t n = offload ? least_fitting_offload(c) : 0; n > 0)
-    return detail::cat("recompute unstated: none, the first ", n, " layers' activations offloaded to the host (", tried, ")");
-  if (fits(Recompute::kSelective, "selective")) return detail::cat("recompute unstated: selective (", tried, ")");
-  if (const int n = blocks ? least_fitting_blocks(c) : 0; n > 0) {
-    c.plan.cfg.parallel.recompute = block_recompute(c.plan, n);
-    return detail::cat("recompute unstated: full on the first ", n, " layers of each virtual stage (", tried, ")");
-  }
-  if (fits(Recompute::kFull, "full")) return detail::cat("recompute unstated: full (", tried, ")");
-  c.plan.cfg.parallel.recompute = {Recompute::kNone};
-  return detail::cat("recompute unstated: none, though nothing fits (", tried, ")");
+// Note [A layout short of its GPUs]
+// S07's Llama 3 8B table on B200 (NeMo 25.04's long-sequence page) lists a tp x pp x dp x cp
+// that is a quarter of its GPU count in every row (the reference README grades it C). Its
+// figure is per GPU, which the per-rank layout fixes whichever number is wrong; dp filling the
+// GPUs cannot be it (the 1M-token row's global batch of 4 would not cover dp 16). So a row
+// scored per GPU whose layout covers a whole fraction of its GPUs runs on the GPUs the layout
+// covers, and says so; any other mismatch is refused as before (simulate names it).
+int64_t covered_gpus(const PublishedRun& row, const std::string& metric, std::string& assumed) {
+  const int64_t listed = int64_t(num(row, "num_gpus"));
+  int64_t layout = 1;
+  for (const char* key : {"tensor_parallel", "pipeline_parallel", "data_parallel", "context_parallel"})
+    layout *= std::max<int64_t>(1, int64_t(num(row, key, 1)));
+  const bool per_gpu = metric == "tflops_per_gpu" || metric == "tokens_per_sec_per_gpu";
+  if (!per_gpu || layout >= listed || listed % layout != 0) return listed;
+  assumed += detail::cat(assumed.empty() ? "" : "; ", "tp x pp x dp x cp covers ", layout, " of the ", listed,
+                         " GPUs listed: simulated on ", layout, " (the figure is per GPU)");
+  return layout;
 }
 
 // Note [fp8 GEMMs], Note [NVFP4 GEMMs]: fp8 rows by their scaling, NVFP4; a precision the
@@ -523,7 +464,6 @@ PublishedCase published_case(const PublishedRun& row) {
   const std::vector<std::string> a100_40 = {"cluster.device.name=A100-SXM4-40GB", "cluster.device.memory_gib=40",
                                             "cluster.device.memory_gbps=1555"};
   const bool forty = gpu.rfind("A100", 0) == 0 && (contains(gpu, "40GB") || contains(gpu, "40 GB"));
-  c.cluster = load_cluster(preset, forty ? a100_40 : std::vector<std::string>{}, int64_t(num(row, "num_gpus")), "");
   const int64_t heads = int64_t(num(row, "num_attention_heads"));
   const int64_t vpp = interleave(row);
   const int64_t dp = int64_t(num(row, "data_parallel")), mb = int64_t(num(row, "micro_batch_size", 1));
@@ -567,10 +507,11 @@ PublishedCase published_case(const PublishedRun& row) {
   c.plan.blocking_p2p = text(row, "framework").rfind("Megatron-LM", 0) == 0;
   c.plan.recompute_early_stop = c.plan.framework == Framework::kFsdp && published_recompute_stops_early(row);
   c.plan.attention = published_attention(row);
-  scale_compute_rate(c.cluster, stack_efficiency(row));
   c.metric = published_metric(row, c.plan.cfg.model.arch == Arch::kGpt);
   c.published = num(row, c.metric.c_str());
   c.assumed = unstated_flags(row);
+  c.cluster = load_cluster(preset, forty ? a100_40 : std::vector<std::string>{}, covered_gpus(row, c.metric, c.assumed), "");
+  scale_compute_rate(c.cluster, stack_efficiency(row));
   if (rec.empty() && zero_stage(row) >= 1 && !nemo_launcher(row))  // NeMo's configs state theirs
     if (const std::string r = fit_unstated_recompute(c, megatron_core(row), grace_offload(row, c)); !r.empty())
       c.assumed += (c.assumed.empty() ? "" : "; ") + r;

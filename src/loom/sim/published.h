@@ -40,6 +40,10 @@ struct PublishedCase {
 // The compiled-in cluster preset of a gpu_type column ("" when none).
 std::string gpu_preset(const std::string& gpu);
 PublishedCase published_case(const PublishedRun& row);
+// Note [Unstated recompute] (published_recompute.cc): sets c's recompute to the least that fits
+// the device (by the block where `blocks`, offloading activations first where `offload`) and
+// says what it took; "" when none is needed.
+std::string fit_unstated_recompute(PublishedCase& c, bool blocks, bool offload);
 
 struct PublishedCheck {
   std::string id, label, metric;

@@ -19,8 +19,8 @@ namespace loom::sim {
 // N: the first N layers of every virtual stage whole, the others kept; NVIDIA's recipes set it
 // where all or nothing would not pay), so its rows take the least N that fits between
 // selective and full; NVIDIA's Grace-Blackwell recipe rows at pp 1 first try the least layers
-// offloaded to the host (Note [Activation offload], Note [NVIDIA recipes]). Rows that name no sharding may have fit by an unstated distributed
-// optimizer instead, so they keep none. MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s,
+// offloaded to the host (Note [Activation offload], Note [NVIDIA recipes]). Rows that name no
+// sharding may have fit by an unstated distributed optimizer instead, so they keep none. MaxText's Llama 3 70B rows (FSDP over 256-1,024 H100s,
 // 2 x 8,192 tokens a GPU) need 351 GiB without recompute.
 namespace {
 // Full recompute of the first `n` layers of each of the plan's virtual stages, none after.
@@ -33,8 +33,6 @@ std::vector<Recompute> block_recompute(const SimPlan& plan, int n) {
   return out;
 }
 
-// The least block count that fits (the peak falls as it grows), by bisection; 0 if only
-// recomputing every layer fits, or nothing does.
 // The least n in [1, most] for which `set(n)` makes the plan fit (the peak falls as n grows),
 // by bisection; 0 if none does.
 int64_t least_that_fits(PublishedCase& c, int64_t most, const std::function<void(int64_t)>& set) {
@@ -48,6 +46,8 @@ int64_t least_that_fits(PublishedCase& c, int64_t most, const std::function<void
   return lo <= most ? lo : 0;
 }
 
+// The least block count that fits (the peak falls as it grows), by bisection; 0 if only
+// recomputing every layer fits, or nothing does.
 int least_fitting_blocks(PublishedCase& c) {
   const ModelConfig& m = c.plan.cfg.model;
   const ParallelConfig& p = c.plan.cfg.parallel;

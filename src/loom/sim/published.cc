@@ -414,11 +414,9 @@ namespace {
 // GPUs cannot be it (the 1M-token row's global batch of 4 would not cover dp 16). So a row
 // scored per GPU whose layout covers a whole fraction of its GPUs runs on the GPUs the layout
 // covers, and says so; any other mismatch is refused as before (simulate names it).
-int64_t covered_gpus(const PublishedRun& row, const std::string& metric, std::string& assumed) {
+// `layout`: the plan's GPUs (SimPlan::gpus(), the row's tp x pp x dp x cp).
+int64_t covered_gpus(const PublishedRun& row, int64_t layout, const std::string& metric, std::string& assumed) {
   const int64_t listed = int64_t(num(row, "num_gpus"));
-  int64_t layout = 1;
-  for (const char* key : {"tensor_parallel", "pipeline_parallel", "data_parallel", "context_parallel"})
-    layout *= std::max<int64_t>(1, int64_t(num(row, key, 1)));
   const bool per_gpu = metric == "tflops_per_gpu" || metric == "tokens_per_sec_per_gpu";
   if (!per_gpu || layout >= listed || listed % layout != 0) return listed;
   assumed += detail::cat(assumed.empty() ? "" : "; ", "tp x pp x dp x cp covers ", layout, " of the ", listed,
@@ -510,7 +508,7 @@ PublishedCase published_case(const PublishedRun& row) {
   c.metric = published_metric(row, c.plan.cfg.model.arch == Arch::kGpt);
   c.published = num(row, c.metric.c_str());
   c.assumed = unstated_flags(row);
-  c.cluster = load_cluster(preset, forty ? a100_40 : std::vector<std::string>{}, covered_gpus(row, c.metric, c.assumed), "");
+  c.cluster = load_cluster(preset, forty ? a100_40 : std::vector<std::string>{}, covered_gpus(row, c.plan.gpus(), c.metric, c.assumed), "");
   scale_compute_rate(c.cluster, stack_efficiency(row));
   if (rec.empty() && zero_stage(row) >= 1 && !nemo_launcher(row))  // NeMo's configs state theirs
     if (const std::string r = fit_unstated_recompute(c, megatron_core(row), grace_offload(row, c)); !r.empty())
